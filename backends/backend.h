@@ -1,0 +1,62 @@
+// The data plane: collectives over contiguous buffers, implemented once per transport library
+// (Gloo now; MPI and NCCL later). A backend sees only base types: no core headers.
+//
+// Contract: one Backend per communicator, used by exactly one thread (the engine's). Every call is
+// collective (all ranks call it in the same order with matching arguments, which the coordinator
+// guarantees), blocks until done, and returns an error instead of hanging once the configured
+// timeout passes or a peer fails. After an error the backend is unusable; the engine fails the job.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/dtype.h"
+#include "base/status.h"
+
+namespace concord {
+
+class Store;
+
+// What every backend needs to start: who we are, where to rendezvous, how long to wait.
+struct BackendOptions {
+  int rank = 0;
+  int size = 1;
+  std::string iface;   // network interface to use ("" = pick by host or default)
+  std::string host;    // address to bind and advertise ("" = from iface, else 127.0.0.1)
+  std::string prefix;  // namespace for this communicator's keys in the store (job id + comm id)
+  std::chrono::milliseconds timeout{30000};  // every blocking operation's deadline
+  std::string algorithm = "auto";  // backend-specific algorithm override, for benchmarks
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // In-place allreduce of count elements. kAverage is reduced as a sum (the caller divides).
+  // Half types are combined in float. count may be 0.
+  virtual Status Allreduce(void* data, size_t count, DType dtype, ReduceOp op) = 0;
+
+  // Gathers bytes_per_rank[r] bytes from every rank r into out, in rank order. in holds this rank's
+  // bytes_per_rank[rank()] bytes; out holds their sum. Any entry may be 0.
+  virtual Status Allgatherv(const void* in, void* out, const std::vector<size_t>& bytes_per_rank) = 0;
+
+  // Broadcasts bytes from root's data into every other rank's data.
+  virtual Status Broadcast(void* data, size_t bytes, int root) = 0;
+
+  virtual Status Barrier() = 0;
+};
+
+// The backends this build has ("gloo", ...), and a factory by name. Creating a backend is
+// collective: all ranks call it with the same name and prefix. Unknown or unbuilt names give
+// kUnavailable naming what was built.
+std::vector<std::string> BuiltBackends();
+StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& name,
+                                                 const BackendOptions& options, Store* store);
+
+}  // namespace concord

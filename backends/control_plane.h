@@ -1,0 +1,60 @@
+// Negotiation traffic: small messages between the coordinator (rank 0) and every other rank, in a
+// star. The engine's coordinator protocol (core/coordinator.h) runs on top of it.
+//
+// Contract: used by one thread (the engine's), except Wake(), which any thread may call to make a
+// blocked Receive() return early. Messages between a pair of ranks arrive in order, whole, or not
+// at all. A peer that closes its connection, dies, or stays silent for longer than the liveness
+// timeout given at construction turns into a kPeerFailure error naming the rank. Implementations
+// keep the link alive on their own while Receive() is being called (heartbeats).
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "base/clock.h"
+#include "base/status.h"
+
+namespace concord {
+
+struct ControlMessage {
+  int from = -1;      // sender's rank
+  std::string bytes;  // payload (core/message.h defines the format)
+};
+
+class ControlPlane {
+ public:
+  virtual ~ControlPlane() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // Queues bytes for rank `to` (rank 0 may send to anyone; others only to 0). Does not wait for the
+  // peer to read them. Sending to oneself is an error.
+  virtual Status Send(int to, const std::string& bytes) = 0;
+
+  // Waits until a message arrives (returns true and fills *out), Wake() is called or the deadline
+  // passes (returns false), or a peer fails (returns the error).
+  virtual StatusOr<bool> Receive(ControlMessage* out, Deadline deadline) = 0;
+
+  // Thread-safe: makes the current or next Receive() return false promptly.
+  virtual void Wake() = 0;
+};
+
+}  // namespace concord
+
+class Store;
+
+struct TcpControlPlaneOptions {
+  int rank = 0;
+  int size = 1;
+  std::string host;    // address to listen on and advertise (rank 0 only); "" = 127.0.0.1
+  std::string prefix;  // namespace for keys in the store
+  std::chrono::milliseconds connect_timeout{30000};
+  // A peer silent for this long is declared failed; heartbeats go out at a quarter of it.
+  std::chrono::milliseconds liveness_timeout{30000};
+};
+
+// A star of TCP connections: rank 0 listens (its address goes into the store under prefix), every
+// other rank connects and authenticates with its rank. Collective: all ranks call it.
+StatusOr<std::unique_ptr<ControlPlane>> CreateTcpControlPlane(const TcpControlPlaneOptions& options,
+                                                              Store* store);

@@ -1,0 +1,252 @@
+#include "base/dtype.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+
+namespace concord {
+
+bool IsValidDType(int value) { return value >= 0 && value < kNumDTypes; }
+bool IsValidReduceOp(int value) { return value >= 0 && value < kNumReduceOps; }
+
+size_t DTypeSize(DType dtype) {
+  switch (dtype) {
+    case DType::kUint8:
+    case DType::kInt8: return 1;
+    case DType::kFloat16:
+    case DType::kBFloat16: return 2;
+    case DType::kInt32:
+    case DType::kFloat32: return 4;
+    case DType::kInt64:
+    case DType::kFloat64: return 8;
+  }
+  return 0;
+}
+
+const char* DTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kUint8: return "uint8";
+    case DType::kInt8: return "int8";
+    case DType::kInt32: return "int32";
+    case DType::kInt64: return "int64";
+    case DType::kFloat16: return "float16";
+    case DType::kBFloat16: return "bfloat16";
+    case DType::kFloat32: return "float32";
+    case DType::kFloat64: return "float64";
+  }
+  return "unknown";
+}
+
+const char* ReduceOpName(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kAverage: return "average";
+    case ReduceOp::kMin: return "min";
+    case ReduceOp::kMax: return "max";
+    case ReduceOp::kProduct: return "product";
+  }
+  return "unknown";
+}
+
+bool IsFloatingPoint(DType dtype) {
+  return dtype == DType::kFloat16 || dtype == DType::kBFloat16 || dtype == DType::kFloat32 ||
+         dtype == DType::kFloat64;
+}
+
+bool IsHalfPrecision(DType dtype) { return dtype == DType::kFloat16 || dtype == DType::kBFloat16; }
+
+uint16_t FloatToHalf(float value) {
+  uint32_t x;
+  std::memcpy(&x, &value, 4);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t abs = x & 0x7fffffffu;
+  if (abs >= 0x7f800000u) {  // inf or nan; keep nan quiet and non-zero
+    return static_cast<uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u | (abs >> 13) : 0));
+  }
+  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to inf
+  if (abs < 0x38800000u) {  // subnormal or zero in half
+    if (abs < 0x33000000u) return static_cast<uint16_t>(sign);  // below half of the smallest subnormal
+    const uint32_t exp = abs >> 23;
+    const uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
+    const uint32_t shift = 126 - exp;  // 14..24
+    uint32_t half = mant >> shift;
+    const uint32_t rem = mant & ((1u << shift) - 1);
+    const uint32_t halfway = 1u << (shift - 1);
+    if (rem > halfway || (rem == halfway && (half & 1u))) ++half;
+    return static_cast<uint16_t>(sign | half);
+  }
+  uint32_t half = ((abs - 0x38000000u) >> 13);
+  const uint32_t rem = abs & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (half & 1u))) ++half;
+  return static_cast<uint16_t>(sign | half);
+}
+
+float HalfToFloat(uint16_t bits) {
+  const uint32_t sign = (bits & 0x8000u) << 16;
+  uint32_t exp = (bits >> 10) & 0x1fu;
+  uint32_t mant = bits & 0x3ffu;
+  uint32_t out;
+  if (exp == 0x1f) {
+    out = sign | 0x7f800000u | (mant << 13);
+  } else if (exp == 0) {
+    if (mant == 0) {
+      out = sign;
+    } else {  // normalise a subnormal
+      exp = 113;
+      while ((mant & 0x400u) == 0) {
+        mant <<= 1;
+        --exp;
+      }
+      out = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
+    }
+  } else {
+    out = sign | ((exp + 112) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &out, 4);
+  return f;
+}
+
+uint16_t FloatToBFloat16(float value) {
+  uint32_t x;
+  std::memcpy(&x, &value, 4);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // quiet nan
+  const uint32_t rounding = 0x7fffu + ((x >> 16) & 1u);
+  return static_cast<uint16_t>((x + rounding) >> 16);
+}
+
+float BFloat16ToFloat(uint16_t bits) {
+  const uint32_t x = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &x, 4);
+  return f;
+}
+
+namespace {
+
+template <typename T>
+struct Ops {
+  static T Apply(ReduceOp op, T a, T b) {
+    switch (op) {
+      case ReduceOp::kSum:
+      case ReduceOp::kAverage: return static_cast<T>(a + b);
+      case ReduceOp::kMin: return std::min(a, b);
+      case ReduceOp::kMax: return std::max(a, b);
+      case ReduceOp::kProduct: return static_cast<T>(a * b);
+    }
+    return a;
+  }
+};
+
+template <typename T>
+void ReduceTyped(T* dst, const T* a, const T* b, size_t n, ReduceOp op) {
+  // One switch outside the loop so each loop vectorises.
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAverage:
+      for (size_t i = 0; i < n; ++i) dst[i] = static_cast<T>(a[i] + b[i]);
+      break;
+    case ReduceOp::kMin:
+      for (size_t i = 0; i < n; ++i) dst[i] = std::min(a[i], b[i]);
+      break;
+    case ReduceOp::kMax:
+      for (size_t i = 0; i < n; ++i) dst[i] = std::max(a[i], b[i]);
+      break;
+    case ReduceOp::kProduct:
+      for (size_t i = 0; i < n; ++i) dst[i] = static_cast<T>(a[i] * b[i]);
+      break;
+  }
+}
+
+template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
+void ReduceHalf(uint16_t* dst, const uint16_t* a, const uint16_t* b, size_t n, ReduceOp op) {
+  for (size_t i = 0; i < n; ++i) {
+    dst[i] = FromFloat(Ops<float>::Apply(op, ToFloat(a[i]), ToFloat(b[i])));
+  }
+}
+
+template <typename T>
+void CopyScaledTyped(T* dst, const T* src, size_t n, double factor) {
+  if constexpr (std::is_floating_point_v<T>) {
+    const T f = static_cast<T>(factor);
+    for (size_t i = 0; i < n; ++i) dst[i] = src[i] * f;
+  } else {
+    for (size_t i = 0; i < n; ++i) dst[i] = static_cast<T>(std::trunc(src[i] * factor));
+  }
+}
+
+template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
+void CopyScaledHalf(uint16_t* dst, const uint16_t* src, size_t n, double factor) {
+  const float f = static_cast<float>(factor);
+  for (size_t i = 0; i < n; ++i) dst[i] = FromFloat(ToFloat(src[i]) * f);
+}
+
+}  // namespace
+
+void ReduceElements(void* dst, const void* a, const void* b, size_t n, DType dtype, ReduceOp op) {
+  switch (dtype) {
+    case DType::kUint8:
+      return ReduceTyped(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(a),
+                         static_cast<const uint8_t*>(b), n, op);
+    case DType::kInt8:
+      return ReduceTyped(static_cast<int8_t*>(dst), static_cast<const int8_t*>(a),
+                         static_cast<const int8_t*>(b), n, op);
+    case DType::kInt32:
+      return ReduceTyped(static_cast<int32_t*>(dst), static_cast<const int32_t*>(a),
+                         static_cast<const int32_t*>(b), n, op);
+    case DType::kInt64:
+      return ReduceTyped(static_cast<int64_t*>(dst), static_cast<const int64_t*>(a),
+                         static_cast<const int64_t*>(b), n, op);
+    case DType::kFloat32:
+      return ReduceTyped(static_cast<float*>(dst), static_cast<const float*>(a),
+                         static_cast<const float*>(b), n, op);
+    case DType::kFloat64:
+      return ReduceTyped(static_cast<double*>(dst), static_cast<const double*>(a),
+                         static_cast<const double*>(b), n, op);
+    case DType::kFloat16:
+      return ReduceHalf<HalfToFloat, FloatToHalf>(static_cast<uint16_t*>(dst),
+                                                  static_cast<const uint16_t*>(a),
+                                                  static_cast<const uint16_t*>(b), n, op);
+    case DType::kBFloat16:
+      return ReduceHalf<BFloat16ToFloat, FloatToBFloat16>(static_cast<uint16_t*>(dst),
+                                                          static_cast<const uint16_t*>(a),
+                                                          static_cast<const uint16_t*>(b), n, op);
+  }
+}
+
+void CopyScaled(void* dst, const void* src, size_t n, DType dtype, double factor) {
+  if (factor == 1.0) {
+    if (dst != src && n > 0) std::memmove(dst, src, n * DTypeSize(dtype));
+    return;
+  }
+  switch (dtype) {
+    case DType::kUint8:
+      return CopyScaledTyped(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), n,
+                             factor);
+    case DType::kInt8:
+      return CopyScaledTyped(static_cast<int8_t*>(dst), static_cast<const int8_t*>(src), n, factor);
+    case DType::kInt32:
+      return CopyScaledTyped(static_cast<int32_t*>(dst), static_cast<const int32_t*>(src), n,
+                             factor);
+    case DType::kInt64:
+      return CopyScaledTyped(static_cast<int64_t*>(dst), static_cast<const int64_t*>(src), n,
+                             factor);
+    case DType::kFloat32:
+      return CopyScaledTyped(static_cast<float*>(dst), static_cast<const float*>(src), n, factor);
+    case DType::kFloat64:
+      return CopyScaledTyped(static_cast<double*>(dst), static_cast<const double*>(src), n, factor);
+    case DType::kFloat16:
+      return CopyScaledHalf<HalfToFloat, FloatToHalf>(static_cast<uint16_t*>(dst),
+                                                      static_cast<const uint16_t*>(src), n, factor);
+    case DType::kBFloat16:
+      return CopyScaledHalf<BFloat16ToFloat, FloatToBFloat16>(
+          static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), n, factor);
+  }
+}
+
+void ScaleElements(void* data, size_t n, DType dtype, double factor) {
+  CopyScaled(data, data, n, dtype, factor);
+}
+
+}  // namespace concord

@@ -1,0 +1,222 @@
+/*
+ * Concord C API: collective communication for data-parallel training.
+ *
+ * Plain C99. Every function returns a concord_status_t (or is a pure query), never throws and never
+ * aborts on bad input: an invalid argument returns an error code and changes nothing. The message
+ * behind the last error on a communicator is kept per handle (concord_comm_last_error).
+ *
+ * Threading: a communicator may be used from any number of threads at once; each enqueue is
+ * atomic. Requests may be waited on from any thread, but each request is freed exactly once.
+ * Callbacks run on the communicator's background thread: they must not block on other requests.
+ */
+#ifndef CONCORD_CONCORD_H_
+#define CONCORD_CONCORD_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define CONCORD_API
+#elif defined(CONCORD_BUILDING_LIBRARY)
+#define CONCORD_API __attribute__((visibility("default")))
+#else
+#define CONCORD_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CONCORD_VERSION_MAJOR 0
+#define CONCORD_VERSION_MINOR 1
+#define CONCORD_VERSION_PATCH 0
+#define CONCORD_VERSION \
+  (CONCORD_VERSION_MAJOR * 10000 + CONCORD_VERSION_MINOR * 100 + CONCORD_VERSION_PATCH)
+
+/** Status codes. Values never change; new codes are only appended. */
+typedef enum concord_status {
+  CONCORD_SUCCESS = 0,
+  CONCORD_ERR_INVALID_ARGUMENT = 1, /**< bad argument; nothing was changed */
+  CONCORD_ERR_MISMATCH = 2,         /**< ranks disagree about a tensor (dtype, shape, op, ...) */
+  CONCORD_ERR_TIMEOUT = 3,          /**< a deadline passed */
+  CONCORD_ERR_PEER_FAILURE = 4,     /**< another rank exited, was killed or failed */
+  CONCORD_ERR_BACKEND = 5,          /**< the transport or collective library failed */
+  CONCORD_ERR_NOT_INITIALIZED = 6,  /**< use before init or after finalize */
+  CONCORD_ERR_INTERNAL = 7,         /**< a bug in Concord; please report it */
+  CONCORD_ERR_UNAVAILABLE = 8,      /**< feature or backend not built or not usable here */
+  CONCORD_IN_PROGRESS = 9,          /**< concord_test: the request has not finished */
+  CONCORD_ERR_VERSION = 10,         /**< header and library major versions differ */
+  CONCORD_ERR_SYSTEM = 11,          /**< an operating-system call failed */
+  CONCORD_ERR_AUTH = 12,            /**< rendezvous refused: wrong job secret */
+  CONCORD_ERR_PROTOCOL = 13         /**< malformed bytes arrived from the network */
+} concord_status_t;
+
+/** Element types. Values never change. */
+typedef enum concord_dtype {
+  CONCORD_UINT8 = 0,
+  CONCORD_INT8 = 1,
+  CONCORD_INT32 = 2,
+  CONCORD_INT64 = 3,
+  CONCORD_FLOAT16 = 4,
+  CONCORD_BFLOAT16 = 5,
+  CONCORD_FLOAT32 = 6,
+  CONCORD_FLOAT64 = 7
+} concord_dtype_t;
+
+/** Reduction operators. AVERAGE divides the sum by the number of ranks (integer types truncate). */
+typedef enum concord_reduce_op {
+  CONCORD_SUM = 0,
+  CONCORD_AVERAGE = 1,
+  CONCORD_MIN = 2,
+  CONCORD_MAX = 3,
+  CONCORD_PRODUCT = 4
+} concord_reduce_op_t;
+
+#define CONCORD_DEVICE_CPU (-1)
+#define CONCORD_MAX_DIMS 8
+
+/** Opaque communicator: one background engine, its queue, buffers and connections. */
+typedef struct concord_comm* concord_comm_t;
+/** Opaque handle of one enqueued operation; free it with concord_request_free. */
+typedef struct concord_request* concord_request_t;
+
+/** Called once when a request finishes, on the communicator's thread. */
+typedef void (*concord_callback_t)(concord_request_t request, concord_status_t status,
+                                   void* user_data);
+
+/**
+ * Configuration for concord_init_config. Call concord_config_init first: it sets struct_size and
+ * version and fills every field with its "take it from the environment or the default" value.
+ * Fields may only be appended in later versions; the library reads struct_size to know which exist.
+ */
+typedef struct concord_config {
+  size_t struct_size;  /**< sizeof(concord_config_t) as compiled by the caller */
+  int version;         /**< CONCORD_VERSION as compiled by the caller */
+  int rank;            /**< -1: from the environment */
+  int size;            /**< -1: from the environment */
+  int local_rank;      /**< -1: from the environment (else 0) */
+  int local_size;      /**< -1: from the environment (else 1) */
+  const char* store;   /**< rendezvous: "tcp://host:port" or "file:///dir"; NULL: environment */
+  const char* token;   /**< secret for the TCP store; NULL: environment */
+  const char* job_id;  /**< separates jobs that share a store; NULL: environment or "default" */
+  const char* iface;   /**< network interface for data traffic (e.g. "lo"); NULL: environment */
+  const char* host;    /**< address to bind and advertise; NULL: environment or from iface */
+  int64_t fusion_threshold_bytes; /**< -1: environment or 64 MiB; 0 disables fusion */
+  double cycle_time_ms;           /**< -1: environment or 0 (no gathering delay) */
+  double timeout_s;               /**< -1: environment or 30 */
+  int cache_capacity;             /**< -1: environment or 1024; 0 disables the response cache */
+  int log_level;                  /**< -1: environment or 1 (0 error, 1 warning, 2 info, 3 debug) */
+} concord_config_t;
+
+/** Options of an allreduce. Initialise with concord_allreduce_opts_init. */
+typedef struct concord_allreduce_opts {
+  size_t struct_size;
+  concord_reduce_op_t op; /**< default CONCORD_SUM */
+  double prescale;        /**< multiplies the input before the reduction; default 1 */
+  double postscale;       /**< multiplies the result; default 1 */
+} concord_allreduce_opts_t;
+
+/** A tensor: contiguous row-major data described by dtype and shape. */
+typedef struct concord_tensor {
+  void* data;             /**< may be NULL only when the tensor has no elements */
+  concord_dtype_t dtype;
+  int ndim;               /**< 0 (a scalar) to CONCORD_MAX_DIMS */
+  const int64_t* shape;   /**< ndim entries, each >= 0 */
+  int device;             /**< CONCORD_DEVICE_CPU (only CPU in this version) */
+} concord_tensor_t;
+
+/* ---- library and communicator ---- */
+CONCORD_API void concord_version(int* major, int* minor, int* patch);
+CONCORD_API const char* concord_status_string(concord_status_t status);
+CONCORD_API void concord_config_init(concord_config_t* config);
+CONCORD_API void concord_allreduce_opts_init(concord_allreduce_opts_t* opts);
+
+/** Initialises from the environment (CONCORD_*, or torchrun's, Slurm's, Open MPI's variables). */
+CONCORD_API concord_status_t concord_init(concord_comm_t* comm);
+CONCORD_API concord_status_t concord_init_config(const concord_config_t* config,
+                                                 concord_comm_t* comm);
+/** Fails pending requests with NOT_INITIALIZED, stops the engine and frees the handle. NULL is ok. */
+CONCORD_API concord_status_t concord_finalize(concord_comm_t comm);
+
+CONCORD_API concord_status_t concord_comm_rank(concord_comm_t comm, int* rank);
+CONCORD_API concord_status_t concord_comm_size(concord_comm_t comm, int* size);
+CONCORD_API concord_status_t concord_comm_local_rank(concord_comm_t comm, int* local_rank);
+CONCORD_API concord_status_t concord_comm_local_size(concord_comm_t comm, int* local_size);
+/** The message of the last error on this communicator (empty when none). Valid until the next call
+ *  on this communicator from the same thread. NULL comm: the last concord_init failure. */
+CONCORD_API const char* concord_comm_last_error(concord_comm_t comm);
+
+/* ---- asynchronous operations: enqueue now, complete later ---- */
+/**
+ * Allreduce input into output (output NULL or output->data == input->data: in place).
+ * name identifies the tensor across ranks; a name may be in flight only once at a time.
+ */
+CONCORD_API concord_status_t concord_allreduce_async(concord_comm_t comm, const char* name,
+                                                     const concord_tensor_t* input,
+                                                     const concord_tensor_t* output,
+                                                     const concord_allreduce_opts_t* opts,
+                                                     concord_callback_t callback, void* user_data,
+                                                     concord_request_t* request);
+/**
+ * Allgather along the first dimension, which may differ between ranks (other dims must agree).
+ * output: a buffer of output_capacity bytes, or NULL to let the request own the result
+ * (concord_request_output). A result larger than output_capacity fails with INVALID_ARGUMENT.
+ */
+CONCORD_API concord_status_t concord_allgather_async(concord_comm_t comm, const char* name,
+                                                     const concord_tensor_t* input, void* output,
+                                                     size_t output_capacity,
+                                                     concord_callback_t callback, void* user_data,
+                                                     concord_request_t* request);
+/** Broadcast root's input to every rank's output (output NULL: in place). */
+CONCORD_API concord_status_t concord_broadcast_async(concord_comm_t comm, const char* name,
+                                                     const concord_tensor_t* input,
+                                                     const concord_tensor_t* output, int root,
+                                                     concord_callback_t callback, void* user_data,
+                                                     concord_request_t* request);
+CONCORD_API concord_status_t concord_barrier_async(concord_comm_t comm,
+                                                   concord_callback_t callback, void* user_data,
+                                                   concord_request_t* request);
+
+/**
+ * Grouped submission: operations enqueued by this thread between group_start and group_end are
+ * held and enqueued atomically at group_end, negotiated as one unit and fused together where their
+ * dtype and op allow. Groups do not nest.
+ */
+CONCORD_API concord_status_t concord_group_start(concord_comm_t comm);
+CONCORD_API concord_status_t concord_group_end(concord_comm_t comm);
+
+/* ---- requests ---- */
+/** Blocks until the request finishes; returns its status. timeout_s < 0 waits without limit
+ *  (the engine's own deadlines still apply). */
+CONCORD_API concord_status_t concord_wait(concord_request_t request, double timeout_s);
+/** CONCORD_IN_PROGRESS while running, else the request's final status. Never blocks. */
+CONCORD_API concord_status_t concord_test(concord_request_t request);
+/** The error message of a finished request (empty on success). Valid until the request is freed. */
+CONCORD_API const char* concord_request_error(concord_request_t request);
+/**
+ * Result of an allgather: data (owned by the request when no output buffer was given), its size
+ * in bytes and its first dimension. Any out-pointer may be NULL.
+ */
+CONCORD_API concord_status_t concord_request_output(concord_request_t request, void** data,
+                                                    size_t* bytes, int64_t* first_dim);
+/** Frees a request. A request still running is detached: it completes, then frees itself. */
+CONCORD_API void concord_request_free(concord_request_t request);
+
+/* ---- blocking conveniences: enqueue, wait, free ---- */
+CONCORD_API concord_status_t concord_allreduce(concord_comm_t comm, const char* name,
+                                               const concord_tensor_t* input,
+                                               const concord_tensor_t* output,
+                                               const concord_allreduce_opts_t* opts);
+CONCORD_API concord_status_t concord_allgather(concord_comm_t comm, const char* name,
+                                               const concord_tensor_t* input, void* output,
+                                               size_t output_capacity);
+CONCORD_API concord_status_t concord_broadcast(concord_comm_t comm, const char* name,
+                                               const concord_tensor_t* input,
+                                               const concord_tensor_t* output, int root);
+CONCORD_API concord_status_t concord_barrier(concord_comm_t comm);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CONCORD_CONCORD_H_ */

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Installs everything Concord needs to build, test and benchmark, from Debian's packages.
+# Idempotent: packages already present are not touched, and apt-get runs only when one is missing.
+set -euo pipefail
+packages=(build-essential cmake pkg-config libgloo-dev libgtest-dev libbenchmark-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  echo "setup: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
