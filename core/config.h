@@ -1,0 +1,45 @@
+// Everything configurable about a communicator, read once at init into this struct and passed
+// down (no getenv anywhere else). The README's configuration table documents each field.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "base/status.h"
+
+namespace concord {
+
+struct Config {
+  // Who we are. -1 means "not given": FromEnvironment fills them from the launchers' variables.
+  int rank = -1;
+  int size = -1;
+  int local_rank = -1;
+  int local_size = -1;
+
+  // Rendezvous.
+  std::string store;   // "tcp://host:port" or "file:///dir"; "" = derived (see Bootstrap)
+  std::string token;   // secret the TCP store checks
+  std::string job_id;  // separates jobs that share a store
+  std::string master_addr;  // torchrun's MASTER_ADDR / MASTER_PORT: rank 0 serves the store
+  int master_port = -1;     // on MASTER_PORT + 1
+  std::string iface;  // data-traffic interface
+  std::string host;   // address to bind and advertise
+
+  std::string backend = "gloo";
+  std::string gloo_algorithm = "auto";
+  int64_t fusion_threshold_bytes = int64_t{64} << 20;
+  double cycle_time_ms = 0.0;
+  double timeout_s = 30.0;
+  int cache_capacity = 1024;
+  int log_level = 1;
+  double stall_warning_s = 60.0;
+  double stall_shutdown_s = 0.0;
+
+  // Reads CONCORD_* variables, then torchrun's, Slurm's and Open MPI's for what is still unset.
+  // Malformed values (a rank that is not a number, ...) are errors naming the variable.
+  static StatusOr<Config> FromEnvironment();
+  // Checks ranges and fills the remaining defaults (a lone process is rank 0 of 1).
+  Status Finalize();
+};
+
+}  // namespace concord

@@ -1,0 +1,324 @@
+#include "core/coordinator.h"
+
+#include <algorithm>
+#include <functional>
+#include <set>
+#include <sstream>
+
+namespace concord {
+namespace {
+
+bool TestBit(const std::vector<uint64_t>& v, uint32_t bit) {
+  return bit / 64 < v.size() && (v[bit / 64] >> (bit % 64)) & 1u;
+}
+void SetBit(std::vector<uint64_t>& v, uint32_t bit) {
+  if (bit / 64 >= v.size()) v.resize(bit / 64 + 1, 0);
+  v[bit / 64] |= uint64_t{1} << (bit % 64);
+}
+void ClearBit(std::vector<uint64_t>& v, uint32_t bit) {
+  if (bit / 64 < v.size()) v[bit / 64] &= ~(uint64_t{1} << (bit % 64));
+}
+
+std::string RankList(const std::vector<int>& ranks) {
+  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+  return s;
+}
+
+std::string ShapeString(const std::vector<int64_t>& shape, size_t from) {
+  std::string s = "[";
+  for (size_t i = from; i < shape.size(); ++i) {
+    s += (i > from ? ", " : "") + std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+std::string Seconds(std::chrono::milliseconds d) {
+  std::ostringstream os;
+  os << static_cast<double>(d.count()) / 1000.0 << " s";
+  return os.str();
+}
+
+}  // namespace
+
+Coordinator::Coordinator(int size, const ResponseCache* cache, StallOptions stall)
+    : size_(size), cache_(cache), stall_(stall), bits_by_rank_(size) {}
+
+size_t Coordinator::pending() const { return pending_.size() + bit_waits_.size() + held_.size(); }
+
+Status Coordinator::Add(int rank, const RequestMessage& message, Clock::time_point now) {
+  if (rank < 0 || rank >= size_) return ProtocolError("message from unknown rank " + std::to_string(rank));
+  for (size_t w = 0; w < message.cached_mask.size(); ++w) {
+    for (uint64_t word = message.cached_mask[w]; word != 0; word &= word - 1) {
+      const auto bit = static_cast<uint32_t>(w * 64 + __builtin_ctzll(word));
+      if (cache_->Get(bit) == nullptr) {
+        return ProtocolError("rank " + std::to_string(rank) + " named response-cache entry " +
+                             std::to_string(bit) + ", which does not exist");
+      }
+      SetBit(bits_by_rank_[rank], bit);
+      bit_waits_.emplace(bit, BitWait{now, false});
+    }
+  }
+  for (const TensorRequest& request : message.requests) {
+    auto [it, inserted] = pending_.try_emplace(request.name);
+    Pending& p = it->second;
+    if (inserted) {
+      p.by_rank.resize(size_);
+      p.first_seen = now;
+      arrival_.push_back(request.name);
+    }
+    if (p.by_rank[rank]) {
+      return ProtocolError("rank " + std::to_string(rank) + " sent tensor '" + request.name +
+                           "' twice before it completed");
+    }
+    p.by_rank[rank] = request;
+    ++p.count;
+  }
+  return Status::Ok();
+}
+
+void Coordinator::ExpandDivergedBits() {
+  // Names whose waiting bits cannot complete on the fast path: a full request for the same name
+  // exists, or different ranks wait on different entries of one name.
+  std::map<std::string, std::vector<uint32_t>> bits_by_name;
+  for (const auto& [bit, wait] : bit_waits_) {
+    bits_by_name[cache_->Get(bit)->request.name].push_back(bit);
+  }
+  for (const auto& [name, bits] : bits_by_name) {
+    if (bits.size() < 2 && pending_.count(name) == 0) continue;
+    auto [it, inserted] = pending_.try_emplace(name);
+    Pending& p = it->second;
+    if (inserted) {
+      p.by_rank.resize(size_);
+      p.first_seen = bit_waits_.at(bits.front()).first_seen;
+      arrival_.push_back(name);
+    }
+    for (uint32_t bit : bits) {
+      for (int r = 0; r < size_; ++r) {
+        if (!TestBit(bits_by_rank_[r], bit)) continue;
+        ClearBit(bits_by_rank_[r], bit);
+        if (!p.by_rank[r]) {
+          p.by_rank[r] = cache_->Get(bit)->RequestOf(r);
+          ++p.count;
+        }
+      }
+      p.first_seen = std::min(p.first_seen, bit_waits_.at(bit).first_seen);
+      bit_waits_.erase(bit);
+    }
+  }
+}
+
+Response Coordinator::Validate(const Pending& p) const {
+  const TensorRequest& first = *p.by_rank[0];
+  Response response;
+  response.request = first;
+  // Checks one field: every rank's value as text; on disagreement, an error naming the groups.
+  auto check = [&](const char* field, const std::function<std::string(const TensorRequest&)>& get) {
+    if (response.error != Code::kOk) return;
+    std::map<std::string, std::vector<int>> ranks_by_value;
+    std::vector<std::string> order;
+    for (int r = 0; r < size_; ++r) {
+      std::string v = get(*p.by_rank[r]);
+      if (ranks_by_value.count(v) == 0) order.push_back(v);
+      ranks_by_value[v].push_back(r);
+    }
+    if (order.size() == 1) return;
+    std::string msg = "tensor '" + first.name + "': ranks disagree on " + field + ": ";
+    for (size_t i = 0; i < order.size(); ++i) {
+      msg += (i ? "; " : "") + order[i] + " on " + RankList(ranks_by_value[order[i]]);
+    }
+    response.error = Code::kMismatch;
+    response.error_message = msg;
+  };
+  const bool allgather = first.op == OpType::kAllgather;
+  check("the operation", [](const TensorRequest& r) { return OpTypeName(r.op); });
+  check("dtype", [](const TensorRequest& r) { return DTypeName(r.dtype); });
+  check("device", [](const TensorRequest& r) {
+    return r.device < 0 ? std::string("cpu") : "cuda:" + std::to_string(r.device);
+  });
+  if (allgather) {
+    check("the number of dimensions",
+          [](const TensorRequest& r) { return std::to_string(r.shape.size()); });
+    check("the shape after the first dimension",
+          [](const TensorRequest& r) { return ShapeString(r.shape, 1); });
+  } else if (first.op != OpType::kBarrier) {
+    check("shape", [](const TensorRequest& r) { return ShapeString(r.shape, 0); });
+  }
+  if (first.op == OpType::kAllreduce) {
+    check("reduce op", [](const TensorRequest& r) { return ReduceOpName(r.reduce_op); });
+    check("prescale", [](const TensorRequest& r) { return std::to_string(r.prescale); });
+    check("postscale", [](const TensorRequest& r) { return std::to_string(r.postscale); });
+  }
+  if (first.op == OpType::kBroadcast) {
+    check("root", [](const TensorRequest& r) { return std::to_string(r.root); });
+  }
+  check("group", [](const TensorRequest& r) {
+    return r.group.empty() ? std::string("no group")
+                           : "group '" + r.group + "' of " + std::to_string(r.group_size);
+  });
+  if (response.error == Code::kOk && allgather) {
+    for (int r = 0; r < size_; ++r) response.first_dims.push_back(p.by_rank[r]->shape[0]);
+  }
+  return response;
+}
+
+void Coordinator::ExpireStalled(Clock::time_point now, std::vector<Response>* errors) {
+  if (stall_.shutdown.count() <= 0) return;
+  const std::string why = " within the stall shutdown time of " + Seconds(stall_.shutdown);
+  for (auto it = bit_waits_.begin(); it != bit_waits_.end();) {
+    if (now - it->second.first_seen < stall_.shutdown) {
+      ++it;
+      continue;
+    }
+    std::vector<bool> present(size_);
+    for (int r = 0; r < size_; ++r) {
+      present[r] = TestBit(bits_by_rank_[r], it->first);
+      ClearBit(bits_by_rank_[r], it->first);
+    }
+    Response error = *cache_->Get(it->first);
+    error.error = Code::kTimeout;
+    error.error_message = "tensor '" + error.request.name + "' was not submitted by " +
+                          MissingRanks(present) + why;
+    errors->push_back(std::move(error));
+    it = bit_waits_.erase(it);
+  }
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    if (now - it->second.first_seen < stall_.shutdown) {
+      ++it;
+      continue;
+    }
+    std::vector<bool> present(size_);
+    int first = 0;
+    for (int r = size_ - 1; r >= 0; --r) {
+      present[r] = it->second.by_rank[r].has_value();
+      if (present[r]) first = r;
+    }
+    Response error;
+    error.request = *it->second.by_rank[first];
+    error.error = Code::kTimeout;
+    error.error_message = "tensor '" + it->first + "' was not submitted by " +
+                          MissingRanks(present) + why;
+    errors->push_back(std::move(error));
+    arrival_.erase(std::find(arrival_.begin(), arrival_.end(), it->first));
+    it = pending_.erase(it);
+  }
+}
+
+std::string Coordinator::MissingRanks(const std::vector<bool>& present) const {
+  std::vector<int> missing;
+  for (int r = 0; r < size_; ++r) {
+    if (!present[r]) missing.push_back(r);
+  }
+  return RankList(missing);
+}
+
+ResponseMessage Coordinator::TakeReady(Clock::time_point now) {
+  ExpandDivergedBits();
+  std::vector<ResponseItem> ready;
+
+  // Fast path: the AND of every rank's bit vector.
+  std::vector<uint64_t> all = bits_by_rank_[0];
+  for (int r = 1; r < size_; ++r) {
+    all.resize(std::min(all.size(), bits_by_rank_[r].size()));
+    for (size_t w = 0; w < all.size(); ++w) all[w] &= bits_by_rank_[r][w];
+  }
+  for (size_t w = 0; w < all.size(); ++w) {
+    for (uint64_t word = all[w]; word != 0; word &= word - 1) {
+      const auto bit = static_cast<uint32_t>(w * 64 + __builtin_ctzll(word));
+      for (auto& v : bits_by_rank_) ClearBit(v, bit);
+      bit_waits_.erase(bit);
+      ResponseItem item;
+      item.cached = true;
+      item.bit = bit;
+      ready.push_back(std::move(item));
+    }
+  }
+
+  // Full path: names every rank has sent, in order of arrival.
+  std::vector<std::string> still_waiting;
+  for (const std::string& name : arrival_) {
+    auto it = pending_.find(name);
+    if (it->second.count < size_) {
+      still_waiting.push_back(name);
+      continue;
+    }
+    ResponseItem item;
+    item.response = Validate(it->second);
+    ready.push_back(std::move(item));
+    pending_.erase(it);
+  }
+  arrival_ = std::move(still_waiting);
+
+  std::vector<Response> expired;
+  ExpireStalled(now, &expired);
+  for (auto& e : expired) {
+    ResponseItem item;
+    item.response = std::move(e);
+    ready.push_back(std::move(item));
+  }
+
+  // Groups leave only whole: hold members until all group_size members are ready; a member
+  // that failed counts as ready (it completes with its error, the rest still run).
+  ResponseMessage out;
+  std::vector<ResponseItem> candidates = std::move(held_);
+  held_.clear();
+  for (auto& item : ready) candidates.push_back(std::move(item));
+  std::map<std::string, int> ready_count;
+  auto request_of = [&](const ResponseItem& item) -> const Response& {
+    return item.cached ? *cache_->Get(item.bit) : item.response;
+  };
+  for (const auto& item : candidates) {
+    const Response& r = request_of(item);
+    if (!r.request.group.empty()) ++ready_count[r.request.group];
+  }
+  for (auto& item : candidates) {
+    const Response& r = request_of(item);
+    if (r.request.group.empty() || ready_count[r.request.group] >= r.request.group_size) {
+      out.items.push_back(std::move(item));
+    } else {
+      held_.push_back(std::move(item));
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> Coordinator::StallWarnings(Clock::time_point now) {
+  std::vector<std::string> warnings;
+  const std::string after = " for more than " + Seconds(stall_.warning) +
+                            " (a rank skipped it, is slow, or submits a different name)";
+  for (auto& [name, p] : pending_) {
+    if (p.warned || now - p.first_seen < stall_.warning) continue;
+    p.warned = true;
+    std::vector<bool> present(size_);
+    for (int r = 0; r < size_; ++r) present[r] = p.by_rank[r].has_value();
+    warnings.push_back("tensor '" + name + "' is waiting for " + MissingRanks(present) + after);
+  }
+  for (auto& [bit, wait] : bit_waits_) {
+    if (wait.warned || now - wait.first_seen < stall_.warning) continue;
+    wait.warned = true;
+    std::vector<bool> present(size_);
+    for (int r = 0; r < size_; ++r) present[r] = TestBit(bits_by_rank_[r], bit);
+    warnings.push_back("tensor '" + cache_->Get(bit)->request.name + "' is waiting for " +
+                       MissingRanks(present) + after);
+  }
+  return warnings;
+}
+
+std::optional<Clock::time_point> Coordinator::NextStallCheck() const {
+  std::optional<Clock::time_point> next;
+  auto consider = [&](Clock::time_point first_seen, bool warned) {
+    if (!warned) {
+      const auto t = first_seen + stall_.warning;
+      if (!next || t < *next) next = t;
+    }
+    if (stall_.shutdown.count() > 0) {
+      const auto t = first_seen + stall_.shutdown;
+      if (!next || t < *next) next = t;
+    }
+  };
+  for (const auto& [name, p] : pending_) consider(p.first_seen, p.warned);
+  for (const auto& [bit, w] : bit_waits_) consider(w.first_seen, w.warned);
+  return next;
+}
+
+}  // namespace concord

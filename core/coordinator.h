@@ -1,0 +1,93 @@
+// The coordinator: decides, for the whole job, which operations run and in which order.
+//
+// Protocol (rank 0 hosts the coordinator; every rank, rank 0 included, is a client):
+//  1. When a rank's application enqueues operations, its engine sends one RequestMessage to rank 0:
+//     for each request equal to a response-cache entry (same name, dtype, shape, op, ...) it sets
+//     that entry's bit in a bit vector; every other request travels whole. Nothing is sent while a
+//     rank has nothing new, so an idle job exchanges no messages (only the control plane's
+//     heartbeats).
+//  2. The coordinator ORs each rank's bits into that rank's vector; the bitwise AND of all ranks'
+//     vectors is the set of cached operations ready everywhere: they need no parsing, matching or
+//     validation. Full requests are counted per name; when every rank has sent a name, the
+//     requests are compared field by field and yield either a response or an error that names the
+//     tensor, the field and the ranks on each side. A bit that meets a full request for the same
+//     name (the ranks diverged) is expanded back into the request it stands for and joins the full
+//     path, so a divergence is reported, never left waiting.
+//  3. Ready operations leave in the order they became ready (cached ones by bit, which is their
+//     first execution order), members of a group only all together, as one ResponseMessage that
+//     rank 0 sends to every rank and executes itself. Every rank executes the same list in the same
+//     order, so the collectives match, and inserts new responses into its response cache in that
+//     order, so bit numbers agree without any exchange.
+//  4. Operations that some ranks submitted and others did not are reported after the stall
+//     warning time (naming the missing ranks) and, past the stall shutdown time if one is set,
+//     completed with a kTimeout error on the ranks that submitted them.
+//  5. A rank that fails, leaves or sends malformed bytes makes rank 0 send an abort to every rank.
+//
+// This class is the pure decision logic of steps 2-4 (no I/O, no threads): the engine feeds it
+// messages and sends what it returns. Not thread-safe; owned by rank 0's engine thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/clock.h"
+#include "core/message.h"
+#include "core/response_cache.h"
+
+namespace concord {
+
+struct StallOptions {
+  std::chrono::milliseconds warning{60000};
+  std::chrono::milliseconds shutdown{0};  // 0: never
+};
+
+class Coordinator {
+ public:
+  // `cache` is the engine's response cache (rank 0's copy), read here, updated by the engine.
+  Coordinator(int size, const ResponseCache* cache, StallOptions stall);
+
+  // Adds what `rank` sent. kProtocolError for bits that name no cache entry.
+  Status Add(int rank, const RequestMessage& message, Clock::time_point now);
+
+  // Everything that can run now, in execution order (may be empty).
+  ResponseMessage TakeReady(Clock::time_point now);
+
+  // Stall warnings due at `now` (each reported once), and the time of the next stall check.
+  std::vector<std::string> StallWarnings(Clock::time_point now);
+  std::optional<Clock::time_point> NextStallCheck() const;
+
+  // Number of operations waiting for some rank.
+  size_t pending() const;
+
+ private:
+  struct Pending {
+    std::vector<std::optional<TensorRequest>> by_rank;
+    int count = 0;
+    Clock::time_point first_seen;
+    bool warned = false;
+  };
+  struct BitWait {
+    Clock::time_point first_seen;
+    bool warned = false;
+  };
+
+  void ExpandDivergedBits();
+  Response Validate(const Pending& p) const;
+  void ExpireStalled(Clock::time_point now, std::vector<Response>* errors);
+  std::string MissingRanks(const std::vector<bool>& present) const;
+
+  int size_;
+  const ResponseCache* cache_;
+  StallOptions stall_;
+  std::vector<std::vector<uint64_t>> bits_by_rank_;  // per rank: cached entries it asked for
+  std::map<uint32_t, BitWait> bit_waits_;            // bits set on some rank, not all
+  std::map<std::string, Pending> pending_;           // full requests by name
+  std::vector<std::string> arrival_;                 // names in order of first arrival
+  std::vector<ResponseItem> held_;                   // ready group members waiting for the rest
+};
+
+}  // namespace concord

@@ -1,0 +1,120 @@
+// The engine: one per communicator. It owns the tensor queue, the response cache, the coordinator
+// (on rank 0), the fusion buffer, the control plane and the backend, and one background thread
+// that negotiates and executes. Nothing in it is process-global.
+//
+// Threading: Enqueue(), GroupStart()/GroupEnd() and the accessors may be called from any thread.
+// The background thread is the only one that touches the control plane, the backend, the cache,
+// the coordinator and the buffers. It sleeps in the control plane's Receive() until a message
+// arrives or Enqueue() wakes it: no fixed cycle unless cycle_time_ms asks to gather work.
+//
+// Failure: the first error (a peer failed, a backend or protocol error, an abort from rank 0)
+// fails the engine: every request in flight completes with that error, later enqueues return it,
+// and the connections close at once so the other ranks notice. Shutdown() (also the destructor)
+// completes what is in flight with kNotInitialized and joins the thread.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backends/backend.h"
+#include "backends/control_plane.h"
+#include "base/log.h"
+#include "core/config.h"
+#include "core/coordinator.h"
+#include "core/fusion_planner.h"
+#include "core/response_cache.h"
+#include "core/tensor_queue.h"
+
+namespace concord {
+
+// Counters for tests and benchmarks; read with relaxed atomics from any thread.
+struct EngineStats {
+  std::atomic<uint64_t> responses_cached{0};  // executed through the cache bit fast path
+  std::atomic<uint64_t> responses_full{0};    // executed from full responses (incl. errors)
+  std::atomic<uint64_t> batches{0};           // collectives run
+  std::atomic<uint64_t> fused_tensors{0};     // tensors that went through the fusion buffer
+};
+
+class Engine {
+ public:
+  // Takes ownership of the transports and starts the background thread. `keep_alive` holds
+  // whatever the transports need to outlive them (the rendezvous store, a store server).
+  Engine(const Config& config, std::unique_ptr<ControlPlane> control,
+         std::unique_ptr<Backend> backend, std::shared_ptr<void> keep_alive);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  const Config& config() const { return config_; }
+  int rank() const { return config_.rank; }
+  int size() const { return config_.size; }
+
+  // Checks the entry (kInvalidArgument naming what is wrong; nothing is queued) and queues it, or
+  // holds it when this thread has a group open.
+  Status Enqueue(QueueEntry entry);
+  // Opens a group for the calling thread; GroupEnd() queues its entries atomically.
+  Status GroupStart();
+  Status GroupEnd();
+
+  // Next barrier's name: barriers are matched across ranks by their sequence number.
+  std::string NextBarrierName();
+
+  void Shutdown();
+  // The error that failed the engine (OK while healthy).
+  Status failure() const;
+  const EngineStats& stats() const { return stats_; }
+
+ private:
+  void Loop();
+  Status Step();
+  Status HandleMessage(const ControlMessage& message);
+  Status SubmitNew();
+  Status Coordinate();
+  Status Execute(const ResponseMessage& message);
+  Status RunBatch(const FusionBatch& batch, const std::vector<const Response*>& responses,
+                  std::vector<std::optional<QueueEntry>>& entries);
+  Status RunAllreduceDirect(const Response& r, QueueEntry& e);
+  Status RunAllreduceFused(const FusionBatch& batch, const std::vector<const Response*>& responses,
+                           std::vector<std::optional<QueueEntry>>& entries);
+  Status RunAllgather(const Response& r, QueueEntry& e, Status* local_error);
+  Status RunBroadcast(const Response& r, QueueEntry& e);
+  void Fail(const Status& status);
+  Deadline NextWake() const;
+  uint8_t* FusionBuffer(size_t bytes);
+  void Log(LogLevel level, const std::string& message) const;
+
+  const Config config_;
+  std::shared_ptr<void> keep_alive_;
+  std::unique_ptr<ControlPlane> control_;
+  std::unique_ptr<Backend> backend_;
+  TensorQueue queue_;
+  ResponseCache cache_;
+  std::unique_ptr<Coordinator> coordinator_;  // rank 0 only
+  FusionOptions fusion_;
+
+  std::unique_ptr<uint8_t[]> fusion_buffer_;  // grown rarely, never shrunk, reused every batch
+  size_t fusion_capacity_ = 0;
+
+  std::mutex group_mu_;
+  std::thread::id group_owner_;
+  bool group_open_ = false;
+  std::vector<QueueEntry> group_entries_;
+  std::atomic<uint64_t> barrier_seq_{0};
+  EngineStats stats_;
+
+  mutable std::mutex failure_mu_;
+  Status failure_;
+  ControlPlane* control_wake_ = nullptr;  // control_ while it may be woken; guarded by failure_mu_
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+};
+
+// Checks one request as the C API receives it: name, dtype, shape, op-specific fields, pointers.
+Status ValidateEntry(const QueueEntry& entry, int world_size);
+
+}  // namespace concord

@@ -1,0 +1,47 @@
+#include "core/fusion_planner.h"
+
+namespace concord {
+namespace {
+
+bool Fusable(const Response& r, const FusionOptions& o) {
+  return r.error == Code::kOk && r.request.op == OpType::kAllreduce && o.threshold > 0 &&
+         r.request.NumBytes() < o.direct_bytes && r.request.NumBytes() <= o.threshold;
+}
+
+bool Compatible(const TensorRequest& a, const TensorRequest& b) {
+  return a.dtype == b.dtype && a.reduce_op == b.reduce_op && a.prescale == b.prescale &&
+         a.postscale == b.postscale && a.device == b.device;
+}
+
+}  // namespace
+
+std::vector<FusionBatch> PlanFusion(const std::vector<const Response*>& responses,
+                                    const FusionOptions& options) {
+  std::vector<FusionBatch> batches;
+  std::vector<bool> assigned(responses.size(), false);
+  for (size_t i = 0; i < responses.size(); ++i) {
+    if (assigned[i]) continue;
+    assigned[i] = true;
+    FusionBatch batch;
+    batch.members.push_back(i);
+    batch.bytes = responses[i]->request.NumBytes();
+    if (Fusable(*responses[i], options)) {
+      for (size_t j = i + 1; j < responses.size(); ++j) {
+        if (assigned[j] || !Fusable(*responses[j], options) ||
+            !Compatible(responses[i]->request, responses[j]->request)) {
+          continue;
+        }
+        const size_t bytes = responses[j]->request.NumBytes();
+        if (batch.bytes + bytes > options.threshold) continue;
+        assigned[j] = true;
+        batch.members.push_back(j);
+        batch.bytes += bytes;
+      }
+      batch.fused = true;
+    }
+    batches.push_back(std::move(batch));
+  }
+  return batches;
+}
+
+}  // namespace concord

@@ -1,0 +1,34 @@
+// The fusion planner: turns the ordered response list into batches. Small allreduces that can
+// share a buffer (same dtype, reduce op, scale factors and device) travel together, up to the
+// fusion threshold in bytes; large ones and every other operation run alone. Deterministic (a
+// pure function of its input), so every rank forms the same batches. Stateless and thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "core/request.h"
+
+namespace concord {
+
+struct FusionBatch {
+  std::vector<size_t> members;  // indices into the response list, in execution order
+  size_t bytes = 0;             // payload bytes of all members
+  // true: members are packed into the persistent fusion buffer (even a lone small tensor: the
+  // backend then reuses its algorithm objects over that buffer); false: runs alone in place.
+  bool fused = false;
+};
+
+struct FusionOptions {
+  size_t threshold = size_t{64} << 20;  // 0 disables fusion
+  // An allreduce at least this large runs alone, in place on the caller's memory: copying it
+  // into and out of the fusion buffer would cost more than the message it saves.
+  size_t direct_bytes = size_t{1} << 20;
+};
+
+// Batches in execution order. A batch starts at the first unassigned response and gathers later
+// compatible small allreduces (looking ahead past incompatible ones) while they fit.
+std::vector<FusionBatch> PlanFusion(const std::vector<const Response*>& responses,
+                                    const FusionOptions& options);
+
+}  // namespace concord

@@ -1,0 +1,258 @@
+#include "core/message.h"
+
+#include <cstring>
+
+namespace concord {
+namespace {
+
+constexpr uint8_t kRequestTag = 0xC1;
+constexpr uint8_t kResponseTag = 0xC2;
+constexpr uint8_t kVersion = 1;
+constexpr uint32_t kMaxDims = 64;
+constexpr uint32_t kMaxString = 1 << 20;
+
+class Writer {
+ public:
+  void U8(uint8_t v) { out_.push_back(static_cast<char>(v)); }
+  void U32(uint32_t v) { Raw(&v, 4); }
+  void I32(int32_t v) { Raw(&v, 4); }
+  void I64(int64_t v) { Raw(&v, 8); }
+  void F64(double v) { Raw(&v, 8); }
+  void Str(const std::string& s) {
+    U32(static_cast<uint32_t>(s.size()));
+    out_.append(s);
+  }
+  std::string Take() { return std::move(out_); }
+
+ private:
+  void Raw(const void* p, size_t n) { out_.append(static_cast<const char*>(p), n); }
+  std::string out_;
+};
+
+// Bounds-checked reader: the first failure sticks and every later read returns zeros.
+class Reader {
+ public:
+  explicit Reader(const std::string& in) : in_(in) {}
+  uint8_t U8() {
+    uint8_t v = 0;
+    Raw(&v, 1);
+    return v;
+  }
+  uint32_t U32() {
+    uint32_t v = 0;
+    Raw(&v, 4);
+    return v;
+  }
+  int32_t I32() {
+    int32_t v = 0;
+    Raw(&v, 4);
+    return v;
+  }
+  int64_t I64() {
+    int64_t v = 0;
+    Raw(&v, 8);
+    return v;
+  }
+  double F64() {
+    double v = 0;
+    Raw(&v, 8);
+    return v;
+  }
+  std::string Str() {
+    const uint32_t n = U32();
+    if (n > kMaxString || n > Left()) {
+      Fail("string length " + std::to_string(n));
+      return "";
+    }
+    std::string s = in_.substr(pos_, n);
+    pos_ += n;
+    return s;
+  }
+  // A count of items each at least min_item_bytes long: rejects counts the input cannot hold.
+  uint32_t Count(size_t min_item_bytes) {
+    const uint32_t n = U32();
+    if (min_item_bytes > 0 && n > Left() / min_item_bytes) {
+      Fail("count " + std::to_string(n) + " exceeds the message");
+      return 0;
+    }
+    return n;
+  }
+  void Fail(const std::string& why) {
+    if (error_.empty()) error_ = why + " at byte " + std::to_string(pos_);
+    pos_ = in_.size();
+  }
+  bool ok() const { return error_.empty(); }
+  bool done() const { return pos_ == in_.size(); }
+  const std::string& error() const { return error_; }
+
+ private:
+  size_t Left() const { return in_.size() - pos_; }
+  void Raw(void* p, size_t n) {
+    if (!ok()) return;
+    if (Left() < n) return Fail("truncated message");
+    std::memcpy(p, in_.data() + pos_, n);
+    pos_ += n;
+  }
+  const std::string& in_;
+  size_t pos_ = 0;
+  std::string error_;
+};
+
+void WriteRequest(Writer& w, const TensorRequest& r) {
+  w.Str(r.name);
+  w.U8(static_cast<uint8_t>(r.op));
+  w.U8(static_cast<uint8_t>(r.dtype));
+  w.U8(static_cast<uint8_t>(r.reduce_op));
+  w.U32(static_cast<uint32_t>(r.shape.size()));
+  for (int64_t d : r.shape) w.I64(d);
+  w.I32(r.root);
+  w.F64(r.prescale);
+  w.F64(r.postscale);
+  w.I32(r.device);
+  w.Str(r.group);
+  w.I32(r.group_size);
+}
+
+TensorRequest ReadRequest(Reader& rd) {
+  TensorRequest r;
+  r.name = rd.Str();
+  const uint8_t op = rd.U8(), dtype = rd.U8(), reduce = rd.U8();
+  if (op >= kNumOpTypes) rd.Fail("unknown op " + std::to_string(op));
+  if (!IsValidDType(dtype)) rd.Fail("unknown dtype " + std::to_string(dtype));
+  if (!IsValidReduceOp(reduce)) rd.Fail("unknown reduce op " + std::to_string(reduce));
+  r.op = static_cast<OpType>(op);
+  r.dtype = static_cast<DType>(dtype);
+  r.reduce_op = static_cast<ReduceOp>(reduce);
+  const uint32_t ndim = rd.Count(8);
+  if (ndim > kMaxDims) rd.Fail("too many dimensions");
+  for (uint32_t i = 0; i < ndim && rd.ok(); ++i) {
+    r.shape.push_back(rd.I64());
+    if (r.shape.back() < 0) rd.Fail("negative dimension");
+  }
+  r.root = rd.I32();
+  r.prescale = rd.F64();
+  r.postscale = rd.F64();
+  r.device = rd.I32();
+  r.group = rd.Str();
+  r.group_size = rd.I32();
+  if (r.group_size < 0) rd.Fail("negative group size");
+  return r;
+}
+
+void WriteResponse(Writer& w, const Response& r) {
+  WriteRequest(w, r.request);
+  w.U32(static_cast<uint32_t>(r.first_dims.size()));
+  for (int64_t d : r.first_dims) w.I64(d);
+  w.I32(static_cast<int32_t>(r.error));
+  w.Str(r.error_message);
+}
+
+Response ReadResponse(Reader& rd) {
+  Response r;
+  r.request = ReadRequest(rd);
+  const uint32_t n = rd.Count(8);
+  for (uint32_t i = 0; i < n && rd.ok(); ++i) {
+    r.first_dims.push_back(rd.I64());
+    if (r.first_dims.back() < 0) rd.Fail("negative first dimension");
+  }
+  const int32_t code = rd.I32();
+  if (code < 0 || code > static_cast<int32_t>(Code::kProtocolError)) {
+    rd.Fail("unknown status code " + std::to_string(code));
+  }
+  r.error = static_cast<Code>(code);
+  r.error_message = rd.Str();
+  return r;
+}
+
+Status Finish(const Reader& rd, const char* what) {
+  if (!rd.ok()) return ProtocolError(std::string("malformed ") + what + ": " + rd.error());
+  if (!rd.done()) return ProtocolError(std::string("malformed ") + what + ": trailing bytes");
+  return Status::Ok();
+}
+
+Status CheckHeader(Reader& rd, uint8_t tag, const char* what) {
+  const uint8_t got_tag = rd.U8(), version = rd.U8();
+  if (!rd.ok()) return ProtocolError(std::string("malformed ") + what + ": " + rd.error());
+  if (got_tag != tag) return ProtocolError(std::string("not a ") + what + " (bad tag)");
+  if (version != kVersion) {
+    return ProtocolError(std::string(what) + " version " + std::to_string(version) +
+                         " is not supported (expected " + std::to_string(kVersion) + ")");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::string SerializeRequestMessage(const RequestMessage& m) {
+  Writer w;
+  w.U8(kRequestTag);
+  w.U8(kVersion);
+  w.U32(static_cast<uint32_t>(m.cached_mask.size()));
+  for (uint64_t word : m.cached_mask) w.I64(static_cast<int64_t>(word));
+  w.U32(static_cast<uint32_t>(m.requests.size()));
+  for (const auto& r : m.requests) WriteRequest(w, r);
+  return w.Take();
+}
+
+StatusOr<RequestMessage> ParseRequestMessage(const std::string& bytes) {
+  Reader rd(bytes);
+  CONCORD_RETURN_IF_ERROR(CheckHeader(rd, kRequestTag, "request message"));
+  RequestMessage m;
+  const uint32_t nwords = rd.Count(8);
+  for (uint32_t i = 0; i < nwords && rd.ok(); ++i) {
+    m.cached_mask.push_back(static_cast<uint64_t>(rd.I64()));
+  }
+  const uint32_t nreq = rd.Count(40);
+  for (uint32_t i = 0; i < nreq && rd.ok(); ++i) m.requests.push_back(ReadRequest(rd));
+  CONCORD_RETURN_IF_ERROR(Finish(rd, "request message"));
+  return m;
+}
+
+std::string SerializeResponseMessage(const ResponseMessage& m) {
+  Writer w;
+  w.U8(kResponseTag);
+  w.U8(kVersion);
+  w.U8(m.abort ? 1 : 0);
+  w.I32(static_cast<int32_t>(m.abort_code));
+  w.Str(m.abort_reason);
+  w.U32(static_cast<uint32_t>(m.items.size()));
+  for (const auto& item : m.items) {
+    w.U8(item.cached ? 1 : 0);
+    if (item.cached) {
+      w.U32(item.bit);
+    } else {
+      WriteResponse(w, item.response);
+    }
+  }
+  return w.Take();
+}
+
+StatusOr<ResponseMessage> ParseResponseMessage(const std::string& bytes) {
+  Reader rd(bytes);
+  CONCORD_RETURN_IF_ERROR(CheckHeader(rd, kResponseTag, "response message"));
+  ResponseMessage m;
+  const uint8_t abort = rd.U8();
+  if (abort > 1) rd.Fail("bad abort flag");
+  m.abort = abort == 1;
+  const int32_t code = rd.I32();
+  if (code < 0 || code > static_cast<int32_t>(Code::kProtocolError)) rd.Fail("unknown abort code");
+  m.abort_code = static_cast<Code>(code);
+  m.abort_reason = rd.Str();
+  const uint32_t n = rd.Count(5);
+  for (uint32_t i = 0; i < n && rd.ok(); ++i) {
+    ResponseItem item;
+    const uint8_t cached = rd.U8();
+    if (cached > 1) rd.Fail("bad cached flag");
+    item.cached = cached == 1;
+    if (item.cached) {
+      item.bit = rd.U32();
+    } else {
+      item.response = ReadResponse(rd);
+    }
+    m.items.push_back(std::move(item));
+  }
+  CONCORD_RETURN_IF_ERROR(Finish(rd, "response message"));
+  return m;
+}
+
+}  // namespace concord

@@ -1,0 +1,37 @@
+#include "core/request.h"
+
+namespace concord {
+
+const char* OpTypeName(OpType op) {
+  switch (op) {
+    case OpType::kAllreduce: return "allreduce";
+    case OpType::kAllgather: return "allgather";
+    case OpType::kBroadcast: return "broadcast";
+    case OpType::kBarrier: return "barrier";
+  }
+  return "unknown";
+}
+
+int64_t TensorRequest::NumElements() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+bool TensorRequest::operator==(const TensorRequest& o) const {
+  return name == o.name && op == o.op && dtype == o.dtype && shape == o.shape &&
+         reduce_op == o.reduce_op && root == o.root && prescale == o.prescale &&
+         postscale == o.postscale && device == o.device && group == o.group &&
+         group_size == o.group_size;
+}
+
+TensorRequest Response::RequestOf(int rank) const {
+  TensorRequest r = request;
+  if (r.op == OpType::kAllgather && !r.shape.empty() && rank >= 0 &&
+      static_cast<size_t>(rank) < first_dims.size()) {
+    r.shape[0] = first_dims[rank];
+  }
+  return r;
+}
+
+}  // namespace concord

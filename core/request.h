@@ -1,0 +1,51 @@
+// What ranks negotiate about: the description of one named operation (TensorRequest), and the
+// coordinator's verdict on it (Response). Plain value types; the wire format is in message.h.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/dtype.h"
+#include "base/status.h"
+
+namespace concord {
+
+enum class OpType : uint8_t { kAllreduce = 0, kAllgather = 1, kBroadcast = 2, kBarrier = 3 };
+constexpr int kNumOpTypes = 4;
+const char* OpTypeName(OpType op);
+
+// One rank's request for one tensor name. Every field but `name` is checked across ranks.
+struct TensorRequest {
+  std::string name;
+  OpType op = OpType::kAllreduce;
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> shape;  // for allgather, shape[0] may differ between ranks
+  ReduceOp reduce_op = ReduceOp::kSum;
+  int32_t root = 0;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  int32_t device = -1;      // -1: CPU
+  std::string group;        // non-empty: member of a group submitted atomically
+  int32_t group_size = 0;   // members in the group (0 when not grouped)
+
+  int64_t NumElements() const;
+  size_t NumBytes() const { return static_cast<size_t>(NumElements()) * DTypeSize(dtype); }
+  bool operator==(const TensorRequest& o) const;
+  bool operator!=(const TensorRequest& o) const { return !(*this == o); }
+};
+
+// The coordinator's answer for one name, identical on every rank. `request` is rank 0's request;
+// for allgather, first_dims[r] is rank r's first dimension. A non-OK `error` means the operation
+// must not run: every rank that submitted the name completes it with that error.
+struct Response {
+  TensorRequest request;
+  std::vector<int64_t> first_dims;
+  Code error = Code::kOk;
+  std::string error_message;
+
+  // The request that `rank` must have made for this response (its own first dimension).
+  TensorRequest RequestOf(int rank) const;
+};
+
+}  // namespace concord

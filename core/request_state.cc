@@ -1,0 +1,41 @@
+#include "core/request_state.h"
+
+namespace concord {
+
+void RequestState::Complete(Status status) {
+  Callback callback;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (completing_) return;
+    completing_ = true;
+    status_ = std::move(status);
+    callback = std::move(callback_);
+  }
+  if (callback) callback(status_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = true;
+  }
+  cv_.notify_all();
+}
+
+bool RequestState::Wait(Deadline deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (deadline.infinite()) {
+    cv_.wait(lock, [&] { return done_; });
+    return true;
+  }
+  return cv_.wait_until(lock, deadline.at(), [&] { return done_; });
+}
+
+bool RequestState::done() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return done_;
+}
+
+Status RequestState::status() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return status_;
+}
+
+}  // namespace concord

@@ -1,0 +1,50 @@
+// Completion state of one enqueued operation, shared (shared_ptr) by the engine, which completes
+// it, and the caller's handle, which waits on it. Complete() happens exactly once; the callback runs
+// on the completing thread before waiters wake. All methods are thread-safe.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <vector>
+
+#include "base/clock.h"
+#include "base/status.h"
+
+namespace concord {
+
+class RequestState {
+ public:
+  using Callback = std::function<void(const Status&)>;
+
+  explicit RequestState(Callback callback = nullptr) : callback_(std::move(callback)) {}
+
+  // Sets the final status (first call wins), runs the callback, wakes waiters.
+  void Complete(Status status);
+  // Waits until complete or the deadline passes; returns whether complete.
+  bool Wait(Deadline deadline);
+  bool done() const;
+  Status status() const;
+
+  // Result of an allgather, set by the engine before Complete(). `owned` holds the data when the
+  // caller gave no output buffer.
+  struct Output {
+    void* data = nullptr;
+    size_t bytes = 0;
+    int64_t first_dim = 0;
+    std::vector<uint8_t> owned;
+  };
+  Output& output() { return output_; }
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool completing_ = false;  // Complete() has been called
+  bool done_ = false;        // ... and its callback has returned
+  Status status_;
+  Callback callback_;
+  Output output_;
+};
+
+}  // namespace concord

@@ -1,0 +1,74 @@
+#include "core/tensor_queue.h"
+
+#include <unordered_set>
+
+namespace concord {
+
+Status TensorQueue::Push(std::vector<QueueEntry> entries) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!closed_.ok()) return closed_;
+    std::unordered_set<std::string> names;
+    for (const auto& e : entries) {
+      const std::string& name = e.request.name;
+      if (table_.count(name) != 0) {
+        return InvalidArgument("tensor '" + name +
+                               "' is already in flight; wait for it before enqueuing it again");
+      }
+      if (!names.insert(name).second) {
+        return InvalidArgument("tensor '" + name + "' appears twice in one group");
+      }
+    }
+    if (entries.empty()) return Status::Ok();
+    if (!oldest_fresh_) oldest_fresh_ = Clock::now();
+    for (auto& e : entries) {
+      fresh_.push_back(e.request.name);
+      std::string name = e.request.name;
+      table_.emplace(std::move(name), std::move(e));
+    }
+  }
+  wake_();
+  return Status::Ok();
+}
+
+std::vector<TensorRequest> TensorQueue::PopNew() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<TensorRequest> out;
+  out.reserve(fresh_.size());
+  for (const auto& name : fresh_) out.push_back(table_.at(name).request);
+  fresh_.clear();
+  oldest_fresh_.reset();
+  return out;
+}
+
+std::optional<Clock::time_point> TensorQueue::OldestNew() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return oldest_fresh_;
+}
+
+std::optional<QueueEntry> TensorQueue::Take(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = table_.find(name);
+  if (it == table_.end()) return std::nullopt;
+  QueueEntry e = std::move(it->second);
+  table_.erase(it);
+  return e;
+}
+
+std::vector<QueueEntry> TensorQueue::Close(const Status& status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_.ok()) closed_ = status;
+  std::vector<QueueEntry> out;
+  for (auto& [name, e] : table_) out.push_back(std::move(e));
+  table_.clear();
+  fresh_.clear();
+  oldest_fresh_.reset();
+  return out;
+}
+
+size_t TensorQueue::in_flight() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return table_.size();
+}
+
+}  // namespace concord

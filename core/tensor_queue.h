@@ -1,0 +1,60 @@
+// The tensor queue: operations the application enqueued, keyed by name, from enqueue until the
+// engine completes them. A name can be in flight once at a time.
+//
+// Thread-safety: Push() from any thread; everything else from the engine thread. Push() calls the
+// wake function (outside the lock) so the engine notices new work at once.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/request.h"
+#include "core/request_state.h"
+
+namespace concord {
+
+// One enqueued operation: what to negotiate, where the data is, and whom to tell.
+struct QueueEntry {
+  TensorRequest request;
+  const void* input = nullptr;
+  void* output = nullptr;        // allreduce/broadcast: == input when in place
+  size_t output_capacity = 0;    // allgather: bytes available at output (output may be null)
+  std::shared_ptr<RequestState> state;
+};
+
+class TensorQueue {
+ public:
+  explicit TensorQueue(std::function<void()> wake) : wake_(std::move(wake)) {}
+
+  // Adds all entries or none: kInvalidArgument when a name is already in flight or repeats in
+  // `entries`; `closed` status once the queue was closed.
+  Status Push(std::vector<QueueEntry> entries);
+
+  // Requests pushed since the last call, in push order (their entries stay in flight).
+  std::vector<TensorRequest> PopNew();
+  // Whether PopNew() would return something, and when the oldest of those was pushed.
+  std::optional<Clock::time_point> OldestNew() const;
+
+  // Removes and returns the in-flight entry for name.
+  std::optional<QueueEntry> Take(const std::string& name);
+
+  // Refuses later pushes with `status` and returns every entry in flight, for the engine to fail.
+  std::vector<QueueEntry> Close(const Status& status);
+
+  size_t in_flight() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::function<void()> wake_;
+  std::unordered_map<std::string, QueueEntry> table_;
+  std::vector<std::string> fresh_;
+  std::optional<Clock::time_point> oldest_fresh_;
+  Status closed_;
+};
+
+}  // namespace concord
