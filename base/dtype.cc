@@ -7,44 +7,65 @@
 
 namespace concord {
 
-bool IsValidDType(int value) { return value >= 0 && value < kNumDTypes; }
-bool IsValidReduceOp(int value) { return value >= 0 && value < kNumReduceOps; }
+bool IsValidDType(int value) {
+  return value >= 0 && value < kNumDTypes;
+}
+bool IsValidReduceOp(int value) {
+  return value >= 0 && value < kNumReduceOps;
+}
 
 size_t DTypeSize(DType dtype) {
   switch (dtype) {
     case DType::kUint8:
-    case DType::kInt8: return 1;
+    case DType::kInt8:
+      return 1;
     case DType::kFloat16:
-    case DType::kBFloat16: return 2;
+    case DType::kBFloat16:
+      return 2;
     case DType::kInt32:
-    case DType::kFloat32: return 4;
+    case DType::kFloat32:
+      return 4;
     case DType::kInt64:
-    case DType::kFloat64: return 8;
+    case DType::kFloat64:
+      return 8;
   }
   return 0;
 }
 
 const char* DTypeName(DType dtype) {
   switch (dtype) {
-    case DType::kUint8: return "uint8";
-    case DType::kInt8: return "int8";
-    case DType::kInt32: return "int32";
-    case DType::kInt64: return "int64";
-    case DType::kFloat16: return "float16";
-    case DType::kBFloat16: return "bfloat16";
-    case DType::kFloat32: return "float32";
-    case DType::kFloat64: return "float64";
+    case DType::kUint8:
+      return "uint8";
+    case DType::kInt8:
+      return "int8";
+    case DType::kInt32:
+      return "int32";
+    case DType::kInt64:
+      return "int64";
+    case DType::kFloat16:
+      return "float16";
+    case DType::kBFloat16:
+      return "bfloat16";
+    case DType::kFloat32:
+      return "float32";
+    case DType::kFloat64:
+      return "float64";
   }
   return "unknown";
 }
 
 const char* ReduceOpName(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kAverage: return "average";
-    case ReduceOp::kMin: return "min";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kProduct: return "product";
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kAverage:
+      return "average";
+    case ReduceOp::kMin:
+      return "min";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kProduct:
+      return "product";
   }
   return "unknown";
 }
@@ -54,7 +75,9 @@ bool IsFloatingPoint(DType dtype) {
          dtype == DType::kFloat64;
 }
 
-bool IsHalfPrecision(DType dtype) { return dtype == DType::kFloat16 || dtype == DType::kBFloat16; }
+bool IsHalfPrecision(DType dtype) {
+  return dtype == DType::kFloat16 || dtype == DType::kBFloat16;
+}
 
 uint16_t FloatToHalf(float value) {
   uint32_t x;
@@ -66,7 +89,8 @@ uint16_t FloatToHalf(float value) {
   }
   if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to inf
   if (abs < 0x38800000u) {  // subnormal or zero in half
-    if (abs < 0x33000000u) return static_cast<uint16_t>(sign);  // below half of the smallest subnormal
+    if (abs < 0x33000000u)
+      return static_cast<uint16_t>(sign);  // below half of the smallest subnormal
     const uint32_t exp = abs >> 23;
     const uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
     const uint32_t shift = 126 - exp;  // 14..24
@@ -111,7 +135,8 @@ float HalfToFloat(uint16_t bits) {
 uint16_t FloatToBFloat16(float value) {
   uint32_t x;
   std::memcpy(&x, &value, 4);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // quiet nan
+  if ((x & 0x7fffffffu) > 0x7f800000u)
+    return static_cast<uint16_t>((x >> 16) | 0x40u);  // quiet nan
   const uint32_t rounding = 0x7fffu + ((x >> 16) & 1u);
   return static_cast<uint16_t>((x + rounding) >> 16);
 }
@@ -130,10 +155,14 @@ struct Ops {
   static T Apply(ReduceOp op, T a, T b) {
     switch (op) {
       case ReduceOp::kSum:
-      case ReduceOp::kAverage: return static_cast<T>(a + b);
-      case ReduceOp::kMin: return std::min(a, b);
-      case ReduceOp::kMax: return std::max(a, b);
-      case ReduceOp::kProduct: return static_cast<T>(a * b);
+      case ReduceOp::kAverage:
+        return static_cast<T>(a + b);
+      case ReduceOp::kMin:
+        return std::min(a, b);
+      case ReduceOp::kMax:
+        return std::max(a, b);
+      case ReduceOp::kProduct:
+        return static_cast<T>(a * b);
     }
     return a;
   }

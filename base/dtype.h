@@ -1,6 +1,6 @@
 // Element types, reduction operators and the CPU kernels over them (reduce, scale, half-precision
-// conversion). Stateless free functions; all thread-safe. Numeric values of DType and ReduceOp equal
-// the C API's concord_dtype_t and concord_reduce_op_t and never change.
+// conversion). Stateless free functions; all thread-safe. Numeric values of DType and ReduceOp
+// equal the C API's concord_dtype_t and concord_reduce_op_t and never change.
 #pragma once
 
 #include <cstddef>
@@ -45,7 +45,8 @@ float BFloat16ToFloat(uint16_t bits);
 
 // dst[i] = a[i] (op) b[i] for count elements; dst may alias a or b. Average reduces as a sum (the
 // division is a postscale). Half types are combined in float and rounded once per call.
-void ReduceElements(void* dst, const void* a, const void* b, size_t count, DType dtype, ReduceOp op);
+void ReduceElements(void* dst, const void* a, const void* b, size_t count, DType dtype,
+                    ReduceOp op);
 
 // data[i] *= factor in place. Floating types scale in their own precision (half types through
 // float); integer types multiply in double and truncate toward zero, so dividing a sum by the world

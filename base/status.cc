@@ -6,20 +6,34 @@ namespace concord {
 
 const char* CodeName(Code code) {
   switch (code) {
-    case Code::kOk: return "OK";
-    case Code::kInvalidArgument: return "INVALID_ARGUMENT";
-    case Code::kMismatch: return "MISMATCH";
-    case Code::kTimeout: return "TIMEOUT";
-    case Code::kPeerFailure: return "PEER_FAILURE";
-    case Code::kBackendError: return "BACKEND_ERROR";
-    case Code::kNotInitialized: return "NOT_INITIALIZED";
-    case Code::kInternal: return "INTERNAL";
-    case Code::kUnavailable: return "UNAVAILABLE";
-    case Code::kInProgress: return "IN_PROGRESS";
-    case Code::kVersionMismatch: return "VERSION_MISMATCH";
-    case Code::kSystemError: return "SYSTEM_ERROR";
-    case Code::kAuthFailed: return "AUTH_FAILED";
-    case Code::kProtocolError: return "PROTOCOL_ERROR";
+    case Code::kOk:
+      return "OK";
+    case Code::kInvalidArgument:
+      return "INVALID_ARGUMENT";
+    case Code::kMismatch:
+      return "MISMATCH";
+    case Code::kTimeout:
+      return "TIMEOUT";
+    case Code::kPeerFailure:
+      return "PEER_FAILURE";
+    case Code::kBackendError:
+      return "BACKEND_ERROR";
+    case Code::kNotInitialized:
+      return "NOT_INITIALIZED";
+    case Code::kInternal:
+      return "INTERNAL";
+    case Code::kUnavailable:
+      return "UNAVAILABLE";
+    case Code::kInProgress:
+      return "IN_PROGRESS";
+    case Code::kVersionMismatch:
+      return "VERSION_MISMATCH";
+    case Code::kSystemError:
+      return "SYSTEM_ERROR";
+    case Code::kAuthFailed:
+      return "AUTH_FAILED";
+    case Code::kProtocolError:
+      return "PROTOCOL_ERROR";
   }
   return "UNKNOWN";
 }

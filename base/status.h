@@ -47,11 +47,21 @@ class Status {
   std::string message_;
 };
 
-inline Status InvalidArgument(std::string m) { return Status(Code::kInvalidArgument, std::move(m)); }
-inline Status Internal(std::string m) { return Status(Code::kInternal, std::move(m)); }
-inline Status TimeoutError(std::string m) { return Status(Code::kTimeout, std::move(m)); }
-inline Status SystemError(std::string m) { return Status(Code::kSystemError, std::move(m)); }
-inline Status ProtocolError(std::string m) { return Status(Code::kProtocolError, std::move(m)); }
+inline Status InvalidArgument(std::string m) {
+  return Status(Code::kInvalidArgument, std::move(m));
+}
+inline Status Internal(std::string m) {
+  return Status(Code::kInternal, std::move(m));
+}
+inline Status TimeoutError(std::string m) {
+  return Status(Code::kTimeout, std::move(m));
+}
+inline Status SystemError(std::string m) {
+  return Status(Code::kSystemError, std::move(m));
+}
+inline Status ProtocolError(std::string m) {
+  return Status(Code::kProtocolError, std::move(m));
+}
 // A failed OS call: message plus strerror(errnum).
 Status ErrnoError(const std::string& what, int errnum);
 
@@ -78,9 +88,9 @@ class StatusOr {
 #define CONCORD_CONCAT_INNER(a, b) a##b
 #define CONCORD_CONCAT(a, b) CONCORD_CONCAT_INNER(a, b)
 
-#define CONCORD_RETURN_IF_ERROR(expr)                         \
-  do {                                                        \
-    ::concord::Status concord_status_tmp_ = (expr);           \
+#define CONCORD_RETURN_IF_ERROR(expr)                          \
+  do {                                                         \
+    ::concord::Status concord_status_tmp_ = (expr);            \
     if (!concord_status_tmp_.ok()) return concord_status_tmp_; \
   } while (0)
 

@@ -72,9 +72,9 @@ StatusOr<Config> Config::FromEnvironment() {
   CONCORD_RETURN_IF_ERROR(ReadInt({"CONCORD_LOCAL_RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
                                    "MPI_LOCALRANKID", "SLURM_LOCALID"},
                                   &c.local_rank));
-  CONCORD_RETURN_IF_ERROR(ReadInt({"CONCORD_LOCAL_SIZE", "LOCAL_WORLD_SIZE",
-                                   "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"},
-                                  &c.local_size));
+  CONCORD_RETURN_IF_ERROR(ReadInt(
+      {"CONCORD_LOCAL_SIZE", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"},
+      &c.local_size));
   ReadString({"CONCORD_STORE"}, &c.store);
   ReadString({"CONCORD_TOKEN"}, &c.token);
   ReadString({"CONCORD_JOB_ID", "TORCHELASTIC_RUN_ID", "OMPI_MCA_ess_base_jobid", "SLURM_JOB_ID"},
@@ -100,7 +100,8 @@ Status Config::Finalize() {
     size = 1;
     rank = 0;
   }
-  if (size < 1) return InvalidArgument("size must be at least 1 (got " + std::to_string(size) + ")");
+  if (size < 1)
+    return InvalidArgument("size must be at least 1 (got " + std::to_string(size) + ")");
   if (rank < 0 || rank >= size) {
     return InvalidArgument("rank " + std::to_string(rank) + " is outside [0, " +
                            std::to_string(size) + ")");

@@ -17,13 +17,13 @@ struct Config {
   int local_size = -1;
 
   // Rendezvous.
-  std::string store;   // "tcp://host:port" or "file:///dir"; "" = derived (see Bootstrap)
-  std::string token;   // secret the TCP store checks
-  std::string job_id;  // separates jobs that share a store
+  std::string store;        // "tcp://host:port" or "file:///dir"; "" = derived (see Bootstrap)
+  std::string token;        // secret the TCP store checks
+  std::string job_id;       // separates jobs that share a store
   std::string master_addr;  // torchrun's MASTER_ADDR / MASTER_PORT: rank 0 serves the store
   int master_port = -1;     // on MASTER_PORT + 1
-  std::string iface;  // data-traffic interface
-  std::string host;   // address to bind and advertise
+  std::string iface;        // data-traffic interface
+  std::string host;         // address to bind and advertise
 
   std::string backend = "gloo";
   std::string gloo_algorithm = "auto";

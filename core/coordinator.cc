@@ -44,10 +44,13 @@ std::string Seconds(std::chrono::milliseconds d) {
 Coordinator::Coordinator(int size, const ResponseCache* cache, StallOptions stall)
     : size_(size), cache_(cache), stall_(stall), bits_by_rank_(size) {}
 
-size_t Coordinator::pending() const { return pending_.size() + bit_waits_.size() + held_.size(); }
+size_t Coordinator::pending() const {
+  return pending_.size() + bit_waits_.size() + held_.size();
+}
 
 Status Coordinator::Add(int rank, const RequestMessage& message, Clock::time_point now) {
-  if (rank < 0 || rank >= size_) return ProtocolError("message from unknown rank " + std::to_string(rank));
+  if (rank < 0 || rank >= size_)
+    return ProtocolError("message from unknown rank " + std::to_string(rank));
   for (size_t w = 0; w < message.cached_mask.size(); ++w) {
     for (uint64_t word = message.cached_mask[w]; word != 0; word &= word - 1) {
       const auto bit = static_cast<uint32_t>(w * 64 + __builtin_ctzll(word));
@@ -177,8 +180,8 @@ void Coordinator::ExpireStalled(Clock::time_point now, std::vector<Response>* er
     }
     Response error = *cache_->Get(it->first);
     error.error = Code::kTimeout;
-    error.error_message = "tensor '" + error.request.name + "' was not submitted by " +
-                          MissingRanks(present) + why;
+    error.error_message =
+        "tensor '" + error.request.name + "' was not submitted by " + MissingRanks(present) + why;
     errors->push_back(std::move(error));
     it = bit_waits_.erase(it);
   }
@@ -196,8 +199,8 @@ void Coordinator::ExpireStalled(Clock::time_point now, std::vector<Response>* er
     Response error;
     error.request = *it->second.by_rank[first];
     error.error = Code::kTimeout;
-    error.error_message = "tensor '" + it->first + "' was not submitted by " +
-                          MissingRanks(present) + why;
+    error.error_message =
+        "tensor '" + it->first + "' was not submitted by " + MissingRanks(present) + why;
     errors->push_back(std::move(error));
     arrival_.erase(std::find(arrival_.begin(), arrival_.end(), it->first));
     it = pending_.erase(it);

@@ -22,11 +22,16 @@ void DivideTyped(T* data, size_t n, int divisor) {
 
 void DivideIntegers(void* data, size_t n, DType dtype, int divisor) {
   switch (dtype) {
-    case DType::kUint8: return DivideTyped(static_cast<uint8_t*>(data), n, divisor);
-    case DType::kInt8: return DivideTyped(static_cast<int8_t*>(data), n, divisor);
-    case DType::kInt32: return DivideTyped(static_cast<int32_t*>(data), n, divisor);
-    case DType::kInt64: return DivideTyped(static_cast<int64_t*>(data), n, divisor);
-    default: return;
+    case DType::kUint8:
+      return DivideTyped(static_cast<uint8_t*>(data), n, divisor);
+    case DType::kInt8:
+      return DivideTyped(static_cast<int8_t*>(data), n, divisor);
+    case DType::kInt32:
+      return DivideTyped(static_cast<int32_t*>(data), n, divisor);
+    case DType::kInt64:
+      return DivideTyped(static_cast<int64_t*>(data), n, divisor);
+    default:
+      return;
   }
 }
 
@@ -86,8 +91,10 @@ Status ValidateEntry(const QueueEntry& e, int world_size) {
       }
       if (elements > 0 && e.output == nullptr) return InvalidArgument(who + "output data is NULL");
       break;
-    case OpType::kBarrier: break;
-    default: return InvalidArgument(who + "unknown operation");
+    case OpType::kBarrier:
+      break;
+    default:
+      return InvalidArgument(who + "unknown operation");
   }
   if (!e.state) return Internal(who + "request without completion state");
   return Status::Ok();
@@ -116,7 +123,9 @@ Engine::Engine(const Config& config, std::unique_ptr<ControlPlane> control,
   thread_ = std::thread([this] { Loop(); });
 }
 
-Engine::~Engine() { Shutdown(); }
+Engine::~Engine() {
+  Shutdown();
+}
 
 void Engine::Log(LogLevel level, const std::string& message) const {
   LogLine(static_cast<LogLevel>(config_.log_level), level, config_.rank, message);
@@ -237,8 +246,8 @@ Deadline Engine::NextWake() const {
   Deadline d = Deadline::Infinite();
   if (config_.cycle_time_ms > 0) {
     if (auto oldest = queue_.OldestNew()) {
-      const auto at = *oldest + std::chrono::microseconds(
-                                    static_cast<int64_t>(config_.cycle_time_ms * 1000.0));
+      const auto at =
+          *oldest + std::chrono::microseconds(static_cast<int64_t>(config_.cycle_time_ms * 1000.0));
       d = Deadline::After(std::chrono::duration_cast<std::chrono::milliseconds>(
           at - Clock::now() + std::chrono::microseconds(999)));
     }
@@ -259,8 +268,8 @@ Status Engine::Step() {
   CONCORD_ASSIGN_OR_RETURN(bool got, control_->Receive(&message, NextWake()));
   while (got && !stopping_.load()) {
     CONCORD_RETURN_IF_ERROR(HandleMessage(message));
-    CONCORD_ASSIGN_OR_RETURN(got,
-                             control_->Receive(&message, Deadline::After(std::chrono::milliseconds(0))));
+    CONCORD_ASSIGN_OR_RETURN(
+        got, control_->Receive(&message, Deadline::After(std::chrono::milliseconds(0))));
   }
   if (stopping_.load()) return Status::Ok();
   CONCORD_RETURN_IF_ERROR(SubmitNew());
@@ -272,7 +281,7 @@ Status Engine::SubmitNew() {
   if (config_.cycle_time_ms > 0) {
     auto oldest = queue_.OldestNew();
     if (oldest && Clock::now() - *oldest < std::chrono::microseconds(static_cast<int64_t>(
-                                                config_.cycle_time_ms * 1000.0))) {
+                                               config_.cycle_time_ms * 1000.0))) {
       return Status::Ok();  // keep gathering; NextWake() comes back when the cycle ends
     }
   }
@@ -294,7 +303,8 @@ Status Engine::SubmitNew() {
 Status Engine::HandleMessage(const ControlMessage& message) {
   if (coordinator_) {
     auto parsed = ParseRequestMessage(message.bytes);
-    if (!parsed.ok()) return parsed.status().WithContext("from rank " + std::to_string(message.from));
+    if (!parsed.ok())
+      return parsed.status().WithContext("from rank " + std::to_string(message.from));
     return coordinator_->Add(message.from, *parsed, Clock::now());
   }
   if (message.from != 0) {
@@ -378,15 +388,24 @@ Status Engine::RunBatch(const FusionBatch& batch, const std::vector<const Respon
   QueueEntry& e = *entries[i];
   // The entry must be able to run what the coordinator decided: its own request is part of it.
   if (r.RequestOf(config_.rank) != e.request) {
-    return Internal("response for tensor '" + r.request.name + "' does not match this rank's request");
+    return Internal("response for tensor '" + r.request.name +
+                    "' does not match this rank's request");
   }
   Status local = Status::Ok();
   Status s;
   switch (r.request.op) {
-    case OpType::kAllreduce: s = RunAllreduceDirect(r, e); break;
-    case OpType::kAllgather: s = RunAllgather(r, e, &local); break;
-    case OpType::kBroadcast: s = RunBroadcast(r, e); break;
-    case OpType::kBarrier: s = backend_->Barrier(); break;
+    case OpType::kAllreduce:
+      s = RunAllreduceDirect(r, e);
+      break;
+    case OpType::kAllgather:
+      s = RunAllgather(r, e, &local);
+      break;
+    case OpType::kBroadcast:
+      s = RunBroadcast(r, e);
+      break;
+    case OpType::kBarrier:
+      s = backend_->Barrier();
+      break;
   }
   if (!s.ok()) {
     e.state->Complete(s);
@@ -472,9 +491,9 @@ Status Engine::RunAllgather(const Response& r, QueueEntry& e, Status* local_erro
     dst = out.owned.data();
   } else if (total > e.output_capacity) {
     // Still take part (the other ranks are already in the collective), into scratch memory.
-    *local_error = InvalidArgument("tensor '" + q.name + "': allgather result needs " +
-                                   std::to_string(total) + " bytes, the output buffer has " +
-                                   std::to_string(e.output_capacity));
+    *local_error =
+        InvalidArgument("tensor '" + q.name + "': allgather result needs " + std::to_string(total) +
+                        " bytes, the output buffer has " + std::to_string(e.output_capacity));
     dst = FusionBuffer(total);
   }
   CONCORD_RETURN_IF_ERROR(backend_->Allgatherv(e.input, dst, bytes));

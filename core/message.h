@@ -1,5 +1,6 @@
 // The negotiation wire format (see coordinator.h for the protocol). Two messages:
-//   RequestMessage   any rank -> coordinator: a bit vector of the response-cache entries it has newly
+//   RequestMessage   any rank -> coordinator: a bit vector of the response-cache entries it has
+//   newly
 //                    requested again, and full requests for everything else.
 //   ResponseMessage  coordinator -> every rank: the ordered list to execute (cache bits or full
 //                    responses), or an abort that fails the job on every rank.
@@ -23,7 +24,7 @@ struct RequestMessage {
 };
 
 struct ResponseItem {
-  bool cached = false;   // true: `bit` names a response-cache entry; false: `response` is full
+  bool cached = false;  // true: `bit` names a response-cache entry; false: `response` is full
   uint32_t bit = 0;
   Response response;
 };

@@ -4,10 +4,14 @@ namespace concord {
 
 const char* OpTypeName(OpType op) {
   switch (op) {
-    case OpType::kAllreduce: return "allreduce";
-    case OpType::kAllgather: return "allgather";
-    case OpType::kBroadcast: return "broadcast";
-    case OpType::kBarrier: return "barrier";
+    case OpType::kAllreduce:
+      return "allreduce";
+    case OpType::kAllgather:
+      return "allgather";
+    case OpType::kBroadcast:
+      return "broadcast";
+    case OpType::kBarrier:
+      return "barrier";
   }
   return "unknown";
 }

@@ -1,6 +1,6 @@
 // Completion state of one enqueued operation, shared (shared_ptr) by the engine, which completes
-// it, and the caller's handle, which waits on it. Complete() happens exactly once; the callback runs
-// on the completing thread before waiters wake. All methods are thread-safe.
+// it, and the caller's handle, which waits on it. Complete() happens exactly once; the callback
+// runs on the completing thread before waiters wake. All methods are thread-safe.
 #pragma once
 
 #include <condition_variable>

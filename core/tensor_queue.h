@@ -22,8 +22,8 @@ namespace concord {
 struct QueueEntry {
   TensorRequest request;
   const void* input = nullptr;
-  void* output = nullptr;        // allreduce/broadcast: == input when in place
-  size_t output_capacity = 0;    // allgather: bytes available at output (output may be null)
+  void* output = nullptr;      // allreduce/broadcast: == input when in place
+  size_t output_capacity = 0;  // allgather: bytes available at output (output may be null)
   std::shared_ptr<RequestState> state;
 };
 

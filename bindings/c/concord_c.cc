@@ -1,0 +1,474 @@
+// The C API (include/concord/concord.h) over core's Engine. No logic of its own beyond turning C
+// arguments into core types, checking them, and keeping error text: every entry point catches
+// every exception, so none crosses the C boundary.
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <string>
+#include <thread>
+#include <unordered_map>
+
+#include "concord/concord.h"
+#include "core/bootstrap.h"
+
+using concord::Code;
+using concord::Status;
+
+// A communicator: the engine plus each thread's last error message.
+struct concord_comm {
+  std::unique_ptr<concord::Engine> engine;
+  std::mutex mu;
+  std::unordered_map<std::thread::id, std::string> last_error;
+};
+
+// A request handle. The completion callback and concord_request_free meet under mu: whichever
+// comes second deletes a detached request, so freeing a running request is safe.
+struct concord_request {
+  std::shared_ptr<concord::RequestState> state;
+  concord_callback_t callback = nullptr;
+  void* user_data = nullptr;
+  std::mutex mu;
+  bool completed = false;
+  bool detached = false;
+  std::string error_text;
+};
+
+namespace {
+
+// The failure of the last concord_init on this thread (there is no handle to hold it).
+thread_local std::string init_error;
+
+concord_status_t ToC(const Status& s) {
+  return static_cast<concord_status_t>(s.code());
+}
+
+concord_status_t Record(concord_comm_t comm, const Status& s) {
+  if (s.ok()) return CONCORD_SUCCESS;
+  if (comm == nullptr) {
+    init_error = s.ToString();
+  } else {
+    std::lock_guard<std::mutex> lock(comm->mu);
+    comm->last_error[std::this_thread::get_id()] = s.ToString();
+  }
+  return ToC(s);
+}
+
+// Runs body, turning any exception into an error status recorded on comm.
+template <typename F>
+concord_status_t Guard(concord_comm_t comm, F&& body) {
+  try {
+    return Record(comm, body());
+  } catch (const std::bad_alloc&) {
+    return Record(comm, Status(Code::kSystemError, "out of memory"));
+  } catch (const std::exception& e) {
+    return Record(comm, concord::Internal(std::string("unexpected exception: ") + e.what()));
+  } catch (...) {
+    return Record(comm, concord::Internal("unexpected exception"));
+  }
+}
+
+Status CheckComm(concord_comm_t comm) {
+  if (comm == nullptr || !comm->engine) {
+    return Status(Code::kNotInitialized, "the communicator is NULL or was finalized");
+  }
+  return Status::Ok();
+}
+
+Status ToRequest(const char* name, const concord_tensor_t* t, concord::OpType op,
+                 concord::TensorRequest* out) {
+  if (name == nullptr) return concord::InvalidArgument("the tensor name is NULL");
+  if (t == nullptr) return concord::InvalidArgument("the tensor descriptor is NULL");
+  const std::string who = std::string("tensor '") + name + "': ";
+  if (!concord::IsValidDType(static_cast<int>(t->dtype))) {
+    return concord::InvalidArgument(who + "unknown dtype " + std::to_string(t->dtype));
+  }
+  if (t->ndim < 0 || t->ndim > CONCORD_MAX_DIMS) {
+    return concord::InvalidArgument(who + "ndim " + std::to_string(t->ndim) + " is outside [0, " +
+                                    std::to_string(CONCORD_MAX_DIMS) + "]");
+  }
+  if (t->ndim > 0 && t->shape == nullptr) return concord::InvalidArgument(who + "shape is NULL");
+  out->name = name;
+  out->op = op;
+  out->dtype = static_cast<concord::DType>(t->dtype);
+  out->shape.assign(t->shape, t->shape + t->ndim);
+  out->device = t->device;
+  return Status::Ok();
+}
+
+// An output descriptor must describe the same elements as the input.
+Status CheckSameLayout(const concord::TensorRequest& in, const concord_tensor_t* out) {
+  if (out->dtype != static_cast<concord_dtype_t>(in.dtype) || out->device != in.device) {
+    return concord::InvalidArgument("tensor '" + in.name +
+                                    "': output dtype or device differs from the input's");
+  }
+  if (out->ndim < 0 || out->ndim > CONCORD_MAX_DIMS || (out->ndim > 0 && out->shape == nullptr)) {
+    return concord::InvalidArgument("tensor '" + in.name + "': output shape is invalid");
+  }
+  int64_t n = 1;
+  for (int i = 0; i < out->ndim; ++i) n *= out->shape[i];
+  if (n != in.NumElements()) {
+    return concord::InvalidArgument("tensor '" + in.name + "': output has " + std::to_string(n) +
+                                    " elements, the input " + std::to_string(in.NumElements()));
+  }
+  return Status::Ok();
+}
+
+// Queues entry; on success *request receives a new handle whose callback runs on completion.
+Status Submit(concord_comm_t comm, concord::QueueEntry entry, concord_callback_t callback,
+              void* user_data, concord_request_t* request) {
+  if (request == nullptr) return concord::InvalidArgument("the request out-pointer is NULL");
+  auto* req = new concord_request;
+  req->callback = callback;
+  req->user_data = user_data;
+  req->state = std::make_shared<concord::RequestState>([req](const Status& s) {
+    if (req->callback != nullptr) req->callback(req, ToC(s), req->user_data);
+    bool free_now;
+    {
+      std::lock_guard<std::mutex> lock(req->mu);
+      req->completed = true;
+      free_now = req->detached;
+    }
+    if (free_now) delete req;
+  });
+  entry.state = req->state;
+  Status s = comm->engine->Enqueue(std::move(entry));
+  if (!s.ok()) {
+    delete req;
+    return s;
+  }
+  *request = req;
+  return Status::Ok();
+}
+
+concord_status_t WaitAndFree(concord_comm_t comm, concord_status_t enqueued,
+                             concord_request_t request) {
+  if (enqueued != CONCORD_SUCCESS) return enqueued;
+  request->state->Wait(concord::Deadline::Infinite());
+  Status s = request->state->status();
+  concord_request_free(request);
+  return Record(comm, s);
+}
+
+}  // namespace
+
+extern "C" {
+
+void concord_version(int* major, int* minor, int* patch) {
+  if (major) *major = CONCORD_VERSION_MAJOR;
+  if (minor) *minor = CONCORD_VERSION_MINOR;
+  if (patch) *patch = CONCORD_VERSION_PATCH;
+}
+
+const char* concord_status_string(concord_status_t status) {
+  switch (status) {
+    case CONCORD_SUCCESS:
+      return "success";
+    case CONCORD_ERR_INVALID_ARGUMENT:
+      return "invalid argument";
+    case CONCORD_ERR_MISMATCH:
+      return "ranks submitted mismatching requests";
+    case CONCORD_ERR_TIMEOUT:
+      return "timed out";
+    case CONCORD_ERR_PEER_FAILURE:
+      return "another rank failed or exited";
+    case CONCORD_ERR_BACKEND:
+      return "backend error";
+    case CONCORD_ERR_NOT_INITIALIZED:
+      return "not initialized or already finalized";
+    case CONCORD_ERR_INTERNAL:
+      return "internal error";
+    case CONCORD_ERR_UNAVAILABLE:
+      return "not available in this build or on this machine";
+    case CONCORD_IN_PROGRESS:
+      return "in progress";
+    case CONCORD_ERR_VERSION:
+      return "version mismatch between header and library";
+    case CONCORD_ERR_SYSTEM:
+      return "system error";
+    case CONCORD_ERR_AUTH:
+      return "authentication failed";
+    case CONCORD_ERR_PROTOCOL:
+      return "malformed data from the network";
+  }
+  return "unknown status";
+}
+
+void concord_config_init(concord_config_t* config) {
+  if (config == nullptr) return;
+  std::memset(config, 0, sizeof(*config));
+  config->struct_size = sizeof(*config);
+  config->version = CONCORD_VERSION;
+  config->rank = config->size = config->local_rank = config->local_size = -1;
+  config->fusion_threshold_bytes = -1;
+  config->cycle_time_ms = -1;
+  config->timeout_s = -1;
+  config->cache_capacity = -1;
+  config->log_level = -1;
+}
+
+void concord_allreduce_opts_init(concord_allreduce_opts_t* opts) {
+  if (opts == nullptr) return;
+  opts->struct_size = sizeof(*opts);
+  opts->op = CONCORD_SUM;
+  opts->prescale = 1.0;
+  opts->postscale = 1.0;
+}
+
+concord_status_t concord_init(concord_comm_t* comm) {
+  return concord_init_config(nullptr, comm);
+}
+
+concord_status_t concord_init_config(const concord_config_t* user, concord_comm_t* comm) {
+  return Guard(nullptr, [&]() -> Status {
+    if (comm == nullptr) return concord::InvalidArgument("the communicator out-pointer is NULL");
+    concord_config_t c;
+    concord_config_init(&c);
+    if (user != nullptr) {
+      if (user->struct_size < offsetof(concord_config_t, rank) ||
+          user->version / 10000 != CONCORD_VERSION_MAJOR) {
+        return Status(Code::kVersionMismatch,
+                      "the config was built for Concord " + std::to_string(user->version) +
+                          ", this library is " + std::to_string(CONCORD_VERSION));
+      }
+      // Fields a newer caller added are ignored; fields an older caller lacks keep defaults.
+      std::memcpy(&c, user, std::min(user->struct_size, sizeof(c)));
+    }
+    CONCORD_ASSIGN_OR_RETURN(concord::Config config, concord::Config::FromEnvironment());
+    if (c.rank >= 0) config.rank = c.rank;
+    if (c.size >= 0) config.size = c.size;
+    if (c.local_rank >= 0) config.local_rank = c.local_rank;
+    if (c.local_size >= 0) config.local_size = c.local_size;
+    if (c.store) config.store = c.store;
+    if (c.token) config.token = c.token;
+    if (c.job_id) config.job_id = c.job_id;
+    if (c.iface) config.iface = c.iface;
+    if (c.host) config.host = c.host;
+    if (c.fusion_threshold_bytes >= 0) config.fusion_threshold_bytes = c.fusion_threshold_bytes;
+    if (c.cycle_time_ms >= 0) config.cycle_time_ms = c.cycle_time_ms;
+    if (c.timeout_s > 0) config.timeout_s = c.timeout_s;
+    if (c.cache_capacity >= 0) config.cache_capacity = c.cache_capacity;
+    if (c.log_level >= 0) config.log_level = c.log_level;
+    CONCORD_ASSIGN_OR_RETURN(std::unique_ptr<concord::Engine> engine,
+                             concord::CreateEngine(config));
+    auto* handle = new concord_comm;
+    handle->engine = std::move(engine);
+    *comm = handle;
+    return Status::Ok();
+  });
+}
+
+concord_status_t concord_finalize(concord_comm_t comm) {
+  if (comm == nullptr) return CONCORD_SUCCESS;
+  try {
+    if (comm->engine) comm->engine->Shutdown();
+    delete comm;
+    return CONCORD_SUCCESS;
+  } catch (...) {
+    return CONCORD_ERR_INTERNAL;
+  }
+}
+
+#define CONCORD_COMM_GETTER(fn, field)                                             \
+  concord_status_t fn(concord_comm_t comm, int* out) {                             \
+    return Guard(comm, [&]() -> Status {                                           \
+      CONCORD_RETURN_IF_ERROR(CheckComm(comm));                                    \
+      if (out == nullptr) return concord::InvalidArgument(#fn ": output is NULL"); \
+      *out = comm->engine->config().field;                                         \
+      return Status::Ok();                                                         \
+    });                                                                            \
+  }
+CONCORD_COMM_GETTER(concord_comm_rank, rank)
+CONCORD_COMM_GETTER(concord_comm_size, size)
+CONCORD_COMM_GETTER(concord_comm_local_rank, local_rank)
+CONCORD_COMM_GETTER(concord_comm_local_size, local_size)
+#undef CONCORD_COMM_GETTER
+
+const char* concord_comm_last_error(concord_comm_t comm) {
+  if (comm == nullptr) return init_error.c_str();
+  std::lock_guard<std::mutex> lock(comm->mu);
+  return comm->last_error[std::this_thread::get_id()].c_str();
+}
+
+concord_status_t concord_allreduce_async(concord_comm_t comm, const char* name,
+                                         const concord_tensor_t* input,
+                                         const concord_tensor_t* output,
+                                         const concord_allreduce_opts_t* opts,
+                                         concord_callback_t callback, void* user_data,
+                                         concord_request_t* request) {
+  return Guard(comm, [&]() -> Status {
+    CONCORD_RETURN_IF_ERROR(CheckComm(comm));
+    concord::QueueEntry e;
+    CONCORD_RETURN_IF_ERROR(ToRequest(name, input, concord::OpType::kAllreduce, &e.request));
+    concord_allreduce_opts_t o;
+    concord_allreduce_opts_init(&o);
+    if (opts != nullptr) {
+      if (opts->struct_size < sizeof(o)) {
+        return concord::InvalidArgument(
+            "allreduce options: struct_size is too small; use "
+            "concord_allreduce_opts_init");
+      }
+      o = *opts;
+    }
+    if (!concord::IsValidReduceOp(static_cast<int>(o.op))) {
+      return concord::InvalidArgument("tensor '" + e.request.name + "': unknown reduce op " +
+                                      std::to_string(o.op));
+    }
+    e.request.reduce_op = static_cast<concord::ReduceOp>(o.op);
+    e.request.prescale = o.prescale;
+    e.request.postscale = o.postscale;
+    e.input = input->data;
+    e.output = input->data;
+    if (output != nullptr) {
+      CONCORD_RETURN_IF_ERROR(CheckSameLayout(e.request, output));
+      e.output = output->data;
+    }
+    return Submit(comm, std::move(e), callback, user_data, request);
+  });
+}
+
+concord_status_t concord_allgather_async(concord_comm_t comm, const char* name,
+                                         const concord_tensor_t* input, void* output,
+                                         size_t output_capacity, concord_callback_t callback,
+                                         void* user_data, concord_request_t* request) {
+  return Guard(comm, [&]() -> Status {
+    CONCORD_RETURN_IF_ERROR(CheckComm(comm));
+    concord::QueueEntry e;
+    CONCORD_RETURN_IF_ERROR(ToRequest(name, input, concord::OpType::kAllgather, &e.request));
+    e.input = input->data;
+    e.output = output;
+    e.output_capacity = output == nullptr ? 0 : output_capacity;
+    return Submit(comm, std::move(e), callback, user_data, request);
+  });
+}
+
+concord_status_t concord_broadcast_async(concord_comm_t comm, const char* name,
+                                         const concord_tensor_t* input,
+                                         const concord_tensor_t* output, int root,
+                                         concord_callback_t callback, void* user_data,
+                                         concord_request_t* request) {
+  return Guard(comm, [&]() -> Status {
+    CONCORD_RETURN_IF_ERROR(CheckComm(comm));
+    concord::QueueEntry e;
+    CONCORD_RETURN_IF_ERROR(ToRequest(name, input, concord::OpType::kBroadcast, &e.request));
+    e.request.root = root;
+    e.input = input->data;
+    e.output = input->data;
+    if (output != nullptr) {
+      CONCORD_RETURN_IF_ERROR(CheckSameLayout(e.request, output));
+      e.output = output->data;
+    }
+    return Submit(comm, std::move(e), callback, user_data, request);
+  });
+}
+
+concord_status_t concord_barrier_async(concord_comm_t comm, concord_callback_t callback,
+                                       void* user_data, concord_request_t* request) {
+  return Guard(comm, [&]() -> Status {
+    CONCORD_RETURN_IF_ERROR(CheckComm(comm));
+    if (request == nullptr) return concord::InvalidArgument("the request out-pointer is NULL");
+    concord::QueueEntry e;
+    e.request.name = comm->engine->NextBarrierName();
+    e.request.op = concord::OpType::kBarrier;
+    e.request.dtype = concord::DType::kUint8;
+    return Submit(comm, std::move(e), callback, user_data, request);
+  });
+}
+
+concord_status_t concord_group_start(concord_comm_t comm) {
+  return Guard(comm, [&]() -> Status {
+    CONCORD_RETURN_IF_ERROR(CheckComm(comm));
+    return comm->engine->GroupStart();
+  });
+}
+
+concord_status_t concord_group_end(concord_comm_t comm) {
+  return Guard(comm, [&]() -> Status {
+    CONCORD_RETURN_IF_ERROR(CheckComm(comm));
+    return comm->engine->GroupEnd();
+  });
+}
+
+concord_status_t concord_wait(concord_request_t request, double timeout_s) {
+  if (request == nullptr || std::isnan(timeout_s)) return CONCORD_ERR_INVALID_ARGUMENT;
+  try {
+    const auto deadline = timeout_s < 0
+                              ? concord::Deadline::Infinite()
+                              : concord::Deadline::After(std::chrono::milliseconds(
+                                    static_cast<int64_t>(std::min(timeout_s, 1e9) * 1000.0)));
+    if (!request->state->Wait(deadline)) return CONCORD_ERR_TIMEOUT;
+    return ToC(request->state->status());
+  } catch (...) {
+    return CONCORD_ERR_INTERNAL;
+  }
+}
+
+concord_status_t concord_test(concord_request_t request) {
+  if (request == nullptr) return CONCORD_ERR_INVALID_ARGUMENT;
+  if (!request->state->done()) return CONCORD_IN_PROGRESS;
+  return ToC(request->state->status());
+}
+
+const char* concord_request_error(concord_request_t request) {
+  if (request == nullptr) return "the request is NULL";
+  if (!request->state->done()) return "";
+  std::lock_guard<std::mutex> lock(request->mu);
+  request->error_text = request->state->status().ok() ? "" : request->state->status().ToString();
+  return request->error_text.c_str();
+}
+
+concord_status_t concord_request_output(concord_request_t request, void** data, size_t* bytes,
+                                        int64_t* first_dim) {
+  if (request == nullptr) return CONCORD_ERR_INVALID_ARGUMENT;
+  if (!request->state->done()) return CONCORD_IN_PROGRESS;
+  const Status s = request->state->status();
+  if (!s.ok()) return ToC(s);
+  const auto& out = request->state->output();
+  if (data) *data = out.data;
+  if (bytes) *bytes = out.bytes;
+  if (first_dim) *first_dim = out.first_dim;
+  return CONCORD_SUCCESS;
+}
+
+void concord_request_free(concord_request_t request) {
+  if (request == nullptr) return;
+  bool free_now;
+  {
+    std::lock_guard<std::mutex> lock(request->mu);
+    free_now = request->completed;
+    request->detached = true;
+  }
+  if (free_now) delete request;
+}
+
+concord_status_t concord_allreduce(concord_comm_t comm, const char* name,
+                                   const concord_tensor_t* input, const concord_tensor_t* output,
+                                   const concord_allreduce_opts_t* opts) {
+  concord_request_t r = nullptr;
+  return WaitAndFree(
+      comm, concord_allreduce_async(comm, name, input, output, opts, nullptr, nullptr, &r), r);
+}
+
+concord_status_t concord_allgather(concord_comm_t comm, const char* name,
+                                   const concord_tensor_t* input, void* output,
+                                   size_t output_capacity) {
+  concord_request_t r = nullptr;
+  return WaitAndFree(
+      comm,
+      concord_allgather_async(comm, name, input, output, output_capacity, nullptr, nullptr, &r), r);
+}
+
+concord_status_t concord_broadcast(concord_comm_t comm, const char* name,
+                                   const concord_tensor_t* input, const concord_tensor_t* output,
+                                   int root) {
+  concord_request_t r = nullptr;
+  return WaitAndFree(
+      comm, concord_broadcast_async(comm, name, input, output, root, nullptr, nullptr, &r), r);
+}
+
+concord_status_t concord_barrier(concord_comm_t comm) {
+  concord_request_t r = nullptr;
+  return WaitAndFree(comm, concord_barrier_async(comm, nullptr, nullptr, &r), r);
+}
+
+}  // extern "C"

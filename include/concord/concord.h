@@ -90,17 +90,17 @@ typedef void (*concord_callback_t)(concord_request_t request, concord_status_t s
  * Fields may only be appended in later versions; the library reads struct_size to know which exist.
  */
 typedef struct concord_config {
-  size_t struct_size;  /**< sizeof(concord_config_t) as compiled by the caller */
-  int version;         /**< CONCORD_VERSION as compiled by the caller */
-  int rank;            /**< -1: from the environment */
-  int size;            /**< -1: from the environment */
-  int local_rank;      /**< -1: from the environment (else 0) */
-  int local_size;      /**< -1: from the environment (else 1) */
-  const char* store;   /**< rendezvous: "tcp://host:port" or "file:///dir"; NULL: environment */
-  const char* token;   /**< secret for the TCP store; NULL: environment */
-  const char* job_id;  /**< separates jobs that share a store; NULL: environment or "default" */
-  const char* iface;   /**< network interface for data traffic (e.g. "lo"); NULL: environment */
-  const char* host;    /**< address to bind and advertise; NULL: environment or from iface */
+  size_t struct_size; /**< sizeof(concord_config_t) as compiled by the caller */
+  int version;        /**< CONCORD_VERSION as compiled by the caller */
+  int rank;           /**< -1: from the environment */
+  int size;           /**< -1: from the environment */
+  int local_rank;     /**< -1: from the environment (else 0) */
+  int local_size;     /**< -1: from the environment (else 1) */
+  const char* store;  /**< rendezvous: "tcp://host:port" or "file:///dir"; NULL: environment */
+  const char* token;  /**< secret for the TCP store; NULL: environment */
+  const char* job_id; /**< separates jobs that share a store; NULL: environment or "default" */
+  const char* iface;  /**< network interface for data traffic (e.g. "lo"); NULL: environment */
+  const char* host;   /**< address to bind and advertise; NULL: environment or from iface */
   int64_t fusion_threshold_bytes; /**< -1: environment or 64 MiB; 0 disables fusion */
   double cycle_time_ms;           /**< -1: environment or 0 (no gathering delay) */
   double timeout_s;               /**< -1: environment or 30 */
@@ -118,11 +118,11 @@ typedef struct concord_allreduce_opts {
 
 /** A tensor: contiguous row-major data described by dtype and shape. */
 typedef struct concord_tensor {
-  void* data;             /**< may be NULL only when the tensor has no elements */
+  void* data; /**< may be NULL only when the tensor has no elements */
   concord_dtype_t dtype;
-  int ndim;               /**< 0 (a scalar) to CONCORD_MAX_DIMS */
-  const int64_t* shape;   /**< ndim entries, each >= 0 */
-  int device;             /**< CONCORD_DEVICE_CPU (only CPU in this version) */
+  int ndim;             /**< 0 (a scalar) to CONCORD_MAX_DIMS */
+  const int64_t* shape; /**< ndim entries, each >= 0 */
+  int device;           /**< CONCORD_DEVICE_CPU (only CPU in this version) */
 } concord_tensor_t;
 
 /* ---- library and communicator ---- */
@@ -135,7 +135,8 @@ CONCORD_API void concord_allreduce_opts_init(concord_allreduce_opts_t* opts);
 CONCORD_API concord_status_t concord_init(concord_comm_t* comm);
 CONCORD_API concord_status_t concord_init_config(const concord_config_t* config,
                                                  concord_comm_t* comm);
-/** Fails pending requests with NOT_INITIALIZED, stops the engine and frees the handle. NULL is ok. */
+/** Fails pending requests with NOT_INITIALIZED, stops the engine and frees the handle. NULL is ok.
+ */
 CONCORD_API concord_status_t concord_finalize(concord_comm_t comm);
 
 CONCORD_API concord_status_t concord_comm_rank(concord_comm_t comm, int* rank);
@@ -173,9 +174,8 @@ CONCORD_API concord_status_t concord_broadcast_async(concord_comm_t comm, const 
                                                      const concord_tensor_t* output, int root,
                                                      concord_callback_t callback, void* user_data,
                                                      concord_request_t* request);
-CONCORD_API concord_status_t concord_barrier_async(concord_comm_t comm,
-                                                   concord_callback_t callback, void* user_data,
-                                                   concord_request_t* request);
+CONCORD_API concord_status_t concord_barrier_async(concord_comm_t comm, concord_callback_t callback,
+                                                   void* user_data, concord_request_t* request);
 
 /**
  * Grouped submission: operations enqueued by this thread between group_start and group_end are

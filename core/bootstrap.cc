@@ -1,0 +1,149 @@
+#include "core/bootstrap.h"
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <unistd.h>
+
+#include <cmath>
+
+#include "rendezvous/hash_store.h"
+#include "rendezvous/store_factory.h"
+#include "rendezvous/tcp_store.h"
+
+namespace concord {
+namespace {
+
+// The first IPv4 address of a network interface.
+StatusOr<std::string> InterfaceAddress(const std::string& iface) {
+  struct ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return ErrnoError("getifaddrs", errno);
+  std::string found;
+  for (struct ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET || iface != a->ifa_name) {
+      continue;
+    }
+    char text[INET_ADDRSTRLEN];
+    const auto* in = reinterpret_cast<const struct sockaddr_in*>(a->ifa_addr);
+    if (inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text)) != nullptr) {
+      found = text;
+      break;
+    }
+  }
+  freeifaddrs(list);
+  if (found.empty()) {
+    return InvalidArgument("network interface '" + iface +
+                           "' does not exist or has no IPv4 address");
+  }
+  return found;
+}
+
+bool IsLoopback(const std::string& host) {
+  return host == "127.0.0.1" || host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+// Everything the transports need to outlive them.
+struct Rendezvous {
+  std::unique_ptr<TcpStoreServer> server;  // torchrun mode, rank 0 only
+  std::unique_ptr<Store> store;
+};
+
+StatusOr<std::unique_ptr<Rendezvous>> OpenRendezvous(const Config& c, Deadline deadline,
+                                                     std::string* store_host) {
+  auto rv = std::make_unique<Rendezvous>();
+  if (!c.store.empty()) {
+    CONCORD_ASSIGN_OR_RETURN(rv->store, OpenStore(c.store, c.token, deadline));
+    if (c.store.rfind("tcp://", 0) == 0) {
+      std::string host;
+      int port = 0;
+      if (net::SplitHostPort(c.store.substr(6), &host, &port).ok()) *store_host = host;
+    }
+    return rv;
+  }
+  if (c.size == 1) {
+    rv->store = std::make_unique<HashStore>();
+    return rv;
+  }
+  if (!c.master_addr.empty() && c.master_port > 0) {
+    // torchrun: its own store already holds MASTER_PORT, so rank 0 serves ours one port above.
+    const int port = c.master_port + 1;
+    const std::string token = c.token.empty() ? c.job_id : c.token;
+    if (c.rank == 0) {
+      const std::string bind = IsLoopback(c.master_addr) ? "127.0.0.1" : "0.0.0.0";
+      auto server = TcpStoreServer::Start(bind, port, token);
+      if (!server.ok()) {
+        return server.status().WithContext("serving the rendezvous store on MASTER_PORT+1 (" +
+                                           std::to_string(port) + ")");
+      }
+      rv->server = std::move(*server);
+    }
+    CONCORD_ASSIGN_OR_RETURN(rv->store, TcpStore::Connect(c.master_addr, port, token, deadline));
+    *store_host = c.master_addr;
+    return rv;
+  }
+  if (c.local_size == c.size && c.job_id != "default") {
+    // mpirun or srun on one host: a file store private to this job.
+    const std::string dir = "/tmp/concord-" + std::to_string(getuid()) + "-" + c.job_id;
+    CONCORD_ASSIGN_OR_RETURN(rv->store, OpenStore("file://" + dir, c.token, deadline));
+    return rv;
+  }
+  return InvalidArgument(
+      "no rendezvous for " + std::to_string(c.size) +
+      " ranks: start the job with concordrun, set CONCORD_STORE (tcp://host:port or file:///dir), "
+      "or set MASTER_ADDR and MASTER_PORT as torchrun does");
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Engine>> CreateEngine(Config config) {
+  CONCORD_RETURN_IF_ERROR(config.Finalize());
+  const auto timeout = std::chrono::milliseconds(std::llround(config.timeout_s * 1000.0));
+  const Deadline deadline = Deadline::After(timeout);
+  std::string store_host;
+  CONCORD_ASSIGN_OR_RETURN(std::shared_ptr<Rendezvous> rv,
+                           OpenRendezvous(config, deadline, &store_host));
+
+  // Every rank counts its communicators in the store; the Nth on every rank shares a prefix.
+  CONCORD_ASSIGN_OR_RETURN(
+      int64_t generation,
+      rv->store->Add(config.job_id + "/generation/" + std::to_string(config.rank), 1));
+  const std::string prefix = config.job_id + "/comm" + std::to_string(generation);
+
+  std::string host = config.host;
+  if (host.empty() && !config.iface.empty()) {
+    CONCORD_ASSIGN_OR_RETURN(host, InterfaceAddress(config.iface));
+  }
+  if (host.empty()) {
+    host = "127.0.0.1";
+    if (!store_host.empty() && !IsLoopback(store_host)) {
+      char name[256] = {0};
+      if (gethostname(name, sizeof(name) - 1) == 0) host = name;
+    }
+  }
+
+  TcpControlPlaneOptions cp;
+  cp.rank = config.rank;
+  cp.size = config.size;
+  cp.host = host;
+  cp.prefix = prefix;
+  cp.connect_timeout = timeout;
+  cp.liveness_timeout = timeout;
+  auto control = CreateTcpControlPlane(cp, rv->store.get());
+  if (!control.ok()) return control.status().WithContext("connecting the control plane");
+
+  BackendOptions bo;
+  bo.rank = config.rank;
+  bo.size = config.size;
+  bo.iface = config.iface;
+  bo.host = host;
+  bo.prefix = prefix + "/" + config.backend;
+  bo.timeout = timeout;
+  bo.algorithm = config.gloo_algorithm;
+  auto backend = CreateBackend(config.backend, bo, rv->store.get());
+  if (!backend.ok()) {
+    return backend.status().WithContext("starting the " + config.backend + " backend");
+  }
+  return std::make_unique<Engine>(config, std::move(*control), std::move(*backend), rv);
+}
+
+}  // namespace concord

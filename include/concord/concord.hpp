@@ -1,0 +1,314 @@
+// Concord C++ API: thin RAII types over the C API (concord.h), for C++ frameworks.
+//
+// Header-only, so the library's ABI stays the C one: nothing here is compiled into libconcord.
+// Errors are thrown as concord::Error (carrying the C status and message) in the caller's code;
+// nothing throws across the library boundary.
+//
+//   concord::Communicator comm;                      // from the environment (concordrun, torchrun)
+//   std::vector<float> grad(n);
+//   comm.allreduce("layer1.weight", concord::TensorView(grad), concord::ReduceOp::kAverage);
+//   concord::Future f = comm.allreduce_async("layer2.weight", concord::TensorView(other));
+//   f.wait();
+#ifndef CONCORD_CONCORD_HPP_
+#define CONCORD_CONCORD_HPP_
+
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "concord/concord.h"
+
+namespace concord {
+
+enum class DataType : int {
+  kUint8 = CONCORD_UINT8,
+  kInt8 = CONCORD_INT8,
+  kInt32 = CONCORD_INT32,
+  kInt64 = CONCORD_INT64,
+  kFloat16 = CONCORD_FLOAT16,
+  kBFloat16 = CONCORD_BFLOAT16,
+  kFloat32 = CONCORD_FLOAT32,
+  kFloat64 = CONCORD_FLOAT64,
+};
+
+enum class ReduceOp : int {
+  kSum = CONCORD_SUM,
+  kAverage = CONCORD_AVERAGE,
+  kMin = CONCORD_MIN,
+  kMax = CONCORD_MAX,
+  kProduct = CONCORD_PRODUCT,
+};
+
+/// An error from Concord: the C status and the message that explains it.
+class Error : public std::runtime_error {
+ public:
+  Error(concord_status_t status, const std::string& message)
+      : std::runtime_error(message), status_(status) {}
+  concord_status_t status() const { return status_; }
+
+ private:
+  concord_status_t status_;
+};
+
+namespace detail {
+template <typename T>
+struct TypeOf;
+template <>
+struct TypeOf<uint8_t> {
+  static constexpr DataType value = DataType::kUint8;
+};
+template <>
+struct TypeOf<int8_t> {
+  static constexpr DataType value = DataType::kInt8;
+};
+template <>
+struct TypeOf<int32_t> {
+  static constexpr DataType value = DataType::kInt32;
+};
+template <>
+struct TypeOf<int64_t> {
+  static constexpr DataType value = DataType::kInt64;
+};
+template <>
+struct TypeOf<float> {
+  static constexpr DataType value = DataType::kFloat32;
+};
+template <>
+struct TypeOf<double> {
+  static constexpr DataType value = DataType::kFloat64;
+};
+
+inline void Check(concord_status_t s, const std::string& message) {
+  if (s != CONCORD_SUCCESS) throw Error(s, message.empty() ? concord_status_string(s) : message);
+}
+}  // namespace detail
+
+/// A non-owning view of contiguous row-major memory: pointer, dtype, shape and device.
+/// The memory must stay valid until the operation that uses it completes.
+class TensorView {
+ public:
+  TensorView(void* data, DataType dtype, std::vector<int64_t> shape,
+             int device = CONCORD_DEVICE_CPU)
+      : data_(data), dtype_(dtype), shape_(std::move(shape)), device_(device) {}
+  /// A 1-D view of a vector of a supported element type.
+  template <typename T>
+  explicit TensorView(std::vector<T>& v)
+      : TensorView(v.data(), detail::TypeOf<T>::value, {static_cast<int64_t>(v.size())}) {}
+
+  void* data() const { return data_; }
+  DataType dtype() const { return dtype_; }
+  const std::vector<int64_t>& shape() const { return shape_; }
+  int device() const { return device_; }
+  /// The C descriptor; valid while this view lives.
+  concord_tensor_t c_tensor() const {
+    concord_tensor_t t;
+    t.data = data_;
+    t.dtype = static_cast<concord_dtype_t>(dtype_);
+    t.ndim = static_cast<int>(shape_.size());
+    t.shape = shape_.data();
+    t.device = device_;
+    return t;
+  }
+
+ private:
+  void* data_;
+  DataType dtype_;
+  std::vector<int64_t> shape_;
+  int device_;
+};
+
+/// The pending result of an asynchronous operation. Move-only; destroying an unfinished Future
+/// detaches it (the operation still completes). wait() throws Error when the operation failed.
+class Future {
+ public:
+  Future() = default;
+  explicit Future(concord_request_t request) : request_(request) {}
+  Future(Future&& o) noexcept : request_(std::exchange(o.request_, nullptr)) {}
+  Future& operator=(Future&& o) noexcept {
+    if (this != &o) {
+      concord_request_free(request_);
+      request_ = std::exchange(o.request_, nullptr);
+    }
+    return *this;
+  }
+  Future(const Future&) = delete;
+  Future& operator=(const Future&) = delete;
+  ~Future() { concord_request_free(request_); }
+
+  bool valid() const { return request_ != nullptr; }
+  /// True once finished (successfully or not); never blocks.
+  bool ready() const {
+    return request_ == nullptr || concord_test(request_) != CONCORD_IN_PROGRESS;
+  }
+  /// Blocks until finished; throws Error on failure.
+  void wait() {
+    if (request_ == nullptr) throw Error(CONCORD_ERR_INVALID_ARGUMENT, "wait on an empty Future");
+    const concord_status_t s = concord_wait(request_, -1.0);
+    detail::Check(s, concord_request_error(request_));
+  }
+  /// Blocks up to timeout_s; false when still running. Throws Error on failure.
+  bool wait_for(double timeout_s) {
+    const concord_status_t s = concord_wait(request_, timeout_s);
+    if (s == CONCORD_ERR_TIMEOUT && concord_test(request_) == CONCORD_IN_PROGRESS) return false;
+    detail::Check(s, concord_request_error(request_));
+    return true;
+  }
+  /// An allgather's result: its bytes (a copy) and its first dimension.
+  std::vector<uint8_t> output(int64_t* first_dim = nullptr) {
+    wait();
+    void* data = nullptr;
+    size_t bytes = 0;
+    detail::Check(concord_request_output(request_, &data, &bytes, first_dim), "no output");
+    const auto* p = static_cast<const uint8_t*>(data);
+    return std::vector<uint8_t>(p, p + bytes);
+  }
+  concord_request_t native() const { return request_; }
+
+ private:
+  concord_request_t request_ = nullptr;
+};
+
+/// Called on the communicator's thread when an operation finishes; must not block. An exception
+/// it throws is swallowed.
+using Callback = std::function<void(concord_status_t status)>;
+
+/// One communicator: owns the engine, its thread and its connections. Thread-safe: any thread
+/// may enqueue. Move-only; the destructor finalizes (pending operations fail).
+class Communicator {
+ public:
+  /// From the environment (CONCORD_*, torchrun's, Slurm's or Open MPI's variables).
+  Communicator() { detail::Check(concord_init(&comm_), concord_comm_last_error(nullptr)); }
+  explicit Communicator(const concord_config_t& config) {
+    detail::Check(concord_init_config(&config, &comm_), concord_comm_last_error(nullptr));
+  }
+  Communicator(Communicator&& o) noexcept : comm_(std::exchange(o.comm_, nullptr)) {}
+  Communicator& operator=(Communicator&& o) noexcept {
+    if (this != &o) {
+      concord_finalize(comm_);
+      comm_ = std::exchange(o.comm_, nullptr);
+    }
+    return *this;
+  }
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+  ~Communicator() { concord_finalize(comm_); }
+
+  int rank() const { return Get(concord_comm_rank); }
+  int size() const { return Get(concord_comm_size); }
+  int local_rank() const { return Get(concord_comm_local_rank); }
+  int local_size() const { return Get(concord_comm_local_size); }
+
+  /// Allreduce; `out` absent means in place. prescale multiplies the input, postscale the result.
+  Future allreduce_async(const std::string& name, const TensorView& in,
+                         ReduceOp op = ReduceOp::kSum, const TensorView* out = nullptr,
+                         double prescale = 1.0, double postscale = 1.0,
+                         Callback callback = nullptr) {
+    concord_allreduce_opts_t o;
+    concord_allreduce_opts_init(&o);
+    o.op = static_cast<concord_reduce_op_t>(op);
+    o.prescale = prescale;
+    o.postscale = postscale;
+    const concord_tensor_t ct = in.c_tensor();
+    concord_tensor_t co;
+    if (out) co = out->c_tensor();
+    return Enqueue(std::move(callback), [&](concord_callback_t cb, void* ud, concord_request_t* r) {
+      return concord_allreduce_async(comm_, name.c_str(), &ct, out ? &co : nullptr, &o, cb, ud, r);
+    });
+  }
+  void allreduce(const std::string& name, const TensorView& in, ReduceOp op = ReduceOp::kSum,
+                 const TensorView* out = nullptr, double prescale = 1.0, double postscale = 1.0) {
+    allreduce_async(name, in, op, out, prescale, postscale).wait();
+  }
+
+  /// Allgather along the first dimension (it may differ between ranks). With out == nullptr the
+  /// Future owns the result (Future::output).
+  Future allgather_async(const std::string& name, const TensorView& in, void* out = nullptr,
+                         size_t out_capacity = 0, Callback callback = nullptr) {
+    const concord_tensor_t ct = in.c_tensor();
+    return Enqueue(std::move(callback), [&](concord_callback_t cb, void* ud, concord_request_t* r) {
+      return concord_allgather_async(comm_, name.c_str(), &ct, out, out_capacity, cb, ud, r);
+    });
+  }
+
+  /// Broadcast from root; `out` absent means in place.
+  Future broadcast_async(const std::string& name, const TensorView& in, int root,
+                         const TensorView* out = nullptr, Callback callback = nullptr) {
+    const concord_tensor_t ct = in.c_tensor();
+    concord_tensor_t co;
+    if (out) co = out->c_tensor();
+    return Enqueue(std::move(callback), [&](concord_callback_t cb, void* ud, concord_request_t* r) {
+      return concord_broadcast_async(comm_, name.c_str(), &ct, out ? &co : nullptr, root, cb, ud,
+                                     r);
+    });
+  }
+  void broadcast(const std::string& name, const TensorView& in, int root) {
+    broadcast_async(name, in, root).wait();
+  }
+
+  void barrier() { detail::Check(concord_barrier(comm_), concord_comm_last_error(comm_)); }
+
+  /// Operations enqueued by this thread inside the group are negotiated and fused as one unit.
+  class Group {
+   public:
+    explicit Group(Communicator& c) : c_(c) {
+      detail::Check(concord_group_start(c_.comm_), concord_comm_last_error(c_.comm_));
+    }
+    ~Group() noexcept(false) {
+      const concord_status_t s = concord_group_end(c_.comm_);
+      if (s != CONCORD_SUCCESS && std::uncaught_exceptions() == 0) {
+        throw Error(s, concord_comm_last_error(c_.comm_));
+      }
+    }
+    Group(const Group&) = delete;
+    Group& operator=(const Group&) = delete;
+
+   private:
+    Communicator& c_;
+  };
+
+  concord_comm_t native() const { return comm_; }
+
+ private:
+  int Get(concord_status_t (*fn)(concord_comm_t, int*)) const {
+    int v = -1;
+    detail::Check(fn(comm_, &v), concord_comm_last_error(comm_));
+    return v;
+  }
+
+  // Calls submit with a C trampoline for callback (if any); the heap-held callback is freed after
+  // it runs, or at once when the enqueue fails.
+  template <typename Submit>
+  Future Enqueue(Callback callback, Submit&& submit) {
+    concord_request_t r = nullptr;
+    concord_status_t s;
+    if (callback) {
+      auto* held = new Callback(std::move(callback));
+      s = submit(
+          [](concord_request_t, concord_status_t st, void* ud) {
+            std::unique_ptr<Callback> cb(static_cast<Callback*>(ud));
+            try {
+              (*cb)(st);
+            } catch (...) {
+              // A callback runs on the engine's thread: an exception must not unwind through C.
+            }
+          },
+          held, &r);
+      if (s != CONCORD_SUCCESS) delete held;
+    } else {
+      s = submit(nullptr, nullptr, &r);
+    }
+    detail::Check(s, concord_comm_last_error(comm_));
+    return Future(r);
+  }
+
+  concord_comm_t comm_ = nullptr;
+};
+
+}  // namespace concord
+
+#endif  // CONCORD_CONCORD_HPP_
