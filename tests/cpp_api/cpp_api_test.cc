@@ -1,0 +1,161 @@
+// Tests of the header-only C++ API (include/concord/concord.hpp): RAII communicators, TensorView,
+// Future, callbacks, groups and errors as exceptions. Ranks are threads of this process, each with
+// its own Communicator over a file store private to the test, so everything below the API is real
+// (TCP control plane, Gloo over loopback).
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "concord/concord.hpp"
+#include "gtest/gtest.h"
+
+namespace {
+
+// Runs body(comm) on `size` threads, each rank with its own Communicator, and joins them.
+// Failures inside a thread are recorded by gtest; exceptions fail the test with their message.
+void RunRanks(int size, const std::function<void(concord::Communicator&)>& body) {
+  static std::atomic<int> job{0};
+  const std::string path =
+      "/tmp/concord-cpp-api-test-" + std::to_string(getpid()) + "-" + std::to_string(job++);
+  const std::string dir = "file://" + path;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        concord_config_t config;
+        concord_config_init(&config);
+        config.rank = r;
+        config.size = size;
+        config.store = dir.c_str();
+        config.job_id = "cpp-api-test";
+        config.timeout_s = 20;
+        concord::Communicator comm(config);
+        body(comm);
+      } catch (const concord::Error& e) {
+        ADD_FAILURE() << "rank " << r << ": " << e.what() << " (status " << e.status() << ")";
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::filesystem::remove_all(path);
+}
+
+TEST(CppApiTest, RankAndSize) {
+  RunRanks(3, [](concord::Communicator& comm) {
+    EXPECT_EQ(comm.size(), 3);
+    EXPECT_GE(comm.rank(), 0);
+    EXPECT_LT(comm.rank(), 3);
+    EXPECT_EQ(comm.local_size(), 3);
+    EXPECT_EQ(comm.local_rank(), comm.rank());
+  });
+}
+
+TEST(CppApiTest, AllreduceAverageInPlaceAndOutOfPlace) {
+  RunRanks(2, [](concord::Communicator& comm) {
+    std::vector<float> v(1001, static_cast<float>(comm.rank() + 1));
+    comm.allreduce("avg", concord::TensorView(v), concord::ReduceOp::kAverage);
+    for (float x : v) ASSERT_FLOAT_EQ(x, 1.5f);
+    std::vector<double> in(7, 2.0), out(7, 0.0);
+    concord::TensorView out_view(out);
+    comm.allreduce("scaled", concord::TensorView(in), concord::ReduceOp::kSum, &out_view, 0.5, 3.0);
+    for (double x : out) ASSERT_DOUBLE_EQ(x, 6.0);  // (2*0.5 + 2*0.5) * 3
+    for (double x : in) ASSERT_DOUBLE_EQ(x, 2.0);   // the input is untouched
+  });
+}
+
+TEST(CppApiTest, FuturesCallbacksAndGroups) {
+  RunRanks(2, [](concord::Communicator& comm) {
+    std::atomic<int> callbacks{0};
+    std::vector<std::vector<int64_t>> tensors(20, std::vector<int64_t>(33, comm.rank() + 1));
+    std::vector<concord::Future> futures;
+    {
+      concord::Communicator::Group group(comm);
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        futures.push_back(comm.allreduce_async(
+            "g" + std::to_string(i), concord::TensorView(tensors[i]), concord::ReduceOp::kMax,
+            nullptr, 1.0, 1.0, [&](concord_status_t s) {
+              if (s == CONCORD_SUCCESS) ++callbacks;
+            }));
+      }
+    }
+    for (auto& f : futures) f.wait();
+    EXPECT_EQ(callbacks.load(), 20);
+    for (const auto& t : tensors) {
+      for (int64_t x : t) ASSERT_EQ(x, 2);
+    }
+  });
+}
+
+TEST(CppApiTest, AllgatherOwnedOutputWithDifferentFirstDims) {
+  RunRanks(3, [](concord::Communicator& comm) {
+    const int r = comm.rank();
+    std::vector<int32_t> mine((r + 1) * 2, r);
+    concord::TensorView view(mine.data(), concord::DataType::kInt32, {r + 1, 2});
+    concord::Future f = comm.allgather_async("gather", view);
+    int64_t first = 0;
+    const std::vector<uint8_t> bytes = f.output(&first);
+    ASSERT_EQ(first, 1 + 2 + 3);
+    ASSERT_EQ(bytes.size(), 6 * 2 * sizeof(int32_t));
+    const auto* v = reinterpret_cast<const int32_t*>(bytes.data());
+    const int expected[] = {0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2};
+    for (int i = 0; i < 12; ++i) ASSERT_EQ(v[i], expected[i]);
+  });
+}
+
+TEST(CppApiTest, BroadcastAndBarrier) {
+  RunRanks(3, [](concord::Communicator& comm) {
+    for (int root = 0; root < 3; ++root) {
+      std::vector<uint8_t> v(4099, static_cast<uint8_t>(comm.rank() * 10));
+      comm.broadcast("bcast" + std::to_string(root), concord::TensorView(v), root);
+      for (uint8_t x : v) ASSERT_EQ(x, root * 10);
+      comm.barrier();
+    }
+  });
+}
+
+TEST(CppApiTest, ErrorsAreThrownWithStatusAndMessage) {
+  RunRanks(1, [](concord::Communicator& comm) {
+    std::vector<float> v(4);
+    try {
+      comm.broadcast("bad-root", concord::TensorView(v), 5);
+      ADD_FAILURE() << "a bad root was accepted";
+    } catch (const concord::Error& e) {
+      EXPECT_EQ(e.status(), CONCORD_ERR_INVALID_ARGUMENT);
+      EXPECT_NE(std::string(e.what()).find("root 5"), std::string::npos) << e.what();
+    }
+    concord::Future first = comm.allreduce_async("twice", concord::TensorView(v));
+    first.wait();
+    concord::Future empty;
+    EXPECT_FALSE(empty.valid());
+    EXPECT_THROW(empty.wait(), concord::Error);
+  });
+}
+
+TEST(CppApiTest, MismatchSurfacesAsErrorOnEveryRank) {
+  RunRanks(2, [](concord::Communicator& comm) {
+    std::vector<float> f(8, 1.f);
+    std::vector<int32_t> i(8, 1);
+    concord::Future fut = comm.rank() == 0 ? comm.allreduce_async("mixed", concord::TensorView(f))
+                                           : comm.allreduce_async("mixed", concord::TensorView(i));
+    try {
+      fut.wait();
+      ADD_FAILURE() << "a dtype mismatch was not reported";
+    } catch (const concord::Error& e) {
+      EXPECT_EQ(e.status(), CONCORD_ERR_MISMATCH);
+      const std::string m = e.what();
+      EXPECT_NE(m.find("mixed"), std::string::npos) << m;
+      EXPECT_NE(m.find("dtype"), std::string::npos) << m;
+    }
+    // The communicator still works afterwards.
+    comm.allreduce("after", concord::TensorView(f));
+    EXPECT_FLOAT_EQ(f[0], 2.f);
+  });
+}
+
+}  // namespace
