@@ -1,0 +1,77 @@
+#include "backends/gloo/allreduce_cache.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+namespace concord {
+namespace gloo_internal {
+namespace {
+
+// The slot counter restarts from 0 past this value (identically on every rank).
+constexpr int kSlotWrap = 1 << 30;
+
+}  // namespace
+
+AllreduceCache::AllreduceCache(std::shared_ptr<GlooContext> context, size_t max_entries,
+                               size_t max_bytes)
+    : context_(std::move(context)),
+      max_entries_(std::max<size_t>(max_entries, 1)),
+      max_bytes_(max_bytes) {}
+
+void AllreduceCache::Run(AllreduceAlgorithm algorithm, void* data, size_t count, DType dtype,
+                         ReduceOp op) {
+  // Average reduces as a sum: share the entry.
+  const ReduceOp key_op = op == ReduceOp::kAverage ? ReduceOp::kSum : op;
+  const size_t bytes = count * DTypeSize(dtype);
+  Entry& entry = Lookup(Key{algorithm, count, dtype, key_op}, bytes);
+  if (algorithm == AllreduceAlgorithm::kFunction) {
+    if (entry.bound != data) Build(entry, data);
+    entry.allreduce->Run();
+    return;
+  }
+  if (!entry.allreduce) {
+    entry.owned.resize(bytes);
+    Build(entry, entry.owned.data());
+  }
+  std::memcpy(entry.owned.data(), data, bytes);
+  entry.allreduce->Run();
+  std::memcpy(data, entry.owned.data(), bytes);
+}
+
+AllreduceCache::Entry& AllreduceCache::Lookup(const Key& key, size_t bytes) {
+  auto found = index_.find(key);
+  if (found != index_.end()) {
+    lru_.splice(lru_.begin(), lru_, found->second);
+    return lru_.front();
+  }
+  EvictUntilFits(bytes);
+  lru_.emplace_front();
+  Entry& entry = lru_.front();
+  entry.key = key;
+  entry.bytes = bytes;
+  index_[key] = lru_.begin();
+  bytes_ += bytes;
+  return entry;
+}
+
+void AllreduceCache::Build(Entry& entry, void* data) {
+  entry.allreduce.reset();
+  entry.bound = nullptr;
+  if (context_->next_slot() > kSlotWrap) context_->set_next_slot(0);
+  const auto& [algorithm, count, dtype, op] = entry.key;
+  entry.allreduce = MakeBoundAllreduce(context_, algorithm, data, count, dtype, op);
+  entry.bound = data;
+  ++builds_;
+}
+
+void AllreduceCache::EvictUntilFits(size_t incoming_bytes) {
+  while (!lru_.empty() && (lru_.size() >= max_entries_ || bytes_ + incoming_bytes > max_bytes_)) {
+    bytes_ -= lru_.back().bytes;
+    index_.erase(lru_.back().key);
+    lru_.pop_back();
+  }
+}
+
+}  // namespace gloo_internal
+}  // namespace concord

@@ -1,0 +1,75 @@
+// A bounded LRU cache of built Gloo allreduces, so that steady-state calls (the engine's persistent
+// fusion buffer, a tensor reduced every step) reuse one algorithm instead of building one per call.
+#pragma once
+
+#include <cstddef>
+#include <list>
+#include <map>
+#include <memory>
+#include <tuple>
+#include <vector>
+
+#include "backends/gloo/gloo_allreduce.h"
+#include "backends/gloo/gloo_context.h"
+#include "base/dtype.h"
+
+namespace concord {
+namespace gloo_internal {
+
+// Why entries are keyed by (algorithm, count, dtype, op) and not by the caller's pointer: Gloo's
+// algorithm objects take slots from the context's counter when they are built, and a message is
+// delivered to whatever buffer is registered under its slot at the time it arrives. Ranks must
+// therefore build, in the same order, objects of the same shape, and a slot must never be bound to
+// a second object while a peer may still write to it. Whether a caller's pointer changed is known
+// only locally, so it cannot drive builds. Hence:
+//   - every rank performs the same sequence of lookups, builds and evictions (keys are values all
+//     ranks agree on), so the slot counter advances identically everywhere and every build gets
+//     fresh slots (the counter wraps only after 2^30 slots, long after the old objects are gone);
+//   - an object algorithm runs over a buffer the entry owns (allocated and first touched once):
+//     Run copies the caller's data in and the result out, which costs about a memcpy each way;
+//   - the function-style gloo::allreduce uses no slots (it matches messages by tag), so its entry
+//     binds its unbound buffers to the caller's pointer directly and rebinds when that changes.
+//
+// Bounds: at most max_entries entries and max_bytes bytes of caller data covered (an object
+// algorithm also holds its own buffer plus Gloo's scratch, about twice that again); the least
+// recently used entries are destroyed first. One entry larger than max_bytes is kept alone.
+// Not thread-safe: owned and used by the backend's one thread. Run() throws Gloo's exceptions.
+class AllreduceCache {
+ public:
+  AllreduceCache(std::shared_ptr<GlooContext> context, size_t max_entries, size_t max_bytes);
+  AllreduceCache(const AllreduceCache&) = delete;
+  AllreduceCache& operator=(const AllreduceCache&) = delete;
+
+  // In-place allreduce of data[0, count) with the given algorithm, building it if needed. count > 0
+  // (and fits AlgorithmObjectFits unless algorithm is kFunction). Blocks; collective.
+  void Run(AllreduceAlgorithm algorithm, void* data, size_t count, DType dtype, ReduceOp op);
+
+  size_t entries() const { return lru_.size(); }
+  size_t bytes() const { return bytes_; }
+  size_t builds() const { return builds_; }  // how many allreduces were built so far
+
+ private:
+  using Key = std::tuple<AllreduceAlgorithm, size_t, DType, ReduceOp>;
+  struct Entry {
+    Key key;
+    size_t bytes = 0;
+    void* bound = nullptr;  // the buffer the allreduce runs over (owned below, or the caller's)
+    std::vector<unsigned char> owned;
+    std::unique_ptr<BoundAllreduce> allreduce;
+  };
+
+  Entry& Lookup(const Key& key, size_t bytes);
+  void Build(Entry& entry, void* data);
+  void EvictUntilFits(size_t incoming_bytes);
+
+  const std::shared_ptr<GlooContext> context_;
+  const size_t max_entries_;
+  const size_t max_bytes_;
+  std::list<Entry> lru_;  // most recently used first
+  std::map<Key, std::list<Entry>::iterator> index_;
+  size_t bytes_ = 0;
+  size_t builds_ = 0;
+};
+
+}  // namespace gloo_internal
+}  // namespace concord

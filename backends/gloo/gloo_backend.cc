@@ -1,0 +1,217 @@
+#include "backends/gloo/gloo_backend.h"
+
+#include <gloo/allgatherv.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <utility>
+
+#include "backends/gloo/allreduce_cache.h"
+#include "backends/gloo/gloo_allreduce.h"
+#include "backends/gloo/gloo_context.h"
+
+namespace concord {
+namespace {
+
+using gloo_internal::AllreduceAlgorithm;
+
+// Cache bounds: enough for a fusion buffer or two plus the tensors reduced on their own every step.
+constexpr size_t kMaxCachedAllreduces = 64;
+constexpr size_t kMaxCachedBytes = size_t{1} << 30;
+
+// Algorithm choice for "auto", by message bytes. Measured with perf/gloo_algos (raw Gloo: object
+// or options built once over a persistent buffer; float32 sum; ranks as threads over loopback on
+// the project's 2-core build machine, which other builds were loading: expect +-30%). Median ms:
+//
+//   2 ranks      ring   ring_chunked  halving_doubling  bcube  allreduce (function-style)
+//   4 KiB       0.096      0.136          0.152         0.204      0.168
+//   64 KiB      0.108      0.251          0.175         0.186      0.328
+//   256 KiB     0.289      0.311          0.275         0.353      0.416
+//   1 MiB       0.895      0.787          0.696         0.604      0.581
+//   4 MiB       3.68       7.19           2.60          3.75       2.23
+//   16 MiB     20.6       24.6           11.6          18.6       10.9
+//   64 MiB     67.7       64.0           64.6          55.9       48.8
+//   4 ranks
+//   4 KiB       0.305      4.35           2.79          0.389      1.27
+//   64 KiB      0.591      5.00           0.627         0.390      2.54
+//   256 KiB     1.43       4.33           0.849         0.945      2.20
+//   1 MiB       5.12       6.94           3.10          3.68       3.00
+//   4 MiB      17.1        8.70           (failed)      6.37       5.17
+//
+// Hence: ring below 128 KiB, halving-doubling up to 1 MiB, the function-style allreduce above.
+// The function-style allreduce also reduces the caller's buffer in place, while object algorithms
+// run over the cache's own buffer and add a copy each way (see allreduce_cache.h), which widens its
+// lead at large sizes. Contrary to ENVIRONMENT.md (measured with a new gloo::allreduce per call),
+// a function-style allreduce whose options are reused beats ring_chunked at 64 MiB here.
+AllreduceAlgorithm AutoAlgorithm(size_t bytes) {
+  if (bytes < (size_t{128} << 10)) return AllreduceAlgorithm::kRing;
+  if (bytes < (size_t{1} << 20)) return AllreduceAlgorithm::kHalvingDoubling;
+  return AllreduceAlgorithm::kFunction;
+}
+
+// Gloo over TCP. Owns the Gloo context (its pairs and the device's event-loop thread) and a cache
+// of built allreduces. Follows backend.h: one thread calls it, every call is collective and
+// blocking with the configured timeout, and after the first failure every call returns that
+// failure. size == 1 has no context at all: collectives are local copies or nothing.
+// Shutdown: a collective may return while Gloo still flushes its last bytes to a slower peer, so
+// ranks should pass a Barrier() before destroying their backends (a peer cut off early sees
+// "connection closed" on that collective).
+class GlooBackend : public Backend {
+ public:
+  GlooBackend(const BackendOptions& options, std::shared_ptr<gloo_internal::GlooContext> context,
+              bool auto_algorithm, AllreduceAlgorithm forced)
+      : rank_(options.rank),
+        size_(options.size),
+        context_(std::move(context)),
+        auto_algorithm_(auto_algorithm),
+        forced_(forced) {
+    if (context_) {
+      cache_ = std::make_unique<gloo_internal::AllreduceCache>(context_, kMaxCachedAllreduces,
+                                                               kMaxCachedBytes);
+    }
+  }
+
+  ~GlooBackend() override {
+    // Algorithm objects unregister from the pairs, so they go before the context.
+    cache_.reset();
+  }
+
+  const char* name() const override { return "gloo"; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  Status Allreduce(void* data, size_t count, DType dtype, ReduceOp op) override {
+    if (!IsValidDType(static_cast<int>(dtype)) || !IsValidReduceOp(static_cast<int>(op))) {
+      return InvalidArgument("gloo allreduce: invalid dtype or reduce op");
+    }
+    if (count > 0 && data == nullptr) return InvalidArgument("gloo allreduce: data is null");
+    if (!failed_.ok()) return failed_;
+    if (count == 0 || size_ == 1) return Status::Ok();
+    const AllreduceAlgorithm algorithm = Choose(count, dtype);
+    try {
+      cache_->Run(algorithm, data, count, dtype, op);
+      return Status::Ok();
+    } catch (...) {
+      return Fail("allreduce (" + std::to_string(count) + " x " + DTypeName(dtype) + ", " +
+                  ReduceOpName(op) + ", " + gloo_internal::AllreduceAlgorithmName(algorithm) + ")");
+    }
+  }
+
+  Status Allgatherv(const void* in, void* out, const std::vector<size_t>& bytes_per_rank) override {
+    if (bytes_per_rank.size() != static_cast<size_t>(size_)) {
+      return InvalidArgument("gloo allgatherv: " + std::to_string(bytes_per_rank.size()) +
+                             " sizes for " + std::to_string(size_) + " ranks");
+    }
+    const size_t total = std::accumulate(bytes_per_rank.begin(), bytes_per_rank.end(), size_t{0});
+    const size_t mine = bytes_per_rank[rank_];
+    if ((mine > 0 && in == nullptr) || (total > 0 && out == nullptr)) {
+      return InvalidArgument("gloo allgatherv: null buffer");
+    }
+    if (!failed_.ok()) return failed_;
+    if (total == 0) return Status::Ok();
+    if (size_ == 1) {
+      std::memmove(out, in, mine);
+      return Status::Ok();
+    }
+    try {
+      gloo::AllgathervOptions options(context_);
+      // Gloo sends from the input buffer; an empty contribution still needs a valid pointer.
+      char empty = 0;
+      options.setInput(mine > 0 ? static_cast<char*>(const_cast<void*>(in)) : &empty, mine);
+      options.setOutput(static_cast<char*>(out), bytes_per_rank);
+      gloo::allgatherv(options);
+      return Status::Ok();
+    } catch (...) {
+      return Fail("allgatherv (" + std::to_string(total) + " bytes)");
+    }
+  }
+
+  Status Broadcast(void* data, size_t bytes, int root) override {
+    if (root < 0 || root >= size_) {
+      return InvalidArgument("gloo broadcast: root " + std::to_string(root) + " out of range");
+    }
+    if (bytes > 0 && data == nullptr) return InvalidArgument("gloo broadcast: data is null");
+    if (!failed_.ok()) return failed_;
+    if (bytes == 0 || size_ == 1) return Status::Ok();
+    try {
+      gloo::BroadcastOptions options(context_);
+      options.setOutput(static_cast<char*>(data), bytes);
+      options.setRoot(root);
+      gloo::broadcast(options);
+      return Status::Ok();
+    } catch (...) {
+      return Fail("broadcast (" + std::to_string(bytes) + " bytes from rank " +
+                  std::to_string(root) + ")");
+    }
+  }
+
+  Status Barrier() override {
+    if (!failed_.ok()) return failed_;
+    if (size_ == 1) return Status::Ok();
+    try {
+      gloo::BarrierOptions options(context_);
+      gloo::barrier(options);
+      return Status::Ok();
+    } catch (...) {
+      return Fail("barrier");
+    }
+  }
+
+ private:
+  // The forced or automatic choice, replaced where Gloo cannot run it (see AlgorithmSupports):
+  // by the ring when the count fits an algorithm object, else by the function-style allreduce.
+  AllreduceAlgorithm Choose(size_t count, DType dtype) const {
+    const AllreduceAlgorithm wanted =
+        auto_algorithm_ ? AutoAlgorithm(count * DTypeSize(dtype)) : forced_;
+    if (gloo_internal::AlgorithmSupports(wanted, size_, count)) return wanted;
+    return gloo_internal::AlgorithmObjectFits(count) ? AllreduceAlgorithm::kRing
+                                                     : AllreduceAlgorithm::kFunction;
+  }
+
+  // Records the exception in flight as this backend's permanent failure and returns it.
+  Status Fail(const std::string& operation) {
+    failed_ =
+        gloo_internal::CurrentExceptionToStatus(operation + " on rank " + std::to_string(rank_));
+    return failed_;
+  }
+
+  const int rank_;
+  const int size_;
+  const std::shared_ptr<gloo_internal::GlooContext> context_;
+  std::unique_ptr<gloo_internal::AllreduceCache> cache_;
+  const bool auto_algorithm_;
+  const AllreduceAlgorithm forced_;
+  Status failed_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Backend>> CreateGlooBackend(const BackendOptions& options, Store* store) {
+  bool auto_algorithm = options.algorithm == "auto" || options.algorithm.empty();
+  AllreduceAlgorithm forced = AllreduceAlgorithm::kRing;
+  if (!auto_algorithm) {
+    CONCORD_ASSIGN_OR_RETURN(forced, gloo_internal::ParseAllreduceAlgorithm(options.algorithm));
+  }
+  if (options.size < 1 || options.rank < 0 || options.rank >= options.size) {
+    return InvalidArgument("gloo: rank " + std::to_string(options.rank) +
+                           " out of range for size " + std::to_string(options.size));
+  }
+  std::shared_ptr<gloo_internal::GlooContext> context;
+  if (options.size > 1) {
+    gloo_internal::GlooConnectOptions connect;
+    connect.rank = options.rank;
+    connect.size = options.size;
+    connect.iface = options.iface;
+    connect.host = options.host;
+    connect.prefix = options.prefix;
+    connect.timeout = options.timeout;
+    CONCORD_ASSIGN_OR_RETURN(context, gloo_internal::ConnectGloo(connect, store));
+  }
+  return std::unique_ptr<Backend>(
+      std::make_unique<GlooBackend>(options, std::move(context), auto_algorithm, forced));
+}
+
+}  // namespace concord

@@ -1,0 +1,399 @@
+// concord-perf: collective benchmarks in the style of nccl-tests, Concord side by side with raw
+// Gloo in one run. Start it under concordrun; rank 0 prints.
+//
+//   concordrun -np 2 concord-perf --op allreduce --bytes 4K:64M --iters 20 --warmup 5
+//   concordrun -np 2 concord-perf --workload ../shared/workloads/resnet50.txt --steps 10
+//
+// Per size: one Concord row (the op through the full engine: negotiation, fusion buffer, backend)
+// and, for float32 allreduce, one row per raw Gloo algorithm (its objects and buffer built once
+// and reused, so Gloo is at its best). Time is the mean over --iters of each rank's time for one
+// operation, each iteration started after a barrier, reduced with max across ranks. algbw =
+// bytes / time; busbw = algbw x 2(n-1)/n (allreduce), x (n-1)/n (allgather), x 1 (broadcast).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "base/clock.h"
+#include "concord/concord.h"
+#include "perf/gloo_raw.h"
+#include "perf/workload.h"
+#include "rendezvous/hash_store.h"
+#include "rendezvous/store_factory.h"
+
+namespace concord {
+namespace {
+
+struct Options {
+  std::string op = "allreduce";
+  DType dtype = DType::kFloat32;
+  ReduceOp redop = ReduceOp::kSum;
+  size_t min_bytes = 4096, max_bytes = size_t{64} << 20;
+  double factor = 4;
+  int iters = 20, warmup = 5;
+  std::string workload;
+  int steps = 10;
+  bool raw = true;
+  std::vector<std::string> raw_algos = {"ring", "ring_chunked", "halving_doubling", "bcube",
+                                        "allreduce"};
+  std::string json;
+};
+
+struct Row {
+  std::string op, impl, backend = "gloo", workload;
+  int ranks = 1;
+  size_t bytes = 0;
+  double seconds = 0;
+  double algbw = 0, busbw = 0;  // GB/s
+};
+
+[[noreturn]] void Usage(const std::string& why) {
+  std::fprintf(stderr,
+               "concord-perf: %s\n"
+               "usage: concord-perf [--op allreduce|allgather|broadcast] [--dtype float32]\n"
+               "         [--redop sum|average|min|max|product] [--bytes MIN:MAX] [--factor F]\n"
+               "         [--iters N] [--warmup N] [--workload FILE [--steps N]]\n"
+               "         [--no-raw] [--raw-algos a,b,...] [--json FILE]\n",
+               why.c_str());
+  std::exit(2);
+}
+
+size_t ParseBytes(const std::string& s) {
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  double mult = 1;
+  const std::string suffix = end ? std::string(end) : "";
+  if (suffix == "K" || suffix == "k" || suffix == "KiB") mult = 1024;
+  else if (suffix == "M" || suffix == "MiB") mult = 1024.0 * 1024;
+  else if (suffix == "G" || suffix == "GiB") mult = 1024.0 * 1024 * 1024;
+  else if (!suffix.empty()) Usage("bad size '" + s + "'");
+  if (end == s.c_str() || !(v >= 0)) Usage("bad size '" + s + "'");
+  return static_cast<size_t>(v * mult);
+}
+
+Options ParseOptions(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) Usage(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--op") {
+      o.op = next();
+      if (o.op != "allreduce" && o.op != "allgather" && o.op != "broadcast") Usage("bad --op");
+    } else if (a == "--dtype") {
+      auto d = ParseDTypeName(next());
+      if (!d.ok()) Usage(d.status().message());
+      o.dtype = *d;
+    } else if (a == "--redop") {
+      const std::string r = next();
+      const char* names[] = {"sum", "average", "min", "max", "product"};
+      bool found = false;
+      for (int k = 0; k < 5; ++k) {
+        if (r == names[k]) o.redop = static_cast<ReduceOp>(k), found = true;
+      }
+      if (!found) Usage("bad --redop");
+    } else if (a == "--bytes") {
+      const std::string v = next();
+      const size_t colon = v.find(':');
+      o.min_bytes = ParseBytes(v.substr(0, colon));
+      o.max_bytes = colon == std::string::npos ? o.min_bytes : ParseBytes(v.substr(colon + 1));
+      if (o.max_bytes < o.min_bytes) Usage("--bytes MIN:MAX with MAX < MIN");
+    } else if (a == "--factor") {
+      o.factor = std::atof(next().c_str());
+      if (!(o.factor > 1)) Usage("--factor must be > 1");
+    } else if (a == "--iters") {
+      o.iters = std::atoi(next().c_str());
+      if (o.iters < 1) Usage("--iters must be >= 1");
+    } else if (a == "--warmup") {
+      o.warmup = std::atoi(next().c_str());
+      if (o.warmup < 0) Usage("--warmup must be >= 0");
+    } else if (a == "--workload") {
+      o.workload = next();
+    } else if (a == "--steps") {
+      o.steps = std::atoi(next().c_str());
+      if (o.steps < 1) Usage("--steps must be >= 1");
+    } else if (a == "--no-raw") {
+      o.raw = false;
+    } else if (a == "--raw-algos") {
+      o.raw_algos.clear();
+      std::stringstream ss(next());
+      for (std::string algo; std::getline(ss, algo, ',');) o.raw_algos.push_back(algo);
+    } else if (a == "--json") {
+      o.json = next();
+    } else {
+      Usage("unknown argument '" + a + "'");
+    }
+  }
+  return o;
+}
+
+// Aborts the benchmark with the library's message (a benchmark has no partial result to keep).
+void Check(concord_comm_t comm, concord_status_t s, const std::string& what) {
+  if (s == CONCORD_SUCCESS) return;
+  std::fprintf(stderr, "concord-perf: %s failed: %s (%s)\n", what.c_str(),
+               concord_status_string(s), concord_comm_last_error(comm));
+  std::exit(1);
+}
+
+double Now() {
+  return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+}
+
+// The maximum of a per-rank value across ranks.
+double MaxAcrossRanks(concord_comm_t comm, double value, const std::string& name) {
+  int64_t one = 1;
+  concord_tensor_t t{&value, CONCORD_FLOAT64, 1, &one, CONCORD_DEVICE_CPU};
+  concord_allreduce_opts_t o;
+  concord_allreduce_opts_init(&o);
+  o.op = CONCORD_MAX;
+  Check(comm, concord_allreduce(comm, name.c_str(), &t, nullptr, &o), "timing reduction");
+  return value;
+}
+
+double BusFactor(const std::string& op, int n) {
+  if (n <= 1) return 0;
+  if (op == "allreduce") return 2.0 * (n - 1) / n;
+  if (op == "allgather") return static_cast<double>(n - 1) / n;
+  return 1.0;
+}
+
+Row MakeRow(const std::string& op, const std::string& impl, int ranks, size_t bytes,
+            double seconds) {
+  Row r;
+  r.op = op;
+  r.impl = impl;
+  r.ranks = ranks;
+  r.bytes = bytes;
+  r.seconds = seconds;
+  r.algbw = seconds > 0 ? bytes / seconds / 1e9 : 0;
+  r.busbw = r.algbw * BusFactor(op, ranks);
+  return r;
+}
+
+void PrintRow(const Row& r) {
+  std::printf("%12zu  %-26s %12.1f %10.3f %10.3f\n", r.bytes, r.impl.c_str(), r.seconds * 1e6,
+              r.algbw, r.busbw);
+  std::fflush(stdout);
+}
+
+// Benchmarks one Concord op at one size; returns the mean seconds per op (max over ranks).
+double TimeConcordOp(concord_comm_t comm, const Options& o, int rank, int size, size_t bytes,
+                     std::vector<uint8_t>& in, std::vector<uint8_t>& out) {
+  const size_t elem = DTypeSize(o.dtype);
+  const std::string name = "perf." + o.op + "." + std::to_string(bytes);
+  int64_t count = static_cast<int64_t>(bytes / elem);
+  int64_t per_rank = o.op == "allgather" ? count / size : count;
+  concord_tensor_t t{in.data(), static_cast<concord_dtype_t>(o.dtype), 1, &per_rank,
+                     CONCORD_DEVICE_CPU};
+  concord_allreduce_opts_t ao;
+  concord_allreduce_opts_init(&ao);
+  ao.op = static_cast<concord_reduce_op_t>(o.redop);
+  double total = 0;
+  for (int i = 0; i < o.warmup + o.iters; ++i) {
+    Check(comm, concord_barrier(comm), "barrier");
+    const double t0 = Now();
+    concord_status_t s;
+    if (o.op == "allreduce") {
+      s = concord_allreduce(comm, name.c_str(), &t, nullptr, &ao);
+    } else if (o.op == "allgather") {
+      s = concord_allgather(comm, name.c_str(), &t, out.data(), out.size());
+    } else {
+      s = concord_broadcast(comm, name.c_str(), &t, nullptr, 0);
+    }
+    Check(comm, s, o.op);
+    if (i >= o.warmup) total += Now() - t0;
+  }
+  (void)rank;
+  return MaxAcrossRanks(comm, total / o.iters, name + ".time");
+}
+
+// Mean seconds per raw Gloo allreduce of `count` floats with one algorithm (max over ranks).
+double TimeRawGloo(concord_comm_t comm, Store* store, const Options& o, int rank, int size,
+                   const std::string& algo, size_t count, const std::string& tag) {
+  RawGlooOptions ro;
+  ro.rank = rank;
+  ro.size = size;
+  if (const char* iface = std::getenv("CONCORD_IFACE")) ro.iface = iface;
+  ro.prefix = "perf/raw/" + tag + "/" + algo + "/" + std::to_string(count);
+  ro.algorithm = algo;
+  ro.count = count;
+  ro.iterations = o.iters;
+  ro.warmup = o.warmup;
+  auto times = RunRawGlooAllreduce(ro, store);
+  double mean = 0;
+  if (!times.ok()) {
+    std::fprintf(stderr, "concord-perf: raw gloo %s failed on rank %d: %s\n", algo.c_str(), rank,
+                 times.status().ToString().c_str());
+    mean = -1;
+  } else {
+    for (double t : *times) mean += t;
+    mean /= static_cast<double>(times->size());
+  }
+  return MaxAcrossRanks(comm, mean, "perf.raw." + tag + "." + algo + "." + std::to_string(count));
+}
+
+void WriteJson(const std::string& path, const std::vector<Row>& rows) {
+  std::ofstream f(path);
+  f << "[\n";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    f << "  {\"op\": \"" << r.op << "\", \"implementation\": \"" << r.impl << "\", \"backend\": \""
+      << r.backend << "\", \"ranks\": " << r.ranks << ", \"bytes\": " << r.bytes
+      << ", \"workload\": \"" << r.workload << "\", \"time_us\": " << r.seconds * 1e6
+      << ", \"algbw_gbps\": " << r.algbw << ", \"busbw_gbps\": " << r.busbw << "}"
+      << (i + 1 < rows.size() ? "," : "") << "\n";
+  }
+  f << "]\n";
+  if (!f) std::fprintf(stderr, "concord-perf: could not write %s\n", path.c_str());
+}
+
+std::unique_ptr<Store> OpenRawStore(int size) {
+  if (size == 1) return std::make_unique<HashStore>();
+  const char* url = std::getenv("CONCORD_STORE");
+  const char* token = std::getenv("CONCORD_TOKEN");
+  if (url == nullptr) return nullptr;
+  auto store = OpenStore(url, token ? token : "", Deadline::After(std::chrono::seconds(30)));
+  if (!store.ok()) {
+    std::fprintf(stderr, "concord-perf: raw rows disabled: %s\n", store.status().ToString().c_str());
+    return nullptr;
+  }
+  return std::move(*store);
+}
+
+int RunSweep(concord_comm_t comm, const Options& o, int rank, int size, Store* store,
+             std::vector<Row>* rows) {
+  const bool raw = o.raw && store != nullptr && o.op == "allreduce" && o.dtype == DType::kFloat32 &&
+                   o.redop == ReduceOp::kSum;
+  if (rank == 0) {
+    std::printf("# concord-perf %s, %s, %s, %d ranks, %d iterations after %d warm-up\n",
+                o.op.c_str(), DTypeName(o.dtype), ReduceOpName(o.redop), size, o.iters, o.warmup);
+    std::printf("%12s  %-26s %12s %10s %10s\n", "bytes", "implementation", "time(us)",
+                "algbw(GB/s)", "busbw(GB/s)");
+  }
+  const size_t elem = DTypeSize(o.dtype);
+  std::vector<uint8_t> in(std::max(o.max_bytes, elem)), out(std::max(o.max_bytes, elem));
+  for (size_t bytes = o.min_bytes; bytes <= o.max_bytes;) {
+    const size_t rounded = bytes / (elem * size) * (elem * size);
+    Row concord_row = MakeRow(o.op, "concord", size, rounded,
+                              TimeConcordOp(comm, o, rank, size, rounded, in, out));
+    rows->push_back(concord_row);
+    if (rank == 0) PrintRow(concord_row);
+    if (raw) {
+      double best = 0;
+      for (const auto& algo : o.raw_algos) {
+        const double t = TimeRawGloo(comm, store, o, rank, size, algo, rounded / 4, "sweep");
+        if (t < 0) continue;
+        Row r = MakeRow(o.op, "raw gloo " + algo, size, rounded, t);
+        rows->push_back(r);
+        if (rank == 0) PrintRow(r);
+        if (best == 0 || t < best) best = t;
+      }
+      if (rank == 0 && best > 0) {
+        std::printf("%12s  concord/best raw: time x%.2f, busbw x%.2f\n", "",
+                    concord_row.seconds / best, best / concord_row.seconds);
+      }
+    }
+    const size_t next = static_cast<size_t>(static_cast<double>(bytes) * o.factor);
+    bytes = next > bytes ? next : bytes + 1;
+  }
+  return 0;
+}
+
+int RunWorkload(concord_comm_t comm, const Options& o, int rank, int size, Store* store,
+                std::vector<Row>* rows) {
+  auto loaded = LoadWorkload(o.workload);
+  if (!loaded.ok()) {
+    std::fprintf(stderr, "concord-perf: %s\n", loaded.status().ToString().c_str());
+    return 2;
+  }
+  const Workload& w = *loaded;
+  std::vector<std::vector<uint8_t>> buffers;
+  for (const auto& t : w.tensors) buffers.emplace_back(t.bytes, 0);
+  if (rank == 0) {
+    std::printf("# concord-perf workload %s: %zu tensors, %.1f MB, %d ranks, %d steps after %d "
+                "warm-up\n",
+                w.name.c_str(), w.tensors.size(), w.total_bytes / 1e6, size, o.steps, o.warmup);
+  }
+  std::vector<concord_request_t> requests(w.tensors.size());
+  std::vector<double> step_times;
+  for (int step = 0; step < o.warmup + o.steps; ++step) {
+    Check(comm, concord_barrier(comm), "barrier");
+    const double t0 = Now();
+    for (size_t i = 0; i < w.tensors.size(); ++i) {
+      const auto& t = w.tensors[i];
+      concord_tensor_t ct{buffers[i].data(), static_cast<concord_dtype_t>(t.dtype),
+                          static_cast<int>(t.shape.size()), t.shape.data(), CONCORD_DEVICE_CPU};
+      Check(comm,
+            concord_allreduce_async(comm, t.name.c_str(), &ct, nullptr, nullptr, nullptr, nullptr,
+                                    &requests[i]),
+            "allreduce of " + t.name);
+    }
+    for (auto* r : requests) {
+      Check(comm, concord_wait(r, -1), "allreduce");
+      concord_request_free(r);
+    }
+    if (step >= o.warmup) step_times.push_back(Now() - t0);
+  }
+  double mean = 0;
+  for (double t : step_times) mean += t;
+  mean = MaxAcrossRanks(comm, mean / step_times.size(), "perf.workload.time");
+  Row row = MakeRow("allreduce", "concord step", size, w.total_bytes, mean);
+  row.workload = w.name;
+  rows->push_back(row);
+  if (rank == 0) {
+    std::printf("%12s  %-26s %12s %10s %10s\n", "bytes", "implementation", "time(us)",
+                "algbw(GB/s)", "busbw(GB/s)");
+    PrintRow(row);
+  }
+  if (o.raw && store != nullptr) {
+    // The same bytes as one raw Gloo allreduce: what a step costs with no per-tensor work at all.
+    Options raw_opts = o;
+    raw_opts.iters = o.steps;
+    double best = 0;
+    for (const auto& algo : o.raw_algos) {
+      const double t = TimeRawGloo(comm, store, raw_opts, rank, size, algo, w.total_bytes / 4,
+                                   "workload");
+      if (t < 0) continue;
+      Row r = MakeRow("allreduce", "raw gloo " + algo + " (1 msg)", size, w.total_bytes, t);
+      r.workload = w.name;
+      rows->push_back(r);
+      if (rank == 0) PrintRow(r);
+      if (best == 0 || t < best) best = t;
+    }
+    if (rank == 0 && best > 0) {
+      std::printf("%12s  concord step / best raw single allreduce: x%.2f\n", "", mean / best);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace concord
+
+int main(int argc, char** argv) {
+  using namespace concord;
+  const Options o = ParseOptions(argc, argv);
+  concord_comm_t comm = nullptr;
+  if (concord_init(&comm) != CONCORD_SUCCESS) {
+    std::fprintf(stderr, "concord-perf: init failed: %s\n", concord_comm_last_error(nullptr));
+    return 1;
+  }
+  int rank = 0, size = 1;
+  concord_comm_rank(comm, &rank);
+  concord_comm_size(comm, &size);
+  std::unique_ptr<Store> store = o.raw ? OpenRawStore(size) : nullptr;
+  std::vector<Row> rows;
+  const int rc = o.workload.empty() ? RunSweep(comm, o, rank, size, store.get(), &rows)
+                                    : RunWorkload(comm, o, rank, size, store.get(), &rows);
+  if (rc == 0 && rank == 0 && !o.json.empty()) WriteJson(o.json, rows);
+  concord_finalize(comm);
+  return rc;
+}

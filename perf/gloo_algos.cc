@@ -1,0 +1,122 @@
+// gloo_algos: measures Gloo's allreduce algorithms (float32 sum, in place, buffers reused) with
+// ranks as threads over loopback, through Concord's Gloo backend (algorithm forced) and raw
+// (perf/gloo_raw), and prints median milliseconds per size. The backend's "auto" table comes from
+// this. Usage: gloo_algos [ranks (2)] [iterations (10)] [max MiB (64)]
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backends/gloo/gloo_backend.h"
+#include "base/clock.h"
+#include "perf/gloo_raw.h"
+#include "rendezvous/hash_store.h"
+
+namespace concord {
+namespace {
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// Median seconds on rank 0 of `iterations` backend allreduces of `count` floats.
+StatusOr<double> TimeBackend(int size, const std::string& algorithm, size_t count, int iterations,
+                             int run) {
+  HashStore store;
+  std::vector<StatusOr<double>> results(size, StatusOr<double>(Internal("not run")));
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < size; ++rank) {
+    threads.emplace_back([&, rank] {
+      BackendOptions options;
+      options.rank = rank;
+      options.size = size;
+      options.prefix = "b" + std::to_string(run);
+      options.algorithm = algorithm;
+      StatusOr<std::unique_ptr<Backend>> backend = CreateGlooBackend(options, &store);
+      if (!backend.ok()) {
+        results[rank] = backend.status();
+        return;
+      }
+      std::vector<float> data(count, 1.0f);
+      std::vector<double> seconds;
+      for (int i = 0; i < iterations + 2; ++i) {
+        Status status = (*backend)->Barrier();
+        const auto start = Clock::now();
+        if (status.ok())
+          status = (*backend)->Allreduce(data.data(), count, DType::kFloat32, ReduceOp::kSum);
+        if (!status.ok()) {
+          results[rank] = status;
+          return;
+        }
+        const std::chrono::duration<double> took = Clock::now() - start;
+        if (i >= 2) seconds.push_back(took.count());
+      }
+      results[rank] = Median(seconds);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return results[0];
+}
+
+StatusOr<double> TimeRaw(int size, const std::string& algorithm, size_t count, int iterations,
+                         int run) {
+  HashStore store;
+  std::vector<StatusOr<std::vector<double>>> results(size, Internal("not run"));
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < size; ++rank) {
+    threads.emplace_back([&, rank] {
+      RawGlooOptions options;
+      options.rank = rank;
+      options.size = size;
+      options.prefix = "r" + std::to_string(run);
+      options.algorithm = algorithm;
+      options.count = count;
+      options.iterations = iterations;
+      results[rank] = RunRawGlooAllreduce(options, &store);
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (!results[0].ok()) return results[0].status();
+  return Median(*results[0]);
+}
+
+int Main(int argc, char** argv) {
+  const int size = argc > 1 ? std::atoi(argv[1]) : 2;
+  const int iterations = argc > 2 ? std::atoi(argv[2]) : 10;
+  const size_t max_bytes = (argc > 3 ? std::strtoull(argv[3], nullptr, 10) : 64) << 20;
+  const char* algorithms[] = {"ring", "ring_chunked", "halving_doubling", "bcube", "allreduce"};
+  std::printf("%d ranks, float32 sum, median ms of %d (concord backend forced / raw gloo)\n", size,
+              iterations);
+  std::printf("%10s", "bytes");
+  for (const char* a : algorithms) std::printf(" %23s", a);
+  std::printf("\n");
+  int run = 0;
+  for (size_t bytes = 4096; bytes <= max_bytes; bytes *= 4) {
+    std::printf("%10zu", bytes);
+    for (const char* a : algorithms) {
+      StatusOr<double> backend = TimeBackend(size, a, bytes / 4, iterations, run++);
+      StatusOr<double> raw = TimeRaw(size, a, bytes / 4, iterations, run++);
+      if (backend.ok() && raw.ok()) {
+        std::printf(" %11.3f / %9.3f", *backend * 1e3, *raw * 1e3);
+      } else {
+        std::printf(" %23s", "n/a");
+        const Status& error = backend.ok() ? raw.status() : backend.status();
+        std::fprintf(stderr, "%s %zu bytes: %s\n", a, bytes, error.ToString().c_str());
+      }
+      std::fflush(stdout);
+    }
+    std::printf("\n");
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace concord
+
+int main(int argc, char** argv) {
+  return concord::Main(argc, argv);
+}

@@ -1,0 +1,103 @@
+#include "perf/gloo_raw.h"
+
+#include <gloo/algorithm.h>
+#include <gloo/allreduce.h>
+#include <gloo/allreduce_bcube.h>
+#include <gloo/allreduce_halving_doubling.h>
+#include <gloo/allreduce_ring.h>
+#include <gloo/allreduce_ring_chunked.h>
+#include <gloo/barrier.h>
+
+#include <memory>
+
+#include "backends/gloo/gloo_allreduce.h"
+#include "backends/gloo/gloo_context.h"
+#include "base/clock.h"
+
+namespace concord {
+namespace {
+
+using gloo_internal::AllreduceAlgorithm;
+
+// Runs the benchmark loop; throws Gloo's exceptions.
+std::vector<double> TimeAllreduce(const std::shared_ptr<gloo::Context>& context,
+                                  AllreduceAlgorithm algorithm, std::vector<float>& buffer,
+                                  int warmup, int iterations) {
+  const std::vector<float*> ptrs{buffer.data()};
+  const int n = static_cast<int>(buffer.size());
+  std::unique_ptr<gloo::Algorithm> object;
+  std::unique_ptr<gloo::AllreduceOptions> function;
+  switch (algorithm) {
+    case AllreduceAlgorithm::kRing:
+      object = std::make_unique<gloo::AllreduceRing<float>>(context, ptrs, n);
+      break;
+    case AllreduceAlgorithm::kRingChunked:
+      object = std::make_unique<gloo::AllreduceRingChunked<float>>(context, ptrs, n);
+      break;
+    case AllreduceAlgorithm::kHalvingDoubling:
+      object = std::make_unique<gloo::AllreduceHalvingDoubling<float>>(context, ptrs, n);
+      break;
+    case AllreduceAlgorithm::kBcube:
+      object = std::make_unique<gloo::AllreduceBcube<float>>(context, ptrs, n);
+      break;
+    case AllreduceAlgorithm::kFunction:
+      function = std::make_unique<gloo::AllreduceOptions>(context);
+      function->setOutput(buffer.data(), buffer.size());
+      function->setReduceFunction([](void* out, const void* a, const void* b, size_t count) {
+        gloo::sum<float>(out, a, b, count);
+      });
+      break;
+  }
+  std::vector<double> seconds;
+  seconds.reserve(iterations);
+  for (int i = 0; i < warmup + iterations; ++i) {
+    gloo::BarrierOptions barrier(context);
+    gloo::barrier(barrier);
+    const auto start = Clock::now();
+    if (object) {
+      object->run();
+    } else {
+      gloo::allreduce(*function);
+    }
+    const std::chrono::duration<double> took = Clock::now() - start;
+    if (i >= warmup) seconds.push_back(took.count());
+  }
+  // Shut down collectively so that no rank closes its pairs while a peer still receives.
+  gloo::BarrierOptions barrier(context);
+  gloo::barrier(barrier);
+  return seconds;
+}
+
+}  // namespace
+
+StatusOr<std::vector<double>> RunRawGlooAllreduce(const RawGlooOptions& options, Store* store) {
+  AllreduceAlgorithm algorithm;
+  CONCORD_ASSIGN_OR_RETURN(algorithm, gloo_internal::ParseAllreduceAlgorithm(options.algorithm));
+  if (options.count == 0 || options.iterations < 1 || options.warmup < 0) {
+    return InvalidArgument("raw gloo: count and iterations must be positive, warmup >= 0");
+  }
+  if (!gloo_internal::AlgorithmSupports(algorithm, options.size, options.count)) {
+    return InvalidArgument(std::string("raw gloo: ") +
+                           gloo_internal::AllreduceAlgorithmName(algorithm) + " cannot run " +
+                           std::to_string(options.count) + " elements on " +
+                           std::to_string(options.size) + " ranks");
+  }
+  gloo_internal::GlooConnectOptions connect;
+  connect.rank = options.rank;
+  connect.size = options.size;
+  connect.iface = options.iface;
+  connect.host = options.host;
+  connect.prefix = options.prefix;
+  connect.timeout = options.timeout;
+  std::shared_ptr<gloo_internal::GlooContext> context;
+  CONCORD_ASSIGN_OR_RETURN(context, gloo_internal::ConnectGloo(connect, store));
+  std::vector<float> buffer(options.count, 1.0f);
+  try {
+    return TimeAllreduce(context, algorithm, buffer, options.warmup, options.iterations);
+  } catch (...) {
+    return gloo_internal::CurrentExceptionToStatus(
+        std::string("raw allreduce (") + gloo_internal::AllreduceAlgorithmName(algorithm) + ")");
+  }
+}
+
+}  // namespace concord

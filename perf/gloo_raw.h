@@ -1,0 +1,36 @@
+// Raw Gloo, for benchmarks: one allreduce algorithm built once over one persistent float32 buffer
+// and run repeatedly, without Concord's backend around it. concord-perf prints its times as
+// "raw gloo <algorithm>" rows next to Concord's own.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "rendezvous/store.h"
+
+namespace concord {
+
+struct RawGlooOptions {
+  int rank = 0;
+  int size = 1;
+  std::string iface;               // network interface ("" = use host)
+  std::string host;                // address to bind and advertise ("" = 127.0.0.1)
+  std::string prefix;              // key namespace in the store; distinct per run
+  std::string algorithm = "ring";  // ring, ring_chunked, halving_doubling, bcube or allreduce
+  size_t count = 1024;             // float32 elements
+  int iterations = 10;             // timed runs
+  int warmup = 2;                  // untimed runs first
+  std::chrono::milliseconds timeout{30000};
+};
+
+// Collective over options.size ranks (all call it with the same options but rank). Connects its
+// own Gloo context through `store`, builds the algorithm once (float32 sum, Gloo's own kernel),
+// runs warmup + iterations allreduces with a barrier before each, and returns the seconds each
+// timed run took on this rank. Blocks; errors (bad options, rendezvous or Gloo failure) come back
+// as a Status. Thread-safe for distinct prefixes.
+StatusOr<std::vector<double>> RunRawGlooAllreduce(const RawGlooOptions& options, Store* store);
+
+}  // namespace concord

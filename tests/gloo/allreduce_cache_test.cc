@@ -1,0 +1,111 @@
+// Tests of the Gloo backend's allreduce cache: reuse across buffers, rebinding, LRU bounds by
+// count and bytes, with 2 ranks as threads.
+#include "backends/gloo/allreduce_cache.h"
+
+#include <gloo/barrier.h>
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "backends/gloo/gloo_context.h"
+#include "rendezvous/hash_store.h"
+#include "tests/gloo/gloo_test_util.h"
+
+namespace concord {
+namespace gloo_internal {
+namespace {
+
+void RunTwoRanks(size_t max_entries, size_t max_bytes,
+                 const std::function<void(AllreduceCache&, int rank)>& body) {
+  HashStore store;
+  const std::string prefix = testing_gloo::UniquePrefix();
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      GlooConnectOptions options;
+      options.rank = rank;
+      options.size = 2;
+      options.prefix = prefix;
+      options.timeout = std::chrono::milliseconds(20000);
+      StatusOr<std::shared_ptr<GlooContext>> context = ConnectGloo(options, &store);
+      ASSERT_TRUE(context.ok()) << context.status().ToString();
+      AllreduceCache cache(*context, max_entries, max_bytes);
+      body(cache, rank);
+      // Shut down collectively (see RunRanks).
+      gloo::BarrierOptions barrier(*context);
+      gloo::barrier(barrier);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+void SumOnce(AllreduceCache& cache, AllreduceAlgorithm algorithm, std::vector<float>& buf,
+             int rank) {
+  for (float& v : buf) v = static_cast<float>(rank + 1);
+  cache.Run(algorithm, buf.data(), buf.size(), DType::kFloat32, ReduceOp::kSum);
+  for (float v : buf) ASSERT_EQ(v, 3.0f);
+}
+
+TEST(AllreduceCacheTest, ObjectAlgorithmsIgnoreTheCallersPointer) {
+  RunTwoRanks(8, size_t{1} << 20, [](AllreduceCache& cache, int rank) {
+    std::vector<float> a(100), b(100);
+    SumOnce(cache, AllreduceAlgorithm::kRing, a, rank);
+    SumOnce(cache, AllreduceAlgorithm::kRing, a, rank);
+    // Average shares the sum's entry.
+    cache.Run(AllreduceAlgorithm::kRing, a.data(), a.size(), DType::kFloat32, ReduceOp::kAverage);
+    // Only rank 0 changes buffers: both must keep meeting on the same object.
+    SumOnce(cache, AllreduceAlgorithm::kRing, rank == 0 ? b : a, rank);
+    EXPECT_EQ(cache.builds(), 1u);
+    EXPECT_EQ(cache.entries(), 1u);
+  });
+}
+
+TEST(AllreduceCacheTest, FunctionStyleRebindsToANewPointer) {
+  RunTwoRanks(8, size_t{1} << 20, [](AllreduceCache& cache, int rank) {
+    std::vector<float> a(100), b(100);
+    SumOnce(cache, AllreduceAlgorithm::kFunction, a, rank);
+    SumOnce(cache, AllreduceAlgorithm::kFunction, a, rank);
+    EXPECT_EQ(cache.builds(), 1u);
+    SumOnce(cache, AllreduceAlgorithm::kFunction, rank == 0 ? b : a, rank);
+    EXPECT_EQ(cache.builds(), rank == 0 ? 2u : 1u);
+    EXPECT_EQ(cache.entries(), 1u);
+  });
+}
+
+TEST(AllreduceCacheTest, EvictsLeastRecentlyUsedByCount) {
+  RunTwoRanks(3, size_t{1} << 30, [](AllreduceCache& cache, int rank) {
+    std::vector<std::vector<float>> bufs = {std::vector<float>(10), std::vector<float>(20),
+                                            std::vector<float>(30), std::vector<float>(40)};
+    for (int i = 0; i < 3; ++i) SumOnce(cache, AllreduceAlgorithm::kHalvingDoubling, bufs[i], rank);
+    SumOnce(cache, AllreduceAlgorithm::kHalvingDoubling, bufs[0], rank);  // 0 becomes most recent
+    SumOnce(cache, AllreduceAlgorithm::kHalvingDoubling, bufs[3], rank);  // evicts 1
+    EXPECT_EQ(cache.entries(), 3u);
+    EXPECT_EQ(cache.builds(), 4u);
+    SumOnce(cache, AllreduceAlgorithm::kHalvingDoubling, bufs[0], rank);  // still cached
+    EXPECT_EQ(cache.builds(), 4u);
+    SumOnce(cache, AllreduceAlgorithm::kHalvingDoubling, bufs[1], rank);  // rebuilt
+    EXPECT_EQ(cache.builds(), 5u);
+  });
+}
+
+TEST(AllreduceCacheTest, EvictsByBytesButKeepsOneOversizedEntry) {
+  RunTwoRanks(64, 1000, [](AllreduceCache& cache, int rank) {
+    std::vector<float> small(100), other(150), big(1000);
+    SumOnce(cache, AllreduceAlgorithm::kRingChunked, small, rank);  // 400 bytes
+    SumOnce(cache, AllreduceAlgorithm::kRingChunked, other, rank);  // 600 bytes: 1000 in all
+    EXPECT_EQ(cache.entries(), 2u);
+    EXPECT_EQ(cache.bytes(), 1000u);
+    SumOnce(cache, AllreduceAlgorithm::kRingChunked, big, rank);  // 4000 bytes: alone
+    EXPECT_EQ(cache.entries(), 1u);
+    EXPECT_EQ(cache.bytes(), 4000u);
+    SumOnce(cache, AllreduceAlgorithm::kRingChunked, small, rank);
+    EXPECT_EQ(cache.entries(), 1u);
+    EXPECT_EQ(cache.bytes(), 400u);
+  });
+}
+
+}  // namespace
+}  // namespace gloo_internal
+}  // namespace concord

@@ -1,0 +1,386 @@
+// Tests of the Gloo backend with ranks as threads: allreduce over every dtype, op, algorithm and
+// several counts against a locally computed result; allgatherv, broadcast, barrier; a peer that
+// disappears.
+#include "backends/gloo/gloo_backend.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "base/dtype.h"
+#include "rendezvous/hash_store.h"
+#include "tests/gloo/gloo_test_util.h"
+
+namespace concord {
+namespace {
+
+using testing_gloo::RunRanks;
+
+constexpr DType kAllDTypes[] = {DType::kUint8,   DType::kInt8,    DType::kInt32,
+                                DType::kInt64,   DType::kFloat16, DType::kBFloat16,
+                                DType::kFloat32, DType::kFloat64};
+constexpr ReduceOp kAllOps[] = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin, ReduceOp::kMax,
+                                ReduceOp::kProduct};
+
+void SetElement(DType dtype, void* data, size_t i, double v) {
+  switch (dtype) {
+    case DType::kUint8:
+      static_cast<uint8_t*>(data)[i] = static_cast<uint8_t>(v);
+      return;
+    case DType::kInt8:
+      static_cast<int8_t*>(data)[i] = static_cast<int8_t>(v);
+      return;
+    case DType::kInt32:
+      static_cast<int32_t*>(data)[i] = static_cast<int32_t>(v);
+      return;
+    case DType::kInt64:
+      static_cast<int64_t*>(data)[i] = static_cast<int64_t>(v);
+      return;
+    case DType::kFloat16:
+      static_cast<uint16_t*>(data)[i] = FloatToHalf(static_cast<float>(v));
+      return;
+    case DType::kBFloat16:
+      static_cast<uint16_t*>(data)[i] = FloatToBFloat16(static_cast<float>(v));
+      return;
+    case DType::kFloat32:
+      static_cast<float*>(data)[i] = static_cast<float>(v);
+      return;
+    case DType::kFloat64:
+      static_cast<double*>(data)[i] = v;
+      return;
+  }
+}
+
+double GetElement(DType dtype, const void* data, size_t i) {
+  switch (dtype) {
+    case DType::kUint8:
+      return static_cast<const uint8_t*>(data)[i];
+    case DType::kInt8:
+      return static_cast<const int8_t*>(data)[i];
+    case DType::kInt32:
+      return static_cast<const int32_t*>(data)[i];
+    case DType::kInt64:
+      return static_cast<double>(static_cast<const int64_t*>(data)[i]);
+    case DType::kFloat16:
+      return HalfToFloat(static_cast<const uint16_t*>(data)[i]);
+    case DType::kBFloat16:
+      return BFloat16ToFloat(static_cast<const uint16_t*>(data)[i]);
+    case DType::kFloat32:
+      return static_cast<const float*>(data)[i];
+    case DType::kFloat64:
+      return static_cast<const double*>(data)[i];
+  }
+  return 0;
+}
+
+// Rank r's i-th input. Chosen so that every result is exact in every dtype with up to 4 ranks:
+// sums stay below 32, products are powers of two up to 16, halves appear only in float types.
+double Input(DType dtype, ReduceOp op, int rank, size_t i) {
+  const bool fp = IsFloatingPoint(dtype);
+  const bool is_unsigned = dtype == DType::kUint8;
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAverage: {
+      const double v = static_cast<double>((i * 7 + rank * 3) % 8);
+      return fp ? v - 3.5 : v;
+    }
+    case ReduceOp::kMin:
+    case ReduceOp::kMax: {
+      const double v = static_cast<double>((i * 13 + rank * 7) % 11) - (is_unsigned ? 0 : 5);
+      return fp ? v / 2 : v;
+    }
+    case ReduceOp::kProduct: {
+      const size_t k = (i + rank) % 3;
+      if (k == 0) return 2;
+      if (k == 1 || !fp) return 1;
+      return is_unsigned ? 1 : -0.5;
+    }
+  }
+  return 0;
+}
+
+double Expected(DType dtype, ReduceOp op, int size, size_t i) {
+  double acc = Input(dtype, op, 0, i);
+  for (int r = 1; r < size; ++r) {
+    const double v = Input(dtype, op, r, i);
+    switch (op) {
+      case ReduceOp::kSum:
+      case ReduceOp::kAverage:
+        acc += v;
+        break;
+      case ReduceOp::kMin:
+        acc = std::min(acc, v);
+        break;
+      case ReduceOp::kMax:
+        acc = std::max(acc, v);
+        break;
+      case ReduceOp::kProduct:
+        acc *= v;
+        break;
+    }
+  }
+  return acc;
+}
+
+// Runs one allreduce on this rank's backend and checks every element (the first mismatch is a
+// fatal gtest failure).
+void CheckAllreduce(Backend& backend, DType dtype, ReduceOp op, size_t count) {
+  std::vector<unsigned char> buffer(count * DTypeSize(dtype) + 1);
+  for (size_t i = 0; i < count; ++i)
+    SetElement(dtype, buffer.data(), i, Input(dtype, op, backend.rank(), i));
+  const Status status = backend.Allreduce(count ? buffer.data() : nullptr, count, dtype, op);
+  ASSERT_TRUE(status.ok()) << status.ToString();
+  for (size_t i = 0; i < count; ++i) {
+    const double want = Expected(dtype, op, backend.size(), i);
+    const double got = GetElement(dtype, buffer.data(), i);
+    ASSERT_EQ(got, want) << "rank " << backend.rank() << " of " << backend.size() << ", "
+                         << DTypeName(dtype) << " " << ReduceOpName(op) << " count " << count
+                         << " element " << i;
+  }
+}
+
+// (ranks, algorithm)
+class GlooAllreduceTest : public ::testing::TestWithParam<std::tuple<int, std::string>> {};
+
+TEST_P(GlooAllreduceTest, EveryDTypeOpAndCount) {
+  const int size = std::get<0>(GetParam());
+  const std::string algorithm = std::get<1>(GetParam());
+  RunRanks(size, algorithm, [&](Backend& backend) {
+    for (DType dtype : kAllDTypes) {
+      for (ReduceOp op : kAllOps) {
+        for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{4099}}) {
+          CheckAllreduce(backend, dtype, op, count);
+          if (::testing::Test::HasFatalFailure()) return;
+        }
+      }
+    }
+  });
+}
+
+TEST_P(GlooAllreduceTest, LargeCount) {
+  const int size = std::get<0>(GetParam());
+  const std::string algorithm = std::get<1>(GetParam());
+  // Every dtype and op at 1 << 20 with "auto" up to 3 ranks; elsewhere a float and a half case,
+  // which keeps the run short on 2 cores.
+  const bool full = algorithm == "auto" && size <= 3;
+  RunRanks(size, algorithm, [&](Backend& backend) {
+    for (DType dtype : kAllDTypes) {
+      for (ReduceOp op : kAllOps) {
+        const bool pick = (dtype == DType::kFloat32 && op == ReduceOp::kSum) ||
+                          (dtype == DType::kFloat16 && op == ReduceOp::kMax);
+        if (!full && !pick) continue;
+        CheckAllreduce(backend, dtype, op, size_t{1} << 20);
+        if (::testing::Test::HasFatalFailure()) return;
+      }
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(RanksAndAlgorithms, GlooAllreduceTest,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4),
+                                            ::testing::Values("auto", "ring", "ring_chunked",
+                                                              "halving_doubling", "bcube",
+                                                              "allreduce")),
+                         [](const ::testing::TestParamInfo<GlooAllreduceTest::ParamType>& info) {
+                           return std::to_string(std::get<0>(info.param)) + "ranks_" +
+                                  std::get<1>(info.param);
+                         });
+
+// Reusing one buffer, alternating buffers on one rank only, and many distinct sizes (past the
+// cache's bounds) must all give correct results: ranks rebuild cached algorithms at different
+// times and still agree.
+TEST(GlooBackendTest, BuffersChangingOnOneRankOnly) {
+  for (const char* algorithm : {"ring", "ring_chunked", "halving_doubling", "bcube", "allreduce"}) {
+    RunRanks(3, algorithm, [&](Backend& backend) {
+      std::vector<float> a(1000), b(1000);
+      for (int step = 0; step < 6; ++step) {
+        // Rank 0 alternates buffers, others keep one.
+        std::vector<float>& buf = (backend.rank() == 0 && step % 2 == 1) ? b : a;
+        for (size_t i = 0; i < buf.size(); ++i)
+          buf[i] = static_cast<float>(i + backend.rank() + step);
+        ASSERT_TRUE(
+            backend.Allreduce(buf.data(), buf.size(), DType::kFloat32, ReduceOp::kSum).ok());
+        for (size_t i = 0; i < buf.size(); ++i) {
+          ASSERT_EQ(buf[i], static_cast<float>(3 * (i + step) + 3))
+              << algorithm << " step " << step;
+        }
+      }
+    });
+  }
+}
+
+TEST(GlooBackendTest, ManyDistinctCountsPastCacheBounds) {
+  RunRanks(2, "auto", [&](Backend& backend) {
+    for (int round = 0; round < 2; ++round) {
+      for (size_t count = 1; count <= 80; ++count) {
+        std::vector<int32_t> buf(count, backend.rank() + 1);
+        ASSERT_TRUE(backend.Allreduce(buf.data(), count, DType::kInt32, ReduceOp::kSum).ok());
+        for (int32_t v : buf) ASSERT_EQ(v, 3);
+      }
+    }
+  });
+}
+
+TEST(GlooBackendTest, AllgathervDifferingAndZeroSizes) {
+  for (int size = 1; size <= 4; ++size) {
+    RunRanks(size, "auto", [&](Backend& backend) {
+      const std::vector<std::vector<size_t>> cases = {
+          std::vector<size_t>(size, 0),
+          [&] {
+            std::vector<size_t> v(size);
+            for (int r = 0; r < size; ++r) v[r] = (r % 2 == 0) ? 0 : 1000 * r + 3;
+            return v;
+          }(),
+          [&] {
+            std::vector<size_t> v(size);
+            for (int r = 0; r < size; ++r) v[r] = (r == size - 1) ? 0 : (1 << 18) + r;
+            return v;
+          }(),
+          std::vector<size_t>(size, 1),
+      };
+      for (const auto& bytes : cases) {
+        const int rank = backend.rank();
+        std::vector<unsigned char> in(bytes[rank] + 1);
+        for (size_t i = 0; i < bytes[rank]; ++i) in[i] = static_cast<unsigned char>(i * 31 + rank);
+        const size_t total = std::accumulate(bytes.begin(), bytes.end(), size_t{0});
+        std::vector<unsigned char> out(total + 1, 0xee);
+        const Status status = backend.Allgatherv(in.data(), out.data(), bytes);
+        ASSERT_TRUE(status.ok()) << status.ToString();
+        size_t offset = 0;
+        for (int r = 0; r < size; ++r) {
+          for (size_t i = 0; i < bytes[r]; ++i) {
+            ASSERT_EQ(out[offset + i], static_cast<unsigned char>(i * 31 + r)) << "from rank " << r;
+          }
+          offset += bytes[r];
+        }
+        ASSERT_EQ(out[total], 0xee) << "wrote past the output";
+      }
+      EXPECT_EQ(backend.Allgatherv(nullptr, nullptr, std::vector<size_t>(size + 1, 0)).code(),
+                Code::kInvalidArgument);
+    });
+  }
+}
+
+TEST(GlooBackendTest, BroadcastFromEveryRoot) {
+  for (int size = 1; size <= 4; ++size) {
+    RunRanks(size, "auto", [&](Backend& backend) {
+      for (int root = 0; root < size; ++root) {
+        for (size_t bytes : {size_t{0}, size_t{1}, size_t{4099}, size_t{1} << 20}) {
+          std::vector<unsigned char> data(bytes + 1, 0);
+          for (size_t i = 0; i < bytes; ++i) {
+            data[i] = backend.rank() == root ? static_cast<unsigned char>(i * 7 + root) : 0xaa;
+          }
+          const Status status = backend.Broadcast(data.data(), bytes, root);
+          ASSERT_TRUE(status.ok()) << status.ToString();
+          for (size_t i = 0; i < bytes; ++i) {
+            ASSERT_EQ(data[i], static_cast<unsigned char>(i * 7 + root)) << "root " << root;
+          }
+        }
+      }
+      EXPECT_EQ(backend.Broadcast(nullptr, 0, size).code(), Code::kInvalidArgument);
+    });
+  }
+}
+
+TEST(GlooBackendTest, BarrierWaitsForEveryRank) {
+  for (int size = 1; size <= 4; ++size) {
+    std::atomic<int> arrived{0};
+    RunRanks(size, "auto", [&](Backend& backend) {
+      for (int round = 1; round <= 3; ++round) {
+        if (backend.rank() == size - 1) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        ++arrived;
+        ASSERT_TRUE(backend.Barrier().ok());
+        EXPECT_GE(arrived.load(), round * size);
+        ASSERT_TRUE(backend.Barrier().ok());  // nobody starts the next round before all checked
+      }
+    });
+  }
+}
+
+TEST(GlooBackendTest, UnknownAlgorithmIsInvalidArgument) {
+  HashStore store;
+  BackendOptions options;
+  options.algorithm = "tree";
+  StatusOr<std::unique_ptr<Backend>> backend = CreateGlooBackend(options, &store);
+  EXPECT_EQ(backend.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(backend.status().message().find("tree"), std::string::npos);
+}
+
+TEST(GlooBackendTest, InvalidArguments) {
+  RunRanks(1, "auto", [&](Backend& backend) {
+    EXPECT_EQ(backend.Allreduce(nullptr, 4, DType::kFloat32, ReduceOp::kSum).code(),
+              Code::kInvalidArgument);
+    EXPECT_EQ(backend.Allreduce(nullptr, 0, static_cast<DType>(99), ReduceOp::kSum).code(),
+              Code::kInvalidArgument);
+    EXPECT_TRUE(backend.Allreduce(nullptr, 0, DType::kFloat32, ReduceOp::kSum).ok());
+    EXPECT_EQ(backend.name(), std::string("gloo"));
+  });
+}
+
+// A rank whose backend goes away turns the other rank's next allreduce into an error within the
+// timeout, and the backend refuses further calls with that error.
+TEST(GlooBackendTest, PeerGoneFailsWithinTimeout) {
+  const auto timeout = std::chrono::milliseconds(2000);
+  HashStore store;
+  const std::string prefix = testing_gloo::UniquePrefix();
+  std::atomic<bool> peer_gone{false};
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      BackendOptions options;
+      options.rank = rank;
+      options.size = 2;
+      options.prefix = prefix;
+      options.timeout = timeout;
+      StatusOr<std::unique_ptr<Backend>> created = CreateGlooBackend(options, &store);
+      ASSERT_TRUE(created.ok()) << created.status().ToString();
+      std::unique_ptr<Backend> backend = std::move(*created);
+      std::vector<float> data(4099, 1.0f);
+      ASSERT_TRUE(
+          backend->Allreduce(data.data(), data.size(), DType::kFloat32, ReduceOp::kSum).ok());
+      ASSERT_TRUE(backend->Barrier().ok());
+      if (rank == 1) {
+        backend.reset();
+        peer_gone = true;
+        return;
+      }
+      while (!peer_gone) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      const auto start = std::chrono::steady_clock::now();
+      const Status status =
+          backend->Allreduce(data.data(), data.size(), DType::kFloat32, ReduceOp::kSum);
+      const auto elapsed = std::chrono::steady_clock::now() - start;
+      EXPECT_FALSE(status.ok());
+      EXPECT_TRUE(status.code() == Code::kBackendError || status.code() == Code::kTimeout)
+          << status.ToString();
+      EXPECT_NE(status.message().find("allreduce"), std::string::npos) << status.ToString();
+      EXPECT_LT(elapsed, timeout + std::chrono::milliseconds(1000));
+      const Status again = backend->Barrier();
+      EXPECT_EQ(again.code(), status.code());
+      EXPECT_EQ(again.message(), status.message());
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+TEST(GlooBackendTest, RendezvousTimesOutWithoutPeers) {
+  HashStore store;
+  BackendOptions options;
+  options.rank = 0;
+  options.size = 2;
+  options.prefix = testing_gloo::UniquePrefix();
+  options.timeout = std::chrono::milliseconds(300);
+  StatusOr<std::unique_ptr<Backend>> backend = CreateGlooBackend(options, &store);
+  EXPECT_EQ(backend.status().code(), Code::kTimeout) << backend.status().ToString();
+}
+
+}  // namespace
+}  // namespace concord
