@@ -185,7 +185,14 @@ Status Engine::GroupEnd() {
     e.request.group = group;
     e.request.group_size = static_cast<int32_t>(entries.size());
   }
-  return queue_.Push(std::move(entries));
+  // The members' handles exist since their Enqueue(): a refused group must still complete them.
+  std::vector<std::shared_ptr<RequestState>> states;
+  for (const auto& e : entries) states.push_back(e.state);
+  Status s = queue_.Push(std::move(entries));
+  if (!s.ok()) {
+    for (auto& state : states) state->Complete(s);
+  }
+  return s;
 }
 
 std::string Engine::NextBarrierName() {
@@ -193,10 +200,24 @@ std::string Engine::NextBarrierName() {
 }
 
 void Engine::Shutdown() {
-  if (stopping_.exchange(true)) {
-    if (thread_.joinable()) thread_.join();
-    return;
+  std::lock_guard<std::mutex> shutdown_lock(shutdown_mu_);
+  if (stopping_.load()) return;
+  if (config_.size > 1 && failure().ok()) {
+    // A last barrier, negotiated like any operation, so no rank closes its connections while a
+    // peer still needs bytes from it. A peer that never finalizes costs one timeout, not a hang.
+    auto finalized = std::make_shared<RequestState>();
+    QueueEntry bye;
+    bye.request.name = std::string(kReservedPrefix) + ".finalize";
+    bye.request.op = OpType::kBarrier;
+    bye.request.dtype = DType::kUint8;
+    bye.state = finalized;
+    std::vector<QueueEntry> entries;
+    entries.push_back(std::move(bye));
+    if (queue_.Push(std::move(entries)).ok()) {
+      finalized->Wait(Deadline::After(Millis(config_.timeout_s)));
+    }
   }
+  stopping_.store(true);
   {
     std::lock_guard<std::mutex> lock(failure_mu_);
     if (control_wake_) control_wake_->Wake();
@@ -474,6 +495,11 @@ Status Engine::RunAllreduceFused(const FusionBatch& batch,
 
 Status Engine::RunAllgather(const Response& r, QueueEntry& e, Status* local_error) {
   const TensorRequest& q = r.request;
+  if (r.first_dims.size() != static_cast<size_t>(config_.size)) {
+    return ProtocolError("allgather response for tensor '" + q.name + "' has " +
+                         std::to_string(r.first_dims.size()) + " first dimensions for " +
+                         std::to_string(config_.size) + " ranks");
+  }
   size_t row = DTypeSize(q.dtype);
   for (size_t d = 1; d < q.shape.size(); ++d) row *= static_cast<size_t>(q.shape[d]);
   std::vector<size_t> bytes(config_.size);

@@ -10,7 +10,9 @@
 // Failure: the first error (a peer failed, a backend or protocol error, an abort from rank 0)
 // fails the engine: every request in flight completes with that error, later enqueues return it,
 // and the connections close at once so the other ranks notice. Shutdown() (also the destructor)
-// completes what is in flight with kNotInitialized and joins the thread.
+// first runs a negotiated barrier with every rank (waiting at most the timeout), so no rank closes
+// while a peer still needs its bytes, then completes what is in flight with kNotInitialized and
+// joins the thread.
 #pragma once
 
 #include <atomic>
@@ -57,7 +59,9 @@ class Engine {
   // Checks the entry (kInvalidArgument naming what is wrong; nothing is queued) and queues it, or
   // holds it when this thread has a group open.
   Status Enqueue(QueueEntry entry);
-  // Opens a group for the calling thread; GroupEnd() queues its entries atomically.
+  // Opens a group for the calling thread; GroupEnd() queues its entries atomically. When the queue
+  // refuses them (a name already in flight, the engine failed), every member completes with the
+  // error GroupEnd() returns.
   Status GroupStart();
   Status GroupEnd();
 
@@ -110,6 +114,7 @@ class Engine {
   mutable std::mutex failure_mu_;
   Status failure_;
   ControlPlane* control_wake_ = nullptr;  // control_ while it may be woken; guarded by failure_mu_
+  std::mutex shutdown_mu_;                // serialises Shutdown()
   std::atomic<bool> stopping_{false};
   std::thread thread_;
 };

@@ -46,8 +46,17 @@ constexpr size_t kMaxCachedBytes = size_t{1} << 30;
 // run over the cache's own buffer and add a copy each way (see allreduce_cache.h), which widens its
 // lead at large sizes. Contrary to ENVIRONMENT.md (measured with a new gloo::allreduce per call),
 // a function-style allreduce whose options are reused beats ring_chunked at 64 MiB here.
-AllreduceAlgorithm AutoAlgorithm(size_t bytes) {
-  if (bytes < (size_t{128} << 10)) return AllreduceAlgorithm::kRing;
+//
+// Replicas must stay bit-identical: Gloo's plain ring lets every rank accumulate the others'
+// contributions in its own order, so above 2 ranks its floating-point sums differ between ranks
+// (GlooBitIdenticalTest). There small messages take bcube (power-of-two sizes) or
+// halving-doubling, which reduce each element once and distribute the result.
+AllreduceAlgorithm AutoAlgorithm(size_t bytes, int size, DType dtype) {
+  if (bytes < (size_t{128} << 10)) {
+    if (size <= 2 || !IsFloatingPoint(dtype)) return AllreduceAlgorithm::kRing;
+    return (size & (size - 1)) == 0 ? AllreduceAlgorithm::kBcube
+                                    : AllreduceAlgorithm::kHalvingDoubling;
+  }
   if (bytes < (size_t{1} << 20)) return AllreduceAlgorithm::kHalvingDoubling;
   return AllreduceAlgorithm::kFunction;
 }
@@ -161,14 +170,16 @@ class GlooBackend : public Backend {
   }
 
  private:
-  // The forced or automatic choice, replaced where Gloo cannot run it (see AlgorithmSupports):
-  // by the ring when the count fits an algorithm object, else by the function-style allreduce.
+  // The forced or automatic choice, replaced where Gloo cannot run it (see AlgorithmSupports) by
+  // halving-doubling, else by the function-style allreduce (both bit-identical on every rank).
   AllreduceAlgorithm Choose(size_t count, DType dtype) const {
     const AllreduceAlgorithm wanted =
-        auto_algorithm_ ? AutoAlgorithm(count * DTypeSize(dtype)) : forced_;
+        auto_algorithm_ ? AutoAlgorithm(count * DTypeSize(dtype), size_, dtype) : forced_;
     if (gloo_internal::AlgorithmSupports(wanted, size_, count)) return wanted;
-    return gloo_internal::AlgorithmObjectFits(count) ? AllreduceAlgorithm::kRing
-                                                     : AllreduceAlgorithm::kFunction;
+    if (gloo_internal::AlgorithmSupports(AllreduceAlgorithm::kHalvingDoubling, size_, count)) {
+      return AllreduceAlgorithm::kHalvingDoubling;
+    }
+    return AllreduceAlgorithm::kFunction;
   }
 
   // Records the exception in flight as this backend's permanent failure and returns it.
