@@ -40,8 +40,6 @@ class ControlPlane {
   virtual void Wake() = 0;
 };
 
-}  // namespace concord
-
 class Store;
 
 struct TcpControlPlaneOptions {
@@ -58,3 +56,5 @@ struct TcpControlPlaneOptions {
 // other rank connects and authenticates with its rank. Collective: all ranks call it.
 StatusOr<std::unique_ptr<ControlPlane>> CreateTcpControlPlane(const TcpControlPlaneOptions& options,
                                                               Store* store);
+
+}  // namespace concord

@@ -1,0 +1,199 @@
+#include "rendezvous/file_store.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <thread>
+
+#include "rendezvous/net.h"
+
+namespace concord {
+
+namespace {
+
+// File names stay well under NAME_MAX (255) with room for the two-character kind prefix.
+constexpr size_t kMaxComponent = 200;
+
+// Bytes other than [A-Za-z0-9._-] become %XX, so the encoding is injective and never produces '/'.
+std::string EncodeKey(const std::string& key) {
+  static const char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  for (unsigned char c : key) {
+    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+        c == '_' || c == '-') {
+      out.push_back(static_cast<char>(c));
+    } else {
+      out.push_back('%');
+      out.push_back(kHex[c >> 4]);
+      out.push_back(kHex[c & 15]);
+    }
+  }
+  return out;
+}
+
+Status MakeDir(const std::string& path) {
+  if (::mkdir(path.c_str(), 0700) == 0 || errno == EEXIST) return Status::Ok();
+  return ErrnoError("file store: mkdir " + path, errno);
+}
+
+// Sleeps a little (growing from 1 ms to 20 ms), never past the deadline.
+void Backoff(std::chrono::milliseconds* delay, Deadline deadline) {
+  auto until = Clock::now() + *delay;
+  if (!deadline.infinite() && deadline.at() < until) until = deadline.at();
+  std::this_thread::sleep_until(until);
+  *delay = std::min(*delay * 2, std::chrono::milliseconds(20));
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<FileStore>> FileStore::Create(const std::string& dir,
+                                                       std::chrono::milliseconds lock_timeout) {
+  if (dir.empty() || dir[0] != '/') {
+    return InvalidArgument("file store: directory '" + dir + "' is not an absolute path");
+  }
+  for (size_t pos = dir.find('/', 1); pos != std::string::npos; pos = dir.find('/', pos + 1)) {
+    CONCORD_RETURN_IF_ERROR(MakeDir(dir.substr(0, pos)));
+  }
+  CONCORD_RETURN_IF_ERROR(MakeDir(dir));
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0) return ErrnoError("file store: stat " + dir, errno);
+  if (!S_ISDIR(st.st_mode)) return InvalidArgument("file store: '" + dir + "' is not a directory");
+  std::string clean = dir;
+  while (clean.size() > 1 && clean.back() == '/') clean.pop_back();
+  return std::unique_ptr<FileStore>(new FileStore(clean, lock_timeout));
+}
+
+StatusOr<std::string> FileStore::PathFor(const std::string& key, char kind,
+                                         bool create_dirs) const {
+  const std::string encoded = EncodeKey(key);
+  std::string path = dir_;
+  size_t pos = 0;
+  while (encoded.size() - pos > kMaxComponent) {
+    path += "/d_" + encoded.substr(pos, kMaxComponent);
+    pos += kMaxComponent;
+    if (create_dirs) CONCORD_RETURN_IF_ERROR(MakeDir(path));
+  }
+  path += "/";
+  path += kind;
+  path += "_" + encoded.substr(pos);
+  return path;
+}
+
+StatusOr<bool> FileStore::TryRead(const std::string& path, std::string* value) const {
+  net::Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) {
+    if (errno == ENOENT || errno == ENOTDIR) return false;
+    return ErrnoError("file store: open " + path, errno);
+  }
+  std::string out;
+  char buf[65536];
+  for (;;) {
+    const ssize_t n = ::read(fd.get(), buf, sizeof(buf));
+    if (n > 0) {
+      out.append(buf, static_cast<size_t>(n));
+    } else if (n == 0) {
+      break;
+    } else if (errno != EINTR) {
+      return ErrnoError("file store: read " + path, errno);
+    }
+  }
+  *value = std::move(out);
+  return true;
+}
+
+Status FileStore::WriteAtomically(const std::string& path, const std::string& value) const {
+  std::string tmp = path.substr(0, path.rfind('/') + 1) + ".tmp.XXXXXX";
+  net::Fd fd(::mkostemp(&tmp[0], O_CLOEXEC));
+  if (!fd.valid()) return ErrnoError("file store: create temporary file in " + dir_, errno);
+  size_t done = 0;
+  while (done < value.size()) {
+    const ssize_t n = ::write(fd.get(), value.data() + done, value.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::unlink(tmp.c_str());
+      return ErrnoError("file store: write " + tmp, err);
+    }
+    done += static_cast<size_t>(n);
+  }
+  fd.Reset();
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    return ErrnoError("file store: rename to " + path, err);
+  }
+  return Status::Ok();
+}
+
+Status FileStore::Set(const std::string& key, const std::string& value) {
+  CONCORD_ASSIGN_OR_RETURN(const std::string path, PathFor(key, 'k', /*create_dirs=*/true));
+  return WriteAtomically(path, value);
+}
+
+StatusOr<std::string> FileStore::Get(const std::string& key, Deadline deadline) {
+  CONCORD_ASSIGN_OR_RETURN(const std::string path, PathFor(key, 'k', /*create_dirs=*/false));
+  std::chrono::milliseconds delay(1);
+  for (;;) {
+    std::string value;
+    CONCORD_ASSIGN_OR_RETURN(const bool found, TryRead(path, &value));
+    if (found) return value;
+    if (deadline.passed()) {
+      return TimeoutError("store: key '" + key + "' did not appear before the deadline");
+    }
+    Backoff(&delay, deadline);
+  }
+}
+
+Status FileStore::Wait(const std::vector<std::string>& keys, Deadline deadline) {
+  for (const std::string& key : keys) {
+    CONCORD_ASSIGN_OR_RETURN(const std::string path, PathFor(key, 'k', /*create_dirs=*/false));
+    std::chrono::milliseconds delay(1);
+    for (;;) {
+      if (::access(path.c_str(), F_OK) == 0) break;
+      if (errno != ENOENT && errno != ENOTDIR) {
+        return ErrnoError("file store: access " + path, errno);
+      }
+      if (deadline.passed()) {
+        return TimeoutError("store: key '" + key + "' did not appear before the deadline");
+      }
+      Backoff(&delay, deadline);
+    }
+  }
+  return Status::Ok();
+}
+
+StatusOr<int64_t> FileStore::Add(const std::string& key, int64_t delta) {
+  CONCORD_ASSIGN_OR_RETURN(const std::string lock_path, PathFor(key, 'l', /*create_dirs=*/true));
+  CONCORD_ASSIGN_OR_RETURN(const std::string path, PathFor(key, 'k', /*create_dirs=*/false));
+  net::Fd lock(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  if (!lock.valid()) return ErrnoError("file store: open " + lock_path, errno);
+  const Deadline deadline = Deadline::After(lock_timeout_);
+  std::chrono::milliseconds delay(1);
+  while (::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) {
+    if (errno != EWOULDBLOCK && errno != EINTR) {
+      return ErrnoError("file store: flock " + lock_path, errno);
+    }
+    if (deadline.passed()) {
+      return TimeoutError("store: could not lock counter '" + key + "' before the deadline");
+    }
+    Backoff(&delay, deadline);
+  }
+  // The lock is released when `lock` closes, after the new value has been renamed into place.
+  std::string text;
+  CONCORD_ASSIGN_OR_RETURN(const bool found, TryRead(path, &text));
+  int64_t value = 0;
+  if (found && !net::ParseInt64(text, &value)) {
+    return InvalidArgument("store: Add on key '" + key + "', which does not hold an integer");
+  }
+  if (__builtin_add_overflow(value, delta, &value)) {
+    return InvalidArgument("store: Add on key '" + key + "' overflows int64");
+  }
+  CONCORD_RETURN_IF_ERROR(WriteAtomically(path, std::to_string(value)));
+  return value;
+}
+
+}  // namespace concord

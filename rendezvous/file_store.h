@@ -1,0 +1,47 @@
+// A Store over a directory that every rank on one host can see.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "rendezvous/store.h"
+
+namespace concord {
+
+// Contract: each key is one file in the directory (the directory is not owned: files stay after
+// destruction, so use a fresh directory per job). Key bytes are encoded into safe file names (long
+// keys become nested directories), so any key works. Set writes a temporary file and renames it,
+// so readers see a value whole or not at all. Get and Wait poll with a short backoff sleep until
+// the deadline. Add serialises writers with flock() on a per-key lock file, waiting at most
+// lock_timeout, and keeps the counter as decimal text. Thread- and process-safe; no state in memory
+// beyond the path.
+class FileStore : public Store {
+ public:
+  // Creates dir (and its parents) when missing. dir must be absolute.
+  static StatusOr<std::unique_ptr<FileStore>> Create(
+      const std::string& dir, std::chrono::milliseconds lock_timeout = std::chrono::seconds(30));
+
+  Status Set(const std::string& key, const std::string& value) override;
+  StatusOr<std::string> Get(const std::string& key, Deadline deadline) override;
+  Status Wait(const std::vector<std::string>& keys, Deadline deadline) override;
+  StatusOr<int64_t> Add(const std::string& key, int64_t delta) override;
+
+  const std::string& dir() const { return dir_; }
+
+ private:
+  FileStore(std::string dir, std::chrono::milliseconds lock_timeout)
+      : dir_(std::move(dir)), lock_timeout_(lock_timeout) {}
+  // The path of key's value file ("kind" is 'k' for values, 'l' for lock files); creates the
+  // intermediate directories of long keys when create_dirs.
+  StatusOr<std::string> PathFor(const std::string& key, char kind, bool create_dirs) const;
+  // Reads the value file: true and *value when it exists, false when missing.
+  StatusOr<bool> TryRead(const std::string& path, std::string* value) const;
+  Status WriteAtomically(const std::string& path, const std::string& value) const;
+
+  const std::string dir_;
+  const std::chrono::milliseconds lock_timeout_;
+};
+
+}  // namespace concord

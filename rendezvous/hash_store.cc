@@ -1,0 +1,59 @@
+#include "rendezvous/hash_store.h"
+
+#include "rendezvous/net.h"
+
+namespace concord {
+
+Status HashStore::Set(const std::string& key, const std::string& value) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    values_[key] = value;
+  }
+  changed_.notify_all();
+  return Status::Ok();
+}
+
+Status HashStore::WaitLocked(std::unique_lock<std::mutex>& lock,
+                             const std::vector<std::string>& keys, Deadline deadline) {
+  for (const std::string& key : keys) {
+    while (values_.count(key) == 0) {
+      if (deadline.infinite()) {
+        changed_.wait(lock);
+      } else if (changed_.wait_until(lock, deadline.at()) == std::cv_status::timeout &&
+                 values_.count(key) == 0) {
+        return TimeoutError("store: key '" + key + "' did not appear before the deadline");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+StatusOr<std::string> HashStore::Get(const std::string& key, Deadline deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  CONCORD_RETURN_IF_ERROR(WaitLocked(lock, {key}, deadline));
+  return values_[key];
+}
+
+Status HashStore::Wait(const std::vector<std::string>& keys, Deadline deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return WaitLocked(lock, keys, deadline);
+}
+
+StatusOr<int64_t> HashStore::Add(const std::string& key, int64_t delta) {
+  int64_t value = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = values_.find(key);
+    if (it != values_.end() && !net::ParseInt64(it->second, &value)) {
+      return InvalidArgument("store: Add on key '" + key + "', which does not hold an integer");
+    }
+    if (__builtin_add_overflow(value, delta, &value)) {
+      return InvalidArgument("store: Add on key '" + key + "' overflows int64");
+    }
+    values_[key] = std::to_string(value);
+  }
+  changed_.notify_all();
+  return value;
+}
+
+}  // namespace concord

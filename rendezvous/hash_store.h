@@ -1,0 +1,40 @@
+// An in-memory Store for tests that run ranks as threads of one process.
+#pragma once
+
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "rendezvous/store.h"
+
+namespace concord {
+
+// Contract: owns its key-value map. Thread-safe (one mutex); Get and Wait block on a condition
+// variable until the keys appear or the deadline passes (kTimeout naming the missing key). Add
+// keeps counters as decimal text, so Get of a counter returns e.g. "3"; Add on a key holding
+// anything else is kInvalidArgument. Must outlive every call in progress.
+class HashStore : public Store {
+ public:
+  HashStore() = default;
+  HashStore(const HashStore&) = delete;
+  HashStore& operator=(const HashStore&) = delete;
+
+  Status Set(const std::string& key, const std::string& value) override;
+  StatusOr<std::string> Get(const std::string& key, Deadline deadline) override;
+  Status Wait(const std::vector<std::string>& keys, Deadline deadline) override;
+  StatusOr<int64_t> Add(const std::string& key, int64_t delta) override;
+
+ private:
+  // Waits with mu_ held (through lock) until every key exists; returns the first missing one on
+  // timeout.
+  Status WaitLocked(std::unique_lock<std::mutex>& lock, const std::vector<std::string>& keys,
+                    Deadline deadline);
+
+  std::mutex mu_;
+  std::condition_variable changed_;
+  std::map<std::string, std::string> values_;
+};
+
+}  // namespace concord

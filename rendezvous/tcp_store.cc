@@ -1,0 +1,470 @@
+#include "rendezvous/tcp_store.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace concord {
+
+namespace {
+
+constexpr uint32_t kMagic = 0x52545343;  // "CSTR" on the wire
+constexpr uint8_t kVersion = 1;
+constexpr size_t kHeaderSize = 12;
+constexpr uint8_t kHello = 1;
+constexpr uint8_t kSet = 2;
+constexpr uint8_t kGet = 3;
+constexpr uint8_t kWait = 4;
+constexpr uint8_t kAdd = 5;
+constexpr uint8_t kReply = 0x80;
+constexpr uint64_t kNoTimeout = ~uint64_t{0};
+constexpr auto kAuthTimeout = std::chrono::seconds(10);
+// How long a client waits for a GET/WAIT reply beyond the deadline it sent (the server answers
+// kTimeout at that deadline; this covers the trip back).
+constexpr auto kReplyGrace = std::chrono::seconds(5);
+constexpr Code kLastCode = Code::kProtocolError;
+
+std::string Frame(uint8_t type, const std::string& body) {
+  std::string out;
+  out.reserve(kHeaderSize + body.size());
+  net::PutU32(&out, kMagic);
+  net::PutU8(&out, kVersion);
+  net::PutU8(&out, type);
+  net::PutU16(&out, 0);
+  net::PutU32(&out, static_cast<uint32_t>(body.size()));
+  out.append(body);
+  return out;
+}
+
+// Validates a frame header; on success sets *type and *length.
+Status ParseHeader(const unsigned char* h, uint8_t* type, uint32_t* length) {
+  if (net::LoadU32(h) != kMagic) return ProtocolError("bad magic (not a Concord store frame)");
+  if (h[4] != kVersion) {
+    return ProtocolError("unsupported store protocol version " + std::to_string(h[4]));
+  }
+  if (net::LoadU16(h + 6) != 0) return ProtocolError("nonzero reserved flags");
+  *type = h[5];
+  *length = net::LoadU32(h + 8);
+  if (*length > kTcpStoreMaxFrame) {
+    return ProtocolError("frame of " + std::to_string(*length) + " bytes exceeds the limit of " +
+                         std::to_string(kTcpStoreMaxFrame));
+  }
+  return Status::Ok();
+}
+
+uint64_t TimeoutMs(Deadline deadline) {
+  const int ms = deadline.PollTimeoutMs();
+  return ms < 0 ? kNoTimeout : static_cast<uint64_t>(ms);
+}
+
+Deadline DeadlineFromMs(uint64_t ms) {
+  // Beyond a year is as good as never; this also keeps the time_point arithmetic from overflowing.
+  if (ms >= uint64_t{365} * 24 * 3600 * 1000) return Deadline::Infinite();
+  return Deadline::After(std::chrono::milliseconds(static_cast<int64_t>(ms)));
+}
+
+// The server answers a GET/WAIT by the deadline it was sent; allow for the trip back.
+Deadline ReplyDeadline(Deadline deadline) {
+  if (deadline.infinite()) return deadline;
+  const auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline.at() - Clock::now());
+  return Deadline::After(std::max(left, std::chrono::milliseconds(0)) + kReplyGrace);
+}
+
+std::string MissingKeyMessage(const std::string& key) {
+  return "store: key '" + key + "' did not appear before the deadline";
+}
+
+}  // namespace
+
+// One connection, as the server thread sees it.
+struct TcpStoreServer::Client {
+  net::Fd fd;
+  std::string in;   // bytes received and not yet handled
+  std::string out;  // bytes to send; out_done of them already sent
+  size_t out_done = 0;
+  bool authed = false;
+  bool closing = false;  // drop once `out` is flushed
+  bool dead = false;     // drop now
+  Clock::time_point auth_deadline;
+  bool parked = false;  // a GET or WAIT waits for keys
+  uint8_t parked_type = 0;
+  std::vector<std::string> parked_keys;
+  Deadline parked_deadline = Deadline::Infinite();
+};
+
+TcpStoreServer::TcpStoreServer(net::Fd listen_fd, net::Fd wake_fd, int port, std::string address,
+                               std::string token)
+    : listen_fd_(std::move(listen_fd)),
+      wake_fd_(std::move(wake_fd)),
+      port_(port),
+      address_(std::move(address)),
+      token_(std::move(token)) {}
+
+StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(const std::string& bind_host,
+                                                                int port,
+                                                                const std::string& token) {
+  if (port < 0 || port > 65535) return InvalidArgument("store server: port out of range");
+  if (token.empty()) return InvalidArgument("store server: the token must not be empty");
+  int bound = 0;
+  CONCORD_ASSIGN_OR_RETURN(net::Fd listen_fd, net::Listen(bind_host, port, &bound));
+  net::Fd wake(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!wake.valid()) return ErrnoError("store server: eventfd", errno);
+  const std::string host = bind_host.empty() ? "127.0.0.1" : bind_host;
+  std::unique_ptr<TcpStoreServer> server(new TcpStoreServer(
+      std::move(listen_fd), std::move(wake), bound, net::JoinHostPort(host, bound), token));
+  server->thread_ = std::thread([s = server.get()] { s->Loop(); });
+  return server;
+}
+
+TcpStoreServer::~TcpStoreServer() {
+  stop_.store(true);
+  const uint64_t one = 1;
+  ssize_t ignored = ::write(wake_fd_.get(), &one, sizeof(one));
+  (void)ignored;
+  if (thread_.joinable()) thread_.join();
+}
+
+void TcpStoreServer::Loop() {
+  std::vector<pollfd> fds;
+  while (!stop_.load()) {
+    fds.clear();
+    fds.push_back({wake_fd_.get(), POLLIN, 0});
+    fds.push_back({listen_fd_.get(), POLLIN, 0});
+    int timeout = -1;  // poll's "forever"
+    bool any_unauthed = false;
+    for (const auto& c : clients_) {
+      short events = c->closing ? 0 : POLLIN;
+      if (c->out.size() > c->out_done) events |= POLLOUT;
+      fds.push_back({c->fd.get(), events, 0});
+      if (c->parked) {
+        const int t = c->parked_deadline.PollTimeoutMs();
+        if (t >= 0 && (timeout < 0 || t < timeout)) timeout = t;
+      }
+      any_unauthed |= !c->authed;
+    }
+    // Unauthenticated clients are checked every 100 ms rather than at their exact deadlines.
+    if (any_unauthed && (timeout < 0 || timeout > 100)) timeout = 100;
+    const int rc = ::poll(fds.data(), fds.size(), timeout);
+    if (rc < 0 && errno != EINTR) {
+      // Nothing sensible is left to do for a poll failure on valid descriptors; back off briefly.
+      ::usleep(10000);
+      continue;
+    }
+    if (stop_.load()) break;
+    if (rc > 0 && (fds[1].revents & POLLIN)) AcceptAll();
+    // clients_ may have grown in AcceptAll; only the first fds.size() - 2 were polled.
+    const size_t polled = fds.size() - 2;
+    for (size_t i = 0; i < polled; ++i) {
+      Client* c = clients_[i].get();
+      const short revents = rc > 0 ? fds[i + 2].revents : 0;
+      if (revents & POLLOUT) Flush(c);
+      if (!c->dead && (revents & (POLLIN | POLLHUP | POLLERR))) {
+        if (c->closing) {
+          c->dead = true;  // it hung up or errored while we only wanted to finish writing
+        } else if (ReadFrom(c)) {
+          HandleFrames(c);
+        } else {
+          c->dead = true;
+        }
+      }
+    }
+    const auto now = Clock::now();
+    for (auto& c : clients_) {
+      if (c->dead) continue;
+      if (!c->authed && !c->closing && now >= c->auth_deadline) c->dead = true;
+      if (c->parked && c->parked_deadline.passed() && TryAnswerParked(c.get(), /*expired=*/true)) {
+        HandleFrames(c.get());
+      }
+    }
+    clients_.erase(std::remove_if(clients_.begin(), clients_.end(),
+                                  [](const std::unique_ptr<Client>& c) { return c->dead; }),
+                   clients_.end());
+  }
+  clients_.clear();
+}
+
+void TcpStoreServer::AcceptAll() {
+  for (;;) {
+    StatusOr<net::Fd> fd = net::Accept(listen_fd_.get());
+    if (!fd.ok() || !fd->valid()) return;
+    auto c = std::make_unique<Client>();
+    c->fd = std::move(*fd);
+    c->auth_deadline = Clock::now() + kAuthTimeout;
+    clients_.push_back(std::move(c));
+  }
+}
+
+bool TcpStoreServer::ReadFrom(Client* c) {
+  char buf[65536];
+  for (;;) {
+    const ssize_t n = ::recv(c->fd.get(), buf, sizeof(buf), 0);
+    if (n > 0) {
+      c->in.append(buf, static_cast<size_t>(n));
+      // A parked client may pipeline, but never more than one maximal frame beyond what we hold.
+      if (c->in.size() > 2 * (kHeaderSize + kTcpStoreMaxFrame)) return false;
+      continue;
+    }
+    if (n == 0) return false;
+    if (errno == EINTR) continue;
+    return errno == EAGAIN || errno == EWOULDBLOCK;
+  }
+}
+
+void TcpStoreServer::HandleFrames(Client* c) {
+  size_t pos = 0;
+  while (!c->parked && !c->closing && !c->dead && c->in.size() - pos >= kHeaderSize) {
+    const auto* h = reinterpret_cast<const unsigned char*>(c->in.data() + pos);
+    uint8_t type = 0;
+    uint32_t length = 0;
+    const Status header = ParseHeader(h, &type, &length);
+    if (!header.ok()) {
+      Fail(c, header.code(), header.message());
+      break;
+    }
+    if (c->in.size() - pos - kHeaderSize < length) break;  // the rest has not arrived yet
+    HandleRequest(c, type, c->in.data() + pos + kHeaderSize, length);
+    pos += kHeaderSize + length;
+  }
+  c->in.erase(0, pos);
+}
+
+void TcpStoreServer::HandleRequest(Client* c, uint8_t type, const char* body, size_t size) {
+  if (!c->authed) {
+    if (type != kHello) {
+      Fail(c, Code::kAuthFailed, "the first request must present the job's token");
+    } else if (!net::ConstantTimeEquals(std::string(body, size), token_)) {
+      Fail(c, Code::kAuthFailed, "wrong token (this store belongs to another job)");
+    } else {
+      c->authed = true;
+      Reply(c, Code::kOk, "");
+    }
+    return;
+  }
+  net::Reader r(body, size);
+  std::string key;
+  switch (type) {
+    case kSet: {
+      std::string value;
+      if (!r.Bytes(&key, kTcpStoreMaxFrame) || !r.Bytes(&value, kTcpStoreMaxFrame) || !r.done()) {
+        return Fail(c, Code::kProtocolError, "malformed SET request");
+      }
+      values_[key] = std::move(value);
+      Reply(c, Code::kOk, "");
+      break;
+    }
+    case kAdd: {
+      uint64_t delta = 0;
+      if (!r.Bytes(&key, kTcpStoreMaxFrame) || !r.U64(&delta) || !r.done()) {
+        return Fail(c, Code::kProtocolError, "malformed ADD request");
+      }
+      int64_t value = 0;
+      auto it = values_.find(key);
+      if (it != values_.end() && !net::ParseInt64(it->second, &value)) {
+        return Reply(c, Code::kInvalidArgument,
+                     "store: Add on key '" + key + "', which does not hold an integer");
+      }
+      if (__builtin_add_overflow(value, static_cast<int64_t>(delta), &value)) {
+        return Reply(c, Code::kInvalidArgument, "store: Add on key '" + key + "' overflows int64");
+      }
+      values_[key] = std::to_string(value);
+      std::string payload;
+      net::PutU64(&payload, static_cast<uint64_t>(value));
+      Reply(c, Code::kOk, payload);
+      break;
+    }
+    case kGet:
+    case kWait: {
+      uint64_t timeout_ms = 0;
+      std::vector<std::string> keys;
+      bool ok = r.U64(&timeout_ms);
+      if (type == kGet) {
+        ok = ok && r.Bytes(&key, kTcpStoreMaxFrame);
+        keys.push_back(key);
+      } else {
+        uint32_t count = 0;
+        ok = ok && r.U32(&count);
+        for (uint32_t i = 0; ok && i < count; ++i) {
+          ok = r.Bytes(&key, kTcpStoreMaxFrame);
+          keys.push_back(key);
+        }
+      }
+      if (!ok || !r.done()) return Fail(c, Code::kProtocolError, "malformed GET/WAIT request");
+      c->parked = true;
+      c->parked_type = type;
+      c->parked_keys = std::move(keys);
+      c->parked_deadline = DeadlineFromMs(timeout_ms);
+      TryAnswerParked(c, /*expired=*/false);
+      return;  // parked requests are answered when their keys appear, from the SET/ADD below
+    }
+    default:
+      return Fail(c, Code::kProtocolError, "unknown request type " + std::to_string(type));
+  }
+  // A SET or ADD changed the map: wake whoever waits for it.
+  for (auto& other : clients_) {
+    if (other.get() != c && other->parked && !other->dead && TryAnswerParked(other.get(), false)) {
+      HandleFrames(other.get());
+    }
+  }
+}
+
+bool TcpStoreServer::TryAnswerParked(Client* c, bool expired) {
+  for (const std::string& key : c->parked_keys) {
+    if (values_.count(key) == 0) {
+      if (!expired) return false;
+      c->parked = false;
+      Reply(c, Code::kTimeout, MissingKeyMessage(key));
+      return true;
+    }
+  }
+  c->parked = false;
+  Reply(c, Code::kOk, c->parked_type == kGet ? values_[c->parked_keys[0]] : "");
+  c->parked_keys.clear();
+  return true;
+}
+
+void TcpStoreServer::Reply(Client* c, Code code, const std::string& payload) {
+  std::string body;
+  body.reserve(1 + payload.size());
+  net::PutU8(&body, static_cast<uint8_t>(code));
+  body.append(payload);
+  c->out.append(Frame(kReply, body));
+  Flush(c);
+}
+
+void TcpStoreServer::Fail(Client* c, Code code, const std::string& message) {
+  c->closing = true;
+  c->parked = false;
+  Reply(c, code, message);
+}
+
+void TcpStoreServer::Flush(Client* c) {
+  while (!c->dead && c->out_done < c->out.size()) {
+    const ssize_t n =
+        ::send(c->fd.get(), c->out.data() + c->out_done, c->out.size() - c->out_done, MSG_NOSIGNAL);
+    if (n > 0) {
+      c->out_done += static_cast<size_t>(n);
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      return;
+    } else {
+      c->dead = true;
+    }
+  }
+  c->out.clear();
+  c->out_done = 0;
+  if (c->closing) c->dead = true;
+}
+
+// ---- client ----
+
+StatusOr<std::unique_ptr<TcpStore>> TcpStore::Connect(const std::string& host, int port,
+                                                      const std::string& token, Deadline deadline,
+                                                      std::chrono::milliseconds op_timeout) {
+  const std::string where = "TCP store at " + net::JoinHostPort(host, port);
+  StatusOr<net::Fd> fd = net::Connect(host, port, deadline);
+  if (!fd.ok()) return fd.status().WithContext(where);
+  std::unique_ptr<TcpStore> store(new TcpStore(std::move(*fd), where, op_timeout));
+  StatusOr<std::string> hello = store->Call(kHello, token, deadline, deadline);
+  if (!hello.ok()) {
+    if (hello.status().code() == Code::kAuthFailed) {
+      return Status(Code::kAuthFailed,
+                    where + " refused this job's token: " + hello.status().message() +
+                        " (is CONCORD_TOKEN from the same launcher?)");
+    }
+    return hello.status();
+  }
+  return store;
+}
+
+StatusOr<std::string> TcpStore::Call(uint8_t type, const std::string& body, Deadline write_deadline,
+                                     Deadline reply_deadline) {
+  if (body.size() > kTcpStoreMaxFrame) {
+    return InvalidArgument("store: request of " + std::to_string(body.size()) +
+                           " bytes exceeds the limit of " + std::to_string(kTcpStoreMaxFrame));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!broken_.ok()) return broken_;
+  std::string payload;
+  bool in_sync = false;
+  Status s = CallLocked(type, body, write_deadline, reply_deadline, &payload, &in_sync);
+  if (!in_sync) {
+    // The stream position is unknown (partial write, lost reply): no later call can trust it.
+    broken_ = s;
+    fd_.Reset();
+  }
+  if (!s.ok()) return s;
+  return payload;
+}
+
+Status TcpStore::CallLocked(uint8_t type, const std::string& body, Deadline write_deadline,
+                            Deadline reply_deadline, std::string* payload, bool* in_sync) {
+  *in_sync = false;
+  const std::string request = Frame(type, body);
+  Status s = net::WriteAll(fd_.get(), request.data(), request.size(), write_deadline, where_);
+  if (!s.ok()) return s;
+  unsigned char header[kHeaderSize];
+  s = net::ReadFull(fd_.get(), header, sizeof(header), reply_deadline, where_);
+  if (!s.ok()) return s;
+  uint8_t reply_type = 0;
+  uint32_t length = 0;
+  s = ParseHeader(header, &reply_type, &length);
+  if (!s.ok()) return s.WithContext(where_);
+  if (reply_type != kReply || length < 1) {
+    return ProtocolError(where_ + ": unexpected reply type " + std::to_string(reply_type));
+  }
+  std::string reply(length, '\0');
+  s = net::ReadFull(fd_.get(), &reply[0], length, reply_deadline, where_);
+  if (!s.ok()) return s;
+  const uint8_t code = static_cast<uint8_t>(reply[0]);
+  if (code > static_cast<uint8_t>(kLastCode)) {
+    return ProtocolError(where_ + ": unknown status code " + std::to_string(code));
+  }
+  *in_sync = true;
+  if (code != 0) return Status(static_cast<Code>(code), reply.substr(1));
+  *payload = reply.substr(1);
+  return Status::Ok();
+}
+
+Status TcpStore::Set(const std::string& key, const std::string& value) {
+  std::string body;
+  net::PutBytes(&body, key);
+  net::PutBytes(&body, value);
+  const Deadline d = Deadline::After(op_timeout_);
+  return Call(kSet, body, d, d).status();
+}
+
+StatusOr<std::string> TcpStore::Get(const std::string& key, Deadline deadline) {
+  std::string body;
+  net::PutU64(&body, TimeoutMs(deadline));
+  net::PutBytes(&body, key);
+  return Call(kGet, body, Deadline::After(op_timeout_), ReplyDeadline(deadline));
+}
+
+Status TcpStore::Wait(const std::vector<std::string>& keys, Deadline deadline) {
+  std::string body;
+  net::PutU64(&body, TimeoutMs(deadline));
+  net::PutU32(&body, static_cast<uint32_t>(keys.size()));
+  for (const std::string& key : keys) net::PutBytes(&body, key);
+  return Call(kWait, body, Deadline::After(op_timeout_), ReplyDeadline(deadline)).status();
+}
+
+StatusOr<int64_t> TcpStore::Add(const std::string& key, int64_t delta) {
+  std::string body;
+  net::PutBytes(&body, key);
+  net::PutU64(&body, static_cast<uint64_t>(delta));
+  const Deadline d = Deadline::After(op_timeout_);
+  CONCORD_ASSIGN_OR_RETURN(const std::string payload, Call(kAdd, body, d, d));
+  net::Reader r(payload.data(), payload.size());
+  uint64_t value = 0;
+  if (!r.U64(&value) || !r.done()) return ProtocolError(where_ + ": malformed ADD reply");
+  return static_cast<int64_t>(value);
+}
+
+}  // namespace concord

@@ -1,0 +1,121 @@
+// The TCP store: a server that the launcher runs for the whole job, and the Store that each rank
+// uses to talk to it. Every connection must first present the job's secret token.
+//
+// Wire protocol (all integers little-endian). Every message is one frame:
+//   u32 magic 'CSTR' (0x52545343) | u8 version (1) | u8 type | u16 flags (0) | u32 body length
+// followed by the body, at most kTcpStoreMaxFrame bytes. Requests (client -> server):
+//   HELLO (1): the token bytes. Must be the first frame; anything else, or a wrong token, is
+//              answered with AUTH_FAILED and the connection is closed.
+//   SET   (2): bytes key, bytes value            ("bytes" = u32 length + the bytes)
+//   GET   (3): u64 timeout_ms (all ones: none), bytes key
+//   WAIT  (4): u64 timeout_ms, u32 count, count x bytes key
+//   ADD   (5): bytes key, u64 delta (two's complement)
+// Reply (server -> client), one per request, in order:
+//   REPLY (0x80): u8 status code (concord::Code), then for OK: GET's value, ADD's u64 new value,
+//                 nothing otherwise; for errors: the message text.
+// GET and WAIT on missing keys are parked in the server and answered when the keys appear or with
+// TIMEOUT when timeout_ms passes, so clients never poll. Bytes that do not parse (bad magic,
+// version, type, length or body) get a PROTOCOL_ERROR reply and the connection is closed; the
+// server keeps serving everyone else.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "rendezvous/net.h"
+#include "rendezvous/store.h"
+
+namespace concord {
+
+constexpr uint32_t kTcpStoreMaxFrame = 64u << 20;
+
+// Contract: owns the listening socket, every client connection, the key-value map and one thread
+// that serves them all with poll(); the map lives only in that thread, so no locks. Start returns
+// once the socket listens. The destructor stops the thread and closes every connection (blocked
+// clients then see kPeerFailure). port() and address() are thread-safe. A client that has not
+// authenticated within 10 s is dropped.
+class TcpStoreServer {
+ public:
+  // Listens on bind_host ("" = 127.0.0.1) and port (0 = ephemeral) and starts serving.
+  static StatusOr<std::unique_ptr<TcpStoreServer>> Start(const std::string& bind_host, int port,
+                                                         const std::string& token);
+  ~TcpStoreServer();
+  TcpStoreServer(const TcpStoreServer&) = delete;
+  TcpStoreServer& operator=(const TcpStoreServer&) = delete;
+
+  int port() const { return port_; }
+  // "bind_host:port" as bound.
+  const std::string& address() const { return address_; }
+
+ private:
+  struct Client;
+  TcpStoreServer(net::Fd listen_fd, net::Fd wake_fd, int port, std::string address,
+                 std::string token);
+  void Loop();
+  void AcceptAll();
+  // Reads what is available; false when the client must be dropped now.
+  bool ReadFrom(Client* c);
+  // Handles complete frames in c's buffer until it parks, closes or runs out of bytes.
+  void HandleFrames(Client* c);
+  void HandleRequest(Client* c, uint8_t type, const char* body, size_t size);
+  // Answers c's parked request if all its keys exist (or its deadline passed); true if answered.
+  bool TryAnswerParked(Client* c, bool expired);
+  void Reply(Client* c, Code code, const std::string& payload);
+  void Fail(Client* c, Code code, const std::string& message);
+  void Flush(Client* c);
+
+  const net::Fd listen_fd_;
+  const net::Fd wake_fd_;  // eventfd: the destructor writes it to stop Loop()
+  const int port_;
+  const std::string address_;
+  const std::string token_;
+  std::atomic<bool> stop_{false};
+  // Owned by the server thread only.
+  std::vector<std::unique_ptr<Client>> clients_;
+  std::map<std::string, std::string> values_;
+  std::thread thread_;
+};
+
+// Contract: one connection to a TcpStoreServer, owned by this object and shared by all callers
+// through a mutex (calls are serialised; a Get blocked in the server delays other calls on this
+// object, so give each thread its own TcpStore if that matters). Set and Add wait at most
+// op_timeout; Get and Wait use the caller's deadline (the server answers kTimeout then). After an
+// I/O error or a lost reply the connection is unusable and every later call returns that error.
+class TcpStore : public Store {
+ public:
+  // Connects and authenticates. A wrong token gives kAuthFailed; no server gives kSystemError.
+  static StatusOr<std::unique_ptr<TcpStore>> Connect(
+      const std::string& host, int port, const std::string& token, Deadline deadline,
+      std::chrono::milliseconds op_timeout = std::chrono::seconds(60));
+
+  Status Set(const std::string& key, const std::string& value) override;
+  StatusOr<std::string> Get(const std::string& key, Deadline deadline) override;
+  Status Wait(const std::vector<std::string>& keys, Deadline deadline) override;
+  StatusOr<int64_t> Add(const std::string& key, int64_t delta) override;
+
+ private:
+  TcpStore(net::Fd fd, std::string where, std::chrono::milliseconds op_timeout)
+      : fd_(std::move(fd)), where_(std::move(where)), op_timeout_(op_timeout) {}
+  // Sends one request and returns the OK reply's payload, or the reply's error. The request must
+  // be written by write_deadline and answered by reply_deadline.
+  StatusOr<std::string> Call(uint8_t type, const std::string& body, Deadline write_deadline,
+                             Deadline reply_deadline);
+  // The exchange itself, with mu_ held. *in_sync tells whether the connection is still usable.
+  Status CallLocked(uint8_t type, const std::string& body, Deadline write_deadline,
+                    Deadline reply_deadline, std::string* payload, bool* in_sync);
+
+  std::mutex mu_;
+  net::Fd fd_;
+  Status broken_;  // sticky: set on the first I/O or protocol error
+  const std::string where_;
+  const std::chrono::milliseconds op_timeout_;
+};
+
+}  // namespace concord

@@ -1,0 +1,244 @@
+// TcpStoreServer / TcpStore: authentication, hostile bytes, server loss, parked requests.
+#include "rendezvous/tcp_store.h"
+
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "rendezvous/net.h"
+
+namespace concord {
+namespace {
+
+using std::chrono::milliseconds;
+
+Deadline Soon() {
+  return Deadline::After(milliseconds(3000));
+}
+
+std::string Header(uint32_t magic, uint8_t version, uint8_t type, uint32_t length) {
+  std::string h;
+  net::PutU32(&h, magic);
+  net::PutU8(&h, version);
+  net::PutU8(&h, type);
+  net::PutU16(&h, 0);
+  net::PutU32(&h, length);
+  return h;
+}
+
+constexpr uint32_t kMagic = 0x52545343;
+
+class TcpStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto s = TcpStoreServer::Start("127.0.0.1", 0, "the-token");
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    server_ = std::move(s.value());
+  }
+
+  std::unique_ptr<TcpStore> Client(const std::string& token = "the-token") {
+    auto s = TcpStore::Connect("127.0.0.1", server_->port(), token, Soon());
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    return s.ok() ? std::move(s.value()) : nullptr;
+  }
+
+  net::Fd Raw() {
+    auto fd = net::Connect("127.0.0.1", server_->port(), Soon());
+    EXPECT_TRUE(fd.ok()) << fd.status().ToString();
+    return std::move(fd.value());
+  }
+
+  // Reads until the server closes the connection (true) or a second passes (false).
+  static bool ServerCloses(int fd) {
+    const Deadline d = Deadline::After(milliseconds(2000));
+    char buf[4096];
+    for (;;) {
+      Status s = net::ReadFull(fd, buf, 1, d, "server");
+      if (s.code() == Code::kPeerFailure) return true;
+      if (!s.ok()) return false;
+    }
+  }
+
+  // The server still answers a well-behaved client.
+  void ExpectServing() {
+    auto c = Client();
+    ASSERT_NE(c, nullptr);
+    ASSERT_TRUE(c->Set("alive", "yes").ok());
+    EXPECT_EQ(*c->Get("alive", Soon()), "yes");
+  }
+
+  std::unique_ptr<TcpStoreServer> server_;
+};
+
+TEST_F(TcpStoreTest, AddressAndPort) {
+  EXPECT_GT(server_->port(), 0);
+  EXPECT_EQ(server_->address(), "127.0.0.1:" + std::to_string(server_->port()));
+}
+
+TEST_F(TcpStoreTest, RightTokenWorks) {
+  ExpectServing();
+}
+
+TEST_F(TcpStoreTest, WrongTokenIsRefused) {
+  for (const std::string& token : {std::string("the-tokeN"), std::string("the-token2"),
+                                   std::string("x"), std::string(100, 'a')}) {
+    auto s = TcpStore::Connect("127.0.0.1", server_->port(), token, Soon());
+    EXPECT_EQ(s.status().code(), Code::kAuthFailed) << s.status().ToString();
+    EXPECT_NE(s.status().message().find("token"), std::string::npos) << s.status().message();
+  }
+  ExpectServing();
+}
+
+TEST_F(TcpStoreTest, RequestBeforeHelloIsRefused) {
+  net::Fd fd = Raw();
+  std::string body;
+  net::PutBytes(&body, "k");
+  net::PutBytes(&body, "v");
+  const std::string frame = Header(kMagic, 1, /*SET*/ 2, body.size()) + body;
+  ASSERT_TRUE(net::WriteAll(fd.get(), frame.data(), frame.size(), Soon(), "server").ok());
+  unsigned char reply[13];
+  ASSERT_TRUE(net::ReadFull(fd.get(), reply, sizeof(reply), Soon(), "server").ok());
+  EXPECT_EQ(reply[12], static_cast<unsigned char>(Code::kAuthFailed));
+  EXPECT_TRUE(ServerCloses(fd.get()));
+  auto c = Client();
+  EXPECT_EQ(c->Get("k", Deadline::After(milliseconds(50))).status().code(), Code::kTimeout);
+}
+
+TEST_F(TcpStoreTest, GarbageIsDisconnected) {
+  net::Fd fd = Raw();
+  const std::string garbage = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+  ASSERT_TRUE(net::WriteAll(fd.get(), garbage.data(), garbage.size(), Soon(), "server").ok());
+  EXPECT_TRUE(ServerCloses(fd.get()));
+  ExpectServing();
+}
+
+TEST_F(TcpStoreTest, BadVersionAndUnknownTypeAreDisconnected) {
+  {
+    net::Fd fd = Raw();
+    const std::string frame = Header(kMagic, 99, 1, 0);
+    ASSERT_TRUE(net::WriteAll(fd.get(), frame.data(), frame.size(), Soon(), "server").ok());
+    EXPECT_TRUE(ServerCloses(fd.get()));
+  }
+  {
+    net::Fd fd = Raw();
+    const std::string hello = Header(kMagic, 1, 1, 9) + "the-token";
+    const std::string unknown = Header(kMagic, 1, 77, 0);
+    const std::string both = hello + unknown;
+    ASSERT_TRUE(net::WriteAll(fd.get(), both.data(), both.size(), Soon(), "server").ok());
+    EXPECT_TRUE(ServerCloses(fd.get()));
+  }
+  ExpectServing();
+}
+
+TEST_F(TcpStoreTest, OversizedFrameIsDisconnected) {
+  net::Fd fd = Raw();
+  const std::string hello = Header(kMagic, 1, 1, 9) + "the-token";
+  const std::string huge = Header(kMagic, 1, 2, kTcpStoreMaxFrame + 1);
+  const std::string both = hello + huge;
+  ASSERT_TRUE(net::WriteAll(fd.get(), both.data(), both.size(), Soon(), "server").ok());
+  EXPECT_TRUE(ServerCloses(fd.get()));
+  ExpectServing();
+}
+
+TEST_F(TcpStoreTest, MalformedBodyIsDisconnected) {
+  net::Fd fd = Raw();
+  const std::string hello = Header(kMagic, 1, 1, 9) + "the-token";
+  // A SET whose key length claims more bytes than the body holds.
+  std::string body;
+  net::PutU32(&body, 1000);
+  body += "short";
+  const std::string bad = Header(kMagic, 1, 2, body.size()) + body;
+  const std::string both = hello + bad;
+  ASSERT_TRUE(net::WriteAll(fd.get(), both.data(), both.size(), Soon(), "server").ok());
+  EXPECT_TRUE(ServerCloses(fd.get()));
+  ExpectServing();
+}
+
+TEST_F(TcpStoreTest, TruncatedFrameThenCloseDoesNotHurtOthers) {
+  auto waiter = Client();
+  std::thread t([&] { EXPECT_EQ(*waiter->Get("later", Soon()), "v"); });
+  {
+    net::Fd fd = Raw();
+    const std::string partial = Header(kMagic, 1, 1, 9) + "the-t";
+    ASSERT_TRUE(net::WriteAll(fd.get(), partial.data(), partial.size(), Soon(), "server").ok());
+  }  // closed mid-frame
+  auto c = Client();
+  ASSERT_TRUE(c->Set("later", "v").ok());
+  t.join();
+}
+
+TEST_F(TcpStoreTest, ParkedGetsAreAnsweredWithoutPolling) {
+  constexpr int kWaiters = 8;
+  std::vector<std::unique_ptr<TcpStore>> clients;
+  for (int i = 0; i < kWaiters; ++i) clients.push_back(Client());
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kWaiters; ++i) {
+    threads.emplace_back([&, i] {
+      if (i % 2 == 0) {
+        EXPECT_EQ(*clients[i]->Get("go", Soon()), "now");
+      } else {
+        EXPECT_TRUE(clients[i]->Wait({"go", "go2"}, Soon()).ok());
+      }
+    });
+  }
+  std::this_thread::sleep_for(milliseconds(50));
+  auto setter = Client();
+  ASSERT_TRUE(setter->Set("go", "now").ok());
+  ASSERT_TRUE(setter->Add("go2", 1).ok());
+  for (auto& t : threads) t.join();
+}
+
+TEST_F(TcpStoreTest, ServerGoneGivesAnError) {
+  auto c = Client();
+  std::thread t([&] {
+    auto v = c->Get("never", Deadline::After(milliseconds(5000)));
+    EXPECT_TRUE(v.status().code() == Code::kPeerFailure || v.status().code() == Code::kSystemError)
+        << v.status().ToString();
+  });
+  std::this_thread::sleep_for(milliseconds(100));
+  const int port = server_->port();
+  server_.reset();
+  t.join();
+  // The connection is now unusable, and a new one is refused.
+  EXPECT_FALSE(c->Set("a", "b").ok());
+  auto again = TcpStore::Connect("127.0.0.1", port, "the-token", Soon());
+  EXPECT_EQ(again.status().code(), Code::kSystemError) << again.status().ToString();
+}
+
+TEST_F(TcpStoreTest, SilentUnauthenticatedClientDoesNotBlockOthers) {
+  net::Fd silent = Raw();  // connects and says nothing
+  ExpectServing();
+}
+
+TEST(TcpStoreServerTest, RejectsEmptyToken) {
+  EXPECT_EQ(TcpStoreServer::Start("127.0.0.1", 0, "").status().code(), Code::kInvalidArgument);
+}
+
+TEST(NetTest, ConstantTimeEquals) {
+  EXPECT_TRUE(net::ConstantTimeEquals("abc", "abc"));
+  EXPECT_FALSE(net::ConstantTimeEquals("abc", "abd"));
+  EXPECT_FALSE(net::ConstantTimeEquals("abc", "abcd"));
+  EXPECT_FALSE(net::ConstantTimeEquals("", "a"));
+  EXPECT_TRUE(net::ConstantTimeEquals("", ""));
+}
+
+TEST(NetTest, SplitHostPort) {
+  std::string host;
+  int port = 0;
+  ASSERT_TRUE(net::SplitHostPort("h:12", &host, &port).ok());
+  EXPECT_EQ(host, "h");
+  EXPECT_EQ(port, 12);
+  ASSERT_TRUE(net::SplitHostPort("[::1]:80", &host, &port).ok());
+  EXPECT_EQ(host, "::1");
+  for (const char* bad : {"h", "h:", ":1", "h:0", "h:65536", "h:1x", "[::1]80", "h:-1"}) {
+    EXPECT_FALSE(net::SplitHostPort(bad, &host, &port).ok()) << bad;
+  }
+}
+
+}  // namespace
+}  // namespace concord
