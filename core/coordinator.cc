@@ -33,6 +33,14 @@ std::string ShapeString(const std::vector<int64_t>& shape, size_t from) {
   return s + "]";
 }
 
+// 17 significant digits: reads back as the same double, so equal text means equal values.
+std::string ExactDouble(double v) {
+  std::ostringstream os;
+  os.precision(17);
+  os << v;
+  return os.str();
+}
+
 std::string Seconds(std::chrono::milliseconds d) {
   std::ostringstream os;
   os << static_cast<double>(d.count()) / 1000.0 << " s";
@@ -63,6 +71,10 @@ Status Coordinator::Add(int rank, const RequestMessage& message, Clock::time_poi
     }
   }
   for (const TensorRequest& request : message.requests) {
+    if (request.op == OpType::kAllgather && request.shape.empty()) {
+      return ProtocolError("rank " + std::to_string(rank) + " sent an allgather of a scalar ('" +
+                           request.name + "')");
+    }
     auto [it, inserted] = pending_.try_emplace(request.name);
     Pending& p = it->second;
     if (inserted) {
@@ -149,8 +161,8 @@ Response Coordinator::Validate(const Pending& p) const {
   }
   if (first.op == OpType::kAllreduce) {
     check("reduce op", [](const TensorRequest& r) { return ReduceOpName(r.reduce_op); });
-    check("prescale", [](const TensorRequest& r) { return std::to_string(r.prescale); });
-    check("postscale", [](const TensorRequest& r) { return std::to_string(r.postscale); });
+    check("prescale", [](const TensorRequest& r) { return ExactDouble(r.prescale); });
+    check("postscale", [](const TensorRequest& r) { return ExactDouble(r.postscale); });
   }
   if (first.op == OpType::kBroadcast) {
     check("root", [](const TensorRequest& r) { return std::to_string(r.root); });

@@ -50,7 +50,8 @@ class Coordinator {
   // `cache` is the engine's response cache (rank 0's copy), read here, updated by the engine.
   Coordinator(int size, const ResponseCache* cache, StallOptions stall);
 
-  // Adds what `rank` sent. kProtocolError for bits that name no cache entry.
+  // Adds what `rank` sent. kProtocolError for bits that name no cache entry, a name `rank` already
+  // has pending, or an allgather of a scalar (no engine sends one).
   Status Add(int rank, const RequestMessage& message, Clock::time_point now);
 
   // Everything that can run now, in execution order (may be empty).

@@ -141,9 +141,11 @@ Status Submit(concord_comm_t comm, concord::QueueEntry entry, concord_callback_t
   return Status::Ok();
 }
 
+// request is read only after enqueued was computed (the enqueue call writes it).
 concord_status_t WaitAndFree(concord_comm_t comm, concord_status_t enqueued,
-                             concord_request_t request) {
+                             const concord_request_t* request_out) {
   if (enqueued != CONCORD_SUCCESS) return enqueued;
+  concord_request_t request = *request_out;
   request->state->Wait(concord::Deadline::Infinite());
   Status s = request->state->status();
   concord_request_free(request);
@@ -446,7 +448,7 @@ concord_status_t concord_allreduce(concord_comm_t comm, const char* name,
                                    const concord_allreduce_opts_t* opts) {
   concord_request_t r = nullptr;
   return WaitAndFree(
-      comm, concord_allreduce_async(comm, name, input, output, opts, nullptr, nullptr, &r), r);
+      comm, concord_allreduce_async(comm, name, input, output, opts, nullptr, nullptr, &r), &r);
 }
 
 concord_status_t concord_allgather(concord_comm_t comm, const char* name,
@@ -455,7 +457,8 @@ concord_status_t concord_allgather(concord_comm_t comm, const char* name,
   concord_request_t r = nullptr;
   return WaitAndFree(
       comm,
-      concord_allgather_async(comm, name, input, output, output_capacity, nullptr, nullptr, &r), r);
+      concord_allgather_async(comm, name, input, output, output_capacity, nullptr, nullptr, &r),
+      &r);
 }
 
 concord_status_t concord_broadcast(concord_comm_t comm, const char* name,
@@ -463,12 +466,12 @@ concord_status_t concord_broadcast(concord_comm_t comm, const char* name,
                                    int root) {
   concord_request_t r = nullptr;
   return WaitAndFree(
-      comm, concord_broadcast_async(comm, name, input, output, root, nullptr, nullptr, &r), r);
+      comm, concord_broadcast_async(comm, name, input, output, root, nullptr, nullptr, &r), &r);
 }
 
 concord_status_t concord_barrier(concord_comm_t comm) {
   concord_request_t r = nullptr;
-  return WaitAndFree(comm, concord_barrier_async(comm, nullptr, nullptr, &r), r);
+  return WaitAndFree(comm, concord_barrier_async(comm, nullptr, nullptr, &r), &r);
 }
 
 }  // extern "C"

@@ -1,0 +1,421 @@
+#include "core/coordinator.h"
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace concord {
+namespace {
+
+using std::chrono::milliseconds;
+
+// A float32 sum allreduce of shape {4} named `name`.
+TensorRequest Req(const std::string& name) {
+  TensorRequest r;
+  r.name = name;
+  r.shape = {4};
+  return r;
+}
+
+// A message carrying `requests` in full.
+RequestMessage Full(std::vector<TensorRequest> requests) {
+  RequestMessage m;
+  m.requests = std::move(requests);
+  return m;
+}
+
+// A message carrying only the cache bits `bits`.
+RequestMessage Bits(const std::vector<uint32_t>& bits) {
+  RequestMessage m;
+  for (uint32_t b : bits) {
+    if (b / 64 >= m.cached_mask.size()) m.cached_mask.resize(b / 64 + 1, 0);
+    m.cached_mask[b / 64] |= uint64_t{1} << (b % 64);
+  }
+  return m;
+}
+
+// A successful response for `request`, as the engine inserts it into its cache.
+Response Ok(const TensorRequest& request) {
+  Response r;
+  r.request = request;
+  return r;
+}
+
+// Fixture: a coordinator over `size` ranks with its own response cache; t0 is "now".
+class CoordinatorTest : public ::testing::Test {
+ protected:
+  void Start(int size, StallOptions stall = {}) {
+    coordinator_ = std::make_unique<Coordinator>(size, &cache_, stall);
+  }
+  // Adds `m` from `rank` at t0 + at, expecting success.
+  void Add(int rank, const RequestMessage& m, milliseconds at = milliseconds(0)) {
+    Status s = coordinator_->Add(rank, m, t0_ + at);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+  ResponseMessage Take(milliseconds at = milliseconds(0)) {
+    return coordinator_->TakeReady(t0_ + at);
+  }
+  // The names of the items of `m` in order (cached items through the cache).
+  std::vector<std::string> ItemNames(const ResponseMessage& m) const {
+    std::vector<std::string> out;
+    for (const auto& item : m.items) {
+      out.push_back(item.cached ? cache_.Get(item.bit)->request.name : item.response.request.name);
+    }
+    return out;
+  }
+
+  ResponseCache cache_{64};
+  std::unique_ptr<Coordinator> coordinator_;
+  const Clock::time_point t0_ = Clock::now();
+};
+
+using Names = std::vector<std::string>;
+
+class CoordinatorRanksTest : public CoordinatorTest, public ::testing::WithParamInterface<int> {};
+
+TEST_P(CoordinatorRanksTest, ReadyOnlyWhenEveryRankSent) {
+  const int size = GetParam();
+  Start(size);
+  for (int r = 0; r < size; ++r) {
+    EXPECT_TRUE(Take().items.empty());
+    Add(r, Full({Req("x")}));
+  }
+  ResponseMessage m = Take();
+  ASSERT_EQ(m.items.size(), 1u);
+  EXPECT_FALSE(m.items[0].cached);
+  EXPECT_EQ(m.items[0].response.error, Code::kOk) << m.items[0].response.error_message;
+  EXPECT_EQ(m.items[0].response.request, Req("x"));
+  EXPECT_EQ(coordinator_->pending(), 0u);
+  EXPECT_TRUE(Take().items.empty());
+}
+
+TEST_P(CoordinatorRanksTest, CachedBitReadyOnlyWhenEveryRankSetIt) {
+  const int size = GetParam();
+  Start(size);
+  cache_.Insert(Ok(Req("a")));
+  cache_.Insert(Ok(Req("b")));
+  for (int r = 0; r < size; ++r) {
+    EXPECT_TRUE(Take().items.empty());
+    Add(r, Bits({1}));
+  }
+  ResponseMessage m = Take();
+  ASSERT_EQ(m.items.size(), 1u);
+  EXPECT_TRUE(m.items[0].cached);
+  EXPECT_EQ(m.items[0].bit, 1u);
+  EXPECT_EQ(coordinator_->pending(), 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, CoordinatorRanksTest, ::testing::Values(1, 2, 3, 4));
+
+TEST_F(CoordinatorTest, OrderOfFirstArrivalPreserved) {
+  Start(2);
+  Add(0, Full({Req("a"), Req("b"), Req("c")}));
+  Add(1, Full({Req("c"), Req("b")}));
+  EXPECT_EQ(ItemNames(Take()), (Names{"b", "c"}));
+  Add(1, Full({Req("d"), Req("a")}));
+  Add(0, Full({Req("d")}));
+  EXPECT_EQ(ItemNames(Take()), (Names{"a", "d"}));
+}
+
+TEST_F(CoordinatorTest, UnknownRankAndBitAndDuplicatesAreProtocolErrors) {
+  Start(2);
+  EXPECT_EQ(coordinator_->Add(2, Full({Req("a")}), t0_).code(), Code::kProtocolError);
+  EXPECT_EQ(coordinator_->Add(-1, Full({Req("a")}), t0_).code(), Code::kProtocolError);
+  cache_.Insert(Ok(Req("a")));
+  Status s = coordinator_->Add(1, Bits({5}), t0_);
+  EXPECT_EQ(s.code(), Code::kProtocolError);
+  EXPECT_NE(s.message().find("5"), std::string::npos) << s.message();
+  Add(0, Full({Req("x")}));
+  s = coordinator_->Add(0, Full({Req("x")}), t0_);
+  EXPECT_EQ(s.code(), Code::kProtocolError);
+  EXPECT_NE(s.message().find("'x'"), std::string::npos) << s.message();
+}
+
+TEST_F(CoordinatorTest, AllgatherOfAScalarIsAProtocolError) {
+  Start(1);
+  TensorRequest r = Req("g");
+  r.op = OpType::kAllgather;
+  r.shape.clear();
+  EXPECT_EQ(coordinator_->Add(0, Full({r}), t0_).code(), Code::kProtocolError);
+}
+
+// One field mismatch case: how rank 1's request differs from the others', and what the error says.
+struct MismatchCase {
+  std::string label;
+  std::function<void(TensorRequest&)> base;    // applied on every rank
+  std::function<void(TensorRequest&)> differ;  // then applied on rank 1 only
+  std::vector<std::string> expected;           // substrings of the error message
+};
+
+class CoordinatorMismatchTest : public CoordinatorTest,
+                                public ::testing::WithParamInterface<MismatchCase> {};
+
+TEST_P(CoordinatorMismatchTest, ErrorNamesTensorFieldAndRanks) {
+  const MismatchCase& c = GetParam();
+  Start(3);
+  for (int r = 0; r < 3; ++r) {
+    TensorRequest q = Req("x");
+    c.base(q);
+    if (r == 1) c.differ(q);
+    Add(r, Full({q}));
+  }
+  ResponseMessage m = Take();
+  ASSERT_EQ(m.items.size(), 1u);
+  const Response& resp = m.items[0].response;
+  EXPECT_EQ(resp.error, Code::kMismatch);
+  EXPECT_NE(resp.error_message.find("tensor 'x'"), std::string::npos) << resp.error_message;
+  EXPECT_NE(resp.error_message.find("ranks 0, 2"), std::string::npos) << resp.error_message;
+  EXPECT_NE(resp.error_message.find("on rank 1"), std::string::npos) << resp.error_message;
+  for (const auto& s : c.expected) {
+    EXPECT_NE(resp.error_message.find(s), std::string::npos) << s << " in " << resp.error_message;
+  }
+  EXPECT_EQ(coordinator_->pending(), 0u);
+}
+
+// Request mutators for the mismatch cases: none, into a {2, 3} allgather, into a broadcast.
+void NoChange(TensorRequest&) {}
+void MakeAllgather(TensorRequest& r) {
+  r.op = OpType::kAllgather;
+  r.shape = {2, 3};
+}
+void MakeBroadcast(TensorRequest& r) {
+  r.op = OpType::kBroadcast;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fields, CoordinatorMismatchTest,
+    ::testing::Values(
+        MismatchCase{"dtype",
+                     NoChange,
+                     [](TensorRequest& r) { r.dtype = DType::kFloat64; },
+                     {"dtype", "float32 on ranks 0, 2", "float64 on rank 1"}},
+        MismatchCase{"shape",
+                     NoChange,
+                     [](TensorRequest& r) {
+                       r.shape = {2, 2};
+                     },
+                     {"shape", "[4] on ranks 0, 2", "[2, 2] on rank 1"}},
+        MismatchCase{"op",
+                     NoChange,
+                     [](TensorRequest& r) { r.op = OpType::kBroadcast; },
+                     {"operation", "allreduce", "broadcast"}},
+        MismatchCase{"reduce_op",
+                     NoChange,
+                     [](TensorRequest& r) { r.reduce_op = ReduceOp::kMax; },
+                     {"reduce op", "sum", "max"}},
+        MismatchCase{"root",
+                     MakeBroadcast,
+                     [](TensorRequest& r) { r.root = 2; },
+                     {"root", "0 on ranks 0, 2", "2 on rank 1"}},
+        MismatchCase{
+            "prescale", NoChange, [](TensorRequest& r) { r.prescale = 0.5; }, {"prescale"}},
+        // Values that print alike with six decimals must still be told apart.
+        MismatchCase{"tiny_prescale",
+                     NoChange,
+                     [](TensorRequest& r) { r.prescale = 1.0000000001; },
+                     {"prescale"}},
+        MismatchCase{
+            "postscale", NoChange, [](TensorRequest& r) { r.postscale = 1e-9; }, {"postscale"}},
+        MismatchCase{"device",
+                     NoChange,
+                     [](TensorRequest& r) { r.device = 0; },
+                     {"device", "cpu", "cuda:0"}},
+        MismatchCase{"allgather_trailing",
+                     MakeAllgather,
+                     [](TensorRequest& r) {
+                       r.shape = {2, 4};
+                     },
+                     {"shape after the first dimension", "[3] on ranks 0, 2", "[4] on rank 1"}},
+        MismatchCase{"allgather_ndim",
+                     MakeAllgather,
+                     [](TensorRequest& r) { r.shape = {2}; },
+                     {"number of dimensions"}},
+        MismatchCase{"group",
+                     NoChange,
+                     [](TensorRequest& r) {
+                       r.group = "x#1";
+                       r.group_size = 1;
+                     },
+                     {"group", "no group"}}),
+    [](const ::testing::TestParamInfo<MismatchCase>& info) { return info.param.label; });
+
+TEST_F(CoordinatorTest, AllgatherFirstDimsMayDiffer) {
+  Start(3);
+  const std::vector<int64_t> dims = {2, 0, 5};
+  for (int r = 0; r < 3; ++r) {
+    TensorRequest q = Req("g");
+    MakeAllgather(q);
+    q.shape[0] = dims[r];
+    Add(r, Full({q}));
+  }
+  ResponseMessage m = Take();
+  ASSERT_EQ(m.items.size(), 1u);
+  const Response& resp = m.items[0].response;
+  EXPECT_EQ(resp.error, Code::kOk) << resp.error_message;
+  EXPECT_EQ(resp.first_dims, dims);
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(resp.RequestOf(r).shape[0], dims[r]);
+}
+
+TEST_F(CoordinatorTest, BitOnOneRankAndFullRequestOnAnotherAreExpandedAndValidated) {
+  Start(2);
+  cache_.Insert(Ok(Req("a")));
+  TensorRequest different = Req("a");
+  different.dtype = DType::kInt32;
+  Add(0, Bits({0}));
+  Add(1, Full({different}));
+  ResponseMessage m = Take();
+  ASSERT_EQ(m.items.size(), 1u);
+  EXPECT_FALSE(m.items[0].cached);
+  EXPECT_EQ(m.items[0].response.error, Code::kMismatch);
+  EXPECT_NE(m.items[0].response.error_message.find("dtype"), std::string::npos);
+  EXPECT_EQ(coordinator_->pending(), 0u);
+
+  // Equal requests through both paths make a normal response.
+  Add(1, Full({Req("a")}));
+  Add(0, Bits({0}));
+  m = Take();
+  ASSERT_EQ(m.items.size(), 1u);
+  EXPECT_EQ(m.items[0].response.error, Code::kOk) << m.items[0].response.error_message;
+  EXPECT_EQ(m.items[0].response.request, Req("a"));
+}
+
+TEST_F(CoordinatorTest, ExpandedBitWaitsForTheMissingRank) {
+  Start(3);
+  cache_.Insert(Ok(Req("a")));
+  Add(0, Bits({0}));
+  Add(1, Full({Req("a")}));
+  EXPECT_TRUE(Take().items.empty());
+  Add(2, Bits({0}));
+  ResponseMessage m = Take();
+  ASSERT_EQ(m.items.size(), 1u);
+  EXPECT_EQ(m.items[0].response.error, Code::kOk) << m.items[0].response.error_message;
+}
+
+TEST_F(CoordinatorTest, DifferentBitsOfOneNameAreExpanded) {
+  Start(2);
+  TensorRequest big = Req("a");
+  big.shape = {8};
+  cache_.Insert(Ok(Req("a")));
+  cache_.Insert(Ok(big));
+  Add(0, Bits({0}));
+  Add(1, Bits({1}));
+  ResponseMessage m = Take();
+  ASSERT_EQ(m.items.size(), 1u);
+  EXPECT_EQ(m.items[0].response.error, Code::kMismatch);
+  EXPECT_NE(m.items[0].response.error_message.find("[4] on rank 0; [8] on rank 1"),
+            std::string::npos)
+      << m.items[0].response.error_message;
+  EXPECT_EQ(coordinator_->pending(), 0u);
+}
+
+TEST_F(CoordinatorTest, GroupsLeaveOnlyWhole) {
+  Start(2);
+  TensorRequest a = Req("a"), b = Req("b"), c = Req("c");
+  for (TensorRequest* q : {&a, &b}) {
+    q->group = "a#2";
+    q->group_size = 2;
+  }
+  Add(0, Full({a, c}));
+  Add(1, Full({a, c}));
+  EXPECT_EQ(ItemNames(Take()), (Names{"c"}));  // a is held for b
+  EXPECT_EQ(coordinator_->pending(), 1u);
+  Add(0, Full({b}));
+  EXPECT_TRUE(Take().items.empty());
+  Add(1, Full({b}));
+  EXPECT_EQ(ItemNames(Take()), (Names{"a", "b"}));
+  EXPECT_EQ(coordinator_->pending(), 0u);
+
+  // Cached members are held the same way, and a failed member counts as ready.
+  cache_.Insert(Ok(a));
+  TensorRequest b_wrong = b;
+  b_wrong.dtype = DType::kInt8;
+  Add(0, Bits({0}));
+  Add(1, Bits({0}));
+  EXPECT_TRUE(Take().items.empty());
+  Add(0, Full({b}));
+  Add(1, Full({b_wrong}));
+  ResponseMessage m = Take();
+  EXPECT_EQ(ItemNames(m), (Names{"a", "b"}));
+  EXPECT_TRUE(m.items[0].cached);
+  EXPECT_EQ(m.items[1].response.error, Code::kMismatch);
+}
+
+TEST_F(CoordinatorTest, StallWarningsNameMissingRanksOnce) {
+  StallOptions stall;
+  stall.warning = milliseconds(1000);
+  Start(3, stall);
+  cache_.Insert(Ok(Req("cached")));
+  Add(0, Full({Req("x")}));
+  Add(2, Full({Req("x")}), milliseconds(500));
+  Add(1, Bits({0}), milliseconds(200));
+  EXPECT_TRUE(Take().items.empty());
+  EXPECT_TRUE(coordinator_->StallWarnings(t0_ + milliseconds(999)).empty());
+  auto w = coordinator_->StallWarnings(t0_ + milliseconds(1000));
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_NE(w[0].find("'x'"), std::string::npos) << w[0];
+  EXPECT_NE(w[0].find("rank 1"), std::string::npos) << w[0];
+  EXPECT_TRUE(coordinator_->StallWarnings(t0_ + milliseconds(1100)).empty());
+  w = coordinator_->StallWarnings(t0_ + milliseconds(1200));
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_NE(w[0].find("'cached'"), std::string::npos) << w[0];
+  EXPECT_NE(w[0].find("ranks 0, 2"), std::string::npos) << w[0];
+  EXPECT_TRUE(coordinator_->StallWarnings(t0_ + milliseconds(5000)).empty());
+}
+
+TEST_F(CoordinatorTest, StallShutdownFailsWithTimeout) {
+  StallOptions stall;
+  stall.warning = milliseconds(100);
+  stall.shutdown = milliseconds(1000);
+  Start(3, stall);
+  cache_.Insert(Ok(Req("cached")));
+  Add(0, Full({Req("x")}));
+  Add(1, Full({Req("x")}));
+  Add(2, Bits({0}), milliseconds(300));
+  EXPECT_TRUE(Take(milliseconds(999)).items.empty());
+  ResponseMessage m = Take(milliseconds(1000));
+  ASSERT_EQ(m.items.size(), 1u);
+  const Response& x = m.items[0].response;
+  EXPECT_EQ(x.request.name, "x");
+  EXPECT_EQ(x.error, Code::kTimeout);
+  EXPECT_NE(x.error_message.find("rank 2"), std::string::npos) << x.error_message;
+  m = Take(milliseconds(1300));
+  ASSERT_EQ(m.items.size(), 1u);
+  EXPECT_FALSE(m.items[0].cached);
+  EXPECT_EQ(m.items[0].response.request.name, "cached");
+  EXPECT_EQ(m.items[0].response.error, Code::kTimeout);
+  EXPECT_NE(m.items[0].response.error_message.find("ranks 0, 1"), std::string::npos)
+      << m.items[0].response.error_message;
+  EXPECT_EQ(coordinator_->pending(), 0u);
+  // The name can be negotiated again afterwards.
+  for (int r = 0; r < 3; ++r) Add(r, Full({Req("x")}), milliseconds(2000));
+  m = Take(milliseconds(2000));
+  ASSERT_EQ(m.items.size(), 1u);
+  EXPECT_EQ(m.items[0].response.error, Code::kOk);
+}
+
+TEST_F(CoordinatorTest, NextStallCheck) {
+  StallOptions stall;
+  stall.warning = milliseconds(100);
+  stall.shutdown = milliseconds(1000);
+  Start(2, stall);
+  EXPECT_FALSE(coordinator_->NextStallCheck().has_value());
+  Add(0, Full({Req("x")}), milliseconds(50));
+  EXPECT_EQ(coordinator_->NextStallCheck(), t0_ + milliseconds(150));
+  coordinator_->StallWarnings(t0_ + milliseconds(150));
+  EXPECT_EQ(coordinator_->NextStallCheck(), t0_ + milliseconds(1050));
+  Add(1, Full({Req("x")}));
+  Take(milliseconds(200));
+  EXPECT_FALSE(coordinator_->NextStallCheck().has_value());
+
+  // Without a shutdown time, nothing is due once warned.
+  Start(2, StallOptions{milliseconds(100), milliseconds(0)});
+  Add(0, Full({Req("y")}));
+  EXPECT_EQ(coordinator_->NextStallCheck(), t0_ + milliseconds(100));
+  coordinator_->StallWarnings(t0_ + milliseconds(100));
+  EXPECT_FALSE(coordinator_->NextStallCheck().has_value());
+}
+
+}  // namespace
+}  // namespace concord

@@ -1,0 +1,743 @@
+// The engine with ranks as threads: real Engines over the in-process control plane and backend.
+#include "core/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/unit/inproc_transport.h"
+
+namespace concord {
+namespace {
+
+using std::chrono::milliseconds;
+
+const std::vector<DType> kAllDTypes = {DType::kUint8,   DType::kInt8,    DType::kInt32,
+                                       DType::kInt64,   DType::kFloat16, DType::kBFloat16,
+                                       DType::kFloat32, DType::kFloat64};
+
+// Runs fn(rank) on one thread per rank and joins them all.
+void OnRanks(int size, const std::function<void(int)>& fn) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) threads.emplace_back(fn, r);
+  for (auto& t : threads) t.join();
+}
+
+// A job of `size` engines whose ranks are threads of this process, joined by one InProcWorld.
+// `tweak` may change each rank's Config before Finalize(). All engines shut down together (their
+// Shutdown() is a negotiated barrier) before any is destroyed, so tearing down never looks like a
+// rank dying.
+class Job {
+ public:
+  explicit Job(int size, const std::function<void(Config&)>& tweak = nullptr,
+               milliseconds backend_timeout = milliseconds(20000))
+      : world_(std::make_shared<InProcWorld>(size, backend_timeout)) {
+    for (int r = 0; r < size; ++r) {
+      Config c;
+      c.rank = r;
+      c.size = size;
+      c.log_level = 0;
+      if (tweak) tweak(c);
+      EXPECT_TRUE(c.Finalize().ok());
+      engines_.push_back(
+          std::make_unique<Engine>(c, world_->MakeControlPlane(r), world_->MakeBackend(r), world_));
+    }
+  }
+  ~Job() {
+    OnRanks(size(), [this](int rank) { engines_[rank]->Shutdown(); });
+  }
+  int size() const { return static_cast<int>(engines_.size()); }
+  Engine& operator[](int rank) { return *engines_[rank]; }
+  InProcWorld& world() { return *world_; }
+
+ private:
+  std::shared_ptr<InProcWorld> world_;
+  std::vector<std::unique_ptr<Engine>> engines_;
+};
+
+// A QueueEntry for `request` over the given buffers, with a fresh completion state.
+QueueEntry Entry(TensorRequest request, const void* input, void* output, size_t capacity = 0) {
+  QueueEntry e;
+  e.request = std::move(request);
+  e.input = input;
+  e.output = output;
+  e.output_capacity = capacity;
+  e.state = std::make_shared<RequestState>();
+  return e;
+}
+
+// Enqueues `entry` on `engine` (expecting success) and returns its completion state.
+std::shared_ptr<RequestState> Submit(Engine& engine, QueueEntry entry) {
+  auto state = entry.state;
+  Status s = engine.Enqueue(std::move(entry));
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return state;
+}
+
+// The final status of `state`, or a kTimeout status when it does not complete within `limit`.
+Status Await(const std::shared_ptr<RequestState>& state, milliseconds limit = milliseconds(20000)) {
+  if (!state->Wait(Deadline::After(limit))) return TimeoutError("request did not complete");
+  return state->status();
+}
+
+// A request with the given name, op, dtype and shape; every other field at its default.
+TensorRequest Request(const std::string& name, OpType op, DType dtype, std::vector<int64_t> shape) {
+  TensorRequest r;
+  r.name = name;
+  r.op = op;
+  r.dtype = dtype;
+  r.shape = std::move(shape);
+  return r;
+}
+
+// Element i of a buffer of `dtype`, as a double (half types converted).
+double Load(DType dtype, const void* data, size_t i) {
+  switch (dtype) {
+    case DType::kUint8:
+      return static_cast<const uint8_t*>(data)[i];
+    case DType::kInt8:
+      return static_cast<const int8_t*>(data)[i];
+    case DType::kInt32:
+      return static_cast<const int32_t*>(data)[i];
+    case DType::kInt64:
+      return static_cast<double>(static_cast<const int64_t*>(data)[i]);
+    case DType::kFloat16:
+      return HalfToFloat(static_cast<const uint16_t*>(data)[i]);
+    case DType::kBFloat16:
+      return BFloat16ToFloat(static_cast<const uint16_t*>(data)[i]);
+    case DType::kFloat32:
+      return static_cast<const float*>(data)[i];
+    case DType::kFloat64:
+      return static_cast<const double*>(data)[i];
+  }
+  return 0;
+}
+
+// Stores v (exactly representable in `dtype`) as element i.
+void Store(DType dtype, void* data, size_t i, double v) {
+  switch (dtype) {
+    case DType::kUint8:
+      static_cast<uint8_t*>(data)[i] = static_cast<uint8_t>(v);
+      break;
+    case DType::kInt8:
+      static_cast<int8_t*>(data)[i] = static_cast<int8_t>(v);
+      break;
+    case DType::kInt32:
+      static_cast<int32_t*>(data)[i] = static_cast<int32_t>(v);
+      break;
+    case DType::kInt64:
+      static_cast<int64_t*>(data)[i] = static_cast<int64_t>(v);
+      break;
+    case DType::kFloat16:
+      static_cast<uint16_t*>(data)[i] = FloatToHalf(static_cast<float>(v));
+      break;
+    case DType::kBFloat16:
+      static_cast<uint16_t*>(data)[i] = FloatToBFloat16(static_cast<float>(v));
+      break;
+    case DType::kFloat32:
+      static_cast<float*>(data)[i] = static_cast<float>(v);
+      break;
+    case DType::kFloat64:
+      static_cast<double*>(data)[i] = v;
+      break;
+  }
+}
+
+// Input values depend on i only through i % kPeriod, so expected results are computed per period.
+constexpr size_t kPeriod = 7 * 11 * 2;
+
+// Rank `rank`'s input element i for `op`: small integers whose sums, products, minima and maxima
+// are exact in every dtype (non-negative for uint8; negative ones check truncation toward zero).
+double InputValue(ReduceOp op, DType dtype, int rank, size_t i) {
+  const bool is_unsigned = dtype == DType::kUint8;
+  switch (op) {
+    case ReduceOp::kProduct:
+      return 1.0 + static_cast<double>((i + rank) % 2);
+    case ReduceOp::kMin:
+    case ReduceOp::kMax:
+      return static_cast<double>((i * 7 + rank * 3) % 11) - (is_unsigned ? 0.0 : 5.0);
+    default:
+      return static_cast<double>(i % 7 + rank) - (is_unsigned ? 0.0 : 3.0);
+  }
+}
+
+// The expected result element i (i < kPeriod) over `size` ranks, with the scale factors applied
+// as the engine does: prescale each input, reduce, average (integers truncate toward zero), then
+// postscale.
+double Expected(ReduceOp op, DType dtype, int size, size_t i, double prescale, double postscale) {
+  double acc = prescale * InputValue(op, dtype, 0, i);
+  for (int r = 1; r < size; ++r) {
+    const double v = prescale * InputValue(op, dtype, r, i);
+    switch (op) {
+      case ReduceOp::kSum:
+      case ReduceOp::kAverage:
+        acc += v;
+        break;
+      case ReduceOp::kMin:
+        acc = std::min(acc, v);
+        break;
+      case ReduceOp::kMax:
+        acc = std::max(acc, v);
+        break;
+      case ReduceOp::kProduct:
+        acc *= v;
+        break;
+    }
+  }
+  if (op == ReduceOp::kAverage) {
+    acc = IsFloatingPoint(dtype) ? acc / size : std::trunc(acc / size);
+  }
+  return acc * postscale;
+}
+
+// Allowed absolute error for a result of magnitude `expected` in `dtype`.
+double Tolerance(DType dtype, double expected) {
+  const double scale = std::max(1.0, std::fabs(expected));
+  if (IsHalfPrecision(dtype)) return 1e-2 * scale;
+  if (dtype == DType::kFloat32) return 1e-6 * scale;
+  if (dtype == DType::kFloat64) return 1e-12 * scale;
+  return 0.0;
+}
+
+class EngineAllreduceTest : public ::testing::TestWithParam<std::tuple<int, DType>> {};
+
+// Every reduce op x sizes {0, 1, 7, 4099, 1<<20}, in place and out of place (out of place with
+// prescale 0.5 and postscale 4 on floating types), all of one op enqueued together.
+TEST_P(EngineAllreduceTest, EveryOpAndSize) {
+  const auto [size, dtype] = GetParam();
+  const std::vector<size_t> counts = {0, 1, 7, 4099, size_t{1} << 20};
+  const size_t elem = DTypeSize(dtype);
+  Job job(size);
+  for (int op_index = 0; op_index < kNumReduceOps; ++op_index) {
+    const auto op = static_cast<ReduceOp>(op_index);
+    OnRanks(size, [&](int rank) {
+      struct Case {
+        std::vector<uint8_t> in, out;
+        double pre, post;
+        std::shared_ptr<RequestState> state;
+      };
+      std::vector<Case> cases;
+      for (size_t n : counts) {
+        for (bool in_place : {true, false}) {
+          Case c;
+          const bool scaled = !in_place && IsFloatingPoint(dtype);
+          c.pre = scaled ? 0.5 : 1.0;
+          c.post = scaled ? 4.0 : 1.0;
+          c.in.resize(n * elem);
+          for (size_t i = 0; i < n; ++i)
+            Store(dtype, c.in.data(), i, InputValue(op, dtype, rank, i));
+          if (!in_place) c.out.assign(n * elem, 0xAB);
+          cases.push_back(std::move(c));
+        }
+      }
+      size_t k = 0;
+      for (size_t n : counts) {
+        for (bool in_place : {true, false}) {
+          Case& c = cases[k++];
+          TensorRequest r = Request("t." + std::to_string(n) + (in_place ? ".in" : ".out"),
+                                    OpType::kAllreduce, dtype, {static_cast<int64_t>(n)});
+          r.reduce_op = op;
+          r.prescale = c.pre;
+          r.postscale = c.post;
+          c.state = Submit(job[rank], Entry(r, c.in.data(), in_place ? c.in.data() : c.out.data()));
+        }
+      }
+      k = 0;
+      for (size_t n : counts) {
+        for (bool in_place : {true, false}) {
+          Case& c = cases[k++];
+          Status s = Await(c.state);
+          ASSERT_TRUE(s.ok()) << s.ToString();
+          std::vector<double> expected(kPeriod);
+          for (size_t i = 0; i < kPeriod; ++i) {
+            expected[i] = Expected(op, dtype, size, i, c.pre, c.post);
+          }
+          const uint8_t* got = in_place ? c.in.data() : c.out.data();
+          size_t wrong = 0;
+          for (size_t i = 0; i < n && wrong < 3; ++i) {
+            const double want = expected[i % kPeriod];
+            const double have = Load(dtype, got, i);
+            if (std::fabs(have - want) > Tolerance(dtype, want)) {
+              ++wrong;
+              ADD_FAILURE() << "rank " << rank << " " << ReduceOpName(op) << " n=" << n
+                            << (in_place ? " in place" : " out of place") << " element " << i
+                            << ": got " << have << ", want " << want;
+            }
+          }
+        }
+      }
+    });
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(RanksAndDTypes, EngineAllreduceTest,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4),
+                                            ::testing::ValuesIn(kAllDTypes)),
+                         [](const ::testing::TestParamInfo<std::tuple<int, DType>>& info) {
+                           return std::to_string(std::get<0>(info.param)) + "ranks_" +
+                                  DTypeName(std::get<1>(info.param));
+                         });
+
+class EngineRanksTest : public ::testing::TestWithParam<int> {};
+
+// Rank r contributes (r + 2) % 3 rows of 3 int32 values r * 100 + j.
+int64_t FirstDim(int rank) {
+  return (rank + 2) % 3;
+}
+
+TEST_P(EngineRanksTest, AllgatherWithDifferentFirstDims) {
+  const int size = GetParam();
+  Job job(size);
+  std::vector<int32_t> want;
+  int64_t rows = 0;
+  for (int r = 0; r < size; ++r) {
+    for (int64_t j = 0; j < FirstDim(r) * 3; ++j) want.push_back(static_cast<int32_t>(r * 100 + j));
+    rows += FirstDim(r);
+  }
+  const size_t total = want.size() * sizeof(int32_t);
+  OnRanks(size, [&](int rank) {
+    std::vector<int32_t> in(FirstDim(rank) * 3);
+    for (size_t j = 0; j < in.size(); ++j) in[j] = static_cast<int32_t>(rank * 100 + j);
+    const TensorRequest base = Request("", OpType::kAllgather, DType::kInt32, {FirstDim(rank), 3});
+    // Caller's buffer, exactly large enough.
+    std::vector<int32_t> out(want.size() + 1, -1);
+    TensorRequest r = base;
+    r.name = "ag.caller";
+    auto caller = Submit(job[rank], Entry(r, in.data(), out.data(), total));
+    // Library-owned output.
+    r.name = "ag.owned";
+    auto owned = Submit(job[rank], Entry(r, in.data(), nullptr));
+    // Rank 1's buffer is one byte short: only rank 1 fails.
+    std::vector<int32_t> small(want.size() + 1, -1);
+    r.name = "ag.small";
+    auto short_one =
+        Submit(job[rank], Entry(r, in.data(), small.data(), rank == 1 ? total - 1 : total));
+
+    Status s = Await(caller);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_EQ(std::vector<int32_t>(out.begin(), out.end() - 1), want);
+    EXPECT_EQ(out.back(), -1);
+    EXPECT_EQ(caller->output().data, out.data());
+    EXPECT_EQ(caller->output().bytes, total);
+    EXPECT_EQ(caller->output().first_dim, rows);
+
+    s = Await(owned);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    const auto& o = owned->output();
+    EXPECT_EQ(o.bytes, total);
+    EXPECT_EQ(o.first_dim, rows);
+    ASSERT_EQ(o.owned.size(), total);
+    EXPECT_EQ(o.data, o.owned.data());
+    std::vector<int32_t> got(want.size());
+    std::memcpy(got.data(), o.data, total);
+    EXPECT_EQ(got, want);
+
+    s = Await(short_one);
+    if (rank == 1) {
+      EXPECT_EQ(s.code(), Code::kInvalidArgument) << s.ToString();
+      EXPECT_NE(s.message().find("ag.small"), std::string::npos) << s.message();
+      EXPECT_EQ(short_one->output().data, nullptr);
+      EXPECT_EQ(small, std::vector<int32_t>(want.size() + 1, -1));  // untouched
+    } else {
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      EXPECT_EQ(std::vector<int32_t>(small.begin(), small.end() - 1), want);
+    }
+  });
+  EXPECT_TRUE(job[0].failure().ok());
+}
+
+TEST_P(EngineRanksTest, BroadcastFromEveryRoot) {
+  const int size = GetParam();
+  Job job(size);
+  constexpr int kCount = 1000;
+  OnRanks(size, [&](int rank) {
+    for (int root = 0; root < size; ++root) {
+      std::vector<int64_t> in(kCount), out(kCount, -1), inplace(kCount, -1);
+      if (rank == root) {
+        for (int i = 0; i < kCount; ++i) in[i] = inplace[i] = root * 100000 + i;
+      }
+      TensorRequest r =
+          Request("bcast." + std::to_string(root), OpType::kBroadcast, DType::kInt64, {kCount});
+      r.root = root;
+      auto a = Submit(job[rank], Entry(r, in.data(), out.data()));
+      r.name += ".inplace";
+      auto b = Submit(job[rank], Entry(r, inplace.data(), inplace.data()));
+      Status s = Await(a);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      s = Await(b);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      for (int i = 0; i < kCount; ++i) {
+        ASSERT_EQ(out[i], root * 100000 + i) << "root " << root << " rank " << rank;
+        ASSERT_EQ(inplace[i], root * 100000 + i) << "root " << root << " rank " << rank;
+      }
+    }
+  });
+}
+
+TEST_P(EngineRanksTest, Barriers) {
+  const int size = GetParam();
+  Job job(size);
+  OnRanks(size, [&](int rank) {
+    for (int i = 0; i < 3; ++i) {
+      TensorRequest r = Request(job[rank].NextBarrierName(), OpType::kBarrier, DType::kUint8, {});
+      EXPECT_EQ(r.name, "__concord.barrier." + std::to_string(i));
+      Status s = Await(Submit(job[rank], Entry(r, nullptr, nullptr)));
+      EXPECT_TRUE(s.ok()) << s.ToString();
+    }
+  });
+}
+
+TEST_P(EngineRanksTest, GroupIsFusedIntoOneBatch) {
+  const int size = GetParam();
+  Job job(size);
+  OnRanks(size, [&](int rank) {
+    Engine& e = job[rank];
+    EXPECT_EQ(e.GroupEnd().code(), Code::kInvalidArgument);
+    const uint64_t batches = e.stats().batches.load();
+    const uint64_t fused = e.stats().fused_tensors.load();
+    std::vector<std::vector<float>> data;
+    for (int k = 0; k < 3; ++k) data.emplace_back(5 + k, static_cast<float>(rank + k));
+    ASSERT_TRUE(e.GroupStart().ok());
+    EXPECT_EQ(e.GroupStart().code(), Code::kInvalidArgument);  // groups do not nest
+    std::vector<std::shared_ptr<RequestState>> states;
+    for (int k = 0; k < 3; ++k) {
+      TensorRequest r = Request("grp." + std::to_string(k), OpType::kAllreduce, DType::kFloat32,
+                                {static_cast<int64_t>(data[k].size())});
+      states.push_back(Submit(e, Entry(r, data[k].data(), data[k].data())));
+    }
+    // A repeated name within the group is refused; the group goes on without it.
+    TensorRequest dup = Request("grp.0", OpType::kAllreduce, DType::kFloat32, {5});
+    EXPECT_EQ(e.Enqueue(Entry(dup, data[0].data(), data[0].data())).code(), Code::kInvalidArgument);
+    ASSERT_TRUE(e.GroupEnd().ok());
+    for (int k = 0; k < 3; ++k) {
+      Status s = Await(states[k]);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      const float want = static_cast<float>(size * (size - 1) / 2 + size * k);
+      for (float v : data[k]) EXPECT_EQ(v, want);
+    }
+    EXPECT_EQ(e.stats().batches.load() - batches, 1u);
+    EXPECT_EQ(e.stats().fused_tensors.load() - fused, 3u);
+  });
+}
+
+TEST(EngineGroupTest, RefusedGroupCompletesItsMembers) {
+  Job job(2);
+  std::vector<float> data(4, 1.0f);
+  // Only rank 0 submits "held", so it stays in flight.
+  auto held = Submit(job[0], Entry(Request("held", OpType::kAllreduce, DType::kFloat32, {4}),
+                                   data.data(), data.data()));
+  ASSERT_TRUE(job[0].GroupStart().ok());
+  auto other = Submit(job[0], Entry(Request("other", OpType::kAllreduce, DType::kFloat32, {4}),
+                                    data.data(), data.data()));
+  auto again = Submit(job[0], Entry(Request("held", OpType::kAllreduce, DType::kFloat32, {4}),
+                                    data.data(), data.data()));
+  Status s = job[0].GroupEnd();
+  EXPECT_EQ(s.code(), Code::kInvalidArgument) << s.ToString();
+  EXPECT_EQ(Await(other, milliseconds(1000)).code(), Code::kInvalidArgument);
+  EXPECT_EQ(Await(again, milliseconds(1000)).code(), Code::kInvalidArgument);
+  EXPECT_FALSE(held->done());
+}
+
+TEST_P(EngineRanksTest, ManyTensorsFromSeveralThreadsInDifferentOrders) {
+  const int size = GetParam();
+  constexpr int kTensors = 60, kThreads = 3;
+  Job job(size);
+  OnRanks(size, [&](int rank) {
+    std::vector<std::vector<int32_t>> data(kTensors);
+    std::vector<std::shared_ptr<RequestState>> states(kTensors);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        std::vector<int> mine;
+        for (int k = t; k < kTensors; k += kThreads) mine.push_back(k);
+        std::shuffle(mine.begin(), mine.end(), std::mt19937(rank * 100 + t));
+        for (int k : mine) {
+          data[k].assign((k * 13) % 200, rank + k);
+          TensorRequest r = Request("many." + std::to_string(k), OpType::kAllreduce, DType::kInt32,
+                                    {static_cast<int64_t>(data[k].size())});
+          states[k] = Submit(job[rank], Entry(r, data[k].data(), data[k].data()));
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int k = 0; k < kTensors; ++k) {
+      Status s = Await(states[k]);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      for (int32_t v : data[k]) ASSERT_EQ(v, size * (size - 1) / 2 + size * k);
+    }
+  });
+}
+
+TEST_P(EngineRanksTest, RepeatedStepsHitTheResponseCache) {
+  const int size = GetParam();
+  constexpr int kTensors = 10;
+  Job job(size);
+  for (int step = 0; step < 3; ++step) {
+    OnRanks(size, [&](int rank) {
+      const uint64_t cached = job[rank].stats().responses_cached.load();
+      std::vector<std::vector<double>> data(kTensors);
+      std::vector<std::shared_ptr<RequestState>> states;
+      for (int k = 0; k < kTensors; ++k) {
+        data[k].assign(k + 1, 1.0 + step);
+        TensorRequest r =
+            Request("step." + std::to_string(k), OpType::kAllreduce, DType::kFloat64, {k + 1});
+        states.push_back(Submit(job[rank], Entry(r, data[k].data(), data[k].data())));
+      }
+      for (int k = 0; k < kTensors; ++k) {
+        Status s = Await(states[k]);
+        ASSERT_TRUE(s.ok()) << s.ToString();
+        for (double v : data[k]) EXPECT_EQ(v, size * (1.0 + step));
+      }
+      const uint64_t now = job[rank].stats().responses_cached.load();
+      EXPECT_EQ(now - cached, step == 0 ? 0u : uint64_t{kTensors}) << "step " << step;
+    });
+  }
+}
+
+// One mismatch: rank 1 submits `differ`'s version of tensor "bad"; the error names `field`.
+struct EngineMismatch {
+  std::string label;
+  std::function<void(TensorRequest&)> differ;
+  std::string field;
+};
+
+class EngineMismatchTest : public ::testing::TestWithParam<std::tuple<int, EngineMismatch>> {};
+
+TEST_P(EngineMismatchTest, EveryRankFailsAndTheEngineGoesOn) {
+  const auto& [size, c] = GetParam();
+  Job job(size);
+  OnRanks(size, [&](int rank) {
+    std::vector<float> data(8, 1.0f), out(64, 0.0f);
+    TensorRequest r = Request("bad", OpType::kAllreduce, DType::kFloat32, {8});
+    if (rank == 1) c.differ(r);
+    Status s = Await(Submit(job[rank], Entry(r, data.data(), out.data(), out.size() * 4)));
+    EXPECT_EQ(s.code(), Code::kMismatch) << s.ToString();
+    EXPECT_NE(s.message().find("'bad'"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find(c.field), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("on rank 1"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find(size == 2 ? "on rank 0" : "on ranks 0, 2"), std::string::npos)
+        << s.message();
+    // The same name and others work afterwards.
+    for (const char* name : {"bad", "good"}) {
+      TensorRequest ok = Request(name, OpType::kAllreduce, DType::kFloat32, {8});
+      std::vector<float> d(8, 1.0f);
+      s = Await(Submit(job[rank], Entry(ok, d.data(), d.data())));
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      EXPECT_EQ(d[7], static_cast<float>(size));
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fields, EngineMismatchTest,
+    ::testing::Combine(
+        ::testing::Values(2, 3, 4),
+        ::testing::Values(
+            EngineMismatch{"dtype", [](TensorRequest& r) { r.dtype = DType::kFloat64; }, "dtype"},
+            EngineMismatch{"shape",
+                           [](TensorRequest& r) {
+                             r.shape = {2, 4};
+                           },
+                           "shape"},
+            EngineMismatch{"op", [](TensorRequest& r) { r.op = OpType::kAllgather; },
+                           "operation"})),
+    [](const ::testing::TestParamInfo<std::tuple<int, EngineMismatch>>& info) {
+      return std::to_string(std::get<0>(info.param)) + "ranks_" + std::get<1>(info.param).label;
+    });
+
+TEST_P(EngineRanksTest, ShutdownCompletesPendingWithNotInitialized) {
+  const int size = GetParam();
+  // Shutdown() first waits (at most the timeout) for a finalizing barrier the others never join.
+  Job job(
+      size, [](Config& c) { c.timeout_s = 0.3; }, milliseconds(300));
+  std::vector<float> data(4, 1.0f);
+  // Only the last rank submits: the request can never run.
+  Engine& last = job[size - 1];
+  auto state = size == 1
+                   ? nullptr
+                   : Submit(last, Entry(Request("lonely", OpType::kAllreduce, DType::kFloat32, {4}),
+                                        data.data(), data.data()));
+  std::this_thread::sleep_for(milliseconds(20));
+  last.Shutdown();
+  if (state) {
+    ASSERT_TRUE(state->done());
+    EXPECT_EQ(state->status().code(), Code::kNotInitialized);
+  }
+  Status s = last.Enqueue(
+      Entry(Request("later", OpType::kAllreduce, DType::kFloat32, {4}), data.data(), data.data()));
+  EXPECT_EQ(s.code(), Code::kNotInitialized) << s.ToString();
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, EngineRanksTest, ::testing::Values(1, 2, 3, 4));
+
+class EngineDeathTest : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+
+// Every rank but the victim (rank 0 or the last) has a request pending; the victim dies.
+TEST_P(EngineDeathTest, OtherRanksFailPromptly) {
+  const auto [size, kill_zero] = GetParam();
+  const int victim = kill_zero ? 0 : size - 1;
+  Job job(size);
+  std::vector<std::vector<float>> data(size, std::vector<float>(16, 1.0f));
+  std::vector<std::shared_ptr<RequestState>> states(size);
+  for (int r = 0; r < size; ++r) {
+    if (r == victim) continue;
+    states[r] = Submit(job[r], Entry(Request("pending", OpType::kAllreduce, DType::kFloat32, {16}),
+                                     data[r].data(), data[r].data()));
+  }
+  std::this_thread::sleep_for(milliseconds(50));
+  const auto start = Clock::now();
+  job.world().Kill(victim);
+  for (int r = 0; r < size; ++r) {
+    if (r == victim) continue;
+    Status s = Await(states[r], milliseconds(3000));
+    EXPECT_EQ(s.code(), Code::kPeerFailure) << "rank " << r << ": " << s.ToString();
+    EXPECT_NE(s.message().find(std::to_string(victim)), std::string::npos) << s.message();
+  }
+  EXPECT_LT(Clock::now() - start, milliseconds(3000));
+  for (int r = 0; r < size; ++r) {
+    if (r == victim) continue;
+    // Later enqueues return the failure at once.
+    Status s = job[r].Enqueue(Entry(Request("after", OpType::kAllreduce, DType::kFloat32, {16}),
+                                    data[r].data(), data[r].data()));
+    EXPECT_FALSE(s.ok()) << "rank " << r;
+    EXPECT_FALSE(job[r].failure().ok()) << "rank " << r;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(SizesAndVictims, EngineDeathTest,
+                         ::testing::Combine(::testing::Values(2, 3, 4), ::testing::Bool()));
+
+TEST(EngineStallTest, StallShutdownCompletesWithTimeout) {
+  Job job(2, [](Config& c) {
+    c.stall_warning_s = 0.05;
+    c.stall_shutdown_s = 0.2;
+  });
+  std::vector<float> data(4, 1.0f);
+  auto state = Submit(job[0], Entry(Request("stalled", OpType::kAllreduce, DType::kFloat32, {4}),
+                                    data.data(), data.data()));
+  Status s = Await(state, milliseconds(5000));
+  EXPECT_EQ(s.code(), Code::kTimeout) << s.ToString();
+  EXPECT_NE(s.message().find("rank 1"), std::string::npos) << s.message();
+  // The job is still healthy.
+  OnRanks(2, [&](int rank) {
+    std::vector<float> d(4, 1.0f);
+    Status ok =
+        Await(Submit(job[rank], Entry(Request("fine", OpType::kAllreduce, DType::kFloat32, {4}),
+                                      d.data(), d.data())));
+    EXPECT_TRUE(ok.ok()) << ok.ToString();
+    EXPECT_EQ(d[0], 2.0f);
+  });
+}
+
+// One invalid entry: how to break a valid allreduce entry, and the code expected.
+struct InvalidCase {
+  std::string label;
+  std::function<void(QueueEntry&)> breakit;
+  Code code;
+  std::string text;  // part of the message
+};
+
+class EngineValidateTest : public ::testing::TestWithParam<InvalidCase> {};
+
+TEST_P(EngineValidateTest, RefusedWithNothingQueued) {
+  const InvalidCase& c = GetParam();
+  Job job(1);
+  std::vector<int32_t> data(6, 1);
+  QueueEntry e =
+      Entry(Request("v", OpType::kAllreduce, DType::kInt32, {2, 3}), data.data(), data.data());
+  c.breakit(e);
+  const std::string name = e.request.name;
+  Status s = job[0].Enqueue(std::move(e));
+  EXPECT_EQ(s.code(), c.code) << s.ToString();
+  EXPECT_NE(s.message().find(c.text), std::string::npos) << s.message();
+  // Nothing was queued: the same name can be enqueued validly and runs.
+  if (!name.empty() && name.rfind("__concord", 0) != 0) {
+    Status ok = Await(Submit(job[0], Entry(Request(name, OpType::kAllreduce, DType::kInt32, {6}),
+                                           data.data(), data.data())));
+    EXPECT_TRUE(ok.ok()) << ok.ToString();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, EngineValidateTest,
+    ::testing::Values(
+        InvalidCase{"empty_name", [](QueueEntry& e) { e.request.name.clear(); },
+                    Code::kInvalidArgument, "empty"},
+        InvalidCase{"reserved_prefix", [](QueueEntry& e) { e.request.name = "__concord.x"; },
+                    Code::kInvalidArgument, "reserved"},
+        InvalidCase{"negative_dim",
+                    [](QueueEntry& e) {
+                      e.request.shape = {2, -3};
+                    },
+                    Code::kInvalidArgument, "negative dimension"},
+        InvalidCase{"too_many_dims", [](QueueEntry& e) { e.request.shape.assign(9, 1); },
+                    Code::kInvalidArgument, "8 dimensions"},
+        InvalidCase{"too_large",
+                    [](QueueEntry& e) {
+                      e.request.shape = {int64_t{1} << 40, int64_t{1} << 20};
+                    },
+                    Code::kInvalidArgument, "too large"},
+        InvalidCase{"bad_root",
+                    [](QueueEntry& e) {
+                      e.request.op = OpType::kBroadcast;
+                      e.request.root = 1;
+                    },
+                    Code::kInvalidArgument, "root 1"},
+        InvalidCase{"negative_root",
+                    [](QueueEntry& e) {
+                      e.request.op = OpType::kBroadcast;
+                      e.request.root = -1;
+                    },
+                    Code::kInvalidArgument, "root -1"},
+        InvalidCase{"null_input", [](QueueEntry& e) { e.input = nullptr; }, Code::kInvalidArgument,
+                    "input data is NULL"},
+        InvalidCase{"null_output", [](QueueEntry& e) { e.output = nullptr; },
+                    Code::kInvalidArgument, "output data is NULL"},
+        InvalidCase{"scale_on_int", [](QueueEntry& e) { e.request.prescale = 2.0; },
+                    Code::kInvalidArgument, "floating-point"},
+        InvalidCase{"postscale_on_int", [](QueueEntry& e) { e.request.postscale = 0.5; },
+                    Code::kInvalidArgument, "floating-point"},
+        InvalidCase{"infinite_scale",
+                    [](QueueEntry& e) {
+                      e.request.dtype = DType::kFloat32;
+                      e.request.prescale = INFINITY;
+                    },
+                    Code::kInvalidArgument, "finite"},
+        InvalidCase{"allgather_scalar",
+                    [](QueueEntry& e) {
+                      e.request.op = OpType::kAllgather;
+                      e.request.shape.clear();
+                    },
+                    Code::kInvalidArgument, "at least one dimension"},
+        InvalidCase{"bad_dtype", [](QueueEntry& e) { e.request.dtype = static_cast<DType>(42); },
+                    Code::kInvalidArgument, "dtype"},
+        InvalidCase{"bad_reduce_op",
+                    [](QueueEntry& e) { e.request.reduce_op = static_cast<ReduceOp>(9); },
+                    Code::kInvalidArgument, "reduce op"},
+        InvalidCase{"device", [](QueueEntry& e) { e.request.device = 0; }, Code::kUnavailable,
+                    "CPU"},
+        InvalidCase{"no_state", [](QueueEntry& e) { e.state.reset(); }, Code::kInternal,
+                    "completion state"}),
+    [](const ::testing::TestParamInfo<InvalidCase>& info) { return info.param.label; });
+
+TEST(EngineValidateTest, ValidEdgeCasesAccepted) {
+  QueueEntry barrier =
+      Entry(Request("__concord.barrier.0", OpType::kBarrier, DType::kUint8, {}), nullptr, nullptr);
+  EXPECT_TRUE(ValidateEntry(barrier, 2).ok());
+  QueueEntry empty =
+      Entry(Request("empty", OpType::kAllreduce, DType::kFloat32, {0, 5}), nullptr, nullptr);
+  EXPECT_TRUE(ValidateEntry(empty, 2).ok());
+  QueueEntry gather =
+      Entry(Request("g", OpType::kAllgather, DType::kFloat32, {0}), nullptr, nullptr);
+  EXPECT_TRUE(ValidateEntry(gather, 2).ok());
+}
+
+}  // namespace
+}  // namespace concord

@@ -1,0 +1,232 @@
+#include "tests/unit/inproc_transport.h"
+
+#include <cstring>
+#include <functional>
+
+namespace concord {
+namespace {
+
+Status PeerFailure(const std::string& message) {
+  return Status(Code::kPeerFailure, message);
+}
+
+}  // namespace
+
+class InProcControlPlane : public ControlPlane {
+ public:
+  InProcControlPlane(InProcWorld* world, int rank) : world_(world), rank_(rank) {}
+  ~InProcControlPlane() override { world_->Kill(rank_); }
+
+  int rank() const override { return rank_; }
+  int size() const override { return world_->size_; }
+
+  Status Send(int to, const std::string& bytes) override {
+    if (to < 0 || to >= world_->size_ || to == rank_ || (rank_ != 0 && to != 0)) {
+      return InvalidArgument("rank " + std::to_string(rank_) + " cannot send to rank " +
+                             std::to_string(to));
+    }
+    std::lock_guard<std::mutex> lock(world_->mu_);
+    if (world_->dead_[rank_]) return PeerFailure("this rank's control plane is closed");
+    if (world_->dead_[to]) return PeerFailure("rank " + std::to_string(to) + " failed");
+    world_->mailbox_[to].push_back(ControlMessage{rank_, bytes});
+    world_->cv_.notify_all();
+    return Status::Ok();
+  }
+
+  StatusOr<bool> Receive(ControlMessage* out, Deadline deadline) override {
+    std::unique_lock<std::mutex> lock(world_->mu_);
+    while (true) {
+      if (world_->dead_[rank_]) return PeerFailure("this rank's control plane is closed");
+      auto& box = world_->mailbox_[rank_];
+      if (!box.empty()) {
+        *out = std::move(box.front());
+        box.pop_front();
+        return true;
+      }
+      if (world_->woken_[rank_]) {
+        world_->woken_[rank_] = false;
+        return false;
+      }
+      const int dead = world_->DeadPeer(rank_, /*star=*/true);
+      if (dead >= 0) return PeerFailure("rank " + std::to_string(dead) + " failed");
+      if (deadline.passed()) return false;
+      if (deadline.infinite()) {
+        world_->cv_.wait(lock);
+      } else {
+        world_->cv_.wait_until(lock, deadline.at());
+      }
+    }
+  }
+
+  void Wake() override {
+    std::lock_guard<std::mutex> lock(world_->mu_);
+    world_->woken_[rank_] = true;
+    world_->cv_.notify_all();
+  }
+
+ private:
+  InProcWorld* const world_;
+  const int rank_;
+};
+
+class InProcBackend : public Backend {
+ public:
+  InProcBackend(InProcWorld* world, int rank) : world_(world), rank_(rank) {}
+
+  const char* name() const override { return "inproc"; }
+  int rank() const override { return rank_; }
+  int size() const override { return world_->size_; }
+
+  Status Allreduce(void* data, size_t count, DType dtype, ReduceOp op) override {
+    InProcWorld::Slot slot{kAllreduce, data, count * DTypeSize(dtype), count, dtype, op, 0};
+    std::vector<uint8_t> result(slot.bytes);
+    return Collective(
+        slot,
+        [&](const std::vector<InProcWorld::Slot>& all) {
+          if (count == 0) return;
+          std::memcpy(result.data(), all[0].in, slot.bytes);
+          for (size_t r = 1; r < all.size(); ++r) {
+            ReduceElements(result.data(), result.data(), all[r].in, count, dtype, op);
+          }
+        },
+        [&] {
+          if (count > 0) std::memcpy(data, result.data(), slot.bytes);
+        });
+  }
+
+  Status Allgatherv(const void* in, void* out, const std::vector<size_t>& bytes_per_rank) override {
+    if (bytes_per_rank.size() != static_cast<size_t>(world_->size_)) {
+      return InvalidArgument("allgatherv needs one byte count per rank");
+    }
+    size_t total = 0;
+    for (size_t b : bytes_per_rank) total += b;
+    InProcWorld::Slot slot{kAllgather,     in, bytes_per_rank[rank_], total, DType::kUint8,
+                           ReduceOp::kSum, 0};
+    std::vector<uint8_t> result(total);
+    return Collective(
+        slot,
+        [&](const std::vector<InProcWorld::Slot>& all) {
+          size_t offset = 0;
+          for (const auto& s : all) {
+            if (s.bytes > 0) std::memcpy(result.data() + offset, s.in, s.bytes);
+            offset += s.bytes;
+          }
+        },
+        [&] {
+          if (total > 0) std::memcpy(out, result.data(), total);
+        });
+  }
+
+  Status Broadcast(void* data, size_t bytes, int root) override {
+    InProcWorld::Slot slot{kBroadcast, data, bytes, bytes, DType::kUint8, ReduceOp::kSum, root};
+    std::vector<uint8_t> result(bytes);
+    return Collective(
+        slot,
+        [&](const std::vector<InProcWorld::Slot>& all) {
+          if (bytes > 0) std::memcpy(result.data(), all[root].in, bytes);
+        },
+        [&] {
+          if (bytes > 0 && rank_ != root) std::memcpy(data, result.data(), bytes);
+        });
+  }
+
+  Status Barrier() override {
+    InProcWorld::Slot slot{kBarrier, nullptr, 0, 0, DType::kUint8, ReduceOp::kSum, 0};
+    return Collective(
+        slot, [](const std::vector<InProcWorld::Slot>&) {}, [] {});
+  }
+
+ private:
+  enum Kind { kAllreduce, kAllgather, kBroadcast, kBarrier };
+
+  // Deposits `slot`, waits for every rank, checks that all ranks called the same collective,
+  // runs compute(all slots) (other ranks' inputs stay valid: they wait at the second rendezvous),
+  // waits again so no rank's input is overwritten while being read, then runs copy_out().
+  Status Collective(const InProcWorld::Slot& slot,
+                    const std::function<void(const std::vector<InProcWorld::Slot>&)>& compute,
+                    const std::function<void()>& copy_out) {
+    std::unique_lock<std::mutex> lock(world_->mu_);
+    world_->slots_[rank_] = slot;
+    CONCORD_RETURN_IF_ERROR(world_->Rendezvous(lock, rank_));
+    const std::vector<InProcWorld::Slot> all = world_->slots_;
+    for (const auto& s : all) {
+      if (s.kind != slot.kind || s.count != slot.count || s.dtype != slot.dtype ||
+          s.op != slot.op || s.root != slot.root) {
+        world_->broken_ = Status(Code::kBackendError, "ranks called different collectives");
+        world_->cv_.notify_all();
+        return world_->broken_;
+      }
+    }
+    lock.unlock();
+    compute(all);
+    lock.lock();
+    CONCORD_RETURN_IF_ERROR(world_->Rendezvous(lock, rank_));
+    lock.unlock();
+    copy_out();
+    return Status::Ok();
+  }
+
+  InProcWorld* const world_;
+  const int rank_;
+};
+
+InProcWorld::InProcWorld(int size, std::chrono::milliseconds timeout)
+    : size_(size),
+      timeout_(timeout),
+      dead_(size, false),
+      mailbox_(size),
+      woken_(size, false),
+      slots_(size) {}
+
+std::unique_ptr<ControlPlane> InProcWorld::MakeControlPlane(int rank) {
+  return std::make_unique<InProcControlPlane>(this, rank);
+}
+
+std::unique_ptr<Backend> InProcWorld::MakeBackend(int rank) {
+  return std::make_unique<InProcBackend>(this, rank);
+}
+
+void InProcWorld::Kill(int rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  dead_[rank] = true;
+  cv_.notify_all();
+}
+
+int InProcWorld::DeadPeer(int self, bool star) const {
+  for (int r = 0; r < size_; ++r) {
+    if (r == self || !dead_[r]) continue;
+    if (!star || self == 0 || r == 0) return r;
+  }
+  return -1;
+}
+
+Status InProcWorld::Rendezvous(std::unique_lock<std::mutex>& lock, int rank) {
+  if (!broken_.ok()) return broken_;
+  if (dead_[rank]) return PeerFailure("this rank's backend is closed");
+  const uint64_t generation = generation_;
+  if (++arrived_ == size_) {
+    arrived_ = 0;
+    ++generation_;
+    cv_.notify_all();
+    return Status::Ok();
+  }
+  const auto deadline = Clock::now() + timeout_;
+  while (generation_ == generation) {
+    if (!broken_.ok()) return broken_;
+    const int dead = DeadPeer(rank, /*star=*/false);
+    if (dead >= 0 || dead_[rank]) {
+      broken_ = PeerFailure("rank " + std::to_string(dead >= 0 ? dead : rank) + " failed");
+      cv_.notify_all();
+      return broken_;
+    }
+    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && generation_ == generation) {
+      broken_ = TimeoutError("backend collective: not every rank arrived within " +
+                             std::to_string(timeout_.count()) + " ms");
+      cv_.notify_all();
+      return broken_;
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace concord

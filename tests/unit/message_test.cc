@@ -1,0 +1,337 @@
+#include "core/message.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace concord {
+namespace {
+
+// A request exercising every field, with the given op, dtype and reduce op.
+TensorRequest FullRequest(OpType op, DType dtype, ReduceOp reduce) {
+  TensorRequest r;
+  r.name = std::string("layer.") + OpTypeName(op) + "." + DTypeName(dtype);
+  r.op = op;
+  r.dtype = dtype;
+  r.reduce_op = reduce;
+  r.shape = {3, 0, 7};
+  r.root = 2;
+  r.prescale = 0.25;
+  r.postscale = -3.5;
+  r.device = -1;
+  r.group = "g#2";
+  r.group_size = 2;
+  return r;
+}
+
+// Expects two responses to be equal field by field (Response has no operator==).
+void ExpectSameResponse(const Response& a, const Response& b) {
+  EXPECT_EQ(a.request, b.request);
+  EXPECT_EQ(a.first_dims, b.first_dims);
+  EXPECT_EQ(a.error, b.error);
+  EXPECT_EQ(a.error_message, b.error_message);
+}
+
+// A request message and a response message that together use every field and variant.
+RequestMessage SampleRequestMessage() {
+  RequestMessage m;
+  m.cached_mask = {0x1, 0x8000000000000000ull, 0};
+  m.requests.push_back(FullRequest(OpType::kAllgather, DType::kBFloat16, ReduceOp::kMax));
+  TensorRequest scalar;
+  scalar.name = "s";
+  m.requests.push_back(scalar);
+  return m;
+}
+
+ResponseMessage SampleResponseMessage() {
+  ResponseMessage m;
+  ResponseItem cached;
+  cached.cached = true;
+  cached.bit = 77;
+  m.items.push_back(cached);
+  ResponseItem full;
+  full.response.request = FullRequest(OpType::kAllgather, DType::kInt64, ReduceOp::kSum);
+  full.response.first_dims = {1, 0, 5};
+  m.items.push_back(full);
+  ResponseItem error;
+  error.response.request = FullRequest(OpType::kAllreduce, DType::kFloat32, ReduceOp::kMin);
+  error.response.error = Code::kMismatch;
+  error.response.error_message = "tensor 'x': ranks disagree on dtype";
+  m.items.push_back(error);
+  return m;
+}
+
+class RequestRoundTrip : public ::testing::TestWithParam<std::tuple<OpType, DType, ReduceOp>> {};
+
+TEST_P(RequestRoundTrip, EveryField) {
+  const auto [op, dtype, reduce] = GetParam();
+  RequestMessage m;
+  m.requests.push_back(FullRequest(op, dtype, reduce));
+  TensorRequest plain = FullRequest(op, dtype, reduce);
+  plain.name += ".plain";
+  plain.shape = {};
+  plain.group.clear();
+  plain.group_size = 0;
+  m.requests.push_back(plain);
+  auto parsed = ParseRequestMessage(SerializeRequestMessage(m));
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_TRUE(parsed->cached_mask.empty());
+  EXPECT_EQ(parsed->requests, m.requests);
+
+  ResponseMessage rm;
+  ResponseItem item;
+  item.response.request = m.requests[0];
+  item.response.first_dims = {4, 0, 2};
+  rm.items.push_back(item);
+  auto rparsed = ParseResponseMessage(SerializeResponseMessage(rm));
+  ASSERT_TRUE(rparsed.ok()) << rparsed.status().ToString();
+  ASSERT_EQ(rparsed->items.size(), 1u);
+  EXPECT_FALSE(rparsed->items[0].cached);
+  ExpectSameResponse(rparsed->items[0].response, item.response);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllEnums, RequestRoundTrip,
+    ::testing::Combine(::testing::Values(OpType::kAllreduce, OpType::kAllgather, OpType::kBroadcast,
+                                         OpType::kBarrier),
+                       ::testing::Values(DType::kUint8, DType::kInt8, DType::kInt32, DType::kInt64,
+                                         DType::kFloat16, DType::kBFloat16, DType::kFloat32,
+                                         DType::kFloat64),
+                       ::testing::Values(ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin,
+                                         ReduceOp::kMax, ReduceOp::kProduct)));
+
+TEST(MessageTest, EmptyMessagesRoundTrip) {
+  auto req = ParseRequestMessage(SerializeRequestMessage(RequestMessage{}));
+  ASSERT_TRUE(req.ok());
+  EXPECT_TRUE(req->empty());
+  auto resp = ParseResponseMessage(SerializeResponseMessage(ResponseMessage{}));
+  ASSERT_TRUE(resp.ok());
+  EXPECT_TRUE(resp->items.empty());
+  EXPECT_FALSE(resp->abort);
+}
+
+TEST(MessageTest, CachedMaskAndRequestsRoundTrip) {
+  const RequestMessage m = SampleRequestMessage();
+  auto parsed = ParseRequestMessage(SerializeRequestMessage(m));
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_EQ(parsed->cached_mask, m.cached_mask);
+  EXPECT_EQ(parsed->requests, m.requests);
+}
+
+TEST(MessageTest, ResponseItemsRoundTrip) {
+  const ResponseMessage m = SampleResponseMessage();
+  auto parsed = ParseResponseMessage(SerializeResponseMessage(m));
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  ASSERT_EQ(parsed->items.size(), m.items.size());
+  for (size_t i = 0; i < m.items.size(); ++i) {
+    EXPECT_EQ(parsed->items[i].cached, m.items[i].cached);
+    if (m.items[i].cached) {
+      EXPECT_EQ(parsed->items[i].bit, m.items[i].bit);
+    } else {
+      ExpectSameResponse(parsed->items[i].response, m.items[i].response);
+    }
+  }
+}
+
+TEST(MessageTest, AbortRoundTrip) {
+  ResponseMessage m;
+  m.abort = true;
+  m.abort_code = Code::kPeerFailure;
+  m.abort_reason = "rank 3 died";
+  auto parsed = ParseResponseMessage(SerializeResponseMessage(m));
+  ASSERT_TRUE(parsed.ok());
+  EXPECT_TRUE(parsed->abort);
+  EXPECT_EQ(parsed->abort_code, Code::kPeerFailure);
+  EXPECT_EQ(parsed->abort_reason, "rank 3 died");
+}
+
+// Expects both parsers to refuse `bytes` with kProtocolError.
+void ExpectRejected(const std::string& bytes, const std::string& what) {
+  auto req = ParseRequestMessage(bytes);
+  ASSERT_FALSE(req.ok()) << what;
+  EXPECT_EQ(req.status().code(), Code::kProtocolError) << what;
+  auto resp = ParseResponseMessage(bytes);
+  ASSERT_FALSE(resp.ok()) << what;
+  EXPECT_EQ(resp.status().code(), Code::kProtocolError) << what;
+}
+
+TEST(MessageTest, EveryTruncatedPrefixIsRejected) {
+  const std::string req = SerializeRequestMessage(SampleRequestMessage());
+  for (size_t n = 0; n < req.size(); ++n) ExpectRejected(req.substr(0, n), "request prefix");
+  ResponseMessage abort;
+  abort.abort = true;
+  abort.abort_code = Code::kTimeout;
+  abort.abort_reason = "late";
+  for (const ResponseMessage& m : {SampleResponseMessage(), abort}) {
+    const std::string resp = SerializeResponseMessage(m);
+    for (size_t n = 0; n < resp.size(); ++n) ExpectRejected(resp.substr(0, n), "response prefix");
+  }
+}
+
+TEST(MessageTest, BadTagVersionAndTrailingBytesAreRejected) {
+  const std::string req = SerializeRequestMessage(SampleRequestMessage());
+  const std::string resp = SerializeResponseMessage(SampleResponseMessage());
+  for (const std::string& valid : {req, resp}) {
+    std::string bad_tag = valid;
+    bad_tag[0] = static_cast<char>(bad_tag[0] ^ 0x40);
+    ExpectRejected(bad_tag, "tag");
+    std::string bad_version = valid;
+    bad_version[1] = 2;
+    ExpectRejected(bad_version, "version");
+    ExpectRejected(valid + '\0', "trailing byte");
+  }
+  // A request message is not a response message and vice versa.
+  EXPECT_EQ(ParseResponseMessage(req).status().code(), Code::kProtocolError);
+  EXPECT_EQ(ParseRequestMessage(resp).status().code(), Code::kProtocolError);
+}
+
+// Little-endian bytes of a 32-bit value.
+std::string U32Bytes(uint32_t v) {
+  std::string s(4, '\0');
+  std::memcpy(&s[0], &v, 4);
+  return s;
+}
+
+TEST(MessageTest, HugeCountsAreRejected) {
+  const std::string req_header("\xC1\x01", 2);
+  const std::string resp_header("\xC2\x01", 2);
+  for (uint32_t count : {0xFFFFFFFFu, 0x80000000u, 1000u}) {
+    // Mask word count, then request count.
+    ExpectRejected(req_header + U32Bytes(count), "mask count");
+    ExpectRejected(req_header + U32Bytes(0) + U32Bytes(count), "request count");
+    // Item count after abort flag, code and empty reason.
+    ExpectRejected(resp_header + '\0' + U32Bytes(0) + U32Bytes(0) + U32Bytes(count), "item count");
+    ExpectRejected(resp_header + '\0' + U32Bytes(0) + U32Bytes(count), "reason length");
+  }
+  // A string length beyond the message and a dimension count beyond the limit.
+  RequestMessage m;
+  TensorRequest r;
+  r.name = "abc";
+  r.shape.assign(65, 1);
+  m.requests.push_back(r);
+  ExpectRejected(SerializeRequestMessage(m), "65 dimensions");
+  std::string bytes = SerializeRequestMessage(SampleRequestMessage());
+  const size_t name_len_at = 2 + 4 + 3 * 8 + 4;
+  bytes.replace(name_len_at, 4, U32Bytes(0xFFFFFF00u));
+  ExpectRejected(bytes, "name length");
+}
+
+// The serialized request message holding only `r`, and the offset of r's op byte in it.
+std::string OneRequest(const TensorRequest& r, size_t* op_at) {
+  RequestMessage m;
+  m.requests.push_back(r);
+  *op_at = 2 + 4 + 4 + 4 + r.name.size();
+  return SerializeRequestMessage(m);
+}
+
+TEST(MessageTest, InvalidEnumsAndNegativeValuesAreRejected) {
+  TensorRequest r;
+  r.name = "t";
+  r.shape = {2};
+  size_t op_at = 0;
+  const std::string valid = OneRequest(r, &op_at);
+  ASSERT_TRUE(ParseRequestMessage(valid).ok());
+  // Offsets 0, 1, 2 from op_at: op, dtype, reduce op; each with the first invalid value and 0xFF.
+  const std::vector<std::pair<size_t, uint8_t>> bad_enums = {
+      {0, kNumOpTypes}, {0, 0xFF}, {1, kNumDTypes}, {1, 0xFF}, {2, kNumReduceOps}, {2, 0xFF}};
+  for (const auto& [offset, value] : bad_enums) {
+    std::string bad = valid;
+    bad[op_at + offset] = static_cast<char>(value);
+    ExpectRejected(bad, "enum at offset " + std::to_string(offset));
+  }
+  TensorRequest negative = r;
+  negative.shape = {3, -1};
+  ExpectRejected(OneRequest(negative, &op_at), "negative dimension");
+  TensorRequest negative_group = r;
+  negative_group.group = "g";
+  negative_group.group_size = -2;
+  ExpectRejected(OneRequest(negative_group, &op_at), "negative group size");
+
+  // Response-only fields: status codes, flags and first dimensions.
+  auto response_with = [](auto mutate) {
+    ResponseMessage m;
+    ResponseItem item;
+    item.response.request.name = "x";
+    item.response.first_dims = {1, 2};
+    m.items.push_back(item);
+    mutate(m);
+    return SerializeResponseMessage(m);
+  };
+  ExpectRejected(response_with([](ResponseMessage& m) { m.items[0].response.error = Code(99); }),
+                 "error code");
+  ExpectRejected(response_with([](ResponseMessage& m) { m.items[0].response.error = Code(-1); }),
+                 "negative error code");
+  ExpectRejected(response_with([](ResponseMessage& m) { m.abort_code = Code(14); }), "abort code");
+  ExpectRejected(response_with([](ResponseMessage& m) {
+                   m.items[0].response.first_dims = {1, -5};
+                 }),
+                 "negative first dim");
+  std::string bad_abort = response_with([](ResponseMessage&) {});
+  bad_abort[2] = 2;
+  ExpectRejected(bad_abort, "abort flag");
+  std::string bad_cached = response_with([](ResponseMessage&) {});
+  bad_cached[2 + 1 + 4 + 4 + 4] = 7;
+  ExpectRejected(bad_cached, "cached flag");
+}
+
+// Parses `bytes` with both parsers: each either refuses with kProtocolError or accepts bytes that
+// serialize back to exactly the same string (the format is canonical).
+void ExpectParsedSafely(const std::string& bytes) {
+  auto req = ParseRequestMessage(bytes);
+  if (req.ok()) {
+    EXPECT_EQ(SerializeRequestMessage(*req), bytes);
+  } else {
+    EXPECT_EQ(req.status().code(), Code::kProtocolError);
+  }
+  auto resp = ParseResponseMessage(bytes);
+  if (resp.ok()) {
+    EXPECT_EQ(SerializeResponseMessage(*resp), bytes);
+  } else {
+    EXPECT_EQ(resp.status().code(), Code::kProtocolError);
+  }
+}
+
+TEST(MessageTest, RandomBytesNeverCrash) {
+  std::mt19937 rng(12345);
+  for (int i = 0; i < 4000; ++i) {
+    std::string bytes(rng() % 160, '\0');
+    for (char& c : bytes) c = static_cast<char>(rng() & 0xFF);
+    // Half of them start with a valid header so the parsers get past it.
+    if (bytes.size() >= 2 && i % 2 == 0) {
+      bytes[0] = static_cast<char>(i % 4 == 0 ? 0xC1 : 0xC2);
+      bytes[1] = 1;
+    }
+    ExpectParsedSafely(bytes);
+  }
+}
+
+TEST(MessageTest, RandomMutationsOfValidMessagesNeverCrash) {
+  std::mt19937 rng(54321);
+  const std::vector<std::string> valid = {SerializeRequestMessage(SampleRequestMessage()),
+                                          SerializeResponseMessage(SampleResponseMessage())};
+  for (int i = 0; i < 4000; ++i) {
+    std::string bytes = valid[i % 2];
+    const int flips = 1 + static_cast<int>(rng() % 4);
+    for (int f = 0; f < flips; ++f) {
+      const size_t at = 2 + rng() % (bytes.size() - 2);
+      switch (rng() % 3) {
+        case 0:
+          bytes[at] = static_cast<char>(rng() & 0xFF);
+          break;
+        case 1:
+          bytes.erase(at, 1);
+          break;
+        default:
+          bytes.insert(at, 1, static_cast<char>(rng() & 0xFF));
+          break;
+      }
+    }
+    ExpectParsedSafely(bytes);
+  }
+}
+
+}  // namespace
+}  // namespace concord

@@ -1,0 +1,116 @@
+#include "core/response_cache.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace concord {
+namespace {
+
+// A successful allreduce response for `name` with the given shape.
+Response Allreduce(const std::string& name, std::vector<int64_t> shape) {
+  Response r;
+  r.request.name = name;
+  r.request.shape = std::move(shape);
+  return r;
+}
+
+// A successful allgather response: trailing dims {3}, first dimension first_dims[r] on rank r.
+Response Allgather(const std::string& name, std::vector<int64_t> first_dims) {
+  Response r;
+  r.request.name = name;
+  r.request.op = OpType::kAllgather;
+  r.request.shape = {first_dims.at(0), 3};
+  r.first_dims = std::move(first_dims);
+  return r;
+}
+
+TEST(ResponseCacheTest, InsertLookupGet) {
+  ResponseCache cache(8);
+  EXPECT_EQ(cache.capacity(), 8u);
+  const Response a = Allreduce("a", {4});
+  const Response b = Allreduce("b", {2, 2});
+  EXPECT_FALSE(cache.Lookup(a.request, 0).has_value());
+  cache.Insert(a);
+  cache.Insert(b);
+  EXPECT_EQ(cache.size(), 2u);
+  EXPECT_EQ(cache.Lookup(a.request, 0), 0u);
+  EXPECT_EQ(cache.Lookup(b.request, 1), 1u);
+  ASSERT_NE(cache.Get(1), nullptr);
+  EXPECT_EQ(cache.Get(1)->request, b.request);
+  EXPECT_EQ(cache.Get(2), nullptr);
+  EXPECT_EQ(cache.Get(0xFFFFFFFFu), nullptr);
+  // Any field that differs misses.
+  TensorRequest other = a.request;
+  other.dtype = DType::kFloat64;
+  EXPECT_FALSE(cache.Lookup(other, 0).has_value());
+  other = a.request;
+  other.prescale = 2.0;
+  EXPECT_FALSE(cache.Lookup(other, 0).has_value());
+}
+
+TEST(ResponseCacheTest, AllgatherMatchesEachRanksOwnFirstDimension) {
+  ResponseCache cache(8);
+  const Response g = Allgather("g", {2, 5, 0});
+  cache.Insert(g);
+  for (int rank = 0; rank < 3; ++rank) {
+    TensorRequest mine = g.RequestOf(rank);
+    EXPECT_EQ(mine.shape[0], g.first_dims[rank]);
+    EXPECT_EQ(cache.Lookup(mine, rank), 0u) << "rank " << rank;
+    // Another rank's first dimension is not this rank's request.
+    TensorRequest wrong = g.RequestOf((rank + 1) % 3);
+    EXPECT_FALSE(cache.Lookup(wrong, rank).has_value()) << "rank " << rank;
+  }
+}
+
+TEST(ResponseCacheTest, IdenticalInsertIgnored) {
+  ResponseCache cache(8);
+  cache.Insert(Allreduce("a", {4}));
+  cache.Insert(Allreduce("a", {4}));
+  cache.Insert(Allgather("g", {1, 2}));
+  cache.Insert(Allgather("g", {1, 2}));
+  EXPECT_EQ(cache.size(), 2u);
+}
+
+TEST(ResponseCacheTest, SameNameDifferentSignatureGetsNewBit) {
+  ResponseCache cache(8);
+  cache.Insert(Allreduce("a", {4}));
+  cache.Insert(Allreduce("a", {8}));
+  cache.Insert(Allgather("g", {1, 2}));
+  cache.Insert(Allgather("g", {1, 3}));  // differs only in rank 1's first dimension
+  EXPECT_EQ(cache.size(), 4u);
+  EXPECT_EQ(cache.Lookup(Allreduce("a", {4}).request, 0), 0u);
+  EXPECT_EQ(cache.Lookup(Allreduce("a", {8}).request, 0), 1u);
+  EXPECT_EQ(cache.Lookup(Allgather("g", {1, 3}).RequestOf(1), 1), 3u);
+}
+
+TEST(ResponseCacheTest, ErrorsAreNotCached) {
+  ResponseCache cache(8);
+  Response e = Allreduce("e", {4});
+  e.error = Code::kMismatch;
+  e.error_message = "ranks disagree";
+  cache.Insert(e);
+  EXPECT_EQ(cache.size(), 0u);
+  EXPECT_FALSE(cache.Lookup(e.request, 0).has_value());
+}
+
+TEST(ResponseCacheTest, FullCacheInsertsNothing) {
+  ResponseCache cache(2);
+  cache.Insert(Allreduce("a", {1}));
+  cache.Insert(Allreduce("b", {1}));
+  cache.Insert(Allreduce("c", {1}));
+  EXPECT_EQ(cache.size(), 2u);
+  EXPECT_FALSE(cache.Lookup(Allreduce("c", {1}).request, 0).has_value());
+  EXPECT_EQ(cache.Lookup(Allreduce("b", {1}).request, 0), 1u);
+}
+
+TEST(ResponseCacheTest, CapacityZeroDisables) {
+  ResponseCache cache(0);
+  cache.Insert(Allreduce("a", {1}));
+  EXPECT_EQ(cache.size(), 0u);
+  EXPECT_EQ(cache.Get(0), nullptr);
+  EXPECT_FALSE(cache.Lookup(Allreduce("a", {1}).request, 0).has_value());
+}
+
+}  // namespace
+}  // namespace concord
