@@ -192,6 +192,9 @@ void Coordinator::ExpireStalled(Clock::time_point now, std::vector<Response>* er
     }
     Response error = *cache_->Get(it->first);
     error.error = Code::kTimeout;
+    for (int r = 0; r < size_; ++r) {
+      if (present[r]) error.error_ranks.push_back(r);
+    }
     error.error_message =
         "tensor '" + error.request.name + "' was not submitted by " + MissingRanks(present) + why;
     errors->push_back(std::move(error));
@@ -211,6 +214,9 @@ void Coordinator::ExpireStalled(Clock::time_point now, std::vector<Response>* er
     Response error;
     error.request = *it->second.by_rank[first];
     error.error = Code::kTimeout;
+    for (int r = 0; r < size_; ++r) {
+      if (present[r]) error.error_ranks.push_back(r);
+    }
     error.error_message =
         "tensor '" + it->first + "' was not submitted by " + MissingRanks(present) + why;
     errors->push_back(std::move(error));

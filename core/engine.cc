@@ -367,6 +367,8 @@ Status Engine::Execute(const ResponseMessage& message) {
   }
   std::vector<std::optional<QueueEntry>> entries(responses.size());
   for (size_t i = 0; i < responses.size(); ++i) {
+    // An error for other ranks (a stall timeout this rank was late for) leaves its entry alone.
+    if (!responses[i]->AppliesTo(config_.rank)) continue;
     entries[i] = queue_.Take(responses[i]->request.name);
     const bool expected = responses[i]->error == Code::kOk;
     if (!entries[i] && expected) {
@@ -505,9 +507,12 @@ Status Engine::RunAllgather(const Response& r, QueueEntry& e, Status* local_erro
   std::vector<size_t> bytes(config_.size);
   size_t total = 0;
   int64_t first = 0;
+  constexpr size_t kMaxBytes = size_t{1} << 50;
   for (int rk = 0; rk < config_.size; ++rk) {
-    bytes[rk] = static_cast<size_t>(r.first_dims[rk]) * row;
-    total += bytes[rk];
+    if (__builtin_mul_overflow(static_cast<size_t>(r.first_dims[rk]), row, &bytes[rk]) ||
+        bytes[rk] > kMaxBytes || (total += bytes[rk]) > kMaxBytes) {
+      return ProtocolError("allgather response for tensor '" + q.name + "' is too large");
+    }
     first += r.first_dims[rk];
   }
   RequestState::Output& out = e.state->output();

@@ -145,6 +145,8 @@ void WriteResponse(Writer& w, const Response& r) {
   for (int64_t d : r.first_dims) w.I64(d);
   w.I32(static_cast<int32_t>(r.error));
   w.Str(r.error_message);
+  w.U32(static_cast<uint32_t>(r.error_ranks.size()));
+  for (int32_t rank : r.error_ranks) w.I32(rank);
 }
 
 Response ReadResponse(Reader& rd) {
@@ -161,6 +163,11 @@ Response ReadResponse(Reader& rd) {
   }
   r.error = static_cast<Code>(code);
   r.error_message = rd.Str();
+  const uint32_t nranks = rd.Count(4);
+  for (uint32_t i = 0; i < nranks && rd.ok(); ++i) {
+    r.error_ranks.push_back(rd.I32());
+    if (r.error_ranks.back() < 0) rd.Fail("negative rank");
+  }
   return r;
 }
 

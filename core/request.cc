@@ -29,6 +29,14 @@ bool TensorRequest::operator==(const TensorRequest& o) const {
          group_size == o.group_size;
 }
 
+bool Response::AppliesTo(int rank) const {
+  if (error_ranks.empty()) return true;
+  for (int32_t r : error_ranks) {
+    if (r == rank) return true;
+  }
+  return false;
+}
+
 TensorRequest Response::RequestOf(int rank) const {
   TensorRequest r = request;
   if (r.op == OpType::kAllgather && !r.shape.empty() && rank >= 0 &&

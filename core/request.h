@@ -43,6 +43,11 @@ struct Response {
   std::vector<int64_t> first_dims;
   Code error = Code::kOk;
   std::string error_message;
+  // The ranks whose requests an error completes; empty means every rank. A stall timeout names
+  // the ranks that submitted, so a late rank's fresh request is left to negotiate again.
+  std::vector<int32_t> error_ranks;
+
+  bool AppliesTo(int rank) const;
 
   // The request that `rank` must have made for this response (its own first dimension).
   TensorRequest RequestOf(int rank) const;

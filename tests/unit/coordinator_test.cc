@@ -380,6 +380,10 @@ TEST_F(CoordinatorTest, StallShutdownFailsWithTimeout) {
   EXPECT_EQ(x.request.name, "x");
   EXPECT_EQ(x.error, Code::kTimeout);
   EXPECT_NE(x.error_message.find("rank 2"), std::string::npos) << x.error_message;
+  // Only the ranks that submitted complete with the error; rank 2's late request must not.
+  EXPECT_EQ(x.error_ranks, (std::vector<int32_t>{0, 1}));
+  EXPECT_TRUE(x.AppliesTo(0));
+  EXPECT_FALSE(x.AppliesTo(2));
   m = Take(milliseconds(1300));
   ASSERT_EQ(m.items.size(), 1u);
   EXPECT_FALSE(m.items[0].cached);
@@ -387,6 +391,7 @@ TEST_F(CoordinatorTest, StallShutdownFailsWithTimeout) {
   EXPECT_EQ(m.items[0].response.error, Code::kTimeout);
   EXPECT_NE(m.items[0].response.error_message.find("ranks 0, 1"), std::string::npos)
       << m.items[0].response.error_message;
+  EXPECT_EQ(m.items[0].response.error_ranks, (std::vector<int32_t>{2}));
   EXPECT_EQ(coordinator_->pending(), 0u);
   // The name can be negotiated again afterwards.
   for (int r = 0; r < 3; ++r) Add(r, Full({Req("x")}), milliseconds(2000));

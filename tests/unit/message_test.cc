@@ -33,6 +33,7 @@ void ExpectSameResponse(const Response& a, const Response& b) {
   EXPECT_EQ(a.first_dims, b.first_dims);
   EXPECT_EQ(a.error, b.error);
   EXPECT_EQ(a.error_message, b.error_message);
+  EXPECT_EQ(a.error_ranks, b.error_ranks);
 }
 
 // A request message and a response message that together use every field and variant.
@@ -60,6 +61,7 @@ ResponseMessage SampleResponseMessage() {
   error.response.request = FullRequest(OpType::kAllreduce, DType::kFloat32, ReduceOp::kMin);
   error.response.error = Code::kMismatch;
   error.response.error_message = "tensor 'x': ranks disagree on dtype";
+  error.response.error_ranks = {0, 2};
   m.items.push_back(error);
   return m;
 }
