@@ -13,9 +13,11 @@ constexpr int kSlotWrap = 1 << 30;
 
 }  // namespace
 
-AllreduceCache::AllreduceCache(std::shared_ptr<GlooContext> context, size_t max_entries,
+AllreduceCache::AllreduceCache(std::shared_ptr<GlooContext> object_context,
+                               std::shared_ptr<GlooContext> function_context, size_t max_entries,
                                size_t max_bytes)
-    : context_(std::move(context)),
+    : object_context_(std::move(object_context)),
+      function_context_(std::move(function_context)),
       max_entries_(std::max<size_t>(max_entries, 1)),
       max_bytes_(max_bytes) {}
 
@@ -58,9 +60,11 @@ AllreduceCache::Entry& AllreduceCache::Lookup(const Key& key, size_t bytes) {
 void AllreduceCache::Build(Entry& entry, void* data) {
   entry.allreduce.reset();
   entry.bound = nullptr;
-  if (context_->next_slot() > kSlotWrap) context_->set_next_slot(0);
+  if (object_context_->next_slot() > kSlotWrap) object_context_->set_next_slot(0);
   const auto& [algorithm, count, dtype, op] = entry.key;
-  entry.allreduce = MakeBoundAllreduce(context_, algorithm, data, count, dtype, op);
+  const auto& context =
+      algorithm == AllreduceAlgorithm::kFunction ? function_context_ : object_context_;
+  entry.allreduce = MakeBoundAllreduce(context, algorithm, data, count, dtype, op);
   entry.bound = data;
   ++builds_;
 }

@@ -61,8 +61,10 @@ AllreduceAlgorithm AutoAlgorithm(size_t bytes, int size, DType dtype) {
   return AllreduceAlgorithm::kFunction;
 }
 
-// Gloo over TCP. Owns the Gloo context (its pairs and the device's event-loop thread) and a cache
-// of built allreduces. Follows backend.h: one thread calls it, every call is collective and
+// Gloo over TCP. Owns two Gloo contexts (each with its pairs and device event-loop thread): one
+// for the cached algorithm objects, one for everything function-style (allreduce, allgatherv,
+// broadcast, barrier), which must not share pairs with the objects (see allreduce_cache.h), and a
+// cache of built allreduces. Follows backend.h: one thread calls it, every call is collective and
 // blocking with the configured timeout, and after the first failure every call returns that
 // failure. size == 1 has no context at all: collectives are local copies or nothing.
 // Shutdown: a collective may return while Gloo still flushes its last bytes to a slower peer, so
@@ -70,16 +72,19 @@ AllreduceAlgorithm AutoAlgorithm(size_t bytes, int size, DType dtype) {
 // "connection closed" on that collective).
 class GlooBackend : public Backend {
  public:
-  GlooBackend(const BackendOptions& options, std::shared_ptr<gloo_internal::GlooContext> context,
-              bool auto_algorithm, AllreduceAlgorithm forced)
+  GlooBackend(const BackendOptions& options,
+              std::shared_ptr<gloo_internal::GlooContext> object_context,
+              std::shared_ptr<gloo_internal::GlooContext> context, bool auto_algorithm,
+              AllreduceAlgorithm forced)
       : rank_(options.rank),
         size_(options.size),
+        object_context_(std::move(object_context)),
         context_(std::move(context)),
         auto_algorithm_(auto_algorithm),
         forced_(forced) {
     if (context_) {
-      cache_ = std::make_unique<gloo_internal::AllreduceCache>(context_, kMaxCachedAllreduces,
-                                                               kMaxCachedBytes);
+      cache_ = std::make_unique<gloo_internal::AllreduceCache>(
+          object_context_, context_, kMaxCachedAllreduces, kMaxCachedBytes);
     }
   }
 
@@ -191,6 +196,7 @@ class GlooBackend : public Backend {
 
   const int rank_;
   const int size_;
+  const std::shared_ptr<gloo_internal::GlooContext> object_context_;
   const std::shared_ptr<gloo_internal::GlooContext> context_;
   std::unique_ptr<gloo_internal::AllreduceCache> cache_;
   const bool auto_algorithm_;
@@ -210,19 +216,21 @@ StatusOr<std::unique_ptr<Backend>> CreateGlooBackend(const BackendOptions& optio
     return InvalidArgument("gloo: rank " + std::to_string(options.rank) +
                            " out of range for size " + std::to_string(options.size));
   }
-  std::shared_ptr<gloo_internal::GlooContext> context;
+  std::shared_ptr<gloo_internal::GlooContext> object_context, context;
   if (options.size > 1) {
     gloo_internal::GlooConnectOptions connect;
     connect.rank = options.rank;
     connect.size = options.size;
     connect.iface = options.iface;
     connect.host = options.host;
-    connect.prefix = options.prefix;
     connect.timeout = options.timeout;
+    connect.prefix = options.prefix + "/objects";
+    CONCORD_ASSIGN_OR_RETURN(object_context, gloo_internal::ConnectGloo(connect, store));
+    connect.prefix = options.prefix + "/functions";
     CONCORD_ASSIGN_OR_RETURN(context, gloo_internal::ConnectGloo(connect, store));
   }
-  return std::unique_ptr<Backend>(
-      std::make_unique<GlooBackend>(options, std::move(context), auto_algorithm, forced));
+  return std::unique_ptr<Backend>(std::make_unique<GlooBackend>(
+      options, std::move(object_context), std::move(context), auto_algorithm, forced));
 }
 
 }  // namespace concord

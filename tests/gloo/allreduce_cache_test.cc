@@ -31,7 +31,7 @@ void RunTwoRanks(size_t max_entries, size_t max_bytes,
       options.timeout = std::chrono::milliseconds(20000);
       StatusOr<std::shared_ptr<GlooContext>> context = ConnectGloo(options, &store);
       ASSERT_TRUE(context.ok()) << context.status().ToString();
-      AllreduceCache cache(*context, max_entries, max_bytes);
+      AllreduceCache cache(*context, *context, max_entries, max_bytes);
       body(cache, rank);
       // Shut down collectively (see RunRanks).
       gloo::BarrierOptions barrier(*context);
