@@ -1,0 +1,611 @@
+/*
+ * The C API (include/concord/concord.h) exercised from plain C99, in one process (rank 0 of 1),
+ * in the manner of LevelDB's c_test.c: every call's status is checked, invalid arguments return an
+ * error, change nothing and leave a last-error message that names the problem.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "concord/concord.h"
+
+static int failures = 0;
+static const char* phase = "";
+
+#define CHECK(cond)                                                                         \
+  do {                                                                                      \
+    if (!(cond)) {                                                                          \
+      fprintf(stderr, "FAIL %s:%d [%s]: %s\n", __FILE__, __LINE__, phase, #cond);           \
+      ++failures;                                                                           \
+    }                                                                                       \
+  } while (0)
+
+#define CHECK_STATUS(expr, want)                                                            \
+  do {                                                                                      \
+    concord_status_t got_ = (expr);                                                         \
+    if (got_ != (want)) {                                                                   \
+      fprintf(stderr, "FAIL %s:%d [%s]: %s returned %d (%s), want %d (%s)\n", __FILE__,     \
+              __LINE__, phase, #expr, (int)got_, concord_status_string(got_), (int)(want),  \
+              concord_status_string(want));                                                 \
+      ++failures;                                                                           \
+    }                                                                                       \
+  } while (0)
+
+static void StartPhase(const char* name) {
+  phase = name;
+  fprintf(stderr, "=== %s\n", name);
+}
+
+/* The last error on comm contains `part`. */
+static void CheckLastError(concord_comm_t comm, const char* part) {
+  const char* msg = concord_comm_last_error(comm);
+  if (msg == NULL || strstr(msg, part) == NULL) {
+    fprintf(stderr, "FAIL [%s]: last error '%s' does not mention '%s'\n", phase,
+            msg ? msg : "(null)", part);
+    ++failures;
+  }
+}
+
+static concord_tensor_t MakeTensor(void* data, concord_dtype_t dtype, int ndim,
+                                   const int64_t* shape) {
+  concord_tensor_t t;
+  t.data = data;
+  t.dtype = dtype;
+  t.ndim = ndim;
+  t.shape = shape;
+  t.device = CONCORD_DEVICE_CPU;
+  return t;
+}
+
+struct Counter {
+  volatile int calls; /* written by the engine thread */
+  concord_status_t last;
+  concord_request_t request;
+};
+
+static void OnDone(concord_request_t request, concord_status_t status, void* user_data) {
+  struct Counter* c = (struct Counter*)user_data;
+  c->calls++;
+  c->last = status;
+  c->request = request;
+}
+
+static void TestVersionAndStrings(void) {
+  int major = -1, minor = -1, patch = -1;
+  concord_status_t s;
+  StartPhase("version and status strings");
+  concord_version(&major, &minor, &patch);
+  CHECK(major == CONCORD_VERSION_MAJOR);
+  CHECK(minor == CONCORD_VERSION_MINOR);
+  CHECK(patch == CONCORD_VERSION_PATCH);
+  concord_version(NULL, NULL, NULL); /* every out-pointer may be NULL */
+  for (s = CONCORD_SUCCESS; s <= CONCORD_ERR_PROTOCOL; s = (concord_status_t)(s + 1)) {
+    const char* text = concord_status_string(s);
+    CHECK(text != NULL && text[0] != '\0');
+    CHECK(text != NULL && strcmp(text, "unknown status") != 0);
+  }
+  CHECK(strcmp(concord_status_string(CONCORD_SUCCESS), "success") == 0);
+  CHECK(strstr(concord_status_string(CONCORD_ERR_AUTH), "auth") != NULL);
+  CHECK(strcmp(concord_status_string((concord_status_t)999), "unknown status") == 0);
+  /* Distinct codes have distinct strings. */
+  CHECK(strcmp(concord_status_string(CONCORD_ERR_TIMEOUT),
+               concord_status_string(CONCORD_ERR_PEER_FAILURE)) != 0);
+}
+
+static void TestConfigInit(void) {
+  concord_config_t c;
+  concord_allreduce_opts_t o;
+  StartPhase("config and options defaults");
+  memset(&c, 0x5a, sizeof(c));
+  concord_config_init(&c);
+  CHECK(c.struct_size == sizeof(concord_config_t));
+  CHECK(c.version == CONCORD_VERSION);
+  CHECK(c.rank == -1 && c.size == -1 && c.local_rank == -1 && c.local_size == -1);
+  CHECK(c.store == NULL && c.token == NULL && c.job_id == NULL && c.iface == NULL &&
+        c.host == NULL);
+  CHECK(c.fusion_threshold_bytes == -1);
+  CHECK(c.cycle_time_ms == -1);
+  CHECK(c.timeout_s == -1);
+  CHECK(c.cache_capacity == -1);
+  CHECK(c.log_level == -1);
+  concord_config_init(NULL); /* no crash */
+  memset(&o, 0x5a, sizeof(o));
+  concord_allreduce_opts_init(&o);
+  CHECK(o.struct_size == sizeof(concord_allreduce_opts_t));
+  CHECK(o.op == CONCORD_SUM);
+  CHECK(o.prescale == 1.0 && o.postscale == 1.0);
+  concord_allreduce_opts_init(NULL);
+}
+
+static void TestInitErrors(void) {
+  concord_config_t c;
+  concord_comm_t comm = (concord_comm_t)0x1;
+  StartPhase("init errors");
+  concord_config_init(&c);
+  c.rank = 0;
+  c.size = 1;
+  CHECK_STATUS(concord_init_config(&c, NULL), CONCORD_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(concord_comm_last_error(NULL), "NULL") != NULL);
+
+  c.version = (CONCORD_VERSION_MAJOR + 1) * 10000; /* a different major version */
+  CHECK_STATUS(concord_init_config(&c, &comm), CONCORD_ERR_VERSION);
+  CHECK(comm == (concord_comm_t)0x1); /* unchanged */
+  CHECK(strstr(concord_comm_last_error(NULL), "version") != NULL ||
+        strstr(concord_comm_last_error(NULL), "Concord") != NULL);
+
+  concord_config_init(&c);
+  c.struct_size = 4; /* too small to hold even the version */
+  CHECK_STATUS(concord_init_config(&c, &comm), CONCORD_ERR_VERSION);
+  CHECK(comm == (concord_comm_t)0x1);
+
+  concord_config_init(&c);
+  c.rank = 3;
+  c.size = 2; /* rank outside the world */
+  CHECK_STATUS(concord_init_config(&c, &comm), CONCORD_ERR_INVALID_ARGUMENT);
+  CHECK(comm == (concord_comm_t)0x1);
+  CHECK(strstr(concord_comm_last_error(NULL), "rank") != NULL);
+
+  concord_config_init(&c);
+  c.rank = 0;
+  c.size = 1;
+  c.log_level = 9;
+  CHECK_STATUS(concord_init_config(&c, &comm), CONCORD_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(concord_comm_last_error(NULL), "log level") != NULL);
+  CHECK(comm == (concord_comm_t)0x1);
+
+  /* Operations on a NULL communicator. */
+  {
+    int x = 7;
+    concord_request_t r = (concord_request_t)0x1;
+    CHECK_STATUS(concord_comm_rank(NULL, &x), CONCORD_ERR_NOT_INITIALIZED);
+    CHECK_STATUS(concord_comm_size(NULL, &x), CONCORD_ERR_NOT_INITIALIZED);
+    CHECK_STATUS(concord_comm_local_rank(NULL, &x), CONCORD_ERR_NOT_INITIALIZED);
+    CHECK_STATUS(concord_comm_local_size(NULL, &x), CONCORD_ERR_NOT_INITIALIZED);
+    CHECK(x == 7);
+    CHECK_STATUS(concord_barrier_async(NULL, NULL, NULL, &r), CONCORD_ERR_NOT_INITIALIZED);
+    CHECK(r == (concord_request_t)0x1);
+    CHECK_STATUS(concord_barrier(NULL), CONCORD_ERR_NOT_INITIALIZED);
+    CHECK_STATUS(concord_group_start(NULL), CONCORD_ERR_NOT_INITIALIZED);
+    CHECK_STATUS(concord_group_end(NULL), CONCORD_ERR_NOT_INITIALIZED);
+    CHECK_STATUS(concord_finalize(NULL), CONCORD_SUCCESS); /* documented: NULL is ok */
+    /* Request functions on NULL. */
+    CHECK_STATUS(concord_wait(NULL, 1.0), CONCORD_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(concord_test(NULL), CONCORD_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(concord_request_output(NULL, NULL, NULL, NULL), CONCORD_ERR_INVALID_ARGUMENT);
+    CHECK(concord_request_error(NULL) != NULL);
+    concord_request_free(NULL);
+  }
+}
+
+static concord_comm_t InitSingle(void) {
+  concord_config_t c;
+  concord_comm_t comm = NULL;
+  concord_config_init(&c);
+  c.rank = 0;
+  c.size = 1;
+  c.local_rank = 0;
+  c.local_size = 1;
+  c.timeout_s = 20;
+  CHECK_STATUS(concord_init_config(&c, &comm), CONCORD_SUCCESS);
+  if (comm == NULL) {
+    fprintf(stderr, "init failed: %s\n", concord_comm_last_error(NULL));
+    exit(1);
+  }
+  return comm;
+}
+
+static void TestGetters(concord_comm_t comm) {
+  int v = -5;
+  StartPhase("getters");
+  CHECK_STATUS(concord_comm_rank(comm, &v), CONCORD_SUCCESS);
+  CHECK(v == 0);
+  CHECK_STATUS(concord_comm_size(comm, &v), CONCORD_SUCCESS);
+  CHECK(v == 1);
+  CHECK_STATUS(concord_comm_local_rank(comm, &v), CONCORD_SUCCESS);
+  CHECK(v == 0);
+  CHECK_STATUS(concord_comm_local_size(comm, &v), CONCORD_SUCCESS);
+  CHECK(v == 1);
+  CHECK(strcmp(concord_comm_last_error(comm), "") == 0); /* no error yet */
+  CHECK_STATUS(concord_comm_rank(comm, NULL), CONCORD_ERR_INVALID_ARGUMENT);
+  CheckLastError(comm, "NULL");
+  CHECK_STATUS(concord_comm_size(comm, NULL), CONCORD_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(concord_comm_local_rank(comm, NULL), CONCORD_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(concord_comm_local_size(comm, NULL), CONCORD_ERR_INVALID_ARGUMENT);
+}
+
+/* One invalid allreduce: the expected status, the last error mentions `part`, no request. */
+static void BadAllreduce(concord_comm_t comm, const char* name, const concord_tensor_t* in,
+                         const concord_tensor_t* out, const concord_allreduce_opts_t* o,
+                         concord_status_t want, const char* part) {
+  concord_request_t r = (concord_request_t)0x1;
+  CHECK_STATUS(concord_allreduce_async(comm, name, in, out, o, NULL, NULL, &r), want);
+  CHECK(r == (concord_request_t)0x1);
+  CheckLastError(comm, part);
+}
+
+static void TestInvalidArguments(concord_comm_t comm) {
+  float x[4] = {1, 2, 3, 4};
+  const float orig[4] = {1, 2, 3, 4};
+  int32_t xi[4] = {1, 2, 3, 4};
+  int64_t shape[1] = {4};
+  int64_t negative[2] = {2, -3};
+  int64_t big[2] = {2, 5};
+  concord_tensor_t t = MakeTensor(x, CONCORD_FLOAT32, 1, shape);
+  concord_tensor_t ti = MakeTensor(xi, CONCORD_INT32, 1, shape);
+  concord_tensor_t bad;
+  concord_allreduce_opts_t o;
+  concord_request_t r = (concord_request_t)0x1;
+  StartPhase("invalid arguments");
+
+  BadAllreduce(comm, NULL, &t, NULL, NULL, CONCORD_ERR_INVALID_ARGUMENT, "name");
+  BadAllreduce(comm, "", &t, NULL, NULL, CONCORD_ERR_INVALID_ARGUMENT, "name");
+  BadAllreduce(comm, "t", NULL, NULL, NULL, CONCORD_ERR_INVALID_ARGUMENT, "NULL");
+  BadAllreduce(comm, "__concord.reserved", &t, NULL, NULL, CONCORD_ERR_INVALID_ARGUMENT,
+               "reserved");
+  CHECK_STATUS(concord_allreduce_async(comm, "t", &t, NULL, NULL, NULL, NULL, NULL),
+               CONCORD_ERR_INVALID_ARGUMENT);
+  CheckLastError(comm, "request");
+
+  bad = t;
+  bad.dtype = (concord_dtype_t)42;
+  BadAllreduce(comm, "t.dtype", &bad, NULL, NULL, CONCORD_ERR_INVALID_ARGUMENT, "dtype");
+  bad = t;
+  bad.ndim = -1;
+  BadAllreduce(comm, "t.ndim", &bad, NULL, NULL, CONCORD_ERR_INVALID_ARGUMENT, "ndim");
+  bad.ndim = CONCORD_MAX_DIMS + 1;
+  BadAllreduce(comm, "t.ndim", &bad, NULL, NULL, CONCORD_ERR_INVALID_ARGUMENT, "ndim");
+  bad = t;
+  bad.shape = NULL;
+  BadAllreduce(comm, "t.shape", &bad, NULL, NULL, CONCORD_ERR_INVALID_ARGUMENT, "shape");
+  bad = t;
+  bad.ndim = 2;
+  bad.shape = negative;
+  BadAllreduce(comm, "t.negative", &bad, NULL, NULL, CONCORD_ERR_INVALID_ARGUMENT, "negative");
+  bad = t;
+  bad.data = NULL;
+  BadAllreduce(comm, "t.nodata", &bad, NULL, NULL, CONCORD_ERR_INVALID_ARGUMENT, "NULL");
+  bad = t;
+  bad.device = 0;
+  BadAllreduce(comm, "t.device", &bad, NULL, NULL, CONCORD_ERR_UNAVAILABLE, "device");
+
+  concord_allreduce_opts_init(&o);
+  o.op = (concord_reduce_op_t)17;
+  BadAllreduce(comm, "t.op", &t, NULL, &o, CONCORD_ERR_INVALID_ARGUMENT, "reduce op");
+  concord_allreduce_opts_init(&o);
+  o.struct_size = 1;
+  BadAllreduce(comm, "t.opts", &t, NULL, &o, CONCORD_ERR_INVALID_ARGUMENT, "struct_size");
+  concord_allreduce_opts_init(&o);
+  o.prescale = 2.0;
+  BadAllreduce(comm, "t.intscale", &ti, NULL, &o, CONCORD_ERR_INVALID_ARGUMENT, "scale");
+  concord_allreduce_opts_init(&o);
+  o.postscale = 0.5;
+  BadAllreduce(comm, "t.intscale", &ti, NULL, &o, CONCORD_ERR_INVALID_ARGUMENT, "scale");
+  concord_allreduce_opts_init(&o);
+  o.postscale = HUGE_VAL;
+  BadAllreduce(comm, "t.infscale", &t, NULL, &o, CONCORD_ERR_INVALID_ARGUMENT, "finite");
+
+  /* An output that does not match the input. */
+  bad = t;
+  bad.ndim = 2;
+  bad.shape = big;
+  BadAllreduce(comm, "t.out", &t, &bad, NULL, CONCORD_ERR_INVALID_ARGUMENT, "elements");
+  bad = t;
+  bad.dtype = CONCORD_FLOAT64;
+  BadAllreduce(comm, "t.out", &t, &bad, NULL, CONCORD_ERR_INVALID_ARGUMENT, "dtype");
+
+  /* Broadcast: a bad root. */
+  CHECK_STATUS(concord_broadcast_async(comm, "b.root", &t, NULL, 1, NULL, NULL, &r),
+               CONCORD_ERR_INVALID_ARGUMENT);
+  CheckLastError(comm, "root");
+  CHECK_STATUS(concord_broadcast_async(comm, "b.root", &t, NULL, -1, NULL, NULL, &r),
+               CONCORD_ERR_INVALID_ARGUMENT);
+  CheckLastError(comm, "root");
+  CHECK_STATUS(concord_broadcast(comm, "b.root", &t, NULL, 5), CONCORD_ERR_INVALID_ARGUMENT);
+  CHECK(r == (concord_request_t)0x1);
+
+  /* Allgather of a scalar (no first dimension). */
+  bad = t;
+  bad.ndim = 0;
+  CHECK_STATUS(concord_allgather_async(comm, "g.scalar", &bad, NULL, 0, NULL, NULL, &r),
+               CONCORD_ERR_INVALID_ARGUMENT);
+  CheckLastError(comm, "dimension");
+  CHECK(r == (concord_request_t)0x1);
+
+  /* Barrier: NULL out-pointer. */
+  CHECK_STATUS(concord_barrier_async(comm, NULL, NULL, NULL), CONCORD_ERR_INVALID_ARGUMENT);
+
+  /* Nothing was changed: the data is intact and nothing is in flight (every name is free). */
+  CHECK(memcmp(x, orig, sizeof(x)) == 0);
+  CHECK_STATUS(concord_allreduce(comm, "t", &t, NULL, NULL), CONCORD_SUCCESS);
+  CHECK(memcmp(x, orig, sizeof(x)) == 0); /* a sum over one rank */
+
+  /* Groups: end without start; start twice. */
+  CHECK_STATUS(concord_group_end(comm), CONCORD_ERR_INVALID_ARGUMENT);
+  CheckLastError(comm, "group");
+  CHECK_STATUS(concord_group_start(comm), CONCORD_SUCCESS);
+  CHECK_STATUS(concord_group_start(comm), CONCORD_ERR_INVALID_ARGUMENT);
+  CheckLastError(comm, "nest");
+  CHECK_STATUS(concord_group_end(comm), CONCORD_SUCCESS); /* an empty group */
+}
+
+static void TestInFlightName(concord_comm_t comm) {
+  float x[2] = {1, 2}, y[2] = {3, 4};
+  int64_t shape[1] = {2};
+  concord_tensor_t tx = MakeTensor(x, CONCORD_FLOAT32, 1, shape);
+  concord_tensor_t ty = MakeTensor(y, CONCORD_FLOAT32, 1, shape);
+  concord_request_t r1 = NULL, r2 = (concord_request_t)0x1, r3 = NULL;
+  struct Counter c1 = {0, CONCORD_IN_PROGRESS, NULL};
+  StartPhase("a name already in flight");
+  /* Inside a group nothing runs until group_end, so the first request is surely in flight. */
+  CHECK_STATUS(concord_group_start(comm), CONCORD_SUCCESS);
+  CHECK_STATUS(concord_allreduce_async(comm, "dup", &tx, NULL, NULL, OnDone, &c1, &r1),
+               CONCORD_SUCCESS);
+  CHECK_STATUS(concord_allreduce_async(comm, "dup", &ty, NULL, NULL, NULL, NULL, &r2),
+               CONCORD_ERR_INVALID_ARGUMENT);
+  CheckLastError(comm, "dup");
+  CHECK(r2 == (concord_request_t)0x1);
+  CHECK(concord_test(r1) == CONCORD_IN_PROGRESS);
+  CHECK(c1.calls == 0);
+  CHECK_STATUS(concord_group_end(comm), CONCORD_SUCCESS);
+  CHECK_STATUS(concord_wait(r1, 10), CONCORD_SUCCESS);
+  CHECK(c1.calls == 1 && c1.last == CONCORD_SUCCESS && c1.request == r1);
+  concord_request_free(r1);
+  /* Once finished, the name may be used again. */
+  CHECK_STATUS(concord_allreduce_async(comm, "dup", &ty, NULL, NULL, NULL, NULL, &r3),
+               CONCORD_SUCCESS);
+  CHECK_STATUS(concord_wait(r3, 10), CONCORD_SUCCESS);
+  concord_request_free(r3);
+  CHECK(y[0] == 3 && y[1] == 4);
+}
+
+static void TestAsync(concord_comm_t comm) {
+  enum { N = 16 };
+  double a[N][8];
+  double out[8];
+  int64_t shape[1] = {8};
+  concord_request_t reqs[N];
+  struct Counter counters[N];
+  concord_allreduce_opts_t o;
+  concord_tensor_t t, to;
+  char name[32];
+  int i, j;
+  StartPhase("async with wait, test, callbacks");
+  concord_allreduce_opts_init(&o);
+  o.prescale = 0.5;
+  o.postscale = 4.0;
+  for (i = 0; i < N; ++i) {
+    for (j = 0; j < 8; ++j) a[i][j] = i + j;
+    counters[i].calls = 0;
+    counters[i].last = CONCORD_IN_PROGRESS;
+    counters[i].request = NULL;
+    t = MakeTensor(a[i], CONCORD_FLOAT64, 1, shape);
+    sprintf(name, "async.%d", i);
+    CHECK_STATUS(concord_allreduce_async(comm, name, &t, NULL, i % 2 ? &o : NULL, OnDone,
+                                         &counters[i], &reqs[i]),
+                 CONCORD_SUCCESS);
+  }
+  for (i = 0; i < N; ++i) {
+    if (i % 2) {
+      concord_status_t s;
+      int spins = 0;
+      while ((s = concord_test(reqs[i])) == CONCORD_IN_PROGRESS && spins < 2000000) ++spins;
+      CHECK_STATUS(s, CONCORD_SUCCESS);
+      CHECK_STATUS(concord_wait(reqs[i], 10), CONCORD_SUCCESS);
+    } else {
+      CHECK_STATUS(concord_wait(reqs[i], 10), CONCORD_SUCCESS);
+      CHECK_STATUS(concord_test(reqs[i]), CONCORD_SUCCESS); /* stays finished */
+    }
+    CHECK(strcmp(concord_request_error(reqs[i]), "") == 0);
+    CHECK(counters[i].calls == 1);
+    CHECK(counters[i].last == CONCORD_SUCCESS);
+    CHECK(counters[i].request == reqs[i]);
+    for (j = 0; j < 8; ++j) CHECK(a[i][j] == (i % 2 ? 2.0 * (i + j) : (double)(i + j)));
+    concord_request_free(reqs[i]);
+  }
+  /* Out of place: the input stays, the output gets the result. */
+  for (j = 0; j < 8; ++j) out[j] = -1;
+  t = MakeTensor(a[0], CONCORD_FLOAT64, 1, shape);
+  to = MakeTensor(out, CONCORD_FLOAT64, 1, shape);
+  CHECK_STATUS(concord_allreduce(comm, "outofplace", &t, &to, &o), CONCORD_SUCCESS);
+  for (j = 0; j < 8; ++j) {
+    CHECK(out[j] == 2.0 * j);
+    CHECK(a[0][j] == (double)j);
+  }
+  /* concord_wait with a zero timeout on a finished request. */
+  {
+    concord_request_t r;
+    CHECK_STATUS(concord_barrier_async(comm, NULL, NULL, &r), CONCORD_SUCCESS);
+    CHECK_STATUS(concord_wait(r, -1), CONCORD_SUCCESS);
+    CHECK_STATUS(concord_wait(r, 0), CONCORD_SUCCESS);
+    concord_request_free(r);
+  }
+}
+
+static void TestDetach(concord_comm_t comm) {
+  enum { N = 32 };
+  static int32_t data[N][64];
+  int64_t shape[1] = {64};
+  struct Counter counters[N];
+  concord_request_t r;
+  concord_tensor_t t;
+  char name[32];
+  int i, spins;
+  StartPhase("freeing running requests (detach)");
+  for (i = 0; i < N; ++i) {
+    counters[i].calls = 0;
+    t = MakeTensor(data[i], CONCORD_INT32, 1, shape);
+    sprintf(name, "detach.%d", i);
+    CHECK_STATUS(concord_allreduce_async(comm, name, &t, NULL, NULL, OnDone, &counters[i], &r),
+                 CONCORD_SUCCESS);
+    concord_request_free(r); /* probably still running: it completes, then frees itself */
+  }
+  /* A barrier after them completes after them (one rank: requests run in order). */
+  CHECK_STATUS(concord_barrier(comm), CONCORD_SUCCESS);
+  for (spins = 0; spins < 1000000; ++spins) {
+    int done = 0;
+    for (i = 0; i < N; ++i) done += counters[i].calls;
+    if (done == N) break;
+  }
+  for (i = 0; i < N; ++i) CHECK(counters[i].calls == 1);
+  /* The names are free again. */
+  t = MakeTensor(data[0], CONCORD_INT32, 1, shape);
+  CHECK_STATUS(concord_allreduce(comm, "detach.0", &t, NULL, NULL), CONCORD_SUCCESS);
+}
+
+static void TestBlockingAndAllgather(concord_comm_t comm) {
+  int64_t rows[2] = {3, 2};
+  int64_t shape1[1] = {5};
+  int8_t in[6] = {1, -2, 3, -4, 5, -6};
+  int8_t out[16];
+  uint16_t h[5] = {0x3c00, 0x4000, 0x4200, 0x4400, 0x4500}; /* 1, 2, 3, 4, 5 in binary16 */
+  uint16_t h2[5];
+  concord_tensor_t t = MakeTensor(in, CONCORD_INT8, 2, rows);
+  concord_tensor_t th = MakeTensor(h, CONCORD_FLOAT16, 1, shape1);
+  concord_tensor_t th2 = MakeTensor(h2, CONCORD_FLOAT16, 1, shape1);
+  concord_request_t r;
+  void* data = NULL;
+  size_t bytes = 0;
+  int64_t first = 0;
+  int i;
+  StartPhase("blocking conveniences and allgather output");
+  CHECK_STATUS(concord_barrier(comm), CONCORD_SUCCESS);
+  CHECK_STATUS(concord_broadcast(comm, "bcast", &th, NULL, 0), CONCORD_SUCCESS);
+  CHECK(h[4] == 0x4500);
+  memset(h2, 0, sizeof(h2));
+  CHECK_STATUS(concord_broadcast(comm, "bcast.out", &th, &th2, 0), CONCORD_SUCCESS);
+  CHECK(memcmp(h, h2, sizeof(h)) == 0);
+
+  /* Into a caller buffer: exact capacity, then too small. */
+  memset(out, 0, sizeof(out));
+  CHECK_STATUS(concord_allgather(comm, "gather", &t, out, 6), CONCORD_SUCCESS);
+  CHECK(memcmp(in, out, 6) == 0);
+  CHECK_STATUS(concord_allgather(comm, "gather", &t, out, 5), CONCORD_ERR_INVALID_ARGUMENT);
+  CheckLastError(comm, "gather");
+
+  /* Into the request's own memory. */
+  CHECK_STATUS(concord_allgather_async(comm, "gather.owned", &t, NULL, 0, NULL, NULL, &r),
+               CONCORD_SUCCESS);
+  CHECK_STATUS(concord_wait(r, 10), CONCORD_SUCCESS);
+  CHECK_STATUS(concord_request_output(r, &data, &bytes, &first), CONCORD_SUCCESS);
+  CHECK(bytes == 6);
+  CHECK(first == 3);
+  CHECK(data != NULL && data != (void*)in && memcmp(data, in, 6) == 0);
+  CHECK_STATUS(concord_request_output(r, NULL, NULL, NULL), CONCORD_SUCCESS);
+  concord_request_free(r);
+
+  /* A caller buffer: the output points at it. */
+  CHECK_STATUS(concord_allgather_async(comm, "gather.buf", &t, out, sizeof(out), NULL, NULL, &r),
+               CONCORD_SUCCESS);
+  CHECK_STATUS(concord_wait(r, 10), CONCORD_SUCCESS);
+  CHECK_STATUS(concord_request_output(r, &data, &bytes, &first), CONCORD_SUCCESS);
+  CHECK(data == (void*)out && bytes == 6 && first == 3);
+  concord_request_free(r);
+
+  /* A size-0 contribution. */
+  rows[0] = 0;
+  CHECK_STATUS(concord_allgather_async(comm, "gather.empty", &t, NULL, 0, NULL, NULL, &r),
+               CONCORD_SUCCESS);
+  CHECK_STATUS(concord_wait(r, 10), CONCORD_SUCCESS);
+  CHECK_STATUS(concord_request_output(r, &data, &bytes, &first), CONCORD_SUCCESS);
+  CHECK(bytes == 0 && first == 0);
+  concord_request_free(r);
+
+  /* Failed request: the error text and the output call. */
+  rows[0] = 3;
+  CHECK_STATUS(concord_allgather_async(comm, "gather.small", &t, out, 2, NULL, NULL, &r),
+               CONCORD_SUCCESS);
+  CHECK_STATUS(concord_wait(r, 10), CONCORD_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(concord_request_error(r), "gather.small") != NULL);
+  CHECK_STATUS(concord_request_output(r, &data, &bytes, &first), CONCORD_ERR_INVALID_ARGUMENT);
+  concord_request_free(r);
+
+  /* Every dtype through the blocking allreduce (one rank: the identity, average too). */
+  for (i = 0; i <= CONCORD_FLOAT64; ++i) {
+    double buf[4] = {0, 0, 0, 0};
+    int64_t n[1] = {4};
+    concord_allreduce_opts_t o;
+    concord_tensor_t tt = MakeTensor(buf, (concord_dtype_t)i, 1, n);
+    char name[32];
+    memset(buf, 1, sizeof(buf));
+    concord_allreduce_opts_init(&o);
+    o.op = CONCORD_AVERAGE;
+    sprintf(name, "dtype.%d", i);
+    CHECK_STATUS(concord_allreduce(comm, name, &tt, NULL, &o), CONCORD_SUCCESS);
+    {
+      unsigned char ones[32];
+      memset(ones, 1, sizeof(ones));
+      CHECK(memcmp(buf, ones, 4 * (i <= 1 ? 1 : i == 2 || i == 6 ? 4 : i == 4 || i == 5 ? 2 : 8)) ==
+            0);
+    }
+  }
+  /* Zero elements with NULL data are fine. */
+  {
+    int64_t zero[1] = {0};
+    concord_tensor_t tz = MakeTensor(NULL, CONCORD_FLOAT32, 1, zero);
+    CHECK_STATUS(concord_allreduce(comm, "zero", &tz, NULL, NULL), CONCORD_SUCCESS);
+    CHECK_STATUS(concord_broadcast(comm, "zero.b", &tz, NULL, 0), CONCORD_SUCCESS);
+  }
+}
+
+static void TestFinalizeWithPending(void) {
+  concord_comm_t comm = InitSingle();
+  float x[4] = {1, 2, 3, 4};
+  int64_t shape[1] = {4};
+  concord_tensor_t t = MakeTensor(x, CONCORD_FLOAT32, 1, shape);
+  concord_request_t r = NULL;
+  struct Counter c = {0, CONCORD_IN_PROGRESS, NULL};
+  StartPhase("finalize with a pending request");
+  /* Held in an open group, the request cannot run; finalize fails it with NOT_INITIALIZED. */
+  CHECK_STATUS(concord_group_start(comm), CONCORD_SUCCESS);
+  CHECK_STATUS(concord_allreduce_async(comm, "held", &t, NULL, NULL, OnDone, &c, &r),
+               CONCORD_SUCCESS);
+  CHECK_STATUS(concord_finalize(comm), CONCORD_SUCCESS);
+  /* The request outlives the communicator: it is finished, with the documented status. */
+  CHECK_STATUS(concord_test(r), CONCORD_ERR_NOT_INITIALIZED);
+  CHECK_STATUS(concord_wait(r, 1), CONCORD_ERR_NOT_INITIALIZED);
+  CHECK(strlen(concord_request_error(r)) > 0);
+  CHECK(c.calls == 1 && c.last == CONCORD_ERR_NOT_INITIALIZED);
+  concord_request_free(r);
+}
+
+static void TestTwoCommunicators(void) {
+  concord_comm_t a = InitSingle();
+  concord_comm_t b = InitSingle();
+  int64_t shape[1] = {1};
+  int32_t v = 5;
+  concord_tensor_t t = MakeTensor(&v, CONCORD_INT32, 1, shape);
+  StartPhase("two communicators, last error per handle");
+  CHECK_STATUS(concord_allreduce(a, NULL, &t, NULL, NULL), CONCORD_ERR_INVALID_ARGUMENT);
+  CheckLastError(a, "name");
+  CHECK(strcmp(concord_comm_last_error(b), "") == 0); /* b's last error is its own */
+  CHECK_STATUS(concord_allreduce(b, "same", &t, NULL, NULL), CONCORD_SUCCESS);
+  CHECK_STATUS(concord_allreduce(a, "same", &t, NULL, NULL), CONCORD_SUCCESS);
+  CHECK(v == 5);
+  CHECK_STATUS(concord_finalize(b), CONCORD_SUCCESS);
+  CHECK_STATUS(concord_finalize(a), CONCORD_SUCCESS);
+}
+
+int main(void) {
+  concord_comm_t comm;
+  TestVersionAndStrings();
+  TestConfigInit();
+  TestInitErrors();
+  comm = InitSingle();
+  TestGetters(comm);
+  TestInvalidArguments(comm);
+  TestInFlightName(comm);
+  TestAsync(comm);
+  TestDetach(comm);
+  TestBlockingAndAllgather(comm);
+  StartPhase("finalize");
+  CHECK_STATUS(concord_finalize(comm), CONCORD_SUCCESS);
+  TestFinalizeWithPending();
+  TestTwoCommunicators();
+  if (failures) {
+    fprintf(stderr, "c_api_test: %d failures\n", failures);
+    return 1;
+  }
+  fprintf(stderr, "c_api_test: PASS\n");
+  return 0;
+}

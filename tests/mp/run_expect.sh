@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Runs a command (normally concordrun ...), shows its output, and checks its exit status and output.
+#   run_expect.sh [--rc N | --rc-nonzero] [--expect REGEX]... [--expect-count REGEX N]...
+#                 [--reject REGEX]... [--max-seconds S] -- command args...
+# --expect: an extended regex some output line must match; --expect-count: exactly N lines must
+# match; --reject: no line may match. The command runs under `timeout` (default 120 s), so this
+# script never hangs; it stops only the process it started.
+set -euo pipefail
+
+want_rc=0
+nonzero=0
+max_seconds=120
+expects=()
+counts=()
+rejects=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --rc) want_rc="$2"; shift 2 ;;
+    --rc-nonzero) nonzero=1; shift ;;
+    --expect) expects+=("$2"); shift 2 ;;
+    --expect-count) counts+=("$2" "$3"); shift 3 ;;
+    --reject) rejects+=("$2"); shift 2 ;;
+    --max-seconds) max_seconds="$2"; shift 2 ;;
+    --) shift; break ;;
+    *) echo "run_expect.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+[[ $# -gt 0 ]] || { echo "run_expect.sh: no command" >&2; exit 2; }
+
+out="$(mktemp "${TMPDIR:-/tmp}/concord-run-expect.XXXXXX")"
+trap 'rm -f "$out"' EXIT
+
+start=$(date +%s.%N)
+set +e
+timeout --kill-after=5 "$max_seconds" "$@" >"$out" 2>&1
+rc=$?
+set -e
+elapsed=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')
+cat "$out"
+echo "run_expect.sh: exit status $rc after ${elapsed} s"
+
+fail=0
+# timeout(1) answers 124, or 137 when it had to SIGKILL; 137 is also a SIGKILLed rank's status.
+if [[ $rc -eq 124 ]] || awk -v e="$elapsed" -v m="$max_seconds" 'BEGIN { exit !(e >= m) }'; then
+  echo "run_expect.sh: FAIL: the command ran past ${max_seconds} s" >&2
+  fail=1
+fi
+if [[ $nonzero -eq 1 ]]; then
+  if [[ $rc -eq 0 ]]; then echo "run_expect.sh: FAIL: expected a non-zero exit status" >&2; fail=1; fi
+elif [[ $rc -ne $want_rc ]]; then
+  echo "run_expect.sh: FAIL: exit status $rc, expected $want_rc" >&2
+  fail=1
+fi
+for re in "${expects[@]+"${expects[@]}"}"; do
+  if ! grep -Eq -- "$re" "$out"; then
+    echo "run_expect.sh: FAIL: no output line matches /$re/" >&2
+    fail=1
+  fi
+done
+if [[ ${#counts[@]} -gt 0 ]]; then
+  for ((i = 0; i < ${#counts[@]}; i += 2)); do
+    re="${counts[i]}"
+    n="${counts[i + 1]}"
+    got=$(grep -Ec -- "$re" "$out" || true)
+    if [[ "$got" -ne "$n" ]]; then
+      echo "run_expect.sh: FAIL: $got output lines match /$re/, expected $n" >&2
+      fail=1
+    fi
+  done
+fi
+for re in "${rejects[@]+"${rejects[@]}"}"; do
+  if grep -Eq -- "$re" "$out"; then
+    echo "run_expect.sh: FAIL: an output line matches /$re/" >&2
+    fail=1
+  fi
+done
+exit $fail
