@@ -466,7 +466,8 @@ Status Engine::RunAllreduceFused(const FusionBatch& batch,
                                  std::vector<std::optional<QueueEntry>>& entries) {
   const TensorRequest& q = responses[batch.members.front()]->request;
   const size_t elem = DTypeSize(q.dtype);
-  uint8_t* buffer = FusionBuffer(batch.bytes);
+  const size_t message = FusedMessageBytes(batch.bytes, elem);
+  uint8_t* buffer = FusionBuffer(message);
   size_t offset = 0;
   for (size_t i : batch.members) {
     const QueueEntry& e = *entries[i];
@@ -474,7 +475,8 @@ Status Engine::RunAllreduceFused(const FusionBatch& batch,
     CopyScaled(buffer + offset, e.input, n, q.dtype, q.prescale);
     offset += n * elem;
   }
-  const size_t count = batch.bytes / elem;
+  std::memset(buffer + offset, 0, message - offset);  // reduced, never read back
+  const size_t count = message / elem;
   Status s = backend_->Allreduce(buffer, count, q.dtype, q.reduce_op);
   if (!s.ok()) {
     for (size_t i : batch.members) entries[i]->state->Complete(s);

@@ -15,6 +15,13 @@ bool Compatible(const TensorRequest& a, const TensorRequest& b) {
 
 }  // namespace
 
+size_t FusedMessageBytes(size_t payload, size_t elem_size) {
+  if (payload >= (size_t{1} << 20)) return payload;
+  size_t bytes = elem_size;
+  while (bytes < payload) bytes *= 2;
+  return bytes;
+}
+
 std::vector<FusionBatch> PlanFusion(const std::vector<const Response*>& responses,
                                     const FusionOptions& options) {
   std::vector<FusionBatch> batches;

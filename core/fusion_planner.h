@@ -26,6 +26,12 @@ struct FusionOptions {
   size_t direct_bytes = size_t{1} << 20;
 };
 
+// The bytes a fused batch of `payload` bytes sends: below 1 MiB rounded up to a power of two
+// (at least one element), so that batches whose make-up varies from step to step still reuse the
+// same few backend algorithm objects instead of building one per distinct size; from 1 MiB on,
+// unchanged. A multiple of elem_size. The engine zeroes the padding.
+size_t FusedMessageBytes(size_t payload, size_t elem_size);
+
 // Batches in execution order. A batch starts at the first unassigned response and gathers later
 // compatible small allreduces (looking ahead past incompatible ones) while they fit.
 std::vector<FusionBatch> PlanFusion(const std::vector<const Response*>& responses,

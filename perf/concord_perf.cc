@@ -6,9 +6,12 @@
 //
 // Per size: one Concord row (the op through the full engine: negotiation, fusion buffer, backend)
 // and, for float32 allreduce, one row per raw Gloo algorithm (its objects and buffer built once
-// and reused, so Gloo is at its best). Time is the mean over --iters of each rank's time for one
-// operation, each iteration started after a barrier, reduced with max across ranks. algbw =
-// bytes / time; busbw = algbw x 2(n-1)/n (allreduce), x (n-1)/n (allgather), x 1 (broadcast).
+// and reused, so Gloo is at its best). Each iteration starts after a barrier and is timed on its
+// own; a row's time is the median over --iters of each rank's times, reduced with max across ranks
+// (the median, not the mean, because a shared 2-core machine adds scheduler stalls of several ms to
+// a few iterations of either side at random). algbw = bytes / time; busbw = algbw x 2(n-1)/n
+// (allreduce), x (n-1)/n (allgather), x 1 (broadcast). A workload row times whole steps the same
+// way.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -35,7 +38,7 @@ struct Options {
   DType dtype = DType::kFloat32;
   ReduceOp redop = ReduceOp::kSum;
   size_t min_bytes = 4096, max_bytes = size_t{64} << 20;
-  double factor = 4;
+  double factor = 2;
   int iters = 20, warmup = 5;
   std::string workload;
   int steps = 10;
@@ -69,10 +72,14 @@ size_t ParseBytes(const std::string& s) {
   const double v = std::strtod(s.c_str(), &end);
   double mult = 1;
   const std::string suffix = end ? std::string(end) : "";
-  if (suffix == "K" || suffix == "k" || suffix == "KiB") mult = 1024;
-  else if (suffix == "M" || suffix == "MiB") mult = 1024.0 * 1024;
-  else if (suffix == "G" || suffix == "GiB") mult = 1024.0 * 1024 * 1024;
-  else if (!suffix.empty()) Usage("bad size '" + s + "'");
+  if (suffix == "K" || suffix == "k" || suffix == "KiB")
+    mult = 1024;
+  else if (suffix == "M" || suffix == "MiB")
+    mult = 1024.0 * 1024;
+  else if (suffix == "G" || suffix == "GiB")
+    mult = 1024.0 * 1024 * 1024;
+  else if (!suffix.empty())
+    Usage("bad size '" + s + "'");
   if (end == s.c_str() || !(v >= 0)) Usage("bad size '" + s + "'");
   return static_cast<size_t>(v * mult);
 }
@@ -138,9 +145,16 @@ Options ParseOptions(int argc, char** argv) {
 // Aborts the benchmark with the library's message (a benchmark has no partial result to keep).
 void Check(concord_comm_t comm, concord_status_t s, const std::string& what) {
   if (s == CONCORD_SUCCESS) return;
-  std::fprintf(stderr, "concord-perf: %s failed: %s (%s)\n", what.c_str(),
-               concord_status_string(s), concord_comm_last_error(comm));
+  std::fprintf(stderr, "concord-perf: %s failed: %s (%s)\n", what.c_str(), concord_status_string(s),
+               concord_comm_last_error(comm));
   std::exit(1);
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 double Now() {
@@ -184,8 +198,8 @@ void PrintRow(const Row& r) {
   std::fflush(stdout);
 }
 
-// Benchmarks one Concord op at one size; returns the mean seconds per op (max over ranks).
-double TimeConcordOp(concord_comm_t comm, const Options& o, int rank, int size, size_t bytes,
+// Benchmarks one Concord op at one size; returns the median seconds per op (max over ranks).
+double TimeConcordOp(concord_comm_t comm, const Options& o, int size, size_t bytes,
                      std::vector<uint8_t>& in, std::vector<uint8_t>& out) {
   const size_t elem = DTypeSize(o.dtype);
   const std::string name = "perf." + o.op + "." + std::to_string(bytes);
@@ -196,7 +210,7 @@ double TimeConcordOp(concord_comm_t comm, const Options& o, int rank, int size, 
   concord_allreduce_opts_t ao;
   concord_allreduce_opts_init(&ao);
   ao.op = static_cast<concord_reduce_op_t>(o.redop);
-  double total = 0;
+  std::vector<double> times;
   for (int i = 0; i < o.warmup + o.iters; ++i) {
     Check(comm, concord_barrier(comm), "barrier");
     const double t0 = Now();
@@ -209,13 +223,13 @@ double TimeConcordOp(concord_comm_t comm, const Options& o, int rank, int size, 
       s = concord_broadcast(comm, name.c_str(), &t, nullptr, 0);
     }
     Check(comm, s, o.op);
-    if (i >= o.warmup) total += Now() - t0;
+    if (i >= o.warmup) times.push_back(Now() - t0);
   }
-  (void)rank;
-  return MaxAcrossRanks(comm, total / o.iters, name + ".time");
+  return MaxAcrossRanks(comm, Median(times), name + ".time");
 }
 
-// Mean seconds per raw Gloo allreduce of `count` floats with one algorithm (max over ranks).
+// Median seconds per raw Gloo allreduce of `count` floats with one algorithm (max over ranks);
+// -1 when it could not run.
 double TimeRawGloo(concord_comm_t comm, Store* store, const Options& o, int rank, int size,
                    const std::string& algo, size_t count, const std::string& tag) {
   RawGlooOptions ro;
@@ -228,16 +242,14 @@ double TimeRawGloo(concord_comm_t comm, Store* store, const Options& o, int rank
   ro.iterations = o.iters;
   ro.warmup = o.warmup;
   auto times = RunRawGlooAllreduce(ro, store);
-  double mean = 0;
+  double median = -1;
   if (!times.ok()) {
     std::fprintf(stderr, "concord-perf: raw gloo %s failed on rank %d: %s\n", algo.c_str(), rank,
                  times.status().ToString().c_str());
-    mean = -1;
   } else {
-    for (double t : *times) mean += t;
-    mean /= static_cast<double>(times->size());
+    median = Median(*times);
   }
-  return MaxAcrossRanks(comm, mean, "perf.raw." + tag + "." + algo + "." + std::to_string(count));
+  return MaxAcrossRanks(comm, median, "perf.raw." + tag + "." + algo + "." + std::to_string(count));
 }
 
 void WriteJson(const std::string& path, const std::vector<Row>& rows) {
@@ -262,7 +274,8 @@ std::unique_ptr<Store> OpenRawStore(int size) {
   if (url == nullptr) return nullptr;
   auto store = OpenStore(url, token ? token : "", Deadline::After(std::chrono::seconds(30)));
   if (!store.ok()) {
-    std::fprintf(stderr, "concord-perf: raw rows disabled: %s\n", store.status().ToString().c_str());
+    std::fprintf(stderr, "concord-perf: raw rows disabled: %s\n",
+                 store.status().ToString().c_str());
     return nullptr;
   }
   return std::move(*store);
@@ -282,8 +295,8 @@ int RunSweep(concord_comm_t comm, const Options& o, int rank, int size, Store* s
   std::vector<uint8_t> in(std::max(o.max_bytes, elem)), out(std::max(o.max_bytes, elem));
   for (size_t bytes = o.min_bytes; bytes <= o.max_bytes;) {
     const size_t rounded = bytes / (elem * size) * (elem * size);
-    Row concord_row = MakeRow(o.op, "concord", size, rounded,
-                              TimeConcordOp(comm, o, rank, size, rounded, in, out));
+    Row concord_row =
+        MakeRow(o.op, "concord", size, rounded, TimeConcordOp(comm, o, size, rounded, in, out));
     rows->push_back(concord_row);
     if (rank == 0) PrintRow(concord_row);
     if (raw) {
@@ -318,9 +331,10 @@ int RunWorkload(concord_comm_t comm, const Options& o, int rank, int size, Store
   std::vector<std::vector<uint8_t>> buffers;
   for (const auto& t : w.tensors) buffers.emplace_back(t.bytes, 0);
   if (rank == 0) {
-    std::printf("# concord-perf workload %s: %zu tensors, %.1f MB, %d ranks, %d steps after %d "
-                "warm-up\n",
-                w.name.c_str(), w.tensors.size(), w.total_bytes / 1e6, size, o.steps, o.warmup);
+    std::printf(
+        "# concord-perf workload %s: %zu tensors, %.1f MB, %d ranks, %d steps after %d "
+        "warm-up\n",
+        w.name.c_str(), w.tensors.size(), w.total_bytes / 1e6, size, o.steps, o.warmup);
   }
   std::vector<concord_request_t> requests(w.tensors.size());
   std::vector<double> step_times;
@@ -342,10 +356,8 @@ int RunWorkload(concord_comm_t comm, const Options& o, int rank, int size, Store
     }
     if (step >= o.warmup) step_times.push_back(Now() - t0);
   }
-  double mean = 0;
-  for (double t : step_times) mean += t;
-  mean = MaxAcrossRanks(comm, mean / step_times.size(), "perf.workload.time");
-  Row row = MakeRow("allreduce", "concord step", size, w.total_bytes, mean);
+  const double step = MaxAcrossRanks(comm, Median(step_times), "perf.workload.time");
+  Row row = MakeRow("allreduce", "concord step", size, w.total_bytes, step);
   row.workload = w.name;
   rows->push_back(row);
   if (rank == 0) {
@@ -359,8 +371,8 @@ int RunWorkload(concord_comm_t comm, const Options& o, int rank, int size, Store
     raw_opts.iters = o.steps;
     double best = 0;
     for (const auto& algo : o.raw_algos) {
-      const double t = TimeRawGloo(comm, store, raw_opts, rank, size, algo, w.total_bytes / 4,
-                                   "workload");
+      const double t =
+          TimeRawGloo(comm, store, raw_opts, rank, size, algo, w.total_bytes / 4, "workload");
       if (t < 0) continue;
       Row r = MakeRow("allreduce", "raw gloo " + algo + " (1 msg)", size, w.total_bytes, t);
       r.workload = w.name;
@@ -369,7 +381,7 @@ int RunWorkload(concord_comm_t comm, const Options& o, int rank, int size, Store
       if (best == 0 || t < best) best = t;
     }
     if (rank == 0 && best > 0) {
-      std::printf("%12s  concord step / best raw single allreduce: x%.2f\n", "", mean / best);
+      std::printf("%12s  concord step / best raw single allreduce: x%.2f\n", "", step / best);
     }
   }
   return 0;

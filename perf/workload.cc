@@ -7,11 +7,11 @@ namespace concord {
 
 StatusOr<DType> ParseDTypeName(const std::string& text) {
   static const std::pair<const char*, DType> kNames[] = {
-      {"uint8", DType::kUint8},       {"int8", DType::kInt8},         {"int32", DType::kInt32},
-      {"int64", DType::kInt64},       {"float16", DType::kFloat16},   {"fp16", DType::kFloat16},
-      {"half", DType::kFloat16},      {"bfloat16", DType::kBFloat16}, {"bf16", DType::kBFloat16},
-      {"float32", DType::kFloat32},   {"fp32", DType::kFloat32},      {"float", DType::kFloat32},
-      {"float64", DType::kFloat64},   {"fp64", DType::kFloat64},      {"double", DType::kFloat64},
+      {"uint8", DType::kUint8},     {"int8", DType::kInt8},         {"int32", DType::kInt32},
+      {"int64", DType::kInt64},     {"float16", DType::kFloat16},   {"fp16", DType::kFloat16},
+      {"half", DType::kFloat16},    {"bfloat16", DType::kBFloat16}, {"bf16", DType::kBFloat16},
+      {"float32", DType::kFloat32}, {"fp32", DType::kFloat32},      {"float", DType::kFloat32},
+      {"float64", DType::kFloat64}, {"fp64", DType::kFloat64},      {"double", DType::kFloat64},
   };
   for (const auto& [name, dtype] : kNames) {
     if (text == name) return dtype;

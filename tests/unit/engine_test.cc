@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <ostream>
 #include <random>
 #include <string>
 #include <thread>
@@ -643,6 +644,11 @@ struct InvalidCase {
   Code code;
   std::string text;  // part of the message
 };
+
+// gtest prints a parameter with this instead of dumping its bytes.
+void PrintTo(const InvalidCase& c, std::ostream* os) {
+  *os << c.label;
+}
 
 class EngineValidateTest : public ::testing::TestWithParam<InvalidCase> {};
 

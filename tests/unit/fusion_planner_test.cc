@@ -127,3 +127,28 @@ TEST(FusionPlannerTest, Deterministic) {
 
 }  // namespace
 }  // namespace concord
+
+namespace concord {
+namespace {
+
+TEST(FusedMessageBytesTest, PowerOfTwoBelowOneMebibyteExactAbove) {
+  EXPECT_EQ(FusedMessageBytes(0, 4), 4u);
+  EXPECT_EQ(FusedMessageBytes(1, 1), 1u);
+  EXPECT_EQ(FusedMessageBytes(4, 4), 4u);
+  EXPECT_EQ(FusedMessageBytes(12, 4), 16u);
+  EXPECT_EQ(FusedMessageBytes(4100, 2), 8192u);
+  EXPECT_EQ(FusedMessageBytes(24, 8), 32u);
+  EXPECT_EQ(FusedMessageBytes((1 << 20) - 4, 4), size_t{1} << 20);
+  EXPECT_EQ(FusedMessageBytes((1 << 20) + 4, 4), (size_t{1} << 20) + 4);
+  for (size_t payload = 1; payload < 5000; payload += 7) {
+    for (size_t elem : {1, 2, 4, 8}) {
+      const size_t bytes = FusedMessageBytes(payload * elem, elem);
+      EXPECT_GE(bytes, payload * elem);
+      EXPECT_LT(bytes, 2 * payload * elem + elem);
+      EXPECT_EQ(bytes % elem, 0u);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace concord
