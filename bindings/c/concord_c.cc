@@ -68,6 +68,16 @@ concord_status_t Guard(concord_comm_t comm, F&& body) {
   }
 }
 
+// The integer behind a C enum field. A C caller may store any int there; loading it as the enum
+// type in C++ is undefined when it is out of the enumerators' range, so it is read as bytes.
+template <typename Enum>
+int EnumValue(const Enum& field) {
+  static_assert(sizeof(Enum) == sizeof(int), "C enums are int-sized on supported platforms");
+  int value;
+  std::memcpy(&value, &field, sizeof(value));
+  return value;
+}
+
 Status CheckComm(concord_comm_t comm) {
   if (comm == nullptr || !comm->engine) {
     return Status(Code::kNotInitialized, "the communicator is NULL or was finalized");
@@ -80,8 +90,9 @@ Status ToRequest(const char* name, const concord_tensor_t* t, concord::OpType op
   if (name == nullptr) return concord::InvalidArgument("the tensor name is NULL");
   if (t == nullptr) return concord::InvalidArgument("the tensor descriptor is NULL");
   const std::string who = std::string("tensor '") + name + "': ";
-  if (!concord::IsValidDType(static_cast<int>(t->dtype))) {
-    return concord::InvalidArgument(who + "unknown dtype " + std::to_string(t->dtype));
+  const int dtype = EnumValue(t->dtype);
+  if (!concord::IsValidDType(dtype)) {
+    return concord::InvalidArgument(who + "unknown dtype " + std::to_string(dtype));
   }
   if (t->ndim < 0 || t->ndim > CONCORD_MAX_DIMS) {
     return concord::InvalidArgument(who + "ndim " + std::to_string(t->ndim) + " is outside [0, " +
@@ -90,7 +101,7 @@ Status ToRequest(const char* name, const concord_tensor_t* t, concord::OpType op
   if (t->ndim > 0 && t->shape == nullptr) return concord::InvalidArgument(who + "shape is NULL");
   out->name = name;
   out->op = op;
-  out->dtype = static_cast<concord::DType>(t->dtype);
+  out->dtype = static_cast<concord::DType>(dtype);
   out->shape.assign(t->shape, t->shape + t->ndim);
   out->device = t->device;
   return Status::Ok();
@@ -98,7 +109,7 @@ Status ToRequest(const char* name, const concord_tensor_t* t, concord::OpType op
 
 // An output descriptor must describe the same elements as the input.
 Status CheckSameLayout(const concord::TensorRequest& in, const concord_tensor_t* out) {
-  if (out->dtype != static_cast<concord_dtype_t>(in.dtype) || out->device != in.device) {
+  if (EnumValue(out->dtype) != static_cast<int>(in.dtype) || out->device != in.device) {
     return concord::InvalidArgument("tensor '" + in.name +
                                     "': output dtype or device differs from the input's");
   }
@@ -312,11 +323,12 @@ concord_status_t concord_allreduce_async(concord_comm_t comm, const char* name,
       }
       o = *opts;
     }
-    if (!concord::IsValidReduceOp(static_cast<int>(o.op))) {
+    const int reduce_op = EnumValue(o.op);
+    if (!concord::IsValidReduceOp(reduce_op)) {
       return concord::InvalidArgument("tensor '" + e.request.name + "': unknown reduce op " +
-                                      std::to_string(o.op));
+                                      std::to_string(reduce_op));
     }
-    e.request.reduce_op = static_cast<concord::ReduceOp>(o.op);
+    e.request.reduce_op = static_cast<concord::ReduceOp>(reduce_op);
     e.request.prescale = o.prescale;
     e.request.postscale = o.postscale;
     e.input = input->data;
