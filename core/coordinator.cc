@@ -127,6 +127,20 @@ Response Coordinator::Validate(const Pending& p) const {
   const TensorRequest& first = *p.by_rank[0];
   Response response;
   response.request = first;
+  const bool allgather = first.op == OpType::kAllgather;
+  // The common case, all ranks agreeing, needs no text: compare whole requests first.
+  bool agree = true;
+  for (int r = 1; r < size_ && agree; ++r) {
+    TensorRequest other = *p.by_rank[r];
+    if (allgather && !other.shape.empty() && !first.shape.empty()) other.shape[0] = first.shape[0];
+    agree = other == first;
+  }
+  if (agree) {
+    if (allgather) {
+      for (int r = 0; r < size_; ++r) response.first_dims.push_back(p.by_rank[r]->shape[0]);
+    }
+    return response;
+  }
   // Checks one field: every rank's value as text; on disagreement, an error naming the groups.
   auto check = [&](const char* field, const std::function<std::string(const TensorRequest&)>& get) {
     if (response.error != Code::kOk) return;
@@ -145,7 +159,6 @@ Response Coordinator::Validate(const Pending& p) const {
     response.error = Code::kMismatch;
     response.error_message = msg;
   };
-  const bool allgather = first.op == OpType::kAllgather;
   check("the operation", [](const TensorRequest& r) { return OpTypeName(r.op); });
   check("dtype", [](const TensorRequest& r) { return DTypeName(r.dtype); });
   check("device", [](const TensorRequest& r) {

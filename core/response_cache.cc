@@ -11,7 +11,12 @@ std::optional<uint32_t> ResponseCache::Lookup(const TensorRequest& request, int 
 }
 
 void ResponseCache::Insert(const Response& response) {
-  if (response.error != Code::kOk || entries_.size() >= capacity_) return;
+  // Barriers carry a fresh sequence-numbered name each time: caching them would only fill the
+  // cache with entries nobody asks for again.
+  if (response.error != Code::kOk || response.request.op == OpType::kBarrier ||
+      entries_.size() >= capacity_) {
+    return;
+  }
   auto range = by_name_.equal_range(response.request.name);
   for (auto it = range.first; it != range.second; ++it) {
     const Response& e = entries_[it->second];

@@ -28,7 +28,8 @@ class ResponseCache {
   // The bit of an entry whose response `rank` would have requested exactly `request` for.
   std::optional<uint32_t> Lookup(const TensorRequest& request, int rank) const;
 
-  // Adds a successful response unless an identical one is cached or the cache is full.
+  // Adds a successful response unless it is a barrier, an identical one is cached or the cache
+  // is full.
   void Insert(const Response& response);
 
   // The response behind a bit, or nullptr when no such bit exists.

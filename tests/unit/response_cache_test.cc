@@ -114,3 +114,26 @@ TEST(ResponseCacheTest, CapacityZeroDisables) {
 
 }  // namespace
 }  // namespace concord
+
+namespace concord {
+namespace {
+
+TEST(ResponseCacheBarrierTest, BarriersAreNotCached) {
+  ResponseCache cache(4);
+  for (int i = 0; i < 10; ++i) {
+    Response r;
+    r.request.name = "__concord.barrier." + std::to_string(i);
+    r.request.op = OpType::kBarrier;
+    r.request.dtype = DType::kUint8;
+    cache.Insert(r);
+  }
+  EXPECT_EQ(cache.size(), 0u);
+  Response grad;
+  grad.request.name = "grad";
+  grad.request.shape = {3};
+  cache.Insert(grad);
+  EXPECT_EQ(cache.size(), 1u);
+}
+
+}  // namespace
+}  // namespace concord
