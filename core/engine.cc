@@ -223,6 +223,12 @@ void Engine::Shutdown() {
     if (control_wake_) control_wake_->Wake();
   }
   if (thread_.joinable()) thread_.join();
+  Log(LogLevel::kInfo,
+      "finalized: " + std::to_string(stats_.responses_cached.load()) +
+          " responses from the cache, " + std::to_string(stats_.responses_full.load()) + " full, " +
+          std::to_string(stats_.response_lists.load()) + " response lists, " +
+          std::to_string(stats_.batches.load()) + " collectives, " +
+          std::to_string(stats_.fused_tensors.load()) + " tensors through the fusion buffer");
   const Status closed(Code::kNotInitialized, "the communicator was finalized");
   for (auto& e : queue_.Close(closed)) e.state->Complete(closed);
   std::lock_guard<std::mutex> lock(group_mu_);
@@ -349,6 +355,7 @@ Status Engine::Coordinate() {
 }
 
 Status Engine::Execute(const ResponseMessage& message) {
+  stats_.response_lists.fetch_add(1, std::memory_order_relaxed);
   std::vector<const Response*> responses;
   responses.reserve(message.items.size());
   for (const auto& item : message.items) {

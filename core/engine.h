@@ -38,6 +38,7 @@ namespace concord {
 struct EngineStats {
   std::atomic<uint64_t> responses_cached{0};  // executed through the cache bit fast path
   std::atomic<uint64_t> responses_full{0};    // executed from full responses (incl. errors)
+  std::atomic<uint64_t> response_lists{0};    // response messages executed
   std::atomic<uint64_t> batches{0};           // collectives run
   std::atomic<uint64_t> fused_tensors{0};     // tensors that went through the fusion buffer
 };
