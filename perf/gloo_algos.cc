@@ -102,6 +102,8 @@ int Main(int argc, char** argv) {
       StatusOr<double> raw = TimeRaw(size, a, bytes / 4, iterations, run++);
       if (backend.ok() && raw.ok()) {
         std::printf(" %11.3f / %9.3f", *backend * 1e3, *raw * 1e3);
+      } else if (raw.ok() && backend.status().code() == Code::kInvalidArgument) {
+        std::printf(" %11s / %9.3f", "refused", *raw * 1e3);  // bcube: see gloo_backend.cc
       } else {
         std::printf(" %23s", "n/a");
         const Status& error = backend.ok() ? raw.status() : backend.status();
