@@ -28,7 +28,7 @@ struct BackendOptions {
   std::string host;    // address to bind and advertise ("" = from iface, else 127.0.0.1)
   std::string prefix;  // namespace for this communicator's keys in the store (job id + comm id)
   std::chrono::milliseconds timeout{30000};  // every blocking operation's deadline
-  std::string algorithm = "auto";  // backend-specific algorithm override, for benchmarks
+  std::string algorithm = "auto";            // backend-specific algorithm override, for benchmarks
 };
 
 class Backend {
@@ -44,7 +44,8 @@ class Backend {
 
   // Gathers bytes_per_rank[r] bytes from every rank r into out, in rank order. in holds this rank's
   // bytes_per_rank[rank()] bytes; out holds their sum. Any entry may be 0.
-  virtual Status Allgatherv(const void* in, void* out, const std::vector<size_t>& bytes_per_rank) = 0;
+  virtual Status Allgatherv(const void* in, void* out,
+                            const std::vector<size_t>& bytes_per_rank) = 0;
 
   // Broadcasts bytes from root's data into every other rank's data.
   virtual Status Broadcast(void* data, size_t bytes, int root) = 0;

@@ -5,7 +5,9 @@
 
 namespace concord {
 
-std::vector<std::string> BuiltBackends() { return {"gloo"}; }
+std::vector<std::string> BuiltBackends() {
+  return {"gloo"};
+}
 
 StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& name,
                                                  const BackendOptions& options, Store* store) {

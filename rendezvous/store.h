@@ -18,7 +18,8 @@ class Store {
   virtual ~Store() = default;
   // Sets key to value (overwrites).
   virtual Status Set(const std::string& key, const std::string& value) = 0;
-  // Waits until key exists, then returns its value; kTimeout naming the key when the deadline passes.
+  // Waits until key exists, then returns its value; kTimeout naming the key when the deadline
+  // passes.
   virtual StatusOr<std::string> Get(const std::string& key, Deadline deadline) = 0;
   // Waits until all keys exist.
   virtual Status Wait(const std::vector<std::string>& keys, Deadline deadline) = 0;

@@ -13,23 +13,23 @@
 static int failures = 0;
 static const char* phase = "";
 
-#define CHECK(cond)                                                                         \
-  do {                                                                                      \
-    if (!(cond)) {                                                                          \
-      fprintf(stderr, "FAIL %s:%d [%s]: %s\n", __FILE__, __LINE__, phase, #cond);           \
-      ++failures;                                                                           \
-    }                                                                                       \
+#define CHECK(cond)                                                               \
+  do {                                                                            \
+    if (!(cond)) {                                                                \
+      fprintf(stderr, "FAIL %s:%d [%s]: %s\n", __FILE__, __LINE__, phase, #cond); \
+      ++failures;                                                                 \
+    }                                                                             \
   } while (0)
 
-#define CHECK_STATUS(expr, want)                                                            \
-  do {                                                                                      \
-    concord_status_t got_ = (expr);                                                         \
-    if (got_ != (want)) {                                                                   \
-      fprintf(stderr, "FAIL %s:%d [%s]: %s returned %d (%s), want %d (%s)\n", __FILE__,     \
-              __LINE__, phase, #expr, (int)got_, concord_status_string(got_), (int)(want),  \
-              concord_status_string(want));                                                 \
-      ++failures;                                                                           \
-    }                                                                                       \
+#define CHECK_STATUS(expr, want)                                                                  \
+  do {                                                                                            \
+    concord_status_t got_ = (expr);                                                               \
+    if (got_ != (want)) {                                                                         \
+      fprintf(stderr, "FAIL %s:%d [%s]: %s returned %d (%s), want %d (%s)\n", __FILE__, __LINE__, \
+              phase, #expr, (int)got_, concord_status_string(got_), (int)(want),                  \
+              concord_status_string(want));                                                       \
+      ++failures;                                                                                 \
+    }                                                                                             \
   } while (0)
 
 static void StartPhase(const char* name) {
@@ -535,8 +535,11 @@ static void TestBlockingAndAllgather(concord_comm_t comm) {
     {
       unsigned char ones[32];
       memset(ones, 1, sizeof(ones));
-      CHECK(memcmp(buf, ones, 4 * (i <= 1 ? 1 : i == 2 || i == 6 ? 4 : i == 4 || i == 5 ? 2 : 8)) ==
-            0);
+      CHECK(memcmp(buf, ones,
+                   4 * (i <= 1             ? 1
+                        : i == 2 || i == 6 ? 4
+                        : i == 4 || i == 5 ? 2
+                                           : 8)) == 0);
     }
   }
   /* Zero elements with NULL data are fine. */

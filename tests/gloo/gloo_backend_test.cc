@@ -18,11 +18,14 @@
 
 #include "base/dtype.h"
 #include "rendezvous/hash_store.h"
+#include "tests/common/typed_elements.h"
 #include "tests/gloo/gloo_test_util.h"
 
 namespace concord {
 namespace {
 
+using testing_elements::LoadElement;
+using testing_elements::StoreElement;
 using testing_gloo::RunRanks;
 
 constexpr DType kAllDTypes[] = {DType::kUint8,   DType::kInt8,    DType::kInt32,
@@ -30,57 +33,6 @@ constexpr DType kAllDTypes[] = {DType::kUint8,   DType::kInt8,    DType::kInt32,
                                 DType::kFloat32, DType::kFloat64};
 constexpr ReduceOp kAllOps[] = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin, ReduceOp::kMax,
                                 ReduceOp::kProduct};
-
-void SetElement(DType dtype, void* data, size_t i, double v) {
-  switch (dtype) {
-    case DType::kUint8:
-      static_cast<uint8_t*>(data)[i] = static_cast<uint8_t>(v);
-      return;
-    case DType::kInt8:
-      static_cast<int8_t*>(data)[i] = static_cast<int8_t>(v);
-      return;
-    case DType::kInt32:
-      static_cast<int32_t*>(data)[i] = static_cast<int32_t>(v);
-      return;
-    case DType::kInt64:
-      static_cast<int64_t*>(data)[i] = static_cast<int64_t>(v);
-      return;
-    case DType::kFloat16:
-      static_cast<uint16_t*>(data)[i] = FloatToHalf(static_cast<float>(v));
-      return;
-    case DType::kBFloat16:
-      static_cast<uint16_t*>(data)[i] = FloatToBFloat16(static_cast<float>(v));
-      return;
-    case DType::kFloat32:
-      static_cast<float*>(data)[i] = static_cast<float>(v);
-      return;
-    case DType::kFloat64:
-      static_cast<double*>(data)[i] = v;
-      return;
-  }
-}
-
-double GetElement(DType dtype, const void* data, size_t i) {
-  switch (dtype) {
-    case DType::kUint8:
-      return static_cast<const uint8_t*>(data)[i];
-    case DType::kInt8:
-      return static_cast<const int8_t*>(data)[i];
-    case DType::kInt32:
-      return static_cast<const int32_t*>(data)[i];
-    case DType::kInt64:
-      return static_cast<double>(static_cast<const int64_t*>(data)[i]);
-    case DType::kFloat16:
-      return HalfToFloat(static_cast<const uint16_t*>(data)[i]);
-    case DType::kBFloat16:
-      return BFloat16ToFloat(static_cast<const uint16_t*>(data)[i]);
-    case DType::kFloat32:
-      return static_cast<const float*>(data)[i];
-    case DType::kFloat64:
-      return static_cast<const double*>(data)[i];
-  }
-  return 0;
-}
 
 // Rank r's i-th input. Chosen so that every result is exact in every dtype with up to 4 ranks:
 // sums stay below 32, products are powers of two up to 16, halves appear only in float types.
@@ -136,12 +88,12 @@ double Expected(DType dtype, ReduceOp op, int size, size_t i) {
 void CheckAllreduce(Backend& backend, DType dtype, ReduceOp op, size_t count) {
   std::vector<unsigned char> buffer(count * DTypeSize(dtype) + 1);
   for (size_t i = 0; i < count; ++i)
-    SetElement(dtype, buffer.data(), i, Input(dtype, op, backend.rank(), i));
+    StoreElement(dtype, buffer.data(), i, Input(dtype, op, backend.rank(), i));
   const Status status = backend.Allreduce(count ? buffer.data() : nullptr, count, dtype, op);
   ASSERT_TRUE(status.ok()) << status.ToString();
   for (size_t i = 0; i < count; ++i) {
     const double want = Expected(dtype, op, backend.size(), i);
-    const double got = GetElement(dtype, buffer.data(), i);
+    const double got = LoadElement(dtype, buffer.data(), i);
     ASSERT_EQ(got, want) << "rank " << backend.rank() << " of " << backend.size() << ", "
                          << DTypeName(dtype) << " " << ReduceOpName(op) << " count " << count
                          << " element " << i;

@@ -32,28 +32,33 @@ std::atomic<long> g_callbacks{0}, g_callback_errors{0};
 long g_async_submitted = 0;
 bool g_trace = std::getenv("CONFORMANCE_TRACE") != nullptr;  // print every submission
 
-#define FAILF(...)                                                  \
-  do {                                                              \
-    ++g_failures;                                                   \
-    if (g_failures <= 30) {                                         \
+#define FAILF(...)                                                               \
+  do {                                                                           \
+    ++g_failures;                                                                \
+    if (g_failures <= 30) {                                                      \
       std::fprintf(stderr, "rank %d: FAIL %s:%d: ", g_rank, __FILE__, __LINE__); \
-      std::fprintf(stderr, __VA_ARGS__);                            \
-      std::fprintf(stderr, "\n");                                   \
-    }                                                               \
+      std::fprintf(stderr, __VA_ARGS__);                                         \
+      std::fprintf(stderr, "\n");                                                \
+    }                                                                            \
   } while (0)
 
-const concord_dtype_t kDTypes[] = {CONCORD_UINT8,   CONCORD_INT8,     CONCORD_INT32,
-                                   CONCORD_INT64,   CONCORD_FLOAT16,  CONCORD_BFLOAT16,
+const concord_dtype_t kDTypes[] = {CONCORD_UINT8,   CONCORD_INT8,    CONCORD_INT32,
+                                   CONCORD_INT64,   CONCORD_FLOAT16, CONCORD_BFLOAT16,
                                    CONCORD_FLOAT32, CONCORD_FLOAT64};
 const concord_reduce_op_t kOps[] = {CONCORD_SUM, CONCORD_AVERAGE, CONCORD_MIN, CONCORD_MAX,
                                     CONCORD_PRODUCT};
 const char* OpName(concord_reduce_op_t op) {
   switch (op) {
-    case CONCORD_SUM: return "sum";
-    case CONCORD_AVERAGE: return "avg";
-    case CONCORD_MIN: return "min";
-    case CONCORD_MAX: return "max";
-    case CONCORD_PRODUCT: return "prod";
+    case CONCORD_SUM:
+      return "sum";
+    case CONCORD_AVERAGE:
+      return "avg";
+    case CONCORD_MIN:
+      return "min";
+    case CONCORD_MAX:
+      return "max";
+    case CONCORD_PRODUCT:
+      return "prod";
   }
   return "?";
 }
@@ -65,14 +70,17 @@ double Val(Values kind, concord_dtype_t t, int r, int64_t i, int step, int salt)
   const int64_t h = (i * 7 + r * 3 + step * 5 + salt * 11) & 0x7fffffff;
   const bool s = mp::IsSigned(t);
   switch (kind) {
-    case Values::kSum: return s ? static_cast<double>(h % 5) - 2 : static_cast<double>(h % 5);
-    case Values::kMinMax: return s ? static_cast<double>(h % 9) - 4 : static_cast<double>(h % 9);
+    case Values::kSum:
+      return s ? static_cast<double>(h % 5) - 2 : static_cast<double>(h % 5);
+    case Values::kMinMax:
+      return s ? static_cast<double>(h % 9) - 4 : static_cast<double>(h % 9);
     case Values::kProduct: {
       static const double kSigned[] = {-1, 1, 2};
       static const double kUnsigned[] = {1, 2};
       return s ? kSigned[h % 3] : kUnsigned[h % 2];
     }
-    case Values::kAny: return s ? static_cast<double>(h % 101) - 50 : static_cast<double>(h % 101);
+    case Values::kAny:
+      return s ? static_cast<double>(h % 101) - 50 : static_cast<double>(h % 101);
   }
   return 0;
 }
@@ -129,7 +137,8 @@ void Fill(Case& c) {
 // Enqueues c (or runs it, when blocking).
 void Submit(concord_comm_t comm, Case& c) {
   ++g_cases;
-  if (g_trace) std::fprintf(stderr, "rank %d: submit %s (mode %d)\n", g_rank, c.name.c_str(), c.mode);
+  if (g_trace)
+    std::fprintf(stderr, "rank %d: submit %s (mode %d)\n", g_rank, c.name.c_str(), c.mode);
   concord_tensor_t in = mp::Tensor(c.in.empty() ? nullptr : c.in.data(), c.dt, c.ndim, c.shape);
   concord_tensor_t out = mp::Tensor(c.out.empty() ? nullptr : c.out.data(), c.dt, c.ndim, c.shape);
   const bool async = c.mode != kBlocking;
@@ -155,9 +164,9 @@ void Submit(concord_comm_t comm, Case& c) {
         static unsigned char dummy[8];
         dst = dummy;
       }
-      s = async ? concord_allgather_async(comm, c.name.c_str(), &in, dst, c.capacity, cb, nullptr,
-                                          rq)
-                : concord_allgather(comm, c.name.c_str(), &in, dst, c.capacity);
+      s = async
+              ? concord_allgather_async(comm, c.name.c_str(), &in, dst, c.capacity, cb, nullptr, rq)
+              : concord_allgather(comm, c.name.c_str(), &in, dst, c.capacity);
       break;
     }
     case Kind::kBroadcast: {
@@ -192,10 +201,18 @@ void CheckAllreduce(const Case& c) {
       }
       switch (c.op) {
         case CONCORD_SUM:
-        case CONCORD_AVERAGE: acc += x; break;
-        case CONCORD_MIN: acc = std::min(acc, x); break;
-        case CONCORD_MAX: acc = std::max(acc, x); break;
-        case CONCORD_PRODUCT: acc *= x; break;
+        case CONCORD_AVERAGE:
+          acc += x;
+          break;
+        case CONCORD_MIN:
+          acc = std::min(acc, x);
+          break;
+        case CONCORD_MAX:
+          acc = std::max(acc, x);
+          break;
+        case CONCORD_PRODUCT:
+          acc *= x;
+          break;
       }
     }
     if (c.op == CONCORD_AVERAGE) acc = fp ? acc / g_size : std::trunc(acc / g_size);
@@ -307,10 +324,17 @@ void Finish(std::vector<std::unique_ptr<Case>>& batch) {
       }
     }
     switch (c.kind) {
-      case Kind::kAllreduce: CheckAllreduce(c); break;
-      case Kind::kAllgather: CheckAllgather(c); break;
-      case Kind::kBroadcast: CheckBroadcast(c); break;
-      case Kind::kBarrier: break;
+      case Kind::kAllreduce:
+        CheckAllreduce(c);
+        break;
+      case Kind::kAllgather:
+        CheckAllgather(c);
+        break;
+      case Kind::kBroadcast:
+        CheckBroadcast(c);
+        break;
+      case Kind::kBarrier:
+        break;
     }
     if (c.req) concord_request_free(c.req);
     c.req = nullptr;
@@ -369,8 +393,8 @@ void AllreduceCases(Runner& run, concord_dtype_t dt, int64_t n, int step) {
         c->mode = run.NextMode(true);
         c->ndim = 1;
         c->shape[0] = n;
-        c->name = Name("ar", dt, n, std::string(OpName(op)) + (place ? ".out" : ".in") +
-                                        (sc ? ".scaled" : ""));
+        c->name = Name("ar", dt, n,
+                       std::string(OpName(op)) + (place ? ".out" : ".in") + (sc ? ".scaled" : ""));
         Fill(*c);
         if (!c->in_place) c->out.assign(c->in.size(), 0xAB);
         run.Add(std::move(c));
@@ -439,8 +463,8 @@ void AllgatherCases(Runner& run, concord_dtype_t dt, int64_t n, int step, bool l
         int64_t total = 0;
         for (int64_t d : c->first_dims) total += d;
         // Exact capacity, or a little more on some variants.
-        c->capacity = static_cast<size_t>(total * c->cols) * mp::DTypeSize(dt) +
-                      (variant == 1 ? 16 : 0);
+        c->capacity =
+            static_cast<size_t>(total * c->cols) * mp::DTypeSize(dt) + (variant == 1 ? 16 : 0);
         c->out.assign(c->capacity, 0xEE);
       }
       run.Add(std::move(c));
@@ -531,7 +555,9 @@ int Run(int argc, char** argv) {
         return 2;
       }
     } else {
-      std::fprintf(stderr, "usage: %s [--min-size N] [--max-size N] [--steps S] [--ops ar,bc,ag,grp]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--min-size N] [--max-size N] [--steps S] [--ops ar,bc,ag,grp]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -579,13 +605,16 @@ int Run(int argc, char** argv) {
   if (g_callback_errors.load() != 0) FAILF("%ld callbacks saw an error", g_callback_errors.load());
   s = concord_finalize(comm);
   if (s != CONCORD_SUCCESS) FAILF("finalize: %s", concord_status_string(s));
-  std::printf("conformance: rank %d of %d: %ld cases, %ld checks, %ld async callbacks, %ld failures, "
-              "%.2f s: %s\n",
-              g_rank, g_size, g_cases, g_checks, g_callbacks.load(), g_failures, mp::Now() - t0,
-              g_failures == 0 ? "PASS" : "FAIL");
+  std::printf(
+      "conformance: rank %d of %d: %ld cases, %ld checks, %ld async callbacks, %ld failures, "
+      "%.2f s: %s\n",
+      g_rank, g_size, g_cases, g_checks, g_callbacks.load(), g_failures, mp::Now() - t0,
+      g_failures == 0 ? "PASS" : "FAIL");
   return g_failures == 0 ? 0 : 1;
 }
 
 }  // namespace
 
-int main(int argc, char** argv) { return Run(argc, argv); }
+int main(int argc, char** argv) {
+  return Run(argc, argv);
+}

@@ -30,14 +30,14 @@ namespace {
 
 int g_rank = 0, g_size = 1, g_failures = 0;
 
-#define CHECK(cond, ...)                                                           \
-  do {                                                                             \
-    if (!(cond)) {                                                                 \
-      ++g_failures;                                                                \
+#define CHECK(cond, ...)                                                                    \
+  do {                                                                                      \
+    if (!(cond)) {                                                                          \
+      ++g_failures;                                                                         \
       std::fprintf(stderr, "rank %d: FAIL %s:%d: %s: ", g_rank, __FILE__, __LINE__, #cond); \
-      std::fprintf(stderr, __VA_ARGS__);                                           \
-      std::fprintf(stderr, "\n");                                                  \
-    }                                                                              \
+      std::fprintf(stderr, __VA_ARGS__);                                                    \
+      std::fprintf(stderr, "\n");                                                           \
+    }                                                                                       \
   } while (0)
 
 bool Contains(const std::string& s, const std::string& part) {
@@ -88,9 +88,9 @@ void GoodAllreduce(concord_comm_t comm, const std::string& name, int64_t n) {
 // ---- mismatch ----
 
 struct MismatchCase {
-  const char* field;   // the words the error must contain
-  const char* what;    // a short name for the output
-  bool cached_first;   // run a correct version twice first, so the name is in the response cache
+  const char* field;  // the words the error must contain
+  const char* what;   // a short name for the output
+  bool cached_first;  // run a correct version twice first, so the name is in the response cache
 };
 
 // Submits this rank's (possibly odd) version of `name` for case k. Odd ranks differ.
@@ -112,11 +112,11 @@ concord_status_t SubmitVariant(concord_comm_t comm, int k, const std::string& na
       if (odd) o.op = CONCORD_MAX;
       return concord_allreduce_async(comm, name.c_str(), &t, nullptr, &o, nullptr, nullptr, req);
     case 3:  // broadcast root
-      return concord_broadcast_async(comm, name.c_str(), &t, nullptr, odd ? g_size - 1 : 0,
-                                     nullptr, nullptr, req);
+      return concord_broadcast_async(comm, name.c_str(), &t, nullptr, odd ? g_size - 1 : 0, nullptr,
+                                     nullptr, req);
     case 4:  // the operation: allreduce vs broadcast
-      if (odd) return concord_broadcast_async(comm, name.c_str(), &t, nullptr, 0, nullptr, nullptr,
-                                              req);
+      if (odd)
+        return concord_broadcast_async(comm, name.c_str(), &t, nullptr, 0, nullptr, nullptr, req);
       return concord_allreduce_async(comm, name.c_str(), &t, nullptr, &o, nullptr, nullptr, req);
     case 5:  // prescale
       if (odd) o.prescale = 2.0;
@@ -180,16 +180,17 @@ int Mismatch() {
     CHECK(s == CONCORD_SUCCESS, "%s: enqueue: %s", name.c_str(), concord_comm_last_error(comm));
     if (s != CONCORD_SUCCESS) continue;
     s = concord_wait(req, 60);
-    const std::string err = concord_test(req) == CONCORD_IN_PROGRESS ? "" : concord_request_error(req);
+    const std::string err =
+        concord_test(req) == CONCORD_IN_PROGRESS ? "" : concord_request_error(req);
     CHECK(s == CONCORD_ERR_MISMATCH, "%s: status %s (%s)", name.c_str(), concord_status_string(s),
           err.c_str());
-    CHECK(Contains(err, "'" + name + "'"), "%s: error does not name the tensor: '%s'",
-          name.c_str(), err.c_str());
+    CHECK(Contains(err, "'" + name + "'"), "%s: error does not name the tensor: '%s'", name.c_str(),
+          err.c_str());
     CHECK(Contains(err, mc.field), "%s: error does not name the field '%s': '%s'", name.c_str(),
           mc.field, err.c_str());
     CHECK(Contains(err, RankList(even)) && Contains(err, RankList(odd)),
-          "%s: error does not name the ranks (%s / %s): '%s'", name.c_str(),
-          RankList(even).c_str(), RankList(odd).c_str(), err.c_str());
+          "%s: error does not name the ranks (%s / %s): '%s'", name.c_str(), RankList(even).c_str(),
+          RankList(odd).c_str(), err.c_str());
     if (g_rank == 0) {
       std::printf("mismatch %-18s -> %s in %.3f s: %s\n", mc.what, concord_status_string(s),
                   mp::Now() - t0, err.c_str());
@@ -265,8 +266,8 @@ int Kill(int victim) {
   for (int i = 0; i < kPending; ++i) {
     concord_tensor_t t = mp::Tensor(data[i].data(), CONCORD_FLOAT32, 1, shape);
     const std::string name = "pending." + std::to_string(i);
-    const concord_status_t s =
-        concord_allreduce_async(comm, name.c_str(), &t, nullptr, nullptr, nullptr, nullptr, &reqs[i]);
+    const concord_status_t s = concord_allreduce_async(comm, name.c_str(), &t, nullptr, nullptr,
+                                                       nullptr, nullptr, &reqs[i]);
     CHECK(s == CONCORD_SUCCESS, "enqueue %s: %s", name.c_str(), concord_comm_last_error(comm));
     if (s != CONCORD_SUCCESS) reqs[i] = nullptr;
   }
@@ -319,9 +320,10 @@ int Kill(int victim) {
   CHECK(fs == CONCORD_SUCCESS, "finalize: %s", concord_status_string(fs));
   CHECK(fin < 5.0, "finalize took %.2f s", fin);
   if (g_failures == 0) {
-    std::printf("SURVIVOR_OK rank %d: pending requests failed after %.3f s with %s (%s); "
-                "finalize %.3f s\n",
-                g_rank, detect, concord_status_string(first), first_error.c_str(), fin);
+    std::printf(
+        "SURVIVOR_OK rank %d: pending requests failed after %.3f s with %s (%s); "
+        "finalize %.3f s\n",
+        g_rank, detect, concord_status_string(first), first_error.c_str(), fin);
   }
   std::fflush(stdout);
   return g_failures ? 1 : 0;

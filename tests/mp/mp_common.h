@@ -36,14 +36,22 @@ inline size_t DTypeSize(concord_dtype_t t) {
 
 inline const char* DTypeName(concord_dtype_t t) {
   switch (t) {
-    case CONCORD_UINT8: return "u8";
-    case CONCORD_INT8: return "i8";
-    case CONCORD_INT32: return "i32";
-    case CONCORD_INT64: return "i64";
-    case CONCORD_FLOAT16: return "f16";
-    case CONCORD_BFLOAT16: return "bf16";
-    case CONCORD_FLOAT32: return "f32";
-    case CONCORD_FLOAT64: return "f64";
+    case CONCORD_UINT8:
+      return "u8";
+    case CONCORD_INT8:
+      return "i8";
+    case CONCORD_INT32:
+      return "i32";
+    case CONCORD_INT64:
+      return "i64";
+    case CONCORD_FLOAT16:
+      return "f16";
+    case CONCORD_BFLOAT16:
+      return "bf16";
+    case CONCORD_FLOAT32:
+      return "f32";
+    case CONCORD_FLOAT64:
+      return "f64";
   }
   return "?";
 }
@@ -52,7 +60,9 @@ inline bool IsFloat(concord_dtype_t t) {
   return t == CONCORD_FLOAT16 || t == CONCORD_BFLOAT16 || t == CONCORD_FLOAT32 ||
          t == CONCORD_FLOAT64;
 }
-inline bool IsSigned(concord_dtype_t t) { return t != CONCORD_UINT8; }
+inline bool IsSigned(concord_dtype_t t) {
+  return t != CONCORD_UINT8;
+}
 
 inline uint32_t FloatBits(float f) {
   uint32_t u;
@@ -108,35 +118,57 @@ inline uint16_t FloatToBf16(float f) {
   x += 0x7fffu + ((x >> 16) & 1u);
   return static_cast<uint16_t>(x >> 16);
 }
-inline float Bf16ToFloat(uint16_t b) { return BitsFloat(static_cast<uint32_t>(b) << 16); }
+inline float Bf16ToFloat(uint16_t b) {
+  return BitsFloat(static_cast<uint32_t>(b) << 16);
+}
 
 inline void SetElem(void* data, concord_dtype_t t, size_t i, double v) {
   switch (t) {
-    case CONCORD_UINT8: static_cast<uint8_t*>(data)[i] = static_cast<uint8_t>(v); break;
-    case CONCORD_INT8: static_cast<int8_t*>(data)[i] = static_cast<int8_t>(v); break;
-    case CONCORD_INT32: static_cast<int32_t*>(data)[i] = static_cast<int32_t>(v); break;
-    case CONCORD_INT64: static_cast<int64_t*>(data)[i] = static_cast<int64_t>(v); break;
+    case CONCORD_UINT8:
+      static_cast<uint8_t*>(data)[i] = static_cast<uint8_t>(v);
+      break;
+    case CONCORD_INT8:
+      static_cast<int8_t*>(data)[i] = static_cast<int8_t>(v);
+      break;
+    case CONCORD_INT32:
+      static_cast<int32_t*>(data)[i] = static_cast<int32_t>(v);
+      break;
+    case CONCORD_INT64:
+      static_cast<int64_t*>(data)[i] = static_cast<int64_t>(v);
+      break;
     case CONCORD_FLOAT16:
       static_cast<uint16_t*>(data)[i] = FloatToHalf(static_cast<float>(v));
       break;
     case CONCORD_BFLOAT16:
       static_cast<uint16_t*>(data)[i] = FloatToBf16(static_cast<float>(v));
       break;
-    case CONCORD_FLOAT32: static_cast<float*>(data)[i] = static_cast<float>(v); break;
-    case CONCORD_FLOAT64: static_cast<double*>(data)[i] = v; break;
+    case CONCORD_FLOAT32:
+      static_cast<float*>(data)[i] = static_cast<float>(v);
+      break;
+    case CONCORD_FLOAT64:
+      static_cast<double*>(data)[i] = v;
+      break;
   }
 }
 
 inline double GetElem(const void* data, concord_dtype_t t, size_t i) {
   switch (t) {
-    case CONCORD_UINT8: return static_cast<const uint8_t*>(data)[i];
-    case CONCORD_INT8: return static_cast<const int8_t*>(data)[i];
-    case CONCORD_INT32: return static_cast<const int32_t*>(data)[i];
-    case CONCORD_INT64: return static_cast<double>(static_cast<const int64_t*>(data)[i]);
-    case CONCORD_FLOAT16: return HalfToFloat(static_cast<const uint16_t*>(data)[i]);
-    case CONCORD_BFLOAT16: return Bf16ToFloat(static_cast<const uint16_t*>(data)[i]);
-    case CONCORD_FLOAT32: return static_cast<const float*>(data)[i];
-    case CONCORD_FLOAT64: return static_cast<const double*>(data)[i];
+    case CONCORD_UINT8:
+      return static_cast<const uint8_t*>(data)[i];
+    case CONCORD_INT8:
+      return static_cast<const int8_t*>(data)[i];
+    case CONCORD_INT32:
+      return static_cast<const int32_t*>(data)[i];
+    case CONCORD_INT64:
+      return static_cast<double>(static_cast<const int64_t*>(data)[i]);
+    case CONCORD_FLOAT16:
+      return HalfToFloat(static_cast<const uint16_t*>(data)[i]);
+    case CONCORD_BFLOAT16:
+      return Bf16ToFloat(static_cast<const uint16_t*>(data)[i]);
+    case CONCORD_FLOAT32:
+      return static_cast<const float*>(data)[i];
+    case CONCORD_FLOAT64:
+      return static_cast<const double*>(data)[i];
   }
   return 0;
 }
@@ -144,11 +176,16 @@ inline double GetElem(const void* data, concord_dtype_t t, size_t i) {
 // Relative tolerance for a dtype: 0 (exact) for integers.
 inline double Tolerance(concord_dtype_t t) {
   switch (t) {
-    case CONCORD_FLOAT16: return 2e-3;
-    case CONCORD_BFLOAT16: return 1.6e-2;
-    case CONCORD_FLOAT32: return 1e-6;
-    case CONCORD_FLOAT64: return 1e-12;
-    default: return 0;
+    case CONCORD_FLOAT16:
+      return 2e-3;
+    case CONCORD_BFLOAT16:
+      return 1.6e-2;
+    case CONCORD_FLOAT32:
+      return 1e-6;
+    case CONCORD_FLOAT64:
+      return 1e-12;
+    default:
+      return 0;
   }
 }
 
@@ -159,8 +196,7 @@ inline bool Close(double got, double want, concord_dtype_t t) {
 }
 
 inline double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 inline concord_tensor_t Tensor(void* data, concord_dtype_t t, int ndim, const int64_t* shape) {

@@ -13,10 +13,14 @@
 #include <thread>
 #include <vector>
 
+#include "tests/common/typed_elements.h"
 #include "tests/unit/inproc_transport.h"
 
 namespace concord {
 namespace {
+
+using testing_elements::LoadElement;
+using testing_elements::StoreElement;
 
 using std::chrono::milliseconds;
 
@@ -96,59 +100,6 @@ TensorRequest Request(const std::string& name, OpType op, DType dtype, std::vect
   r.dtype = dtype;
   r.shape = std::move(shape);
   return r;
-}
-
-// Element i of a buffer of `dtype`, as a double (half types converted).
-double Load(DType dtype, const void* data, size_t i) {
-  switch (dtype) {
-    case DType::kUint8:
-      return static_cast<const uint8_t*>(data)[i];
-    case DType::kInt8:
-      return static_cast<const int8_t*>(data)[i];
-    case DType::kInt32:
-      return static_cast<const int32_t*>(data)[i];
-    case DType::kInt64:
-      return static_cast<double>(static_cast<const int64_t*>(data)[i]);
-    case DType::kFloat16:
-      return HalfToFloat(static_cast<const uint16_t*>(data)[i]);
-    case DType::kBFloat16:
-      return BFloat16ToFloat(static_cast<const uint16_t*>(data)[i]);
-    case DType::kFloat32:
-      return static_cast<const float*>(data)[i];
-    case DType::kFloat64:
-      return static_cast<const double*>(data)[i];
-  }
-  return 0;
-}
-
-// Stores v (exactly representable in `dtype`) as element i.
-void Store(DType dtype, void* data, size_t i, double v) {
-  switch (dtype) {
-    case DType::kUint8:
-      static_cast<uint8_t*>(data)[i] = static_cast<uint8_t>(v);
-      break;
-    case DType::kInt8:
-      static_cast<int8_t*>(data)[i] = static_cast<int8_t>(v);
-      break;
-    case DType::kInt32:
-      static_cast<int32_t*>(data)[i] = static_cast<int32_t>(v);
-      break;
-    case DType::kInt64:
-      static_cast<int64_t*>(data)[i] = static_cast<int64_t>(v);
-      break;
-    case DType::kFloat16:
-      static_cast<uint16_t*>(data)[i] = FloatToHalf(static_cast<float>(v));
-      break;
-    case DType::kBFloat16:
-      static_cast<uint16_t*>(data)[i] = FloatToBFloat16(static_cast<float>(v));
-      break;
-    case DType::kFloat32:
-      static_cast<float*>(data)[i] = static_cast<float>(v);
-      break;
-    case DType::kFloat64:
-      static_cast<double*>(data)[i] = v;
-      break;
-  }
 }
 
 // Input values depend on i only through i % kPeriod, so expected results are computed per period.
@@ -233,7 +184,7 @@ TEST_P(EngineAllreduceTest, EveryOpAndSize) {
           c.post = scaled ? 4.0 : 1.0;
           c.in.resize(n * elem);
           for (size_t i = 0; i < n; ++i)
-            Store(dtype, c.in.data(), i, InputValue(op, dtype, rank, i));
+            StoreElement(dtype, c.in.data(), i, InputValue(op, dtype, rank, i));
           if (!in_place) c.out.assign(n * elem, 0xAB);
           cases.push_back(std::move(c));
         }
@@ -264,7 +215,7 @@ TEST_P(EngineAllreduceTest, EveryOpAndSize) {
           size_t wrong = 0;
           for (size_t i = 0; i < n && wrong < 3; ++i) {
             const double want = expected[i % kPeriod];
-            const double have = Load(dtype, got, i);
+            const double have = LoadElement(dtype, got, i);
             if (std::fabs(have - want) > Tolerance(dtype, want)) {
               ++wrong;
               ADD_FAILURE() << "rank " << rank << " " << ReduceOpName(op) << " n=" << n

@@ -1,7 +1,6 @@
 /* Installed-package consumer in C: a single-rank allreduce through the C API. */
-#include <stdio.h>
-
 #include <concord/concord.h>
+#include <stdio.h>
 
 int main(void) {
   concord_config_t config;
