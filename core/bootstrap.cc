@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <thread>
 
 #include "rendezvous/hash_store.h"
 #include "rendezvous/store_factory.h"
@@ -77,7 +78,18 @@ StatusOr<std::unique_ptr<Rendezvous>> OpenRendezvous(const Config& c, Deadline d
       }
       rv->server = std::move(*server);
     }
-    CONCORD_ASSIGN_OR_RETURN(rv->store, TcpStore::Connect(c.master_addr, port, token, deadline));
+    // Rank 0 may not be listening yet: retry a refused connection until the deadline.
+    for (;;) {
+      auto store = TcpStore::Connect(c.master_addr, port, token, deadline);
+      if (store.ok()) {
+        rv->store = std::move(*store);
+        break;
+      }
+      if (store.status().code() == Code::kAuthFailed || deadline.passed()) {
+        return store.status().WithContext("the rendezvous store of rank 0 on MASTER_PORT+1");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
     *store_host = c.master_addr;
     return rv;
   }
