@@ -6,8 +6,9 @@
 //
 // Per size: one Concord row (the op through the full engine: negotiation, fusion buffer, backend)
 // and, for float32 allreduce, one row per raw Gloo algorithm (its objects and buffer built once
-// and reused, so Gloo is at its best). Each iteration starts after a barrier and is timed on its
-// own; a row's time is the median over --iters of each rank's times, reduced with max across ranks
+// and reused, so Gloo is at its best). Ranks line up with a barrier, then run --iters operations
+// back to back, each timed on its own; a row's time is the median of each rank's times, reduced
+// with max across ranks
 // (the median, not the mean, because a shared 2-core machine adds scheduler stalls of several ms to
 // a few iterations of either side at random). algbw = bytes / time; busbw = algbw x 2(n-1)/n
 // (allreduce), x (n-1)/n (allgather), x 1 (broadcast). A workload row times whole steps the same
@@ -216,7 +217,7 @@ double TimeConcordOp(concord_comm_t comm, const Options& o, int size, size_t byt
   ao.op = static_cast<concord_reduce_op_t>(o.redop);
   std::vector<double> times;
   for (int i = 0; i < o.warmup + o.iters; ++i) {
-    Check(comm, concord_barrier(comm), "barrier");
+    if (i == 0 || i == o.warmup) Check(comm, concord_barrier(comm), "barrier");
     const double t0 = Now();
     concord_status_t s;
     if (o.op == "allreduce") {

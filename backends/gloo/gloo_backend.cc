@@ -41,7 +41,15 @@ constexpr size_t kMaxCachedBytes = size_t{1} << 30;
 //   1 MiB       5.12       6.94           3.10          3.68       3.00
 //   4 MiB      17.1        8.70           (failed)      6.37       5.17
 //
-// Hence: ring below 128 KiB, halving-doubling up to 1 MiB, the function-style allreduce above.
+// Remeasured on a quiet machine with concord-perf (2 ranks, medians of 30 back-to-back runs, us):
+//   bytes      ring  ring_chunked  halving_doubling  allreduce
+//   4 KiB        85       188            140            234
+//   64 KiB       78       197            204            217
+//   256 KiB     213       347            308            220
+//   1 MiB       773       684            717            451
+// Hence, with 2 ranks: ring below 512 KiB, the function-style allreduce above. With more ranks:
+// ring (integers) or halving-doubling (floats, see below) below 128 KiB, halving-doubling up to
+// 1 MiB, the function-style allreduce above.
 // The function-style allreduce also reduces the caller's buffer in place, while object algorithms
 // run over the cache's own buffer and add a copy each way (see allreduce_cache.h), which widens its
 // lead at large sizes. Contrary to ENVIRONMENT.md (measured with a new gloo::allreduce per call),
@@ -53,9 +61,12 @@ constexpr size_t kMaxCachedBytes = size_t{1} << 30;
 // once and distributes the result. bcube, fastest at 4 ranks in the table, is never used: it gave
 // wrong sums intermittently (see CreateGlooBackend).
 AllreduceAlgorithm AutoAlgorithm(size_t bytes, int size, DType dtype) {
+  if (size <= 2) {
+    return bytes < (size_t{512} << 10) ? AllreduceAlgorithm::kRing : AllreduceAlgorithm::kFunction;
+  }
   if (bytes < (size_t{128} << 10)) {
-    if (size <= 2 || !IsFloatingPoint(dtype)) return AllreduceAlgorithm::kRing;
-    return AllreduceAlgorithm::kHalvingDoubling;
+    return IsFloatingPoint(dtype) ? AllreduceAlgorithm::kHalvingDoubling
+                                  : AllreduceAlgorithm::kRing;
   }
   if (bytes < (size_t{1} << 20)) return AllreduceAlgorithm::kHalvingDoubling;
   return AllreduceAlgorithm::kFunction;
