@@ -25,13 +25,9 @@ void AllreduceCache::Run(AllreduceAlgorithm algorithm, void* data, size_t count,
                          ReduceOp op) {
   // Average reduces as a sum: share the entry.
   const ReduceOp key_op = op == ReduceOp::kAverage ? ReduceOp::kSum : op;
+  if (algorithm == AllreduceAlgorithm::kFunction) return RunFunction(data, count, dtype, key_op);
   const size_t bytes = count * DTypeSize(dtype);
   Entry& entry = Lookup(Key{algorithm, count, dtype, key_op}, bytes);
-  if (algorithm == AllreduceAlgorithm::kFunction) {
-    if (entry.bound != data) Build(entry, data);
-    entry.allreduce->Run();
-    return;
-  }
   if (!entry.allreduce) {
     entry.owned.resize(bytes);
     Build(entry, entry.owned.data());
@@ -39,6 +35,25 @@ void AllreduceCache::Run(AllreduceAlgorithm algorithm, void* data, size_t count,
   std::memcpy(entry.owned.data(), data, bytes);
   entry.allreduce->Run();
   std::memcpy(data, entry.owned.data(), bytes);
+}
+
+void AllreduceCache::RunFunction(void* data, size_t count, DType dtype, ReduceOp op) {
+  const FunctionKey key{data, count, dtype, op};
+  auto found = function_index_.find(key);
+  if (found != function_index_.end()) {
+    function_lru_.splice(function_lru_.begin(), function_lru_, found->second);
+  } else {
+    if (function_lru_.size() >= max_entries_) {
+      function_index_.erase(function_lru_.back().key);
+      function_lru_.pop_back();
+    }
+    function_lru_.push_front(
+        FunctionEntry{key, MakeBoundAllreduce(function_context_, AllreduceAlgorithm::kFunction,
+                                              data, count, dtype, op)});
+    function_index_[key] = function_lru_.begin();
+    ++builds_;
+  }
+  function_lru_.front().allreduce->Run();
 }
 
 AllreduceCache::Entry& AllreduceCache::Lookup(const Key& key, size_t bytes) {

@@ -18,8 +18,9 @@ namespace {
 
 using gloo_internal::AllreduceAlgorithm;
 
-// Cache bounds: enough for a fusion buffer or two plus the tensors reduced on their own every step.
-constexpr size_t kMaxCachedAllreduces = 64;
+// Cache bounds: enough for the fusion buffer's size classes plus the large tensors of a big model
+// (each reduced on its own, in place, every step).
+constexpr size_t kMaxCachedAllreduces = 256;
 constexpr size_t kMaxCachedBytes = size_t{1} << 30;
 
 // Algorithm choice for "auto", by message bytes. Measured with perf/gloo_algos (raw Gloo: object

@@ -62,15 +62,29 @@ TEST(AllreduceCacheTest, ObjectAlgorithmsIgnoreTheCallersPointer) {
   });
 }
 
-TEST(AllreduceCacheTest, FunctionStyleRebindsToANewPointer) {
+TEST(AllreduceCacheTest, FunctionStyleKeepsOneEntryPerPointer) {
   RunTwoRanks(8, size_t{1} << 20, [](AllreduceCache& cache, int rank) {
     std::vector<float> a(100), b(100);
     SumOnce(cache, AllreduceAlgorithm::kFunction, a, rank);
     SumOnce(cache, AllreduceAlgorithm::kFunction, a, rank);
     EXPECT_EQ(cache.builds(), 1u);
+    // Only rank 0 switches buffers: function-style entries own no slots, so that is safe.
     SumOnce(cache, AllreduceAlgorithm::kFunction, rank == 0 ? b : a, rank);
     EXPECT_EQ(cache.builds(), rank == 0 ? 2u : 1u);
-    EXPECT_EQ(cache.entries(), 1u);
+    EXPECT_EQ(cache.entries(), rank == 0 ? 2u : 1u);
+    SumOnce(cache, AllreduceAlgorithm::kFunction, a, rank);  // a is still bound on both ranks
+    EXPECT_EQ(cache.builds(), rank == 0 ? 2u : 1u);
+  });
+}
+
+TEST(AllreduceCacheTest, FunctionStyleEntriesAreBoundedByCount) {
+  RunTwoRanks(2, size_t{1} << 20, [](AllreduceCache& cache, int rank) {
+    std::vector<std::vector<float>> bufs(3, std::vector<float>(50));
+    for (auto& buf : bufs) SumOnce(cache, AllreduceAlgorithm::kFunction, buf, rank);
+    EXPECT_EQ(cache.entries(), 2u);
+    EXPECT_EQ(cache.builds(), 3u);
+    SumOnce(cache, AllreduceAlgorithm::kFunction, bufs[0], rank);  // evicted: built again
+    EXPECT_EQ(cache.builds(), 4u);
   });
 }
 
