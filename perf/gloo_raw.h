@@ -29,8 +29,8 @@ struct RawGlooOptions {
 // Collective over options.size ranks (all call it with the same options but rank). Connects its
 // own Gloo context through `store`, builds the algorithm once (float32 sum, Gloo's own kernel),
 // runs warmup + iterations allreduces (a barrier first and after the warm-up, then back to back)
-// and returns the seconds each timed run took on this rank. Blocks; errors (bad options, rendezvous or Gloo failure) come back
-// as a Status. Thread-safe for distinct prefixes.
+// and returns the seconds each timed run took on this rank. Blocks; errors (bad options, rendezvous
+// or Gloo failure) come back as a Status. Thread-safe for distinct prefixes.
 StatusOr<std::vector<double>> RunRawGlooAllreduce(const RawGlooOptions& options, Store* store);
 
 }  // namespace concord

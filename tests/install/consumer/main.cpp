@@ -1,6 +1,5 @@
 // Installed-package consumer in C++17: a single-rank allreduce through the header-only C++ API.
 #include <concord/concord.hpp>
-
 #include <cstdio>
 #include <vector>
 
