@@ -52,51 +52,60 @@ Status ValidateEntry(const QueueEntry& e, int world_size) {
     return InvalidArgument("tensor names starting with '" + std::string(kReservedPrefix) +
                            "' are reserved");
   }
-  const std::string who = "tensor '" + r.name + "': ";
-  if (!IsValidDType(static_cast<int>(r.dtype))) return InvalidArgument(who + "unknown dtype");
+  // The message is built only on failure: this runs on every enqueue.
+  auto fail = [&r](Code code, const std::string& what) {
+    return Status(code, "tensor '" + r.name + "': " + what);
+  };
+  if (!IsValidDType(static_cast<int>(r.dtype)))
+    return fail(Code::kInvalidArgument, "unknown dtype");
   if (!IsValidReduceOp(static_cast<int>(r.reduce_op))) {
-    return InvalidArgument(who + "unknown reduce op");
+    return fail(Code::kInvalidArgument, "unknown reduce op");
   }
-  if (r.shape.size() > 8) return InvalidArgument(who + "more than 8 dimensions");
+  if (r.shape.size() > 8) return fail(Code::kInvalidArgument, "more than 8 dimensions");
   int64_t elements = 1;
   for (int64_t d : r.shape) {
-    if (d < 0) return InvalidArgument(who + "negative dimension " + std::to_string(d));
-    if (d > 0 && elements > (int64_t{1} << 50) / d) return InvalidArgument(who + "too large");
+    if (d < 0) return fail(Code::kInvalidArgument, "negative dimension " + std::to_string(d));
+    if (d > 0 && elements > (int64_t{1} << 50) / d)
+      return fail(Code::kInvalidArgument, "too large");
     elements *= d;
   }
   if (r.device != -1) {
-    return Status(Code::kUnavailable, who + "device " + std::to_string(r.device) +
-                                          " requested, but this build supports CPU tensors only");
+    return fail(Code::kUnavailable, "device " + std::to_string(r.device) +
+                                        " requested, but this build supports CPU tensors only");
   }
   if (elements > 0 && e.input == nullptr && r.op != OpType::kBarrier) {
-    return InvalidArgument(who + "input data is NULL");
+    return fail(Code::kInvalidArgument, "input data is NULL");
   }
   switch (r.op) {
     case OpType::kAllreduce:
-      if (elements > 0 && e.output == nullptr) return InvalidArgument(who + "output data is NULL");
+      if (elements > 0 && e.output == nullptr)
+        return fail(Code::kInvalidArgument, "output data is NULL");
       if (!std::isfinite(r.prescale) || !std::isfinite(r.postscale)) {
-        return InvalidArgument(who + "scale factors must be finite");
+        return fail(Code::kInvalidArgument, "scale factors must be finite");
       }
       if (!IsFloatingPoint(r.dtype) && (r.prescale != 1.0 || r.postscale != 1.0)) {
-        return InvalidArgument(who + "prescale and postscale apply to floating-point dtypes only");
+        return fail(Code::kInvalidArgument,
+                    "prescale and postscale apply to floating-point dtypes only");
       }
       break;
     case OpType::kAllgather:
-      if (r.shape.empty()) return InvalidArgument(who + "allgather needs at least one dimension");
+      if (r.shape.empty())
+        return fail(Code::kInvalidArgument, "allgather needs at least one dimension");
       break;
     case OpType::kBroadcast:
       if (r.root < 0 || r.root >= world_size) {
-        return InvalidArgument(who + "root " + std::to_string(r.root) + " is outside [0, " +
-                               std::to_string(world_size) + ")");
+        return fail(Code::kInvalidArgument, "root " + std::to_string(r.root) + " is outside [0, " +
+                                                std::to_string(world_size) + ")");
       }
-      if (elements > 0 && e.output == nullptr) return InvalidArgument(who + "output data is NULL");
+      if (elements > 0 && e.output == nullptr)
+        return fail(Code::kInvalidArgument, "output data is NULL");
       break;
     case OpType::kBarrier:
       break;
     default:
-      return InvalidArgument(who + "unknown operation");
+      return fail(Code::kInvalidArgument, "unknown operation");
   }
-  if (!e.state) return Internal(who + "request without completion state");
+  if (!e.state) return fail(Code::kInternal, "request without completion state");
   return Status::Ok();
 }
 
@@ -417,7 +426,7 @@ Status Engine::RunBatch(const FusionBatch& batch, const std::vector<const Respon
   }
   QueueEntry& e = *entries[i];
   // The entry must be able to run what the coordinator decided: its own request is part of it.
-  if (r.RequestOf(config_.rank) != e.request) {
+  if (!r.IsRequestOf(e.request, config_.rank)) {
     return Internal("response for tensor '" + r.request.name +
                     "' does not match this rank's request");
   }

@@ -37,6 +37,20 @@ bool Response::AppliesTo(int rank) const {
   return false;
 }
 
+bool Response::IsRequestOf(const TensorRequest& q, int rank) const {
+  const TensorRequest& r = request;
+  const bool own_first_dim = r.op == OpType::kAllgather && !r.shape.empty() && rank >= 0 &&
+                             static_cast<size_t>(rank) < first_dims.size();
+  if (q.shape.size() != r.shape.size()) return false;
+  for (size_t d = 0; d < r.shape.size(); ++d) {
+    const int64_t want = d == 0 && own_first_dim ? first_dims[rank] : r.shape[d];
+    if (q.shape[d] != want) return false;
+  }
+  return q.name == r.name && q.op == r.op && q.dtype == r.dtype && q.reduce_op == r.reduce_op &&
+         q.root == r.root && q.prescale == r.prescale && q.postscale == r.postscale &&
+         q.device == r.device && q.group == r.group && q.group_size == r.group_size;
+}
+
 TensorRequest Response::RequestOf(int rank) const {
   TensorRequest r = request;
   if (r.op == OpType::kAllgather && !r.shape.empty() && rank >= 0 &&

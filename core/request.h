@@ -51,6 +51,8 @@ struct Response {
 
   // The request that `rank` must have made for this response (its own first dimension).
   TensorRequest RequestOf(int rank) const;
+  // Whether `request` is that request; compares in place, without building a copy.
+  bool IsRequestOf(const TensorRequest& request, int rank) const;
 };
 
 }  // namespace concord

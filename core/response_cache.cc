@@ -5,7 +5,7 @@ namespace concord {
 std::optional<uint32_t> ResponseCache::Lookup(const TensorRequest& request, int rank) const {
   auto range = by_name_.equal_range(request.name);
   for (auto it = range.first; it != range.second; ++it) {
-    if (entries_[it->second].RequestOf(rank) == request) return it->second;
+    if (entries_[it->second].IsRequestOf(request, rank)) return it->second;
   }
   return std::nullopt;
 }

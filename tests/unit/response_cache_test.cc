@@ -137,3 +137,38 @@ TEST(ResponseCacheBarrierTest, BarriersAreNotCached) {
 
 }  // namespace
 }  // namespace concord
+
+namespace concord {
+namespace {
+
+TEST(ResponseIsRequestOfTest, AgreesWithRequestOf) {
+  Response r;
+  r.request.name = "g";
+  r.request.op = OpType::kAllgather;
+  r.request.shape = {2, 3};
+  r.first_dims = {2, 5, 0};
+  for (int rank = 0; rank < 3; ++rank) {
+    const TensorRequest own = r.RequestOf(rank);
+    EXPECT_TRUE(r.IsRequestOf(own, rank)) << rank;
+    TensorRequest other = own;
+    other.shape[0] += 1;
+    EXPECT_FALSE(r.IsRequestOf(other, rank));
+    other = own;
+    other.shape[1] = 4;
+    EXPECT_FALSE(r.IsRequestOf(other, rank));
+    other = own;
+    other.dtype = DType::kInt8;
+    EXPECT_FALSE(r.IsRequestOf(other, rank));
+    other = own;
+    other.shape.push_back(1);
+    EXPECT_FALSE(r.IsRequestOf(other, rank));
+  }
+  r.request.op = OpType::kAllreduce;  // every rank must then have rank 0's very shape
+  EXPECT_TRUE(r.IsRequestOf(r.request, 1));
+  TensorRequest scaled = r.request;
+  scaled.prescale = 0.5;
+  EXPECT_FALSE(r.IsRequestOf(scaled, 1));
+}
+
+}  // namespace
+}  // namespace concord
