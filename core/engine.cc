@@ -256,7 +256,7 @@ void Engine::Fail(const Status& status) {
   if (config_.rank == 0 && control_) {
     ResponseMessage abort;
     abort.abort = true;
-    abort.abort_code = status.code() == Code::kPeerFailure ? Code::kPeerFailure : status.code();
+    abort.abort_code = status.code();
     abort.abort_reason = "rank 0 aborted the job: " + status.message();
     const std::string bytes = SerializeResponseMessage(abort);
     for (int r = 1; r < config_.size; ++r) control_->Send(r, bytes);
