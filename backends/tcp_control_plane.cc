@@ -276,6 +276,14 @@ Status TcpControlPlane::Send(int to, const std::string& bytes) {
 }
 
 StatusOr<bool> TcpControlPlane::Receive(ControlMessage* out, Deadline deadline) {
+  const auto entered = Clock::now();
+  if (entered - last_listen_ > liveness_timeout_ / 4) {
+    for (auto& p : peers_) p->last_recv = std::max(p->last_recv, entered - liveness_timeout_ / 2);
+  }
+  struct Listened {
+    Clock::time_point* at;
+    ~Listened() { *at = Clock::now(); }
+  } listened{&last_listen_};
   std::vector<pollfd> fds;
   std::vector<Peer*> polled;
   for (;;) {
@@ -295,12 +303,15 @@ StatusOr<bool> TcpControlPlane::Receive(ControlMessage* out, Deadline deadline) 
       if (!p->failed.ok()) continue;
       fds.push_back({p->fd.get(), static_cast<short>(POLLIN | (p->out.empty() ? 0 : POLLOUT)), 0});
       polled.push_back(p.get());
-      const auto last_send = std::chrono::duration_cast<std::chrono::milliseconds>(
-          p->last_send - Clock::now() + liveness_timeout_ / 4);
-      const auto last_recv = std::chrono::duration_cast<std::chrono::milliseconds>(
+      // A heartbeat is due only with nothing queued (queued bytes wait for POLLOUT instead).
+      const auto heartbeat_due = p->out.empty()
+                                     ? std::chrono::duration_cast<std::chrono::milliseconds>(
+                                           p->last_send - Clock::now() + liveness_timeout_ / 4)
+                                     : liveness_timeout_;
+      const auto silence_due = std::chrono::duration_cast<std::chrono::milliseconds>(
           p->last_recv - Clock::now() + liveness_timeout_);
-      until = until.Earlier(
-          Deadline::After(std::max(std::chrono::milliseconds(0), std::min(last_send, last_recv))));
+      until = until.Earlier(Deadline::After(
+          std::max(std::chrono::milliseconds(0), std::min(heartbeat_due, silence_due))));
     }
     const int rc = ::poll(fds.data(), fds.size(), until.PollTimeoutMs());
     if (rc < 0 && errno != EINTR) return ErrnoError("control plane: poll", errno);

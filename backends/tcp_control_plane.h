@@ -36,7 +36,8 @@ constexpr size_t kControlNonceSize = 32;
 // eventfd for Wake(). Used by one thread, except Wake(), which any thread may call. Send() never
 // blocks: it writes what the socket takes and queues the rest, which later Send() and Receive()
 // calls keep flushing. Receive() blocks in poll() until a message, Wake(), the deadline, or a peer
-// failure; while it runs it sends heartbeats and checks liveness. The first failure of a peer is
+// failure; while it runs it sends heartbeats and checks liveness (time spent outside Receive() does
+// not count as a peer's silence). The first failure of a peer is
 // sticky: every later Receive(), and Send() to that peer, returns it. The destructor tries for up
 // to a second to flush queued bytes, then closes every socket (peers see kPeerFailure).
 class TcpControlPlane : public ControlPlane {
@@ -73,6 +74,10 @@ class TcpControlPlane : public ControlPlane {
   std::vector<std::unique_ptr<Peer>> peers_;
   std::deque<ControlMessage> inbox_;
   Status failure_;  // the first peer failure
+  // When Receive() last returned. Silence is counted only while this rank listens: after a long
+  // absence (the caller was busy, e.g. in a long collective, and so were its peers), each peer
+  // gets half the liveness timeout to be heard again before it counts as silent.
+  Clock::time_point last_listen_ = Clock::now();
 };
 
 }  // namespace concord

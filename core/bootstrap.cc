@@ -7,6 +7,8 @@
 
 #include <cmath>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "rendezvous/hash_store.h"
 #include "rendezvous/store_factory.h"
@@ -105,6 +107,36 @@ StatusOr<std::unique_ptr<Rendezvous>> OpenRendezvous(const Config& c, Deadline d
       "or set MASTER_ADDR and MASTER_PORT as torchrun does");
 }
 
+// Settings every rank must share, or the ranks would plan different collectives (fusion
+// threshold, cache capacity) or build different algorithms (backend, Gloo algorithm): each rank
+// compares its own with rank 0's and refuses to start on a difference, naming it.
+Status CheckJobSettings(const Config& c, Store* store, const std::string& prefix,
+                        Deadline deadline) {
+  const std::vector<std::pair<std::string, std::string>> mine = {
+      {"CONCORD_BACKEND", c.backend},
+      {"CONCORD_GLOO_ALGORITHM", c.gloo_algorithm},
+      {"CONCORD_FUSION_THRESHOLD", std::to_string(c.fusion_threshold_bytes)},
+      {"CONCORD_CACHE_CAPACITY", std::to_string(c.cache_capacity)}};
+  std::string blob;
+  for (const auto& [name, value] : mine) blob += name + "=" + value + "\n";
+  const std::string key = prefix + "/settings";
+  if (c.rank == 0) return store->Set(key, blob);
+  CONCORD_ASSIGN_OR_RETURN(std::string theirs, store->Get(key, deadline));
+  if (theirs == blob) return Status::Ok();
+  for (const auto& [name, value] : mine) {
+    const size_t at = theirs.find(name + "=");
+    const size_t end = at == std::string::npos ? at : theirs.find('\n', at);
+    const std::string rank0 = at == std::string::npos
+                                  ? "?"
+                                  : theirs.substr(at + name.size() + 1, end - at - name.size() - 1);
+    if (rank0 != value) {
+      return InvalidArgument(name + " must be the same on every rank: rank 0 has '" + rank0 +
+                             "', rank " + std::to_string(c.rank) + " has '" + value + "'");
+    }
+  }
+  return InvalidArgument("job settings differ from rank 0's");
+}
+
 }  // namespace
 
 StatusOr<std::unique_ptr<Engine>> CreateEngine(Config config) {
@@ -120,6 +152,8 @@ StatusOr<std::unique_ptr<Engine>> CreateEngine(Config config) {
       int64_t generation,
       rv->store->Add(config.job_id + "/generation/" + std::to_string(config.rank), 1));
   const std::string prefix = config.job_id + "/comm" + std::to_string(generation);
+
+  CONCORD_RETURN_IF_ERROR(CheckJobSettings(config, rv->store.get(), prefix, deadline));
 
   std::string host = config.host;
   if (host.empty() && !config.iface.empty()) {

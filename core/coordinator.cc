@@ -71,6 +71,13 @@ Status Coordinator::Add(int rank, const RequestMessage& message, Clock::time_poi
     }
   }
   for (const TensorRequest& request : message.requests) {
+    int64_t elements = 1;
+    for (int64_t d : request.shape) {
+      if (__builtin_mul_overflow(elements, d, &elements) || elements > (int64_t{1} << 50)) {
+        return ProtocolError("rank " + std::to_string(rank) + " sent tensor '" + request.name +
+                             "' with a shape too large to exist");
+      }
+    }
     if (request.op == OpType::kAllgather && request.shape.empty()) {
       return ProtocolError("rank " + std::to_string(rank) + " sent an allgather of a scalar ('" +
                            request.name + "')");

@@ -10,6 +10,10 @@ namespace {
 
 constexpr const char* kReservedPrefix = "__concord";
 
+std::string FinalizeName() {
+  return std::string(kReservedPrefix) + ".finalize";
+}
+
 std::chrono::milliseconds Millis(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(std::llround(seconds * 1000.0)));
 }
@@ -133,7 +137,8 @@ Engine::Engine(const Config& config, std::unique_ptr<ControlPlane> control,
 }
 
 Engine::~Engine() {
-  Shutdown();
+  // Never on the engine's own thread: the C API refuses to finalize from a callback.
+  (void)Shutdown();
 }
 
 void Engine::Log(LogLevel level, const std::string& message) const {
@@ -208,15 +213,18 @@ std::string Engine::NextBarrierName() {
   return std::string(kReservedPrefix) + ".barrier." + std::to_string(barrier_seq_++);
 }
 
-void Engine::Shutdown() {
+Status Engine::Shutdown() {
+  if (std::this_thread::get_id() == thread_.get_id()) {
+    return InvalidArgument("a communicator cannot be finalized from its own completion callback");
+  }
   std::lock_guard<std::mutex> shutdown_lock(shutdown_mu_);
-  if (stopping_.load()) return;
+  if (stopping_.load()) return Status::Ok();
   if (config_.size > 1 && failure().ok()) {
     // A last barrier, negotiated like any operation, so no rank closes its connections while a
     // peer still needs bytes from it. A peer that never finalizes costs one timeout, not a hang.
     auto finalized = std::make_shared<RequestState>();
     QueueEntry bye;
-    bye.request.name = std::string(kReservedPrefix) + ".finalize";
+    bye.request.name = FinalizeName();
     bye.request.op = OpType::kBarrier;
     bye.request.dtype = DType::kUint8;
     bye.state = finalized;
@@ -240,9 +248,15 @@ void Engine::Shutdown() {
           std::to_string(stats_.fused_tensors.load()) + " tensors through the fusion buffer");
   const Status closed(Code::kNotInitialized, "the communicator was finalized");
   for (auto& e : queue_.Close(closed)) e.state->Complete(closed);
-  std::lock_guard<std::mutex> lock(group_mu_);
-  for (auto& e : group_entries_) e.state->Complete(closed);
-  group_entries_.clear();
+  std::vector<QueueEntry> held;
+  {
+    std::lock_guard<std::mutex> lock(group_mu_);
+    held = std::move(group_entries_);
+    group_entries_.clear();
+  }
+  // Callbacks run outside the lock: one may call back into this engine.
+  for (auto& e : held) e.state->Complete(closed);
+  return Status::Ok();
 }
 
 void Engine::Fail(const Status& status) {
@@ -272,7 +286,9 @@ void Engine::Loop() {
   while (!stopping_.load()) {
     Status s = Step();
     if (!s.ok()) {
-      Fail(s);
+      // Once the finalize barrier has run, peers close their connections as they please: that
+      // is the end of the job, not a failure.
+      if (!finalized_.load()) Fail(s);
       return;
     }
   }
@@ -388,8 +404,13 @@ Status Engine::Execute(const ResponseMessage& message) {
     entries[i] = queue_.Take(responses[i]->request.name);
     const bool expected = responses[i]->error == Code::kOk;
     if (!entries[i] && expected) {
-      return ProtocolError("response for tensor '" + responses[i]->request.name +
-                           "', which this rank did not submit");
+      const Status s = ProtocolError("response for tensor '" + responses[i]->request.name +
+                                     "', which this rank did not submit");
+      // The entries taken so far are out of the queue, so Fail() would not reach them.
+      for (auto& e : entries) {
+        if (e) e->state->Complete(s);
+      }
+      return s;
     }
   }
   for (const FusionBatch& batch : PlanFusion(responses, fusion_)) {
@@ -444,6 +465,7 @@ Status Engine::RunBatch(const FusionBatch& batch, const std::vector<const Respon
       break;
     case OpType::kBarrier:
       s = backend_->Barrier();
+      if (s.ok() && r.request.name == FinalizeName()) finalized_.store(true);
       break;
   }
   if (!s.ok()) {

@@ -69,7 +69,9 @@ class Engine {
   // Next barrier's name: barriers are matched across ranks by their sequence number.
   std::string NextBarrierName();
 
-  void Shutdown();
+  // Finalizes (see the class comment). Refused with kInvalidArgument on the engine's own thread
+  // (from a completion callback), where it could only deadlock.
+  Status Shutdown();
   // The error that failed the engine (OK while healthy).
   Status failure() const;
   const EngineStats& stats() const { return stats_; }
@@ -117,6 +119,7 @@ class Engine {
   ControlPlane* control_wake_ = nullptr;  // control_ while it may be woken; guarded by failure_mu_
   std::mutex shutdown_mu_;                // serialises Shutdown()
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> finalized_{false};  // the finalize barrier ran on this rank
   std::thread thread_;
 };
 

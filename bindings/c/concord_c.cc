@@ -116,11 +116,24 @@ Status CheckSameLayout(const concord::TensorRequest& in, const concord_tensor_t*
   if (out->ndim < 0 || out->ndim > CONCORD_MAX_DIMS || (out->ndim > 0 && out->shape == nullptr)) {
     return concord::InvalidArgument("tensor '" + in.name + "': output shape is invalid");
   }
-  int64_t n = 1;
-  for (int i = 0; i < out->ndim; ++i) n *= out->shape[i];
-  if (n != in.NumElements()) {
-    return concord::InvalidArgument("tensor '" + in.name + "': output has " + std::to_string(n) +
-                                    " elements, the input " + std::to_string(in.NumElements()));
+  // Counted without overflow: neither shape has been checked yet.
+  auto elements = [](const int64_t* shape, size_t ndim, int64_t* n) {
+    *n = 1;
+    for (size_t i = 0; i < ndim; ++i) {
+      if (shape[i] < 0 || __builtin_mul_overflow(*n, shape[i], n)) return false;
+    }
+    return true;
+  };
+  int64_t n_out = 0, n_in = 0;
+  if (!elements(out->shape, static_cast<size_t>(out->ndim), &n_out) ||
+      !elements(in.shape.data(), in.shape.size(), &n_in)) {
+    return concord::InvalidArgument("tensor '" + in.name +
+                                    "': a dimension is negative or the shape overflows");
+  }
+  if (n_out != n_in) {
+    return concord::InvalidArgument("tensor '" + in.name + "': output has " +
+                                    std::to_string(n_out) + " elements, the input " +
+                                    std::to_string(n_in));
   }
   return Status::Ok();
 }
@@ -274,7 +287,11 @@ concord_status_t concord_init_config(const concord_config_t* user, concord_comm_
 concord_status_t concord_finalize(concord_comm_t comm) {
   if (comm == nullptr) return CONCORD_SUCCESS;
   try {
-    if (comm->engine) comm->engine->Shutdown();
+    if (comm->engine) {
+      // Refused (and the handle kept) when called from one of this communicator's callbacks.
+      const Status s = comm->engine->Shutdown();
+      if (!s.ok()) return Record(comm, s);
+    }
     delete comm;
     return CONCORD_SUCCESS;
   } catch (...) {

@@ -135,8 +135,9 @@ CONCORD_API void concord_allreduce_opts_init(concord_allreduce_opts_t* opts);
 CONCORD_API concord_status_t concord_init(concord_comm_t* comm);
 CONCORD_API concord_status_t concord_init_config(const concord_config_t* config,
                                                  concord_comm_t* comm);
-/** Fails pending requests with NOT_INITIALIZED, stops the engine and frees the handle. NULL is ok.
- */
+/** Runs a last barrier with the other ranks (at most the timeout), fails pending requests with
+ *  NOT_INITIALIZED, stops the engine and frees the handle. NULL is ok. From one of the
+ *  communicator's own callbacks it is refused with INVALID_ARGUMENT and the handle stays valid. */
 CONCORD_API concord_status_t concord_finalize(concord_comm_t comm);
 
 CONCORD_API concord_status_t concord_comm_rank(concord_comm_t comm, int* rank);

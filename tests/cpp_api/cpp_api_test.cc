@@ -159,3 +159,44 @@ TEST(CppApiTest, MismatchSurfacesAsErrorOnEveryRank) {
 }
 
 }  // namespace
+
+namespace {
+
+// A job-wide setting that differs between ranks stops that rank at init with a message naming
+// the setting, instead of letting the ranks plan different collectives.
+TEST(CppApiTest, DifferentFusionThresholdIsRefusedAtInit) {
+  const std::string path = "/tmp/concord-cpp-api-test-" + std::to_string(getpid()) + "-settings";
+  const std::string dir = "file://" + path;
+  std::string rank1_error;
+  concord_status_t rank1_status = CONCORD_SUCCESS;
+  std::thread rank0([&] {
+    concord_config_t config;
+    concord_config_init(&config);
+    config.rank = 0;
+    config.size = 2;
+    config.store = dir.c_str();
+    config.job_id = "settings";
+    config.timeout_s = 2;
+    concord_comm_t comm = nullptr;
+    // Rank 1 never connects, so rank 0 gives up after its timeout.
+    EXPECT_NE(concord_init_config(&config, &comm), CONCORD_SUCCESS);
+  });
+  concord_config_t config;
+  concord_config_init(&config);
+  config.rank = 1;
+  config.size = 2;
+  config.store = dir.c_str();
+  config.job_id = "settings";
+  config.timeout_s = 2;
+  config.fusion_threshold_bytes = 1024;
+  concord_comm_t comm = nullptr;
+  rank1_status = concord_init_config(&config, &comm);
+  rank1_error = concord_comm_last_error(nullptr);
+  rank0.join();
+  std::filesystem::remove_all(path);
+  EXPECT_EQ(rank1_status, CONCORD_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(rank1_error.find("CONCORD_FUSION_THRESHOLD"), std::string::npos) << rank1_error;
+  EXPECT_NE(rank1_error.find("rank 0 has '67108864'"), std::string::npos) << rank1_error;
+}
+
+}  // namespace

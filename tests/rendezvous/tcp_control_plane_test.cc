@@ -286,6 +286,24 @@ TEST(TcpControlPlaneTest, SilentPeerFailsAfterLivenessTimeout) {
   EXPECT_LT(took, milliseconds(2000));
 }
 
+// Both ranks away from Receive() (say, in one long collective) for longer than the liveness
+// timeout: neither may call the other silent when they come back, and a message still flows.
+TEST(TcpControlPlaneTest, TimeAwayFromReceiveIsNotSilence) {
+  HashStore store;
+  Planes planes = CreateAll(
+      2, &store, [](TcpControlPlaneOptions* o) { o->liveness_timeout = milliseconds(300); });
+  for (auto& p : planes) ASSERT_NE(p, nullptr);
+  std::this_thread::sleep_for(milliseconds(600));
+  Status statuses[2];
+  std::thread other([&] { statuses[1] = ReceiveUntilError(planes[1].get(), milliseconds(400)); });
+  statuses[0] = ReceiveUntilError(planes[0].get(), milliseconds(400));
+  other.join();
+  EXPECT_TRUE(statuses[0].ok()) << statuses[0].ToString();
+  EXPECT_TRUE(statuses[1].ok()) << statuses[1].ToString();
+  ASSERT_TRUE(planes[1]->Send(0, "after").ok());
+  EXPECT_EQ(MustReceive(planes[0].get()).bytes, "after");
+}
+
 TEST(TcpControlPlaneTest, SendRules) {
   HashStore store;
   Planes planes = CreateAll(3, &store);

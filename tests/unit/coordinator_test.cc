@@ -141,6 +141,13 @@ TEST_F(CoordinatorTest, AllgatherOfAScalarIsAProtocolError) {
   EXPECT_EQ(coordinator_->Add(0, Full({r}), t0_).code(), Code::kProtocolError);
 }
 
+TEST_F(CoordinatorTest, ShapeThatOverflowsIsAProtocolError) {
+  Start(1);
+  TensorRequest r = Req("huge");
+  r.shape = {int64_t{1} << 32, int64_t{1} << 32};
+  EXPECT_EQ(coordinator_->Add(0, Full({r}), t0_).code(), Code::kProtocolError);
+}
+
 // One field mismatch case: how rank 1's request differs from the others', and what the error says.
 struct MismatchCase {
   std::string label;
