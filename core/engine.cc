@@ -214,7 +214,7 @@ std::string Engine::NextBarrierName() {
 }
 
 Status Engine::Shutdown() {
-  if (std::this_thread::get_id() == thread_.get_id()) {
+  if (std::this_thread::get_id() == engine_thread_id_.load()) {
     return InvalidArgument("a communicator cannot be finalized from its own completion callback");
   }
   std::lock_guard<std::mutex> shutdown_lock(shutdown_mu_);
@@ -283,6 +283,7 @@ void Engine::Fail(const Status& status) {
 }
 
 void Engine::Loop() {
+  engine_thread_id_.store(std::this_thread::get_id());
   while (!stopping_.load()) {
     Status s = Step();
     if (!s.ok()) {

@@ -119,7 +119,8 @@ class Engine {
   ControlPlane* control_wake_ = nullptr;  // control_ while it may be woken; guarded by failure_mu_
   std::mutex shutdown_mu_;                // serialises Shutdown()
   std::atomic<bool> stopping_{false};
-  std::atomic<bool> finalized_{false};  // the finalize barrier ran on this rank
+  std::atomic<bool> finalized_{false};               // the finalize barrier ran on this rank
+  std::atomic<std::thread::id> engine_thread_id_{};  // set by the thread itself; read by Shutdown
   std::thread thread_;
 };
 

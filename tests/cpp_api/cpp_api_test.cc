@@ -200,3 +200,40 @@ TEST(CppApiTest, DifferentFusionThresholdIsRefusedAtInit) {
 }
 
 }  // namespace
+
+namespace {
+
+// Finalizing from one of the communicator's own callbacks could only deadlock (the callback runs
+// on the engine's thread): it is refused, the handle stays valid, and a later finalize works.
+TEST(CppApiTest, FinalizeFromACallbackIsRefused) {
+  concord_config_t config;
+  concord_config_init(&config);
+  config.rank = 0;
+  config.size = 1;
+  concord_comm_t comm = nullptr;
+  ASSERT_EQ(concord_init_config(&config, &comm), CONCORD_SUCCESS);
+  struct Seen {
+    concord_comm_t comm;
+    concord_status_t finalize_status = CONCORD_SUCCESS;
+  } seen{comm};
+  std::vector<float> v(3, 1.f);
+  int64_t shape[1] = {3};
+  concord_tensor_t t{v.data(), CONCORD_FLOAT32, 1, shape, CONCORD_DEVICE_CPU};
+  concord_request_t request = nullptr;
+  ASSERT_EQ(concord_allreduce_async(
+                comm, "cb", &t, nullptr, nullptr,
+                [](concord_request_t, concord_status_t, void* user) {
+                  auto* s = static_cast<Seen*>(user);
+                  s->finalize_status = concord_finalize(s->comm);
+                },
+                &seen, &request),
+            CONCORD_SUCCESS);
+  EXPECT_EQ(concord_wait(request, 10), CONCORD_SUCCESS);
+  concord_request_free(request);
+  EXPECT_EQ(seen.finalize_status, CONCORD_ERR_INVALID_ARGUMENT);
+  int size = 0;
+  EXPECT_EQ(concord_comm_size(comm, &size), CONCORD_SUCCESS);  // still valid
+  EXPECT_EQ(concord_finalize(comm), CONCORD_SUCCESS);
+}
+
+}  // namespace
