@@ -2,6 +2,7 @@
 // types converted), or store a double (exactly representable in the dtype) as element i.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -59,6 +60,22 @@ inline void StoreElement(DType dtype, void* data, size_t i, double v) {
       static_cast<double*>(data)[i] = v;
       return;
   }
+}
+
+// a (op) b for the expected results of a reduction (average combines as a sum).
+inline double CombineValues(ReduceOp op, double a, double b) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAverage:
+      return a + b;
+    case ReduceOp::kMin:
+      return std::min(a, b);
+    case ReduceOp::kMax:
+      return std::max(a, b);
+    case ReduceOp::kProduct:
+      return a * b;
+  }
+  return a;
 }
 
 }  // namespace testing_elements

@@ -24,6 +24,7 @@
 namespace concord {
 namespace {
 
+using testing_elements::CombineValues;
 using testing_elements::LoadElement;
 using testing_elements::StoreElement;
 using testing_gloo::RunRanks;
@@ -64,21 +65,7 @@ double Expected(DType dtype, ReduceOp op, int size, size_t i) {
   double acc = Input(dtype, op, 0, i);
   for (int r = 1; r < size; ++r) {
     const double v = Input(dtype, op, r, i);
-    switch (op) {
-      case ReduceOp::kSum:
-      case ReduceOp::kAverage:
-        acc += v;
-        break;
-      case ReduceOp::kMin:
-        acc = std::min(acc, v);
-        break;
-      case ReduceOp::kMax:
-        acc = std::max(acc, v);
-        break;
-      case ReduceOp::kProduct:
-        acc *= v;
-        break;
-    }
+    acc = CombineValues(op, acc, v);
   }
   return acc;
 }

@@ -19,6 +19,7 @@
 namespace concord {
 namespace {
 
+using testing_elements::CombineValues;
 using testing_elements::LoadElement;
 using testing_elements::StoreElement;
 
@@ -127,21 +128,7 @@ double Expected(ReduceOp op, DType dtype, int size, size_t i, double prescale, d
   double acc = prescale * InputValue(op, dtype, 0, i);
   for (int r = 1; r < size; ++r) {
     const double v = prescale * InputValue(op, dtype, r, i);
-    switch (op) {
-      case ReduceOp::kSum:
-      case ReduceOp::kAverage:
-        acc += v;
-        break;
-      case ReduceOp::kMin:
-        acc = std::min(acc, v);
-        break;
-      case ReduceOp::kMax:
-        acc = std::max(acc, v);
-        break;
-      case ReduceOp::kProduct:
-        acc *= v;
-        break;
-    }
+    acc = CombineValues(op, acc, v);
   }
   if (op == ReduceOp::kAverage) {
     acc = IsFloatingPoint(dtype) ? acc / size : std::trunc(acc / size);
