@@ -138,6 +138,18 @@ Status CheckSameLayout(const concord::TensorRequest& in, const concord_tensor_t*
   return Status::Ok();
 }
 
+// Points the entry at input's data and at output's (NULL output: in place, into input).
+Status SetBuffers(const concord_tensor_t* input, const concord_tensor_t* output,
+                  concord::QueueEntry* e) {
+  e->input = input->data;
+  e->output = input->data;
+  if (output != nullptr) {
+    CONCORD_RETURN_IF_ERROR(CheckSameLayout(e->request, output));
+    e->output = output->data;
+  }
+  return Status::Ok();
+}
+
 // Queues entry; on success *request receives a new handle whose callback runs on completion.
 Status Submit(concord_comm_t comm, concord::QueueEntry entry, concord_callback_t callback,
               void* user_data, concord_request_t* request) {
@@ -348,12 +360,7 @@ concord_status_t concord_allreduce_async(concord_comm_t comm, const char* name,
     e.request.reduce_op = static_cast<concord::ReduceOp>(reduce_op);
     e.request.prescale = o.prescale;
     e.request.postscale = o.postscale;
-    e.input = input->data;
-    e.output = input->data;
-    if (output != nullptr) {
-      CONCORD_RETURN_IF_ERROR(CheckSameLayout(e.request, output));
-      e.output = output->data;
-    }
+    CONCORD_RETURN_IF_ERROR(SetBuffers(input, output, &e));
     return Submit(comm, std::move(e), callback, user_data, request);
   });
 }
@@ -383,12 +390,7 @@ concord_status_t concord_broadcast_async(concord_comm_t comm, const char* name,
     concord::QueueEntry e;
     CONCORD_RETURN_IF_ERROR(ToRequest(name, input, concord::OpType::kBroadcast, &e.request));
     e.request.root = root;
-    e.input = input->data;
-    e.output = input->data;
-    if (output != nullptr) {
-      CONCORD_RETURN_IF_ERROR(CheckSameLayout(e.request, output));
-      e.output = output->data;
-    }
+    CONCORD_RETURN_IF_ERROR(SetBuffers(input, output, &e));
     return Submit(comm, std::move(e), callback, user_data, request);
   });
 }
