@@ -86,6 +86,7 @@ StatusOr<Config> Config::FromEnvironment() {
   ReadString({"CONCORD_BACKEND"}, &c.backend);
   ReadString({"CONCORD_GLOO_ALGORITHM"}, &c.gloo_algorithm);
   CONCORD_RETURN_IF_ERROR(ReadInt({"CONCORD_FUSION_THRESHOLD"}, &c.fusion_threshold_bytes));
+  CONCORD_RETURN_IF_ERROR(ReadInt({"CONCORD_INLINE_THRESHOLD"}, &c.inline_threshold_bytes));
   CONCORD_RETURN_IF_ERROR(ReadDouble("CONCORD_CYCLE_TIME_MS", &c.cycle_time_ms));
   CONCORD_RETURN_IF_ERROR(ReadDouble("CONCORD_TIMEOUT_S", &c.timeout_s));
   CONCORD_RETURN_IF_ERROR(ReadInt({"CONCORD_CACHE_CAPACITY"}, &c.cache_capacity));
@@ -114,6 +115,10 @@ Status Config::Finalize() {
   }
   if (job_id.empty()) job_id = "default";
   if (fusion_threshold_bytes < 0) return InvalidArgument("the fusion threshold must be >= 0");
+  if (inline_threshold_bytes < 0 || inline_threshold_bytes > kMaxInlineBytes) {
+    return InvalidArgument("CONCORD_INLINE_THRESHOLD must be in [0, " +
+                           std::to_string(kMaxInlineBytes) + "] bytes");
+  }
   if (!(cycle_time_ms >= 0.0) || cycle_time_ms > 60000.0) {
     return InvalidArgument("the cycle time must be in [0, 60000] ms");
   }

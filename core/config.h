@@ -28,6 +28,10 @@ struct Config {
   std::string backend = "gloo";
   std::string gloo_algorithm = "auto";
   int64_t fusion_threshold_bytes = int64_t{64} << 20;
+  // Allreduces up to this many bytes travel with their negotiation and are reduced by the
+  // coordinator (no backend call); 0 turns this off. At most kMaxInlineBytes.
+  int64_t inline_threshold_bytes = int64_t{32} << 10;
+  static constexpr int64_t kMaxInlineBytes = int64_t{256} << 10;
   double cycle_time_ms = 0.0;
   double timeout_s = 30.0;
   int cache_capacity = 1024;

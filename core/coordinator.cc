@@ -56,21 +56,33 @@ size_t Coordinator::pending() const {
   return pending_.size() + bit_waits_.size() + held_.size();
 }
 
-Status Coordinator::Add(int rank, const RequestMessage& message, Clock::time_point now) {
+Status Coordinator::Add(int rank, RequestMessage message, Clock::time_point now) {
   if (rank < 0 || rank >= size_)
     return ProtocolError("message from unknown rank " + std::to_string(rank));
   for (size_t w = 0; w < message.cached_mask.size(); ++w) {
     for (uint64_t word = message.cached_mask[w]; word != 0; word &= word - 1) {
       const auto bit = static_cast<uint32_t>(w * 64 + __builtin_ctzll(word));
-      if (cache_->Get(bit) == nullptr) {
+      const Response* entry = cache_->Get(bit);
+      if (entry == nullptr) {
         return ProtocolError("rank " + std::to_string(rank) + " named response-cache entry " +
                              std::to_string(bit) + ", which does not exist");
       }
       SetBit(bits_by_rank_[rank], bit);
-      bit_waits_.emplace(bit, BitWait{now, false});
+      auto [wait, fresh] = bit_waits_.try_emplace(bit);
+      if (fresh) wait->second.first_seen = now;
+      auto data = message.cached_data.find(bit);
+      if (data == message.cached_data.end()) continue;
+      if (entry->request.op != OpType::kAllreduce ||
+          data->second.size() != entry->request.NumBytes()) {
+        return ProtocolError("rank " + std::to_string(rank) + " sent inline data for tensor '" +
+                             entry->request.name + "' that is not an allreduce input of its size");
+      }
+      wait->second.data.resize(size_);
+      wait->second.data[rank] = std::move(data->second);
     }
   }
-  for (const TensorRequest& request : message.requests) {
+  for (uint32_t index = 0; index < message.requests.size(); ++index) {
+    const TensorRequest& request = message.requests[index];
     int64_t elements = 1;
     for (int64_t d : request.shape) {
       if (__builtin_mul_overflow(elements, d, &elements) || elements > (int64_t{1} << 50)) {
@@ -95,8 +107,28 @@ Status Coordinator::Add(int rank, const RequestMessage& message, Clock::time_poi
     }
     p.by_rank[rank] = request;
     ++p.count;
+    auto data = message.request_data.find(index);
+    if (data != message.request_data.end()) {
+      p.data_by_rank.resize(size_);
+      p.data_by_rank[rank] = std::move(data->second);
+    }
   }
   return Status::Ok();
+}
+
+std::optional<std::string> Coordinator::ReduceInline(
+    const TensorRequest& request, std::vector<std::optional<std::string>>& data) const {
+  if (request.op != OpType::kAllreduce || data.size() != static_cast<size_t>(size_)) return {};
+  for (const auto& d : data) {
+    if (!d) return {};
+  }
+  std::string out = std::move(*data[0]);
+  const size_t count = static_cast<size_t>(request.NumElements());
+  for (int r = 1; r < size_; ++r) {
+    ReduceElements(out.data(), out.data(), data[r]->data(), count, request.dtype,
+                   request.reduce_op);
+  }
+  return out;
 }
 
 void Coordinator::ExpandDivergedBits() {
@@ -116,12 +148,17 @@ void Coordinator::ExpandDivergedBits() {
       arrival_.push_back(name);
     }
     for (uint32_t bit : bits) {
+      BitWait& wait = bit_waits_.at(bit);
       for (int r = 0; r < size_; ++r) {
         if (!TestBit(bits_by_rank_[r], bit)) continue;
         ClearBit(bits_by_rank_[r], bit);
         if (!p.by_rank[r]) {
           p.by_rank[r] = cache_->Get(bit)->RequestOf(r);
           ++p.count;
+          if (!wait.data.empty() && wait.data[r]) {
+            p.data_by_rank.resize(size_);
+            p.data_by_rank[r] = std::move(wait.data[r]);
+          }
         }
       }
       p.first_seen = std::min(p.first_seen, bit_waits_.at(bit).first_seen);
@@ -267,10 +304,14 @@ ResponseMessage Coordinator::TakeReady(Clock::time_point now) {
     for (uint64_t word = all[w]; word != 0; word &= word - 1) {
       const auto bit = static_cast<uint32_t>(w * 64 + __builtin_ctzll(word));
       for (auto& v : bits_by_rank_) ClearBit(v, bit);
-      bit_waits_.erase(bit);
       ResponseItem item;
       item.cached = true;
       item.bit = bit;
+      auto wait = bit_waits_.find(bit);
+      if (wait != bit_waits_.end()) {
+        item.data = ReduceInline(cache_->Get(bit)->request, wait->second.data);
+        bit_waits_.erase(wait);
+      }
       ready.push_back(std::move(item));
     }
   }
@@ -285,6 +326,9 @@ ResponseMessage Coordinator::TakeReady(Clock::time_point now) {
     }
     ResponseItem item;
     item.response = Validate(it->second);
+    if (item.response.error == Code::kOk) {
+      item.data = ReduceInline(item.response.request, it->second.data_by_rank);
+    }
     ready.push_back(std::move(item));
     pending_.erase(it);
   }

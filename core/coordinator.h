@@ -13,6 +13,11 @@
 //     tensor, the field and the ranks on each side. A bit that meets a full request for the same
 //     name (the ranks diverged) is expanded back into the request it stands for and joins the full
 //     path, so a divergence is reported, never left waiting.
+//     Small allreduces may carry their (prescaled) input with the request, cached or full. When
+//     every rank sent its input for an operation that is ready, the coordinator reduces them in
+//     rank order and the response carries the result: the operation costs no backend collective,
+//     and every rank receives identical bytes. If any rank sent no input (its threshold differs),
+//     the operation runs on the backend as usual.
 //  3. Ready operations leave in the order they became ready (cached ones by bit, which is their
 //     first execution order), members of a group only all together, as one ResponseMessage that
 //     rank 0 sends to every rank and executes itself. Every rank executes the same list in the same
@@ -51,8 +56,9 @@ class Coordinator {
   Coordinator(int size, const ResponseCache* cache, StallOptions stall);
 
   // Adds what `rank` sent. kProtocolError for bits that name no cache entry, a name `rank` already
-  // has pending, or an allgather of a scalar (no engine sends one).
-  Status Add(int rank, const RequestMessage& message, Clock::time_point now);
+  // has pending, an allgather of a scalar (no engine sends one), or inline data for a cache entry
+  // that is not an allreduce of that size.
+  Status Add(int rank, RequestMessage message, Clock::time_point now);
 
   // Everything that can run now, in execution order (may be empty).
   ResponseMessage TakeReady(Clock::time_point now);
@@ -67,6 +73,7 @@ class Coordinator {
  private:
   struct Pending {
     std::vector<std::optional<TensorRequest>> by_rank;
+    std::vector<std::optional<std::string>> data_by_rank;  // inline inputs (empty: none yet)
     int count = 0;
     Clock::time_point first_seen;
     bool warned = false;
@@ -74,9 +81,13 @@ class Coordinator {
   struct BitWait {
     Clock::time_point first_seen;
     bool warned = false;
+    std::vector<std::optional<std::string>> data;  // inline inputs by rank (empty: none yet)
   };
 
   void ExpandDivergedBits();
+  // Every rank's inline input reduced in rank order, or nothing unless all ranks sent one.
+  std::optional<std::string> ReduceInline(const TensorRequest& request,
+                                          std::vector<std::optional<std::string>>& data) const;
   Response Validate(const Pending& p) const;
   void ExpireStalled(Clock::time_point now, std::vector<Response>* errors);
   std::string MissingRanks(const std::vector<bool>& present) const;

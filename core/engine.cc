@@ -245,7 +245,8 @@ Status Engine::Shutdown() {
           " responses from the cache, " + std::to_string(stats_.responses_full.load()) + " full, " +
           std::to_string(stats_.response_lists.load()) + " response lists, " +
           std::to_string(stats_.batches.load()) + " collectives, " +
-          std::to_string(stats_.fused_tensors.load()) + " tensors through the fusion buffer");
+          std::to_string(stats_.fused_tensors.load()) + " tensors through the fusion buffer, " +
+          std::to_string(stats_.inline_reductions.load()) + " reduced inline");
   const Status closed(Code::kNotInitialized, "the communicator was finalized");
   for (auto& e : queue_.Close(closed)) e.state->Complete(closed);
   std::vector<QueueEntry> held;
@@ -338,19 +339,33 @@ Status Engine::SubmitNew() {
       return Status::Ok();  // keep gathering; NextWake() comes back when the cycle ends
     }
   }
-  std::vector<TensorRequest> fresh = queue_.PopNew();
+  std::vector<TensorQueue::Fresh> fresh = queue_.PopNew();
   if (fresh.empty()) return Status::Ok();
   RequestMessage m;
-  for (auto& request : fresh) {
+  for (auto& [request, input] : fresh) {
+    std::optional<std::string> data = InlineData(request, input);
     if (auto bit = cache_.Lookup(request, config_.rank)) {
       if (*bit / 64 >= m.cached_mask.size()) m.cached_mask.resize(*bit / 64 + 1, 0);
       m.cached_mask[*bit / 64] |= uint64_t{1} << (*bit % 64);
+      if (data) m.cached_data.emplace(*bit, std::move(*data));
     } else {
+      if (data) m.request_data.emplace(static_cast<uint32_t>(m.requests.size()), std::move(*data));
       m.requests.push_back(std::move(request));
     }
   }
-  if (coordinator_) return coordinator_->Add(0, m, Clock::now());
+  if (coordinator_) return coordinator_->Add(0, std::move(m), Clock::now());
   return control_->Send(0, SerializeRequestMessage(m));
+}
+
+std::optional<std::string> Engine::InlineData(const TensorRequest& r, const void* input) const {
+  if (r.op != OpType::kAllreduce || r.device != -1 || config_.size == 1 ||
+      config_.inline_threshold_bytes == 0 ||
+      r.NumBytes() > static_cast<size_t>(config_.inline_threshold_bytes)) {
+    return std::nullopt;
+  }
+  std::string data(r.NumBytes(), '\0');
+  CopyScaled(data.data(), input, static_cast<size_t>(r.NumElements()), r.dtype, r.prescale);
+  return data;
 }
 
 Status Engine::HandleMessage(const ControlMessage& message) {
@@ -399,26 +414,42 @@ Status Engine::Execute(const ResponseMessage& message) {
     responses.push_back(cached);
   }
   std::vector<std::optional<QueueEntry>> entries(responses.size());
+  // The entries taken so far are out of the queue, so Fail() would not reach them.
+  auto fail_taken = [&entries](const Status& s) {
+    for (auto& e : entries) {
+      if (e) e->state->Complete(s);
+    }
+    return s;
+  };
   for (size_t i = 0; i < responses.size(); ++i) {
     // An error for other ranks (a stall timeout this rank was late for) leaves its entry alone.
     if (!responses[i]->AppliesTo(config_.rank)) continue;
     entries[i] = queue_.Take(responses[i]->request.name);
     const bool expected = responses[i]->error == Code::kOk;
     if (!entries[i] && expected) {
-      const Status s = ProtocolError("response for tensor '" + responses[i]->request.name +
-                                     "', which this rank did not submit");
-      // The entries taken so far are out of the queue, so Fail() would not reach them.
-      for (auto& e : entries) {
-        if (e) e->state->Complete(s);
-      }
-      return s;
+      return fail_taken(ProtocolError("response for tensor '" + responses[i]->request.name +
+                                      "', which this rank did not submit"));
     }
   }
-  for (const FusionBatch& batch : PlanFusion(responses, fusion_)) {
-    Status s = RunBatch(batch, responses, entries);
+  // Operations the coordinator reduced inline complete now; the rest run on the backend.
+  std::vector<const Response*> to_run;
+  std::vector<std::optional<QueueEntry>> run_entries;
+  for (size_t i = 0; i < responses.size(); ++i) {
+    const std::optional<std::string>& data = message.items[i].data;
+    if (!data) {
+      to_run.push_back(responses[i]);
+      run_entries.push_back(std::move(entries[i]));
+      continue;
+    }
+    Status s = CompleteInline(*responses[i], *data, entries[i]);
+    if (!s.ok()) return fail_taken(s);
+    entries[i].reset();
+  }
+  for (const FusionBatch& batch : PlanFusion(to_run, fusion_)) {
+    Status s = RunBatch(batch, to_run, run_entries);
     if (!s.ok()) {
       // Entries taken from the queue for this list complete here; Fail() handles the queue.
-      for (auto& e : entries) {
+      for (auto& e : run_entries) {
         if (e) e->state->Complete(s);
       }
       return s;
@@ -477,16 +508,38 @@ Status Engine::RunBatch(const FusionBatch& batch, const std::vector<const Respon
   return Status::Ok();
 }
 
+Status Engine::CompleteInline(const Response& r, const std::string& data,
+                              std::optional<QueueEntry>& entry) {
+  const TensorRequest& q = r.request;
+  if (r.error != Code::kOk || q.op != OpType::kAllreduce || data.size() != q.NumBytes()) {
+    return ProtocolError("inline result for tensor '" + q.name +
+                         "' is not an allreduce result of its size");
+  }
+  stats_.inline_reductions.fetch_add(1, std::memory_order_relaxed);
+  if (!r.IsRequestOf(entry->request, config_.rank)) {
+    return Internal("response for tensor '" + q.name + "' does not match this rank's request");
+  }
+  const size_t n = static_cast<size_t>(q.NumElements());
+  std::memcpy(entry->output, data.data(), data.size());
+  FinishAllreduce(q, entry->output, n);
+  entry->state->Complete(Status::Ok());
+  return Status::Ok();
+}
+
+void Engine::FinishAllreduce(const TensorRequest& q, void* data, size_t n) const {
+  if (q.reduce_op == ReduceOp::kAverage && !IsFloatingPoint(q.dtype)) {
+    DivideIntegers(data, n, q.dtype, config_.size);
+  }
+  const double post = PostFactor(q, config_.size);
+  if (post != 1.0) ScaleElements(data, n, q.dtype, post);
+}
+
 Status Engine::RunAllreduceDirect(const Response& r, QueueEntry& e) {
   const TensorRequest& q = r.request;
   const size_t n = static_cast<size_t>(q.NumElements());
   CopyScaled(e.output, e.input, n, q.dtype, q.prescale);
   CONCORD_RETURN_IF_ERROR(backend_->Allreduce(e.output, n, q.dtype, q.reduce_op));
-  if (q.reduce_op == ReduceOp::kAverage && !IsFloatingPoint(q.dtype)) {
-    DivideIntegers(e.output, n, q.dtype, config_.size);
-  }
-  const double post = PostFactor(q, config_.size);
-  if (post != 1.0) ScaleElements(e.output, n, q.dtype, post);
+  FinishAllreduce(q, e.output, n);
   return Status::Ok();
 }
 

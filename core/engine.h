@@ -36,11 +36,12 @@ namespace concord {
 
 // Counters for tests and benchmarks; read with relaxed atomics from any thread.
 struct EngineStats {
-  std::atomic<uint64_t> responses_cached{0};  // executed through the cache bit fast path
-  std::atomic<uint64_t> responses_full{0};    // executed from full responses (incl. errors)
-  std::atomic<uint64_t> response_lists{0};    // response messages executed
-  std::atomic<uint64_t> batches{0};           // collectives run
-  std::atomic<uint64_t> fused_tensors{0};     // tensors that went through the fusion buffer
+  std::atomic<uint64_t> responses_cached{0};   // executed through the cache bit fast path
+  std::atomic<uint64_t> responses_full{0};     // executed from full responses (incl. errors)
+  std::atomic<uint64_t> response_lists{0};     // response messages executed
+  std::atomic<uint64_t> batches{0};            // collectives run
+  std::atomic<uint64_t> fused_tensors{0};      // tensors that went through the fusion buffer
+  std::atomic<uint64_t> inline_reductions{0};  // allreduces the coordinator reduced inline
 };
 
 class Engine {
@@ -85,6 +86,13 @@ class Engine {
   Status Execute(const ResponseMessage& message);
   Status RunBatch(const FusionBatch& batch, const std::vector<const Response*>& responses,
                   std::vector<std::optional<QueueEntry>>& entries);
+  // A small allreduce's input for the coordinator (prescaled), when it qualifies.
+  std::optional<std::string> InlineData(const TensorRequest& r, const void* input) const;
+  // Completes an operation the coordinator reduced inline; `entry` is this rank's (present).
+  Status CompleteInline(const Response& r, const std::string& data,
+                        std::optional<QueueEntry>& entry);
+  // After the reduction: integer average division and the post factor.
+  void FinishAllreduce(const TensorRequest& q, void* data, size_t n) const;
   Status RunAllreduceDirect(const Response& r, QueueEntry& e);
   Status RunAllreduceFused(const FusionBatch& batch, const std::vector<const Response*>& responses,
                            std::vector<std::optional<QueueEntry>>& entries);

@@ -7,7 +7,7 @@ namespace {
 
 constexpr uint8_t kRequestTag = 0xC1;
 constexpr uint8_t kResponseTag = 0xC2;
-constexpr uint8_t kVersion = 1;
+constexpr uint8_t kVersion = 2;
 constexpr uint32_t kMaxDims = 64;
 constexpr uint32_t kMaxString = 1 << 20;
 
@@ -171,6 +171,34 @@ Response ReadResponse(Reader& rd) {
   return r;
 }
 
+// Whether the request's tensor has exactly `bytes` bytes; overflow-safe for untrusted shapes.
+bool HasBytes(const TensorRequest& r, size_t bytes) {
+  uint64_t n = DTypeSize(r.dtype);
+  for (int64_t d : r.shape) {
+    if (d < 0 || __builtin_mul_overflow(n, static_cast<uint64_t>(d), &n)) return false;
+  }
+  return n == bytes;
+}
+
+void WriteData(Writer& w, const std::map<uint32_t, std::string>& data) {
+  w.U32(static_cast<uint32_t>(data.size()));
+  for (const auto& [key, bytes] : data) {
+    w.U32(key);
+    w.Str(bytes);
+  }
+}
+
+std::map<uint32_t, std::string> ReadData(Reader& rd) {
+  std::map<uint32_t, std::string> data;
+  const uint32_t n = rd.Count(8);
+  for (uint32_t i = 0; i < n && rd.ok(); ++i) {
+    const uint32_t key = rd.U32();
+    if (!data.emplace(key, rd.Str()).second)
+      rd.Fail("inline data for key " + std::to_string(key) + " twice");
+  }
+  return data;
+}
+
 Status Finish(const Reader& rd, const char* what) {
   if (!rd.ok()) return ProtocolError(std::string("malformed ") + what + ": " + rd.error());
   if (!rd.done()) return ProtocolError(std::string("malformed ") + what + ": trailing bytes");
@@ -198,6 +226,8 @@ std::string SerializeRequestMessage(const RequestMessage& m) {
   for (uint64_t word : m.cached_mask) w.I64(static_cast<int64_t>(word));
   w.U32(static_cast<uint32_t>(m.requests.size()));
   for (const auto& r : m.requests) WriteRequest(w, r);
+  WriteData(w, m.cached_data);
+  WriteData(w, m.request_data);
   return w.Take();
 }
 
@@ -211,7 +241,27 @@ StatusOr<RequestMessage> ParseRequestMessage(const std::string& bytes) {
   }
   const uint32_t nreq = rd.Count(40);
   for (uint32_t i = 0; i < nreq && rd.ok(); ++i) m.requests.push_back(ReadRequest(rd));
+  m.cached_data = ReadData(rd);
+  m.request_data = ReadData(rd);
   CONCORD_RETURN_IF_ERROR(Finish(rd, "request message"));
+  // Inline data must belong to something in this message, with the size the request implies.
+  for (const auto& [bit, bytes] : m.cached_data) {
+    if (bit / 64 >= m.cached_mask.size() || ((m.cached_mask[bit / 64] >> (bit % 64)) & 1u) == 0) {
+      return ProtocolError("malformed request message: inline data for cache entry " +
+                           std::to_string(bit) + ", which it does not request");
+    }
+  }
+  for (const auto& [index, bytes] : m.request_data) {
+    if (index >= m.requests.size()) {
+      return ProtocolError("malformed request message: inline data for request " +
+                           std::to_string(index) + " of " + std::to_string(m.requests.size()));
+    }
+    const TensorRequest& r = m.requests[index];
+    if (r.op != OpType::kAllreduce || !HasBytes(r, bytes.size())) {
+      return ProtocolError("malformed request message: inline data for tensor '" + r.name +
+                           "' is not an allreduce input of its size");
+    }
+  }
   return m;
 }
 
@@ -230,6 +280,8 @@ std::string SerializeResponseMessage(const ResponseMessage& m) {
     } else {
       WriteResponse(w, item.response);
     }
+    w.U8(item.data ? 1 : 0);
+    if (item.data) w.Str(*item.data);
   }
   return w.Take();
 }
@@ -245,7 +297,7 @@ StatusOr<ResponseMessage> ParseResponseMessage(const std::string& bytes) {
   if (code < 0 || code > static_cast<int32_t>(Code::kProtocolError)) rd.Fail("unknown abort code");
   m.abort_code = static_cast<Code>(code);
   m.abort_reason = rd.Str();
-  const uint32_t n = rd.Count(5);
+  const uint32_t n = rd.Count(6);
   for (uint32_t i = 0; i < n && rd.ok(); ++i) {
     ResponseItem item;
     const uint8_t cached = rd.U8();
@@ -256,6 +308,9 @@ StatusOr<ResponseMessage> ParseResponseMessage(const std::string& bytes) {
     } else {
       item.response = ReadResponse(rd);
     }
+    const uint8_t has_data = rd.U8();
+    if (has_data > 1) rd.Fail("bad inline data flag");
+    if (has_data == 1) item.data = rd.Str();
     m.items.push_back(std::move(item));
   }
   CONCORD_RETURN_IF_ERROR(Finish(rd, "response message"));

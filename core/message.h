@@ -1,14 +1,17 @@
 // The negotiation wire format (see coordinator.h for the protocol). Two messages:
 //   RequestMessage   any rank -> coordinator: a bit vector of the response-cache entries it has
-//   newly
-//                    requested again, and full requests for everything else.
+//                    newly requested again, full requests for everything else, and the input bytes
+//                    of small allreduces that the coordinator may reduce itself (inline data).
 //   ResponseMessage  coordinator -> every rank: the ordered list to execute (cache bits or full
-//                    responses), or an abort that fails the job on every rank.
+//                    responses, each with the reduced bytes when it was reduced inline), or an
+//                    abort that fails the job on every rank.
 // Little-endian, length-prefixed, versioned. Parse() never trusts its input: any truncation,
 // unknown tag, oversized count or invalid enum value gives kProtocolError, never a crash.
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +23,10 @@ namespace concord {
 struct RequestMessage {
   std::vector<uint64_t> cached_mask;    // bit b set: a request equal to cache entry b is ready
   std::vector<TensorRequest> requests;  // everything else
+  // Inline data: a small allreduce's prescaled input, by cache bit (for bits set in cached_mask)
+  // and by index into `requests`. Each holds exactly the request's NumBytes().
+  std::map<uint32_t, std::string> cached_data;
+  std::map<uint32_t, std::string> request_data;
   bool empty() const { return cached_mask.empty() && requests.empty(); }
 };
 
@@ -27,6 +34,9 @@ struct ResponseItem {
   bool cached = false;  // true: `bit` names a response-cache entry; false: `response` is full
   uint32_t bit = 0;
   Response response;
+  // Set when the coordinator reduced every rank's inline data: the reduction (before any
+  // division or postscale), NumBytes() of the request. The operation then needs no backend call.
+  std::optional<std::string> data;
 };
 
 struct ResponseMessage {

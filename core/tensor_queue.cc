@@ -31,11 +31,14 @@ Status TensorQueue::Push(std::vector<QueueEntry> entries) {
   return Status::Ok();
 }
 
-std::vector<TensorRequest> TensorQueue::PopNew() {
+std::vector<TensorQueue::Fresh> TensorQueue::PopNew() {
   std::lock_guard<std::mutex> lock(mu_);
-  std::vector<TensorRequest> out;
+  std::vector<Fresh> out;
   out.reserve(fresh_.size());
-  for (const auto& name : fresh_) out.push_back(table_.at(name).request);
+  for (const auto& name : fresh_) {
+    const QueueEntry& e = table_.at(name);
+    out.push_back(Fresh{e.request, e.input});
+  }
   fresh_.clear();
   oldest_fresh_.reset();
   return out;

@@ -35,8 +35,13 @@ class TensorQueue {
   // `entries`; `closed` status once the queue was closed.
   Status Push(std::vector<QueueEntry> entries);
 
+  // A request pushed since the last PopNew(), with its input (valid while it is in flight).
+  struct Fresh {
+    TensorRequest request;
+    const void* input = nullptr;
+  };
   // Requests pushed since the last call, in push order (their entries stay in flight).
-  std::vector<TensorRequest> PopNew();
+  std::vector<Fresh> PopNew();
   // Whether PopNew() would return something, and when the oldest of those was pushed.
   std::optional<Clock::time_point> OldestNew() const;
 

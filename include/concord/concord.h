@@ -106,6 +106,9 @@ typedef struct concord_config {
   double timeout_s;               /**< -1: environment or 30 */
   int cache_capacity;             /**< -1: environment or 1024; 0 disables the response cache */
   int log_level;                  /**< -1: environment or 1 (0 error, 1 warning, 2 info, 3 debug) */
+  /** -1: environment or 32 KiB; allreduces this small are reduced by the
+   *  coordinator during negotiation (no backend call); 0 turns that off; at most 256 KiB. */
+  int64_t inline_threshold_bytes;
 } concord_config_t;
 
 /** Options of an allreduce. Initialise with concord_allreduce_opts_init. */

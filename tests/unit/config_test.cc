@@ -49,6 +49,7 @@ class ConfigTest : public ::testing::Test {
                              "CONCORD_BACKEND",
                              "CONCORD_GLOO_ALGORITHM",
                              "CONCORD_FUSION_THRESHOLD",
+                             "CONCORD_INLINE_THRESHOLD",
                              "CONCORD_CYCLE_TIME_MS",
                              "CONCORD_TIMEOUT_S",
                              "CONCORD_CACHE_CAPACITY",
@@ -129,6 +130,7 @@ TEST_F(ConfigTest, ConcordVariablesWinOverOthers) {
   Set("SLURM_JOB_ID", "theirs");
   Set("CONCORD_FUSION_THRESHOLD", "0");
   Set("CONCORD_CYCLE_TIME_MS", "2.5");
+  Set("CONCORD_INLINE_THRESHOLD", "0");
   StatusOr<Config> c = Config::FromEnvironment();
   ASSERT_TRUE(c.ok());
   ASSERT_TRUE(c->Finalize().ok());
@@ -137,6 +139,7 @@ TEST_F(ConfigTest, ConcordVariablesWinOverOthers) {
   EXPECT_EQ(c->job_id, "mine");
   EXPECT_EQ(c->fusion_threshold_bytes, 0);
   EXPECT_EQ(c->cycle_time_ms, 2.5);
+  EXPECT_EQ(c->inline_threshold_bytes, 0);
 }
 
 TEST_F(ConfigTest, MalformedValuesNameTheVariable) {
@@ -166,9 +169,11 @@ TEST_F(ConfigTest, OutOfRangeValuesAreRefusedByFinalize) {
     const char* name;
     const char* value;
   };
-  for (const Case& k : {Case{"CONCORD_TIMEOUT_S", "0"}, Case{"CONCORD_CACHE_CAPACITY", "-1"},
-                        Case{"CONCORD_LOG_LEVEL", "9"}, Case{"CONCORD_FUSION_THRESHOLD", "-5"},
-                        Case{"CONCORD_STALL_WARNING_S", "0"}, Case{"MASTER_PORT", "70000"}}) {
+  for (const Case& k :
+       {Case{"CONCORD_TIMEOUT_S", "0"}, Case{"CONCORD_CACHE_CAPACITY", "-1"},
+        Case{"CONCORD_LOG_LEVEL", "9"}, Case{"CONCORD_FUSION_THRESHOLD", "-5"},
+        Case{"CONCORD_INLINE_THRESHOLD", "-1"}, Case{"CONCORD_INLINE_THRESHOLD", "262145"},
+        Case{"CONCORD_STALL_WARNING_S", "0"}, Case{"MASTER_PORT", "70000"}}) {
     ClearAll();
     Set(k.name, k.value);
     StatusOr<Config> c = Config::FromEnvironment();

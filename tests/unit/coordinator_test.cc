@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -108,6 +109,132 @@ TEST_P(CoordinatorRanksTest, CachedBitReadyOnlyWhenEveryRankSetIt) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, CoordinatorRanksTest, ::testing::Values(1, 2, 3, 4));
+
+// Four float32 values as inline data.
+std::string Floats(float a, float b, float c, float d) {
+  const float v[4] = {a, b, c, d};
+  return std::string(reinterpret_cast<const char*>(v), sizeof(v));
+}
+
+std::vector<float> AsFloats(const std::string& bytes) {
+  std::vector<float> v(bytes.size() / sizeof(float));
+  std::memcpy(v.data(), bytes.data(), v.size() * sizeof(float));
+  return v;
+}
+
+// Every rank sends `a` with its input (r+1, 2(r+1), ...), in full and then through the cache: the
+// response carries the reduction in rank order.
+TEST_P(CoordinatorRanksTest, InlineDataIsReducedWhenEveryRankSentIt) {
+  const int size = GetParam();
+  Start(size);
+  float sum = 0;
+  for (int r = 0; r < size; ++r) {
+    RequestMessage m = Full({Req("a")});
+    const float x = static_cast<float>(r + 1);
+    m.request_data[0] = Floats(x, 2 * x, -x, 0);
+    sum += x;
+    EXPECT_TRUE(Take().items.empty());
+    Add(r, m);
+  }
+  ResponseMessage m = Take();
+  ASSERT_EQ(m.items.size(), 1u);
+  ASSERT_TRUE(m.items[0].data.has_value());
+  EXPECT_EQ(AsFloats(*m.items[0].data), (std::vector<float>{sum, 2 * sum, -sum, 0}));
+
+  cache_.Insert(m.items[0].response);
+  for (int r = 0; r < size; ++r) {
+    RequestMessage bits = Bits({0});
+    bits.cached_data[0] = Floats(1, 1, 1, 1);
+    Add(r, bits);
+  }
+  m = Take();
+  ASSERT_EQ(m.items.size(), 1u);
+  EXPECT_TRUE(m.items[0].cached);
+  ASSERT_TRUE(m.items[0].data.has_value());
+  const float n = static_cast<float>(size);
+  EXPECT_EQ(AsFloats(*m.items[0].data), (std::vector<float>{n, n, n, n}));
+  EXPECT_EQ(coordinator_->pending(), 0u);
+}
+
+TEST_F(CoordinatorTest, InlineReductionAppliesTheReduceOp) {
+  Start(3);
+  TensorRequest max = Req("m");
+  max.reduce_op = ReduceOp::kMax;
+  const std::string inputs[3] = {Floats(1, 9, -3, 0), Floats(5, 2, -7, 0), Floats(0, 4, -1, -2)};
+  for (int r = 0; r < 3; ++r) {
+    RequestMessage m = Full({max});
+    m.request_data[0] = inputs[r];
+    Add(r, m);
+  }
+  ResponseMessage m = Take();
+  ASSERT_EQ(m.items.size(), 1u);
+  ASSERT_TRUE(m.items[0].data.has_value());
+  EXPECT_EQ(AsFloats(*m.items[0].data), (std::vector<float>{5, 9, -1, 0}));
+}
+
+// A rank that sent no data (a different threshold) sends the operation to the backend.
+TEST_F(CoordinatorTest, InlineDataFromSomeRanksOnlyIsNotReduced) {
+  Start(2);
+  RequestMessage with = Full({Req("a")});
+  with.request_data[0] = Floats(1, 2, 3, 4);
+  Add(0, with);
+  Add(1, Full({Req("a")}));
+  ResponseMessage m = Take();
+  ASSERT_EQ(m.items.size(), 1u);
+  EXPECT_EQ(m.items[0].response.error, Code::kOk);
+  EXPECT_FALSE(m.items[0].data.has_value());
+}
+
+TEST_F(CoordinatorTest, MismatchCarriesNoInlineData) {
+  Start(2);
+  TensorRequest other = Req("a");
+  other.reduce_op = ReduceOp::kMin;
+  RequestMessage m0 = Full({Req("a")}), m1 = Full({other});
+  m0.request_data[0] = Floats(1, 2, 3, 4);
+  m1.request_data[0] = Floats(1, 2, 3, 4);
+  Add(0, m0);
+  Add(1, m1);
+  ResponseMessage m = Take();
+  ASSERT_EQ(m.items.size(), 1u);
+  EXPECT_EQ(m.items[0].response.error, Code::kMismatch);
+  EXPECT_FALSE(m.items[0].data.has_value());
+}
+
+// A bit expanded into the full path (another rank sent the name in full) keeps its data.
+TEST_F(CoordinatorTest, ExpandedBitKeepsItsInlineData) {
+  Start(2);
+  cache_.Insert(Ok(Req("a")));
+  RequestMessage bits = Bits({0});
+  bits.cached_data[0] = Floats(1, 2, 3, 4);
+  Add(0, bits);
+  RequestMessage full = Full({Req("a")});
+  full.request_data[0] = Floats(10, 20, 30, 40);
+  Add(1, full);
+  ResponseMessage m = Take();
+  ASSERT_EQ(m.items.size(), 1u);
+  EXPECT_FALSE(m.items[0].cached);
+  EXPECT_EQ(m.items[0].response.error, Code::kOk) << m.items[0].response.error_message;
+  ASSERT_TRUE(m.items[0].data.has_value());
+  EXPECT_EQ(AsFloats(*m.items[0].data), (std::vector<float>{11, 22, 33, 44}));
+}
+
+TEST_F(CoordinatorTest, InlineDataOfTheWrongSizeOrOpForACacheEntryIsAProtocolError) {
+  Start(2);
+  cache_.Insert(Ok(Req("a")));
+  TensorRequest gather = Req("g");
+  gather.op = OpType::kAllgather;
+  cache_.Insert(Ok(gather));
+  RequestMessage short_data = Bits({0});
+  short_data.cached_data[0] = "abc";
+  Status s = coordinator_->Add(1, short_data, t0_);
+  EXPECT_EQ(s.code(), Code::kProtocolError);
+  EXPECT_NE(s.message().find("'a'"), std::string::npos) << s.message();
+  RequestMessage not_allreduce = Bits({1});
+  not_allreduce.cached_data[1] = Floats(1, 2, 3, 4);
+  s = coordinator_->Add(1, not_allreduce, t0_);
+  EXPECT_EQ(s.code(), Code::kProtocolError);
+  EXPECT_NE(s.message().find("'g'"), std::string::npos) << s.message();
+}
 
 TEST_F(CoordinatorTest, OrderOfFirstArrivalPreserved) {
   Start(2);

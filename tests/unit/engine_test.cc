@@ -145,15 +145,38 @@ double Tolerance(DType dtype, double expected) {
   return 0.0;
 }
 
-class EngineAllreduceTest : public ::testing::TestWithParam<std::tuple<int, DType>> {};
+// How small allreduces travel: reduced inline by the coordinator (the default threshold), all
+// through the backend (threshold 0), or mixed (only rank 0 sends inline data, so the coordinator
+// must fall back to the backend).
+enum class InlineMode { kDefault, kOff, kMixed };
+
+const char* InlineModeName(InlineMode m) {
+  switch (m) {
+    case InlineMode::kDefault:
+      return "inline";
+    case InlineMode::kOff:
+      return "noinline";
+    case InlineMode::kMixed:
+      return "mixedinline";
+  }
+  return "?";
+}
+
+class EngineAllreduceTest : public ::testing::TestWithParam<std::tuple<int, DType, InlineMode>> {};
 
 // Every reduce op x sizes {0, 1, 7, 4099, 1<<20}, in place and out of place (out of place with
 // prescale 0.5 and postscale 4 on floating types), all of one op enqueued together.
 TEST_P(EngineAllreduceTest, EveryOpAndSize) {
-  const auto [size, dtype] = GetParam();
+  const auto [size, dtype, mode] = GetParam();
   const std::vector<size_t> counts = {0, 1, 7, 4099, size_t{1} << 20};
   const size_t elem = DTypeSize(dtype);
-  Job job(size);
+  Job job(size, [mode = mode](Config& c) {
+    if (mode == InlineMode::kOff || (mode == InlineMode::kMixed && c.rank != 0)) {
+      c.inline_threshold_bytes = 0;
+    } else if (mode == InlineMode::kMixed) {
+      c.inline_threshold_bytes = Config::kMaxInlineBytes;
+    }
+  });
   for (int op_index = 0; op_index < kNumReduceOps; ++op_index) {
     const auto op = static_cast<ReduceOp>(op_index);
     OnRanks(size, [&](int rank) {
@@ -214,15 +237,26 @@ TEST_P(EngineAllreduceTest, EveryOpAndSize) {
       }
     });
   }
+  // The small sizes took the inline path exactly when every rank offered their data.
+  for (int rank = 0; rank < size; ++rank) {
+    const uint64_t inlined = job[rank].stats().inline_reductions.load();
+    if (size > 1 && mode == InlineMode::kDefault) {
+      EXPECT_GT(inlined, 0u) << "rank " << rank;
+    } else {
+      EXPECT_EQ(inlined, 0u) << "rank " << rank;
+    }
+  }
 }
 
-INSTANTIATE_TEST_SUITE_P(RanksAndDTypes, EngineAllreduceTest,
-                         ::testing::Combine(::testing::Values(1, 2, 3, 4),
-                                            ::testing::ValuesIn(kAllDTypes)),
-                         [](const ::testing::TestParamInfo<std::tuple<int, DType>>& info) {
-                           return std::to_string(std::get<0>(info.param)) + "ranks_" +
-                                  DTypeName(std::get<1>(info.param));
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    RanksAndDTypes, EngineAllreduceTest,
+    ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::ValuesIn(kAllDTypes),
+                       ::testing::Values(InlineMode::kDefault, InlineMode::kOff,
+                                         InlineMode::kMixed)),
+    [](const ::testing::TestParamInfo<std::tuple<int, DType, InlineMode>>& info) {
+      return std::to_string(std::get<0>(info.param)) + "ranks_" +
+             DTypeName(std::get<1>(info.param)) + "_" + InlineModeName(std::get<2>(info.param));
+    });
 
 class EngineRanksTest : public ::testing::TestWithParam<int> {};
 
@@ -335,7 +369,8 @@ TEST_P(EngineRanksTest, Barriers) {
 
 TEST_P(EngineRanksTest, GroupIsFusedIntoOneBatch) {
   const int size = GetParam();
-  Job job(size);
+  // Small tensors would be reduced inline by the coordinator; this is about the backend path.
+  Job job(size, [](Config& c) { c.inline_threshold_bytes = 0; });
   OnRanks(size, [&](int rank) {
     Engine& e = job[rank];
     EXPECT_EQ(e.GroupEnd().code(), Code::kInvalidArgument);

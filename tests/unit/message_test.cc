@@ -44,6 +44,8 @@ RequestMessage SampleRequestMessage() {
   TensorRequest scalar;
   scalar.name = "s";
   m.requests.push_back(scalar);
+  m.cached_data[0] = std::string("\x01\x02\x00\x04", 4);
+  m.request_data[1] = std::string(4, '\x7f');  // the float32 scalar's inline input
   return m;
 }
 
@@ -52,6 +54,7 @@ ResponseMessage SampleResponseMessage() {
   ResponseItem cached;
   cached.cached = true;
   cached.bit = 77;
+  cached.data = std::string("\x00\x01\x02", 3);
   m.items.push_back(cached);
   ResponseItem full;
   full.response.request = FullRequest(OpType::kAllgather, DType::kInt64, ReduceOp::kSum);
@@ -121,6 +124,31 @@ TEST(MessageTest, CachedMaskAndRequestsRoundTrip) {
   ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
   EXPECT_EQ(parsed->cached_mask, m.cached_mask);
   EXPECT_EQ(parsed->requests, m.requests);
+  EXPECT_EQ(parsed->cached_data, m.cached_data);
+  EXPECT_EQ(parsed->request_data, m.request_data);
+}
+
+// Inline data must name a requested cache bit or a request, and have that allreduce's size.
+TEST(MessageTest, InlineDataForNothingOrOfTheWrongSizeIsRejected) {
+  auto expect_rejected = [](const RequestMessage& m, const std::string& what) {
+    auto parsed = ParseRequestMessage(SerializeRequestMessage(m));
+    ASSERT_FALSE(parsed.ok()) << what;
+    EXPECT_EQ(parsed.status().code(), Code::kProtocolError) << what;
+    EXPECT_NE(parsed.status().message().find("inline data"), std::string::npos)
+        << parsed.status().message();
+  };
+  RequestMessage m = SampleRequestMessage();
+  m.cached_data[1] = "x";  // bit 1 is not in the mask
+  expect_rejected(m, "unrequested bit");
+  m = SampleRequestMessage();
+  m.request_data[2] = "xxxx";  // there are two requests
+  expect_rejected(m, "request index");
+  m = SampleRequestMessage();
+  m.request_data[1] = "xxx";  // a float32 scalar has 4 bytes
+  expect_rejected(m, "size");
+  m = SampleRequestMessage();
+  m.request_data[0] = std::string();  // an allgather (of zero elements) is no allreduce
+  expect_rejected(m, "op");
 }
 
 TEST(MessageTest, ResponseItemsRoundTrip) {
@@ -135,6 +163,7 @@ TEST(MessageTest, ResponseItemsRoundTrip) {
     } else {
       ExpectSameResponse(parsed->items[i].response, m.items[i].response);
     }
+    EXPECT_EQ(parsed->items[i].data, m.items[i].data);
   }
 }
 
@@ -181,7 +210,7 @@ TEST(MessageTest, BadTagVersionAndTrailingBytesAreRejected) {
     bad_tag[0] = static_cast<char>(bad_tag[0] ^ 0x40);
     ExpectRejected(bad_tag, "tag");
     std::string bad_version = valid;
-    bad_version[1] = 2;
+    bad_version[1] = 1;  // the version before inline data
     ExpectRejected(bad_version, "version");
     ExpectRejected(valid + '\0', "trailing byte");
   }

@@ -27,9 +27,9 @@ std::vector<QueueEntry> Entries(const std::vector<std::string>& names) {
 }
 
 // The names of `requests`, in order.
-std::vector<std::string> Names(const std::vector<TensorRequest>& requests) {
+std::vector<std::string> Names(const std::vector<TensorQueue::Fresh>& requests) {
   std::vector<std::string> out;
-  for (const auto& r : requests) out.push_back(r.name);
+  for (const auto& r : requests) out.push_back(r.request.name);
   return out;
 }
 
@@ -134,7 +134,7 @@ TEST(TensorQueueTest, ConcurrentPushesFromSeveralThreads) {
       }
     });
   }
-  std::vector<TensorRequest> popped;
+  std::vector<TensorQueue::Fresh> popped;
   while (popped.size() < kThreads * kPerThread + kPerThread) {
     for (auto& r : queue.PopNew()) popped.push_back(r);
     std::this_thread::yield();
@@ -143,7 +143,7 @@ TEST(TensorQueueTest, ConcurrentPushesFromSeveralThreads) {
   for (auto& r : queue.PopNew()) popped.push_back(r);
   EXPECT_EQ(popped.size(), size_t{kThreads * kPerThread + kPerThread});
   std::set<std::string> names;
-  for (const auto& r : popped) names.insert(r.name);
+  for (const auto& r : popped) names.insert(r.request.name);
   EXPECT_EQ(names.size(), popped.size());
   EXPECT_EQ(queue.in_flight(), popped.size());
   EXPECT_EQ(wakes.load(), static_cast<int>(popped.size()));
@@ -152,8 +152,8 @@ TEST(TensorQueueTest, ConcurrentPushesFromSeveralThreads) {
     int next = 0;
     const std::string prefix = "t" + std::to_string(t) + ".";
     for (const auto& r : popped) {
-      if (r.name.compare(0, prefix.size(), prefix) == 0) {
-        EXPECT_EQ(r.name, prefix + std::to_string(next++));
+      if (r.request.name.compare(0, prefix.size(), prefix) == 0) {
+        EXPECT_EQ(r.request.name, prefix + std::to_string(next++));
       }
     }
   }
