@@ -116,6 +116,7 @@ Status CheckJobSettings(const Config& c, Store* store, const std::string& prefix
       {"CONCORD_BACKEND", c.backend},
       {"CONCORD_GLOO_ALGORITHM", c.gloo_algorithm},
       {"CONCORD_FUSION_THRESHOLD", std::to_string(c.fusion_threshold_bytes)},
+      {"CONCORD_DIRECT_THRESHOLD", std::to_string(c.direct_threshold_bytes)},
       {"CONCORD_CACHE_CAPACITY", std::to_string(c.cache_capacity)}};
   std::string blob;
   for (const auto& [name, value] : mine) blob += name + "=" + value + "\n";

@@ -87,6 +87,7 @@ StatusOr<Config> Config::FromEnvironment() {
   ReadString({"CONCORD_GLOO_ALGORITHM"}, &c.gloo_algorithm);
   CONCORD_RETURN_IF_ERROR(ReadInt({"CONCORD_FUSION_THRESHOLD"}, &c.fusion_threshold_bytes));
   CONCORD_RETURN_IF_ERROR(ReadInt({"CONCORD_INLINE_THRESHOLD"}, &c.inline_threshold_bytes));
+  CONCORD_RETURN_IF_ERROR(ReadInt({"CONCORD_DIRECT_THRESHOLD"}, &c.direct_threshold_bytes));
   CONCORD_RETURN_IF_ERROR(ReadDouble("CONCORD_CYCLE_TIME_MS", &c.cycle_time_ms));
   CONCORD_RETURN_IF_ERROR(ReadDouble("CONCORD_TIMEOUT_S", &c.timeout_s));
   CONCORD_RETURN_IF_ERROR(ReadInt({"CONCORD_CACHE_CAPACITY"}, &c.cache_capacity));
@@ -115,6 +116,7 @@ Status Config::Finalize() {
   }
   if (job_id.empty()) job_id = "default";
   if (fusion_threshold_bytes < 0) return InvalidArgument("the fusion threshold must be >= 0");
+  if (direct_threshold_bytes < 0) return InvalidArgument("the direct threshold must be >= 0");
   if (inline_threshold_bytes < 0 || inline_threshold_bytes > kMaxInlineBytes) {
     return InvalidArgument("CONCORD_INLINE_THRESHOLD must be in [0, " +
                            std::to_string(kMaxInlineBytes) + "] bytes");

@@ -28,6 +28,8 @@ struct Config {
   std::string backend = "gloo";
   std::string gloo_algorithm = "auto";
   int64_t fusion_threshold_bytes = int64_t{64} << 20;
+  // Allreduces at least this large are not fused: they run in place, saving two copies.
+  int64_t direct_threshold_bytes = int64_t{256} << 10;
   // Allreduces up to this many bytes travel with their negotiation and are reduced by the
   // coordinator (no backend call); 0 turns this off. At most kMaxInlineBytes.
   int64_t inline_threshold_bytes = int64_t{32} << 10;

@@ -127,6 +127,7 @@ Engine::Engine(const Config& config, std::unique_ptr<ControlPlane> control,
       cache_(static_cast<size_t>(config.cache_capacity)) {
   control_wake_ = control_.get();
   fusion_.threshold = static_cast<size_t>(config.fusion_threshold_bytes);
+  fusion_.direct_bytes = static_cast<size_t>(config.direct_threshold_bytes);
   if (config_.rank == 0) {
     StallOptions stall;
     stall.warning = Millis(config_.stall_warning_s);

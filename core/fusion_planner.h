@@ -23,7 +23,7 @@ struct FusionOptions {
   size_t threshold = size_t{64} << 20;  // 0 disables fusion
   // An allreduce at least this large runs alone, in place on the caller's memory: copying it
   // into and out of the fusion buffer would cost more than the message it saves.
-  size_t direct_bytes = size_t{1} << 20;
+  size_t direct_bytes = size_t{256} << 10;
 };
 
 // The bytes a fused batch of `payload` bytes sends: below 1 MiB rounded up to a power of two

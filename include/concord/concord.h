@@ -109,6 +109,8 @@ typedef struct concord_config {
   /** -1: environment or 32 KiB; allreduces this small are reduced by the
    *  coordinator during negotiation (no backend call); 0 turns that off; at most 256 KiB. */
   int64_t inline_threshold_bytes;
+  /** -1: environment or 256 KiB; allreduces this large are never fused (run in place) */
+  int64_t direct_threshold_bytes;
 } concord_config_t;
 
 /** Options of an allreduce. Initialise with concord_allreduce_opts_init. */

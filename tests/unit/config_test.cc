@@ -50,6 +50,7 @@ class ConfigTest : public ::testing::Test {
                              "CONCORD_GLOO_ALGORITHM",
                              "CONCORD_FUSION_THRESHOLD",
                              "CONCORD_INLINE_THRESHOLD",
+                             "CONCORD_DIRECT_THRESHOLD",
                              "CONCORD_CYCLE_TIME_MS",
                              "CONCORD_TIMEOUT_S",
                              "CONCORD_CACHE_CAPACITY",
@@ -131,6 +132,7 @@ TEST_F(ConfigTest, ConcordVariablesWinOverOthers) {
   Set("CONCORD_FUSION_THRESHOLD", "0");
   Set("CONCORD_CYCLE_TIME_MS", "2.5");
   Set("CONCORD_INLINE_THRESHOLD", "0");
+  Set("CONCORD_DIRECT_THRESHOLD", "1048576");
   StatusOr<Config> c = Config::FromEnvironment();
   ASSERT_TRUE(c.ok());
   ASSERT_TRUE(c->Finalize().ok());
@@ -140,6 +142,7 @@ TEST_F(ConfigTest, ConcordVariablesWinOverOthers) {
   EXPECT_EQ(c->fusion_threshold_bytes, 0);
   EXPECT_EQ(c->cycle_time_ms, 2.5);
   EXPECT_EQ(c->inline_threshold_bytes, 0);
+  EXPECT_EQ(c->direct_threshold_bytes, 1048576);
 }
 
 TEST_F(ConfigTest, MalformedValuesNameTheVariable) {
