@@ -117,7 +117,8 @@ Status CheckJobSettings(const Config& c, Store* store, const std::string& prefix
       {"CONCORD_GLOO_ALGORITHM", c.gloo_algorithm},
       {"CONCORD_FUSION_THRESHOLD", std::to_string(c.fusion_threshold_bytes)},
       {"CONCORD_DIRECT_THRESHOLD", std::to_string(c.direct_threshold_bytes)},
-      {"CONCORD_CACHE_CAPACITY", std::to_string(c.cache_capacity)}};
+      {"CONCORD_CACHE_CAPACITY", std::to_string(c.cache_capacity)},
+      {"CONCORD_LANES", std::to_string(c.lanes)}};
   std::string blob;
   for (const auto& [name, value] : mine) blob += name + "=" + value + "\n";
   const std::string key = prefix + "/settings";
@@ -186,11 +187,19 @@ StatusOr<std::unique_ptr<Engine>> CreateEngine(Config config) {
   bo.prefix = prefix + "/" + config.backend;
   bo.timeout = timeout;
   bo.algorithm = config.gloo_algorithm;
-  auto backend = CreateBackend(config.backend, bo, rv->store.get());
-  if (!backend.ok()) {
-    return backend.status().WithContext("starting the " + config.backend + " backend");
+  // One backend per lane, each with its own connections (lane 0 keeps the plain prefix).
+  std::vector<std::unique_ptr<Backend>> lanes;
+  for (int lane = 0; lane < config.lanes; ++lane) {
+    BackendOptions lane_options = bo;
+    if (lane > 0) lane_options.prefix += "/lane" + std::to_string(lane);
+    auto backend = CreateBackend(config.backend, lane_options, rv->store.get());
+    if (!backend.ok()) {
+      return backend.status().WithContext("starting the " + config.backend + " backend (lane " +
+                                          std::to_string(lane) + ")");
+    }
+    lanes.push_back(std::move(*backend));
   }
-  return std::make_unique<Engine>(config, std::move(*control), std::move(*backend), rv);
+  return std::make_unique<Engine>(config, std::move(*control), std::move(lanes), rv);
 }
 
 }  // namespace concord

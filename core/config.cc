@@ -91,6 +91,7 @@ StatusOr<Config> Config::FromEnvironment() {
   CONCORD_RETURN_IF_ERROR(ReadDouble("CONCORD_CYCLE_TIME_MS", &c.cycle_time_ms));
   CONCORD_RETURN_IF_ERROR(ReadDouble("CONCORD_TIMEOUT_S", &c.timeout_s));
   CONCORD_RETURN_IF_ERROR(ReadInt({"CONCORD_CACHE_CAPACITY"}, &c.cache_capacity));
+  CONCORD_RETURN_IF_ERROR(ReadInt({"CONCORD_LANES"}, &c.lanes));
   CONCORD_RETURN_IF_ERROR(ReadInt({"CONCORD_LOG_LEVEL"}, &c.log_level));
   CONCORD_RETURN_IF_ERROR(ReadDouble("CONCORD_STALL_WARNING_S", &c.stall_warning_s));
   CONCORD_RETURN_IF_ERROR(ReadDouble("CONCORD_STALL_SHUTDOWN_S", &c.stall_shutdown_s));
@@ -128,6 +129,9 @@ Status Config::Finalize() {
     return InvalidArgument("the timeout must be in (0, 86400] s");
   }
   if (cache_capacity < 0) return InvalidArgument("the response cache capacity must be >= 0");
+  if (lanes < 1 || lanes > kMaxLanes) {
+    return InvalidArgument("CONCORD_LANES must be in [1, " + std::to_string(kMaxLanes) + "]");
+  }
   if (log_level < 0 || log_level > 3) return InvalidArgument("the log level must be 0 to 3");
   if (!(stall_warning_s > 0.0)) return InvalidArgument("the stall warning time must be > 0");
   if (!(stall_shutdown_s >= 0.0)) return InvalidArgument("the stall shutdown time must be >= 0");

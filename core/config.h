@@ -37,6 +37,9 @@ struct Config {
   double cycle_time_ms = 0.0;
   double timeout_s = 30.0;
   int cache_capacity = 1024;
+  // Data-plane lanes: backends with their own connections whose collectives run concurrently.
+  int lanes = 2;
+  static constexpr int kMaxLanes = 8;
   int log_level = 1;
   double stall_warning_s = 60.0;
   double stall_shutdown_s = 0.0;

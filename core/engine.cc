@@ -1,5 +1,6 @@
 #include "core/engine.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -114,11 +115,10 @@ Status ValidateEntry(const QueueEntry& e, int world_size) {
 }
 
 Engine::Engine(const Config& config, std::unique_ptr<ControlPlane> control,
-               std::unique_ptr<Backend> backend, std::shared_ptr<void> keep_alive)
+               std::vector<std::unique_ptr<Backend>> lanes, std::shared_ptr<void> keep_alive)
     : config_(config),
       keep_alive_(std::move(keep_alive)),
       control_(std::move(control)),
-      backend_(std::move(backend)),
       queue_([this] {
         // Called by Push() outside the queue's lock; control_ lives until the thread is joined.
         std::lock_guard<std::mutex> lock(failure_mu_);
@@ -126,6 +126,12 @@ Engine::Engine(const Config& config, std::unique_ptr<ControlPlane> control,
       }),
       cache_(static_cast<size_t>(config.cache_capacity)) {
   control_wake_ = control_.get();
+  for (size_t i = 0; i < lanes.size(); ++i) {
+    Lane lane;
+    lane.backend = std::move(lanes[i]);
+    if (i > 0) lane.worker = std::make_unique<LaneWorker>();
+    lanes_.push_back(std::move(lane));
+  }
   fusion_.threshold = static_cast<size_t>(config.fusion_threshold_bytes);
   fusion_.direct_bytes = static_cast<size_t>(config.direct_threshold_bytes);
   if (config_.rank == 0) {
@@ -215,7 +221,7 @@ std::string Engine::NextBarrierName() {
 }
 
 Status Engine::Shutdown() {
-  if (std::this_thread::get_id() == engine_thread_id_.load()) {
+  if (OnEngineThread()) {
     return InvalidArgument("a communicator cannot be finalized from its own completion callback");
   }
   std::lock_guard<std::mutex> shutdown_lock(shutdown_mu_);
@@ -280,8 +286,17 @@ void Engine::Fail(const Status& status) {
     control_->Receive(&ignored, Deadline::After(std::chrono::milliseconds(0)));  // flush
   }
   control_.reset();
-  backend_.reset();
+  for (auto& lane : lanes_) lane.backend.reset();
   for (auto& e : queue_.Close(status)) e.state->Complete(status);
+}
+
+bool Engine::OnEngineThread() const {
+  const std::thread::id self = std::this_thread::get_id();
+  if (self == engine_thread_id_.load()) return true;
+  for (const auto& lane : lanes_) {
+    if (lane.worker && self == lane.worker->id()) return true;
+  }
+  return false;
 }
 
 void Engine::Loop() {
@@ -446,14 +461,26 @@ Status Engine::Execute(const ResponseMessage& message) {
     if (!s.ok()) return fail_taken(s);
     entries[i].reset();
   }
-  for (const FusionBatch& batch : PlanFusion(to_run, fusion_)) {
-    Status s = RunBatch(batch, to_run, run_entries);
-    if (!s.ok()) {
-      // Entries taken from the queue for this list complete here; Fail() handles the queue.
-      for (auto& e : run_entries) {
-        if (e) e->state->Complete(s);
+  // Batches run on the lanes in segments; a barrier is a segment of its own, so it completes
+  // only after everything before it in the list.
+  const std::vector<FusionBatch> plan = PlanFusion(to_run, fusion_);
+  std::vector<size_t> segment;
+  for (size_t b = 0; b <= plan.size(); ++b) {
+    const bool barrier =
+        b < plan.size() && to_run[plan[b].members.front()]->request.op == OpType::kBarrier;
+    if (b == plan.size() || barrier) {
+      Status s = RunOnLanes(plan, segment, to_run, run_entries);
+      if (s.ok() && barrier) s = RunOnLanes(plan, {b}, to_run, run_entries);
+      if (!s.ok()) {
+        // Entries taken from the queue for this list complete here; Fail() handles the queue.
+        for (auto& e : run_entries) {
+          if (e) e->state->Complete(s);
+        }
+        return s;
       }
-      return s;
+      segment.clear();
+    } else {
+      segment.push_back(b);
     }
   }
   // Every rank inserts in this same order, so cache bits agree everywhere.
@@ -463,14 +490,47 @@ Status Engine::Execute(const ResponseMessage& message) {
   return Status::Ok();
 }
 
-Status Engine::RunBatch(const FusionBatch& batch, const std::vector<const Response*>& responses,
+Status Engine::RunOnLanes(const std::vector<FusionBatch>& plan, const std::vector<size_t>& batches,
+                          const std::vector<const Response*>& responses,
+                          std::vector<std::optional<QueueEntry>>& entries) {
+  // Each batch goes to the lane with the fewest bytes so far: the same choice on every rank,
+  // since every rank runs the same plan.
+  std::vector<std::vector<size_t>> by_lane(lanes_.size());
+  std::vector<size_t> load(lanes_.size(), 0);
+  for (size_t b : batches) {
+    const size_t lane =
+        static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    by_lane[lane].push_back(b);
+    load[lane] += std::max<size_t>(plan[b].bytes, 1);
+  }
+  // Lanes touch disjoint entries and their own backend and buffer; the rest is read-only here.
+  auto run_lane = [&](size_t l) -> Status {
+    for (size_t b : by_lane[l]) {
+      CONCORD_RETURN_IF_ERROR(RunBatch(lanes_[l], plan[b], responses, entries));
+    }
+    return Status::Ok();
+  };
+  for (size_t l = 1; l < lanes_.size(); ++l) {
+    if (!by_lane[l].empty()) lanes_[l].worker->Start([&run_lane, l] { return run_lane(l); });
+  }
+  Status status = run_lane(0);
+  for (size_t l = 1; l < lanes_.size(); ++l) {
+    if (by_lane[l].empty()) continue;
+    Status s = lanes_[l].worker->Wait();
+    if (status.ok()) status = s;
+  }
+  return status;
+}
+
+Status Engine::RunBatch(Lane& lane, const FusionBatch& batch,
+                        const std::vector<const Response*>& responses,
                         std::vector<std::optional<QueueEntry>>& entries) {
   if (responses[batch.members.front()]->error == Code::kOk) {
     stats_.batches.fetch_add(1, std::memory_order_relaxed);
   }
   if (batch.fused) {
     stats_.fused_tensors.fetch_add(batch.members.size(), std::memory_order_relaxed);
-    return RunAllreduceFused(batch, responses, entries);
+    return RunAllreduceFused(lane, batch, responses, entries);
   }
   const size_t i = batch.members.front();
   const Response& r = *responses[i];
@@ -488,16 +548,16 @@ Status Engine::RunBatch(const FusionBatch& batch, const std::vector<const Respon
   Status s;
   switch (r.request.op) {
     case OpType::kAllreduce:
-      s = RunAllreduceDirect(r, e);
+      s = RunAllreduceDirect(lane, r, e);
       break;
     case OpType::kAllgather:
-      s = RunAllgather(r, e, &local);
+      s = RunAllgather(lane, r, e, &local);
       break;
     case OpType::kBroadcast:
-      s = RunBroadcast(r, e);
+      s = RunBroadcast(lane, r, e);
       break;
     case OpType::kBarrier:
-      s = backend_->Barrier();
+      s = lane.backend->Barrier();
       if (s.ok() && r.request.name == FinalizeName()) finalized_.store(true);
       break;
   }
@@ -535,32 +595,32 @@ void Engine::FinishAllreduce(const TensorRequest& q, void* data, size_t n) const
   if (post != 1.0) ScaleElements(data, n, q.dtype, post);
 }
 
-Status Engine::RunAllreduceDirect(const Response& r, QueueEntry& e) {
+Status Engine::RunAllreduceDirect(Lane& lane, const Response& r, QueueEntry& e) {
   const TensorRequest& q = r.request;
   const size_t n = static_cast<size_t>(q.NumElements());
   CopyScaled(e.output, e.input, n, q.dtype, q.prescale);
-  CONCORD_RETURN_IF_ERROR(backend_->Allreduce(e.output, n, q.dtype, q.reduce_op));
+  CONCORD_RETURN_IF_ERROR(lane.backend->Allreduce(e.output, n, q.dtype, q.reduce_op));
   FinishAllreduce(q, e.output, n);
   return Status::Ok();
 }
 
-uint8_t* Engine::FusionBuffer(size_t bytes) {
-  if (bytes > fusion_capacity_) {
+uint8_t* Engine::FusionBuffer(Lane& lane, size_t bytes, size_t threshold) {
+  if (bytes > lane.fusion_capacity) {
     // Grow geometrically up to the threshold so a warming-up job reallocates only a few times.
-    size_t capacity = std::max<size_t>(bytes, std::min(fusion_.threshold, 2 * fusion_capacity_));
-    fusion_buffer_.reset(new uint8_t[capacity]);
-    fusion_capacity_ = capacity;
+    size_t capacity = std::max<size_t>(bytes, std::min(threshold, 2 * lane.fusion_capacity));
+    lane.fusion_buffer.reset(new uint8_t[capacity]);
+    lane.fusion_capacity = capacity;
   }
-  return fusion_buffer_.get();
+  return lane.fusion_buffer.get();
 }
 
-Status Engine::RunAllreduceFused(const FusionBatch& batch,
+Status Engine::RunAllreduceFused(Lane& lane, const FusionBatch& batch,
                                  const std::vector<const Response*>& responses,
                                  std::vector<std::optional<QueueEntry>>& entries) {
   const TensorRequest& q = responses[batch.members.front()]->request;
   const size_t elem = DTypeSize(q.dtype);
   const size_t message = FusedMessageBytes(batch.bytes, elem);
-  uint8_t* buffer = FusionBuffer(message);
+  uint8_t* buffer = FusionBuffer(lane, message, fusion_.threshold);
   size_t offset = 0;
   for (size_t i : batch.members) {
     const QueueEntry& e = *entries[i];
@@ -570,7 +630,7 @@ Status Engine::RunAllreduceFused(const FusionBatch& batch,
   }
   std::memset(buffer + offset, 0, message - offset);  // reduced, never read back
   const size_t count = message / elem;
-  Status s = backend_->Allreduce(buffer, count, q.dtype, q.reduce_op);
+  Status s = lane.backend->Allreduce(buffer, count, q.dtype, q.reduce_op);
   if (!s.ok()) {
     for (size_t i : batch.members) entries[i]->state->Complete(s);
     return s;
@@ -590,7 +650,7 @@ Status Engine::RunAllreduceFused(const FusionBatch& batch,
   return Status::Ok();
 }
 
-Status Engine::RunAllgather(const Response& r, QueueEntry& e, Status* local_error) {
+Status Engine::RunAllgather(Lane& lane, const Response& r, QueueEntry& e, Status* local_error) {
   const TensorRequest& q = r.request;
   if (r.first_dims.size() != static_cast<size_t>(config_.size)) {
     return ProtocolError("allgather response for tensor '" + q.name + "' has " +
@@ -620,9 +680,9 @@ Status Engine::RunAllgather(const Response& r, QueueEntry& e, Status* local_erro
     *local_error =
         InvalidArgument("tensor '" + q.name + "': allgather result needs " + std::to_string(total) +
                         " bytes, the output buffer has " + std::to_string(e.output_capacity));
-    dst = FusionBuffer(total);
+    dst = FusionBuffer(lane, total, fusion_.threshold);
   }
-  CONCORD_RETURN_IF_ERROR(backend_->Allgatherv(e.input, dst, bytes));
+  CONCORD_RETURN_IF_ERROR(lane.backend->Allgatherv(e.input, dst, bytes));
   if (local_error->ok()) {
     out.data = dst;
     out.bytes = total;
@@ -631,12 +691,12 @@ Status Engine::RunAllgather(const Response& r, QueueEntry& e, Status* local_erro
   return Status::Ok();
 }
 
-Status Engine::RunBroadcast(const Response& r, QueueEntry& e) {
+Status Engine::RunBroadcast(Lane& lane, const Response& r, QueueEntry& e) {
   const size_t bytes = r.request.NumBytes();
   if (config_.rank == r.request.root && e.output != e.input && bytes > 0) {
     std::memcpy(e.output, e.input, bytes);
   }
-  return backend_->Broadcast(e.output, bytes, r.request.root);
+  return lane.backend->Broadcast(e.output, bytes, r.request.root);
 }
 
 }  // namespace concord

@@ -3,9 +3,16 @@
 // that negotiates and executes. Nothing in it is process-global.
 //
 // Threading: Enqueue(), GroupStart()/GroupEnd() and the accessors may be called from any thread.
-// The background thread is the only one that touches the control plane, the backend, the cache,
-// the coordinator and the buffers. It sleeps in the control plane's Receive() until a message
-// arrives or Enqueue() wakes it: no fixed cycle unless cycle_time_ms asks to gather work.
+// The background thread is the only one that touches the control plane, the cache, the
+// coordinator and the queue's negotiation side. It sleeps in the control plane's Receive() until
+// a message arrives or Enqueue() wakes it: no fixed cycle unless cycle_time_ms asks to gather work.
+//
+// Lanes: the data plane has config.lanes lanes, each a backend with its own connections and its
+// own fusion buffer. The batches of one response list are spread over the lanes (greedily by
+// bytes, identically on every rank) and run concurrently: lane 0 on the engine thread, the others
+// on their LaneWorker threads, so one collective's latency hides behind another's transfer. The
+// engine thread waits for every lane before it goes on, and a barrier runs alone, after every
+// batch before it. Completion callbacks run on the thread of the lane that ran the operation.
 //
 // Failure: the first error (a peer failed, a backend or protocol error, an abort from rank 0)
 // fails the engine: every request in flight completes with that error, later enqueues return it,
@@ -29,6 +36,7 @@
 #include "core/config.h"
 #include "core/coordinator.h"
 #include "core/fusion_planner.h"
+#include "core/lane_worker.h"
 #include "core/response_cache.h"
 #include "core/tensor_queue.h"
 
@@ -46,10 +54,11 @@ struct EngineStats {
 
 class Engine {
  public:
-  // Takes ownership of the transports and starts the background thread. `keep_alive` holds
-  // whatever the transports need to outlive them (the rendezvous store, a store server).
+  // Takes ownership of the transports and starts the background thread. `lanes` holds one
+  // backend per lane (at least one). `keep_alive` holds whatever the transports need to outlive
+  // them (the rendezvous store, a store server).
   Engine(const Config& config, std::unique_ptr<ControlPlane> control,
-         std::unique_ptr<Backend> backend, std::shared_ptr<void> keep_alive);
+         std::vector<std::unique_ptr<Backend>> lanes, std::shared_ptr<void> keep_alive);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -70,7 +79,7 @@ class Engine {
   // Next barrier's name: barriers are matched across ranks by their sequence number.
   std::string NextBarrierName();
 
-  // Finalizes (see the class comment). Refused with kInvalidArgument on the engine's own thread
+  // Finalizes (see the class comment). Refused with kInvalidArgument on the engine's own threads
   // (from a completion callback), where it could only deadlock.
   Status Shutdown();
   // The error that failed the engine (OK while healthy).
@@ -83,8 +92,21 @@ class Engine {
   Status HandleMessage(const ControlMessage& message);
   Status SubmitNew();
   Status Coordinate();
+  // One data-plane lane: a backend and the fusion buffer its batches use.
+  struct Lane {
+    std::unique_ptr<Backend> backend;
+    std::unique_ptr<uint8_t[]> fusion_buffer;  // grown rarely, never shrunk, reused every batch
+    size_t fusion_capacity = 0;
+    std::unique_ptr<LaneWorker> worker;  // lanes 1.. only
+  };
+
   Status Execute(const ResponseMessage& message);
-  Status RunBatch(const FusionBatch& batch, const std::vector<const Response*>& responses,
+  // Runs `batches` (indices into `plan`) spread over the lanes, and waits for all of them.
+  Status RunOnLanes(const std::vector<FusionBatch>& plan, const std::vector<size_t>& batches,
+                    const std::vector<const Response*>& responses,
+                    std::vector<std::optional<QueueEntry>>& entries);
+  Status RunBatch(Lane& lane, const FusionBatch& batch,
+                  const std::vector<const Response*>& responses,
                   std::vector<std::optional<QueueEntry>>& entries);
   // A small allreduce's input for the coordinator (prescaled), when it qualifies.
   std::optional<std::string> InlineData(const TensorRequest& r, const void* input) const;
@@ -93,27 +115,26 @@ class Engine {
                         std::optional<QueueEntry>& entry);
   // After the reduction: integer average division and the post factor.
   void FinishAllreduce(const TensorRequest& q, void* data, size_t n) const;
-  Status RunAllreduceDirect(const Response& r, QueueEntry& e);
-  Status RunAllreduceFused(const FusionBatch& batch, const std::vector<const Response*>& responses,
+  Status RunAllreduceDirect(Lane& lane, const Response& r, QueueEntry& e);
+  Status RunAllreduceFused(Lane& lane, const FusionBatch& batch,
+                           const std::vector<const Response*>& responses,
                            std::vector<std::optional<QueueEntry>>& entries);
-  Status RunAllgather(const Response& r, QueueEntry& e, Status* local_error);
-  Status RunBroadcast(const Response& r, QueueEntry& e);
+  Status RunAllgather(Lane& lane, const Response& r, QueueEntry& e, Status* local_error);
+  Status RunBroadcast(Lane& lane, const Response& r, QueueEntry& e);
   void Fail(const Status& status);
   Deadline NextWake() const;
-  uint8_t* FusionBuffer(size_t bytes);
+  static uint8_t* FusionBuffer(Lane& lane, size_t bytes, size_t threshold);
+  bool OnEngineThread() const;
   void Log(LogLevel level, const std::string& message) const;
 
   const Config config_;
   std::shared_ptr<void> keep_alive_;
   std::unique_ptr<ControlPlane> control_;
-  std::unique_ptr<Backend> backend_;
+  std::vector<Lane> lanes_;
   TensorQueue queue_;
   ResponseCache cache_;
   std::unique_ptr<Coordinator> coordinator_;  // rank 0 only
   FusionOptions fusion_;
-
-  std::unique_ptr<uint8_t[]> fusion_buffer_;  // grown rarely, never shrunk, reused every batch
-  size_t fusion_capacity_ = 0;
 
   std::mutex group_mu_;
   std::thread::id group_owner_;

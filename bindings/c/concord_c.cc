@@ -245,6 +245,7 @@ void concord_config_init(concord_config_t* config) {
   config->log_level = -1;
   config->inline_threshold_bytes = -1;
   config->direct_threshold_bytes = -1;
+  config->lanes = -1;
 }
 
 void concord_allreduce_opts_init(concord_allreduce_opts_t* opts) {
@@ -291,6 +292,7 @@ concord_status_t concord_init_config(const concord_config_t* user, concord_comm_
     if (c.log_level >= 0) config.log_level = c.log_level;
     if (c.inline_threshold_bytes >= 0) config.inline_threshold_bytes = c.inline_threshold_bytes;
     if (c.direct_threshold_bytes >= 0) config.direct_threshold_bytes = c.direct_threshold_bytes;
+    if (c.lanes >= 0) config.lanes = c.lanes;
     CONCORD_ASSIGN_OR_RETURN(std::unique_ptr<concord::Engine> engine,
                              concord::CreateEngine(config));
     auto* handle = new concord_comm;

@@ -111,6 +111,8 @@ typedef struct concord_config {
   int64_t inline_threshold_bytes;
   /** -1: environment or 256 KiB; allreduces this large are never fused (run in place) */
   int64_t direct_threshold_bytes;
+  /** -1: environment or 2; data-plane lanes whose collectives run concurrently (1 to 8) */
+  int lanes;
 } concord_config_t;
 
 /** Options of an allreduce. Initialise with concord_allreduce_opts_init. */

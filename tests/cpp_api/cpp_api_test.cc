@@ -204,33 +204,45 @@ TEST(CppApiTest, DifferentFusionThresholdIsRefusedAtInit) {
 namespace {
 
 // Finalizing from one of the communicator's own callbacks could only deadlock (the callback runs
-// on the engine's thread): it is refused, the handle stays valid, and a later finalize works.
+// on the engine's thread or one of its lane threads): it is refused, the handle stays valid, and
+// a later finalize works. Two large tensors in one group run on lanes 0 and 1, so callbacks come
+// from both kinds of thread.
 TEST(CppApiTest, FinalizeFromACallbackIsRefused) {
   concord_config_t config;
   concord_config_init(&config);
   config.rank = 0;
   config.size = 1;
+  config.lanes = 2;
   concord_comm_t comm = nullptr;
   ASSERT_EQ(concord_init_config(&config, &comm), CONCORD_SUCCESS);
   struct Seen {
     concord_comm_t comm;
     concord_status_t finalize_status = CONCORD_SUCCESS;
-  } seen{comm};
-  std::vector<float> v(3, 1.f);
-  int64_t shape[1] = {3};
-  concord_tensor_t t{v.data(), CONCORD_FLOAT32, 1, shape, CONCORD_DEVICE_CPU};
-  concord_request_t request = nullptr;
-  ASSERT_EQ(concord_allreduce_async(
-                comm, "cb", &t, nullptr, nullptr,
-                [](concord_request_t, concord_status_t, void* user) {
-                  auto* s = static_cast<Seen*>(user);
-                  s->finalize_status = concord_finalize(s->comm);
-                },
-                &seen, &request),
-            CONCORD_SUCCESS);
-  EXPECT_EQ(concord_wait(request, 10), CONCORD_SUCCESS);
-  concord_request_free(request);
-  EXPECT_EQ(seen.finalize_status, CONCORD_ERR_INVALID_ARGUMENT);
+  };
+  constexpr int kRequests = 2;
+  std::vector<Seen> seen(kRequests, Seen{comm});
+  std::vector<std::vector<float>> data(kRequests, std::vector<float>(100000, 1.f));
+  int64_t shape[1] = {100000};  // 400 KB: above the direct threshold, so never fused
+  std::vector<concord_request_t> requests(kRequests, nullptr);
+  ASSERT_EQ(concord_group_start(comm), CONCORD_SUCCESS);
+  for (int i = 0; i < kRequests; ++i) {
+    concord_tensor_t t{data[i].data(), CONCORD_FLOAT32, 1, shape, CONCORD_DEVICE_CPU};
+    const std::string name = "cb." + std::to_string(i);
+    ASSERT_EQ(concord_allreduce_async(
+                  comm, name.c_str(), &t, nullptr, nullptr,
+                  [](concord_request_t, concord_status_t, void* user) {
+                    auto* s = static_cast<Seen*>(user);
+                    s->finalize_status = concord_finalize(s->comm);
+                  },
+                  &seen[i], &requests[i]),
+              CONCORD_SUCCESS);
+  }
+  ASSERT_EQ(concord_group_end(comm), CONCORD_SUCCESS);
+  for (int i = 0; i < kRequests; ++i) {
+    EXPECT_EQ(concord_wait(requests[i], 10), CONCORD_SUCCESS);
+    concord_request_free(requests[i]);
+    EXPECT_EQ(seen[i].finalize_status, CONCORD_ERR_INVALID_ARGUMENT) << "request " << i;
+  }
   int size = 0;
   EXPECT_EQ(concord_comm_size(comm, &size), CONCORD_SUCCESS);  // still valid
   EXPECT_EQ(concord_finalize(comm), CONCORD_SUCCESS);

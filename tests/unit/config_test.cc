@@ -51,6 +51,7 @@ class ConfigTest : public ::testing::Test {
                              "CONCORD_FUSION_THRESHOLD",
                              "CONCORD_INLINE_THRESHOLD",
                              "CONCORD_DIRECT_THRESHOLD",
+                             "CONCORD_LANES",
                              "CONCORD_CYCLE_TIME_MS",
                              "CONCORD_TIMEOUT_S",
                              "CONCORD_CACHE_CAPACITY",
@@ -133,6 +134,7 @@ TEST_F(ConfigTest, ConcordVariablesWinOverOthers) {
   Set("CONCORD_CYCLE_TIME_MS", "2.5");
   Set("CONCORD_INLINE_THRESHOLD", "0");
   Set("CONCORD_DIRECT_THRESHOLD", "1048576");
+  Set("CONCORD_LANES", "3");
   StatusOr<Config> c = Config::FromEnvironment();
   ASSERT_TRUE(c.ok());
   ASSERT_TRUE(c->Finalize().ok());
@@ -143,6 +145,7 @@ TEST_F(ConfigTest, ConcordVariablesWinOverOthers) {
   EXPECT_EQ(c->cycle_time_ms, 2.5);
   EXPECT_EQ(c->inline_threshold_bytes, 0);
   EXPECT_EQ(c->direct_threshold_bytes, 1048576);
+  EXPECT_EQ(c->lanes, 3);
 }
 
 TEST_F(ConfigTest, MalformedValuesNameTheVariable) {
@@ -176,7 +179,9 @@ TEST_F(ConfigTest, OutOfRangeValuesAreRefusedByFinalize) {
        {Case{"CONCORD_TIMEOUT_S", "0"}, Case{"CONCORD_CACHE_CAPACITY", "-1"},
         Case{"CONCORD_LOG_LEVEL", "9"}, Case{"CONCORD_FUSION_THRESHOLD", "-5"},
         Case{"CONCORD_INLINE_THRESHOLD", "-1"}, Case{"CONCORD_INLINE_THRESHOLD", "262145"},
-        Case{"CONCORD_STALL_WARNING_S", "0"}, Case{"MASTER_PORT", "70000"}}) {
+        Case{"CONCORD_DIRECT_THRESHOLD", "-2"}, Case{"CONCORD_LANES", "0"},
+        Case{"CONCORD_LANES", "9"}, Case{"CONCORD_STALL_WARNING_S", "0"},
+        Case{"MASTER_PORT", "70000"}}) {
     ClearAll();
     Set(k.name, k.value);
     StatusOr<Config> c = Config::FromEnvironment();

@@ -52,8 +52,10 @@ class Job {
       c.log_level = 0;
       if (tweak) tweak(c);
       EXPECT_TRUE(c.Finalize().ok());
+      std::vector<std::unique_ptr<Backend>> lanes;
+      for (int lane = 0; lane < c.lanes; ++lane) lanes.push_back(world_->MakeBackend(r, lane));
       engines_.push_back(
-          std::make_unique<Engine>(c, world_->MakeControlPlane(r), world_->MakeBackend(r), world_));
+          std::make_unique<Engine>(c, world_->MakeControlPlane(r), std::move(lanes), world_));
     }
   }
   ~Job() {
@@ -399,6 +401,39 @@ TEST_P(EngineRanksTest, GroupIsFusedIntoOneBatch) {
     EXPECT_EQ(e.stats().batches.load() - batches, 1u);
     EXPECT_EQ(e.stats().fused_tensors.load() - fused, 3u);
   });
+}
+
+// Large tensors of one list are spread over every lane, and each result is still right.
+TEST(EngineLanesTest, OneListRunsOnEveryLane) {
+  constexpr int kLanes = 3, kTensors = 7;
+  constexpr size_t kCount = 100000;  // 400 KB each: above the direct threshold, never fused
+  Job job(2, [](Config& c) { c.lanes = kLanes; });
+  OnRanks(2, [&](int rank) {
+    Engine& e = job[rank];
+    std::vector<std::vector<float>> data;
+    for (int k = 0; k < kTensors; ++k) data.emplace_back(kCount, static_cast<float>(rank + k));
+    ASSERT_TRUE(e.GroupStart().ok());
+    std::vector<std::shared_ptr<RequestState>> states;
+    for (int k = 0; k < kTensors; ++k) {
+      TensorRequest r = Request("lane." + std::to_string(k), OpType::kAllreduce, DType::kFloat32,
+                                {static_cast<int64_t>(kCount)});
+      states.push_back(Submit(e, Entry(r, data[k].data(), data[k].data())));
+    }
+    ASSERT_TRUE(e.GroupEnd().ok());
+    for (int k = 0; k < kTensors; ++k) {
+      Status s = Await(states[k]);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      EXPECT_EQ(data[k].front(), static_cast<float>(1 + 2 * k));
+      EXPECT_EQ(data[k].back(), static_cast<float>(1 + 2 * k));
+    }
+  });
+  uint64_t total = 0;
+  for (int lane = 0; lane < kLanes; ++lane) {
+    const uint64_t n = job.world().CollectivesOn(lane);
+    EXPECT_GE(n, 2u) << "lane " << lane;  // 7 equal batches over 3 lanes: 3, 2, 2
+    total += n;
+  }
+  EXPECT_EQ(total, static_cast<uint64_t>(kTensors));
 }
 
 TEST(EngineGroupTest, RefusedGroupCompletesItsMembers) {

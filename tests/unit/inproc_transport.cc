@@ -71,7 +71,7 @@ class InProcControlPlane : public ControlPlane {
 
 class InProcBackend : public Backend {
  public:
-  InProcBackend(InProcWorld* world, int rank) : world_(world), rank_(rank) {}
+  InProcBackend(InProcWorld* world, int rank, int lane) : world_(world), rank_(rank), lane_(lane) {}
 
   const char* name() const override { return "inproc"; }
   int rank() const override { return rank_; }
@@ -146,9 +146,10 @@ class InProcBackend : public Backend {
                     const std::function<void(const std::vector<InProcWorld::Slot>&)>& compute,
                     const std::function<void()>& copy_out) {
     std::unique_lock<std::mutex> lock(world_->mu_);
-    world_->slots_[rank_] = slot;
-    CONCORD_RETURN_IF_ERROR(world_->Rendezvous(lock, rank_));
-    const std::vector<InProcWorld::Slot> all = world_->slots_;
+    InProcWorld::Channel& channel = world_->ChannelOf(lane_);
+    channel.slots[rank_] = slot;
+    CONCORD_RETURN_IF_ERROR(world_->Rendezvous(lock, channel, rank_));
+    const std::vector<InProcWorld::Slot> all = channel.slots;
     for (const auto& s : all) {
       if (s.kind != slot.kind || s.count != slot.count || s.dtype != slot.dtype ||
           s.op != slot.op || s.root != slot.root) {
@@ -160,7 +161,7 @@ class InProcBackend : public Backend {
     lock.unlock();
     compute(all);
     lock.lock();
-    CONCORD_RETURN_IF_ERROR(world_->Rendezvous(lock, rank_));
+    CONCORD_RETURN_IF_ERROR(world_->Rendezvous(lock, channel, rank_));
     lock.unlock();
     copy_out();
     return Status::Ok();
@@ -168,22 +169,29 @@ class InProcBackend : public Backend {
 
   InProcWorld* const world_;
   const int rank_;
+  const int lane_;
 };
 
 InProcWorld::InProcWorld(int size, std::chrono::milliseconds timeout)
-    : size_(size),
-      timeout_(timeout),
-      dead_(size, false),
-      mailbox_(size),
-      woken_(size, false),
-      slots_(size) {}
+    : size_(size), timeout_(timeout), dead_(size, false), mailbox_(size), woken_(size, false) {}
 
 std::unique_ptr<ControlPlane> InProcWorld::MakeControlPlane(int rank) {
   return std::make_unique<InProcControlPlane>(this, rank);
 }
 
-std::unique_ptr<Backend> InProcWorld::MakeBackend(int rank) {
-  return std::make_unique<InProcBackend>(this, rank);
+std::unique_ptr<Backend> InProcWorld::MakeBackend(int rank, int lane) {
+  return std::make_unique<InProcBackend>(this, rank, lane);
+}
+
+uint64_t InProcWorld::CollectivesOn(int lane) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ChannelOf(lane).generation / 2;  // two rendezvous per collective
+}
+
+InProcWorld::Channel& InProcWorld::ChannelOf(int lane) {
+  Channel& channel = channels_[lane];
+  if (channel.slots.empty()) channel.slots.resize(size_);
+  return channel;
 }
 
 void InProcWorld::Kill(int rank) {
@@ -200,18 +208,18 @@ int InProcWorld::DeadPeer(int self, bool star) const {
   return -1;
 }
 
-Status InProcWorld::Rendezvous(std::unique_lock<std::mutex>& lock, int rank) {
+Status InProcWorld::Rendezvous(std::unique_lock<std::mutex>& lock, Channel& channel, int rank) {
   if (!broken_.ok()) return broken_;
   if (dead_[rank]) return PeerFailure("this rank's backend is closed");
-  const uint64_t generation = generation_;
-  if (++arrived_ == size_) {
-    arrived_ = 0;
-    ++generation_;
+  const uint64_t generation = channel.generation;
+  if (++channel.arrived == size_) {
+    channel.arrived = 0;
+    ++channel.generation;
     cv_.notify_all();
     return Status::Ok();
   }
   const auto deadline = Clock::now() + timeout_;
-  while (generation_ == generation) {
+  while (channel.generation == generation) {
     if (!broken_.ok()) return broken_;
     const int dead = DeadPeer(rank, /*star=*/false);
     if (dead >= 0 || dead_[rank]) {
@@ -219,7 +227,8 @@ Status InProcWorld::Rendezvous(std::unique_lock<std::mutex>& lock, int rank) {
       cv_.notify_all();
       return broken_;
     }
-    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && generation_ == generation) {
+    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout &&
+        channel.generation == generation) {
       broken_ = TimeoutError("backend collective: not every rank arrived within " +
                              std::to_string(timeout_.count()) + " ms");
       cv_.notify_all();

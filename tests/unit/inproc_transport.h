@@ -10,6 +10,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -27,12 +28,16 @@ class InProcWorld {
 
   int size() const { return size_; }
   // The transports of `rank`. Destroying a control plane closes it: the rank counts as dead.
+  // Backends of different lanes are independent channels (their collectives match separately).
   std::unique_ptr<ControlPlane> MakeControlPlane(int rank);
-  std::unique_ptr<Backend> MakeBackend(int rank);
+  std::unique_ptr<Backend> MakeBackend(int rank, int lane = 0);
 
   // Makes `rank` die: its own transport calls fail, and its peers' calls fail with kPeerFailure
   // naming it (messages it sent before dying are still delivered first).
   void Kill(int rank);
+
+  // Collectives completed so far on `lane`'s channel.
+  uint64_t CollectivesOn(int lane);
 
  private:
   friend class InProcControlPlane;
@@ -52,8 +57,17 @@ class InProcWorld {
   // The first dead rank other than `self` that `self` can see (rank 0 sees every rank, the others
   // only rank 0 on the control plane; the backend sees everyone), or -1. Needs mu_.
   int DeadPeer(int self, bool star) const;
-  // Waits (holding `lock`) until all ranks arrived at the current backend generation.
-  Status Rendezvous(std::unique_lock<std::mutex>& lock, int rank);
+  // One lane's collective channel: the ranks' deposited arguments and the arrival count.
+  struct Channel {
+    std::vector<Slot> slots;
+    int arrived = 0;
+    uint64_t generation = 0;
+  };
+
+  // The channel of `lane` (created on first use). Needs mu_.
+  Channel& ChannelOf(int lane);
+  // Waits (holding `lock`) until all ranks arrived at `channel`'s current generation.
+  Status Rendezvous(std::unique_lock<std::mutex>& lock, Channel& channel, int rank);
 
   const int size_;
   const std::chrono::milliseconds timeout_;
@@ -62,9 +76,7 @@ class InProcWorld {
   std::vector<bool> dead_;
   std::vector<std::deque<ControlMessage>> mailbox_;
   std::vector<bool> woken_;
-  std::vector<Slot> slots_;
-  int arrived_ = 0;
-  uint64_t generation_ = 0;
+  std::map<int, Channel> channels_;  // by lane
   Status broken_;  // set once a collective failed: the backend is unusable afterwards
 };
 
