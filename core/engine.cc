@@ -493,20 +493,55 @@ Status Engine::Execute(const ResponseMessage& message) {
 Status Engine::RunOnLanes(const std::vector<FusionBatch>& plan, const std::vector<size_t>& batches,
                           const std::vector<const Response*>& responses,
                           std::vector<std::optional<QueueEntry>>& entries) {
-  // Each batch goes to the lane with the fewest bytes so far: the same choice on every rank,
-  // since every rank runs the same plan.
-  std::vector<std::vector<size_t>> by_lane(lanes_.size());
+  // A batch, or a slice of a large direct allreduce split over several lanes.
+  struct Work {
+    size_t batch;
+    bool slice = false;
+    size_t begin = 0, count = 0;  // elements, for a slice
+  };
+  // Each piece of work goes to the lane with the fewest bytes so far: the same choice on every
+  // rank, since every rank runs the same plan.
+  std::vector<std::vector<Work>> by_lane(lanes_.size());
   std::vector<size_t> load(lanes_.size(), 0);
-  for (size_t b : batches) {
+  auto assign = [&](Work w, size_t bytes) {
     const size_t lane =
         static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
-    by_lane[lane].push_back(b);
-    load[lane] += std::max<size_t>(plan[b].bytes, 1);
+    by_lane[lane].push_back(w);
+    load[lane] += std::max<size_t>(bytes, 1);
+  };
+  std::vector<size_t> sliced;
+  for (size_t b : batches) {
+    const Response& r = *responses[plan[b].members.front()];
+    const size_t slices = std::min(lanes_.size(), plan[b].bytes / kMinSliceBytes);
+    if (plan[b].fused || slices < 2 || r.error != Code::kOk || r.request.op != OpType::kAllreduce) {
+      assign(Work{b}, plan[b].bytes);
+      continue;
+    }
+    QueueEntry& e = *entries[plan[b].members.front()];
+    if (!r.IsRequestOf(e.request, config_.rank)) {
+      return Internal("response for tensor '" + r.request.name +
+                      "' does not match this rank's request");
+    }
+    const size_t n = static_cast<size_t>(r.request.NumElements());
+    const size_t elem = DTypeSize(r.request.dtype);
+    for (size_t k = 0; k < slices; ++k) {
+      const size_t begin = n * k / slices, end = n * (k + 1) / slices;
+      assign(Work{b, true, begin, end - begin}, (end - begin) * elem);
+    }
+    sliced.push_back(b);
+    stats_.batches.fetch_add(1, std::memory_order_relaxed);
   }
-  // Lanes touch disjoint entries and their own backend and buffer; the rest is read-only here.
+  // Lanes touch disjoint entries or disjoint slices of one, and their own backend and buffer;
+  // the rest is read-only here.
   auto run_lane = [&](size_t l) -> Status {
-    for (size_t b : by_lane[l]) {
-      CONCORD_RETURN_IF_ERROR(RunBatch(lanes_[l], plan[b], responses, entries));
+    for (const Work& w : by_lane[l]) {
+      if (w.slice) {
+        const size_t i = plan[w.batch].members.front();
+        CONCORD_RETURN_IF_ERROR(
+            RunAllreduceSlice(lanes_[l], *responses[i], *entries[i], w.begin, w.count));
+      } else {
+        CONCORD_RETURN_IF_ERROR(RunBatch(lanes_[l], plan[w.batch], responses, entries));
+      }
     }
     return Status::Ok();
   };
@@ -518,6 +553,10 @@ Status Engine::RunOnLanes(const std::vector<FusionBatch>& plan, const std::vecto
     if (by_lane[l].empty()) continue;
     Status s = lanes_[l].worker->Wait();
     if (status.ok()) status = s;
+  }
+  // A split allreduce is done when all its slices are (on failure the caller completes it).
+  if (status.ok()) {
+    for (size_t b : sliced) entries[plan[b].members.front()]->state->Complete(Status::Ok());
   }
   return status;
 }
@@ -548,7 +587,7 @@ Status Engine::RunBatch(Lane& lane, const FusionBatch& batch,
   Status s;
   switch (r.request.op) {
     case OpType::kAllreduce:
-      s = RunAllreduceDirect(lane, r, e);
+      s = RunAllreduceSlice(lane, r, e, 0, static_cast<size_t>(r.request.NumElements()));
       break;
     case OpType::kAllgather:
       s = RunAllgather(lane, r, e, &local);
@@ -595,12 +634,14 @@ void Engine::FinishAllreduce(const TensorRequest& q, void* data, size_t n) const
   if (post != 1.0) ScaleElements(data, n, q.dtype, post);
 }
 
-Status Engine::RunAllreduceDirect(Lane& lane, const Response& r, QueueEntry& e) {
+Status Engine::RunAllreduceSlice(Lane& lane, const Response& r, QueueEntry& e, size_t begin,
+                                 size_t count) {
   const TensorRequest& q = r.request;
-  const size_t n = static_cast<size_t>(q.NumElements());
-  CopyScaled(e.output, e.input, n, q.dtype, q.prescale);
-  CONCORD_RETURN_IF_ERROR(lane.backend->Allreduce(e.output, n, q.dtype, q.reduce_op));
-  FinishAllreduce(q, e.output, n);
+  const size_t offset = begin * DTypeSize(q.dtype);
+  void* out = static_cast<uint8_t*>(e.output) + offset;
+  CopyScaled(out, static_cast<const uint8_t*>(e.input) + offset, count, q.dtype, q.prescale);
+  CONCORD_RETURN_IF_ERROR(lane.backend->Allreduce(out, count, q.dtype, q.reduce_op));
+  FinishAllreduce(q, out, count);
   return Status::Ok();
 }
 

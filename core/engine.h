@@ -12,7 +12,9 @@
 // bytes, identically on every rank) and run concurrently: lane 0 on the engine thread, the others
 // on their LaneWorker threads, so one collective's latency hides behind another's transfer. The
 // engine thread waits for every lane before it goes on, and a barrier runs alone, after every
-// batch before it. Completion callbacks run on the thread of the lane that ran the operation.
+// batch before it. A direct allreduce of at least two kMinSliceBytes is cut into slices that run
+// on different lanes. Completion callbacks run on the thread of the lane that ran the operation
+// (the engine thread for a sliced one).
 //
 // Failure: the first error (a peer failed, a backend or protocol error, an abort from rank 0)
 // fails the engine: every request in flight completes with that error, later enqueues return it,
@@ -115,7 +117,10 @@ class Engine {
                         std::optional<QueueEntry>& entry);
   // After the reduction: integer average division and the post factor.
   void FinishAllreduce(const TensorRequest& q, void* data, size_t n) const;
-  Status RunAllreduceDirect(Lane& lane, const Response& r, QueueEntry& e);
+  // Allreduces elements [begin, begin + count) of e in place (after the prescaled copy when out
+  // of place), then divides and postscales them. A direct allreduce is its one whole slice.
+  Status RunAllreduceSlice(Lane& lane, const Response& r, QueueEntry& e, size_t begin,
+                           size_t count);
   Status RunAllreduceFused(Lane& lane, const FusionBatch& batch,
                            const std::vector<const Response*>& responses,
                            std::vector<std::optional<QueueEntry>>& entries);
@@ -126,6 +131,9 @@ class Engine {
   static uint8_t* FusionBuffer(Lane& lane, size_t bytes, size_t threshold);
   bool OnEngineThread() const;
   void Log(LogLevel level, const std::string& message) const;
+
+  // A direct allreduce is split over the lanes when each slice gets at least this many bytes.
+  static constexpr size_t kMinSliceBytes = size_t{1} << 20;
 
   const Config config_;
   std::shared_ptr<void> keep_alive_;

@@ -436,6 +436,39 @@ TEST(EngineLanesTest, OneListRunsOnEveryLane) {
   EXPECT_EQ(total, static_cast<uint64_t>(kTensors));
 }
 
+// A large allreduce is cut into one slice per lane; out of place with scaling and an average,
+// every slice gets the same treatment.
+TEST(EngineLanesTest, LargeAllreduceIsSlicedOverTheLanes) {
+  constexpr int kLanes = 3;
+  constexpr size_t kCount = 1000003;  // 4 MB of float32: three slices of at least 1 MiB
+  Job job(2, [](Config& c) { c.lanes = kLanes; });
+  OnRanks(2, [&](int rank) {
+    std::vector<float> in(kCount), out(kCount, -1.f);
+    for (size_t i = 0; i < kCount; ++i) in[i] = static_cast<float>(i % 1000 + rank);
+    TensorRequest r =
+        Request("sliced", OpType::kAllreduce, DType::kFloat32, {static_cast<int64_t>(kCount)});
+    r.reduce_op = ReduceOp::kAverage;
+    r.prescale = 2.0;
+    r.postscale = 3.0;
+    Status s = Await(Submit(job[rank], Entry(r, in.data(), out.data())));
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    size_t wrong = 0;
+    for (size_t i = 0; i < kCount && wrong < 3; ++i) {
+      // (2a + 2(a + 1)) / 2 * 3 with a = i % 1000.
+      const float want = static_cast<float>(3 * (2 * (i % 1000) + 1));
+      if (out[i] != want) {
+        ++wrong;
+        ADD_FAILURE() << "rank " << rank << " element " << i << ": " << out[i] << " != " << want;
+      }
+      if (in[i] != static_cast<float>(i % 1000 + rank)) ++wrong;
+    }
+    EXPECT_EQ(wrong, 0u);
+  });
+  for (int lane = 0; lane < kLanes; ++lane) {
+    EXPECT_EQ(job.world().CollectivesOn(lane), 1u) << "lane " << lane;
+  }
+}
+
 TEST(EngineGroupTest, RefusedGroupCompletesItsMembers) {
   Job job(2);
   std::vector<float> data(4, 1.0f);
