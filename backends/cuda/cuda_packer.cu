@@ -250,9 +250,11 @@ Status CudaPacker::Launch(const PackPlan& plan, const void* buffer, size_t buffe
       reinterpret_cast<const PackEntry*>(device),
       reinterpret_cast<const PackChunk*>(device + entry_bytes),
       static_cast<char*>(const_cast<void*>(buffer)), scale, unpack);
-  CONCORD_CUDA_CHECK(cudaGetLastError());
+  const cudaError_t launched = cudaGetLastError();
+  // Recorded even when the launch failed: the table copy may still be reading the staging memory.
   CONCORD_CUDA_CHECK(cudaEventRecord(slot.done, s));
   slot.in_use = true;
+  if (launched != cudaSuccess) return CudaError(launched, "PackKernel<<<>>>", __FILE__, __LINE__);
   return Status::Ok();
 }
 

@@ -5,9 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
 #include <random>
-#include <regex>
 #include <vector>
 
 #include "backends/cuda/cuda_device.h"
@@ -42,7 +42,11 @@ TEST(CudaDeviceTest, ProbeSaysWhyThereIsNoDeviceAndNcclVersionIsKnown) {
         << count.status().message();
   }
 #ifdef CONCORD_TEST_EXPECT_NCCL
-  EXPECT_TRUE(std::regex_match(NcclVersion(), std::regex(R"(\d+\.\d+\.\d+)"))) << NcclVersion();
+  int major = 0, minor = 0, patch = 0;
+  char extra = 0;
+  EXPECT_EQ(std::sscanf(NcclVersion().c_str(), "%d.%d.%d%c", &major, &minor, &patch, &extra), 3)
+      << NcclVersion();
+  EXPECT_GE(major, 2) << NcclVersion();
 #endif
 }
 
