@@ -19,6 +19,7 @@ mkdir -p "$out"
 results="$out/gpu-check.txt"
 : >"$results"
 exec > >(tee -a "$results") 2>&1
+tee_pid=$!
 
 failures=()
 step() { echo; echo "== $* =="; }
@@ -47,12 +48,16 @@ bench_to() {
 finish() {
   step "summary"
   echo "results: $results"
+  local rc=0
   if [ ${#failures[@]} -gt 0 ]; then
     echo "!! gpu-check FAILED steps: ${failures[*]}"
-    exit 1
+    rc=1
+  else
+    echo "gpu-check: every step passed${1:+ ($1)}"
   fi
-  echo "gpu-check: every step passed${1:+ ($1)}"
-  exit 0
+  exec >&- 2>&-
+  wait "$tee_pid"  # the results file is complete before the script exits
+  exit $rc
 }
 
 step "machine"
@@ -60,7 +65,7 @@ date -u
 uname -a
 echo "repository: $root ($(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo 'no git'))"
 echo "cores: $(nproc)"
-if command -v nvidia-smi >/dev/null; then nvidia-smi; else echo "nvidia-smi: not found"; fi
+if command -v nvidia-smi >/dev/null; then timeout 60 nvidia-smi; else echo "nvidia-smi: not found"; fi
 nvcc_bin="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
 if [ -x "$nvcc_bin" ]; then "$nvcc_bin" --version; else echo "nvcc: not found"; fi
 cmake --version | head -1 || true
@@ -80,6 +85,10 @@ step "device"
 device_rc=$?
 if [ $device_rc -eq 2 ]; then
   echo "no usable GPU: GPU tests and the benchmark are skipped"
+  if command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+    echo "!! FAILED: nvidia-smi lists a GPU that CUDA cannot use (driver older than the toolkit?)"
+    failures+=("GPU listed by nvidia-smi but unusable")
+  fi
   finish "no GPU: CPU part only"
 elif [ $device_rc -ne 0 ]; then
   echo "!! FAILED: device check (exit $device_rc)"
@@ -89,7 +98,7 @@ fi
 
 step "GPU tests"
 gpu_log="$out/cuda_packer_test.txt"
-timeout 600 "$build/tests/gpu/cuda_packer_test" 2>&1 | tee "$gpu_log"
+timeout 300 "$build/tests/gpu/cuda_packer_test" 2>&1 | tee "$gpu_log"
 gpu_rc=${PIPESTATUS[0]}
 if [ "$gpu_rc" -ne 0 ]; then
   echo "!! FAILED: GPU tests (exit $gpu_rc)"
