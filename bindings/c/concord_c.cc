@@ -287,6 +287,7 @@ concord_status_t concord_init_config(const concord_config_t* user, concord_comm_
     if (c.timeout_s > 0) config.timeout_s = c.timeout_s;
     if (c.cache_capacity >= 0) config.cache_capacity = c.cache_capacity;
     if (c.log_level >= 0) config.log_level = c.log_level;
+    if (c.backend) config.backend = c.backend;
     CONCORD_ASSIGN_OR_RETURN(std::unique_ptr<concord::Engine> engine,
                              concord::CreateEngine(config));
     auto* handle = new concord_comm;
