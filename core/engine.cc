@@ -133,6 +133,8 @@ Engine::Engine(const Config& config, std::unique_ptr<ControlPlane> control,
     stall.shutdown = Millis(config_.stall_shutdown_s);
     coordinator_ = std::make_unique<Coordinator>(config_.size, &cache_, stall);
   }
+  Log(LogLevel::kInfo, "started rank " + std::to_string(config_.rank) + " of " +
+                           std::to_string(config_.size) + " on backend " + backend_->name());
   thread_ = std::thread([this] { Loop(); });
 }
 
