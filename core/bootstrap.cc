@@ -162,7 +162,8 @@ Status CheckJobSettings(const Config& c, Backend* backend) {
 
 // CONCORD_BACKEND=mpi (or auto under mpirun): rank and size are MPI_COMM_WORLD's, negotiation and
 // data both run over MPI, and there is no store. `config` is as read, before Finalize().
-StatusOr<std::unique_ptr<Engine>> CreateMpiEngine(Config config, std::chrono::milliseconds timeout) {
+StatusOr<std::unique_ptr<Engine>> CreateMpiEngine(Config config,
+                                                  std::chrono::milliseconds timeout) {
   const auto built = BuiltBackends();
   if (std::find(built.begin(), built.end(), "mpi") == built.end()) {
     return CreateMpiTransports(timeout).status().WithContext("CONCORD_BACKEND=mpi");
@@ -176,7 +177,8 @@ StatusOr<std::unique_ptr<Engine>> CreateMpiEngine(Config config, std::chrono::mi
   auto transports = CreateMpiTransports(timeout);
   if (!transports.ok()) return transports.status().WithContext("starting the mpi backend");
   MpiTransports& t = *transports;
-  if ((config.rank != -1 && config.rank != t.rank) || (config.size != -1 && config.size != t.size)) {
+  if ((config.rank != -1 && config.rank != t.rank) ||
+      (config.size != -1 && config.size != t.size)) {
     return InvalidArgument("the environment says rank " + std::to_string(config.rank) + " of " +
                            std::to_string(config.size) + ", MPI_COMM_WORLD says rank " +
                            std::to_string(t.rank) + " of " + std::to_string(t.size));

@@ -269,8 +269,8 @@ double TimeRawGloo(concord_comm_t comm, Store* store, const Options& o, int rank
 
 // Median seconds per raw in-place MPI_Allreduce of `count` floats in `buffer` (max over ranks);
 // -1 when this build or this MPI cannot run it (the reason is printed once, on rank 0).
-double TimeRawMpi(concord_comm_t comm, int rank, float* buffer, size_t count, int warmup,
-                  int iters, const std::string& tag) {
+double TimeRawMpi(concord_comm_t comm, int rank, float* buffer, size_t count, int warmup, int iters,
+                  const std::string& tag) {
 #ifdef CONCORD_PERF_MPI
   const std::string why = RawMpiUnavailableReason();
   if (why.empty()) {

@@ -81,8 +81,7 @@ class MpiBackend : public Backend {
         {HalfReduce<DType::kFloat16, ReduceOp::kSum>, HalfReduce<DType::kFloat16, ReduceOp::kMin>,
          HalfReduce<DType::kFloat16, ReduceOp::kMax>,
          HalfReduce<DType::kFloat16, ReduceOp::kProduct>},
-        {HalfReduce<DType::kBFloat16, ReduceOp::kSum>,
-         HalfReduce<DType::kBFloat16, ReduceOp::kMin>,
+        {HalfReduce<DType::kBFloat16, ReduceOp::kSum>, HalfReduce<DType::kBFloat16, ReduceOp::kMin>,
          HalfReduce<DType::kBFloat16, ReduceOp::kMax>,
          HalfReduce<DType::kBFloat16, ReduceOp::kProduct>}};
     auto lock = env_->Lock();
@@ -113,20 +112,20 @@ class MpiBackend : public Backend {
       const MPI_Op ops[4] = {MPI_SUM, MPI_MIN, MPI_MAX, MPI_PROD};
       mpi_op = ops[OpIndex(op)];
     }
-    const size_t per_call = std::max<size_t>(1, std::min<size_t>(max_message_bytes_ / esize, INT_MAX));
+    const size_t per_call =
+        std::max<size_t>(1, std::min<size_t>(max_message_bytes_ / esize, INT_MAX));
     auto* bytes = static_cast<char*>(data);
     for (size_t done = 0; done < count; done += per_call) {
       const int n = static_cast<int>(std::min(per_call, count - done));
       MPI_Request request;
       {
         auto lock = env_->Lock();
-        const int rc = MPI_Iallreduce(MPI_IN_PLACE, bytes + done * esize, n, MpiType(dtype),
-                                      mpi_op, comm_, &request);
+        const int rc = MPI_Iallreduce(MPI_IN_PLACE, bytes + done * esize, n, MpiType(dtype), mpi_op,
+                                      comm_, &request);
         if (rc != MPI_SUCCESS) return Fail(MpiError(rc, "MPI_Iallreduce", __FILE__, __LINE__));
       }
       CONCORD_RETURN_IF_ERROR(Wait(&request, "allreduce of " + std::to_string(count) + " x " +
-                                                 DTypeName(dtype) + " (" + ReduceOpName(op) +
-                                                 ")"));
+                                                 DTypeName(dtype) + " (" + ReduceOpName(op) + ")"));
     }
     return Status::Ok();
   }

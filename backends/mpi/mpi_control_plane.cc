@@ -15,7 +15,8 @@ constexpr int kTagData = 1;
 constexpr int kTagHeartbeat = 2;
 // Receive() first polls without sleeping for kSpin (yielding the CPU between polls): a reply in a
 // negotiation round trip usually comes within that, and a sleeping thread's wake-up costs tens of
-// microseconds here. Then it sleeps between polls, from kFirstNap doubling to kMaxNap, unless woken.
+// microseconds here. Then it sleeps between polls, from kFirstNap doubling to kMaxNap, unless
+// woken.
 constexpr auto kSpin = std::chrono::microseconds(200);
 constexpr auto kFirstNap = std::chrono::microseconds(20);
 constexpr auto kMaxNap = std::chrono::microseconds(1000);
@@ -197,9 +198,9 @@ class MpiControlPlane : public ControlPlane {
         if (!Post(r, kTagHeartbeat, std::string()).ok()) return;
       }
       if (now - last_heard_[r] > liveness_) {
-        FailPeer(r, Status(Code::kPeerFailure,
-                           "rank " + std::to_string(r) + " was silent on the MPI control plane for " +
-                               std::to_string(liveness_.count()) + " ms"));
+        FailPeer(r, Status(Code::kPeerFailure, "rank " + std::to_string(r) +
+                                                   " was silent on the MPI control plane for " +
+                                                   std::to_string(liveness_.count()) + " ms"));
         return;
       }
     }
@@ -209,8 +210,8 @@ class MpiControlPlane : public ControlPlane {
     if (failure_.ok()) {
       failure_ = status.code() == Code::kPeerFailure
                      ? status
-                     : Status(Code::kPeerFailure, "rank " + std::to_string(peer) + ": " +
-                                                      status.message());
+                     : Status(Code::kPeerFailure,
+                              "rank " + std::to_string(peer) + ": " + status.message());
     }
     return failure_;
   }
@@ -235,8 +236,7 @@ class MpiControlPlane : public ControlPlane {
 
 StatusOr<std::unique_ptr<ControlPlane>> CreateMpiControlPlane(
     std::shared_ptr<MpiEnvironment> env, std::chrono::milliseconds liveness_timeout) {
-  CONCORD_ASSIGN_OR_RETURN(MPI_Comm comm,
-                           DuplicateWorld(*env, Deadline::After(liveness_timeout)));
+  CONCORD_ASSIGN_OR_RETURN(MPI_Comm comm, DuplicateWorld(*env, Deadline::After(liveness_timeout)));
   int rank = 0, size = 0;
   {
     auto lock = env->Lock();

@@ -108,7 +108,8 @@ MpiEnvironment::~MpiEnvironment() {
 }
 
 std::unique_lock<std::mutex> MpiEnvironment::Lock() {
-  if (thread_level_ == MPI_THREAD_MULTIPLE) return std::unique_lock<std::mutex>(mu_, std::defer_lock);
+  if (thread_level_ == MPI_THREAD_MULTIPLE)
+    return std::unique_lock<std::mutex>(mu_, std::defer_lock);
   return std::unique_lock<std::mutex>(mu_);
 }
 

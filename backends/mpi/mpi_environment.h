@@ -13,12 +13,12 @@
 
 // Evaluates an MPI call; on failure returns a Status naming the call, MPI's error string and the
 // call's file:line. For functions that return Status (or StatusOr).
-#define CONCORD_MPI_CHECK(call)                                                     \
-  do {                                                                              \
-    const int concord_mpi_rc_ = (call);                                             \
-    if (concord_mpi_rc_ != MPI_SUCCESS) {                                           \
-      return ::concord::MpiError(concord_mpi_rc_, #call, __FILE__, __LINE__);       \
-    }                                                                               \
+#define CONCORD_MPI_CHECK(call)                                               \
+  do {                                                                        \
+    const int concord_mpi_rc_ = (call);                                       \
+    if (concord_mpi_rc_ != MPI_SUCCESS) {                                     \
+      return ::concord::MpiError(concord_mpi_rc_, #call, __FILE__, __LINE__); \
+    }                                                                         \
   } while (0)
 
 namespace concord {

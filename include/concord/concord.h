@@ -106,7 +106,7 @@ typedef struct concord_config {
   double timeout_s;               /**< -1: environment or 30 */
   int cache_capacity;             /**< -1: environment or 1024; 0 disables the response cache */
   int log_level;                  /**< -1: environment or 1 (0 error, 1 warning, 2 info, 3 debug) */
-  const char* backend; /**< "gloo", "mpi" or "auto"; NULL: CONCORD_BACKEND or "gloo" */
+  const char* backend;            /**< "gloo", "mpi" or "auto"; NULL: CONCORD_BACKEND or "gloo" */
 } concord_config_t;
 
 /** Options of an allreduce. Initialise with concord_allreduce_opts_init. */

@@ -7,6 +7,8 @@
 //                                     prints "TIMEOUT_OK". The request is abandoned, so MPI is
 //                                     not finalized and mpirun ends the job non-zero (checked by
 //                                     the test's driver).
+#include "backends/mpi/mpi_backend.h"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -15,7 +17,6 @@
 #include <thread>
 #include <vector>
 
-#include "backends/mpi/mpi_backend.h"
 #include "tests/common/typed_elements.h"
 
 namespace concord {
@@ -165,8 +166,8 @@ std::unique_ptr<ControlPlane> MakeControl(std::chrono::milliseconds liveness) {
 // Waits for a message until `seconds` pass.
 ControlMessage ReceiveOne(ControlPlane& c, double seconds = 20) {
   ControlMessage m;
-  auto got = c.Receive(&m, Deadline::After(std::chrono::milliseconds(
-                               static_cast<int64_t>(seconds * 1000))));
+  auto got = c.Receive(
+      &m, Deadline::After(std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000))));
   EXPECT_TRUE(got.ok()) << got.status().ToString();
   EXPECT_TRUE(got.ok() && *got) << "no message";
   return m;

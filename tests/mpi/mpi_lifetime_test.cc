@@ -68,8 +68,9 @@ void AppMultiple() {
   CHECK(!finalized, "Concord finalized MPI that the application had initialised");
   int one = 1, sum = 0, size = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &size);
-  CHECK(MPI_Allreduce(&one, &sum, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD) == MPI_SUCCESS && sum == size,
-        "the application's MPI_Allreduce after concord_finalize: %d", sum);
+  CHECK(
+      MPI_Allreduce(&one, &sum, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD) == MPI_SUCCESS && sum == size,
+      "the application's MPI_Allreduce after concord_finalize: %d", sum);
   MPI_Finalize();
 }
 
