@@ -278,6 +278,7 @@ double TimeRawMpi(concord_comm_t comm, int rank, float* buffer, size_t count, in
     return MaxAcrossRanks(comm, median, "perf.raw.mpi." + tag + "." + std::to_string(count));
   }
 #else
+  (void)comm;
   (void)buffer;
   (void)count;
   (void)warmup;
