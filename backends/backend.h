@@ -1,5 +1,5 @@
 // The data plane: collectives over contiguous buffers, implemented once per transport library
-// (Gloo now; MPI and NCCL later). A backend sees only base types: no core headers.
+// (Gloo and MPI; NCCL later). A backend sees only base types: no core headers.
 //
 // Contract: one Backend per communicator, used by exactly one thread (the engine's). Every call is
 // collective (all ranks call it in the same order with matching arguments, which the coordinator
@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/control_plane.h"
 #include "base/dtype.h"
 #include "base/status.h"
 
@@ -59,5 +60,22 @@ class Backend {
 std::vector<std::string> BuiltBackends();
 StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& name,
                                                  const BackendOptions& options, Store* store);
+
+// A job whose negotiation and data both run over MPI (CONCORD_BACKEND=mpi): this process's rank
+// and size are MPI_COMM_WORLD's; control and backend each work on their own duplicate of it.
+// keep_alive holds MPI itself (Concord finalizes MPI, if it initialised it, when the last holder
+// of any communicator's keep_alive goes): keep it until both transports are destroyed.
+struct MpiTransports {
+  int rank = 0;
+  int size = 1;
+  std::unique_ptr<ControlPlane> control;
+  std::unique_ptr<Backend> backend;
+  std::shared_ptr<void> keep_alive;
+};
+
+// Collective over MPI_COMM_WORLD: every rank calls it, in the same order for each communicator.
+// Initialises MPI if needed (see backends/mpi/mpi_environment.h for the thread level rules).
+// kUnavailable when this Concord was built without MPI.
+StatusOr<MpiTransports> CreateMpiTransports(std::chrono::milliseconds timeout);
 
 }  // namespace concord

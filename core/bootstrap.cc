@@ -5,6 +5,7 @@
 #include <net/if.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <thread>
 #include <utility>
@@ -110,22 +111,25 @@ StatusOr<std::unique_ptr<Rendezvous>> OpenRendezvous(const Config& c, Deadline d
 // Settings every rank must share, or the ranks would plan different collectives (fusion
 // threshold, cache capacity) or build different algorithms (backend, Gloo algorithm): each rank
 // compares its own with rank 0's and refuses to start on a difference, naming it.
-Status CheckJobSettings(const Config& c, Store* store, const std::string& prefix,
-                        Deadline deadline) {
-  const std::vector<std::pair<std::string, std::string>> mine = {
-      {"CONCORD_BACKEND", c.backend},
-      {"CONCORD_GLOO_ALGORITHM", c.gloo_algorithm},
-      {"CONCORD_FUSION_THRESHOLD", std::to_string(c.fusion_threshold_bytes)},
-      {"CONCORD_DIRECT_THRESHOLD", std::to_string(c.direct_threshold_bytes)},
-      {"CONCORD_CACHE_CAPACITY", std::to_string(c.cache_capacity)},
-      {"CONCORD_LANES", std::to_string(c.lanes)}};
+std::vector<std::pair<std::string, std::string>> JobSettings(const Config& c) {
+  return {{"CONCORD_BACKEND", c.backend},
+          {"CONCORD_GLOO_ALGORITHM", c.gloo_algorithm},
+          {"CONCORD_FUSION_THRESHOLD", std::to_string(c.fusion_threshold_bytes)},
+          {"CONCORD_DIRECT_THRESHOLD", std::to_string(c.direct_threshold_bytes)},
+          {"CONCORD_CACHE_CAPACITY", std::to_string(c.cache_capacity)},
+          {"CONCORD_LANES", std::to_string(c.lanes)}};
+}
+
+std::string JobSettingsBlob(const Config& c) {
   std::string blob;
-  for (const auto& [name, value] : mine) blob += name + "=" + value + "\n";
-  const std::string key = prefix + "/settings";
-  if (c.rank == 0) return store->Set(key, blob);
-  CONCORD_ASSIGN_OR_RETURN(std::string theirs, store->Get(key, deadline));
-  if (theirs == blob) return Status::Ok();
-  for (const auto& [name, value] : mine) {
+  for (const auto& [name, value] : JobSettings(c)) blob += name + "=" + value + "\n";
+  return blob;
+}
+
+// Compares this rank's settings with rank 0's blob.
+Status CompareJobSettings(const Config& c, const std::string& theirs) {
+  if (theirs == JobSettingsBlob(c)) return Status::Ok();
+  for (const auto& [name, value] : JobSettings(c)) {
     const size_t at = theirs.find(name + "=");
     const size_t end = at == std::string::npos ? at : theirs.find('\n', at);
     const std::string rank0 = at == std::string::npos
@@ -139,10 +143,72 @@ Status CheckJobSettings(const Config& c, Store* store, const std::string& prefix
   return InvalidArgument("job settings differ from rank 0's");
 }
 
+// Through the store: rank 0 publishes its settings, the others compare.
+Status CheckJobSettings(const Config& c, Store* store, const std::string& prefix,
+                        Deadline deadline) {
+  const std::string key = prefix + "/settings";
+  if (c.rank == 0) return store->Set(key, JobSettingsBlob(c));
+  CONCORD_ASSIGN_OR_RETURN(std::string theirs, store->Get(key, deadline));
+  return CompareJobSettings(c, theirs);
+}
+
+// Through a backend's broadcast (no store): rank 0's settings reach every rank.
+Status CheckJobSettings(const Config& c, Backend* backend) {
+  std::string blob = JobSettingsBlob(c);
+  uint64_t length = blob.size();
+  CONCORD_RETURN_IF_ERROR(backend->Broadcast(&length, sizeof(length), 0));
+  blob.resize(length);
+  CONCORD_RETURN_IF_ERROR(backend->Broadcast(blob.data(), blob.size(), 0));
+  return CompareJobSettings(c, blob);
+}
+
+// CONCORD_BACKEND=mpi (or auto under mpirun): rank and size are MPI_COMM_WORLD's, negotiation and
+// data both run over MPI, and there is no store. `config` is as read, before Finalize().
+StatusOr<std::unique_ptr<Engine>> CreateMpiEngine(Config config,
+                                                  std::chrono::milliseconds timeout) {
+  const auto built = BuiltBackends();
+  if (std::find(built.begin(), built.end(), "mpi") == built.end()) {
+    return CreateMpiTransports(timeout).status().WithContext("CONCORD_BACKEND=mpi");
+  }
+  if (!config.mpi_launched) {
+    return Status(Code::kUnavailable,
+                  "CONCORD_BACKEND=mpi needs a job started by mpirun (neither "
+                  "OMPI_COMM_WORLD_SIZE nor PMIX_RANK is set): run it with mpirun -np N or "
+                  "concordrun --backend mpi");
+  }
+  auto transports = CreateMpiTransports(timeout);
+  if (!transports.ok()) return transports.status().WithContext("starting the mpi backend");
+  MpiTransports& t = *transports;
+  if ((config.rank != -1 && config.rank != t.rank) ||
+      (config.size != -1 && config.size != t.size)) {
+    return InvalidArgument("the environment says rank " + std::to_string(config.rank) + " of " +
+                           std::to_string(config.size) + ", MPI_COMM_WORLD says rank " +
+                           std::to_string(t.rank) + " of " + std::to_string(t.size));
+  }
+  config.rank = t.rank;
+  config.size = t.size;
+  // One lane: Open MPI progresses its own collectives, and a second lane would need a second
+  // communicator driven from another thread (MPI_THREAD_MULTIPLE).
+  config.lanes = 1;
+  CONCORD_RETURN_IF_ERROR(config.Finalize());
+  CONCORD_RETURN_IF_ERROR(CheckJobSettings(config, t.backend.get()));
+  std::vector<std::unique_ptr<Backend>> lanes;
+  lanes.push_back(std::move(t.backend));
+  return std::make_unique<Engine>(config, std::move(t.control), std::move(lanes),
+                                  std::move(t.keep_alive));
+}
+
 }  // namespace
 
 StatusOr<std::unique_ptr<Engine>> CreateEngine(Config config) {
-  CONCORD_RETURN_IF_ERROR(config.Finalize());
+  {
+    Config checked = config;  // validates every field before anything starts
+    CONCORD_RETURN_IF_ERROR(checked.Finalize());
+    const auto timeout = std::chrono::milliseconds(std::llround(checked.timeout_s * 1000.0));
+    if (checked.ResolvedBackend() == "mpi") return CreateMpiEngine(std::move(config), timeout);
+    config = std::move(checked);
+  }
+  const std::string backend_name = config.ResolvedBackend();
   const auto timeout = std::chrono::milliseconds(std::llround(config.timeout_s * 1000.0));
   const Deadline deadline = Deadline::After(timeout);
   std::string store_host;
@@ -184,7 +250,7 @@ StatusOr<std::unique_ptr<Engine>> CreateEngine(Config config) {
   bo.size = config.size;
   bo.iface = config.iface;
   bo.host = host;
-  bo.prefix = prefix + "/" + config.backend;
+  bo.prefix = prefix + "/" + backend_name;
   bo.timeout = timeout;
   bo.algorithm = config.gloo_algorithm;
   // One backend per lane, each with its own connections (lane 0 keeps the plain prefix).
@@ -192,9 +258,9 @@ StatusOr<std::unique_ptr<Engine>> CreateEngine(Config config) {
   for (int lane = 0; lane < config.lanes; ++lane) {
     BackendOptions lane_options = bo;
     if (lane > 0) lane_options.prefix += "/lane" + std::to_string(lane);
-    auto backend = CreateBackend(config.backend, lane_options, rv->store.get());
+    auto backend = CreateBackend(backend_name, lane_options, rv->store.get());
     if (!backend.ok()) {
-      return backend.status().WithContext("starting the " + config.backend + " backend (lane " +
+      return backend.status().WithContext("starting the " + backend_name + " backend (lane " +
                                           std::to_string(lane) + ")");
     }
     lanes.push_back(std::move(*backend));

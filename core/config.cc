@@ -1,9 +1,12 @@
 #include "core/config.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <initializer_list>
+
+#include "backends/backend.h"
 
 namespace concord {
 namespace {
@@ -84,6 +87,8 @@ StatusOr<Config> Config::FromEnvironment() {
   ReadString({"CONCORD_IFACE"}, &c.iface);
   ReadString({"CONCORD_HOST"}, &c.host);
   ReadString({"CONCORD_BACKEND"}, &c.backend);
+  std::string launcher, which;
+  c.mpi_launched = FirstSet({"OMPI_COMM_WORLD_SIZE", "PMIX_RANK"}, &launcher, &which);
   ReadString({"CONCORD_GLOO_ALGORITHM"}, &c.gloo_algorithm);
   CONCORD_RETURN_IF_ERROR(ReadInt({"CONCORD_FUSION_THRESHOLD"}, &c.fusion_threshold_bytes));
   CONCORD_RETURN_IF_ERROR(ReadInt({"CONCORD_INLINE_THRESHOLD"}, &c.inline_threshold_bytes));
@@ -116,6 +121,9 @@ Status Config::Finalize() {
                            std::to_string(local_size) + ")");
   }
   if (job_id.empty()) job_id = "default";
+  if (backend != "gloo" && backend != "mpi" && backend != "auto") {
+    return InvalidArgument("CONCORD_BACKEND must be gloo, mpi or auto, not '" + backend + "'");
+  }
   if (fusion_threshold_bytes < 0) return InvalidArgument("the fusion threshold must be >= 0");
   if (direct_threshold_bytes < 0) return InvalidArgument("the direct threshold must be >= 0");
   if (inline_threshold_bytes < 0 || inline_threshold_bytes > kMaxInlineBytes) {
@@ -139,6 +147,13 @@ Status Config::Finalize() {
     return InvalidArgument("MASTER_PORT must be in [1, 65534]");
   }
   return Status::Ok();
+}
+
+std::string Config::ResolvedBackend() const {
+  if (backend != "auto") return backend;
+  const auto built = BuiltBackends();
+  const bool have_mpi = std::find(built.begin(), built.end(), "mpi") != built.end();
+  return mpi_launched && have_mpi ? "mpi" : "gloo";
 }
 
 }  // namespace concord

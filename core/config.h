@@ -25,7 +25,10 @@ struct Config {
   std::string iface;        // data-traffic interface
   std::string host;         // address to bind and advertise
 
+  // "gloo", "mpi" (negotiation and data over MPI; needs mpirun) or "auto" (mpi when started by
+  // mpirun and built, else gloo). ResolvedBackend() gives the one that runs.
   std::string backend = "gloo";
+  bool mpi_launched = false;  // OMPI_COMM_WORLD_SIZE or PMIX_RANK is set: mpirun started us
   std::string gloo_algorithm = "auto";
   int64_t fusion_threshold_bytes = int64_t{64} << 20;
   // Allreduces at least this large are not fused: they run in place, saving two copies.
@@ -49,6 +52,8 @@ struct Config {
   static StatusOr<Config> FromEnvironment();
   // Checks ranges and fills the remaining defaults (a lone process is rank 0 of 1).
   Status Finalize();
+  // The backend `backend` names, with "auto" resolved against what was built and the launcher.
+  std::string ResolvedBackend() const;
 };
 
 }  // namespace concord

@@ -140,6 +140,10 @@ Engine::Engine(const Config& config, std::unique_ptr<ControlPlane> control,
     stall.shutdown = Millis(config_.stall_shutdown_s);
     coordinator_ = std::make_unique<Coordinator>(config_.size, &cache_, stall);
   }
+  Log(LogLevel::kInfo, "started rank " + std::to_string(config_.rank) + " of " +
+                           std::to_string(config_.size) + " on backend " +
+                           lanes_.front().backend->name() + " (" + std::to_string(lanes_.size()) +
+                           (lanes_.size() == 1 ? " lane)" : " lanes)"));
   thread_ = std::thread([this] { Loop(); });
 }
 

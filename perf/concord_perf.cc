@@ -1,12 +1,15 @@
 // concord-perf: collective benchmarks in the style of nccl-tests, Concord side by side with raw
-// Gloo in one run. Start it under concordrun; rank 0 prints.
+// Gloo, or with --backend mpi Concord over MPI beside raw MPI_Allreduce, in one run. Start it under
+// concordrun (or mpirun for mpi); rank 0 prints.
 //
 //   concordrun -np 2 concord-perf --op allreduce --bytes 4K:64M --iters 20 --warmup 5
 //   concordrun -np 2 concord-perf --workload ../shared/workloads/resnet50.txt --steps 10
+//   mpirun -np 2 concord-perf --backend mpi --bytes 4K:64M
 //
 // Per size: one Concord row (the op through the full engine: negotiation, fusion buffer, backend)
-// and, for float32 allreduce, one row per raw Gloo algorithm (its objects and buffer built once
-// and reused, so Gloo is at its best). Ranks line up with a barrier, then run --iters operations
+// and, for float32 sum allreduce, one row per raw Gloo algorithm (its objects and buffer built once
+// and reused, so Gloo is at its best), or with --backend mpi one raw MPI_Allreduce row (in place,
+// on the buffer the Concord row used). Ranks line up with a barrier, then run --iters operations
 // back to back, each timed on its own; a row's time is the median of each rank's times, reduced
 // with max across ranks
 // (the median, not the mean, because a shared 2-core machine adds scheduler stalls of several ms to
@@ -27,6 +30,9 @@
 #include "base/clock.h"
 #include "concord/concord.h"
 #include "perf/gloo_raw.h"
+#ifdef CONCORD_PERF_MPI
+#include "perf/mpi_raw.h"
+#endif
 #include "perf/workload.h"
 #include "rendezvous/hash_store.h"
 #include "rendezvous/store_factory.h"
@@ -48,6 +54,7 @@ struct Options {
   std::vector<std::string> raw_algos = {"ring", "ring_chunked", "halving_doubling", "bcube",
                                         "allreduce"};
   std::string json;
+  std::string backend = "gloo";  // Concord's backend, and which raw rows run beside it
 };
 
 struct Row {
@@ -64,7 +71,7 @@ struct Row {
                "usage: concord-perf [--op allreduce|allgather|broadcast] [--dtype float32]\n"
                "         [--redop sum|average|min|max|product] [--bytes MIN:MAX] [--factor F]\n"
                "         [--iters N] [--warmup N] [--workload FILE [--steps N] [--rounds N]]\n"
-               "         [--no-raw] [--raw-algos a,b,...] [--json FILE]\n",
+               "         [--no-raw] [--raw-algos a,b,...] [--json FILE] [--backend gloo|mpi]\n",
                why.c_str());
   std::exit(2);
 }
@@ -138,6 +145,9 @@ Options ParseOptions(int argc, char** argv) {
       o.raw_algos.clear();
       std::stringstream ss(next());
       for (std::string algo; std::getline(ss, algo, ',');) o.raw_algos.push_back(algo);
+    } else if (a == "--backend") {
+      o.backend = next();
+      if (o.backend != "gloo" && o.backend != "mpi") Usage("--backend must be gloo or mpi");
     } else if (a == "--json") {
       o.json = next();
     } else {
@@ -257,6 +267,31 @@ double TimeRawGloo(concord_comm_t comm, Store* store, const Options& o, int rank
   return MaxAcrossRanks(comm, median, "perf.raw." + tag + "." + algo + "." + std::to_string(count));
 }
 
+// Median seconds per raw in-place MPI_Allreduce of `count` floats in `buffer` (max over ranks);
+// -1 when this build or this MPI cannot run it (the reason is printed once, on rank 0).
+double TimeRawMpi(concord_comm_t comm, int rank, float* buffer, size_t count, int warmup, int iters,
+                  const std::string& tag) {
+#ifdef CONCORD_PERF_MPI
+  const std::string why = RawMpiUnavailableReason();
+  if (why.empty()) {
+    const double median = TimeRawMpiAllreduce(buffer, count, warmup, iters);
+    return MaxAcrossRanks(comm, median, "perf.raw.mpi." + tag + "." + std::to_string(count));
+  }
+#else
+  (void)comm;
+  (void)buffer;
+  (void)count;
+  (void)warmup;
+  (void)iters;
+  (void)tag;
+  const std::string why = "concord-perf was built without MPI";
+#endif
+  static bool told = false;
+  if (rank == 0 && !told) std::fprintf(stderr, "concord-perf: no raw MPI rows: %s\n", why.c_str());
+  told = true;
+  return -1;
+}
+
 void WriteJson(const std::string& path, const std::vector<Row>& rows) {
   std::ofstream f(path);
   f << "[\n";
@@ -288,8 +323,10 @@ std::unique_ptr<Store> OpenRawStore(int size) {
 
 int RunSweep(concord_comm_t comm, const Options& o, int rank, int size, Store* store,
              std::vector<Row>* rows) {
-  const bool raw = o.raw && store != nullptr && o.op == "allreduce" && o.dtype == DType::kFloat32 &&
-                   o.redop == ReduceOp::kSum;
+  const bool float_sum =
+      o.op == "allreduce" && o.dtype == DType::kFloat32 && o.redop == ReduceOp::kSum;
+  const bool raw = o.raw && o.backend == "gloo" && store != nullptr && float_sum;
+  const bool raw_mpi = o.raw && o.backend == "mpi" && float_sum;
   if (rank == 0) {
     std::printf("# concord-perf %s, %s, %s, %d ranks, %d iterations after %d warm-up\n",
                 o.op.c_str(), DTypeName(o.dtype), ReduceOpName(o.redop), size, o.iters, o.warmup);
@@ -304,6 +341,19 @@ int RunSweep(concord_comm_t comm, const Options& o, int rank, int size, Store* s
         MakeRow(o.op, "concord", size, rounded, TimeConcordOp(comm, o, size, rounded, in, out));
     rows->push_back(concord_row);
     if (rank == 0) PrintRow(concord_row);
+    if (raw_mpi) {
+      const double t = TimeRawMpi(comm, rank, reinterpret_cast<float*>(in.data()), rounded / 4,
+                                  o.warmup, o.iters, "sweep");
+      if (t > 0) {
+        Row r = MakeRow(o.op, "raw MPI_Allreduce", size, rounded, t);
+        rows->push_back(r);
+        if (rank == 0) {
+          PrintRow(r);
+          std::printf("%12s  concord/raw MPI: time x%.2f, busbw x%.2f\n", "",
+                      concord_row.seconds / t, t / concord_row.seconds);
+        }
+      }
+    }
     if (raw) {
       double best = 0;
       for (const auto& algo : o.raw_algos) {
@@ -344,7 +394,10 @@ int RunWorkload(concord_comm_t comm, const Options& o, int rank, int size, Store
   // Rounds alternate Concord's steps with the raw single allreduces, so both sides see the same
   // moments of a noisy machine; each round gives one ratio, and the spread of ratios is printed.
   std::vector<concord_request_t> requests(w.tensors.size());
-  const bool raw = o.raw && store != nullptr;
+  const bool raw = o.raw && o.backend == "gloo" && store != nullptr;
+  const bool raw_mpi = o.raw && o.backend == "mpi";
+  std::vector<float> raw_mpi_buffer(raw_mpi ? w.total_bytes / 4 : 0);
+  std::vector<double> raw_mpi_rounds;
   std::vector<double> concord_rounds, ratios;
   std::vector<std::vector<double>> raw_rounds(o.raw_algos.size());
   for (int round = 0; round < o.rounds; ++round) {
@@ -369,6 +422,14 @@ int RunWorkload(concord_comm_t comm, const Options& o, int rank, int size, Store
       if (step >= warmup) step_times.push_back(Now() - t0);
     }
     concord_rounds.push_back(MaxAcrossRanks(comm, Median(step_times), "perf.workload.time"));
+    if (raw_mpi) {
+      const double t = TimeRawMpi(comm, rank, raw_mpi_buffer.data(), raw_mpi_buffer.size(), 1,
+                                  o.steps, "workload" + std::to_string(round));
+      if (t > 0) {
+        raw_mpi_rounds.push_back(t);
+        ratios.push_back(concord_rounds.back() / t);
+      }
+    }
     if (!raw) continue;
     // The same bytes as one raw Gloo allreduce: what a step costs with no per-tensor work at all.
     Options raw_opts = o;
@@ -400,6 +461,13 @@ int RunWorkload(concord_comm_t comm, const Options& o, int rank, int size, Store
     rows->push_back(r);
     if (rank == 0) PrintRow(r);
   }
+  if (!raw_mpi_rounds.empty()) {
+    Row r = MakeRow("allreduce", "raw MPI_Allreduce (1 msg)", size, w.total_bytes,
+                    Median(raw_mpi_rounds));
+    r.workload = w.name;
+    rows->push_back(r);
+    if (rank == 0) PrintRow(r);
+  }
   if (rank == 0 && !ratios.empty()) {
     std::printf("%12s  concord step / best raw single allreduce, per round:", "");
     for (double x : ratios) std::printf(" x%.2f", x);
@@ -415,17 +483,21 @@ int main(int argc, char** argv) {
   using namespace concord;
   const Options o = ParseOptions(argc, argv);
   concord_comm_t comm = nullptr;
-  if (concord_init(&comm) != CONCORD_SUCCESS) {
+  concord_config_t config;
+  concord_config_init(&config);
+  config.backend = o.backend.c_str();
+  if (concord_init_config(&config, &comm) != CONCORD_SUCCESS) {
     std::fprintf(stderr, "concord-perf: init failed: %s\n", concord_comm_last_error(nullptr));
     return 1;
   }
   int rank = 0, size = 1;
   concord_comm_rank(comm, &rank);
   concord_comm_size(comm, &size);
-  std::unique_ptr<Store> store = o.raw ? OpenRawStore(size) : nullptr;
+  std::unique_ptr<Store> store = o.raw && o.backend == "gloo" ? OpenRawStore(size) : nullptr;
   std::vector<Row> rows;
   const int rc = o.workload.empty() ? RunSweep(comm, o, rank, size, store.get(), &rows)
                                     : RunWorkload(comm, o, rank, size, store.get(), &rows);
+  for (Row& r : rows) r.backend = o.backend;
   if (rc == 0 && rank == 0 && !o.json.empty()) WriteJson(o.json, rows);
   concord_finalize(comm);
   return rc;

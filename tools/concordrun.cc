@@ -10,6 +10,12 @@
 // started (each local rank leads its own process group, so its children are stopped with it).
 // Exit status: 0 when every rank exits 0; 1 when a rank exited non-zero; 128+S when a rank was
 // killed by signal S or concordrun received signal S; 2 for usage errors.
+//
+// With --backend mpi, concordrun does none of that itself: it execs mpirun (CONCORD_MPIRUN, else
+// the mpirun found at build time, else "mpirun" on PATH) with -np, the hosts of -H,
+// --oversubscribe when there are more ranks than CPUs here, --tag-output unless --no-prefix, and
+// CONCORD_BACKEND=mpi (plus CONCORD_TIMEOUT_S and CONCORD_IFACE when given) exported to every
+// rank; mpirun then starts, supervises and stops the ranks, and its exit status is concordrun's.
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -53,7 +59,8 @@ const char kUsage[] =
     "                   ranks fill the hosts in order; remote hosts are reached with ssh\n"
     "  --iface IF       network interface for Concord traffic (passed as CONCORD_IFACE; also the\n"
     "                   address the store is advertised on when some ranks are remote)\n"
-    "  --backend NAME   passed as CONCORD_BACKEND\n"
+    "  --backend NAME   passed as CONCORD_BACKEND; with mpi, concordrun execs mpirun instead\n"
+    "                   of starting the ranks itself (CONCORD_MPIRUN overrides which mpirun)\n"
     "  --timeout S      passed as CONCORD_TIMEOUT_S (seconds)\n"
     "  --no-prefix      do not prefix output lines with \"[rank] \"\n";
 
@@ -602,8 +609,50 @@ int Launcher::Run() {
 }  // namespace
 }  // namespace concord
 
+namespace concord {
+namespace {
+
+#ifndef CONCORD_MPIRUN_PATH
+#define CONCORD_MPIRUN_PATH "mpirun"
+#endif
+
+// --backend mpi: replaces this process with mpirun. Returns only if exec fails.
+int ExecMpirun(const Options& o) {
+  const char* env_mpirun = std::getenv("CONCORD_MPIRUN");
+  const std::string mpirun = env_mpirun && *env_mpirun ? env_mpirun : CONCORD_MPIRUN_PATH;
+  std::vector<std::string> args = {mpirun, "-np", std::to_string(o.np)};
+  if (!o.hosts.empty()) {
+    std::string list;
+    for (const HostSlots& h : o.hosts) {
+      list += (list.empty() ? "" : ",") + h.host + ":" + std::to_string(h.slots);
+    }
+    args.insert(args.end(), {"--host", list});
+  }
+  const long cpus = ::sysconf(_SC_NPROCESSORS_ONLN);
+  if (cpus > 0 && o.np > cpus) args.push_back("--oversubscribe");
+  if (o.prefix) args.push_back("--tag-output");
+  args.insert(args.end(), {"-x", "CONCORD_BACKEND=mpi"});
+  if (!o.timeout.empty()) args.insert(args.end(), {"-x", "CONCORD_TIMEOUT_S=" + o.timeout});
+  if (!o.iface.empty()) {
+    args.insert(args.end(), {"-x", "CONCORD_IFACE=" + o.iface, "--mca", "btl_tcp_if_include",
+                             o.iface, "--mca", "oob_tcp_if_include", o.iface});
+  }
+  args.insert(args.end(), o.command.begin(), o.command.end());
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  ::execvp(argv[0], argv.data());
+  std::fprintf(stderr, "concordrun: cannot run %s for --backend mpi: %s (set CONCORD_MPIRUN)\n",
+               mpirun.c_str(), std::strerror(errno));
+  return 127;
+}
+
+}  // namespace
+}  // namespace concord
+
 int main(int argc, char** argv) {
   concord::Options options = concord::ParseArgs(argc, argv);
+  if (options.backend == "mpi") return concord::ExecMpirun(options);
   concord::Launcher launcher(std::move(options));
   return launcher.Run();
 }

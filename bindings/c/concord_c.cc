@@ -293,6 +293,7 @@ concord_status_t concord_init_config(const concord_config_t* user, concord_comm_
     if (c.inline_threshold_bytes >= 0) config.inline_threshold_bytes = c.inline_threshold_bytes;
     if (c.direct_threshold_bytes >= 0) config.direct_threshold_bytes = c.direct_threshold_bytes;
     if (c.lanes >= 0) config.lanes = c.lanes;
+    if (c.backend) config.backend = c.backend;
     CONCORD_ASSIGN_OR_RETURN(std::unique_ptr<concord::Engine> engine,
                              concord::CreateEngine(config));
     auto* handle = new concord_comm;

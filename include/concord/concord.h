@@ -113,6 +113,7 @@ typedef struct concord_config {
   int64_t direct_threshold_bytes;
   /** -1: environment or 2; data-plane lanes whose collectives run concurrently (1 to 8) */
   int lanes;
+  const char* backend;            /**< "gloo", "mpi" or "auto"; NULL: CONCORD_BACKEND or "gloo" */
 } concord_config_t;
 
 /** Options of an allreduce. Initialise with concord_allreduce_opts_init. */

@@ -4,8 +4,11 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
+
+#include "backends/backend.h"
 
 namespace concord {
 namespace {
@@ -47,6 +50,7 @@ class ConfigTest : public ::testing::Test {
                              "CONCORD_IFACE",
                              "CONCORD_HOST",
                              "CONCORD_BACKEND",
+                             "PMIX_RANK",
                              "CONCORD_GLOO_ALGORITHM",
                              "CONCORD_FUSION_THRESHOLD",
                              "CONCORD_INLINE_THRESHOLD",
@@ -146,6 +150,39 @@ TEST_F(ConfigTest, ConcordVariablesWinOverOthers) {
   EXPECT_EQ(c->inline_threshold_bytes, 0);
   EXPECT_EQ(c->direct_threshold_bytes, 1048576);
   EXPECT_EQ(c->lanes, 3);
+}
+
+TEST_F(ConfigTest, BackendChoice) {
+  Set("CONCORD_BACKEND", "nccl-ish");
+  auto c = Config::FromEnvironment();
+  ASSERT_TRUE(c.ok());
+  const Status s = c->Finalize();
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  EXPECT_NE(s.message().find("CONCORD_BACKEND"), std::string::npos) << s.ToString();
+
+  Set("CONCORD_BACKEND", "auto");
+  c = Config::FromEnvironment();
+  ASSERT_TRUE(c.ok() && c->Finalize().ok());
+  EXPECT_FALSE(c->mpi_launched);
+  EXPECT_EQ(c->ResolvedBackend(), "gloo") << "auto without mpirun";
+
+  const auto built = BuiltBackends();
+  const bool have_mpi = std::find(built.begin(), built.end(), "mpi") != built.end();
+  for (const char* launcher_variable : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK"}) {
+    ClearAll();
+    Set("CONCORD_BACKEND", "auto");
+    Set(launcher_variable, "1");
+    Set("CONCORD_RANK", "0");
+    Set("CONCORD_SIZE", "1");
+    c = Config::FromEnvironment();
+    ASSERT_TRUE(c.ok() && c->Finalize().ok());
+    EXPECT_TRUE(c->mpi_launched) << launcher_variable;
+    EXPECT_EQ(c->ResolvedBackend(), have_mpi ? "mpi" : "gloo") << launcher_variable;
+  }
+  Set("CONCORD_BACKEND", "gloo");
+  c = Config::FromEnvironment();
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->ResolvedBackend(), "gloo") << "an explicit choice is kept under mpirun";
 }
 
 TEST_F(ConfigTest, MalformedValuesNameTheVariable) {

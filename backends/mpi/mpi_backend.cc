@@ -1,0 +1,288 @@
+#include "backends/mpi/mpi_backend.h"
+
+#include <climits>
+#include <cstring>
+#include <numeric>
+
+namespace concord {
+namespace {
+
+// MPI user functions for the half types: inout = in (op) inout, combined in float.
+template <DType kType, ReduceOp kOp>
+void HalfReduce(void* in, void* inout, int* len, MPI_Datatype*) {
+  ReduceElements(inout, in, inout, static_cast<size_t>(*len), kType, kOp);
+}
+
+MPI_Datatype MpiType(DType dtype) {
+  switch (dtype) {
+    case DType::kUint8:
+      return MPI_UINT8_T;
+    case DType::kInt8:
+      return MPI_INT8_T;
+    case DType::kInt32:
+      return MPI_INT32_T;
+    case DType::kInt64:
+      return MPI_INT64_T;
+    case DType::kFloat16:
+    case DType::kBFloat16:
+      return MPI_UINT16_T;  // reduced by the user-defined ops below
+    case DType::kFloat32:
+      return MPI_FLOAT;
+    case DType::kFloat64:
+      return MPI_DOUBLE;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+// Index of a reduce op among the four MPI reduces (average is reduced as a sum).
+int OpIndex(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAverage:
+      return 0;
+    case ReduceOp::kMin:
+      return 1;
+    case ReduceOp::kMax:
+      return 2;
+    case ReduceOp::kProduct:
+      return 3;
+  }
+  return -1;
+}
+
+// Contract: see CreateMpiBackend. Owns its communicator and the half-type MPI_Ops; used by one
+// thread at a time (the engine's). The first failure is sticky. After a timeout the pending
+// request and the communicator are deliberately leaked (MPI could still write into the buffer
+// if the missing peer ever arrived, and freeing either could block).
+class MpiBackend : public Backend {
+ public:
+  MpiBackend(std::shared_ptr<MpiEnvironment> env, MPI_Comm comm, int rank, int size,
+             std::chrono::milliseconds timeout, size_t max_message_bytes)
+      : env_(std::move(env)),
+        comm_(comm),
+        rank_(rank),
+        size_(size),
+        timeout_(timeout),
+        max_message_bytes_(max_message_bytes) {}
+
+  ~MpiBackend() override {
+    if (env_->abandoned()) return;
+    auto lock = env_->Lock();
+    for (auto& per_type : half_ops_) {
+      for (MPI_Op& op : per_type) {
+        if (op != MPI_OP_NULL) MPI_Op_free(&op);
+      }
+    }
+    MPI_Comm_free(&comm_);
+  }
+
+  Status CreateHalfOps() {
+    MPI_User_function* const fns[2][4] = {
+        {HalfReduce<DType::kFloat16, ReduceOp::kSum>, HalfReduce<DType::kFloat16, ReduceOp::kMin>,
+         HalfReduce<DType::kFloat16, ReduceOp::kMax>,
+         HalfReduce<DType::kFloat16, ReduceOp::kProduct>},
+        {HalfReduce<DType::kBFloat16, ReduceOp::kSum>, HalfReduce<DType::kBFloat16, ReduceOp::kMin>,
+         HalfReduce<DType::kBFloat16, ReduceOp::kMax>,
+         HalfReduce<DType::kBFloat16, ReduceOp::kProduct>}};
+    auto lock = env_->Lock();
+    for (int t = 0; t < 2; ++t) {
+      for (int o = 0; o < 4; ++o) {
+        CONCORD_MPI_CHECK(MPI_Op_create(fns[t][o], 1, &half_ops_[t][o]));
+      }
+    }
+    return Status::Ok();
+  }
+
+  const char* name() const override { return "mpi"; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  Status Allreduce(void* data, size_t count, DType dtype, ReduceOp op) override {
+    if (!IsValidDType(static_cast<int>(dtype)) || OpIndex(op) < 0) {
+      return InvalidArgument("mpi allreduce: invalid dtype or reduce op");
+    }
+    if (count > 0 && data == nullptr) return InvalidArgument("mpi allreduce: data is null");
+    if (!failed_.ok()) return failed_;
+    if (count == 0 || size_ == 1) return Status::Ok();
+    const size_t esize = DTypeSize(dtype);
+    MPI_Op mpi_op = MPI_OP_NULL;
+    if (IsHalfPrecision(dtype)) {
+      mpi_op = half_ops_[dtype == DType::kFloat16 ? 0 : 1][OpIndex(op)];
+    } else {
+      const MPI_Op ops[4] = {MPI_SUM, MPI_MIN, MPI_MAX, MPI_PROD};
+      mpi_op = ops[OpIndex(op)];
+    }
+    const size_t per_call =
+        std::max<size_t>(1, std::min<size_t>(max_message_bytes_ / esize, INT_MAX));
+    auto* bytes = static_cast<char*>(data);
+    for (size_t done = 0; done < count; done += per_call) {
+      const int n = static_cast<int>(std::min(per_call, count - done));
+      MPI_Request request;
+      {
+        auto lock = env_->Lock();
+        const int rc = MPI_Iallreduce(MPI_IN_PLACE, bytes + done * esize, n, MpiType(dtype), mpi_op,
+                                      comm_, &request);
+        if (rc != MPI_SUCCESS) return Fail(MpiError(rc, "MPI_Iallreduce", __FILE__, __LINE__));
+      }
+      CONCORD_RETURN_IF_ERROR(Wait(&request, "allreduce of " + std::to_string(count) + " x " +
+                                                 DTypeName(dtype) + " (" + ReduceOpName(op) + ")"));
+    }
+    return Status::Ok();
+  }
+
+  Status Allgatherv(const void* in, void* out, const std::vector<size_t>& bytes_per_rank) override {
+    if (bytes_per_rank.size() != static_cast<size_t>(size_)) {
+      return InvalidArgument("mpi allgatherv: " + std::to_string(bytes_per_rank.size()) +
+                             " sizes for " + std::to_string(size_) + " ranks");
+    }
+    const size_t total = std::accumulate(bytes_per_rank.begin(), bytes_per_rank.end(), size_t{0});
+    const size_t mine = bytes_per_rank[rank_];
+    if ((mine > 0 && in == nullptr) || (total > 0 && out == nullptr)) {
+      return InvalidArgument("mpi allgatherv: null buffer");
+    }
+    if (!failed_.ok()) return failed_;
+    if (total == 0) return Status::Ok();
+    std::vector<size_t> offsets(size_, 0);
+    for (int r = 1; r < size_; ++r) offsets[r] = offsets[r - 1] + bytes_per_rank[r - 1];
+    auto* dst = static_cast<char*>(out);
+    if (size_ == 1) {
+      std::memmove(dst, in, mine);
+      return Status::Ok();
+    }
+    if (total > max_message_bytes_ || total > static_cast<size_t>(INT_MAX)) {
+      // Counts or displacements beyond MPI's int: every rank broadcasts its part, in pieces.
+      if (mine > 0 && in != dst + offsets[rank_]) std::memmove(dst + offsets[rank_], in, mine);
+      for (int r = 0; r < size_; ++r) {
+        CONCORD_RETURN_IF_ERROR(Broadcast(dst + offsets[r], bytes_per_rank[r], r));
+      }
+      return Status::Ok();
+    }
+    std::vector<int> counts(size_), displs(size_);
+    for (int r = 0; r < size_; ++r) {
+      counts[r] = static_cast<int>(bytes_per_rank[r]);
+      displs[r] = static_cast<int>(offsets[r]);
+    }
+    const void* send = in == dst + offsets[rank_] ? MPI_IN_PLACE : in;
+    MPI_Request request;
+    {
+      auto lock = env_->Lock();
+      const int rc = MPI_Iallgatherv(send, counts[rank_], MPI_BYTE, dst, counts.data(),
+                                     displs.data(), MPI_BYTE, comm_, &request);
+      if (rc != MPI_SUCCESS) return Fail(MpiError(rc, "MPI_Iallgatherv", __FILE__, __LINE__));
+    }
+    return Wait(&request, "allgatherv of " + std::to_string(total) + " bytes");
+  }
+
+  Status Broadcast(void* data, size_t bytes, int root) override {
+    if (root < 0 || root >= size_) {
+      return InvalidArgument("mpi broadcast: root " + std::to_string(root) + " out of range");
+    }
+    if (bytes > 0 && data == nullptr) return InvalidArgument("mpi broadcast: data is null");
+    if (!failed_.ok()) return failed_;
+    if (bytes == 0 || size_ == 1) return Status::Ok();
+    const size_t per_call = std::min<size_t>(max_message_bytes_, INT_MAX);
+    auto* p = static_cast<char*>(data);
+    for (size_t done = 0; done < bytes; done += per_call) {
+      const int n = static_cast<int>(std::min(per_call, bytes - done));
+      MPI_Request request;
+      {
+        auto lock = env_->Lock();
+        const int rc = MPI_Ibcast(p + done, n, MPI_BYTE, root, comm_, &request);
+        if (rc != MPI_SUCCESS) return Fail(MpiError(rc, "MPI_Ibcast", __FILE__, __LINE__));
+      }
+      CONCORD_RETURN_IF_ERROR(Wait(&request, "broadcast of " + std::to_string(bytes) +
+                                                 " bytes from rank " + std::to_string(root)));
+    }
+    return Status::Ok();
+  }
+
+  Status Barrier() override {
+    if (!failed_.ok()) return failed_;
+    if (size_ == 1) return Status::Ok();
+    MPI_Request request;
+    {
+      auto lock = env_->Lock();
+      const int rc = MPI_Ibarrier(comm_, &request);
+      if (rc != MPI_SUCCESS) return Fail(MpiError(rc, "MPI_Ibarrier", __FILE__, __LINE__));
+    }
+    return Wait(&request, "barrier");
+  }
+
+ private:
+  Status Wait(MPI_Request* request, const std::string& what) {
+    const Status s = WaitForRequest(*env_, request, Deadline::After(timeout_), "mpi " + what);
+    return s.ok() ? s : Fail(s);
+  }
+
+  Status Fail(Status status) {
+    failed_ = std::move(status);
+    return failed_;
+  }
+
+  std::shared_ptr<MpiEnvironment> env_;
+  MPI_Comm comm_;
+  const int rank_;
+  const int size_;
+  const std::chrono::milliseconds timeout_;
+  const size_t max_message_bytes_;
+  MPI_Op half_ops_[2][4] = {{MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL},
+                            {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL}};
+  Status failed_;
+};
+
+}  // namespace
+
+Status WaitForRequest(MpiEnvironment& env, MPI_Request* request, Deadline deadline,
+                      const std::string& what) {
+  // Busy polling, as MPI's own blocking calls do: with Open MPI's shared-memory transport the
+  // transfer progresses only inside MPI calls.
+  for (;;) {
+    int done = 0;
+    MPI_Status status;
+    {
+      auto lock = env.Lock();
+      const int rc = MPI_Test(request, &done, &status);
+      if (rc != MPI_SUCCESS) return MpiError(rc, "MPI_Test", __FILE__, __LINE__).WithContext(what);
+    }
+    if (done) return Status::Ok();
+    if (deadline.passed()) {
+      env.MarkAbandoned();
+      return TimeoutError(what +
+                          " did not complete before the deadline (CONCORD_TIMEOUT_S): a rank "
+                          "is dead, stuck or not calling it");
+    }
+  }
+}
+
+StatusOr<MPI_Comm> DuplicateWorld(MpiEnvironment& env, Deadline deadline) {
+  MPI_Comm comm = MPI_COMM_NULL;
+  MPI_Request request;
+  {
+    auto lock = env.Lock();
+    CONCORD_MPI_CHECK(MPI_Comm_idup(MPI_COMM_WORLD, &comm, &request));
+  }
+  CONCORD_RETURN_IF_ERROR(
+      WaitForRequest(env, &request, deadline, "duplicating MPI_COMM_WORLD (MPI_Comm_idup)"));
+  auto lock = env.Lock();
+  CONCORD_MPI_CHECK(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
+  return comm;
+}
+
+StatusOr<std::unique_ptr<Backend>> CreateMpiBackend(std::shared_ptr<MpiEnvironment> env,
+                                                    std::chrono::milliseconds timeout,
+                                                    size_t max_message_bytes) {
+  if (max_message_bytes == 0) return InvalidArgument("mpi backend: max_message_bytes is 0");
+  CONCORD_ASSIGN_OR_RETURN(MPI_Comm comm, DuplicateWorld(*env, Deadline::After(timeout)));
+  int rank = 0, size = 0;
+  {
+    auto lock = env->Lock();
+    CONCORD_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+    CONCORD_MPI_CHECK(MPI_Comm_size(comm, &size));
+  }
+  auto backend =
+      std::make_unique<MpiBackend>(std::move(env), comm, rank, size, timeout, max_message_bytes);
+  CONCORD_RETURN_IF_ERROR(backend->CreateHalfOps());
+  return std::unique_ptr<Backend>(std::move(backend));
+}
+
+}  // namespace concord

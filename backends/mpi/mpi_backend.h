@@ -1,0 +1,46 @@
+// The MPI backend and control plane (registry.cc reaches them through CreateMpiTransports in
+// backends/backend.h; tests use these factories directly).
+#pragma once
+
+#include <mpi.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "backends/backend.h"
+#include "backends/control_plane.h"
+#include "backends/mpi/mpi_environment.h"
+#include "base/clock.h"
+
+namespace concord {
+
+// The most bytes one MPI call moves: larger buffers go in several calls (MPI counts are int).
+constexpr size_t kMpiMaxMessageBytes = size_t{1} << 30;
+
+// Polls MPI_Test on *request, holding env's lock for each test, until it completes (OK, or the
+// error MPI reports) or the deadline passes: then kTimeout naming `what`, the request stays
+// pending (MPI cannot cancel a collective) and env is marked abandoned.
+Status WaitForRequest(MpiEnvironment& env, MPI_Request* request, Deadline deadline,
+                      const std::string& what);
+
+// A private duplicate of MPI_COMM_WORLD (MPI_Comm_idup, waited for until the deadline) with
+// MPI_ERRORS_RETURN. Collective over MPI_COMM_WORLD.
+StatusOr<MPI_Comm> DuplicateWorld(MpiEnvironment& env, Deadline deadline);
+
+// A Backend over its own duplicate of MPI_COMM_WORLD: allreduce is MPI_Iallreduce (half types
+// through user-defined MPI_Ops that combine in float), allgatherv MPI_Iallgatherv (one MPI_Ibcast
+// per rank when a count or displacement would not fit MPI's int), broadcast MPI_Ibcast, barrier
+// MPI_Ibarrier; each polled until `timeout`. Calls move at most max_message_bytes at a time (tests
+// lower it to exercise the splitting). Collective over MPI_COMM_WORLD.
+StatusOr<std::unique_ptr<Backend>> CreateMpiBackend(std::shared_ptr<MpiEnvironment> env,
+                                                    std::chrono::milliseconds timeout,
+                                                    size_t max_message_bytes = kMpiMaxMessageBytes);
+
+// A ControlPlane over its own duplicate of MPI_COMM_WORLD (see MpiControlPlane in
+// mpi_control_plane.cc). Collective over MPI_COMM_WORLD; waits for the duplicate at most
+// liveness_timeout.
+StatusOr<std::unique_ptr<ControlPlane>> CreateMpiControlPlane(
+    std::shared_ptr<MpiEnvironment> env, std::chrono::milliseconds liveness_timeout);
+
+}  // namespace concord

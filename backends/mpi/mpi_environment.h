@@ -1,0 +1,74 @@
+// The process's MPI library as Concord sees it: initialised once, checked for a usable thread
+// level, finalized only by whoever initialised it. Also the MPI error check macro.
+#pragma once
+
+#include <mpi.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "base/status.h"
+
+// Evaluates an MPI call; on failure returns a Status naming the call, MPI's error string and the
+// call's file:line. For functions that return Status (or StatusOr).
+#define CONCORD_MPI_CHECK(call)                                               \
+  do {                                                                        \
+    const int concord_mpi_rc_ = (call);                                       \
+    if (concord_mpi_rc_ != MPI_SUCCESS) {                                     \
+      return ::concord::MpiError(concord_mpi_rc_, #call, __FILE__, __LINE__); \
+    }                                                                         \
+  } while (0)
+
+namespace concord {
+
+// "CALL failed at FILE:LINE: MPI_ERR_x: <MPI_Error_string>" with code kBackendError.
+Status MpiError(int mpi_code, const char* call, const char* file, int line);
+
+// Contract: one MpiEnvironment exists per process while anything in Concord uses MPI; every
+// communicator's backend and control plane hold a shared_ptr to it (so does the engine's
+// keep_alive), and it goes away with the last of them. Acquire() is thread-safe. MPI's state is
+// per process, so this is the one object Concord finds through a process-wide registry (a
+// weak_ptr in Acquire()); it owns nothing but MPI's lifetime and a mutex.
+//
+// Thread level: Concord calls MPI from each communicator's engine thread (and from the thread
+// that creates or destroys a communicator), never from the main thread only, so it needs
+// MPI_THREAD_SERIALIZED or better. If MPI is not initialised, Acquire() initialises it with
+// MPI_Init_thread asking for MPI_THREAD_MULTIPLE, and finalizes it when the last holder goes. If
+// the application initialised MPI, its level is checked the same way and MPI is never finalized
+// here. Under SERIALIZED, every Concord MPI call holds Lock(), so Concord's own threads never call
+// MPI concurrently; the application must then not call MPI itself while a Concord communicator
+// exists (with MPI_THREAD_MULTIPLE it may).
+class MpiEnvironment {
+ public:
+  static StatusOr<std::shared_ptr<MpiEnvironment>> Acquire();
+  ~MpiEnvironment();
+  MpiEnvironment(const MpiEnvironment&) = delete;
+  MpiEnvironment& operator=(const MpiEnvironment&) = delete;
+
+  int thread_level() const { return thread_level_; }
+  bool initialised_by_concord() const { return owned_; }
+
+  // Hold around every MPI call. Locks only when MPI is not MPI_THREAD_MULTIPLE.
+  std::unique_lock<std::mutex> Lock();
+
+  // A request was left pending (a collective passed its deadline; MPI cannot cancel it). MPI
+  // can then neither free its communicator nor finalize safely: the destructor skips
+  // MPI_Finalize, and mpirun reports the job as failed.
+  void MarkAbandoned() { abandoned_ = true; }
+  bool abandoned() const { return abandoned_; }
+
+ private:
+  MpiEnvironment(int thread_level, bool owned) : thread_level_(thread_level), owned_(owned) {}
+
+  const int thread_level_;
+  const bool owned_;
+  std::mutex mu_;
+  std::atomic<bool> abandoned_{false};
+};
+
+// "MPI_THREAD_SERIALIZED", ...
+const char* MpiThreadLevelName(int level);
+
+}  // namespace concord

@@ -1,0 +1,18 @@
+// Raw MPI_Allreduce timing for concord-perf --backend mpi ("raw MPI_Allreduce" rows): the
+// baseline Concord-over-MPI is compared with, on the same buffer in the same run.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace concord {
+
+// Empty when the application may call MPI next to Concord's engine thread (MPI is initialised
+// with MPI_THREAD_MULTIPLE); else why not.
+std::string RawMpiUnavailableReason();
+
+// Runs warmup + iters in-place MPI_Allreduce (float32 sum) of `count` floats in `buffer` over
+// MPI_COMM_WORLD after one MPI_Barrier, each timed on its own; returns this rank's median seconds.
+double TimeRawMpiAllreduce(float* buffer, size_t count, int warmup, int iters);
+
+}  // namespace concord

@@ -1,0 +1,315 @@
+// The MPI backend, control plane and environment (backends/mpi), run under mpirun at 1-4 ranks:
+// every rank runs the same tests in the same order (they are collective).
+//
+//   mpi_backend_test                  the gtest suite below
+//   mpi_backend_test --timeout-case   rank 0 runs an allreduce the others never join: it must
+//                                     fail with kTimeout within the deadline and stay failed;
+//                                     prints "TIMEOUT_OK". The request is abandoned, so MPI is
+//                                     not finalized and mpirun ends the job non-zero (checked by
+//                                     the test's driver).
+#include "backends/mpi/mpi_backend.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "tests/common/typed_elements.h"
+
+namespace concord {
+namespace {
+
+using testing_elements::CombineValues;
+using testing_elements::LoadElement;
+using testing_elements::StoreElement;
+
+std::shared_ptr<MpiEnvironment>* g_env = nullptr;
+
+std::unique_ptr<Backend> MakeBackend(size_t max_message_bytes = kMpiMaxMessageBytes,
+                                     std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+  auto b = CreateMpiBackend(*g_env, timeout, max_message_bytes);
+  EXPECT_TRUE(b.ok()) << b.status().ToString();
+  return b.ok() ? std::move(*b) : nullptr;
+}
+
+// Rank r's element i: small integers so every dtype and every op (product too) is exact.
+double Value(int rank, size_t i) {
+  return 1.0 + static_cast<double>((static_cast<size_t>(rank) + i) % 3);
+}
+
+void CheckAllreduce(Backend& b, DType dtype, ReduceOp op, size_t count) {
+  const size_t esize = DTypeSize(dtype);
+  std::vector<uint8_t> data(count * esize + 1);
+  for (size_t i = 0; i < count; ++i) StoreElement(dtype, data.data(), i, Value(b.rank(), i));
+  const Status s = b.Allreduce(count ? data.data() : nullptr, count, dtype, op);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  const ReduceOp combine = op == ReduceOp::kAverage ? ReduceOp::kSum : op;
+  for (size_t i = 0; i < count; ++i) {
+    double want = Value(0, i);
+    for (int r = 1; r < b.size(); ++r) want = CombineValues(combine, want, Value(r, i));
+    ASSERT_EQ(LoadElement(dtype, data.data(), i), want)
+        << DTypeName(dtype) << " " << ReduceOpName(op) << " count " << count << " [" << i << "]";
+  }
+}
+
+TEST(MpiEnvironmentTest, OneSharedEnvironmentWithAUsableThreadLevel) {
+  auto again = MpiEnvironment::Acquire();
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->get(), g_env->get());
+  EXPECT_GE((*g_env)->thread_level(), MPI_THREAD_SERIALIZED);
+  EXPECT_TRUE((*g_env)->initialised_by_concord());
+}
+
+TEST(MpiBackendTest, AllreduceEveryDtypeOpAndSize) {
+  auto b = MakeBackend();
+  ASSERT_NE(b, nullptr);
+  EXPECT_STREQ(b->name(), "mpi");
+  for (int t = 0; t < kNumDTypes; ++t) {
+    for (int o = 0; o < kNumReduceOps; ++o) {
+      for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{4099}}) {
+        CheckAllreduce(*b, static_cast<DType>(t), static_cast<ReduceOp>(o), count);
+      }
+    }
+  }
+  CheckAllreduce(*b, DType::kFloat32, ReduceOp::kSum, size_t{1} << 20);
+  CheckAllreduce(*b, DType::kBFloat16, ReduceOp::kMax, size_t{1} << 20);
+}
+
+TEST(MpiBackendTest, LargeBuffersGoInPieces) {
+  // 40 bytes a call: 5 float64, 20 float16, 40 uint8 elements; the counts leave a remainder.
+  auto b = MakeBackend(40);
+  ASSERT_NE(b, nullptr);
+  for (DType t : {DType::kUint8, DType::kFloat16, DType::kInt32, DType::kFloat64}) {
+    CheckAllreduce(*b, t, ReduceOp::kSum, 4099);
+    CheckAllreduce(*b, t, ReduceOp::kMin, 97);
+  }
+}
+
+void CheckAllgatherv(Backend& b, bool in_place) {
+  std::vector<size_t> bytes(b.size());
+  size_t total = 0;
+  for (int r = 0; r < b.size(); ++r) total += bytes[r] = r == 1 ? 0 : 5 + (r * 37) % 50;
+  size_t offset = 0;
+  for (int r = 0; r < b.rank(); ++r) offset += bytes[r];
+  std::vector<uint8_t> out(total + 1, 0xee), in(bytes[b.rank()] + 1);
+  uint8_t* mine = in_place ? out.data() + offset : in.data();
+  for (size_t i = 0; i < bytes[b.rank()]; ++i) mine[i] = static_cast<uint8_t>(b.rank() * 50 + i);
+  const Status s = b.Allgatherv(mine, out.data(), bytes);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  size_t at = 0;
+  for (int r = 0; r < b.size(); ++r) {
+    for (size_t i = 0; i < bytes[r]; ++i, ++at) {
+      ASSERT_EQ(out[at], static_cast<uint8_t>(r * 50 + i)) << "from rank " << r << " byte " << i;
+    }
+  }
+  EXPECT_EQ(out[total], 0xee) << "wrote past the output";
+}
+
+TEST(MpiBackendTest, AllgathervDifferentCountsInAndOutOfPlace) {
+  for (size_t max_bytes : {kMpiMaxMessageBytes, size_t{16}}) {  // 16: one broadcast per rank
+    auto b = MakeBackend(max_bytes);
+    ASSERT_NE(b, nullptr);
+    CheckAllgatherv(*b, false);
+    CheckAllgatherv(*b, true);
+    std::vector<size_t> none(b->size(), 0);
+    EXPECT_TRUE(b->Allgatherv(nullptr, nullptr, none).ok());
+  }
+}
+
+TEST(MpiBackendTest, BroadcastFromEveryRoot) {
+  for (size_t max_bytes : {kMpiMaxMessageBytes, size_t{64}}) {
+    auto b = MakeBackend(max_bytes);
+    ASSERT_NE(b, nullptr);
+    for (int root = 0; root < b->size(); ++root) {
+      for (size_t n : {size_t{0}, size_t{1}, size_t{4099}}) {
+        std::vector<uint8_t> data(n + 1, 0);
+        if (b->rank() == root) {
+          for (size_t i = 0; i < n; ++i) data[i] = static_cast<uint8_t>(root + 3 * i);
+        }
+        const Status s = b->Broadcast(n ? data.data() : nullptr, n, root);
+        ASSERT_TRUE(s.ok()) << s.ToString();
+        for (size_t i = 0; i < n; ++i) {
+          ASSERT_EQ(data[i], static_cast<uint8_t>(root + 3 * i)) << "root " << root << " [" << i;
+        }
+      }
+    }
+  }
+}
+
+TEST(MpiBackendTest, BarrierAndBadArguments) {
+  auto b = MakeBackend();
+  ASSERT_NE(b, nullptr);
+  EXPECT_TRUE(b->Barrier().ok());
+  uint8_t x[8] = {0};
+  // Refused locally, before any MPI call: no rank waits for the others.
+  EXPECT_EQ(b->Broadcast(x, 8, b->size()).code(), Code::kInvalidArgument);
+  EXPECT_EQ(b->Broadcast(x, 8, -1).code(), Code::kInvalidArgument);
+  EXPECT_EQ(b->Broadcast(nullptr, 8, 0).code(), Code::kInvalidArgument);
+  EXPECT_EQ(b->Allreduce(nullptr, 3, DType::kFloat32, ReduceOp::kSum).code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(b->Allreduce(x, 1, static_cast<DType>(99), ReduceOp::kSum).code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(b->Allgatherv(x, x, std::vector<size_t>(b->size() + 1, 1)).code(),
+            Code::kInvalidArgument);
+  EXPECT_TRUE(b->Barrier().ok()) << "a refused call must leave the backend usable";
+}
+
+std::unique_ptr<ControlPlane> MakeControl(std::chrono::milliseconds liveness) {
+  auto c = CreateMpiControlPlane(*g_env, liveness);
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return c.ok() ? std::move(*c) : nullptr;
+}
+
+// Waits for a message until `seconds` pass.
+ControlMessage ReceiveOne(ControlPlane& c, double seconds = 20) {
+  ControlMessage m;
+  auto got = c.Receive(
+      &m, Deadline::After(std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000))));
+  EXPECT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_TRUE(got.ok() && *got) << "no message";
+  return m;
+}
+
+TEST(MpiControlPlaneTest, StarMessagesArriveWholeAndInOrder) {
+  auto c = MakeControl(std::chrono::seconds(30));
+  ASSERT_NE(c, nullptr);
+  const std::vector<size_t> sizes = {0, 1, 100, size_t{1} << 20, 3};
+  if (c->rank() != 0) {
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      std::string msg(sizes[k], static_cast<char>('a' + c->rank()));
+      if (!msg.empty()) msg[0] = static_cast<char>(k);
+      ASSERT_TRUE(c->Send(0, msg).ok());
+    }
+    const ControlMessage reply = ReceiveOne(*c);
+    EXPECT_EQ(reply.from, 0);
+    EXPECT_EQ(reply.bytes, "reply to " + std::to_string(c->rank()));
+    return;
+  }
+  std::vector<size_t> next(c->size(), 0);
+  for (int n = 0; n < (c->size() - 1) * static_cast<int>(sizes.size()); ++n) {
+    const ControlMessage m = ReceiveOne(*c);
+    ASSERT_GT(m.from, 0);
+    ASSERT_LT(m.from, c->size());
+    const size_t k = next[m.from]++;
+    ASSERT_LT(k, sizes.size());
+    ASSERT_EQ(m.bytes.size(), sizes[k]) << "from rank " << m.from << " message " << k;
+    if (!m.bytes.empty()) {
+      EXPECT_EQ(m.bytes[0], static_cast<char>(k));
+    }
+    if (m.bytes.size() > 1) {
+      EXPECT_EQ(m.bytes.back(), static_cast<char>('a' + m.from));
+    }
+  }
+  for (int r = 1; r < c->size(); ++r) ASSERT_TRUE(c->Send(r, "reply to " + std::to_string(r)).ok());
+}
+
+TEST(MpiControlPlaneTest, WakeAndDeadlineEndReceive) {
+  auto c = MakeControl(std::chrono::seconds(30));
+  ASSERT_NE(c, nullptr);
+  ControlMessage m;
+  // A deadline with nothing to read.
+  auto t0 = std::chrono::steady_clock::now();
+  auto got = c->Receive(&m, Deadline::After(std::chrono::milliseconds(30)));
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_FALSE(*got);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(30));
+  // Wake() before Receive(): the next Receive returns at once.
+  c->Wake();
+  t0 = std::chrono::steady_clock::now();
+  got = c->Receive(&m, Deadline::Infinite());
+  ASSERT_TRUE(got.ok());
+  EXPECT_FALSE(*got);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(100));
+  // Wake() from another thread while Receive() sleeps, with no deadline.
+  std::thread waker([&c] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    c->Wake();
+  });
+  t0 = std::chrono::steady_clock::now();
+  got = c->Receive(&m, Deadline::Infinite());
+  const auto took = std::chrono::steady_clock::now() - t0;
+  waker.join();
+  ASSERT_TRUE(got.ok());
+  EXPECT_FALSE(*got);
+  EXPECT_LT(took, std::chrono::milliseconds(500)) << "Wake() did not end Receive() promptly";
+}
+
+TEST(MpiControlPlaneTest, RefusesSendsOutsideTheStar) {
+  auto c = MakeControl(std::chrono::seconds(30));
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->Send(c->rank(), "x").code(), Code::kInvalidArgument);
+  EXPECT_EQ(c->Send(c->size(), "x").code(), Code::kInvalidArgument);
+  EXPECT_EQ(c->Send(-1, "x").code(), Code::kInvalidArgument);
+  if (c->rank() != 0 && c->size() > 2) {
+    EXPECT_EQ(c->Send(c->rank() == 1 ? 2 : 1, "x").code(), Code::kInvalidArgument);
+  }
+}
+
+TEST(MpiControlPlaneTest, SilentPeerIsAPeerFailure) {
+  auto c = MakeControl(std::chrono::milliseconds(300));
+  ASSERT_NE(c, nullptr);
+  if (c->size() == 1) return;
+  if (c->rank() == 0) {
+    ControlMessage m;
+    const auto got = c->Receive(&m, Deadline::After(std::chrono::seconds(5)));
+    ASSERT_FALSE(got.ok()) << "a peer silent for 1.5 s was not failed (liveness 300 ms)";
+    EXPECT_EQ(got.status().code(), Code::kPeerFailure);
+    EXPECT_NE(got.status().message().find("rank "), std::string::npos) << got.status().ToString();
+    EXPECT_EQ(c->Send(1, "x").code(), Code::kPeerFailure) << "the failure is sticky";
+  } else {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // never listens
+  }
+  auto sync = MakeBackend();
+  ASSERT_NE(sync, nullptr);
+  EXPECT_TRUE(sync->Barrier().ok());
+}
+
+int TimeoutCase() {
+  auto env = MpiEnvironment::Acquire();
+  if (!env.ok()) return 3;
+  auto b = CreateMpiBackend(*env, std::chrono::milliseconds(300));
+  if (!b.ok()) return 3;
+  Backend& backend = **b;
+  if (backend.rank() != 0) {
+    std::this_thread::sleep_for(std::chrono::seconds(2));  // never joins
+    return 0;
+  }
+  float x[4] = {1, 2, 3, 4};
+  const auto t0 = std::chrono::steady_clock::now();
+  const Status s = backend.Allreduce(x, 4, DType::kFloat32, ReduceOp::kSum);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const Status again = backend.Barrier();
+  const bool ok = s.code() == Code::kTimeout && took >= 0.3 && took < 2.0 &&
+                  again.code() == Code::kTimeout && (*env)->abandoned();
+  std::printf("%s rank 0: %s after %.3f s; then %s\n", ok ? "TIMEOUT_OK" : "TIMEOUT_FAIL",
+              s.ToString().c_str(), took, again.ToString().c_str());
+  std::fflush(stdout);
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace concord
+
+int main(int argc, char** argv) {
+  if (argc == 2 && std::strcmp(argv[1], "--timeout-case") == 0) return concord::TimeoutCase();
+  ::testing::InitGoogleTest(&argc, argv);
+  auto env = concord::MpiEnvironment::Acquire();
+  if (!env.ok()) {
+    std::fprintf(stderr, "%s\n", env.status().ToString().c_str());
+    return 1;
+  }
+  auto held = std::make_unique<std::shared_ptr<concord::MpiEnvironment>>(std::move(*env));
+  concord::g_env = held.get();
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const int rc = RUN_ALL_TESTS();
+  held.reset();  // the last holder: Concord initialised MPI, so this finalizes it
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  std::printf("mpi_backend_test rank %d: %s, MPI %s\n", rank, rc == 0 ? "PASS" : "FAIL",
+              finalized ? "finalized" : "NOT finalized");
+  return rc == 0 && finalized ? 0 : 1;
+}
