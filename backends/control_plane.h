@@ -36,6 +36,13 @@ class ControlPlane {
   // passes (returns false), or a peer fails (returns the error).
   virtual StatusOr<bool> Receive(ControlMessage* out, Deadline deadline) = 0;
 
+  // Waits until every byte Send() queued has been handed to the transport, reading (and keeping
+  // for Receive()) whatever arrives meanwhile, so two ranks draining towards each other never
+  // block. kTimeout, naming the ranks, when the deadline passes first; a peer's failure as an
+  // error. The coordinator drains its responses before it enters a collective: a peer still
+  // waiting for the rest of a response could never join it.
+  virtual Status Drain(Deadline deadline) = 0;
+
   // Thread-safe: makes the current or next Receive() return false promptly.
   virtual void Wake() = 0;
 };

@@ -336,6 +336,37 @@ StatusOr<bool> TcpControlPlane::Receive(ControlMessage* out, Deadline deadline) 
   }
 }
 
+Status TcpControlPlane::Drain(Deadline deadline) {
+  std::vector<pollfd> fds;
+  std::vector<Peer*> polled;
+  for (;;) {
+    if (!failure_.ok()) return failure_;
+    std::string waiting;
+    for (auto& p : peers_) {
+      if (p->failed.ok() && !p->out.empty())
+        waiting += (waiting.empty() ? "" : ", ") + RankName(p->rank);
+    }
+    if (waiting.empty()) return Status::Ok();
+    if (deadline.passed()) {
+      return TimeoutError("control plane: queued messages to " + waiting +
+                          " could not be sent before the deadline (the peer does not read)");
+    }
+    fds.clear();
+    polled.clear();
+    for (auto& p : peers_) {
+      if (!p->failed.ok()) continue;
+      fds.push_back({p->fd.get(), static_cast<short>(POLLIN | (p->out.empty() ? 0 : POLLOUT)), 0});
+      polled.push_back(p.get());
+    }
+    const int rc = ::poll(fds.data(), fds.size(), deadline.PollTimeoutMs());
+    if (rc < 0 && errno != EINTR) return ErrnoError("control plane: poll", errno);
+    for (size_t i = 0; rc > 0 && i < polled.size(); ++i) {
+      if (fds[i].revents & POLLOUT) Flush(polled[i]);
+      if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) ReadFrom(polled[i]);
+    }
+  }
+}
+
 void TcpControlPlane::Wake() {
   const uint64_t one = 1;
   ssize_t ignored = ::write(wake_.get(), &one, sizeof(one));

@@ -52,6 +52,7 @@ class TcpControlPlane : public ControlPlane {
   int size() const override { return size_; }
   Status Send(int to, const std::string& bytes) override;
   StatusOr<bool> Receive(ControlMessage* out, Deadline deadline) override;
+  Status Drain(Deadline deadline) override;
   void Wake() override;
 
  private:

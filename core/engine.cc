@@ -286,8 +286,8 @@ void Engine::Fail(const Status& status) {
     abort.abort_reason = "rank 0 aborted the job: " + status.message();
     const std::string bytes = SerializeResponseMessage(abort);
     for (int r = 1; r < config_.size; ++r) control_->Send(r, bytes);
-    ControlMessage ignored;
-    control_->Receive(&ignored, Deadline::After(std::chrono::milliseconds(0)));  // flush
+    // Best effort: peers that still read get the reason; dead ones cost at most a second.
+    (void)control_->Drain(Deadline::After(std::min(Millis(config_.timeout_s), Millis(1.0))));
   }
   control_.reset();
   for (auto& lane : lanes_) lane.backend.reset();
@@ -378,9 +378,12 @@ Status Engine::SubmitNew() {
 }
 
 std::optional<std::string> Engine::InlineData(const TensorRequest& r, const void* input) const {
+  // Rank 0 receives every other rank's copy: past kInlineBudgetBytes in all, the backend's
+  // collectives (bandwidth-optimal) are cheaper than the star through the coordinator.
+  const size_t limit = std::min(static_cast<size_t>(config_.inline_threshold_bytes),
+                                kInlineBudgetBytes / std::max(1, config_.size - 1));
   if (r.op != OpType::kAllreduce || r.device != -1 || config_.size == 1 ||
-      config_.inline_threshold_bytes == 0 ||
-      r.NumBytes() > static_cast<size_t>(config_.inline_threshold_bytes)) {
+      config_.inline_threshold_bytes == 0 || r.NumBytes() > limit) {
     return std::nullopt;
   }
   std::string data(r.NumBytes(), '\0');
@@ -411,6 +414,9 @@ Status Engine::Coordinate() {
   if (config_.size > 1) {
     const std::string bytes = SerializeResponseMessage(ready);
     for (int r = 1; r < config_.size; ++r) CONCORD_RETURN_IF_ERROR(control_->Send(r, bytes));
+    // Every rank must have the whole list before this one enters its collectives: a rank still
+    // waiting for the rest of a large response (inline results on a slow link) could never join.
+    CONCORD_RETURN_IF_ERROR(control_->Drain(Deadline::After(Millis(config_.timeout_s))));
   }
   return Execute(ready);
 }

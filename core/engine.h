@@ -134,6 +134,9 @@ class Engine {
 
   // A direct allreduce is split over the lanes when each slice gets at least this many bytes.
   static constexpr size_t kMinSliceBytes = size_t{1} << 20;
+  // Inline data rank 0 may receive for one tensor from all ranks together: at scale the
+  // inline threshold shrinks to this divided by (size - 1).
+  static constexpr size_t kInlineBudgetBytes = size_t{1} << 20;
 
   const Config config_;
   std::shared_ptr<void> keep_alive_;

@@ -207,6 +207,45 @@ TEST(TcpControlPlaneTest, LargeMessagesBothWaysAtOnce) {
   for (auto& t : threads) t.join();
 }
 
+// Two ranks drain large messages towards each other at once: each Drain() keeps reading what
+// arrives, so neither blocks the other (a rank whose own queue emptied first goes on reading in
+// Receive()), and both messages arrive whole.
+TEST(TcpControlPlaneTest, DrainingTowardsEachOtherCompletes) {
+  HashStore store;
+  Planes planes = CreateAll(2, &store);
+  ASSERT_TRUE(planes[0] && planes[1]);
+  const std::string to_one(32u << 20, 'a'), to_zero(32u << 20, 'b');
+  std::thread zero([&] {
+    ASSERT_TRUE(planes[0]->Send(1, to_one).ok());
+    Status s = planes[0]->Drain(Deadline::After(milliseconds(20000)));
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    EXPECT_TRUE(MustReceive(planes[0].get(), milliseconds(20000)).bytes == to_zero);
+  });
+  ASSERT_TRUE(planes[1]->Send(0, to_zero).ok());
+  Status s = planes[1]->Drain(Deadline::After(milliseconds(20000)));
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_TRUE(MustReceive(planes[1].get(), milliseconds(20000)).bytes == to_one);
+  zero.join();
+}
+
+// A peer that does not read makes Drain() time out, naming it; what was queued still arrives
+// once the peer reads.
+TEST(TcpControlPlaneTest, DrainTimesOutWhenThePeerDoesNotRead) {
+  HashStore store;
+  Planes planes = CreateAll(2, &store);
+  ASSERT_TRUE(planes[0] && planes[1]);
+  const std::string big(64u << 20, 'x');  // more than the sockets' buffers hold
+  ASSERT_TRUE(planes[0]->Send(1, big).ok());
+  Status s = planes[0]->Drain(Deadline::After(milliseconds(300)));
+  EXPECT_EQ(s.code(), Code::kTimeout) << s.ToString();
+  EXPECT_NE(s.message().find("rank 1"), std::string::npos) << s.message();
+  std::thread reader(
+      [&] { EXPECT_TRUE(MustReceive(planes[1].get(), milliseconds(20000)).bytes == big); });
+  s = planes[0]->Drain(Deadline::After(milliseconds(20000)));
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  reader.join();
+}
+
 TEST(TcpControlPlaneTest, WakeInterruptsReceive) {
   HashStore store;
   Planes planes = CreateAll(2, &store);

@@ -33,6 +33,13 @@ class InProcControlPlane : public ControlPlane {
     return Status::Ok();
   }
 
+  // Send() delivers into the peer's mailbox at once: nothing is ever queued here.
+  Status Drain(Deadline /*deadline*/) override {
+    std::lock_guard<std::mutex> lock(world_->mu_);
+    if (world_->dead_[rank_]) return PeerFailure("this rank's control plane is closed");
+    return Status::Ok();
+  }
+
   StatusOr<bool> Receive(ControlMessage* out, Deadline deadline) override {
     std::unique_lock<std::mutex> lock(world_->mu_);
     while (true) {
