@@ -6,12 +6,15 @@
 namespace concord {
 
 std::vector<std::string> BuiltBackends() {
-  return {"gloo"};
+  return {"gloo", "gloo-ibverbs"};
 }
 
 StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& name,
                                                  const BackendOptions& options, Store* store) {
   if (name == "gloo" || name == "auto" || name.empty()) return CreateGlooBackend(options, store);
+  if (name == "gloo-ibverbs") {
+    return CreateGlooBackend(options, store, gloo_internal::GlooTransport::kIbverbs);
+  }
   std::string built;
   for (const auto& b : BuiltBackends()) built += (built.empty() ? "" : ", ") + b;
   return Status(Code::kUnavailable,
