@@ -11,7 +11,8 @@ namespace concord {
 class Store;
 
 // Connects a full mesh of Gloo pairs of `transport` through the store (keys under options.prefix).
-// ibverbs fails at once with kUnavailable, naming what is missing, on a host without an RDMA device.
+// ibverbs fails at once with kUnavailable, naming what is missing, on a host without an RDMA
+// device.
 StatusOr<std::unique_ptr<Backend>> CreateGlooBackend(
     const BackendOptions& options, Store* store,
     gloo_internal::GlooTransport transport = gloo_internal::GlooTransport::kTcp);

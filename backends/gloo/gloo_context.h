@@ -1,5 +1,5 @@
 // Helpers shared by the Gloo backend and the raw-Gloo benchmark (perf/gloo_raw): a Gloo store over
-// a Concord Store, connecting a full mesh of TCP pairs, and turning Gloo's exceptions into Status.
+// a Concord Store, connecting a full mesh of TCP or ibverbs pairs, and turning Gloo's exceptions into Status.
 #pragma once
 
 #include <gloo/rendezvous/context.h>
@@ -44,9 +44,10 @@ struct GlooConnectOptions {
 // (the first one, port 1, GID index 0 is used); kUnavailable with what is missing otherwise.
 Status CheckTransportAvailable(GlooTransport transport);
 
-// Creates a device of options.transport (TCP: on options.iface, else options.host) and connects a full mesh through `store` (keys under options.prefix +
-// "/gloo/"). Blocks until every rank has connected or options.timeout passes. `store` must outlive
-// the call only. Collective: all ranks call it with the same prefix and size.
+// Creates a device of options.transport (TCP: on options.iface, else options.host) and connects a
+// full mesh through `store` (keys under options.prefix + "/gloo/"). Blocks until every rank has
+// connected or options.timeout passes. `store` must outlive the call only. Collective: all ranks
+// call it with the same prefix and size.
 StatusOr<std::shared_ptr<GlooContext>> ConnectGloo(const GlooConnectOptions& options, Store* store);
 
 // Converts the exception in flight (call inside a catch block) into a Status naming `operation`:
