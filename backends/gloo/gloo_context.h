@@ -1,5 +1,6 @@
 // Helpers shared by the Gloo backend and the raw-Gloo benchmark (perf/gloo_raw): a Gloo store over
-// a Concord Store, connecting a full mesh of TCP or ibverbs pairs, and turning Gloo's exceptions into Status.
+// a Concord Store, connecting a full mesh of TCP or ibverbs pairs, and turning Gloo's exceptions
+// into Status.
 #pragma once
 
 #include <gloo/rendezvous/context.h>
