@@ -255,6 +255,18 @@ def render(data, tensors, outdir, compute=None, workload_name="resnet50"):
     for r in eight_rank_table(tensors, compute, fabrics):
         md.append(f"| {r['fabric']} | {r['compression']} | {r['comm'] * 1e3:.1f} ms | "
                   f"{100 * r['eff']:.0f}% | {100 * r['eff_overlap']:.0f}% |")
+    table = {(r["key"], r["compression"]): r for r in eight_rank_table(tensors, compute, fabrics)}
+    g = {c: table[("1gbe", c)] for c in ("none", "fp16", "topk")}
+    md += ["", f"**ResNet-50 fp32 at 8 ranks: {100 * g['none']['eff']:.0f}% efficiency on 1 GbE "
+           f"against {100 * table[('ib100', 'none')]['eff']:.0f}% on 100 Gb InfiniBand. On 1 GbE, "
+           f"fp16 recovers {100 * (g['fp16']['eff'] - g['none']['eff']):.0f} points (to "
+           f"{100 * g['fp16']['eff']:.0f}%; {100 * g['fp16']['eff_overlap']:.0f}% with overlap) "
+           f"and top-k at 0.1% {100 * (g['topk']['eff'] - g['none']['eff']):.0f} points (to "
+           f"{100 * g['topk']['eff']:.0f}%).**",
+           "", "## Compute defaults (`concord-fabric predict --model M --gpu G`)", "",
+           "| model | GPU | seconds per step | source |", "|---|---|---|---|"]
+    for (name, gpu), d in model.COMPUTE_DEFAULTS.items():
+        md.append(f"| {name} | {gpu} | {d.seconds:.3f} | {d.source} |")
     md += ["", "## Fusion at scale", "",
            "| fabric | ranks | Concord's plan | same, CONCORD_INLINE_THRESHOLD=0 | one allreduce per tensor |",
            "|---|---|---|---|---|"]
