@@ -21,6 +21,8 @@ import tempfile
 import time
 
 PREFIX = "cfab-"
+# tbf's queue: at most this much delay before it drops (the limit in bytes follows from the rate).
+TBF_LATENCY = "20ms"
 SUBNET = "10.231.0."
 
 # name -> (tc rate, bits per second)
@@ -146,7 +148,7 @@ class Emulation(contextlib.AbstractContextManager):
             _run(inside + ["link", "set", "lo", "up"])
             for where, dev in ((ns, "eth0"), (self.bridge_ns, f"p{k}")):
                 _run(["ip", "netns", "exec", where, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
-                      "rate", rate, "burst", str(burst), "latency", os.environ.get("FABRIC_TBF_LATENCY", "20ms")])
+                      "rate", rate, "burst", str(burst), "latency", TBF_LATENCY])
 
     def close(self):
         for p in self.processes:
@@ -206,7 +208,7 @@ class Emulation(contextlib.AbstractContextManager):
         return median, minimum
 
     def run_ranks(self, argv, extra_env=None, timeout=600):
-        """Runs argv as ranks 0..N-1 (one per namespace) of one Concord job; returns rank 0's stdout.
+        """Runs argv as ranks 0..N-1 (one per namespace) of one job; returns rank 0's stdout.
 
         Rendezvous is a file store in this run's private directory (namespaces share the
         filesystem); each rank binds and advertises its namespace's address on eth0.

@@ -11,7 +11,8 @@ README's configuration table), and so does the model:
 - inline (<= 32 KiB): all of them travel with the negotiation to the coordinator, which reduces them
   and sends the sums back: a star, not a ring, so rank 0's link carries (n-1) S in and then (n-1) S
   out: T = 2 alpha + 2(n-1) S / B. Cheap at 2-8 ranks, linear in n at hundreds.
-- fused (32 KiB .. 256 KiB): packed in order into fusion buffers of at most 64 MiB, one allreduce each.
+- fused (32 KiB .. 256 KiB): packed in order into fusion buffers of at most 64 MiB, one allreduce
+  each.
 - direct (>= 256 KiB): one allreduce each, on the caller's memory; from 2 MiB cut into one slice per
   lane (at least 1 MiB each).
 - lanes (2): the allreduces of a step run on that many backends at once. They share one link, so
@@ -239,7 +240,7 @@ def step_time(tensors, n, fabric, lanes=LANES, **kwargs):
 
 
 def efficiency(compute, comm, overlap=False):
-    """Scaling efficiency of a step with `compute` seconds of compute and `comm` of communication."""
+    """Scaling efficiency of a step of `compute` seconds of compute and `comm` of communication."""
     if compute <= 0:
         raise ValueError("compute time must be positive")
     if overlap:

@@ -94,7 +94,7 @@ def delivered_1gbe(data):
 
 
 def fabrics_for_model(data):
-    """Published fabrics, with 1 GbE taken from this machine's emulated 2-rank sweep when present."""
+    """Published fabrics; 1 GbE taken from this machine's emulated 2-rank sweep when present."""
     fabrics = dict(model.FABRICS)
     for run in data["runs"]:
         if run["profile"] == "1gbe" and run["ranks"] == 2:
@@ -139,7 +139,8 @@ def _plot_busbw(data, outdir):
         plots.append(f"'{model_name}' using 1:2 with lines lc {i + 1} dt 2 "
                      f"title '{run['profile']} alpha-beta fit'")
     script = (COMMON + "set output 'busbw.png'\nset logscale xy\n"
-              "set title 'Allreduce busbw against message size, 2 ranks on emulated links (fit: sizes from 256 KiB)'\n"
+              "set title 'Allreduce busbw against message size, 2 ranks on emulated links "
+              "(fit: sizes from 256 KiB)'\n"
               "set xlabel 'message size (bytes)'\nset ylabel 'busbw (MB/s)'\n"
               "set format x '%.0s%cB'\n"
               "plot " + ", \\\n     ".join(plots) + "\n")
@@ -176,13 +177,15 @@ def _plot_vs_ranks(data, tensors, compute, fabrics, outdir, checks_rows):
                                            for c in checks_rows if c["profile"] == profile])
         step_plots.append(f"'{name}' using 1:2 with linespoints pt {4 + 2 * j} ps 1.6 lw 1 "
                           f"lc rgb 'black' title '{profile} emulated, model (fit of the run)'")
-    _gnuplot(COMMON + "set output 'step_time.png'\nset logscale x 2\nset logscale y\nset xrange [2:512]\n"
+    _gnuplot(COMMON + "set output 'step_time.png'\nset logscale x 2\nset logscale y\n"
+             "set xrange [2:512]\n"
              "set title 'ResNet-50 communication time per step (model; points measured here)'\n"
              "set xlabel 'ranks'\nset ylabel 'ms per step'\n"
              "plot " + ", \\\n     ".join(step_plots) + "\n", outdir)
     _gnuplot(COMMON + "set output 'efficiency.png'\nset logscale x 2\nset xrange [2:512]\n"
              "set yrange [0:105]\n"
-             f"set title 'ResNet-50 fp32 scaling efficiency, compute {compute:.2f} s/step, no overlap'\n"
+             "set title 'ResNet-50 fp32 scaling efficiency, "
+             f"compute {compute:.2f} s/step, no overlap'\n"
              "set xlabel 'ranks'\nset ylabel 'efficiency (%)'\n"
              "plot " + ", \\\n     ".join(eff_plots) + "\n", outdir)
     return ["step_time.png", "efficiency.png"]
@@ -226,10 +229,11 @@ def render(data, tensors, outdir, compute=None, workload_name="resnet50"):
         md.append(f"| {run['profile']} | {run['ranks']} | {run['burst_bytes']} B | "
                   f"{run['rtt_median_s'] * 1e6:.0f} / {run['rtt_min_s'] * 1e6:.0f} us | "
                   f"{fit.alpha * 1e6:.0f} us | {fit.busbw / 1e6:.0f} MB/s |")
-    md += ["", "alpha is fitted per message (it contains Concord's negotiation and thread hand-offs, "
-           "about 100-200 us on this 2-core machine, not only the wire); busbw is what a large "
-           "allreduce achieves. Above about 5 Gbit/s the 2 CPU cores, not the link, set busbw, so "
-           "the 10gbe and 25gbe profiles measure this machine more than the link.", "",
+    md += ["", "alpha is fitted per message and contains Concord's own cost per operation, not "
+           "only the wire's; fitted to sizes from 256 KiB it is poorly determined (often 0), "
+           "unlike busbw, what a large allreduce achieves. Above about 5 Gbit/s the 2 CPU cores, "
+           "not the link, set busbw, so the 10gbe and 25gbe profiles measure this machine more "
+           "than the link.", "",
            f"![busbw]({images[0]})", "",
            "## Predicted against measured step time", "",
            f"The {workload_name} workload ({len(tensors)} tensors, {total / 1e6:.1f} MB fp32) as "
@@ -268,7 +272,8 @@ def render(data, tensors, outdir, compute=None, workload_name="resnet50"):
     for (name, gpu), d in model.COMPUTE_DEFAULTS.items():
         md.append(f"| {name} | {gpu} | {d.seconds:.3f} | {d.source} |")
     md += ["", "## Fusion at scale", "",
-           "| fabric | ranks | Concord's plan | same, CONCORD_INLINE_THRESHOLD=0 | one allreduce per tensor |",
+           "| fabric | ranks | Concord's plan | same, CONCORD_INLINE_THRESHOLD=0 "
+           "| one allreduce per tensor |",
            "|---|---|---|---|---|"]
     for key in ("1gbe", "ib100"):
         for n in (8, 64, 512):
@@ -283,13 +288,15 @@ def render(data, tensors, outdir, compute=None, workload_name="resnet50"):
     md += ["", "## Fabrics in the model", "", "| fabric | busbw | alpha | source |",
            "|---|---|---|---|"]
     for fabric in fabrics.values():
-        md.append(f"| {fabric.name} | {fabric.busbw / 1e9:.3f} GB/s | {fabric.alpha * 1e6:.0f} us | "
+        md.append(f"| {fabric.name} | {fabric.busbw / 1e9:.3f} GB/s | "
+                  f"{fabric.alpha * 1e6:.0f} us | "
                   f"{fabric.source} |")
     md += ["", "How the model treats Concord's plan (perf/concord_fabric/model.py): tensors up to "
            "32 KiB go inline through the coordinator (a star: 2(n-1)S/B on rank 0's link, cheap at "
            "8 ranks, linear in n at 512); 32-256 KiB are fused into buffers of up to 64 MiB; from "
-           "256 KiB each tensor is its own allreduce, cut into one slice per lane from 2 MiB; the 2 "
-           "lanes share the link (bandwidth terms add) but overlap their latencies (latency / 2). "
+           "256 KiB each tensor is its own allreduce, cut into one slice per lane from 2 MiB; "
+           "the 2 lanes share the link (bandwidth terms add) but overlap their latencies "
+           "(latency / 2). "
            "Latency per allreduce is 2(n-1) alpha at 2 ranks and 2 log2(n) alpha above "
            "(halving-doubling, what Concord's Gloo backend runs). fp16 halves the bytes; top-k at "
            "density d is an allgather of 8 d N bytes per rank.", ""]

@@ -1,4 +1,4 @@
-"""Tests of perf/concord_fabric/model.py: the ResNet-50 facts, the fit, Concord's plan, compression."""
+"""Tests of perf/concord_fabric/model.py: ResNet-50 facts, the fit, Concord's plan, compression."""
 import os
 import random
 import tempfile
