@@ -10,9 +10,9 @@ namespace concord {
 
 std::vector<std::string> BuiltBackends() {
 #ifdef CONCORD_HAVE_MPI
-  return {"gloo", "mpi"};
+  return {"gloo", "gloo-ibverbs", "mpi"};
 #else
-  return {"gloo"};
+  return {"gloo", "gloo-ibverbs"};
 #endif
 }
 
@@ -30,6 +30,9 @@ Status NotBuilt(const std::string& name) {
 StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& name,
                                                  const BackendOptions& options, Store* store) {
   if (name == "gloo") return CreateGlooBackend(options, store);
+  if (name == "gloo-ibverbs") {
+    return CreateGlooBackend(options, store, gloo_internal::GlooTransport::kIbverbs);
+  }
   return NotBuilt(name);
 }
 

@@ -121,8 +121,9 @@ Status Config::Finalize() {
                            std::to_string(local_size) + ")");
   }
   if (job_id.empty()) job_id = "default";
-  if (backend != "gloo" && backend != "mpi" && backend != "auto") {
-    return InvalidArgument("CONCORD_BACKEND must be gloo, mpi or auto, not '" + backend + "'");
+  if (backend != "gloo" && backend != "gloo-ibverbs" && backend != "mpi" && backend != "auto") {
+    return InvalidArgument("CONCORD_BACKEND must be gloo, gloo-ibverbs, mpi or auto, not '" +
+                           backend + "'");
   }
   if (fusion_threshold_bytes < 0) return InvalidArgument("the fusion threshold must be >= 0");
   if (direct_threshold_bytes < 0) return InvalidArgument("the direct threshold must be >= 0");

@@ -3,7 +3,7 @@
 # Idempotent: packages already present are not touched, and apt-get runs only when one is missing.
 set -euo pipefail
 packages=(build-essential cmake pkg-config libgloo-dev libgtest-dev libbenchmark-dev libopenmpi-dev
-  openmpi-bin)
+  openmpi-bin python3 iproute2 gnuplot-nox)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

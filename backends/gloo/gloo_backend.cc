@@ -218,7 +218,9 @@ class GlooBackend : public Backend {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<Backend>> CreateGlooBackend(const BackendOptions& options, Store* store) {
+StatusOr<std::unique_ptr<Backend>> CreateGlooBackend(const BackendOptions& options, Store* store,
+                                                     gloo_internal::GlooTransport transport) {
+  CONCORD_RETURN_IF_ERROR(gloo_internal::CheckTransportAvailable(transport));
   bool auto_algorithm = options.algorithm == "auto" || options.algorithm.empty();
   AllreduceAlgorithm forced = AllreduceAlgorithm::kRing;
   if (!auto_algorithm) {
@@ -239,6 +241,7 @@ StatusOr<std::unique_ptr<Backend>> CreateGlooBackend(const BackendOptions& optio
   std::shared_ptr<gloo_internal::GlooContext> object_context, context;
   if (options.size > 1) {
     gloo_internal::GlooConnectOptions connect;
+    connect.transport = transport;
     connect.rank = options.rank;
     connect.size = options.size;
     connect.iface = options.iface;

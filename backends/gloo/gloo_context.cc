@@ -3,7 +3,9 @@
 #include <gloo/common/error.h>
 #include <gloo/common/logging.h>
 #include <gloo/rendezvous/store.h>
+#include <gloo/transport/ibverbs/device.h>
 #include <gloo/transport/tcp/device.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cctype>
@@ -65,7 +67,28 @@ bool MentionsTimeout(std::string text) {
   return text.find("timeout") != std::string::npos || text.find("timed out") != std::string::npos;
 }
 
+// The RDMA devices libibverbs lists (empty when it lists none or fails).
+std::vector<std::string> IbverbsDeviceNames() {
+  try {
+    return gloo::transport::ibverbs::getDeviceNames();
+  } catch (...) {
+    return {};
+  }
+}
+
 }  // namespace
+
+Status CheckTransportAvailable(GlooTransport transport) {
+  if (transport == GlooTransport::kTcp || !IbverbsDeviceNames().empty()) return Status::Ok();
+  struct stat st;
+  const bool sysfs = stat("/sys/class/infiniband", &st) == 0;
+  return Status(Code::kUnavailable,
+                std::string("gloo-ibverbs: no RDMA device: libibverbs lists none (") +
+                    (sysfs ? "/sys/class/infiniband has no usable device"
+                           : "/sys/class/infiniband does not exist") +
+                    "); this transport needs an InfiniBand HCA or a RoCE NIC with its kernel "
+                    "driver and rdma-core; use CONCORD_BACKEND=gloo for TCP");
+}
 
 Status CurrentExceptionToStatus(const std::string& operation) {
   std::string what;
@@ -90,15 +113,25 @@ StatusOr<std::shared_ptr<GlooContext>> ConnectGloo(const GlooConnectOptions& opt
                            " out of range for size " + std::to_string(options.size));
   }
   if (options.timeout.count() <= 0) return InvalidArgument("gloo: timeout must be positive");
-  gloo::transport::tcp::attr attr;
-  if (!options.iface.empty()) {
-    attr.iface = options.iface;
-  } else {
-    attr.hostname = options.host.empty() ? "127.0.0.1" : options.host;
-  }
+  CONCORD_RETURN_IF_ERROR(CheckTransportAvailable(options.transport));
   StoreAdapter adapter(store, options.prefix + "/gloo/", options.timeout);
   try {
-    std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
+    std::shared_ptr<gloo::transport::Device> device;
+    if (options.transport == GlooTransport::kIbverbs) {
+      gloo::transport::ibverbs::attr attr;
+      attr.name = IbverbsDeviceNames().front();
+      attr.port = 1;
+      attr.index = 0;
+      device = gloo::transport::ibverbs::CreateDevice(attr);
+    } else {
+      gloo::transport::tcp::attr attr;
+      if (!options.iface.empty()) {
+        attr.iface = options.iface;
+      } else {
+        attr.hostname = options.host.empty() ? "127.0.0.1" : options.host;
+      }
+      device = gloo::transport::tcp::CreateDevice(attr);
+    }
     auto context = std::make_shared<GlooContext>(options.rank, options.size);
     context->setTimeout(options.timeout);
     context->connectFullMesh(adapter, device);

@@ -1,5 +1,6 @@
 // Helpers shared by the Gloo backend and the raw-Gloo benchmark (perf/gloo_raw): a Gloo store over
-// a Concord Store, connecting a full mesh of TCP pairs, and turning Gloo's exceptions into Status.
+// a Concord Store, connecting a full mesh of TCP or ibverbs pairs, and turning Gloo's exceptions
+// into Status.
 #pragma once
 
 #include <gloo/rendezvous/context.h>
@@ -25,8 +26,13 @@ class GlooContext : public gloo::rendezvous::Context {
   void set_next_slot(int slot) { slot_ = slot; }
 };
 
+// Gloo's transport: TCP sockets, or ibverbs (InfiniBand or RoCE, through libibverbs; Debian's
+// Gloo is built with it).
+enum class GlooTransport { kTcp, kIbverbs };
+
 // What ConnectGloo needs; mirrors the relevant BackendOptions fields.
 struct GlooConnectOptions {
+  GlooTransport transport = GlooTransport::kTcp;
   int rank = 0;
   int size = 1;
   std::string iface;   // network interface ("" = use host)
@@ -35,9 +41,14 @@ struct GlooConnectOptions {
   std::chrono::milliseconds timeout{30000};
 };
 
-// Creates a TCP device and connects a full mesh through `store` (keys under options.prefix +
-// "/gloo/"). Blocks until every rank has connected or options.timeout passes. `store` must outlive
-// the call only. Collective: all ranks call it with the same prefix and size.
+// Checks that `transport` can run on this host: for ibverbs, that libibverbs lists an RDMA device
+// (the first one, port 1, GID index 0 is used); kUnavailable with what is missing otherwise.
+Status CheckTransportAvailable(GlooTransport transport);
+
+// Creates a device of options.transport (TCP: on options.iface, else options.host) and connects a
+// full mesh through `store` (keys under options.prefix + "/gloo/"). Blocks until every rank has
+// connected or options.timeout passes. `store` must outlive the call only. Collective: all ranks
+// call it with the same prefix and size.
 StatusOr<std::shared_ptr<GlooContext>> ConnectGloo(const GlooConnectOptions& options, Store* store);
 
 // Converts the exception in flight (call inside a catch block) into a Status naming `operation`:

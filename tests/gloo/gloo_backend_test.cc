@@ -263,6 +263,27 @@ TEST(GlooBackendTest, BcubeIsRefusedWithTheReason) {
       << backend.status().message();
 }
 
+// Here there is no RDMA device: the ibverbs transport fails at once, saying what is missing, for
+// one rank as for many (where a fabric exists, the test has nothing to check and says so).
+TEST(GlooBackendTest, IbverbsWithoutDeviceFailsAtOnceNamingWhatIsMissing) {
+  if (gloo_internal::CheckTransportAvailable(gloo_internal::GlooTransport::kIbverbs).ok()) {
+    GTEST_SKIP() << "this host has an RDMA device";
+  }
+  for (int size : {1, 2}) {
+    HashStore store;
+    BackendOptions options;
+    options.size = size;
+    const auto start = std::chrono::steady_clock::now();
+    StatusOr<std::unique_ptr<Backend>> backend =
+        CreateGlooBackend(options, &store, gloo_internal::GlooTransport::kIbverbs);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+    EXPECT_EQ(backend.status().code(), Code::kUnavailable);
+    EXPECT_NE(backend.status().message().find("/sys/class/infiniband"), std::string::npos)
+        << backend.status().message();
+    EXPECT_NE(backend.status().message().find("CONCORD_BACKEND=gloo"), std::string::npos);
+  }
+}
+
 TEST(GlooBackendTest, InvalidArguments) {
   RunRanks(1, "auto", [&](Backend& backend) {
     EXPECT_EQ(backend.Allreduce(nullptr, 4, DType::kFloat32, ReduceOp::kSum).code(),

@@ -1,0 +1,273 @@
+"""Emulated links: N ranks, each in its own network namespace, joined to a bridge by veth pairs.
+
+Layout of one run (every name carries the tool's prefix and this process's pid, so concurrent runs
+never collide and `cleanup` can tell leftovers of dead runs from live ones):
+  cfab-<pid>-br   a namespace holding the bridge br0 and the bridge ends p0..pN-1 of the veths
+  cfab-<pid>-<k>  rank k's namespace: eth0 (the other veth end) with 10.231.0.<k+1>/24, and lo
+Nothing is created in the host's own namespace. Each link is shaped in both directions with tbf
+(eth0's egress: what the rank sends; pK's egress: what it receives), the burst scaled with the rate
+(1 ms of traffic: tbf under-delivers with a fixed small burst). The kernel has no netem, so no
+latency can be added: the run measures and states the round trip the links have (veth: ~20-50 us).
+"""
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+PREFIX = "cfab-"
+# tbf's queue: at most this much delay before it drops (the limit in bytes follows from the rate).
+TBF_LATENCY = "20ms"
+SUBNET = "10.231.0."
+
+# name -> (tc rate, bits per second)
+PROFILES = {
+    "1gbe": ("1gbit", 1e9),
+    "10gbe": ("10gbit", 10e9),
+    "25gbe": ("25gbit", 25e9),
+}
+
+
+class EmulationError(RuntimeError):
+    pass
+
+
+def missing_requirements():
+    """Why emulation cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "emulation needs root (network namespaces, veth, tc)"
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            return f"'{tool}' is not installed (Debian package iproute2)"
+    return None
+
+
+def _run(args, check=True):
+    result = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if check and result.returncode != 0:
+        raise EmulationError(f"{' '.join(args)}: {result.stderr.strip() or result.returncode}")
+    return result
+
+
+def burst_bytes(bits_per_second):
+    """tbf burst: 1 ms worth of the rate, at least 64 KiB (one GSO super-packet must fit)."""
+    return max(65536, int(bits_per_second / 8 / 1000))
+
+
+def our_namespaces():
+    out = _run(["ip", "netns", "list"], check=False).stdout
+    return [line.split()[0] for line in out.splitlines()
+            if line.strip() and line.split()[0].startswith(PREFIX)]
+
+
+def _pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def cleanup_leftovers(all_runs=False):
+    """Deletes namespaces of this tool's naming scheme whose run (pid) is gone; returns them."""
+    removed = []
+    for ns in our_namespaces():
+        parts = ns.split("-")
+        pid = int(parts[1]) if len(parts) >= 3 and parts[1].isdigit() else None
+        if not all_runs and pid is not None and _pid_alive(pid):
+            continue
+        _run(["ip", "netns", "delete", ns], check=False)
+        removed.append(ns)
+    return removed
+
+
+class Emulation(contextlib.AbstractContextManager):
+    """One emulated network of `ranks` namespaces shaped to `profile`; removed on exit.
+
+    Use as a context manager: everything created is deleted on leaving it, also on an exception.
+    SIGINT/SIGTERM are turned into exceptions while it is active (install_signal_handlers). Not
+    thread-safe.
+    """
+
+    def __init__(self, ranks, profile, tag=None):
+        if profile not in PROFILES:
+            raise EmulationError(f"unknown profile '{profile}' (known: {', '.join(PROFILES)})")
+        if not 2 <= ranks <= 64:
+            raise EmulationError("ranks must be between 2 and 64")
+        self.ranks = ranks
+        self.profile = profile
+        self.base = f"{PREFIX}{os.getpid()}" + (f"x{tag}" if tag else "")
+        self.bridge_ns = f"{self.base}-br"
+        self.rank_ns = [f"{self.base}-{k}" for k in range(ranks)]
+        self.created = []
+        self.processes = []
+        self.workdir = None
+
+    def address(self, k):
+        return f"{SUBNET}{k + 1}"
+
+    def __enter__(self):
+        try:
+            self._create()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def _netns_add(self, ns):
+        _run(["ip", "netns", "add", ns])
+        self.created.append(ns)
+
+    def _create(self):
+        rate, bps = PROFILES[self.profile]
+        burst = burst_bytes(bps)
+        self.workdir = tempfile.mkdtemp(prefix=f"{self.base}-")
+        self._netns_add(self.bridge_ns)
+        br = ["ip", "-n", self.bridge_ns]
+        _run(br + ["link", "add", "br0", "type", "bridge"])
+        _run(br + ["link", "set", "br0", "up"])
+        for k, ns in enumerate(self.rank_ns):
+            self._netns_add(ns)
+            _run(br + ["link", "add", f"p{k}", "type", "veth", "peer", "name", "eth0", "netns", ns])
+            _run(br + ["link", "set", f"p{k}", "master", "br0"])
+            _run(br + ["link", "set", f"p{k}", "up"])
+            inside = ["ip", "-n", ns]
+            _run(inside + ["addr", "add", f"{self.address(k)}/24", "dev", "eth0"])
+            _run(inside + ["link", "set", "eth0", "up"])
+            _run(inside + ["link", "set", "lo", "up"])
+            for where, dev in ((ns, "eth0"), (self.bridge_ns, f"p{k}")):
+                _run(["ip", "netns", "exec", where, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
+                      "rate", rate, "burst", str(burst), "latency", TBF_LATENCY])
+
+    def close(self):
+        for p in self.processes:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+        for p in self.processes:
+            with contextlib.suppress(Exception):
+                p.wait(timeout=10)
+        self.processes = []
+        for ns in reversed(self.created):
+            _run(["ip", "netns", "delete", ns], check=False)
+        self.created = []
+        if self.workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None
+
+    def spawn(self, k, argv, env=None, **kwargs):
+        """Starts argv inside rank k's namespace in its own process group; killed on close()."""
+        full_env = dict(os.environ if env is None else env)
+        p = subprocess.Popen(["ip", "netns", "exec", self.rank_ns[k]] + argv, env=full_env,
+                             start_new_session=True, **kwargs)
+        self.processes.append(p)
+        return p
+
+    def round_trip(self, count=200):
+        """Median and minimum seconds of a 1-byte TCP ping-pong from rank 0 to rank 1."""
+        port = 17000 + os.getpid() % 1000
+        server_code = (
+            "import socket\n"
+            "s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+            f"s.bind(('{self.address(1)}', {port})); s.listen(1); c,_=s.accept()\n"
+            "c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)\n"
+            "while True:\n"
+            "  d=c.recv(1)\n"
+            "  if not d: break\n"
+            "  c.sendall(d)\n")
+        client_code = (
+            "import socket, time, statistics\n"
+            "for _ in range(200):\n"
+            "  try:\n"
+            f"    c=socket.create_connection(('{self.address(1)}', {port})); break\n"
+            "  except OSError: time.sleep(0.02)\n"
+            "c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)\n"
+            "t=[]\n"
+            f"for _ in range({count}):\n"
+            "  a=time.perf_counter(); c.sendall(b'x'); c.recv(1); t.append(time.perf_counter()-a)\n"
+            "print(statistics.median(t), min(t))\n")
+        server = self.spawn(1, [sys.executable, "-c", server_code])
+        client = self.spawn(0, [sys.executable, "-c", client_code], stdout=subprocess.PIPE,
+                            text=True)
+        out, _ = client.communicate(timeout=60)
+        server.wait(timeout=10)
+        if client.returncode != 0:
+            raise EmulationError("round-trip measurement failed")
+        median, minimum = (float(x) for x in out.split())
+        return median, minimum
+
+    def run_ranks(self, argv, extra_env=None, timeout=600):
+        """Runs argv as ranks 0..N-1 (one per namespace) of one job; returns rank 0's stdout.
+
+        Rendezvous is a file store in this run's private directory (namespaces share the
+        filesystem); each rank binds and advertises its namespace's address on eth0.
+        """
+        store = tempfile.mkdtemp(prefix="store-", dir=self.workdir)
+        procs = []
+        for k in range(self.ranks):
+            env = dict(os.environ)
+            env.update({"CONCORD_RANK": str(k), "CONCORD_SIZE": str(self.ranks),
+                        "CONCORD_LOCAL_RANK": "0", "CONCORD_LOCAL_SIZE": "1",
+                        "CONCORD_STORE": f"file://{store}", "CONCORD_JOB_ID": self.base,
+                        "CONCORD_HOST": self.address(k), "CONCORD_IFACE": "eth0"})
+            env.update(extra_env or {})
+            procs.append(self.spawn(k, argv, env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True))
+        deadline = time.monotonic() + timeout
+        outputs = [None] * self.ranks
+        for k, p in enumerate(procs):
+            try:
+                outputs[k] = p.communicate(timeout=max(1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise EmulationError(f"rank {k} did not finish within {timeout} s")
+        failed = [k for k, p in enumerate(procs) if p.returncode != 0]
+        if failed:
+            raise EmulationError("; ".join(
+                f"rank {k} exited with {procs[k].returncode}: {outputs[k][1].strip()[-1500:]}"
+                for k in failed))
+        return outputs[0][0]
+
+
+def _raise_on_signal(signum, _frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def install_signal_handlers():
+    """SIGTERM (and SIGINT, SIGHUP) unwind the stack so every Emulation removes what it made."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _raise_on_signal)
+
+
+def run_perf(perf, ranks, profile, perf_args, log=print, extra_env=None, timeout=600):
+    """Creates the network, states its round trip, runs concord-perf across it, removes it.
+
+    Returns (rank 0's output, the --json rows, {'rtt_median_s', 'rtt_min_s', ...}).
+    """
+    with Emulation(ranks, profile) as emu:
+        rate, bps = PROFILES[profile]
+        median, minimum = emu.round_trip()
+        info = {"profile": profile, "ranks": ranks, "rate_bps": bps,
+                "burst_bytes": burst_bytes(bps), "rtt_median_s": median, "rtt_min_s": minimum}
+        log(f"# fabric-emu: {ranks} ranks on {profile} (tbf rate {rate}, burst "
+            f"{burst_bytes(bps)} bytes, both directions of each link); measured TCP round trip "
+            f"rank 0 <-> rank 1: median {median * 1e6:.0f} us, min {minimum * 1e6:.0f} us. "
+            "No netem on this kernel: latency cannot be added, so this is the links' own.")
+        json_path = os.path.join(emu.workdir, "rows.json")
+        out = emu.run_ranks([perf] + list(perf_args) + ["--json", json_path],
+                            extra_env=extra_env, timeout=timeout)
+        with open(json_path) as f:
+            rows = json.load(f)
+        for r in rows:
+            r["profile"] = profile
+        return out, rows, info

@@ -1,0 +1,283 @@
+"""The alpha-beta scaling model of a data-parallel step, as Concord runs it.
+
+One allreduce of S bytes on n ranks costs  T = L(n) * alpha + 2(n-1)/n * S / B
+with B the link's measured busbw (bytes/s), alpha the per-message latency and L(n) the number of
+sequential messages: 2(n-1) for a ring, 2*ceil(log2 n) for halving-doubling (what Concord's Gloo
+backend runs above 2 ranks for floats; both give 2 at n = 2). An allgather in which every rank
+contributes s bytes costs (n-1) alpha + (n-1) s / B (Gloo's ring allgather).
+
+A step enqueues every gradient of a workload at once. Concord plans it like this (the defaults of
+README's configuration table), and so does the model:
+- inline (<= 32 KiB): all of them travel with the negotiation to the coordinator, which reduces them
+  and sends the sums back: a star, not a ring, so rank 0's link carries (n-1) S in and then (n-1) S
+  out: T = 2 alpha + 2(n-1) S / B. Cheap at 2-8 ranks, linear in n at hundreds.
+- fused (32 KiB .. 256 KiB): packed in order into fusion buffers of at most 64 MiB, one allreduce
+  each.
+- direct (>= 256 KiB): one allreduce each, on the caller's memory; from 2 MiB cut into one slice per
+  lane (at least 1 MiB each).
+- lanes (2): the allreduces of a step run on that many backends at once. They share one link, so
+  the bandwidth terms add up, while the latency terms of concurrent messages overlap: the model
+  divides the summed latency by the number of lanes.
+Without fusion every tensor is its own allreduce (no inline path, no buffers): the per-tensor
+baseline of an unfused library.
+
+Compression is modelled by its bytes on the wire: fp16/bf16 halves every float32 tensor on every
+path; top-k at density d sends (index, value) pairs, 8 bytes per kept element, by an allgather (one
+per fusion buffer, or one per tensor without fusion): (n-1) * 8 d N bytes reach each rank.
+
+Scaling efficiency with compute time Tc per step: E = Tc / (Tc + T) without overlap; with the
+communication overlapping the backward pass (about two thirds of Tc): E = Tc / max(Tc, Tc/3 + T).
+"""
+
+import math
+from dataclasses import dataclass
+
+DTYPE_BYTES = {"uint8": 1, "int8": 1, "float16": 2, "bfloat16": 2, "int32": 4, "float32": 4,
+               "int64": 8, "float64": 8}
+
+# Concord's defaults (README configuration table; core/engine.h kMinSliceBytes).
+INLINE_THRESHOLD = 32 * 1024
+DIRECT_THRESHOLD = 256 * 1024
+FUSION_THRESHOLD = 64 * 1024 * 1024
+MIN_SLICE_BYTES = 1024 * 1024
+LANES = 2
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """A link: busbw in bytes/s (what a large allreduce achieves), alpha in seconds per message."""
+    name: str
+    busbw: float
+    alpha: float
+    source: str
+
+
+# Published or derived per-link figures. Ethernet: TCP goodput of a 1500-byte-MTU link is about 94%
+# of line rate (1 GbE measures 941 Mbit/s in iperf; the emulated 1gbe profile here gives 956 Mbit/s,
+# ENVIRONMENT.md), alpha 50 us for a kernel TCP message through a switch. InfiniBand: one EDR
+# 100 Gb/s NIC gives 12.2 GB/s allreduce busbw and an 8-byte allreduce across 2 HDR nodes takes
+# about 20 us, i.e. alpha = 10 us at n = 2 (REFERENCE.md, nccl-tests); HDR and NDR are scaled from
+# EDR by line rate with EDR's 97.6% efficiency (an assumption, not a measurement).
+FABRICS = {
+    "1gbe": Fabric("1 GbE", 0.94 * 1e9 / 8, 50e-6, "94% of line rate (TCP goodput), alpha 50 us"),
+    "10gbe": Fabric("10 GbE", 0.94 * 10e9 / 8, 30e-6, "94% of line rate, alpha 30 us"),
+    "25gbe": Fabric("25 GbE", 0.94 * 25e9 / 8, 25e-6, "94% of line rate, alpha 25 us"),
+    "100gbe": Fabric("100 GbE", 0.94 * 100e9 / 8, 20e-6, "94% of line rate, alpha 20 us"),
+    "ib100": Fabric("100 Gb IB (EDR)", 12.2e9, 10e-6,
+                    "nccl-tests: 12.2 GB/s busbw; 20 us 8-byte allreduce on 2 nodes"),
+    "ib200": Fabric("200 Gb IB (HDR)", 2 * 12.2e9, 10e-6, "EDR figures scaled by line rate"),
+    "ib400": Fabric("400 Gb IB (NDR)", 4 * 12.2e9, 10e-6, "EDR figures scaled by line rate"),
+}
+
+
+@dataclass(frozen=True)
+class ComputeDefault:
+    seconds: float
+    source: str
+
+
+# Compute time per step on one GPU. ResNet-50: NVIDIA DeepLearningExamples (PyTorch ResNet-50 v1.5,
+# per-GPU batch 256): V100 fp32 367 img/s, AMP 1200 img/s; A100 TF32 938 img/s, AMP 2470 img/s.
+# VGG-16 and BERT-large are derived from those measured FLOP rates (an estimate, override it with
+# --compute): a training step is about 3x the forward FLOPs; ResNet-50 3.8 and VGG-16 15.3 G
+# multiply-adds per image forward (He et al. 2015, table 1), so VGG-16 costs 4.03x ResNet-50 per
+# image; BERT-large, 6 x 340 M parameters x 4096 tokens (batch 32, sequence 128) = 8.4 TFLOP a step
+# (Kaplan et al. 2020), against ResNet-50's 22.8 GFLOP per image (8.4 TFLOP/s on V100 fp32).
+COMPUTE_DEFAULTS = {
+    ("resnet50", "v100"): ComputeDefault(256 / 367, "DLE: V100 fp32 367 img/s, batch 256"),
+    ("resnet50", "v100-amp"): ComputeDefault(256 / 1200, "DLE: V100 AMP 1200 img/s, batch 256"),
+    ("resnet50", "a100"): ComputeDefault(256 / 938, "DLE: A100 TF32 938 img/s, batch 256"),
+    ("resnet50", "a100-amp"): ComputeDefault(256 / 2470, "DLE: A100 AMP 2470 img/s, batch 256"),
+    ("vgg16", "v100"): ComputeDefault(64 * 4.03 / 367, "derived: 4.03x ResNet-50 FLOPs, batch 64"),
+    ("vgg16", "a100"): ComputeDefault(64 * 4.03 / 938, "derived: 4.03x ResNet-50 FLOPs, batch 64"),
+    ("bert_large", "v100"): ComputeDefault(8.36e12 / (367 * 22.8e9),
+                                           "derived: 8.4 TFLOP/step at V100 fp32's 8.4 TFLOP/s"),
+    ("bert_large", "a100"): ComputeDefault(8.36e12 / (938 * 22.8e9),
+                                           "derived: 8.4 TFLOP/step at A100 TF32's 21 TFLOP/s"),
+}
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    dtype: str
+    elements: int
+
+    @property
+    def bytes(self):
+        return self.elements * DTYPE_BYTES[self.dtype]
+
+
+def load_workload(path):
+    """Reads a ../shared/workloads file: one 'name dtype shape' line per tensor, '#' comments."""
+    tensors = []
+    with open(path) as f:
+        for number, line in enumerate(f, 1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            parts = line.split()
+            if len(parts) != 3 or parts[1] not in DTYPE_BYTES:
+                raise ValueError(f"{path}:{number}: expected 'name dtype shape', got '{line}'")
+            elements = 1
+            for dim in parts[2].split("x"):
+                elements *= int(dim)
+            tensors.append(Tensor(parts[0], parts[1], elements))
+    if not tensors:
+        raise ValueError(f"{path}: no tensors")
+    return tensors
+
+
+def latency_messages(n, algorithm):
+    if n <= 1:
+        return 0
+    if algorithm == "ring":
+        return 2 * (n - 1)
+    if algorithm == "halving_doubling":
+        return 2 * math.ceil(math.log2(n))
+    raise ValueError(f"unknown algorithm '{algorithm}'")
+
+
+def allreduce_time(size, n, fabric, algorithm="ring"):
+    """Seconds for one allreduce of `size` bytes on n ranks."""
+    if n <= 1:
+        return 0.0
+    return latency_messages(n, algorithm) * fabric.alpha + 2 * (n - 1) / n * size / fabric.busbw
+
+
+@dataclass
+class StepCost:
+    latency: float = 0.0    # summed latency terms of backend collectives (before lane overlap)
+    bandwidth: float = 0.0  # summed bandwidth terms (one shared link)
+    inline: float = 0.0     # the coordinator's star for inline tensors
+    messages: int = 0
+    wire_bytes: float = 0.0  # bytes each rank sends per step
+
+    def total(self, lanes):
+        return self.inline + self.bandwidth + self.latency / max(1, lanes)
+
+
+def wire_size(tensor, compression):
+    """Bytes of one tensor as the collective sees them (before top-k, which changes the op)."""
+    if compression in ("fp16", "bf16") and tensor.dtype == "float32":
+        return tensor.elements * 2
+    return tensor.bytes
+
+
+def _add_allreduce(cost, size, n, fabric, algorithm, slices=1):
+    cost.latency += slices * latency_messages(n, algorithm) * fabric.alpha
+    cost.bandwidth += 2 * (n - 1) / n * size / fabric.busbw
+    cost.messages += slices
+    cost.wire_bytes += 2 * (n - 1) / n * size
+
+
+def _add_allgather(cost, contribution, n, fabric):
+    cost.latency += (n - 1) * fabric.alpha
+    cost.bandwidth += (n - 1) * contribution / fabric.busbw
+    cost.messages += 1
+    cost.wire_bytes += (n - 1) * contribution
+
+
+def step_cost(tensors, n, fabric, fusion=True, compression="none", density=0.001,
+              algorithm=None, lanes=LANES, inline_threshold=INLINE_THRESHOLD):
+    """Communication cost of one step of `tensors` on n ranks (see the module comment).
+
+    inline_threshold is CONCORD_INLINE_THRESHOLD (0 turns the coordinator's path off).
+    """
+    if compression not in ("none", "fp16", "bf16", "topk"):
+        raise ValueError(f"unknown compression '{compression}'")
+    if compression == "topk" and not 0 < density <= 1:
+        raise ValueError("top-k density must be in (0, 1]")
+    if algorithm is None:
+        algorithm = "ring" if n <= 2 else "halving_doubling"
+    cost = StepCost()
+    if n <= 1:
+        return cost
+    if compression == "topk":
+        kept = [8 * math.ceil(density * t.elements) for t in tensors]
+        if not fusion:
+            for size in kept:
+                _add_allgather(cost, size, n, fabric)
+            return cost
+        buffer = 0
+        for size in kept:
+            if buffer and buffer + size > FUSION_THRESHOLD:
+                _add_allgather(cost, buffer, n, fabric)
+                buffer = 0
+            buffer += size
+        if buffer:
+            _add_allgather(cost, buffer, n, fabric)
+        return cost
+    sizes = [wire_size(t, compression) for t in tensors]
+    if not fusion:
+        for size in sizes:
+            _add_allreduce(cost, size, n, fabric, algorithm)
+        return cost
+    inline = sum(s for s in sizes if s <= inline_threshold)
+    if inline:
+        cost.inline = 2 * fabric.alpha + 2 * (n - 1) * inline / fabric.busbw
+        cost.wire_bytes += (n - 1) * inline  # rank 0's share, the busiest link
+    buffer = 0
+    for size in sizes:
+        if size <= inline_threshold:
+            continue
+        if size >= DIRECT_THRESHOLD:
+            slices = min(lanes, size // MIN_SLICE_BYTES)
+            _add_allreduce(cost, size, n, fabric, algorithm, slices if slices >= 2 else 1)
+            continue
+        if buffer and buffer + size > FUSION_THRESHOLD:
+            _add_allreduce(cost, buffer, n, fabric, algorithm)
+            buffer = 0
+        buffer += size
+    if buffer:
+        _add_allreduce(cost, buffer, n, fabric, algorithm)
+    return cost
+
+
+def step_time(tensors, n, fabric, lanes=LANES, **kwargs):
+    """Seconds of communication per step (step_cost's arguments)."""
+    return step_cost(tensors, n, fabric, lanes=lanes, **kwargs).total(lanes)
+
+
+def efficiency(compute, comm, overlap=False):
+    """Scaling efficiency of a step of `compute` seconds of compute and `comm` of communication."""
+    if compute <= 0:
+        raise ValueError("compute time must be positive")
+    if overlap:
+        return compute / max(compute, compute / 3 + comm)
+    return compute / (compute + comm)
+
+
+def fit_alpha_beta(rows, min_bytes=INLINE_THRESHOLD + 1):
+    """Fits alpha (s) and busbw (bytes/s) to concord-perf allreduce rows of one rank count.
+
+    rows: dicts with 'bytes', 'time_us', 'ranks' (concord-perf --json, implementation 'concord').
+    Sizes up to the inline threshold are left out (the coordinator, not the backend, reduces them).
+    Least squares of t = a + b S, each point weighted by 1/t: between plain least squares (which
+    only sees the largest sizes) and relative error (which a noisy small size can pull away from
+    the bandwidth); a = L(n) alpha, b = 2(n-1)/n / B.
+    """
+    points = [(r["bytes"], r["time_us"] * 1e-6) for r in rows
+              if r["bytes"] >= min_bytes and r["time_us"] > 0]
+    if len({s for s, _ in points}) < 2:
+        raise ValueError("need rows of at least two sizes above the inline threshold to fit")
+    ranks = {r["ranks"] for r in rows}
+    if len(ranks) != 1 or min(ranks) < 2:
+        raise ValueError(f"rows must come from one run of at least 2 ranks (got ranks {ranks})")
+    n = ranks.pop()
+    sw = swx = swy = swxx = swxy = 0.0
+    for s, t in points:
+        w = 1.0 / t
+        sw += w
+        swx += w * s
+        swy += w * t
+        swxx += w * s * s
+        swxy += w * s * t
+    det = sw * swxx - swx * swx
+    b = (sw * swxy - swx * swy) / det
+    a = (swy - b * swx) / sw
+    if b <= 0:
+        raise ValueError("fitted bandwidth term is not positive: the sweep is noise")
+    alpha = max(a, 0.0) / latency_messages(n, "ring" if n <= 2 else "halving_doubling")
+    busbw = 2 * (n - 1) / n / b
+    return alpha, busbw, n

@@ -1,0 +1,106 @@
+"""Tests of perf/concord_fabric/emulate.py: tbf shaping delivers the 1gbe profile, and every run
+removes what it created (normal exit, SIGTERM, `cleanup` of a dead run's leftovers). Needs root, ip
+and tc; exits 77 (ctest: skipped) with the reason otherwise."""
+import os
+import signal
+import subprocess
+import sys
+import time
+import unittest
+
+from concord_fabric import emulate
+
+PERF = os.environ.get("CONCORD_PERF", "")
+TOOL = os.path.join(os.path.dirname(__file__), "..", "..", "perf", "concord-fabric")
+
+
+def left_by(pid):
+    """Namespaces of the run of process `pid` (other runs of the tool may be going on)."""
+    return [ns for ns in emulate.our_namespaces() if ns.startswith(f"{emulate.PREFIX}{pid}")]
+
+
+class EmulateTest(unittest.TestCase):
+    def assertNothingLeft(self, pid=None):
+        self.assertEqual(left_by(os.getpid() if pid is None else pid), [])
+
+    def test_1gbe_delivers_85_to_100_percent_of_125_MBps_to_64_MiB(self):
+        # The cap must hold on every attempt; the capacity on one of up to three, because on a
+        # loaded 2-core machine (load average ~18 seen) the niced ranks sometimes cannot keep even
+        # a 1 Gbit link busy (68-82% then, against 92-95% when quiet).
+        args = ["--bytes", "64M", "--iters", "3", "--warmup", "1", "--no-raw"]
+        fractions = []
+        for _ in range(3):
+            # Inline path off: with it, the ResNet-50 workload hung intermittently on 1gbe (not
+            # this sweep, whose 64 MiB never takes it; off all the same, against flakiness).
+            out, rows, info = emulate.run_perf(PERF, 2, "1gbe", args, log=lambda _: None,
+                                               timeout=90,
+                                               extra_env={"CONCORD_INLINE_THRESHOLD": "0"})
+            self.assertNothingLeft()
+            self.assertGreater(info["rtt_median_s"], 0)
+            (row,) = [r for r in rows if r["implementation"] == "concord"]
+            fractions.append(row["busbw_gbps"] * 1e9 / 125e6)
+            print(f"1gbe: 64 MiB allreduce busbw {row['busbw_gbps'] * 1e3:.1f} MB/s = "
+                  f"{100 * fractions[-1]:.1f}% of 125 MB/s", file=sys.stderr)
+            self.assertLessEqual(fractions[-1], 1.0)
+            if fractions[-1] >= 0.85:
+                break
+        self.assertGreaterEqual(max(fractions), 0.85)
+
+    def test_context_removes_everything_on_an_error(self):
+        with self.assertRaises(emulate.EmulationError):
+            with emulate.Emulation(2, "10gbe") as emu:
+                self.assertEqual(len(left_by(os.getpid())), 3)
+                workdir = emu.workdir
+                emu.run_ranks(["/bin/false"], timeout=20)
+        self.assertNothingLeft()
+        self.assertFalse(os.path.exists(workdir))
+
+    def test_sigterm_removes_everything(self):
+        p = subprocess.Popen([sys.executable, TOOL, "emulate", "--profile", "1gbe", "--np", "2",
+                               "--perf", "/bin/sh", "--", "-c", "sleep 60"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if len(left_by(p.pid)) == 3:
+                break
+            time.sleep(0.1)
+        else:
+            p.kill()
+            self.fail("the tool did not create its namespaces")
+        time.sleep(1.0)  # let the ranks (sleep) start
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=30)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("interrupted", err)
+        self.assertNothingLeft(p.pid)
+
+    def test_cleanup_removes_dead_runs_only(self):
+        dead = subprocess.Popen(["true"])
+        dead.wait()
+        leftover = f"{emulate.PREFIX}{dead.pid}-br"
+        live = f"{emulate.PREFIX}{os.getpid()}-br"
+        for ns in (leftover, live):
+            subprocess.run(["ip", "netns", "add", ns], check=True)
+        try:
+            r = subprocess.run([sys.executable, TOOL, "cleanup"], capture_output=True, text=True,
+                               timeout=30)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn(leftover, r.stdout)
+            now = emulate.our_namespaces()
+            self.assertNotIn(leftover, now)
+            self.assertIn(live, now)
+        finally:
+            for ns in (leftover, live):
+                subprocess.run(["ip", "netns", "delete", ns], stderr=subprocess.DEVNULL)
+        self.assertNothingLeft()
+        self.assertNothingLeft(dead.pid)
+
+
+if __name__ == "__main__":
+    why = emulate.missing_requirements()
+    if why is None and not os.access(PERF, os.X_OK):
+        why = f"concord-perf not found (CONCORD_PERF='{PERF}')"
+    if why:
+        print(f"SKIPPED: {why}", file=sys.stderr)
+        sys.exit(77)
+    unittest.main()

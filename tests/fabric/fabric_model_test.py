@@ -1,0 +1,162 @@
+"""Tests of perf/concord_fabric/model.py: ResNet-50 facts, the fit, Concord's plan, compression."""
+import os
+import random
+import tempfile
+import unittest
+
+from concord_fabric import model
+
+WORKLOAD = os.environ.get("CONCORD_WORKLOAD", os.path.join(
+    os.path.dirname(__file__), "..", "..", "perf", "workloads", "resnet50.txt"))
+
+
+class ResNet50FactsTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tensors = model.load_workload(WORKLOAD)
+        cls.compute = model.COMPUTE_DEFAULTS[("resnet50", "v100")].seconds
+
+    def eff(self, fabric, compression="none", n=8):
+        t = model.step_time(self.tensors, n, model.FABRICS[fabric], compression=compression)
+        return model.efficiency(self.compute, t)
+
+    def test_workload_is_resnet50(self):
+        self.assertEqual(len(self.tensors), 161)
+        self.assertAlmostEqual(sum(t.bytes for t in self.tensors) / 1e6, 102.2, delta=0.1)
+
+    def test_fp32_at_8_ranks_below_half_on_1gbe_above_85_on_ib(self):
+        self.assertLess(self.eff("1gbe"), 0.50)
+        self.assertGreater(self.eff("ib100"), 0.85)
+        # REFERENCE.md's hand calculation: 1.4 s on 1 GbE (line rate), 15 ms on EDR.
+        t = model.step_time(self.tensors, 8, model.FABRICS["ib100"])
+        self.assertGreater(t, 0.014)
+        self.assertLess(t, 0.020)
+
+    def test_compression_recovers_efficiency_on_1gbe(self):
+        none, fp16, topk = (self.eff("1gbe", c) for c in ("none", "fp16", "topk"))
+        self.assertGreater(fp16, none + 0.10)
+        self.assertGreater(topk, 0.90)
+
+    def test_fusion_pays_and_the_inline_star_does_not_at_scale(self):
+        ib = model.FABRICS["ib100"]
+        fused = model.step_time(self.tensors, 512, ib, inline_threshold=0)
+        unfused = model.step_time(self.tensors, 512, ib, fusion=False)
+        self.assertLess(fused, unfused)
+        # The coordinator's inline path is a star, linear in n: at 512 ranks it is ~half the step.
+        cost = model.step_cost(self.tensors, 512, ib)
+        self.assertGreater(cost.inline, 0.4 * cost.total(model.LANES))
+        self.assertGreater(model.step_time(self.tensors, 512, ib), fused)
+
+    def test_compute_defaults_are_positive_and_sourced(self):
+        for key, d in model.COMPUTE_DEFAULTS.items():
+            self.assertGreater(d.seconds, 0, key)
+            self.assertTrue(d.source, key)
+
+
+class PlanTest(unittest.TestCase):
+    fabric = model.Fabric("test", 1e9, 10e-6, "test")
+
+    def test_one_rank_costs_nothing(self):
+        self.assertEqual(model.step_time([model.Tensor("a", "float32", 10)], 1, self.fabric), 0)
+
+    def test_allreduce_matches_the_formula(self):
+        size, n = 64 << 20, 4
+        ring = model.allreduce_time(size, n, self.fabric)
+        self.assertAlmostEqual(ring, 2 * 3 * 10e-6 + 2 * 3 / 4 * size / 1e9)
+        hd = model.allreduce_time(size, n, self.fabric, "halving_doubling")
+        self.assertAlmostEqual(hd, 4 * 10e-6 + 2 * 3 / 4 * size / 1e9)
+        with self.assertRaises(ValueError):
+            model.allreduce_time(size, n, self.fabric, "tree")
+
+    def test_inline_tensor_goes_through_the_coordinator(self):
+        t = [model.Tensor("small", "float32", 1000)]  # 4000 bytes
+        cost = model.step_cost(t, 8, self.fabric)
+        self.assertAlmostEqual(cost.inline, 2 * 10e-6 + 2 * 7 * 4000 / 1e9)
+        self.assertEqual(cost.messages, 0)
+
+    def test_fused_and_direct_and_sliced(self):
+        mid = [model.Tensor(f"m{i}", "float32", 16384) for i in range(3)]  # 64 KiB each: fused
+        big = [model.Tensor("big", "float32", 1 << 20)]  # 4 MiB: direct, 2 slices
+        cost = model.step_cost(mid + big, 2, self.fabric)
+        self.assertEqual(cost.messages, 1 + 2)
+        self.assertAlmostEqual(cost.bandwidth, (3 * 65536 + (4 << 20)) / 1e9)
+        unfused = model.step_cost(mid + big, 2, self.fabric, fusion=False)
+        self.assertEqual(unfused.messages, 4)
+
+    def test_fp16_halves_and_topk_sends_8_bytes_per_kept_element(self):
+        t = [model.Tensor("w", "float32", 10_000_000)]
+        n = 8
+        none = model.step_cost(t, n, self.fabric)
+        fp16 = model.step_cost(t, n, self.fabric, compression="fp16")
+        self.assertAlmostEqual(fp16.bandwidth, none.bandwidth / 2)
+        topk = model.step_cost(t, n, self.fabric, compression="topk", density=0.01)
+        self.assertAlmostEqual(topk.wire_bytes, (n - 1) * 8 * 0.01 * 10_000_000)
+        for bad in ({"compression": "zip"}, {"compression": "topk", "density": 0}):
+            with self.assertRaises(ValueError):
+                model.step_cost(t, n, self.fabric, **bad)
+
+    def test_efficiency(self):
+        self.assertAlmostEqual(model.efficiency(1.0, 1.0), 0.5)
+        self.assertAlmostEqual(model.efficiency(0.9, 0.2, overlap=True), 1.0)
+        self.assertAlmostEqual(model.efficiency(0.9, 0.9, overlap=True), 0.9 / 1.2)
+        with self.assertRaises(ValueError):
+            model.efficiency(0, 1)
+
+
+class FitTest(unittest.TestCase):
+    def rows(self, alpha, busbw, n, noise=0.0, seed=1):
+        rng = random.Random(seed)
+        out = []
+        size = 4096
+        while size <= 64 << 20:
+            t = model.allreduce_time(size, n, model.Fabric("x", busbw, alpha, ""),
+                                     "ring" if n <= 2 else "halving_doubling")
+            t *= 1 + rng.uniform(-noise, noise)
+            out.append({"bytes": size, "time_us": t * 1e6, "ranks": n})
+            size *= 4
+        return out
+
+    def test_recovers_alpha_and_beta_exactly(self):
+        for n in (2, 4, 8):
+            alpha, busbw, got_n = model.fit_alpha_beta(self.rows(150e-6, 117e6, n))
+            self.assertEqual(got_n, n)
+            self.assertAlmostEqual(alpha / 150e-6, 1, places=6)
+            self.assertAlmostEqual(busbw / 117e6, 1, places=6)
+
+    def test_recovers_them_within_noise(self):
+        alpha, busbw, _ = model.fit_alpha_beta(self.rows(80e-6, 1.1e9, 2, noise=0.05))
+        self.assertLess(abs(alpha / 80e-6 - 1), 0.25)
+        self.assertLess(abs(busbw / 1.1e9 - 1), 0.08)
+
+    def test_rejects_what_cannot_be_fitted(self):
+        one_size = [{"bytes": 1 << 20, "time_us": 100.0, "ranks": 2}] * 3
+        with self.assertRaises(ValueError):
+            model.fit_alpha_beta(one_size)
+        mixed = self.rows(1e-4, 1e9, 2) + self.rows(1e-4, 1e9, 4)
+        with self.assertRaises(ValueError):
+            model.fit_alpha_beta(mixed)
+        with self.assertRaises(ValueError):
+            model.fit_alpha_beta([])
+
+
+class LoadWorkloadTest(unittest.TestCase):
+    def write(self, text):
+        f = tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False)
+        f.write(text)
+        f.close()
+        self.addCleanup(os.unlink, f.name)
+        return f.name
+
+    def test_parses_shapes_and_comments(self):
+        path = self.write("# c\n\na float32 3x5\nb float16 7\n")
+        t = model.load_workload(path)
+        self.assertEqual([(x.name, x.elements, x.bytes) for x in t], [("a", 15, 60), ("b", 7, 14)])
+
+    def test_rejects_bad_lines_and_empty_files(self):
+        for text in ("a float99 3\n", "a float32\n", "# only a comment\n", "a float32 3xq\n"):
+            with self.assertRaises(ValueError, msg=text):
+                model.load_workload(self.write(text))
+
+
+if __name__ == "__main__":
+    unittest.main()
