@@ -85,7 +85,8 @@ uint16_t FloatToHalf(float value) {
   const uint32_t sign = (x >> 16) & 0x8000u;
   const uint32_t abs = x & 0x7fffffffu;
   if (abs >= 0x7f800000u) {  // inf or nan; keep nan quiet and non-zero
-    return static_cast<uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u | (abs >> 13) : 0));
+    return static_cast<uint16_t>(sign | 0x7c00u |
+                                 (abs > 0x7f800000u ? 0x200u | ((abs >> 13) & 0x3ffu) : 0));
   }
   if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to inf
   if (abs < 0x38800000u) {  // subnormal or zero in half
@@ -111,8 +112,8 @@ float HalfToFloat(uint16_t bits) {
   uint32_t exp = (bits >> 10) & 0x1fu;
   uint32_t mant = bits & 0x3ffu;
   uint32_t out;
-  if (exp == 0x1f) {
-    out = sign | 0x7f800000u | (mant << 13);
+  if (exp == 0x1f) {  // inf, or nan made quiet as IEEE conversions do (as F16C does)
+    out = sign | 0x7f800000u | (mant << 13) | (mant != 0 ? 0x400000u : 0u);
   } else if (exp == 0) {
     if (mant == 0) {
       out = sign;
