@@ -35,6 +35,7 @@ void CompressionState::Clear() {
   residuals_.clear();
   index_scratch_ = {};
   key_scratch_ = {};
+  order_scratch_ = {};
 }
 
 size_t CompressionState::residual_bytes() const {

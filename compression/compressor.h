@@ -62,11 +62,13 @@ class CompressionState {
   // until Clear).
   std::vector<uint32_t>& index_scratch() { return index_scratch_; }
   std::vector<uint32_t>& key_scratch() { return key_scratch_; }
+  std::vector<uint32_t>& order_scratch() { return order_scratch_; }
 
  private:
   std::map<std::string, std::vector<float>, std::less<>> residuals_;  // lookup without a copy
   std::vector<uint32_t> index_scratch_;
   std::vector<uint32_t> key_scratch_;
+  std::vector<uint32_t> order_scratch_;
 };
 
 // One tensor to encode. `data` holds `count` elements of `dtype`, aligned to the element size.

@@ -10,6 +10,11 @@
 
 #include "base/dtype.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#define CONCORD_TOPK_X86 1
+#include <immintrin.h>
+#endif
+
 namespace concord {
 namespace compression {
 namespace {
@@ -32,29 +37,24 @@ uint64_t SplitMix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// When grad is non-null, acc[i] += scale * grad[i]. Stores the indices (in order) of the elements
-// whose key is at least `threshold` into cand while fewer than cap are stored; returns how many
-// pass. The per-block test keeps the common path (nothing passes) free of branches per element.
-size_t AccumulateAndCollect(const float* grad, float scale, float* acc, size_t n,
-                            uint32_t threshold, uint32_t* cand, size_t cap) {
+// The portable collecting pass over [begin, end); `count` continues from earlier blocks.
+// The per-block test keeps the common path (nothing passes) free of branches per element.
+size_t CollectPortable(const float* __restrict grad, float scale, float* __restrict acc,
+                       size_t begin, size_t end, uint32_t threshold, uint32_t* __restrict cand,
+                       size_t cap, size_t count) {
   const auto t = static_cast<int32_t>(threshold);  // keys are below 2^31: signed compare is exact
-  size_t count = 0;
   auto take = [&](size_t i) {
     if (count < cap) cand[count] = static_cast<uint32_t>(i);
     ++count;
   };
-  size_t i = 0;
-  for (; i + kBlock <= n; i += kBlock) {
-    int any = 0;
+  size_t i = begin;
+  for (; i + kBlock <= end; i += kBlock) {
     if (grad != nullptr) {
-      for (size_t j = 0; j < kBlock; ++j) {
-        const float v = acc[i + j] + scale * grad[i + j];
-        acc[i + j] = v;
-        any |= static_cast<int32_t>(MagnitudeKey(v)) >= t;
-      }
-    } else {
-      for (size_t j = 0; j < kBlock; ++j)
-        any |= static_cast<int32_t>(MagnitudeKey(acc[i + j])) >= t;
+      for (size_t j = 0; j < kBlock; ++j) acc[i + j] += scale * grad[i + j];
+    }
+    int any = 0;
+    for (size_t j = 0; j < kBlock; ++j) {
+      any |= static_cast<int32_t>(MagnitudeKey(acc[i + j])) >= t;
     }
     if (any) {
       for (size_t j = 0; j < kBlock; ++j) {
@@ -62,11 +62,66 @@ size_t AccumulateAndCollect(const float* grad, float scale, float* acc, size_t n
       }
     }
   }
-  for (; i < n; ++i) {
+  for (; i < end; ++i) {
     if (grad != nullptr) acc[i] += scale * grad[i];
     if (MagnitudeKey(acc[i]) >= threshold) take(i);
   }
   return count;
+}
+
+#ifdef CONCORD_TOPK_X86
+// AVX-512F: a compare mask per 16 elements, passing indices written with one compress-store.
+__attribute__((target("avx512f"))) size_t CollectAvx512(const float* grad, float scale, float* acc,
+                                                        size_t n, uint32_t threshold,
+                                                        uint32_t* cand, size_t cap) {
+  const __m512 s = _mm512_set1_ps(scale);
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
+  const __m512i t = _mm512_set1_epi32(static_cast<int32_t>(threshold));
+  const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  size_t count = 0;
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512 v = _mm512_loadu_ps(acc + i);
+    if (grad != nullptr) {
+      __m512 product = _mm512_mul_ps(s, _mm512_loadu_ps(grad + i));
+      __asm__("" : "+v"(product));  // no fused multiply-add: round as the portable loop does
+      v = _mm512_add_ps(v, product);
+      _mm512_storeu_ps(acc + i, v);
+    }
+    const __m512i key = _mm512_and_si512(_mm512_castps_si512(v), abs_mask);
+    const __mmask16 pass = _mm512_cmpge_epi32_mask(key, t);
+    if (pass == 0) continue;
+    if (count + 16 <= cap) {
+      const __m512i idx = _mm512_add_epi32(lanes, _mm512_set1_epi32(static_cast<int32_t>(i)));
+      _mm512_mask_compressstoreu_epi32(cand + count, pass, idx);
+      count += static_cast<size_t>(__builtin_popcount(pass));
+    } else {
+      count = CollectPortable(nullptr, 1.0f, acc, i, i + 16, threshold, cand, cap, count);
+    }
+  }
+  return CollectPortable(grad, scale, acc, i, n, threshold, cand, cap, count);
+}
+#endif
+
+}  // namespace
+
+size_t AccumulateAndCollect(const float* grad, float scale, float* acc, size_t n,
+                            uint32_t threshold, uint32_t* cand, size_t cap, CastPath path) {
+#ifdef CONCORD_TOPK_X86
+  if (path == CastPath::kAvx512 && __builtin_cpu_supports("avx512f")) {
+    return CollectAvx512(grad, scale, acc, n, threshold, cand, cap);
+  }
+#else
+  (void)path;
+#endif
+  return CollectPortable(grad, scale, acc, 0, n, threshold, cand, cap, 0);
+}
+
+namespace {
+
+CastPath CollectPath() {
+  return CastPathAvailable(HalfFormat::kFloat16, CastPath::kAvx512) ? CastPath::kAvx512
+                                                                    : CastPath::kPortable;
 }
 
 // When grad is non-null, acc[i] += scale * grad[i]; counts keys per bucket into hist.
@@ -85,19 +140,23 @@ void AccumulateHistogram(const float* grad, float scale, float* acc, size_t n, u
 
 // From c >= k candidate indices (increasing, a superset of the top k), writes the top k to
 // selected in increasing order: keys above the k-th largest, then the lowest indices holding it.
+// keys holds the candidates' keys in candidate order; order is a copy nth_element may reorder.
 void TrimToK(const float* acc, const uint32_t* cand, size_t c, size_t k,
-             std::vector<uint32_t>* keys, uint32_t* selected, TopkStats* stats) {
+             std::vector<uint32_t>* keys, std::vector<uint32_t>* order, uint32_t* selected,
+             TopkStats* stats) {
   keys->resize(c);
   for (size_t j = 0; j < c; ++j) (*keys)[j] = MagnitudeKey(acc[cand[j]]);
-  std::nth_element(keys->begin(), keys->begin() + static_cast<ptrdiff_t>(k - 1), keys->end(),
-                   std::greater<uint32_t>());
-  const uint32_t kth = (*keys)[k - 1];
-  size_t greater = 0;
-  for (size_t j = 0; j < c; ++j) greater += MagnitudeKey(acc[cand[j]]) > kth;
+  order->assign(keys->begin(), keys->end());
+  const auto kth_it = order->begin() + static_cast<ptrdiff_t>(k - 1);
+  std::nth_element(order->begin(), kth_it, order->end(), std::greater<uint32_t>());
+  const uint32_t kth = *kth_it;
+  // Everything after the k-th position is <= kth, so the larger keys are all before it.
+  const size_t greater = static_cast<size_t>(
+      std::count_if(order->begin(), kth_it, [&](uint32_t x) { return x > kth; }));
   size_t equal_wanted = k - greater;
   size_t out = 0;
   for (size_t j = 0; j < c && out < k; ++j) {
-    const uint32_t key = MagnitudeKey(acc[cand[j]]);
+    const uint32_t key = (*keys)[j];
     if (key > kth || (key == kth && equal_wanted > 0)) {
       if (key == kth) --equal_wanted;
       selected[out++] = cand[j];
@@ -116,9 +175,10 @@ void SelectFromHistogram(float* acc, size_t n, size_t k, const uint32_t* hist,
   std::vector<uint32_t>& cand = scratch->index_scratch();
   if (cand.size() < count) cand.resize(count);
   AccumulateAndCollect(nullptr, 1.0f, acc, n, static_cast<uint32_t>(bucket << kHistogramShift),
-                       cand.data(), count);
+                       cand.data(), count, CollectPath());
   stats->candidates = count;
-  TrimToK(acc, cand.data(), count, k, &scratch->key_scratch(), selected, stats);
+  TrimToK(acc, cand.data(), count, k, &scratch->key_scratch(), &scratch->order_scratch(), selected,
+          stats);
 }
 
 void SelectExact(const float* grad, float scale, float* acc, size_t n, size_t k,
@@ -158,7 +218,8 @@ void SelectSampled(const float* grad, float scale, float* acc, size_t n, size_t 
   const size_t cap = CandidateCap(k);
   std::vector<uint32_t>& cand = scratch->index_scratch();
   if (cand.size() < cap) cand.resize(cap);
-  size_t count = AccumulateAndCollect(grad, scale, acc, n, threshold, cand.data(), cap);
+  const CastPath path = CollectPath();
+  size_t count = AccumulateAndCollect(grad, scale, acc, n, threshold, cand.data(), cap, path);
   while (count < k || count > cap) {
     const size_t next = count < k ? std::min(sample, 2 * rank) : std::max<size_t>(1, rank / 2);
     if (stats->rescans == kMaxRescans || next == rank) {
@@ -169,11 +230,11 @@ void SelectSampled(const float* grad, float scale, float* acc, size_t n, size_t 
     }
     rank = next;
     threshold = SampleKeyAtRank(&keys, rank);
-    count = AccumulateAndCollect(nullptr, 1.0f, acc, n, threshold, cand.data(), cap);
+    count = AccumulateAndCollect(nullptr, 1.0f, acc, n, threshold, cand.data(), cap, path);
     ++stats->rescans;
   }
   stats->candidates = count;
-  TrimToK(acc, cand.data(), count, k, &keys, selected, stats);
+  TrimToK(acc, cand.data(), count, k, &keys, &scratch->order_scratch(), selected, stats);
 }
 
 std::string FormatDensity(double density) {

@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "compression/cast_kernels.h"
 #include "compression/compressor.h"
 
 namespace concord {
@@ -69,6 +70,14 @@ inline uint32_t MagnitudeKey(float x) {
 // otherwise). scratch provides reusable memory. stats may be null.
 Status SelectTopk(const float* grad, float scale, float* acc, size_t n, size_t k, TopkMethod method,
                   CompressionState* scratch, uint32_t* selected, TopkStats* stats);
+
+// The sampled selection's pass, exposed for tests and benchmarks: when grad is non-null,
+// acc[i] += scale * grad[i] first; stores the indices (increasing) of the elements whose
+// MagnitudeKey is at least `threshold` into cand[0..cap) and returns how many passed (possibly more
+// than cap). path: CastPath::kAvx512 (when the CPU has AVX-512F) or else the portable loop; both
+// give the same bits (the product and the sum are rounded separately on both).
+size_t AccumulateAndCollect(const float* grad, float scale, float* acc, size_t n,
+                            uint32_t threshold, uint32_t* cand, size_t cap, CastPath path);
 
 // The "topk" compressor (see above). InvalidArgument for a density outside (0, 1].
 StatusOr<std::unique_ptr<Compressor>> MakeTopkCompressor(const TopkOptions& options);

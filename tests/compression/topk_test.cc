@@ -124,6 +124,27 @@ TEST(TopkTest, SampledThresholdIsCloseAndCandidatesBounded) {
   }
 }
 
+TEST(TopkTest, CollectingPassesAgreeOnEveryPath) {
+  const size_t n = 100003;
+  const std::vector<float> grad = Gaussian(n, 21);
+  for (uint32_t threshold : {MagnitudeKey(2.0f), MagnitudeKey(0.5f), 0u}) {
+    for (size_t cap : {size_t{0}, size_t{17}, size_t{5000}, n}) {
+      std::vector<float> acc_p = Gaussian(n, 22), acc_v = acc_p;
+      std::vector<uint32_t> cand_p(cap + 1, 7), cand_v(cap + 1, 7);
+      const size_t count_p = AccumulateAndCollect(grad.data(), 0.5f, acc_p.data(), n, threshold,
+                                                  cand_p.data(), cap, CastPath::kPortable);
+      const size_t count_v = AccumulateAndCollect(grad.data(), 0.5f, acc_v.data(), n, threshold,
+                                                  cand_v.data(), cap, CastPath::kAvx512);
+      EXPECT_EQ(count_p, count_v);
+      EXPECT_EQ(cand_p, cand_v) << "threshold " << threshold << " cap " << cap;
+      size_t expected = 0;
+      for (size_t i = 0; i < n; ++i) expected += MagnitudeKey(acc_p[i]) >= threshold;
+      EXPECT_EQ(count_p, expected);
+      EXPECT_EQ(acc_p, acc_v);
+    }
+  }
+}
+
 TEST(TopkTest, SelectionAddsTheScaledGradientFirst) {
   std::vector<float> acc = {1.0f, -1.0f, 0.0f, 0.0f, 0.5f};
   const std::vector<float> grad = {0.0f, 4.0f, -6.0f, 1.0f, 0.0f};
