@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "base/dtype.h"
+#include "base/half_convert.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #define CONCORD_CAST_X86 1
@@ -49,11 +49,12 @@ void DecodePortable(const uint8_t* in, size_t n, float* out) {
   }
 }
 
-constexpr Kernels kPortableHalf = {EncodePortable<FloatToHalf>, DecodePortable<HalfToFloat, false>,
-                                   DecodePortable<HalfToFloat, true>};
-constexpr Kernels kPortableBf16 = {EncodePortable<FloatToBFloat16>,
-                                   DecodePortable<BFloat16ToFloat, false>,
-                                   DecodePortable<BFloat16ToFloat, true>};
+constexpr Kernels kPortableHalf = {EncodePortable<half_convert::FloatToHalf>,
+                                   DecodePortable<half_convert::HalfToFloat, false>,
+                                   DecodePortable<half_convert::HalfToFloat, true>};
+constexpr Kernels kPortableBf16 = {EncodePortable<half_convert::FloatToBFloat16>,
+                                   DecodePortable<half_convert::BFloat16ToFloat, false>,
+                                   DecodePortable<half_convert::BFloat16ToFloat, true>};
 
 #ifdef CONCORD_CAST_X86
 constexpr int kRne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
@@ -70,7 +71,7 @@ __attribute__((target("avx2,f16c"))) void EncodeHalfAvx2(const float* in, size_t
     if (scaled) x = _mm256_mul_ps(x, s);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2 * i), _mm256_cvtps_ph(x, kRne));
   }
-  EncodePortable<FloatToHalf>(in + i, n - i, scale, out + 2 * i);
+  EncodePortable<half_convert::FloatToHalf>(in + i, n - i, scale, out + 2 * i);
 }
 
 template <bool kAccumulate>
@@ -81,7 +82,7 @@ __attribute__((target("avx2,f16c"))) void DecodeHalfAvx2(const uint8_t* in, size
     if (kAccumulate) x = _mm256_add_ps(_mm256_loadu_ps(out + i), x);
     _mm256_storeu_ps(out + i, x);
   }
-  DecodePortable<HalfToFloat, kAccumulate>(in + 2 * i, n - i, out + i);
+  DecodePortable<half_convert::HalfToFloat, kAccumulate>(in + 2 * i, n - i, out + i);
 }
 
 // bfloat16 by integer arithmetic, as FloatToBFloat16 does: nan -> quiet nan (bits >> 16 | 0x40),
@@ -109,7 +110,7 @@ __attribute__((target("avx2"))) void EncodeBf16Avx2(const float* in, size_t n, f
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2 * i),
                      Bf16FromBitsAvx2(_mm256_castps_si256(x)));
   }
-  EncodePortable<FloatToBFloat16>(in + i, n - i, scale, out + 2 * i);
+  EncodePortable<half_convert::FloatToBFloat16>(in + i, n - i, scale, out + 2 * i);
 }
 
 template <bool kAccumulate>
@@ -122,7 +123,7 @@ __attribute__((target("avx2"))) void DecodeBf16Avx2(const uint8_t* in, size_t n,
     if (kAccumulate) x = _mm256_add_ps(_mm256_loadu_ps(out + i), x);
     _mm256_storeu_ps(out + i, x);
   }
-  DecodePortable<BFloat16ToFloat, kAccumulate>(in + 2 * i, n - i, out + i);
+  DecodePortable<half_convert::BFloat16ToFloat, kAccumulate>(in + 2 * i, n - i, out + i);
 }
 
 // ---- AVX-512: 16 floats a step. ----
@@ -143,7 +144,7 @@ __attribute__((target("avx512f"))) void EncodeHalfAvx512(const float* in, size_t
     if (scaled) x = _mm512_mul_ps(x, s);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 2 * i), _mm512_cvtps_ph(x, kRne));
   }
-  EncodePortable<FloatToHalf>(in + i, n - i, scale, out + 2 * i);
+  EncodePortable<half_convert::FloatToHalf>(in + i, n - i, scale, out + 2 * i);
 }
 
 template <bool kAccumulate>
@@ -154,7 +155,7 @@ __attribute__((target("avx512f"))) void DecodeHalfAvx512(const uint8_t* in, size
     if (kAccumulate) x = _mm512_add_ps(_mm512_loadu_ps(out + i), x);
     _mm512_storeu_ps(out + i, x);
   }
-  DecodePortable<HalfToFloat, kAccumulate>(in + 2 * i, n - i, out + i);
+  DecodePortable<half_convert::HalfToFloat, kAccumulate>(in + 2 * i, n - i, out + i);
 }
 
 // VCVTNEPS2BF16 treats subnormal inputs as zero (it ignores MXCSR), so a vector holding a nonzero
@@ -188,7 +189,7 @@ __attribute__((target("avx512f,avx512bf16"))) void EncodeBf16Avx512(const float*
     }
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 2 * i), r);
   }
-  EncodePortable<FloatToBFloat16>(in + i, n - i, scale, out + 2 * i);
+  EncodePortable<half_convert::FloatToBFloat16>(in + i, n - i, scale, out + 2 * i);
 }
 
 template <bool kAccumulate>
@@ -201,7 +202,7 @@ __attribute__((target("avx512f"))) void DecodeBf16Avx512(const uint8_t* in, size
     if (kAccumulate) x = _mm512_add_ps(_mm512_loadu_ps(out + i), x);
     _mm512_storeu_ps(out + i, x);
   }
-  DecodePortable<BFloat16ToFloat, kAccumulate>(in + 2 * i, n - i, out + i);
+  DecodePortable<half_convert::BFloat16ToFloat, kAccumulate>(in + 2 * i, n - i, out + i);
 }
 
 #pragma GCC diagnostic pop
