@@ -239,6 +239,8 @@ TEST(CompressorsTest, WireBytesFollowRingAlgorithms) {
   EXPECT_EQ(WireBytesPerRank(Exchange::kAllreduce, 100, 3), 134u);  // 133.3 rounded up
   EXPECT_EQ(WireBytesPerRank(Exchange::kAllgather, 100, 4), 300u);
   EXPECT_EQ(WireBytesPerRank(Exchange::kAllgather, 0, 4), 0u);
+  EXPECT_STREQ(ExchangeName(Exchange::kAllreduce), "allreduce");
+  EXPECT_STREQ(ExchangeName(Exchange::kAllgather), "allgather");
 }
 
 // A model-like mix of tensors at 4 ranks: fp16 sends half of none, top-k at 0.01 over 10x less.
