@@ -124,18 +124,24 @@ CastPath CollectPath() {
                                                                     : CastPath::kPortable;
 }
 
-// When grad is non-null, acc[i] += scale * grad[i]; counts keys per bucket into hist.
-void AccumulateHistogram(const float* grad, float scale, float* acc, size_t n, uint32_t* hist) {
-  std::fill(hist, hist + kBuckets, 0u);
-  if (grad != nullptr) {
-    for (size_t i = 0; i < n; ++i) {
-      const float v = acc[i] + scale * grad[i];
-      acc[i] = v;
-      ++hist[MagnitudeKey(v) >> kHistogramShift];
+// When grad is non-null, acc[i] += scale * grad[i]; counts keys per bucket into hist. Four
+// interleaved sub-histograms keep runs of equal buckets from waiting on each other's increments.
+void AccumulateHistogram(const float* __restrict grad, float scale, float* __restrict acc, size_t n,
+                         uint32_t* hist) {
+  static_assert(kBuckets == 2048, "the sub-histograms below are sized for 2048 buckets");
+  uint32_t sub[4][kBuckets] = {};
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    if (grad != nullptr) {
+      for (size_t j = 0; j < 4; ++j) acc[i + j] += scale * grad[i + j];
     }
-  } else {
-    for (size_t i = 0; i < n; ++i) ++hist[MagnitudeKey(acc[i]) >> kHistogramShift];
+    for (size_t j = 0; j < 4; ++j) ++sub[j][MagnitudeKey(acc[i + j]) >> kHistogramShift];
   }
+  for (; i < n; ++i) {
+    if (grad != nullptr) acc[i] += scale * grad[i];
+    ++sub[0][MagnitudeKey(acc[i]) >> kHistogramShift];
+  }
+  for (size_t b = 0; b < kBuckets; ++b) hist[b] = sub[0][b] + sub[1][b] + sub[2][b] + sub[3][b];
 }
 
 // From c >= k candidate indices (increasing, a superset of the top k), writes the top k to
