@@ -5,6 +5,8 @@
 #include <cstring>
 #include <type_traits>
 
+#include "base/half_convert.h"
+
 namespace concord {
 
 bool IsValidDType(int value) {
@@ -80,72 +82,16 @@ bool IsHalfPrecision(DType dtype) {
 }
 
 uint16_t FloatToHalf(float value) {
-  uint32_t x;
-  std::memcpy(&x, &value, 4);
-  const uint32_t sign = (x >> 16) & 0x8000u;
-  const uint32_t abs = x & 0x7fffffffu;
-  if (abs >= 0x7f800000u) {  // inf or nan; keep nan quiet and non-zero
-    return static_cast<uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u | (abs >> 13) : 0));
-  }
-  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to inf
-  if (abs < 0x38800000u) {  // subnormal or zero in half
-    if (abs < 0x33000000u)
-      return static_cast<uint16_t>(sign);  // below half of the smallest subnormal
-    const uint32_t exp = abs >> 23;
-    const uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
-    const uint32_t shift = 126 - exp;  // 14..24
-    uint32_t half = mant >> shift;
-    const uint32_t rem = mant & ((1u << shift) - 1);
-    const uint32_t halfway = 1u << (shift - 1);
-    if (rem > halfway || (rem == halfway && (half & 1u))) ++half;
-    return static_cast<uint16_t>(sign | half);
-  }
-  uint32_t half = ((abs - 0x38000000u) >> 13);
-  const uint32_t rem = abs & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (half & 1u))) ++half;
-  return static_cast<uint16_t>(sign | half);
+  return half_convert::FloatToHalf(value);
 }
-
 float HalfToFloat(uint16_t bits) {
-  const uint32_t sign = (bits & 0x8000u) << 16;
-  uint32_t exp = (bits >> 10) & 0x1fu;
-  uint32_t mant = bits & 0x3ffu;
-  uint32_t out;
-  if (exp == 0x1f) {
-    out = sign | 0x7f800000u | (mant << 13);
-  } else if (exp == 0) {
-    if (mant == 0) {
-      out = sign;
-    } else {  // normalise a subnormal
-      exp = 113;
-      while ((mant & 0x400u) == 0) {
-        mant <<= 1;
-        --exp;
-      }
-      out = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
-    }
-  } else {
-    out = sign | ((exp + 112) << 23) | (mant << 13);
-  }
-  float f;
-  std::memcpy(&f, &out, 4);
-  return f;
+  return half_convert::HalfToFloat(bits);
 }
-
 uint16_t FloatToBFloat16(float value) {
-  uint32_t x;
-  std::memcpy(&x, &value, 4);
-  if ((x & 0x7fffffffu) > 0x7f800000u)
-    return static_cast<uint16_t>((x >> 16) | 0x40u);  // quiet nan
-  const uint32_t rounding = 0x7fffu + ((x >> 16) & 1u);
-  return static_cast<uint16_t>((x + rounding) >> 16);
+  return half_convert::FloatToBFloat16(value);
 }
-
 float BFloat16ToFloat(uint16_t bits) {
-  const uint32_t x = static_cast<uint32_t>(bits) << 16;
-  float f;
-  std::memcpy(&f, &x, 4);
-  return f;
+  return half_convert::BFloat16ToFloat(bits);
 }
 
 namespace {

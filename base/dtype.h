@@ -37,7 +37,9 @@ const char* ReduceOpName(ReduceOp op);
 bool IsFloatingPoint(DType dtype);
 bool IsHalfPrecision(DType dtype);  // float16 or bfloat16
 
-// IEEE binary16 and bfloat16 conversions, round to nearest even, inf and nan preserved.
+// IEEE binary16 and bfloat16 conversions, round to nearest even, inf preserved, nan kept as a quiet
+// nan with its sign and the top bits of its payload, subnormals kept. compression/cast_kernels.h
+// has the array forms (SIMD), bit-identical to these.
 uint16_t FloatToHalf(float value);
 float HalfToFloat(uint16_t bits);
 uint16_t FloatToBFloat16(float value);

@@ -1,0 +1,42 @@
+// GPU forms of the compressors' kernels, for tensors in device memory (library
+// concord_compression_cuda, built only when CMake finds a CUDA compiler). Plain C++ header: no CUDA
+// types, the stream is a cudaStream_t passed as void* (nullptr: the default stream).
+//
+// Each call enqueues kernels on `stream` and returns without waiting for them. A failed launch or
+// call comes back as a Status naming the CUDA call, its file and line: Unavailable when there is no
+// device or driver, BackendError otherwise. Results are the CPU kernels' bits: the same scalar
+// conversions (base/half_convert.h), the same top-k set in the same order (topk.h, exact method).
+// Thread-safety: as CUDA's; calls on different streams may run concurrently, but one top-k
+// workspace serves one call at a time.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "base/status.h"
+#include "compression/cast_kernels.h"
+
+namespace concord {
+namespace compression {
+
+// As EncodeFloats / DecodeToFloats / AccumulateFloats (cast_kernels.h). 16-bit buffers must be
+// 2-byte aligned (encoded buffers are 8-byte aligned by the compressor contract).
+Status CudaEncodeFloats(HalfFormat format, const float* in, size_t n, float scale, void* out,
+                        void* stream);
+Status CudaDecodeToFloats(HalfFormat format, const void* in, size_t n, float* out, void* stream);
+Status CudaAccumulateFloats(HalfFormat format, const void* in, size_t n, float* dense,
+                            void* stream);
+
+// Device memory CudaSelectTopk needs for up to n elements; allocate once, reuse across calls.
+StatusOr<size_t> CudaTopkWorkspaceBytes(size_t n);
+
+// As SelectTopk (topk.h) with the exact method: when grad is non-null, acc[i] += scale * grad[i];
+// then selected[0..k) = the indices of acc's k largest magnitudes, increasing (ties to the lower
+// index, nan above inf). A radix select on the magnitude's bits (three histogram passes fix the
+// k-th magnitude), then one stable compaction of the elements above it and of the first ties.
+// All pointers are device memory; k <= n < 2^32.
+Status CudaSelectTopk(const float* grad, float scale, float* acc, size_t n, size_t k,
+                      uint32_t* selected, void* workspace, size_t workspace_bytes, void* stream);
+
+}  // namespace compression
+}  // namespace concord
