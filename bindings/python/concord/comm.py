@@ -26,6 +26,8 @@ _LIB_LOCK = threading.Lock()
 def lib():
     """The loaded libconcord (loaded on first use)."""
     global _LIB
+    if _LIB is not None:
+        return _LIB
     with _LIB_LOCK:
         if _LIB is None:
             _LIB = _lib.load()
@@ -116,8 +118,9 @@ class Handle:
         """Blocks until done (timeout in seconds; None waits as long as the engine's own deadlines
         allow) and returns the result: the output tensor, or None for a barrier."""
         if not self._done:
-            status = lib().concord_wait(self._request, -1.0 if timeout is None else float(timeout))
-            if status == Status.ERR_TIMEOUT and lib().concord_test(self._request) == _lib.IN_PROGRESS:
+            L = lib()
+            status = L.concord_wait(self._request, -1.0 if timeout is None else float(timeout))
+            if status == Status.ERR_TIMEOUT and L.concord_test(self._request) == _lib.IN_PROGRESS:
                 raise make_error(status, "wait timed out after %s s; the operation continues"
                                  % timeout)
             self._complete(status)
@@ -172,6 +175,7 @@ class Communicator:
         if status != Status.SUCCESS:
             raise make_error(status, L.concord_comm_last_error(None).decode(errors="replace"))
         self._handle = handle
+        self._opts_cache = {}  # (op, prescale, postscale, compression) -> AllreduceOptsStruct
         self._counters = {}
         self._counter_lock = threading.Lock()
         _LIVE.add(self)
@@ -232,23 +236,33 @@ class Communicator:
         and postscale the result (floating-point dtypes). compression: a spec ("fp16", ...) where
         the library supports it, else UnavailableError. Returns a Handle whose wait() gives out."""
         handle = self._live()
-        opts = _lib.AllreduceOptsStruct()
-        opts.struct_size = ctypes.sizeof(opts)
-        opts.op = _reduce_op(op)
-        opts.prescale = float(prescale)
-        opts.postscale = float(postscale)
-        spec = _check_compression(compression)
-        if spec is not None:
-            opts.compression = spec
+        key = (op, prescale, postscale, compression)
+        opts = self._opts_cache.get(key)
+        if opts is None:  # built once per distinct choice: the C side copies it at enqueue
+            opts = _lib.AllreduceOptsStruct()
+            opts.struct_size = ctypes.sizeof(opts)
+            opts.op = _reduce_op(op)
+            opts.prescale = float(prescale)
+            opts.postscale = float(postscale)
+            spec = _check_compression(compression)
+            if spec is not None:
+                opts.compression = spec
+                opts._spec = spec  # the struct points into these bytes
+            if len(self._opts_cache) < 64:
+                self._opts_cache[key] = opts
         src = tensors.describe(tensor, "allreduce input")
         if out is None:
             out = tensors.empty_like(tensor)
-        dst = tensors.describe(out, "allreduce output", writable=True)
-        keep = (src, dst, opts, spec)
+        # In place (the same tensor) is a NULL output for the C API: one descriptor fewer.
+        dst = None if out is tensor else tensors.describe(out, "allreduce output", writable=True)
+        if dst is None:
+            tensors.check_writable(tensor, "allreduce output")
+        keep = (src, dst)
         return self._submit(
-            lambda fn, ud, req: lib().concord_allreduce_async(
+            lambda fn, ud, req: _LIB.concord_allreduce_async(
                 handle, self._name(name, "allreduce"), ctypes.byref(src.struct),
-                ctypes.byref(dst.struct), ctypes.byref(opts), fn, ud, req),
+                ctypes.byref(dst.struct) if dst is not None else None, ctypes.byref(opts), fn,
+                ud, req),
             callback, keep, lambda _: out)
 
     def allreduce(self, tensor, **kwargs):

@@ -19,7 +19,7 @@ DTYPES = {
     "float32": 6,
     "float64": 7,
 }
-DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+_TORCH_DTYPES = {}  # torch.dtype -> concord_dtype_t, filled as dtypes are seen
 ITEMSIZE = {0: 1, 1: 1, 2: 4, 3: 8, 4: 2, 5: 2, 6: 4, 7: 8}
 
 
@@ -42,8 +42,7 @@ class Described:
         self.dtype = dtype
         self.shape = tuple(int(d) for d in shape)
         self._shape = (ctypes.c_int64 * max(len(self.shape), 1))(*self.shape)
-        self.struct = _lib.TensorStruct(ptr or None, dtype, len(self.shape),
-                                        ctypes.cast(self._shape, ctypes.POINTER(ctypes.c_int64)),
+        self.struct = _lib.TensorStruct(ptr or None, dtype, len(self.shape), self._shape,
                                         _lib.DEVICE_CPU)
         self.ptr = ptr
         self.nbytes = ITEMSIZE[dtype]
@@ -61,16 +60,18 @@ def describe(obj, what, writable=False):
                 8, "%s is a %s tensor; this libconcord's C API takes CPU memory only "
                 "(concord_tensor_t has no stream and its device must be CONCORD_DEVICE_CPU)"
                 % (what, obj.device.type))
-        name = str(obj.dtype).replace("torch.", "")
-        if name not in DTYPES:
-            raise InvalidArgumentError(1, "%s has dtype %s; Concord takes %s" %
-                                       (what, obj.dtype, ", ".join(DTYPES)))
+        dtype = _TORCH_DTYPES.get(obj.dtype)
+        if dtype is None:
+            name = str(obj.dtype).replace("torch.", "")
+            if name not in DTYPES:
+                raise InvalidArgumentError(1, "%s has dtype %s; Concord takes %s" %
+                                           (what, obj.dtype, ", ".join(DTYPES)))
+            dtype = _TORCH_DTYPES[obj.dtype] = DTYPES[name]
         if not obj.is_contiguous():
             raise InvalidArgumentError(1, "%s is not contiguous (call .contiguous())" % what)
-        if obj.requires_grad and obj.is_leaf and writable:
-            raise InvalidArgumentError(
-                1, "%s requires grad; pass tensor.data or run under torch.no_grad()" % what)
-        return Described(obj, obj.data_ptr(), DTYPES[name], obj.shape)
+        if writable:
+            check_writable(obj, what)
+        return Described(obj, obj.data_ptr(), dtype, obj.shape)
     if _is_numpy(obj):
         name = obj.dtype.name
         if name not in DTYPES:
@@ -79,11 +80,22 @@ def describe(obj, what, writable=False):
         if not obj.flags.c_contiguous:
             raise InvalidArgumentError(
                 1, "%s is not C-contiguous (use numpy.ascontiguousarray)" % what)
-        if writable and not obj.flags.writeable:
-            raise InvalidArgumentError(1, "%s is read-only" % what)
+        if writable:
+            check_writable(obj, what)
         return Described(obj, obj.ctypes.data, DTYPES[name], obj.shape)
     raise InvalidArgumentError(1, "%s is a %s; Concord takes numpy arrays and torch tensors" %
                                (what, type(obj).__name__))
+
+
+def check_writable(obj, what):
+    """InvalidArgumentError when Concord may not write into obj: a read-only numpy array, or a
+    torch leaf that requires grad (writing behind autograd's back)."""
+    if _is_torch(obj):
+        if obj.requires_grad and obj.is_leaf:
+            raise InvalidArgumentError(
+                1, "%s requires grad; pass tensor.data or run under torch.no_grad()" % what)
+    elif _is_numpy(obj) and not obj.flags.writeable:
+        raise InvalidArgumentError(1, "%s is read-only" % what)
 
 
 def empty_like(obj, first_dim=None):
