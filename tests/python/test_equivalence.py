@@ -56,7 +56,11 @@ def train_distributed(comm, model, passes):
         for k in range(passes):  # each micro-batch's mean loss; their gradients accumulate
             part = slice(k * micro, (k + 1) * micro)
             loss_of(model, xs[part], ys[part]).backward()
+            # The hooks enqueued every gradient during the last backward pass, none before it.
+            expected = len(list(model.parameters())) if k == passes - 1 else 0
+            assert len(opt._concord_handles) == expected
         opt.step()
+        assert not opt._concord_handles
     return model
 
 
