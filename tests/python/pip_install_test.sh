@@ -17,7 +17,8 @@ trap 'rm -rf "$work"' EXIT
 cp -r "$source" "$work/src"
 CONCORD_LIBRARY="$library" "$work/venv/bin/pip" install -q --no-build-isolation "$work/src"
 cd "$work"
-env -u CONCORD_LIBRARY -u PYTHONPATH -u CONCORD_RANK -u CONCORD_SIZE -u CONCORD_STORE \
+env -u CONCORD_LIBRARY -u CONCORD_BUILD_DIR -u PYTHONPATH -u CONCORD_RANK -u CONCORD_SIZE \
+  -u CONCORD_STORE -u CONCORD_TOKEN -u RANK -u WORLD_SIZE -u MASTER_ADDR -u MASTER_PORT \
   "$work/venv/bin/python" - <<'PY'
 import numpy as np
 import concord

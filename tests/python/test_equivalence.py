@@ -2,7 +2,6 @@
 tolerance, as one process training on the union of the ranks' batches (plain steps, and gradient
 accumulation over backward_passes_per_step); broadcast_parameters and broadcast_optimizer_state
 make every rank equal to the root."""
-import copy
 
 import pytest
 
@@ -95,10 +94,24 @@ def test_broadcast_optimizer_state(comm):
         assert torch.equal(comm.broadcast(moment, root=0, name="moment"), moment)
 
 
-def test_step_without_backward_and_compression_refusal(comm):
+def test_optimizer_misuse_is_refused(comm):
     model = make_model(seed=3)
     opt = ctorch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), comm=comm)
     opt.step()  # no gradients anywhere: nothing to reduce, nothing to wait for
+    x, y = batch(0, 1)
+    loss_of(model, x, y).backward()
+    with pytest.raises(concord.InvalidArgumentError, match="in flight"):
+        opt.zero_grad()  # the engine is still writing into the gradients
+    with pytest.raises(RuntimeError, match="computed again before step"):
+        loss_of(model, x, y).backward()  # a second pass without backward_passes_per_step=2
+    opt.step()
+    # Refused before anything was added: every rank had the same model and batch, so each
+    # gradient is the one a local backward pass gives.
+    reference = make_model(seed=3)
+    loss_of(reference, x, y).backward()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-6, atol=1e-7)
+    opt.zero_grad()
     if not concord.compression_supported():
         with pytest.raises(concord.UnavailableError, match="compression"):
             ctorch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),

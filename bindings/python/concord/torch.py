@@ -48,17 +48,27 @@ class _DistributedMixin:
         self._concord_handles = {}  # id(p) -> Handle of its gradient's allreduce in flight
         self._concord_accumulators = []  # keep the grad accumulators (and their hooks) alive
         for p in params:
+            p.register_hook(self._concord_make_guard(p))
             accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
             accumulator.register_hook(self._concord_make_hook(p))
             self._concord_accumulators.append(accumulator)
 
-    def _concord_make_hook(self, p):
-        def hook(*_):
-            key = id(p)
-            if key in self._concord_handles:
+    def _concord_make_guard(self, p):
+        # Runs before the new gradient is added into p.grad: refuses while p.grad is in flight,
+        # before anything is written into memory the engine is using.
+        def guard(grad):
+            if id(p) in self._concord_handles:
                 raise InvalidArgumentError(
                     1, "gradient of %s computed again before step(); with gradient accumulation "
-                    "pass backward_passes_per_step" % self._concord_names[key])
+                    "pass backward_passes_per_step" % self._concord_names[id(p)])
+            return grad
+
+        return guard
+
+    def _concord_make_hook(self, p):
+        # Runs once p.grad holds this pass's gradient.
+        def hook(*_):
+            key = id(p)
             self._concord_counts[key] += 1
             if self._concord_counts[key] == self._concord_passes:
                 self._concord_enqueue(p)
@@ -90,12 +100,14 @@ class _DistributedMixin:
         self.synchronize()
         return super().step(closure)
 
-    def zero_grad(self, set_to_none=False):
+    def zero_grad(self, *args, **kwargs):
+        """The wrapped zero_grad (with its own defaults); refused while allreduces are in flight,
+        because the engine is still writing into the gradients."""
         if self._concord_handles:
             raise InvalidArgumentError(
                 1, "zero_grad() while gradient allreduces are in flight; call step() or "
                 "synchronize() first")
-        return super().zero_grad(set_to_none=set_to_none)
+        return super().zero_grad(*args, **kwargs)
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
