@@ -142,8 +142,8 @@ def main():
         assert all(float(g.view(-1)[0]) == expected for g in s), "wrong sums"
     if comm.rank == 0:
         print("%s: %d tensors, %.1f MB, %d ranks; ms per step (median of %d steps, max over "
-              "ranks), one column per round; speed-up: their time / Concord's" % (args.workload, len(workload), total_bytes / 1e6,
-                                                comm.size, args.steps))
+              "ranks), one column per round; speed-up: their time / Concord's" %
+              (args.workload, len(workload), total_bytes / 1e6, comm.size, args.steps))
         for name, ms in rows.items():
             print("  %-40s %s   median %7.1f  best %7.1f" % (
                 name, "  ".join("%7.1f" % t for t in ms), statistics.median(ms), min(ms)))

@@ -81,6 +81,19 @@ def test_python_side_refusals(comm):
         comm.allreduce_(frozen, name="frozen")
 
 
+def test_struct_field_probe():
+    """compression_supported() rests on this probe of the library's concord_allreduce_opts_t."""
+    from concord import _lib
+    L = concord.lib()
+    size = _lib.library_struct_size(L, "concord_allreduce_opts_init")
+    assert size >= 32  # struct_size, op, prescale, postscale
+    opts = _lib.AllreduceOptsStruct
+    assert _lib.struct_has_field(L, opts, "concord_allreduce_opts_init", "postscale")
+    assert not _lib.struct_has_field(L, opts, "concord_allreduce_opts_init", "no_such_field")
+    assert concord.compression_supported() == _lib.struct_has_field(
+        L, opts, "concord_allreduce_opts_init", "compression")
+
+
 def test_compression_without_library_support(comm):
     if concord.compression_supported():
         pytest.skip("this libconcord supports compression")

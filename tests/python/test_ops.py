@@ -76,8 +76,9 @@ def test_allreduce_every_dtype_and_size(comm, frame, op):
             x = frame.make(rank_values(n, comm.rank, op), dtype)
             before = frame.read(x).copy()
             out = comm.allreduce(x, name="ar.%s.%s.%s.%d" % (frame.kind, op, dtype, n), op=op)
-            np.testing.assert_allclose(frame.read(out), expected_allreduce(n, comm.size, op, dtype),
-                                       rtol=RTOL.get(dtype, 0), err_msg="%s %s n=%d" % (dtype, op, n))
+            expected = expected_allreduce(n, comm.size, op, dtype)
+            np.testing.assert_allclose(frame.read(out), expected, rtol=RTOL.get(dtype, 0),
+                                       err_msg="%s %s n=%d" % (dtype, op, n))
             np.testing.assert_array_equal(frame.read(x), before)  # out of place left x alone
 
 
