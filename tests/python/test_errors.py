@@ -54,8 +54,9 @@ def test_wait_timeout_then_completion(comm):
     if comm.size < 2:
         pytest.skip("needs two ranks")
     x = np.ones(8, np.float32)
+    comm.barrier()
     if comm.rank == 1:
-        time.sleep(0.5)  # rank 0's short wait expires before this rank submits
+        time.sleep(1.0)  # rank 0's short wait expires before this rank submits
     handle = comm.allreduce_async(x, out=x, name="late")
     if comm.rank == 0:
         with pytest.raises(concord.ConcordTimeoutError) as e:
