@@ -124,6 +124,19 @@ def test_async_poll_and_callback(comm):
     assert barrier_done.wait(30)
 
 
+def test_handle_waited_from_two_threads(comm):
+    x = np.full(1000, comm.rank + 1, np.float64)
+    handle = comm.allreduce_async(x, out=x, name="two_waiters")
+    results = []
+    waiters = [threading.Thread(target=lambda: results.append(handle.wait())) for _ in range(2)]
+    for t in waiters:
+        t.start()
+    for t in waiters:
+        t.join(60)
+    assert len(results) == 2 and all(r is x for r in results)
+    np.testing.assert_array_equal(x, comm.size * (comm.size + 1) / 2)
+
+
 def rows_of(rank):
     return rank + 1 if rank % 2 == 0 else 0  # odd ranks contribute no rows at all
 

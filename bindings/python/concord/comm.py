@@ -17,7 +17,7 @@ import itertools
 import threading
 
 from . import _lib, tensors
-from .errors import InvalidArgumentError, Status, UnavailableError, make_error
+from .errors import ConcordError, InvalidArgumentError, Status, UnavailableError, make_error
 
 _LIB = None
 _LIB_LOCK = threading.Lock()
@@ -107,45 +107,52 @@ class Handle:
         self._result = None
         self._error = None
         self._done = False
+        self._lock = threading.Lock()  # one thread completes and frees the request
 
     def poll(self):
         """True once the operation finished (successfully or not); never blocks."""
-        if self._done:
-            return True
-        return lib().concord_test(self._request) != _lib.IN_PROGRESS
+        with self._lock:
+            if self._done:
+                return True
+            return lib().concord_test(self._request) != _lib.IN_PROGRESS
 
     def wait(self, timeout=None):
         """Blocks until done (timeout in seconds; None waits as long as the engine's own deadlines
-        allow) and returns the result: the output tensor, or None for a barrier."""
-        if not self._done:
-            L = lib()
-            status = L.concord_wait(self._request, -1.0 if timeout is None else float(timeout))
-            if status == Status.ERR_TIMEOUT and L.concord_test(self._request) == _lib.IN_PROGRESS:
-                raise make_error(status, "wait timed out after %s s; the operation continues"
-                                 % timeout)
-            self._complete(status)
+        allow) and returns the result: the output tensor, or None for a barrier. Any thread may
+        wait; a second waiter blocks until the first has the result."""
+        with self._lock:
+            if not self._done:
+                L = lib()
+                limit = -1.0 if timeout is None else float(timeout)
+                status = L.concord_wait(self._request, limit)
+                running = L.concord_test(self._request) == _lib.IN_PROGRESS
+                if status == Status.ERR_TIMEOUT and running:
+                    raise make_error(status, "wait timed out after %s s; the operation continues"
+                                     % timeout)
+                self._complete(status)
         if self._error is not None:
             raise self._error
         return self._result
 
     def _complete(self, status):
         L = lib()
-        if status == Status.SUCCESS:
-            self._result = self._finish(self._request)
-        else:
-            message = L.concord_request_error(self._request).decode(errors="replace")
-            self._error = make_error(status, message)
-        L.concord_request_free(self._request)
-        self._request = None
-        self._keepalive = None
-        self._done = True
+        try:
+            if status == Status.SUCCESS:
+                self._result = self._finish(self._request)
+            else:
+                message = L.concord_request_error(self._request).decode(errors="replace")
+                self._error = make_error(status, message)
+        except ConcordError as e:
+            self._error = e
+        finally:
+            L.concord_request_free(self._request)
+            self._request = None
+            self._keepalive = None
+            self._done = True
 
     def __del__(self):
         if not self._done and self._request is not None and _LIB is not None:
-            try:
-                self._complete(_LIB.concord_wait(self._request, -1.0))
-            except Exception:
-                pass
+            self._complete(_LIB.concord_wait(self._request, -1.0))
 
 
 class Communicator:
