@@ -137,6 +137,20 @@ def test_handle_waited_from_two_threads(comm):
     np.testing.assert_array_equal(x, comm.size * (comm.size + 1) / 2)
 
 
+def test_dropped_handles_inside_a_group(comm):
+    """Handles dropped before their group is submitted: no blocking, the engine's buffers stay
+    alive, and later submissions free the finished requests."""
+    from concord import comm as comm_module
+    done = threading.Event()
+    with comm.group():
+        comm.allreduce_async(np.full(5000, comm.rank + 1.0), name="dropped.0")
+        comm.barrier_async(callback=lambda status: done.set())
+    assert done.wait(30)
+    comm.barrier()  # the dropped allreduce finished before this barrier
+    comm.barrier()  # this submission swept it
+    assert not comm_module._ORPHANS
+
+
 def rows_of(rank):
     return rank + 1 if rank % 2 == 0 else 0  # odd ranks contribute no rows at all
 

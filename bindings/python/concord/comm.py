@@ -96,8 +96,8 @@ _NO_CALLBACK = ctypes.cast(None, _lib.CALLBACK)
 class Handle:
     """One enqueued operation. wait() blocks until it finishes and returns its result (raising
     ConcordError on failure); poll() says whether it finished without blocking. The handle keeps
-    its tensors alive until the operation is done; dropping an unfinished handle waits for it
-    first, because the engine still writes into those tensors."""
+    its tensors alive until the operation is done; a handle dropped unfinished hands its request
+    and tensors to a list that later submissions and finalize() free once it has finished."""
 
     def __init__(self, comm, request, keepalive, finish):
         self._comm = comm
@@ -151,8 +151,29 @@ class Handle:
             self._done = True
 
     def __del__(self):
-        if not self._done and self._request is not None and _LIB is not None:
-            self._complete(_LIB.concord_wait(self._request, -1.0))
+        # Never block here (inside a group the request may not even be submitted yet): an
+        # unfinished request is parked with its tensors until it finishes.
+        if not self._done and self._request is not None:
+            with _ORPHANS_LOCK:
+                _ORPHANS.append((self._request, self._keepalive))
+
+
+# Requests whose Handle was dropped before they finished, with the tensors the engine still uses.
+# Each new submission and each finalize frees those that have finished.
+_ORPHANS = []
+_ORPHANS_LOCK = threading.Lock()
+
+
+def _sweep_orphans():
+    with _ORPHANS_LOCK:
+        L = lib()
+        running = []
+        for request, keepalive in _ORPHANS:
+            if L.concord_test(request) == _lib.IN_PROGRESS:
+                running.append((request, keepalive))
+            else:
+                L.concord_request_free(request)
+        _ORPHANS[:] = running
 
 
 class Communicator:
@@ -225,6 +246,8 @@ class Communicator:
         return _TRAMPOLINE, ctypes.c_void_p(key), key
 
     def _submit(self, enqueue, callback, keepalive, finish):
+        if _ORPHANS:
+            _sweep_orphans()
         fn, user_data, key = self._callback(callback, keepalive)
         request = _lib.c_request_p()
         status = enqueue(fn, user_data, ctypes.byref(request))
@@ -357,6 +380,7 @@ class Communicator:
             self._check(status)
         self._handle = None
         _LIVE.discard(self)
+        _sweep_orphans()  # finalize failed whatever was still pending
 
     def __enter__(self):
         return self
