@@ -62,10 +62,14 @@ def _check_compression(compression):
         raise InvalidArgumentError(1, "compression must be a spec string such as 'fp16', 'bf16' "
                                    "or 'topk:density=0.01', got %r" % (compression,))
     if not compression_supported():
+        theirs = _lib.library_struct_size(lib(), "concord_allreduce_opts_init")
+        ours = ctypes.sizeof(_lib.AllreduceOptsStruct)
+        why = ("concord_allreduce_opts_t has no compression field" if theirs <= ours else
+               "its concord_allreduce_opts_t (%d bytes) has fields the binding's mirror (%d bytes, "
+               "concord/_lib.py) lacks" % (theirs, ours))
         raise UnavailableError(
-            8, "compression=%r: this libconcord (%s) has no compression in its C API "
-            "(concord_allreduce_opts_t has no compression field); use compression=None"
-            % (compression, lib().concord_path))
+            8, "compression=%r: this libconcord (%s) takes no compression through its C API: %s; "
+            "use compression=None" % (compression, lib().concord_path, why))
     return compression.encode()
 
 
