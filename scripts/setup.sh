@@ -3,7 +3,8 @@
 # Idempotent: packages already present are not touched, and apt-get runs only when one is missing.
 set -euo pipefail
 packages=(build-essential cmake pkg-config libgloo-dev libgtest-dev libbenchmark-dev libopenmpi-dev
-  openmpi-bin python3 iproute2 gnuplot-nox)
+  openmpi-bin python3 iproute2 gnuplot-nox python3-numpy python3-pytest python3-torch python3-pip
+  python3-venv)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,0 +1,419 @@
+"""Communicator and Handle: Concord's C API as Python objects.
+
+A Communicator owns one concord_comm_t (one background engine). Each operation exists blocking
+(allreduce, ...) and asynchronous (allreduce_async, ... returning a Handle). Operations are
+matched across ranks by name: every rank must submit the same names, dtypes and shapes. A name
+left out is generated from a per-communicator counter, which matches only when every rank issues
+its unnamed operations in the same order.
+
+Threading: a Communicator may be used from many threads. ctypes releases the GIL during every C
+call, so a blocking wait lets other Python threads run. Completion callbacks run on the engine's
+thread: they get the final Status only (the request is not yet waitable inside its callback), must
+not block on other requests and must not finalize the communicator (refused).
+"""
+import atexit
+import ctypes
+import itertools
+import threading
+
+from . import _lib, tensors
+from .errors import ConcordError, InvalidArgumentError, Status, UnavailableError, make_error
+
+_LIB = None
+_LIB_LOCK = threading.Lock()
+
+
+def lib():
+    """The loaded libconcord (loaded on first use)."""
+    global _LIB
+    if _LIB is not None:
+        return _LIB
+    with _LIB_LOCK:
+        if _LIB is None:
+            _LIB = _lib.load()
+        return _LIB
+
+
+REDUCE_OPS = {"sum": 0, "average": 1, "avg": 1, "mean": 1, "min": 2, "max": 3, "product": 4,
+              "prod": 4}
+
+
+def _reduce_op(op):
+    if isinstance(op, str):
+        if op.lower() not in REDUCE_OPS:
+            raise InvalidArgumentError(1, "unknown reduce op %r; use one of %s" %
+                                       (op, ", ".join(sorted(REDUCE_OPS))))
+        return REDUCE_OPS[op.lower()]
+    return int(op)  # a ReduceOp or raw int: the C side checks the range
+
+
+def compression_supported():
+    """Whether this libconcord's C API takes a compression choice per allreduce (a `compression`
+    field of concord_allreduce_opts_t, mirrored in _lib.AllreduceOptsStruct)."""
+    return _lib.struct_has_field(lib(), _lib.AllreduceOptsStruct, "concord_allreduce_opts_init",
+                                 "compression")
+
+
+def _check_compression(compression):
+    """None or "none" means no compression; anything else must be supported by the library."""
+    if compression is None or compression == "none":
+        return None
+    if not isinstance(compression, str):
+        raise InvalidArgumentError(1, "compression must be a spec string such as 'fp16', 'bf16' "
+                                   "or 'topk:density=0.01', got %r" % (compression,))
+    if not compression_supported():
+        theirs = _lib.library_struct_size(lib(), "concord_allreduce_opts_init")
+        ours = ctypes.sizeof(_lib.AllreduceOptsStruct)
+        why = ("concord_allreduce_opts_t has no compression field" if theirs <= ours else
+               "its concord_allreduce_opts_t (%d bytes) has fields the binding's mirror (%d bytes, "
+               "concord/_lib.py) lacks" % (theirs, ours))
+        raise UnavailableError(
+            8, "compression=%r: this libconcord (%s) takes no compression through its C API: %s; "
+            "use compression=None" % (compression, lib().concord_path, why))
+    return compression.encode()
+
+
+# Completion callbacks: one C trampoline for the whole process; user_data is a key into _PENDING,
+# which holds the Python callable (and its handle's buffers) until the engine calls back.
+_PENDING = {}
+_PENDING_LOCK = threading.Lock()
+_KEYS = itertools.count(1)
+
+
+def _on_complete(request, status, user_data):
+    with _PENDING_LOCK:
+        entry = _PENDING.pop(user_data, None)
+    if entry is None:
+        return
+    fn, _keepalive = entry
+    try:
+        fn(Status(status) if status in Status._value2member_map_ else status)
+    except Exception:  # an exception cannot cross into C: report it as Python would
+        import traceback
+        traceback.print_exc()
+
+
+_TRAMPOLINE = _lib.CALLBACK(_on_complete)
+_NO_CALLBACK = ctypes.cast(None, _lib.CALLBACK)
+
+
+class Handle:
+    """One enqueued operation. wait() blocks until it finishes and returns its result (raising
+    ConcordError on failure); poll() says whether it finished without blocking. The handle keeps
+    its tensors alive until the operation is done; a handle dropped unfinished hands its request
+    and tensors to a list that later submissions and finalize() free once it has finished."""
+
+    def __init__(self, comm, request, keepalive, finish):
+        self._comm = comm
+        self._request = request
+        self._keepalive = keepalive
+        self._finish = finish  # builds the result once the request succeeded
+        self._result = None
+        self._error = None
+        self._done = False
+        self._lock = threading.Lock()  # one thread completes and frees the request
+
+    def poll(self):
+        """True once the operation finished (successfully or not); never blocks."""
+        with self._lock:
+            if self._done:
+                return True
+            return lib().concord_test(self._request) != _lib.IN_PROGRESS
+
+    def wait(self, timeout=None):
+        """Blocks until done (timeout in seconds; None waits as long as the engine's own deadlines
+        allow) and returns the result: the output tensor, or None for a barrier. Any thread may
+        wait; a second waiter blocks until the first has the result."""
+        with self._lock:
+            if not self._done:
+                L = lib()
+                limit = -1.0 if timeout is None else float(timeout)
+                status = L.concord_wait(self._request, limit)
+                running = L.concord_test(self._request) == _lib.IN_PROGRESS
+                if status == Status.ERR_TIMEOUT and running:
+                    raise make_error(status, "wait timed out after %s s; the operation continues"
+                                     % timeout)
+                self._complete(status)
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def _complete(self, status):
+        L = lib()
+        try:
+            if status == Status.SUCCESS:
+                self._result = self._finish(self._request)
+            else:
+                message = L.concord_request_error(self._request).decode(errors="replace")
+                self._error = make_error(status, message)
+        except ConcordError as e:
+            self._error = e
+        finally:
+            L.concord_request_free(self._request)
+            self._request = None
+            self._keepalive = None
+            self._done = True
+
+    def __del__(self):
+        # Never block here (inside a group the request may not even be submitted yet): an
+        # unfinished request is parked with its tensors until it finishes.
+        if not self._done and self._request is not None:
+            with _ORPHANS_LOCK:
+                _ORPHANS.append((self._request, self._keepalive))
+
+
+# Requests whose Handle was dropped before they finished, with the tensors the engine still uses.
+# Each new submission and each finalize frees those that have finished.
+_ORPHANS = []
+_ORPHANS_LOCK = threading.Lock()
+
+
+def _sweep_orphans():
+    with _ORPHANS_LOCK:
+        L = lib()
+        running = []
+        for request, keepalive in _ORPHANS:
+            if L.concord_test(request) == _lib.IN_PROGRESS:
+                running.append((request, keepalive))
+            else:
+                L.concord_request_free(request)
+        _ORPHANS[:] = running
+
+
+class Communicator:
+    """One Concord communicator. Created from the launcher's environment (concordrun, torchrun,
+    Slurm, Open MPI), or from keyword arguments that override it: rank, size, local_rank,
+    local_size, store, token, job_id, iface, host, fusion_threshold_bytes, cycle_time_ms,
+    timeout_s, cache_capacity, log_level, inline_threshold_bytes, direct_threshold_bytes, lanes
+    (the fields of concord_config_t). finalize() (or the end of a `with` block, or interpreter exit)
+    runs a last barrier with the other ranks and frees it."""
+
+    def __init__(self, **config):
+        L = lib()
+        handle = _lib.c_comm_p()
+        if config:
+            cfg = _lib.ConfigStruct()
+            L.concord_config_init(ctypes.byref(cfg))
+            cfg.struct_size = ctypes.sizeof(_lib.ConfigStruct)
+            known = {f[0] for f in _lib.ConfigStruct._fields_} - {"struct_size", "version"}
+            for key, value in config.items():
+                if key not in known:
+                    raise InvalidArgumentError(1, "unknown config field %r; known: %s" %
+                                               (key, ", ".join(sorted(known))))
+                setattr(cfg, key, value.encode() if isinstance(value, str) else value)
+            status = L.concord_init_config(ctypes.byref(cfg), ctypes.byref(handle))
+        else:
+            status = L.concord_init(ctypes.byref(handle))
+        if status != Status.SUCCESS:
+            raise make_error(status, L.concord_comm_last_error(None).decode(errors="replace"))
+        self._handle = handle
+        self._opts_cache = {}  # (op, prescale, postscale, compression) -> AllreduceOptsStruct
+        self._counters = {}
+        self._counter_lock = threading.Lock()
+        _LIVE.add(self)
+
+        def query(fn):
+            out = ctypes.c_int()
+            self._check(fn(self._handle, ctypes.byref(out)))
+            return out.value
+
+        self.rank = query(L.concord_comm_rank)
+        self.size = query(L.concord_comm_size)
+        self.local_rank = query(L.concord_comm_local_rank)
+        self.local_size = query(L.concord_comm_local_size)
+
+    # ---- plumbing ----
+    def _check(self, status):
+        if status != Status.SUCCESS:
+            message = lib().concord_comm_last_error(self._handle).decode(errors="replace")
+            raise make_error(status, message)
+
+    def _live(self):
+        if self._handle is None:
+            raise make_error(Status.ERR_NOT_INITIALIZED, "the communicator was finalized")
+        return self._handle
+
+    def _name(self, name, kind):
+        if name is not None:
+            return name.encode() if isinstance(name, str) else bytes(name)
+        with self._counter_lock:
+            n = self._counters.get(kind, 0)
+            self._counters[kind] = n + 1
+        return ("%s.noname.%d" % (kind, n)).encode()
+
+    def _callback(self, callback, keepalive):
+        if callback is None:
+            return _NO_CALLBACK, None, None
+        key = next(_KEYS)
+        with _PENDING_LOCK:
+            _PENDING[key] = (callback, keepalive)
+        return _TRAMPOLINE, ctypes.c_void_p(key), key
+
+    def _submit(self, enqueue, callback, keepalive, finish):
+        if _ORPHANS:
+            _sweep_orphans()
+        fn, user_data, key = self._callback(callback, keepalive)
+        request = _lib.c_request_p()
+        status = enqueue(fn, user_data, ctypes.byref(request))
+        if status != Status.SUCCESS:
+            if key is not None:
+                with _PENDING_LOCK:
+                    _PENDING.pop(key, None)
+            self._check(status)
+        return Handle(self, request, keepalive, finish)
+
+    # ---- operations ----
+    def allreduce_async(self, tensor, name=None, op="sum", prescale=1.0, postscale=1.0, out=None,
+                        compression=None, callback=None):
+        """Reduces tensor over all ranks into out (None: a new tensor; out=tensor: in place).
+        op: "sum", "average", "min", "max", "product" (or a ReduceOp). prescale multiplies the input
+        and postscale the result (floating-point dtypes). compression: a spec ("fp16", ...) where
+        the library supports it, else UnavailableError. Returns a Handle whose wait() gives out."""
+        handle = self._live()
+        key = (op, prescale, postscale, compression)
+        opts = self._opts_cache.get(key)
+        if opts is None:  # built once per distinct choice: the C side copies it at enqueue
+            opts = _lib.AllreduceOptsStruct()
+            opts.struct_size = ctypes.sizeof(opts)
+            opts.op = _reduce_op(op)
+            opts.prescale = float(prescale)
+            opts.postscale = float(postscale)
+            spec = _check_compression(compression)
+            if spec is not None:
+                opts.compression = spec
+                opts._spec = spec  # the struct points into these bytes
+            if len(self._opts_cache) < 64:
+                self._opts_cache[key] = opts
+        src = tensors.describe(tensor, "allreduce input")
+        if out is None:
+            out = tensors.empty_like(tensor)
+        # In place (the same tensor) is a NULL output for the C API: one descriptor fewer.
+        dst = None if out is tensor else tensors.describe(out, "allreduce output", writable=True)
+        if dst is None:
+            tensors.check_writable(tensor, "allreduce output")
+        keep = (src, dst)
+        return self._submit(
+            lambda fn, ud, req: _LIB.concord_allreduce_async(
+                handle, self._name(name, "allreduce"), ctypes.byref(src.struct),
+                ctypes.byref(dst.struct) if dst is not None else None, ctypes.byref(opts), fn,
+                ud, req),
+            callback, keep, lambda _: out)
+
+    def allreduce(self, tensor, **kwargs):
+        """Blocking allreduce_async(...).wait()."""
+        return self.allreduce_async(tensor, **kwargs).wait()
+
+    def allreduce_(self, tensor, **kwargs):
+        """In-place blocking allreduce: tensor receives the result and is returned."""
+        return self.allreduce_async(tensor, out=tensor, **kwargs).wait()
+
+    def allgather_async(self, tensor, name=None, out=None, callback=None):
+        """Concatenates every rank's tensor along the first dimension (which may differ between
+        ranks; the others must agree). out=None: a new tensor of the gathered size; else the result
+        goes into out (at least as large) and wait() returns out[:gathered rows]."""
+        handle = self._live()
+        src = tensors.describe(tensor, "allgather input")
+        if len(src.shape) == 0:
+            raise InvalidArgumentError(1, "allgather input must have at least one dimension")
+        dst = None if out is None else tensors.describe(out, "allgather output", writable=True)
+        if dst is not None and dst.dtype != src.dtype:
+            raise InvalidArgumentError(1, "allgather output dtype differs from the input's")
+
+        def finish(request):
+            data, nbytes, first = ctypes.c_void_p(), ctypes.c_size_t(), ctypes.c_int64()
+            self._check(lib().concord_request_output(request, ctypes.byref(data),
+                                                     ctypes.byref(nbytes), ctypes.byref(first)))
+            if out is not None:
+                return out[:first.value]
+            result = tensors.empty_like(tensor, first.value)
+            tensors.copy_from_address(result, data.value, nbytes.value)
+            return result
+
+        return self._submit(
+            lambda fn, ud, req: lib().concord_allgather_async(
+                handle, self._name(name, "allgather"), ctypes.byref(src.struct),
+                dst.ptr if dst else None, dst.nbytes if dst else 0, fn, ud, req),
+            callback, (src, dst), finish)
+
+    def allgather(self, tensor, **kwargs):
+        return self.allgather_async(tensor, **kwargs).wait()
+
+    def broadcast_async(self, tensor, root=0, name=None, out=None, callback=None):
+        """Every rank receives root's tensor in out (None: a new tensor; out=tensor: in place)."""
+        handle = self._live()
+        src = tensors.describe(tensor, "broadcast input")
+        if out is None:
+            out = tensors.empty_like(tensor)
+        dst = tensors.describe(out, "broadcast output", writable=True)
+        return self._submit(
+            lambda fn, ud, req: lib().concord_broadcast_async(
+                handle, self._name(name, "broadcast"), ctypes.byref(src.struct),
+                ctypes.byref(dst.struct), int(root), fn, ud, req),
+            callback, (src, dst), lambda _: out)
+
+    def broadcast(self, tensor, root=0, **kwargs):
+        return self.broadcast_async(tensor, root=root, **kwargs).wait()
+
+    def broadcast_(self, tensor, root=0, **kwargs):
+        """In-place blocking broadcast: tensor receives root's values and is returned."""
+        return self.broadcast_async(tensor, root=root, out=tensor, **kwargs).wait()
+
+    def barrier_async(self, callback=None):
+        handle = self._live()
+        return self._submit(
+            lambda fn, ud, req: lib().concord_barrier_async(handle, fn, ud, req),
+            callback, None, lambda _: None)
+
+    def barrier(self):
+        self.barrier_async().wait()
+
+    def group(self):
+        """`with comm.group():` operations this thread enqueues inside are negotiated and fused as
+        one unit when the block ends. Groups do not nest."""
+        return _Group(self)
+
+    # ---- lifetime ----
+    def finalize(self):
+        """Last barrier with the other ranks, then frees the communicator (idempotent). Pending
+        operations fail with ERR_NOT_INITIALIZED."""
+        if self._handle is None:
+            return
+        status = lib().concord_finalize(self._handle)
+        if status != Status.SUCCESS:
+            # The handle stays valid when finalize is refused (inside a callback).
+            self._check(status)
+        self._handle = None
+        _LIVE.discard(self)
+        _sweep_orphans()  # finalize failed whatever was still pending
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.finalize()
+
+
+class _Group:
+    def __init__(self, comm):
+        self._comm = comm
+
+    def __enter__(self):
+        self._comm._check(lib().concord_group_start(self._comm._live()))
+        return self
+
+    def __exit__(self, *exc):
+        self._comm._check(lib().concord_group_end(self._comm._live()))
+
+
+# Every communicator not yet finalized: held here so that it is finalized before Python tears
+# down, and no engine thread calls a Python callback into a dead interpreter.
+_LIVE = set()
+
+
+@atexit.register
+def _finalize_all():
+    for comm in list(_LIVE):
+        try:
+            comm.finalize()
+        except Exception:
+            pass

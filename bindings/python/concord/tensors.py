@@ -1,0 +1,116 @@
+"""Tensors as the C API sees them: numpy arrays and torch tensors (CPU) turned into concord_tensor_t
+descriptors, and new arrays or tensors of a given dtype and shape for results. numpy and torch are
+imported only when an object of theirs is passed, so neither is required."""
+import ctypes
+import sys
+
+from . import _lib
+from .errors import InvalidArgumentError, UnavailableError
+
+# concord_dtype_t by dtype name (numpy's names; torch's without the "torch." prefix). numpy has no
+# bfloat16 of its own: an array whose dtype is named "bfloat16" (ml_dtypes) is accepted too.
+DTYPES = {
+    "uint8": 0,
+    "int8": 1,
+    "int32": 2,
+    "int64": 3,
+    "float16": 4,
+    "bfloat16": 5,
+    "float32": 6,
+    "float64": 7,
+}
+_TORCH_DTYPES = {}  # torch.dtype -> concord_dtype_t, filled as dtypes are seen
+ITEMSIZE = {0: 1, 1: 1, 2: 4, 3: 8, 4: 2, 5: 2, 6: 4, 7: 8}
+
+
+def _is_torch(obj):
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.Tensor)
+
+
+def _is_numpy(obj):
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(obj, np.ndarray)
+
+
+class Described:
+    """One tensor's C descriptor. It keeps the object (so its memory) and the shape array alive as
+    long as the descriptor is referenced."""
+
+    def __init__(self, obj, ptr, dtype, shape):
+        self.obj = obj
+        self.dtype = dtype
+        self.shape = tuple(int(d) for d in shape)
+        self._shape = (ctypes.c_int64 * max(len(self.shape), 1))(*self.shape)
+        self.struct = _lib.TensorStruct(ptr or None, dtype, len(self.shape), self._shape,
+                                        _lib.DEVICE_CPU)
+        self.ptr = ptr
+        self.nbytes = ITEMSIZE[dtype]
+        for d in self.shape:
+            self.nbytes *= d
+
+
+def describe(obj, what, writable=False):
+    """The descriptor of a numpy array or torch tensor; InvalidArgumentError for anything Concord
+    cannot take (other types, unsupported dtypes, non-contiguous or read-only memory) and
+    UnavailableError for device tensors, which this C API does not take yet."""
+    if _is_torch(obj):
+        if obj.device.type != "cpu":
+            raise UnavailableError(
+                8, "%s is a %s tensor; this libconcord's C API takes CPU memory only "
+                "(concord_tensor_t has no stream and its device must be CONCORD_DEVICE_CPU)"
+                % (what, obj.device.type))
+        dtype = _TORCH_DTYPES.get(obj.dtype)
+        if dtype is None:
+            name = str(obj.dtype).replace("torch.", "")
+            if name not in DTYPES:
+                raise InvalidArgumentError(1, "%s has dtype %s; Concord takes %s" %
+                                           (what, obj.dtype, ", ".join(DTYPES)))
+            dtype = _TORCH_DTYPES[obj.dtype] = DTYPES[name]
+        if not obj.is_contiguous():
+            raise InvalidArgumentError(1, "%s is not contiguous (call .contiguous())" % what)
+        if writable:
+            check_writable(obj, what)
+        return Described(obj, obj.data_ptr(), dtype, obj.shape)
+    if _is_numpy(obj):
+        name = obj.dtype.name
+        if name not in DTYPES:
+            raise InvalidArgumentError(1, "%s has dtype %s; Concord takes %s" %
+                                       (what, name, ", ".join(DTYPES)))
+        if not obj.flags.c_contiguous:
+            raise InvalidArgumentError(
+                1, "%s is not C-contiguous (use numpy.ascontiguousarray)" % what)
+        if writable:
+            check_writable(obj, what)
+        return Described(obj, obj.ctypes.data, DTYPES[name], obj.shape)
+    raise InvalidArgumentError(1, "%s is a %s; Concord takes numpy arrays and torch tensors" %
+                               (what, type(obj).__name__))
+
+
+def check_writable(obj, what):
+    """InvalidArgumentError when Concord may not write into obj: a read-only numpy array, or a
+    torch leaf that requires grad (writing behind autograd's back)."""
+    if _is_torch(obj):
+        if obj.requires_grad and obj.is_leaf:
+            raise InvalidArgumentError(
+                1, "%s requires grad; pass tensor.data or run under torch.no_grad()" % what)
+    elif _is_numpy(obj) and not obj.flags.writeable:
+        raise InvalidArgumentError(1, "%s is read-only" % what)
+
+
+def empty_like(obj, first_dim=None):
+    """A new uninitialised array or tensor like obj, with its first dimension replaced."""
+    shape = list(obj.shape)
+    if first_dim is not None:
+        shape = [first_dim] + shape[1:]
+    if _is_torch(obj):
+        import torch
+        return torch.empty(shape, dtype=obj.dtype)
+    import numpy
+    return numpy.empty(shape, dtype=obj.dtype)
+
+
+def copy_from_address(obj, address, nbytes):
+    """Copies nbytes from a C address into obj's (contiguous, CPU) memory."""
+    if nbytes:
+        ctypes.memmove(obj.data_ptr() if _is_torch(obj) else obj.ctypes.data, address, nbytes)

@@ -1,0 +1,159 @@
+"""PyTorch integration: DistributedOptimizer, broadcast_parameters, broadcast_optimizer_state.
+
+DistributedOptimizer(opt) returns an optimizer of opt's own class (isinstance checks and learning
+rate schedulers keep working) that shares opt's parameter groups and state. During backward, a
+hook on each parameter's gradient accumulator enqueues that gradient's allreduce (average over
+ranks, in place) as soon as the gradient is complete, so communication overlaps the rest of the
+backward pass; step() waits for all of them, then runs the wrapped step. CPU tensors.
+"""
+import io
+
+import torch
+
+from . import comm as _comm
+from .errors import InvalidArgumentError
+
+
+def _communicator(comm):
+    if comm is not None:
+        return comm
+    import concord
+    return concord.default()
+
+
+class _DistributedMixin:
+    """The methods a DistributedOptimizer adds to (or overrides in) the wrapped optimizer's class.
+    Not thread-safe: one training loop drives it, as with any torch optimizer."""
+
+    def _concord_setup(self, comm, named_parameters, compression, backward_passes_per_step, op):
+        if backward_passes_per_step < 1:
+            raise InvalidArgumentError(1, "backward_passes_per_step must be >= 1")
+        self._concord = comm
+        self._concord_compression = compression
+        self._concord_op = op
+        self._concord_passes = backward_passes_per_step
+        params = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
+        names = {}
+        if named_parameters is not None:
+            names = {id(p): n for n, p in named_parameters}
+            seen = set()
+            for n in names.values():
+                if n in seen:
+                    raise InvalidArgumentError(1, "parameter name %r appears twice" % n)
+                seen.add(n)
+        self._concord_names = {id(p): "grad." + names.get(id(p), "param.%d" % i)
+                               for i, p in enumerate(params)}
+        self._concord_params = params
+        self._concord_counts = {id(p): 0 for p in params}
+        self._concord_handles = {}  # id(p) -> Handle of its gradient's allreduce in flight
+        self._concord_accumulators = []  # keep the grad accumulators (and their hooks) alive
+        for p in params:
+            p.register_hook(self._concord_make_guard(p))
+            accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
+            accumulator.register_hook(self._concord_make_hook(p))
+            self._concord_accumulators.append(accumulator)
+
+    def _concord_make_guard(self, p):
+        # Runs before the new gradient is added into p.grad: refuses while p.grad is in flight,
+        # before anything is written into memory the engine is using.
+        def guard(grad):
+            if id(p) in self._concord_handles:
+                raise InvalidArgumentError(
+                    1, "gradient of %s computed again before step(); with gradient accumulation "
+                    "pass backward_passes_per_step" % self._concord_names[id(p)])
+            return grad
+
+        return guard
+
+    def _concord_make_hook(self, p):
+        # Runs once p.grad holds this pass's gradient.
+        def hook(*_):
+            key = id(p)
+            self._concord_counts[key] += 1
+            if self._concord_counts[key] == self._concord_passes:
+                self._concord_enqueue(p)
+
+        return hook
+
+    def _concord_enqueue(self, p):
+        grad = p.grad
+        self._concord_handles[id(p)] = self._concord.allreduce_async(
+            grad, out=grad, name=self._concord_names[id(p)], op=self._concord_op,
+            prescale=1.0 / self._concord_passes, compression=self._concord_compression)
+
+    def synchronize(self):
+        """Enqueues the gradients whose hooks have not fired yet (e.g. fewer backward passes than
+        backward_passes_per_step), in parameter order, and waits for every allreduce."""
+        for p in self._concord_params:
+            if id(p) not in self._concord_handles and p.grad is not None:
+                self._concord_enqueue(p)
+        handles, self._concord_handles = self._concord_handles, {}
+        try:
+            for h in handles.values():
+                h.wait()
+        finally:
+            for key in self._concord_counts:
+                self._concord_counts[key] = 0
+
+    def step(self, closure=None):
+        """Waits for the gradients' allreduces, then runs the wrapped optimizer's step."""
+        self.synchronize()
+        return super().step(closure)
+
+    def zero_grad(self, *args, **kwargs):
+        """The wrapped zero_grad (with its own defaults); refused while allreduces are in flight,
+        because the engine is still writing into the gradients."""
+        if self._concord_handles:
+            raise InvalidArgumentError(
+                1, "zero_grad() while gradient allreduces are in flight; call step() or "
+                "synchronize() first")
+        return super().zero_grad(*args, **kwargs)
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
+                         backward_passes_per_step=1, op="average", comm=None):
+    """Wraps a torch optimizer for data-parallel training over Concord.
+
+    named_parameters: model.named_parameters(), to name each gradient (the names must be the same
+    on every rank; without them parameters are named by their position). compression: a spec such
+    as "fp16" for every gradient of this optimizer, where libconcord supports it (else
+    UnavailableError at once). backward_passes_per_step: gradients are accumulated locally over
+    this many backward passes before one allreduce; the result is the average over ranks and
+    passes. comm: a Communicator (default: the one concord.init() made)."""
+    comm = _communicator(comm)
+    _comm._check_compression(compression)  # fail at construction, not inside backward
+    cls = type(optimizer.__class__.__name__, (_DistributedMixin, optimizer.__class__), {})
+    wrapped = cls.__new__(cls)
+    wrapped.__dict__.update(optimizer.__dict__)  # the same param_groups, state and defaults
+    wrapped._concord_setup(comm, named_parameters, compression, backward_passes_per_step, op)
+    return wrapped
+
+
+def broadcast_parameters(params, root_rank=0, comm=None):
+    """Overwrites every rank's parameters (or buffers) with root_rank's, in place. params: a
+    state_dict or an iterable of (name, tensor) such as model.named_parameters()."""
+    comm = _communicator(comm)
+    items = sorted(params.items()) if isinstance(params, dict) else list(params)
+    handles = []
+    with torch.no_grad(), comm.group():
+        for name, tensor in items:
+            t = tensor.detach()
+            handles.append(comm.broadcast_async(t, root=root_rank, out=t, name="param." + name))
+    for h in handles:
+        h.wait()
+
+
+def broadcast_optimizer_state(optimizer, root_rank=0, comm=None):
+    """Loads root_rank's optimizer state (its state_dict: moments, steps, learning rates) into
+    every rank's optimizer."""
+    comm = _communicator(comm)
+    buf = io.BytesIO()
+    if comm.rank == root_rank:
+        torch.save(optimizer.state_dict(), buf)
+    payload = torch.frombuffer(bytearray(buf.getvalue()) or bytearray(1), dtype=torch.uint8)
+    length = torch.tensor([payload.numel() if comm.rank == root_rank else 0], dtype=torch.int64)
+    comm.broadcast_(length, root=root_rank, name="optimizer_state.length")
+    data = payload if comm.rank == root_rank else torch.empty(int(length), dtype=torch.uint8)
+    comm.broadcast_(data, root=root_rank, name="optimizer_state.bytes")
+    if comm.rank != root_rank:
+        optimizer.load_state_dict(torch.load(io.BytesIO(data.numpy().tobytes())))

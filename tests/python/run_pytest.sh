@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Runs a pytest file (or, with --script, a plain script) on N ranks through concordrun.
+#   run_pytest.sh [--script] PYTHON CONCORDRUN N FILE [args...]
+# Exits 77 (ctest's skip code here) with a clear message when PYTHON lacks pytest or numpy.
+set -euo pipefail
+script=0
+if [ "${1:-}" = "--script" ]; then script=1; shift; fi
+python="$1" concordrun="$2" np="$3"
+shift 3
+need="import numpy"
+[ "$script" = 1 ] && need="import numpy, torch" || need="import numpy, pytest"
+if ! "$python" -c "$need" 2>/dev/null; then
+  echo "SKIPPED: Python tests need '$need' under $python (apt-get install python3-numpy" \
+       "python3-pytest python3-torch; scripts/setup.sh installs them)"
+  exit 77
+fi
+if [ "$script" = 1 ]; then
+  exec "$concordrun" -np "$np" --timeout 30 "$python" "$@"
+fi
+# -p no:cacheprovider: no .pytest_cache in the source tree; -rs prints every skip's reason.
+exec "$concordrun" -np "$np" --timeout 30 "$python" -m pytest -q -rs -p no:cacheprovider "$@"

@@ -1,0 +1,215 @@
+"""Every operation and dtype through numpy and torch against expected values, at 1 to 4 ranks:
+allreduce (each reduce op, prescale and postscale, in place and out of place, async with poll and
+callback), allgather (first dimensions differing between ranks; request-owned and caller-owned
+output), broadcast from every root, barrier, groups. Sizes 0, 1, 7, 4099 and 1 Mi elements."""
+import threading
+
+import numpy as np
+import pytest
+
+import concord
+
+NP_DTYPES = ["uint8", "int8", "int32", "int64", "float16", "float32", "float64"]
+TORCH_DTYPES = NP_DTYPES + ["bfloat16"]
+SIZES = [0, 1, 7, 4099]
+OPS = ["sum", "average", "min", "max", "product"]
+FLOATS = {"float16", "bfloat16", "float32", "float64"}
+# Relative tolerance of one rounding of a result in each floating-point dtype (integers: exact).
+RTOL = {"float16": 2.0**-10, "bfloat16": 2.0**-7, "float32": 2.0**-22, "float64": 2.0**-51}
+
+
+def torch_or_skip():
+    return pytest.importorskip("torch", reason="torch is not installed for this Python "
+                               "(apt-get install python3-torch)")
+
+
+class Frame:
+    """Builds inputs in numpy or torch and reads results back as float64 numpy arrays."""
+
+    def __init__(self, kind):
+        self.kind = kind
+        self.torch = torch_or_skip() if kind == "torch" else None
+
+    def make(self, values, dtype):
+        values = np.asarray(values, dtype=np.float64)
+        if self.torch is None:
+            return values.astype(dtype)
+        return self.torch.from_numpy(values).to(getattr(self.torch, dtype))
+
+    def read(self, t):
+        return t.to(self.torch.float64).numpy() if self.torch is not None else t.astype(np.float64)
+
+
+@pytest.fixture(params=["numpy", "torch"])
+def frame(request):
+    return Frame(request.param)
+
+
+def dtypes_of(frame):
+    return TORCH_DTYPES if frame.kind == "torch" else NP_DTYPES
+
+
+def rank_values(n, rank, op):
+    """Small integers (exact in every dtype, products fit int8) that differ per rank."""
+    i = np.arange(n)
+    return (i % 2 if op == "product" else i % 5) + rank + 1
+
+
+def expected_allreduce(n, size, op, dtype):
+    per_rank = np.stack([rank_values(n, r, op) for r in range(size)]).astype(np.float64)
+    if op == "sum":
+        return per_rank.sum(0)
+    if op == "average":
+        total = per_rank.sum(0)
+        return total / size if dtype in FLOATS else np.trunc(total / size)
+    if op == "min":
+        return per_rank.min(0)
+    if op == "max":
+        return per_rank.max(0)
+    return per_rank.prod(0)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_allreduce_every_dtype_and_size(comm, frame, op):
+    for dtype in dtypes_of(frame):
+        for n in SIZES:
+            x = frame.make(rank_values(n, comm.rank, op), dtype)
+            before = frame.read(x).copy()
+            out = comm.allreduce(x, name="ar.%s.%s.%s.%d" % (frame.kind, op, dtype, n), op=op)
+            expected = expected_allreduce(n, comm.size, op, dtype)
+            np.testing.assert_allclose(frame.read(out), expected, rtol=RTOL.get(dtype, 0),
+                                       err_msg="%s %s n=%d" % (dtype, op, n))
+            np.testing.assert_array_equal(frame.read(x), before)  # out of place left x alone
+
+
+def test_allreduce_in_place_with_scaling(comm, frame):
+    for dtype in sorted(FLOATS & set(dtypes_of(frame))):
+        x = frame.make(rank_values(7, comm.rank, "sum"), dtype)
+        result = comm.allreduce_(x, name="scaled.%s.%s" % (frame.kind, dtype), op="sum",
+                                 prescale=0.5, postscale=4.0)
+        assert result is x
+        np.testing.assert_allclose(frame.read(x), 2.0 * expected_allreduce(7, comm.size, "sum",
+                                                                           dtype), rtol=RTOL[dtype])
+
+
+def test_allreduce_large_float32_async(comm, frame):
+    """1 Mi elements: past the direct threshold, cut into slices on both lanes."""
+    n = 1 << 20
+    x = frame.make(rank_values(n, comm.rank, "sum"), "float32")
+    handle = comm.allreduce_async(x, out=x, name="large." + frame.kind, op=concord.ReduceOp.AVERAGE)
+    assert handle.wait() is x
+    assert handle.poll()
+    np.testing.assert_allclose(frame.read(x), expected_allreduce(n, comm.size, "average",
+                                                                 "float32"), rtol=RTOL["float32"])
+
+
+def test_async_poll_and_callback(comm):
+    done = threading.Event()
+    seen = []
+
+    def callback(status):
+        seen.append(status)
+        done.set()
+
+    x = np.full(3, comm.rank + 1, np.int32)
+    handle = comm.allreduce_async(x, out=x, name="callback", callback=callback)
+    assert done.wait(30), "the completion callback never ran"
+    assert seen == [concord.Status.SUCCESS]
+    while not handle.poll():
+        pass
+    handle.wait()
+    assert list(x) == [comm.size * (comm.size + 1) // 2] * 3
+    barrier_done = threading.Event()
+    comm.barrier_async(callback=lambda status: barrier_done.set()).wait()
+    assert barrier_done.wait(30)
+
+
+def test_handle_waited_from_two_threads(comm):
+    x = np.full(1000, comm.rank + 1, np.float64)
+    handle = comm.allreduce_async(x, out=x, name="two_waiters")
+    results = []
+    waiters = [threading.Thread(target=lambda: results.append(handle.wait())) for _ in range(2)]
+    for t in waiters:
+        t.start()
+    for t in waiters:
+        t.join(60)
+    assert len(results) == 2 and all(r is x for r in results)
+    np.testing.assert_array_equal(x, comm.size * (comm.size + 1) / 2)
+
+
+def test_dropped_handles_inside_a_group(comm):
+    """Handles dropped before their group is submitted: no blocking, the engine's buffers stay
+    alive, and later submissions free the finished requests."""
+    from concord import comm as comm_module
+    done = threading.Event()
+    with comm.group():
+        comm.allreduce_async(np.full(5000, comm.rank + 1.0), name="dropped.0")
+        comm.barrier_async(callback=lambda status: done.set())
+    assert done.wait(30)
+    comm.barrier()  # the dropped allreduce finished before this barrier
+    comm.barrier()  # this submission swept it
+    assert not comm_module._ORPHANS
+
+
+def rows_of(rank):
+    return rank + 1 if rank % 2 == 0 else 0  # odd ranks contribute no rows at all
+
+
+def test_allgather_differing_first_dims(comm, frame):
+    for dtype in dtypes_of(frame):
+        for cols in (1, 3):
+            mine = np.array([[10 * comm.rank + (j % 10)] * cols for j in range(rows_of(comm.rank))])
+            x = frame.make(mine.reshape(rows_of(comm.rank), cols), dtype)
+            expected = np.concatenate(
+                [np.array([[10 * r + (j % 10)] * cols for j in range(rows_of(r))]).reshape(-1, cols)
+                 for r in range(comm.size)])
+            got = comm.allgather(x, name="ag.%s.%s.%d" % (frame.kind, dtype, cols))
+            assert tuple(got.shape) == expected.shape
+            np.testing.assert_array_equal(frame.read(got), expected)
+            # Into a caller's buffer, larger than needed: the gathered rows are returned.
+            buf = frame.make(np.zeros((expected.shape[0] + 2, cols)), dtype)
+            got = comm.allgather(x, name="ag.out.%s.%s.%d" % (frame.kind, dtype, cols), out=buf)
+            np.testing.assert_array_equal(frame.read(got), expected)
+
+
+def test_broadcast_from_every_root(comm, frame):
+    for dtype in dtypes_of(frame):
+        for root in range(comm.size):
+            for n in (0, 1, 4099):
+                x = frame.make((np.arange(n) % 10) + 10 * comm.rank, dtype)
+                got = comm.broadcast(x, root=root, name="bc.%s.%s.%d.%d" % (frame.kind, dtype,
+                                                                              root, n))
+                np.testing.assert_array_equal(frame.read(got), (np.arange(n) % 10) + 10 * root)
+        y = frame.make([comm.rank] * 5, dtype)
+        assert comm.broadcast_(y, root=comm.size - 1, name="bc_." + dtype) is y
+        np.testing.assert_array_equal(frame.read(y), [comm.size - 1] * 5)
+
+
+def test_scalar_tensor(comm, frame):
+    x = frame.make(np.array(comm.rank + 1.0), "float64")
+    assert tuple(comm.allreduce(x, name="scalar." + frame.kind).shape) == ()
+    assert float(frame.read(comm.allreduce(x, name="scalar." + frame.kind))) == \
+        comm.size * (comm.size + 1) / 2
+
+
+def test_group_fuses_operations(comm):
+    xs = [np.full(n, comm.rank + 1, np.float32) for n in (1, 7, 300)]
+    with comm.group():
+        handles = [comm.allreduce_async(x, out=x, name="group.%d" % i)
+                   for i, x in enumerate(xs)]
+        handles.append(comm.barrier_async())
+    for h in handles:
+        h.wait()
+    for x in xs:
+        np.testing.assert_array_equal(x, comm.size * (comm.size + 1) / 2)
+
+
+def test_module_level_api_and_unnamed_ops(comm):
+    assert concord.default() is comm
+    assert (concord.rank(), concord.size()) == (comm.rank, comm.size)
+    assert 0 <= concord.local_rank() < concord.local_size()
+    # Unnamed operations are named by a counter; every rank issues them in the same order.
+    a = concord.allreduce(np.ones(4, np.int64))
+    b = concord.allreduce(np.ones(2, np.int64))
+    assert list(a) == [comm.size] * 4 and list(b) == [comm.size] * 2
+    concord.barrier()
