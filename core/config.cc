@@ -91,6 +91,7 @@ StatusOr<Config> Config::FromEnvironment() {
   c.mpi_launched = FirstSet({"OMPI_COMM_WORLD_SIZE", "PMIX_RANK"}, &launcher, &which);
   ReadString({"CONCORD_GLOO_ALGORITHM"}, &c.gloo_algorithm);
   CONCORD_RETURN_IF_ERROR(ReadInt({"CONCORD_FUSION_THRESHOLD"}, &c.fusion_threshold_bytes));
+  ReadString({"CONCORD_COMPRESSION"}, &c.compression);
   CONCORD_RETURN_IF_ERROR(ReadInt({"CONCORD_INLINE_THRESHOLD"}, &c.inline_threshold_bytes));
   CONCORD_RETURN_IF_ERROR(ReadInt({"CONCORD_DIRECT_THRESHOLD"}, &c.direct_threshold_bytes));
   CONCORD_RETURN_IF_ERROR(ReadDouble("CONCORD_CYCLE_TIME_MS", &c.cycle_time_ms));

@@ -30,6 +30,8 @@ struct Config {
   std::string backend = "gloo";
   bool mpi_launched = false;  // OMPI_COMM_WORLD_SIZE or PMIX_RANK is set: mpirun started us
   std::string gloo_algorithm = "auto";
+  // The compressor of allreduces that do not name one ("none", "fp16", "topk:density=0.01", ...).
+  std::string compression = "none";
   int64_t fusion_threshold_bytes = int64_t{64} << 20;
   // Allreduces at least this large are not fused: they run in place, saving two copies.
   int64_t direct_threshold_bytes = int64_t{256} << 10;

@@ -220,6 +220,9 @@ Response Coordinator::Validate(const Pending& p) const {
     check("reduce op", [](const TensorRequest& r) { return ReduceOpName(r.reduce_op); });
     check("prescale", [](const TensorRequest& r) { return ExactDouble(r.prescale); });
     check("postscale", [](const TensorRequest& r) { return ExactDouble(r.postscale); });
+    check("compression", [](const TensorRequest& r) {
+      return r.compression.empty() ? std::string("none") : r.compression;
+    });
   }
   if (first.op == OpType::kBroadcast) {
     check("root", [](const TensorRequest& r) { return std::to_string(r.root); });

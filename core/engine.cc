@@ -163,6 +163,22 @@ Status Engine::failure() const {
 
 Status Engine::Enqueue(QueueEntry entry) {
   CONCORD_RETURN_IF_ERROR(ValidateEntry(entry, config_.size));
+  TensorRequest& r = entry.request;
+  if (r.op == OpType::kAllreduce && !r.compression.empty()) {
+    auto compressor = CompressorFor(r.compression);
+    if (!compressor.ok()) return compressor.status().WithContext("tensor '" + r.name + "'");
+    CONCORD_RETURN_IF_ERROR(
+        (*compressor)->CheckDType(r.dtype).WithContext("tensor '" + r.name + "'"));
+    // Ranks compare the canonical spec; "none" is no compression at all.
+    r.compression = (*compressor)->spec();
+    if (r.compression == "none") {
+      r.compression.clear();
+    } else {
+      entry.compressor = std::move(*compressor);
+    }
+  } else {
+    r.compression.clear();
+  }
   {
     std::lock_guard<std::mutex> lock(group_mu_);
     if (group_open_ && group_owner_ == std::this_thread::get_id()) {
@@ -382,7 +398,7 @@ std::optional<std::string> Engine::InlineData(const TensorRequest& r, const void
   // collectives (bandwidth-optimal) are cheaper than the star through the coordinator.
   const size_t limit = std::min(static_cast<size_t>(config_.inline_threshold_bytes),
                                 kInlineBudgetBytes / std::max(1, config_.size - 1));
-  if (r.op != OpType::kAllreduce || r.device != -1 || config_.size == 1 ||
+  if (r.op != OpType::kAllreduce || r.device != -1 || config_.size == 1 || !r.compression.empty() ||
       config_.inline_threshold_bytes == 0 || r.NumBytes() > limit) {
     return std::nullopt;
   }
@@ -579,6 +595,9 @@ Status Engine::RunBatch(Lane& lane, const FusionBatch& batch,
   }
   if (batch.fused) {
     stats_.fused_tensors.fetch_add(batch.members.size(), std::memory_order_relaxed);
+    if (!responses[batch.members.front()]->request.compression.empty()) {
+      return RunCompressed(lane, batch, responses, entries);
+    }
     return RunAllreduceFused(lane, batch, responses, entries);
   }
   const size_t i = batch.members.front();
@@ -632,6 +651,8 @@ Status Engine::CompleteInline(const Response& r, const std::string& data,
   const size_t n = static_cast<size_t>(q.NumElements());
   std::memcpy(entry->output, data.data(), data.size());
   FinishAllreduce(q, entry->output, n);
+  // Each rank sent its input to rank 0, which sent the result to every other rank.
+  entry->state->AddWireBytes(config_.rank == 0 ? data.size() * (config_.size - 1) : data.size());
   entry->state->Complete(Status::Ok());
   return Status::Ok();
 }
@@ -652,17 +673,23 @@ Status Engine::RunAllreduceSlice(Lane& lane, const Response& r, QueueEntry& e, s
   CopyScaled(out, static_cast<const uint8_t*>(e.input) + offset, count, q.dtype, q.prescale);
   CONCORD_RETURN_IF_ERROR(lane.backend->Allreduce(out, count, q.dtype, q.reduce_op));
   FinishAllreduce(q, out, count);
+  e.state->AddWireBytes(compression::WireBytesPerRank(compression::Exchange::kAllreduce,
+                                                      count * DTypeSize(q.dtype), config_.size));
   return Status::Ok();
 }
 
 uint8_t* Engine::FusionBuffer(Lane& lane, size_t bytes, size_t threshold) {
-  if (bytes > lane.fusion_capacity) {
+  return Grow(lane.fusion_buffer, lane.fusion_capacity, bytes, threshold);
+}
+
+uint8_t* Engine::Grow(std::unique_ptr<uint8_t[]>& buffer, size_t& capacity, size_t bytes,
+                      size_t threshold) {
+  if (bytes > capacity) {
     // Grow geometrically up to the threshold so a warming-up job reallocates only a few times.
-    size_t capacity = std::max<size_t>(bytes, std::min(threshold, 2 * lane.fusion_capacity));
-    lane.fusion_buffer.reset(new uint8_t[capacity]);
-    lane.fusion_capacity = capacity;
+    capacity = std::max<size_t>(bytes, std::min(threshold, 2 * capacity));
+    buffer.reset(new uint8_t[capacity]);
   }
-  return lane.fusion_buffer.get();
+  return buffer.get();
 }
 
 Status Engine::RunAllreduceFused(Lane& lane, const FusionBatch& batch,
@@ -696,6 +723,8 @@ Status Engine::RunAllreduceFused(Lane& lane, const FusionBatch& batch,
     const size_t n = static_cast<size_t>(e.request.NumElements());
     CopyScaled(e.output, buffer + offset, n, q.dtype, post);
     offset += n * elem;
+    e.state->AddWireBytes(
+        compression::WireBytesPerRank(compression::Exchange::kAllreduce, n * elem, config_.size));
     e.state->Complete(Status::Ok());
   }
   return Status::Ok();
@@ -734,6 +763,8 @@ Status Engine::RunAllgather(Lane& lane, const Response& r, QueueEntry& e, Status
     dst = FusionBuffer(lane, total, fusion_.threshold);
   }
   CONCORD_RETURN_IF_ERROR(lane.backend->Allgatherv(e.input, dst, bytes));
+  // A ring allgather: each rank forwards (n - 1) / n of the result.
+  if (config_.size > 1) e.state->AddWireBytes(total * (config_.size - 1) / config_.size);
   if (local_error->ok()) {
     out.data = dst;
     out.bytes = total;
@@ -747,6 +778,8 @@ Status Engine::RunBroadcast(Lane& lane, const Response& r, QueueEntry& e) {
   if (config_.rank == r.request.root && e.output != e.input && bytes > 0) {
     std::memcpy(e.output, e.input, bytes);
   }
+  // Estimated as one copy of the data from every rank (a chain or tree forwards it once).
+  if (config_.size > 1) e.state->AddWireBytes(bytes);
   return lane.backend->Broadcast(e.output, bytes, r.request.root);
 }
 

@@ -25,6 +25,7 @@
 #pragma once
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -35,6 +36,7 @@
 #include "backends/backend.h"
 #include "backends/control_plane.h"
 #include "base/log.h"
+#include "compression/compressor.h"
 #include "core/config.h"
 #include "core/coordinator.h"
 #include "core/fusion_planner.h"
@@ -99,6 +101,8 @@ class Engine {
     std::unique_ptr<Backend> backend;
     std::unique_ptr<uint8_t[]> fusion_buffer;  // grown rarely, never shrunk, reused every batch
     size_t fusion_capacity = 0;
+    std::unique_ptr<uint8_t[]> gather_buffer;  // every rank's encoded bytes (top-k), likewise
+    size_t gather_capacity = 0;
     std::unique_ptr<LaneWorker> worker;  // lanes 1.. only
   };
 
@@ -124,11 +128,20 @@ class Engine {
   Status RunAllreduceFused(Lane& lane, const FusionBatch& batch,
                            const std::vector<const Response*>& responses,
                            std::vector<std::optional<QueueEntry>>& entries);
+  // A fused batch of compressed allreduces (engine_compression.cc): encode into the fusion
+  // buffer, allreduce or allgather the encoded bytes, decode into the outputs.
+  Status RunCompressed(Lane& lane, const FusionBatch& batch,
+                       const std::vector<const Response*>& responses,
+                       std::vector<std::optional<QueueEntry>>& entries);
+  // The compressor for `spec` (shared, created once per spec), or the registry's error.
+  StatusOr<std::shared_ptr<const compression::Compressor>> CompressorFor(const std::string& spec);
   Status RunAllgather(Lane& lane, const Response& r, QueueEntry& e, Status* local_error);
   Status RunBroadcast(Lane& lane, const Response& r, QueueEntry& e);
   void Fail(const Status& status);
   Deadline NextWake() const;
   static uint8_t* FusionBuffer(Lane& lane, size_t bytes, size_t threshold);
+  static uint8_t* Grow(std::unique_ptr<uint8_t[]>& buffer, size_t& capacity, size_t bytes,
+                       size_t threshold);
   bool OnEngineThread() const;
   void Log(LogLevel level, const std::string& message) const;
 
@@ -146,6 +159,10 @@ class Engine {
   ResponseCache cache_;
   std::unique_ptr<Coordinator> coordinator_;  // rank 0 only
   FusionOptions fusion_;
+
+  std::mutex compression_mu_;  // guards the two below (lanes encode concurrently)
+  std::map<std::string, std::shared_ptr<const compression::Compressor>> compressors_;
+  compression::CompressionState compression_state_;  // residuals by tensor name
 
   std::mutex group_mu_;
   std::thread::id group_owner_;

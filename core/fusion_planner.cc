@@ -4,13 +4,16 @@ namespace concord {
 namespace {
 
 bool Fusable(const Response& r, const FusionOptions& o) {
-  return r.error == Code::kOk && r.request.op == OpType::kAllreduce && o.threshold > 0 &&
-         r.request.NumBytes() < o.direct_bytes && r.request.NumBytes() <= o.threshold;
+  if (r.error != Code::kOk || r.request.op != OpType::kAllreduce) return false;
+  // A compressed tensor is encoded into the fusion buffer whatever its size: no copy to save.
+  if (!r.request.compression.empty()) return true;
+  return o.threshold > 0 && r.request.NumBytes() < o.direct_bytes &&
+         r.request.NumBytes() <= o.threshold;
 }
 
 bool Compatible(const TensorRequest& a, const TensorRequest& b) {
   return a.dtype == b.dtype && a.reduce_op == b.reduce_op && a.prescale == b.prescale &&
-         a.postscale == b.postscale && a.device == b.device;
+         a.postscale == b.postscale && a.device == b.device && a.compression == b.compression;
 }
 
 }  // namespace

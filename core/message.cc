@@ -7,7 +7,7 @@ namespace {
 
 constexpr uint8_t kRequestTag = 0xC1;
 constexpr uint8_t kResponseTag = 0xC2;
-constexpr uint8_t kVersion = 2;
+constexpr uint8_t kVersion = 3;
 constexpr uint32_t kMaxDims = 64;
 constexpr uint32_t kMaxString = 1 << 20;
 
@@ -109,6 +109,7 @@ void WriteRequest(Writer& w, const TensorRequest& r) {
   w.F64(r.prescale);
   w.F64(r.postscale);
   w.I32(r.device);
+  w.Str(r.compression);
   w.Str(r.group);
   w.I32(r.group_size);
 }
@@ -133,6 +134,7 @@ TensorRequest ReadRequest(Reader& rd) {
   r.prescale = rd.F64();
   r.postscale = rd.F64();
   r.device = rd.I32();
+  r.compression = rd.Str();
   r.group = rd.Str();
   r.group_size = rd.I32();
   if (r.group_size < 0) rd.Fail("negative group size");

@@ -25,8 +25,8 @@ int64_t TensorRequest::NumElements() const {
 bool TensorRequest::operator==(const TensorRequest& o) const {
   return name == o.name && op == o.op && dtype == o.dtype && shape == o.shape &&
          reduce_op == o.reduce_op && root == o.root && prescale == o.prescale &&
-         postscale == o.postscale && device == o.device && group == o.group &&
-         group_size == o.group_size;
+         postscale == o.postscale && device == o.device && compression == o.compression &&
+         group == o.group && group_size == o.group_size;
 }
 
 bool Response::AppliesTo(int rank) const {
@@ -48,7 +48,8 @@ bool Response::IsRequestOf(const TensorRequest& q, int rank) const {
   }
   return q.name == r.name && q.op == r.op && q.dtype == r.dtype && q.reduce_op == r.reduce_op &&
          q.root == r.root && q.prescale == r.prescale && q.postscale == r.postscale &&
-         q.device == r.device && q.group == r.group && q.group_size == r.group_size;
+         q.device == r.device && q.compression == r.compression && q.group == r.group &&
+         q.group_size == r.group_size;
 }
 
 TensorRequest Response::RequestOf(int rank) const {

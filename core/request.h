@@ -25,9 +25,10 @@ struct TensorRequest {
   int32_t root = 0;
   double prescale = 1.0;
   double postscale = 1.0;
-  int32_t device = -1;     // -1: CPU
-  std::string group;       // non-empty: member of a group submitted atomically
-  int32_t group_size = 0;  // members in the group (0 when not grouped)
+  int32_t device = -1;      // -1: CPU
+  std::string compression;  // allreduce: a compressor's canonical spec ("" = none)
+  std::string group;        // non-empty: member of a group submitted atomically
+  int32_t group_size = 0;   // members in the group (0 when not grouped)
 
   int64_t NumElements() const;
   size_t NumBytes() const { return static_cast<size_t>(NumElements()) * DTypeSize(dtype); }

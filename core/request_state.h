@@ -3,6 +3,7 @@
 // runs on the completing thread before waiters wake. All methods are thread-safe.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -37,6 +38,11 @@ class RequestState {
   };
   Output& output() { return output_; }
 
+  // Bytes this rank put on the wire for the operation (lanes running slices of one add
+  // concurrently); read after completion.
+  void AddWireBytes(uint64_t bytes) { wire_bytes_.fetch_add(bytes, std::memory_order_relaxed); }
+  uint64_t wire_bytes() const { return wire_bytes_.load(std::memory_order_relaxed); }
+
  private:
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -45,6 +51,7 @@ class RequestState {
   Status status_;
   Callback callback_;
   Output output_;
+  std::atomic<uint64_t> wire_bytes_{0};
 };
 
 }  // namespace concord

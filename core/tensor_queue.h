@@ -13,6 +13,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "compression/compressor.h"
 #include "core/request.h"
 #include "core/request_state.h"
 
@@ -25,6 +26,8 @@ struct QueueEntry {
   void* output = nullptr;      // allreduce/broadcast: == input when in place
   size_t output_capacity = 0;  // allgather: bytes available at output (output may be null)
   std::shared_ptr<RequestState> state;
+  // request.compression's compressor (set by Engine::Enqueue; null when uncompressed).
+  std::shared_ptr<const compression::Compressor> compressor;
 };
 
 class TensorQueue {

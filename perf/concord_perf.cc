@@ -55,6 +55,7 @@ struct Options {
                                         "allreduce"};
   std::string json;
   std::string backend = "gloo";  // Concord's backend, and which raw rows run beside it
+  std::vector<std::string> compressions;  // workload mode: extra rows, one per compressor spec
 };
 
 struct Row {
@@ -71,7 +72,8 @@ struct Row {
                "usage: concord-perf [--op allreduce|allgather|broadcast] [--dtype float32]\n"
                "         [--redop sum|average|min|max|product] [--bytes MIN:MAX] [--factor F]\n"
                "         [--iters N] [--warmup N] [--workload FILE [--steps N] [--rounds N]]\n"
-               "         [--no-raw] [--raw-algos a,b,...] [--json FILE] [--backend gloo|mpi]\n",
+               "         [--no-raw] [--raw-algos a,b,...] [--json FILE] [--backend gloo|mpi]\n"
+               "         [--compression SPEC ...] (workload mode; repeat for several)\n",
                why.c_str());
   std::exit(2);
 }
@@ -139,6 +141,8 @@ Options ParseOptions(int argc, char** argv) {
     } else if (a == "--rounds") {
       o.rounds = std::atoi(next().c_str());
       if (o.rounds < 1) Usage("--rounds must be >= 1");
+    } else if (a == "--compression") {
+      o.compressions.push_back(next());
     } else if (a == "--no-raw") {
       o.raw = false;
     } else if (a == "--raw-algos") {
@@ -394,6 +398,32 @@ int RunWorkload(concord_comm_t comm, const Options& o, int rank, int size, Store
   // Rounds alternate Concord's steps with the raw single allreduces, so both sides see the same
   // moments of a noisy machine; each round gives one ratio, and the spread of ratios is printed.
   std::vector<concord_request_t> requests(w.tensors.size());
+  // One step: every tensor's allreduce enqueued in backward order, then all waited for. Returns
+  // the seconds it took; adds the bytes this rank put on the wire to *wire.
+  auto step_once = [&](const char* compression, uint64_t* wire) {
+    concord_allreduce_opts_t opts;
+    concord_allreduce_opts_init(&opts);
+    opts.compression = compression;
+    Check(comm, concord_barrier(comm), "barrier");
+    const double t0 = Now();
+    for (size_t i = 0; i < w.tensors.size(); ++i) {
+      const auto& t = w.tensors[i];
+      concord_tensor_t ct{buffers[i].data(), static_cast<concord_dtype_t>(t.dtype),
+                          static_cast<int>(t.shape.size()), t.shape.data(), CONCORD_DEVICE_CPU};
+      Check(comm,
+            concord_allreduce_async(comm, t.name.c_str(), &ct, nullptr, &opts, nullptr, nullptr,
+                                    &requests[i]),
+            "allreduce of " + t.name);
+    }
+    for (auto* r : requests) {
+      Check(comm, concord_wait(r, -1), "allreduce");
+      uint64_t bytes = 0;
+      Check(comm, concord_request_wire_bytes(r, &bytes), "wire bytes");
+      *wire += bytes;
+      concord_request_free(r);
+    }
+    return Now() - t0;
+  };
   const bool raw = o.raw && o.backend == "gloo" && store != nullptr;
   const bool raw_mpi = o.raw && o.backend == "mpi";
   std::vector<float> raw_mpi_buffer(raw_mpi ? w.total_bytes / 4 : 0);
@@ -404,22 +434,9 @@ int RunWorkload(concord_comm_t comm, const Options& o, int rank, int size, Store
     std::vector<double> step_times;
     const int warmup = round == 0 ? o.warmup : 0;
     for (int step = 0; step < warmup + o.steps; ++step) {
-      Check(comm, concord_barrier(comm), "barrier");
-      const double t0 = Now();
-      for (size_t i = 0; i < w.tensors.size(); ++i) {
-        const auto& t = w.tensors[i];
-        concord_tensor_t ct{buffers[i].data(), static_cast<concord_dtype_t>(t.dtype),
-                            static_cast<int>(t.shape.size()), t.shape.data(), CONCORD_DEVICE_CPU};
-        Check(comm,
-              concord_allreduce_async(comm, t.name.c_str(), &ct, nullptr, nullptr, nullptr, nullptr,
-                                      &requests[i]),
-              "allreduce of " + t.name);
-      }
-      for (auto* r : requests) {
-        Check(comm, concord_wait(r, -1), "allreduce");
-        concord_request_free(r);
-      }
-      if (step >= warmup) step_times.push_back(Now() - t0);
+      uint64_t wire = 0;
+      const double t = step_once(nullptr, &wire);
+      if (step >= warmup) step_times.push_back(t);
     }
     concord_rounds.push_back(MaxAcrossRanks(comm, Median(step_times), "perf.workload.time"));
     if (raw_mpi) {
@@ -472,6 +489,38 @@ int RunWorkload(concord_comm_t comm, const Options& o, int rank, int size, Store
     std::printf("%12s  concord step / best raw single allreduce, per round:", "");
     for (double x : ratios) std::printf(" x%.2f", x);
     std::printf("  (median x%.2f)\n", Median(ratios));
+  }
+  if (o.compressions.empty()) return 0;
+  // Compression: the same steps with each compressor (none first, as the reference), each rank's
+  // bytes on the wire per step (the most of any rank), and the ratio to none.
+  std::vector<std::string> specs = {"none"};
+  for (const auto& s : o.compressions) {
+    if (s != "none") specs.push_back(s);
+  }
+  if (rank == 0) {
+    std::printf("# compression: median step, and the bytes one rank puts on the wire per step\n");
+    std::printf("%-40s %12s %14s %10s\n", "compression", "time(us)", "wire(MB/step)", "vs none");
+  }
+  double none_wire = 0;
+  for (const auto& spec : specs) {
+    std::vector<double> times;
+    double wire_step = 0;
+    for (int step = 0; step < o.warmup + o.steps; ++step) {
+      uint64_t wire = 0;
+      const double t = step_once(spec.c_str(), &wire);
+      if (step >= o.warmup) times.push_back(t);
+      wire_step = static_cast<double>(wire);
+    }
+    const double t = MaxAcrossRanks(comm, Median(times), "perf.compression.time." + spec);
+    wire_step = MaxAcrossRanks(comm, wire_step, "perf.compression.wire." + spec);
+    if (spec == "none") none_wire = wire_step;
+    Row r = MakeRow("allreduce", "concord step (" + spec + ")", size, w.total_bytes, t);
+    r.workload = w.name;
+    rows->push_back(r);
+    if (rank == 0) {
+      std::printf("%-40s %12.1f %14.2f %9.3fx\n", spec.c_str(), t * 1e6, wire_step / 1e6,
+                  none_wire > 0 ? wire_step / none_wire : 0.0);
+    }
   }
   return 0;
 }

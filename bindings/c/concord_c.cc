@@ -254,6 +254,7 @@ void concord_allreduce_opts_init(concord_allreduce_opts_t* opts) {
   opts->op = CONCORD_SUM;
   opts->prescale = 1.0;
   opts->postscale = 1.0;
+  opts->compression = nullptr;
 }
 
 concord_status_t concord_init(concord_comm_t* comm) {
@@ -294,6 +295,7 @@ concord_status_t concord_init_config(const concord_config_t* user, concord_comm_
     if (c.direct_threshold_bytes >= 0) config.direct_threshold_bytes = c.direct_threshold_bytes;
     if (c.lanes >= 0) config.lanes = c.lanes;
     if (c.backend) config.backend = c.backend;
+    if (c.compression) config.compression = c.compression;
     CONCORD_ASSIGN_OR_RETURN(std::unique_ptr<concord::Engine> engine,
                              concord::CreateEngine(config));
     auto* handle = new concord_comm;
@@ -352,12 +354,14 @@ concord_status_t concord_allreduce_async(concord_comm_t comm, const char* name,
     concord_allreduce_opts_t o;
     concord_allreduce_opts_init(&o);
     if (opts != nullptr) {
-      if (opts->struct_size < sizeof(o)) {
+      if (opts->struct_size < offsetof(concord_allreduce_opts_t, compression)) {
         return concord::InvalidArgument(
             "allreduce options: struct_size is too small; use "
             "concord_allreduce_opts_init");
       }
-      o = *opts;
+      // Fields a newer caller added are ignored; fields an older caller lacks keep defaults.
+      std::memcpy(&o, opts, std::min(opts->struct_size, sizeof(o)));
+      o.struct_size = sizeof(o);
     }
     const int reduce_op = EnumValue(o.op);
     if (!concord::IsValidReduceOp(reduce_op)) {
@@ -367,6 +371,7 @@ concord_status_t concord_allreduce_async(concord_comm_t comm, const char* name,
     e.request.reduce_op = static_cast<concord::ReduceOp>(reduce_op);
     e.request.prescale = o.prescale;
     e.request.postscale = o.postscale;
+    e.request.compression = o.compression ? o.compression : comm->engine->config().compression;
     CONCORD_RETURN_IF_ERROR(SetBuffers(input, output, &e));
     return Submit(comm, std::move(e), callback, user_data, request);
   });
@@ -467,6 +472,13 @@ concord_status_t concord_request_output(concord_request_t request, void** data, 
   if (data) *data = out.data;
   if (bytes) *bytes = out.bytes;
   if (first_dim) *first_dim = out.first_dim;
+  return CONCORD_SUCCESS;
+}
+
+concord_status_t concord_request_wire_bytes(concord_request_t request, uint64_t* bytes) {
+  if (request == nullptr || bytes == nullptr) return CONCORD_ERR_INVALID_ARGUMENT;
+  if (!request->state->done()) return CONCORD_IN_PROGRESS;
+  *bytes = request->state->wire_bytes();
   return CONCORD_SUCCESS;
 }
 

@@ -114,6 +114,8 @@ typedef struct concord_config {
   /** -1: environment or 2; data-plane lanes whose collectives run concurrently (1 to 8) */
   int lanes;
   const char* backend;            /**< "gloo", "mpi" or "auto"; NULL: CONCORD_BACKEND or "gloo" */
+  /** the compression of allreduces that name none; NULL: CONCORD_COMPRESSION or "none" */
+  const char* compression;
 } concord_config_t;
 
 /** Options of an allreduce. Initialise with concord_allreduce_opts_init. */
@@ -122,6 +124,11 @@ typedef struct concord_allreduce_opts {
   concord_reduce_op_t op; /**< default CONCORD_SUM */
   double prescale;        /**< multiplies the input before the reduction; default 1 */
   double postscale;       /**< multiplies the result; default 1 */
+  /** Gradient compression, a spec such as "none", "fp16", "bf16", "topk:density=0.01" or
+   *  "topk:density=0.001,method=exact,values=fp16" (README, Compression); every rank must give
+   *  the same. NULL (the default): CONCORD_COMPRESSION or concord_config_t.compression. Older
+   *  callers whose struct ends before this field get the default. */
+  const char* compression;
 } concord_allreduce_opts_t;
 
 /** A tensor: contiguous row-major data described by dtype and shape. */
@@ -208,6 +215,12 @@ CONCORD_API const char* concord_request_error(concord_request_t request);
  */
 CONCORD_API concord_status_t concord_request_output(concord_request_t request, void** data,
                                                     size_t* bytes, int64_t* first_dim);
+/** Bytes this rank put on the wire for a finished request: for an allreduce what its algorithm
+ *  sends (2(n-1)/n of the encoded bytes for a ring allreduce, (n-1) times them for top-k's
+ *  allgather, the inline copies through rank 0); estimates for allgather ((n-1)/n of the result)
+ *  and broadcast (one copy); 0 for a barrier and with one rank. IN_PROGRESS while running. */
+CONCORD_API concord_status_t concord_request_wire_bytes(concord_request_t request,
+                                                        uint64_t* bytes);
 /** Frees a request. A request still running is detached: it completes, then frees itself. */
 CONCORD_API void concord_request_free(concord_request_t request);
 

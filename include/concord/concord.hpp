@@ -167,6 +167,13 @@ class Future {
     const auto* p = static_cast<const uint8_t*>(data);
     return std::vector<uint8_t>(p, p + bytes);
   }
+  /// Bytes this rank put on the wire (after waiting): see concord_request_wire_bytes.
+  uint64_t wire_bytes() {
+    wait();
+    uint64_t bytes = 0;
+    detail::Check(concord_request_wire_bytes(request_, &bytes), "no wire bytes");
+    return bytes;
+  }
   concord_request_t native() const { return request_; }
 
  private:
@@ -204,15 +211,17 @@ class Communicator {
   int local_size() const { return Get(concord_comm_local_size); }
 
   /// Allreduce; `out` absent means in place. prescale multiplies the input, postscale the result.
+  /// `compression` is a compressor spec ("fp16", "topk:density=0.01", ...); empty: the default.
   Future allreduce_async(const std::string& name, const TensorView& in,
                          ReduceOp op = ReduceOp::kSum, const TensorView* out = nullptr,
-                         double prescale = 1.0, double postscale = 1.0,
-                         Callback callback = nullptr) {
+                         double prescale = 1.0, double postscale = 1.0, Callback callback = nullptr,
+                         const std::string& compression = "") {
     concord_allreduce_opts_t o;
     concord_allreduce_opts_init(&o);
     o.op = static_cast<concord_reduce_op_t>(op);
     o.prescale = prescale;
     o.postscale = postscale;
+    if (!compression.empty()) o.compression = compression.c_str();
     const concord_tensor_t ct = in.c_tensor();
     concord_tensor_t co;
     if (out) co = out->c_tensor();
@@ -221,8 +230,9 @@ class Communicator {
     });
   }
   void allreduce(const std::string& name, const TensorView& in, ReduceOp op = ReduceOp::kSum,
-                 const TensorView* out = nullptr, double prescale = 1.0, double postscale = 1.0) {
-    allreduce_async(name, in, op, out, prescale, postscale).wait();
+                 const TensorView* out = nullptr, double prescale = 1.0, double postscale = 1.0,
+                 const std::string& compression = "") {
+    allreduce_async(name, in, op, out, prescale, postscale, nullptr, compression).wait();
   }
 
   /// Allgather along the first dimension (it may differ between ranks). With out == nullptr the

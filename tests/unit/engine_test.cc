@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "tests/common/typed_elements.h"
+#include "tests/unit/engine_test_util.h"
 #include "tests/unit/inproc_transport.h"
 
 namespace concord {
@@ -23,87 +24,17 @@ using testing_elements::CombineValues;
 using testing_elements::LoadElement;
 using testing_elements::StoreElement;
 
+using engine_testing::Await;
+using engine_testing::Entry;
+using engine_testing::Job;
+using engine_testing::OnRanks;
+using engine_testing::Request;
+using engine_testing::Submit;
 using std::chrono::milliseconds;
 
 const std::vector<DType> kAllDTypes = {DType::kUint8,   DType::kInt8,    DType::kInt32,
                                        DType::kInt64,   DType::kFloat16, DType::kBFloat16,
                                        DType::kFloat32, DType::kFloat64};
-
-// Runs fn(rank) on one thread per rank and joins them all.
-void OnRanks(int size, const std::function<void(int)>& fn) {
-  std::vector<std::thread> threads;
-  for (int r = 0; r < size; ++r) threads.emplace_back(fn, r);
-  for (auto& t : threads) t.join();
-}
-
-// A job of `size` engines whose ranks are threads of this process, joined by one InProcWorld.
-// `tweak` may change each rank's Config before Finalize(). All engines shut down together (their
-// Shutdown() is a negotiated barrier) before any is destroyed, so tearing down never looks like a
-// rank dying.
-class Job {
- public:
-  explicit Job(int size, const std::function<void(Config&)>& tweak = nullptr,
-               milliseconds backend_timeout = milliseconds(20000))
-      : world_(std::make_shared<InProcWorld>(size, backend_timeout)) {
-    for (int r = 0; r < size; ++r) {
-      Config c;
-      c.rank = r;
-      c.size = size;
-      c.log_level = 0;
-      if (tweak) tweak(c);
-      EXPECT_TRUE(c.Finalize().ok());
-      std::vector<std::unique_ptr<Backend>> lanes;
-      for (int lane = 0; lane < c.lanes; ++lane) lanes.push_back(world_->MakeBackend(r, lane));
-      engines_.push_back(
-          std::make_unique<Engine>(c, world_->MakeControlPlane(r), std::move(lanes), world_));
-    }
-  }
-  ~Job() {
-    OnRanks(size(), [this](int rank) { engines_[rank]->Shutdown(); });
-  }
-  int size() const { return static_cast<int>(engines_.size()); }
-  Engine& operator[](int rank) { return *engines_[rank]; }
-  InProcWorld& world() { return *world_; }
-
- private:
-  std::shared_ptr<InProcWorld> world_;
-  std::vector<std::unique_ptr<Engine>> engines_;
-};
-
-// A QueueEntry for `request` over the given buffers, with a fresh completion state.
-QueueEntry Entry(TensorRequest request, const void* input, void* output, size_t capacity = 0) {
-  QueueEntry e;
-  e.request = std::move(request);
-  e.input = input;
-  e.output = output;
-  e.output_capacity = capacity;
-  e.state = std::make_shared<RequestState>();
-  return e;
-}
-
-// Enqueues `entry` on `engine` (expecting success) and returns its completion state.
-std::shared_ptr<RequestState> Submit(Engine& engine, QueueEntry entry) {
-  auto state = entry.state;
-  Status s = engine.Enqueue(std::move(entry));
-  EXPECT_TRUE(s.ok()) << s.ToString();
-  return state;
-}
-
-// The final status of `state`, or a kTimeout status when it does not complete within `limit`.
-Status Await(const std::shared_ptr<RequestState>& state, milliseconds limit = milliseconds(20000)) {
-  if (!state->Wait(Deadline::After(limit))) return TimeoutError("request did not complete");
-  return state->status();
-}
-
-// A request with the given name, op, dtype and shape; every other field at its default.
-TensorRequest Request(const std::string& name, OpType op, DType dtype, std::vector<int64_t> shape) {
-  TensorRequest r;
-  r.name = name;
-  r.op = op;
-  r.dtype = dtype;
-  r.shape = std::move(shape);
-  return r;
-}
 
 // Input values depend on i only through i % kPeriod, so expected results are computed per period.
 constexpr size_t kPeriod = 7 * 11 * 2;

@@ -210,7 +210,7 @@ TEST(MessageTest, BadTagVersionAndTrailingBytesAreRejected) {
     bad_tag[0] = static_cast<char>(bad_tag[0] ^ 0x40);
     ExpectRejected(bad_tag, "tag");
     std::string bad_version = valid;
-    bad_version[1] = 1;  // the version before inline data
+    bad_version[1] = 2;  // the version before compression
     ExpectRejected(bad_version, "version");
     ExpectRejected(valid + '\0', "trailing byte");
   }

@@ -51,6 +51,8 @@ class ConfigStruct(ctypes.Structure):
         ("inline_threshold_bytes", ctypes.c_int64),
         ("direct_threshold_bytes", ctypes.c_int64),
         ("lanes", ctypes.c_int),
+        ("backend", ctypes.c_char_p),
+        ("compression", ctypes.c_char_p),
     ]
 
 
@@ -62,6 +64,7 @@ class AllreduceOptsStruct(ctypes.Structure):
         ("op", ctypes.c_int),
         ("prescale", ctypes.c_double),
         ("postscale", ctypes.c_double),
+        ("compression", ctypes.c_char_p),
     ]
 
 
@@ -112,6 +115,7 @@ _SIGNATURES = [
     ("concord_request_output", ctypes.c_int,
      [c_request_p, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t),
       ctypes.POINTER(ctypes.c_int64)]),
+    ("concord_request_wire_bytes", ctypes.c_int, [c_request_p, ctypes.POINTER(ctypes.c_uint64)]),
     ("concord_request_free", None, [c_request_p]),
 ]
 

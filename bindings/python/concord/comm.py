@@ -55,8 +55,11 @@ def compression_supported():
 
 
 def _check_compression(compression):
-    """None or "none" means no compression; anything else must be supported by the library."""
-    if compression is None or compression == "none":
+    """None: the library's default (CONCORD_COMPRESSION); a spec must be supported by the library
+    ("none" on a library without compression is no compression anyway)."""
+    if compression is None:
+        return None
+    if compression == "none" and not compression_supported():
         return None
     if not isinstance(compression, str):
         raise InvalidArgumentError(1, "compression must be a spec string such as 'fp16', 'bf16' "
@@ -110,6 +113,7 @@ class Handle:
         self._finish = finish  # builds the result once the request succeeded
         self._result = None
         self._error = None
+        self._wire_bytes = 0
         self._done = False
         self._lock = threading.Lock()  # one thread completes and frees the request
 
@@ -138,10 +142,19 @@ class Handle:
             raise self._error
         return self._result
 
+    def wire_bytes(self):
+        """Bytes this rank put on the wire for the operation (waits for it first); see
+        concord_request_wire_bytes in concord.h."""
+        self.wait()
+        return self._wire_bytes
+
     def _complete(self, status):
         L = lib()
         try:
             if status == Status.SUCCESS:
+                count = ctypes.c_uint64(0)
+                if L.concord_request_wire_bytes(self._request, ctypes.byref(count)) == 0:
+                    self._wire_bytes = count.value
                 self._result = self._finish(self._request)
             else:
                 message = L.concord_request_error(self._request).decode(errors="replace")

@@ -1,0 +1,120 @@
+// The engine's compressed allreduces: a fused batch of tensors that share one compressor.
+//
+// Layout: each tensor's encoded bytes start at a multiple of compression::kEncodedAlignment in
+// the lane's fusion buffer; every rank computes the same layout from (dtype, count) alone. A
+// summable encoding (fp16, bf16) is allreduced as its reduce dtype and decoded; any other (top-k)
+// is allgathered, every rank's share decoded and summed into the output. An average divides by
+// the world size before encoding (so half-precision sums stay in range); the postscale is applied
+// to the decoded result.
+#include <cstring>
+
+#include "compression/registry.h"
+#include "core/engine.h"
+
+namespace concord {
+namespace {
+
+size_t AlignUp(size_t n, size_t to) {
+  return (n + to - 1) / to * to;
+}
+
+}  // namespace
+
+StatusOr<std::shared_ptr<const compression::Compressor>> Engine::CompressorFor(
+    const std::string& spec) {
+  std::lock_guard<std::mutex> lock(compression_mu_);
+  auto it = compressors_.find(spec);
+  if (it != compressors_.end()) return it->second;
+  CONCORD_ASSIGN_OR_RETURN(std::unique_ptr<compression::Compressor> made,
+                           compression::CreateCompressor(spec));
+  std::shared_ptr<const compression::Compressor> shared(std::move(made));
+  compressors_.emplace(spec, shared);
+  return shared;
+}
+
+Status Engine::RunCompressed(Lane& lane, const FusionBatch& batch,
+                             const std::vector<const Response*>& responses,
+                             std::vector<std::optional<QueueEntry>>& entries) {
+  const TensorRequest& q = responses[batch.members.front()]->request;
+  const compression::Compressor& compressor = *entries[batch.members.front()]->compressor;
+  auto fail = [&](const Status& s) {
+    for (size_t i : batch.members) entries[i]->state->Complete(s);
+    return s;
+  };
+  // Every member must carry the compressor the coordinator agreed on.
+  for (size_t i : batch.members) {
+    const QueueEntry& e = *entries[i];
+    if (!e.compressor || e.compressor->spec() != q.compression) {
+      return fail(Internal("tensor '" + e.request.name + "' has no compressor for '" +
+                           q.compression + "'"));
+    }
+  }
+  std::vector<size_t> offsets, encoded;
+  size_t total = 0;
+  for (size_t i : batch.members) {
+    const size_t n = static_cast<size_t>(entries[i]->request.NumElements());
+    total = AlignUp(total, compression::kEncodedAlignment);
+    offsets.push_back(total);
+    encoded.push_back(compressor.EncodedBytes(q.dtype, n));
+    total += encoded.back();
+  }
+  const compression::Exchange exchange = compressor.exchange();
+  const bool summed = exchange == compression::Exchange::kAllreduce;
+  const size_t unit =
+      summed ? DTypeSize(compressor.reduce_dtype(q.dtype)) : compression::kEncodedAlignment;
+  total = AlignUp(std::max<size_t>(total, 1), unit);
+  uint8_t* buffer = FusionBuffer(lane, total, fusion_.threshold);
+  // The gaps between encoded tensors are reduced or gathered (never decoded): zero them.
+  size_t end = 0;
+  for (size_t k = 0; k <= offsets.size(); ++k) {
+    const size_t next = k < offsets.size() ? offsets[k] : total;
+    if (next > end) std::memset(buffer + end, 0, next - end);
+    if (k < offsets.size()) end = offsets[k] + encoded[k];
+  }
+
+  double scale = q.prescale;
+  if (q.reduce_op == ReduceOp::kAverage) scale /= config_.size;
+  {
+    // One CompressionState per communicator: its residuals and scratch are not thread-safe.
+    std::lock_guard<std::mutex> lock(compression_mu_);
+    for (size_t k = 0; k < batch.members.size(); ++k) {
+      const QueueEntry& e = *entries[batch.members[k]];
+      compression::EncodeInput in;
+      in.name = e.request.name;
+      in.dtype = q.dtype;
+      in.count = static_cast<size_t>(e.request.NumElements());
+      in.data = e.input;
+      in.scale = scale;
+      Status s = compressor.Encode(in, buffer + offsets[k], &compression_state_);
+      if (!s.ok()) return fail(s.WithContext("encoding tensor '" + e.request.name + "'"));
+    }
+  }
+
+  const uint8_t* shares = buffer;
+  Status s;
+  if (summed) {
+    const DType rd = compressor.reduce_dtype(q.dtype);
+    s = lane.backend->Allreduce(buffer, total / DTypeSize(rd), rd, ReduceOp::kSum);
+  } else {
+    uint8_t* gathered = Grow(lane.gather_buffer, lane.gather_capacity, total * config_.size,
+                             fusion_.threshold * static_cast<size_t>(config_.size));
+    s = lane.backend->Allgatherv(buffer, gathered, std::vector<size_t>(config_.size, total));
+    shares = gathered;
+  }
+  if (!s.ok()) return fail(s);
+
+  for (size_t k = 0; k < batch.members.size(); ++k) {
+    QueueEntry& e = *entries[batch.members[k]];
+    const size_t n = static_cast<size_t>(e.request.NumElements());
+    Status d = summed ? compressor.Decode(shares + offsets[k], q.dtype, n, e.output)
+                      : compression::DecodeSum(compressor, shares + offsets[k], total, config_.size,
+                                               q.dtype, n, e.output);
+    if (!d.ok()) return fail(d.WithContext("decoding tensor '" + e.request.name + "'"));
+    if (q.postscale != 1.0) ScaleElements(e.output, n, q.dtype, q.postscale);
+    e.state->AddWireBytes(compression::WireBytesPerRank(exchange, encoded[k], config_.size));
+    e.state->Complete(Status::Ok());
+  }
+  return Status::Ok();
+}
+
+}  // namespace concord

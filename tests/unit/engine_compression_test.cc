@@ -1,0 +1,208 @@
+// Compressed allreduces through the engine: every compressor at 1-4 ranks, fused batches,
+// averages and scaling, top-k's selection, mismatches, refused specs and the bytes on the wire.
+#include <gtest/gtest.h>
+
+#include <cctype>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "tests/unit/engine_test_util.h"
+
+namespace concord {
+namespace {
+
+using engine_testing::Await;
+using engine_testing::Entry;
+using engine_testing::Job;
+using engine_testing::OnRanks;
+using engine_testing::Request;
+using engine_testing::Submit;
+
+// An allreduce of `n` float32 named `name` with compression `spec`.
+TensorRequest Compressed(const std::string& name, size_t n, const std::string& spec,
+                         DType dtype = DType::kFloat32) {
+  TensorRequest r = Request(name, OpType::kAllreduce, dtype, {static_cast<int64_t>(n)});
+  r.compression = spec;
+  return r;
+}
+
+// Rank r's element i: small values that fp16 and bf16 hold exactly.
+float Value(int rank, size_t i) {
+  return static_cast<float>(static_cast<int>(i % 13) - 6 + rank);
+}
+
+struct CompressionCase {
+  const char* spec;
+  DType dtype;       // casts take float32 and float64, top-k float32
+  double tolerance;  // absolute, on results of magnitude <= ~40
+};
+
+class EngineCompressionTest : public ::testing::TestWithParam<std::tuple<int, CompressionCase>> {};
+
+// Sizes 0, 1, 7, 4099 and 100003 in one group (fused), sum and average with a postscale, in
+// place and out of place. Casts and top-k at density 1 (every element sent) give the dense
+// result up to their rounding.
+TEST_P(EngineCompressionTest, GroupOfSizesMatchesTheDenseResult) {
+  const auto [size, c] = GetParam();
+  const DType dtype = c.dtype;
+  const std::vector<size_t> sizes = {0, 1, 7, 4099, 100003};
+  Job job(size);
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage}) {
+    OnRanks(size, [&](int rank) {
+      Engine& e = job[rank];
+      std::vector<std::vector<double>> in64(sizes.size()), out64(sizes.size());
+      std::vector<std::vector<float>> in32(sizes.size()), out32(sizes.size());
+      std::vector<std::shared_ptr<RequestState>> states;
+      ASSERT_TRUE(e.GroupStart().ok());
+      for (size_t k = 0; k < sizes.size(); ++k) {
+        const size_t n = sizes[k];
+        TensorRequest r = Compressed("c." + std::to_string(k) + ReduceOpName(op), n, c.spec, dtype);
+        r.reduce_op = op;
+        r.postscale = op == ReduceOp::kAverage ? 2.0 : 1.0;
+        void* in;
+        void* out;
+        if (dtype == DType::kFloat64) {
+          for (size_t i = 0; i < n; ++i) in64[k].push_back(Value(rank, i));
+          out64[k].assign(n, -1);
+          in = in64[k].data();
+          out = k % 2 ? out64[k].data() : in64[k].data();
+        } else {
+          for (size_t i = 0; i < n; ++i) in32[k].push_back(Value(rank, i));
+          out32[k].assign(n, -1);
+          in = in32[k].data();
+          out = k % 2 ? out32[k].data() : in32[k].data();
+        }
+        states.push_back(Submit(e, Entry(r, in, out)));
+      }
+      ASSERT_TRUE(e.GroupEnd().ok());
+      for (size_t k = 0; k < sizes.size(); ++k) {
+        Status s = Await(states[k]);
+        ASSERT_TRUE(s.ok()) << s.ToString();
+        size_t wrong = 0;
+        for (size_t i = 0; i < sizes[k] && wrong < 3; ++i) {
+          double want = 0;
+          for (int r = 0; r < size; ++r) want += Value(r, i);
+          if (op == ReduceOp::kAverage) want = want / size * 2.0;
+          const double got = dtype == DType::kFloat64 ? (k % 2 ? out64[k][i] : in64[k][i])
+                                                      : (k % 2 ? out32[k][i] : in32[k][i]);
+          if (std::fabs(got - want) > c.tolerance) {
+            ++wrong;
+            ADD_FAILURE() << c.spec << " rank " << rank << " size " << sizes[k] << " element " << i
+                          << ": " << got << " != " << want;
+          }
+        }
+      }
+    });
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    RanksSpecsDTypes, EngineCompressionTest,
+    ::testing::Combine(
+        ::testing::Values(1, 2, 3, 4),
+        ::testing::Values(CompressionCase{"fp16", DType::kFloat32, 0.02},
+                          CompressionCase{"fp16", DType::kFloat64, 0.02},
+                          CompressionCase{"bf16", DType::kFloat32, 0.3},
+                          CompressionCase{"bf16", DType::kFloat64, 0.3},
+                          CompressionCase{"topk:density=1,method=exact", DType::kFloat32, 1e-5},
+                          CompressionCase{"topk:density=1,values=fp16", DType::kFloat32, 0.02})),
+    [](const ::testing::TestParamInfo<std::tuple<int, CompressionCase>>& info) {
+      const CompressionCase& c = std::get<1>(info.param);
+      std::string spec = c.spec;
+      for (char& ch : spec) {
+        if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+      }
+      return std::to_string(std::get<0>(info.param)) + "ranks_" + spec + "_" + DTypeName(c.dtype);
+    });
+
+// Top-k at density 0.01 sends each rank's 1% largest magnitudes: with 100 spikes per rank at
+// known places and small noise elsewhere, the result is the spikes' sum there and 0 elsewhere,
+// and the noise stays behind as each rank's residual (error feedback) for the next step.
+TEST(EngineCompressionTopk, SendsTheLargestAndKeepsTheRest) {
+  constexpr size_t kN = 10000, kSpikes = 100;  // k = ceil(0.01 * 10000) = 100
+  Job job(3);
+  OnRanks(3, [&](int rank) {
+    std::vector<float> g(kN);
+    for (size_t i = 0; i < kN; ++i) g[i] = (i % 100 == 7) ? 10.0f + rank : 1e-3f;
+    Status s = Await(
+        Submit(job[rank], Entry(Compressed("spiky", kN, "topk:density=0.01"), g.data(), g.data())));
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    size_t spikes = 0;
+    for (size_t i = 0; i < kN; ++i) {
+      if (i % 100 == 7) {
+        EXPECT_EQ(g[i], 33.0f) << i;  // 10 + 11 + 12
+        ++spikes;
+      } else {
+        EXPECT_EQ(g[i], 0.0f) << i;
+      }
+    }
+    EXPECT_EQ(spikes, kSpikes);
+  });
+}
+
+TEST(EngineCompressionErrors, DifferentCompressionOnRanksIsAMismatch) {
+  Job job(2);
+  OnRanks(2, [&](int rank) {
+    std::vector<float> v(64, 1.0f);
+    Status s = Await(Submit(
+        job[rank], Entry(Compressed("m", 64, rank == 0 ? "fp16" : "bf16"), v.data(), v.data())));
+    EXPECT_EQ(s.code(), Code::kMismatch) << s.ToString();
+    EXPECT_NE(s.message().find("compression"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("fp16"), std::string::npos) << s.message();
+  });
+}
+
+TEST(EngineCompressionErrors, BadSpecsAndDTypesAreRefusedAtEnqueue) {
+  Job job(1);
+  std::vector<int32_t> ints(8, 1);
+  std::vector<float> floats(8, 1.0f);
+  struct Case {
+    TensorRequest request;
+    const void* data;
+    const char* says;
+  };
+  const std::vector<Case> cases = {
+      {Compressed("a", 8, "zip"), floats.data(), "zip"},
+      {Compressed("b", 8, "topk:density=2"), floats.data(), "density"},
+      {Compressed("c", 8, "topk"), floats.data(), "density"},
+      {Compressed("d", 8, "fp16", DType::kInt32), ints.data(), "'d'"},
+  };
+  for (const Case& c : cases) {
+    Status s = job[0].Enqueue(Entry(c.request, c.data, const_cast<void*>(c.data)));
+    EXPECT_EQ(s.code(), Code::kInvalidArgument) << c.request.compression << ": " << s.ToString();
+    EXPECT_NE(s.message().find(c.says), std::string::npos) << s.message();
+  }
+  // "none" is no compression at all, and works for any dtype.
+  Status s = Await(
+      Submit(job[0], Entry(Compressed("e", 8, "none", DType::kInt32), ints.data(), ints.data())));
+  EXPECT_TRUE(s.ok()) << s.ToString();
+}
+
+// The bytes on the wire of one 100000-element float32 allreduce at 4 ranks: fp16 sends half of
+// the uncompressed allreduce, top-k at density 0.01 (fp32 values) more than ten times less.
+TEST(EngineCompressionWire, BytesOnTheWireShrinkAsPromised) {
+  constexpr size_t kN = 100000;
+  Job job(4);
+  std::vector<std::vector<uint64_t>> wire(4);
+  OnRanks(4, [&](int rank) {
+    for (const char* spec : {"", "fp16", "topk:density=0.01"}) {
+      std::vector<float> v(kN, 1.0f + rank);
+      auto state = Submit(
+          job[rank], Entry(Compressed(std::string("w.") + spec, kN, spec), v.data(), v.data()));
+      Status s = Await(state);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      wire[rank].push_back(state->wire_bytes());
+    }
+  });
+  for (int rank = 0; rank < 4; ++rank) {
+    const uint64_t none = wire[rank][0], fp16 = wire[rank][1], topk = wire[rank][2];
+    EXPECT_EQ(none, 2 * 3 * kN * 4 / 4) << "rank " << rank;  // 2 (n-1)/n of 400000 bytes
+    EXPECT_EQ(fp16 * 2, none) << "rank " << rank;
+    EXPECT_GE(none, 10 * topk) << "rank " << rank << ": top-k sent " << topk;
+    EXPECT_GT(topk, 0u);
+  }
+}
+
+}  // namespace
+}  // namespace concord

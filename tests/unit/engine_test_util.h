@@ -1,0 +1,102 @@
+// Helpers for engine tests: a job of engines whose ranks are threads of this process, and
+// shorthands to build, submit and await requests.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/engine.h"
+#include "tests/unit/inproc_transport.h"
+
+namespace concord {
+namespace engine_testing {
+
+using std::chrono::milliseconds;
+
+// Runs fn(rank) on one thread per rank and joins them all.
+inline void OnRanks(int size, const std::function<void(int)>& fn) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) threads.emplace_back(fn, r);
+  for (auto& t : threads) t.join();
+}
+
+// A job of `size` engines whose ranks are threads of this process, joined by one InProcWorld.
+// `tweak` may change each rank's Config before Finalize(). All engines shut down together (their
+// Shutdown() is a negotiated barrier) before any is destroyed, so tearing down never looks like a
+// rank dying.
+class Job {
+ public:
+  explicit Job(int size, const std::function<void(Config&)>& tweak = nullptr,
+               milliseconds backend_timeout = milliseconds(20000))
+      : world_(std::make_shared<InProcWorld>(size, backend_timeout)) {
+    for (int r = 0; r < size; ++r) {
+      Config c;
+      c.rank = r;
+      c.size = size;
+      c.log_level = 0;
+      if (tweak) tweak(c);
+      EXPECT_TRUE(c.Finalize().ok());
+      std::vector<std::unique_ptr<Backend>> lanes;
+      for (int lane = 0; lane < c.lanes; ++lane) lanes.push_back(world_->MakeBackend(r, lane));
+      engines_.push_back(
+          std::make_unique<Engine>(c, world_->MakeControlPlane(r), std::move(lanes), world_));
+    }
+  }
+  ~Job() {
+    OnRanks(size(), [this](int rank) { engines_[rank]->Shutdown(); });
+  }
+  int size() const { return static_cast<int>(engines_.size()); }
+  Engine& operator[](int rank) { return *engines_[rank]; }
+  InProcWorld& world() { return *world_; }
+
+ private:
+  std::shared_ptr<InProcWorld> world_;
+  std::vector<std::unique_ptr<Engine>> engines_;
+};
+
+// A QueueEntry for `request` over the given buffers, with a fresh completion state.
+inline QueueEntry Entry(TensorRequest request, const void* input, void* output,
+                        size_t capacity = 0) {
+  QueueEntry e;
+  e.request = std::move(request);
+  e.input = input;
+  e.output = output;
+  e.output_capacity = capacity;
+  e.state = std::make_shared<RequestState>();
+  return e;
+}
+
+// Enqueues `entry` on `engine` (expecting success) and returns its completion state.
+inline std::shared_ptr<RequestState> Submit(Engine& engine, QueueEntry entry) {
+  auto state = entry.state;
+  Status s = engine.Enqueue(std::move(entry));
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return state;
+}
+
+// The final status of `state`, or a kTimeout status when it does not complete within `limit`.
+inline Status Await(const std::shared_ptr<RequestState>& state,
+                    milliseconds limit = milliseconds(20000)) {
+  if (!state->Wait(Deadline::After(limit))) return TimeoutError("request did not complete");
+  return state->status();
+}
+
+// A request with the given name, op, dtype and shape; every other field at its default.
+inline TensorRequest Request(const std::string& name, OpType op, DType dtype,
+                             std::vector<int64_t> shape) {
+  TensorRequest r;
+  r.name = name;
+  r.op = op;
+  r.dtype = dtype;
+  r.shape = std::move(shape);
+  return r;
+}
+
+}  // namespace engine_testing
+}  // namespace concord
