@@ -1,7 +1,11 @@
 // The one place that knows which backends were built. Core asks here by name; it never includes a
 // backend's own header.
 #include "backends/backend.h"
+#include "backends/device_backend.h"
 #include "backends/gloo/gloo_backend.h"
+#ifdef CONCORD_HAVE_NCCL_BACKEND
+#include "backends/nccl/nccl_backend.h"
+#endif
 
 namespace concord {
 
@@ -11,11 +15,44 @@ std::vector<std::string> BuiltBackends() {
 
 StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& name,
                                                  const BackendOptions& options, Store* store) {
-  if (name == "gloo" || name == "auto" || name.empty()) return CreateGlooBackend(options, store);
+  // A device backend's name (nccl) still means Gloo for the CPU tensors.
+  if (name == "gloo" || name == "auto" || name == "nccl" || name.empty()) {
+    return CreateGlooBackend(options, store);
+  }
   std::string built;
   for (const auto& b : BuiltBackends()) built += (built.empty() ? "" : ", ") + b;
   return Status(Code::kUnavailable,
                 "backend '" + name + "' is not built into this Concord (built: " + built + ")");
+}
+
+std::vector<std::string> BuiltDeviceBackends() {
+#ifdef CONCORD_HAVE_NCCL_BACKEND
+  return {"nccl"};
+#else
+  return {};
+#endif
+}
+
+StatusOr<int> ProbeDeviceBackend(const std::string& name, int local_rank) {
+#ifdef CONCORD_HAVE_NCCL_BACKEND
+  if (name == "nccl") return ProbeNcclDevice(local_rank);
+#endif
+  (void)local_rank;
+  return Status(Code::kUnavailable,
+                "device backend '" + name + "' is not built into this Concord" +
+                    (BuiltDeviceBackends().empty() ? " (built without CUDA and NCCL)" : ""));
+}
+
+StatusOr<std::unique_ptr<DeviceBackend>> CreateDeviceBackend(const std::string& name, int device,
+                                                             const BackendOptions& options,
+                                                             Store* store) {
+#ifdef CONCORD_HAVE_NCCL_BACKEND
+  if (name == "nccl") return CreateNcclBackend(device, options, store);
+#endif
+  (void)device;
+  (void)options;
+  (void)store;
+  return Status(Code::kUnavailable, "device backend '" + name + "' is not built into this Concord");
 }
 
 }  // namespace concord

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <vector>
 
+#include "backends/device_backend.h"
 #include "base/clock.h"
 #include "base/status.h"
 
@@ -37,6 +38,13 @@ class RequestState {
   };
   Output& output() { return output_; }
 
+  // Device operations: the engine hands over the collective's device event once it is launched
+  // (before Complete()). WaitLaunched() waits until then, or until the operation completed, or the
+  // deadline: it returns the event while the operation may still run on the device, nullptr once
+  // it has completed (successfully or not: status() says which), kTimeout at the deadline.
+  void SetLaunched(std::shared_ptr<DeviceEvent> event);
+  StatusOr<std::shared_ptr<DeviceEvent>> WaitLaunched(Deadline deadline);
+
  private:
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -45,6 +53,7 @@ class RequestState {
   Status status_;
   Callback callback_;
   Output output_;
+  std::shared_ptr<DeviceEvent> launched_;
 };
 
 }  // namespace concord

@@ -355,7 +355,7 @@ INSTANTIATE_TEST_SUITE_P(
         MismatchCase{"device",
                      NoChange,
                      [](TensorRequest& r) { r.device = 0; },
-                     {"device", "cpu", "cuda:0"}},
+                     {"device", "cpu", "cuda"}},
         MismatchCase{"allgather_trailing",
                      MakeAllgather,
                      [](TensorRequest& r) {
