@@ -11,8 +11,9 @@ StatusOr<DevicePlane> StartDevicePlane(const Config& config, const BackendOption
   DevicePlane plane;
   const bool required = config.backend == "nccl";
   if (!required && config.backend != "auto") {
-    plane.unavailable = Status(Code::kUnavailable, "CONCORD_BACKEND=" + config.backend +
-                                                       " serves CPU tensors only (use auto or nccl)");
+    plane.unavailable =
+        Status(Code::kUnavailable,
+               "CONCORD_BACKEND=" + config.backend + " serves CPU tensors only (use auto or nccl)");
     return plane;
   }
   // Each rank says whether it can start NCCL ("ok" or why not); all ranks read every answer.
@@ -24,8 +25,8 @@ StatusOr<DevicePlane> StartDevicePlane(const Config& config, const BackendOption
     CONCORD_ASSIGN_OR_RETURN(std::string answer,
                              store->Get(prefix + "/probe/" + std::to_string(r), deadline));
     if (answer == "ok") continue;
-    const Status why(Code::kUnavailable, "the nccl backend cannot start on rank " +
-                                             std::to_string(r) + ": " + answer);
+    const Status why(Code::kUnavailable,
+                     "the nccl backend cannot start on rank " + std::to_string(r) + ": " + answer);
     if (required) return why.WithContext("CONCORD_BACKEND=nccl");
     plane.unavailable = why;
     return plane;

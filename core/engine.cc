@@ -796,8 +796,9 @@ Status Engine::CheckDevice(QueueEntry& e) const {
   Status usable = device_.backend->CheckDevice(r.device);
   if (!usable.ok()) return Status(usable.code(), who + ": " + usable.message());
   if (r.op == OpType::kAllgather && e.output == nullptr) {
-    return InvalidArgument(who + ": an allgather of a device tensor needs an output buffer on "
-                                 "the device (the result cannot be owned by the request)");
+    return InvalidArgument(who +
+                           ": an allgather of a device tensor needs an output buffer on "
+                           "the device (the result cannot be owned by the request)");
   }
   // Every rank's tensors are on its own GPU: ranks negotiate the kind, not the id.
   r.device = kDeviceTensor;
@@ -819,8 +820,8 @@ Status Engine::LaunchDevice(const FusionBatch& batch, const std::vector<const Re
                       "' does not match this rank's request");
     }
     c.tensors.push_back(DeviceTensor{e.input, e.output,
-                                     static_cast<size_t>(e.request.NumElements()),
-                                     e.ready_stream, e.ready_event});
+                                     static_cast<size_t>(e.request.NumElements()), e.ready_stream,
+                                     e.ready_event});
     states.push_back(e.state);
   }
   Status local = Status::Ok();  // this rank's own error, after taking part

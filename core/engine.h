@@ -73,7 +73,8 @@ class Engine {
  public:
   // Takes ownership of the transports and starts the background thread. `lanes` holds one
   // backend per lane (at least one). `keep_alive` holds whatever the transports need to outlive
-  // them (the rendezvous store, a store server). `device` serves CUDA tensors, when it has a backend.
+  // them (the rendezvous store, a store server). `device` serves CUDA tensors, when it has a
+  // backend.
   Engine(const Config& config, std::unique_ptr<ControlPlane> control,
          std::vector<std::unique_ptr<Backend>> lanes, std::shared_ptr<void> keep_alive,
          DevicePlane device = DevicePlane());

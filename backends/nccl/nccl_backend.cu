@@ -185,8 +185,9 @@ Status NcclBackend::WaitComm(Deadline deadline) {
 
 StatusOr<void*> NcclBackend::Buffer(size_t bytes) {
   if (bytes > fusion_.size()) {
-    CONCORD_ASSIGN_OR_RETURN(cuda::DeviceBuffer grown,
-                             cuda::DeviceBuffer::Allocate(device_, std::max(bytes, 2 * fusion_.size())));
+    CONCORD_ASSIGN_OR_RETURN(
+        cuda::DeviceBuffer grown,
+        cuda::DeviceBuffer::Allocate(device_, std::max(bytes, 2 * fusion_.size())));
     retired_.push_back(std::move(fusion_));
     fusion_ = std::move(grown);
   }
@@ -207,9 +208,9 @@ StatusOr<std::shared_ptr<DeviceEvent>> NcclBackend::Launch(const DeviceCollectiv
   // The producers' work first: the backend's stream waits for each ready event and stream.
   std::vector<void*> seen;
   for (const DeviceTensor& t : c.tensors) {
-    if (t.ready_event != nullptr && std::find(seen.begin(), seen.end(), t.ready_event) == seen.end()) {
-      CONCORD_CUDA_CHECK(
-          cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(t.ready_event), 0));
+    if (t.ready_event != nullptr &&
+        std::find(seen.begin(), seen.end(), t.ready_event) == seen.end()) {
+      CONCORD_CUDA_CHECK(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(t.ready_event), 0));
       seen.push_back(t.ready_event);
     }
     if (t.ready_stream != nullptr &&
@@ -264,7 +265,8 @@ Status NcclBackend::Enqueue(const DeviceCollective& c) {
       const DeviceTensor& t = c.tensors[0];
       const size_t bytes = t.count * DTypeSize(c.dtype);
       if (bytes == 0) return Status::Ok();
-      if (c.root < 0 || c.root >= size_) return InvalidArgument("nccl: broadcast root out of range");
+      if (c.root < 0 || c.root >= size_)
+        return InvalidArgument("nccl: broadcast root out of range");
       CONCORD_NCCL_CHECK(
           ncclBroadcast(t.input, t.output, bytes, ncclUint8, c.root, comm_, stream_));
       break;
@@ -295,8 +297,10 @@ Status NcclBackend::EnqueueAllreduce(const DeviceCollective& c) {
       op = ncclAvg;  // integers: the sum divided by the ranks, truncated
 #else
       if (!IsFloatingPoint(c.dtype)) {
-        return Status(Code::kUnavailable, "an integer average needs ncclAvg (NCCL 2.10); this is "
-                                          "NCCL " + cuda::NcclVersion());
+        return Status(Code::kUnavailable,
+                      "an integer average needs ncclAvg (NCCL 2.10); this is "
+                      "NCCL " +
+                          cuda::NcclVersion());
       }
       post /= size_;
 #endif
@@ -320,8 +324,7 @@ Status NcclBackend::EnqueueAllreduce(const DeviceCollective& c) {
   CONCORD_ASSIGN_OR_RETURN(cuda::PackPlan in_plan, cuda::PlanPack(inputs));
   CONCORD_ASSIGN_OR_RETURN(cuda::PackPlan out_plan, cuda::PlanPack(outputs));
   CONCORD_ASSIGN_OR_RETURN(void* buffer, Buffer(in_plan.total_bytes));
-  CONCORD_RETURN_IF_ERROR(
-      packer_->Pack(in_plan, buffer, fusion_.size(), c.prescale, stream_));
+  CONCORD_RETURN_IF_ERROR(packer_->Pack(in_plan, buffer, fusion_.size(), c.prescale, stream_));
   // The padding between slots is reduced too, and never read back.
   CONCORD_NCCL_CHECK(ncclAllReduce(buffer, buffer, in_plan.total_bytes / DTypeSize(c.dtype), type,
                                    op, comm_, stream_));
@@ -344,8 +347,7 @@ Status NcclBackend::EnqueueAllgatherv(const DeviceCollective& c) {
   const bool equal = std::all_of(c.bytes_per_rank.begin(), c.bytes_per_rank.end(),
                                  [&](size_t b) { return b == c.bytes_per_rank[0]; });
   if (equal) {
-    CONCORD_NCCL_CHECK(
-        ncclAllGather(t.input, out, c.bytes_per_rank[0], ncclUint8, comm_, stream_));
+    CONCORD_NCCL_CHECK(ncclAllGather(t.input, out, c.bytes_per_rank[0], ncclUint8, comm_, stream_));
     return Status::Ok();
   }
   // Different sizes: one broadcast per contributing rank, issued as one group.
@@ -442,10 +444,10 @@ void NcclBackend::CompletionLoop() {
       if (async != ncclSuccess && async != ncclInProgress) {
         failure = nccl::NcclError(async, "ncclCommGetAsyncError", __FILE__, __LINE__, comm_);
       } else if (deadline.passed()) {
-        failure = TimeoutError("NCCL collective not finished within " +
-                               std::to_string(timeout_.count()) +
-                               " ms (a peer did not arrive or hung): communicator aborted [NCCL " +
-                               cuda::NcclVersion() + "]");
+        failure =
+            TimeoutError("NCCL collective not finished within " + std::to_string(timeout_.count()) +
+                         " ms (a peer did not arrive or hung): communicator aborted [NCCL " +
+                         cuda::NcclVersion() + "]");
       }
     }
     if (!failure.ok()) {

@@ -141,7 +141,8 @@ typedef struct concord_tensor {
 typedef struct concord_device_opts {
   size_t struct_size;
   /** cudaStream_t: the operation reads the tensor only after the work queued on this stream so
-   *  far (e.g. the producer's kernels) has run; NULL: no wait. The caller's thread is not blocked. */
+   *  far (e.g. the producer's kernels) has run; NULL: no wait. The caller's thread is not blocked.
+   */
   void* stream;
   /** cudaEvent_t, already recorded: the operation waits for it too; NULL: no wait. */
   void* ready_event;
@@ -204,11 +205,11 @@ CONCORD_API concord_status_t concord_broadcast_async(concord_comm_t comm, const 
  * not use (each rank uses GPU local_rank modulo the GPUs), the call fails with UNAVAILABLE or
  * INVALID_ARGUMENT saying why. A CUDA allgather needs an output buffer on the device.
  */
-CONCORD_API concord_status_t concord_allreduce_async_ex(
-    concord_comm_t comm, const char* name, const concord_tensor_t* input,
-    const concord_tensor_t* output, const concord_allreduce_opts_t* opts,
-    const concord_device_opts_t* device_opts, concord_callback_t callback, void* user_data,
-    concord_request_t* request);
+CONCORD_API concord_status_t
+concord_allreduce_async_ex(concord_comm_t comm, const char* name, const concord_tensor_t* input,
+                           const concord_tensor_t* output, const concord_allreduce_opts_t* opts,
+                           const concord_device_opts_t* device_opts, concord_callback_t callback,
+                           void* user_data, concord_request_t* request);
 CONCORD_API concord_status_t concord_allgather_async_ex(
     concord_comm_t comm, const char* name, const concord_tensor_t* input, void* output,
     size_t output_capacity, const concord_device_opts_t* device_opts, concord_callback_t callback,

@@ -229,8 +229,8 @@ class Communicator {
   /// Allreduce; `out` absent means in place. prescale multiplies the input, postscale the result.
   Future allreduce_async(const std::string& name, const TensorView& in,
                          ReduceOp op = ReduceOp::kSum, const TensorView* out = nullptr,
-                         double prescale = 1.0, double postscale = 1.0,
-                         Callback callback = nullptr, const DeviceOptions& device = {}) {
+                         double prescale = 1.0, double postscale = 1.0, Callback callback = nullptr,
+                         const DeviceOptions& device = {}) {
     concord_allreduce_opts_t o;
     concord_allreduce_opts_init(&o);
     o.op = static_cast<concord_reduce_op_t>(op);
@@ -258,8 +258,7 @@ class Communicator {
     const concord_tensor_t ct = in.c_tensor();
     const concord_device_opts_t d = device.c_opts();
     return Enqueue(std::move(callback), [&](concord_callback_t cb, void* ud, concord_request_t* r) {
-      return concord_allgather_async_ex(comm_, name.c_str(), &ct, out, out_capacity, &d, cb, ud,
-                                        r);
+      return concord_allgather_async_ex(comm_, name.c_str(), &ct, out, out_capacity, &d, cb, ud, r);
     });
   }
 
@@ -272,8 +271,8 @@ class Communicator {
     if (out) co = out->c_tensor();
     const concord_device_opts_t d = device.c_opts();
     return Enqueue(std::move(callback), [&](concord_callback_t cb, void* ud, concord_request_t* r) {
-      return concord_broadcast_async_ex(comm_, name.c_str(), &ct, out ? &co : nullptr, root, &d,
-                                        cb, ud, r);
+      return concord_broadcast_async_ex(comm_, name.c_str(), &ct, out ? &co : nullptr, root, &d, cb,
+                                        ud, r);
     });
   }
   void broadcast(const std::string& name, const TensorView& in, int root) {

@@ -170,8 +170,8 @@ TEST(EngineDeviceTest, AllreduceEveryDTypeAndSizeFused) {
         const double tol = IsHalfPrecision(c.dtype) ? 0.05 * std::max(1.0, std::fabs(want)) : 1e-5;
         const double have = LoadElement(c.dtype, got, i);
         if (std::fabs(have - want) > tol) {
-          FAIL() << DTypeName(c.dtype) << " " << ReduceOpName(c.op) << " n=" << c.n
-                 << " element " << i << ": got " << have << ", want " << want;
+          FAIL() << DTypeName(c.dtype) << " " << ReduceOpName(c.op) << " n=" << c.n << " element "
+                 << i << ": got " << have << ", want " << want;
         }
       }
     }
@@ -200,7 +200,8 @@ TEST(EngineDeviceTest, AllgatherAndBroadcast) {
     std::vector<std::shared_ptr<RequestState>> bc;
     for (int root = 0; root < size; ++root) {
       data[root].assign(5, rank == root ? root * 7 + 1 : -5);
-      TensorRequest r = Request("bc" + std::to_string(root), OpType::kBroadcast, DType::kInt64, {5});
+      TensorRequest r =
+          Request("bc" + std::to_string(root), OpType::kBroadcast, DType::kInt64, {5});
       r.root = root;
       bc.push_back(Submit(job[rank], Entry(r, data[root].data(), data[root].data())));
     }
@@ -256,8 +257,7 @@ TEST(EngineDeviceTest, NegotiatesWhileDeviceWorkIsInFlight) {
   DeviceJob job(size, milliseconds(1500));
   OnRanks(size, [&](int rank) {
     std::vector<float> gpu(1000, 1.0f);
-    auto slow = Submit(job[rank], Entry(Request("gpu", OpType::kAllreduce, DType::kFloat32,
-                                                {1000}),
+    auto slow = Submit(job[rank], Entry(Request("gpu", OpType::kAllreduce, DType::kFloat32, {1000}),
                                         gpu.data(), gpu.data()));
     for (int round = 0; round < 20; ++round) {
       std::vector<float> cpu(100000, static_cast<float>(rank + round));
@@ -268,9 +268,9 @@ TEST(EngineDeviceTest, NegotiatesWhileDeviceWorkIsInFlight) {
       EXPECT_EQ(cpu[99999], static_cast<float>(1 + 2 * round));
     }
     EXPECT_FALSE(slow->done()) << "CPU work waited for the device collective";
-    QueueEntry bye = Entry(Request(job[rank].NextBarrierName(), OpType::kBarrier, DType::kUint8,
-                                   {}, -1),
-                           nullptr, nullptr);
+    QueueEntry bye =
+        Entry(Request(job[rank].NextBarrierName(), OpType::kBarrier, DType::kUint8, {}, -1),
+              nullptr, nullptr);
     auto barrier = Submit(job[rank], std::move(bye));
     ASSERT_TRUE(Await(barrier).ok());
     EXPECT_TRUE(slow->done()) << "a barrier completed before the device work before it";
@@ -311,8 +311,8 @@ TEST(EngineDeviceTest, WaitsForTheReadyEventAndSignalsStreams) {
   OnRanks(size, [&](int rank) {
     std::vector<int32_t> data(16, -100);  // the producer has not written it yet
     FakeEvent ready;
-    QueueEntry e = Entry(Request("ev", OpType::kAllreduce, DType::kInt32, {16}), data.data(),
-                         data.data());
+    QueueEntry e =
+        Entry(Request("ev", OpType::kAllreduce, DType::kInt32, {16}), data.data(), data.data());
     e.ready_event = &ready;
     auto state = Submit(job[rank], std::move(e));
     // The consumer orders its stream after the collective without waiting for it.
@@ -351,13 +351,14 @@ TEST(EngineDeviceTest, PeerThatNeverArrivesTimesOut) {
   });
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
   for (int r = 0; r < size; ++r) {
-    for (int i = 0; i < 500 && job[r].failure().ok(); ++i) std::this_thread::sleep_for(milliseconds(10));
+    for (int i = 0; i < 500 && job[r].failure().ok(); ++i)
+      std::this_thread::sleep_for(milliseconds(10));
     EXPECT_EQ(job[r].failure().code(), Code::kTimeout) << job[r].failure().ToString();
     // Later work fails: refused, or (enqueued while the engine was closing) completed with the
     // error.
     std::vector<float> more(1);
-    QueueEntry e = Entry(Request("later", OpType::kAllreduce, DType::kFloat32, {1}), more.data(),
-                         more.data());
+    QueueEntry e =
+        Entry(Request("later", OpType::kAllreduce, DType::kFloat32, {1}), more.data(), more.data());
     auto state = e.state;
     if (job[r].Enqueue(std::move(e)).ok()) {
       EXPECT_FALSE(Await(state).ok());
@@ -387,8 +388,9 @@ TEST(EngineDeviceTest, ValidationErrors) {
          Code::kUnavailable, "does not exist");
   expect(Entry(Request("d", OpType::kAllreduce, DType::kFloat32, {4}, 0), data.data(), data.data()),
          Code::kInvalidArgument, "runs on CUDA device 1");
-  expect(Entry(Request("e", OpType::kAllreduce, DType::kFloat32, {4}, -2), data.data(), data.data()),
-         Code::kInvalidArgument, "neither the CPU");
+  expect(
+      Entry(Request("e", OpType::kAllreduce, DType::kFloat32, {4}, -2), data.data(), data.data()),
+      Code::kInvalidArgument, "neither the CPU");
   expect(Entry(Request("f", OpType::kAllgather, DType::kFloat32, {4}), data.data(), nullptr),
          Code::kInvalidArgument, "needs an output buffer");
 
@@ -401,8 +403,8 @@ TEST(EngineDeviceTest, ValidationErrors) {
   std::vector<float> one(1, 2.5f);
   auto ok1 = Submit(job[0], Entry(Request("h", OpType::kAllreduce, DType::kFloat32, {1}),
                                   one.data(), one.data()));
-  auto ok0 = Submit(job[0], Entry(Request("i", OpType::kAllreduce, DType::kFloat32, {0}), nullptr,
-                                  nullptr));
+  auto ok0 = Submit(
+      job[0], Entry(Request("i", OpType::kAllreduce, DType::kFloat32, {0}), nullptr, nullptr));
   ASSERT_TRUE(Await(ok1).ok());
   ASSERT_TRUE(Await(ok0).ok());
   EXPECT_EQ(one[0], 2.5f);

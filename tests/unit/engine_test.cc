@@ -768,8 +768,11 @@ INSTANTIATE_TEST_SUITE_P(
         InvalidCase{"bad_reduce_op",
                     [](QueueEntry& e) { e.request.reduce_op = static_cast<ReduceOp>(9); },
                     Code::kInvalidArgument, "reduce op"},
+        // This job has no device backend (engine_device_test covers one).
         InvalidCase{"device", [](QueueEntry& e) { e.request.device = 0; }, Code::kUnavailable,
-                    "CPU"},
+                    "on CUDA device 0: no GPU backend"},
+        InvalidCase{"negative_device", [](QueueEntry& e) { e.request.device = -2; },
+                    Code::kInvalidArgument, "neither the CPU"},
         InvalidCase{"no_state", [](QueueEntry& e) { e.state.reset(); }, Code::kInternal,
                     "completion state"}),
     [](const ::testing::TestParamInfo<InvalidCase>& info) { return info.param.label; });

@@ -62,8 +62,8 @@ class InProcDeviceBackend : public DeviceBackend {
   Status CheckDevice(int device) const override {
     if (device < 0 || device >= world_->devices_) {
       return Status(Code::kUnavailable, "CUDA device " + std::to_string(device) +
-                                            " does not exist (" +
-                                            std::to_string(world_->devices_) + " devices)");
+                                            " does not exist (" + std::to_string(world_->devices_) +
+                                            " devices)");
     }
     if (device != device_) {
       return InvalidArgument("this communicator runs on CUDA device " + std::to_string(device_));
@@ -145,11 +145,11 @@ std::vector<std::function<void()>> InProcDeviceWorld::Break(int rank, const Stat
   std::vector<std::function<void()>> callbacks;
   for (int r = 0; r < size_; ++r) {
     RankState& s = ranks_[r];
-    const Status mine =
-        r == rank ? status
-                  : Status(Code::kPeerFailure, "rank " + std::to_string(rank) +
-                                                   " aborted its device communicator: " +
-                                                   status.message());
+    const Status mine = r == rank
+                            ? status
+                            : Status(Code::kPeerFailure,
+                                     "rank " + std::to_string(rank) +
+                                         " aborted its device communicator: " + status.message());
     if (s.aborted.ok()) s.aborted = mine;
     if (s.stalled && r != rank) continue;  // hung: only its own Abort() ends its work
     // A front the worker is completing finishes normally; everything behind it fails.
@@ -259,9 +259,9 @@ void InProcDeviceWorld::Loop() {
       lock.unlock();
       std::this_thread::sleep_for(delay_);
       const bool ok = Compute(fronts);
-      const Status status = ok ? Status::Ok()
-                               : Status(Code::kInternal,
-                                        "inproc-device: ranks launched different collectives");
+      const Status status =
+          ok ? Status::Ok()
+             : Status(Code::kInternal, "inproc-device: ranks launched different collectives");
       lock.lock();
       if (ok) ++completed_;  // counted before any rank learns of it
       lock.unlock();
