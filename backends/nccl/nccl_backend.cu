@@ -9,6 +9,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -430,9 +431,13 @@ void NcclBackend::CompletionLoop() {
       lock.unlock();
       done(Status::Ok());
       lock.lock();
-      pending_.pop_front();  // frees the retired buffers: the work that used them is done
+      std::optional<Pending> finished(std::move(pending_.front()));
+      pending_.pop_front();
       busy_ = false;
       cv_.notify_all();
+      lock.unlock();
+      finished.reset();  // frees the retired buffers (their work is done) outside the lock
+      lock.lock();
       continue;
     }
     if (query != cudaErrorNotReady) {

@@ -470,8 +470,9 @@ TEST(EngineLanesTest, LargeAllreduceIsSlicedOverTheLanes) {
 }
 
 TEST(EngineGroupTest, RefusedGroupCompletesItsMembers) {
-  Job job(2);
+  // Declared before the job: "held" stays in flight, so the engine may read it until shutdown.
   std::vector<float> data(4, 1.0f);
+  Job job(2);
   // Only rank 0 submits "held", so it stays in flight.
   auto held = Submit(job[0], Entry(Request("held", OpType::kAllreduce, DType::kFloat32, {4}),
                                    data.data(), data.data()));
