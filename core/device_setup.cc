@@ -11,9 +11,13 @@ StatusOr<DevicePlane> StartDevicePlane(const Config& config, const BackendOption
   DevicePlane plane;
   const bool required = config.backend == "nccl";
   if (!required && config.backend != "auto") {
-    plane.unavailable =
-        Status(Code::kUnavailable,
-               "CONCORD_BACKEND=" + config.backend + " serves CPU tensors only (use auto or nccl)");
+    plane.unavailable = Status(
+        Code::kUnavailable,
+        BuiltDeviceBackends().empty()
+            ? "this Concord was built without a GPU backend (CUDA and NCCL were not found at "
+              "configure time)"
+            : "CONCORD_BACKEND=" + config.backend +
+                  " starts no GPU backend (CUDA tensors need auto or nccl)");
     return plane;
   }
   // Each rank says whether it can start NCCL ("ok" or why not); all ranks read every answer.
