@@ -249,16 +249,21 @@ TEST(EngineDeviceTest, ManyTensorsCompleteInLaunchOrder) {
   EXPECT_GT(job[0].stats().fused_tensors.load(), 0u);
 }
 
-// While a device collective is in flight (it takes 1.5 s), the engine keeps negotiating: CPU
-// allreduces enqueued after it complete first, over the CPU backend. A barrier after the device
-// collective completes only once the device collective has.
+// While a device collective is in flight (held back by its ready event, which the test sets only
+// at the end), the engine keeps negotiating: CPU allreduces enqueued after it complete, over the
+// CPU backend. A barrier after the device collective completes only once the device collective
+// has.
 TEST(EngineDeviceTest, NegotiatesWhileDeviceWorkIsInFlight) {
   const int size = 2;
-  DeviceJob job(size, milliseconds(1500));
+  DeviceJob job(size, milliseconds(1));
   OnRanks(size, [&](int rank) {
     std::vector<float> gpu(1000, 1.0f);
-    auto slow = Submit(job[rank], Entry(Request("gpu", OpType::kAllreduce, DType::kFloat32, {1000}),
-                                        gpu.data(), gpu.data()));
+    FakeEvent producer_done;
+    QueueEntry held =
+        Entry(Request("gpu", OpType::kAllreduce, DType::kFloat32, {1000}), gpu.data(), gpu.data());
+    held.ready_event = &producer_done;
+    auto slow = Submit(job[rank], std::move(held));
+    ASSERT_TRUE(slow->WaitLaunched(Deadline::After(milliseconds(20000))).ok());
     for (int round = 0; round < 20; ++round) {
       std::vector<float> cpu(100000, static_cast<float>(rank + round));
       auto s = Submit(job[rank], Entry(Request("cpu" + std::to_string(round), OpType::kAllreduce,
@@ -267,13 +272,16 @@ TEST(EngineDeviceTest, NegotiatesWhileDeviceWorkIsInFlight) {
       ASSERT_TRUE(Await(s).ok());
       EXPECT_EQ(cpu[99999], static_cast<float>(1 + 2 * round));
     }
-    EXPECT_FALSE(slow->done()) << "CPU work waited for the device collective";
+    EXPECT_FALSE(slow->done());
     QueueEntry bye =
         Entry(Request(job[rank].NextBarrierName(), OpType::kBarrier, DType::kUint8, {}, -1),
               nullptr, nullptr);
     auto barrier = Submit(job[rank], std::move(bye));
+    EXPECT_FALSE(barrier->Wait(Deadline::After(milliseconds(200))))
+        << "a barrier completed before the device work before it";
+    producer_done.set.store(true);
     ASSERT_TRUE(Await(barrier).ok());
-    EXPECT_TRUE(slow->done()) << "a barrier completed before the device work before it";
+    EXPECT_TRUE(slow->done());
     ASSERT_TRUE(slow->status().ok());
     EXPECT_EQ(gpu[0], 2.0f);
   });

@@ -557,7 +557,8 @@ TEST_P(EngineMismatchTest, EveryRankFailsAndTheEngineGoesOn) {
   const auto& [size, c] = GetParam();
   Job job(size);
   OnRanks(size, [&](int rank) {
-    std::vector<float> data(8, 1.0f), out(64, 0.0f);
+    // Large enough for every variant (rank 1 reads 8 float64 in the "dtype" case).
+    std::vector<float> data(64, 1.0f), out(64, 0.0f);
     TensorRequest r = Request("bad", OpType::kAllreduce, DType::kFloat32, {8});
     if (rank == 1) c.differ(r);
     Status s = Await(Submit(job[rank], Entry(r, data.data(), out.data(), out.size() * 4)));
