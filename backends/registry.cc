@@ -1,9 +1,13 @@
 // The one place that knows which backends were built. Core asks here by name; it never includes a
 // backend's own header. A new backend adds its name to BuiltBackends() and its case below.
 #include "backends/backend.h"
+#include "backends/device_backend.h"
 #include "backends/gloo/gloo_backend.h"
 #ifdef CONCORD_HAVE_MPI
 #include "backends/mpi/mpi_backend.h"
+#endif
+#ifdef CONCORD_HAVE_NCCL_BACKEND
+#include "backends/nccl/nccl_backend.h"
 #endif
 
 namespace concord {
@@ -29,7 +33,8 @@ Status NotBuilt(const std::string& name) {
 
 StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& name,
                                                  const BackendOptions& options, Store* store) {
-  if (name == "gloo") return CreateGlooBackend(options, store);
+  // A device backend's name (nccl) still means Gloo for the CPU tensors.
+  if (name == "gloo" || name == "nccl") return CreateGlooBackend(options, store);
   if (name == "gloo-ibverbs") {
     return CreateGlooBackend(options, store, gloo_internal::GlooTransport::kIbverbs);
   }
@@ -50,6 +55,36 @@ StatusOr<MpiTransports> CreateMpiTransports(std::chrono::milliseconds timeout) {
   (void)timeout;
   return NotBuilt("mpi");
 #endif
+}
+
+std::vector<std::string> BuiltDeviceBackends() {
+#ifdef CONCORD_HAVE_NCCL_BACKEND
+  return {"nccl"};
+#else
+  return {};
+#endif
+}
+
+StatusOr<int> ProbeDeviceBackend(const std::string& name, int local_rank) {
+#ifdef CONCORD_HAVE_NCCL_BACKEND
+  if (name == "nccl") return ProbeNcclDevice(local_rank);
+#endif
+  (void)local_rank;
+  return Status(Code::kUnavailable,
+                "device backend '" + name + "' is not built into this Concord" +
+                    (BuiltDeviceBackends().empty() ? " (built without CUDA and NCCL)" : ""));
+}
+
+StatusOr<std::unique_ptr<DeviceBackend>> CreateDeviceBackend(const std::string& name, int device,
+                                                             const BackendOptions& options,
+                                                             Store* store) {
+#ifdef CONCORD_HAVE_NCCL_BACKEND
+  if (name == "nccl") return CreateNcclBackend(device, options, store);
+#endif
+  (void)device;
+  (void)options;
+  (void)store;
+  return Status(Code::kUnavailable, "device backend '" + name + "' is not built into this Concord");
 }
 
 }  // namespace concord

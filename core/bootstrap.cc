@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/device_setup.h"
 #include "rendezvous/hash_store.h"
 #include "rendezvous/store_factory.h"
 #include "rendezvous/tcp_store.h"
@@ -265,7 +266,11 @@ StatusOr<std::unique_ptr<Engine>> CreateEngine(Config config) {
     }
     lanes.push_back(std::move(*backend));
   }
-  return std::make_unique<Engine>(config, std::move(*control), std::move(lanes), rv);
+  // CUDA tensors: the device backend CONCORD_BACKEND asks for (core/device_setup.h).
+  CONCORD_ASSIGN_OR_RETURN(DevicePlane device,
+                           StartDevicePlane(config, bo, rv->store.get(), deadline));
+  return std::make_unique<Engine>(config, std::move(*control), std::move(lanes), rv,
+                                  std::move(device));
 }
 
 }  // namespace concord

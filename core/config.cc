@@ -122,8 +122,9 @@ Status Config::Finalize() {
                            std::to_string(local_size) + ")");
   }
   if (job_id.empty()) job_id = "default";
-  if (backend != "gloo" && backend != "gloo-ibverbs" && backend != "mpi" && backend != "auto") {
-    return InvalidArgument("CONCORD_BACKEND must be gloo, gloo-ibverbs, mpi or auto, not '" +
+  if (backend != "gloo" && backend != "gloo-ibverbs" && backend != "mpi" && backend != "nccl" &&
+      backend != "auto") {
+    return InvalidArgument("CONCORD_BACKEND must be gloo, gloo-ibverbs, mpi, nccl or auto, not '" +
                            backend + "'");
   }
   if (fusion_threshold_bytes < 0) return InvalidArgument("the fusion threshold must be >= 0");

@@ -205,9 +205,8 @@ Response Coordinator::Validate(const Pending& p) const {
   };
   check("the operation", [](const TensorRequest& r) { return OpTypeName(r.op); });
   check("dtype", [](const TensorRequest& r) { return DTypeName(r.dtype); });
-  check("device", [](const TensorRequest& r) {
-    return r.device < 0 ? std::string("cpu") : "cuda:" + std::to_string(r.device);
-  });
+  check("device",
+        [](const TensorRequest& r) { return std::string(r.device < 0 ? "cpu" : "cuda"); });
   if (allgather) {
     check("the number of dimensions",
           [](const TensorRequest& r) { return std::to_string(r.shape.size()); });

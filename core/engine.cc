@@ -74,9 +74,9 @@ Status ValidateEntry(const QueueEntry& e, int world_size) {
       return fail(Code::kInvalidArgument, "too large");
     elements *= d;
   }
-  if (r.device != -1) {
-    return fail(Code::kUnavailable, "device " + std::to_string(r.device) +
-                                        " requested, but this build supports CPU tensors only");
+  if (r.device < -1) {
+    return fail(Code::kInvalidArgument, "device " + std::to_string(r.device) +
+                                            " is neither the CPU (-1) nor a CUDA device id");
   }
   if (elements > 0 && e.input == nullptr && r.op != OpType::kBarrier) {
     return fail(Code::kInvalidArgument, "input data is NULL");
@@ -115,7 +115,8 @@ Status ValidateEntry(const QueueEntry& e, int world_size) {
 }
 
 Engine::Engine(const Config& config, std::unique_ptr<ControlPlane> control,
-               std::vector<std::unique_ptr<Backend>> lanes, std::shared_ptr<void> keep_alive)
+               std::vector<std::unique_ptr<Backend>> lanes, std::shared_ptr<void> keep_alive,
+               DevicePlane device)
     : config_(config),
       keep_alive_(std::move(keep_alive)),
       control_(std::move(control)),
@@ -140,6 +141,7 @@ Engine::Engine(const Config& config, std::unique_ptr<ControlPlane> control,
     stall.shutdown = Millis(config_.stall_shutdown_s);
     coordinator_ = std::make_unique<Coordinator>(config_.size, &cache_, stall);
   }
+  device_ = std::move(device);
   Log(LogLevel::kInfo, "started rank " + std::to_string(config_.rank) + " of " +
                            std::to_string(config_.size) + " on backend " +
                            lanes_.front().backend->name() + " (" + std::to_string(lanes_.size()) +
@@ -163,6 +165,7 @@ Status Engine::failure() const {
 
 Status Engine::Enqueue(QueueEntry entry) {
   CONCORD_RETURN_IF_ERROR(ValidateEntry(entry, config_.size));
+  CONCORD_RETURN_IF_ERROR(CheckDevice(entry));
   TensorRequest& r = entry.request;
   if (r.op == OpType::kAllreduce && !r.compression.empty()) {
     auto compressor = CompressorFor(r.compression);
@@ -173,6 +176,10 @@ Status Engine::Enqueue(QueueEntry entry) {
     r.compression = (*compressor)->spec();
     if (r.compression == "none") {
       r.compression.clear();
+    } else if (r.device != -1) {
+      return Status(Code::kUnavailable, "tensor '" + r.name + "': compression '" +
+                                            r.compression +
+                                            "' runs on CPU tensors only in this version");
     } else {
       entry.compressor = std::move(*compressor);
     }
@@ -267,13 +274,19 @@ Status Engine::Shutdown() {
     if (control_wake_) control_wake_->Wake();
   }
   if (thread_.joinable()) thread_.join();
+  if (device_.backend) {
+    // Normally drained by the finalize barrier; a lone rank waits here, at most the timeout.
+    Status drained = device_.backend->Drain(Deadline::After(Millis(config_.timeout_s)));
+    if (!drained.ok()) device_.backend->Abort(drained);
+  }
   Log(LogLevel::kInfo,
       "finalized: " + std::to_string(stats_.responses_cached.load()) +
           " responses from the cache, " + std::to_string(stats_.responses_full.load()) + " full, " +
           std::to_string(stats_.response_lists.load()) + " response lists, " +
           std::to_string(stats_.batches.load()) + " collectives, " +
           std::to_string(stats_.fused_tensors.load()) + " tensors through the fusion buffer, " +
-          std::to_string(stats_.inline_reductions.load()) + " reduced inline");
+          std::to_string(stats_.inline_reductions.load()) + " reduced inline, " +
+          std::to_string(stats_.device_launches.load()) + " device launches");
   const Status closed(Code::kNotInitialized, "the communicator was finalized");
   for (auto& e : queue_.Close(closed)) e.state->Complete(closed);
   std::vector<QueueEntry> held;
@@ -307,12 +320,14 @@ void Engine::Fail(const Status& status) {
   }
   control_.reset();
   for (auto& lane : lanes_) lane.backend.reset();
+  // Device work in flight fails now (its communicator is aborted), not at its deadline.
+  if (device_.backend) device_.backend->Abort(status);
   for (auto& e : queue_.Close(status)) e.state->Complete(status);
 }
 
 bool Engine::OnEngineThread() const {
   const std::thread::id self = std::this_thread::get_id();
-  if (self == engine_thread_id_.load()) return true;
+  if (self == engine_thread_id_.load() || self == device_thread_id_.load()) return true;
   for (const auto& lane : lanes_) {
     if (lane.worker && self == lane.worker->id()) return true;
   }
@@ -362,6 +377,10 @@ Status Engine::Step() {
         got, control_->Receive(&message, Deadline::After(std::chrono::milliseconds(0))));
   }
   if (stopping_.load()) return Status::Ok();
+  {
+    std::lock_guard<std::mutex> lock(failure_mu_);
+    if (!device_failure_.ok()) return device_failure_;
+  }
   CONCORD_RETURN_IF_ERROR(SubmitNew());
   if (coordinator_) CONCORD_RETURN_IF_ERROR(Coordinate());
   return Status::Ok();
@@ -487,15 +506,27 @@ Status Engine::Execute(const ResponseMessage& message) {
     if (!s.ok()) return fail_taken(s);
     entries[i].reset();
   }
-  // Batches run on the lanes in segments; a barrier is a segment of its own, so it completes
-  // only after everything before it in the list.
+  // Batches run in segments; a barrier is a segment of its own, so it completes only after
+  // everything before it in the list. Device batches are launched first (in plan order, which
+  // is the same on every rank) and run while the lanes run the host batches.
   const std::vector<FusionBatch> plan = PlanFusion(to_run, fusion_);
   std::vector<size_t> segment;
   for (size_t b = 0; b <= plan.size(); ++b) {
-    const bool barrier =
-        b < plan.size() && to_run[plan[b].members.front()]->request.op == OpType::kBarrier;
-    if (b == plan.size() || barrier) {
+    const Response* first = b < plan.size() ? to_run[plan[b].members.front()] : nullptr;
+    const bool barrier = first != nullptr && first->request.op == OpType::kBarrier;
+    if (first != nullptr && first->request.device != -1 && first->error == Code::kOk) {
+      Status s = LaunchDevice(plan[b], to_run, run_entries);
+      if (!s.ok()) {
+        for (auto& e : run_entries) {
+          if (e) e->state->Complete(s);
+        }
+        return s;
+      }
+    } else if (b == plan.size() || barrier) {
       Status s = RunOnLanes(plan, segment, to_run, run_entries);
+      if (s.ok() && barrier && device_.backend) {
+        s = device_.backend->Drain(Deadline::After(Millis(config_.timeout_s)));
+      }
       if (s.ok() && barrier) s = RunOnLanes(plan, {b}, to_run, run_entries);
       if (!s.ok()) {
         // Entries taken from the queue for this list complete here; Fail() handles the queue.
@@ -649,7 +680,7 @@ Status Engine::CompleteInline(const Response& r, const std::string& data,
     return Internal("response for tensor '" + q.name + "' does not match this rank's request");
   }
   const size_t n = static_cast<size_t>(q.NumElements());
-  std::memcpy(entry->output, data.data(), data.size());
+  if (n > 0) std::memcpy(entry->output, data.data(), data.size());  // output may be null at 0
   FinishAllreduce(q, entry->output, n);
   // Each rank sent its input to rank 0, which sent the result to every other rank.
   entry->state->AddWireBytes(config_.rank == 0 ? data.size() * (config_.size - 1) : data.size());
@@ -730,7 +761,8 @@ Status Engine::RunAllreduceFused(Lane& lane, const FusionBatch& batch,
   return Status::Ok();
 }
 
-Status Engine::RunAllgather(Lane& lane, const Response& r, QueueEntry& e, Status* local_error) {
+StatusOr<std::vector<size_t>> Engine::AllgatherBytes(const Response& r, size_t* total,
+                                                     int64_t* first_dim) const {
   const TensorRequest& q = r.request;
   if (r.first_dims.size() != static_cast<size_t>(config_.size)) {
     return ProtocolError("allgather response for tensor '" + q.name + "' has " +
@@ -740,16 +772,24 @@ Status Engine::RunAllgather(Lane& lane, const Response& r, QueueEntry& e, Status
   size_t row = DTypeSize(q.dtype);
   for (size_t d = 1; d < q.shape.size(); ++d) row *= static_cast<size_t>(q.shape[d]);
   std::vector<size_t> bytes(config_.size);
-  size_t total = 0;
-  int64_t first = 0;
+  *total = 0;
+  *first_dim = 0;
   constexpr size_t kMaxBytes = size_t{1} << 50;
   for (int rk = 0; rk < config_.size; ++rk) {
     if (__builtin_mul_overflow(static_cast<size_t>(r.first_dims[rk]), row, &bytes[rk]) ||
-        bytes[rk] > kMaxBytes || (total += bytes[rk]) > kMaxBytes) {
+        bytes[rk] > kMaxBytes || (*total += bytes[rk]) > kMaxBytes) {
       return ProtocolError("allgather response for tensor '" + q.name + "' is too large");
     }
-    first += r.first_dims[rk];
+    *first_dim += r.first_dims[rk];
   }
+  return bytes;
+}
+
+Status Engine::RunAllgather(Lane& lane, const Response& r, QueueEntry& e, Status* local_error) {
+  const TensorRequest& q = r.request;
+  size_t total = 0;
+  int64_t first = 0;
+  CONCORD_ASSIGN_OR_RETURN(std::vector<size_t> bytes, AllgatherBytes(r, &total, &first));
   RequestState::Output& out = e.state->output();
   void* dst = e.output;
   if (dst == nullptr) {
@@ -781,6 +821,113 @@ Status Engine::RunBroadcast(Lane& lane, const Response& r, QueueEntry& e) {
   // Estimated as one copy of the data from every rank (a chain or tree forwards it once).
   if (config_.size > 1) e.state->AddWireBytes(bytes);
   return lane.backend->Broadcast(e.output, bytes, r.request.root);
+}
+
+}  // namespace concord
+
+namespace concord {
+
+Status Engine::CheckDevice(QueueEntry& e) const {
+  TensorRequest& r = e.request;
+  if (r.device == -1) {
+    if (e.ready_stream != nullptr || e.ready_event != nullptr) {
+      return InvalidArgument("tensor '" + r.name +
+                             "': a ready stream or event was given for a CPU tensor");
+    }
+    return Status::Ok();
+  }
+  const std::string who = "tensor '" + r.name + "' on CUDA device " + std::to_string(r.device);
+  if (!device_.backend) {
+    return Status(device_.unavailable.code(), who + ": " + device_.unavailable.message());
+  }
+  Status usable = device_.backend->CheckDevice(r.device);
+  if (!usable.ok()) return Status(usable.code(), who + ": " + usable.message());
+  if (r.op == OpType::kAllgather && e.output == nullptr) {
+    return InvalidArgument(who +
+                           ": an allgather of a device tensor needs an output buffer on "
+                           "the device (the result cannot be owned by the request)");
+  }
+  // Every rank's tensors are on its own GPU: ranks negotiate the kind, not the id.
+  r.device = kDeviceTensor;
+  return Status::Ok();
+}
+
+Status Engine::LaunchDevice(const FusionBatch& batch, const std::vector<const Response*>& responses,
+                            std::vector<std::optional<QueueEntry>>& entries) {
+  const TensorRequest& q = responses[batch.members.front()]->request;
+  DeviceCollective c;
+  c.device = device_.backend->device();
+  c.dtype = q.dtype;
+  c.deadline = Deadline::After(Millis(config_.timeout_s));
+  std::vector<std::shared_ptr<RequestState>> states;
+  for (size_t i : batch.members) {
+    const QueueEntry& e = *entries[i];
+    if (!responses[i]->IsRequestOf(e.request, config_.rank)) {
+      return Internal("response for tensor '" + responses[i]->request.name +
+                      "' does not match this rank's request");
+    }
+    c.tensors.push_back(DeviceTensor{e.input, e.output,
+                                     static_cast<size_t>(e.request.NumElements()), e.ready_stream,
+                                     e.ready_event});
+    states.push_back(e.state);
+  }
+  Status local = Status::Ok();  // this rank's own error, after taking part
+  switch (q.op) {
+    case OpType::kAllreduce:
+      c.kind = DeviceOpKind::kAllreduce;
+      c.op = q.reduce_op;
+      c.prescale = q.prescale;
+      c.postscale = q.postscale;
+      break;
+    case OpType::kBroadcast:
+      c.kind = DeviceOpKind::kBroadcast;
+      c.root = q.root;
+      break;
+    case OpType::kAllgather: {
+      c.kind = DeviceOpKind::kAllgatherv;
+      const Response& r = *responses[batch.members.front()];
+      QueueEntry& e = *entries[batch.members.front()];
+      size_t total = 0;
+      int64_t first = 0;
+      CONCORD_ASSIGN_OR_RETURN(c.bytes_per_rank, AllgatherBytes(r, &total, &first));
+      if (total > e.output_capacity) {
+        local = InvalidArgument("tensor '" + q.name + "': allgather result needs " +
+                                std::to_string(total) + " bytes, the output buffer has " +
+                                std::to_string(e.output_capacity));
+        c.tensors[0].output = nullptr;  // the backend gathers into scratch memory
+      } else {
+        RequestState::Output& out = e.state->output();
+        out.data = e.output;
+        out.bytes = total;
+        out.first_dim = first;
+      }
+      break;
+    }
+    case OpType::kBarrier:
+      return Internal("a barrier was planned as a device collective");
+  }
+  auto done = [this, states, local](const Status& s) {
+    device_thread_id_.store(std::this_thread::get_id());
+    for (const auto& state : states) state->Complete(s.ok() ? local : s);
+    if (!s.ok()) DeviceFailed(s);
+  };
+  // Counted first: the collective may complete before Launch() returns.
+  stats_.device_launches.fetch_add(1, std::memory_order_relaxed);
+  stats_.batches.fetch_add(1, std::memory_order_relaxed);
+  if (batch.fused) stats_.fused_tensors.fetch_add(batch.members.size(), std::memory_order_relaxed);
+  CONCORD_ASSIGN_OR_RETURN(std::shared_ptr<DeviceEvent> event,
+                           device_.backend->Launch(c, std::move(done)));
+  for (size_t i : batch.members) {
+    entries[i]->state->SetLaunched(event);
+    entries[i].reset();  // the completion thread completes it now
+  }
+  return Status::Ok();
+}
+
+void Engine::DeviceFailed(const Status& status) {
+  std::lock_guard<std::mutex> lock(failure_mu_);
+  if (device_failure_.ok()) device_failure_ = status;
+  if (control_wake_) control_wake_->Wake();
 }
 
 }  // namespace concord

@@ -16,6 +16,13 @@
 // on different lanes. Completion callbacks run on the thread of the lane that ran the operation
 // (the engine thread for a sliced one).
 //
+// Devices: CPU tensors run on the lanes; CUDA tensors on the device backend (DevicePlane), which
+// is asynchronous: the engine thread launches each device batch in plan order and goes on
+// negotiating while the GPU works; the device backend's completion thread completes the requests
+// (their callbacks run there). A device failure or deadline fails the engine like any other error.
+// A barrier first waits for every device collective before it. Tensors of different devices are
+// never fused (the fusion planner compares TensorRequest::device).
+//
 // Failure: the first error (a peer failed, a backend or protocol error, an abort from rank 0)
 // fails the engine: every request in flight completes with that error, later enqueues return it,
 // and the connections close at once so the other ranks notice. Shutdown() (also the destructor)
@@ -35,6 +42,7 @@
 
 #include "backends/backend.h"
 #include "backends/control_plane.h"
+#include "backends/device_backend.h"
 #include "base/log.h"
 #include "compression/compressor.h"
 #include "core/config.h"
@@ -54,15 +62,24 @@ struct EngineStats {
   std::atomic<uint64_t> batches{0};            // collectives run
   std::atomic<uint64_t> fused_tensors{0};      // tensors that went through the fusion buffer
   std::atomic<uint64_t> inline_reductions{0};  // allreduces the coordinator reduced inline
+  std::atomic<uint64_t> device_launches{0};    // collectives handed to the device backend
+};
+
+// The engine's device side: the device backend, or none and why (the error a CUDA tensor gets).
+struct DevicePlane {
+  std::unique_ptr<DeviceBackend> backend;
+  Status unavailable = Status(Code::kUnavailable, "no GPU backend was started");
 };
 
 class Engine {
  public:
   // Takes ownership of the transports and starts the background thread. `lanes` holds one
   // backend per lane (at least one). `keep_alive` holds whatever the transports need to outlive
-  // them (the rendezvous store, a store server).
+  // them (the rendezvous store, a store server). `device` serves CUDA tensors, when it has a
+  // backend.
   Engine(const Config& config, std::unique_ptr<ControlPlane> control,
-         std::vector<std::unique_ptr<Backend>> lanes, std::shared_ptr<void> keep_alive);
+         std::vector<std::unique_ptr<Backend>> lanes, std::shared_ptr<void> keep_alive,
+         DevicePlane device = DevicePlane());
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -71,8 +88,9 @@ class Engine {
   int rank() const { return config_.rank; }
   int size() const { return config_.size; }
 
-  // Checks the entry (kInvalidArgument naming what is wrong; nothing is queued) and queues it, or
-  // holds it when this thread has a group open.
+  // Checks the entry (kInvalidArgument naming what is wrong; kUnavailable for a CUDA tensor without
+  // a usable device backend; nothing is queued) and queues it, or holds it when this thread has a
+  // group open. A CUDA tensor's request is negotiated with device kDeviceTensor.
   Status Enqueue(QueueEntry entry);
   // Opens a group for the calling thread; GroupEnd() queues its entries atomically. When the queue
   // refuses them (a name already in flight, the engine failed), every member completes with the
@@ -137,6 +155,16 @@ class Engine {
   StatusOr<std::shared_ptr<const compression::Compressor>> CompressorFor(const std::string& spec);
   Status RunAllgather(Lane& lane, const Response& r, QueueEntry& e, Status* local_error);
   Status RunBroadcast(Lane& lane, const Response& r, QueueEntry& e);
+  // Device tensors: the checks Enqueue() adds, and the launch of one batch (which then owns its
+  // entries: their states complete on the device backend's completion thread).
+  Status CheckDevice(QueueEntry& entry) const;
+  Status LaunchDevice(const FusionBatch& batch, const std::vector<const Response*>& responses,
+                      std::vector<std::optional<QueueEntry>>& entries);
+  // Called from the device backend's completion thread: fails the engine on its next step.
+  void DeviceFailed(const Status& status);
+  // Bytes each rank contributes to an allgather response, their sum and the first dimension.
+  StatusOr<std::vector<size_t>> AllgatherBytes(const Response& r, size_t* total,
+                                               int64_t* first_dim) const;
   void Fail(const Status& status);
   Deadline NextWake() const;
   static uint8_t* FusionBuffer(Lane& lane, size_t bytes, size_t threshold);
@@ -178,7 +206,11 @@ class Engine {
   std::atomic<bool> stopping_{false};
   std::atomic<bool> finalized_{false};               // the finalize barrier ran on this rank
   std::atomic<std::thread::id> engine_thread_id_{};  // set by the thread itself; read by Shutdown
+  std::atomic<std::thread::id> device_thread_id_{};  // the device completion thread, once seen
+  Status device_failure_;                            // guarded by failure_mu_
   std::thread thread_;
+  // Last: destroyed first, joining its completion thread while what its callbacks touch lives.
+  DevicePlane device_;
 };
 
 // Checks one request as the C API receives it: name, dtype, shape, op-specific fields, pointers.

@@ -14,6 +14,7 @@ namespace concord {
 enum class OpType : uint8_t { kAllreduce = 0, kAllgather = 1, kBroadcast = 2, kBarrier = 3 };
 constexpr int kNumOpTypes = 4;
 const char* OpTypeName(OpType op);
+constexpr int32_t kDeviceTensor = 0;  // TensorRequest::device of a negotiated CUDA tensor
 
 // One rank's request for one tensor name. Every field but `name` is checked across ranks.
 struct TensorRequest {
@@ -25,7 +26,9 @@ struct TensorRequest {
   int32_t root = 0;
   double prescale = 1.0;
   double postscale = 1.0;
-  int32_t device = -1;      // -1: CPU
+  // -1: CPU. A CUDA tensor is negotiated as kDeviceTensor: each rank's tensors are on its own GPU
+  // (the device backend's device(), which differs between ranks), so only the kind is compared.
+  int32_t device = -1;
   std::string compression;  // allreduce: a compressor's canonical spec ("" = none)
   std::string group;        // non-empty: member of a group submitted atomically
   int32_t group_size = 0;   // members in the group (0 when not grouped)

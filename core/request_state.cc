@@ -38,4 +38,24 @@ Status RequestState::status() const {
   return status_;
 }
 
+void RequestState::SetLaunched(std::shared_ptr<DeviceEvent> event) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    launched_ = std::move(event);
+  }
+  cv_.notify_all();
+}
+
+StatusOr<std::shared_ptr<DeviceEvent>> RequestState::WaitLaunched(Deadline deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto ready = [&] { return done_ || launched_ != nullptr; };
+  if (deadline.infinite()) {
+    cv_.wait(lock, ready);
+  } else if (!cv_.wait_until(lock, deadline.at(), ready)) {
+    return TimeoutError("the operation was not launched on its device before the deadline");
+  }
+  if (done_) return std::shared_ptr<DeviceEvent>();
+  return launched_;
+}
+
 }  // namespace concord

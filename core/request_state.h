@@ -10,6 +10,7 @@
 #include <mutex>
 #include <vector>
 
+#include "backends/device_backend.h"
 #include "base/clock.h"
 #include "base/status.h"
 
@@ -43,6 +44,13 @@ class RequestState {
   void AddWireBytes(uint64_t bytes) { wire_bytes_.fetch_add(bytes, std::memory_order_relaxed); }
   uint64_t wire_bytes() const { return wire_bytes_.load(std::memory_order_relaxed); }
 
+  // Device operations: the engine hands over the collective's device event once it is launched
+  // (before Complete()). WaitLaunched() waits until then, or until the operation completed, or the
+  // deadline: it returns the event while the operation may still run on the device, nullptr once
+  // it has completed (successfully or not: status() says which), kTimeout at the deadline.
+  void SetLaunched(std::shared_ptr<DeviceEvent> event);
+  StatusOr<std::shared_ptr<DeviceEvent>> WaitLaunched(Deadline deadline);
+
  private:
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -52,6 +60,7 @@ class RequestState {
   Callback callback_;
   Output output_;
   std::atomic<uint64_t> wire_bytes_{0};
+  std::shared_ptr<DeviceEvent> launched_;
 };
 
 }  // namespace concord

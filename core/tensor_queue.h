@@ -25,6 +25,10 @@ struct QueueEntry {
   const void* input = nullptr;
   void* output = nullptr;      // allreduce/broadcast: == input when in place
   size_t output_capacity = 0;  // allgather: bytes available at output (output may be null)
+  // Device tensors only: what the operation waits for before it reads the input (void*: a
+  // cudaStream_t whose queued work must finish, a cudaEvent_t); null when nothing.
+  void* ready_stream = nullptr;
+  void* ready_event = nullptr;
   std::shared_ptr<RequestState> state;
   // request.compression's compressor (set by Engine::Enqueue; null when uncompressed).
   std::shared_ptr<const compression::Compressor> compressor;

@@ -5,6 +5,7 @@
 //   concordrun -np 2 concord-perf --op allreduce --bytes 4K:64M --iters 20 --warmup 5
 //   concordrun -np 2 concord-perf --workload ../shared/workloads/resnet50.txt --steps 10
 //   mpirun -np 2 concord-perf --backend mpi --bytes 4K:64M
+//   concordrun -np 2 concord-perf --backend nccl --bytes 4K:256M   # GPU buffers, beside raw NCCL
 //
 // Per size: one Concord row (the op through the full engine: negotiation, fusion buffer, backend)
 // and, for float32 sum allreduce, one row per raw Gloo algorithm (its objects and buffer built once
@@ -16,6 +17,11 @@
 // a few iterations of either side at random). algbw = bytes / time; busbw = algbw x 2(n-1)/n
 // (allreduce), x (n-1)/n (allgather), x 1 (broadcast). A workload row times whole steps the same
 // way.
+//
+// With --backend nccl the sweep's tensors are in GPU memory (device: local rank modulo the GPUs),
+// Concord runs with CONCORD_BACKEND=nccl, and the raw row is ncclAllReduce on the same device
+// buffer through a communicator of its own. Without a usable GPU the run is skipped, saying why
+// (exit 0).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -32,6 +38,10 @@
 #include "perf/gloo_raw.h"
 #ifdef CONCORD_PERF_MPI
 #include "perf/mpi_raw.h"
+#endif
+#ifdef CONCORD_PERF_NCCL
+#include "backends/cuda/cuda_device.h"
+#include "perf/nccl_raw.h"
 #endif
 #include "perf/workload.h"
 #include "rendezvous/hash_store.h"
@@ -54,7 +64,7 @@ struct Options {
   std::vector<std::string> raw_algos = {"ring", "ring_chunked", "halving_doubling", "bcube",
                                         "allreduce"};
   std::string json;
-  std::string backend = "gloo";  // Concord's backend, and which raw rows run beside it
+  std::string backend = "gloo";  // gloo, mpi: CPU buffers; nccl: GPU buffers
   std::vector<std::string> compressions;  // workload mode: extra rows, one per compressor spec
 };
 
@@ -72,7 +82,7 @@ struct Row {
                "usage: concord-perf [--op allreduce|allgather|broadcast] [--dtype float32]\n"
                "         [--redop sum|average|min|max|product] [--bytes MIN:MAX] [--factor F]\n"
                "         [--iters N] [--warmup N] [--workload FILE [--steps N] [--rounds N]]\n"
-               "         [--no-raw] [--raw-algos a,b,...] [--json FILE] [--backend gloo|mpi]\n"
+               "         [--no-raw] [--raw-algos a,b,...] [--json FILE] [--backend gloo|mpi|nccl]\n"
                "         [--compression SPEC ...] (workload mode; repeat for several)\n",
                why.c_str());
   std::exit(2);
@@ -154,10 +164,15 @@ Options ParseOptions(int argc, char** argv) {
       if (o.backend != "gloo" && o.backend != "mpi") Usage("--backend must be gloo or mpi");
     } else if (a == "--json") {
       o.json = next();
+    } else if (a == "--backend") {
+      o.backend = next();
+      if (o.backend != "gloo" && o.backend != "nccl") Usage("bad --backend (gloo or nccl)");
     } else {
       Usage("unknown argument '" + a + "'");
     }
   }
+  if (o.backend == "nccl" && !o.workload.empty())
+    Usage("--workload is not supported with --backend nccl (it uses CPU buffers)");
   return o;
 }
 
@@ -198,9 +213,10 @@ double BusFactor(const std::string& op, int n) {
   return 1.0;
 }
 
-Row MakeRow(const std::string& op, const std::string& impl, int ranks, size_t bytes,
-            double seconds) {
+Row MakeRow(const std::string& op, const std::string& impl, int ranks, size_t bytes, double seconds,
+            const std::string& backend = "gloo") {
   Row r;
+  r.backend = backend;
   r.op = op;
   r.impl = impl;
   r.ranks = ranks;
@@ -217,15 +233,22 @@ void PrintRow(const Row& r) {
   std::fflush(stdout);
 }
 
+// Where the sweep's tensors live: host vectors, or device buffers on `device`.
+struct Buffers {
+  void* in = nullptr;
+  void* out = nullptr;
+  size_t capacity = 0;  // bytes of each
+  int device = CONCORD_DEVICE_CPU;
+};
+
 // Benchmarks one Concord op at one size; returns the median seconds per op (max over ranks).
 double TimeConcordOp(concord_comm_t comm, const Options& o, int size, size_t bytes,
-                     std::vector<uint8_t>& in, std::vector<uint8_t>& out) {
+                     const Buffers& b) {
   const size_t elem = DTypeSize(o.dtype);
   const std::string name = "perf." + o.op + "." + std::to_string(bytes);
   int64_t count = static_cast<int64_t>(bytes / elem);
   int64_t per_rank = o.op == "allgather" ? count / size : count;
-  concord_tensor_t t{in.data(), static_cast<concord_dtype_t>(o.dtype), 1, &per_rank,
-                     CONCORD_DEVICE_CPU};
+  concord_tensor_t t{b.in, static_cast<concord_dtype_t>(o.dtype), 1, &per_rank, b.device};
   concord_allreduce_opts_t ao;
   concord_allreduce_opts_init(&ao);
   ao.op = static_cast<concord_reduce_op_t>(o.redop);
@@ -237,7 +260,7 @@ double TimeConcordOp(concord_comm_t comm, const Options& o, int size, size_t byt
     if (o.op == "allreduce") {
       s = concord_allreduce(comm, name.c_str(), &t, nullptr, &ao);
     } else if (o.op == "allgather") {
-      s = concord_allgather(comm, name.c_str(), &t, out.data(), out.size());
+      s = concord_allgather(comm, name.c_str(), &t, b.out, b.capacity);
     } else {
       s = concord_broadcast(comm, name.c_str(), &t, nullptr, 0);
     }
@@ -296,6 +319,31 @@ double TimeRawMpi(concord_comm_t comm, int rank, float* buffer, size_t count, in
   return -1;
 }
 
+#ifdef CONCORD_PERF_NCCL
+// Median seconds per raw ncclAllReduce of `count` floats on the sweep's device buffer (max over
+// ranks); -1 when it could not run.
+double TimeRawNccl(concord_comm_t comm, Store* store, const Options& o, int rank, int size,
+                   const Buffers& b, size_t count) {
+  RawNcclOptions ro;
+  ro.rank = rank;
+  ro.size = size;
+  ro.device = b.device;
+  ro.prefix = "perf/raw_nccl/" + std::to_string(count);
+  ro.count = count;
+  ro.iterations = o.iters;
+  ro.warmup = o.warmup;
+  auto times = RunRawNcclAllreduce(ro, b.in, store);
+  double median = -1;
+  if (!times.ok()) {
+    std::fprintf(stderr, "concord-perf: raw nccl failed on rank %d: %s\n", rank,
+                 times.status().ToString().c_str());
+  } else {
+    median = Median(*times);
+  }
+  return MaxAcrossRanks(comm, median, "perf.raw_nccl." + std::to_string(count));
+}
+#endif
+
 void WriteJson(const std::string& path, const std::vector<Row>& rows) {
   std::ofstream f(path);
   f << "[\n";
@@ -326,27 +374,30 @@ std::unique_ptr<Store> OpenRawStore(int size) {
 }
 
 int RunSweep(concord_comm_t comm, const Options& o, int rank, int size, Store* store,
-             std::vector<Row>* rows) {
+             const Buffers& b, std::vector<Row>* rows) {
   const bool float_sum =
       o.op == "allreduce" && o.dtype == DType::kFloat32 && o.redop == ReduceOp::kSum;
-  const bool raw = o.raw && o.backend == "gloo" && store != nullptr && float_sum;
+  const bool raw = o.raw && store != nullptr && float_sum;
   const bool raw_mpi = o.raw && o.backend == "mpi" && float_sum;
   if (rank == 0) {
-    std::printf("# concord-perf %s, %s, %s, %d ranks, %d iterations after %d warm-up\n",
-                o.op.c_str(), DTypeName(o.dtype), ReduceOpName(o.redop), size, o.iters, o.warmup);
+    const std::string where = b.device == CONCORD_DEVICE_CPU
+                                  ? std::string("CPU buffers")
+                                  : "CUDA device " + std::to_string(b.device) + " buffers";
+    std::printf("# concord-perf %s, %s, %s, %d ranks, %d iterations after %d warm-up, %s, %s\n",
+                o.op.c_str(), DTypeName(o.dtype), ReduceOpName(o.redop), size, o.iters, o.warmup,
+                where.c_str(), o.backend.c_str());
     std::printf("%12s  %-26s %12s %10s %10s\n", "bytes", "implementation", "time(us)",
                 "algbw(GB/s)", "busbw(GB/s)");
   }
   const size_t elem = DTypeSize(o.dtype);
-  std::vector<uint8_t> in(std::max(o.max_bytes, elem)), out(std::max(o.max_bytes, elem));
   for (size_t bytes = o.min_bytes; bytes <= o.max_bytes;) {
     const size_t rounded = bytes / (elem * size) * (elem * size);
-    Row concord_row =
-        MakeRow(o.op, "concord", size, rounded, TimeConcordOp(comm, o, size, rounded, in, out));
+    Row concord_row = MakeRow(o.op, "concord", size, rounded,
+                              TimeConcordOp(comm, o, size, rounded, b), o.backend);
     rows->push_back(concord_row);
     if (rank == 0) PrintRow(concord_row);
     if (raw_mpi) {
-      const double t = TimeRawMpi(comm, rank, reinterpret_cast<float*>(in.data()), rounded / 4,
+      const double t = TimeRawMpi(comm, rank, static_cast<float*>(b.in), rounded / 4,
                                   o.warmup, o.iters, "sweep");
       if (t > 0) {
         Row r = MakeRow(o.op, "raw MPI_Allreduce", size, rounded, t);
@@ -358,7 +409,21 @@ int RunSweep(concord_comm_t comm, const Options& o, int rank, int size, Store* s
         }
       }
     }
-    if (raw) {
+#ifdef CONCORD_PERF_NCCL
+    if (raw && o.backend == "nccl") {
+      const double t = TimeRawNccl(comm, store, o, rank, size, b, rounded / 4);
+      if (t > 0) {
+        Row r = MakeRow(o.op, "raw nccl", size, rounded, t, "nccl");
+        rows->push_back(r);
+        if (rank == 0) {
+          PrintRow(r);
+          std::printf("%12s  concord/raw nccl: time x%.2f, busbw x%.2f\n", "",
+                      concord_row.seconds / t, t / concord_row.seconds);
+        }
+      }
+    }
+#endif
+    if (raw && o.backend == "gloo") {
       double best = 0;
       for (const auto& algo : o.raw_algos) {
         const double t = TimeRawGloo(comm, store, o, rank, size, algo, rounded / 4, "sweep");
@@ -531,6 +596,22 @@ int RunWorkload(concord_comm_t comm, const Options& o, int rank, int size, Store
 int main(int argc, char** argv) {
   using namespace concord;
   const Options o = ParseOptions(argc, argv);
+  if (o.backend == "nccl") {
+#ifdef CONCORD_PERF_NCCL
+    // Every rank asks for the same backend (CONCORD_BACKEND must agree across ranks).
+    setenv("CONCORD_BACKEND", "nccl", 1);
+    if (auto count = cuda::DeviceCount(); !count.ok()) {
+      std::printf("concord-perf: --backend nccl skipped: no usable GPU: %s [NCCL %s]\n",
+                  count.status().message().c_str(), cuda::NcclVersion().c_str());
+      return 0;
+    }
+#else
+    std::fprintf(stderr,
+                 "concord-perf: --backend nccl: this build has no NCCL backend (it needs CUDA and "
+                 "NCCL at configure time)\n");
+    return 1;
+#endif
+  }
   concord_comm_t comm = nullptr;
   concord_config_t config;
   concord_config_init(&config);
@@ -539,12 +620,40 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "concord-perf: init failed: %s\n", concord_comm_last_error(nullptr));
     return 1;
   }
-  int rank = 0, size = 1;
+  int rank = 0, size = 1, local_rank = 0;
   concord_comm_rank(comm, &rank);
   concord_comm_size(comm, &size);
-  std::unique_ptr<Store> store = o.raw && o.backend == "gloo" ? OpenRawStore(size) : nullptr;
+  concord_comm_local_rank(comm, &local_rank);
+  std::unique_ptr<Store> store = o.raw && o.backend != "mpi" ? OpenRawStore(size) : nullptr;
   std::vector<Row> rows;
-  const int rc = o.workload.empty() ? RunSweep(comm, o, rank, size, store.get(), &rows)
+  Buffers b;
+  b.capacity = std::max(o.max_bytes, DTypeSize(o.dtype));
+  std::vector<uint8_t> host_in, host_out;
+#ifdef CONCORD_PERF_NCCL
+  cuda::DeviceBuffer device_in, device_out;
+  if (o.backend == "nccl") {
+    b.device = local_rank % *cuda::DeviceCount();  // the device Concord's NCCL backend uses
+    auto in = cuda::DeviceBuffer::Allocate(b.device, b.capacity);
+    auto out = cuda::DeviceBuffer::Allocate(b.device, b.capacity);
+    Status ready = !in.ok() ? in.status() : !out.ok() ? out.status() : in->Fill(0);
+    if (!ready.ok()) {
+      std::fprintf(stderr, "concord-perf: device buffers: %s\n", ready.ToString().c_str());
+      concord_finalize(comm);
+      return 1;
+    }
+    device_in = std::move(*in);
+    device_out = std::move(*out);
+    b.in = device_in.data();
+    b.out = device_out.data();
+  }
+#endif
+  if (b.device == CONCORD_DEVICE_CPU) {
+    host_in.resize(b.capacity);
+    host_out.resize(b.capacity);
+    b.in = host_in.data();
+    b.out = host_out.data();
+  }
+  const int rc = o.workload.empty() ? RunSweep(comm, o, rank, size, store.get(), b, &rows)
                                     : RunWorkload(comm, o, rank, size, store.get(), &rows);
   for (Row& r : rows) r.backend = o.backend;
   if (rc == 0 && rank == 0 && !o.json.empty()) WriteJson(o.json, rows);

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# One script for a GPU machine (lent for minutes): builds Concord's CUDA parts, runs the planner's CPU
-# tests and the GPU tests, and measures pack/unpack bandwidth over model workloads against
-# cudaMemcpy device-to-device, writing everything to $OUT/gpu-check.txt (or
+# One script for a GPU machine (lent for minutes): builds Concord's CUDA parts, runs the planner's and
+# the engine's device-path CPU tests and the GPU tests (packing kernels, the NCCL backend, the C API
+# with NCCL), measures pack/unpack bandwidth over model workloads against cudaMemcpy
+# device-to-device, and runs concord-perf --backend nccl (Concord beside raw ncclAllReduce on the
+# same buffer) with one rank per GPU, writing everything to $OUT/gpu-check.txt (or
 # ./gpu-check-results/gpu-check.txt). Without a usable GPU it says so and exits 0 after building and
 # running the CPU tests. Any failed step is reported loudly and makes the exit status 1, but the
 # steps after it still run where they can, and the results file keeps what was gathered.
@@ -9,7 +11,7 @@
 # Variables: OUT (results directory), BUILD_DIR (default build-gpu), WORKLOADS (workload directory,
 # default ../shared/workloads relative to the repository), BENCH_WORKLOADS (default
 # "resnet50 bert_large vgg16"), BENCH_ITERS (default 50), JOBS (build parallelism, default nproc),
-# SKIP_SETUP=1 (do not run scripts/setup.sh).
+# SKIP_SETUP=1 (do not run scripts/setup.sh), PERF_BYTES (concord-perf sweep, default 4K:256M).
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 out="${OUT:-$PWD/gpu-check-results}"
@@ -75,10 +77,12 @@ if [ "${SKIP_SETUP:-0}" != "1" ]; then run "setup (scripts/setup.sh)" "$root/scr
 run "configure (CONCORD_CUDA=ON) in $build" \
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCONCORD_CUDA=ON || finish
 run "build" cmake --build "$build" -j"$jobs" \
-  --target pack_plan_test cuda_packer_test pack_bench || finish
+  --target pack_plan_test cuda_packer_test pack_bench engine_device_test nccl_backend_test \
+  c_api_test concord-perf concordrun || finish
 
-run "CPU tests (the pack planner)" \
-  ctest --test-dir "$build" -R '^PackPlanTest\.' --output-on-failure --timeout 120
+run "CPU tests (the pack planner, the engine's device path, the NCCL probe)" \
+  ctest --test-dir "$build" -R '^(PackPlanTest|EngineDeviceTest|NcclProbeTest)\.' \
+  --output-on-failure --timeout 120
 
 step "device"
 "$build/perf/pack_bench" --check-device
@@ -96,16 +100,40 @@ elif [ $device_rc -ne 0 ]; then
   finish
 fi
 
-step "GPU tests"
-gpu_log="$out/cuda_packer_test.txt"
-timeout 300 "$build/tests/gpu/cuda_packer_test" 2>&1 | tee "$gpu_log"
-gpu_rc=${PIPESTATUS[0]}
-if [ "$gpu_rc" -ne 0 ]; then
-  echo "!! FAILED: GPU tests (exit $gpu_rc)"
-  failures+=("GPU tests")
-elif grep -q '^\[  SKIPPED \]' "$gpu_log"; then
-  echo "!! FAILED: a GPU is usable but GPU tests were skipped"
-  failures+=("GPU tests skipped")
+# gpu_test NAME BINARY: runs a GPU test binary; a skip on a machine with a usable GPU is a failure,
+# except NcclBackendTest.PeerThatNeverArrivesTimesOut, which needs two GPUs.
+gpu_test() {
+  local name="$1" binary="$2"
+  step "GPU tests: $name"
+  local log="$out/$name.txt"
+  timeout 300 "$binary" 2>&1 | tee "$log"
+  local rc=${PIPESTATUS[0]}
+  if [ "$rc" -ne 0 ]; then
+    echo "!! FAILED: GPU tests $name (exit $rc)"
+    failures+=("GPU tests $name")
+  elif grep '^\[  SKIPPED \]' "$log" | grep -vq 'PeerThatNeverArrivesTimesOut'; then
+    echo "!! FAILED: a GPU is usable but $name skipped tests"
+    failures+=("GPU tests $name skipped")
+  fi
+}
+gpu_test cuda_packer_test "$build/tests/gpu/cuda_packer_test"
+gpu_test nccl_backend_test "$build/tests/gpu/nccl_backend_test"
+run "C API with a GPU (CONCORD_BACKEND=nccl starts)" timeout 120 "$build/tests/c_api/c_api_test"
+
+gpus="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')"
+[ "${gpus:-0}" -ge 1 ] || gpus=1
+perf_log="$out/concord_perf_nccl.txt"
+# shellcheck disable=SC2317  # called through run
+perf_nccl() {
+  timeout 300 "$build/tools/concordrun" -np "$gpus" "$build/perf/concord-perf" --backend nccl \
+    --bytes "${PERF_BYTES:-4K:256M}" --factor 4 --iters 20 --warmup 5 \
+    --json "$out/concord_perf_nccl.json" | tee "$perf_log"
+  return "${PIPESTATUS[0]}"
+}
+run "concord-perf --backend nccl, $gpus rank(s), one per GPU" perf_nccl
+if grep -q 'skipped' "$perf_log" 2>/dev/null; then
+  echo "!! FAILED: a GPU is usable but concord-perf --backend nccl skipped"
+  failures+=("concord-perf nccl skipped")
 fi
 
 workload_dir="${WORKLOADS:-}"

@@ -31,6 +31,7 @@ struct concord_request {
   std::mutex mu;
   bool completed = false;
   bool detached = false;
+  bool device = false;  // the operation is on CUDA tensors
   std::string error_text;
 };
 
@@ -150,11 +151,25 @@ Status SetBuffers(const concord_tensor_t* input, const concord_tensor_t* output,
   return Status::Ok();
 }
 
+// Copies the caller's device options into the entry (the engine checks them against the tensor).
+Status SetDeviceOptions(const concord_device_opts_t* opts, concord::QueueEntry* e) {
+  if (opts == nullptr) return Status::Ok();
+  if (opts->struct_size < offsetof(concord_device_opts_t, ready_event) + sizeof(void*)) {
+    return concord::InvalidArgument("tensor '" + e->request.name +
+                                    "': device options: struct_size is too small; use "
+                                    "concord_device_opts_init");
+  }
+  e->ready_stream = opts->stream;
+  e->ready_event = opts->ready_event;
+  return Status::Ok();
+}
+
 // Queues entry; on success *request receives a new handle whose callback runs on completion.
 Status Submit(concord_comm_t comm, concord::QueueEntry entry, concord_callback_t callback,
               void* user_data, concord_request_t* request) {
   if (request == nullptr) return concord::InvalidArgument("the request out-pointer is NULL");
   auto* req = new concord_request;
+  req->device = entry.request.device != CONCORD_DEVICE_CPU;
   req->callback = callback;
   req->user_data = user_data;
   req->state = std::make_shared<concord::RequestState>([req](const Status& s) {
@@ -246,6 +261,12 @@ void concord_config_init(concord_config_t* config) {
   config->inline_threshold_bytes = -1;
   config->direct_threshold_bytes = -1;
   config->lanes = -1;
+}
+
+void concord_device_opts_init(concord_device_opts_t* opts) {
+  if (opts == nullptr) return;
+  std::memset(opts, 0, sizeof(*opts));
+  opts->struct_size = sizeof(*opts);
 }
 
 void concord_allreduce_opts_init(concord_allreduce_opts_t* opts) {
@@ -347,6 +368,17 @@ concord_status_t concord_allreduce_async(concord_comm_t comm, const char* name,
                                          const concord_allreduce_opts_t* opts,
                                          concord_callback_t callback, void* user_data,
                                          concord_request_t* request) {
+  return concord_allreduce_async_ex(comm, name, input, output, opts, nullptr, callback, user_data,
+                                    request);
+}
+
+concord_status_t concord_allreduce_async_ex(concord_comm_t comm, const char* name,
+                                            const concord_tensor_t* input,
+                                            const concord_tensor_t* output,
+                                            const concord_allreduce_opts_t* opts,
+                                            const concord_device_opts_t* device_opts,
+                                            concord_callback_t callback, void* user_data,
+                                            concord_request_t* request) {
   return Guard(comm, [&]() -> Status {
     CONCORD_RETURN_IF_ERROR(CheckComm(comm));
     concord::QueueEntry e;
@@ -373,6 +405,7 @@ concord_status_t concord_allreduce_async(concord_comm_t comm, const char* name,
     e.request.postscale = o.postscale;
     e.request.compression = o.compression ? o.compression : comm->engine->config().compression;
     CONCORD_RETURN_IF_ERROR(SetBuffers(input, output, &e));
+    CONCORD_RETURN_IF_ERROR(SetDeviceOptions(device_opts, &e));
     return Submit(comm, std::move(e), callback, user_data, request);
   });
 }
@@ -381,6 +414,16 @@ concord_status_t concord_allgather_async(concord_comm_t comm, const char* name,
                                          const concord_tensor_t* input, void* output,
                                          size_t output_capacity, concord_callback_t callback,
                                          void* user_data, concord_request_t* request) {
+  return concord_allgather_async_ex(comm, name, input, output, output_capacity, nullptr, callback,
+                                    user_data, request);
+}
+
+concord_status_t concord_allgather_async_ex(concord_comm_t comm, const char* name,
+                                            const concord_tensor_t* input, void* output,
+                                            size_t output_capacity,
+                                            const concord_device_opts_t* device_opts,
+                                            concord_callback_t callback, void* user_data,
+                                            concord_request_t* request) {
   return Guard(comm, [&]() -> Status {
     CONCORD_RETURN_IF_ERROR(CheckComm(comm));
     concord::QueueEntry e;
@@ -388,6 +431,7 @@ concord_status_t concord_allgather_async(concord_comm_t comm, const char* name,
     e.input = input->data;
     e.output = output;
     e.output_capacity = output == nullptr ? 0 : output_capacity;
+    CONCORD_RETURN_IF_ERROR(SetDeviceOptions(device_opts, &e));
     return Submit(comm, std::move(e), callback, user_data, request);
   });
 }
@@ -397,12 +441,23 @@ concord_status_t concord_broadcast_async(concord_comm_t comm, const char* name,
                                          const concord_tensor_t* output, int root,
                                          concord_callback_t callback, void* user_data,
                                          concord_request_t* request) {
+  return concord_broadcast_async_ex(comm, name, input, output, root, nullptr, callback, user_data,
+                                    request);
+}
+
+concord_status_t concord_broadcast_async_ex(concord_comm_t comm, const char* name,
+                                            const concord_tensor_t* input,
+                                            const concord_tensor_t* output, int root,
+                                            const concord_device_opts_t* device_opts,
+                                            concord_callback_t callback, void* user_data,
+                                            concord_request_t* request) {
   return Guard(comm, [&]() -> Status {
     CONCORD_RETURN_IF_ERROR(CheckComm(comm));
     concord::QueueEntry e;
     CONCORD_RETURN_IF_ERROR(ToRequest(name, input, concord::OpType::kBroadcast, &e.request));
     e.request.root = root;
     CONCORD_RETURN_IF_ERROR(SetBuffers(input, output, &e));
+    CONCORD_RETURN_IF_ERROR(SetDeviceOptions(device_opts, &e));
     return Submit(comm, std::move(e), callback, user_data, request);
   });
 }
@@ -480,6 +535,25 @@ concord_status_t concord_request_wire_bytes(concord_request_t request, uint64_t*
   if (!request->state->done()) return CONCORD_IN_PROGRESS;
   *bytes = request->state->wire_bytes();
   return CONCORD_SUCCESS;
+}
+
+concord_status_t concord_request_wait_stream(concord_request_t request, void* stream,
+                                             double timeout_s) {
+  if (request == nullptr || stream == nullptr || std::isnan(timeout_s) || !request->device) {
+    return CONCORD_ERR_INVALID_ARGUMENT;
+  }
+  try {
+    const auto deadline = timeout_s < 0
+                              ? concord::Deadline::Infinite()
+                              : concord::Deadline::After(std::chrono::milliseconds(
+                                    static_cast<int64_t>(std::min(timeout_s, 1e9) * 1000.0)));
+    auto launched = request->state->WaitLaunched(deadline);
+    if (!launched.ok()) return ToC(launched.status());
+    if (*launched == nullptr) return ToC(request->state->status());  // already complete
+    return ToC((*launched)->StreamWait(stream));
+  } catch (...) {
+    return CONCORD_ERR_INTERNAL;
+  }
 }
 
 void concord_request_free(concord_request_t request) {

@@ -137,14 +137,31 @@ typedef struct concord_tensor {
   concord_dtype_t dtype;
   int ndim;             /**< 0 (a scalar) to CONCORD_MAX_DIMS */
   const int64_t* shape; /**< ndim entries, each >= 0 */
-  int device;           /**< CONCORD_DEVICE_CPU (only CPU in this version) */
+  int device;           /**< CONCORD_DEVICE_CPU, or a CUDA device id (data is device memory) */
 } concord_tensor_t;
+
+/**
+ * Device options of one operation on CUDA tensors, for the _ex entry points. Initialise with
+ * concord_device_opts_init; fields may only be appended (struct_size tells which exist). The
+ * handles are CUDA's, passed as void* so this header needs no CUDA header. Giving either for a CPU
+ * tensor is an INVALID_ARGUMENT.
+ */
+typedef struct concord_device_opts {
+  size_t struct_size;
+  /** cudaStream_t: the operation reads the tensor only after the work queued on this stream so
+   *  far (e.g. the producer's kernels) has run; NULL: no wait. The caller's thread is not blocked.
+   */
+  void* stream;
+  /** cudaEvent_t, already recorded: the operation waits for it too; NULL: no wait. */
+  void* ready_event;
+} concord_device_opts_t;
 
 /* ---- library and communicator ---- */
 CONCORD_API void concord_version(int* major, int* minor, int* patch);
 CONCORD_API const char* concord_status_string(concord_status_t status);
 CONCORD_API void concord_config_init(concord_config_t* config);
 CONCORD_API void concord_allreduce_opts_init(concord_allreduce_opts_t* opts);
+CONCORD_API void concord_device_opts_init(concord_device_opts_t* opts);
 
 /** Initialises from the environment (CONCORD_*, or torchrun's, Slurm's, Open MPI's variables). */
 CONCORD_API concord_status_t concord_init(concord_comm_t* comm);
@@ -190,6 +207,25 @@ CONCORD_API concord_status_t concord_broadcast_async(concord_comm_t comm, const 
                                                      const concord_tensor_t* output, int root,
                                                      concord_callback_t callback, void* user_data,
                                                      concord_request_t* request);
+/**
+ * The same operations with device options (device_opts may be NULL). CUDA tensors go to the GPU
+ * backend (CONCORD_BACKEND auto or nccl: NCCL); without one, or on a device this communicator does
+ * not use (each rank uses GPU local_rank modulo the GPUs), the call fails with UNAVAILABLE or
+ * INVALID_ARGUMENT saying why. A CUDA allgather needs an output buffer on the device.
+ */
+CONCORD_API concord_status_t
+concord_allreduce_async_ex(concord_comm_t comm, const char* name, const concord_tensor_t* input,
+                           const concord_tensor_t* output, const concord_allreduce_opts_t* opts,
+                           const concord_device_opts_t* device_opts, concord_callback_t callback,
+                           void* user_data, concord_request_t* request);
+CONCORD_API concord_status_t concord_allgather_async_ex(
+    concord_comm_t comm, const char* name, const concord_tensor_t* input, void* output,
+    size_t output_capacity, const concord_device_opts_t* device_opts, concord_callback_t callback,
+    void* user_data, concord_request_t* request);
+CONCORD_API concord_status_t concord_broadcast_async_ex(
+    concord_comm_t comm, const char* name, const concord_tensor_t* input,
+    const concord_tensor_t* output, int root, const concord_device_opts_t* device_opts,
+    concord_callback_t callback, void* user_data, concord_request_t* request);
 CONCORD_API concord_status_t concord_barrier_async(concord_comm_t comm, concord_callback_t callback,
                                                    void* user_data, concord_request_t* request);
 
@@ -221,6 +257,16 @@ CONCORD_API concord_status_t concord_request_output(concord_request_t request, v
  *  and broadcast (one copy); 0 for a barrier and with one rank. IN_PROGRESS while running. */
 CONCORD_API concord_status_t concord_request_wire_bytes(concord_request_t request,
                                                         uint64_t* bytes);
+/**
+ * For an operation on CUDA tensors, like torch's Work.wait(): makes `stream` (a cudaStream_t) wait
+ * on the GPU until the operation has finished, so work queued on it afterwards sees the result.
+ * Blocks the host only until the operation has been launched on the device (at most timeout_s;
+ * < 0: no limit; TIMEOUT when it passes). Returns SUCCESS when the wait is queued or the operation
+ * already succeeded, the operation's status when it already failed; INVALID_ARGUMENT for a CPU
+ * operation or a NULL stream. An error on the device after the launch is seen by concord_wait.
+ */
+CONCORD_API concord_status_t concord_request_wait_stream(concord_request_t request, void* stream,
+                                                         double timeout_s);
 /** Frees a request. A request still running is detached: it completes, then frees itself. */
 CONCORD_API void concord_request_free(concord_request_t request);
 

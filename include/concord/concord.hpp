@@ -122,6 +122,20 @@ class TensorView {
   int device_;
 };
 
+/// CUDA tensors only (TensorView device >= 0): what the operation waits for before it reads its
+/// input, as CUDA handles (cudaStream_t, cudaEvent_t) passed as void*. See concord_device_opts_t.
+struct DeviceOptions {
+  void* stream = nullptr;       ///< the work queued on it so far runs first
+  void* ready_event = nullptr;  ///< a recorded event the operation waits for
+  concord_device_opts_t c_opts() const {
+    concord_device_opts_t o;
+    concord_device_opts_init(&o);
+    o.stream = stream;
+    o.ready_event = ready_event;
+    return o;
+  }
+};
+
 /// The pending result of an asynchronous operation. Move-only; destroying an unfinished Future
 /// detaches it (the operation still completes). wait() throws Error when the operation failed.
 class Future {
@@ -157,6 +171,15 @@ class Future {
     if (s == CONCORD_ERR_TIMEOUT && concord_test(request_) == CONCORD_IN_PROGRESS) return false;
     detail::Check(s, concord_request_error(request_));
     return true;
+  }
+  /// CUDA operations: makes `stream` (a cudaStream_t) wait on the GPU for the result, blocking
+  /// the host only until the operation was launched (torch's Work.wait()). Throws Error on failure.
+  void wait_stream(void* stream, double timeout_s = -1.0) {
+    if (request_ == nullptr) throw Error(CONCORD_ERR_INVALID_ARGUMENT, "wait on an empty Future");
+    const concord_status_t s = concord_request_wait_stream(request_, stream, timeout_s);
+    detail::Check(s, s == CONCORD_ERR_INVALID_ARGUMENT
+                         ? "wait_stream needs an operation on CUDA tensors and a stream"
+                         : concord_request_error(request_));
   }
   /// An allgather's result: its bytes (a copy) and its first dimension.
   std::vector<uint8_t> output(int64_t* first_dim = nullptr) {
@@ -215,7 +238,7 @@ class Communicator {
   Future allreduce_async(const std::string& name, const TensorView& in,
                          ReduceOp op = ReduceOp::kSum, const TensorView* out = nullptr,
                          double prescale = 1.0, double postscale = 1.0, Callback callback = nullptr,
-                         const std::string& compression = "") {
+                         const std::string& compression = "", const DeviceOptions& device = {}) {
     concord_allreduce_opts_t o;
     concord_allreduce_opts_init(&o);
     o.op = static_cast<concord_reduce_op_t>(op);
@@ -225,8 +248,10 @@ class Communicator {
     const concord_tensor_t ct = in.c_tensor();
     concord_tensor_t co;
     if (out) co = out->c_tensor();
+    const concord_device_opts_t d = device.c_opts();
     return Enqueue(std::move(callback), [&](concord_callback_t cb, void* ud, concord_request_t* r) {
-      return concord_allreduce_async(comm_, name.c_str(), &ct, out ? &co : nullptr, &o, cb, ud, r);
+      return concord_allreduce_async_ex(comm_, name.c_str(), &ct, out ? &co : nullptr, &o, &d, cb,
+                                        ud, r);
     });
   }
   void allreduce(const std::string& name, const TensorView& in, ReduceOp op = ReduceOp::kSum,
@@ -238,22 +263,26 @@ class Communicator {
   /// Allgather along the first dimension (it may differ between ranks). With out == nullptr the
   /// Future owns the result (Future::output).
   Future allgather_async(const std::string& name, const TensorView& in, void* out = nullptr,
-                         size_t out_capacity = 0, Callback callback = nullptr) {
+                         size_t out_capacity = 0, Callback callback = nullptr,
+                         const DeviceOptions& device = {}) {
     const concord_tensor_t ct = in.c_tensor();
+    const concord_device_opts_t d = device.c_opts();
     return Enqueue(std::move(callback), [&](concord_callback_t cb, void* ud, concord_request_t* r) {
-      return concord_allgather_async(comm_, name.c_str(), &ct, out, out_capacity, cb, ud, r);
+      return concord_allgather_async_ex(comm_, name.c_str(), &ct, out, out_capacity, &d, cb, ud, r);
     });
   }
 
   /// Broadcast from root; `out` absent means in place.
   Future broadcast_async(const std::string& name, const TensorView& in, int root,
-                         const TensorView* out = nullptr, Callback callback = nullptr) {
+                         const TensorView* out = nullptr, Callback callback = nullptr,
+                         const DeviceOptions& device = {}) {
     const concord_tensor_t ct = in.c_tensor();
     concord_tensor_t co;
     if (out) co = out->c_tensor();
+    const concord_device_opts_t d = device.c_opts();
     return Enqueue(std::move(callback), [&](concord_callback_t cb, void* ud, concord_request_t* r) {
-      return concord_broadcast_async(comm_, name.c_str(), &ct, out ? &co : nullptr, root, cb, ud,
-                                     r);
+      return concord_broadcast_async_ex(comm_, name.c_str(), &ct, out ? &co : nullptr, root, &d, cb,
+                                        ud, r);
     });
   }
   void broadcast(const std::string& name, const TensorView& in, int root) {

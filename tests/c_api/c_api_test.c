@@ -3,6 +3,7 @@
  * in the manner of LevelDB's c_test.c: every call's status is checked, invalid arguments return an
  * error, change nothing and leave a last-error message that names the problem.
  */
+#define _POSIX_C_SOURCE 200112L /* setenv */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -589,6 +590,115 @@ static void TestTwoCommunicators(void) {
   CHECK_STATUS(concord_finalize(a), CONCORD_SUCCESS);
 }
 
+/* The device entry points' checks. This communicator serves CPU tensors only (CONCORD_BACKEND
+ * is gloo by default), so a CUDA tensor is refused with UNAVAILABLE naming why. */
+static void TestDeviceOptions(concord_comm_t comm) {
+  float x[4] = {1, 2, 3, 4};
+  int64_t shape[1] = {4};
+  concord_tensor_t t = MakeTensor(x, CONCORD_FLOAT32, 1, shape);
+  concord_tensor_t gpu = t;
+  concord_device_opts_t d;
+  concord_request_t r = (concord_request_t)0x1;
+  int fake_stream = 0;
+  StartPhase("device options");
+  memset(&d, 0x7f, sizeof(d));
+  concord_device_opts_init(&d);
+  CHECK(d.struct_size == sizeof(concord_device_opts_t));
+  CHECK(d.stream == NULL && d.ready_event == NULL);
+  concord_device_opts_init(NULL); /* ignored */
+
+  /* NULL options and empty options behave like the plain entry points. */
+  CHECK_STATUS(concord_allreduce_async_ex(comm, "d.plain", &t, NULL, NULL, NULL, NULL, NULL, &r),
+               CONCORD_SUCCESS);
+  CHECK_STATUS(concord_wait(r, -1), CONCORD_SUCCESS);
+  /* A CPU request has no device completion to wait for. */
+  CHECK_STATUS(concord_request_wait_stream(r, &fake_stream, 1.0), CONCORD_ERR_INVALID_ARGUMENT);
+  concord_request_free(r);
+  r = (concord_request_t)0x1;
+  CHECK_STATUS(concord_broadcast_async_ex(comm, "d.empty", &t, NULL, 0, &d, NULL, NULL, &r),
+               CONCORD_SUCCESS);
+  CHECK_STATUS(concord_wait(r, -1), CONCORD_SUCCESS);
+  concord_request_free(r);
+  CHECK(x[0] == 1 && x[3] == 4);
+  CHECK_STATUS(concord_request_wait_stream(NULL, &fake_stream, 1.0), CONCORD_ERR_INVALID_ARGUMENT);
+
+  /* A stream or an event for a CPU tensor is refused on every operation. */
+  r = (concord_request_t)0x1;
+  d.stream = &fake_stream;
+  CHECK_STATUS(concord_allreduce_async_ex(comm, "d.cpu", &t, NULL, NULL, &d, NULL, NULL, &r),
+               CONCORD_ERR_INVALID_ARGUMENT);
+  CheckLastError(comm, "CPU tensor");
+  CHECK_STATUS(concord_allgather_async_ex(comm, "d.cpu", &t, NULL, 0, &d, NULL, NULL, &r),
+               CONCORD_ERR_INVALID_ARGUMENT);
+  CheckLastError(comm, "CPU tensor");
+  d.stream = NULL;
+  d.ready_event = &fake_stream;
+  CHECK_STATUS(concord_broadcast_async_ex(comm, "d.cpu", &t, NULL, 0, &d, NULL, NULL, &r),
+               CONCORD_ERR_INVALID_ARGUMENT);
+  CheckLastError(comm, "CPU tensor");
+  d.ready_event = NULL;
+  d.struct_size = 4;
+  CHECK_STATUS(concord_allreduce_async_ex(comm, "d.size", &t, NULL, NULL, &d, NULL, NULL, &r),
+               CONCORD_ERR_INVALID_ARGUMENT);
+  CheckLastError(comm, "struct_size");
+  concord_device_opts_init(&d);
+
+  /* CUDA tensors: no GPU backend on this communicator; a negative id that is not the CPU. */
+  gpu.device = 0;
+  CHECK_STATUS(concord_allreduce_async_ex(comm, "d.gpu", &gpu, NULL, NULL, &d, NULL, NULL, &r),
+               CONCORD_ERR_UNAVAILABLE);
+  CheckLastError(comm, "CUDA device 0");
+  CheckLastError(comm, "GPU backend"); /* "starts no GPU backend", or "built without a ..." */
+  gpu.device = -7;
+  CHECK_STATUS(concord_allreduce_async_ex(comm, "d.gpu", &gpu, NULL, NULL, &d, NULL, NULL, &r),
+               CONCORD_ERR_INVALID_ARGUMENT);
+  CheckLastError(comm, "neither the CPU");
+  CHECK(r == (concord_request_t)0x1); /* never written on failure */
+}
+
+/* CONCORD_BACKEND=nccl where NCCL cannot run (not built, or no usable GPU) fails at init naming
+ * why; auto starts without a GPU backend and refuses CUDA tensors with the reason. On a machine
+ * with a GPU and NCCL both start, and a tensor on a device that does not exist is refused. */
+static void TestDeviceBackendChoice(void) {
+  concord_config_t c;
+  concord_comm_t comm = NULL;
+  float x[4] = {1, 2, 3, 4};
+  int64_t shape[1] = {4};
+  concord_tensor_t gpu = MakeTensor(x, CONCORD_FLOAT32, 1, shape);
+  concord_request_t r = (concord_request_t)0x1;
+  concord_status_t s;
+  StartPhase("device backend choice");
+  concord_config_init(&c);
+  c.rank = 0;
+  c.size = 1;
+  c.timeout_s = 20;
+  setenv("CONCORD_BACKEND", "nccl", 1);
+  s = concord_init_config(&c, &comm);
+  if (s == CONCORD_SUCCESS) {
+    fprintf(stderr, "  (NCCL started: this machine has a usable GPU)\n");
+    gpu.device = 4096;
+    CHECK_STATUS(concord_allreduce_async(comm, "g", &gpu, NULL, NULL, NULL, NULL, &r),
+                 CONCORD_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(concord_finalize(comm), CONCORD_SUCCESS);
+  } else {
+    CHECK_STATUS(s, CONCORD_ERR_UNAVAILABLE);
+    CHECK(strstr(concord_comm_last_error(NULL), "nccl") != NULL);
+    fprintf(stderr, "  CONCORD_BACKEND=nccl: %s\n", concord_comm_last_error(NULL));
+    setenv("CONCORD_BACKEND", "auto", 1);
+    CHECK_STATUS(concord_init_config(&c, &comm), CONCORD_SUCCESS);
+    gpu.device = 0;
+    CHECK_STATUS(concord_allreduce_async(comm, "g", &gpu, NULL, NULL, NULL, NULL, &r),
+                 CONCORD_ERR_UNAVAILABLE);
+    CheckLastError(comm, "nccl");
+    CHECK(r == (concord_request_t)0x1);
+    CHECK_STATUS(concord_allreduce(comm, "cpu", &gpu, NULL, NULL), CONCORD_ERR_UNAVAILABLE);
+    gpu.device = CONCORD_DEVICE_CPU; /* CPU tensors still work under auto */
+    CHECK_STATUS(concord_allreduce(comm, "cpu", &gpu, NULL, NULL), CONCORD_SUCCESS);
+    CHECK_STATUS(concord_finalize(comm), CONCORD_SUCCESS);
+  }
+  unsetenv("CONCORD_BACKEND");
+}
+
 int main(void) {
   concord_comm_t comm;
   TestVersionAndStrings();
@@ -601,10 +711,12 @@ int main(void) {
   TestAsync(comm);
   TestDetach(comm);
   TestBlockingAndAllgather(comm);
+  TestDeviceOptions(comm);
   StartPhase("finalize");
   CHECK_STATUS(concord_finalize(comm), CONCORD_SUCCESS);
   TestFinalizeWithPending();
   TestTwoCommunicators();
+  TestDeviceBackendChoice();
   if (failures) {
     fprintf(stderr, "c_api_test: %d failures\n", failures);
     return 1;

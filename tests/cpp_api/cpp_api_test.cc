@@ -137,6 +137,43 @@ TEST(CppApiTest, ErrorsAreThrownWithStatusAndMessage) {
   });
 }
 
+// Device options reach the C API's checks: refused for CPU tensors, ignored when empty; a CUDA
+// tensor without a GPU backend and wait_stream on a CPU operation throw with the status.
+TEST(CppApiTest, DeviceOptionsAndWaitStream) {
+  RunRanks(1, [](concord::Communicator& comm) {
+    std::vector<float> v(4, 2.0f);
+    int not_a_stream = 0;
+    concord::DeviceOptions device;
+    device.stream = &not_a_stream;
+    try {
+      comm.allreduce_async("dev.cpu", concord::TensorView(v), concord::ReduceOp::kSum, nullptr, 1,
+                           1, nullptr, "", device);
+      ADD_FAILURE() << "a stream for a CPU tensor was accepted";
+    } catch (const concord::Error& e) {
+      EXPECT_EQ(e.status(), CONCORD_ERR_INVALID_ARGUMENT);
+      EXPECT_NE(std::string(e.what()).find("CPU tensor"), std::string::npos) << e.what();
+    }
+    concord::Future plain = comm.broadcast_async("dev.none", concord::TensorView(v), 0, nullptr,
+                                                 nullptr, concord::DeviceOptions{});
+    plain.wait();
+    EXPECT_EQ(v[0], 2.0f);
+    try {
+      plain.wait_stream(&not_a_stream);
+      ADD_FAILURE() << "wait_stream on a CPU operation was accepted";
+    } catch (const concord::Error& e) {
+      EXPECT_EQ(e.status(), CONCORD_ERR_INVALID_ARGUMENT);
+    }
+    concord::TensorView gpu(v.data(), concord::DataType::kFloat32, {4}, /*device=*/0);
+    try {
+      comm.allreduce("dev.gpu", gpu);
+      ADD_FAILURE() << "a CUDA tensor was accepted without a GPU backend";
+    } catch (const concord::Error& e) {
+      EXPECT_EQ(e.status(), CONCORD_ERR_UNAVAILABLE);
+      EXPECT_NE(std::string(e.what()).find("CUDA device 0"), std::string::npos) << e.what();
+    }
+  });
+}
+
 TEST(CppApiTest, MismatchSurfacesAsErrorOnEveryRank) {
   RunRanks(2, [](concord::Communicator& comm) {
     std::vector<float> f(8, 1.f);

@@ -487,7 +487,8 @@ TEST_P(EngineMismatchTest, EveryRankFailsAndTheEngineGoesOn) {
   const auto& [size, c] = GetParam();
   Job job(size);
   OnRanks(size, [&](int rank) {
-    std::vector<float> data(8, 1.0f), out(64, 0.0f);
+    // Large enough for every variant (rank 1 reads 8 float64 in the "dtype" case).
+    std::vector<float> data(64, 1.0f), out(64, 0.0f);
     TensorRequest r = Request("bad", OpType::kAllreduce, DType::kFloat32, {8});
     if (rank == 1) c.differ(r);
     Status s = Await(Submit(job[rank], Entry(r, data.data(), out.data(), out.size() * 4)));
@@ -699,8 +700,11 @@ INSTANTIATE_TEST_SUITE_P(
         InvalidCase{"bad_reduce_op",
                     [](QueueEntry& e) { e.request.reduce_op = static_cast<ReduceOp>(9); },
                     Code::kInvalidArgument, "reduce op"},
+        // This job has no device backend (engine_device_test covers one).
         InvalidCase{"device", [](QueueEntry& e) { e.request.device = 0; }, Code::kUnavailable,
-                    "CPU"},
+                    "on CUDA device 0: no GPU backend"},
+        InvalidCase{"negative_device", [](QueueEntry& e) { e.request.device = -2; },
+                    Code::kInvalidArgument, "neither the CPU"},
         InvalidCase{"no_state", [](QueueEntry& e) { e.state.reset(); }, Code::kInternal,
                     "completion state"}),
     [](const ::testing::TestParamInfo<InvalidCase>& info) { return info.param.label; });

@@ -1,0 +1,112 @@
+// The asynchronous data plane for device (GPU) tensors: collectives that the caller launches and
+// that complete later, while the caller goes on (NCCL now; a fake in the unit tests). A device
+// backend sees only base types: no core headers, no CUDA headers (streams and events are `void*`,
+// a cudaStream_t and a cudaEvent_t).
+//
+// Contract:
+// - Launch() is called by one thread (the engine's), collectively: every rank launches the same
+//   collectives in the same order (the coordinator guarantees it). It checks the collective, makes
+//   its work wait for each tensor's ready stream or ready event, enqueues it on the backend's own
+//   stream(s) and returns without waiting for the device. It blocks the host only while the library
+//   accepts the launch, and never past the collective's deadline.
+// - When Launch() succeeds, `done` is called exactly once, later, on the backend's completion
+//   thread (never inside Launch()), when the collective has finished on the device (its outputs
+//   may be read) or has failed; collectives that Abort() fails complete on the thread calling
+//   Abort(). Completions come in launch order. A collective not finished by its
+//   deadline fails with kTimeout, and so does every one launched after it: the backend aborts its
+//   communicator, so a peer that never arrives cannot hang the job. Any other failure (a peer's
+//   death, a library error) aborts it too. After an abort every later Launch() fails.
+// - When Launch() fails, `done` is never called and nothing was enqueued that could still run.
+// - The returned DeviceEvent lets a consumer order its own device work after the collective
+//   without blocking the host; it stays usable after the backend is gone.
+// - Drain() blocks until every launched collective has completed (its `done` has returned, for
+//   those the device finished), and returns the abort status once the backend was aborted. Abort()
+//   may be called from any thread; the destructor aborts what is still in flight and joins the
+//   completion thread.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backends/backend.h"
+#include "base/clock.h"
+#include "base/dtype.h"
+#include "base/status.h"
+
+namespace concord {
+
+// One tensor of a device collective. input and output are device addresses on the collective's
+// device (equal when in place).
+struct DeviceTensor {
+  const void* input = nullptr;
+  void* output = nullptr;
+  size_t count = 0;              // elements (allgatherv: this rank's bytes are bytes_per_rank)
+  void* ready_stream = nullptr;  // the collective waits for the work queued on it so far
+  void* ready_event = nullptr;   // the collective waits for this event
+};
+
+enum class DeviceOpKind { kAllreduce, kAllgatherv, kBroadcast };
+
+struct DeviceCollective {
+  DeviceOpKind kind = DeviceOpKind::kAllreduce;
+  int device = 0;
+  DType dtype = DType::kFloat32;
+  // Allreduce: out = postscale * reduce(prescale * in); kAverage divides the sum by the number of
+  // ranks (integers truncate toward zero). Several tensors (same dtype, op and scales) are fused:
+  // they travel as one message through the backend's fusion buffer.
+  ReduceOp op = ReduceOp::kSum;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  int root = 0;  // broadcast
+  // Allgatherv: rank r contributes bytes_per_rank[r] bytes; tensors[0].output receives them all in
+  // rank order (a null output: the backend gathers into scratch memory and drops the result).
+  std::vector<size_t> bytes_per_rank;
+  std::vector<DeviceTensor> tensors;  // allreduce: 1 or more; the other kinds: exactly 1
+  Deadline deadline = Deadline::Infinite();
+};
+
+// Completion of one launched collective on the device.
+class DeviceEvent {
+ public:
+  virtual ~DeviceEvent() = default;
+  // Makes `stream` wait, on the device, until the collective has finished; returns at once.
+  virtual Status StreamWait(void* stream) = 0;
+};
+
+class DeviceBackend {
+ public:
+  using Done = std::function<void(const Status&)>;
+
+  virtual ~DeviceBackend() = default;
+  virtual const char* name() const = 0;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // The device this rank's communicator runs on; a tensor elsewhere is refused by CheckDevice().
+  virtual int device() const = 0;
+  // OK when a tensor on `device` can be used with this backend, else a clear error.
+  virtual Status CheckDevice(int device) const = 0;
+
+  virtual StatusOr<std::shared_ptr<DeviceEvent>> Launch(const DeviceCollective& collective,
+                                                        Done done) = 0;
+  // Waits until every launched collective has completed; kTimeout when the deadline passes first.
+  virtual Status Drain(Deadline deadline) = 0;
+  // Fails every collective in flight with `status`, aborts the communicator. Thread-safe.
+  virtual void Abort(const Status& status) = 0;
+};
+
+// The device backends this build has ("nccl" when built with CUDA and NCCL; else none).
+std::vector<std::string> BuiltDeviceBackends();
+// The device backend `name` would use on this rank (local_rank modulo the usable devices), or
+// kUnavailable saying why it cannot run here (not built; no usable GPU, with CUDA's error string).
+// Local: talks to no peer.
+StatusOr<int> ProbeDeviceBackend(const std::string& name, int local_rank);
+// Starts device backend `name` on `device`. Collective: every rank calls it with the same name
+// and options.prefix, and blocks at most options.timeout.
+StatusOr<std::unique_ptr<DeviceBackend>> CreateDeviceBackend(const std::string& name, int device,
+                                                             const BackendOptions& options,
+                                                             Store* store);
+
+}  // namespace concord

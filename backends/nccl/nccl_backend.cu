@@ -1,0 +1,502 @@
+// The NCCL device backend (nccl_backend.h). One communicator on one device, one stream of its own,
+// a device fusion buffer (grown rarely, reused), a CudaPacker for fused and scaled allreduces, and
+// a completion thread that polls each launch's CUDA event, the communicator's asynchronous error
+// and the launch's deadline, and aborts the communicator (ncclCommAbort) on an error or a deadline.
+#include <nccl.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/cuda_device.h"
+#include "backends/cuda/cuda_packer.h"
+#include "backends/nccl/nccl_backend.h"
+#include "backends/nccl/nccl_check.h"
+#include "rendezvous/store.h"
+
+namespace concord {
+namespace {
+
+StatusOr<ncclDataType_t> NcclType(DType dtype) {
+  switch (dtype) {
+    case DType::kUint8:
+      return ncclUint8;
+    case DType::kInt8:
+      return ncclInt8;
+    case DType::kInt32:
+      return ncclInt32;
+    case DType::kInt64:
+      return ncclInt64;
+    case DType::kFloat16:
+      return ncclFloat16;
+    case DType::kBFloat16:
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
+      return ncclBfloat16;
+#else
+      break;
+#endif
+    case DType::kFloat32:
+      return ncclFloat32;
+    case DType::kFloat64:
+      return ncclFloat64;
+  }
+  return Status(Code::kUnavailable, std::string("dtype ") + DTypeName(dtype) +
+                                        " is not supported by NCCL " + cuda::NcclVersion());
+}
+
+// The completion of one launch: a CUDA event recorded on the backend's stream after it.
+class NcclEvent : public DeviceEvent {
+ public:
+  NcclEvent(int device, cudaEvent_t event) : device_(device), event_(event) {}
+  ~NcclEvent() override {
+    cuda::DeviceGuard guard;
+    if (guard.Set(device_) == cudaSuccess) cudaEventDestroy(event_);
+  }
+  Status StreamWait(void* stream) override {
+    CONCORD_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), event_, 0));
+    return Status::Ok();
+  }
+  cudaEvent_t event() const { return event_; }
+
+ private:
+  const int device_;
+  const cudaEvent_t event_;
+};
+
+class NcclBackend : public DeviceBackend {
+ public:
+  NcclBackend(int rank, int size, int device, std::chrono::milliseconds timeout)
+      : rank_(rank), size_(size), device_(device), timeout_(timeout) {}
+  ~NcclBackend() override;
+
+  // Creates the communicator, the stream, the packer, and starts the completion thread.
+  Status Start(const ncclUniqueId& id);
+
+  const char* name() const override { return "nccl"; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  int device() const override { return device_; }
+  Status CheckDevice(int device) const override;
+  StatusOr<std::shared_ptr<DeviceEvent>> Launch(const DeviceCollective& c, Done done) override;
+  Status Drain(Deadline deadline) override;
+  void Abort(const Status& status) override;
+
+ private:
+  struct Pending {
+    std::shared_ptr<NcclEvent> event;
+    Deadline deadline;
+    Done done;
+    std::vector<cuda::DeviceBuffer> retired;  // fusion buffers outgrown before this launch
+  };
+
+  // Waits (holding comm_mu_) until the non-blocking communicator has accepted what was issued.
+  Status WaitComm(Deadline deadline);
+  Status Enqueue(const DeviceCollective& c);
+  Status EnqueueAllreduce(const DeviceCollective& c);
+  Status EnqueueAllgatherv(const DeviceCollective& c);
+  // The fusion buffer, at least `bytes` long (an outgrown one is retired, freed after the launch).
+  StatusOr<void*> Buffer(size_t bytes);
+  void CompletionLoop();
+
+  const int rank_, size_, device_;
+  const std::chrono::milliseconds timeout_;
+  // comm_ is used by the launching thread and the completion thread: comm_mu_ serialises every
+  // call on it, so ncclCommAbort never frees it under another call.
+  std::mutex comm_mu_;
+  ncclComm_t comm_ = nullptr;
+  bool comm_aborted_ = false;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<cuda::CudaPacker> packer_;
+  cuda::DeviceBuffer fusion_;
+  std::vector<cuda::DeviceBuffer> retired_;  // launching thread only
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Pending> pending_;
+  bool busy_ = false;  // the completion thread runs the front's callback
+  Status aborted_;
+  bool stop_ = false;
+  std::thread completion_;
+};
+
+Status NcclBackend::Start(const ncclUniqueId& id) {
+  cuda::DeviceGuard guard;
+  CONCORD_CUDA_CHECK(guard.Set(device_));
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  {
+    std::lock_guard<std::mutex> lock(comm_mu_);
+    CONCORD_NCCL_CHECK(ncclCommInitRankConfig(&comm_, size_, id, rank_, &config));
+    Status ready = WaitComm(Deadline::After(timeout_));
+    if (!ready.ok()) return ready.WithContext("ncclCommInitRankConfig");
+  }
+  CONCORD_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  CONCORD_ASSIGN_OR_RETURN(packer_, cuda::CudaPacker::Create(device_));
+  completion_ = std::thread([this] { CompletionLoop(); });
+  return Status::Ok();
+}
+
+NcclBackend::~NcclBackend() {
+  // The engine drains before it lets go: what is left fails; ncclCommAbort frees the communicator
+  // without waiting for peers that may be gone.
+  Abort(Status(Code::kNotInitialized, "the NCCL backend was shut down"));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (completion_.joinable()) completion_.join();
+  cuda::DeviceGuard guard;
+  if (guard.Set(device_) != cudaSuccess) return;
+  packer_.reset();
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+}
+
+Status NcclBackend::CheckDevice(int device) const {
+  if (device != device_) {
+    return InvalidArgument("this communicator's NCCL backend runs on CUDA device " +
+                           std::to_string(device_) + " (local rank modulo the devices)");
+  }
+  return Status::Ok();
+}
+
+Status NcclBackend::WaitComm(Deadline deadline) {
+  for (;;) {
+    ncclResult_t state = ncclSuccess;
+    CONCORD_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
+    if (state == ncclSuccess) return Status::Ok();
+    if (state != ncclInProgress) {
+      return nccl::NcclError(state, "ncclCommGetAsyncError", __FILE__, __LINE__, comm_);
+    }
+    if (deadline.passed()) {
+      return TimeoutError("NCCL did not accept the operation within " +
+                          std::to_string(timeout_.count()) + " ms [NCCL " + cuda::NcclVersion() +
+                          "]");
+    }
+    std::this_thread::yield();
+  }
+}
+
+StatusOr<void*> NcclBackend::Buffer(size_t bytes) {
+  if (bytes > fusion_.size()) {
+    CONCORD_ASSIGN_OR_RETURN(
+        cuda::DeviceBuffer grown,
+        cuda::DeviceBuffer::Allocate(device_, std::max(bytes, 2 * fusion_.size())));
+    retired_.push_back(std::move(fusion_));
+    fusion_ = std::move(grown);
+  }
+  return fusion_.data();
+}
+
+StatusOr<std::shared_ptr<DeviceEvent>> NcclBackend::Launch(const DeviceCollective& c, Done done) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!aborted_.ok()) return aborted_;
+  }
+  if (c.device != device_) return CheckDevice(c.device);
+  if (c.tensors.empty() || (c.kind != DeviceOpKind::kAllreduce && c.tensors.size() != 1)) {
+    return InvalidArgument("nccl: a collective needs one tensor (an allreduce at least one)");
+  }
+  cuda::DeviceGuard guard;
+  CONCORD_CUDA_CHECK(guard.Set(device_));
+  // The producers' work first: the backend's stream waits for each ready event and stream.
+  std::vector<void*> seen;
+  for (const DeviceTensor& t : c.tensors) {
+    if (t.ready_event != nullptr &&
+        std::find(seen.begin(), seen.end(), t.ready_event) == seen.end()) {
+      CONCORD_CUDA_CHECK(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(t.ready_event), 0));
+      seen.push_back(t.ready_event);
+    }
+    if (t.ready_stream != nullptr &&
+        std::find(seen.begin(), seen.end(), t.ready_stream) == seen.end()) {
+      cudaEvent_t produced;
+      CONCORD_CUDA_CHECK(cudaEventCreateWithFlags(&produced, cudaEventDisableTiming));
+      const cudaError_t recorded =
+          cudaEventRecord(produced, static_cast<cudaStream_t>(t.ready_stream));
+      const cudaError_t waited =
+          recorded == cudaSuccess ? cudaStreamWaitEvent(stream_, produced, 0) : recorded;
+      cudaEventDestroy(produced);  // released once the wait is satisfied
+      CONCORD_CUDA_CHECK(waited);
+      seen.push_back(t.ready_stream);
+    }
+  }
+  Status enqueued = Enqueue(c);
+  cudaEvent_t finished = nullptr;
+  if (enqueued.ok()) {
+    const cudaError_t e = cudaEventCreateWithFlags(&finished, cudaEventDisableTiming);
+    const cudaError_t r = e == cudaSuccess ? cudaEventRecord(finished, stream_) : e;
+    if (r != cudaSuccess) {
+      if (finished != nullptr) cudaEventDestroy(finished);
+      enqueued = cuda::CudaError(r, "cudaEventRecord(finished, stream_)", __FILE__, __LINE__);
+    }
+  }
+  if (!enqueued.ok()) {
+    // Part of it may be on the stream: abort, so nothing of it runs against the peers.
+    Abort(enqueued);
+    return enqueued;
+  }
+  auto event = std::make_shared<NcclEvent>(device_, finished);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.push_back(Pending{event, c.deadline, std::move(done), std::move(retired_)});
+    retired_.clear();
+  }
+  cv_.notify_all();
+  return std::shared_ptr<DeviceEvent>(event);
+}
+
+Status NcclBackend::Enqueue(const DeviceCollective& c) {
+  std::lock_guard<std::mutex> lock(comm_mu_);
+  if (comm_aborted_) return Status(Code::kBackendError, "the NCCL communicator was aborted");
+  switch (c.kind) {
+    case DeviceOpKind::kAllreduce:
+      CONCORD_RETURN_IF_ERROR(EnqueueAllreduce(c));
+      break;
+    case DeviceOpKind::kAllgatherv:
+      CONCORD_RETURN_IF_ERROR(EnqueueAllgatherv(c));
+      break;
+    case DeviceOpKind::kBroadcast: {
+      const DeviceTensor& t = c.tensors[0];
+      const size_t bytes = t.count * DTypeSize(c.dtype);
+      if (bytes == 0) return Status::Ok();
+      if (c.root < 0 || c.root >= size_)
+        return InvalidArgument("nccl: broadcast root out of range");
+      CONCORD_NCCL_CHECK(
+          ncclBroadcast(t.input, t.output, bytes, ncclUint8, c.root, comm_, stream_));
+      break;
+    }
+  }
+  return WaitComm(c.deadline);
+}
+
+Status NcclBackend::EnqueueAllreduce(const DeviceCollective& c) {
+  CONCORD_ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(c.dtype));
+  ncclRedOp_t op = ncclSum;
+  double post = c.postscale;
+  switch (c.op) {
+    case ReduceOp::kSum:
+      op = ncclSum;
+      break;
+    case ReduceOp::kMin:
+      op = ncclMin;
+      break;
+    case ReduceOp::kMax:
+      op = ncclMax;
+      break;
+    case ReduceOp::kProduct:
+      op = ncclProd;
+      break;
+    case ReduceOp::kAverage:
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
+      op = ncclAvg;  // integers: the sum divided by the ranks, truncated
+#else
+      if (!IsFloatingPoint(c.dtype)) {
+        return Status(Code::kUnavailable,
+                      "an integer average needs ncclAvg (NCCL 2.10); this is "
+                      "NCCL " +
+                          cuda::NcclVersion());
+      }
+      post /= size_;
+#endif
+      break;
+  }
+  size_t elements = 0;
+  for (const DeviceTensor& t : c.tensors) elements += t.count;
+  if (elements == 0) return Status::Ok();
+  if (c.tensors.size() == 1 && c.prescale == 1.0 && post == 1.0) {
+    const DeviceTensor& t = c.tensors[0];
+    CONCORD_NCCL_CHECK(ncclAllReduce(t.input, t.output, t.count, type, op, comm_, stream_));
+    return Status::Ok();
+  }
+  // Fused or scaled: pack (with the prescale) into the fusion buffer, reduce it in place, unpack
+  // (with the postscale). Both plans have the same slots: offsets depend on sizes only.
+  std::vector<cuda::PackTensor> inputs, outputs;
+  for (const DeviceTensor& t : c.tensors) {
+    inputs.push_back(cuda::PackTensor{t.input, c.dtype, t.count});
+    outputs.push_back(cuda::PackTensor{t.output, c.dtype, t.count});
+  }
+  CONCORD_ASSIGN_OR_RETURN(cuda::PackPlan in_plan, cuda::PlanPack(inputs));
+  CONCORD_ASSIGN_OR_RETURN(cuda::PackPlan out_plan, cuda::PlanPack(outputs));
+  CONCORD_ASSIGN_OR_RETURN(void* buffer, Buffer(in_plan.total_bytes));
+  CONCORD_RETURN_IF_ERROR(packer_->Pack(in_plan, buffer, fusion_.size(), c.prescale, stream_));
+  // The padding between slots is reduced too, and never read back.
+  CONCORD_NCCL_CHECK(ncclAllReduce(buffer, buffer, in_plan.total_bytes / DTypeSize(c.dtype), type,
+                                   op, comm_, stream_));
+  return packer_->Unpack(out_plan, buffer, fusion_.size(), post, stream_);
+}
+
+Status NcclBackend::EnqueueAllgatherv(const DeviceCollective& c) {
+  if (c.bytes_per_rank.size() != static_cast<size_t>(size_)) {
+    return InvalidArgument("nccl: allgatherv needs one byte count per rank");
+  }
+  size_t total = 0;
+  for (size_t b : c.bytes_per_rank) total += b;
+  if (total == 0) return Status::Ok();
+  const DeviceTensor& t = c.tensors[0];
+  auto* out = static_cast<uint8_t*>(t.output);
+  if (out == nullptr) {
+    CONCORD_ASSIGN_OR_RETURN(void* scratch, Buffer(total));
+    out = static_cast<uint8_t*>(scratch);
+  }
+  const bool equal = std::all_of(c.bytes_per_rank.begin(), c.bytes_per_rank.end(),
+                                 [&](size_t b) { return b == c.bytes_per_rank[0]; });
+  if (equal) {
+    CONCORD_NCCL_CHECK(ncclAllGather(t.input, out, c.bytes_per_rank[0], ncclUint8, comm_, stream_));
+    return Status::Ok();
+  }
+  // Different sizes: one broadcast per contributing rank, issued as one group.
+  CONCORD_NCCL_CHECK(ncclGroupStart());
+  size_t offset = 0;
+  Status issued = Status::Ok();
+  for (int r = 0; r < size_ && issued.ok(); ++r) {
+    const size_t bytes = c.bytes_per_rank[r];
+    if (bytes > 0) {
+      const void* send = r == rank_ ? t.input : out + offset;
+      const ncclResult_t result =
+          ncclBroadcast(send, out + offset, bytes, ncclUint8, r, comm_, stream_);
+      if (result != ncclSuccess && result != ncclInProgress) {
+        issued = nccl::NcclError(result, "ncclBroadcast", __FILE__, __LINE__, comm_);
+      }
+    }
+    offset += bytes;
+  }
+  const ncclResult_t ended = ncclGroupEnd();
+  CONCORD_RETURN_IF_ERROR(issued);
+  if (ended != ncclSuccess && ended != ncclInProgress) {
+    return nccl::NcclError(ended, "ncclGroupEnd", __FILE__, __LINE__, comm_);
+  }
+  return Status::Ok();
+}
+
+void NcclBackend::Abort(const Status& status) {
+  std::deque<Pending> failed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (aborted_.ok()) aborted_ = status;
+    // The front whose callback is running finishes normally; the rest fail.
+    const size_t keep = busy_ ? 1 : 0;
+    while (pending_.size() > keep) {
+      failed.push_front(std::move(pending_.back()));
+      pending_.pop_back();
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(comm_mu_);
+    if (comm_ != nullptr && !comm_aborted_) {
+      // Frees the communicator and stops its kernels, so a peer that never comes cannot hang us.
+      ncclCommAbort(comm_);
+      comm_aborted_ = true;
+    }
+  }
+  cv_.notify_all();
+  for (Pending& p : failed) p.done(aborted_);
+}
+
+Status NcclBackend::Drain(Deadline deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto idle = [&] { return pending_.empty(); };
+  if (deadline.infinite()) {
+    cv_.wait(lock, idle);
+  } else if (!cv_.wait_until(lock, deadline.at(), idle)) {
+    return TimeoutError("NCCL collectives still running at the deadline [NCCL " +
+                        cuda::NcclVersion() + "]");
+  }
+  return aborted_;
+}
+
+void NcclBackend::CompletionLoop() {
+  cuda::DeviceGuard guard;
+  const cudaError_t set = guard.Set(device_);
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stop_ || !pending_.empty(); });
+    if (pending_.empty()) return;  // stopping
+    std::shared_ptr<NcclEvent> event = pending_.front().event;
+    const Deadline deadline = pending_.front().deadline;
+    lock.unlock();
+    const cudaError_t query = set == cudaSuccess ? cudaEventQuery(event->event()) : set;
+    Status failure = Status::Ok();
+    if (query == cudaSuccess) {
+      lock.lock();
+      if (pending_.empty() || pending_.front().event != event) continue;  // failed by Abort()
+      busy_ = true;
+      Done done = std::move(pending_.front().done);
+      lock.unlock();
+      done(Status::Ok());
+      lock.lock();
+      std::optional<Pending> finished(std::move(pending_.front()));
+      pending_.pop_front();
+      busy_ = false;
+      cv_.notify_all();
+      lock.unlock();
+      finished.reset();  // frees the retired buffers (their work is done) outside the lock
+      lock.lock();
+      continue;
+    }
+    if (query != cudaErrorNotReady) {
+      failure = cuda::CudaError(query, "cudaEventQuery", __FILE__, __LINE__);
+    } else {
+      std::lock_guard<std::mutex> comm_lock(comm_mu_);
+      ncclResult_t async = ncclSuccess;
+      if (comm_ != nullptr && !comm_aborted_) ncclCommGetAsyncError(comm_, &async);
+      if (async != ncclSuccess && async != ncclInProgress) {
+        failure = nccl::NcclError(async, "ncclCommGetAsyncError", __FILE__, __LINE__, comm_);
+      } else if (deadline.passed()) {
+        failure =
+            TimeoutError("NCCL collective not finished within " + std::to_string(timeout_.count()) +
+                         " ms (a peer did not arrive or hung): communicator aborted [NCCL " +
+                         cuda::NcclVersion() + "]");
+      }
+    }
+    if (!failure.ok()) {
+      Abort(failure);
+      lock.lock();
+      continue;
+    }
+    lock.lock();
+    cv_.wait_for(lock, std::chrono::microseconds(50), [&] { return stop_; });
+  }
+}
+
+}  // namespace
+
+StatusOr<int> ProbeNcclDevice(int local_rank) {
+  auto count = cuda::DeviceCount();
+  if (!count.ok()) {
+    return Status(Code::kUnavailable, "no usable GPU: " + count.status().message() + " [NCCL " +
+                                          cuda::NcclVersion() + "]");
+  }
+  return std::max(local_rank, 0) % *count;
+}
+
+StatusOr<std::unique_ptr<DeviceBackend>> CreateNcclBackend(int device,
+                                                           const BackendOptions& options,
+                                                           Store* store) {
+  const Deadline deadline = Deadline::After(options.timeout);
+  const std::string key = options.prefix + "/nccl_unique_id";
+  ncclUniqueId id;
+  if (options.rank == 0) {
+    CONCORD_NCCL_CHECK(ncclGetUniqueId(&id));
+    CONCORD_RETURN_IF_ERROR(
+        store->Set(key, std::string(reinterpret_cast<const char*>(&id), sizeof(id))));
+  } else {
+    CONCORD_ASSIGN_OR_RETURN(std::string bytes, store->Get(key, deadline));
+    if (bytes.size() != sizeof(id)) {
+      return ProtocolError("the NCCL unique id in the store has " + std::to_string(bytes.size()) +
+                           " bytes, not " + std::to_string(sizeof(id)));
+    }
+    std::memcpy(&id, bytes.data(), sizeof(id));
+  }
+  auto backend = std::make_unique<NcclBackend>(options.rank, options.size, device, options.timeout);
+  CONCORD_RETURN_IF_ERROR(backend->Start(id));
+  return std::unique_ptr<DeviceBackend>(std::move(backend));
+}
+
+}  // namespace concord

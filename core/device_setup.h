@@ -1,0 +1,21 @@
+// Starting the device side of a communicator: which backend serves CUDA tensors. Separate from
+// bootstrap.cc so the CPU backends' start-up stays as it was.
+#pragma once
+
+#include "backends/backend.h"
+#include "core/config.h"
+#include "core/engine.h"
+#include "rendezvous/store.h"
+
+namespace concord {
+
+// By config.backend: "nccl" requires the NCCL backend (an error at init naming why it cannot
+// start: not built, no usable GPU on some rank); "auto" starts it when it is built and every rank
+// has a usable GPU, and otherwise starts none, keeping the reason for the CUDA tensors' errors;
+// any other name starts none. Every rank first publishes in the store whether it can start it, so
+// all ranks make the same choice. Collective; blocks at most until `deadline`. `options` are the
+// CPU backend's (the device backend uses its own key prefix under options.prefix).
+StatusOr<DevicePlane> StartDevicePlane(const Config& config, const BackendOptions& options,
+                                       Store* store, Deadline deadline);
+
+}  // namespace concord

@@ -1,0 +1,257 @@
+// GPU tests of the NCCL device backend (backends/nccl/nccl_backend.h): one rank per usable GPU,
+// ranks as threads of this process sharing an in-memory store, results checked against the CPU
+// reference. Without a usable device every test that needs one is skipped with the CUDA error and
+// the NCCL version; the probe test runs everywhere.
+#include "backends/nccl/nccl_backend.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backends/cuda/cuda_device.h"
+#include "rendezvous/hash_store.h"
+#include "tests/common/typed_elements.h"
+
+namespace concord {
+namespace {
+
+using std::chrono::milliseconds;
+using testing_elements::LoadElement;
+using testing_elements::StoreElement;
+
+constexpr DType kAllDTypes[] = {DType::kUint8,   DType::kInt8,    DType::kInt32,
+                                DType::kInt64,   DType::kFloat16, DType::kBFloat16,
+                                DType::kFloat32, DType::kFloat64};
+
+TEST(NcclProbeTest, NamesTheDeviceOrSaysWhyNot) {
+  StatusOr<int> device = ProbeNcclDevice(3);
+  if (device.ok()) {
+    StatusOr<int> count = cuda::DeviceCount();
+    ASSERT_TRUE(count.ok());
+    EXPECT_EQ(*device, 3 % *count);
+  } else {
+    EXPECT_EQ(device.status().code(), Code::kUnavailable);
+    EXPECT_NE(device.status().message().find("cudaGetDeviceCount"), std::string::npos)
+        << device.status().message();
+    EXPECT_NE(device.status().message().find("NCCL 2."), std::string::npos)
+        << device.status().message();
+  }
+}
+
+// Completion of one launch, waited for by the test thread.
+struct Completion {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  Status status;
+  DeviceBackend::Done Callback() {
+    return [this](const Status& s) {
+      std::lock_guard<std::mutex> lock(mu);
+      status = s;
+      done = true;
+      cv.notify_all();
+    };
+  }
+  Status Wait(milliseconds limit = milliseconds(60000)) {
+    std::unique_lock<std::mutex> lock(mu);
+    if (!cv.wait_for(lock, limit, [&] { return done; })) return TimeoutError("no completion");
+    return status;
+  }
+};
+
+class NcclBackendTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    StatusOr<int> count = cuda::DeviceCount();
+    if (!count.ok()) {
+      GTEST_SKIP() << "no usable CUDA device: " << count.status().message() << "; NCCL "
+                   << cuda::NcclVersion();
+    }
+    ranks_ = std::min(*count, 4);  // NCCL wants one GPU per rank of a communicator
+  }
+
+  // Starts one backend per rank (device = rank) and runs fn(rank, backend) on a thread each.
+  void OnRanks(const std::function<void(int, DeviceBackend&)>& fn, int ranks = 0,
+               milliseconds timeout = milliseconds(30000)) {
+    ranks = ranks > 0 ? ranks : ranks_;
+    HashStore store;
+    std::vector<std::thread> threads;
+    for (int r = 0; r < ranks; ++r) {
+      threads.emplace_back([&, r] {
+        BackendOptions o;
+        o.rank = r;
+        o.size = ranks;
+        o.prefix = "test/" + std::to_string(prefix_);
+        o.timeout = timeout;
+        auto backend = CreateNcclBackend(r, o, &store);
+        ASSERT_TRUE(backend.ok()) << backend.status().ToString();
+        fn(r, **backend);
+      });
+    }
+    for (auto& t : threads) t.join();
+    ++prefix_;
+  }
+
+  int ranks_ = 1;
+  int prefix_ = 0;
+};
+
+// Every dtype x op x size, one tensor direct, and all sizes of a dtype fused in one launch with
+// prescale 0.5 and postscale 4 (floating types).
+TEST_F(NcclBackendTest, AllreduceEveryDTypeOpAndSize) {
+  const std::vector<size_t> counts = {0, 1, 7, 4099, size_t{1} << 20};
+  OnRanks([&](int rank, DeviceBackend& backend) {
+    for (DType dtype : kAllDTypes) {
+      for (int op_index = 0; op_index < kNumReduceOps; ++op_index) {
+        const auto op = static_cast<ReduceOp>(op_index);
+        for (bool fused : {false, true}) {
+          const bool scaled = fused && IsFloatingPoint(dtype);
+          const double pre = scaled ? 0.5 : 1.0, post = scaled ? 4.0 : 1.0;
+          std::vector<cuda::DeviceBuffer> bufs;
+          DeviceCollective c;
+          c.kind = DeviceOpKind::kAllreduce;
+          c.device = rank;
+          c.dtype = dtype;
+          c.op = op;
+          c.prescale = pre;
+          c.postscale = post;
+          c.deadline = Deadline::After(milliseconds(30000));
+          std::vector<std::vector<uint8_t>> host;
+          for (size_t n : counts) {
+            std::vector<uint8_t> h(n * DTypeSize(dtype));
+            for (size_t i = 0; i < n; ++i) {
+              const double v = op == ReduceOp::kProduct ? 1 + (i + rank) % 2 : i % 7 + rank;
+              StoreElement(dtype, h.data(), i, v);
+            }
+            auto b = cuda::DeviceBuffer::Allocate(rank, std::max<size_t>(h.size(), 1));
+            ASSERT_TRUE(b.ok()) << b.status().ToString();
+            ASSERT_TRUE(b->CopyFromHost(0, h.data(), h.size()).ok());
+            c.tensors.push_back(DeviceTensor{b->data(), b->data(), n, nullptr, nullptr});
+            bufs.push_back(std::move(*b));
+            host.push_back(std::move(h));
+            if (!fused) {
+              Completion done;
+              ASSERT_TRUE(backend.Launch(c, done.Callback()).ok());
+              ASSERT_TRUE(done.Wait().ok()) << done.status.ToString();
+              c.tensors.clear();
+            }
+          }
+          if (fused) {
+            Completion done;
+            ASSERT_TRUE(backend.Launch(c, done.Callback()).ok());
+            ASSERT_TRUE(done.Wait().ok()) << done.status.ToString();
+          }
+          for (size_t k = 0; k < counts.size(); ++k) {
+            std::vector<uint8_t> got(host[k].size());
+            ASSERT_TRUE(bufs[k].CopyToHost(got.data(), 0, got.size()).ok());
+            for (size_t i = 0; i < counts[k]; ++i) {
+              double want = 0;
+              for (int r = 0; r < ranks_; ++r) {
+                const double v = op == ReduceOp::kProduct ? 1 + (i + r) % 2 : i % 7 + r;
+                want = r == 0 ? pre * v : testing_elements::CombineValues(op, want, pre * v);
+              }
+              if (op == ReduceOp::kAverage) {
+                want = IsFloatingPoint(dtype) ? want / ranks_ : std::trunc(want / ranks_);
+              }
+              want *= post;
+              const double tol = IsHalfPrecision(dtype) ? 2e-2 * std::max(1.0, std::fabs(want))
+                                                        : 1e-5 * std::max(1.0, std::fabs(want));
+              const double have = LoadElement(dtype, got.data(), i);
+              ASSERT_LE(std::fabs(have - want), tol)
+                  << DTypeName(dtype) << " " << ReduceOpName(op) << (fused ? " fused" : "")
+                  << " n=" << counts[k] << " element " << i;
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
+// Allgatherv with different sizes per rank (rank r gives r + 1 rows of 3 int32, plus a rank with
+// none when there are two or more), broadcast from every root, and StreamWait on the legacy stream.
+TEST_F(NcclBackendTest, AllgathervBroadcastAndStreamWait) {
+  OnRanks([&](int rank, DeviceBackend& backend) {
+    std::vector<size_t> bytes(ranks_);
+    std::vector<int32_t> want;
+    for (int r = 0; r < ranks_; ++r) {
+      const size_t rows = r == 1 ? 0 : r + 1;
+      bytes[r] = rows * 3 * sizeof(int32_t);
+      for (size_t j = 0; j < rows * 3; ++j) want.push_back(static_cast<int32_t>(r * 100 + j));
+    }
+    std::vector<int32_t> mine(bytes[rank] / sizeof(int32_t));
+    for (size_t j = 0; j < mine.size(); ++j) mine[j] = static_cast<int32_t>(rank * 100 + j);
+    auto in = cuda::DeviceBuffer::Allocate(rank, std::max<size_t>(bytes[rank], 4));
+    auto out = cuda::DeviceBuffer::Allocate(rank, want.size() * sizeof(int32_t));
+    ASSERT_TRUE(in.ok() && out.ok());
+    ASSERT_TRUE(in->CopyFromHost(0, mine.data(), bytes[rank]).ok());
+    DeviceCollective c;
+    c.kind = DeviceOpKind::kAllgatherv;
+    c.device = rank;
+    c.dtype = DType::kInt32;
+    c.bytes_per_rank = bytes;
+    c.tensors.push_back(DeviceTensor{in->data(), out->data(), mine.size(), nullptr, nullptr});
+    Completion gathered;
+    auto event = backend.Launch(c, gathered.Callback());
+    ASSERT_TRUE(event.ok()) << event.status().ToString();
+    ASSERT_TRUE((*event)->StreamWait(nullptr).ok());
+    ASSERT_TRUE(cuda::SynchronizeStream(nullptr).ok());
+    ASSERT_TRUE(gathered.Wait().ok()) << gathered.status.ToString();
+    std::vector<int32_t> got(want.size());
+    ASSERT_TRUE(out->CopyToHost(got.data(), 0, got.size() * sizeof(int32_t)).ok());
+    EXPECT_EQ(got, want);
+
+    for (int root = 0; root < ranks_; ++root) {
+      std::vector<double> data(1001, rank == root ? root + 0.25 : -1.0);
+      auto b = cuda::DeviceBuffer::Allocate(rank, data.size() * sizeof(double));
+      ASSERT_TRUE(b.ok());
+      ASSERT_TRUE(b->CopyFromHost(0, data.data(), data.size() * sizeof(double)).ok());
+      DeviceCollective bc;
+      bc.kind = DeviceOpKind::kBroadcast;
+      bc.device = rank;
+      bc.dtype = DType::kFloat64;
+      bc.root = root;
+      bc.tensors.push_back(DeviceTensor{b->data(), b->data(), data.size(), nullptr, nullptr});
+      Completion done;
+      ASSERT_TRUE(backend.Launch(bc, done.Callback()).ok());
+      ASSERT_TRUE(done.Wait().ok()) << done.status.ToString();
+      ASSERT_TRUE(b->CopyToHost(data.data(), 0, data.size() * sizeof(double)).ok());
+      EXPECT_EQ(data, std::vector<double>(1001, root + 0.25));
+    }
+    EXPECT_TRUE(backend.Drain(Deadline::After(milliseconds(10000))).ok());
+  });
+}
+
+// A peer that never launches: the other rank's collective fails with kTimeout soon after its
+// deadline (the communicator is aborted), and later launches are refused.
+TEST_F(NcclBackendTest, PeerThatNeverArrivesTimesOut) {
+  if (ranks_ < 2) GTEST_SKIP() << "needs two GPUs (NCCL takes one GPU per rank)";
+  OnRanks(
+      [&](int rank, DeviceBackend& backend) {
+        if (rank == 1) return;  // never arrives; its backend is destroyed (aborted) at once
+        auto b = cuda::DeviceBuffer::Allocate(rank, 4096);
+        ASSERT_TRUE(b.ok());
+        DeviceCollective c;
+        c.device = rank;
+        c.tensors.push_back(DeviceTensor{b->data(), b->data(), 1024, nullptr, nullptr});
+        c.deadline = Deadline::After(milliseconds(2000));
+        Completion done;
+        const auto start = Clock::now();
+        ASSERT_TRUE(backend.Launch(c, done.Callback()).ok());
+        const Status s = done.Wait(milliseconds(20000));
+        EXPECT_NE(s.code(), Code::kOk) << "a collective without its peer succeeded";
+        EXPECT_LT(Clock::now() - start, std::chrono::seconds(10));
+        EXPECT_FALSE(backend.Launch(c, [](const Status&) {}).ok());
+      },
+      2, milliseconds(5000));
+}
+
+}  // namespace
+}  // namespace concord

@@ -1,0 +1,424 @@
+// The engine's asynchronous device path on the CPU: real Engines (ranks as threads) whose CUDA
+// tensors go to the in-process fake device backend (inproc_device.h), which completes collectives
+// on its own thread after a delay, and whose CPU tensors go to the in-process CPU backend.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/engine.h"
+#include "tests/common/typed_elements.h"
+#include "tests/unit/inproc_device.h"
+#include "tests/unit/inproc_transport.h"
+
+namespace concord {
+namespace {
+
+using std::chrono::milliseconds;
+using testing_elements::LoadElement;
+using testing_elements::StoreElement;
+
+constexpr int kGpu = 1;  // the fake device every rank's tensors live on (devices 0 and 1 exist)
+
+void OnRanks(int size, const std::function<void(int)>& fn) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) threads.emplace_back(fn, r);
+  for (auto& t : threads) t.join();
+}
+
+// A job whose engines have a CPU world and, unless `with_device` is false, a fake device world
+// (collectives complete `delay` after the last rank launched them).
+class DeviceJob {
+ public:
+  DeviceJob(int size, milliseconds delay, const std::function<void(Config&)>& tweak = nullptr,
+            bool with_device = true)
+      : world_(std::make_shared<InProcWorld>(size, milliseconds(20000))),
+        devices_(std::make_shared<InProcDeviceWorld>(size, delay)) {
+    for (int r = 0; r < size; ++r) {
+      Config c;
+      c.rank = r;
+      c.size = size;
+      c.log_level = 0;
+      if (tweak) tweak(c);
+      EXPECT_TRUE(c.Finalize().ok());
+      std::vector<std::unique_ptr<Backend>> lanes;
+      for (int lane = 0; lane < c.lanes; ++lane) lanes.push_back(world_->MakeBackend(r, lane));
+      DevicePlane plane;
+      if (with_device) {
+        plane.backend = devices_->MakeBackend(r, kGpu);
+        plane.unavailable = Status::Ok();
+      } else {
+        plane.unavailable = Status(Code::kUnavailable, "no GPU here (test)");
+      }
+      // The device world outlives the engines: it is destroyed after them, with the job.
+      engines_.push_back(std::make_unique<Engine>(c, world_->MakeControlPlane(r), std::move(lanes),
+                                                  world_, std::move(plane)));
+    }
+  }
+  ~DeviceJob() {
+    OnRanks(size(), [this](int rank) { engines_[rank]->Shutdown(); });
+    engines_.clear();
+  }
+  int size() const { return static_cast<int>(engines_.size()); }
+  Engine& operator[](int rank) { return *engines_[rank]; }
+  InProcWorld& world() { return *world_; }
+  InProcDeviceWorld& devices() { return *devices_; }
+
+ private:
+  std::shared_ptr<InProcWorld> world_;
+  std::shared_ptr<InProcDeviceWorld> devices_;
+  std::vector<std::unique_ptr<Engine>> engines_;
+};
+
+TensorRequest Request(const std::string& name, OpType op, DType dtype, std::vector<int64_t> shape,
+                      int device = kGpu) {
+  TensorRequest r;
+  r.name = name;
+  r.op = op;
+  r.dtype = dtype;
+  r.shape = std::move(shape);
+  r.device = device;
+  return r;
+}
+
+QueueEntry Entry(TensorRequest request, const void* input, void* output, size_t capacity = 0) {
+  QueueEntry e;
+  e.request = std::move(request);
+  e.input = input;
+  e.output = output;
+  e.output_capacity = capacity;
+  e.state = std::make_shared<RequestState>();
+  return e;
+}
+
+std::shared_ptr<RequestState> Submit(Engine& engine, QueueEntry entry) {
+  auto state = entry.state;
+  Status s = engine.Enqueue(std::move(entry));
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return state;
+}
+
+Status Await(const std::shared_ptr<RequestState>& state, milliseconds limit = milliseconds(20000)) {
+  if (!state->Wait(Deadline::After(limit))) return TimeoutError("request did not complete");
+  return state->status();
+}
+
+const std::vector<DType> kAllDTypes = {DType::kUint8,   DType::kInt8,    DType::kInt32,
+                                       DType::kInt64,   DType::kFloat16, DType::kBFloat16,
+                                       DType::kFloat32, DType::kFloat64};
+
+// Every dtype x sizes {0, 1, 7, 4099, 300000}, sum and average, in place and out of place (with
+// prescale 0.5 and postscale 4 on floating types), all in one group: the small ones fuse.
+TEST(EngineDeviceTest, AllreduceEveryDTypeAndSizeFused) {
+  const int size = 3;
+  DeviceJob job(size, milliseconds(1));
+  const std::vector<size_t> counts = {0, 1, 7, 4099, 300000};
+  OnRanks(size, [&](int rank) {
+    struct Case {
+      DType dtype;
+      ReduceOp op;
+      size_t n;
+      bool in_place;
+      double pre, post;
+      std::vector<uint8_t> in, out;
+      std::shared_ptr<RequestState> state;
+    };
+    std::vector<Case> cases;
+    for (DType dtype : kAllDTypes) {
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage}) {
+        for (size_t n : counts) {
+          for (bool in_place : {true, false}) {
+            const bool scaled = !in_place && IsFloatingPoint(dtype);
+            Case c{dtype, op, n, in_place, scaled ? 0.5 : 1.0, scaled ? 4.0 : 1.0, {}, {}, {}};
+            c.in.resize(n * DTypeSize(dtype));
+            for (size_t i = 0; i < n; ++i) {
+              StoreElement(dtype, c.in.data(), i, static_cast<double>(i % 5 + rank * 2));
+            }
+            if (!in_place) c.out.assign(c.in.size(), 0xAB);
+            cases.push_back(std::move(c));
+          }
+        }
+      }
+    }
+    ASSERT_TRUE(job[rank].GroupStart().ok());
+    for (size_t k = 0; k < cases.size(); ++k) {
+      Case& c = cases[k];
+      TensorRequest r = Request("t" + std::to_string(k), OpType::kAllreduce, c.dtype,
+                                {static_cast<int64_t>(c.n)});
+      r.reduce_op = c.op;
+      r.prescale = c.pre;
+      r.postscale = c.post;
+      c.state = Submit(job[rank], Entry(r, c.in.data(), c.in_place ? c.in.data() : c.out.data()));
+    }
+    ASSERT_TRUE(job[rank].GroupEnd().ok());
+    for (Case& c : cases) {
+      Status s = Await(c.state);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      const uint8_t* got = c.in_place ? c.in.data() : c.out.data();
+      for (size_t i = 0; i < c.n; ++i) {
+        double want = 0;
+        for (int r = 0; r < size; ++r) want += c.pre * static_cast<double>(i % 5 + r * 2);
+        if (c.op == ReduceOp::kAverage) {
+          want = IsFloatingPoint(c.dtype) ? want / size : std::trunc(want / size);
+        }
+        want *= c.post;
+        const double tol = IsHalfPrecision(c.dtype) ? 0.05 * std::max(1.0, std::fabs(want)) : 1e-5;
+        const double have = LoadElement(c.dtype, got, i);
+        if (std::fabs(have - want) > tol) {
+          FAIL() << DTypeName(c.dtype) << " " << ReduceOpName(c.op) << " n=" << c.n << " element "
+                 << i << ": got " << have << ", want " << want;
+        }
+      }
+    }
+  });
+  for (int r = 0; r < size; ++r) {
+    EXPECT_GT(job[r].stats().fused_tensors.load(), 0u);
+    EXPECT_GT(job[r].stats().device_launches.load(), 0u);
+    EXPECT_EQ(job[r].stats().inline_reductions.load(), 0u);  // never for device tensors
+  }
+  EXPECT_EQ(job.world().CollectivesOn(0) + job.world().CollectivesOn(1), 0u);  // CPU backend idle
+}
+
+// Allgather with different first dimensions (one rank contributes nothing) and broadcast from
+// every root, on the device.
+TEST(EngineDeviceTest, AllgatherAndBroadcast) {
+  const int size = 3;
+  DeviceJob job(size, milliseconds(2));
+  OnRanks(size, [&](int rank) {
+    const int64_t rows = rank;  // 0, 1, 2 rows of 2 floats
+    std::vector<float> in(rows * 2);
+    for (size_t j = 0; j < in.size(); ++j) in[j] = static_cast<float>(rank * 10 + j);
+    std::vector<float> out(6 + 1, -1.0f);
+    auto ag = Submit(job[rank], Entry(Request("ag", OpType::kAllgather, DType::kFloat32, {rows, 2}),
+                                      in.data(), out.data(), 6 * sizeof(float)));
+    std::vector<std::vector<int64_t>> data(size);
+    std::vector<std::shared_ptr<RequestState>> bc;
+    for (int root = 0; root < size; ++root) {
+      data[root].assign(5, rank == root ? root * 7 + 1 : -5);
+      TensorRequest r =
+          Request("bc" + std::to_string(root), OpType::kBroadcast, DType::kInt64, {5});
+      r.root = root;
+      bc.push_back(Submit(job[rank], Entry(r, data[root].data(), data[root].data())));
+    }
+    Status s = Await(ag);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_EQ(out, (std::vector<float>{10, 11, 20, 21, 22, 23, -1}));
+    EXPECT_EQ(ag->output().first_dim, 3);
+    EXPECT_EQ(ag->output().bytes, 6 * sizeof(float));
+    for (int root = 0; root < size; ++root) {
+      ASSERT_TRUE(Await(bc[root]).ok());
+      EXPECT_EQ(data[root], std::vector<int64_t>(5, root * 7 + 1));
+    }
+  });
+}
+
+// Many device tensors enqueued from several threads per rank complete, each with its own values,
+// and every rank sees them complete in the same order (the plan's launch order).
+TEST(EngineDeviceTest, ManyTensorsCompleteInLaunchOrder) {
+  const int size = 2;
+  const int kTensors = 300;
+  DeviceJob job(size, milliseconds(0), [](Config& c) { c.fusion_threshold_bytes = 4096; });
+  std::vector<std::vector<int>> order(size);
+  std::mutex mu;
+  OnRanks(size, [&](int rank) {
+    std::vector<std::vector<int32_t>> bufs(kTensors);
+    std::vector<std::shared_ptr<RequestState>> states;
+    for (int k = 0; k < kTensors; ++k) {
+      bufs[k].assign(1 + k % 50, k + rank);
+      QueueEntry e = Entry(Request("m" + std::to_string(k), OpType::kAllreduce, DType::kInt32,
+                                   {static_cast<int64_t>(bufs[k].size())}),
+                           bufs[k].data(), bufs[k].data());
+      e.state = std::make_shared<RequestState>([&, rank, k](const Status&) {
+        std::lock_guard<std::mutex> lock(mu);
+        order[rank].push_back(k);
+      });
+      states.push_back(Submit(job[rank], std::move(e)));
+    }
+    for (int k = 0; k < kTensors; ++k) {
+      ASSERT_TRUE(Await(states[k]).ok());
+      EXPECT_EQ(bufs[k], std::vector<int32_t>(bufs[k].size(), 2 * k + 1)) << k;
+    }
+  });
+  ASSERT_EQ(order[0].size(), static_cast<size_t>(kTensors));
+  EXPECT_EQ(order[0], order[1]);
+  EXPECT_GT(job[0].stats().fused_tensors.load(), 0u);
+}
+
+// While a device collective is in flight (held back by its ready event, which the test sets only
+// at the end), the engine keeps negotiating: CPU allreduces enqueued after it complete, over the
+// CPU backend. A barrier after the device collective completes only once the device collective
+// has.
+TEST(EngineDeviceTest, NegotiatesWhileDeviceWorkIsInFlight) {
+  const int size = 2;
+  DeviceJob job(size, milliseconds(1));
+  OnRanks(size, [&](int rank) {
+    std::vector<float> gpu(1000, 1.0f);
+    FakeEvent producer_done;
+    QueueEntry held =
+        Entry(Request("gpu", OpType::kAllreduce, DType::kFloat32, {1000}), gpu.data(), gpu.data());
+    held.ready_event = &producer_done;
+    auto slow = Submit(job[rank], std::move(held));
+    ASSERT_TRUE(slow->WaitLaunched(Deadline::After(milliseconds(20000))).ok());
+    for (int round = 0; round < 20; ++round) {
+      std::vector<float> cpu(100000, static_cast<float>(rank + round));
+      auto s = Submit(job[rank], Entry(Request("cpu" + std::to_string(round), OpType::kAllreduce,
+                                               DType::kFloat32, {100000}, -1),
+                                       cpu.data(), cpu.data()));
+      ASSERT_TRUE(Await(s).ok());
+      EXPECT_EQ(cpu[99999], static_cast<float>(1 + 2 * round));
+    }
+    EXPECT_FALSE(slow->done());
+    QueueEntry bye =
+        Entry(Request(job[rank].NextBarrierName(), OpType::kBarrier, DType::kUint8, {}, -1),
+              nullptr, nullptr);
+    auto barrier = Submit(job[rank], std::move(bye));
+    EXPECT_FALSE(barrier->Wait(Deadline::After(milliseconds(200))))
+        << "a barrier completed before the device work before it";
+    producer_done.set.store(true);
+    ASSERT_TRUE(Await(barrier).ok());
+    EXPECT_TRUE(slow->done());
+    ASSERT_TRUE(slow->status().ok());
+    EXPECT_EQ(gpu[0], 2.0f);
+  });
+  EXPECT_GT(job.world().CollectivesOn(0) + job.world().CollectivesOn(1), 0u);
+  EXPECT_EQ(job.devices().completed(), 1u);
+}
+
+// CPU and device tensors in one group go to different backends and are never fused together.
+TEST(EngineDeviceTest, MixedGroupSplitsByDevice) {
+  const int size = 2;
+  DeviceJob job(size, milliseconds(5), [](Config& c) { c.inline_threshold_bytes = 0; });
+  OnRanks(size, [&](int rank) {
+    std::vector<std::vector<double>> bufs(8, std::vector<double>(64, rank + 1.0));
+    std::vector<std::shared_ptr<RequestState>> states;
+    ASSERT_TRUE(job[rank].GroupStart().ok());
+    for (int k = 0; k < 8; ++k) {
+      states.push_back(Submit(job[rank], Entry(Request("x" + std::to_string(k), OpType::kAllreduce,
+                                                       DType::kFloat64, {64}, k % 2 ? kGpu : -1),
+                                               bufs[k].data(), bufs[k].data())));
+    }
+    ASSERT_TRUE(job[rank].GroupEnd().ok());
+    for (int k = 0; k < 8; ++k) {
+      ASSERT_TRUE(Await(states[k]).ok());
+      EXPECT_EQ(bufs[k], std::vector<double>(64, 3.0));
+    }
+  });
+  EXPECT_EQ(job.devices().completed(), 1u);  // the four device tensors: one fused collective
+  EXPECT_EQ(job.world().CollectivesOn(0) + job.world().CollectivesOn(1), 1u);  // the CPU ones
+}
+
+// The ready event: the collective reads its input only once the producer has set it.
+TEST(EngineDeviceTest, WaitsForTheReadyEventAndSignalsStreams) {
+  const int size = 2;
+  DeviceJob job(size, milliseconds(300));
+  OnRanks(size, [&](int rank) {
+    std::vector<int32_t> data(16, -100);  // the producer has not written it yet
+    FakeEvent ready;
+    QueueEntry e =
+        Entry(Request("ev", OpType::kAllreduce, DType::kInt32, {16}), data.data(), data.data());
+    e.ready_event = &ready;
+    auto state = Submit(job[rank], std::move(e));
+    // The consumer orders its stream after the collective without waiting for it.
+    auto launched = state->WaitLaunched(Deadline::After(milliseconds(5000)));
+    ASSERT_TRUE(launched.ok()) << launched.status().ToString();
+    ASSERT_NE(*launched, nullptr);
+    FakeStream consumer;
+    ASSERT_TRUE((*launched)->StreamWait(&consumer).ok());
+    EXPECT_FALSE(consumer.Idle());
+    std::this_thread::sleep_for(milliseconds(50));
+    std::fill(data.begin(), data.end(), rank + 1);
+    ready.set.store(true);
+    ASSERT_TRUE(Await(state).ok());
+    EXPECT_EQ(data, std::vector<int32_t>(16, 3));
+    EXPECT_TRUE(consumer.Idle());
+    // Once complete there is nothing left to wait for on the device.
+    auto after = state->WaitLaunched(Deadline::After(milliseconds(0)));
+    ASSERT_TRUE(after.ok());
+    EXPECT_EQ(*after, nullptr);
+  });
+}
+
+// A peer whose device collective never arrives: the others get kTimeout within the deadline,
+// every engine fails, and the job shuts down cleanly.
+TEST(EngineDeviceTest, PeerThatNeverArrivesTimesOut) {
+  const int size = 2;
+  DeviceJob job(size, milliseconds(1), [](Config& c) { c.timeout_s = 1.0; });
+  job.devices().Stall(1);
+  const auto start = Clock::now();
+  OnRanks(size, [&](int rank) {
+    std::vector<float> data(8, 1.0f);
+    auto state = Submit(job[rank], Entry(Request("hang", OpType::kAllreduce, DType::kFloat32, {8}),
+                                         data.data(), data.data()));
+    Status s = Await(state, milliseconds(10000));
+    EXPECT_EQ(s.code(), Code::kTimeout) << "rank " << rank << ": " << s.ToString();
+  });
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
+  for (int r = 0; r < size; ++r) {
+    for (int i = 0; i < 500 && job[r].failure().ok(); ++i)
+      std::this_thread::sleep_for(milliseconds(10));
+    EXPECT_EQ(job[r].failure().code(), Code::kTimeout) << job[r].failure().ToString();
+    // Later work fails: refused, or (enqueued while the engine was closing) completed with the
+    // error.
+    std::vector<float> more(1);
+    QueueEntry e =
+        Entry(Request("later", OpType::kAllreduce, DType::kFloat32, {1}), more.data(), more.data());
+    auto state = e.state;
+    if (job[r].Enqueue(std::move(e)).ok()) {
+      EXPECT_FALSE(Await(state).ok());
+    }
+  }
+}
+
+// Refused at enqueue, with a message naming why; nothing is queued.
+TEST(EngineDeviceTest, ValidationErrors) {
+  DeviceJob job(1, milliseconds(0));
+  std::vector<float> data(4);
+  FakeEvent ev;
+  auto expect = [&](QueueEntry e, Code code, const std::string& text) {
+    Status s = job[0].Enqueue(std::move(e));
+    EXPECT_EQ(s.code(), code) << s.ToString();
+    EXPECT_NE(s.message().find(text), std::string::npos) << s.message();
+  };
+  QueueEntry cpu_with_event =
+      Entry(Request("a", OpType::kAllreduce, DType::kFloat32, {4}, -1), data.data(), data.data());
+  cpu_with_event.ready_event = &ev;
+  expect(std::move(cpu_with_event), Code::kInvalidArgument, "CPU tensor");
+  QueueEntry cpu_with_stream =
+      Entry(Request("b", OpType::kAllreduce, DType::kFloat32, {4}, -1), data.data(), data.data());
+  cpu_with_stream.ready_stream = &ev;
+  expect(std::move(cpu_with_stream), Code::kInvalidArgument, "CPU tensor");
+  expect(Entry(Request("c", OpType::kAllreduce, DType::kFloat32, {4}, 7), data.data(), data.data()),
+         Code::kUnavailable, "does not exist");
+  expect(Entry(Request("d", OpType::kAllreduce, DType::kFloat32, {4}, 0), data.data(), data.data()),
+         Code::kInvalidArgument, "runs on CUDA device 1");
+  expect(
+      Entry(Request("e", OpType::kAllreduce, DType::kFloat32, {4}, -2), data.data(), data.data()),
+      Code::kInvalidArgument, "neither the CPU");
+  expect(Entry(Request("f", OpType::kAllgather, DType::kFloat32, {4}), data.data(), nullptr),
+         Code::kInvalidArgument, "needs an output buffer");
+
+  DeviceJob cpu_only(1, milliseconds(0), nullptr, /*with_device=*/false);
+  Status s = cpu_only[0].Enqueue(
+      Entry(Request("g", OpType::kAllreduce, DType::kFloat32, {4}), data.data(), data.data()));
+  EXPECT_EQ(s.code(), Code::kUnavailable);
+  EXPECT_NE(s.message().find("no GPU here (test)"), std::string::npos) << s.message();
+  // A size-1 and a size-0 tensor on a 1-rank job still go through the device backend.
+  std::vector<float> one(1, 2.5f);
+  auto ok1 = Submit(job[0], Entry(Request("h", OpType::kAllreduce, DType::kFloat32, {1}),
+                                  one.data(), one.data()));
+  auto ok0 = Submit(
+      job[0], Entry(Request("i", OpType::kAllreduce, DType::kFloat32, {0}), nullptr, nullptr));
+  ASSERT_TRUE(Await(ok1).ok());
+  ASSERT_TRUE(Await(ok0).ok());
+  EXPECT_EQ(one[0], 2.5f);
+  EXPECT_GE(job.devices().completed(), 1u);  // one collective, or two when not fused
+  EXPECT_EQ(job[0].stats().device_launches.load(), job.devices().completed());
+}
+
+}  // namespace
+}  // namespace concord

@@ -1,0 +1,290 @@
+#include "tests/unit/inproc_device.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "tests/common/typed_elements.h"
+
+namespace concord {
+namespace {
+
+class FakeDeviceEvent : public DeviceEvent {
+ public:
+  explicit FakeDeviceEvent(std::shared_ptr<std::atomic<bool>> finished)
+      : finished_(std::move(finished)) {}
+  Status StreamWait(void* stream) override {
+    if (stream == nullptr) return InvalidArgument("StreamWait: the stream is NULL");
+    auto* s = static_cast<FakeStream*>(stream);
+    std::lock_guard<std::mutex> lock(s->mu);
+    s->waits.push_back(finished_);
+    return Status::Ok();
+  }
+
+ private:
+  std::shared_ptr<std::atomic<bool>> finished_;
+};
+
+bool EventSet(void* event) {
+  return event == nullptr || static_cast<FakeEvent*>(event)->set.load();
+}
+
+bool SameShape(const DeviceCollective& a, const DeviceCollective& b) {
+  if (a.kind != b.kind || a.dtype != b.dtype || a.op != b.op || a.prescale != b.prescale ||
+      a.postscale != b.postscale || a.root != b.root || a.bytes_per_rank != b.bytes_per_rank ||
+      a.tensors.size() != b.tensors.size()) {
+    return false;
+  }
+  if (a.kind == DeviceOpKind::kAllgatherv) return true;  // counts are per rank
+  for (size_t t = 0; t < a.tensors.size(); ++t) {
+    if (a.tensors[t].count != b.tensors[t].count) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+class InProcDeviceBackend : public DeviceBackend {
+ public:
+  InProcDeviceBackend(InProcDeviceWorld* world, int rank, int device)
+      : world_(world), rank_(rank), device_(device) {}
+  ~InProcDeviceBackend() override {
+    Abort(Status(Code::kNotInitialized, "the device backend was destroyed"));
+    std::unique_lock<std::mutex> lock(world_->mu_);
+    world_->cv_.wait(lock, [&] { return !world_->ranks_[rank_].running; });
+  }
+
+  const char* name() const override { return "inproc-device"; }
+  int rank() const override { return rank_; }
+  int size() const override { return world_->size_; }
+  int device() const override { return device_; }
+
+  Status CheckDevice(int device) const override {
+    if (device < 0 || device >= world_->devices_) {
+      return Status(Code::kUnavailable, "CUDA device " + std::to_string(device) +
+                                            " does not exist (" + std::to_string(world_->devices_) +
+                                            " devices)");
+    }
+    if (device != device_) {
+      return InvalidArgument("this communicator runs on CUDA device " + std::to_string(device_));
+    }
+    return Status::Ok();
+  }
+
+  StatusOr<std::shared_ptr<DeviceEvent>> Launch(const DeviceCollective& c, Done done) override {
+    if (c.tensors.empty() || (c.kind != DeviceOpKind::kAllreduce && c.tensors.size() != 1)) {
+      return InvalidArgument("inproc-device: wrong number of tensors");
+    }
+    if (c.kind == DeviceOpKind::kAllgatherv &&
+        c.bytes_per_rank.size() != static_cast<size_t>(world_->size_)) {
+      return InvalidArgument("inproc-device: allgatherv needs one byte count per rank");
+    }
+    auto finished = std::make_shared<std::atomic<bool>>(false);
+    std::lock_guard<std::mutex> lock(world_->mu_);
+    const Status& aborted = world_->ranks_[rank_].aborted;
+    if (!aborted.ok()) return aborted;
+    world_->ranks_[rank_].queue.push_back({c, std::move(done), finished});
+    world_->cv_.notify_all();
+    return std::shared_ptr<DeviceEvent>(std::make_shared<FakeDeviceEvent>(finished));
+  }
+
+  Status Drain(Deadline deadline) override {
+    std::unique_lock<std::mutex> lock(world_->mu_);
+    auto& me = world_->ranks_[rank_];
+    auto idle = [&] { return me.queue.empty(); };
+    if (deadline.infinite()) {
+      world_->cv_.wait(lock, idle);
+    } else if (!world_->cv_.wait_until(lock, deadline.at(), idle)) {
+      return TimeoutError("inproc-device: collectives still in flight at the deadline");
+    }
+    return me.aborted;
+  }
+
+  void Abort(const Status& status) override {
+    std::vector<std::function<void()>> callbacks;
+    {
+      std::lock_guard<std::mutex> lock(world_->mu_);
+      callbacks = world_->Break(rank_, status);
+    }
+    for (auto& cb : callbacks) cb();
+  }
+
+ private:
+  InProcDeviceWorld* const world_;
+  const int rank_;
+  const int device_;
+};
+
+InProcDeviceWorld::InProcDeviceWorld(int size, std::chrono::milliseconds delay, int devices)
+    : size_(size), delay_(delay), devices_(devices), ranks_(size), worker_([this] { Loop(); }) {}
+
+InProcDeviceWorld::~InProcDeviceWorld() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  worker_.join();
+}
+
+std::unique_ptr<DeviceBackend> InProcDeviceWorld::MakeBackend(int rank, int device) {
+  return std::make_unique<InProcDeviceBackend>(this, rank, device);
+}
+
+void InProcDeviceWorld::Stall(int rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ranks_[rank].stalled = true;
+}
+
+uint64_t InProcDeviceWorld::completed() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return completed_;
+}
+
+std::vector<std::function<void()>> InProcDeviceWorld::Break(int rank, const Status& status) {
+  std::vector<std::function<void()>> callbacks;
+  for (int r = 0; r < size_; ++r) {
+    RankState& s = ranks_[r];
+    const Status mine = r == rank
+                            ? status
+                            : Status(Code::kPeerFailure,
+                                     "rank " + std::to_string(rank) +
+                                         " aborted its device communicator: " + status.message());
+    if (s.aborted.ok()) s.aborted = mine;
+    if (s.stalled && r != rank) continue;  // hung: only its own Abort() ends its work
+    // A front the worker is completing finishes normally; everything behind it fails.
+    const size_t keep = s.running ? 1 : 0;
+    while (s.queue.size() > keep) {
+      Pending p = std::move(s.queue.back());
+      s.queue.pop_back();
+      p.finished->store(true);
+      callbacks.push_back([done = std::move(p.done), mine] { done(mine); });
+    }
+  }
+  // Launch order: the callbacks were collected back to front per rank.
+  std::reverse(callbacks.begin(), callbacks.end());
+  cv_.notify_all();
+  return callbacks;
+}
+
+bool InProcDeviceWorld::FrontsReady() const {
+  for (const RankState& s : ranks_) {
+    if (s.stalled || s.queue.empty()) return false;
+    for (const DeviceTensor& t : s.queue.front().collective.tensors) {
+      if (!EventSet(t.ready_event) || !EventSet(t.ready_stream)) return false;
+    }
+  }
+  return true;
+}
+
+bool InProcDeviceWorld::Compute(const std::vector<Pending*>& fronts) {
+  std::vector<const DeviceCollective*> all;
+  for (const Pending* p : fronts) all.push_back(&p->collective);
+  for (const auto* c : all) {
+    if (!SameShape(*c, *all[0])) return false;
+  }
+  const DeviceCollective& c0 = *all[0];
+  const size_t elem = DTypeSize(c0.dtype);
+  if (c0.kind == DeviceOpKind::kAllgatherv) {
+    std::vector<uint8_t> gathered;
+    for (int r = 0; r < size_; ++r) {
+      const auto* in = static_cast<const uint8_t*>(all[r]->tensors[0].input);
+      gathered.insert(gathered.end(), in, in + c0.bytes_per_rank[r]);
+    }
+    for (const auto* c : all) {
+      if (c->tensors[0].output != nullptr && !gathered.empty()) {
+        std::memcpy(c->tensors[0].output, gathered.data(), gathered.size());
+      }
+    }
+    return true;
+  }
+  for (size_t t = 0; t < c0.tensors.size(); ++t) {
+    const size_t n = c0.tensors[t].count;
+    std::vector<uint8_t> acc(n * elem);
+    if (n == 0) continue;
+    if (c0.kind == DeviceOpKind::kBroadcast) {
+      std::memcpy(acc.data(), all[c0.root]->tensors[t].input, acc.size());
+      for (const auto* c : all) std::memcpy(c->tensors[t].output, acc.data(), acc.size());
+      continue;
+    }
+    std::vector<uint8_t> scaled(n * elem);
+    for (int r = 0; r < size_; ++r) {
+      CopyScaled(r == 0 ? acc.data() : scaled.data(), all[r]->tensors[t].input, n, c0.dtype,
+                 c0.prescale);
+      if (r > 0) ReduceElements(acc.data(), acc.data(), scaled.data(), n, c0.dtype, c0.op);
+    }
+    double post = c0.postscale;
+    if (c0.op == ReduceOp::kAverage) {
+      if (IsFloatingPoint(c0.dtype)) {
+        post /= size_;
+      } else {
+        for (size_t i = 0; i < n; ++i) {
+          const double v = testing_elements::LoadElement(c0.dtype, acc.data(), i);
+          testing_elements::StoreElement(c0.dtype, acc.data(), i, std::trunc(v / size_));
+        }
+      }
+    }
+    for (const auto* c : all) CopyScaled(c->tensors[t].output, acc.data(), n, c0.dtype, post);
+  }
+  return true;
+}
+
+void InProcDeviceWorld::Loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    // A collective past its deadline (on a rank that is not stalled) breaks the world.
+    int late = -1;
+    for (int r = 0; r < size_ && late < 0; ++r) {
+      const RankState& s = ranks_[r];
+      if (!s.stalled && !s.running && !s.queue.empty() &&
+          s.queue.front().collective.deadline.passed()) {
+        late = r;
+      }
+    }
+    if (late >= 0) {
+      auto callbacks = Break(late, TimeoutError("inproc-device: collective not finished by its "
+                                                "deadline (a peer never arrived)"));
+      lock.unlock();
+      for (auto& cb : callbacks) cb();
+      lock.lock();
+      continue;
+    }
+    if (FrontsReady()) {
+      // The fronts stay put while running (Launch appends, Break spares them).
+      std::vector<Pending*> fronts;
+      for (RankState& s : ranks_) {
+        s.running = true;
+        fronts.push_back(&s.queue.front());
+      }
+      lock.unlock();
+      std::this_thread::sleep_for(delay_);
+      const bool ok = Compute(fronts);
+      const Status status =
+          ok ? Status::Ok()
+             : Status(Code::kInternal, "inproc-device: ranks launched different collectives");
+      lock.lock();
+      if (ok) ++completed_;  // counted before any rank learns of it
+      lock.unlock();
+      for (Pending* p : fronts) {
+        p->finished->store(true);
+        p->done(status);
+      }
+      lock.lock();
+      for (RankState& s : ranks_) {
+        s.queue.pop_front();
+        s.running = false;
+      }
+      cv_.notify_all();
+      continue;
+    }
+    bool pending = false;
+    for (const RankState& s : ranks_) pending = pending || !s.queue.empty();
+    if (pending) {
+      cv_.wait_for(lock, std::chrono::milliseconds(1));  // poll events and deadlines
+    } else {
+      cv_.wait(lock);
+    }
+  }
+}
+
+}  // namespace concord

@@ -1,0 +1,98 @@
+// An in-process, asynchronous fake of a device backend (backends/device_backend.h) for engine
+// tests: ranks are threads, "device memory" is host memory, and one worker thread plays the GPUs
+// and the network. A collective completes on that worker thread, a configurable delay after every
+// rank has launched it, so the engine's asynchronous device path runs on the CPU.
+//
+// Stand-ins for CUDA objects: a ready stream or ready event given with a tensor is a FakeEvent*
+// (the collective reads its inputs only once the event is set); StreamWait() takes a FakeStream*
+// and records there that the stream must wait for the collective.
+//
+// Contract: as DeviceBackend's (completions in launch order, on the worker thread, never inside
+// Launch(); a collective past its deadline fails with kTimeout and breaks the world, failing every
+// other rank's collectives in flight with kPeerFailure). A stalled rank's launches are accepted
+// but never take part, as if its GPU or its peer link hung: only its own Abort() ends them. The
+// world must outlive its backends (hold it in a shared_ptr); all methods are thread-safe.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "backends/device_backend.h"
+
+namespace concord {
+
+// Set by a producer once the tensor's data is written.
+struct FakeEvent {
+  std::atomic<bool> set{false};
+};
+
+// Records the collectives a stream was made to wait for.
+struct FakeStream {
+  std::mutex mu;
+  std::vector<std::shared_ptr<std::atomic<bool>>> waits;  // each: the collective has finished
+  // True when every collective the stream waits for has finished.
+  bool Idle() {
+    std::lock_guard<std::mutex> lock(mu);
+    for (const auto& w : waits) {
+      if (!w->load()) return false;
+    }
+    return true;
+  }
+};
+
+class InProcDeviceWorld {
+ public:
+  // `devices`: the fake CUDA devices that exist (ids 0 .. devices-1).
+  InProcDeviceWorld(int size, std::chrono::milliseconds delay, int devices = 2);
+  ~InProcDeviceWorld();
+  InProcDeviceWorld(const InProcDeviceWorld&) = delete;
+  InProcDeviceWorld& operator=(const InProcDeviceWorld&) = delete;
+
+  std::unique_ptr<DeviceBackend> MakeBackend(int rank, int device);
+  // From now on `rank`'s launches never take part in a collective.
+  void Stall(int rank);
+  // Collectives completed successfully (counted once per collective, not per rank).
+  uint64_t completed();
+
+ private:
+  friend class InProcDeviceBackend;
+  struct Pending {
+    DeviceCollective collective;
+    DeviceBackend::Done done;
+    std::shared_ptr<std::atomic<bool>> finished;
+  };
+  struct RankState {
+    std::deque<Pending> queue;  // launched, not yet completed, in launch order
+    bool stalled = false;
+    bool running = false;  // the worker is completing this rank's front collective
+    Status aborted;        // set by Abort(): later launches fail with it
+  };
+
+  void Loop();
+  // Whether every rank's front collective is ready to run (launched, not stalled, inputs ready).
+  bool FrontsReady() const;
+  // Computes the collective at every rank's front into its outputs; false when they mismatch.
+  bool Compute(const std::vector<Pending*>& fronts);
+  // Fails what is queued: `rank`'s with `status`, every other rank's with kPeerFailure. Needs mu_;
+  // returns the callbacks to run once it is released.
+  std::vector<std::function<void()>> Break(int rank, const Status& status);
+
+  const int size_;
+  const std::chrono::milliseconds delay_;
+  const int devices_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<RankState> ranks_;
+  uint64_t completed_ = 0;
+  bool stop_ = false;
+  std::thread worker_;
+};
+
+}  // namespace concord
