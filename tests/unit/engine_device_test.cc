@@ -13,23 +13,20 @@
 
 #include "core/engine.h"
 #include "tests/common/typed_elements.h"
+#include "tests/unit/engine_test_util.h"
 #include "tests/unit/inproc_device.h"
 #include "tests/unit/inproc_transport.h"
 
 namespace concord {
 namespace {
 
+using engine_testing::OnRanks;
 using std::chrono::milliseconds;
 using testing_elements::LoadElement;
 using testing_elements::StoreElement;
 
 constexpr int kGpu = 1;  // the fake device every rank's tensors live on (devices 0 and 1 exist)
 
-void OnRanks(int size, const std::function<void(int)>& fn) {
-  std::vector<std::thread> threads;
-  for (int r = 0; r < size; ++r) threads.emplace_back(fn, r);
-  for (auto& t : threads) t.join();
-}
 
 // A job whose engines have a CPU world and, unless `with_device` is false, a fake device world
 // (collectives complete `delay` after the last rank launched them).
