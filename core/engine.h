@@ -1,6 +1,8 @@
 // The engine: one per communicator. It owns the tensor queue, the response cache, the coordinator
-// (on rank 0), the fusion buffer, the control plane and the backend, and one background thread
-// that negotiates and executes. Nothing in it is process-global.
+// (on rank 0), the control plane, the lanes (backends and their buffers), the device backend, the
+// compressors and their per-tensor state, and one background thread that negotiates and executes.
+// Nothing in it is process-global. Small CPU allreduces travel with their negotiation and come
+// back reduced by the coordinator (coordinator.h); compressed ones run in engine_compression.cc.
 //
 // Threading: Enqueue(), GroupStart()/GroupEnd() and the accessors may be called from any thread.
 // The background thread is the only one that touches the control plane, the cache, the
