@@ -177,8 +177,7 @@ Status Engine::Enqueue(QueueEntry entry) {
     if (r.compression == "none") {
       r.compression.clear();
     } else if (r.device != -1) {
-      return Status(Code::kUnavailable, "tensor '" + r.name + "': compression '" +
-                                            r.compression +
+      return Status(Code::kUnavailable, "tensor '" + r.name + "': compression '" + r.compression +
                                             "' runs on CPU tensors only in this version");
     } else {
       entry.compressor = std::move(*compressor);

@@ -64,7 +64,7 @@ struct Options {
   std::vector<std::string> raw_algos = {"ring", "ring_chunked", "halving_doubling", "bcube",
                                         "allreduce"};
   std::string json;
-  std::string backend = "gloo";  // gloo, mpi: CPU buffers; nccl: GPU buffers
+  std::string backend = "gloo";           // gloo, mpi: CPU buffers; nccl: GPU buffers
   std::vector<std::string> compressions;  // workload mode: extra rows, one per compressor spec
 };
 
@@ -397,8 +397,8 @@ int RunSweep(concord_comm_t comm, const Options& o, int rank, int size, Store* s
     rows->push_back(concord_row);
     if (rank == 0) PrintRow(concord_row);
     if (raw_mpi) {
-      const double t = TimeRawMpi(comm, rank, static_cast<float*>(b.in), rounded / 4,
-                                  o.warmup, o.iters, "sweep");
+      const double t = TimeRawMpi(comm, rank, static_cast<float*>(b.in), rounded / 4, o.warmup,
+                                  o.iters, "sweep");
       if (t > 0) {
         Row r = MakeRow(o.op, "raw MPI_Allreduce", size, rounded, t);
         rows->push_back(r);

@@ -113,7 +113,7 @@ typedef struct concord_config {
   int64_t direct_threshold_bytes;
   /** -1: environment or 2; data-plane lanes whose collectives run concurrently (1 to 8) */
   int lanes;
-  const char* backend;            /**< "gloo", "mpi" or "auto"; NULL: CONCORD_BACKEND or "gloo" */
+  const char* backend; /**< "gloo", "mpi" or "auto"; NULL: CONCORD_BACKEND or "gloo" */
   /** the compression of allreduces that name none; NULL: CONCORD_COMPRESSION or "none" */
   const char* compression;
 } concord_config_t;
@@ -255,8 +255,7 @@ CONCORD_API concord_status_t concord_request_output(concord_request_t request, v
  *  sends (2(n-1)/n of the encoded bytes for a ring allreduce, (n-1) times them for top-k's
  *  allgather, the inline copies through rank 0); estimates for allgather ((n-1)/n of the result)
  *  and broadcast (one copy); 0 for a barrier and with one rank. IN_PROGRESS while running. */
-CONCORD_API concord_status_t concord_request_wire_bytes(concord_request_t request,
-                                                        uint64_t* bytes);
+CONCORD_API concord_status_t concord_request_wire_bytes(concord_request_t request, uint64_t* bytes);
 /**
  * For an operation on CUDA tensors, like torch's Work.wait(): makes `stream` (a cudaStream_t) wait
  * on the GPU until the operation has finished, so work queued on it afterwards sees the result.

@@ -27,7 +27,6 @@ using testing_elements::StoreElement;
 
 constexpr int kGpu = 1;  // the fake device every rank's tensors live on (devices 0 and 1 exist)
 
-
 // A job whose engines have a CPU world and, unless `with_device` is false, a fake device world
 // (collectives complete `delay` after the last rank launched them).
 class DeviceJob {
