@@ -33,42 +33,26 @@ class DeviceJob {
  public:
   DeviceJob(int size, milliseconds delay, const std::function<void(Config&)>& tweak = nullptr,
             bool with_device = true)
-      : world_(std::make_shared<InProcWorld>(size, milliseconds(20000))),
-        devices_(std::make_shared<InProcDeviceWorld>(size, delay)) {
-    for (int r = 0; r < size; ++r) {
-      Config c;
-      c.rank = r;
-      c.size = size;
-      c.log_level = 0;
-      if (tweak) tweak(c);
-      EXPECT_TRUE(c.Finalize().ok());
-      std::vector<std::unique_ptr<Backend>> lanes;
-      for (int lane = 0; lane < c.lanes; ++lane) lanes.push_back(world_->MakeBackend(r, lane));
-      DevicePlane plane;
-      if (with_device) {
-        plane.backend = devices_->MakeBackend(r, kGpu);
-        plane.unavailable = Status::Ok();
-      } else {
-        plane.unavailable = Status(Code::kUnavailable, "no GPU here (test)");
-      }
-      // The device world outlives the engines: it is destroyed after them, with the job.
-      engines_.push_back(std::make_unique<Engine>(c, world_->MakeControlPlane(r), std::move(lanes),
-                                                  world_, std::move(plane)));
-    }
-  }
-  ~DeviceJob() {
-    OnRanks(size(), [this](int rank) { engines_[rank]->Shutdown(); });
-    engines_.clear();
-  }
-  int size() const { return static_cast<int>(engines_.size()); }
-  Engine& operator[](int rank) { return *engines_[rank]; }
-  InProcWorld& world() { return *world_; }
+      : devices_(std::make_shared<InProcDeviceWorld>(size, delay)),
+        job_(size, tweak, milliseconds(20000), [this, with_device](int r) {
+          DevicePlane plane;
+          if (with_device) {
+            plane.backend = devices_->MakeBackend(r, kGpu);
+            plane.unavailable = Status::Ok();
+          } else {
+            plane.unavailable = Status(Code::kUnavailable, "no GPU here (test)");
+          }
+          return plane;
+        }) {}
+  int size() const { return job_.size(); }
+  Engine& operator[](int rank) { return job_[rank]; }
+  InProcWorld& world() { return job_.world(); }
   InProcDeviceWorld& devices() { return *devices_; }
 
  private:
-  std::shared_ptr<InProcWorld> world_;
+  // Declared first: the device world outlives the engines, which the job destroys.
   std::shared_ptr<InProcDeviceWorld> devices_;
-  std::vector<std::unique_ptr<Engine>> engines_;
+  engine_testing::Job job_;
 };
 
 TensorRequest Request(const std::string& name, OpType op, DType dtype, std::vector<int64_t> shape,

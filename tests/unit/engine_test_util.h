@@ -27,13 +27,15 @@ inline void OnRanks(int size, const std::function<void(int)>& fn) {
 }
 
 // A job of `size` engines whose ranks are threads of this process, joined by one InProcWorld.
-// `tweak` may change each rank's Config before Finalize(). All engines shut down together (their
-// Shutdown() is a negotiated barrier) before any is destroyed, so tearing down never looks like a
-// rank dying.
+// `tweak` may change each rank's Config before Finalize(); `device`, when given, makes each
+// rank's device plane (whatever it uses must outlive the job). All engines shut down together
+// (their Shutdown() is a negotiated barrier) before any is destroyed, so tearing down never looks
+// like a rank dying.
 class Job {
  public:
   explicit Job(int size, const std::function<void(Config&)>& tweak = nullptr,
-               milliseconds backend_timeout = milliseconds(20000))
+               milliseconds backend_timeout = milliseconds(20000),
+               const std::function<DevicePlane(int rank)>& device = nullptr)
       : world_(std::make_shared<InProcWorld>(size, backend_timeout)) {
     for (int r = 0; r < size; ++r) {
       Config c;
@@ -44,12 +46,13 @@ class Job {
       EXPECT_TRUE(c.Finalize().ok());
       std::vector<std::unique_ptr<Backend>> lanes;
       for (int lane = 0; lane < c.lanes; ++lane) lanes.push_back(world_->MakeBackend(r, lane));
-      engines_.push_back(
-          std::make_unique<Engine>(c, world_->MakeControlPlane(r), std::move(lanes), world_));
+      engines_.push_back(std::make_unique<Engine>(c, world_->MakeControlPlane(r), std::move(lanes),
+                                                  world_, device ? device(r) : DevicePlane()));
     }
   }
   ~Job() {
     OnRanks(size(), [this](int rank) { engines_[rank]->Shutdown(); });
+    engines_.clear();
   }
   int size() const { return static_cast<int>(engines_.size()); }
   Engine& operator[](int rank) { return *engines_[rank]; }
