@@ -14,6 +14,7 @@
 #include "compression/registry.h"
 #include "compression/topk.h"
 #include "tests/common/typed_elements.h"
+#include "tests/compression/compression_test_util.h"
 
 namespace concord {
 namespace compression {
@@ -26,18 +27,8 @@ constexpr DType kAllDTypes[] = {DType::kUint8,   DType::kInt8,    DType::kInt32,
                                 DType::kFloat32, DType::kFloat64};
 constexpr size_t kSizes[] = {0, 1, 17, 1001, (1 << 20) + 3};
 
-std::unique_ptr<Compressor> Make(const std::string& spec) {
-  auto c = CreateCompressor(spec);
-  EXPECT_TRUE(c.ok()) << c.status().ToString();
-  return std::move(*c);
-}
-
-// An 8-byte-aligned buffer of at least `bytes`.
-struct Buffer {
-  explicit Buffer(size_t bytes) : words(bytes / 8 + 1) {}
-  uint8_t* data() { return reinterpret_cast<uint8_t*>(words.data()); }
-  std::vector<uint64_t> words;
-};
+using testing_util::Buffer;
+using testing_util::Make;
 
 // Random data of `dtype` (as raw bytes in an aligned buffer), values in the fp16 normal range.
 Buffer RandomTensor(DType dtype, size_t n, uint32_t seed) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "compression/registry.h"
+#include "tests/compression/compression_test_util.h"
 
 namespace concord {
 namespace compression {
@@ -175,18 +176,8 @@ TEST(TopkTest, SelectionRefusesBadArguments) {
           .ok());
 }
 
-std::unique_ptr<Compressor> Make(const std::string& spec) {
-  auto c = CreateCompressor(spec);
-  EXPECT_TRUE(c.ok()) << c.status().ToString();
-  return std::move(*c);
-}
-
-// An 8-byte-aligned buffer of at least `bytes`.
-struct Buffer {
-  explicit Buffer(size_t bytes) : words(bytes / 8 + 1) {}
-  uint8_t* data() { return reinterpret_cast<uint8_t*>(words.data()); }
-  std::vector<uint64_t> words;
-};
+using testing_util::Buffer;
+using testing_util::Make;
 
 TEST(TopkCompressorTest, EncodedLayoutIsIndicesThenValues) {
   auto c = Make("topk:density=0.25,method=exact");
