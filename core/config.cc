@@ -98,6 +98,12 @@ StatusOr<Config> Config::FromEnvironment() {
   CONCORD_RETURN_IF_ERROR(ReadDouble("CONCORD_TIMEOUT_S", &c.timeout_s));
   CONCORD_RETURN_IF_ERROR(ReadInt({"CONCORD_CACHE_CAPACITY"}, &c.cache_capacity));
   CONCORD_RETURN_IF_ERROR(ReadInt({"CONCORD_LANES"}, &c.lanes));
+  int waiter_progress = c.waiter_progress ? 1 : 0;
+  CONCORD_RETURN_IF_ERROR(ReadInt({"CONCORD_WAITER_PROGRESS"}, &waiter_progress));
+  if (waiter_progress != 0 && waiter_progress != 1) {
+    return InvalidArgument("CONCORD_WAITER_PROGRESS must be 0 or 1");
+  }
+  c.waiter_progress = waiter_progress == 1;
   CONCORD_RETURN_IF_ERROR(ReadInt({"CONCORD_LOG_LEVEL"}, &c.log_level));
   CONCORD_RETURN_IF_ERROR(ReadDouble("CONCORD_STALL_WARNING_S", &c.stall_warning_s));
   CONCORD_RETURN_IF_ERROR(ReadDouble("CONCORD_STALL_SHUTDOWN_S", &c.stall_shutdown_s));

@@ -45,6 +45,8 @@ struct Config {
   // Data-plane lanes: backends with their own connections whose collectives run concurrently.
   int lanes = 2;
   static constexpr int kMaxLanes = 8;
+  // A thread waiting for a request runs the engine's steps itself (Engine's class comment).
+  bool waiter_progress = true;
   int log_level = 1;
   double stall_warning_s = 60.0;
   double stall_shutdown_s = 0.0;

@@ -238,7 +238,7 @@ Response Coordinator::Validate(const Pending& p) const {
 
 void Coordinator::ExpireStalled(Clock::time_point now, std::vector<Response>* errors) {
   if (stall_.shutdown.count() <= 0) return;
-  const std::string why = " within the stall shutdown time of " + Seconds(stall_.shutdown);
+  auto why = [this] { return " within the stall shutdown time of " + Seconds(stall_.shutdown); };
   for (auto it = bit_waits_.begin(); it != bit_waits_.end();) {
     if (now - it->second.first_seen < stall_.shutdown) {
       ++it;
@@ -255,7 +255,7 @@ void Coordinator::ExpireStalled(Clock::time_point now, std::vector<Response>* er
       if (present[r]) error.error_ranks.push_back(r);
     }
     error.error_message =
-        "tensor '" + error.request.name + "' was not submitted by " + MissingRanks(present) + why;
+        "tensor '" + error.request.name + "' was not submitted by " + MissingRanks(present) + why();
     errors->push_back(std::move(error));
     it = bit_waits_.erase(it);
   }
@@ -277,7 +277,7 @@ void Coordinator::ExpireStalled(Clock::time_point now, std::vector<Response>* er
       if (present[r]) error.error_ranks.push_back(r);
     }
     error.error_message =
-        "tensor '" + it->first + "' was not submitted by " + MissingRanks(present) + why;
+        "tensor '" + it->first + "' was not submitted by " + MissingRanks(present) + why();
     errors->push_back(std::move(error));
     arrival_.erase(std::find(arrival_.begin(), arrival_.end(), it->first));
     it = pending_.erase(it);
@@ -371,14 +371,17 @@ ResponseMessage Coordinator::TakeReady(Clock::time_point now) {
 
 std::vector<std::string> Coordinator::StallWarnings(Clock::time_point now) {
   std::vector<std::string> warnings;
-  const std::string after = " for more than " + Seconds(stall_.warning) +
-                            " (a rank skipped it, is slow, or submits a different name)";
+  // Runs every step: the text is built only for a warning.
+  auto after = [this] {
+    return " for more than " + Seconds(stall_.warning) +
+           " (a rank skipped it, is slow, or submits a different name)";
+  };
   for (auto& [name, p] : pending_) {
     if (p.warned || now - p.first_seen < stall_.warning) continue;
     p.warned = true;
     std::vector<bool> present(size_);
     for (int r = 0; r < size_; ++r) present[r] = p.by_rank[r].has_value();
-    warnings.push_back("tensor '" + name + "' is waiting for " + MissingRanks(present) + after);
+    warnings.push_back("tensor '" + name + "' is waiting for " + MissingRanks(present) + after());
   }
   for (auto& [bit, wait] : bit_waits_) {
     if (wait.warned || now - wait.first_seen < stall_.warning) continue;
@@ -386,7 +389,7 @@ std::vector<std::string> Coordinator::StallWarnings(Clock::time_point now) {
     std::vector<bool> present(size_);
     for (int r = 0; r < size_; ++r) present[r] = TestBit(bits_by_rank_[r], bit);
     warnings.push_back("tensor '" + cache_->Get(bit)->request.name + "' is waiting for " +
-                       MissingRanks(present) + after);
+                       MissingRanks(present) + after());
   }
   return warnings;
 }

@@ -120,11 +120,8 @@ Engine::Engine(const Config& config, std::unique_ptr<ControlPlane> control,
     : config_(config),
       keep_alive_(std::move(keep_alive)),
       control_(std::move(control)),
-      queue_([this] {
-        // Called by Push() outside the queue's lock; control_ lives until the thread is joined.
-        std::lock_guard<std::mutex> lock(failure_mu_);
-        if (control_wake_) control_wake_->Wake();
-      }),
+      // Called by Push() outside the queue's lock; control_ lives until the thread is joined.
+      queue_([this] { WakeEngine(); }),
       cache_(static_cast<size_t>(config.cache_capacity)) {
   control_wake_ = control_.get();
   for (size_t i = 0; i < lanes.size(); ++i) {
@@ -142,6 +139,8 @@ Engine::Engine(const Config& config, std::unique_ptr<ControlPlane> control,
     coordinator_ = std::make_unique<Coordinator>(config_.size, &cache_, stall);
   }
   device_ = std::move(device);
+  gate_ = std::make_shared<WaitGate>(
+      [this](RequestState& state, Deadline deadline) { Drive(state, deadline); });
   Log(LogLevel::kInfo, "started rank " + std::to_string(config_.rank) + " of " +
                            std::to_string(config_.size) + " on backend " +
                            lanes_.front().backend->name() + " (" + std::to_string(lanes_.size()) +
@@ -163,7 +162,7 @@ Status Engine::failure() const {
   return failure_;
 }
 
-Status Engine::Enqueue(QueueEntry entry) {
+Status Engine::Enqueue(QueueEntry entry, bool then_wait) {
   CONCORD_RETURN_IF_ERROR(ValidateEntry(entry, config_.size));
   CONCORD_RETURN_IF_ERROR(CheckDevice(entry));
   TensorRequest& r = entry.request;
@@ -199,7 +198,9 @@ Status Engine::Enqueue(QueueEntry entry) {
   }
   std::vector<QueueEntry> one;
   one.push_back(std::move(entry));
-  return queue_.Push(std::move(one));
+  // Drive() wakes the engine thread if it is in a step; a parked one need not run.
+  const bool wake = !then_wait || !config_.waiter_progress || OnEngineThread();
+  return queue_.Push(std::move(one), wake);
 }
 
 Status Engine::GroupStart() {
@@ -264,15 +265,19 @@ Status Engine::Shutdown() {
     std::vector<QueueEntry> entries;
     entries.push_back(std::move(bye));
     if (queue_.Push(std::move(entries)).ok()) {
-      finalized->Wait(Deadline::After(Millis(config_.timeout_s)));
+      Wait(*finalized, Deadline::After(Millis(config_.timeout_s)));
     }
   }
   stopping_.store(true);
+  { std::lock_guard<std::mutex> lock(park_mu_); }
+  park_cv_.notify_all();
   {
     std::lock_guard<std::mutex> lock(failure_mu_);
     if (control_wake_) control_wake_->Wake();
   }
   if (thread_.joinable()) thread_.join();
+  // Waiters driving notice stopping_ within a slice; later ones wait plainly.
+  gate_->Close();
   if (device_.backend) {
     // Normally drained by the finalize barrier; a lone rank waits here, at most the timeout.
     Status drained = device_.backend->Drain(Deadline::After(Millis(config_.timeout_s)));
@@ -326,7 +331,10 @@ void Engine::Fail(const Status& status) {
 
 bool Engine::OnEngineThread() const {
   const std::thread::id self = std::this_thread::get_id();
-  if (self == engine_thread_id_.load() || self == device_thread_id_.load()) return true;
+  if (self == engine_thread_id_.load() || self == device_thread_id_.load() ||
+      self == stepping_thread_.load()) {
+    return true;
+  }
   for (const auto& lane : lanes_) {
     if (lane.worker && self == lane.worker->id()) return true;
   }
@@ -335,15 +343,81 @@ bool Engine::OnEngineThread() const {
 
 void Engine::Loop() {
   engine_thread_id_.store(std::this_thread::get_id());
-  while (!stopping_.load()) {
-    Status s = Step();
-    if (!s.ok()) {
-      // Once the finalize barrier has run, peers close their connections as they please: that
-      // is the end of the job, not a failure.
-      if (!finalized_.load()) Fail(s);
-      return;
+  for (;;) {
+    Deadline limit = Deadline::Infinite();
+    {
+      // Parked while waiters drive; while resting, one polling step every kRestPoll.
+      std::unique_lock<std::mutex> lock(park_mu_);
+      parked_ = true;
+      while (!stopping_.load() && (drivers_ > 0 || resting_)) {
+        if (park_cv_.wait_for(lock, kRestPoll) == std::cv_status::timeout && drivers_ == 0 &&
+            resting_) {
+          limit = Deadline::After(std::chrono::milliseconds(0));
+          break;
+        }
+      }
+      parked_ = false;
+      if (stopping_.load()) return;
     }
+    std::lock_guard<std::mutex> step(step_mu_);
+    if (halted_ || !StepHolding(limit).ok()) return;
   }
+}
+
+void Engine::Drive(RequestState& state, Deadline deadline) {
+  if (!config_.waiter_progress || OnEngineThread()) return;
+  bool engine_stepping;
+  {
+    std::lock_guard<std::mutex> lock(park_mu_);
+    if (stopping_.load()) return;
+    ++drivers_;
+    resting_ = false;
+    engine_stepping = !parked_;
+  }
+  if (engine_stepping) {
+    // Its Receive() returns, it finishes the step and parks.
+    std::lock_guard<std::mutex> lock(failure_mu_);
+    if (control_wake_) control_wake_->Wake();
+  }
+  while (!state.done() && !deadline.passed()) {
+    std::lock_guard<std::mutex> step(step_mu_);
+    if (halted_ || stopping_.load()) break;
+    if (!StepHolding(deadline.Earlier(Deadline::After(kDriveSlice))).ok()) break;
+  }
+  bool resume;
+  {
+    std::lock_guard<std::mutex> lock(park_mu_);
+    if (--drivers_ == 0) resting_ = queue_.in_flight() == 0;
+    resume = drivers_ == 0 && !resting_;
+  }
+  if (resume) park_cv_.notify_all();
+}
+
+Status Engine::StepHolding(Deadline limit) {
+  stepping_thread_.store(std::this_thread::get_id());
+  Status s = Step(limit);
+  if (!s.ok()) {
+    halted_ = true;
+    // Once the finalize barrier has run, peers close their connections as they please: that is
+    // the end of the job, not a failure.
+    if (!finalized_.load()) Fail(s);
+  }
+  stepping_thread_.store(std::thread::id());
+  return s;
+}
+
+void Engine::WakeEngine() {
+  {
+    std::lock_guard<std::mutex> lock(failure_mu_);
+    if (control_wake_) control_wake_->Wake();
+  }
+  bool was_resting;
+  {
+    std::lock_guard<std::mutex> lock(park_mu_);
+    was_resting = resting_;
+    resting_ = false;
+  }
+  if (was_resting) park_cv_.notify_all();
 }
 
 Deadline Engine::NextWake() const {
@@ -365,11 +439,11 @@ Deadline Engine::NextWake() const {
   return d;
 }
 
-Status Engine::Step() {
+Status Engine::Step(Deadline limit) {
   // Wait for a message or a wake-up; then take every message already there; then the queue.
   // The queue is read after the last Receive, so a wake-up consumed there is never lost.
   ControlMessage message;
-  CONCORD_ASSIGN_OR_RETURN(bool got, control_->Receive(&message, NextWake()));
+  CONCORD_ASSIGN_OR_RETURN(bool got, control_->Receive(&message, NextWake().Earlier(limit)));
   while (got && !stopping_.load()) {
     CONCORD_RETURN_IF_ERROR(HandleMessage(message));
     CONCORD_ASSIGN_OR_RETURN(
@@ -924,9 +998,11 @@ Status Engine::LaunchDevice(const FusionBatch& batch, const std::vector<const Re
 }
 
 void Engine::DeviceFailed(const Status& status) {
-  std::lock_guard<std::mutex> lock(failure_mu_);
-  if (device_failure_.ok()) device_failure_ = status;
-  if (control_wake_) control_wake_->Wake();
+  {
+    std::lock_guard<std::mutex> lock(failure_mu_);
+    if (device_failure_.ok()) device_failure_ = status;
+  }
+  WakeEngine();
 }
 
 }  // namespace concord

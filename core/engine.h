@@ -25,6 +25,17 @@
 // A barrier first waits for every device collective before it. Tensors of different devices are
 // never fused (the fusion planner compares TensorRequest::device).
 //
+// Progress by the waiter: a thread that waits for a request (Wait(), the C API's concord_wait and
+// every blocking call) runs the engine's steps itself while it waits, and the background thread
+// stands aside (parks) meanwhile, so a blocking operation costs no hand-off between threads: the
+// waiter negotiates, executes and completes its own request. Whoever runs a step holds step_mu_;
+// the waiter wakes an engine thread blocked in Receive() so it finishes its step and parks. When
+// the last waiter leaves with nothing else in flight the engine thread rests: it polls every
+// kRestPoll instead of blocking in Receive(), so the next waiter finds step_mu_ free; an enqueue
+// ends the rest at once. Callbacks then run on the waiting thread. config.waiter_progress off,
+// a wait on the engine's own threads (a callback) and a wait after the engine stopped all wait
+// plainly.
+//
 // Failure: the first error (a peer failed, a backend or protocol error, an abort from rank 0)
 // fails the engine: every request in flight completes with that error, later enqueues return it,
 // and the connections close at once so the other ranks notice. Shutdown() (also the destructor)
@@ -34,6 +45,8 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -53,6 +66,7 @@
 #include "core/lane_worker.h"
 #include "core/response_cache.h"
 #include "core/tensor_queue.h"
+#include "core/wait_gate.h"
 
 namespace concord {
 
@@ -92,13 +106,21 @@ class Engine {
 
   // Checks the entry (kInvalidArgument naming what is wrong; kUnavailable for a CUDA tensor without
   // a usable device backend; nothing is queued) and queues it, or holds it when this thread has a
-  // group open. A CUDA tensor's request is negotiated with device kDeviceTensor.
-  Status Enqueue(QueueEntry entry);
+  // group open. A CUDA tensor's request is negotiated with device kDeviceTensor. `then_wait`
+  // promises that this thread calls Wait() on it next (a blocking call): with waiter progress the
+  // engine thread is then left alone, since the waiter runs the step itself.
+  Status Enqueue(QueueEntry entry, bool then_wait = false);
   // Opens a group for the calling thread; GroupEnd() queues its entries atomically. When the queue
   // refuses them (a name already in flight, the engine failed), every member completes with the
   // error GroupEnd() returns.
   Status GroupStart();
   Status GroupEnd();
+
+  // Waits until `state` (a request of this engine) completes or the deadline passes, driving
+  // progress meanwhile (see the class comment); returns whether it completed.
+  bool Wait(RequestState& state, Deadline deadline) { return gate_->Wait(state, deadline); }
+  // What request handles keep to wait through this engine; usable after the engine is gone.
+  std::shared_ptr<WaitGate> wait_gate() const { return gate_; }
 
   // Next barrier's name: barriers are matched across ranks by their sequence number.
   std::string NextBarrierName();
@@ -112,7 +134,15 @@ class Engine {
 
  private:
   void Loop();
-  Status Step();
+  // Runs steps on the calling (waiting) thread until `state` completes, the deadline passes or
+  // the engine stops; returns at once where it may not (see the class comment).
+  void Drive(RequestState& state, Deadline deadline);
+  // One step on the calling thread, which holds step_mu_; `limit` bounds its wait for messages.
+  // A failure halts the engine (and fails it unless the finalize barrier has run).
+  Status StepHolding(Deadline limit);
+  Status Step(Deadline limit);
+  // Makes the engine thread notice new work: its Receive() returns and a rest ends.
+  void WakeEngine();
   Status HandleMessage(const ControlMessage& message);
   Status SubmitNew();
   Status Coordinate();
@@ -175,6 +205,10 @@ class Engine {
   bool OnEngineThread() const;
   void Log(LogLevel level, const std::string& message) const;
 
+  // A resting engine thread polls this often; a driving waiter's step waits at most kDriveSlice
+  // for messages before it looks at its request (completed elsewhere) and deadline again.
+  static constexpr std::chrono::milliseconds kRestPoll{2};
+  static constexpr std::chrono::milliseconds kDriveSlice{1};
   // A direct allreduce is split over the lanes when each slice gets at least this many bytes.
   static constexpr size_t kMinSliceBytes = size_t{1} << 20;
   // Inline data rank 0 may receive for one tensor from all ranks together: at scale the
@@ -209,7 +243,18 @@ class Engine {
   std::atomic<bool> finalized_{false};               // the finalize barrier ran on this rank
   std::atomic<std::thread::id> engine_thread_id_{};  // set by the thread itself; read by Shutdown
   std::atomic<std::thread::id> device_thread_id_{};  // the device completion thread, once seen
-  Status device_failure_;                            // guarded by failure_mu_
+  std::atomic<std::thread::id> stepping_thread_{};   // the thread running Step(), if any
+
+  // Progress by the waiter (see the class comment).
+  std::mutex step_mu_;   // held by whichever thread runs Step()
+  bool halted_ = false;  // a step failed: no more steps; guarded by step_mu_
+  std::mutex park_mu_;   // guards the three below
+  std::condition_variable park_cv_;
+  int drivers_ = 0;       // waiters driving or about to
+  bool resting_ = false;  // the last waiter left with nothing in flight
+  bool parked_ = false;   // the engine thread is parked (not in a step)
+  std::shared_ptr<WaitGate> gate_;
+  Status device_failure_;  // guarded by failure_mu_
   std::thread thread_;
   // Last: destroyed first, joining its completion thread while what its callbacks touch lives.
   DevicePlane device_;

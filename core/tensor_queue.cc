@@ -4,7 +4,7 @@
 
 namespace concord {
 
-Status TensorQueue::Push(std::vector<QueueEntry> entries) {
+Status TensorQueue::Push(std::vector<QueueEntry> entries, bool wake) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!closed_.ok()) return closed_;
@@ -27,7 +27,7 @@ Status TensorQueue::Push(std::vector<QueueEntry> entries) {
       table_.emplace(std::move(name), std::move(e));
     }
   }
-  wake_();
+  if (wake) wake_();
   return Status::Ok();
 }
 

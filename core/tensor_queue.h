@@ -39,8 +39,9 @@ class TensorQueue {
   explicit TensorQueue(std::function<void()> wake) : wake_(std::move(wake)) {}
 
   // Adds all entries or none: kInvalidArgument when a name is already in flight or repeats in
-  // `entries`; `closed` status once the queue was closed.
-  Status Push(std::vector<QueueEntry> entries);
+  // `entries`; `closed` status once the queue was closed. Calls the wake function unless `wake`
+  // is false (the caller makes sure the engine steps).
+  Status Push(std::vector<QueueEntry> entries, bool wake = true);
 
   // A request pushed since the last PopNew(), with its input (valid while it is in flight).
   struct Fresh {

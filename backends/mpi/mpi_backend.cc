@@ -3,6 +3,7 @@
 #include <climits>
 #include <cstring>
 #include <numeric>
+#include <thread>
 
 namespace concord {
 namespace {
@@ -235,7 +236,10 @@ class MpiBackend : public Backend {
 Status WaitForRequest(MpiEnvironment& env, MPI_Request* request, Deadline deadline,
                       const std::string& what) {
   // Busy polling, as MPI's own blocking calls do: with Open MPI's shared-memory transport the
-  // transfer progresses only inside MPI calls.
+  // transfer progresses only inside MPI calls. Past kBusy it yields between polls, so threads
+  // that share the core (MPI's own, under a real-time policy too) still run.
+  constexpr auto kBusy = std::chrono::microseconds(50);
+  const auto busy_until = Clock::now() + kBusy;
   for (;;) {
     int done = 0;
     MPI_Status status;
@@ -251,6 +255,7 @@ Status WaitForRequest(MpiEnvironment& env, MPI_Request* request, Deadline deadli
                           " did not complete before the deadline (CONCORD_TIMEOUT_S): a rank "
                           "is dead, stuck or not calling it");
     }
+    if (Clock::now() > busy_until) std::this_thread::yield();
   }
 }
 

@@ -1,5 +1,6 @@
 #include "backends/mpi/mpi_environment.h"
 
+#include <cstdlib>
 #include <cstring>
 
 namespace concord {
@@ -30,6 +31,18 @@ void TuneLibnbcIallreduce() {
     }
   }
   MPI_T_finalize();
+}
+
+// Open MPI's shared-memory transport sends messages up to its eager limit (4 KiB by default) at
+// once and larger ones through a rendezvous, which costs a small allreduce about 6 us here.
+// Concord's negotiation messages carry small allreduces' data (CONCORD_INLINE_THRESHOLD, 32 KiB),
+// so before Concord initialises MPI it raises that limit to kEagerLimit, unless the variable is
+// set already (mpirun --mca, or the environment: the user's choice wins). Every rank does the
+// same. Other MPI libraries ignore these variables.
+constexpr const char* kEagerLimit = "32768";
+void RaiseSharedMemoryEagerLimit() {
+  setenv("OMPI_MCA_btl_vader_eager_limit", kEagerLimit, /*overwrite=*/0);  // Open MPI 4
+  setenv("OMPI_MCA_btl_sm_eager_limit", kEagerLimit, /*overwrite=*/0);     // Open MPI 5
 }
 
 // Guards the process's one MpiEnvironment: its creation, and its destruction (MPI_Finalize), so a
@@ -81,6 +94,7 @@ StatusOr<std::shared_ptr<MpiEnvironment>> MpiEnvironment::Acquire() {
   if (initialized) {
     CONCORD_MPI_CHECK(MPI_Query_thread(&level));
   } else {
+    RaiseSharedMemoryEagerLimit();
     CONCORD_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &level));
     owned = true;
   }

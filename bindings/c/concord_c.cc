@@ -26,6 +26,7 @@ struct concord_comm {
 // comes second deletes a detached request, so freeing a running request is safe.
 struct concord_request {
   std::shared_ptr<concord::RequestState> state;
+  std::shared_ptr<concord::WaitGate> gate;  // waits through the engine while it exists
   concord_callback_t callback = nullptr;
   void* user_data = nullptr;
   std::mutex mu;
@@ -164,6 +165,15 @@ Status SetDeviceOptions(const concord_device_opts_t* opts, concord::QueueEntry* 
   return Status::Ok();
 }
 
+// Set while a blocking call (concord_allreduce, ...) enqueues: its thread waits for the request
+// right after, so the engine need not be woken for it (Engine::Enqueue's then_wait).
+thread_local bool t_blocking_call = false;
+
+struct BlockingCall {
+  BlockingCall() { t_blocking_call = true; }
+  ~BlockingCall() { t_blocking_call = false; }  // when the enqueue failed before Submit()
+};
+
 // Queues entry; on success *request receives a new handle whose callback runs on completion.
 Status Submit(concord_comm_t comm, concord::QueueEntry entry, concord_callback_t callback,
               void* user_data, concord_request_t* request) {
@@ -183,7 +193,11 @@ Status Submit(concord_comm_t comm, concord::QueueEntry entry, concord_callback_t
     if (free_now) delete req;
   });
   entry.state = req->state;
-  Status s = comm->engine->Enqueue(std::move(entry));
+  req->gate = comm->engine->wait_gate();
+  // Taken at once: a callback this thread runs while it waits may enqueue on another engine.
+  const bool then_wait = t_blocking_call;
+  t_blocking_call = false;
+  Status s = comm->engine->Enqueue(std::move(entry), then_wait);
   if (!s.ok()) {
     delete req;
     return s;
@@ -197,7 +211,7 @@ concord_status_t WaitAndFree(concord_comm_t comm, concord_status_t enqueued,
                              const concord_request_t* request_out) {
   if (enqueued != CONCORD_SUCCESS) return enqueued;
   concord_request_t request = *request_out;
-  request->state->Wait(concord::Deadline::Infinite());
+  request->gate->Wait(*request->state, concord::Deadline::Infinite());
   Status s = request->state->status();
   concord_request_free(request);
   return Record(comm, s);
@@ -496,7 +510,7 @@ concord_status_t concord_wait(concord_request_t request, double timeout_s) {
                               ? concord::Deadline::Infinite()
                               : concord::Deadline::After(std::chrono::milliseconds(
                                     static_cast<int64_t>(std::min(timeout_s, 1e9) * 1000.0)));
-    if (!request->state->Wait(deadline)) return CONCORD_ERR_TIMEOUT;
+    if (!request->gate->Wait(*request->state, deadline)) return CONCORD_ERR_TIMEOUT;
     return ToC(request->state->status());
   } catch (...) {
     return CONCORD_ERR_INTERNAL;
@@ -571,6 +585,7 @@ concord_status_t concord_allreduce(concord_comm_t comm, const char* name,
                                    const concord_tensor_t* input, const concord_tensor_t* output,
                                    const concord_allreduce_opts_t* opts) {
   concord_request_t r = nullptr;
+  BlockingCall blocking;
   return WaitAndFree(
       comm, concord_allreduce_async(comm, name, input, output, opts, nullptr, nullptr, &r), &r);
 }
@@ -579,6 +594,7 @@ concord_status_t concord_allgather(concord_comm_t comm, const char* name,
                                    const concord_tensor_t* input, void* output,
                                    size_t output_capacity) {
   concord_request_t r = nullptr;
+  BlockingCall blocking;
   return WaitAndFree(
       comm,
       concord_allgather_async(comm, name, input, output, output_capacity, nullptr, nullptr, &r),
@@ -589,12 +605,14 @@ concord_status_t concord_broadcast(concord_comm_t comm, const char* name,
                                    const concord_tensor_t* input, const concord_tensor_t* output,
                                    int root) {
   concord_request_t r = nullptr;
+  BlockingCall blocking;
   return WaitAndFree(
       comm, concord_broadcast_async(comm, name, input, output, root, nullptr, nullptr, &r), &r);
 }
 
 concord_status_t concord_barrier(concord_comm_t comm) {
   concord_request_t r = nullptr;
+  BlockingCall blocking;
   return WaitAndFree(comm, concord_barrier_async(comm, nullptr, nullptr, &r), &r);
 }
 
