@@ -29,8 +29,9 @@ class ControlPlane {
   virtual int size() const = 0;
 
   // Queues bytes for rank `to` (rank 0 may send to anyone; others only to 0). Does not wait for the
-  // peer to read them. Sending to oneself is an error.
-  virtual Status Send(int to, const std::string& bytes) = 0;
+  // peer to read them. Sending to oneself is an error. Takes the bytes (move them in: the plane
+  // may keep them until the transport is done).
+  virtual Status Send(int to, std::string bytes) = 0;
 
   // Waits until a message arrives (returns true and fills *out), Wake() is called or the deadline
   // passes (returns false), or a peer fails (returns the error).

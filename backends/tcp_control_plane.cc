@@ -253,7 +253,7 @@ void TcpControlPlane::Tick() {
   }
 }
 
-Status TcpControlPlane::Send(int to, const std::string& bytes) {
+Status TcpControlPlane::Send(int to, std::string bytes) {
   if (to < 0 || to >= size_) {
     return InvalidArgument("control plane: destination rank " + std::to_string(to) +
                            " is outside [0, " + std::to_string(size_) + ")");

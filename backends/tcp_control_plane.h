@@ -50,7 +50,7 @@ class TcpControlPlane : public ControlPlane {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  Status Send(int to, const std::string& bytes) override;
+  Status Send(int to, std::string bytes) override;
   StatusOr<bool> Receive(ControlMessage* out, Deadline deadline) override;
   Status Drain(Deadline deadline) override;
   void Wake() override;

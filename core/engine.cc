@@ -379,10 +379,14 @@ void Engine::Drive(RequestState& state, Deadline deadline) {
     std::lock_guard<std::mutex> lock(failure_mu_);
     if (control_wake_) control_wake_->Wake();
   }
+  // The first step does not wait for messages: the request may not have been submitted yet (a
+  // blocking call's enqueue wakes nobody).
+  auto limit = Deadline::After(std::chrono::milliseconds(0));
   while (!state.done() && !deadline.passed()) {
     std::lock_guard<std::mutex> step(step_mu_);
     if (halted_ || stopping_.load()) break;
-    if (!StepHolding(deadline.Earlier(Deadline::After(kDriveSlice))).ok()) break;
+    if (!StepHolding(deadline.Earlier(limit)).ok()) break;
+    limit = Deadline::After(kDriveSlice);
   }
   bool resume;
   {
@@ -494,6 +498,7 @@ std::optional<std::string> Engine::InlineData(const TensorRequest& r, const void
       config_.inline_threshold_bytes == 0 || r.NumBytes() > limit) {
     return std::nullopt;
   }
+  if (r.prescale == 1.0) return std::string(static_cast<const char*>(input), r.NumBytes());
   std::string data(r.NumBytes(), '\0');
   CopyScaled(data.data(), input, static_cast<size_t>(r.NumElements()), r.dtype, r.prescale);
   return data;
@@ -520,8 +525,9 @@ Status Engine::Coordinate() {
   ResponseMessage ready = coordinator_->TakeReady(now);
   if (ready.items.empty()) return Status::Ok();
   if (config_.size > 1) {
-    const std::string bytes = SerializeResponseMessage(ready);
-    for (int r = 1; r < config_.size; ++r) CONCORD_RETURN_IF_ERROR(control_->Send(r, bytes));
+    std::string bytes = SerializeResponseMessage(ready);
+    for (int r = 1; r + 1 < config_.size; ++r) CONCORD_RETURN_IF_ERROR(control_->Send(r, bytes));
+    CONCORD_RETURN_IF_ERROR(control_->Send(config_.size - 1, std::move(bytes)));
     // Every rank must have the whole list before this one enters its collectives: a rank still
     // waiting for the rest of a large response (inline results on a slow link) could never join.
     CONCORD_RETURN_IF_ERROR(control_->Drain(Deadline::After(Millis(config_.timeout_s))));

@@ -65,7 +65,7 @@ class MpiControlPlane : public ControlPlane {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
-  Status Send(int to, const std::string& bytes) override {
+  Status Send(int to, std::string bytes) override {
     if (to < 0 || to >= size_ || to == rank_ || (rank_ != 0 && to != 0)) {
       return InvalidArgument("mpi control plane: rank " + std::to_string(rank_) +
                              " cannot send to rank " + std::to_string(to));
@@ -75,7 +75,7 @@ class MpiControlPlane : public ControlPlane {
                              " bytes is larger than MPI's int count allows");
     }
     if (!failure_.ok()) return failure_;
-    CONCORD_RETURN_IF_ERROR(Post(to, kTagData, bytes));
+    CONCORD_RETURN_IF_ERROR(Post(to, kTagData, std::move(bytes)));
     Reap();
     return failure_;
   }
@@ -102,19 +102,20 @@ class MpiControlPlane : public ControlPlane {
         return got;
       }
       Reap();
-      Tick();
+      // One clock read per poll: the spin's granularity is the reply's latency.
+      const auto t = Clock::now();
+      Tick(t);
       if (!failure_.ok()) return failure_;
       if (heard) {
         nap = std::chrono::duration_cast<Clock::duration>(kFirstNap);
         continue;
       }
       std::unique_lock<std::mutex> lock(wake_mu_);
-      if (woken_ || deadline.passed()) {
+      if (woken_ || t >= deadline.at()) {
         woken_ = false;
-        last_listen_ = Clock::now();
+        last_listen_ = t;
         return false;
       }
-      const auto t = Clock::now();
       if (t < spin_until) {
         lock.unlock();
         if (t > busy_until) std::this_thread::yield();
@@ -141,11 +142,11 @@ class MpiControlPlane : public ControlPlane {
     MPI_Request request = MPI_REQUEST_NULL;
   };
 
-  Status Post(int to, int tag, const std::string& bytes) {
+  Status Post(int to, int tag, std::string bytes) {
     sends_.emplace_back();
     Outgoing& s = sends_.back();
     s.to = to;
-    s.bytes = bytes;
+    s.bytes = std::move(bytes);
     auto lock = env_->Lock();
     const int rc = MPI_Isend(s.bytes.data(), static_cast<int>(s.bytes.size()), MPI_BYTE, to, tag,
                              comm_, &s.request);
@@ -196,8 +197,7 @@ class MpiControlPlane : public ControlPlane {
   }
 
   // Sends due heartbeats and fails peers silent for the liveness timeout.
-  void Tick() {
-    const auto now = Clock::now();
+  void Tick(Clock::time_point now) {
     for (int r = 0; r < size_; ++r) {
       if (r == rank_ || (rank_ != 0 && r != 0)) continue;
       if (now - last_beat_[r] >= liveness_ / 4) {

@@ -20,7 +20,7 @@ class InProcControlPlane : public ControlPlane {
   int rank() const override { return rank_; }
   int size() const override { return world_->size_; }
 
-  Status Send(int to, const std::string& bytes) override {
+  Status Send(int to, std::string bytes) override {
     if (to < 0 || to >= world_->size_ || to == rank_ || (rank_ != 0 && to != 0)) {
       return InvalidArgument("rank " + std::to_string(rank_) + " cannot send to rank " +
                              std::to_string(to));
