@@ -80,7 +80,9 @@ typedef struct concord_comm* concord_comm_t;
 /** Opaque handle of one enqueued operation; free it with concord_request_free. */
 typedef struct concord_request* concord_request_t;
 
-/** Called once when a request finishes, on the communicator's thread. */
+/** Called once when a request finishes, on the thread that runs the communicator's engine at
+ *  that moment: its background thread, or a thread waiting in concord_wait or a blocking call
+ *  (CONCORD_WAITER_PROGRESS, README). It must not finalize the communicator or wait on it. */
 typedef void (*concord_callback_t)(concord_request_t request, concord_status_t status,
                                    void* user_data);
 
@@ -239,7 +241,8 @@ CONCORD_API concord_status_t concord_group_end(concord_comm_t comm);
 
 /* ---- requests ---- */
 /** Blocks until the request finishes; returns its status. timeout_s < 0 waits without limit
- *  (the engine's own deadlines still apply). */
+ *  (the engine's own deadlines still apply). Meanwhile the calling thread runs the engine's
+ *  negotiation and collectives itself, unless CONCORD_WAITER_PROGRESS=0. */
 CONCORD_API concord_status_t concord_wait(concord_request_t request, double timeout_s);
 /** CONCORD_IN_PROGRESS while running, else the request's final status. Never blocks. */
 CONCORD_API concord_status_t concord_test(concord_request_t request);
