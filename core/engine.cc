@@ -988,7 +988,17 @@ Status Engine::LaunchDevice(const FusionBatch& batch, const std::vector<const Re
   auto done = [this, states, local](const Status& s) {
     device_thread_id_.store(std::this_thread::get_id());
     for (const auto& state : states) state->Complete(s.ok() ? local : s);
-    if (!s.ok()) DeviceFailed(s);
+    if (!s.ok()) return DeviceFailed(s);
+    // A waiter driving the engine may sit in Receive() for its slice: it returns and sees this.
+    bool driven;
+    {
+      std::lock_guard<std::mutex> lock(park_mu_);
+      driven = drivers_ > 0;
+    }
+    if (driven) {
+      std::lock_guard<std::mutex> lock(failure_mu_);
+      if (control_wake_) control_wake_->Wake();
+    }
   };
   // Counted first: the collective may complete before Launch() returns.
   stats_.device_launches.fetch_add(1, std::memory_order_relaxed);

@@ -229,6 +229,26 @@ TEST(EngineDeviceTest, ManyTensorsCompleteInLaunchOrder) {
   EXPECT_GT(job[0].stats().fused_tensors.load(), 0u);
 }
 
+// Blocking waits on device collectives: the waiting thread drives negotiation and launches, the
+// device's completion thread completes the request and wakes the waiter.
+TEST(EngineDeviceTest, WaiterDrivesDeviceCollectives) {
+  const int size = 2;
+  DeviceJob job(size, milliseconds(0));
+  OnRanks(size, [&](int rank) {
+    for (int k = 0; k < 50; ++k) {
+      std::vector<float> buf(1 + 37 * (k % 5), static_cast<float>(rank + k));
+      QueueEntry e = Entry(Request("w" + std::to_string(k % 3), OpType::kAllreduce, DType::kFloat32,
+                                   {static_cast<int64_t>(buf.size())}),
+                           buf.data(), buf.data());
+      auto state = e.state;
+      ASSERT_TRUE(job[rank].Enqueue(std::move(e), /*then_wait=*/true).ok());
+      ASSERT_TRUE(job[rank].Wait(*state, Deadline::After(milliseconds(20000))));
+      ASSERT_TRUE(state->status().ok()) << state->status().ToString();
+      EXPECT_EQ(buf, std::vector<float>(buf.size(), static_cast<float>(1 + 2 * k))) << k;
+    }
+  });
+}
+
 // While a device collective is in flight (held back by its ready event, which the test sets only
 // at the end), the engine keeps negotiating: CPU allreduces enqueued after it complete, over the
 // CPU backend. A barrier after the device collective completes only once the device collective
