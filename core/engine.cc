@@ -343,19 +343,22 @@ bool Engine::OnEngineThread() const {
 
 void Engine::Loop() {
   engine_thread_id_.store(std::this_thread::get_id());
+  auto rest_poll = kRestPoll;
   for (;;) {
     Deadline limit = Deadline::Infinite();
     {
-      // Parked while waiters drive; while resting, one polling step every kRestPoll.
+      // Parked while waiters drive; while resting, one polling step after each rest_poll, which
+      // doubles up to kMaxRestPoll while nothing happens.
       std::unique_lock<std::mutex> lock(park_mu_);
       parked_ = true;
       while (!stopping_.load() && (drivers_ > 0 || resting_)) {
-        if (park_cv_.wait_for(lock, kRestPoll) == std::cv_status::timeout && drivers_ == 0 &&
+        if (park_cv_.wait_for(lock, rest_poll) == std::cv_status::timeout && drivers_ == 0 &&
             resting_) {
           limit = Deadline::After(std::chrono::milliseconds(0));
           break;
         }
       }
+      rest_poll = resting_ ? std::min(rest_poll * 2, kMaxRestPoll) : kRestPoll;
       parked_ = false;
       if (stopping_.load()) return;
     }

@@ -31,10 +31,10 @@
 // waiter negotiates, executes and completes its own request. Whoever runs a step holds step_mu_;
 // the waiter wakes an engine thread blocked in Receive() so it finishes its step and parks. When
 // the last waiter leaves with nothing else in flight the engine thread rests: it polls every
-// kRestPoll instead of blocking in Receive(), so the next waiter finds step_mu_ free; an enqueue
-// ends the rest at once. Callbacks then run on the waiting thread. config.waiter_progress off,
-// a wait on the engine's own threads (a callback) and a wait after the engine stopped all wait
-// plainly.
+// kRestPoll (backing off to kMaxRestPoll) instead of blocking in Receive(), so the next waiter
+// finds step_mu_ free; an enqueue ends the rest at once. Callbacks then run on the waiting thread.
+// config.waiter_progress off, a wait on the engine's own threads (a callback) and a wait after the
+// engine stopped all wait plainly.
 //
 // Failure: the first error (a peer failed, a backend or protocol error, an abort from rank 0)
 // fails the engine: every request in flight completes with that error, later enqueues return it,
@@ -205,9 +205,11 @@ class Engine {
   bool OnEngineThread() const;
   void Log(LogLevel level, const std::string& message) const;
 
-  // A resting engine thread polls this often; a driving waiter's step waits at most kDriveSlice
-  // for messages before it looks at its request (completed elsewhere) and deadline again.
+  // A resting engine thread polls after kRestPoll, then ever less often, down to once every
+  // kMaxRestPoll; a driving waiter's step waits at most kDriveSlice for messages before it looks
+  // at its request (completed elsewhere) and deadline again.
   static constexpr std::chrono::milliseconds kRestPoll{2};
+  static constexpr std::chrono::milliseconds kMaxRestPoll{64};
   static constexpr std::chrono::milliseconds kDriveSlice{1};
   // A direct allreduce is split over the lanes when each slice gets at least this many bytes.
   static constexpr size_t kMinSliceBytes = size_t{1} << 20;
