@@ -275,6 +275,7 @@ void concord_config_init(concord_config_t* config) {
   config->inline_threshold_bytes = -1;
   config->direct_threshold_bytes = -1;
   config->lanes = -1;
+  config->waiter_progress = -1;
 }
 
 void concord_device_opts_init(concord_device_opts_t* opts) {
@@ -331,6 +332,11 @@ concord_status_t concord_init_config(const concord_config_t* user, concord_comm_
     if (c.lanes >= 0) config.lanes = c.lanes;
     if (c.backend) config.backend = c.backend;
     if (c.compression) config.compression = c.compression;
+    if (c.waiter_progress < -1 || c.waiter_progress > 1) {
+      return concord::InvalidArgument("waiter_progress must be -1 (the environment), 0 or 1, not " +
+                                      std::to_string(c.waiter_progress));
+    }
+    if (c.waiter_progress >= 0) config.waiter_progress = c.waiter_progress == 1;
     CONCORD_ASSIGN_OR_RETURN(std::unique_ptr<concord::Engine> engine,
                              concord::CreateEngine(config));
     auto* handle = new concord_comm;

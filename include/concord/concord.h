@@ -118,6 +118,9 @@ typedef struct concord_config {
   const char* backend; /**< "gloo", "mpi" or "auto"; NULL: CONCORD_BACKEND or "gloo" */
   /** the compression of allreduces that name none; NULL: CONCORD_COMPRESSION or "none" */
   const char* compression;
+  /** -1: environment (CONCORD_WAITER_PROGRESS) or 1; 1: a thread waiting for a request runs the
+   *  engine's work itself; 0: only the engine's thread does */
+  int waiter_progress;
 } concord_config_t;
 
 /** Options of an allreduce. Initialise with concord_allreduce_opts_init. */

@@ -110,6 +110,7 @@ static void TestConfigInit(void) {
   CHECK(c.timeout_s == -1);
   CHECK(c.cache_capacity == -1);
   CHECK(c.log_level == -1);
+  CHECK(c.lanes == -1 && c.waiter_progress == -1);
   concord_config_init(NULL); /* no crash */
   memset(&o, 0x5a, sizeof(o));
   concord_allreduce_opts_init(&o);
@@ -154,6 +155,19 @@ static void TestInitErrors(void) {
   CHECK_STATUS(concord_init_config(&c, &comm), CONCORD_ERR_INVALID_ARGUMENT);
   CHECK(strstr(concord_comm_last_error(NULL), "log level") != NULL);
   CHECK(comm == (concord_comm_t)0x1);
+
+  concord_config_init(&c);
+  c.rank = 0;
+  c.size = 1;
+  c.waiter_progress = 2;
+  CHECK_STATUS(concord_init_config(&c, &comm), CONCORD_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(concord_comm_last_error(NULL), "waiter_progress") != NULL);
+  CHECK(comm == (concord_comm_t)0x1);
+  c.waiter_progress = 0; /* only the engine's thread makes progress: blocking calls still work */
+  CHECK_STATUS(concord_init_config(&c, &comm), CONCORD_SUCCESS);
+  CHECK_STATUS(concord_barrier(comm), CONCORD_SUCCESS);
+  CHECK_STATUS(concord_finalize(comm), CONCORD_SUCCESS);
+  comm = (concord_comm_t)0x1;
 
   /* Operations on a NULL communicator. */
   {

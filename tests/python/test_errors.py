@@ -120,6 +120,8 @@ def test_init_error_and_use_after_finalize(comm):
     with pytest.raises(concord.ConcordError) as e:
         concord.Communicator(lanes=99)
     assert e.value.status == Status.ERR_INVALID_ARGUMENT and "lanes" in e.value.message.lower()
+    with pytest.raises(concord.InvalidArgumentError, match="waiter_progress"):
+        concord.Communicator(waiter_progress=2)
     with pytest.raises(concord.InvalidArgumentError, match="unknown config field"):
         concord.Communicator(no_such_field=1)
     second = concord.Communicator(job_id="python-errors-second")

@@ -53,6 +53,7 @@ class ConfigStruct(ctypes.Structure):
         ("lanes", ctypes.c_int),
         ("backend", ctypes.c_char_p),
         ("compression", ctypes.c_char_p),
+        ("waiter_progress", ctypes.c_int),
     ]
 
 
