@@ -20,7 +20,10 @@
 namespace concord {
 namespace {
 
+using engine_testing::Await;
+using engine_testing::Entry;
 using engine_testing::OnRanks;
+using engine_testing::Submit;
 using std::chrono::milliseconds;
 using testing_elements::LoadElement;
 using testing_elements::StoreElement;
@@ -55,37 +58,12 @@ class DeviceJob {
   engine_testing::Job job_;
 };
 
+// engine_testing::Request on a device (the GPU unless told).
 TensorRequest Request(const std::string& name, OpType op, DType dtype, std::vector<int64_t> shape,
                       int device = kGpu) {
-  TensorRequest r;
-  r.name = name;
-  r.op = op;
-  r.dtype = dtype;
-  r.shape = std::move(shape);
+  TensorRequest r = engine_testing::Request(name, op, dtype, std::move(shape));
   r.device = device;
   return r;
-}
-
-QueueEntry Entry(TensorRequest request, const void* input, void* output, size_t capacity = 0) {
-  QueueEntry e;
-  e.request = std::move(request);
-  e.input = input;
-  e.output = output;
-  e.output_capacity = capacity;
-  e.state = std::make_shared<RequestState>();
-  return e;
-}
-
-std::shared_ptr<RequestState> Submit(Engine& engine, QueueEntry entry) {
-  auto state = entry.state;
-  Status s = engine.Enqueue(std::move(entry));
-  EXPECT_TRUE(s.ok()) << s.ToString();
-  return state;
-}
-
-Status Await(const std::shared_ptr<RequestState>& state, milliseconds limit = milliseconds(20000)) {
-  if (!state->Wait(Deadline::After(limit))) return TimeoutError("request did not complete");
-  return state->status();
 }
 
 const std::vector<DType> kAllDTypes = {DType::kUint8,   DType::kInt8,    DType::kInt32,
