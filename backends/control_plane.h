@@ -37,6 +37,14 @@ class ControlPlane {
   // passes (returns false), or a peer fails (returns the error).
   virtual StatusOr<bool> Receive(ControlMessage* out, Deadline deadline) = 0;
 
+  // Receive() for a thread that would otherwise only sleep (a waiter driving the engine): it
+  // polls without sleeping for up to `busy` first, so a reply in a round trip is seen at once
+  // rather than after a wake-up. Planes whose Receive() spins anyway keep this default.
+  virtual StatusOr<bool> ReceiveBusy(ControlMessage* out, Deadline deadline,
+                                     std::chrono::microseconds /*busy*/) {
+    return Receive(out, deadline);
+  }
+
   // Waits until every byte Send() queued has been handed to the transport, reading (and keeping
   // for Receive()) whatever arrives meanwhile, so two ranks draining towards each other never
   // block. kTimeout, naming the ranks, when the deadline passes first; a peer's failure as an

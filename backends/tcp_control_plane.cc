@@ -275,7 +275,8 @@ Status TcpControlPlane::Send(int to, std::string bytes) {
   return p->failed;
 }
 
-StatusOr<bool> TcpControlPlane::Receive(ControlMessage* out, Deadline deadline) {
+StatusOr<bool> TcpControlPlane::ReceiveBusy(ControlMessage* out, Deadline deadline,
+                                            std::chrono::microseconds busy) {
   const auto entered = Clock::now();
   if (entered - last_listen_ > liveness_timeout_ / 4) {
     for (auto& p : peers_) p->last_recv = std::max(p->last_recv, entered - liveness_timeout_ / 2);
@@ -286,6 +287,7 @@ StatusOr<bool> TcpControlPlane::Receive(ControlMessage* out, Deadline deadline) 
   } listened{&last_listen_};
   std::vector<pollfd> fds;
   std::vector<Peer*> polled;
+  const auto busy_until = entered + busy;
   for (;;) {
     if (!inbox_.empty()) {
       *out = std::move(inbox_.front());
@@ -313,7 +315,9 @@ StatusOr<bool> TcpControlPlane::Receive(ControlMessage* out, Deadline deadline) 
       until = until.Earlier(Deadline::After(
           std::max(std::chrono::milliseconds(0), std::min(heartbeat_due, silence_due))));
     }
-    const int rc = ::poll(fds.data(), fds.size(), until.PollTimeoutMs());
+    const int timeout_ms =
+        busy.count() > 0 && Clock::now() < busy_until ? 0 : until.PollTimeoutMs();
+    const int rc = ::poll(fds.data(), fds.size(), timeout_ms);
     if (rc < 0 && errno != EINTR) return ErrnoError("control plane: poll", errno);
     bool woken = false;
     if (rc > 0) {

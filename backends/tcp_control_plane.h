@@ -51,7 +51,12 @@ class TcpControlPlane : public ControlPlane {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   Status Send(int to, std::string bytes) override;
-  StatusOr<bool> Receive(ControlMessage* out, Deadline deadline) override;
+  StatusOr<bool> Receive(ControlMessage* out, Deadline deadline) override {
+    return ReceiveBusy(out, deadline, std::chrono::microseconds(0));
+  }
+  // Calls poll() without a timeout until `busy` has passed, then blocks in it.
+  StatusOr<bool> ReceiveBusy(ControlMessage* out, Deadline deadline,
+                             std::chrono::microseconds busy) override;
   Status Drain(Deadline deadline) override;
   void Wake() override;
 

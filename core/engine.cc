@@ -363,7 +363,7 @@ void Engine::Loop() {
       if (stopping_.load()) return;
     }
     std::lock_guard<std::mutex> step(step_mu_);
-    if (halted_ || !StepHolding(limit).ok()) return;
+    if (halted_ || !StepHolding(limit, std::chrono::microseconds(0)).ok()) return;
   }
 }
 
@@ -388,7 +388,7 @@ void Engine::Drive(RequestState& state, Deadline deadline) {
   while (!state.done() && !deadline.passed()) {
     std::lock_guard<std::mutex> step(step_mu_);
     if (halted_ || stopping_.load()) break;
-    if (!StepHolding(deadline.Earlier(limit)).ok()) break;
+    if (!StepHolding(deadline.Earlier(limit), kDriveBusyPoll).ok()) break;
     limit = Deadline::After(kDriveSlice);
   }
   bool resume;
@@ -400,9 +400,9 @@ void Engine::Drive(RequestState& state, Deadline deadline) {
   if (resume) park_cv_.notify_all();
 }
 
-Status Engine::StepHolding(Deadline limit) {
+Status Engine::StepHolding(Deadline limit, std::chrono::microseconds busy) {
   stepping_thread_.store(std::this_thread::get_id());
-  Status s = Step(limit);
+  Status s = Step(limit, busy);
   if (!s.ok()) {
     halted_ = true;
     // Once the finalize barrier has run, peers close their connections as they please: that is
@@ -446,11 +446,12 @@ Deadline Engine::NextWake() const {
   return d;
 }
 
-Status Engine::Step(Deadline limit) {
+Status Engine::Step(Deadline limit, std::chrono::microseconds busy) {
   // Wait for a message or a wake-up; then take every message already there; then the queue.
   // The queue is read after the last Receive, so a wake-up consumed there is never lost.
   ControlMessage message;
-  CONCORD_ASSIGN_OR_RETURN(bool got, control_->Receive(&message, NextWake().Earlier(limit)));
+  CONCORD_ASSIGN_OR_RETURN(bool got,
+                           control_->ReceiveBusy(&message, NextWake().Earlier(limit), busy));
   while (got && !stopping_.load()) {
     CONCORD_RETURN_IF_ERROR(HandleMessage(message));
     CONCORD_ASSIGN_OR_RETURN(

@@ -137,10 +137,11 @@ class Engine {
   // Runs steps on the calling (waiting) thread until `state` completes, the deadline passes or
   // the engine stops; returns at once where it may not (see the class comment).
   void Drive(RequestState& state, Deadline deadline);
-  // One step on the calling thread, which holds step_mu_; `limit` bounds its wait for messages.
-  // A failure halts the engine (and fails it unless the finalize barrier has run).
-  Status StepHolding(Deadline limit);
-  Status Step(Deadline limit);
+  // One step on the calling thread, which holds step_mu_; `limit` bounds its wait for messages,
+  // of which it spends up to `busy` polling without sleeping (ControlPlane::ReceiveBusy). A
+  // failure halts the engine (and fails it unless the finalize barrier has run).
+  Status StepHolding(Deadline limit, std::chrono::microseconds busy);
+  Status Step(Deadline limit, std::chrono::microseconds busy);
   // Makes the engine thread notice new work: its Receive() returns and a rest ends.
   void WakeEngine();
   Status HandleMessage(const ControlMessage& message);
@@ -211,6 +212,9 @@ class Engine {
   static constexpr std::chrono::milliseconds kRestPoll{2};
   static constexpr std::chrono::milliseconds kMaxRestPoll{64};
   static constexpr std::chrono::milliseconds kDriveSlice{1};
+  // A driving waiter polls for messages without sleeping this long in each step: its thread
+  // would only sleep otherwise, and a sleeping thread's wake-up costs tens of microseconds.
+  static constexpr std::chrono::microseconds kDriveBusyPoll{50};
   // A direct allreduce is split over the lanes when each slice gets at least this many bytes.
   static constexpr size_t kMinSliceBytes = size_t{1} << 20;
   // Inline data rank 0 may receive for one tensor from all ranks together: at scale the
