@@ -13,6 +13,9 @@ constexpr uint32_t kMaxString = 1 << 20;
 
 class Writer {
  public:
+  // `expected` bytes are reserved up front, so that a message with inline data is not regrown
+  // (and copied) several times while it is written.
+  explicit Writer(size_t expected) { out_.reserve(expected); }
   void U8(uint8_t v) { out_.push_back(static_cast<char>(v)); }
   void U32(uint32_t v) { Raw(&v, 4); }
   void I32(int32_t v) { Raw(&v, 4); }
@@ -97,6 +100,17 @@ class Reader {
   size_t pos_ = 0;
   std::string error_;
 };
+
+// Upper bounds of the bytes the writers below produce.
+size_t RequestBytes(const TensorRequest& r) {
+  return r.name.size() + r.compression.size() + r.group.size() + 8 * r.shape.size() + 64;
+}
+
+size_t DataBytes(const std::map<uint32_t, std::string>& data) {
+  size_t n = 4;
+  for (const auto& entry : data) n += 8 + entry.second.size();
+  return n;
+}
 
 void WriteRequest(Writer& w, const TensorRequest& r) {
   w.Str(r.name);
@@ -221,7 +235,10 @@ Status CheckHeader(Reader& rd, uint8_t tag, const char* what) {
 }  // namespace
 
 std::string SerializeRequestMessage(const RequestMessage& m) {
-  Writer w;
+  size_t expected =
+      16 + 8 * m.cached_mask.size() + DataBytes(m.cached_data) + DataBytes(m.request_data);
+  for (const auto& r : m.requests) expected += RequestBytes(r);
+  Writer w(expected);
   w.U8(kRequestTag);
   w.U8(kVersion);
   w.U32(static_cast<uint32_t>(m.cached_mask.size()));
@@ -268,7 +285,16 @@ StatusOr<RequestMessage> ParseRequestMessage(const std::string& bytes) {
 }
 
 std::string SerializeResponseMessage(const ResponseMessage& m) {
-  Writer w;
+  size_t expected = 16 + m.abort_reason.size();
+  for (const auto& item : m.items) {
+    expected += 16 + (item.data ? item.data->size() : 0);
+    if (!item.cached) {
+      const Response& r = item.response;
+      expected += RequestBytes(r.request) + 8 * r.first_dims.size() + r.error_message.size() +
+                  4 * r.error_ranks.size() + 16;
+    }
+  }
+  Writer w(expected);
   w.U8(kResponseTag);
   w.U8(kVersion);
   w.U8(m.abort ? 1 : 0);
