@@ -166,12 +166,14 @@ Status Engine::Enqueue(QueueEntry entry, bool then_wait) {
   CONCORD_RETURN_IF_ERROR(ValidateEntry(entry, config_.size));
   CONCORD_RETURN_IF_ERROR(CheckDevice(entry));
   TensorRequest& r = entry.request;
-  if (r.op == OpType::kAllreduce && !r.compression.empty()) {
+  // "none" (the default) is no compression at all; other specs go through their compressor.
+  if (r.op == OpType::kAllreduce && !r.compression.empty() && r.compression != "none") {
     auto compressor = CompressorFor(r.compression);
     if (!compressor.ok()) return compressor.status().WithContext("tensor '" + r.name + "'");
-    CONCORD_RETURN_IF_ERROR(
-        (*compressor)->CheckDType(r.dtype).WithContext("tensor '" + r.name + "'"));
-    // Ranks compare the canonical spec; "none" is no compression at all.
+    if (Status s = (*compressor)->CheckDType(r.dtype); !s.ok()) {
+      return s.WithContext("tensor '" + r.name + "'");
+    }
+    // Ranks compare the canonical spec (an alias of "none" is no compression too).
     r.compression = (*compressor)->spec();
     if (r.compression == "none") {
       r.compression.clear();
@@ -513,7 +515,7 @@ Status Engine::HandleMessage(const ControlMessage& message) {
     auto parsed = ParseRequestMessage(message.bytes);
     if (!parsed.ok())
       return parsed.status().WithContext("from rank " + std::to_string(message.from));
-    return coordinator_->Add(message.from, *parsed, Clock::now());
+    return coordinator_->Add(message.from, std::move(*parsed), Clock::now());
   }
   if (message.from != 0) {
     return ProtocolError("negotiation message from rank " + std::to_string(message.from));

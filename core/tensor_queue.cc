@@ -1,5 +1,6 @@
 #include "core/tensor_queue.h"
 
+#include <string_view>
 #include <unordered_set>
 
 namespace concord {
@@ -8,14 +9,14 @@ Status TensorQueue::Push(std::vector<QueueEntry> entries, bool wake) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!closed_.ok()) return closed_;
-    std::unordered_set<std::string> names;
+    std::unordered_set<std::string_view> names;  // a group's names (one entry needs no set)
     for (const auto& e : entries) {
       const std::string& name = e.request.name;
       if (table_.count(name) != 0) {
         return InvalidArgument("tensor '" + name +
                                "' is already in flight; wait for it before enqueuing it again");
       }
-      if (!names.insert(name).second) {
+      if (entries.size() > 1 && !names.insert(name).second) {
         return InvalidArgument("tensor '" + name + "' appears twice in one group");
       }
     }
