@@ -133,7 +133,9 @@ std::optional<std::string> Coordinator::ReduceInline(
 
 void Coordinator::ExpandDivergedBits() {
   // Names whose waiting bits cannot complete on the fast path: a full request for the same name
-  // exists, or different ranks wait on different entries of one name.
+  // exists, or different ranks wait on different entries of one name. One waiting bit and no
+  // full request (the steady state of a small allreduce) is neither.
+  if (bit_waits_.empty() || (bit_waits_.size() == 1 && pending_.empty())) return;
   std::map<std::string, std::vector<uint32_t>> bits_by_name;
   for (const auto& [bit, wait] : bit_waits_) {
     bits_by_name[cache_->Get(bit)->request.name].push_back(bit);
