@@ -1,5 +1,7 @@
 #include "core/engine.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -13,6 +15,14 @@ constexpr const char* kReservedPrefix = "__concord";
 
 std::string FinalizeName() {
   return std::string(kReservedPrefix) + ".finalize";
+}
+
+// The CPUs this process may run on (its affinity mask), at least 1.
+int UsableCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
 std::chrono::milliseconds Millis(double seconds) {
@@ -130,6 +140,8 @@ Engine::Engine(const Config& config, std::unique_ptr<ControlPlane> control,
     if (i > 0) lane.worker = std::make_unique<LaneWorker>();
     lanes_.push_back(std::move(lane));
   }
+  const bool oversubscribed = config_.local_size > UsableCpus();
+  if (!oversubscribed) drive_busy_poll_ = kDriveBusyPoll;
   fusion_.threshold = static_cast<size_t>(config.fusion_threshold_bytes);
   fusion_.direct_bytes = static_cast<size_t>(config.direct_threshold_bytes);
   if (config_.rank == 0) {
@@ -144,7 +156,8 @@ Engine::Engine(const Config& config, std::unique_ptr<ControlPlane> control,
   Log(LogLevel::kInfo, "started rank " + std::to_string(config_.rank) + " of " +
                            std::to_string(config_.size) + " on backend " +
                            lanes_.front().backend->name() + " (" + std::to_string(lanes_.size()) +
-                           (lanes_.size() == 1 ? " lane)" : " lanes)"));
+                           (lanes_.size() == 1 ? " lane" : " lanes") +
+                           (oversubscribed ? ", oversubscribed: waiters do not busy-poll)" : ")"));
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -390,7 +403,7 @@ void Engine::Drive(RequestState& state, Deadline deadline) {
   while (!state.done() && !deadline.passed()) {
     std::lock_guard<std::mutex> step(step_mu_);
     if (halted_ || stopping_.load()) break;
-    if (!StepHolding(deadline.Earlier(limit), kDriveBusyPoll).ok()) break;
+    if (!StepHolding(deadline.Earlier(limit), drive_busy_poll_).ok()) break;
     limit = Deadline::After(kDriveSlice);
   }
   bool resume;
