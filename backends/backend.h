@@ -32,6 +32,12 @@ struct BackendOptions {
   std::string algorithm = "auto";            // backend-specific algorithm override, for benchmarks
 };
 
+// One buffer of an allreduce over several (Backend::AllreduceSpans).
+struct AllreduceSpan {
+  void* data = nullptr;
+  size_t count = 0;  // elements
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -42,6 +48,17 @@ class Backend {
   // In-place allreduce of count elements. kAverage is reduced as a sum (the caller divides).
   // Half types are combined in float. count may be 0.
   virtual Status Allreduce(void* data, size_t count, DType dtype, ReduceOp op) = 0;
+
+  // In-place allreduce of several buffers of one dtype, as Allreduce on each (any count may be
+  // 0). Every rank passes the same counts in the same order. The default runs them one by one; a
+  // backend may run them as one collective.
+  virtual Status AllreduceSpans(const std::vector<AllreduceSpan>& spans, DType dtype, ReduceOp op) {
+    for (const AllreduceSpan& s : spans) {
+      Status status = Allreduce(s.data, s.count, dtype, op);
+      if (!status.ok()) return status;
+    }
+    return Status::Ok();
+  }
 
   // Gathers bytes_per_rank[r] bytes from every rank r into out, in rank order. in holds this rank's
   // bytes_per_rank[rank()] bytes; out holds their sum. Any entry may be 0.

@@ -12,10 +12,53 @@
 #include <vector>
 
 #include "backends/gloo/gloo_backend.h"
+#include "base/dtype.h"
 #include "rendezvous/hash_store.h"
+#include "tests/common/typed_elements.h"
 
 namespace concord {
 namespace testing_gloo {
+
+inline constexpr DType kAllDTypes[] = {DType::kUint8,   DType::kInt8,    DType::kInt32,
+                                       DType::kInt64,   DType::kFloat16, DType::kBFloat16,
+                                       DType::kFloat32, DType::kFloat64};
+inline constexpr ReduceOp kAllOps[] = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin,
+                                       ReduceOp::kMax, ReduceOp::kProduct};
+
+// Rank r's i-th input. Chosen so that every result is exact in every dtype with up to 4 ranks:
+// sums stay below 32, products are powers of two up to 16, halves appear only in float types.
+inline double Input(DType dtype, ReduceOp op, int rank, size_t i) {
+  const bool fp = IsFloatingPoint(dtype);
+  const bool is_unsigned = dtype == DType::kUint8;
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAverage: {
+      const double v = static_cast<double>((i * 7 + rank * 3) % 8);
+      return fp ? v - 3.5 : v;
+    }
+    case ReduceOp::kMin:
+    case ReduceOp::kMax: {
+      const double v = static_cast<double>((i * 13 + rank * 7) % 11) - (is_unsigned ? 0 : 5);
+      return fp ? v / 2 : v;
+    }
+    case ReduceOp::kProduct: {
+      const size_t k = (i + rank) % 3;
+      if (k == 0) return 2;
+      if (k == 1 || !fp) return 1;
+      return is_unsigned ? 1 : -0.5;
+    }
+  }
+  return 0;
+}
+
+inline double Expected(DType dtype, ReduceOp op, int size, size_t i) {
+  double acc = Input(dtype, op, 0, i);
+  for (int r = 1; r < size; ++r) {
+    const double v = Input(dtype, op, r, i);
+    acc = testing_elements::CombineValues(op, acc, v);
+  }
+  return acc;
+}
 
 // A prefix no other test in this process used.
 inline std::string UniquePrefix() {
