@@ -648,11 +648,10 @@ Status Engine::Execute(const ResponseMessage& message) {
 Status Engine::RunOnLanes(const std::vector<FusionBatch>& plan, const std::vector<size_t>& batches,
                           const std::vector<const Response*>& responses,
                           std::vector<std::optional<QueueEntry>>& entries) {
-  // A batch, or a slice of a large direct allreduce split over several lanes.
+  // A batch, or one lane's share of a group of direct allreduces (see SpanGroup below).
   struct Work {
-    size_t batch;
-    bool slice = false;
-    size_t begin = 0, count = 0;  // elements, for a slice
+    size_t batch = 0;
+    std::vector<AllreducePiece> pieces;  // non-empty for a share
   };
   // Each piece of work goes to the lane with the fewest bytes so far: the same choice on every
   // rank, since every rank runs the same plan.
@@ -661,42 +660,73 @@ Status Engine::RunOnLanes(const std::vector<FusionBatch>& plan, const std::vecto
   auto assign = [&](Work w, size_t bytes) {
     const size_t lane =
         static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
-    by_lane[lane].push_back(w);
+    by_lane[lane].push_back(std::move(w));
     load[lane] += std::max<size_t>(bytes, 1);
   };
-  std::vector<size_t> sliced;
+  // The direct allreduces of one dtype and backend reduction run as one collective over all
+  // their buffers (Backend::AllreduceSpans), cut into shares of at least kMinSliceBytes that run
+  // on different lanes; they complete once every lane is done.
+  struct SpanGroup {
+    DType dtype;
+    ReduceOp op;
+    std::vector<size_t> members;  // indices into responses, in plan order
+    size_t elements = 0;
+  };
+  std::vector<SpanGroup> groups;
+  std::vector<size_t> others;
   for (size_t b : batches) {
-    const Response& r = *responses[plan[b].members.front()];
-    const size_t slices = std::min(lanes_.size(), plan[b].bytes / kMinSliceBytes);
-    if (plan[b].fused || slices < 2 || r.error != Code::kOk || r.request.op != OpType::kAllreduce) {
-      assign(Work{b}, plan[b].bytes);
+    const size_t i = plan[b].members.front();
+    const Response& r = *responses[i];
+    if (plan[b].fused || r.error != Code::kOk || r.request.op != OpType::kAllreduce) {
+      others.push_back(b);
       continue;
     }
-    QueueEntry& e = *entries[plan[b].members.front()];
-    if (!r.IsRequestOf(e.request, config_.rank)) {
+    if (!r.IsRequestOf(entries[i]->request, config_.rank)) {
       return Internal("response for tensor '" + r.request.name +
                       "' does not match this rank's request");
     }
-    const size_t n = static_cast<size_t>(r.request.NumElements());
-    const size_t elem = DTypeSize(r.request.dtype);
-    for (size_t k = 0; k < slices; ++k) {
-      const size_t begin = n * k / slices, end = n * (k + 1) / slices;
-      assign(Work{b, true, begin, end - begin}, (end - begin) * elem);
-    }
-    sliced.push_back(b);
-    stats_.batches.fetch_add(1, std::memory_order_relaxed);
+    const ReduceOp op =
+        r.request.reduce_op == ReduceOp::kAverage ? ReduceOp::kSum : r.request.reduce_op;
+    auto group = std::find_if(groups.begin(), groups.end(), [&](const SpanGroup& g) {
+      return g.dtype == r.request.dtype && g.op == op;
+    });
+    if (group == groups.end())
+      group = groups.insert(groups.end(), SpanGroup{r.request.dtype, op, {}, 0});
+    group->members.push_back(i);
+    group->elements += static_cast<size_t>(r.request.NumElements());
   }
-  // Lanes touch disjoint entries or disjoint slices of one, and their own backend and buffer;
+  for (const SpanGroup& g : groups) {
+    stats_.batches.fetch_add(1, std::memory_order_relaxed);
+    const size_t elem = DTypeSize(g.dtype);
+    const size_t shares = std::clamp<size_t>(g.elements * elem / kMinSliceBytes, 1, lanes_.size());
+    size_t member = 0, used = 0;  // the next element to hand out: `used` of members[member]
+    for (size_t k = 0; k < shares; ++k) {
+      const size_t end = g.elements * (k + 1) / shares;
+      size_t at = g.elements * k / shares;
+      Work w;
+      while (at < end) {
+        const size_t i = g.members[member];
+        const size_t n = static_cast<size_t>(responses[i]->request.NumElements());
+        const size_t take = std::min(n - used, end - at);
+        if (take > 0) w.pieces.push_back(AllreducePiece{i, used, take});
+        at += take;
+        used += take;
+        if (used == n) {
+          ++member;
+          used = 0;
+        }
+      }
+      if (!w.pieces.empty()) assign(std::move(w), (end - g.elements * k / shares) * elem);
+    }
+  }
+  for (size_t b : others) assign(Work{b, {}}, plan[b].bytes);
+  // Lanes touch disjoint entries or disjoint pieces of one, and their own backend and buffer;
   // the rest is read-only here.
   auto run_lane = [&](size_t l) -> Status {
     for (const Work& w : by_lane[l]) {
-      if (w.slice) {
-        const size_t i = plan[w.batch].members.front();
-        CONCORD_RETURN_IF_ERROR(
-            RunAllreduceSlice(lanes_[l], *responses[i], *entries[i], w.begin, w.count));
-      } else {
-        CONCORD_RETURN_IF_ERROR(RunBatch(lanes_[l], plan[w.batch], responses, entries));
-      }
+      CONCORD_RETURN_IF_ERROR(w.pieces.empty()
+                                  ? RunBatch(lanes_[l], plan[w.batch], responses, entries)
+                                  : RunAllreducePieces(lanes_[l], w.pieces, responses, entries));
     }
     return Status::Ok();
   };
@@ -709,9 +739,11 @@ Status Engine::RunOnLanes(const std::vector<FusionBatch>& plan, const std::vecto
     Status s = lanes_[l].worker->Wait();
     if (status.ok()) status = s;
   }
-  // A split allreduce is done when all its slices are (on failure the caller completes it).
+  // On failure the caller completes every entry taken for this list.
   if (status.ok()) {
-    for (size_t b : sliced) entries[plan[b].members.front()]->state->Complete(Status::Ok());
+    for (const SpanGroup& g : groups) {
+      for (size_t i : g.members) entries[i]->state->Complete(Status::Ok());
+    }
   }
   return status;
 }
@@ -745,7 +777,8 @@ Status Engine::RunBatch(Lane& lane, const FusionBatch& batch,
   Status s;
   switch (r.request.op) {
     case OpType::kAllreduce:
-      s = RunAllreduceSlice(lane, r, e, 0, static_cast<size_t>(r.request.NumElements()));
+      // RunOnLanes runs every direct allreduce in a span group.
+      s = Internal("direct allreduce of tensor '" + r.request.name + "' outside a span group");
       break;
     case OpType::kAllgather:
       s = RunAllgather(lane, r, e, &local);
@@ -794,16 +827,27 @@ void Engine::FinishAllreduce(const TensorRequest& q, void* data, size_t n) const
   if (post != 1.0) ScaleElements(data, n, q.dtype, post);
 }
 
-Status Engine::RunAllreduceSlice(Lane& lane, const Response& r, QueueEntry& e, size_t begin,
-                                 size_t count) {
-  const TensorRequest& q = r.request;
-  const size_t offset = begin * DTypeSize(q.dtype);
-  void* out = static_cast<uint8_t*>(e.output) + offset;
-  CopyScaled(out, static_cast<const uint8_t*>(e.input) + offset, count, q.dtype, q.prescale);
-  CONCORD_RETURN_IF_ERROR(lane.backend->Allreduce(out, count, q.dtype, q.reduce_op));
-  FinishAllreduce(q, out, count);
-  e.state->AddWireBytes(compression::WireBytesPerRank(compression::Exchange::kAllreduce,
-                                                      count * DTypeSize(q.dtype), config_.size));
+Status Engine::RunAllreducePieces(Lane& lane, const std::vector<AllreducePiece>& pieces,
+                                  const std::vector<const Response*>& responses,
+                                  std::vector<std::optional<QueueEntry>>& entries) {
+  const TensorRequest& first = responses[pieces.front().member]->request;
+  std::vector<AllreduceSpan> spans;
+  spans.reserve(pieces.size());
+  for (const AllreducePiece& p : pieces) {
+    const TensorRequest& q = responses[p.member]->request;
+    const QueueEntry& e = *entries[p.member];
+    const size_t offset = p.begin * DTypeSize(q.dtype);
+    void* out = static_cast<uint8_t*>(e.output) + offset;
+    CopyScaled(out, static_cast<const uint8_t*>(e.input) + offset, p.count, q.dtype, q.prescale);
+    spans.push_back(AllreduceSpan{out, p.count});
+  }
+  CONCORD_RETURN_IF_ERROR(lane.backend->AllreduceSpans(spans, first.dtype, first.reduce_op));
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    const TensorRequest& q = responses[pieces[k].member]->request;
+    FinishAllreduce(q, spans[k].data, spans[k].count);
+    entries[pieces[k].member]->state->AddWireBytes(compression::WireBytesPerRank(
+        compression::Exchange::kAllreduce, spans[k].count * DTypeSize(q.dtype), config_.size));
+  }
   return Status::Ok();
 }
 

@@ -14,9 +14,11 @@
 // bytes, identically on every rank) and run concurrently: lane 0 on the engine thread, the others
 // on their LaneWorker threads, so one collective's latency hides behind another's transfer. The
 // engine thread waits for every lane before it goes on, and a barrier runs alone, after every
-// batch before it. A direct allreduce of at least two kMinSliceBytes is cut into slices that run
-// on different lanes. Completion callbacks run on the thread of the lane that ran the operation
-// (the engine thread for a sliced one).
+// batch before it. The direct (unfused) allreduces of a list with one dtype and reduction run as
+// one collective over all their buffers (Backend::AllreduceSpans; on Gloo one pipelined ring),
+// cut into shares of at least kMinSliceBytes that run on different lanes. Completion callbacks run
+// on the thread of the lane that ran the operation, and on the engine thread for direct
+// allreduces, which complete when the whole list has run.
 //
 // Devices: CPU tensors run on the lanes; CUDA tensors on the device backend (DevicePlane), which
 // is asynchronous: the engine thread launches each device batch in plan order and goes on
@@ -172,10 +174,16 @@ class Engine {
                         std::optional<QueueEntry>& entry);
   // After the reduction: integer average division and the post factor.
   void FinishAllreduce(const TensorRequest& q, void* data, size_t n) const;
-  // Allreduces elements [begin, begin + count) of e in place (after the prescaled copy when out
-  // of place), then divides and postscales them. A direct allreduce is its one whole slice.
-  Status RunAllreduceSlice(Lane& lane, const Response& r, QueueEntry& e, size_t begin,
-                           size_t count);
+  // Elements [begin, begin + count) of a direct allreduce (`member` indexes the response list).
+  struct AllreducePiece {
+    size_t member;
+    size_t begin, count;
+  };
+  // Allreduces the pieces (one dtype and backend reduction) as one collective in place, after the
+  // prescaled copy when out of place, then divides and postscales them. Completes nothing.
+  Status RunAllreducePieces(Lane& lane, const std::vector<AllreducePiece>& pieces,
+                            const std::vector<const Response*>& responses,
+                            std::vector<std::optional<QueueEntry>>& entries);
   Status RunAllreduceFused(Lane& lane, const FusionBatch& batch,
                            const std::vector<const Response*>& responses,
                            std::vector<std::optional<QueueEntry>>& entries);
@@ -218,7 +226,7 @@ class Engine {
   // waiter takes the core from the rank it waits for (measured with 4 ranks on 2 cores: 4 KiB
   // Gloo allreduces took 253 us polling, 139 us without), as Open MPI yields when oversubscribed.
   static constexpr std::chrono::microseconds kDriveBusyPoll{50};
-  // A direct allreduce is split over the lanes when each slice gets at least this many bytes.
+  // A group of direct allreduces is split over the lanes when each share gets this many bytes.
   static constexpr size_t kMinSliceBytes = size_t{1} << 20;
   // Inline data rank 0 may receive for one tensor from all ranks together: at scale the
   // inline threshold shrinks to this divided by (size - 1).
