@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
@@ -90,6 +91,48 @@ inline void RunRanks(int size, const std::string& algorithm,
       if (!::testing::Test::HasFailure()) {
         EXPECT_TRUE((*backend)->Barrier().ok());
       }
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+// Two ranks run `op` once; then rank 1's backend goes away and rank 0 runs `op` again, which must
+// fail (backend error or timeout) within `timeout` plus a second, with `mentions` in its message,
+// and leave the backend refusing further calls with that same error.
+inline void ExpectPeerGoneFails(
+    const std::function<Status(Backend&)>& op, const std::string& mentions,
+    std::chrono::milliseconds timeout = std::chrono::milliseconds(2000)) {
+  HashStore store;
+  const std::string prefix = UniquePrefix();
+  std::atomic<bool> peer_gone{false};
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      BackendOptions options;
+      options.rank = rank;
+      options.size = 2;
+      options.prefix = prefix;
+      options.timeout = timeout;
+      StatusOr<std::unique_ptr<Backend>> created = CreateGlooBackend(options, &store);
+      ASSERT_TRUE(created.ok()) << created.status().ToString();
+      std::unique_ptr<Backend> backend = std::move(*created);
+      ASSERT_TRUE(op(*backend).ok());
+      ASSERT_TRUE(backend->Barrier().ok());
+      if (rank == 1) {
+        backend.reset();
+        peer_gone = true;
+        return;
+      }
+      while (!peer_gone) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      const auto start = std::chrono::steady_clock::now();
+      const Status status = op(*backend);
+      EXPECT_LT(std::chrono::steady_clock::now() - start, timeout + std::chrono::seconds(1));
+      EXPECT_TRUE(status.code() == Code::kBackendError || status.code() == Code::kTimeout)
+          << status.ToString();
+      EXPECT_NE(status.message().find(mentions), std::string::npos) << status.ToString();
+      const Status again = backend->Barrier();
+      EXPECT_EQ(again.code(), status.code());
+      EXPECT_EQ(again.message(), status.message());
     });
   }
   for (auto& t : threads) t.join();
