@@ -5,7 +5,7 @@
 //   top-k (density 0.01, sampled and exact, error feedback included) over ResNet-50's 25,557,032
 //   gradients as one buffer, and tensor by tensor from the workload file, beside a memcpy of all of
 //   them. The bar: sampled within 4x memcpy's time.
-// The workload file: $CONCORD_WORKLOAD, else ../shared/workloads/resnet50.txt beside the checkout.
+// The workload file: $CONCORD_WORKLOAD, else perf/workloads/resnet50.txt in the checkout.
 // Run: compression_bench --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 #include <benchmark/benchmark.h>
 

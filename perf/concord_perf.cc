@@ -3,7 +3,7 @@
 // concordrun (or mpirun for mpi); rank 0 prints.
 //
 //   concordrun -np 2 concord-perf --op allreduce --bytes 4K:64M --iters 20 --warmup 5
-//   concordrun -np 2 concord-perf --workload ../shared/workloads/resnet50.txt --steps 10
+//   concordrun -np 2 concord-perf --workload perf/workloads/resnet50.txt --steps 10
 //   mpirun -np 2 concord-perf --backend mpi --bytes 4K:64M
 //   concordrun -np 2 concord-perf --backend nccl --bytes 4K:256M   # GPU buffers, beside raw NCCL
 //

@@ -9,7 +9,7 @@
 # steps after it still run where they can, and the results file keeps what was gathered.
 #
 # Variables: OUT (results directory), BUILD_DIR (default build-gpu), WORKLOADS (workload directory,
-# default ../shared/workloads relative to the repository), BENCH_WORKLOADS (default
+# default perf/workloads in the repository), BENCH_WORKLOADS (default
 # "resnet50 bert_large vgg16"), BENCH_ITERS (default 50), JOBS (build parallelism, default nproc),
 # SKIP_SETUP=1 (do not run scripts/setup.sh), PERF_BYTES (concord-perf sweep, default 4K:256M).
 set -uo pipefail
@@ -136,16 +136,11 @@ if grep -q 'skipped' "$perf_log" 2>/dev/null; then
   failures+=("concord-perf nccl skipped")
 fi
 
-workload_dir="${WORKLOADS:-}"
-if [ -z "$workload_dir" ]; then
-  for candidate in "$root/../shared/workloads" "$root/shared/workloads"; do
-    if [ -d "$candidate" ]; then workload_dir="$candidate"; break; fi
-  done
-fi
+workload_dir="${WORKLOADS:-$root/perf/workloads}"
 files=()
 for name in ${BENCH_WORKLOADS:-resnet50 bert_large vgg16}; do
   if [ -f "$workload_dir/$name.txt" ]; then files+=(--workload "$workload_dir/$name.txt"); else
-    echo "!! workload $name.txt not found in '${workload_dir:-../shared/workloads}' (set WORKLOADS)"
+    echo "!! workload $name.txt not found in '$workload_dir' (set WORKLOADS)"
     failures+=("workload $name")
   fi
 done

@@ -1,5 +1,5 @@
 // pack_bench: bandwidth of the batched CUDA pack/unpack kernels over a model's gradient tensors (a
-// ../shared/workloads file), beside cudaMemcpy device-to-device of the same total bytes and beside
+// perf/workloads file), beside cudaMemcpy device-to-device of the same total bytes and beside
 // one cudaMemcpyAsync per tensor (what packing costs without a batched kernel). Tensors live in one
 // device arena at 256-byte boundaries, as a caching allocator places them. GB/s is payload bytes
 // (the tensors' bytes, padding excluded) over the time of one operation, averaged over --iters

@@ -7,7 +7,7 @@ through torch.distributed's Gloo (one connection per peer) with no reduction, pa
 per-tensor work. Concord's two lanes use two connections, so it can come close to that row.
 
     build/tools/concordrun -np 2 /usr/bin/python3 perf/python_bench.py \
-        --workload ../shared/workloads/resnet50.txt --steps 10 --rounds 3
+        --workload perf/workloads/resnet50.txt --steps 10 --rounds 3
 
 Every step starts after a barrier; a step's time is the slowest rank's; a round runs each mode
 for --steps steps (after --warmup) and reports the median; rounds alternate the modes so that

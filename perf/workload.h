@@ -1,4 +1,4 @@
-// A model's gradient workload: the tensors listed in a ../shared/workloads file, one per line,
+// A model's gradient workload: the tensors listed in a perf/workloads file, one per line,
 // "name dtype shape" with shape as AxBxC, in the order a backward pass makes them ready.
 #pragma once
 

@@ -109,7 +109,7 @@ class Tensor:
 
 
 def load_workload(path):
-    """Reads a ../shared/workloads file: one 'name dtype shape' line per tensor, '#' comments."""
+    """Reads a perf/workloads file: one 'name dtype shape' line per tensor, '#' comments."""
     tensors = []
     with open(path) as f:
         for number, line in enumerate(f, 1):
