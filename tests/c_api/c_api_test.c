@@ -10,53 +10,20 @@
 #include <string.h>
 
 #include "concord/concord.h"
+#include "tests/common/check.h"
+#include "tests/common/tensors.h"
 
-static int failures = 0;
-static const char* phase = "";
-
-#define CHECK(cond)                                                               \
-  do {                                                                            \
-    if (!(cond)) {                                                                \
-      fprintf(stderr, "FAIL %s:%d [%s]: %s\n", __FILE__, __LINE__, phase, #cond); \
-      ++failures;                                                                 \
-    }                                                                             \
-  } while (0)
-
-#define CHECK_STATUS(expr, want)                                                                  \
-  do {                                                                                            \
-    concord_status_t got_ = (expr);                                                               \
-    if (got_ != (want)) {                                                                         \
-      fprintf(stderr, "FAIL %s:%d [%s]: %s returned %d (%s), want %d (%s)\n", __FILE__, __LINE__, \
-              phase, #expr, (int)got_, concord_status_string(got_), (int)(want),                  \
-              concord_status_string(want));                                                       \
-      ++failures;                                                                                 \
-    }                                                                                             \
-  } while (0)
-
+/* A phase names what the checks after it are about: failures print it first. */
 static void StartPhase(const char* name) {
-  phase = name;
+  CheckSetContext("%s", name);
   fprintf(stderr, "=== %s\n", name);
 }
 
 /* The last error on comm contains `part`. */
 static void CheckLastError(concord_comm_t comm, const char* part) {
   const char* msg = concord_comm_last_error(comm);
-  if (msg == NULL || strstr(msg, part) == NULL) {
-    fprintf(stderr, "FAIL [%s]: last error '%s' does not mention '%s'\n", phase,
-            msg ? msg : "(null)", part);
-    ++failures;
-  }
-}
-
-static concord_tensor_t MakeTensor(void* data, concord_dtype_t dtype, int ndim,
-                                   const int64_t* shape) {
-  concord_tensor_t t;
-  t.data = data;
-  t.dtype = dtype;
-  t.ndim = ndim;
-  t.shape = shape;
-  t.device = CONCORD_DEVICE_CPU;
-  return t;
+  CHECKF(msg != NULL && strstr(msg, part) != NULL, "last error '%s' does not mention '%s'",
+         msg ? msg : "(null)", part);
 }
 
 struct Counter {
@@ -247,8 +214,8 @@ static void TestInvalidArguments(concord_comm_t comm) {
   int64_t shape[1] = {4};
   int64_t negative[2] = {2, -3};
   int64_t big[2] = {2, 5};
-  concord_tensor_t t = MakeTensor(x, CONCORD_FLOAT32, 1, shape);
-  concord_tensor_t ti = MakeTensor(xi, CONCORD_INT32, 1, shape);
+  concord_tensor_t t = CpuTensor(x, CONCORD_FLOAT32, 1, shape);
+  concord_tensor_t ti = CpuTensor(xi, CONCORD_INT32, 1, shape);
   concord_tensor_t bad;
   concord_allreduce_opts_t o;
   concord_request_t r = (concord_request_t)0x1;
@@ -348,8 +315,8 @@ static void TestInvalidArguments(concord_comm_t comm) {
 static void TestInFlightName(concord_comm_t comm) {
   float x[2] = {1, 2}, y[2] = {3, 4};
   int64_t shape[1] = {2};
-  concord_tensor_t tx = MakeTensor(x, CONCORD_FLOAT32, 1, shape);
-  concord_tensor_t ty = MakeTensor(y, CONCORD_FLOAT32, 1, shape);
+  concord_tensor_t tx = CpuTensor(x, CONCORD_FLOAT32, 1, shape);
+  concord_tensor_t ty = CpuTensor(y, CONCORD_FLOAT32, 1, shape);
   concord_request_t r1 = NULL, r2 = (concord_request_t)0x1, r3 = NULL;
   struct Counter c1 = {0, CONCORD_IN_PROGRESS, NULL};
   StartPhase("a name already in flight");
@@ -395,7 +362,7 @@ static void TestAsync(concord_comm_t comm) {
     counters[i].calls = 0;
     counters[i].last = CONCORD_IN_PROGRESS;
     counters[i].request = NULL;
-    t = MakeTensor(a[i], CONCORD_FLOAT64, 1, shape);
+    t = CpuTensor(a[i], CONCORD_FLOAT64, 1, shape);
     sprintf(name, "async.%d", i);
     CHECK_STATUS(concord_allreduce_async(comm, name, &t, NULL, i % 2 ? &o : NULL, OnDone,
                                          &counters[i], &reqs[i]),
@@ -421,8 +388,8 @@ static void TestAsync(concord_comm_t comm) {
   }
   /* Out of place: the input stays, the output gets the result. */
   for (j = 0; j < 8; ++j) out[j] = -1;
-  t = MakeTensor(a[0], CONCORD_FLOAT64, 1, shape);
-  to = MakeTensor(out, CONCORD_FLOAT64, 1, shape);
+  t = CpuTensor(a[0], CONCORD_FLOAT64, 1, shape);
+  to = CpuTensor(out, CONCORD_FLOAT64, 1, shape);
   CHECK_STATUS(concord_allreduce(comm, "outofplace", &t, &to, &o), CONCORD_SUCCESS);
   for (j = 0; j < 8; ++j) {
     CHECK(out[j] == 2.0 * j);
@@ -450,7 +417,7 @@ static void TestDetach(concord_comm_t comm) {
   StartPhase("freeing running requests (detach)");
   for (i = 0; i < N; ++i) {
     counters[i].calls = 0;
-    t = MakeTensor(data[i], CONCORD_INT32, 1, shape);
+    t = CpuTensor(data[i], CONCORD_INT32, 1, shape);
     sprintf(name, "detach.%d", i);
     CHECK_STATUS(concord_allreduce_async(comm, name, &t, NULL, NULL, OnDone, &counters[i], &r),
                  CONCORD_SUCCESS);
@@ -465,7 +432,7 @@ static void TestDetach(concord_comm_t comm) {
   }
   for (i = 0; i < N; ++i) CHECK(counters[i].calls == 1);
   /* The names are free again. */
-  t = MakeTensor(data[0], CONCORD_INT32, 1, shape);
+  t = CpuTensor(data[0], CONCORD_INT32, 1, shape);
   CHECK_STATUS(concord_allreduce(comm, "detach.0", &t, NULL, NULL), CONCORD_SUCCESS);
 }
 
@@ -476,9 +443,9 @@ static void TestBlockingAndAllgather(concord_comm_t comm) {
   int8_t out[16];
   uint16_t h[5] = {0x3c00, 0x4000, 0x4200, 0x4400, 0x4500}; /* 1, 2, 3, 4, 5 in binary16 */
   uint16_t h2[5];
-  concord_tensor_t t = MakeTensor(in, CONCORD_INT8, 2, rows);
-  concord_tensor_t th = MakeTensor(h, CONCORD_FLOAT16, 1, shape1);
-  concord_tensor_t th2 = MakeTensor(h2, CONCORD_FLOAT16, 1, shape1);
+  concord_tensor_t t = CpuTensor(in, CONCORD_INT8, 2, rows);
+  concord_tensor_t th = CpuTensor(h, CONCORD_FLOAT16, 1, shape1);
+  concord_tensor_t th2 = CpuTensor(h2, CONCORD_FLOAT16, 1, shape1);
   concord_request_t r;
   void* data = NULL;
   size_t bytes = 0;
@@ -541,7 +508,7 @@ static void TestBlockingAndAllgather(concord_comm_t comm) {
     double buf[4] = {0, 0, 0, 0};
     int64_t n[1] = {4};
     concord_allreduce_opts_t o;
-    concord_tensor_t tt = MakeTensor(buf, (concord_dtype_t)i, 1, n);
+    concord_tensor_t tt = CpuTensor(buf, (concord_dtype_t)i, 1, n);
     char name[32];
     memset(buf, 1, sizeof(buf));
     concord_allreduce_opts_init(&o);
@@ -551,17 +518,13 @@ static void TestBlockingAndAllgather(concord_comm_t comm) {
     {
       unsigned char ones[32];
       memset(ones, 1, sizeof(ones));
-      CHECK(memcmp(buf, ones,
-                   4 * (i <= 1             ? 1
-                        : i == 2 || i == 6 ? 4
-                        : i == 4 || i == 5 ? 2
-                                           : 8)) == 0);
+      CHECK(memcmp(buf, ones, 4 * ElementSize((concord_dtype_t)i)) == 0);
     }
   }
   /* Zero elements with NULL data are fine. */
   {
     int64_t zero[1] = {0};
-    concord_tensor_t tz = MakeTensor(NULL, CONCORD_FLOAT32, 1, zero);
+    concord_tensor_t tz = CpuTensor(NULL, CONCORD_FLOAT32, 1, zero);
     CHECK_STATUS(concord_allreduce(comm, "zero", &tz, NULL, NULL), CONCORD_SUCCESS);
     CHECK_STATUS(concord_broadcast(comm, "zero.b", &tz, NULL, 0), CONCORD_SUCCESS);
   }
@@ -571,7 +534,7 @@ static void TestFinalizeWithPending(void) {
   concord_comm_t comm = InitSingle();
   float x[4] = {1, 2, 3, 4};
   int64_t shape[1] = {4};
-  concord_tensor_t t = MakeTensor(x, CONCORD_FLOAT32, 1, shape);
+  concord_tensor_t t = CpuTensor(x, CONCORD_FLOAT32, 1, shape);
   concord_request_t r = NULL;
   struct Counter c = {0, CONCORD_IN_PROGRESS, NULL};
   StartPhase("finalize with a pending request");
@@ -593,7 +556,7 @@ static void TestTwoCommunicators(void) {
   concord_comm_t b = InitSingle();
   int64_t shape[1] = {1};
   int32_t v = 5;
-  concord_tensor_t t = MakeTensor(&v, CONCORD_INT32, 1, shape);
+  concord_tensor_t t = CpuTensor(&v, CONCORD_INT32, 1, shape);
   StartPhase("two communicators, last error per handle");
   CHECK_STATUS(concord_allreduce(a, NULL, &t, NULL, NULL), CONCORD_ERR_INVALID_ARGUMENT);
   CheckLastError(a, "name");
@@ -610,7 +573,7 @@ static void TestTwoCommunicators(void) {
 static void TestDeviceOptions(concord_comm_t comm) {
   float x[4] = {1, 2, 3, 4};
   int64_t shape[1] = {4};
-  concord_tensor_t t = MakeTensor(x, CONCORD_FLOAT32, 1, shape);
+  concord_tensor_t t = CpuTensor(x, CONCORD_FLOAT32, 1, shape);
   concord_tensor_t gpu = t;
   concord_device_opts_t d;
   concord_request_t r = (concord_request_t)0x1;
@@ -679,7 +642,7 @@ static void TestDeviceBackendChoice(void) {
   concord_comm_t comm = NULL;
   float x[4] = {1, 2, 3, 4};
   int64_t shape[1] = {4};
-  concord_tensor_t gpu = MakeTensor(x, CONCORD_FLOAT32, 1, shape);
+  concord_tensor_t gpu = CpuTensor(x, CONCORD_FLOAT32, 1, shape);
   concord_request_t r = (concord_request_t)0x1;
   concord_status_t s;
   StartPhase("device backend choice");
@@ -732,8 +695,8 @@ int main(void) {
   TestFinalizeWithPending();
   TestTwoCommunicators();
   TestDeviceBackendChoice();
-  if (failures) {
-    fprintf(stderr, "c_api_test: %d failures\n", failures);
+  if (CheckFailures()) {
+    fprintf(stderr, "c_api_test: %d failures\n", CheckFailures());
     return 1;
   }
   fprintf(stderr, "c_api_test: PASS\n");

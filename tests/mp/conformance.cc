@@ -20,27 +20,20 @@
 #include <vector>
 
 #include "mp_common.h"
+#include "tests/common/check.h"
+#include "tests/common/tensors.h"
 
 namespace {
 
-using mp::GetElem;
-using mp::SetElem;
+using concord::harness::IsFloat;
+using concord::harness::LoadElement;
+using concord::harness::StoreElement;
 
 int g_rank = 0, g_size = 1;
-long g_checks = 0, g_failures = 0, g_cases = 0;
+long g_checks = 0, g_cases = 0;
 std::atomic<long> g_callbacks{0}, g_callback_errors{0};
 long g_async_submitted = 0;
 bool g_trace = std::getenv("CONFORMANCE_TRACE") != nullptr;  // print every submission
-
-#define FAILF(...)                                                               \
-  do {                                                                           \
-    ++g_failures;                                                                \
-    if (g_failures <= 30) {                                                      \
-      std::fprintf(stderr, "rank %d: FAIL %s:%d: ", g_rank, __FILE__, __LINE__); \
-      std::fprintf(stderr, __VA_ARGS__);                                         \
-      std::fprintf(stderr, "\n");                                                \
-    }                                                                            \
-  } while (0)
 
 const concord_dtype_t kDTypes[] = {CONCORD_UINT8,   CONCORD_INT8,    CONCORD_INT32,
                                    CONCORD_INT64,   CONCORD_FLOAT16, CONCORD_BFLOAT16,
@@ -127,10 +120,10 @@ struct Case {
 };
 
 void Fill(Case& c) {
-  const size_t es = mp::DTypeSize(c.dt);
+  const size_t es = ElementSize(c.dt);
   c.in.assign(static_cast<size_t>(c.n) * es, 0);
   for (int64_t i = 0; i < c.n; ++i) {
-    SetElem(c.in.data(), c.dt, i, Val(c.values(), c.dt, g_rank, i, c.step, c.salt));
+    StoreElement(c.dt, c.in.data(), i, Val(c.values(), c.dt, g_rank, i, c.step, c.salt));
   }
 }
 
@@ -139,8 +132,8 @@ void Submit(concord_comm_t comm, Case& c) {
   ++g_cases;
   if (g_trace)
     std::fprintf(stderr, "rank %d: submit %s (mode %d)\n", g_rank, c.name.c_str(), c.mode);
-  concord_tensor_t in = mp::Tensor(c.in.empty() ? nullptr : c.in.data(), c.dt, c.ndim, c.shape);
-  concord_tensor_t out = mp::Tensor(c.out.empty() ? nullptr : c.out.data(), c.dt, c.ndim, c.shape);
+  concord_tensor_t in = CpuTensor(c.in.empty() ? nullptr : c.in.data(), c.dt, c.ndim, c.shape);
+  concord_tensor_t out = CpuTensor(c.out.empty() ? nullptr : c.out.data(), c.dt, c.ndim, c.shape);
   const bool async = c.mode != kBlocking;
   concord_request_t* rq = async ? &c.req : nullptr;
   concord_callback_t cb = async ? Callback : nullptr;
@@ -190,34 +183,11 @@ void Submit(concord_comm_t comm, Case& c) {
 
 void CheckAllreduce(const Case& c) {
   const void* res = c.in_place ? c.in.data() : c.out.data();
-  const bool fp = mp::IsFloat(c.dt);
   for (int64_t i = 0; i < c.n; ++i) {
-    double acc = 0;
-    for (int r = 0; r < g_size; ++r) {
-      double x = Val(c.values(), c.dt, r, i, c.step, c.salt) * c.pre;
-      if (r == 0) {
-        acc = x;
-        continue;
-      }
-      switch (c.op) {
-        case CONCORD_SUM:
-        case CONCORD_AVERAGE:
-          acc += x;
-          break;
-        case CONCORD_MIN:
-          acc = std::min(acc, x);
-          break;
-        case CONCORD_MAX:
-          acc = std::max(acc, x);
-          break;
-        case CONCORD_PRODUCT:
-          acc *= x;
-          break;
-      }
-    }
-    if (c.op == CONCORD_AVERAGE) acc = fp ? acc / g_size : std::trunc(acc / g_size);
-    acc *= c.post;
-    const double got = GetElem(res, c.dt, i);
+    const double acc = concord::harness::ExpectedAllreduce(
+        c.op, c.dt, g_size, [&](int r) { return Val(c.values(), c.dt, r, i, c.step, c.salt); },
+        c.pre, c.post);
+    const double got = LoadElement(c.dt, res, i);
     ++g_checks;
     if (!mp::Close(got, acc, c.dt)) {
       FAILF("%s [%lld]: got %.9g want %.9g", c.name.c_str(), static_cast<long long>(i), got, acc);
@@ -227,7 +197,7 @@ void CheckAllreduce(const Case& c) {
   if (!c.in_place) {  // the input of an out-of-place allreduce is left alone
     for (int64_t i = 0; i < c.n; ++i) {
       const double want = Val(c.values(), c.dt, g_rank, i, c.step, c.salt);
-      if (GetElem(c.in.data(), c.dt, i) != want) {
+      if (LoadElement(c.dt, c.in.data(), i) != want) {
         FAILF("%s [%lld]: out-of-place input was modified", c.name.c_str(),
               static_cast<long long>(i));
         return;
@@ -241,9 +211,9 @@ void CheckBroadcast(const Case& c) {
   for (int64_t i = 0; i < c.n; ++i) {
     const double want = Val(Values::kAny, c.dt, c.root, i, c.step, c.salt);
     ++g_checks;
-    if (GetElem(res, c.dt, i) != want) {
+    if (LoadElement(c.dt, res, i) != want) {
       FAILF("%s [%lld]: got %.9g want %.9g", c.name.c_str(), static_cast<long long>(i),
-            GetElem(res, c.dt, i), want);
+            LoadElement(c.dt, res, i), want);
       return;
     }
   }
@@ -259,7 +229,7 @@ void CheckAllgather(const Case& c) {
     FAILF("%s: concord_request_output: %s", c.name.c_str(), concord_status_string(s));
     return;
   }
-  const size_t es = mp::DTypeSize(c.dt);
+  const size_t es = ElementSize(c.dt);
   int64_t want_first = 0;
   for (int64_t d : c.first_dims) want_first += d;
   const size_t want_bytes = static_cast<size_t>(want_first * c.cols) * es;
@@ -287,9 +257,9 @@ void CheckAllgather(const Case& c) {
     for (int64_t i = 0; i < elems; ++i, ++k) {
       const double want = Val(Values::kAny, c.dt, r, i, c.step, c.salt);
       ++g_checks;
-      if (GetElem(data, c.dt, k) != want) {
+      if (LoadElement(c.dt, data, k) != want) {
         FAILF("%s: block of rank %d [%lld]: got %.9g want %.9g", c.name.c_str(), r,
-              static_cast<long long>(i), GetElem(data, c.dt, k), want);
+              static_cast<long long>(i), LoadElement(c.dt, data, k), want);
         return;
       }
     }
@@ -306,6 +276,7 @@ void Finish(std::vector<std::unique_ptr<Case>>& batch) {
       if (c.mode == kAsyncTest) {
         const double until = mp::Now() + 120;
         while ((s = concord_test(c.req)) == CONCORD_IN_PROGRESS && mp::Now() < until) {
+          // The poll interval of the test-polling mode under test, not an ordering.
           std::this_thread::sleep_for(std::chrono::microseconds(200));
         }
       } else {
@@ -371,7 +342,7 @@ std::string Name(const char* what, concord_dtype_t dt, int64_t n, const std::str
 }
 
 void AllreduceCases(Runner& run, concord_dtype_t dt, int64_t n, int step) {
-  const bool fp = mp::IsFloat(dt);
+  const bool fp = IsFloat(dt);
   for (concord_reduce_op_t op : kOps) {
     for (int place = 0; place < 2; ++place) {
       // Floating types: out-of-place variants are scaled; one in-place sum is scaled too.
@@ -419,13 +390,13 @@ void BroadcastCases(Runner& run, concord_dtype_t dt, int64_t n, int step, bool a
       c->ndim = 1;
       c->shape[0] = n;
       c->name = Name("bc", dt, n, "root" + std::to_string(root) + (place ? ".out" : ".in"));
-      const size_t es = mp::DTypeSize(dt);
+      const size_t es = ElementSize(dt);
       c->in.assign(static_cast<size_t>(n) * es, 0);
       // The root sends its values; the others' inputs hold values the result must replace.
       for (int64_t i = 0; i < n; ++i) {
         const double v = g_rank == root ? Val(Values::kAny, dt, root, i, step, c->salt)
                                         : Val(Values::kAny, dt, root, i, step, c->salt + 7) + 1;
-        SetElem(c->in.data(), dt, i, v);
+        StoreElement(dt, c->in.data(), i, v);
       }
       if (!c->in_place) c->out.assign(c->in.size(), 0xCD);
       run.Add(std::move(c));
@@ -464,7 +435,7 @@ void AllgatherCases(Runner& run, concord_dtype_t dt, int64_t n, int step, bool l
         for (int64_t d : c->first_dims) total += d;
         // Exact capacity, or a little more on some variants.
         c->capacity =
-            static_cast<size_t>(total * c->cols) * mp::DTypeSize(dt) + (variant == 1 ? 16 : 0);
+            static_cast<size_t>(total * c->cols) * ElementSize(dt) + (variant == 1 ? 16 : 0);
         c->out.assign(c->capacity, 0xEE);
       }
       run.Add(std::move(c));
@@ -500,10 +471,10 @@ void GroupCases(Runner& run, int step) {
       c->kind = Kind::kBroadcast;
       c->root = k % g_size;
       c->name = "grp.bc." + std::to_string(k);
-      c->in.assign(static_cast<size_t>(c->n) * mp::DTypeSize(c->dt), 0);
+      c->in.assign(static_cast<size_t>(c->n) * ElementSize(c->dt), 0);
       for (int64_t i = 0; i < c->n; ++i) {
         const double v = Val(Values::kAny, c->dt, c->root, i, step, c->salt) + (g_rank != c->root);
-        SetElem(c->in.data(), c->dt, i, v);
+        StoreElement(c->dt, c->in.data(), i, v);
       }
     } else if (k % 12 == 7) {
       c->kind = Kind::kAllgather;
@@ -549,11 +520,6 @@ int Run(int argc, char** argv) {
       ops = argv[++i];
     } else if (a == "--steps" && i + 1 < argc) {
       steps = std::atoi(argv[++i]);
-    } else if (a == "--mode" && i + 1 < argc) {
-      if (std::string(argv[++i]) != "conformance") {
-        std::fprintf(stderr, "unknown mode %s (failure modes: mp_failure_modes)\n", argv[i]);
-        return 2;
-      }
     } else {
       std::fprintf(stderr,
                    "usage: %s [--min-size N] [--max-size N] [--steps S] [--ops ar,bc,ag,grp]\n",
@@ -571,6 +537,7 @@ int Run(int argc, char** argv) {
   }
   concord_comm_rank(comm, &g_rank);
   concord_comm_size(comm, &g_size);
+  CheckSetContext("rank %d", g_rank);
   Runner run;
   run.comm = comm;
   const int64_t kSizes[] = {0, 1, 7, 4099, int64_t{1} << 20};
@@ -606,11 +573,11 @@ int Run(int argc, char** argv) {
   s = concord_finalize(comm);
   if (s != CONCORD_SUCCESS) FAILF("finalize: %s", concord_status_string(s));
   std::printf(
-      "conformance: rank %d of %d: %ld cases, %ld checks, %ld async callbacks, %ld failures, "
+      "conformance: rank %d of %d: %ld cases, %ld checks, %ld async callbacks, %d failures, "
       "%.2f s: %s\n",
-      g_rank, g_size, g_cases, g_checks, g_callbacks.load(), g_failures, mp::Now() - t0,
-      g_failures == 0 ? "PASS" : "FAIL");
-  return g_failures == 0 ? 0 : 1;
+      g_rank, g_size, g_cases, g_checks, g_callbacks.load(), CheckFailures(), mp::Now() - t0,
+      CheckFailures() == 0 ? "PASS" : "FAIL");
+  return CheckFailures() == 0 ? 0 : 1;
 }
 
 }  // namespace

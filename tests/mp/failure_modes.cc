@@ -21,24 +21,15 @@
 #include <unistd.h>
 
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "mp_common.h"
+#include "tests/common/check.h"
+#include "tests/common/tensors.h"
 
 namespace {
 
-int g_rank = 0, g_size = 1, g_failures = 0;
-
-#define CHECK(cond, ...)                                                                    \
-  do {                                                                                      \
-    if (!(cond)) {                                                                          \
-      ++g_failures;                                                                         \
-      std::fprintf(stderr, "rank %d: FAIL %s:%d: %s: ", g_rank, __FILE__, __LINE__, #cond); \
-      std::fprintf(stderr, __VA_ARGS__);                                                    \
-      std::fprintf(stderr, "\n");                                                           \
-    }                                                                                       \
-  } while (0)
+int g_rank = 0, g_size = 1;
 
 bool Contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
@@ -61,6 +52,7 @@ concord_comm_t Init() {
   }
   concord_comm_rank(comm, &g_rank);
   concord_comm_size(comm, &g_size);
+  CheckSetContext("rank %d", g_rank);
   return comm;
 }
 
@@ -69,17 +61,17 @@ void GoodAllreduce(concord_comm_t comm, const std::string& name, int64_t n) {
   std::vector<float> x(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) x[i] = static_cast<float>(g_rank + i % 3);
   int64_t shape[1] = {n};
-  concord_tensor_t t = mp::Tensor(x.data(), CONCORD_FLOAT32, 1, shape);
+  concord_tensor_t t = CpuTensor(x.data(), CONCORD_FLOAT32, 1, shape);
   const concord_status_t s = concord_allreduce(comm, name.c_str(), &t, nullptr, nullptr);
-  CHECK(s == CONCORD_SUCCESS, "allreduce '%s': %s: %s", name.c_str(), concord_status_string(s),
-        concord_comm_last_error(comm));
+  CHECKF(s == CONCORD_SUCCESS, "allreduce '%s': %s: %s", name.c_str(), concord_status_string(s),
+         concord_comm_last_error(comm));
   if (s != CONCORD_SUCCESS) return;
   const float ranks_sum = static_cast<float>(g_size * (g_size - 1) / 2);
   for (int64_t i = 0; i < n; ++i) {
     const float want = ranks_sum + static_cast<float>(g_size * (i % 3));
     if (x[i] != want) {
-      CHECK(x[i] == want, "allreduce '%s' [%lld]: got %g want %g", name.c_str(),
-            static_cast<long long>(i), x[i], want);
+      CHECKF(x[i] == want, "allreduce '%s' [%lld]: got %g want %g", name.c_str(),
+             static_cast<long long>(i), x[i], want);
       return;
     }
   }
@@ -98,7 +90,7 @@ concord_status_t SubmitVariant(concord_comm_t comm, int k, const std::string& na
                                std::vector<unsigned char>* buf, concord_request_t* req) {
   static int64_t shape_a[2] = {6, 2}, shape_b[2] = {4, 3}, shape_c[2] = {6, 3};
   buf->assign(64 * 8, 0);
-  concord_tensor_t t = mp::Tensor(buf->data(), CONCORD_FLOAT32, 1, shape_a);
+  concord_tensor_t t = CpuTensor(buf->data(), CONCORD_FLOAT32, 1, shape_a);
   concord_allreduce_opts_t o;
   concord_allreduce_opts_init(&o);
   switch (k) {
@@ -166,31 +158,32 @@ int Mismatch() {
     if (mc.cached_first) {
       for (int step = 0; step < 2; ++step) {  // everyone agrees: the response is cached
         concord_status_t s = SubmitVariant(comm, k, name, false, &buf, &req);
-        CHECK(s == CONCORD_SUCCESS, "%s: enqueue: %s", name.c_str(), concord_comm_last_error(comm));
+        CHECKF(s == CONCORD_SUCCESS, "%s: enqueue: %s", name.c_str(),
+               concord_comm_last_error(comm));
         if (s == CONCORD_SUCCESS) {
           s = concord_wait(req, 60);
-          CHECK(s == CONCORD_SUCCESS, "%s (agreeing step %d): %s", name.c_str(), step,
-                concord_request_error(req));
+          CHECKF(s == CONCORD_SUCCESS, "%s (agreeing step %d): %s", name.c_str(), step,
+                 concord_request_error(req));
           concord_request_free(req);
         }
       }
     }
     const double t0 = mp::Now();
     concord_status_t s = SubmitVariant(comm, k, name, g_rank % 2 == 1, &buf, &req);
-    CHECK(s == CONCORD_SUCCESS, "%s: enqueue: %s", name.c_str(), concord_comm_last_error(comm));
+    CHECKF(s == CONCORD_SUCCESS, "%s: enqueue: %s", name.c_str(), concord_comm_last_error(comm));
     if (s != CONCORD_SUCCESS) continue;
     s = concord_wait(req, 60);
     const std::string err =
         concord_test(req) == CONCORD_IN_PROGRESS ? "" : concord_request_error(req);
-    CHECK(s == CONCORD_ERR_MISMATCH, "%s: status %s (%s)", name.c_str(), concord_status_string(s),
-          err.c_str());
-    CHECK(Contains(err, "'" + name + "'"), "%s: error does not name the tensor: '%s'", name.c_str(),
-          err.c_str());
-    CHECK(Contains(err, mc.field), "%s: error does not name the field '%s': '%s'", name.c_str(),
-          mc.field, err.c_str());
-    CHECK(Contains(err, RankList(even)) && Contains(err, RankList(odd)),
-          "%s: error does not name the ranks (%s / %s): '%s'", name.c_str(), RankList(even).c_str(),
-          RankList(odd).c_str(), err.c_str());
+    CHECKF(s == CONCORD_ERR_MISMATCH, "%s: status %s (%s)", name.c_str(), concord_status_string(s),
+           err.c_str());
+    CHECKF(Contains(err, "'" + name + "'"), "%s: error does not name the tensor: '%s'",
+           name.c_str(), err.c_str());
+    CHECKF(Contains(err, mc.field), "%s: error does not name the field '%s': '%s'", name.c_str(),
+           mc.field, err.c_str());
+    CHECKF(Contains(err, RankList(even)) && Contains(err, RankList(odd)),
+           "%s: error does not name the ranks (%s / %s): '%s'", name.c_str(),
+           RankList(even).c_str(), RankList(odd).c_str(), err.c_str());
     if (g_rank == 0) {
       std::printf("mismatch %-18s -> %s in %.3f s: %s\n", mc.what, concord_status_string(s),
                   mp::Now() - t0, err.c_str());
@@ -198,12 +191,12 @@ int Mismatch() {
     concord_request_free(req);
     // The same name, now agreeing, and a fresh name: both work.
     s = SubmitVariant(comm, k, name, false, &buf, &req);
-    CHECK(s == CONCORD_SUCCESS, "%s again: enqueue: %s", name.c_str(),
-          concord_comm_last_error(comm));
+    CHECKF(s == CONCORD_SUCCESS, "%s again: enqueue: %s", name.c_str(),
+           concord_comm_last_error(comm));
     if (s == CONCORD_SUCCESS) {
       s = concord_wait(req, 60);
-      CHECK(s == CONCORD_SUCCESS, "%s again: %s: %s", name.c_str(), concord_status_string(s),
-            concord_request_error(req));
+      CHECKF(s == CONCORD_SUCCESS, "%s again: %s: %s", name.c_str(), concord_status_string(s),
+             concord_request_error(req));
       concord_request_free(req);
     }
     GoodAllreduce(comm, "after." + name, 5 + k);
@@ -220,21 +213,21 @@ int Mismatch() {
     const concord_status_t want[4] = {CONCORD_ERR_MISMATCH, CONCORD_SUCCESS, CONCORD_ERR_MISMATCH,
                                       CONCORD_SUCCESS};
     for (int i = 0; i < 4; ++i) {
-      CHECK(ss[i] == CONCORD_SUCCESS, "multi %d: enqueue: %s", i, concord_comm_last_error(comm));
+      CHECKF(ss[i] == CONCORD_SUCCESS, "multi %d: enqueue: %s", i, concord_comm_last_error(comm));
       if (ss[i] != CONCORD_SUCCESS) continue;
       const concord_status_t s = concord_wait(reqs[i], 60);
-      CHECK(s == want[i], "multi %d: %s, want %s: %s", i, concord_status_string(s),
-            concord_status_string(want[i]), concord_request_error(reqs[i]));
+      CHECKF(s == want[i], "multi %d: %s, want %s: %s", i, concord_status_string(s),
+             concord_status_string(want[i]), concord_request_error(reqs[i]));
       concord_request_free(reqs[i]);
     }
   }
   GoodAllreduce(comm, "final", 1000);
-  CHECK(concord_barrier(comm) == CONCORD_SUCCESS, "barrier: %s", concord_comm_last_error(comm));
+  CHECKF(concord_barrier(comm) == CONCORD_SUCCESS, "barrier: %s", concord_comm_last_error(comm));
   const concord_status_t s = concord_finalize(comm);
-  CHECK(s == CONCORD_SUCCESS, "finalize: %s", concord_status_string(s));
+  CHECKF(s == CONCORD_SUCCESS, "finalize: %s", concord_status_string(s));
   std::printf("failure_modes mismatch: rank %d of %d: %d failures: %s\n", g_rank, g_size,
-              g_failures, g_failures ? "FAIL" : "PASS");
-  return g_failures ? 1 : 0;
+              CheckFailures(), CheckFailures() ? "FAIL" : "PASS");
+  return CheckFailures() ? 1 : 0;
 }
 
 // ---- kill ----
@@ -249,27 +242,28 @@ int Kill(int victim) {
     return 2;
   }
   for (int step = 0; step < 3; ++step) GoodAllreduce(comm, "warmup", 4096);
-  CHECK(concord_barrier(comm) == CONCORD_SUCCESS, "barrier: %s", concord_comm_last_error(comm));
-  if (g_failures) return 1;
-  if (g_rank == victim) {
-    // Let the others enqueue their requests, then die without a word.
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    std::printf("VICTIM rank %d kills itself\n", g_rank);
-    std::fflush(stdout);
-    ::raise(SIGKILL);
-  }
-  // Pending: requests the victim never submits (one also in a group).
+  CHECKF(concord_barrier(comm) == CONCORD_SUCCESS, "barrier: %s", concord_comm_last_error(comm));
+  if (CheckFailures()) return 1;
+  // Pending: requests the survivors enqueue and the victim never submits.
   const int kPending = 4;
   std::vector<std::vector<float>> data(kPending, std::vector<float>(1024, 1.0f));
   int64_t shape[1] = {1024};
   std::vector<concord_request_t> reqs(kPending, nullptr);
-  for (int i = 0; i < kPending; ++i) {
-    concord_tensor_t t = mp::Tensor(data[i].data(), CONCORD_FLOAT32, 1, shape);
+  for (int i = 0; i < kPending && g_rank != victim; ++i) {
+    concord_tensor_t t = CpuTensor(data[i].data(), CONCORD_FLOAT32, 1, shape);
     const std::string name = "pending." + std::to_string(i);
     const concord_status_t s = concord_allreduce_async(comm, name.c_str(), &t, nullptr, nullptr,
                                                        nullptr, nullptr, &reqs[i]);
-    CHECK(s == CONCORD_SUCCESS, "enqueue %s: %s", name.c_str(), concord_comm_last_error(comm));
+    CHECKF(s == CONCORD_SUCCESS, "enqueue %s: %s", name.c_str(), concord_comm_last_error(comm));
     if (s != CONCORD_SUCCESS) reqs[i] = nullptr;
+  }
+  // Operations are matched by name, so this barrier completes while the pending requests wait for
+  // the victim: once it returns there, every survivor's requests are pending.
+  CHECKF(concord_barrier(comm) == CONCORD_SUCCESS, "barrier: %s", concord_comm_last_error(comm));
+  if (g_rank == victim) {
+    std::printf("VICTIM rank %d kills itself\n", g_rank);
+    std::fflush(stdout);
+    ::raise(SIGKILL);  // dies without a word
   }
   const double t0 = mp::Now();
   concord_status_t first = CONCORD_SUCCESS;
@@ -278,11 +272,11 @@ int Kill(int victim) {
     if (!reqs[i]) continue;
     const concord_status_t s = concord_wait(reqs[i], 60);  // well past the engine's deadline
     const bool finished = concord_test(reqs[i]) != CONCORD_IN_PROGRESS;
-    CHECK(finished, "pending.%d still running 60 s after the victim died", i);
-    CHECK(s != CONCORD_SUCCESS, "pending.%d succeeded although rank %d is dead", i, victim);
+    CHECKF(finished, "pending.%d still running 60 s after the victim died", i);
+    CHECKF(s != CONCORD_SUCCESS, "pending.%d succeeded although rank %d is dead", i, victim);
     if (finished) {
       const std::string err = concord_request_error(reqs[i]);
-      CHECK(!err.empty(), "pending.%d failed without an error message", i);
+      CHECKF(!err.empty(), "pending.%d failed without an error message", i);
       if (first == CONCORD_SUCCESS) {
         first = s;
         first_error = err;
@@ -293,40 +287,40 @@ int Kill(int victim) {
   const double detect = mp::Now() - t0;
   double limit = 10;
   if (const char* t = std::getenv("CONCORD_TIMEOUT_S")) limit = std::atof(t);
-  CHECK(detect <= limit + 2.0, "the failure took %.2f s to surface (deadline %.1f s)", detect,
-        limit);
+  CHECKF(detect <= limit + 2.0, "the failure took %.2f s to surface (deadline %.1f s)", detect,
+         limit);
   // Later requests fail too: at enqueue, or promptly after.
   {
     std::vector<float> x(16, 1.0f);
     int64_t s16[1] = {16};
-    concord_tensor_t t = mp::Tensor(x.data(), CONCORD_FLOAT32, 1, s16);
+    concord_tensor_t t = CpuTensor(x.data(), CONCORD_FLOAT32, 1, s16);
     const double t1 = mp::Now();
     concord_request_t r = nullptr;
     concord_status_t s =
         concord_allreduce_async(comm, "later", &t, nullptr, nullptr, nullptr, nullptr, &r);
     if (s == CONCORD_SUCCESS) {
       s = concord_wait(r, 30);
-      CHECK(concord_test(r) != CONCORD_IN_PROGRESS, "a later request is still running");
+      CHECKF(concord_test(r) != CONCORD_IN_PROGRESS, "a later request is still running");
       concord_request_free(r);
     }
-    CHECK(s != CONCORD_SUCCESS, "a later allreduce succeeded although rank %d is dead", victim);
+    CHECKF(s != CONCORD_SUCCESS, "a later allreduce succeeded although rank %d is dead", victim);
     s = concord_barrier(comm);
-    CHECK(s != CONCORD_SUCCESS, "a later barrier succeeded although rank %d is dead", victim);
-    CHECK(mp::Now() - t1 < 5.0, "later requests took %.2f s to fail", mp::Now() - t1);
+    CHECKF(s != CONCORD_SUCCESS, "a later barrier succeeded although rank %d is dead", victim);
+    CHECKF(mp::Now() - t1 < 5.0, "later requests took %.2f s to fail", mp::Now() - t1);
   }
   const double t2 = mp::Now();
   const concord_status_t fs = concord_finalize(comm);
   const double fin = mp::Now() - t2;
-  CHECK(fs == CONCORD_SUCCESS, "finalize: %s", concord_status_string(fs));
-  CHECK(fin < 5.0, "finalize took %.2f s", fin);
-  if (g_failures == 0) {
+  CHECKF(fs == CONCORD_SUCCESS, "finalize: %s", concord_status_string(fs));
+  CHECKF(fin < 5.0, "finalize took %.2f s", fin);
+  if (CheckFailures() == 0) {
     std::printf(
         "SURVIVOR_OK rank %d: pending requests failed after %.3f s with %s (%s); "
         "finalize %.3f s\n",
         g_rank, detect, concord_status_string(first), first_error.c_str(), fin);
   }
   std::fflush(stdout);
-  return g_failures ? 1 : 0;
+  return CheckFailures() ? 1 : 0;
 }
 
 // ---- auth ----
@@ -339,6 +333,7 @@ int Auth() {
     return 2;
   }
   g_rank = std::atoi(rank_env);
+  CheckSetContext("rank %d", g_rank);
   if (g_rank == 1) {
     const std::string good = token;
     std::string bad = good;
@@ -349,12 +344,12 @@ int Auth() {
     const concord_status_t s = concord_init(&comm);
     const double took = mp::Now() - t0;
     const std::string msg = concord_comm_last_error(nullptr);
-    CHECK(s == CONCORD_ERR_AUTH, "init with a wrong token: %s (%s)", concord_status_string(s),
-          msg.c_str());
-    CHECK(comm == nullptr, "init failed but wrote a communicator");
-    CHECK(Contains(msg, "token") || Contains(msg, "secret") || Contains(msg, "auth"),
-          "the message does not say what was wrong: '%s'", msg.c_str());
-    CHECK(took < 10.0, "refusing a wrong token took %.2f s", took);
+    CHECKF(s == CONCORD_ERR_AUTH, "init with a wrong token: %s (%s)", concord_status_string(s),
+           msg.c_str());
+    CHECKF(comm == nullptr, "init failed but wrote a communicator");
+    CHECKF(Contains(msg, "token") || Contains(msg, "secret") || Contains(msg, "auth"),
+           "the message does not say what was wrong: '%s'", msg.c_str());
+    CHECKF(took < 10.0, "refusing a wrong token took %.2f s", took);
     std::printf("AUTH_REFUSED rank 1 in %.3f s: %s: %s\n", took, concord_status_string(s),
                 msg.c_str());
     if (s == CONCORD_SUCCESS) concord_finalize(comm);
@@ -363,10 +358,10 @@ int Auth() {
   concord_comm_t comm = Init();
   GoodAllreduce(comm, "after-auth", 100);
   const concord_status_t s = concord_finalize(comm);
-  CHECK(s == CONCORD_SUCCESS, "finalize: %s", concord_status_string(s));
-  std::printf("failure_modes auth: rank %d: %d failures: %s\n", g_rank, g_failures,
-              g_failures ? "FAIL" : "PASS");
-  return g_failures ? 1 : 0;
+  CHECKF(s == CONCORD_SUCCESS, "finalize: %s", concord_status_string(s));
+  std::printf("failure_modes auth: rank %d: %d failures: %s\n", g_rank, CheckFailures(),
+              CheckFailures() ? "FAIL" : "PASS");
+  return CheckFailures() ? 1 : 0;
 }
 
 }  // namespace

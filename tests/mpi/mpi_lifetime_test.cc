@@ -19,20 +19,18 @@
 #include <vector>
 
 #include "concord/concord.h"
+#include "tests/common/check.h"
+#include "tests/common/tensors.h"
 
 namespace {
 
-int g_rank = -1, g_failures = 0;
+int g_rank = -1;
 
-#define CHECK(cond, ...)                                                                    \
-  do {                                                                                      \
-    if (!(cond)) {                                                                          \
-      ++g_failures;                                                                         \
-      std::fprintf(stderr, "rank %d: FAIL %s:%d: %s: ", g_rank, __FILE__, __LINE__, #cond); \
-      std::fprintf(stderr, __VA_ARGS__);                                                    \
-      std::fprintf(stderr, "\n");                                                           \
-    }                                                                                       \
-  } while (0)
+// Every failure line names this process's rank (tests/common/check.h).
+void SetRank(int rank) {
+  g_rank = rank;
+  CheckSetContext("rank %d", rank);
+}
 
 // A float32 sum over the communicator; checks the result.
 void SumAndCheck(concord_comm_t comm, const char* name) {
@@ -40,56 +38,63 @@ void SumAndCheck(concord_comm_t comm, const char* name) {
   concord_comm_size(comm, &size);
   std::vector<float> x(33, static_cast<float>(g_rank + 1));
   int64_t shape[1] = {33};
-  concord_tensor_t t = {x.data(), CONCORD_FLOAT32, 1, shape, CONCORD_DEVICE_CPU};
+  concord_tensor_t t = CpuTensor(x.data(), CONCORD_FLOAT32, 1, shape);
   const concord_status_t s = concord_allreduce(comm, name, &t, nullptr, nullptr);
-  CHECK(s == CONCORD_SUCCESS, "allreduce %s: %s", name, concord_comm_last_error(comm));
+  CHECKF(s == CONCORD_SUCCESS, "allreduce %s: %s", name, concord_comm_last_error(comm));
   const float want = static_cast<float>(size * (size + 1) / 2);
-  CHECK(x[0] == want && x[32] == want, "allreduce %s: got %g want %g", name, x[0], want);
+  CHECKF(x[0] == want && x[32] == want, "allreduce %s: got %g want %g", name, x[0], want);
 }
 
 concord_comm_t Init() {
   concord_comm_t comm = nullptr;
   const concord_status_t s = concord_init(&comm);
-  CHECK(s == CONCORD_SUCCESS, "concord_init: %s", concord_comm_last_error(nullptr));
-  if (comm) concord_comm_rank(comm, &g_rank);
+  CHECKF(s == CONCORD_SUCCESS, "concord_init: %s", concord_comm_last_error(nullptr));
+  int rank = -1;
+  if (comm && concord_comm_rank(comm, &rank) == CONCORD_SUCCESS) SetRank(rank);
   return comm;
 }
 
-void AppMultiple() {
+// The application initialises MPI asking for thread level `level`; returns the level provided.
+int AppInitMpi(int level) {
   int provided = 0;
-  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
-  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+  MPI_Init_thread(nullptr, nullptr, level, &provided);
+  int rank = -1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  SetRank(rank);
+  return provided;
+}
+
+void AppMultiple() {
+  AppInitMpi(MPI_THREAD_MULTIPLE);
   concord_comm_t comm = Init();
   if (!comm) return;
   SumAndCheck(comm, "app-multiple");
-  CHECK(concord_finalize(comm) == CONCORD_SUCCESS, "finalize");
+  CHECKF(concord_finalize(comm) == CONCORD_SUCCESS, "finalize");
   int finalized = 1;
   MPI_Finalized(&finalized);
-  CHECK(!finalized, "Concord finalized MPI that the application had initialised");
+  CHECKF(!finalized, "Concord finalized MPI that the application had initialised");
   int one = 1, sum = 0, size = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &size);
-  CHECK(
+  CHECKF(
       MPI_Allreduce(&one, &sum, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD) == MPI_SUCCESS && sum == size,
       "the application's MPI_Allreduce after concord_finalize: %d", sum);
   MPI_Finalize();
 }
 
 void AppFunneled() {
-  int provided = 0;
-  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
-  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+  const int provided = AppInitMpi(MPI_THREAD_FUNNELED);
   concord_comm_t comm = nullptr;
   const concord_status_t s = concord_init(&comm);
   const std::string err = concord_comm_last_error(nullptr);
   if (provided >= MPI_THREAD_SERIALIZED) {  // an MPI may grant more than asked: then it works
-    CHECK(s == CONCORD_SUCCESS, "concord_init at level %d: %s", provided, err.c_str());
+    CHECKF(s == CONCORD_SUCCESS, "concord_init at level %d: %s", provided, err.c_str());
     if (comm) concord_finalize(comm);
   } else {
-    CHECK(s == CONCORD_ERR_UNAVAILABLE, "concord_init: %s (%s)", concord_status_string(s),
-          err.c_str());
-    CHECK(err.find(provided == MPI_THREAD_SINGLE ? "MPI_THREAD_SINGLE" : "MPI_THREAD_FUNNELED") !=
-              std::string::npos,
-          "the error does not name the thread level: %s", err.c_str());
+    CHECKF(s == CONCORD_ERR_UNAVAILABLE, "concord_init: %s (%s)", concord_status_string(s),
+           err.c_str());
+    CHECKF(err.find(provided == MPI_THREAD_SINGLE ? "MPI_THREAD_SINGLE" : "MPI_THREAD_FUNNELED") !=
+               std::string::npos,
+           "the error does not name the thread level: %s", err.c_str());
     if (g_rank == 0) std::printf("refused as expected: %s\n", err.c_str());
   }
   MPI_Finalize();
@@ -101,14 +106,14 @@ void TwoComms() {
   if (!a || !b) return;
   SumAndCheck(a, "a.1");
   SumAndCheck(b, "b.1");
-  CHECK(concord_finalize(a) == CONCORD_SUCCESS, "finalize a");
+  CHECKF(concord_finalize(a) == CONCORD_SUCCESS, "finalize a");
   int finalized = 1;
   MPI_Finalized(&finalized);
-  CHECK(!finalized, "MPI was finalized while communicator b still uses it");
+  CHECKF(!finalized, "MPI was finalized while communicator b still uses it");
   SumAndCheck(b, "b.2");
-  CHECK(concord_finalize(b) == CONCORD_SUCCESS, "finalize b");
+  CHECKF(concord_finalize(b) == CONCORD_SUCCESS, "finalize b");
   MPI_Finalized(&finalized);
-  CHECK(finalized, "Concord initialised MPI but did not finalize it with its last communicator");
+  CHECKF(finalized, "Concord initialised MPI but did not finalize it with its last communicator");
 }
 
 }  // namespace
@@ -125,6 +130,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s --mode app-multiple|app-funneled|two-comms\n", argv[0]);
     return 2;
   }
-  std::printf("mpi_lifetime %s: rank %d: %s\n", mode.c_str(), g_rank, g_failures ? "FAIL" : "PASS");
-  return g_failures ? 1 : 0;
+  std::printf("mpi_lifetime %s: rank %d: %s\n", mode.c_str(), g_rank,
+              CheckFailures() ? "FAIL" : "PASS");
+  return CheckFailures() ? 1 : 0;
 }
