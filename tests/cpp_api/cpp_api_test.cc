@@ -9,40 +9,37 @@
 #include <filesystem>
 #include <functional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "concord/concord.hpp"
 #include "gtest/gtest.h"
+#include "tests/common/ranks.h"
 
 namespace {
 
-// Runs body(comm) on `size` threads, each rank with its own Communicator, and joins them.
-// Failures inside a thread are recorded by gtest; exceptions fail the test with their message.
+// Runs body(comm) on `size` ranks as threads (tests/common/ranks.h), each with its own
+// Communicator over a file store private to this call. A concord::Error escaping a body fails the
+// test with its status and message.
 void RunRanks(int size, const std::function<void(concord::Communicator&)>& body) {
   static std::atomic<int> job{0};
   const std::string path =
       "/tmp/concord-cpp-api-test-" + std::to_string(getpid()) + "-" + std::to_string(job++);
   const std::string dir = "file://" + path;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        concord_config_t config;
-        concord_config_init(&config);
-        config.rank = r;
-        config.size = size;
-        config.store = dir.c_str();
-        config.job_id = "cpp-api-test";
-        config.timeout_s = 20;
-        concord::Communicator comm(config);
-        body(comm);
-      } catch (const concord::Error& e) {
-        ADD_FAILURE() << "rank " << r << ": " << e.what() << " (status " << e.status() << ")";
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+  concord::harness::RunRanks(size, [&](int r) {
+    try {
+      concord_config_t config;
+      concord_config_init(&config);
+      config.rank = r;
+      config.size = size;
+      config.store = dir.c_str();
+      config.job_id = "cpp-api-test";
+      config.timeout_s = 20;
+      concord::Communicator comm(config);
+      body(comm);
+    } catch (const concord::Error& e) {
+      ADD_FAILURE() << e.what() << " (status " << e.status() << ")";
+    }
+  });
   std::filesystem::remove_all(path);
 }
 
@@ -195,10 +192,6 @@ TEST(CppApiTest, MismatchSurfacesAsErrorOnEveryRank) {
   });
 }
 
-}  // namespace
-
-namespace {
-
 // A job-wide setting that differs between ranks stops that rank at init with a message naming
 // the setting, instead of letting the ranks plan different collectives.
 TEST(CppApiTest, DifferentFusionThresholdIsRefusedAtInit) {
@@ -206,39 +199,30 @@ TEST(CppApiTest, DifferentFusionThresholdIsRefusedAtInit) {
   const std::string dir = "file://" + path;
   std::string rank1_error;
   concord_status_t rank1_status = CONCORD_SUCCESS;
-  std::thread rank0([&] {
+  concord::harness::RunRanks(2, [&](int r) {
     concord_config_t config;
     concord_config_init(&config);
-    config.rank = 0;
+    config.rank = r;
     config.size = 2;
     config.store = dir.c_str();
     config.job_id = "settings";
     config.timeout_s = 2;
+    if (r == 1) config.fusion_threshold_bytes = 1024;
     concord_comm_t comm = nullptr;
-    // Rank 1 never connects, so rank 0 gives up after its timeout.
-    EXPECT_NE(concord_init_config(&config, &comm), CONCORD_SUCCESS);
+    const concord_status_t status = concord_init_config(&config, &comm);
+    if (r == 0) {
+      // Rank 1 never connects, so rank 0 gives up after its timeout.
+      EXPECT_NE(status, CONCORD_SUCCESS);
+      return;
+    }
+    rank1_status = status;
+    rank1_error = concord_comm_last_error(nullptr);  // this thread's
   });
-  concord_config_t config;
-  concord_config_init(&config);
-  config.rank = 1;
-  config.size = 2;
-  config.store = dir.c_str();
-  config.job_id = "settings";
-  config.timeout_s = 2;
-  config.fusion_threshold_bytes = 1024;
-  concord_comm_t comm = nullptr;
-  rank1_status = concord_init_config(&config, &comm);
-  rank1_error = concord_comm_last_error(nullptr);
-  rank0.join();
   std::filesystem::remove_all(path);
   EXPECT_EQ(rank1_status, CONCORD_ERR_INVALID_ARGUMENT);
   EXPECT_NE(rank1_error.find("CONCORD_FUSION_THRESHOLD"), std::string::npos) << rank1_error;
   EXPECT_NE(rank1_error.find("rank 0 has '67108864'"), std::string::npos) << rank1_error;
 }
-
-}  // namespace
-
-namespace {
 
 // Finalizing from one of the communicator's own callbacks could only deadlock (the callback runs
 // on the engine's thread or one of its lane threads): it is refused, the handle stays valid, and

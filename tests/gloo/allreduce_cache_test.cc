@@ -2,43 +2,25 @@
 // count and bytes, with 2 ranks as threads.
 #include "backends/gloo/allreduce_cache.h"
 
-#include <gloo/barrier.h>
 #include <gtest/gtest.h>
 
 #include <functional>
-#include <thread>
 #include <vector>
 
 #include "backends/gloo/gloo_context.h"
-#include "rendezvous/hash_store.h"
 #include "tests/gloo/gloo_test_util.h"
 
 namespace concord {
 namespace gloo_internal {
 namespace {
 
+// Runs body(cache, rank) on two ranks, each with its own cache over its own Gloo context.
 void RunTwoRanks(size_t max_entries, size_t max_bytes,
                  const std::function<void(AllreduceCache&, int rank)>& body) {
-  HashStore store;
-  const std::string prefix = testing_gloo::UniquePrefix();
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < 2; ++rank) {
-    threads.emplace_back([&, rank] {
-      GlooConnectOptions options;
-      options.rank = rank;
-      options.size = 2;
-      options.prefix = prefix;
-      options.timeout = std::chrono::milliseconds(20000);
-      StatusOr<std::shared_ptr<GlooContext>> context = ConnectGloo(options, &store);
-      ASSERT_TRUE(context.ok()) << context.status().ToString();
-      AllreduceCache cache(*context, *context, max_entries, max_bytes);
-      body(cache, rank);
-      // Shut down collectively (see RunRanks).
-      gloo::BarrierOptions barrier(*context);
-      gloo::barrier(barrier);
-    });
-  }
-  for (auto& t : threads) t.join();
+  testing_gloo::RunContextRanks(2, [&](const std::shared_ptr<GlooContext>& context, int rank) {
+    AllreduceCache cache(context, context, max_entries, max_bytes);
+    body(cache, rank);
+  });
 }
 
 void SumOnce(AllreduceCache& cache, AllreduceAlgorithm algorithm, std::vector<float>& buf,

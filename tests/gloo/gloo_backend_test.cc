@@ -18,18 +18,18 @@
 
 #include "base/dtype.h"
 #include "rendezvous/hash_store.h"
-#include "tests/common/typed_elements.h"
+#include "tests/common/tensors.h"
 #include "tests/gloo/gloo_test_util.h"
 
 namespace concord {
 namespace {
 
-using testing_elements::LoadElement;
-using testing_elements::StoreElement;
+using harness::kAllDTypes;
+using harness::kAllReduceOps;
+using harness::LoadElement;
+using harness::StoreElement;
 using testing_gloo::Expected;
 using testing_gloo::Input;
-using testing_gloo::kAllDTypes;
-using testing_gloo::kAllOps;
 using testing_gloo::RunRanks;
 
 // Runs one allreduce on this rank's backend and checks every element (the first mismatch is a
@@ -57,7 +57,7 @@ TEST_P(GlooAllreduceTest, EveryDTypeOpAndCount) {
   const std::string algorithm = std::get<1>(GetParam());
   RunRanks(size, algorithm, [&](Backend& backend) {
     for (DType dtype : kAllDTypes) {
-      for (ReduceOp op : kAllOps) {
+      for (ReduceOp op : kAllReduceOps) {
         for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{4099}}) {
           CheckAllreduce(backend, dtype, op, count);
           if (::testing::Test::HasFatalFailure()) return;
@@ -75,7 +75,7 @@ TEST_P(GlooAllreduceTest, LargeCount) {
   const bool full = algorithm == "auto" && size <= 3;
   RunRanks(size, algorithm, [&](Backend& backend) {
     for (DType dtype : kAllDTypes) {
-      for (ReduceOp op : kAllOps) {
+      for (ReduceOp op : kAllReduceOps) {
         const bool pick = (dtype == DType::kFloat32 && op == ReduceOp::kSum) ||
                           (dtype == DType::kFloat16 && op == ReduceOp::kMax);
         if (!full && !pick) continue;
@@ -196,6 +196,7 @@ TEST(GlooBackendTest, BarrierWaitsForEveryRank) {
     std::atomic<int> arrived{0};
     RunRanks(size, "auto", [&](Backend& backend) {
       for (int round = 1; round <= 3; ++round) {
+        // A slow last rank (time passing on purpose, not an ordering): the barrier must wait.
         if (backend.rank() == size - 1) std::this_thread::sleep_for(std::chrono::milliseconds(20));
         ++arrived;
         ASSERT_TRUE(backend.Barrier().ok());
@@ -270,12 +271,9 @@ TEST(GlooBackendTest, PeerGoneFailsWithinTimeout) {
 
 TEST(GlooBackendTest, RendezvousTimesOutWithoutPeers) {
   HashStore store;
-  BackendOptions options;
-  options.rank = 0;
-  options.size = 2;
-  options.prefix = testing_gloo::UniquePrefix();
-  options.timeout = std::chrono::milliseconds(300);
-  StatusOr<std::unique_ptr<Backend>> backend = CreateGlooBackend(options, &store);
+  StatusOr<std::unique_ptr<Backend>> backend = CreateGlooBackend(
+      testing_gloo::Options(0, 2, testing_gloo::UniquePrefix(), std::chrono::milliseconds(300)),
+      &store);
   EXPECT_EQ(backend.status().code(), Code::kTimeout) << backend.status().ToString();
 }
 

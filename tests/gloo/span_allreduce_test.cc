@@ -7,11 +7,8 @@
 
 #include <gtest/gtest.h>
 
-#include <atomic>
-#include <chrono>
 #include <cstring>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "backends/gloo/gloo_context.h"
@@ -20,8 +17,8 @@
 namespace concord {
 namespace {
 
-using testing_elements::LoadElement;
-using testing_elements::StoreElement;
+using harness::LoadElement;
+using harness::StoreElement;
 using testing_gloo::Expected;
 using testing_gloo::Input;
 using testing_gloo::RunRanks;
@@ -65,8 +62,8 @@ TEST_P(SpanAllreduceTest, EveryDTypeOpAndLayout) {
   const std::vector<std::vector<size_t>> layouts = {
       {}, {0}, {1}, {0, 1, 0}, {7, 0, 4099, 3}, {1, 1, 1, 1, 1}, {3, 5}};
   RunRanks(size, "auto", [&](Backend& backend) {
-    for (DType dtype : testing_gloo::kAllDTypes) {
-      for (ReduceOp op : testing_gloo::kAllOps) {
+    for (DType dtype : harness::kAllDTypes) {
+      for (ReduceOp op : harness::kAllReduceOps) {
         for (const auto& counts : layouts) {
           Buffers buffers(dtype, op, backend.rank(), counts);
           const Status s = backend.AllreduceSpans(buffers.spans, dtype, op);
@@ -101,41 +98,26 @@ INSTANTIATE_TEST_SUITE_P(Ranks, SpanAllreduceTest, ::testing::Values(1, 2, 3, 4)
 // and blocks are empty when there are fewer elements than ranks.
 TEST(SpanRingTest, TinySegmentsAndFewerElementsThanRanks) {
   for (int size = 2; size <= 4; ++size) {
-    HashStore store;
-    const std::string prefix = testing_gloo::UniquePrefix();
-    std::vector<std::thread> threads;
-    for (int rank = 0; rank < size; ++rank) {
-      threads.emplace_back([&, rank] {
-        gloo_internal::GlooConnectOptions connect;
-        connect.rank = rank;
-        connect.size = size;
-        connect.prefix = prefix;
-        connect.timeout = std::chrono::milliseconds(20000);
-        auto context = gloo_internal::ConnectGloo(connect, &store);
-        ASSERT_TRUE(context.ok()) << context.status().ToString();
-        std::vector<uint8_t> scratch;
-        const std::vector<std::vector<size_t>> layouts = {
-            {5, 0, 17, 1, 64, 3}, {1}, {2, 0, 1}, {100, 1, 1, 100}, {0, 0}};
-        for (size_t segment_bytes : {size_t{4}, size_t{24}, size_t{1000}}) {
-          for (const auto& counts : layouts) {
-            for (DType dtype : {DType::kFloat32, DType::kInt64, DType::kFloat16}) {
-              Buffers buffers(dtype, ReduceOp::kSum, rank, counts);
-              try {
-                gloo_internal::SpanRingAllreduce(*context, buffers.spans, dtype, ReduceOp::kSum,
+    testing_gloo::RunContextRanks(
+        size, [&](const std::shared_ptr<gloo_internal::GlooContext>& context, int rank) {
+          std::vector<uint8_t> scratch;
+          const std::vector<std::vector<size_t>> layouts = {
+              {5, 0, 17, 1, 64, 3}, {1}, {2, 0, 1}, {100, 1, 1, 100}, {0, 0}};
+          for (size_t segment_bytes : {size_t{4}, size_t{24}, size_t{1000}}) {
+            for (const auto& counts : layouts) {
+              for (DType dtype : {DType::kFloat32, DType::kInt64, DType::kFloat16}) {
+                Buffers buffers(dtype, ReduceOp::kSum, rank, counts);
+                // Gloo reports a failure by throwing: RunRanks fails the test with it.
+                gloo_internal::SpanRingAllreduce(context, buffers.spans, dtype, ReduceOp::kSum,
                                                  0x4300, segment_bytes, &scratch);
-              } catch (const std::exception& e) {
-                FAIL() << "rank " << rank << ": " << e.what();
+                buffers.Check(
+                    ReduceOp::kSum, size,
+                    "segment " + std::to_string(segment_bytes) + " rank " + std::to_string(rank));
+                if (::testing::Test::HasFatalFailure()) return;
               }
-              buffers.Check(
-                  ReduceOp::kSum, size,
-                  "segment " + std::to_string(segment_bytes) + " rank " + std::to_string(rank));
-              if (::testing::Test::HasFatalFailure()) return;
             }
           }
-        }
-      });
-    }
-    for (auto& t : threads) t.join();
+        });
   }
 }
 

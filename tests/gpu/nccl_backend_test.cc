@@ -12,23 +12,20 @@
 #include <functional>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "backends/cuda/cuda_device.h"
 #include "rendezvous/hash_store.h"
-#include "tests/common/typed_elements.h"
+#include "tests/common/ranks.h"
+#include "tests/common/tensors.h"
 
 namespace concord {
 namespace {
 
+using harness::kAllDTypes;
+using harness::LoadElement;
+using harness::StoreElement;
 using std::chrono::milliseconds;
-using testing_elements::LoadElement;
-using testing_elements::StoreElement;
-
-constexpr DType kAllDTypes[] = {DType::kUint8,   DType::kInt8,    DType::kInt32,
-                                DType::kInt64,   DType::kFloat16, DType::kBFloat16,
-                                DType::kFloat32, DType::kFloat64};
 
 TEST(NcclProbeTest, NamesTheDeviceOrSaysWhyNot) {
   StatusOr<int> device = ProbeNcclDevice(3);
@@ -82,20 +79,16 @@ class NcclBackendTest : public ::testing::Test {
                milliseconds timeout = milliseconds(30000)) {
     ranks = ranks > 0 ? ranks : ranks_;
     HashStore store;
-    std::vector<std::thread> threads;
-    for (int r = 0; r < ranks; ++r) {
-      threads.emplace_back([&, r] {
-        BackendOptions o;
-        o.rank = r;
-        o.size = ranks;
-        o.prefix = "test/" + std::to_string(prefix_);
-        o.timeout = timeout;
-        auto backend = CreateNcclBackend(r, o, &store);
-        ASSERT_TRUE(backend.ok()) << backend.status().ToString();
-        fn(r, **backend);
-      });
-    }
-    for (auto& t : threads) t.join();
+    harness::RunRanks(ranks, [&](int r) {
+      BackendOptions o;
+      o.rank = r;
+      o.size = ranks;
+      o.prefix = "test/" + std::to_string(prefix_);
+      o.timeout = timeout;
+      auto backend = CreateNcclBackend(r, o, &store);
+      ASSERT_TRUE(backend.ok()) << backend.status().ToString();
+      fn(r, **backend);
+    });
     ++prefix_;
   }
 
@@ -152,15 +145,10 @@ TEST_F(NcclBackendTest, AllreduceEveryDTypeOpAndSize) {
             std::vector<uint8_t> got(host[k].size());
             ASSERT_TRUE(bufs[k].CopyToHost(got.data(), 0, got.size()).ok());
             for (size_t i = 0; i < counts[k]; ++i) {
-              double want = 0;
-              for (int r = 0; r < ranks_; ++r) {
-                const double v = op == ReduceOp::kProduct ? 1 + (i + r) % 2 : i % 7 + r;
-                want = r == 0 ? pre * v : testing_elements::CombineValues(op, want, pre * v);
-              }
-              if (op == ReduceOp::kAverage) {
-                want = IsFloatingPoint(dtype) ? want / ranks_ : std::trunc(want / ranks_);
-              }
-              want *= post;
+              const double want = harness::ExpectedAllreduce(
+                  op, dtype, ranks_,
+                  [&](int r) { return op == ReduceOp::kProduct ? 1 + (i + r) % 2 : i % 7 + r; },
+                  pre, post);
               const double tol = IsHalfPrecision(dtype) ? 2e-2 * std::max(1.0, std::fabs(want))
                                                         : 1e-5 * std::max(1.0, std::fabs(want));
               const double have = LoadElement(dtype, got.data(), i);

@@ -13,6 +13,7 @@
 
 #include "rendezvous/hash_store.h"
 #include "rendezvous/net.h"
+#include "tests/common/ranks.h"
 
 namespace concord {
 namespace {
@@ -34,17 +35,13 @@ TcpControlPlaneOptions Options(int rank, int size) {
 Planes CreateAll(int size, HashStore* store,
                  const std::function<void(TcpControlPlaneOptions*)>& tweak = nullptr) {
   Planes planes(size);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] {
-      TcpControlPlaneOptions o = Options(r, size);
-      if (tweak) tweak(&o);
-      auto p = CreateTcpControlPlane(o, store);
-      EXPECT_TRUE(p.ok()) << "rank " << r << ": " << p.status().ToString();
-      if (p.ok()) planes[r] = std::move(p.value());
-    });
-  }
-  for (auto& t : threads) t.join();
+  harness::RunRanks(size, [&](int r) {
+    TcpControlPlaneOptions o = Options(r, size);
+    if (tweak) tweak(&o);
+    auto p = CreateTcpControlPlane(o, store);
+    EXPECT_TRUE(p.ok()) << p.status().ToString();
+    if (p.ok()) planes[r] = std::move(p.value());
+  });
   return planes;
 }
 
@@ -113,52 +110,48 @@ TEST_P(TcpControlPlaneSizes, MessagesArriveInOrderAndWhole) {
   for (auto& p : planes) ASSERT_NE(p, nullptr);
   constexpr int kCount = 200;
   std::atomic<int> finished{0};
-  std::vector<std::thread> threads;
-  for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] {
-      ControlPlane* p = planes[r].get();
-      EXPECT_EQ(p->rank(), r);
-      EXPECT_EQ(p->size(), size);
-      // Rank 0 talks to everyone; the others only to rank 0.
-      const std::vector<int> peers = [&] {
-        std::vector<int> v;
-        if (r == 0) {
-          for (int q = 1; q < size; ++q) v.push_back(q);
-        } else {
-          v.push_back(0);
-        }
-        return v;
-      }();
-      for (int i = 0; i < kCount; ++i) {
-        for (int to : peers) {
-          // Sizes vary: empty, small, odd, a few KiB.
-          const std::string msg = std::to_string(r) + ":" + std::to_string(i) +
-                                  std::string(i % 7 == 0 ? 0 : (i * 37) % 5000, 'z');
-          EXPECT_TRUE(p->Send(to, i == 0 ? std::string() : msg).ok());
-        }
+  harness::RunRanks(size, [&](int r) {
+    ControlPlane* p = planes[r].get();
+    EXPECT_EQ(p->rank(), r);
+    EXPECT_EQ(p->size(), size);
+    // Rank 0 talks to everyone; the others only to rank 0.
+    const std::vector<int> peers = [&] {
+      std::vector<int> v;
+      if (r == 0) {
+        for (int q = 1; q < size; ++q) v.push_back(q);
+      } else {
+        v.push_back(0);
       }
-      std::vector<int> next(size, 0);
-      for (size_t n = 0; n < kCount * peers.size(); ++n) {
-        ControlMessage m = MustReceive(p);
-        ASSERT_GE(m.from, 0);
-        ASSERT_LT(m.from, size);
-        const int i = next[m.from]++;
-        const std::string expect = i == 0 ? std::string()
-                                          : std::to_string(m.from) + ":" + std::to_string(i) +
-                                                std::string(i % 7 == 0 ? 0 : (i * 37) % 5000, 'z');
-        ASSERT_EQ(m.bytes, expect) << "rank " << r << " from " << m.from << " message " << i;
+      return v;
+    }();
+    for (int i = 0; i < kCount; ++i) {
+      for (int to : peers) {
+        // Sizes vary: empty, small, odd, a few KiB.
+        const std::string msg = std::to_string(r) + ":" + std::to_string(i) +
+                                std::string(i % 7 == 0 ? 0 : (i * 37) % 5000, 'z');
+        EXPECT_TRUE(p->Send(to, i == 0 ? std::string() : msg).ok());
       }
-      // Nothing else arrives; keep flushing until every rank has all its messages.
-      ++finished;
-      ControlMessage extra;
-      while (finished.load() < size) {
-        auto got = p->Receive(&extra, Deadline::After(milliseconds(10)));
-        ASSERT_TRUE(got.ok()) << got.status().ToString();
-        ASSERT_FALSE(*got);
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+    }
+    std::vector<int> next(size, 0);
+    for (size_t n = 0; n < kCount * peers.size(); ++n) {
+      ControlMessage m = MustReceive(p);
+      ASSERT_GE(m.from, 0);
+      ASSERT_LT(m.from, size);
+      const int i = next[m.from]++;
+      const std::string expect = i == 0 ? std::string()
+                                        : std::to_string(m.from) + ":" + std::to_string(i) +
+                                              std::string(i % 7 == 0 ? 0 : (i * 37) % 5000, 'z');
+      ASSERT_EQ(m.bytes, expect) << "rank " << r << " from " << m.from << " message " << i;
+    }
+    // Nothing else arrives; keep flushing until every rank has all its messages.
+    ++finished;
+    ControlMessage extra;
+    while (finished.load() < size) {
+      auto got = p->Receive(&extra, Deadline::After(milliseconds(10)));
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      ASSERT_FALSE(*got);
+    }
+  });
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, TcpControlPlaneSizes, ::testing::Values(1, 2, 3, 4));
@@ -174,37 +167,33 @@ TEST(TcpControlPlaneTest, LargeMessagesBothWaysAtOnce) {
     return s;
   };
   std::atomic<int> finished{0};
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 3; ++r) {
-    threads.emplace_back([&, r] {
-      ControlPlane* p = planes[r].get();
-      // Everyone sends first (Send never blocks), then receives: no deadlock.
-      for (int n = 0; n < 2; ++n) {
-        if (r == 0) {
-          EXPECT_TRUE(p->Send(1, payload(0, n)).ok());
-          EXPECT_TRUE(p->Send(2, payload(0, n)).ok());
-        } else {
-          EXPECT_TRUE(p->Send(0, payload(r, n)).ok());
-        }
+  harness::RunRanks(3, [&](int r) {
+    ControlPlane* p = planes[r].get();
+    // Everyone sends first (Send never blocks), then receives: no deadlock.
+    for (int n = 0; n < 2; ++n) {
+      if (r == 0) {
+        EXPECT_TRUE(p->Send(1, payload(0, n)).ok());
+        EXPECT_TRUE(p->Send(2, payload(0, n)).ok());
+      } else {
+        EXPECT_TRUE(p->Send(0, payload(r, n)).ok());
       }
-      std::vector<int> seen(3, 0);
-      const int expected = r == 0 ? 4 : 2;
-      for (int k = 0; k < expected; ++k) {
-        ControlMessage m = MustReceive(p, milliseconds(20000));
-        ASSERT_TRUE(m.bytes == payload(m.from, seen[m.from])) << "rank " << r << " from " << m.from;
-        ++seen[m.from];
-      }
-      // Queued bytes leave only while Receive() runs: keep serving until everyone has its data.
-      ++finished;
-      ControlMessage extra;
-      while (finished.load() < 3) {
-        auto got = p->Receive(&extra, Deadline::After(milliseconds(10)));
-        ASSERT_TRUE(got.ok()) << got.status().ToString();
-        ASSERT_FALSE(*got);
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+    }
+    std::vector<int> seen(3, 0);
+    const int expected = r == 0 ? 4 : 2;
+    for (int k = 0; k < expected; ++k) {
+      ControlMessage m = MustReceive(p, milliseconds(20000));
+      ASSERT_TRUE(m.bytes == payload(m.from, seen[m.from])) << "rank " << r << " from " << m.from;
+      ++seen[m.from];
+    }
+    // Queued bytes leave only while Receive() runs: keep serving until everyone has its data.
+    ++finished;
+    ControlMessage extra;
+    while (finished.load() < 3) {
+      auto got = p->Receive(&extra, Deadline::After(milliseconds(10)));
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      ASSERT_FALSE(*got);
+    }
+  });
 }
 
 // Two ranks drain large messages towards each other at once: each Drain() keeps reading what
@@ -252,6 +241,8 @@ TEST(TcpControlPlaneTest, WakeInterruptsReceive) {
   ASSERT_NE(planes[0], nullptr);
   const auto start = std::chrono::steady_clock::now();
   std::thread waker([&] {
+    // Lets Receive() block first. Not an ordering the result depends on: a wake that came first
+    // would end Receive() at once too (a wake is kept until a Receive() takes it).
     std::this_thread::sleep_for(milliseconds(100));
     planes[0]->Wake();
   });
@@ -301,13 +292,9 @@ TEST(TcpControlPlaneTest, HeartbeatsKeepQuietLinksAlive) {
   Planes planes = CreateAll(
       3, &store, [](TcpControlPlaneOptions* o) { o->liveness_timeout = milliseconds(300); });
   for (auto& p : planes) ASSERT_NE(p, nullptr);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 3; ++r) {
-    threads.emplace_back([&, r] {
-      EXPECT_TRUE(ReceiveUntilError(planes[r].get(), milliseconds(1200)).ok()) << "rank " << r;
-    });
-  }
-  for (auto& t : threads) t.join();
+  harness::RunRanks(3, [&](int r) {
+    EXPECT_TRUE(ReceiveUntilError(planes[r].get(), milliseconds(1200)).ok()) << "rank " << r;
+  });
 }
 
 TEST(TcpControlPlaneTest, SilentPeerFailsAfterLivenessTimeout) {
@@ -332,7 +319,7 @@ TEST(TcpControlPlaneTest, TimeAwayFromReceiveIsNotSilence) {
   Planes planes = CreateAll(
       2, &store, [](TcpControlPlaneOptions* o) { o->liveness_timeout = milliseconds(300); });
   for (auto& p : planes) ASSERT_NE(p, nullptr);
-  std::this_thread::sleep_for(milliseconds(600));
+  std::this_thread::sleep_for(milliseconds(600));  // the time away, twice the liveness timeout
   Status statuses[2];
   std::thread other([&] { statuses[1] = ReceiveUntilError(planes[1].get(), milliseconds(400)); });
   statuses[0] = ReceiveUntilError(planes[0].get(), milliseconds(400));

@@ -7,11 +7,11 @@
 
 #include <functional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "backends/device_backend.h"
 #include "rendezvous/hash_store.h"
+#include "tests/common/ranks.h"
 
 namespace concord {
 namespace {
@@ -21,22 +21,18 @@ std::vector<StatusOr<DevicePlane>> StartOnRanks(int size, const std::string& bac
   HashStore store;
   std::vector<StatusOr<DevicePlane>> results;
   for (int r = 0; r < size; ++r) results.emplace_back(Status(Code::kInternal, "not run"));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] {
-      Config c;
-      c.rank = r;
-      c.size = size;
-      c.local_rank = r;
-      c.backend = backend;
-      BackendOptions o;
-      o.rank = r;
-      o.size = size;
-      o.prefix = "job/comm0/" + backend;
-      results[r] = StartDevicePlane(c, o, &store, Deadline::After(std::chrono::seconds(10)));
-    });
-  }
-  for (auto& t : threads) t.join();
+  harness::RunRanks(size, [&](int r) {
+    Config c;
+    c.rank = r;
+    c.size = size;
+    c.local_rank = r;
+    c.backend = backend;
+    BackendOptions o;
+    o.rank = r;
+    o.size = size;
+    o.prefix = "job/comm0/" + backend;
+    results[r] = StartDevicePlane(c, o, &store, Deadline::After(std::chrono::seconds(10)));
+  });
   return results;
 }
 
