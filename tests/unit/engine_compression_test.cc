@@ -15,9 +15,9 @@ namespace {
 using engine_testing::Await;
 using engine_testing::Entry;
 using engine_testing::Job;
-using engine_testing::OnRanks;
 using engine_testing::Request;
 using engine_testing::Submit;
+using harness::RunRanks;
 
 // An allreduce of `n` float32 named `name` with compression `spec`.
 TensorRequest Compressed(const std::string& name, size_t n, const std::string& spec,
@@ -49,7 +49,7 @@ TEST_P(EngineCompressionTest, GroupOfSizesMatchesTheDenseResult) {
   const std::vector<size_t> sizes = {0, 1, 7, 4099, 100003};
   Job job(size);
   for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage}) {
-    OnRanks(size, [&](int rank) {
+    RunRanks(size, [&](int rank) {
       Engine& e = job[rank];
       std::vector<std::vector<double>> in64(sizes.size()), out64(sizes.size());
       std::vector<std::vector<float>> in32(sizes.size()), out32(sizes.size());
@@ -122,7 +122,7 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(EngineCompressionTopk, SendsTheLargestAndKeepsTheRest) {
   constexpr size_t kN = 10000, kSpikes = 100;  // k = ceil(0.01 * 10000) = 100
   Job job(3);
-  OnRanks(3, [&](int rank) {
+  RunRanks(3, [&](int rank) {
     std::vector<float> g(kN);
     for (size_t i = 0; i < kN; ++i) g[i] = (i % 100 == 7) ? 10.0f + rank : 1e-3f;
     Status s = Await(
@@ -143,7 +143,7 @@ TEST(EngineCompressionTopk, SendsTheLargestAndKeepsTheRest) {
 
 TEST(EngineCompressionErrors, DifferentCompressionOnRanksIsAMismatch) {
   Job job(2);
-  OnRanks(2, [&](int rank) {
+  RunRanks(2, [&](int rank) {
     std::vector<float> v(64, 1.0f);
     Status s = Await(Submit(
         job[rank], Entry(Compressed("m", 64, rank == 0 ? "fp16" : "bf16"), v.data(), v.data())));
@@ -185,7 +185,7 @@ TEST(EngineCompressionWire, BytesOnTheWireShrinkAsPromised) {
   constexpr size_t kN = 100000;
   Job job(4);
   std::vector<std::vector<uint64_t>> wire(4);
-  OnRanks(4, [&](int rank) {
+  RunRanks(4, [&](int rank) {
     for (const char* spec : {"", "fp16", "topk:density=0.01"}) {
       std::vector<float> v(kN, 1.0f + rank);
       auto state = Submit(

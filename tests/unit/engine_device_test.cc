@@ -8,11 +8,10 @@
 #include <functional>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "core/engine.h"
-#include "tests/common/typed_elements.h"
+#include "tests/common/tensors.h"
 #include "tests/unit/engine_test_util.h"
 #include "tests/unit/inproc_device.h"
 #include "tests/unit/inproc_transport.h"
@@ -22,11 +21,13 @@ namespace {
 
 using engine_testing::Await;
 using engine_testing::Entry;
-using engine_testing::OnRanks;
 using engine_testing::Submit;
+using harness::kAllDTypes;
+using harness::LoadElement;
+using harness::RunRanks;
+using harness::StoreElement;
+using harness::WaitUntil;
 using std::chrono::milliseconds;
-using testing_elements::LoadElement;
-using testing_elements::StoreElement;
 
 constexpr int kGpu = 1;  // the fake device every rank's tensors live on (devices 0 and 1 exist)
 
@@ -66,17 +67,13 @@ TensorRequest Request(const std::string& name, OpType op, DType dtype, std::vect
   return r;
 }
 
-const std::vector<DType> kAllDTypes = {DType::kUint8,   DType::kInt8,    DType::kInt32,
-                                       DType::kInt64,   DType::kFloat16, DType::kBFloat16,
-                                       DType::kFloat32, DType::kFloat64};
-
 // Every dtype x sizes {0, 1, 7, 4099, 300000}, sum and average, in place and out of place (with
 // prescale 0.5 and postscale 4 on floating types), all in one group: the small ones fuse.
 TEST(EngineDeviceTest, AllreduceEveryDTypeAndSizeFused) {
   const int size = 3;
   DeviceJob job(size, milliseconds(1));
   const std::vector<size_t> counts = {0, 1, 7, 4099, 300000};
-  OnRanks(size, [&](int rank) {
+  RunRanks(size, [&](int rank) {
     struct Case {
       DType dtype;
       ReduceOp op;
@@ -119,12 +116,9 @@ TEST(EngineDeviceTest, AllreduceEveryDTypeAndSizeFused) {
       ASSERT_TRUE(s.ok()) << s.ToString();
       const uint8_t* got = c.in_place ? c.in.data() : c.out.data();
       for (size_t i = 0; i < c.n; ++i) {
-        double want = 0;
-        for (int r = 0; r < size; ++r) want += c.pre * static_cast<double>(i % 5 + r * 2);
-        if (c.op == ReduceOp::kAverage) {
-          want = IsFloatingPoint(c.dtype) ? want / size : std::trunc(want / size);
-        }
-        want *= c.post;
+        const double want = harness::ExpectedAllreduce(
+            c.op, c.dtype, size, [&](int r) { return static_cast<double>(i % 5 + r * 2); }, c.pre,
+            c.post);
         const double tol = IsHalfPrecision(c.dtype) ? 0.05 * std::max(1.0, std::fabs(want)) : 1e-5;
         const double have = LoadElement(c.dtype, got, i);
         if (std::fabs(have - want) > tol) {
@@ -147,7 +141,7 @@ TEST(EngineDeviceTest, AllreduceEveryDTypeAndSizeFused) {
 TEST(EngineDeviceTest, AllgatherAndBroadcast) {
   const int size = 3;
   DeviceJob job(size, milliseconds(2));
-  OnRanks(size, [&](int rank) {
+  RunRanks(size, [&](int rank) {
     const int64_t rows = rank;  // 0, 1, 2 rows of 2 floats
     std::vector<float> in(rows * 2);
     for (size_t j = 0; j < in.size(); ++j) in[j] = static_cast<float>(rank * 10 + j);
@@ -183,7 +177,7 @@ TEST(EngineDeviceTest, ManyTensorsCompleteInLaunchOrder) {
   DeviceJob job(size, milliseconds(0), [](Config& c) { c.fusion_threshold_bytes = 4096; });
   std::vector<std::vector<int>> order(size);
   std::mutex mu;
-  OnRanks(size, [&](int rank) {
+  RunRanks(size, [&](int rank) {
     std::vector<std::vector<int32_t>> bufs(kTensors);
     std::vector<std::shared_ptr<RequestState>> states;
     for (int k = 0; k < kTensors; ++k) {
@@ -212,7 +206,7 @@ TEST(EngineDeviceTest, ManyTensorsCompleteInLaunchOrder) {
 TEST(EngineDeviceTest, WaiterDrivesDeviceCollectives) {
   const int size = 2;
   DeviceJob job(size, milliseconds(0));
-  OnRanks(size, [&](int rank) {
+  RunRanks(size, [&](int rank) {
     for (int k = 0; k < 50; ++k) {
       std::vector<float> buf(1 + 37 * (k % 5), static_cast<float>(rank + k));
       QueueEntry e = Entry(Request("w" + std::to_string(k % 3), OpType::kAllreduce, DType::kFloat32,
@@ -234,7 +228,7 @@ TEST(EngineDeviceTest, WaiterDrivesDeviceCollectives) {
 TEST(EngineDeviceTest, NegotiatesWhileDeviceWorkIsInFlight) {
   const int size = 2;
   DeviceJob job(size, milliseconds(1));
-  OnRanks(size, [&](int rank) {
+  RunRanks(size, [&](int rank) {
     std::vector<float> gpu(1000, 1.0f);
     FakeEvent producer_done;
     QueueEntry held =
@@ -271,7 +265,7 @@ TEST(EngineDeviceTest, NegotiatesWhileDeviceWorkIsInFlight) {
 TEST(EngineDeviceTest, MixedGroupSplitsByDevice) {
   const int size = 2;
   DeviceJob job(size, milliseconds(5), [](Config& c) { c.inline_threshold_bytes = 0; });
-  OnRanks(size, [&](int rank) {
+  RunRanks(size, [&](int rank) {
     std::vector<std::vector<double>> bufs(8, std::vector<double>(64, rank + 1.0));
     std::vector<std::shared_ptr<RequestState>> states;
     ASSERT_TRUE(job[rank].GroupStart().ok());
@@ -294,7 +288,7 @@ TEST(EngineDeviceTest, MixedGroupSplitsByDevice) {
 TEST(EngineDeviceTest, WaitsForTheReadyEventAndSignalsStreams) {
   const int size = 2;
   DeviceJob job(size, milliseconds(300));
-  OnRanks(size, [&](int rank) {
+  RunRanks(size, [&](int rank) {
     std::vector<int32_t> data(16, -100);  // the producer has not written it yet
     FakeEvent ready;
     QueueEntry e =
@@ -308,7 +302,10 @@ TEST(EngineDeviceTest, WaitsForTheReadyEventAndSignalsStreams) {
     FakeStream consumer;
     ASSERT_TRUE((*launched)->StreamWait(&consumer).ok());
     EXPECT_FALSE(consumer.Idle());
-    std::this_thread::sleep_for(milliseconds(50));
+    // The producer is late: past the fake device's delay, a collective that did not wait for its
+    // event would have read the unwritten input and completed.
+    EXPECT_FALSE(state->Wait(Deadline::After(milliseconds(400))))
+        << "the collective completed before its ready event was set";
     std::fill(data.begin(), data.end(), rank + 1);
     ready.set.store(true);
     ASSERT_TRUE(Await(state).ok());
@@ -328,7 +325,7 @@ TEST(EngineDeviceTest, PeerThatNeverArrivesTimesOut) {
   DeviceJob job(size, milliseconds(1), [](Config& c) { c.timeout_s = 1.0; });
   job.devices().Stall(1);
   const auto start = Clock::now();
-  OnRanks(size, [&](int rank) {
+  RunRanks(size, [&](int rank) {
     std::vector<float> data(8, 1.0f);
     auto state = Submit(job[rank], Entry(Request("hang", OpType::kAllreduce, DType::kFloat32, {8}),
                                          data.data(), data.data()));
@@ -337,8 +334,7 @@ TEST(EngineDeviceTest, PeerThatNeverArrivesTimesOut) {
   });
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
   for (int r = 0; r < size; ++r) {
-    for (int i = 0; i < 500 && job[r].failure().ok(); ++i)
-      std::this_thread::sleep_for(milliseconds(10));
+    EXPECT_TRUE(WaitUntil([&] { return !job[r].failure().ok(); }, milliseconds(5000)));
     EXPECT_EQ(job[r].failure().code(), Code::kTimeout) << job[r].failure().ToString();
     // Later work fails: refused, or (enqueued while the engine was closing) completed with the
     // error.

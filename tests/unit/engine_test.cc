@@ -13,28 +13,24 @@
 #include <thread>
 #include <vector>
 
-#include "tests/common/typed_elements.h"
+#include "tests/common/tensors.h"
 #include "tests/unit/engine_test_util.h"
 #include "tests/unit/inproc_transport.h"
 
 namespace concord {
 namespace {
 
-using testing_elements::CombineValues;
-using testing_elements::LoadElement;
-using testing_elements::StoreElement;
-
 using engine_testing::Await;
 using engine_testing::Entry;
 using engine_testing::Job;
-using engine_testing::OnRanks;
 using engine_testing::Request;
 using engine_testing::Submit;
+using harness::kAllDTypes;
+using harness::LoadElement;
+using harness::RunRanks;
+using harness::StoreElement;
+using harness::WaitUntil;
 using std::chrono::milliseconds;
-
-const std::vector<DType> kAllDTypes = {DType::kUint8,   DType::kInt8,    DType::kInt32,
-                                       DType::kInt64,   DType::kFloat16, DType::kBFloat16,
-                                       DType::kFloat32, DType::kFloat64};
 
 // Input values depend on i only through i % kPeriod, so expected results are computed per period.
 constexpr size_t kPeriod = 7 * 11 * 2;
@@ -55,18 +51,11 @@ double InputValue(ReduceOp op, DType dtype, int rank, size_t i) {
 }
 
 // The expected result element i (i < kPeriod) over `size` ranks, with the scale factors applied
-// as the engine does: prescale each input, reduce, average (integers truncate toward zero), then
-// postscale.
+// as the engine does.
 double Expected(ReduceOp op, DType dtype, int size, size_t i, double prescale, double postscale) {
-  double acc = prescale * InputValue(op, dtype, 0, i);
-  for (int r = 1; r < size; ++r) {
-    const double v = prescale * InputValue(op, dtype, r, i);
-    acc = CombineValues(op, acc, v);
-  }
-  if (op == ReduceOp::kAverage) {
-    acc = IsFloatingPoint(dtype) ? acc / size : std::trunc(acc / size);
-  }
-  return acc * postscale;
+  return harness::ExpectedAllreduce(
+      op, dtype, size, [&](int rank) { return InputValue(op, dtype, rank, i); }, prescale,
+      postscale);
 }
 
 // Allowed absolute error for a result of magnitude `expected` in `dtype`.
@@ -112,7 +101,7 @@ TEST_P(EngineAllreduceTest, EveryOpAndSize) {
   });
   for (int op_index = 0; op_index < kNumReduceOps; ++op_index) {
     const auto op = static_cast<ReduceOp>(op_index);
-    OnRanks(size, [&](int rank) {
+    RunRanks(size, [&](int rank) {
       struct Case {
         std::vector<uint8_t> in, out;
         double pre, post;
@@ -208,7 +197,7 @@ TEST_P(EngineRanksTest, AllgatherWithDifferentFirstDims) {
     rows += FirstDim(r);
   }
   const size_t total = want.size() * sizeof(int32_t);
-  OnRanks(size, [&](int rank) {
+  RunRanks(size, [&](int rank) {
     std::vector<int32_t> in(FirstDim(rank) * 3);
     for (size_t j = 0; j < in.size(); ++j) in[j] = static_cast<int32_t>(rank * 100 + j);
     const TensorRequest base = Request("", OpType::kAllgather, DType::kInt32, {FirstDim(rank), 3});
@@ -263,7 +252,7 @@ TEST_P(EngineRanksTest, BroadcastFromEveryRoot) {
   const int size = GetParam();
   Job job(size);
   constexpr int kCount = 1000;
-  OnRanks(size, [&](int rank) {
+  RunRanks(size, [&](int rank) {
     for (int root = 0; root < size; ++root) {
       std::vector<int64_t> in(kCount), out(kCount, -1), inplace(kCount, -1);
       if (rank == root) {
@@ -290,7 +279,7 @@ TEST_P(EngineRanksTest, BroadcastFromEveryRoot) {
 TEST_P(EngineRanksTest, Barriers) {
   const int size = GetParam();
   Job job(size);
-  OnRanks(size, [&](int rank) {
+  RunRanks(size, [&](int rank) {
     for (int i = 0; i < 3; ++i) {
       TensorRequest r = Request(job[rank].NextBarrierName(), OpType::kBarrier, DType::kUint8, {});
       EXPECT_EQ(r.name, "__concord.barrier." + std::to_string(i));
@@ -304,7 +293,7 @@ TEST_P(EngineRanksTest, GroupIsFusedIntoOneBatch) {
   const int size = GetParam();
   // Small tensors would be reduced inline by the coordinator; this is about the backend path.
   Job job(size, [](Config& c) { c.inline_threshold_bytes = 0; });
-  OnRanks(size, [&](int rank) {
+  RunRanks(size, [&](int rank) {
     Engine& e = job[rank];
     EXPECT_EQ(e.GroupEnd().code(), Code::kInvalidArgument);
     const uint64_t batches = e.stats().batches.load();
@@ -341,7 +330,7 @@ TEST(EngineLanesTest, OneListRunsOnEveryLane) {
   constexpr int kLanes = 3, kTensors = 7;
   constexpr size_t kCount = 200000;  // 800 KB each: above the direct threshold, never fused
   Job job(2, [](Config& c) { c.lanes = kLanes; });
-  OnRanks(2, [&](int rank) {
+  RunRanks(2, [&](int rank) {
     Engine& e = job[rank];
     std::vector<std::vector<float>> data;
     for (int k = 0; k < kTensors; ++k) data.emplace_back(kCount, static_cast<float>(rank + k));
@@ -389,7 +378,7 @@ TEST(EngineLanesTest, DirectAllreducesGroupByDTypeAndReduction) {
     c.fusion_threshold_bytes = 0;
     c.inline_threshold_bytes = 0;
   });
-  OnRanks(kRanks, [&](int rank) {
+  RunRanks(kRanks, [&](int rank) {
     Engine& e = job[rank];
     std::vector<std::vector<unsigned char>> in, out;
     std::vector<std::shared_ptr<RequestState>> states;
@@ -417,15 +406,9 @@ TEST(EngineLanesTest, DirectAllreducesGroupByDTypeAndReduction) {
         Status s = Await(states[t]);
         ASSERT_TRUE(s.ok()) << s.ToString();
         for (size_t i = 0; i < count; ++i) {
-          double want = k.op == ReduceOp::kMax ? 0 : k.op == ReduceOp::kMin ? 1e9 : 0;
-          for (int r = 0; r < kRanks; ++r) {
-            const double v = static_cast<double>((i + r) % 5) * k.prescale;
-            want = k.op == ReduceOp::kMax   ? std::max(want, v)
-                   : k.op == ReduceOp::kMin ? std::min(want, v)
-                                            : want + v;
-          }
-          if (k.op == ReduceOp::kAverage) want /= kRanks;
-          want *= k.postscale;
+          const double want = harness::ExpectedAllreduce(
+              k.op, k.dtype, kRanks, [&](int r) { return static_cast<double>((i + r) % 5); },
+              k.prescale, k.postscale);
           ASSERT_NEAR(LoadElement(k.dtype, out[t].data(), i), want, 1e-5)
               << DTypeName(k.dtype) << " " << ReduceOpName(k.op) << " count " << count
               << " element " << i << " rank " << rank;
@@ -443,7 +426,7 @@ TEST(EngineLanesTest, LargeAllreduceIsSlicedOverTheLanes) {
   constexpr int kLanes = 3;
   constexpr size_t kCount = 1000003;  // 4 MB of float32: three slices of at least 1 MiB
   Job job(2, [](Config& c) { c.lanes = kLanes; });
-  OnRanks(2, [&](int rank) {
+  RunRanks(2, [&](int rank) {
     std::vector<float> in(kCount), out(kCount, -1.f);
     for (size_t i = 0; i < kCount; ++i) in[i] = static_cast<float>(i % 1000 + rank);
     TensorRequest r =
@@ -492,7 +475,7 @@ TEST_P(EngineRanksTest, ManyTensorsFromSeveralThreadsInDifferentOrders) {
   const int size = GetParam();
   constexpr int kTensors = 60, kThreads = 3;
   Job job(size);
-  OnRanks(size, [&](int rank) {
+  RunRanks(size, [&](int rank) {
     std::vector<std::vector<int32_t>> data(kTensors);
     std::vector<std::shared_ptr<RequestState>> states(kTensors);
     std::vector<std::thread> threads;
@@ -523,7 +506,7 @@ TEST_P(EngineRanksTest, RepeatedStepsHitTheResponseCache) {
   constexpr int kTensors = 10;
   Job job(size);
   for (int step = 0; step < 3; ++step) {
-    OnRanks(size, [&](int rank) {
+    RunRanks(size, [&](int rank) {
       const uint64_t cached = job[rank].stats().responses_cached.load();
       std::vector<std::vector<double>> data(kTensors);
       std::vector<std::shared_ptr<RequestState>> states;
@@ -556,7 +539,7 @@ class EngineMismatchTest : public ::testing::TestWithParam<std::tuple<int, Engin
 TEST_P(EngineMismatchTest, EveryRankFailsAndTheEngineGoesOn) {
   const auto& [size, c] = GetParam();
   Job job(size);
-  OnRanks(size, [&](int rank) {
+  RunRanks(size, [&](int rank) {
     // Large enough for every variant (rank 1 reads 8 float64 in the "dtype" case).
     std::vector<float> data(64, 1.0f), out(64, 0.0f);
     TensorRequest r = Request("bad", OpType::kAllreduce, DType::kFloat32, {8});
@@ -604,11 +587,15 @@ TEST_P(EngineRanksTest, ShutdownCompletesPendingWithNotInitialized) {
   std::vector<float> data(4, 1.0f);
   // Only the last rank submits: the request can never run.
   Engine& last = job[size - 1];
+  const uint64_t sent = job.world().Received(0, size - 1);
   auto state = size == 1
                    ? nullptr
                    : Submit(last, Entry(Request("lonely", OpType::kAllreduce, DType::kFloat32, {4}),
                                         data.data(), data.data()));
-  std::this_thread::sleep_for(milliseconds(20));
+  // Shut down once the request is pending at the coordinator, not only queued here.
+  if (state) {
+    ASSERT_TRUE(WaitUntil([&] { return job.world().Received(0, size - 1) > sent; }));
+  }
   last.Shutdown();
   if (state) {
     ASSERT_TRUE(state->done());
@@ -630,12 +617,21 @@ TEST_P(EngineDeathTest, OtherRanksFailPromptly) {
   Job job(size);
   std::vector<std::vector<float>> data(size, std::vector<float>(16, 1.0f));
   std::vector<std::shared_ptr<RequestState>> states(size);
+  std::vector<uint64_t> sent(size);
+  for (int r = 0; r < size; ++r) sent[r] = job.world().Received(0, r);
   for (int r = 0; r < size; ++r) {
     if (r == victim) continue;
     states[r] = Submit(job[r], Entry(Request("pending", OpType::kAllreduce, DType::kFloat32, {16}),
                                      data[r].data(), data[r].data()));
   }
-  std::this_thread::sleep_for(milliseconds(50));
+  // The victim dies once the coordinator (rank 0) holds every other rank's request. Rank 0's own
+  // travels in no message: it may still be queued, and must fail just the same.
+  ASSERT_TRUE(WaitUntil([&] {
+    for (int r = 1; r < size; ++r) {
+      if (r != victim && job.world().Received(0, r) == sent[r]) return false;
+    }
+    return true;
+  }));
   const auto start = Clock::now();
   job.world().Kill(victim);
   for (int r = 0; r < size; ++r) {
@@ -670,7 +666,7 @@ TEST(EngineStallTest, StallShutdownCompletesWithTimeout) {
   EXPECT_EQ(s.code(), Code::kTimeout) << s.ToString();
   EXPECT_NE(s.message().find("rank 1"), std::string::npos) << s.message();
   // The job is still healthy.
-  OnRanks(2, [&](int rank) {
+  RunRanks(2, [&](int rank) {
     std::vector<float> d(4, 1.0f);
     Status ok =
         Await(Submit(job[rank], Entry(Request("fine", OpType::kAllreduce, DType::kFloat32, {4}),

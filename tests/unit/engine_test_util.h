@@ -1,5 +1,5 @@
-// Helpers for engine tests: a job of engines whose ranks are threads of this process, and
-// shorthands to build, submit and await requests.
+// Helpers for engine tests: a job of engines whose ranks are threads of this process (run them with
+// harness::RunRanks, tests/common/ranks.h), and shorthands to build, submit and await requests.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -8,23 +8,16 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "core/engine.h"
+#include "tests/common/ranks.h"
 #include "tests/unit/inproc_transport.h"
 
 namespace concord {
 namespace engine_testing {
 
 using std::chrono::milliseconds;
-
-// Runs fn(rank) on one thread per rank and joins them all.
-inline void OnRanks(int size, const std::function<void(int)>& fn) {
-  std::vector<std::thread> threads;
-  for (int r = 0; r < size; ++r) threads.emplace_back(fn, r);
-  for (auto& t : threads) t.join();
-}
 
 // A job of `size` engines whose ranks are threads of this process, joined by one InProcWorld.
 // `tweak` may change each rank's Config before Finalize(); `device`, when given, makes each
@@ -51,7 +44,7 @@ class Job {
     }
   }
   ~Job() {
-    OnRanks(size(), [this](int rank) { engines_[rank]->Shutdown(); });
+    harness::RunRanks(size(), [this](int rank) { engines_[rank]->Shutdown(); });
     engines_.clear();
   }
   int size() const { return static_cast<int>(engines_.size()); }

@@ -4,8 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <mutex>
-#include <set>
 #include <thread>
 #include <vector>
 
@@ -15,6 +13,9 @@ namespace concord {
 namespace {
 
 using namespace engine_testing;
+using harness::Latch;
+using harness::RunRanks;
+using harness::WaitUntil;
 
 // A request whose callback records the thread it ran on.
 struct Traced {
@@ -46,7 +47,7 @@ TEST_P(EngineWaitTest, WaiterCompletesItsOwnRequests) {
   Job job(size, [&](Config& c) { c.waiter_progress = waiter_progress; });
   const std::vector<size_t> counts = {0, 1, 1001, 3, 300000, 7};
   std::atomic<int> on_waiter{0}, total{0};
-  OnRanks(size, [&](int rank) {
+  RunRanks(size, [&](int rank) {
     for (int step = 0; step < 20; ++step) {
       for (size_t i = 0; i < counts.size(); ++i) {
         std::vector<float> data(counts[i], static_cast<float>(rank + 1));
@@ -76,7 +77,7 @@ INSTANTIATE_TEST_SUITE_P(RanksAndMode, EngineWaitTest,
 TEST(EngineWaitManyTest, SeveralWaitersAndAsyncRequests) {
   const int size = 3, waiters = 3;
   Job job(size);
-  OnRanks(size, [&](int rank) {
+  RunRanks(size, [&](int rank) {
     std::vector<float> async_data(64, 1.0f);
     std::atomic<bool> async_done{false};
     QueueEntry async_entry = Entry(Request("async", OpType::kAllreduce, DType::kFloat32, {64}),
@@ -129,20 +130,32 @@ TEST(EngineWaitFailureTest, PeerDiesWhileWaitersDrive) {
   Job job(size);
   std::vector<std::vector<float>> data(size, std::vector<float>(16, 1.0f));
   std::vector<Status> results(size);
-  std::vector<std::thread> threads;
-  for (int r = 1; r < size; ++r) {
-    threads.emplace_back([&, r] {
-      auto state =
-          Submit(job[r], Entry(Request("pending", OpType::kAllreduce, DType::kFloat32, {16}),
-                               data[r].data(), data[r].data()));
-      job[r].Wait(*state, Deadline::After(milliseconds(5000)));
-      results[r] = state->done() ? state->status() : TimeoutError("still waiting");
-    });
-  }
-  std::this_thread::sleep_for(milliseconds(50));
-  const auto start = Clock::now();
-  job.world().Kill(victim);
-  for (auto& t : threads) t.join();
+  std::vector<uint64_t> sent(size);
+  for (int r = 0; r < size; ++r) sent[r] = job.world().Received(victim, r);
+  Latch waiting(size - 1);
+  Clock::time_point start;
+  RunRanks(size, [&](int rank) {
+    if (rank == victim) {
+      // Dies once every other rank is about to wait and the victim, the coordinator, holds their
+      // requests.
+      ASSERT_TRUE(waiting.Wait());
+      ASSERT_TRUE(WaitUntil([&] {
+        for (int r = 1; r < size; ++r) {
+          if (job.world().Received(victim, r) == sent[r]) return false;
+        }
+        return true;
+      }));
+      start = Clock::now();
+      job.world().Kill(victim);
+      return;
+    }
+    auto state =
+        Submit(job[rank], Entry(Request("pending", OpType::kAllreduce, DType::kFloat32, {16}),
+                                data[rank].data(), data[rank].data()));
+    waiting.CountDown();
+    job[rank].Wait(*state, Deadline::After(milliseconds(5000)));
+    results[rank] = state->done() ? state->status() : TimeoutError("still waiting");
+  });
   EXPECT_LT(Clock::now() - start, milliseconds(3000));
   for (int r = 1; r < size; ++r) {
     EXPECT_EQ(results[r].code(), Code::kPeerFailure)
@@ -154,7 +167,7 @@ TEST(EngineWaitFailureTest, PeerDiesWhileWaitersDrive) {
 // A callback on the waiting thread cannot finalize its engine (it would wait for itself).
 TEST(EngineWaitCallbackTest, FinalizeFromACallbackIsRefused) {
   Job job(2);
-  OnRanks(2, [&](int rank) {
+  RunRanks(2, [&](int rank) {
     std::vector<float> data(3, 1.0f);
     Status from_callback;
     QueueEntry e =

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "tests/common/typed_elements.h"
+#include "tests/common/tensors.h"
 
 namespace concord {
 namespace {
@@ -60,10 +60,10 @@ class InProcDeviceBackend : public DeviceBackend {
   int device() const override { return device_; }
 
   Status CheckDevice(int device) const override {
-    if (device < 0 || device >= world_->devices_) {
-      return Status(Code::kUnavailable, "CUDA device " + std::to_string(device) +
-                                            " does not exist (" + std::to_string(world_->devices_) +
-                                            " devices)");
+    if (device < 0 || device >= InProcDeviceWorld::kDevices) {
+      return Status(Code::kUnavailable,
+                    "CUDA device " + std::to_string(device) + " does not exist (" +
+                        std::to_string(InProcDeviceWorld::kDevices) + " devices)");
     }
     if (device != device_) {
       return InvalidArgument("this communicator runs on CUDA device " + std::to_string(device_));
@@ -115,8 +115,8 @@ class InProcDeviceBackend : public DeviceBackend {
   const int device_;
 };
 
-InProcDeviceWorld::InProcDeviceWorld(int size, std::chrono::milliseconds delay, int devices)
-    : size_(size), delay_(delay), devices_(devices), ranks_(size), worker_([this] { Loop(); }) {}
+InProcDeviceWorld::InProcDeviceWorld(int size, std::chrono::milliseconds delay)
+    : size_(size), delay_(delay), ranks_(size), worker_([this] { Loop(); }) {}
 
 InProcDeviceWorld::~InProcDeviceWorld() {
   {
@@ -219,8 +219,8 @@ bool InProcDeviceWorld::Compute(const std::vector<Pending*>& fronts) {
         post /= size_;
       } else {
         for (size_t i = 0; i < n; ++i) {
-          const double v = testing_elements::LoadElement(c0.dtype, acc.data(), i);
-          testing_elements::StoreElement(c0.dtype, acc.data(), i, std::trunc(v / size_));
+          const double v = harness::LoadElement(c0.dtype, acc.data(), i);
+          harness::StoreElement(c0.dtype, acc.data(), i, std::trunc(v / size_));
         }
       }
     }
@@ -257,7 +257,7 @@ void InProcDeviceWorld::Loop() {
         fronts.push_back(&s.queue.front());
       }
       lock.unlock();
-      std::this_thread::sleep_for(delay_);
+      std::this_thread::sleep_for(delay_);  // the simulated device's latency, not an ordering
       const bool ok = Compute(fronts);
       const Status status =
           ok ? Status::Ok()

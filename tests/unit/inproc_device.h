@@ -49,8 +49,10 @@ struct FakeStream {
 
 class InProcDeviceWorld {
  public:
-  // `devices`: the fake CUDA devices that exist (ids 0 .. devices-1).
-  InProcDeviceWorld(int size, std::chrono::milliseconds delay, int devices = 2);
+  // The fake CUDA devices that exist: ids 0 .. kDevices - 1.
+  static constexpr int kDevices = 2;
+
+  InProcDeviceWorld(int size, std::chrono::milliseconds delay);
   ~InProcDeviceWorld();
   InProcDeviceWorld(const InProcDeviceWorld&) = delete;
   InProcDeviceWorld& operator=(const InProcDeviceWorld&) = delete;
@@ -86,7 +88,6 @@ class InProcDeviceWorld {
 
   const int size_;
   const std::chrono::milliseconds delay_;
-  const int devices_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<RankState> ranks_;

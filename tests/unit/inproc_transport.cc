@@ -48,6 +48,7 @@ class InProcControlPlane : public ControlPlane {
       if (!box.empty()) {
         *out = std::move(box.front());
         box.pop_front();
+        ++world_->received_[rank_][out->from];
         return true;
       }
       if (world_->woken_[rank_]) {
@@ -180,7 +181,12 @@ class InProcBackend : public Backend {
 };
 
 InProcWorld::InProcWorld(int size, std::chrono::milliseconds timeout)
-    : size_(size), timeout_(timeout), dead_(size, false), mailbox_(size), woken_(size, false) {}
+    : size_(size),
+      timeout_(timeout),
+      dead_(size, false),
+      mailbox_(size),
+      received_(size, std::vector<uint64_t>(size, 0)),
+      woken_(size, false) {}
 
 std::unique_ptr<ControlPlane> InProcWorld::MakeControlPlane(int rank) {
   return std::make_unique<InProcControlPlane>(this, rank);
@@ -193,6 +199,11 @@ std::unique_ptr<Backend> InProcWorld::MakeBackend(int rank, int lane) {
 uint64_t InProcWorld::CollectivesOn(int lane) {
   std::lock_guard<std::mutex> lock(mu_);
   return ChannelOf(lane).generation / 2;  // two rendezvous per collective
+}
+
+uint64_t InProcWorld::Received(int to, int from) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return received_[to][from];
 }
 
 InProcWorld::Channel& InProcWorld::ChannelOf(int lane) {

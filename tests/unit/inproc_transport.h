@@ -39,6 +39,11 @@ class InProcWorld {
   // Collectives completed so far on `lane`'s channel.
   uint64_t CollectivesOn(int lane);
 
+  // Control messages from `from` that `to` has received so far. A test waits for this to grow to
+  // know that rank 0, the coordinator, holds a rank's request (a rank sends one when it has new
+  // requests, and nothing while idle: core/coordinator.h).
+  uint64_t Received(int to, int from);
+
  private:
   friend class InProcControlPlane;
   friend class InProcBackend;
@@ -75,6 +80,7 @@ class InProcWorld {
   std::condition_variable cv_;  // any change: a message, a wake, an arrival, a death
   std::vector<bool> dead_;
   std::vector<std::deque<ControlMessage>> mailbox_;
+  std::vector<std::vector<uint64_t>> received_;  // [to][from]
   std::vector<bool> woken_;
   std::map<int, Channel> channels_;  // by lane
   Status broken_;  // set once a collective failed: the backend is unusable afterwards
