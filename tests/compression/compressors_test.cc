@@ -13,22 +13,19 @@
 #include "compression/casts.h"
 #include "compression/registry.h"
 #include "compression/topk.h"
-#include "tests/common/typed_elements.h"
+#include "tests/common/tensors.h"
 #include "tests/compression/compression_test_util.h"
 
 namespace concord {
 namespace compression {
 namespace {
 
-using testing_elements::LoadElement;
-
-constexpr DType kAllDTypes[] = {DType::kUint8,   DType::kInt8,    DType::kInt32,
-                                DType::kInt64,   DType::kFloat16, DType::kBFloat16,
-                                DType::kFloat32, DType::kFloat64};
-constexpr size_t kSizes[] = {0, 1, 17, 1001, (1 << 20) + 3};
-
+using harness::kAllDTypes;
+using harness::LoadElement;
 using testing_util::Buffer;
 using testing_util::Make;
+
+constexpr size_t kSizes[] = {0, 1, 17, 1001, (1 << 20) + 3};
 
 // Random data of `dtype` (as raw bytes in an aligned buffer), values in the fp16 normal range.
 Buffer RandomTensor(DType dtype, size_t n, uint32_t seed) {

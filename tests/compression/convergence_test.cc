@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "compression/registry.h"
+#include "tests/compression/compression_test_util.h"
 
 namespace concord {
 namespace compression {
@@ -78,13 +79,12 @@ void BatchGradient(const Problem& p, const std::vector<float>& w, size_t first_r
 // Trains with `spec` and returns the final training loss. forget_residuals drops the error-feedback
 // state after every step (top-k without error feedback, to show the comparison can fail).
 double Train(const Problem& p, const std::string& spec, bool forget_residuals = false) {
-  auto made = CreateCompressor(spec);
-  EXPECT_TRUE(made.ok()) << made.status().ToString();
-  const Compressor& c = **made;
+  const std::unique_ptr<Compressor> made = testing_util::Make(spec);
+  const Compressor& c = *made;
   const size_t bytes = c.EncodedBytes(DType::kFloat32, kFeatures);
   const size_t stride = (bytes + kEncodedAlignment - 1) / kEncodedAlignment * kEncodedAlignment;
-  std::vector<uint64_t> gathered_storage((kRanks * stride + 7) / 8 + 1);
-  auto* gathered = reinterpret_cast<uint8_t*>(gathered_storage.data());
+  testing_util::Buffer gathered_storage(kRanks * stride);
+  uint8_t* gathered = gathered_storage.data();
   std::vector<CompressionState> states(kRanks);
   std::vector<float> w(kFeatures, 0.0f), grad(kFeatures), sum(kFeatures);
   const size_t steps_per_epoch = kSamplesPerRank / kBatch;

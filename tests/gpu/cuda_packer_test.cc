@@ -12,15 +12,14 @@
 
 #include "backends/cuda/cuda_device.h"
 #include "base/dtype.h"
-#include "tests/common/typed_elements.h"
+#include "tests/common/tensors.h"
 
 namespace concord {
 namespace cuda {
 namespace {
 
-constexpr DType kAllDTypes[] = {DType::kUint8,   DType::kInt8,    DType::kInt32,
-                                DType::kInt64,   DType::kFloat16, DType::kBFloat16,
-                                DType::kFloat32, DType::kFloat64};
+using harness::kAllDTypes;
+
 constexpr DType kFloatDTypes[] = {DType::kFloat16, DType::kBFloat16, DType::kFloat32,
                                   DType::kFloat64};
 constexpr uint8_t kBufferSentinel = 0xA5;
@@ -86,7 +85,7 @@ class CudaPackerTest : public ::testing::Test {
       uint8_t* data = t.host.data() + t.offsets[i];
       if (IsFloatingPoint(specs[i].dtype)) {
         for (size_t k = 0; k < specs[i].count; ++k) {
-          testing_elements::StoreElement(specs[i].dtype, data, k, value(rng));
+          harness::StoreElement(specs[i].dtype, data, k, value(rng));
         }
       } else {
         for (size_t k = 0; k < specs[i].count * DTypeSize(specs[i].dtype); ++k) data[k] = rng();

@@ -9,13 +9,13 @@
 #include <limits>
 #include <vector>
 
+#include "tests/common/tensors.h"
+
 namespace concord {
 namespace cuda {
 namespace {
 
-constexpr DType kAllDTypes[] = {DType::kUint8,   DType::kInt8,    DType::kInt32,
-                                DType::kInt64,   DType::kFloat16, DType::kBFloat16,
-                                DType::kFloat32, DType::kFloat64};
+using harness::kAllDTypes;
 
 const void* Address(uint64_t a) {
   return reinterpret_cast<const void*>(static_cast<uintptr_t>(a));

@@ -11,20 +11,19 @@
 
 #include <gtest/gtest.h>
 
-#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <thread>
 #include <vector>
 
-#include "tests/common/typed_elements.h"
+#include "tests/common/tensors.h"
 
 namespace concord {
 namespace {
 
-using testing_elements::CombineValues;
-using testing_elements::LoadElement;
-using testing_elements::StoreElement;
+using harness::LoadElement;
+using harness::ReduceOverRanks;
+using harness::StoreElement;
 
 std::shared_ptr<MpiEnvironment>* g_env = nullptr;
 
@@ -46,10 +45,9 @@ void CheckAllreduce(Backend& b, DType dtype, ReduceOp op, size_t count) {
   for (size_t i = 0; i < count; ++i) StoreElement(dtype, data.data(), i, Value(b.rank(), i));
   const Status s = b.Allreduce(count ? data.data() : nullptr, count, dtype, op);
   ASSERT_TRUE(s.ok()) << s.ToString();
-  const ReduceOp combine = op == ReduceOp::kAverage ? ReduceOp::kSum : op;
   for (size_t i = 0; i < count; ++i) {
-    double want = Value(0, i);
-    for (int r = 1; r < b.size(); ++r) want = CombineValues(combine, want, Value(r, i));
+    // A backend's average is a sum: the engine divides.
+    const double want = ReduceOverRanks(op, b.size(), [&](int r) { return Value(r, i); });
     ASSERT_EQ(LoadElement(dtype, data.data(), i), want)
         << DTypeName(dtype) << " " << ReduceOpName(op) << " count " << count << " [" << i << "]";
   }
@@ -225,6 +223,8 @@ TEST(MpiControlPlaneTest, WakeAndDeadlineEndReceive) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(100));
   // Wake() from another thread while Receive() sleeps, with no deadline.
   std::thread waker([&c] {
+    // Lets Receive() block first. Not an ordering the result depends on: a wake that came first
+    // would end Receive() at once too (ControlPlane::Wake: "the current or next Receive()").
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     c->Wake();
   });
