@@ -19,6 +19,29 @@ def left_by(pid):
     return [ns for ns in emulate.our_namespaces() if ns.startswith(f"{emulate.PREFIX}{pid}")]
 
 
+def ranks_running(pid, programs):
+    """How many processes below `pid` run one of `programs` (a rank that started: `ip netns exec`
+    has entered its namespace and exec'd it), read from /proc."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv0 = f.read().split(b"\0")[0]
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+        children.setdefault(ppid, []).append((int(entry), argv0))
+    count, todo = 0, [pid]
+    while todo:
+        for child, argv0 in children.get(todo.pop(), []):
+            count += os.path.basename(argv0).decode(errors="replace") in programs
+            todo.append(child)
+    return count
+
+
 class EmulateTest(unittest.TestCase):
     def assertNothingLeft(self, pid=None):
         self.assertEqual(left_by(os.getpid() if pid is None else pid), [])
@@ -63,11 +86,16 @@ class EmulateTest(unittest.TestCase):
         while time.monotonic() < deadline:
             if len(left_by(p.pid)) == 3:
                 break
-            time.sleep(0.1)
+            time.sleep(0.1)  # a poll interval
         else:
             p.kill()
             self.fail("the tool did not create its namespaces")
-        time.sleep(1.0)  # let the ranks (sleep) start
+        # The SIGTERM comes while both ranks run (sh, or the sleep it may exec).
+        while ranks_running(p.pid, ("sh", "sleep")) < 2:
+            if time.monotonic() > deadline:
+                p.kill()
+                self.fail("the ranks did not start")
+            time.sleep(0.1)  # a poll interval
         p.send_signal(signal.SIGTERM)
         _, err = p.communicate(timeout=30)
         self.assertEqual(p.returncode, 2)

@@ -2,7 +2,6 @@
 reports at enqueue, at completion and at init; mismatches between ranks; timeouts of a wait;
 arguments the binding refuses before calling C; compression and device tensors this library
 cannot take; use after finalize."""
-import time
 
 import numpy as np
 import pytest
@@ -54,15 +53,17 @@ def test_wait_timeout_then_completion(comm):
     if comm.size < 2:
         pytest.skip("needs two ranks")
     x = np.ones(8, np.float32)
-    comm.barrier()
-    if comm.rank == 1:
-        time.sleep(1.0)  # rank 0's short wait expires before this rank submits
-    handle = comm.allreduce_async(x, out=x, name="late")
     if comm.rank == 0:
+        handle = comm.allreduce_async(x, out=x, name="late")
         with pytest.raises(concord.ConcordTimeoutError) as e:
             handle.wait(timeout=0.05)
         assert e.value.status == Status.ERR_TIMEOUT
         assert not handle.poll()
+    # Operations are matched by name, so this broadcast completes while "late" waits; the other
+    # ranks submit "late" only once rank 0's short wait has expired.
+    comm.broadcast(np.zeros(1, np.int8), root=0, name="late.go")
+    if comm.rank != 0:
+        handle = comm.allreduce_async(x, out=x, name="late")
     handle.wait()
     np.testing.assert_array_equal(x, comm.size)
 

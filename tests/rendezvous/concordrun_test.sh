@@ -21,6 +21,31 @@ expect_line() {
 
 now_ms() { date +%s%3N; }
 
+# Shell functions for rank programs, so that a rank acts only once the others run: `started`
+# marks this rank as running; `await_ranks R...` waits until ranks R... have (at most 10 s, then
+# goes on: the test's checks then fail rather than hang). The marks live in $SYNC_DIR, a fresh
+# directory per case (new_sync_dir NAME). `exec sleep 30` in a rank program is a rank that runs
+# until concordrun stops it.
+RANK_SYNC='started() { : >"$SYNC_DIR/started.$CONCORD_RANK"; }
+await_ranks() {
+  for r in "$@"; do
+    i=0
+    while [ ! -e "$SYNC_DIR/started.$r" ] && [ "$i" -lt 200 ]; do sleep 0.05; i=$((i + 1)); done
+  done
+}'
+# expect_stopped RANKS: the processes of RANKS (a bracket expression, e.g. [02]) whose "[R] pid N"
+# lines are in $TMP/out no longer run (any that still does is killed).
+expect_stopped() {
+  for pid in $(sed -n "s/^\[$1\] pid //p" "$TMP/out"); do
+    kill -0 "$pid" 2>/dev/null && { fail "rank process $pid still runs"; kill -9 "$pid"; }
+  done
+}
+
+new_sync_dir() {
+  export SYNC_DIR="$TMP/sync.$1"
+  mkdir -p "$SYNC_DIR"
+}
+
 # Runs concordrun with the given arguments; sets rc and elapsed (ms); output in $TMP/out, $TMP/err.
 launch() {
   local start
@@ -58,23 +83,30 @@ launch -np 3 "$PROBE"
 for r in 0 1 2; do expect_line "$TMP/out" "^\[$r\] probe ok rank $r of 3$"; done
 
 echo "== a rank that exits 3 stops the others"
-launch -np 3 sh -c 'echo "pid $$"; if [ "$CONCORD_RANK" = 1 ]; then sleep 0.3; exit 3; fi; exec sleep 30'
+new_sync_dir exit3
+launch -np 3 sh -c "$RANK_SYNC"'
+  if [ "$CONCORD_RANK" = 1 ]; then await_ranks 0 2; exit 3; fi
+  echo "pid $$"; started; exec sleep 30'
 [ "$rc" -ne 0 ] || fail "exit code 0 after a rank failed"
 [ "$rc" -eq 1 ] || fail "exit code $rc, expected 1"
 expect_line "$TMP/err" '^concordrun: rank 1 \(pid [0-9]+\) exited with code 3; stopping the other ranks$'
 [ "$elapsed" -lt 4000 ] || fail "took ${elapsed} ms to stop the sleeping ranks"
-for pid in $(sed -n 's/^\[[02]\] pid //p' "$TMP/out"); do
-  kill -0 "$pid" 2>/dev/null && { fail "rank process $pid still runs"; kill -9 "$pid"; }
-done
+expect_stopped "[02]"
 
 echo "== a rank killed by SIGKILL stops the others"
-launch -np 3 sh -c 'if [ "$CONCORD_RANK" = 2 ]; then sleep 0.3; kill -9 $$; fi; exec sleep 30'
+new_sync_dir kill9
+launch -np 3 sh -c "$RANK_SYNC"'
+  if [ "$CONCORD_RANK" = 2 ]; then await_ranks 0 1; kill -9 $$; fi
+  started; exec sleep 30'
 [ "$rc" -eq 137 ] || fail "exit code $rc, expected 137"
 expect_line "$TMP/err" '^concordrun: rank 2 \(pid [0-9]+\) was killed by signal 9; stopping the other ranks$'
 [ "$elapsed" -lt 4000 ] || fail "took ${elapsed} ms to stop the sleeping ranks"
 
 echo "== a rank that ignores SIGTERM gets SIGKILL after the grace period"
-launch -np 2 sh -c 'if [ "$CONCORD_RANK" = 0 ]; then sleep 0.3; exit 1; fi; trap "" TERM; while :; do sleep 0.1; done'
+new_sync_dir ignore_term
+launch -np 2 sh -c "$RANK_SYNC"'
+  if [ "$CONCORD_RANK" = 0 ]; then await_ranks 1; exit 1; fi
+  trap "" TERM; started; while :; do sleep 0.1; done'
 [ "$rc" -eq 1 ] || fail "exit code $rc, expected 1"
 [ "$elapsed" -ge 4500 ] && [ "$elapsed" -lt 9000 ] || fail "stopping took ${elapsed} ms, expected ~5 s"
 
@@ -82,6 +114,7 @@ echo "== SIGTERM to concordrun is forwarded"
 start=$(now_ms)
 "$RUN" -np 2 sh -c 'echo "pid $$"; exec sleep 30' >"$TMP/out" 2>"$TMP/err" &
 launcher=$!
+# Waits (at most 5 s) until both ranks run: they have printed their pids.
 for _ in $(seq 100); do [ "$(grep -c pid "$TMP/out")" -eq 2 ] && break; sleep 0.05; done
 kill -TERM "$launcher"
 wait "$launcher"
@@ -90,9 +123,7 @@ elapsed=$(($(now_ms) - start))
 [ "$rc" -eq 143 ] || fail "exit code $rc, expected 143"
 expect_line "$TMP/err" '^concordrun: received SIGTERM; stopping the ranks$'
 [ "$elapsed" -lt 4000 ] || fail "took ${elapsed} ms after SIGTERM"
-for pid in $(sed -n 's/^\[[01]\] pid //p' "$TMP/out"); do
-  kill -0 "$pid" 2>/dev/null && { fail "rank process $pid still runs"; kill -9 "$pid"; }
-done
+expect_stopped "[01]"
 
 echo "== a program that cannot be executed"
 launch -np 2 /nonexistent/program

@@ -169,6 +169,8 @@ TEST_P(StoreTest, ExpiredDeadlineStillSeesExistingKey) {
 TEST_P(StoreTest, GetBlocksUntilAnotherClientSets) {
   auto writer = fixture_->Open();
   std::thread t([&] {
+    // Lets the Get block first. No store shows that a Get is waiting, and a Set that came first
+    // would satisfy it too: the result does not depend on this order.
     std::this_thread::sleep_for(milliseconds(100));
     EXPECT_TRUE(writer->Set("late", "value").ok());
   });
@@ -182,7 +184,7 @@ TEST_P(StoreTest, WaitForSeveralKeys) {
   auto writer = fixture_->Open();
   std::thread t([&] {
     for (const char* k : {"w1", "w2", "w3"}) {
-      std::this_thread::sleep_for(milliseconds(30));
+      std::this_thread::sleep_for(milliseconds(30));  // keys that arrive over time, on purpose
       EXPECT_TRUE(writer->Set(k, "x").ok());
     }
   });

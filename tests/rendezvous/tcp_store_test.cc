@@ -186,6 +186,9 @@ TEST_F(TcpStoreTest, ParkedGetsAreAnsweredWithoutPolling) {
       }
     });
   }
+  // Lets the requests reach the server and park there first. The server shows no count of parked
+  // requests to wait for, and a Set that came first would answer them too, so the result does not
+  // depend on this order: it only makes the parked path the one usually exercised.
   std::this_thread::sleep_for(milliseconds(50));
   auto setter = Client();
   ASSERT_TRUE(setter->Set("go", "now").ok());
@@ -200,6 +203,8 @@ TEST_F(TcpStoreTest, ServerGoneGivesAnError) {
     EXPECT_TRUE(v.status().code() == Code::kPeerFailure || v.status().code() == Code::kSystemError)
         << v.status().ToString();
   });
+  // Lets the Get park in the server first; a server gone before it arrived fails it with an
+  // accepted code too, so the result does not depend on this order.
   std::this_thread::sleep_for(milliseconds(100));
   const int port = server_->port();
   server_.reset();
