@@ -23,7 +23,8 @@ MAX_DIMS = 8
 c_request_p = ctypes.c_void_p
 c_comm_p = ctypes.c_void_p
 
-# void (*)(concord_request_t, concord_status_t, void*): called on the engine's thread.
+# void (*)(concord_request_t, concord_status_t, void*): called on the thread that completes the
+# request (the engine's thread, a waiting thread, a lane thread; see concord.h).
 CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p)
 
 

@@ -7,9 +7,12 @@ left out is generated from a per-communicator counter, which matches only when e
 its unnamed operations in the same order.
 
 Threading: a Communicator may be used from many threads. ctypes releases the GIL during every C
-call, so a blocking wait lets other Python threads run. Completion callbacks run on the engine's
-thread: they get the final Status only (the request is not yet waitable inside its callback), must
-not block on other requests and must not finalize the communicator (refused).
+call, so a blocking wait lets other Python threads run (and the waiting thread runs the engine's
+work itself, unless waiter_progress=0). Completion callbacks run on whichever thread completes the
+operation: the engine's thread, a thread waiting in wait() or a blocking call, one of the engine's
+lane threads, or the thread that calls finalize() for operations it fails. They get the final
+Status only (the handle is not yet done inside its own callback), must not wait on other
+operations of the same communicator and must not finalize it (refused).
 """
 import atexit
 import ctypes
@@ -48,31 +51,35 @@ def _reduce_op(op):
 
 
 def compression_supported():
-    """Whether this libconcord's C API takes a compression choice per allreduce (a `compression`
-    field of concord_allreduce_opts_t, mirrored in _lib.AllreduceOptsStruct)."""
+    """Whether this libconcord takes a compression spec per allreduce: its
+    concord_allreduce_opts_t has the `compression` field (mirrored in _lib.AllreduceOptsStruct).
+    Every libconcord built from this source tree does; only an older library does not."""
     return _lib.struct_has_field(lib(), _lib.AllreduceOptsStruct, "concord_allreduce_opts_init",
                                  "compression")
 
 
 def _check_compression(compression):
-    """None: the library's default (CONCORD_COMPRESSION); a spec must be supported by the library
-    ("none" on a library without compression is no compression anyway)."""
+    """The spec to hand to the library (bytes), or None for the library's default
+    (CONCORD_COMPRESSION, else concord_config_t.compression, else "none").
+
+    Any string is passed through as it is: the library parses it at enqueue and refuses a bad one
+    with InvalidArgumentError naming the problem (an unknown compressor, a bad parameter, a dtype
+    the compressor does not take). The one refusal made here is for a library too old to take a
+    spec per allreduce, where anything but "none" raises UnavailableError at once."""
     if compression is None:
-        return None
-    if compression == "none" and not compression_supported():
         return None
     if not isinstance(compression, str):
         raise InvalidArgumentError(1, "compression must be a spec string such as 'fp16', 'bf16' "
                                    "or 'topk:density=0.01', got %r" % (compression,))
     if not compression_supported():
+        if compression.strip() == "none":
+            return None  # an old library compresses nothing anyway
         theirs = _lib.library_struct_size(lib(), "concord_allreduce_opts_init")
-        ours = ctypes.sizeof(_lib.AllreduceOptsStruct)
-        why = ("concord_allreduce_opts_t has no compression field" if theirs <= ours else
-               "its concord_allreduce_opts_t (%d bytes) has fields the binding's mirror (%d bytes, "
-               "concord/_lib.py) lacks" % (theirs, ours))
         raise UnavailableError(
-            8, "compression=%r: this libconcord (%s) takes no compression through its C API: %s; "
-            "use compression=None" % (compression, lib().concord_path, why))
+            8, "compression=%r: this libconcord (%s) is too old to take a compression per "
+            "allreduce: its concord_allreduce_opts_t (%d bytes) ends before the compression field; "
+            "use compression=None or a newer libconcord" % (compression, lib().concord_path,
+                                                            theirs))
     return compression.encode()
 
 
@@ -280,8 +287,11 @@ class Communicator:
                         compression=None, callback=None):
         """Reduces tensor over all ranks into out (None: a new tensor; out=tensor: in place).
         op: "sum", "average", "min", "max", "product" (or a ReduceOp). prescale multiplies the input
-        and postscale the result (floating-point dtypes). compression: a spec ("fp16", ...) where
-        the library supports it, else UnavailableError. Returns a Handle whose wait() gives out."""
+        and postscale the result (floating-point dtypes). compression: None (the communicator's
+        default, CONCORD_COMPRESSION), "none", or a spec such as "fp16", "bf16",
+        "topk:density=0.01" (README, Compression); every rank must give the same, and a spec the
+        library cannot parse raises InvalidArgumentError naming the problem. Returns a Handle
+        whose wait() gives out."""
         handle = self._live()
         key = (op, prescale, postscale, compression)
         opts = self._opts_cache.get(key)

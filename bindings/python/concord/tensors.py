@@ -1,6 +1,10 @@
 """Tensors as the C API sees them: numpy arrays and torch tensors (CPU) turned into concord_tensor_t
 descriptors, and new arrays or tensors of a given dtype and shape for results. numpy and torch are
-imported only when an object of theirs is passed, so neither is required."""
+imported only when an object of theirs is passed, so neither is required.
+
+CUDA tensors: the C API takes device memory (concord_tensor_t.device) and the producer's stream
+(the _ex entry points' concord_device_opts_t), but this binding does not pass them yet; describe()
+is the one place that would pass data_ptr(), the device and the current stream."""
 import ctypes
 import sys
 
@@ -53,13 +57,14 @@ class Described:
 def describe(obj, what, writable=False):
     """The descriptor of a numpy array or torch tensor; InvalidArgumentError for anything Concord
     cannot take (other types, unsupported dtypes, non-contiguous or read-only memory) and
-    UnavailableError for device tensors, which this C API does not take yet."""
+    UnavailableError for tensors not in CPU memory, which this binding does not pass yet."""
     if _is_torch(obj):
         if obj.device.type != "cpu":
             raise UnavailableError(
-                8, "%s is a %s tensor; this libconcord's C API takes CPU memory only "
-                "(concord_tensor_t has no stream and its device must be CONCORD_DEVICE_CPU)"
-                % (what, obj.device.type))
+                8, "%s is a %s tensor: this version of the Python binding passes CPU memory only "
+                "and does not pass device tensors yet (libconcord's C API takes CUDA memory and "
+                "streams through its _ex entry points; the binding does not use them yet); "
+                "pass a CPU tensor (tensor.cpu())" % (what, obj.device.type))
         dtype = _TORCH_DTYPES.get(obj.dtype)
         if dtype is None:
             name = str(obj.dtype).replace("torch.", "")

@@ -4,7 +4,8 @@ DistributedOptimizer(opt) returns an optimizer of opt's own class (isinstance ch
 rate schedulers keep working) that shares opt's parameter groups and state. During backward, a
 hook on each parameter's gradient accumulator enqueues that gradient's allreduce (average over
 ranks, in place) as soon as the gradient is complete, so communication overlaps the rest of the
-backward pass; step() waits for all of them, then runs the wrapped step. CPU tensors.
+backward pass; step() waits for all of them, then runs the wrapped step. CPU tensors (the binding
+does not pass CUDA tensors yet).
 """
 import io
 
@@ -116,12 +117,15 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
 
     named_parameters: model.named_parameters(), to name each gradient (the names must be the same
     on every rank; without them parameters are named by their position). compression: a spec such
-    as "fp16" for every gradient of this optimizer, where libconcord supports it (else
-    UnavailableError at once). backward_passes_per_step: gradients are accumulated locally over
+    as "fp16", "bf16" or "topk:density=0.01" for every gradient of this optimizer (None: the
+    communicator's default, CONCORD_COMPRESSION); the library checks it at the first allreduce,
+    inside backward(), and a spec it cannot parse raises InvalidArgumentError there (a library
+    too old to take compression refuses any spec at construction, with UnavailableError).
+    backward_passes_per_step: gradients are accumulated locally over
     this many backward passes before one allreduce; the result is the average over ranks and
     passes. comm: a Communicator (default: the one concord.init() made)."""
     comm = _communicator(comm)
-    _comm._check_compression(compression)  # fail at construction, not inside backward
+    _comm._check_compression(compression)  # an old library: fail at construction, not in backward
     cls = type(optimizer.__class__.__name__, (_DistributedMixin, optimizer.__class__), {})
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)  # the same param_groups, state and defaults

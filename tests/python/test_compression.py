@@ -1,0 +1,94 @@
+"""Compression through the Python binding: the spec goes to the library unchanged. fp16 and bf16
+allreduces give the sums within their rounding; top-k sends the k largest magnitudes and keeps the
+rest as a residual for the next step (error feedback); fp16 halves the bytes on the wire; a spec
+the library cannot take raises InvalidArgumentError naming the problem, at enqueue."""
+import numpy as np
+import pytest
+
+import concord
+from concord import Status
+
+
+def values(comm, n):
+    """Small integers, different on each rank, exact in every half-precision format."""
+    return (np.arange(n) % 64 + comm.rank + 1).astype(np.float32)
+
+
+def expected_sum(comm, n):
+    return sum((np.arange(n) % 64 + r + 1) for r in range(comm.size)).astype(np.float32)
+
+
+def test_library_takes_compression():
+    assert concord.compression_supported()
+
+
+@pytest.mark.parametrize("spec", ["fp16", "bf16", "none"])
+@pytest.mark.parametrize("n", [7, 4099, 100000])
+def test_cast_allreduce(comm, spec, n):
+    x = values(comm, n)
+    out = comm.allreduce(x, name="cast.%s.%d" % (spec, n), compression=spec)
+    np.testing.assert_array_equal(out, expected_sum(comm, n))
+    avg = comm.allreduce(x, name="cast.avg.%s.%d" % (spec, n), op="average", compression=spec)
+    np.testing.assert_allclose(avg, expected_sum(comm, n) / comm.size, rtol=2.0**-8)
+
+
+def test_fp16_halves_the_wire_bytes(comm):
+    if comm.size < 2:
+        pytest.skip("needs two ranks")
+    n = 1 << 16  # 256 KiB of float32: neither inline nor fused by size
+    plain = comm.allreduce_async(values(comm, n), name="wire.none", compression="none")
+    half = comm.allreduce_async(values(comm, n), name="wire.fp16", compression="fp16")
+    # A ring allreduce sends 2 (n - 1) / n of the encoded bytes per rank.
+    ring = lambda encoded: 2 * (comm.size - 1) * encoded // comm.size  # noqa: E731
+    assert plain.wire_bytes() == ring(4 * n)
+    assert half.wire_bytes() == ring(2 * n)
+
+
+def test_topk_error_feedback(comm):
+    n, k = 64, 16
+    x = np.ones(n, np.float32)
+    x[:k] = 100 + np.arange(k) + comm.rank  # the k largest magnitudes, on every rank
+    spec = "topk:density=0.25,method=exact"
+    out = comm.allreduce(x, name="topk.grad", compression=spec)
+    want = np.zeros(n, np.float32)
+    want[:k] = sum(100 + np.arange(k) + r for r in range(comm.size))
+    np.testing.assert_array_equal(out, want)
+    # Next step, a zero gradient: the residual (the ones not sent) is sent now, k of them, ties
+    # going to the lower index.
+    out = comm.allreduce(np.zeros(n, np.float32), name="topk.grad", compression=spec)
+    want = np.zeros(n, np.float32)
+    want[k:2 * k] = comm.size
+    np.testing.assert_array_equal(out, want)
+
+
+def test_topk_full_density_is_exact(comm):
+    x = values(comm, 1000)
+    out = comm.allreduce(x, name="topk.full", compression="topk:density=1")
+    np.testing.assert_array_equal(out, expected_sum(comm, 1000))
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("zstd", ["unknown compressor 'zstd'"]),
+    ("topk:density=2", ["density"]),
+    ("topk", ["needs a density"]),
+    ("fp16:level=3", ["takes no parameters"]),
+])
+def test_bad_spec_names_the_problem(comm, spec, words):
+    with pytest.raises(concord.InvalidArgumentError) as e:
+        comm.allreduce(np.ones(8, np.float32), name="bad.spec", compression=spec)
+    assert e.value.status == Status.ERR_INVALID_ARGUMENT
+    assert "bad.spec" in e.value.message
+    for w in words:
+        assert w in e.value.message
+    # Refused at enqueue: nothing was negotiated, and the name is free again.
+    comm.allreduce(np.ones(8, np.float32), name="bad.spec")
+
+
+def test_dtype_the_compressor_refuses(comm):
+    with pytest.raises(concord.InvalidArgumentError, match="fp16"):
+        comm.allreduce(np.ones(8, np.int32), name="int.fp16", compression="fp16")
+
+
+def test_spec_must_be_a_string(comm):
+    with pytest.raises(concord.InvalidArgumentError, match="spec string"):
+        comm.allreduce(np.ones(8, np.float32), name="bad.type", compression=16)
