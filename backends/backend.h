@@ -1,10 +1,13 @@
-// The data plane: collectives over contiguous buffers, implemented once per transport library
-// (Gloo and MPI; NCCL later). A backend sees only base types: no core headers.
+// The data plane for host memory: collectives over contiguous CPU buffers, implemented once per
+// transport library (Gloo over TCP or ibverbs, and MPI). GPU memory has its own, asynchronous
+// interface (backends/device_backend.h: NCCL). A backend sees only base types: no core headers.
 //
-// Contract: one Backend per communicator, used by exactly one thread (the engine's). Every call is
-// collective (all ranks call it in the same order with matching arguments, which the coordinator
-// guarantees), blocks until done, and returns an error instead of hanging once the configured
-// timeout passes or a peer fails. After an error the backend is unusable; the engine fails the job.
+// Contract: one Backend per lane of a communicator (core/lane.h), used by one thread at a time:
+// the thread running the engine's step, or that lane's worker while the stepping thread waits for
+// it. Every call is collective (all ranks call it in the same order with matching arguments, which
+// the coordinator and the deterministic lane plan guarantee), blocks until done, and returns an
+// error instead of hanging once the configured timeout passes or a peer fails. After an error the
+// backend is unusable; the engine fails the job.
 #pragma once
 
 #include <chrono>

@@ -7,7 +7,31 @@
  *
  * Threading: a communicator may be used from any number of threads at once; each enqueue is
  * atomic. Requests may be waited on from any thread, but each request is freed exactly once.
- * Callbacks run on the communicator's background thread: they must not block on other requests.
+ * Callbacks run on whichever thread completes the request, which may be a thread waiting in
+ * concord_wait (see concord_callback_t): they must not wait on requests of their communicator.
+ *
+ * Memory: an enqueue copies the name, the tensor descriptors and their shape arrays, and the
+ * option structs (the compression spec too), so all of them may be reused or freed as soon as the
+ * call returns. The data itself (input, output, an allgather's buffer) belongs to the operation
+ * until it completes: keep it valid, do not write to it and do not read an output before then.
+ *
+ * Example (tests/docs compiles every fenced block of this header and of the README):
+ *   ```c
+ *   concord_comm_t comm;
+ *   if (concord_init(&comm) != CONCORD_SUCCESS) {
+ *     fprintf(stderr, "concord_init: %s\n", concord_comm_last_error(NULL));
+ *     exit(1);
+ *   }
+ *   float grad[1024] = {0};
+ *   int64_t shape[1] = {1024};
+ *   concord_tensor_t t = {grad, CONCORD_FLOAT32, 1, shape, CONCORD_DEVICE_CPU};
+ *   concord_allreduce_opts_t opts;
+ *   concord_allreduce_opts_init(&opts);
+ *   opts.op = CONCORD_AVERAGE;
+ *   if (concord_allreduce(comm, "grad", &t, NULL, &opts) != CONCORD_SUCCESS)
+ *     fprintf(stderr, "allreduce: %s\n", concord_comm_last_error(comm));
+ *   concord_finalize(comm);
+ *   ```
  */
 #ifndef CONCORD_CONCORD_H_
 #define CONCORD_CONCORD_H_
@@ -80,9 +104,15 @@ typedef struct concord_comm* concord_comm_t;
 /** Opaque handle of one enqueued operation; free it with concord_request_free. */
 typedef struct concord_request* concord_request_t;
 
-/** Called once when a request finishes, on the thread that runs the communicator's engine at
- *  that moment: its background thread, or a thread waiting in concord_wait or a blocking call
- *  (CONCORD_WAITER_PROGRESS, README). It must not finalize the communicator or wait on it. */
+/** Called once when a request finishes, on the thread that completes it: the communicator's
+ *  background thread; a thread waiting in concord_wait or a blocking call, which runs the engine's
+ *  work itself (CONCORD_WAITER_PROGRESS); one of the communicator's lane threads
+ *  (CONCORD_LANES); the GPU backend's completion thread (CUDA tensors); the thread calling
+ *  concord_group_end when the group is refused; or the thread calling concord_finalize for what it
+ *  fails. Inside its own callback the request is still IN_PROGRESS. The callback may enqueue and
+ *  may free its request; it must not wait on requests of this communicator (that may never
+ *  return) nor finalize it (refused with INVALID_ARGUMENT). Not called when the enqueue itself
+ *  fails. */
 typedef void (*concord_callback_t)(concord_request_t request, concord_status_t status,
                                    void* user_data);
 
@@ -96,8 +126,8 @@ typedef struct concord_config {
   int version;        /**< CONCORD_VERSION as compiled by the caller */
   int rank;           /**< -1: from the environment */
   int size;           /**< -1: from the environment */
-  int local_rank;     /**< -1: from the environment (else 0) */
-  int local_size;     /**< -1: from the environment (else 1) */
+  int local_rank;     /**< -1: from the environment, else rank when all ranks are local, else 0 */
+  int local_size;     /**< -1: from the environment, else size (all ranks on this host) */
   const char* store;  /**< rendezvous: "tcp://host:port" or "file:///dir"; NULL: environment */
   const char* token;  /**< secret for the TCP store; NULL: environment */
   const char* job_id; /**< separates jobs that share a store; NULL: environment or "default" */
@@ -105,7 +135,7 @@ typedef struct concord_config {
   const char* host;   /**< address to bind and advertise; NULL: environment or from iface */
   int64_t fusion_threshold_bytes; /**< -1: environment or 64 MiB; 0 disables fusion */
   double cycle_time_ms;           /**< -1: environment or 0 (no gathering delay) */
-  double timeout_s;               /**< -1: environment or 30 */
+  double timeout_s;               /**< -1 (any value <= 0): environment or 30 */
   int cache_capacity;             /**< -1: environment or 1024; 0 disables the response cache */
   int log_level;                  /**< -1: environment or 1 (0 error, 1 warning, 2 info, 3 debug) */
   /** -1: environment or 32 KiB; allreduces this small are reduced by the
@@ -115,7 +145,9 @@ typedef struct concord_config {
   int64_t direct_threshold_bytes;
   /** -1: environment or 2; data-plane lanes whose collectives run concurrently (1 to 8) */
   int lanes;
-  const char* backend; /**< "gloo", "mpi" or "auto"; NULL: CONCORD_BACKEND or "gloo" */
+  /** "gloo", "gloo-ibverbs", "mpi", "nccl" or "auto" (README, Configuration);
+   *  NULL: CONCORD_BACKEND or "gloo" */
+  const char* backend;
   /** the compression of allreduces that name none; NULL: CONCORD_COMPRESSION or "none" */
   const char* compression;
   /** -1: environment (CONCORD_WAITER_PROGRESS) or 1; 1: a thread waiting for a request runs the
@@ -131,8 +163,11 @@ typedef struct concord_allreduce_opts {
   double postscale;       /**< multiplies the result; default 1 */
   /** Gradient compression, a spec such as "none", "fp16", "bf16", "topk:density=0.01" or
    *  "topk:density=0.001,method=exact,values=fp16" (README, Compression); every rank must give
-   *  the same. NULL (the default): CONCORD_COMPRESSION or concord_config_t.compression. Older
-   *  callers whose struct ends before this field get the default. */
+   *  the same (else MISMATCH). NULL (the default): CONCORD_COMPRESSION or
+   *  concord_config_t.compression; "" is "none". A spec that does not parse, or a dtype the
+   *  compressor does not take, fails the enqueue with INVALID_ARGUMENT naming the problem; CPU
+   *  tensors only (UNAVAILABLE for a CUDA tensor). Older callers whose struct ends before this
+   *  field get the default. */
   const char* compression;
 } concord_allreduce_opts_t;
 
@@ -181,8 +216,12 @@ CONCORD_API concord_status_t concord_comm_rank(concord_comm_t comm, int* rank);
 CONCORD_API concord_status_t concord_comm_size(concord_comm_t comm, int* size);
 CONCORD_API concord_status_t concord_comm_local_rank(concord_comm_t comm, int* local_rank);
 CONCORD_API concord_status_t concord_comm_local_size(concord_comm_t comm, int* local_size);
-/** The message of the last error on this communicator (empty when none). Valid until the next call
- *  on this communicator from the same thread. NULL comm: the last concord_init failure. */
+/** The message of the last call on this communicator that failed on the calling thread (empty
+ *  when none has; a later success does not clear it). Valid until the next call on this
+ *  communicator from the same thread. NULL comm: the message of the last call on this thread that
+ *  failed without a communicator to keep it: concord_init or concord_init_config, or any call
+ *  given a NULL communicator; also not cleared by a success. Errors of an operation itself are
+ *  kept on its request (concord_request_error). */
 CONCORD_API const char* concord_comm_last_error(concord_comm_t comm);
 
 /* ---- asynchronous operations: enqueue now, complete later ---- */
@@ -237,7 +276,12 @@ CONCORD_API concord_status_t concord_barrier_async(concord_comm_t comm, concord_
 /**
  * Grouped submission: operations enqueued by this thread between group_start and group_end are
  * held and enqueued atomically at group_end, negotiated as one unit and fused together where their
- * dtype and op allow. Groups do not nest.
+ * dtype and op allow. Groups do not nest. Every rank must enqueue the same members in the same
+ * order: ranks recognise a group by its first member's name and its size, so a different order
+ * fails every member with MISMATCH, and different members fail with MISMATCH or never complete
+ * (the stall warning names them; CONCORD_STALL_SHUTDOWN_S fails them with TIMEOUT). When
+ * group_end fails (a name already in flight, a failed communicator), every member completes with
+ * that error.
  */
 CONCORD_API concord_status_t concord_group_start(concord_comm_t comm);
 CONCORD_API concord_status_t concord_group_end(concord_comm_t comm);

@@ -2,13 +2,17 @@
 //
 // Header-only, so the library's ABI stays the C one: nothing here is compiled into libconcord.
 // Errors are thrown as concord::Error (carrying the C status and message) in the caller's code;
-// nothing throws across the library boundary.
+// nothing throws across the library boundary. concord.h's comments hold the rules this header
+// inherits: which thread runs a callback, what an enqueue copies, what a group must contain.
 //
-//   concord::Communicator comm;                      // from the environment (concordrun, torchrun)
-//   std::vector<float> grad(n);
+// Example (tests/docs compiles every fenced block of this header and of the README):
+//   ```cpp
+//   concord::Communicator comm;                  // from the environment (concordrun, torchrun)
+//   std::vector<float> grad(1024), other(4096);
 //   comm.allreduce("layer1.weight", concord::TensorView(grad), concord::ReduceOp::kAverage);
 //   concord::Future f = comm.allreduce_async("layer2.weight", concord::TensorView(other));
-//   f.wait();
+//   f.wait();                                    // throws concord::Error if it failed
+//   ```
 #ifndef CONCORD_CONCORD_HPP_
 #define CONCORD_CONCORD_HPP_
 
@@ -89,7 +93,8 @@ inline void Check(concord_status_t s, const std::string& message) {
 }  // namespace detail
 
 /// A non-owning view of contiguous row-major memory: pointer, dtype, shape and device.
-/// The memory must stay valid until the operation that uses it completes.
+/// The memory must stay valid (and unwritten) until the operation that uses it completes; the view
+/// itself may go as soon as the call that took it returns (the C API copies the shape).
 class TensorView {
  public:
   TensorView(void* data, DataType dtype, std::vector<int64_t> shape,
@@ -124,6 +129,15 @@ class TensorView {
 
 /// CUDA tensors only (TensorView device >= 0): what the operation waits for before it reads its
 /// input, as CUDA handles (cudaStream_t, cudaEvent_t) passed as void*. See concord_device_opts_t.
+/// It is the last argument of the *_async calls, after the callback (and, for allreduce, the
+/// compression spec, where "" keeps the default):
+///   ```cpp
+///   concord::TensorView g(device_ptr, concord::DataType::kFloat16, {1024}, local_gpu);
+///   concord::Future f = comm.allreduce_async("layer1.weight", g, concord::ReduceOp::kAverage,
+///                                            nullptr, 1.0, 1.0, nullptr, "",
+///                                            concord::DeviceOptions{backward_stream, nullptr});
+///   f.wait_stream(optimizer_stream);  // optimizer kernels queued on it run after the allreduce
+///   ```
 struct DeviceOptions {
   void* stream = nullptr;       ///< the work queued on it so far runs first
   void* ready_event = nullptr;  ///< a recorded event the operation waits for
@@ -203,8 +217,9 @@ class Future {
   concord_request_t request_ = nullptr;
 };
 
-/// Called on the communicator's thread when an operation finishes; must not block. An exception
-/// it throws is swallowed.
+/// Called once when an operation finishes, on the thread that completes it (the engine's thread, a
+/// thread waiting in wait(), a lane or device completion thread: see concord_callback_t). It must
+/// not wait on operations of the same communicator. An exception it throws is swallowed.
 using Callback = std::function<void(concord_status_t status)>;
 
 /// One communicator: owns the engine, its thread and its connections. Thread-safe: any thread
@@ -234,7 +249,9 @@ class Communicator {
   int local_size() const { return Get(concord_comm_local_size); }
 
   /// Allreduce; `out` absent means in place. prescale multiplies the input, postscale the result.
-  /// `compression` is a compressor spec ("fp16", "topk:density=0.01", ...); empty: the default.
+  /// `compression` is a compressor spec ("none", "fp16", "topk:density=0.01", ...); empty: the
+  /// communicator's default (CONCORD_COMPRESSION). A spec the library cannot parse throws Error
+  /// (INVALID_ARGUMENT) naming the problem.
   Future allreduce_async(const std::string& name, const TensorView& in,
                          ReduceOp op = ReduceOp::kSum, const TensorView* out = nullptr,
                          double prescale = 1.0, double postscale = 1.0, Callback callback = nullptr,
@@ -292,6 +309,7 @@ class Communicator {
   void barrier() { detail::Check(concord_barrier(comm_), concord_comm_last_error(comm_)); }
 
   /// Operations enqueued by this thread inside the group are negotiated and fused as one unit.
+  /// Every rank must enqueue the same members in the same order (see concord_group_start).
   class Group {
    public:
     explicit Group(Communicator& c) : c_(c) {
@@ -333,7 +351,7 @@ class Communicator {
             try {
               (*cb)(st);
             } catch (...) {
-              // A callback runs on the engine's thread: an exception must not unwind through C.
+              // A callback runs on one of Concord's threads: no exception may unwind through C.
             }
           },
           held, &r);
