@@ -2,7 +2,8 @@
 """Compiles every C and C++ example of Concord's documentation, so that none can rot.
 
 What is checked:
-  - README.md and docs/*.md: every fenced block whose info string is `c` or `cpp`.
+  - README.md, docs/*.md and bindings/python/README.md: every fenced block whose info string is
+    `c` or `cpp`.
   - include/concord/*.h and *.hpp: every fenced block inside a comment. The comment leader of each
     line (`//`, `///`, ` *`, `/*`) is removed first, so an example in a header is written as in
     Markdown:
@@ -34,7 +35,7 @@ fails when README.md has no C or C++ block at all.
 
 Usage: check_snippets.py --root REPO --cc CC --cxx CXX --library LIBCONCORD --work DIR
                          [--flag FLAG ...] [FILE ...]
-(FILEs default to README.md, docs/*.md and include/concord/*; --flag adds a compiler and linker
+(FILEs default to the Markdown files above and include/concord/*; --flag adds a compiler and linker
 flag, e.g. the sanitizer the library was built with.) Standard library only.
 """
 import argparse
@@ -112,6 +113,7 @@ def collect(root, files):
     if not files:
         files = [os.path.join(root, "README.md")]
         files += sorted(glob.glob(os.path.join(root, "docs", "*.md")))
+        files.append(os.path.join(root, "bindings", "python", "README.md"))
         files += sorted(glob.glob(os.path.join(root, "include", "concord", "*.h")))
         files += sorted(glob.glob(os.path.join(root, "include", "concord", "*.hpp")))
     blocks = []
