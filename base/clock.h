@@ -3,11 +3,17 @@
 #pragma once
 
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 
 namespace concord {
 
 using Clock = std::chrono::steady_clock;
+
+// Seconds (a configuration value) as whole milliseconds, rounded to nearest.
+inline std::chrono::milliseconds MillisFromSeconds(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(std::llround(seconds * 1000.0)));
+}
 
 class Deadline {
  public:

@@ -205,12 +205,12 @@ StatusOr<std::unique_ptr<Engine>> CreateEngine(Config config) {
   {
     Config checked = config;  // validates every field before anything starts
     CONCORD_RETURN_IF_ERROR(checked.Finalize());
-    const auto timeout = std::chrono::milliseconds(std::llround(checked.timeout_s * 1000.0));
+    const auto timeout = MillisFromSeconds(checked.timeout_s);
     if (checked.ResolvedBackend() == "mpi") return CreateMpiEngine(std::move(config), timeout);
     config = std::move(checked);
   }
   const std::string backend_name = config.ResolvedBackend();
-  const auto timeout = std::chrono::milliseconds(std::llround(config.timeout_s * 1000.0));
+  const auto timeout = MillisFromSeconds(config.timeout_s);
   const Deadline deadline = Deadline::After(timeout);
   std::string store_host;
   CONCORD_ASSIGN_OR_RETURN(std::shared_ptr<Rendezvous> rv,
