@@ -1,33 +1,44 @@
 // Element types, reduction operators and the CPU kernels over them (reduce, scale, half-precision
-// conversion). Stateless free functions; all thread-safe. Numeric values of DType and ReduceOp
-// equal the C API's concord_dtype_t and concord_reduce_op_t and never change.
+// conversion). Stateless free functions; all thread-safe. DType and ReduceOp take their values
+// from the C API's concord_dtype_t and concord_reduce_op_t (include/concord/concord.h, the one
+// place they are written down), so the C boundary converts by cast.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
+#include "concord/concord.h"
+
 namespace concord {
 
 enum class DType : int {
-  kUint8 = 0,
-  kInt8 = 1,
-  kInt32 = 2,
-  kInt64 = 3,
-  kFloat16 = 4,
-  kBFloat16 = 5,
-  kFloat32 = 6,
-  kFloat64 = 7,
+  kUint8 = CONCORD_UINT8,
+  kInt8 = CONCORD_INT8,
+  kInt32 = CONCORD_INT32,
+  kInt64 = CONCORD_INT64,
+  kFloat16 = CONCORD_FLOAT16,
+  kBFloat16 = CONCORD_BFLOAT16,
+  kFloat32 = CONCORD_FLOAT32,
+  kFloat64 = CONCORD_FLOAT64,
 };
-constexpr int kNumDTypes = 8;
+// Values are 0 .. kNumDTypes - 1 (IsValidDType relies on it).
+constexpr int kNumDTypes = CONCORD_FLOAT64 + 1;
+static_assert(CONCORD_UINT8 == 0 && CONCORD_INT8 == 1 && CONCORD_INT32 == 2 && CONCORD_INT64 == 3 &&
+                  CONCORD_FLOAT16 == 4 && CONCORD_BFLOAT16 == 5 && CONCORD_FLOAT32 == 6 &&
+                  kNumDTypes == 8,
+              "concord_dtype_t must stay dense from 0: its values are part of the ABI");
 
 enum class ReduceOp : int {
-  kSum = 0,
-  kAverage = 1,
-  kMin = 2,
-  kMax = 3,
-  kProduct = 4,
+  kSum = CONCORD_SUM,
+  kAverage = CONCORD_AVERAGE,
+  kMin = CONCORD_MIN,
+  kMax = CONCORD_MAX,
+  kProduct = CONCORD_PRODUCT,
 };
-constexpr int kNumReduceOps = 5;
+constexpr int kNumReduceOps = CONCORD_PRODUCT + 1;
+static_assert(CONCORD_SUM == 0 && CONCORD_AVERAGE == 1 && CONCORD_MIN == 2 && CONCORD_MAX == 3 &&
+                  kNumReduceOps == 5,
+              "concord_reduce_op_t must stay dense from 0: its values are part of the ABI");
 
 bool IsValidDType(int value);
 bool IsValidReduceOp(int value);

@@ -1,5 +1,7 @@
 #include "base/status.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 namespace concord {
@@ -46,6 +48,12 @@ std::string Status::ToString() const {
 Status Status::WithContext(const std::string& context) const {
   if (ok()) return *this;
   return Status(code_, context + ": " + message_);
+}
+
+void DieOnValueOfError(const Status& status) {
+  std::fprintf(stderr, "Concord internal error: StatusOr::value() of an error: %s\n",
+               status.ToString().c_str());
+  std::abort();
 }
 
 Status ErrnoError(const std::string& what, int errnum) {

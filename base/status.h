@@ -1,34 +1,51 @@
 // The one error model inside Concord: a Status (code + message) returned by value, and a small
 // StatusOr<T>. Codes have the same numeric values as the C API's concord_status_t, so the C
-// boundary converts without a table. Status is a value type: copyable, thread-compatible.
+// boundary converts without a table. Status is a value type: copyable, thread-compatible. Both are
+// [[nodiscard]]: a status is handled or visibly dropped with (void) and a reason.
 #pragma once
 
 #include <string>
 #include <utility>
 
+#include "concord/concord.h"
+
 namespace concord {
 
-// Values are part of the ABI (they equal concord_status_t): append only, never renumber.
+// The values are concord_status_t's (include/concord/concord.h, where they are written down once
+// and only ever appended to), so the C boundary converts by cast.
 enum class Code : int {
-  kOk = 0,
-  kInvalidArgument = 1,   // the caller passed something wrong; nothing changed
-  kMismatch = 2,          // ranks submitted disagreeing requests for one tensor name
-  kTimeout = 3,           // a deadline passed
-  kPeerFailure = 4,       // another rank exited, was killed or reported a failure
-  kBackendError = 5,      // the transport or collective library failed
-  kNotInitialized = 6,    // use before init or after shutdown
-  kInternal = 7,          // a bug in Concord
-  kUnavailable = 8,       // a feature or backend that was not built or cannot start here
-  kInProgress = 9,        // concord_test: not finished yet (not an error)
-  kVersionMismatch = 10,  // header and library major versions differ
-  kSystemError = 11,      // an OS call failed (socket, file, memory)
-  kAuthFailed = 12,       // rendezvous refused: wrong job secret
-  kProtocolError = 13,    // malformed bytes arrived from the network
+  kOk = CONCORD_SUCCESS,
+  // The caller passed something wrong; nothing changed.
+  kInvalidArgument = CONCORD_ERR_INVALID_ARGUMENT,
+  // Ranks submitted disagreeing requests for one tensor name.
+  kMismatch = CONCORD_ERR_MISMATCH,
+  // A deadline passed.
+  kTimeout = CONCORD_ERR_TIMEOUT,
+  // Another rank exited, was killed or reported a failure.
+  kPeerFailure = CONCORD_ERR_PEER_FAILURE,
+  // The transport or collective library failed.
+  kBackendError = CONCORD_ERR_BACKEND,
+  // Use before init or after shutdown.
+  kNotInitialized = CONCORD_ERR_NOT_INITIALIZED,
+  // A bug in Concord.
+  kInternal = CONCORD_ERR_INTERNAL,
+  // A feature or backend that was not built or cannot start here.
+  kUnavailable = CONCORD_ERR_UNAVAILABLE,
+  // concord_test: not finished yet (not an error).
+  kInProgress = CONCORD_IN_PROGRESS,
+  // Header and library major versions differ.
+  kVersionMismatch = CONCORD_ERR_VERSION,
+  // An OS call failed (socket, file, memory).
+  kSystemError = CONCORD_ERR_SYSTEM,
+  // Rendezvous refused: wrong job secret.
+  kAuthFailed = CONCORD_ERR_AUTH,
+  // Malformed bytes arrived from the network.
+  kProtocolError = CONCORD_ERR_PROTOCOL,
 };
 
 const char* CodeName(Code code);
 
-class Status {
+class [[nodiscard]] Status {
  public:
   Status() = default;
   Status(Code code, std::string message) : code_(code), message_(std::move(message)) {}
@@ -65,20 +82,41 @@ inline Status ProtocolError(std::string m) {
 // A failed OS call: message plus strerror(errnum).
 Status ErrnoError(const std::string& what, int errnum);
 
-// A value or the Status that explains why there is none.
+// Prints "StatusOr::value() of an error" with the status and aborts: reading the value of a failed
+// StatusOr is a bug in Concord, never something to continue from.
+[[noreturn]] void DieOnValueOfError(const Status& status);
+
+// A value or the Status that explains why there is none. value(), * and -> on an error abort
+// (DieOnValueOfError): check ok() first.
 template <typename T>
-class StatusOr {
+class [[nodiscard]] StatusOr {
  public:
-  StatusOr(Status status) : status_(std::move(status)) {}  // NOLINT: implicit by design
-  StatusOr(T value) : value_(std::move(value)) {}          // NOLINT: implicit by design
+  // An OK status here is a bug (a function that returns no value where it promised one): it
+  // becomes an internal error rather than a default-constructed value.
+  StatusOr(Status status)  // NOLINT: implicit by design
+      : status_(status.ok() ? Status(Code::kInternal, "StatusOr made from an OK status")
+                            : std::move(status)) {}
+  StatusOr(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design
   bool ok() const { return status_.ok(); }
   const Status& status() const { return status_; }
-  T& value() { return value_; }
-  const T& value() const { return value_; }
-  T& operator*() { return value_; }
-  T* operator->() { return &value_; }
+  T& value() {
+    CheckOk();
+    return value_;
+  }
+  const T& value() const {
+    CheckOk();
+    return value_;
+  }
+  T& operator*() { return value(); }
+  const T& operator*() const { return value(); }
+  T* operator->() { return &value(); }
+  const T* operator->() const { return &value(); }
 
  private:
+  void CheckOk() const {
+    if (!status_.ok()) DieOnValueOfError(status_);
+  }
+
   Status status_;
   T value_{};
 };

@@ -1,12 +1,11 @@
 #include <algorithm>
 #include <climits>
-#include <condition_variable>
 #include <list>
-#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "backends/mpi/mpi_backend.h"
+#include "base/mutex.h"
 
 namespace concord {
 namespace {
@@ -110,32 +109,43 @@ class MpiControlPlane : public ControlPlane {
         nap = std::chrono::duration_cast<Clock::duration>(kFirstNap);
         continue;
       }
-      std::unique_lock<std::mutex> lock(wake_mu_);
-      if (woken_ || t >= deadline.at()) {
-        woken_ = false;
+      if (TakeWake(t, deadline)) {
         last_listen_ = t;
         return false;
       }
       if (t < spin_until) {
-        lock.unlock();
         if (t > busy_until) std::this_thread::yield();
         continue;
       }
-      const auto until = std::min(deadline.at(), Clock::now() + nap);
-      wake_cv_.wait_until(lock, until, [this] { return woken_; });
+      Nap(std::min(deadline.at(), Clock::now() + nap));
       nap = std::min(nap * 2, std::chrono::duration_cast<Clock::duration>(kMaxNap));
     }
   }
 
-  void Wake() override {
+  void Wake() override EXCLUDES(wake_mu_) {
     {
-      std::lock_guard<std::mutex> lock(wake_mu_);
+      MutexLock lock(wake_mu_);
       woken_ = true;
     }
-    wake_cv_.notify_one();
+    wake_cv_.NotifyOne();
   }
 
  private:
+  // Whether Receive() must return now (woken, or at `now` the deadline passed); consumes a wake.
+  bool TakeWake(Clock::time_point now, const Deadline& deadline) EXCLUDES(wake_mu_) {
+    MutexLock lock(wake_mu_);
+    if (!woken_ && now < deadline.at()) return false;
+    woken_ = false;
+    return true;
+  }
+  // Sleeps until `until` or a Wake().
+  void Nap(Clock::time_point until) EXCLUDES(wake_mu_) {
+    MutexLock lock(wake_mu_);
+    while (!woken_) {
+      if (!wake_cv_.WaitUntil(wake_mu_, until)) return;
+    }
+  }
+
   struct Outgoing {
     int to = -1;
     std::string bytes;  // owned until MPI completes the send
@@ -157,8 +167,8 @@ class MpiControlPlane : public ControlPlane {
     return Status::Ok();
   }
 
-  // Completes finished sends; a failed one fails its peer. Returns failure_.
-  Status Reap() {
+  // Completes finished sends; a failed one fails its peer (failure_, which callers read).
+  void Reap() {
     for (auto it = sends_.begin(); it != sends_.end();) {
       int done = 0;
       int rc;
@@ -167,12 +177,11 @@ class MpiControlPlane : public ControlPlane {
         rc = MPI_Test(&it->request, &done, MPI_STATUS_IGNORE);
       }
       if (rc != MPI_SUCCESS) {
-        FailPeer(it->to, MpiError(rc, "MPI_Test (send)", __FILE__, __LINE__));
+        (void)FailPeer(it->to, MpiError(rc, "MPI_Test (send)", __FILE__, __LINE__));
         done = 1;
       }
       it = done ? sends_.erase(it) : std::next(it);
     }
-    return failure_;
   }
 
   // Takes at most one incoming message. Heartbeats only refresh liveness (*heard = true).
@@ -205,9 +214,10 @@ class MpiControlPlane : public ControlPlane {
         if (!Post(r, kTagHeartbeat, std::string()).ok()) return;
       }
       if (now - last_heard_[r] > liveness_) {
-        FailPeer(r, Status(Code::kPeerFailure, "rank " + std::to_string(r) +
-                                                   " was silent on the MPI control plane for " +
-                                                   std::to_string(liveness_.count()) + " ms"));
+        (void)FailPeer(r,
+                       Status(Code::kPeerFailure, "rank " + std::to_string(r) +
+                                                      " was silent on the MPI control plane for " +
+                                                      std::to_string(liveness_.count()) + " ms"));
         return;
       }
     }
@@ -234,9 +244,9 @@ class MpiControlPlane : public ControlPlane {
   std::list<Outgoing> sends_;  // a list: MPI holds pointers into each element's bytes
   Status failure_;
 
-  std::mutex wake_mu_;
-  std::condition_variable wake_cv_;
-  bool woken_ = false;
+  Mutex wake_mu_;
+  CondVar wake_cv_;
+  bool woken_ GUARDED_BY(wake_mu_) = false;
 };
 
 }  // namespace

@@ -596,7 +596,7 @@ TEST_P(EngineRanksTest, ShutdownCompletesPendingWithNotInitialized) {
   if (state) {
     ASSERT_TRUE(WaitUntil([&] { return job.world().Received(0, size - 1) > sent; }));
   }
-  last.Shutdown();
+  EXPECT_TRUE(last.Shutdown().ok());
   if (state) {
     ASSERT_TRUE(state->done());
     EXPECT_EQ(state->status().code(), Code::kNotInitialized);

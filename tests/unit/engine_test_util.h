@@ -44,7 +44,7 @@ class Job {
     }
   }
   ~Job() {
-    harness::RunRanks(size(), [this](int rank) { engines_[rank]->Shutdown(); });
+    harness::RunRanks(size(), [this](int rank) { EXPECT_TRUE(engines_[rank]->Shutdown().ok()); });
     engines_.clear();
   }
   int size() const { return static_cast<int>(engines_.size()); }
