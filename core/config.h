@@ -25,8 +25,10 @@ struct Config {
   std::string iface;        // data-traffic interface
   std::string host;         // address to bind and advertise
 
-  // "gloo", "mpi" (negotiation and data over MPI; needs mpirun) or "auto" (mpi when started by
-  // mpirun and built, else gloo). ResolvedBackend() gives the one that runs.
+  // "gloo", "gloo-ibverbs" (Gloo over InfiniBand/RoCE), "mpi" (negotiation and data over MPI;
+  // needs mpirun), "nccl" (CPU tensors on Gloo, CUDA tensors on NCCL) or "auto" (mpi when started
+  // by mpirun and built, else gloo; NCCL for CUDA tensors where it can start). ResolvedBackend()
+  // gives the one that runs.
   std::string backend = "gloo";
   bool mpi_launched = false;  // OMPI_COMM_WORLD_SIZE or PMIX_RANK is set: mpirun started us
   std::string gloo_algorithm = "auto";

@@ -85,7 +85,7 @@ Status Coordinator::Add(int rank, RequestMessage message, Clock::time_point now)
     const TensorRequest& request = message.requests[index];
     int64_t elements = 1;
     for (int64_t d : request.shape) {
-      if (__builtin_mul_overflow(elements, d, &elements) || elements > (int64_t{1} << 50)) {
+      if (__builtin_mul_overflow(elements, d, &elements) || elements > kMaxTensorSize) {
         return ProtocolError("rank " + std::to_string(rank) + " sent tensor '" + request.name +
                              "' with a shape too large to exist");
       }

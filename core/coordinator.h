@@ -29,7 +29,8 @@
 //  5. A rank that fails, leaves or sends malformed bytes makes rank 0 send an abort to every rank.
 //
 // This class is the pure decision logic of steps 2-4 (no I/O, no threads): the engine feeds it
-// messages and sends what it returns. Not thread-safe; owned by rank 0's engine thread.
+// messages and sends what it returns. Not thread-safe; owned by rank 0's engine and used by the
+// thread running its step.
 #pragma once
 
 #include <chrono>

@@ -6,6 +6,9 @@
 // is allgathered, every rank's share decoded and summed into the output. An average divides by
 // the world size before encoding (so half-precision sums stay in range); the postscale is applied
 // to the decoded result.
+//
+// Like engine_host_ops.cc, it completes the entries it finishes and returns an error without
+// completing any; compressor lookups and encoding hold compression_mu_ (lanes run concurrently).
 #include <cstring>
 
 #include "compression/registry.h"
@@ -22,7 +25,7 @@ size_t AlignUp(size_t n, size_t to) {
 
 StatusOr<std::shared_ptr<const compression::Compressor>> Engine::CompressorFor(
     const std::string& spec) {
-  std::lock_guard<std::mutex> lock(compression_mu_);
+  MutexLock lock(compression_mu_);
   auto it = compressors_.find(spec);
   if (it != compressors_.end()) return it->second;
   CONCORD_ASSIGN_OR_RETURN(std::unique_ptr<compression::Compressor> made,
@@ -32,23 +35,44 @@ StatusOr<std::shared_ptr<const compression::Compressor>> Engine::CompressorFor(
   return shared;
 }
 
-Status Engine::RunCompressed(Lane& lane, const FusionBatch& batch,
-                             const std::vector<const Response*>& responses,
-                             std::vector<std::optional<QueueEntry>>& entries) {
+Status Engine::AttachCompressor(QueueEntry& entry) {
+  TensorRequest& r = entry.request;
+  // "none" (the default) is no compression at all; other specs go through their compressor.
+  if (r.op != OpType::kAllreduce || r.compression.empty() || r.compression == "none") {
+    r.compression.clear();
+    return Status::Ok();
+  }
+  auto compressor = CompressorFor(r.compression);
+  if (!compressor.ok()) return compressor.status().WithContext("tensor '" + r.name + "'");
+  if (Status s = (*compressor)->CheckDType(r.dtype); !s.ok()) {
+    return s.WithContext("tensor '" + r.name + "'");
+  }
+  // Ranks compare the canonical spec (an alias of "none" is no compression too).
+  r.compression = (*compressor)->spec();
+  if (r.compression == "none") {
+    r.compression.clear();
+    return Status::Ok();
+  }
+  if (r.device != -1) {
+    return Status(Code::kUnavailable, "tensor '" + r.name + "': compression '" + r.compression +
+                                          "' runs on CPU tensors only in this version");
+  }
+  entry.compressor = std::move(*compressor);
+  return Status::Ok();
+}
+
+Status Engine::RunCompressed(Lane& lane, const FusionBatch& batch, const Responses& responses,
+                             Entries& entries) {
   const TensorRequest& q = responses[batch.members.front()]->request;
-  const compression::Compressor& compressor = *entries[batch.members.front()]->compressor;
-  auto fail = [&](const Status& s) {
-    for (size_t i : batch.members) entries[i]->state->Complete(s);
-    return s;
-  };
   // Every member must carry the compressor the coordinator agreed on.
   for (size_t i : batch.members) {
     const QueueEntry& e = *entries[i];
     if (!e.compressor || e.compressor->spec() != q.compression) {
-      return fail(Internal("tensor '" + e.request.name + "' has no compressor for '" +
-                           q.compression + "'"));
+      return Internal("tensor '" + e.request.name + "' has no compressor for '" + q.compression +
+                      "'");
     }
   }
+  const compression::Compressor& compressor = *entries[batch.members.front()]->compressor;
   std::vector<size_t> offsets, encoded;
   size_t total = 0;
   for (size_t i : batch.members) {
@@ -63,7 +87,7 @@ Status Engine::RunCompressed(Lane& lane, const FusionBatch& batch,
   const size_t unit =
       summed ? DTypeSize(compressor.reduce_dtype(q.dtype)) : compression::kEncodedAlignment;
   total = AlignUp(std::max<size_t>(total, 1), unit);
-  uint8_t* buffer = FusionBuffer(lane, total, fusion_.threshold);
+  uint8_t* buffer = lane.fusion.Get(total, fusion_.threshold);
   // The gaps between encoded tensors are reduced or gathered (never decoded): zero them.
   size_t end = 0;
   for (size_t k = 0; k <= offsets.size(); ++k) {
@@ -76,7 +100,7 @@ Status Engine::RunCompressed(Lane& lane, const FusionBatch& batch,
   if (q.reduce_op == ReduceOp::kAverage) scale /= config_.size;
   {
     // One CompressionState per communicator: its residuals and scratch are not thread-safe.
-    std::lock_guard<std::mutex> lock(compression_mu_);
+    MutexLock lock(compression_mu_);
     for (size_t k = 0; k < batch.members.size(); ++k) {
       const QueueEntry& e = *entries[batch.members[k]];
       compression::EncodeInput in;
@@ -86,7 +110,7 @@ Status Engine::RunCompressed(Lane& lane, const FusionBatch& batch,
       in.data = e.input;
       in.scale = scale;
       Status s = compressor.Encode(in, buffer + offsets[k], &compression_state_);
-      if (!s.ok()) return fail(s.WithContext("encoding tensor '" + e.request.name + "'"));
+      if (!s.ok()) return s.WithContext("encoding tensor '" + e.request.name + "'");
     }
   }
 
@@ -96,12 +120,12 @@ Status Engine::RunCompressed(Lane& lane, const FusionBatch& batch,
     const DType rd = compressor.reduce_dtype(q.dtype);
     s = lane.backend->Allreduce(buffer, total / DTypeSize(rd), rd, ReduceOp::kSum);
   } else {
-    uint8_t* gathered = Grow(lane.gather_buffer, lane.gather_capacity, total * config_.size,
-                             fusion_.threshold * static_cast<size_t>(config_.size));
+    uint8_t* gathered = lane.gather.Get(total * config_.size,
+                                        fusion_.threshold * static_cast<size_t>(config_.size));
     s = lane.backend->Allgatherv(buffer, gathered, std::vector<size_t>(config_.size, total));
     shares = gathered;
   }
-  if (!s.ok()) return fail(s);
+  CONCORD_RETURN_IF_ERROR(s);
 
   for (size_t k = 0; k < batch.members.size(); ++k) {
     QueueEntry& e = *entries[batch.members[k]];
@@ -109,10 +133,10 @@ Status Engine::RunCompressed(Lane& lane, const FusionBatch& batch,
     Status d = summed ? compressor.Decode(shares + offsets[k], q.dtype, n, e.output)
                       : compression::DecodeSum(compressor, shares + offsets[k], total, config_.size,
                                                q.dtype, n, e.output);
-    if (!d.ok()) return fail(d.WithContext("decoding tensor '" + e.request.name + "'"));
+    if (!d.ok()) return d.WithContext("decoding tensor '" + e.request.name + "'");
     if (q.postscale != 1.0) ScaleElements(e.output, n, q.dtype, q.postscale);
     e.state->AddWireBytes(compression::WireBytesPerRank(exchange, encoded[k], config_.size));
-    e.state->Complete(Status::Ok());
+    Finish(entries[batch.members[k]], Status::Ok());
   }
   return Status::Ok();
 }

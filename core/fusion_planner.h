@@ -14,7 +14,7 @@ namespace concord {
 struct FusionBatch {
   std::vector<size_t> members;  // indices into the response list, in execution order
   size_t bytes = 0;             // payload bytes of all members
-  // true: members are packed into the persistent fusion buffer (even a lone small tensor: the
+  // true: members are packed into the running lane's fusion buffer (even a lone small tensor: the
   // backend then reuses its algorithm objects over that buffer); false: runs alone in place.
   bool fused = false;
 };

@@ -8,44 +8,48 @@ LaneWorker::LaneWorker() : thread_([this] { Loop(); }) {}
 
 LaneWorker::~LaneWorker() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   thread_.join();
 }
 
 void LaneWorker::Start(std::function<Status()> task) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     task_ = std::move(task);
     running_ = true;
     finished_ = false;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 Status LaneWorker::Wait() {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [this] { return finished_ || !running_; });
+  MutexLock lock(mu_);
+  while (!finished_ && running_) cv_.Wait(mu_);
   running_ = false;
   return std::exchange(result_, Status::Ok());
 }
 
 void LaneWorker::Loop() {
   id_.store(std::this_thread::get_id());
-  std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
-    cv_.wait(lock, [this] { return stop_ || task_; });
-    if (stop_) return;
-    std::function<Status()> task = std::move(task_);
-    task_ = nullptr;
-    lock.unlock();
+    std::function<Status()> task;
+    {
+      MutexLock lock(mu_);
+      while (!stop_ && !task_) cv_.Wait(mu_);
+      if (stop_) return;
+      task = std::move(task_);
+      task_ = nullptr;
+    }
     Status status = task();
-    lock.lock();
-    result_ = std::move(status);
-    finished_ = true;
-    cv_.notify_all();
+    {
+      MutexLock lock(mu_);
+      result_ = std::move(status);
+      finished_ = true;
+    }
+    cv_.NotifyAll();
   }
 }
 

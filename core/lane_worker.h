@@ -6,11 +6,10 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <functional>
-#include <mutex>
 #include <thread>
 
+#include "base/mutex.h"
 #include "base/status.h"
 
 namespace concord {
@@ -22,21 +21,22 @@ class LaneWorker {
   LaneWorker(const LaneWorker&) = delete;
   LaneWorker& operator=(const LaneWorker&) = delete;
 
-  void Start(std::function<Status()> task);
-  Status Wait();
+  void Start(std::function<Status()> task) EXCLUDES(mu_);
+  Status Wait() EXCLUDES(mu_);
   // The worker thread's id (default-constructed until the thread has started).
   std::thread::id id() const { return id_.load(); }
 
  private:
-  void Loop();
+  void Loop() EXCLUDES(mu_);
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::function<Status()> task_;  // set by Start(), cleared by the worker when it takes it
-  bool running_ = false;          // a task was started and Wait() has not collected it
-  bool finished_ = false;         // the running task returned; result_ holds its status
-  bool stop_ = false;
-  Status result_;
+  Mutex mu_;
+  CondVar cv_;
+  // Set by Start(), cleared by the worker when it takes it.
+  std::function<Status()> task_ GUARDED_BY(mu_);
+  bool running_ GUARDED_BY(mu_) = false;   // a task was started and Wait() has not collected it
+  bool finished_ GUARDED_BY(mu_) = false;  // the running task returned; result_ holds its status
+  bool stop_ GUARDED_BY(mu_) = false;
+  Status result_ GUARDED_BY(mu_);
   std::atomic<std::thread::id> id_{};
   std::thread thread_;
 };

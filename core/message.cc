@@ -8,7 +8,6 @@ namespace {
 constexpr uint8_t kRequestTag = 0xC1;
 constexpr uint8_t kResponseTag = 0xC2;
 constexpr uint8_t kVersion = 3;
-constexpr uint32_t kMaxDims = 64;
 constexpr uint32_t kMaxString = 1 << 20;
 
 class Writer {
@@ -139,7 +138,7 @@ TensorRequest ReadRequest(Reader& rd) {
   r.dtype = static_cast<DType>(dtype);
   r.reduce_op = static_cast<ReduceOp>(reduce);
   const uint32_t ndim = rd.Count(8);
-  if (ndim > kMaxDims) rd.Fail("too many dimensions");
+  if (ndim > kMaxDims) rd.Fail("more than " + std::to_string(kMaxDims) + " dimensions");
   for (uint32_t i = 0; i < ndim && rd.ok(); ++i) {
     r.shape.push_back(rd.I64());
     if (r.shape.back() < 0) rd.Fail("negative dimension");

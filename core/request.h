@@ -8,6 +8,7 @@
 
 #include "base/dtype.h"
 #include "base/status.h"
+#include "concord/concord.h"
 
 namespace concord {
 
@@ -15,6 +16,12 @@ enum class OpType : uint8_t { kAllreduce = 0, kAllgather = 1, kBroadcast = 2, kB
 constexpr int kNumOpTypes = 4;
 const char* OpTypeName(OpType op);
 constexpr int32_t kDeviceTensor = 0;  // TensorRequest::device of a negotiated CUDA tensor
+// The most dimensions a tensor has: the C API's limit, checked at enqueue and on the wire.
+constexpr size_t kMaxDims = CONCORD_MAX_DIMS;
+// Sanity bound on sizes from callers and from the wire: no tensor has more elements and no result
+// (an allgather's) more bytes. Beyond any memory, and small enough that such a size times a dtype
+// size, or a sum of a few, never overflows 64 bits.
+constexpr int64_t kMaxTensorSize = int64_t{1} << 50;
 
 // One rank's request for one tensor name. Every field but `name` is checked across ranks.
 struct TensorRequest {

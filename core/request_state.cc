@@ -5,54 +5,58 @@ namespace concord {
 void RequestState::Complete(Status status) {
   Callback callback;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
+    ++complete_calls_;
     if (completing_) return;
     completing_ = true;
-    status_ = std::move(status);
+    status_ = status;
     callback = std::move(callback_);
   }
-  if (callback) callback(status_);
+  if (callback) callback(status);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     done_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
+}
+
+int RequestState::complete_calls() const {
+  MutexLock lock(mu_);
+  return complete_calls_;
 }
 
 bool RequestState::Wait(Deadline deadline) {
-  std::unique_lock<std::mutex> lock(mu_);
-  if (deadline.infinite()) {
-    cv_.wait(lock, [&] { return done_; });
-    return true;
+  MutexLock lock(mu_);
+  while (!done_) {
+    if (!cv_.WaitUntil(mu_, deadline) && !done_) return false;
   }
-  return cv_.wait_until(lock, deadline.at(), [&] { return done_; });
+  return true;
 }
 
 bool RequestState::done() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return done_;
 }
 
 Status RequestState::status() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return status_;
 }
 
 void RequestState::SetLaunched(std::shared_ptr<DeviceEvent> event) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     launched_ = std::move(event);
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 StatusOr<std::shared_ptr<DeviceEvent>> RequestState::WaitLaunched(Deadline deadline) {
-  std::unique_lock<std::mutex> lock(mu_);
-  auto ready = [&] { return done_ || launched_ != nullptr; };
-  if (deadline.infinite()) {
-    cv_.wait(lock, ready);
-  } else if (!cv_.wait_until(lock, deadline.at(), ready)) {
-    return TimeoutError("the operation was not launched on its device before the deadline");
+  MutexLock lock(mu_);
+  while (!done_ && launched_ == nullptr) {
+    if (!cv_.WaitUntil(mu_, deadline) && !done_ && launched_ == nullptr) {
+      return TimeoutError("the operation was not launched on its device before the deadline");
+    }
   }
   if (done_) return std::shared_ptr<DeviceEvent>();
   return launched_;

@@ -4,14 +4,13 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <vector>
 
 #include "backends/device_backend.h"
 #include "base/clock.h"
+#include "base/mutex.h"
 #include "base/status.h"
 
 namespace concord {
@@ -22,15 +21,18 @@ class RequestState {
 
   explicit RequestState(Callback callback = nullptr) : callback_(std::move(callback)) {}
 
-  // Sets the final status (first call wins), runs the callback, wakes waiters.
-  void Complete(Status status);
+  // Sets the final status (first call wins), runs the callback, wakes waiters. Inside Concord each
+  // request has one owner that completes it once (docs/ARCHITECTURE.md, "Who completes a
+  // request"); complete_calls() lets tests check that.
+  void Complete(Status status) EXCLUDES(mu_);
+  int complete_calls() const EXCLUDES(mu_);
   // Waits until complete or the deadline passes; returns whether complete.
-  bool Wait(Deadline deadline);
-  bool done() const;
-  Status status() const;
+  bool Wait(Deadline deadline) EXCLUDES(mu_);
+  bool done() const EXCLUDES(mu_);
+  Status status() const EXCLUDES(mu_);
 
-  // Result of an allgather, set by the engine before Complete(). `owned` holds the data when the
-  // caller gave no output buffer.
+  // Result of an allgather, set by the engine before Complete() (by the thread that completes it;
+  // read after completion). `owned` holds the data when the caller gave no output buffer.
   struct Output {
     void* data = nullptr;
     size_t bytes = 0;
@@ -48,19 +50,20 @@ class RequestState {
   // (before Complete()). WaitLaunched() waits until then, or until the operation completed, or the
   // deadline: it returns the event while the operation may still run on the device, nullptr once
   // it has completed (successfully or not: status() says which), kTimeout at the deadline.
-  void SetLaunched(std::shared_ptr<DeviceEvent> event);
-  StatusOr<std::shared_ptr<DeviceEvent>> WaitLaunched(Deadline deadline);
+  void SetLaunched(std::shared_ptr<DeviceEvent> event) EXCLUDES(mu_);
+  StatusOr<std::shared_ptr<DeviceEvent>> WaitLaunched(Deadline deadline) EXCLUDES(mu_);
 
  private:
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool completing_ = false;  // Complete() has been called
-  bool done_ = false;        // ... and its callback has returned
-  Status status_;
-  Callback callback_;
+  mutable Mutex mu_;
+  CondVar cv_;
+  bool completing_ GUARDED_BY(mu_) = false;  // Complete() has been called
+  bool done_ GUARDED_BY(mu_) = false;        // ... and its callback has returned
+  int complete_calls_ GUARDED_BY(mu_) = 0;
+  Status status_ GUARDED_BY(mu_);
+  Callback callback_ GUARDED_BY(mu_);
   Output output_;
   std::atomic<uint64_t> wire_bytes_{0};
-  std::shared_ptr<DeviceEvent> launched_;
+  std::shared_ptr<DeviceEvent> launched_ GUARDED_BY(mu_);
 };
 
 }  // namespace concord

@@ -5,7 +5,7 @@
 // Consistency: every rank inserts in the same order (the order in which the shared response list
 // is executed), so bit numbers agree everywhere without any exchange. Entries are never evicted or
 // changed, so a bit in flight never changes meaning; when the cache is full, new responses simply
-// take the full path. Not thread-safe: owned and used by the engine thread.
+// take the full path. Not thread-safe: owned by the engine, used by the thread running its step.
 #pragma once
 
 #include <cstdint>

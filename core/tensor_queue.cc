@@ -7,7 +7,7 @@ namespace concord {
 
 Status TensorQueue::Push(std::vector<QueueEntry> entries, bool wake) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (!closed_.ok()) return closed_;
     std::unordered_set<std::string_view> names;  // a group's names (one entry needs no set)
     for (const auto& e : entries) {
@@ -33,7 +33,7 @@ Status TensorQueue::Push(std::vector<QueueEntry> entries, bool wake) {
 }
 
 std::vector<TensorQueue::Fresh> TensorQueue::PopNew() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::vector<Fresh> out;
   out.reserve(fresh_.size());
   for (const auto& name : fresh_) {
@@ -46,12 +46,12 @@ std::vector<TensorQueue::Fresh> TensorQueue::PopNew() {
 }
 
 std::optional<Clock::time_point> TensorQueue::OldestNew() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return oldest_fresh_;
 }
 
 std::optional<QueueEntry> TensorQueue::Take(const std::string& name) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = table_.find(name);
   if (it == table_.end()) return std::nullopt;
   QueueEntry e = std::move(it->second);
@@ -60,7 +60,7 @@ std::optional<QueueEntry> TensorQueue::Take(const std::string& name) {
 }
 
 std::vector<QueueEntry> TensorQueue::Close(const Status& status) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (closed_.ok()) closed_ = status;
   std::vector<QueueEntry> out;
   for (auto& [name, e] : table_) out.push_back(std::move(e));
@@ -71,7 +71,7 @@ std::vector<QueueEntry> TensorQueue::Close(const Status& status) {
 }
 
 size_t TensorQueue::in_flight() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return table_.size();
 }
 

@@ -1,18 +1,19 @@
 // The tensor queue: operations the application enqueued, keyed by name, from enqueue until the
 // engine completes them. A name can be in flight once at a time.
 //
-// Thread-safety: Push() from any thread; everything else from the engine thread. Push() calls the
+// Thread-safety: Push() from any thread; everything else from the thread running the engine's step
+// (core/progress_driver.h). Push() calls the
 // wake function (outside the lock) so the engine notices new work at once.
 #pragma once
 
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "base/mutex.h"
 #include "compression/compressor.h"
 #include "core/request.h"
 #include "core/request_state.h"
@@ -62,12 +63,12 @@ class TensorQueue {
   size_t in_flight() const;
 
  private:
-  mutable std::mutex mu_;
-  std::function<void()> wake_;
-  std::unordered_map<std::string, QueueEntry> table_;
-  std::vector<std::string> fresh_;
-  std::optional<Clock::time_point> oldest_fresh_;
-  Status closed_;
+  mutable Mutex mu_;
+  const std::function<void()> wake_;  // called without mu_
+  std::unordered_map<std::string, QueueEntry> table_ GUARDED_BY(mu_);
+  std::vector<std::string> fresh_ GUARDED_BY(mu_);
+  std::optional<Clock::time_point> oldest_fresh_ GUARDED_BY(mu_);
+  Status closed_ GUARDED_BY(mu_);
 };
 
 }  // namespace concord

@@ -5,7 +5,7 @@ namespace concord {
 bool WaitGate::Wait(RequestState& state, Deadline deadline) {
   bool entered = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (!closed_) {
       ++inside_;
       entered = true;
@@ -15,18 +15,18 @@ bool WaitGate::Wait(RequestState& state, Deadline deadline) {
     if (!state.done()) drive_(state, deadline);
     bool last;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       last = --inside_ == 0 && closed_;
     }
-    if (last) left_.notify_all();
+    if (last) left_.NotifyAll();
   }
   return state.Wait(deadline);
 }
 
 void WaitGate::Close() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   closed_ = true;
-  left_.wait(lock, [this] { return inside_ == 0; });
+  while (inside_ != 0) left_.Wait(mu_);
 }
 
 }  // namespace concord

@@ -7,11 +7,10 @@
 // the drive function must therefore return promptly once its engine stops.
 #pragma once
 
-#include <condition_variable>
 #include <functional>
-#include <mutex>
 
 #include "base/clock.h"
+#include "base/mutex.h"
 #include "core/request_state.h"
 
 namespace concord {
@@ -30,10 +29,10 @@ class WaitGate {
   void Close();
 
  private:
-  std::mutex mu_;
-  std::condition_variable left_;
-  int inside_ = 0;
-  bool closed_ = false;
+  Mutex mu_;
+  CondVar left_;
+  int inside_ GUARDED_BY(mu_) = 0;
+  bool closed_ GUARDED_BY(mu_) = false;
   const DriveFn drive_;
 };
 

@@ -181,6 +181,26 @@ TEST(EngineWaitCallbackTest, FinalizeFromACallbackIsRefused) {
   });
 }
 
+// A pending request's callback runs on the thread in Shutdown(), which completes it with
+// kNotInitialized: finalizing again from there is refused, not a wait for Shutdown() itself.
+TEST(EngineWaitCallbackTest, FinalizeFromACallbackRunByShutdownIsRefused) {
+  Job job(
+      2, [](Config& c) { c.timeout_s = 0.3; }, milliseconds(300));
+  std::vector<float> data(3, 1.0f);
+  Engine& engine = job[1];
+  Status from_callback;
+  QueueEntry e = Entry(Request("never.run", OpType::kAllreduce, DType::kFloat32, {3}), data.data(),
+                       data.data());
+  e.state =
+      std::make_shared<RequestState>([&](const Status&) { from_callback = engine.Shutdown(); });
+  auto state = Submit(engine, std::move(e));
+  // Rank 0 never submits it: Shutdown() completes it after its finalize barrier times out.
+  EXPECT_TRUE(engine.Shutdown().ok());
+  ASSERT_TRUE(state->done());
+  EXPECT_EQ(state->status().code(), Code::kNotInitialized) << state->status().ToString();
+  EXPECT_EQ(from_callback.code(), Code::kInvalidArgument) << from_callback.ToString();
+}
+
 // A handle's gate outlives the engine: waiting through it afterwards waits plainly.
 TEST(EngineWaitLifetimeTest, GateOutlivesTheEngine) {
   std::shared_ptr<WaitGate> gate;

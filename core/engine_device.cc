@@ -1,0 +1,114 @@
+// The engine's device path: CUDA tensors on the device backend (DevicePlane), asynchronously.
+// The stepping thread launches each device batch in plan order (the same on every rank) and goes
+// on negotiating while the GPU works; the device backend's completion thread then completes the
+// batch's requests (their callbacks run there). A device failure fails the engine on its next
+// step, like any other error. Tensors of different devices are never fused (the fusion planner
+// compares TensorRequest::device), and a barrier first drains every device collective
+// (engine_execute.cc).
+#include "core/engine.h"
+
+namespace concord {
+
+Status Engine::CheckDevice(QueueEntry& e) const {
+  TensorRequest& r = e.request;
+  if (r.device == -1) {
+    if (e.ready_stream != nullptr || e.ready_event != nullptr) {
+      return InvalidArgument("tensor '" + r.name +
+                             "': a ready stream or event was given for a CPU tensor");
+    }
+    return Status::Ok();
+  }
+  const std::string who = "tensor '" + r.name + "' on CUDA device " + std::to_string(r.device);
+  if (!device_.backend) {
+    return Status(device_.unavailable.code(), who + ": " + device_.unavailable.message());
+  }
+  Status usable = device_.backend->CheckDevice(r.device);
+  if (!usable.ok()) return Status(usable.code(), who + ": " + usable.message());
+  if (r.op == OpType::kAllgather && e.output == nullptr) {
+    return InvalidArgument(who +
+                           ": an allgather of a device tensor needs an output buffer on "
+                           "the device (the result cannot be owned by the request)");
+  }
+  // Every rank's tensors are on its own GPU: ranks negotiate the kind, not the id.
+  r.device = kDeviceTensor;
+  return Status::Ok();
+}
+
+Status Engine::LaunchDevice(const FusionBatch& batch, const Responses& responses,
+                            Entries& entries) {
+  const Response& r = *responses[batch.members.front()];
+  const TensorRequest& q = r.request;
+  DeviceCollective c;
+  c.device = device_.backend->device();
+  c.dtype = q.dtype;
+  c.deadline = TimeoutFromNow();
+  std::vector<std::shared_ptr<RequestState>> states;
+  for (size_t i : batch.members) {
+    const QueueEntry& e = *entries[i];
+    c.tensors.push_back(DeviceTensor{e.input, e.output,
+                                     static_cast<size_t>(e.request.NumElements()), e.ready_stream,
+                                     e.ready_event});
+    states.push_back(e.state);
+  }
+  Status local = Status::Ok();  // this rank's own error, reported after taking part
+  switch (q.op) {
+    case OpType::kAllreduce:
+      c.kind = DeviceOpKind::kAllreduce;
+      c.op = q.reduce_op;
+      c.prescale = q.prescale;
+      c.postscale = q.postscale;
+      break;
+    case OpType::kBroadcast:
+      c.kind = DeviceOpKind::kBroadcast;
+      c.root = q.root;
+      break;
+    case OpType::kAllgather: {
+      c.kind = DeviceOpKind::kAllgatherv;
+      QueueEntry& e = *entries[batch.members.front()];
+      size_t total = 0;
+      int64_t first = 0;
+      CONCORD_ASSIGN_OR_RETURN(c.bytes_per_rank, AllgatherBytes(r, &total, &first));
+      if (total > e.output_capacity) {
+        local = OutputTooSmall(q.name, total, e.output_capacity);
+        c.tensors[0].output = nullptr;  // the backend gathers into scratch memory
+      } else {
+        RequestState::Output& out = e.state->output();
+        out.data = e.output;
+        out.bytes = total;
+        out.first_dim = first;
+      }
+      break;
+    }
+    case OpType::kBarrier:
+      return Internal("a barrier was planned as a device collective");
+  }
+  auto done = [this, states, local](const Status& s) {
+    device_thread_id_.store(std::this_thread::get_id());
+    for (const auto& state : states) state->Complete(s.ok() ? local : s);
+    if (!s.ok()) return DeviceFailed(s);
+    // A waiter driving the engine may sit in its receive for its slice: it returns and sees this.
+    driver_.NotifyCompletion();
+  };
+  // Counted first: the collective may complete before Launch() returns.
+  stats_.device_launches.fetch_add(1, std::memory_order_relaxed);
+  stats_.batches.fetch_add(1, std::memory_order_relaxed);
+  if (batch.fused) stats_.fused_tensors.fetch_add(batch.members.size(), std::memory_order_relaxed);
+  CONCORD_ASSIGN_OR_RETURN(std::shared_ptr<DeviceEvent> event,
+                           device_.backend->Launch(c, std::move(done)));
+  // The completion thread owns the requests now: the list releases their entries.
+  for (size_t i : batch.members) {
+    entries[i]->state->SetLaunched(event);
+    entries[i].reset();
+  }
+  return Status::Ok();
+}
+
+void Engine::DeviceFailed(const Status& status) {
+  {
+    MutexLock lock(failure_mu_);
+    if (device_failure_.ok()) device_failure_ = status;
+  }
+  driver_.Wake();
+}
+
+}  // namespace concord

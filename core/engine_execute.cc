@@ -1,0 +1,151 @@
+// Executing one response list, identically on every rank:
+//  1. resolve cached items to the responses they stand for, and take this rank's entries out of
+//     the queue (checking each against its response);
+//  2. complete the operations the coordinator reduced inline;
+//  3. plan the rest into fusion batches and run them in segments: device batches are launched at
+//     once, in plan order, and run while the lanes run the host batches; a barrier is a segment
+//     of its own that waits for every batch before it, device ones included;
+//  4. on success, insert the list's new responses into the response cache, in list order.
+//
+// Who completes a request: the list owns the entries it took. An operation that finishes
+// completes its entry and releases it (Finish): the lane that ran it, the span group's completion
+// after every lane, the device backend's completion thread for a launched batch. When anything
+// fails, Execute() completes every entry still held with that error, in one place; the queue's
+// entries that were not taken are Fail()'s. So every request is completed once, by its owner.
+//
+// Runs on the stepping thread; lane workers run their share of a segment while it waits.
+#include "core/engine.h"
+
+namespace concord {
+
+Status Engine::Execute(const ResponseMessage& message) {
+  stats_.response_lists.fetch_add(1, std::memory_order_relaxed);
+  Responses responses;
+  CONCORD_RETURN_IF_ERROR(ResolveCached(message, &responses));
+  Entries entries(responses.size());
+  Status s = TakeEntries(responses, entries);
+  if (s.ok()) s = RunResponses(message, responses, entries);
+  if (!s.ok()) {
+    for (auto& e : entries) {
+      if (e) Finish(e, s);
+    }
+    return s;
+  }
+  // Every rank inserts in this same order, so cache bits agree everywhere.
+  for (const auto& item : message.items) {
+    if (!item.cached) cache_.Insert(item.response);
+  }
+  return Status::Ok();
+}
+
+Status Engine::ResolveCached(const ResponseMessage& message, Responses* responses) {
+  responses->reserve(message.items.size());
+  for (const auto& item : message.items) {
+    if (!item.cached) {
+      responses->push_back(&item.response);
+      stats_.responses_full.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
+    stats_.responses_cached.fetch_add(1, std::memory_order_relaxed);
+    const Response* cached = cache_.Get(item.bit);
+    if (cached == nullptr) {
+      return ProtocolError("response names cache entry " + std::to_string(item.bit) +
+                           ", which does not exist");
+    }
+    responses->push_back(cached);
+  }
+  return Status::Ok();
+}
+
+Status Engine::TakeEntries(const Responses& responses, Entries& entries) {
+  for (size_t i = 0; i < responses.size(); ++i) {
+    const Response& r = *responses[i];
+    // An error for other ranks (a stall timeout this rank was late for) leaves its entry alone.
+    if (!r.AppliesTo(config_.rank)) continue;
+    entries[i] = queue_.Take(r.request.name);
+    if (r.error != Code::kOk) continue;  // completed with the error, if this rank submitted it
+    if (!entries[i]) {
+      return ProtocolError("response for tensor '" + r.request.name +
+                           "', which this rank did not submit");
+    }
+    // The entry must be able to run what the coordinator decided: its own request is part of it.
+    if (!r.IsRequestOf(entries[i]->request, config_.rank)) {
+      return Internal("response for tensor '" + r.request.name +
+                      "' does not match this rank's request");
+    }
+  }
+  return Status::Ok();
+}
+
+Status Engine::RunResponses(const ResponseMessage& message, const Responses& responses,
+                            Entries& entries) {
+  // Operations the coordinator reduced inline complete now; the rest are planned.
+  Responses to_run;
+  std::vector<size_t> index;  // to_run[k] is responses[index[k]]
+  for (size_t i = 0; i < responses.size(); ++i) {
+    if (const std::optional<std::string>& data = message.items[i].data) {
+      CONCORD_RETURN_IF_ERROR(CompleteInline(*responses[i], *data, entries[i]));
+    } else {
+      to_run.push_back(responses[i]);
+      index.push_back(i);
+    }
+  }
+  std::vector<FusionBatch> plan = PlanFusion(to_run, fusion_);
+  for (FusionBatch& batch : plan) {
+    for (size_t& m : batch.members) m = index[m];
+  }
+  std::vector<size_t> segment;
+  for (size_t b = 0; b <= plan.size(); ++b) {
+    const Response* first = b < plan.size() ? responses[plan[b].members.front()] : nullptr;
+    const bool barrier = first != nullptr && first->request.op == OpType::kBarrier;
+    if (first != nullptr && first->request.device != -1 && first->error == Code::kOk) {
+      CONCORD_RETURN_IF_ERROR(LaunchDevice(plan[b], responses, entries));
+    } else if (first == nullptr || barrier) {
+      CONCORD_RETURN_IF_ERROR(RunOnLanes(plan, segment, responses, entries));
+      segment.clear();
+      if (barrier) {
+        if (device_.backend) CONCORD_RETURN_IF_ERROR(device_.backend->Drain(TimeoutFromNow()));
+        CONCORD_RETURN_IF_ERROR(RunOnLanes(plan, {b}, responses, entries));
+      }
+    } else {
+      segment.push_back(b);
+    }
+  }
+  return Status::Ok();
+}
+
+Status Engine::RunOnLanes(const std::vector<FusionBatch>& plan, const std::vector<size_t>& batches,
+                          const Responses& responses, Entries& entries) {
+  if (batches.empty()) return Status::Ok();
+  const LanePlan lane_plan = PlanLanes(plan, batches, responses, lanes_.size(), kMinShareBytes);
+  stats_.batches.fetch_add(lane_plan.groups.size(), std::memory_order_relaxed);
+  // Lanes touch disjoint entries or disjoint pieces of one, and their own backend and buffers;
+  // the rest is read-only here.
+  auto run_lane = [&](Lane& lane, const std::vector<LaneWork>& work) -> Status {
+    for (const LaneWork& w : work) {
+      CONCORD_RETURN_IF_ERROR(w.pieces.empty()
+                                  ? RunBatch(lane, plan[w.batch], responses, entries)
+                                  : RunAllreducePieces(lane, w.pieces, responses, entries));
+    }
+    return Status::Ok();
+  };
+  for (size_t l = 1; l < lanes_.size(); ++l) {
+    const std::vector<LaneWork>& work = lane_plan.by_lane[l];
+    Lane& lane = lanes_[l];
+    if (!work.empty())
+      lane.worker->Start([&run_lane, &lane, &work] { return run_lane(lane, work); });
+  }
+  Status status = run_lane(lanes_[0], lane_plan.by_lane[0]);
+  for (size_t l = 1; l < lanes_.size(); ++l) {
+    if (lane_plan.by_lane[l].empty()) continue;
+    Status s = lanes_[l].worker->Wait();
+    if (status.ok()) status = s;
+  }
+  CONCORD_RETURN_IF_ERROR(status);
+  for (const SpanGroup& g : lane_plan.groups) {
+    for (size_t i : g.members) Finish(entries[i], Status::Ok());
+  }
+  return Status::Ok();
+}
+
+}  // namespace concord

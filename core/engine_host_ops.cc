@@ -1,0 +1,233 @@
+// The engine's CPU operations, each run on one lane (its backend and buffers) by the stepping
+// thread or that lane's worker: a fused batch of allreduces through the lane's fusion buffer, a
+// share of a span group of direct allreduces in place, an allgather, a broadcast, a barrier, and
+// the completion of an allreduce the coordinator reduced inline.
+//
+// Each completes the entries it finishes with Finish() and returns OK; on a backend error it
+// returns the error and completes nothing (Execute() completes every entry still held). A
+// response that carries an error for this rank completes its entry with that error.
+#include <cstring>
+
+#include "core/engine.h"
+
+namespace concord {
+namespace {
+
+// Integer average: the sum divided by the world size, truncating toward zero.
+template <typename T>
+void DivideTyped(T* data, size_t n, int divisor) {
+  for (size_t i = 0; i < n; ++i) data[i] = static_cast<T>(data[i] / divisor);
+}
+
+void DivideIntegers(void* data, size_t n, DType dtype, int divisor) {
+  switch (dtype) {
+    case DType::kUint8:
+      return DivideTyped(static_cast<uint8_t*>(data), n, divisor);
+    case DType::kInt8:
+      return DivideTyped(static_cast<int8_t*>(data), n, divisor);
+    case DType::kInt32:
+      return DivideTyped(static_cast<int32_t*>(data), n, divisor);
+    case DType::kInt64:
+      return DivideTyped(static_cast<int64_t*>(data), n, divisor);
+    default:
+      return;
+  }
+}
+
+// The factor applied after the reduction: postscale, and 1/size for a floating average.
+double PostFactor(const TensorRequest& r, int size) {
+  double f = r.postscale;
+  if (r.reduce_op == ReduceOp::kAverage && IsFloatingPoint(r.dtype)) f /= size;
+  return f;
+}
+
+}  // namespace
+
+Status Engine::OutputTooSmall(const std::string& name, size_t needed, size_t capacity) {
+  return InvalidArgument("tensor '" + name + "': allgather result needs " + std::to_string(needed) +
+                         " bytes, the output buffer has " + std::to_string(capacity));
+}
+
+Status Engine::RunBatch(Lane& lane, const FusionBatch& batch, const Responses& responses,
+                        Entries& entries) {
+  const size_t i = batch.members.front();
+  const Response& r = *responses[i];
+  if (r.error != Code::kOk) {
+    // Never fused: the fusion planner fuses only operations that run.
+    if (entries[i]) Finish(entries[i], Status(r.error, r.error_message));
+    return Status::Ok();
+  }
+  stats_.batches.fetch_add(1, std::memory_order_relaxed);
+  if (batch.fused) {
+    stats_.fused_tensors.fetch_add(batch.members.size(), std::memory_order_relaxed);
+    if (!r.request.compression.empty()) return RunCompressed(lane, batch, responses, entries);
+    return RunAllreduceFused(lane, batch, responses, entries);
+  }
+  switch (r.request.op) {
+    case OpType::kAllgather:
+      return RunAllgather(lane, r, entries[i]);
+    case OpType::kBroadcast:
+      return RunBroadcast(lane, r, entries[i]);
+    case OpType::kBarrier:
+      return RunBarrier(lane, r, entries[i]);
+    case OpType::kAllreduce:
+      break;
+  }
+  // PlanLanes puts every direct allreduce in a span group.
+  return Internal("direct allreduce of tensor '" + r.request.name + "' outside a span group");
+}
+
+Status Engine::CompleteInline(const Response& r, const std::string& data,
+                              std::optional<QueueEntry>& entry) {
+  const TensorRequest& q = r.request;
+  if (r.error != Code::kOk || q.op != OpType::kAllreduce || data.size() != q.NumBytes()) {
+    return ProtocolError("inline result for tensor '" + q.name +
+                         "' is not an allreduce result of its size");
+  }
+  stats_.inline_reductions.fetch_add(1, std::memory_order_relaxed);
+  const size_t n = static_cast<size_t>(q.NumElements());
+  if (n > 0) std::memcpy(entry->output, data.data(), data.size());  // output may be null at 0
+  FinishAllreduce(q, entry->output, n);
+  // Each rank sent its input to rank 0, which sent the result to every other rank.
+  entry->state->AddWireBytes(config_.rank == 0 ? data.size() * (config_.size - 1) : data.size());
+  Finish(entry, Status::Ok());
+  return Status::Ok();
+}
+
+void Engine::FinishAllreduce(const TensorRequest& q, void* data, size_t n) const {
+  if (q.reduce_op == ReduceOp::kAverage && !IsFloatingPoint(q.dtype)) {
+    DivideIntegers(data, n, q.dtype, config_.size);
+  }
+  const double post = PostFactor(q, config_.size);
+  if (post != 1.0) ScaleElements(data, n, q.dtype, post);
+}
+
+Status Engine::RunAllreducePieces(Lane& lane, const std::vector<AllreducePiece>& pieces,
+                                  const Responses& responses, Entries& entries) {
+  const TensorRequest& first = responses[pieces.front().member]->request;
+  std::vector<AllreduceSpan> spans;
+  spans.reserve(pieces.size());
+  for (const AllreducePiece& p : pieces) {
+    const TensorRequest& q = responses[p.member]->request;
+    const QueueEntry& e = *entries[p.member];
+    const size_t offset = p.begin * DTypeSize(q.dtype);
+    void* out = static_cast<uint8_t*>(e.output) + offset;
+    CopyScaled(out, static_cast<const uint8_t*>(e.input) + offset, p.count, q.dtype, q.prescale);
+    spans.push_back(AllreduceSpan{out, p.count});
+  }
+  CONCORD_RETURN_IF_ERROR(lane.backend->AllreduceSpans(spans, first.dtype, first.reduce_op));
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    const TensorRequest& q = responses[pieces[k].member]->request;
+    FinishAllreduce(q, spans[k].data, spans[k].count);
+    entries[pieces[k].member]->state->AddWireBytes(compression::WireBytesPerRank(
+        compression::Exchange::kAllreduce, spans[k].count * DTypeSize(q.dtype), config_.size));
+  }
+  return Status::Ok();
+}
+
+Status Engine::RunAllreduceFused(Lane& lane, const FusionBatch& batch, const Responses& responses,
+                                 Entries& entries) {
+  const TensorRequest& q = responses[batch.members.front()]->request;
+  const size_t elem = DTypeSize(q.dtype);
+  const size_t message = FusedMessageBytes(batch.bytes, elem);
+  uint8_t* buffer = lane.fusion.Get(message, fusion_.threshold);
+  size_t offset = 0;
+  for (size_t i : batch.members) {
+    const QueueEntry& e = *entries[i];
+    const size_t n = static_cast<size_t>(e.request.NumElements());
+    CopyScaled(buffer + offset, e.input, n, q.dtype, q.prescale);
+    offset += n * elem;
+  }
+  std::memset(buffer + offset, 0, message - offset);  // reduced, never read back
+  const size_t count = message / elem;
+  CONCORD_RETURN_IF_ERROR(lane.backend->Allreduce(buffer, count, q.dtype, q.reduce_op));
+  if (q.reduce_op == ReduceOp::kAverage && !IsFloatingPoint(q.dtype)) {
+    DivideIntegers(buffer, count, q.dtype, config_.size);
+  }
+  const double post = PostFactor(q, config_.size);
+  offset = 0;
+  for (size_t i : batch.members) {
+    QueueEntry& e = *entries[i];
+    const size_t n = static_cast<size_t>(e.request.NumElements());
+    CopyScaled(e.output, buffer + offset, n, q.dtype, post);
+    offset += n * elem;
+    e.state->AddWireBytes(
+        compression::WireBytesPerRank(compression::Exchange::kAllreduce, n * elem, config_.size));
+    Finish(entries[i], Status::Ok());
+  }
+  return Status::Ok();
+}
+
+StatusOr<std::vector<size_t>> Engine::AllgatherBytes(const Response& r, size_t* total,
+                                                     int64_t* first_dim) const {
+  const TensorRequest& q = r.request;
+  if (r.first_dims.size() != static_cast<size_t>(config_.size)) {
+    return ProtocolError("allgather response for tensor '" + q.name + "' has " +
+                         std::to_string(r.first_dims.size()) + " first dimensions for " +
+                         std::to_string(config_.size) + " ranks");
+  }
+  size_t row = DTypeSize(q.dtype);
+  for (size_t d = 1; d < q.shape.size(); ++d) row *= static_cast<size_t>(q.shape[d]);
+  std::vector<size_t> bytes(config_.size);
+  *total = 0;
+  *first_dim = 0;
+  constexpr size_t kMaxBytes = static_cast<size_t>(kMaxTensorSize);
+  for (int rk = 0; rk < config_.size; ++rk) {
+    if (__builtin_mul_overflow(static_cast<size_t>(r.first_dims[rk]), row, &bytes[rk]) ||
+        bytes[rk] > kMaxBytes || (*total += bytes[rk]) > kMaxBytes) {
+      return ProtocolError("allgather response for tensor '" + q.name + "' is too large");
+    }
+    *first_dim += r.first_dims[rk];
+  }
+  return bytes;
+}
+
+Status Engine::RunAllgather(Lane& lane, const Response& r, std::optional<QueueEntry>& entry) {
+  QueueEntry& e = *entry;
+  size_t total = 0;
+  int64_t first = 0;
+  CONCORD_ASSIGN_OR_RETURN(std::vector<size_t> bytes, AllgatherBytes(r, &total, &first));
+  RequestState::Output& out = e.state->output();
+  void* dst = e.output;
+  Status local = Status::Ok();  // this rank's own error, reported after taking part
+  if (dst == nullptr) {
+    out.owned.resize(total);
+    dst = out.owned.data();
+  } else if (total > e.output_capacity) {
+    // Still take part (the other ranks are already in the collective), into scratch memory.
+    local = OutputTooSmall(r.request.name, total, e.output_capacity);
+    dst = lane.fusion.Get(total, fusion_.threshold);
+  }
+  CONCORD_RETURN_IF_ERROR(lane.backend->Allgatherv(e.input, dst, bytes));
+  // A ring allgather: each rank forwards (n - 1) / n of the result.
+  if (config_.size > 1) e.state->AddWireBytes(total * (config_.size - 1) / config_.size);
+  if (local.ok()) {
+    out.data = dst;
+    out.bytes = total;
+    out.first_dim = first;
+  }
+  Finish(entry, local);
+  return Status::Ok();
+}
+
+Status Engine::RunBroadcast(Lane& lane, const Response& r, std::optional<QueueEntry>& entry) {
+  QueueEntry& e = *entry;
+  const size_t bytes = r.request.NumBytes();
+  if (config_.rank == r.request.root && e.output != e.input && bytes > 0) {
+    std::memcpy(e.output, e.input, bytes);
+  }
+  CONCORD_RETURN_IF_ERROR(lane.backend->Broadcast(e.output, bytes, r.request.root));
+  // Estimated as one copy of the data from every rank (a chain or tree forwards it once).
+  if (config_.size > 1) e.state->AddWireBytes(bytes);
+  Finish(entry, Status::Ok());
+  return Status::Ok();
+}
+
+Status Engine::RunBarrier(Lane& lane, const Response& r, std::optional<QueueEntry>& entry) {
+  CONCORD_RETURN_IF_ERROR(lane.backend->Barrier());
+  if (r.request.name == FinalizeName()) finalized_.store(true);
+  Finish(entry, Status::Ok());
+  return Status::Ok();
+}
+
+}  // namespace concord

@@ -1,0 +1,126 @@
+// The engine's step, the negotiation client: take the messages that arrived (responses on every
+// rank, requests on rank 0), send what the application enqueued since the last step as one
+// RequestMessage, and on rank 0 let the coordinator decide what is ready and send the response
+// list to every rank. The protocol itself is described in core/coordinator.h.
+//
+// Runs on the stepping thread only (ProgressDriver), which holds the step lock.
+#include <algorithm>
+
+#include "core/engine.h"
+#include "core/message.h"
+
+namespace concord {
+
+Status Engine::Step(Deadline limit, std::chrono::microseconds busy) {
+  // Wait for a message or a wake-up; then take every message already there; then the queue.
+  // The queue is read after the last Receive, so a wake-up consumed there is never lost.
+  ControlMessage message;
+  CONCORD_ASSIGN_OR_RETURN(bool got,
+                           control_->ReceiveBusy(&message, NextWake().Earlier(limit), busy));
+  while (got && !driver_.stopping()) {
+    CONCORD_RETURN_IF_ERROR(HandleMessage(message));
+    CONCORD_ASSIGN_OR_RETURN(
+        got, control_->Receive(&message, Deadline::After(std::chrono::milliseconds(0))));
+  }
+  if (driver_.stopping()) return Status::Ok();
+  {
+    MutexLock lock(failure_mu_);
+    if (!device_failure_.ok()) return device_failure_;
+  }
+  CONCORD_RETURN_IF_ERROR(SubmitNew());
+  if (coordinator_) CONCORD_RETURN_IF_ERROR(Coordinate());
+  return Status::Ok();
+}
+
+Deadline Engine::NextWake() const {
+  // Rounded up to whole milliseconds, so a wait never ends just before the moment it waits for.
+  auto at = [](Clock::time_point t) {
+    return Deadline::After(std::chrono::duration_cast<std::chrono::milliseconds>(
+        t - Clock::now() + std::chrono::microseconds(999)));
+  };
+  Deadline d = Deadline::Infinite();
+  if (config_.cycle_time_ms > 0) {
+    if (auto oldest = queue_.OldestNew()) {
+      d = at(*oldest +
+             std::chrono::microseconds(static_cast<int64_t>(config_.cycle_time_ms * 1000.0)));
+    }
+  }
+  if (coordinator_) {
+    if (auto next = coordinator_->NextStallCheck()) d = d.Earlier(at(*next));
+  }
+  return d;
+}
+
+Status Engine::SubmitNew() {
+  if (config_.cycle_time_ms > 0) {
+    auto oldest = queue_.OldestNew();
+    if (oldest && Clock::now() - *oldest < std::chrono::microseconds(static_cast<int64_t>(
+                                               config_.cycle_time_ms * 1000.0))) {
+      return Status::Ok();  // keep gathering; NextWake() comes back when the cycle ends
+    }
+  }
+  std::vector<TensorQueue::Fresh> fresh = queue_.PopNew();
+  if (fresh.empty()) return Status::Ok();
+  RequestMessage m;
+  for (auto& [request, input] : fresh) {
+    std::optional<std::string> data = InlineData(request, input);
+    if (auto bit = cache_.Lookup(request, config_.rank)) {
+      if (*bit / 64 >= m.cached_mask.size()) m.cached_mask.resize(*bit / 64 + 1, 0);
+      m.cached_mask[*bit / 64] |= uint64_t{1} << (*bit % 64);
+      if (data) m.cached_data.emplace(*bit, std::move(*data));
+    } else {
+      if (data) m.request_data.emplace(static_cast<uint32_t>(m.requests.size()), std::move(*data));
+      m.requests.push_back(std::move(request));
+    }
+  }
+  if (coordinator_) return coordinator_->Add(0, std::move(m), Clock::now());
+  return control_->Send(0, SerializeRequestMessage(m));
+}
+
+std::optional<std::string> Engine::InlineData(const TensorRequest& r, const void* input) const {
+  // Rank 0 receives every other rank's copy: past kInlineBudgetBytes in all, the backend's
+  // collectives (bandwidth-optimal) are cheaper than the star through the coordinator.
+  const size_t limit = std::min(static_cast<size_t>(config_.inline_threshold_bytes),
+                                kInlineBudgetBytes / std::max(1, config_.size - 1));
+  if (r.op != OpType::kAllreduce || r.device != -1 || config_.size == 1 || !r.compression.empty() ||
+      config_.inline_threshold_bytes == 0 || r.NumBytes() > limit) {
+    return std::nullopt;
+  }
+  if (r.prescale == 1.0) return std::string(static_cast<const char*>(input), r.NumBytes());
+  std::string data(r.NumBytes(), '\0');
+  CopyScaled(data.data(), input, static_cast<size_t>(r.NumElements()), r.dtype, r.prescale);
+  return data;
+}
+
+Status Engine::HandleMessage(const ControlMessage& message) {
+  if (coordinator_) {
+    auto parsed = ParseRequestMessage(message.bytes);
+    if (!parsed.ok())
+      return parsed.status().WithContext("from rank " + std::to_string(message.from));
+    return coordinator_->Add(message.from, std::move(*parsed), Clock::now());
+  }
+  if (message.from != 0) {
+    return ProtocolError("negotiation message from rank " + std::to_string(message.from));
+  }
+  CONCORD_ASSIGN_OR_RETURN(ResponseMessage response, ParseResponseMessage(message.bytes));
+  if (response.abort) return Status(response.abort_code, response.abort_reason);
+  return Execute(response);
+}
+
+Status Engine::Coordinate() {
+  const auto now = Clock::now();
+  for (const auto& warning : coordinator_->StallWarnings(now)) Log(LogLevel::kWarning, warning);
+  ResponseMessage ready = coordinator_->TakeReady(now);
+  if (ready.items.empty()) return Status::Ok();
+  if (config_.size > 1) {
+    std::string bytes = SerializeResponseMessage(ready);
+    for (int r = 1; r + 1 < config_.size; ++r) CONCORD_RETURN_IF_ERROR(control_->Send(r, bytes));
+    CONCORD_RETURN_IF_ERROR(control_->Send(config_.size - 1, std::move(bytes)));
+    // Every rank must have the whole list before this one enters its collectives: a rank still
+    // waiting for the rest of a large response (inline results on a slow link) could never join.
+    CONCORD_RETURN_IF_ERROR(control_->Drain(TimeoutFromNow()));
+  }
+  return Execute(ready);
+}
+
+}  // namespace concord

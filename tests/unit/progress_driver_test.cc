@@ -1,0 +1,217 @@
+// ProgressDriver (core/progress_driver.h) against a fake engine: who runs the steps (the engine
+// thread, or a waiter while the engine thread parks), that only one thread steps at a time, that
+// a rest ends on Wake(), and that a failed step halts every stepping thread at once.
+#include "core/progress_driver.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace concord {
+namespace {
+
+using std::chrono::microseconds;
+using std::chrono::milliseconds;
+
+// A fake engine step: it waits for a message like the control plane's receive (here: until
+// interrupted or its limit), records which thread stepped, and runs `on_step` afterwards.
+class FakeSteps {
+ public:
+  ProgressDriver::Hooks Hooks() {
+    return ProgressDriver::Hooks{[this](Deadline limit, microseconds) { return Step(limit); },
+                                 [this](const Status& s) {
+                                   halted_calls.fetch_add(1);
+                                   halted_with = s.code();
+                                 },
+                                 [this] { Interrupt(); }, [this] { return busy.load(); }};
+  }
+
+  Status Step(Deadline limit) {
+    if (limit.infinite()) waiting_steps.fetch_add(1);
+    const int now_inside = inside.fetch_add(1) + 1;
+    int seen = max_inside.load();
+    while (now_inside > seen && !max_inside.compare_exchange_weak(seen, now_inside)) {
+    }
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (limit.infinite()) {
+        cv_.wait(lock, [this] { return interrupted_; });
+      } else {
+        cv_.wait_until(lock, limit.at(), [this] { return interrupted_; });
+      }
+      interrupted_ = false;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      steppers_.push_back(std::this_thread::get_id());
+    }
+    steps.fetch_add(1);
+    Status result =
+        fail_next.exchange(false) ? Status(Code::kPeerFailure, "rank 1 died") : Status::Ok();
+    if (on_step) on_step();
+    inside.fetch_sub(1);
+    return result;
+  }
+
+  void Interrupt() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      interrupted_ = true;
+    }
+    cv_.notify_all();
+  }
+
+  // Steps run by `id` so far.
+  int StepsBy(std::thread::id id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    int n = 0;
+    for (auto s : steppers_) n += s == id;
+    return n;
+  }
+
+  std::atomic<int> steps{0};
+  std::atomic<int> waiting_steps{0};  // steps begun with no limit: waiting for messages
+  std::atomic<int> inside{0};
+  std::atomic<int> max_inside{0};
+  std::atomic<int> halted_calls{0};
+  std::atomic<Code> halted_with{Code::kOk};
+  std::atomic<bool> busy{true};
+  std::atomic<bool> fail_next{false};
+  std::function<void()> on_step;
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool interrupted_ = false;
+  std::vector<std::thread::id> steppers_;
+};
+
+// Waits until `condition` holds, at most 5 s.
+template <typename F>
+bool Eventually(F condition) {
+  const auto until = Clock::now() + std::chrono::seconds(5);
+  while (!condition()) {
+    if (Clock::now() > until) return false;
+    std::this_thread::sleep_for(microseconds(200));  // polling a condition, not ordering
+  }
+  return true;
+}
+
+TEST(ProgressDriverTest, EngineThreadStepsOnWakeAndStops) {
+  FakeSteps fake;
+  ProgressDriver driver(fake.Hooks(), microseconds(0));
+  driver.Start();
+  // The engine thread waits in its first step until something interrupts it.
+  const int before = fake.steps.load();
+  driver.Wake();
+  EXPECT_TRUE(Eventually([&] { return fake.steps.load() > before; }));
+  EXPECT_FALSE(driver.RunsSteps(std::this_thread::get_id()));
+  driver.Stop();
+  EXPECT_TRUE(driver.stopping());
+  EXPECT_EQ(fake.halted_calls.load(), 0);
+}
+
+TEST(ProgressDriverTest, WaiterRunsTheStepsItself) {
+  FakeSteps fake;
+  ProgressDriver driver(fake.Hooks(), microseconds(0));
+  driver.Start();
+  RequestState state;
+  int mine = 0;
+  const std::thread::id waiter = std::this_thread::get_id();
+  fake.on_step = [&] {
+    if (std::this_thread::get_id() == waiter && ++mine == 5) state.Complete(Status::Ok());
+  };
+  driver.Drive(state, Deadline::After(milliseconds(5000)));
+  EXPECT_TRUE(state.done());
+  EXPECT_EQ(fake.StepsBy(waiter), 5);
+  // The engine thread finished the step it was in and parked: never two steppers at once.
+  EXPECT_EQ(fake.max_inside.load(), 1);
+  fake.on_step = nullptr;
+  driver.Stop();
+}
+
+TEST(ProgressDriverTest, OneStepperAtATimeAmongManyWaiters) {
+  FakeSteps fake;
+  ProgressDriver driver(fake.Hooks(), microseconds(0));
+  driver.Start();
+  std::vector<std::thread> waiters;
+  std::atomic<int> finished{0};
+  for (int w = 0; w < 4; ++w) {
+    waiters.emplace_back([&] {
+      for (int k = 0; k < 20; ++k) {
+        RequestState state;
+        std::thread completer([&] {
+          std::this_thread::sleep_for(microseconds(300));  // the operation takes a while
+          state.Complete(Status::Ok());
+        });
+        driver.Drive(state, Deadline::After(milliseconds(5000)));
+        completer.join();
+      }
+      finished.fetch_add(1);
+    });
+  }
+  for (auto& t : waiters) t.join();
+  EXPECT_EQ(finished.load(), 4);
+  EXPECT_EQ(fake.max_inside.load(), 1);
+  driver.Stop();
+}
+
+TEST(ProgressDriverTest, RestingEngineThreadStepsAtOnceOnWake) {
+  FakeSteps fake;
+  fake.busy = false;  // nothing in flight when the waiter leaves: the engine thread rests
+  ProgressDriver driver(fake.Hooks(), microseconds(0));
+  driver.Start();
+  RequestState state;
+  fake.on_step = [&] { state.Complete(Status::Ok()); };
+  driver.Drive(state, Deadline::After(milliseconds(5000)));
+  fake.on_step = nullptr;
+  // Resting, it steps now and then without waiting for messages, ever less often.
+  const int waiting = fake.waiting_steps.load();
+  const int resting = fake.steps.load();
+  EXPECT_TRUE(Eventually([&] { return fake.steps.load() > resting + 1; }));
+  EXPECT_EQ(fake.waiting_steps.load(), waiting);
+  // A wake ends the rest: the engine thread steps again, waiting for messages as it does when
+  // idle.
+  driver.Wake();
+  EXPECT_TRUE(Eventually([&] { return fake.waiting_steps.load() > waiting; }));
+  driver.Stop();
+}
+
+TEST(ProgressDriverTest, FailedStepHaltsEverySteppingThread) {
+  FakeSteps fake;
+  ProgressDriver driver(fake.Hooks(), microseconds(0));
+  driver.Start();
+  fake.fail_next = true;
+  driver.Wake();
+  EXPECT_TRUE(Eventually([&] { return fake.halted_calls.load() == 1; }));
+  EXPECT_EQ(fake.halted_with.load(), Code::kPeerFailure);
+  // Halted: a waiter runs no step and returns at once, well before its deadline.
+  const int steps = fake.steps.load();
+  RequestState state;
+  const auto start = Clock::now();
+  driver.Drive(state, Deadline::After(milliseconds(5000)));
+  EXPECT_LT(Clock::now() - start, milliseconds(1000));
+  EXPECT_EQ(fake.steps.load(), steps);
+  EXPECT_FALSE(state.done());
+  driver.Stop();
+  EXPECT_EQ(fake.halted_calls.load(), 1);
+}
+
+TEST(ProgressDriverTest, DriveAfterStopReturnsAtOnce) {
+  FakeSteps fake;
+  ProgressDriver driver(fake.Hooks(), microseconds(0));
+  driver.Start();
+  driver.Stop();
+  const int steps = fake.steps.load();
+  RequestState state;
+  driver.Drive(state, Deadline::Infinite());
+  EXPECT_EQ(fake.steps.load(), steps);
+}
+
+}  // namespace
+}  // namespace concord
