@@ -6,21 +6,17 @@ namespace concord {
 
 Status HashStore::Set(const std::string& key, const std::string& value) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     values_[key] = value;
   }
-  changed_.notify_all();
+  changed_.NotifyAll();
   return Status::Ok();
 }
 
-Status HashStore::WaitLocked(std::unique_lock<std::mutex>& lock,
-                             const std::vector<std::string>& keys, Deadline deadline) {
+Status HashStore::WaitLocked(const std::vector<std::string>& keys, Deadline deadline) {
   for (const std::string& key : keys) {
     while (values_.count(key) == 0) {
-      if (deadline.infinite()) {
-        changed_.wait(lock);
-      } else if (changed_.wait_until(lock, deadline.at()) == std::cv_status::timeout &&
-                 values_.count(key) == 0) {
+      if (!changed_.WaitUntil(mu_, deadline) && values_.count(key) == 0) {
         return TimeoutError("store: key '" + key + "' did not appear before the deadline");
       }
     }
@@ -29,20 +25,20 @@ Status HashStore::WaitLocked(std::unique_lock<std::mutex>& lock,
 }
 
 StatusOr<std::string> HashStore::Get(const std::string& key, Deadline deadline) {
-  std::unique_lock<std::mutex> lock(mu_);
-  CONCORD_RETURN_IF_ERROR(WaitLocked(lock, {key}, deadline));
+  MutexLock lock(mu_);
+  CONCORD_RETURN_IF_ERROR(WaitLocked({key}, deadline));
   return values_[key];
 }
 
 Status HashStore::Wait(const std::vector<std::string>& keys, Deadline deadline) {
-  std::unique_lock<std::mutex> lock(mu_);
-  return WaitLocked(lock, keys, deadline);
+  MutexLock lock(mu_);
+  return WaitLocked(keys, deadline);
 }
 
 StatusOr<int64_t> HashStore::Add(const std::string& key, int64_t delta) {
   int64_t value = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto it = values_.find(key);
     if (it != values_.end() && !net::ParseInt64(it->second, &value)) {
       return InvalidArgument("store: Add on key '" + key + "', which does not hold an integer");
@@ -52,7 +48,7 @@ StatusOr<int64_t> HashStore::Add(const std::string& key, int64_t delta) {
     }
     values_[key] = std::to_string(value);
   }
-  changed_.notify_all();
+  changed_.NotifyAll();
   return value;
 }
 

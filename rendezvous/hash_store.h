@@ -1,12 +1,11 @@
 // An in-memory Store for tests that run ranks as threads of one process.
 #pragma once
 
-#include <condition_variable>
 #include <map>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "base/mutex.h"
 #include "rendezvous/store.h"
 
 namespace concord {
@@ -21,20 +20,18 @@ class HashStore : public Store {
   HashStore(const HashStore&) = delete;
   HashStore& operator=(const HashStore&) = delete;
 
-  Status Set(const std::string& key, const std::string& value) override;
-  StatusOr<std::string> Get(const std::string& key, Deadline deadline) override;
-  Status Wait(const std::vector<std::string>& keys, Deadline deadline) override;
-  StatusOr<int64_t> Add(const std::string& key, int64_t delta) override;
+  Status Set(const std::string& key, const std::string& value) override EXCLUDES(mu_);
+  StatusOr<std::string> Get(const std::string& key, Deadline deadline) override EXCLUDES(mu_);
+  Status Wait(const std::vector<std::string>& keys, Deadline deadline) override EXCLUDES(mu_);
+  StatusOr<int64_t> Add(const std::string& key, int64_t delta) override EXCLUDES(mu_);
 
  private:
-  // Waits with mu_ held (through lock) until every key exists; returns the first missing one on
-  // timeout.
-  Status WaitLocked(std::unique_lock<std::mutex>& lock, const std::vector<std::string>& keys,
-                    Deadline deadline);
+  // Waits until every key exists; returns the first missing one on timeout.
+  Status WaitLocked(const std::vector<std::string>& keys, Deadline deadline) REQUIRES(mu_);
 
-  std::mutex mu_;
-  std::condition_variable changed_;
-  std::map<std::string, std::string> values_;
+  Mutex mu_;
+  CondVar changed_;
+  std::map<std::string, std::string> values_ GUARDED_BY(mu_);
 };
 
 }  // namespace concord

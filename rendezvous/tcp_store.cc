@@ -389,7 +389,7 @@ StatusOr<std::string> TcpStore::Call(uint8_t type, const std::string& body, Dead
     return InvalidArgument("store: request of " + std::to_string(body.size()) +
                            " bytes exceeds the limit of " + std::to_string(kTcpStoreMaxFrame));
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (!broken_.ok()) return broken_;
   std::string payload;
   bool in_sync = false;

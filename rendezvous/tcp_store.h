@@ -24,11 +24,11 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "base/mutex.h"
 #include "rendezvous/net.h"
 #include "rendezvous/store.h"
 
@@ -106,14 +106,15 @@ class TcpStore : public Store {
   // Sends one request and returns the OK reply's payload, or the reply's error. The request must
   // be written by write_deadline and answered by reply_deadline.
   StatusOr<std::string> Call(uint8_t type, const std::string& body, Deadline write_deadline,
-                             Deadline reply_deadline);
-  // The exchange itself, with mu_ held. *in_sync tells whether the connection is still usable.
+                             Deadline reply_deadline) EXCLUDES(mu_);
+  // The exchange itself. *in_sync tells whether the connection is still usable.
   Status CallLocked(uint8_t type, const std::string& body, Deadline write_deadline,
-                    Deadline reply_deadline, std::string* payload, bool* in_sync);
+                    Deadline reply_deadline, std::string* payload, bool* in_sync) REQUIRES(mu_);
 
-  std::mutex mu_;
-  net::Fd fd_;
-  Status broken_;  // sticky: set on the first I/O or protocol error
+  // One call at a time: requests and replies share the connection.
+  Mutex mu_;
+  net::Fd fd_ GUARDED_BY(mu_);
+  Status broken_ GUARDED_BY(mu_);  // sticky: set on the first I/O or protocol error
   const std::string where_;
   const std::chrono::milliseconds op_timeout_;
 };

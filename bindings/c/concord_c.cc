@@ -3,12 +3,12 @@
 // every exception, so none crosses the C boundary.
 #include <cmath>
 #include <cstring>
-#include <mutex>
 #include <new>
 #include <string>
 #include <thread>
 #include <unordered_map>
 
+#include "base/mutex.h"
 #include "concord/concord.h"
 #include "core/bootstrap.h"
 
@@ -18,8 +18,8 @@ using concord::Status;
 // A communicator: the engine plus each thread's last error message.
 struct concord_comm {
   std::unique_ptr<concord::Engine> engine;
-  std::mutex mu;
-  std::unordered_map<std::thread::id, std::string> last_error;
+  concord::Mutex mu;
+  std::unordered_map<std::thread::id, std::string> last_error GUARDED_BY(mu);
 };
 
 // A request handle. The completion callback and concord_request_free meet under mu: whichever
@@ -29,11 +29,14 @@ struct concord_request {
   std::shared_ptr<concord::WaitGate> gate;  // waits through the engine while it exists
   concord_callback_t callback = nullptr;
   void* user_data = nullptr;
-  std::mutex mu;
-  bool completed = false;
-  bool detached = false;
   bool device = false;  // the operation is on CUDA tensors
-  std::string error_text;
+  concord::Mutex mu;
+  bool completed GUARDED_BY(mu) = false;
+  bool detached GUARDED_BY(mu) = false;
+  std::string error_text GUARDED_BY(mu);  // what concord_request_error returned last
+  // A call on this request that failed by itself (an exception in concord_wait), not the
+  // operation: concord_request_error reports it until the operation's own error replaces it.
+  std::string call_error GUARDED_BY(mu);
 };
 
 namespace {
@@ -50,10 +53,24 @@ concord_status_t Record(concord_comm_t comm, const Status& s) {
   if (comm == nullptr) {
     init_error = s.ToString();
   } else {
-    std::lock_guard<std::mutex> lock(comm->mu);
+    concord::MutexLock lock(comm->mu);
     comm->last_error[std::this_thread::get_id()] = s.ToString();
   }
   return ToC(s);
+}
+
+// The exception being handled, as a status (call only inside a catch block).
+Status CurrentException(const char* where) {
+  try {
+    throw;
+  } catch (const std::bad_alloc&) {
+    return Status(Code::kSystemError, std::string(where) + ": out of memory");
+  } catch (const std::exception& e) {
+    return concord::Internal(std::string(where) + ": unexpected exception: " + e.what());
+  } catch (...) {
+    return concord::Internal(std::string(where) +
+                             ": unexpected exception of a type not derived from std::exception");
+  }
 }
 
 // Runs body, turning any exception into an error status recorded on comm.
@@ -61,13 +78,16 @@ template <typename F>
 concord_status_t Guard(concord_comm_t comm, F&& body) {
   try {
     return Record(comm, body());
-  } catch (const std::bad_alloc&) {
-    return Record(comm, Status(Code::kSystemError, "out of memory"));
-  } catch (const std::exception& e) {
-    return Record(comm, concord::Internal(std::string("unexpected exception: ") + e.what()));
   } catch (...) {
-    return Record(comm, concord::Internal("unexpected exception"));
+    return Record(comm, CurrentException("Concord"));
   }
+}
+
+// A call on `request` that failed by itself: the message is kept for concord_request_error.
+concord_status_t RecordOnRequest(concord_request_t request, const Status& s) {
+  concord::MutexLock lock(request->mu);
+  request->call_error = s.ToString();
+  return ToC(s);
 }
 
 // The integer behind a C enum field. A C caller may store any int there; loading it as the enum
@@ -186,7 +206,7 @@ Status Submit(concord_comm_t comm, concord::QueueEntry entry, concord_callback_t
     if (req->callback != nullptr) req->callback(req, ToC(s), req->user_data);
     bool free_now;
     {
-      std::lock_guard<std::mutex> lock(req->mu);
+      concord::MutexLock lock(req->mu);
       req->completed = true;
       free_now = req->detached;
     }
@@ -357,7 +377,7 @@ concord_status_t concord_finalize(concord_comm_t comm) {
     delete comm;
     return CONCORD_SUCCESS;
   } catch (...) {
-    return CONCORD_ERR_INTERNAL;
+    return Record(comm, CurrentException("concord_finalize"));
   }
 }
 
@@ -378,7 +398,7 @@ CONCORD_COMM_GETTER(concord_comm_local_size, local_size)
 
 const char* concord_comm_last_error(concord_comm_t comm) {
   if (comm == nullptr) return init_error.c_str();
-  std::lock_guard<std::mutex> lock(comm->mu);
+  concord::MutexLock lock(comm->mu);
   return comm->last_error[std::this_thread::get_id()].c_str();
 }
 
@@ -519,7 +539,7 @@ concord_status_t concord_wait(concord_request_t request, double timeout_s) {
     if (!request->gate->Wait(*request->state, deadline)) return CONCORD_ERR_TIMEOUT;
     return ToC(request->state->status());
   } catch (...) {
-    return CONCORD_ERR_INTERNAL;
+    return RecordOnRequest(request, CurrentException("concord_wait"));
   }
 }
 
@@ -531,9 +551,13 @@ concord_status_t concord_test(concord_request_t request) {
 
 const char* concord_request_error(concord_request_t request) {
   if (request == nullptr) return "the request is NULL";
-  if (!request->state->done()) return "";
-  std::lock_guard<std::mutex> lock(request->mu);
-  request->error_text = request->state->status().ok() ? "" : request->state->status().ToString();
+  const bool done = request->state->done();
+  concord::MutexLock lock(request->mu);
+  if (done && !request->state->status().ok()) {
+    request->error_text = request->state->status().ToString();
+  } else {
+    request->error_text = request->call_error;
+  }
   return request->error_text.c_str();
 }
 
@@ -568,11 +592,12 @@ concord_status_t concord_request_wait_stream(concord_request_t request, void* st
                               : concord::Deadline::After(std::chrono::milliseconds(
                                     static_cast<int64_t>(std::min(timeout_s, 1e9) * 1000.0)));
     auto launched = request->state->WaitLaunched(deadline);
-    if (!launched.ok()) return ToC(launched.status());
+    if (!launched.ok()) return RecordOnRequest(request, launched.status());
     if (*launched == nullptr) return ToC(request->state->status());  // already complete
-    return ToC((*launched)->StreamWait(stream));
+    const Status queued = (*launched)->StreamWait(stream);
+    return queued.ok() ? CONCORD_SUCCESS : RecordOnRequest(request, queued);
   } catch (...) {
-    return CONCORD_ERR_INTERNAL;
+    return RecordOnRequest(request, CurrentException("concord_request_wait_stream"));
   }
 }
 
@@ -580,7 +605,7 @@ void concord_request_free(concord_request_t request) {
   if (request == nullptr) return;
   bool free_now;
   {
-    std::lock_guard<std::mutex> lock(request->mu);
+    concord::MutexLock lock(request->mu);
     free_now = request->completed;
     request->detached = true;
   }

@@ -293,7 +293,9 @@ CONCORD_API concord_status_t concord_group_end(concord_comm_t comm);
 CONCORD_API concord_status_t concord_wait(concord_request_t request, double timeout_s);
 /** CONCORD_IN_PROGRESS while running, else the request's final status. Never blocks. */
 CONCORD_API concord_status_t concord_test(concord_request_t request);
-/** The error message of a finished request (empty on success). Valid until the request is freed. */
+/** The error message of a finished request that failed; otherwise the message of the last call on
+ *  this request that failed by itself (concord_request_wait_stream's TIMEOUT, say), or empty.
+ *  Valid until the next call of it on this request, or until the request is freed. */
 CONCORD_API const char* concord_request_error(concord_request_t request);
 /**
  * Result of an allgather: data (owned by the request when no output buffer was given), its size
