@@ -44,7 +44,8 @@ constexpr size_t kEncodedAlignment = 8;
 // Per-tensor state of compressors, kept by tensor name across steps: the error-feedback residual
 // (float32, one per element) and selection scratch space shared by all tensors. One object per
 // communicator, owned by its engine; never a process global. Not thread-safe: one thread at a time
-// (the engine thread). Memory grows with the tensors seen; Erase/Clear release it.
+// (the engine holds a lock around it, since lanes encode concurrently). Memory grows with the
+// tensors seen; Erase/Clear release it.
 class CompressionState {
  public:
   // The residual of `name`, zero-filled the first time; it stays valid until Erase/Clear (other

@@ -63,7 +63,7 @@ constexpr size_t kSpanSegmentBytes = size_t{256} << 10;
 // 1 MiB, the function-style allreduce above.
 // The function-style allreduce also reduces the caller's buffer in place, while object algorithms
 // run over the cache's own buffer and add a copy each way (see allreduce_cache.h), which widens its
-// lead at large sizes. Contrary to ENVIRONMENT.md (measured with a new gloo::allreduce per call),
+// lead at large sizes. Contrary to an earlier measurement with a new gloo::allreduce per call,
 // a function-style allreduce whose options are reused beats ring_chunked at 64 MiB here.
 //
 // Replicas must stay bit-identical: Gloo's plain ring lets every rank accumulate the others'

