@@ -1,0 +1,51 @@
+"""The Python binding's mirrors of the C API's constants equal concord.h's: the status codes, the
+dtypes, the reduce ops and the limits are written down once, in include/concord/concord.h, and
+every mirror is checked here (the C++ mirrors are checked by static_assert in base/)."""
+import pathlib
+import re
+
+from concord import ReduceOp, _lib, tensors
+from concord.errors import Status
+
+HEADER = pathlib.Path(__file__).resolve().parents[2] / "include" / "concord" / "concord.h"
+
+
+def header_constants():
+    text = HEADER.read_text()
+    values = {m.group(1): int(m.group(2))
+              for m in re.finditer(r"\bCONCORD_([A-Z0-9_]+)\s*=\s*(-?\d+)", text)}
+    for m in re.finditer(r"#define CONCORD_([A-Z0-9_]+)\s+\(?(-?\d+)\)?\s*$", text, re.M):
+        values[m.group(1)] = int(m.group(2))
+    return values
+
+
+def enum_block(name):
+    """The enumerators of `typedef enum name { ... }` in concord.h, by name without CONCORD_."""
+    body = re.search(r"typedef enum %s \{(.*?)\}" % name, HEADER.read_text(), re.S).group(1)
+    return {m.group(1): int(m.group(2))
+            for m in re.finditer(r"CONCORD_([A-Z0-9_]+)\s*=\s*(\d+)", body)}
+
+
+def test_status_codes_equal_the_header():
+    codes = enum_block("concord_status")
+    assert len(codes) >= 14
+    assert {s.name: s.value for s in Status} == codes
+
+
+def test_reduce_ops_equal_the_header():
+    assert {op.name: op.value for op in ReduceOp} == enum_block("concord_reduce_op")
+
+
+def test_dtypes_equal_the_header():
+    dtypes = enum_block("concord_dtype")
+    assert {name.upper(): code for name, code in tensors.DTYPES.items()} == dtypes
+
+
+def test_lib_constants_equal_the_header():
+    c = header_constants()
+    assert _lib.SUCCESS == c["SUCCESS"]
+    assert _lib.ERR_INVALID_ARGUMENT == c["ERR_INVALID_ARGUMENT"]
+    assert _lib.ERR_UNAVAILABLE == c["ERR_UNAVAILABLE"]
+    assert _lib.IN_PROGRESS == c["IN_PROGRESS"]
+    assert _lib.DEVICE_CPU == c["DEVICE_CPU"]
+    assert _lib.MAX_DIMS == c["MAX_DIMS"]
