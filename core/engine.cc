@@ -158,6 +158,7 @@ Status Engine::GroupEnd() {
   }
   // The members' handles exist since their Enqueue(): a refused group must still complete them.
   std::vector<std::shared_ptr<RequestState>> states;
+  states.reserve(entries.size());
   for (const auto& e : entries) states.push_back(e.state);
   Status s = queue_.Push(std::move(entries));
   if (!s.ok()) {

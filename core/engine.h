@@ -174,6 +174,10 @@ class Engine {
   Status TakeEntries(const Responses& responses, Entries& entries);
   Status RunResponses(const ResponseMessage& message, const Responses& responses, Entries& entries)
       REQUIRES(driver_.step_mutex());
+  // Runs the plan in segments: device batches launched at once, host batches on the lanes, each
+  // barrier after every batch before it (device ones included) and alone.
+  Status RunSegments(const std::vector<FusionBatch>& plan, const Responses& responses,
+                     Entries& entries) REQUIRES(driver_.step_mutex());
   // Runs `batches` (indices into `plan`) spread over the lanes, and waits for all of them.
   Status RunOnLanes(const std::vector<FusionBatch>& plan, const std::vector<size_t>& batches,
                     const Responses& responses, Entries& entries) REQUIRES(driver_.step_mutex());
@@ -192,9 +196,9 @@ class Engine {
   Status RunAllreducePieces(Lane& lane, const std::vector<AllreducePiece>& pieces,
                             const Responses& responses, Entries& entries);
   Status RunAllreduceFused(Lane& lane, const FusionBatch& batch, const Responses& responses,
-                           Entries& entries);
+                           Entries& entries) const;
   Status RunAllgather(Lane& lane, const Response& r, std::optional<QueueEntry>& entry);
-  Status RunBroadcast(Lane& lane, const Response& r, std::optional<QueueEntry>& entry);
+  Status RunBroadcast(Lane& lane, const Response& r, std::optional<QueueEntry>& entry) const;
   Status RunBarrier(Lane& lane, const Response& r, std::optional<QueueEntry>& entry);
   // This rank's error when its allgather output cannot hold the result (it still takes part).
   static Status OutputTooSmall(const std::string& name, size_t needed, size_t capacity);

@@ -94,24 +94,26 @@ Status Engine::RunResponses(const ResponseMessage& message, const Responses& res
   for (FusionBatch& batch : plan) {
     for (size_t& m : batch.members) m = index[m];
   }
-  std::vector<size_t> segment;
-  for (size_t b = 0; b <= plan.size(); ++b) {
-    const Response* first = b < plan.size() ? responses[plan[b].members.front()] : nullptr;
-    const bool barrier = first != nullptr && first->request.op == OpType::kBarrier;
-    if (first != nullptr && first->request.device != -1 && first->error == Code::kOk) {
+  return RunSegments(plan, responses, entries);
+}
+
+Status Engine::RunSegments(const std::vector<FusionBatch>& plan, const Responses& responses,
+                           Entries& entries) {
+  std::vector<size_t> segment;  // host batches since the last barrier
+  for (size_t b = 0; b < plan.size(); ++b) {
+    const Response& first = *responses[plan[b].members.front()];
+    if (first.request.device != -1 && first.error == Code::kOk) {
       CONCORD_RETURN_IF_ERROR(LaunchDevice(plan[b], responses, entries));
-    } else if (first == nullptr || barrier) {
+    } else if (first.request.op == OpType::kBarrier) {
       CONCORD_RETURN_IF_ERROR(RunOnLanes(plan, segment, responses, entries));
       segment.clear();
-      if (barrier) {
-        if (device_.backend) CONCORD_RETURN_IF_ERROR(device_.backend->Drain(TimeoutFromNow()));
-        CONCORD_RETURN_IF_ERROR(RunOnLanes(plan, {b}, responses, entries));
-      }
+      if (device_.backend) CONCORD_RETURN_IF_ERROR(device_.backend->Drain(TimeoutFromNow()));
+      CONCORD_RETURN_IF_ERROR(RunOnLanes(plan, {b}, responses, entries));
     } else {
       segment.push_back(b);
     }
   }
-  return Status::Ok();
+  return RunOnLanes(plan, segment, responses, entries);
 }
 
 Status Engine::RunOnLanes(const std::vector<FusionBatch>& plan, const std::vector<size_t>& batches,

@@ -126,7 +126,7 @@ Status Engine::RunAllreducePieces(Lane& lane, const std::vector<AllreducePiece>&
 }
 
 Status Engine::RunAllreduceFused(Lane& lane, const FusionBatch& batch, const Responses& responses,
-                                 Entries& entries) {
+                                 Entries& entries) const {
   const TensorRequest& q = responses[batch.members.front()]->request;
   const size_t elem = DTypeSize(q.dtype);
   const size_t message = FusedMessageBytes(batch.bytes, elem);
@@ -210,7 +210,7 @@ Status Engine::RunAllgather(Lane& lane, const Response& r, std::optional<QueueEn
   return Status::Ok();
 }
 
-Status Engine::RunBroadcast(Lane& lane, const Response& r, std::optional<QueueEntry>& entry) {
+Status Engine::RunBroadcast(Lane& lane, const Response& r, std::optional<QueueEntry>& entry) const {
   QueueEntry& e = *entry;
   const size_t bytes = r.request.NumBytes();
   if (config_.rank == r.request.root && e.output != e.input && bytes > 0) {

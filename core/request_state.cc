@@ -2,7 +2,7 @@
 
 namespace concord {
 
-void RequestState::Complete(Status status) {
+void RequestState::Complete(const Status& status) {
   Callback callback;
   {
     MutexLock lock(mu_);

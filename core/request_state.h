@@ -24,7 +24,7 @@ class RequestState {
   // Sets the final status (first call wins), runs the callback, wakes waiters. Inside Concord each
   // request has one owner that completes it once (docs/ARCHITECTURE.md, "Who completes a
   // request"); complete_calls() lets tests check that.
-  void Complete(Status status) EXCLUDES(mu_);
+  void Complete(const Status& status) EXCLUDES(mu_);
   int complete_calls() const EXCLUDES(mu_);
   // Waits until complete or the deadline passes; returns whether complete.
   bool Wait(Deadline deadline) EXCLUDES(mu_);
