@@ -8,7 +8,8 @@
 #           without perf/.
 #   tsan    clang with its thread-safety analysis (-Wthread-safety, CONCORD_WERROR) and
 #           ThreadSanitizer into build-tsan/: what runs threads against each other, i.e. the
-#           engine's unit tests (ctest label engine_*), the C API test and the multi-process tests
+#           unit tests marked THREADED (ctest label threaded: the engine's, its progress driver's,
+#           the tensor queue's), the C API test and the multi-process tests
 #           (mp_*, on Gloo and on MPI). Only their targets are built. Any ThreadSanitizer report,
 #           from any process, fails the pass (scripts/tsan-suppressions.txt says what is not
 #           Concord's). Under TSan's 5-15x the sweeps that only repeat the same threading over
@@ -43,7 +44,7 @@ pass_asan() {
 pass_tsan() {
   local build="$root/build-tsan"
   local reports="$build/tsan-reports"
-  TARGETS="engine_tests c_api_test concordrun mp_conformance mp_failure_modes" \
+  TARGETS="threaded_tests c_api_test concordrun mp_conformance mp_failure_modes" \
     BUILD_DIR="$build" "$root/scripts/build.sh" -DCMAKE_C_COMPILER=clang \
     -DCMAKE_CXX_COMPILER=clang++ -DCONCORD_SANITIZE=thread -DCONCORD_THREAD_SAFETY_ANALYSIS=ON \
     -DCONCORD_WERROR=ON -DCONCORD_BUILD_PERF=OFF -DCONCORD_CUDA=OFF
@@ -54,7 +55,7 @@ pass_tsan() {
   export TSAN_OPTIONS="log_path=$reports/tsan second_deadlock_stack=1 \
 suppressions=$root/scripts/tsan-suppressions.txt"
   local failed=0
-  ctest --test-dir "$build" --output-on-failure -j2 --timeout 300 -L '^engine_' \
+  ctest --test-dir "$build" --output-on-failure -j2 --timeout 300 -L '^threaded$' \
     -E 'EveryOpAndSize/.*_(float16|bfloat16|float64|int8|uint8|int32|int64)_' || failed=1
   ctest --test-dir "$build" --output-on-failure -j2 --timeout 300 -R '^(c_api_test|mp_)' \
     -E '^mp_conformance_large_np[134]$|^mp_mpi_conformance_large_' || failed=1

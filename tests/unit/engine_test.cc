@@ -89,7 +89,10 @@ class EngineAllreduceTest : public ::testing::TestWithParam<std::tuple<int, DTyp
 // Every reduce op x sizes {0, 1, 7, 4099, 1<<20}, in place and out of place (out of place with
 // prescale 0.5 and postscale 4 on floating types), all of one op enqueued together.
 TEST_P(EngineAllreduceTest, EveryOpAndSize) {
-  const auto [size, dtype, mode] = GetParam();
+  // Plain variables, not a structured binding: clang 14 (the tsan pass) cannot capture those.
+  const int size = std::get<0>(GetParam());
+  const DType dtype = std::get<1>(GetParam());
+  const auto mode = std::get<2>(GetParam());
   const std::vector<size_t> counts = {0, 1, 7, 4099, size_t{1} << 20};
   const size_t elem = DTypeSize(dtype);
   Job job(size, [mode = mode](Config& c) {
@@ -537,7 +540,9 @@ struct EngineMismatch {
 class EngineMismatchTest : public ::testing::TestWithParam<std::tuple<int, EngineMismatch>> {};
 
 TEST_P(EngineMismatchTest, EveryRankFailsAndTheEngineGoesOn) {
-  const auto& [size, c] = GetParam();
+  // Plain variables, not a structured binding: clang 14 (the tsan pass) cannot capture those.
+  const int size = std::get<0>(GetParam());
+  const EngineMismatch& c = std::get<1>(GetParam());
   Job job(size);
   RunRanks(size, [&](int rank) {
     // Large enough for every variant (rank 1 reads 8 float64 in the "dtype" case).
@@ -612,7 +617,9 @@ class EngineDeathTest : public ::testing::TestWithParam<std::tuple<int, bool>> {
 
 // Every rank but the victim (rank 0 or the last) has a request pending; the victim dies.
 TEST_P(EngineDeathTest, OtherRanksFailPromptly) {
-  const auto [size, kill_zero] = GetParam();
+  // Plain variables, not a structured binding: clang 14 (the tsan pass) cannot capture those.
+  const int size = std::get<0>(GetParam());
+  const bool kill_zero = std::get<1>(GetParam());
   const int victim = kill_zero ? 0 : size - 1;
   Job job(size);
   std::vector<std::vector<float>> data(size, std::vector<float>(16, 1.0f));

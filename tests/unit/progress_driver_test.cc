@@ -19,14 +19,14 @@ using std::chrono::microseconds;
 using std::chrono::milliseconds;
 
 // A fake engine step: it waits for a message like the control plane's receive (here: until
-// interrupted or its limit), records which thread stepped, and runs `on_step` afterwards.
+// interrupted or its limit), records which thread stepped, and runs OnStep's function afterwards.
 class FakeSteps {
  public:
   ProgressDriver::Hooks Hooks() {
     return ProgressDriver::Hooks{[this](Deadline limit, microseconds) { return Step(limit); },
                                  [this](const Status& s) {
+                                   halted_with = s.code();  // before the count the test waits for
                                    halted_calls.fetch_add(1);
-                                   halted_with = s.code();
                                  },
                                  [this] { Interrupt(); }, [this] { return busy.load(); }};
   }
@@ -46,14 +46,16 @@ class FakeSteps {
       }
       interrupted_ = false;
     }
+    std::function<void()> after;
     {
       std::lock_guard<std::mutex> lock(mu_);
       steppers_.push_back(std::this_thread::get_id());
+      after = on_step_;
     }
     steps.fetch_add(1);
     Status result =
         fail_next.exchange(false) ? Status(Code::kPeerFailure, "rank 1 died") : Status::Ok();
-    if (on_step) on_step();
+    if (after) after();
     inside.fetch_sub(1);
     return result;
   }
@@ -82,13 +84,18 @@ class FakeSteps {
   std::atomic<Code> halted_with{Code::kOk};
   std::atomic<bool> busy{true};
   std::atomic<bool> fail_next{false};
-  std::function<void()> on_step;
+  // What every step runs after its wait (steps may be running on other threads meanwhile).
+  void OnStep(std::function<void()> f) {
+    std::lock_guard<std::mutex> lock(mu_);
+    on_step_ = std::move(f);
+  }
 
  private:
   std::mutex mu_;
   std::condition_variable cv_;
   bool interrupted_ = false;
   std::vector<std::thread::id> steppers_;
+  std::function<void()> on_step_;
 };
 
 // Waits until `condition` holds, at most 5 s.
@@ -123,15 +130,15 @@ TEST(ProgressDriverTest, WaiterRunsTheStepsItself) {
   RequestState state;
   int mine = 0;
   const std::thread::id waiter = std::this_thread::get_id();
-  fake.on_step = [&] {
+  fake.OnStep([&] {
     if (std::this_thread::get_id() == waiter && ++mine == 5) state.Complete(Status::Ok());
-  };
+  });
   driver.Drive(state, Deadline::After(milliseconds(5000)));
   EXPECT_TRUE(state.done());
   EXPECT_EQ(fake.StepsBy(waiter), 5);
   // The engine thread finished the step it was in and parked: never two steppers at once.
   EXPECT_EQ(fake.max_inside.load(), 1);
-  fake.on_step = nullptr;
+  fake.OnStep(nullptr);
   driver.Stop();
 }
 
@@ -167,9 +174,9 @@ TEST(ProgressDriverTest, RestingEngineThreadStepsAtOnceOnWake) {
   ProgressDriver driver(fake.Hooks(), microseconds(0));
   driver.Start();
   RequestState state;
-  fake.on_step = [&] { state.Complete(Status::Ok()); };
+  fake.OnStep([&] { state.Complete(Status::Ok()); });
   driver.Drive(state, Deadline::After(milliseconds(5000)));
-  fake.on_step = nullptr;
+  fake.OnStep(nullptr);
   // Resting, it steps now and then without waiting for messages, ever less often.
   const int waiting = fake.waiting_steps.load();
   const int resting = fake.steps.load();
