@@ -27,7 +27,9 @@ if(CONCORD_THREAD_SAFETY_ANALYSIS)
     message(FATAL_ERROR "CONCORD_THREAD_SAFETY_ANALYSIS needs clang (-DCMAKE_CXX_COMPILER=clang++), "
                         "not ${CMAKE_CXX_COMPILER_ID}")
   endif()
-  target_compile_options(concord_build_options INTERFACE "$<$<COMPILE_LANGUAGE:CXX>:-Wthread-safety>")
+  # -beta adds the lock-order checks (ACQUIRED_BEFORE/ACQUIRED_AFTER).
+  target_compile_options(concord_build_options INTERFACE
+    "$<$<COMPILE_LANGUAGE:CXX>:-Wthread-safety;-Wthread-safety-beta>")
 endif()
 
 # CONCORD_SANITIZE: a comma list of address, undefined and thread; ON (the option's old boolean
