@@ -5,10 +5,11 @@ set -euo pipefail
 # clang, clang-format and clang-tidy are Debian 12's version 14: scripts/test.sh's thread-safety
 # and ThreadSanitizer pass, scripts/format-check.sh and scripts/tidy.sh. libclang-rt-14-dev holds
 # clang's sanitizer runtimes (ThreadSanitizer's too): clang only recommends it (through
-# libclang-common-14-dev), and recommends are not installed.
+# libclang-common-14-dev), and recommends are not installed. valgrind: scripts/valgrind.sh and the
+# ctest test valgrind_wire_np2.
 packages=(build-essential cmake pkg-config libgloo-dev libgtest-dev libbenchmark-dev libopenmpi-dev
   openmpi-bin python3 iproute2 gnuplot-nox python3-numpy python3-pytest python3-torch python3-pip
-  python3-venv clang clang-format clang-tidy libclang-rt-14-dev)
+  python3-venv clang clang-format clang-tidy libclang-rt-14-dev valgrind)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -9,6 +9,9 @@
 
 #include <climits>
 #include <cstdint>
+#include <new>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace concord {
@@ -43,14 +46,26 @@ const gloo::ReductionFunction<T>* ReductionFor(ReduceOp op) {
   return nullptr;
 }
 
-// Owns a Gloo algorithm object. Gloo declares its destructors noexcept(false); a failure while
-// tearing down a broken connection is not worth propagating, so it is swallowed here.
+// Owns a Gloo algorithm object, built in zero-filled memory of its own. Gloo's object algorithms
+// (gloo/allreduce_ring.h, _ring_chunked.h, _halving_doubling.h, _bcube.h) send their notifications
+// from an `int dummy_` member that their constructors never initialise; built in zeroed memory,
+// those bytes are zeros rather than whatever the heap held, so no uninitialised heap byte goes on
+// the wire (valgrind found it: tests/valgrind). Gloo declares its destructors noexcept(false); a
+// failure while tearing down a broken connection is not worth propagating, so it is swallowed.
 class AlgorithmObject : public BoundAllreduce {
  public:
-  explicit AlgorithmObject(gloo::Algorithm* algorithm) : algorithm_(algorithm) {}
+  // Builds an A from `args` in zeroed storage. Gloo's exceptions from A's constructor propagate.
+  template <typename A, typename... Args>
+  static std::unique_ptr<BoundAllreduce> Make(Args&&... args) {
+    static_assert(std::is_base_of_v<gloo::Algorithm, A>);
+    static_assert(alignof(A) <= __STDCPP_DEFAULT_NEW_ALIGNMENT__);
+    std::unique_ptr<unsigned char[]> storage(new unsigned char[sizeof(A)]());  // zero-filled
+    gloo::Algorithm* algorithm = new (storage.get()) A(std::forward<Args>(args)...);
+    return std::unique_ptr<BoundAllreduce>(new AlgorithmObject(std::move(storage), algorithm));
+  }
   ~AlgorithmObject() override {
     try {
-      delete algorithm_;
+      algorithm_->~Algorithm();  // virtual: A's destructor; storage_ then frees the memory
     } catch (...) {
     }
   }
@@ -59,7 +74,11 @@ class AlgorithmObject : public BoundAllreduce {
   void Run() override { algorithm_->run(); }
 
  private:
-  gloo::Algorithm* algorithm_;
+  AlgorithmObject(std::unique_ptr<unsigned char[]> storage, gloo::Algorithm* algorithm)
+      : storage_(std::move(storage)), algorithm_(algorithm) {}
+
+  std::unique_ptr<unsigned char[]> storage_;
+  gloo::Algorithm* algorithm_;  // lives in storage_
 };
 
 // Function-style gloo::allreduce with its options (and their unbound buffers) built once.
@@ -83,15 +102,13 @@ std::unique_ptr<BoundAllreduce> MakeTyped(const std::shared_ptr<gloo::Context>& 
   const int n = static_cast<int>(count);
   switch (algorithm) {
     case AllreduceAlgorithm::kRing:
-      return std::make_unique<AlgorithmObject>(new gloo::AllreduceRing<T>(context, ptrs, n, fn));
+      return AlgorithmObject::Make<gloo::AllreduceRing<T>>(context, ptrs, n, fn);
     case AllreduceAlgorithm::kRingChunked:
-      return std::make_unique<AlgorithmObject>(
-          new gloo::AllreduceRingChunked<T>(context, ptrs, n, fn));
+      return AlgorithmObject::Make<gloo::AllreduceRingChunked<T>>(context, ptrs, n, fn);
     case AllreduceAlgorithm::kHalvingDoubling:
-      return std::make_unique<AlgorithmObject>(
-          new gloo::AllreduceHalvingDoubling<T>(context, ptrs, n, fn));
+      return AlgorithmObject::Make<gloo::AllreduceHalvingDoubling<T>>(context, ptrs, n, fn);
     case AllreduceAlgorithm::kBcube:
-      return std::make_unique<AlgorithmObject>(new gloo::AllreduceBcube<T>(context, ptrs, n, fn));
+      return AlgorithmObject::Make<gloo::AllreduceBcube<T>>(context, ptrs, n, fn);
     case AllreduceAlgorithm::kFunction: {
       auto function = std::make_unique<FunctionAllreduce>(context);
       function->options().setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
