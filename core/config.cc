@@ -5,8 +5,10 @@
 #include <cmath>
 #include <cstdlib>
 #include <initializer_list>
+#include <sstream>
 
 #include "backends/backend.h"
+#include "compression/registry.h"
 
 namespace concord {
 namespace {
@@ -24,136 +26,242 @@ bool FirstSet(std::initializer_list<const char*> names, std::string* value, std:
   return false;
 }
 
-Status ReadInt(std::initializer_list<const char*> names, int64_t* out) {
-  std::string v, which;
-  if (!FirstSet(names, &v, &which)) return Status::Ok();
-  errno = 0;
-  char* end = nullptr;
-  const long long x = std::strtoll(v.c_str(), &end, 10);
-  if (errno != 0 || end == v.c_str() || *end != '\0') {
-    return InvalidArgument("environment variable " + which + "='" + v + "' is not an integer");
+// Reads variables into one Config, noting in its `sources` which variable gave each member.
+class EnvironmentReader {
+ public:
+  explicit EnvironmentReader(Config* config) : config_(config) {}
+
+  // The first of `names` that is set, as a whole decimal integer, into *out.
+  Status Int(std::initializer_list<const char*> names, const char* member, int64_t* out) {
+    std::string v, which;
+    if (!FirstSet(names, &v, &which)) return Status::Ok();
+    errno = 0;
+    char* end = nullptr;
+    const long long x = std::strtoll(v.c_str(), &end, 10);
+    if (end == v.c_str() || *end != '\0') {
+      return InvalidArgument("environment variable " + which + "='" + v + "' is not an integer");
+    }
+    if (errno == ERANGE) {
+      return InvalidArgument("environment variable " + which + "='" + v +
+                             "' is out of range for a 64-bit integer");
+    }
+    *out = x;
+    config_->sources[member] = which;
+    return Status::Ok();
   }
-  *out = x;
-  return Status::Ok();
-}
 
-Status ReadInt(std::initializer_list<const char*> names, int* out) {
-  int64_t x = *out;
-  CONCORD_RETURN_IF_ERROR(ReadInt(names, &x));
-  if (x < INT32_MIN || x > INT32_MAX) return InvalidArgument("integer out of range in environment");
-  *out = static_cast<int>(x);
-  return Status::Ok();
-}
-
-Status ReadDouble(const char* name, double* out) {
-  std::string v, which;
-  if (!FirstSet({name}, &v, &which)) return Status::Ok();
-  errno = 0;
-  char* end = nullptr;
-  const double x = std::strtod(v.c_str(), &end);
-  if (errno != 0 || end == v.c_str() || *end != '\0' || !std::isfinite(x)) {
-    return InvalidArgument("environment variable " + which + "='" + v + "' is not a number");
+  // The same, for an int member: beyond 32 bits is an error naming the variable.
+  Status Int(std::initializer_list<const char*> names, const char* member, int* out) {
+    int64_t x = *out;
+    CONCORD_RETURN_IF_ERROR(Int(names, member, &x));
+    if (x < INT32_MIN || x > INT32_MAX) {
+      return InvalidArgument("environment variable " + config_->sources[member] + "='" +
+                             std::to_string(x) + "' is out of range for a 32-bit integer");
+    }
+    *out = static_cast<int>(x);
+    return Status::Ok();
   }
-  *out = x;
-  return Status::Ok();
-}
 
-void ReadString(std::initializer_list<const char*> names, std::string* out) {
-  std::string v, which;
-  if (FirstSet(names, &v, &which)) *out = v;
+  // A finite decimal number (strtod's syntax).
+  Status Double(const char* name, const char* member, double* out) {
+    std::string v, which;
+    if (!FirstSet({name}, &v, &which)) return Status::Ok();
+    errno = 0;
+    char* end = nullptr;
+    const double x = std::strtod(v.c_str(), &end);
+    if (errno != 0 || end == v.c_str() || *end != '\0' || !std::isfinite(x)) {
+      return InvalidArgument("environment variable " + which + "='" + v +
+                             "' is not a finite number");
+    }
+    *out = x;
+    config_->sources[member] = which;
+    return Status::Ok();
+  }
+
+  void String(std::initializer_list<const char*> names, const char* member, std::string* out) {
+    std::string v, which;
+    if (!FirstSet(names, &v, &which)) return;
+    *out = v;
+    config_->sources[member] = which;
+  }
+
+ private:
+  Config* config_;
+};
+
+// A double as a person would write it ("30", "0.5", "-1e+300", "nan").
+std::string Number(double x) {
+  std::ostringstream out;
+  out << x;
+  return out.str();
 }
 
 }  // namespace
 
 StatusOr<Config> Config::FromEnvironment() {
   Config c;
+  EnvironmentReader env(&c);
   // Concord's own names first, then torchrun, Open MPI, PMI (MPICH, Slurm's PMI) and Slurm.
-  CONCORD_RETURN_IF_ERROR(ReadInt(
-      {"CONCORD_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"}, &c.rank));
-  CONCORD_RETURN_IF_ERROR(ReadInt(
-      {"CONCORD_SIZE", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"}, &c.size));
-  CONCORD_RETURN_IF_ERROR(ReadInt({"CONCORD_LOCAL_RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
+  CONCORD_RETURN_IF_ERROR(
+      env.Int({"CONCORD_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"}, "rank",
+              &c.rank));
+  CONCORD_RETURN_IF_ERROR(
+      env.Int({"CONCORD_SIZE", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"},
+              "size", &c.size));
+  CONCORD_RETURN_IF_ERROR(env.Int({"CONCORD_LOCAL_RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
                                    "MPI_LOCALRANKID", "SLURM_LOCALID"},
-                                  &c.local_rank));
-  CONCORD_RETURN_IF_ERROR(ReadInt(
+                                  "local_rank", &c.local_rank));
+  CONCORD_RETURN_IF_ERROR(env.Int(
       {"CONCORD_LOCAL_SIZE", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"},
-      &c.local_size));
-  ReadString({"CONCORD_STORE"}, &c.store);
-  ReadString({"CONCORD_TOKEN"}, &c.token);
-  ReadString({"CONCORD_JOB_ID", "TORCHELASTIC_RUN_ID", "OMPI_MCA_ess_base_jobid", "SLURM_JOB_ID"},
-             &c.job_id);
-  ReadString({"MASTER_ADDR"}, &c.master_addr);
-  CONCORD_RETURN_IF_ERROR(ReadInt({"MASTER_PORT"}, &c.master_port));
-  ReadString({"CONCORD_IFACE"}, &c.iface);
-  ReadString({"CONCORD_HOST"}, &c.host);
-  ReadString({"CONCORD_BACKEND"}, &c.backend);
+      "local_size", &c.local_size));
+  env.String({"CONCORD_STORE"}, "store", &c.store);
+  env.String({"CONCORD_TOKEN"}, "token", &c.token);
+  env.String({"CONCORD_JOB_ID", "TORCHELASTIC_RUN_ID", "OMPI_MCA_ess_base_jobid", "SLURM_JOB_ID"},
+             "job_id", &c.job_id);
+  env.String({"MASTER_ADDR"}, "master_addr", &c.master_addr);
+  CONCORD_RETURN_IF_ERROR(env.Int({"MASTER_PORT"}, "master_port", &c.master_port));
+  env.String({"CONCORD_IFACE"}, "iface", &c.iface);
+  env.String({"CONCORD_HOST"}, "host", &c.host);
+  env.String({"CONCORD_BACKEND"}, "backend", &c.backend);
   std::string launcher, which;
   c.mpi_launched = FirstSet({"OMPI_COMM_WORLD_SIZE", "PMIX_RANK"}, &launcher, &which);
-  ReadString({"CONCORD_GLOO_ALGORITHM"}, &c.gloo_algorithm);
-  CONCORD_RETURN_IF_ERROR(ReadInt({"CONCORD_FUSION_THRESHOLD"}, &c.fusion_threshold_bytes));
-  ReadString({"CONCORD_COMPRESSION"}, &c.compression);
-  CONCORD_RETURN_IF_ERROR(ReadInt({"CONCORD_INLINE_THRESHOLD"}, &c.inline_threshold_bytes));
-  CONCORD_RETURN_IF_ERROR(ReadInt({"CONCORD_DIRECT_THRESHOLD"}, &c.direct_threshold_bytes));
-  CONCORD_RETURN_IF_ERROR(ReadDouble("CONCORD_CYCLE_TIME_MS", &c.cycle_time_ms));
-  CONCORD_RETURN_IF_ERROR(ReadDouble("CONCORD_TIMEOUT_S", &c.timeout_s));
-  CONCORD_RETURN_IF_ERROR(ReadInt({"CONCORD_CACHE_CAPACITY"}, &c.cache_capacity));
-  CONCORD_RETURN_IF_ERROR(ReadInt({"CONCORD_LANES"}, &c.lanes));
+  env.String({"CONCORD_GLOO_ALGORITHM"}, "gloo_algorithm", &c.gloo_algorithm);
+  CONCORD_RETURN_IF_ERROR(
+      env.Int({"CONCORD_FUSION_THRESHOLD"}, "fusion_threshold_bytes", &c.fusion_threshold_bytes));
+  env.String({"CONCORD_COMPRESSION"}, "compression", &c.compression);
+  CONCORD_RETURN_IF_ERROR(
+      env.Int({"CONCORD_INLINE_THRESHOLD"}, "inline_threshold_bytes", &c.inline_threshold_bytes));
+  CONCORD_RETURN_IF_ERROR(
+      env.Int({"CONCORD_DIRECT_THRESHOLD"}, "direct_threshold_bytes", &c.direct_threshold_bytes));
+  CONCORD_RETURN_IF_ERROR(env.Double("CONCORD_CYCLE_TIME_MS", "cycle_time_ms", &c.cycle_time_ms));
+  CONCORD_RETURN_IF_ERROR(env.Double("CONCORD_TIMEOUT_S", "timeout_s", &c.timeout_s));
+  CONCORD_RETURN_IF_ERROR(env.Int({"CONCORD_CACHE_CAPACITY"}, "cache_capacity", &c.cache_capacity));
+  CONCORD_RETURN_IF_ERROR(env.Int({"CONCORD_LANES"}, "lanes", &c.lanes));
   int waiter_progress = c.waiter_progress ? 1 : 0;
-  CONCORD_RETURN_IF_ERROR(ReadInt({"CONCORD_WAITER_PROGRESS"}, &waiter_progress));
+  CONCORD_RETURN_IF_ERROR(
+      env.Int({"CONCORD_WAITER_PROGRESS"}, "waiter_progress", &waiter_progress));
   if (waiter_progress != 0 && waiter_progress != 1) {
-    return InvalidArgument("CONCORD_WAITER_PROGRESS must be 0 or 1");
+    return InvalidArgument("CONCORD_WAITER_PROGRESS = " + std::to_string(waiter_progress) +
+                           ": must be 0 or 1");
   }
   c.waiter_progress = waiter_progress == 1;
-  CONCORD_RETURN_IF_ERROR(ReadInt({"CONCORD_LOG_LEVEL"}, &c.log_level));
-  CONCORD_RETURN_IF_ERROR(ReadDouble("CONCORD_STALL_WARNING_S", &c.stall_warning_s));
-  CONCORD_RETURN_IF_ERROR(ReadDouble("CONCORD_STALL_SHUTDOWN_S", &c.stall_shutdown_s));
+  CONCORD_RETURN_IF_ERROR(env.Int({"CONCORD_LOG_LEVEL"}, "log_level", &c.log_level));
+  CONCORD_RETURN_IF_ERROR(
+      env.Double("CONCORD_STALL_WARNING_S", "stall_warning_s", &c.stall_warning_s));
+  CONCORD_RETURN_IF_ERROR(
+      env.Double("CONCORD_STALL_SHUTDOWN_S", "stall_shutdown_s", &c.stall_shutdown_s));
   return c;
 }
 
+std::string Config::SourceOf(const std::string& member) const {
+  const auto it = sources.find(member);
+  return it == sources.end() ? member : it->second;
+}
+
 Status Config::Finalize() {
+  // "<where> = <value>: <what is accepted>".
+  const auto refuse = [this](const char* member, const std::string& value,
+                             const std::string& accepted) {
+    return InvalidArgument(SourceOf(member) + " = " + value + ": " + accepted);
+  };
+  const auto quoted = [](const std::string& text) { return "'" + text + "'"; };
+
   if (size == -1 && rank == -1) {
     size = 1;
     rank = 0;
   }
-  if (size < 1)
-    return InvalidArgument("size must be at least 1 (got " + std::to_string(size) + ")");
+  if (size == -1) {
+    return refuse("rank", std::to_string(rank),
+                  "a rank is given but not the number of ranks (CONCORD_SIZE, or WORLD_SIZE, "
+                  "OMPI_COMM_WORLD_SIZE, PMI_SIZE, SLURM_NTASKS, or concord_config_t.size)");
+  }
+  if (size < 1) return refuse("size", std::to_string(size), "the number of ranks must be >= 1");
+  if (rank == -1) {
+    return refuse("size", std::to_string(size),
+                  "the number of ranks is given but not this rank (CONCORD_RANK, or RANK, "
+                  "OMPI_COMM_WORLD_RANK, PMI_RANK, SLURM_PROCID, or concord_config_t.rank)");
+  }
   if (rank < 0 || rank >= size) {
-    return InvalidArgument("rank " + std::to_string(rank) + " is outside [0, " +
-                           std::to_string(size) + ")");
+    return refuse("rank", std::to_string(rank),
+                  "the rank must be in [0, " + std::to_string(size) + ") (the size, from " +
+                      SourceOf("size") + ")");
   }
   if (local_rank == -1) local_rank = (local_size == -1 || local_size == size) ? rank : 0;
   if (local_size == -1) local_size = size;
-  if (local_size < 1 || local_rank < 0 || local_rank >= local_size) {
-    return InvalidArgument("local rank " + std::to_string(local_rank) + " is outside [0, " +
-                           std::to_string(local_size) + ")");
+  if (local_size < 1) {
+    return refuse("local_size", std::to_string(local_size),
+                  "the number of ranks on this host must be >= 1");
+  }
+  if (local_rank < 0 || local_rank >= local_size) {
+    return refuse("local_rank", std::to_string(local_rank),
+                  "the rank on this host must be in [0, " + std::to_string(local_size) +
+                      ") (the local size, from " + SourceOf("local_size") + ")");
+  }
+  if (master_port != -1 && (master_port < 1 || master_port > 65534)) {
+    return refuse("master_port", std::to_string(master_port),
+                  "must be in [1, 65534] (Concord's store is served on MASTER_PORT + 1)");
   }
   if (job_id.empty()) job_id = "default";
   if (backend != "gloo" && backend != "gloo-ibverbs" && backend != "mpi" && backend != "nccl" &&
       backend != "auto") {
-    return InvalidArgument("CONCORD_BACKEND must be gloo, gloo-ibverbs, mpi, nccl or auto, not '" +
-                           backend + "'");
+    return refuse("backend", quoted(backend),
+                  "not a backend; use gloo, gloo-ibverbs, mpi, nccl or auto");
   }
-  if (fusion_threshold_bytes < 0) return InvalidArgument("the fusion threshold must be >= 0");
-  if (direct_threshold_bytes < 0) return InvalidArgument("the direct threshold must be >= 0");
+  // backends/gloo parses the name again (gloo_allreduce.cc); bcube is refused there too.
+  if (gloo_algorithm != "auto" && gloo_algorithm != "ring" && gloo_algorithm != "ring_chunked" &&
+      gloo_algorithm != "halving_doubling" && gloo_algorithm != "allreduce") {
+    return refuse("gloo_algorithm", quoted(gloo_algorithm),
+                  "not an allreduce algorithm Concord offers; use auto, ring, ring_chunked, "
+                  "halving_doubling or allreduce (bcube is not offered: it gave wrong sums with "
+                  "Gloo 0.5.0)");
+  }
+  if (!compression.empty()) {  // "" is "none"
+    const auto compressor = compression::CreateCompressor(compression);
+    if (!compressor.ok()) {
+      return refuse("compression", quoted(compression), compressor.status().message());
+    }
+  }
+  if (fusion_threshold_bytes < 0) {
+    return refuse("fusion_threshold_bytes", std::to_string(fusion_threshold_bytes),
+                  "the fusion threshold must be >= 0 bytes (0 disables fusion)");
+  }
+  if (direct_threshold_bytes < 0) {
+    return refuse("direct_threshold_bytes", std::to_string(direct_threshold_bytes),
+                  "the direct threshold must be >= 0 bytes");
+  }
   if (inline_threshold_bytes < 0 || inline_threshold_bytes > kMaxInlineBytes) {
-    return InvalidArgument("CONCORD_INLINE_THRESHOLD must be in [0, " +
-                           std::to_string(kMaxInlineBytes) + "] bytes");
+    return refuse("inline_threshold_bytes", std::to_string(inline_threshold_bytes),
+                  "the inline threshold must be in [0, " + std::to_string(kMaxInlineBytes) +
+                      "] bytes (0 turns inline allreduces off)");
   }
-  if (!(cycle_time_ms >= 0.0) || cycle_time_ms > 60000.0) {
-    return InvalidArgument("the cycle time must be in [0, 60000] ms");
+  if (!(cycle_time_ms >= 0.0 && cycle_time_ms <= 60000.0)) {  // NaN fails too
+    return refuse("cycle_time_ms", Number(cycle_time_ms),
+                  "the cycle time must be in [0, 60000] ms");
   }
-  if (!(timeout_s > 0.0) || timeout_s > 86400.0) {
-    return InvalidArgument("the timeout must be in (0, 86400] s");
+  if (!(timeout_s > 0.0 && timeout_s <= kMaxSeconds)) {
+    return refuse("timeout_s", Number(timeout_s),
+                  "the timeout must be in (0, " + Number(kMaxSeconds) + "] seconds");
   }
-  if (cache_capacity < 0) return InvalidArgument("the response cache capacity must be >= 0");
+  if (cache_capacity < 0) {
+    return refuse("cache_capacity", std::to_string(cache_capacity),
+                  "the response cache capacity must be >= 0 entries (0 disables the cache)");
+  }
   if (lanes < 1 || lanes > kMaxLanes) {
-    return InvalidArgument("CONCORD_LANES must be in [1, " + std::to_string(kMaxLanes) + "]");
+    return refuse("lanes", std::to_string(lanes),
+                  "the number of lanes must be in [1, " + std::to_string(kMaxLanes) + "]");
   }
-  if (log_level < 0 || log_level > 3) return InvalidArgument("the log level must be 0 to 3");
-  if (!(stall_warning_s > 0.0)) return InvalidArgument("the stall warning time must be > 0");
-  if (!(stall_shutdown_s >= 0.0)) return InvalidArgument("the stall shutdown time must be >= 0");
-  if (master_port != -1 && (master_port < 1 || master_port > 65534)) {
-    return InvalidArgument("MASTER_PORT must be in [1, 65534]");
+  if (log_level < 0 || log_level > 3) {
+    return refuse("log_level", std::to_string(log_level),
+                  "the log level must be 0 (errors), 1 (warnings), 2 (info) or 3 (debug)");
+  }
+  if (!(stall_warning_s > 0.0 && stall_warning_s <= kMaxSeconds)) {
+    return refuse("stall_warning_s", Number(stall_warning_s),
+                  "the stall warning time must be in (0, " + Number(kMaxSeconds) + "] seconds");
+  }
+  if (!(stall_shutdown_s >= 0.0 && stall_shutdown_s <= kMaxSeconds)) {
+    return refuse(
+        "stall_shutdown_s", Number(stall_shutdown_s),
+        "the stall shutdown time must be in [0, " + Number(kMaxSeconds) + "] seconds (0: never)");
   }
   return Status::Ok();
 }

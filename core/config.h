@@ -1,8 +1,15 @@
 // Everything configurable about a communicator, read once at init into this struct and passed
 // down (no getenv anywhere else). The README's configuration table documents each field.
+//
+// Validation: FromEnvironment refuses a variable that does not parse (naming it and its text);
+// Finalize checks every setting's range, the compression spec (with the compression layer's own
+// parser), the backend and Gloo algorithm names, so that a bad value fails init rather than the
+// first operation. Each refusal is INVALID_ARGUMENT reading "<where> = <value>: <what is
+// accepted>", where <where> is the setting's source (see `sources`).
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "base/status.h"
@@ -42,7 +49,7 @@ struct Config {
   int64_t inline_threshold_bytes = int64_t{32} << 10;
   static constexpr int64_t kMaxInlineBytes = int64_t{256} << 10;
   double cycle_time_ms = 0.0;
-  double timeout_s = 30.0;
+  double timeout_s = 30.0;  // (0, kMaxSeconds]
   int cache_capacity = 1024;
   // Data-plane lanes: backends with their own connections whose collectives run concurrently.
   int lanes = 2;
@@ -50,13 +57,26 @@ struct Config {
   // A thread waiting for a request runs the engine's steps itself (Engine's class comment).
   bool waiter_progress = true;
   int log_level = 1;
-  double stall_warning_s = 60.0;
-  double stall_shutdown_s = 0.0;
+  double stall_warning_s = 60.0;  // (0, kMaxSeconds]
+  double stall_shutdown_s = 0.0;  // [0, kMaxSeconds]; 0: never
+  // The longest timeout or stall time: a day (durations stay far from overflowing a clock).
+  static constexpr double kMaxSeconds = 86400.0;
 
-  // Reads CONCORD_* variables, then torchrun's, Slurm's and Open MPI's for what is still unset.
-  // Malformed values (a rank that is not a number, ...) are errors naming the variable.
+  // Reads CONCORD_* variables, then torchrun's, Slurm's and Open MPI's for what is still unset,
+  // noting each one's variable in `sources`. An empty variable counts as unset. Malformed values (a
+  // rank that is not a number, an integer beyond 32 bits, ...) are errors naming the variable and
+  // its text; ranges are Finalize's.
   static StatusOr<Config> FromEnvironment();
-  // Checks ranges and fills the remaining defaults (a lone process is rank 0 of 1).
+  // Where settings came from, by member name, for error messages: the environment variable
+  // FromEnvironment read ("timeout_s" -> "CONCORD_TIMEOUT_S"; "rank" -> "RANK" under torchrun), or
+  // the concord_config_t field the C API copied ("concord_config_t.timeout_s"). A setting with no
+  // entry (a default, or one set directly in C++) is named by its member.
+  std::map<std::string, std::string> sources;
+  // The name errors give a setting: its entry in `sources`, else `member` itself.
+  std::string SourceOf(const std::string& member) const;
+
+  // Checks every setting (see the comment at the top) and fills the remaining defaults (a lone
+  // process is rank 0 of 1).
   Status Finalize();
   // The backend `backend` names, with "auto" resolved against what was built and the launcher.
   std::string ResolvedBackend() const;

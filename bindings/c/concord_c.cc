@@ -237,6 +237,78 @@ concord_status_t WaitAndFree(concord_comm_t comm, concord_status_t enqueued,
   return Record(comm, s);
 }
 
+// CONCORD_VERSION's integer as "major.minor.patch".
+std::string VersionText(int version) {
+  return std::to_string(version / 10000) + "." + std::to_string(version / 100 % 100) + "." +
+         std::to_string(version % 100);
+}
+
+// Whether `user` looks like a concord_config_t that concord_config_init prepared: a struct_size
+// that holds at least struct_size and version (and is not absurd), and a version of this major.
+Status CheckConfigHeader(const concord_config_t& user) {
+  constexpr size_t kSmallest = offsetof(concord_config_t, rank);  // struct_size and version
+  constexpr size_t kLargest = 65536;  // far beyond any future concord_config_t
+  const std::string init = "; prepare the config with concord_config_init() before setting fields";
+  if (user.struct_size == 0)
+    return concord::InvalidArgument("concord_config_t.struct_size is 0" + init);
+  if (user.struct_size < kSmallest || user.struct_size > kLargest) {
+    return concord::InvalidArgument(
+        "concord_config_t.struct_size is " + std::to_string(user.struct_size) +
+        ", not the size of any concord_config_t (this library's is " +
+        std::to_string(sizeof(concord_config_t)) + " bytes, and any is at least " +
+        std::to_string(kSmallest) + ")" + init);
+  }
+  if (user.version <= 0) {
+    return concord::InvalidArgument("concord_config_t.version is " + std::to_string(user.version) +
+                                    ", not a Concord version" + init);
+  }
+  if (user.version / 10000 != CONCORD_VERSION_MAJOR) {
+    return Status(Code::kVersionMismatch,
+                  "the config was built for Concord " + VersionText(user.version) +
+                      " (concord_config_t.version " + std::to_string(user.version) +
+                      "), this library is " + VersionText(CONCORD_VERSION) +
+                      ": rebuild against this library's concord.h");
+  }
+  return Status::Ok();
+}
+
+// Overrides `config` (read from the environment) with the fields of `c` that are set: not their
+// "unset" value (-1, or NULL), naming each one taken in config->sources so that Config::Finalize's
+// errors name the field. Any other value is taken as given, and Finalize checks it.
+Status MergeConfig(const concord_config_t& c, concord::Config* config) {
+  const auto take = [config](const auto& given, const auto& unset, auto* member, const char* name) {
+    if (given == unset) return;
+    *member = given;
+    config->sources[name] = std::string("concord_config_t.") + name;
+  };
+  take(c.rank, -1, &config->rank, "rank");
+  take(c.size, -1, &config->size, "size");
+  take(c.local_rank, -1, &config->local_rank, "local_rank");
+  take(c.local_size, -1, &config->local_size, "local_size");
+  take(c.store, nullptr, &config->store, "store");
+  take(c.token, nullptr, &config->token, "token");
+  take(c.job_id, nullptr, &config->job_id, "job_id");
+  take(c.iface, nullptr, &config->iface, "iface");
+  take(c.host, nullptr, &config->host, "host");
+  take(c.fusion_threshold_bytes, -1, &config->fusion_threshold_bytes, "fusion_threshold_bytes");
+  take(c.cycle_time_ms, -1.0, &config->cycle_time_ms, "cycle_time_ms");
+  take(c.timeout_s, -1.0, &config->timeout_s, "timeout_s");
+  take(c.cache_capacity, -1, &config->cache_capacity, "cache_capacity");
+  take(c.log_level, -1, &config->log_level, "log_level");
+  take(c.inline_threshold_bytes, -1, &config->inline_threshold_bytes, "inline_threshold_bytes");
+  take(c.direct_threshold_bytes, -1, &config->direct_threshold_bytes, "direct_threshold_bytes");
+  take(c.lanes, -1, &config->lanes, "lanes");
+  take(c.backend, nullptr, &config->backend, "backend");
+  take(c.compression, nullptr, &config->compression, "compression");
+  if (c.waiter_progress < -1 || c.waiter_progress > 1) {
+    return concord::InvalidArgument(
+        "concord_config_t.waiter_progress = " + std::to_string(c.waiter_progress) +
+        ": must be -1 (the environment's), 0 or 1");
+  }
+  if (c.waiter_progress != -1) config->waiter_progress = c.waiter_progress == 1;
+  return Status::Ok();
+}
+
 }  // namespace
 
 extern "C" {
@@ -323,40 +395,13 @@ concord_status_t concord_init_config(const concord_config_t* user, concord_comm_
     concord_config_t c;
     concord_config_init(&c);
     if (user != nullptr) {
-      if (user->struct_size < offsetof(concord_config_t, rank) ||
-          user->version / 10000 != CONCORD_VERSION_MAJOR) {
-        return Status(Code::kVersionMismatch,
-                      "the config was built for Concord " + std::to_string(user->version) +
-                          ", this library is " + std::to_string(CONCORD_VERSION));
-      }
+      CONCORD_RETURN_IF_ERROR(CheckConfigHeader(*user));
       // Fields a newer caller added are ignored; fields an older caller lacks keep defaults.
       std::memcpy(&c, user, std::min(user->struct_size, sizeof(c)));
     }
     CONCORD_ASSIGN_OR_RETURN(concord::Config config, concord::Config::FromEnvironment());
-    if (c.rank >= 0) config.rank = c.rank;
-    if (c.size >= 0) config.size = c.size;
-    if (c.local_rank >= 0) config.local_rank = c.local_rank;
-    if (c.local_size >= 0) config.local_size = c.local_size;
-    if (c.store) config.store = c.store;
-    if (c.token) config.token = c.token;
-    if (c.job_id) config.job_id = c.job_id;
-    if (c.iface) config.iface = c.iface;
-    if (c.host) config.host = c.host;
-    if (c.fusion_threshold_bytes >= 0) config.fusion_threshold_bytes = c.fusion_threshold_bytes;
-    if (c.cycle_time_ms >= 0) config.cycle_time_ms = c.cycle_time_ms;
-    if (c.timeout_s > 0) config.timeout_s = c.timeout_s;
-    if (c.cache_capacity >= 0) config.cache_capacity = c.cache_capacity;
-    if (c.log_level >= 0) config.log_level = c.log_level;
-    if (c.inline_threshold_bytes >= 0) config.inline_threshold_bytes = c.inline_threshold_bytes;
-    if (c.direct_threshold_bytes >= 0) config.direct_threshold_bytes = c.direct_threshold_bytes;
-    if (c.lanes >= 0) config.lanes = c.lanes;
-    if (c.backend) config.backend = c.backend;
-    if (c.compression) config.compression = c.compression;
-    if (c.waiter_progress < -1 || c.waiter_progress > 1) {
-      return concord::InvalidArgument("waiter_progress must be -1 (the environment), 0 or 1, not " +
-                                      std::to_string(c.waiter_progress));
-    }
-    if (c.waiter_progress >= 0) config.waiter_progress = c.waiter_progress == 1;
+    CONCORD_RETURN_IF_ERROR(MergeConfig(c, &config));
+    // Every setting is checked (Config::Finalize) before anything starts.
     CONCORD_ASSIGN_OR_RETURN(std::unique_ptr<concord::Engine> engine,
                              concord::CreateEngine(config));
     auto* handle = new concord_comm;
@@ -536,7 +581,9 @@ concord_status_t concord_wait(concord_request_t request, double timeout_s) {
                               ? concord::Deadline::Infinite()
                               : concord::Deadline::After(std::chrono::milliseconds(
                                     static_cast<int64_t>(std::min(timeout_s, 1e9) * 1000.0)));
-    if (!request->gate->Wait(*request->state, deadline)) return CONCORD_ERR_TIMEOUT;
+    // The limit passed: the request still runs and may be waited on again. (TIMEOUT is only ever
+    // the operation's own failure.)
+    if (!request->gate->Wait(*request->state, deadline)) return CONCORD_IN_PROGRESS;
     return ToC(request->state->status());
   } catch (...) {
     return RecordOnRequest(request, CurrentException("concord_wait"));
@@ -592,7 +639,9 @@ concord_status_t concord_request_wait_stream(concord_request_t request, void* st
                               : concord::Deadline::After(std::chrono::milliseconds(
                                     static_cast<int64_t>(std::min(timeout_s, 1e9) * 1000.0)));
     auto launched = request->state->WaitLaunched(deadline);
-    if (!launched.ok()) return RecordOnRequest(request, launched.status());
+    // Its only error: the limit passed before the launch. The request still runs, as in
+    // concord_wait, and the stream may be made to wait for it by a later call.
+    if (!launched.ok()) return CONCORD_IN_PROGRESS;
     if (*launched == nullptr) return ToC(request->state->status());  // already complete
     const Status queued = (*launched)->StreamWait(stream);
     return queued.ok() ? CONCORD_SUCCESS : RecordOnRequest(request, queued);

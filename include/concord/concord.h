@@ -68,7 +68,7 @@ typedef enum concord_status {
   CONCORD_ERR_NOT_INITIALIZED = 6,  /**< use before init or after finalize */
   CONCORD_ERR_INTERNAL = 7,         /**< a bug in Concord; please report it */
   CONCORD_ERR_UNAVAILABLE = 8,      /**< feature or backend not built or not usable here */
-  CONCORD_IN_PROGRESS = 9,          /**< concord_test: the request has not finished */
+  CONCORD_IN_PROGRESS = 9,          /**< not finished yet (concord_test, a wait's limit passed) */
   CONCORD_ERR_VERSION = 10,         /**< header and library major versions differ */
   CONCORD_ERR_SYSTEM = 11,          /**< an operating-system call failed */
   CONCORD_ERR_AUTH = 12,            /**< rendezvous refused: wrong job secret */
@@ -118,7 +118,12 @@ typedef void (*concord_callback_t)(concord_request_t request, concord_status_t s
 
 /**
  * Configuration for concord_init_config. Call concord_config_init first: it sets struct_size and
- * version and fills every field with its "take it from the environment or the default" value.
+ * version and fills every field with its "take it from the environment or the default" value:
+ * -1 for numbers, NULL for strings; no other value means "unset". Every other value is checked at
+ * init, like the environment variables (README, Configuration): one out of range, a compression
+ * spec that does not parse, an unknown backend fail concord_init_config with INVALID_ARGUMENT and a
+ * message naming the field, the value and what is accepted ("concord_config_t.timeout_s = 0: the
+ * timeout must be in (0, 86400] seconds").
  * Fields may only be appended in later versions; the library reads struct_size to know which exist.
  */
 typedef struct concord_config {
@@ -134,8 +139,8 @@ typedef struct concord_config {
   const char* iface;  /**< network interface for data traffic (e.g. "lo"); NULL: environment */
   const char* host;   /**< address to bind and advertise; NULL: environment or from iface */
   int64_t fusion_threshold_bytes; /**< -1: environment or 64 MiB; 0 disables fusion */
-  double cycle_time_ms;           /**< -1: environment or 0 (no gathering delay) */
-  double timeout_s;               /**< -1 (any value <= 0): environment or 30 */
+  double cycle_time_ms;           /**< -1: environment or 0 (no gathering delay); 0 .. 60000 */
+  double timeout_s;               /**< -1: environment or 30; else in (0, 86400] seconds */
   int cache_capacity;             /**< -1: environment or 1024; 0 disables the response cache */
   int log_level;                  /**< -1: environment or 1 (0 error, 1 warning, 2 info, 3 debug) */
   /** -1: environment or 32 KiB; allreduces this small are reduced by the
@@ -148,7 +153,8 @@ typedef struct concord_config {
   /** "gloo", "gloo-ibverbs", "mpi", "nccl" or "auto" (README, Configuration);
    *  NULL: CONCORD_BACKEND or "gloo" */
   const char* backend;
-  /** the compression of allreduces that name none; NULL: CONCORD_COMPRESSION or "none" */
+  /** the compression of allreduces that name none, a spec as in concord_allreduce_opts_t (parsed
+   *  at init); NULL: CONCORD_COMPRESSION or "none" */
   const char* compression;
   /** -1: environment (CONCORD_WAITER_PROGRESS) or 1; 1: a thread waiting for a request runs the
    *  engine's work itself; 0: only the engine's thread does */
@@ -203,8 +209,14 @@ CONCORD_API void concord_config_init(concord_config_t* config);
 CONCORD_API void concord_allreduce_opts_init(concord_allreduce_opts_t* opts);
 CONCORD_API void concord_device_opts_init(concord_device_opts_t* opts);
 
-/** Initialises from the environment (CONCORD_*, or torchrun's, Slurm's, Open MPI's variables). */
+/** Initialises from the environment (CONCORD_*, or torchrun's, Slurm's, Open MPI's variables).
+ *  Every setting is checked before anything starts: a bad one is INVALID_ARGUMENT naming the
+ *  variable or field, its value and what is accepted (concord_comm_last_error(NULL)); *comm is
+ *  then unchanged and nothing is left allocated. */
 CONCORD_API concord_status_t concord_init(concord_comm_t* comm);
+/** The same, with the set fields of `config` (NULL: none) overriding the environment. A config
+ *  not prepared by concord_config_init (struct_size 0 or not a concord_config_t size, version 0)
+ *  is INVALID_ARGUMENT saying so; one built for another major version is ERR_VERSION. */
 CONCORD_API concord_status_t concord_init_config(const concord_config_t* config,
                                                  concord_comm_t* comm);
 /** Runs a last barrier with the other ranks (at most the timeout), fails pending requests with
@@ -287,14 +299,18 @@ CONCORD_API concord_status_t concord_group_start(concord_comm_t comm);
 CONCORD_API concord_status_t concord_group_end(concord_comm_t comm);
 
 /* ---- requests ---- */
-/** Blocks until the request finishes; returns its status. timeout_s < 0 waits without limit
- *  (the engine's own deadlines still apply). Meanwhile the calling thread runs the engine's
- *  negotiation and collectives itself, unless CONCORD_WAITER_PROGRESS=0. */
+/** Blocks until the request finishes, at most timeout_s seconds (< 0: no limit; the engine's own
+ *  deadlines still apply; 0: a poll; NaN: INVALID_ARGUMENT). Returns the request's final status
+ *  once it finished, or CONCORD_IN_PROGRESS when the limit passed first: the request still runs,
+ *  nothing is recorded on it, and it may be waited on again. CONCORD_ERR_TIMEOUT is always the
+ *  operation's own failure (a deadline of the engine: CONCORD_TIMEOUT_S, the stall shutdown),
+ *  never the limit of this call. Meanwhile the calling thread runs the engine's negotiation and
+ *  collectives itself, unless CONCORD_WAITER_PROGRESS=0. */
 CONCORD_API concord_status_t concord_wait(concord_request_t request, double timeout_s);
 /** CONCORD_IN_PROGRESS while running, else the request's final status. Never blocks. */
 CONCORD_API concord_status_t concord_test(concord_request_t request);
 /** The error message of a finished request that failed; otherwise the message of the last call on
- *  this request that failed by itself (concord_request_wait_stream's TIMEOUT, say), or empty.
+ *  this request that failed by itself (concord_request_wait_stream's, say), or empty.
  *  Valid until the next call of it on this request, or until the request is freed. */
 CONCORD_API const char* concord_request_error(concord_request_t request);
 /**
@@ -312,9 +328,10 @@ CONCORD_API concord_status_t concord_request_wire_bytes(concord_request_t reques
  * For an operation on CUDA tensors, like torch's Work.wait(): makes `stream` (a cudaStream_t) wait
  * on the GPU until the operation has finished, so work queued on it afterwards sees the result.
  * Blocks the host only until the operation has been launched on the device (at most timeout_s;
- * < 0: no limit; TIMEOUT when it passes). Returns SUCCESS when the wait is queued or the operation
- * already succeeded, the operation's status when it already failed; INVALID_ARGUMENT for a CPU
- * operation or a NULL stream. An error on the device after the launch is seen by concord_wait.
+ * < 0: no limit). Returns SUCCESS when the wait is queued or the operation already succeeded, the
+ * operation's status when it already failed, IN_PROGRESS when the limit passed before the launch
+ * (nothing queued; the request still runs: call it again), INVALID_ARGUMENT for a CPU operation or
+ * a NULL stream. An error on the device after the launch is seen by concord_wait.
  */
 CONCORD_API concord_status_t concord_request_wait_stream(concord_request_t request, void* stream,
                                                          double timeout_s);

@@ -179,21 +179,28 @@ class Future {
     const concord_status_t s = concord_wait(request_, -1.0);
     detail::Check(s, concord_request_error(request_));
   }
-  /// Blocks up to timeout_s; false when still running. Throws Error on failure.
+  /// Blocks up to timeout_s (< 0: no limit): true once finished successfully, false when the
+  /// limit passed first (still running: call it again, or wait()). Throws Error when the
+  /// operation failed, with status CONCORD_ERR_TIMEOUT when it failed by a deadline of its own.
   bool wait_for(double timeout_s) {
+    if (request_ == nullptr) throw Error(CONCORD_ERR_INVALID_ARGUMENT, "wait on an empty Future");
     const concord_status_t s = concord_wait(request_, timeout_s);
-    if (s == CONCORD_ERR_TIMEOUT && concord_test(request_) == CONCORD_IN_PROGRESS) return false;
+    if (s == CONCORD_IN_PROGRESS) return false;
     detail::Check(s, concord_request_error(request_));
     return true;
   }
   /// CUDA operations: makes `stream` (a cudaStream_t) wait on the GPU for the result, blocking
-  /// the host only until the operation was launched (torch's Work.wait()). Throws Error on failure.
-  void wait_stream(void* stream, double timeout_s = -1.0) {
+  /// the host only until the operation was launched (torch's Work.wait()), at most timeout_s
+  /// (< 0: no limit). True when the stream waits (or the operation already succeeded); false when
+  /// the limit passed before the launch (nothing queued: call it again). Throws Error on failure.
+  bool wait_stream(void* stream, double timeout_s = -1.0) {
     if (request_ == nullptr) throw Error(CONCORD_ERR_INVALID_ARGUMENT, "wait on an empty Future");
     const concord_status_t s = concord_request_wait_stream(request_, stream, timeout_s);
+    if (s == CONCORD_IN_PROGRESS) return false;
     detail::Check(s, s == CONCORD_ERR_INVALID_ARGUMENT
                          ? "wait_stream needs an operation on CUDA tensors and a stream"
                          : concord_request_error(request_));
+    return true;
   }
   /// An allgather's result: its bytes (a copy) and its first dimension.
   std::vector<uint8_t> output(int64_t* first_dim = nullptr) {

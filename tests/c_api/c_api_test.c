@@ -3,11 +3,15 @@
  * in the manner of LevelDB's c_test.c: every call's status is checked, invalid arguments return an
  * error, change nothing and leave a last-error message that names the problem.
  */
-#define _POSIX_C_SOURCE 200112L /* setenv */
+#define _XOPEN_SOURCE 700 /* setenv, mkdtemp, nftw */
+#include <ftw.h>
 #include <math.h>
+#include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "concord/concord.h"
 #include "tests/common/check.h"
@@ -109,13 +113,8 @@ static void TestInitErrors(void) {
   c.version = (CONCORD_VERSION_MAJOR + 1) * 10000; /* a different major version */
   CHECK_STATUS(concord_init_config(&c, &comm), CONCORD_ERR_VERSION);
   CHECK(comm == (concord_comm_t)0x1); /* unchanged */
-  CHECK(strstr(concord_comm_last_error(NULL), "version") != NULL ||
-        strstr(concord_comm_last_error(NULL), "Concord") != NULL);
-
-  concord_config_init(&c);
-  c.struct_size = 4; /* too small to hold even the version */
-  CHECK_STATUS(concord_init_config(&c, &comm), CONCORD_ERR_VERSION);
-  CHECK(comm == (concord_comm_t)0x1);
+  CheckLastError(NULL, "built for Concord 1.0.0 (concord_config_t.version 10000)");
+  CheckLastError(NULL, "this library is 0.1.0");
 
   concord_config_init(&c);
   c.rank = 3;
@@ -159,6 +158,209 @@ static void TestInitErrors(void) {
     CHECK(concord_request_error(NULL) != NULL);
     concord_request_free(NULL);
   }
+}
+
+/* One bad concord_config_t field: where it is, its C type ('i' int, 'l' int64_t, 'd' double,
+ * 's' string, 'z' size_t), the value (number or text) and what the error must say. */
+struct BadField {
+  size_t offset;
+  char type;
+  double number;
+  const char* text;
+  const char* says;
+};
+
+static void SetField(concord_config_t* c, const struct BadField* f) {
+  char* at = (char*)c + f->offset;
+  int i = (int)f->number;
+  int64_t l = (int64_t)f->number;
+  size_t z = (size_t)f->number;
+  switch (f->type) {
+    case 'i':
+      memcpy(at, &i, sizeof(i));
+      break;
+    case 'l':
+      memcpy(at, &l, sizeof(l));
+      break;
+    case 'd':
+      memcpy(at, &f->number, sizeof(f->number));
+      break;
+    case 's':
+      memcpy(at, &f->text, sizeof(f->text));
+      break;
+    case 'z':
+      memcpy(at, &z, sizeof(z));
+      break;
+  }
+}
+
+/* A good config for one process, rank 0 of 1. */
+static void SingleConfig(concord_config_t* c) {
+  concord_config_init(c);
+  c->rank = 0;
+  c->size = 1;
+  c->timeout_s = 20;
+}
+
+/* After a refusal, a good init works and the communicator runs. */
+static void ExpectGoodInitWorks(const char* after) {
+  concord_config_t c;
+  concord_comm_t comm = NULL;
+  int32_t v = 3;
+  int64_t shape[1] = {1};
+  concord_tensor_t t = CpuTensor(&v, CONCORD_INT32, 1, shape);
+  SingleConfig(&c);
+  CHECKF(concord_init_config(&c, &comm) == CONCORD_SUCCESS, "a good init after %s: %s", after,
+         concord_comm_last_error(NULL));
+  if (comm == NULL) return;
+  CHECK_STATUS(concord_allreduce(comm, "after", &t, NULL, NULL), CONCORD_SUCCESS);
+  CHECK(v == 3);
+  CHECK_STATUS(concord_finalize(comm), CONCORD_SUCCESS);
+}
+
+/* Every bad value of a concord_config_t field, and of the variables behind them, is refused at
+ * init with INVALID_ARGUMENT and a message naming the field or variable, the value and what is
+ * accepted; the out-pointer is untouched (nothing was made: under ASan or valgrind nothing
+ * leaks), and a good init afterwards works. */
+static void TestBadConfigValues(void) {
+  static const struct BadField fields[] = {
+      {offsetof(concord_config_t, struct_size), 'z', 0, NULL,
+       "concord_config_t.struct_size is 0; prepare the config with concord_config_init()"},
+      {offsetof(concord_config_t, struct_size), 'z', 4, NULL,
+       "concord_config_t.struct_size is 4, not the size of any concord_config_t"},
+      {offsetof(concord_config_t, struct_size), 'z', 1e9, NULL,
+       "concord_config_t.struct_size is 1000000000, not the size of any concord_config_t"},
+      {offsetof(concord_config_t, version), 'i', 0, NULL,
+       "concord_config_t.version is 0, not a Concord version"},
+      {offsetof(concord_config_t, timeout_s), 'd', 0, NULL,
+       "concord_config_t.timeout_s = 0: the timeout must be in (0, 86400] seconds"},
+      {offsetof(concord_config_t, timeout_s), 'd', -5, NULL,
+       "concord_config_t.timeout_s = -5: the timeout must be in (0, 86400] seconds"},
+      {offsetof(concord_config_t, timeout_s), 'd', NAN, NULL, "concord_config_t.timeout_s = nan"},
+      {offsetof(concord_config_t, timeout_s), 'd', INFINITY, NULL,
+       "concord_config_t.timeout_s = inf"},
+      {offsetof(concord_config_t, cycle_time_ms), 'd', -2, NULL,
+       "concord_config_t.cycle_time_ms = -2: the cycle time must be in [0, 60000] ms"},
+      {offsetof(concord_config_t, cycle_time_ms), 'd', NAN, NULL,
+       "concord_config_t.cycle_time_ms = nan"},
+      {offsetof(concord_config_t, fusion_threshold_bytes), 'l', -5, NULL,
+       "concord_config_t.fusion_threshold_bytes = -5: the fusion threshold must be >= 0 bytes"},
+      {offsetof(concord_config_t, direct_threshold_bytes), 'l', -2, NULL,
+       "concord_config_t.direct_threshold_bytes = -2: the direct threshold must be >= 0 bytes"},
+      {offsetof(concord_config_t, inline_threshold_bytes), 'l', 262145, NULL,
+       "concord_config_t.inline_threshold_bytes = 262145: the inline threshold must be in [0, "
+       "262144] bytes"},
+      {offsetof(concord_config_t, inline_threshold_bytes), 'l', -7, NULL,
+       "concord_config_t.inline_threshold_bytes = -7"},
+      {offsetof(concord_config_t, cache_capacity), 'i', -3, NULL,
+       "concord_config_t.cache_capacity = -3: the response cache capacity must be >= 0"},
+      {offsetof(concord_config_t, lanes), 'i', 0, NULL,
+       "concord_config_t.lanes = 0: the number of lanes must be in [1, 8]"},
+      {offsetof(concord_config_t, lanes), 'i', 99, NULL, "concord_config_t.lanes = 99"},
+      {offsetof(concord_config_t, log_level), 'i', 9, NULL,
+       "concord_config_t.log_level = 9: the log level must be 0 (errors)"},
+      {offsetof(concord_config_t, waiter_progress), 'i', 2, NULL,
+       "concord_config_t.waiter_progress = 2: must be -1 (the environment's), 0 or 1"},
+      {offsetof(concord_config_t, rank), 'i', 3, NULL,
+       "concord_config_t.rank = 3: the rank must be in [0, 1) (the size, from "
+       "concord_config_t.size)"},
+      {offsetof(concord_config_t, rank), 'i', -5, NULL, "concord_config_t.rank = -5"},
+      {offsetof(concord_config_t, size), 'i', 0, NULL,
+       "concord_config_t.size = 0: the number of ranks must be >= 1"},
+      {offsetof(concord_config_t, local_size), 'i', -4, NULL,
+       "concord_config_t.local_size = -4: the number of ranks on this host must be >= 1"},
+      {offsetof(concord_config_t, backend), 's', 0, "nccl-ish",
+       "concord_config_t.backend = 'nccl-ish': not a backend; use gloo, gloo-ibverbs, mpi, nccl "
+       "or auto"},
+      {offsetof(concord_config_t, backend), 's', 0, "", "concord_config_t.backend = ''"},
+      {offsetof(concord_config_t, compression), 's', 0, "zstd:level=99",
+       "concord_config_t.compression = 'zstd:level=99': unknown compressor 'zstd' (known: none, "
+       "fp16, bf16, topk)"},
+      {offsetof(concord_config_t, compression), 's', 0, "topk:density=0",
+       "concord_config_t.compression = 'topk:density=0'"},
+      {offsetof(concord_config_t, compression), 's', 0, "fp16,bf16",
+       "concord_config_t.compression = 'fp16,bf16': unknown compressor 'fp16,bf16'"},
+  };
+  /* Variables: read at init, refused there too, named as variables. */
+  static const char* const variables[][3] = {
+      {"CONCORD_COMPRESSION", "bogus",
+       "CONCORD_COMPRESSION = 'bogus': unknown compressor 'bogus' (known: none, fp16, bf16, "
+       "topk)"},
+      {"CONCORD_COMPRESSION", "zstd:level=99", "CONCORD_COMPRESSION = 'zstd:level=99'"},
+      {"CONCORD_TIMEOUT_S", "-1", "CONCORD_TIMEOUT_S = -1: the timeout must be in (0, 86400]"},
+      {"CONCORD_TIMEOUT_S", "nan",
+       "environment variable CONCORD_TIMEOUT_S='nan' is not a finite "
+       "number"},
+      {"CONCORD_STALL_WARNING_S", "0",
+       "CONCORD_STALL_WARNING_S = 0: the stall warning time must "
+       "be in (0, 86400] seconds"},
+      {"CONCORD_STALL_SHUTDOWN_S", "-3", "CONCORD_STALL_SHUTDOWN_S = -3"},
+      {"CONCORD_FUSION_THRESHOLD", "-1", "CONCORD_FUSION_THRESHOLD = -1"},
+      {"CONCORD_DIRECT_THRESHOLD", "-1", "CONCORD_DIRECT_THRESHOLD = -1"},
+      {"CONCORD_INLINE_THRESHOLD", "999999", "CONCORD_INLINE_THRESHOLD = 999999"},
+      {"CONCORD_CACHE_CAPACITY", "-1", "CONCORD_CACHE_CAPACITY = -1"},
+      {"CONCORD_LANES", "12", "CONCORD_LANES = 12: the number of lanes must be in [1, 8]"},
+      {"CONCORD_LANES", "99999999999",
+       "CONCORD_LANES='99999999999' is out of range for a 32-bit "
+       "integer"},
+      {"CONCORD_BACKEND", "glo", "CONCORD_BACKEND = 'glo': not a backend"},
+      {"CONCORD_GLOO_ALGORITHM", "bcube", "CONCORD_GLOO_ALGORITHM = 'bcube'"},
+      {"CONCORD_WAITER_PROGRESS", "yes", "CONCORD_WAITER_PROGRESS='yes' is not an integer"},
+  };
+  size_t k;
+  StartPhase("bad config values");
+  for (k = 0; k < sizeof(fields) / sizeof(fields[0]); ++k) {
+    concord_config_t c;
+    concord_comm_t comm = (concord_comm_t)0x1;
+    concord_status_t s;
+    SingleConfig(&c);
+    SetField(&c, &fields[k]);
+    s = concord_init_config(&c, &comm);
+    CHECKF(s == CONCORD_ERR_INVALID_ARGUMENT, "case %u (%s): status %s", (unsigned)k,
+           fields[k].says, concord_status_string(s));
+    CHECK(comm == (concord_comm_t)0x1);
+    CHECKF(strstr(concord_comm_last_error(NULL), fields[k].says) != NULL,
+           "case %u: the error '%s' does not say '%s'", (unsigned)k, concord_comm_last_error(NULL),
+           fields[k].says);
+  }
+  ExpectGoodInitWorks("bad fields");
+  for (k = 0; k < sizeof(variables) / sizeof(variables[0]); ++k) {
+    concord_config_t c;
+    concord_comm_t comm = (concord_comm_t)0x1;
+    concord_status_t s;
+    SingleConfig(&c);
+    if (strcmp(variables[k][0], "CONCORD_TIMEOUT_S") == 0) c.timeout_s = -1; /* the variable's */
+    setenv(variables[k][0], variables[k][1], 1);
+    s = concord_init_config(&c, &comm);
+    unsetenv(variables[k][0]);
+    CHECKF(s == CONCORD_ERR_INVALID_ARGUMENT, "%s=%s: status %s", variables[k][0], variables[k][1],
+           concord_status_string(s));
+    CHECK(comm == (concord_comm_t)0x1);
+    CHECKF(strstr(concord_comm_last_error(NULL), variables[k][2]) != NULL,
+           "%s=%s: the error '%s' does not say '%s'", variables[k][0], variables[k][1],
+           concord_comm_last_error(NULL), variables[k][2]);
+  }
+  /* concord_init reads the same variables. */
+  {
+    concord_comm_t comm = (concord_comm_t)0x1;
+    setenv("CONCORD_COMPRESSION", "bogus", 1);
+    CHECK_STATUS(concord_init(&comm), CONCORD_ERR_INVALID_ARGUMENT);
+    unsetenv("CONCORD_COMPRESSION");
+    CHECK(comm == (concord_comm_t)0x1);
+    CheckLastError(NULL, "CONCORD_COMPRESSION = 'bogus': unknown compressor 'bogus'");
+  }
+  /* A field wins over its variable: a good field hides a bad-range variable... */
+  {
+    concord_config_t c;
+    concord_comm_t comm = NULL;
+    SingleConfig(&c);
+    c.compression = "fp16";
+    setenv("CONCORD_COMPRESSION", "bogus", 1);
+    CHECK_STATUS(concord_init_config(&c, &comm), CONCORD_SUCCESS);
+    unsetenv("CONCORD_COMPRESSION");
+    CHECK_STATUS(concord_finalize(comm), CONCORD_SUCCESS);
+  }
+  ExpectGoodInitWorks("bad variables");
 }
 
 static concord_comm_t InitSingle(void) {
@@ -340,6 +542,34 @@ static void TestInFlightName(concord_comm_t comm) {
   CHECK_STATUS(concord_wait(r3, 10), CONCORD_SUCCESS);
   concord_request_free(r3);
   CHECK(y[0] == 3 && y[1] == 4);
+}
+
+/* A wait whose limit passes returns IN_PROGRESS and leaves the request as it was: still running,
+ * waitable again, no error recorded on it. (TIMEOUT is only ever an operation's own failure: see
+ * TestWaitOnATimedOutOperation.) */
+static void TestWaitLimit(concord_comm_t comm) {
+  float x[3] = {1, 2, 3};
+  int64_t shape[1] = {3};
+  concord_tensor_t t = CpuTensor(x, CONCORD_FLOAT32, 1, shape);
+  concord_request_t r = NULL;
+  struct Counter c = {0, CONCORD_IN_PROGRESS, NULL};
+  StartPhase("a wait whose limit passes");
+  /* Held in an open group, the request cannot finish before group_end. */
+  CHECK_STATUS(concord_group_start(comm), CONCORD_SUCCESS);
+  CHECK_STATUS(concord_allreduce_async(comm, "held.wait", &t, NULL, NULL, OnDone, &c, &r),
+               CONCORD_SUCCESS);
+  CHECK_STATUS(concord_wait(r, 0.05), CONCORD_IN_PROGRESS);
+  CHECK_STATUS(concord_wait(r, 0), CONCORD_IN_PROGRESS); /* 0: a poll */
+  CHECK_STATUS(concord_test(r), CONCORD_IN_PROGRESS);
+  CHECK(strcmp(concord_request_error(r), "") == 0); /* not a failure of anything */
+  CHECK(c.calls == 0);
+  CHECK_STATUS(concord_group_end(comm), CONCORD_SUCCESS);
+  CHECK_STATUS(concord_wait(r, 10), CONCORD_SUCCESS); /* the same request, waited on again */
+  CHECK_STATUS(concord_wait(r, 0), CONCORD_SUCCESS);  /* finished: its status at once */
+  CHECK(c.calls == 1 && c.last == CONCORD_SUCCESS);
+  CHECK(x[0] == 1 && x[2] == 3);
+  CHECK_STATUS(concord_wait(r, NAN), CONCORD_ERR_INVALID_ARGUMENT);
+  concord_request_free(r);
 }
 
 static void TestAsync(concord_comm_t comm) {
@@ -551,6 +781,121 @@ static void TestFinalizeWithPending(void) {
   concord_request_free(r);
 }
 
+/* One rank of TestWaitOnATimedOutOperation, run on its own thread; the main thread checks what
+ * it saw (check.h's checks are for one thread). */
+struct WaitRank {
+  int rank;
+  const char* store;
+  concord_status_t init, short_wait, after_short_wait, long_wait;
+  double long_wait_s;
+  char error[512];
+};
+
+static pthread_mutex_t rank0_mu = PTHREAD_MUTEX_INITIALIZER;
+static int rank0_done = 0; /* rank 0 has its operation's failure */
+
+static double NowSeconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void* RunWaitRank(void* arg) {
+  struct WaitRank* w = (struct WaitRank*)arg;
+  concord_config_t c;
+  concord_comm_t comm = NULL;
+  concord_config_init(&c);
+  c.rank = w->rank;
+  c.size = 2;
+  c.store = w->store;
+  c.job_id = "c-api-wait";
+  c.timeout_s = 20;
+  w->init = concord_init_config(&c, &comm);
+  if (w->init != CONCORD_SUCCESS) {
+    snprintf(w->error, sizeof(w->error), "%s", concord_comm_last_error(NULL));
+  } else if (w->rank == 0) {
+    /* Only rank 0 submits it: the stall shutdown (CONCORD_STALL_SHUTDOWN_S) fails it, TIMEOUT. */
+    float x[2] = {1, 2};
+    int64_t shape[1] = {2};
+    concord_tensor_t t = CpuTensor(x, CONCORD_FLOAT32, 1, shape);
+    concord_request_t r = NULL;
+    w->short_wait = concord_allreduce_async(comm, "rank0.only", &t, NULL, NULL, NULL, NULL, &r);
+    if (w->short_wait == CONCORD_SUCCESS) {
+      double start;
+      w->short_wait = concord_wait(r, 0.05);
+      w->after_short_wait = concord_test(r);
+      start = NowSeconds();
+      w->long_wait = concord_wait(r, 30);
+      w->long_wait_s = NowSeconds() - start;
+      snprintf(w->error, sizeof(w->error), "%s", concord_request_error(r));
+      concord_request_free(r);
+    }
+  } else {
+    /* Rank 1 keeps its engine up until rank 0 has seen the failure (at most 60 s). */
+    double start = NowSeconds();
+    for (;;) {
+      int done;
+      struct timespec tick = {0, 10 * 1000 * 1000};
+      pthread_mutex_lock(&rank0_mu);
+      done = rank0_done;
+      pthread_mutex_unlock(&rank0_mu);
+      if (done || NowSeconds() - start > 60) break;
+      nanosleep(&tick, NULL);
+    }
+  }
+  if (w->rank == 0) {
+    pthread_mutex_lock(&rank0_mu);
+    rank0_done = 1;
+    pthread_mutex_unlock(&rank0_mu);
+  }
+  /* The job failed (the stall shutdown): finalize frees the handle whatever its barrier does. */
+  if (comm != NULL) concord_finalize(comm);
+  return NULL;
+}
+
+static int RemoveEntry(const char* path, const struct stat* st, int flag, struct FTW* ftw) {
+  (void)st;
+  (void)flag;
+  (void)ftw;
+  return remove(path);
+}
+
+/* An operation that itself fails with TIMEOUT: concord_wait returns CONCORD_ERR_TIMEOUT (the
+ * operation's status) with its message, not IN_PROGRESS. Two ranks as threads over a file store;
+ * only rank 0 submits a tensor, and CONCORD_STALL_SHUTDOWN_S=1 fails it after a second. Before
+ * that, a short wait returns IN_PROGRESS. */
+static void TestWaitOnATimedOutOperation(void) {
+  char dir[] = "/tmp/concord-c-api-wait-XXXXXX";
+  char store[64];
+  struct WaitRank ranks[2];
+  pthread_t threads[2];
+  int i;
+  StartPhase("wait on an operation that fails with TIMEOUT");
+  CHECK(mkdtemp(dir) != NULL);
+  snprintf(store, sizeof(store), "file://%s", dir);
+  memset(ranks, 0, sizeof(ranks));
+  rank0_done = 0;
+  setenv("CONCORD_STALL_SHUTDOWN_S", "1", 1); /* read at init; no other thread runs now */
+  for (i = 0; i < 2; ++i) {
+    ranks[i].rank = i;
+    ranks[i].store = store;
+    CHECK(pthread_create(&threads[i], NULL, RunWaitRank, &ranks[i]) == 0);
+  }
+  for (i = 0; i < 2; ++i) pthread_join(threads[i], NULL);
+  unsetenv("CONCORD_STALL_SHUTDOWN_S");
+  nftw(dir, RemoveEntry, 8, FTW_DEPTH | FTW_PHYS);
+  for (i = 0; i < 2; ++i) {
+    CHECKF(ranks[i].init == CONCORD_SUCCESS, "rank %d: init: %s", i, ranks[i].error);
+  }
+  CHECK_STATUS(ranks[0].short_wait, CONCORD_IN_PROGRESS);
+  CHECK_STATUS(ranks[0].after_short_wait, CONCORD_IN_PROGRESS);
+  CHECK_STATUS(ranks[0].long_wait, CONCORD_ERR_TIMEOUT);
+  CHECKF(strstr(ranks[0].error, "rank0.only") != NULL &&
+             strstr(ranks[0].error, "stall shutdown") != NULL,
+         "the error '%s' does not name the tensor and the stall shutdown", ranks[0].error);
+  CHECKF(ranks[0].long_wait_s < 15, "the operation took %.1f s to fail", ranks[0].long_wait_s);
+}
+
 static void TestTwoCommunicators(void) {
   concord_comm_t a = InitSingle();
   concord_comm_t b = InitSingle();
@@ -682,10 +1027,12 @@ int main(void) {
   TestVersionAndStrings();
   TestConfigInit();
   TestInitErrors();
+  TestBadConfigValues();
   comm = InitSingle();
   TestGetters(comm);
   TestInvalidArguments(comm);
   TestInFlightName(comm);
+  TestWaitLimit(comm);
   TestAsync(comm);
   TestDetach(comm);
   TestBlockingAndAllgather(comm);
@@ -693,6 +1040,7 @@ int main(void) {
   StartPhase("finalize");
   CHECK_STATUS(concord_finalize(comm), CONCORD_SUCCESS);
   TestFinalizeWithPending();
+  TestWaitOnATimedOutOperation();
   TestTwoCommunicators();
   TestDeviceBackendChoice();
   if (CheckFailures()) {

@@ -1,7 +1,9 @@
 """Failures raised as Python exceptions carrying the C status and message: errors the C library
-reports at enqueue, at completion and at init; mismatches between ranks; timeouts of a wait;
-arguments the binding refuses before calling C; compression and device tensors this library
+reports at enqueue, at completion and at init; mismatches between ranks; a wait's own limit
+(WaitTimeoutError) told apart from an operation that timed out (ConcordTimeoutError); arguments the binding refuses before calling C; compression and device tensors this library
 cannot take; use after finalize."""
+
+import os
 
 import numpy as np
 import pytest
@@ -50,22 +52,55 @@ def test_broadcast_root_out_of_range(comm):
 
 
 def test_wait_timeout_then_completion(comm):
+    """A wait whose limit passes raises WaitTimeoutError (not a ConcordError: nothing failed), and
+    the handle can be waited on again."""
     if comm.size < 2:
         pytest.skip("needs two ranks")
     x = np.ones(8, np.float32)
     if comm.rank == 0:
         handle = comm.allreduce_async(x, out=x, name="late")
-        with pytest.raises(concord.ConcordTimeoutError) as e:
+        with pytest.raises(concord.WaitTimeoutError) as e:
             handle.wait(timeout=0.05)
-        assert e.value.status == Status.ERR_TIMEOUT
+        assert isinstance(e.value, TimeoutError) and not isinstance(e.value, concord.ConcordError)
+        assert e.value.timeout == 0.05 and "still running" in str(e.value)
+        with pytest.raises(concord.WaitTimeoutError):
+            handle.wait(timeout=0)  # a poll that says "not yet"
         assert not handle.poll()
     # Operations are matched by name, so this broadcast completes while "late" waits; the other
-    # ranks submit "late" only once rank 0's short wait has expired.
+    # ranks submit "late" only once rank 0's short waits have expired.
     comm.broadcast(np.zeros(1, np.int8), root=0, name="late.go")
     if comm.rank != 0:
         handle = comm.allreduce_async(x, out=x, name="late")
     handle.wait()
     np.testing.assert_array_equal(x, comm.size)
+    assert handle.wait(timeout=0) is not None  # finished: its result at once
+
+
+def test_wait_on_an_operation_that_timed_out(comm):
+    """An operation that fails by a deadline of its own raises ConcordTimeoutError (status
+    ERR_TIMEOUT), told apart from a wait's own limit (WaitTimeoutError). Only rank 0 submits
+    "rank0.only" on a second communicator whose stall shutdown (CONCORD_STALL_SHUTDOWN_S, read
+    at init) fails it after a second."""
+    if comm.size < 2:
+        pytest.skip("needs two ranks")
+    os.environ["CONCORD_STALL_SHUTDOWN_S"] = "1"
+    try:
+        stalled = concord.Communicator(job_id="python-errors-stalled")
+    finally:
+        del os.environ["CONCORD_STALL_SHUTDOWN_S"]
+    if comm.rank == 0:
+        handle = stalled.allreduce_async(np.ones(3, np.float32), name="rank0.only")
+        with pytest.raises(concord.WaitTimeoutError):
+            handle.wait(timeout=0.05)
+        with pytest.raises(concord.ConcordTimeoutError) as e:
+            handle.wait(timeout=30)
+        assert e.value.status == Status.ERR_TIMEOUT
+        assert "rank0.only" in e.value.message and "stall shutdown" in e.value.message
+        assert handle.poll()
+        with pytest.raises(concord.ConcordTimeoutError):
+            handle.wait(timeout=0.05)  # over: the same failure again, never "not yet"
+    comm.barrier()  # the other ranks keep `stalled` up until rank 0 has seen the failure
+    stalled.finalize()
 
 
 def test_python_side_refusals(comm):
@@ -123,6 +158,33 @@ def test_init_error_and_use_after_finalize(comm):
     assert e.value.status == Status.ERR_INVALID_ARGUMENT and "lanes" in e.value.message.lower()
     with pytest.raises(concord.InvalidArgumentError, match="waiter_progress"):
         concord.Communicator(waiter_progress=2)
+    # Every bad value fails at init, naming the field, the value and what is accepted.
+    for fields, says in [
+            ({"timeout_s": 0}, "concord_config_t.timeout_s = 0: the timeout must be in (0, 86400]"),
+            ({"timeout_s": -5}, "concord_config_t.timeout_s = -5"),
+            ({"timeout_s": float("nan")}, "concord_config_t.timeout_s = nan"),
+            ({"cycle_time_ms": -2.0}, "concord_config_t.cycle_time_ms = -2"),
+            ({"fusion_threshold_bytes": -5}, "concord_config_t.fusion_threshold_bytes = -5"),
+            ({"direct_threshold_bytes": -2}, "concord_config_t.direct_threshold_bytes = -2"),
+            ({"inline_threshold_bytes": 1 << 20}, "the inline threshold must be in [0, 262144]"),
+            ({"cache_capacity": -3}, "concord_config_t.cache_capacity = -3"),
+            ({"lanes": 0}, "concord_config_t.lanes = 0: the number of lanes must be in [1, 8]"),
+            ({"log_level": 7}, "concord_config_t.log_level = 7"),
+            ({"backend": "glo"}, "concord_config_t.backend = 'glo': not a backend"),
+            ({"compression": "zstd:level=99"},
+             "concord_config_t.compression = 'zstd:level=99': unknown compressor 'zstd'"),
+            ({"compression": "topk"}, "topk needs a density")]:
+        with pytest.raises(concord.InvalidArgumentError) as e:
+            concord.Communicator(**fields)
+        assert e.value.status == Status.ERR_INVALID_ARGUMENT
+        assert says in e.value.message, (fields, e.value.message)
+    os.environ["CONCORD_COMPRESSION"] = "bogus"  # read at init, refused there
+    try:
+        with pytest.raises(concord.InvalidArgumentError) as e:
+            concord.Communicator(job_id="python-errors-bogus")
+    finally:
+        del os.environ["CONCORD_COMPRESSION"]
+    assert "CONCORD_COMPRESSION = 'bogus': unknown compressor 'bogus'" in e.value.message
     with pytest.raises(concord.InvalidArgumentError, match="unknown config field"):
         concord.Communicator(no_such_field=1)
     second = concord.Communicator(job_id="python-errors-second")

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -61,7 +62,9 @@ class ConfigTest : public ::testing::Test {
                              "CONCORD_CACHE_CAPACITY",
                              "CONCORD_LOG_LEVEL",
                              "CONCORD_STALL_WARNING_S",
-                             "CONCORD_STALL_SHUTDOWN_S"}) {
+                             "CONCORD_STALL_SHUTDOWN_S",
+                             "CONCORD_COMPRESSION",
+                             "CONCORD_WAITER_PROGRESS"}) {
       unsetenv(name);
     }
   }
@@ -185,54 +188,183 @@ TEST_F(ConfigTest, BackendChoice) {
   EXPECT_EQ(c->ResolvedBackend(), "gloo") << "an explicit choice is kept under mpirun";
 }
 
-TEST_F(ConfigTest, MalformedValuesNameTheVariable) {
-  const std::vector<std::pair<const char*, const char*>> bad = {
-      {"CONCORD_RANK", "one"},
-      {"WORLD_SIZE", "4x"},
-      {"CONCORD_TIMEOUT_S", "soon"},
-      {"CONCORD_CYCLE_TIME_MS", ""},
-      {"MASTER_PORT", "99999999999999999999"},
-      {"CONCORD_TIMEOUT_S", "inf"}};
-  for (const auto& [name, value] : bad) {
+// A bad value of one variable: FromEnvironment (a value that does not parse) or Finalize (one out
+// of range) refuses it with INVALID_ARGUMENT, and the message holds each of `says`: the variable,
+// the value and what is accepted.
+struct BadVariable {
+  const char* name;
+  const char* value;
+  std::vector<std::string> says;
+};
+
+Status ReadAndFinalize() {
+  StatusOr<Config> c = Config::FromEnvironment();
+  if (!c.ok()) return c.status();
+  return c->Finalize();
+}
+
+TEST_F(ConfigTest, EveryBadVariableIsRefusedNamingItsValueAndWhatIsAccepted) {
+  const std::vector<BadVariable> bad = {
+      // Values that do not parse.
+      {"CONCORD_RANK", "one", {"CONCORD_RANK='one'", "not an integer"}},
+      {"WORLD_SIZE", "4x", {"WORLD_SIZE='4x'", "not an integer"}},
+      {"CONCORD_TIMEOUT_S", "soon", {"CONCORD_TIMEOUT_S='soon'", "not a finite number"}},
+      {"CONCORD_TIMEOUT_S", "inf", {"CONCORD_TIMEOUT_S='inf'", "not a finite number"}},
+      {"CONCORD_TIMEOUT_S", "nan", {"CONCORD_TIMEOUT_S='nan'", "not a finite number"}},
+      {"MASTER_PORT",
+       "99999999999999999999",
+       {"MASTER_PORT='99999999999999999999'", "out of range for a 64-bit integer"}},
+      {"CONCORD_LANES", "4294967298", {"CONCORD_LANES='4294967298'", "32-bit"}},
+      {"CONCORD_WAITER_PROGRESS", "2", {"CONCORD_WAITER_PROGRESS = 2", "0 or 1"}},
+      // Values out of range.
+      {"CONCORD_TIMEOUT_S", "0", {"CONCORD_TIMEOUT_S = 0", "(0, 86400] seconds"}},
+      {"CONCORD_TIMEOUT_S", "-5", {"CONCORD_TIMEOUT_S = -5", "(0, 86400] seconds"}},
+      {"CONCORD_TIMEOUT_S", "86401", {"CONCORD_TIMEOUT_S = 86401", "(0, 86400] seconds"}},
+      {"CONCORD_CYCLE_TIME_MS", "-1", {"CONCORD_CYCLE_TIME_MS = -1", "[0, 60000] ms"}},
+      {"CONCORD_CYCLE_TIME_MS", "60001", {"CONCORD_CYCLE_TIME_MS = 60001", "[0, 60000] ms"}},
+      {"CONCORD_STALL_WARNING_S", "0", {"CONCORD_STALL_WARNING_S = 0", "(0, 86400] seconds"}},
+      {"CONCORD_STALL_WARNING_S", "1e300", {"CONCORD_STALL_WARNING_S = 1e+300", "(0, 86400]"}},
+      {"CONCORD_STALL_SHUTDOWN_S", "-1", {"CONCORD_STALL_SHUTDOWN_S = -1", "[0, 86400] seconds"}},
+      {"CONCORD_STALL_SHUTDOWN_S", "1e9", {"CONCORD_STALL_SHUTDOWN_S = 1e+09", "[0, 86400]"}},
+      {"CONCORD_CACHE_CAPACITY", "-1", {"CONCORD_CACHE_CAPACITY = -1", ">= 0 entries"}},
+      {"CONCORD_LOG_LEVEL", "9", {"CONCORD_LOG_LEVEL = 9", "0 (errors)", "3 (debug)"}},
+      {"CONCORD_LOG_LEVEL", "-1", {"CONCORD_LOG_LEVEL = -1", "3 (debug)"}},
+      {"CONCORD_FUSION_THRESHOLD", "-5", {"CONCORD_FUSION_THRESHOLD = -5", ">= 0 bytes"}},
+      {"CONCORD_DIRECT_THRESHOLD", "-2", {"CONCORD_DIRECT_THRESHOLD = -2", ">= 0 bytes"}},
+      {"CONCORD_INLINE_THRESHOLD", "-1", {"CONCORD_INLINE_THRESHOLD = -1", "[0, 262144] bytes"}},
+      {"CONCORD_INLINE_THRESHOLD",
+       "262145",
+       {"CONCORD_INLINE_THRESHOLD = 262145", "[0, 262144] bytes"}},
+      {"CONCORD_LANES", "0", {"CONCORD_LANES = 0", "[1, 8]"}},
+      {"CONCORD_LANES", "9", {"CONCORD_LANES = 9", "[1, 8]"}},
+      {"MASTER_PORT", "70000", {"MASTER_PORT = 70000", "[1, 65534]"}},
+      {"MASTER_PORT", "0", {"MASTER_PORT = 0", "[1, 65534]"}},
+      {"CONCORD_SIZE", "0", {"CONCORD_SIZE = 0", ">= 1"}},
+      {"CONCORD_LOCAL_SIZE", "0", {"CONCORD_LOCAL_SIZE = 0", ">= 1"}},
+      // Names: the backend, the Gloo algorithm, the compression spec (the parser's own message).
+      {"CONCORD_BACKEND", "nccl-ish", {"CONCORD_BACKEND = 'nccl-ish'", "gloo, gloo-ibverbs, mpi"}},
+      {"CONCORD_GLOO_ALGORITHM", "bcube", {"CONCORD_GLOO_ALGORITHM = 'bcube'", "not offered"}},
+      {"CONCORD_GLOO_ALGORITHM", "fast", {"CONCORD_GLOO_ALGORITHM = 'fast'", "ring_chunked"}},
+      {"CONCORD_COMPRESSION",
+       "bogus",
+       {"CONCORD_COMPRESSION = 'bogus'", "unknown compressor 'bogus' (known: none, fp16"}},
+      {"CONCORD_COMPRESSION",
+       "zstd:level=99",
+       {"CONCORD_COMPRESSION = 'zstd:level=99'", "unknown compressor 'zstd'"}},
+      {"CONCORD_COMPRESSION",
+       "topk:density=2",
+       {"CONCORD_COMPRESSION = 'topk:density=2'", "density"}},
+      {"CONCORD_COMPRESSION",
+       "fp16:level=1",
+       {"CONCORD_COMPRESSION = 'fp16:level=1'", "takes no parameters"}},
+      {"CONCORD_COMPRESSION", "topk", {"CONCORD_COMPRESSION = 'topk'", "needs a density"}},
+  };
+  for (const BadVariable& b : bad) {
     ClearAll();
-    Set(name, value);
-    StatusOr<Config> c = Config::FromEnvironment();
-    if (std::string(value).empty()) {  // an empty variable counts as unset
-      EXPECT_TRUE(c.ok());
-      continue;
+    Set(b.name, b.value);
+    const Status s = ReadAndFinalize();
+    EXPECT_EQ(s.code(), Code::kInvalidArgument) << b.name << "=" << b.value << ": " << s.ToString();
+    for (const std::string& part : b.says) {
+      EXPECT_NE(s.message().find(part), std::string::npos)
+          << b.name << "=" << b.value << ": '" << s.message() << "' does not say '" << part << "'";
     }
-    ASSERT_FALSE(c.ok()) << name << "=" << value;
-    EXPECT_EQ(c.status().code(), Code::kInvalidArgument);
-    EXPECT_NE(c.status().message().find(name), std::string::npos) << c.status().message();
   }
 }
 
-TEST_F(ConfigTest, OutOfRangeValuesAreRefusedByFinalize) {
-  struct Case {
-    const char* name;
-    const char* value;
-  };
-  for (const Case& k :
-       {Case{"CONCORD_TIMEOUT_S", "0"}, Case{"CONCORD_CACHE_CAPACITY", "-1"},
-        Case{"CONCORD_LOG_LEVEL", "9"}, Case{"CONCORD_FUSION_THRESHOLD", "-5"},
-        Case{"CONCORD_INLINE_THRESHOLD", "-1"}, Case{"CONCORD_INLINE_THRESHOLD", "262145"},
-        Case{"CONCORD_DIRECT_THRESHOLD", "-2"}, Case{"CONCORD_LANES", "0"},
-        Case{"CONCORD_LANES", "9"}, Case{"CONCORD_STALL_WARNING_S", "0"},
-        Case{"MASTER_PORT", "70000"}}) {
+TEST_F(ConfigTest, GoodValuesAtTheEdgesAreTaken) {
+  for (const auto& [name, value] : std::vector<std::pair<const char*, const char*>>{
+           {"CONCORD_TIMEOUT_S", "86400"},
+           {"CONCORD_TIMEOUT_S", "0.001"},
+           {"CONCORD_CYCLE_TIME_MS", "60000"},
+           {"CONCORD_STALL_SHUTDOWN_S", "0"},
+           {"CONCORD_INLINE_THRESHOLD", "262144"},
+           {"CONCORD_LANES", "8"},
+           {"CONCORD_CACHE_CAPACITY", "0"},
+           {"CONCORD_GLOO_ALGORITHM", "halving_doubling"},
+           {"CONCORD_COMPRESSION", "topk:density=0.5,method=exact,values=fp16"},
+           {"CONCORD_COMPRESSION", "none"},
+           {"CONCORD_CYCLE_TIME_MS", ""}}) {  // an empty variable counts as unset
     ClearAll();
-    Set(k.name, k.value);
-    StatusOr<Config> c = Config::FromEnvironment();
-    ASSERT_TRUE(c.ok()) << k.name;
-    EXPECT_EQ(c->Finalize().code(), Code::kInvalidArgument) << k.name << "=" << k.value;
+    Set(name, value);
+    const Status s = ReadAndFinalize();
+    EXPECT_TRUE(s.ok()) << name << "=" << value << ": " << s.ToString();
   }
-  ClearAll();
+}
+
+TEST_F(ConfigTest, RanksOutsideTheWorldNameTheirSources) {
   Set("CONCORD_RANK", "4");
   Set("CONCORD_SIZE", "4");
-  StatusOr<Config> c = Config::FromEnvironment();
-  ASSERT_TRUE(c.ok());
-  const Status s = c->Finalize();
+  Status s = ReadAndFinalize();
   EXPECT_EQ(s.code(), Code::kInvalidArgument);
-  EXPECT_NE(s.message().find("rank 4"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("CONCORD_RANK = 4: the rank must be in [0, 4) (the size, from "
+                             "CONCORD_SIZE)"),
+            std::string::npos)
+      << s.message();
+
+  ClearAll();
+  Set("RANK", "1");  // torchrun's, without WORLD_SIZE
+  s = ReadAndFinalize();
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  EXPECT_NE(s.message().find("RANK = 1: a rank is given but not the number of ranks"),
+            std::string::npos)
+      << s.message();
+
+  ClearAll();
+  Set("WORLD_SIZE", "2");
+  s = ReadAndFinalize();
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  EXPECT_NE(s.message().find("WORLD_SIZE = 2: the number of ranks is given but not this rank"),
+            std::string::npos)
+      << s.message();
+
+  ClearAll();
+  Set("CONCORD_LOCAL_RANK", "2");
+  Set("CONCORD_LOCAL_SIZE", "2");
+  Set("CONCORD_RANK", "0");
+  Set("CONCORD_SIZE", "4");
+  s = ReadAndFinalize();
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  EXPECT_NE(s.message().find("CONCORD_LOCAL_RANK = 2: the rank on this host must be in [0, 2)"),
+            std::string::npos)
+      << s.message();
+}
+
+// Settings made in C++ (not from a variable) are named by their member; the C API names its
+// fields the same way through `sources` (tests/c_api).
+TEST_F(ConfigTest, SettingsMadeInCodeAreNamedByTheirMember) {
+  Config c;
+  c.timeout_s = std::nan("");
+  Status s = c.Finalize();
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  EXPECT_NE(s.message().find("timeout_s = nan: the timeout must be in (0, 86400] seconds"),
+            std::string::npos)
+      << s.message();
+
+  c = Config();
+  c.compression = "zstd:level=99";
+  c.sources["compression"] = "concord_config_t.compression";
+  s = c.Finalize();
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  EXPECT_EQ(s.message(),
+            "concord_config_t.compression = 'zstd:level=99': unknown compressor 'zstd' (known: "
+            "none, fp16, bf16, topk)");
+
+  c = Config();
+  c.compression = "";  // "" is "none"
+  EXPECT_TRUE(c.Finalize().ok());
+  EXPECT_EQ(c.SourceOf("lanes"), "lanes");
+}
+
+TEST_F(ConfigTest, FromEnvironmentNotesEachVariableItRead) {
+  Set("RANK", "1");
+  Set("CONCORD_SIZE", "2");
+  Set("CONCORD_LANES", "3");
+  StatusOr<Config> c = Config::FromEnvironment();
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->SourceOf("rank"), "RANK");
+  EXPECT_EQ(c->SourceOf("size"), "CONCORD_SIZE");
+  EXPECT_EQ(c->SourceOf("lanes"), "CONCORD_LANES");
+  EXPECT_EQ(c->SourceOf("timeout_s"), "timeout_s");  // not set: the default
 }
 
 }  // namespace

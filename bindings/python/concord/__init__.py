@@ -4,7 +4,11 @@
     concord.init()                      # from concordrun / torchrun / Slurm / Open MPI variables
     x = numpy.ones(4, numpy.float32)
     concord.allreduce_(x, name="x", op="average")
-    h = concord.allgather_async(x, name="g"); ...; gathered = h.wait()
+    h = concord.allgather_async(x, name="g")
+    try:
+        gathered = h.wait(timeout=5)    # at most 5 s; a failure raises ConcordError
+    except concord.WaitTimeoutError:    # not finished yet: it goes on; wait() again or poll()
+        gathered = h.wait()
 
 The module-level functions act on the default communicator that init() creates; Communicator
 objects can also be made directly. PyTorch: concord.torch (DistributedOptimizer,
@@ -14,14 +18,15 @@ import enum
 
 from .comm import Communicator, Handle, compression_supported, lib
 from .errors import (ConcordError, ConcordTimeoutError, InvalidArgumentError, Status,
-                     UnavailableError)
+                     UnavailableError, WaitTimeoutError)
 
 __all__ = [
     "Communicator", "Handle", "ConcordError", "ConcordTimeoutError", "InvalidArgumentError",
-    "UnavailableError", "Status", "ReduceOp", "init", "finalize", "is_initialized", "default",
-    "rank", "size", "local_rank", "local_size", "allreduce", "allreduce_", "allreduce_async",
-    "allgather", "allgather_async", "broadcast", "broadcast_", "broadcast_async", "barrier",
-    "barrier_async", "group", "compression_supported", "version", "status_string",
+    "UnavailableError", "WaitTimeoutError", "Status", "ReduceOp", "init", "finalize",
+    "is_initialized", "default", "rank", "size", "local_rank", "local_size", "allreduce",
+    "allreduce_", "allreduce_async", "allgather", "allgather_async", "broadcast", "broadcast_",
+    "broadcast_async", "barrier", "barrier_async", "group", "compression_supported", "version",
+    "status_string",
 ]
 
 

@@ -20,7 +20,8 @@ import itertools
 import threading
 
 from . import _lib, tensors
-from .errors import ConcordError, InvalidArgumentError, Status, UnavailableError, make_error
+from .errors import (ConcordError, InvalidArgumentError, Status, UnavailableError,
+                     WaitTimeoutError, make_error)
 
 _LIB = None
 _LIB_LOCK = threading.Lock()
@@ -109,7 +110,8 @@ _NO_CALLBACK = ctypes.cast(None, _lib.CALLBACK)
 
 class Handle:
     """One enqueued operation. wait() blocks until it finishes and returns its result (raising
-    ConcordError on failure); poll() says whether it finished without blocking. The handle keeps
+    ConcordError on failure; with a timeout that passes first, WaitTimeoutError, and the operation
+    goes on); poll() says whether it finished without blocking. The handle keeps
     its tensors alive until the operation is done; a handle dropped unfinished hands its request
     and tensors to a list that later submissions and finalize() free once it has finished."""
 
@@ -132,18 +134,24 @@ class Handle:
             return lib().concord_test(self._request) != _lib.IN_PROGRESS
 
     def wait(self, timeout=None):
-        """Blocks until done (timeout in seconds; None waits as long as the engine's own deadlines
-        allow) and returns the result: the output tensor, or None for a barrier. Any thread may
-        wait; a second waiter blocks until the first has the result."""
+        """Blocks until done and returns the result: the output tensor, or None for a barrier;
+        raises ConcordError (by status) when the operation failed, ConcordTimeoutError when it
+        failed by a deadline of its own. timeout: seconds to wait at most (None: as long as the
+        engine's own deadlines allow); when it passes first, raises WaitTimeoutError and the
+        operation goes on: wait again, or poll(). Any thread may wait; a second waiter blocks
+        until the first has the result."""
         with self._lock:
             if not self._done:
                 L = lib()
                 limit = -1.0 if timeout is None else float(timeout)
                 status = L.concord_wait(self._request, limit)
-                running = L.concord_test(self._request) == _lib.IN_PROGRESS
-                if status == Status.ERR_TIMEOUT and running:
-                    raise make_error(status, "wait timed out after %s s; the operation continues"
-                                     % timeout)
+                if status == Status.IN_PROGRESS:
+                    raise WaitTimeoutError(timeout)
+                if status == Status.ERR_TIMEOUT and \
+                        L.concord_test(self._request) == _lib.IN_PROGRESS:
+                    # A libconcord older than IN_PROGRESS from concord_wait said TIMEOUT for its
+                    # own limit: the request still runs.
+                    raise WaitTimeoutError(timeout)
                 self._complete(status)
         if self._error is not None:
             raise self._error

@@ -45,7 +45,21 @@ class UnavailableError(ConcordError, NotImplementedError):
 
 
 class ConcordTimeoutError(ConcordError, TimeoutError):
-    """CONCORD_ERR_TIMEOUT: a deadline passed."""
+    """CONCORD_ERR_TIMEOUT: the operation failed because a deadline of its own passed
+    (CONCORD_TIMEOUT_S, the stall shutdown time). It is over; waiting again gives the same."""
+
+
+class WaitTimeoutError(TimeoutError):
+    """Handle.wait(timeout=...) returned because its limit passed first: the operation has not
+    failed, it is still running (the C API's CONCORD_IN_PROGRESS), and the handle may be waited on
+    again or polled. Not a ConcordError, so `except ConcordError` sees only failures; like
+    concurrent.futures' "result(timeout) raises TimeoutError", it is a TimeoutError, so catch it
+    before ConcordTimeoutError (also a TimeoutError) when both are handled."""
+
+    def __init__(self, timeout):
+        self.timeout = timeout
+        super().__init__("the operation is still running after a wait of %s s; wait again or "
+                         "poll()" % (timeout,))
 
 
 _BY_STATUS = {
