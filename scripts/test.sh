@@ -44,7 +44,8 @@ pass_asan() {
 pass_tsan() {
   local build="$root/build-tsan"
   local reports="$build/tsan-reports"
-  TARGETS="threaded_tests c_api_test concordrun mp_conformance mp_failure_modes" \
+  TARGETS="threaded_tests c_api_test concordrun mp_conformance mp_failure_modes
+           mp_launcher_lifecycle" \
     BUILD_DIR="$build" "$root/scripts/build.sh" -DCMAKE_C_COMPILER=clang \
     -DCMAKE_CXX_COMPILER=clang++ -DCONCORD_SANITIZE=thread -DCONCORD_THREAD_SAFETY_ANALYSIS=ON \
     -DCONCORD_WERROR=ON -DCONCORD_BUILD_PERF=OFF -DCONCORD_CUDA=OFF

@@ -1,21 +1,28 @@
 // concordrun: starts an N-rank Concord job on this host (fork/exec) and on remote hosts (ssh).
 //
-//   concordrun -np N [-H host:slots,...] [--iface IF] [--backend NAME] [--timeout S] [--no-prefix]
-//              prog args...
+//   concordrun -np N [-H host:slots,...] [--iface IF] [--backend NAME] [--timeout S] [--grace S]
+//              [--no-prefix] prog args...
 //
 // It runs the job's TCP store server (authenticated with a random token), gives every rank its
 // CONCORD_* environment, forwards each rank's stdout/stderr line by line with a "[R] " prefix, and
-// supervises: when a rank fails (non-zero exit, signal) or concordrun itself gets SIGINT/SIGTERM,
-// the other ranks get SIGTERM, then SIGKILL after a grace period. It signals only the processes it
-// started (each local rank leads its own process group, so its children are stopped with it).
-// Exit status: 0 when every rank exits 0; 1 when a rank exited non-zero; 128+S when a rank was
-// killed by signal S or concordrun received signal S; 2 for usage errors.
+// supervises. When a rank fails (non-zero exit, signal), concordrun names it at once, with how it
+// ended and its last words on stderr (the last error the Concord library logged, the last line);
+// the other ranks then have the grace period (--grace, CONCORD_GRACE_S, 5 s) to see the error in
+// their own calls and exit by themselves (to log it, to save a checkpoint); those still running
+// then get SIGTERM (and SIGCONT, for a stopped one), and SIGKILL 3 s later. A SIGINT/SIGTERM/SIGHUP
+// to concordrun goes to the ranks at once (SIGHUP as SIGTERM), SIGKILL following after the grace
+// period, or at a second signal. It signals only the processes it started (each local rank leads
+// its own process group, so its children are stopped with it). Ranks die with concordrun even when
+// it is SIGKILLed: each has PR_SET_PDEATHSIG, and the lifeline (lifeline.h) kills their process
+// groups. Exit status: 0 when every rank exits 0; 1 when the first rank to fail exited non-zero;
+// 128+S when it was killed by signal S, or when concordrun received signal S; 2 for usage errors.
 //
 // With --backend mpi, concordrun does none of that itself: it execs mpirun (CONCORD_MPIRUN, else
 // the mpirun found at build time, else "mpirun" on PATH) with -np, the hosts of -H,
-// --oversubscribe when there are more ranks than CPUs here, --tag-output unless --no-prefix, and
-// CONCORD_BACKEND=mpi (plus CONCORD_TIMEOUT_S and CONCORD_IFACE when given) exported to every
-// rank; mpirun then starts, supervises and stops the ranks, and its exit status is concordrun's.
+// --oversubscribe when there are more ranks than CPUs here, --tag-output unless --no-prefix, the
+// grace period as Open MPI's odls_base_sigkill_timeout (whole seconds), and CONCORD_BACKEND=mpi
+// (plus CONCORD_TIMEOUT_S and CONCORD_IFACE when given) exported to every rank; mpirun then
+// starts, supervises and stops the ranks, and its exit status is concordrun's.
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -23,6 +30,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -35,55 +43,65 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "rendezvous/net.h"
 #include "rendezvous/tcp_store.h"
+#include "tools/concordrun_options.h"
+#include "tools/lifeline.h"
 
 extern char** environ;
 
 namespace concord {
 namespace {
 
-constexpr auto kGracePeriod = std::chrono::seconds(5);
+// After SIGTERM, how long ranks that a failure stopped get before SIGKILL.
+constexpr auto kKillDelay = std::chrono::seconds(3);
 // After the last rank exits, how long to keep reading output that its children may still write.
 constexpr auto kDrainPeriod = std::chrono::seconds(1);
 // A line longer than this is forwarded in pieces.
 constexpr size_t kMaxLine = 1 << 20;
+// How much of a rank's last stderr lines concordrun quotes when it fails.
+constexpr size_t kMaxQuoted = 300;
+// Reads that forward a reaped rank's output before concordrun reports on it (64 KiB each): a
+// bound, since its children may go on writing.
+constexpr int kMaxDrainReads = 16;
 
-const char kUsage[] =
-    "usage: concordrun -np N [-H host:slots,...] [--iface IF] [--backend NAME] [--timeout S]\n"
-    "                  [--no-prefix] prog [args...]\n"
-    "  -np N            number of ranks (>= 1)\n"
-    "  -H LIST          hosts and their slots, e.g. node1:4,node2:4 (default: N local ranks);\n"
-    "                   ranks fill the hosts in order; remote hosts are reached with ssh\n"
-    "  --iface IF       network interface for Concord traffic (passed as CONCORD_IFACE; also the\n"
-    "                   address the store is advertised on when some ranks are remote)\n"
-    "  --backend NAME   passed as CONCORD_BACKEND; with mpi, concordrun execs mpirun instead\n"
-    "                   of starting the ranks itself (CONCORD_MPIRUN overrides which mpirun)\n"
-    "  --timeout S      passed as CONCORD_TIMEOUT_S (seconds)\n"
-    "  --no-prefix      do not prefix output lines with \"[rank] \"\n";
+// What a rank last wrote to stderr, for the report when it fails.
+struct LastWords {
+  std::string line;           // the last line that is not blank
+  std::string concord_error;  // the last error the library logged: "[concord rank R] ERROR ..."
 
-struct HostSlots {
-  std::string host;
-  int slots = 1;
-};
+  void Note(std::string_view text) {
+    while (!text.empty() && (text.back() == '\r' || text.back() == ' ' || text.back() == '\t')) {
+      text.remove_suffix(1);
+    }
+    if (text.find_first_not_of(" \t") == std::string_view::npos) return;
+    line = text.size() > kMaxQuoted ? std::string(text.substr(0, kMaxQuoted)) + "..."
+                                    : std::string(text);
+    if (text.rfind("[concord rank ", 0) == 0 && text.find("] ERROR ") != std::string_view::npos) {
+      concord_error = line;
+    }
+  }
 
-struct Options {
-  int np = 0;
-  std::vector<HostSlots> hosts;
-  std::string iface;
-  std::string backend;
-  std::string timeout;
-  bool prefix = true;
-  std::vector<std::string> command;
+  // "; its last Concord error: "..."; its last stderr line: "..."", the parts it has.
+  std::string Describe() const {
+    std::string out;
+    if (!concord_error.empty() && concord_error != line) {
+      out += "; its last Concord error: \"" + concord_error + "\"";
+    }
+    if (!line.empty()) out += "; its last stderr line: \"" + line + "\"";
+    return out;
+  }
 };
 
 // One rank's output stream (stdout or stderr) on its way to ours.
 struct Stream {
-  int fd = -1;  // read end of the pipe; -1 once closed
+  int fd = -1;  // read end of the pipe (non-blocking); -1 once closed
   int to = -1;  // STDOUT_FILENO or STDERR_FILENO
   std::string partial;
+  LastWords last;  // stderr only
 };
 
 struct Rank {
@@ -98,95 +116,32 @@ struct Rank {
   Stream err;
 };
 
-[[noreturn]] void UsageError(const std::string& message) {
-  std::fprintf(stderr, "concordrun: %s\n%s", message.c_str(), kUsage);
-  std::exit(2);
+// How a job that must end gets there.
+enum class Ending {
+  kNone,        // nothing has gone wrong
+  kGrace,       // a rank failed: the others may exit by themselves until next_step_at_
+  kTerminated,  // SIGTERM (or the signal concordrun got) sent: SIGKILL at next_step_at_
+  kKilled,      // SIGKILL sent
+};
+
+std::string SignalName(int sig) {
+  const char* abbrev = ::sigabbrev_np(sig);
+  return abbrev != nullptr ? "SIG" + std::string(abbrev) : "signal " + std::to_string(sig);
 }
 
-bool ParsePositiveInt(const std::string& text, int* value) {
-  int64_t v = 0;
-  if (text.empty() || text[0] == '+' || text[0] == '-' || !net::ParseInt64(text, &v) || v < 1 ||
-      v > 1000000) {
-    return false;
+// "exited with code 3", "was killed by signal 9 (SIGKILL)".
+std::string HowItEnded(int status) {
+  if (WIFSIGNALED(status)) {
+    return "was killed by signal " + std::to_string(WTERMSIG(status)) + " (" +
+           SignalName(WTERMSIG(status)) + ")";
   }
-  *value = static_cast<int>(v);
-  return true;
+  return "exited with code " + std::to_string(WEXITSTATUS(status));
 }
 
-std::vector<HostSlots> ParseHosts(const std::string& list) {
-  std::vector<HostSlots> hosts;
-  size_t start = 0;
-  while (start <= list.size()) {
-    const size_t comma = std::min(list.find(',', start), list.size());
-    const std::string item = list.substr(start, comma - start);
-    HostSlots h;
-    const size_t colon = item.rfind(':');
-    h.host = colon == std::string::npos ? item : item.substr(0, colon);
-    if (h.host.empty()) UsageError("-H: empty host name in '" + list + "'");
-    if (colon != std::string::npos && !ParsePositiveInt(item.substr(colon + 1), &h.slots)) {
-      UsageError("-H: slots must be an integer >= 1 in '" + item + "'");
-    }
-    hosts.push_back(h);
-    start = comma + 1;
-  }
-  return hosts;
-}
-
-Options ParseArgs(int argc, char** argv) {
-  Options o;
-  bool have_np = false;
-  int i = 1;
-  auto value = [&](const std::string& flag) -> std::string {
-    if (i + 1 >= argc) UsageError(flag + " needs a value");
-    return argv[++i];
-  };
-  for (; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--") {
-      ++i;
-      break;
-    }
-    if (a.empty() || a[0] != '-') break;
-    if (a == "-np" || a == "-n") {
-      const std::string v = value(a);
-      if (!ParsePositiveInt(v, &o.np)) UsageError("-np must be an integer >= 1, not '" + v + "'");
-      have_np = true;
-    } else if (a == "-H" || a == "--host") {
-      o.hosts = ParseHosts(value(a));
-    } else if (a == "--iface") {
-      o.iface = value(a);
-      if (o.iface.empty()) UsageError("--iface must not be empty");
-    } else if (a == "--backend") {
-      o.backend = value(a);
-      if (o.backend.empty()) UsageError("--backend must not be empty");
-    } else if (a == "--timeout") {
-      o.timeout = value(a);
-      char* end = nullptr;
-      const double s = std::strtod(o.timeout.c_str(), &end);
-      if (o.timeout.empty() || *end != '\0' || !(s > 0)) {
-        UsageError("--timeout must be a positive number of seconds, not '" + o.timeout + "'");
-      }
-    } else if (a == "--no-prefix") {
-      o.prefix = false;
-    } else if (a == "-h" || a == "--help") {
-      std::fputs(kUsage, stdout);
-      std::exit(0);
-    } else {
-      UsageError("unknown option '" + a + "'");
-    }
-  }
-  for (; i < argc; ++i) o.command.push_back(argv[i]);
-  if (!have_np) UsageError("-np is required");
-  if (o.command.empty()) UsageError("no program to run");
-  if (!o.hosts.empty()) {
-    int64_t total = 0;
-    for (const HostSlots& h : o.hosts) total += h.slots;
-    if (total < o.np) {
-      UsageError("-H offers " + std::to_string(total) + " slots, fewer than -np " +
-                 std::to_string(o.np));
-    }
-  }
-  return o;
+std::string Seconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g s", s);
+  return buf;
 }
 
 std::string HostName() {
@@ -270,6 +225,9 @@ std::vector<char*> CArray(std::vector<std::string>& strings) {
   return out;
 }
 
+// Runs the job: starts the store server and the ranks, forwards their output, supervises them
+// and ends the job as the file comment says. Run() returns concordrun's exit status once every
+// rank has ended. One per process, on the main thread (which the ranks' PR_SET_PDEATHSIG needs).
 class Launcher {
  public:
   explicit Launcher(Options options) : o_(std::move(options)) {}
@@ -277,24 +235,39 @@ class Launcher {
 
  private:
   Status Setup();
+  std::vector<std::string> JobEnvironment() const;
   Status Spawn(Rank* r, const std::vector<std::string>& job_env, const sigset_t& child_mask);
-  void Emit(const Rank& r, Stream* s, bool final);
-  void ReadStream(const Rank& r, Stream* s);
+  void Emit(Rank& r, Stream* s, bool final);
+  bool ReadStream(Rank& r, Stream* s);
+  void Supervise(int sigfd);
   void Reap();
-  void StopAll(int sig, bool kill_now);
-  void Signal(Rank* r, int sig);
+  void RankFailed(Rank& r, int status);
+  void Escalate();
+  void Signalled(int sig);
+  void Stop(int sig, Clock::duration kill_after);
+  Clock::duration Grace() const {
+    return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o_.grace_s));
+  }
+  void Kill();
+  // Signals the ranks still running; returns them, as "rank 2" or "ranks 0, 3" ("" if none).
+  std::string SignalRunning(int sig);
+  std::string Terminate(int sig);
   bool AnyRunning() const;
   bool AnyStreamOpen() const;
+  void CloseStreams();
 
   Options o_;
   std::vector<Rank> ranks_;
+  std::unique_ptr<Lifeline> lifeline_;
   std::unique_ptr<TcpStoreServer> server_;
   std::string store_url_;
   std::string token_;
   std::string job_id_;
-  bool stopping_ = false;
-  Clock::time_point kill_at_;
-  bool killed_ = false;
+  Ending ending_ = Ending::kNone;
+  Clock::time_point next_step_at_;
+  std::string first_failure_;   // "rank 1 (pid 42) exited with code 3", once one failed
+  std::string first_words_;     // its LastWords::Describe()
+  bool others_ran_on_ = false;  // some ranks still ran when the first failed
   int exit_code_ = 0;
 };
 
@@ -333,6 +306,16 @@ Status Launcher::Setup() {
                            TcpStoreServer::Start(all_local ? "127.0.0.1" : "0.0.0.0", 0, token_));
   store_url_ = "tcp://" + net::JoinHostPort(advertise, server_->port());
   return Status::Ok();
+}
+
+std::vector<std::string> Launcher::JobEnvironment() const {
+  std::vector<std::string> env = {"CONCORD_SIZE=" + std::to_string(o_.np),
+                                  "CONCORD_STORE=" + store_url_, "CONCORD_TOKEN=" + token_,
+                                  "CONCORD_JOB_ID=" + job_id_};
+  if (!o_.iface.empty()) env.push_back("CONCORD_IFACE=" + o_.iface);
+  if (!o_.backend.empty()) env.push_back("CONCORD_BACKEND=" + o_.backend);
+  if (!o_.timeout.empty()) env.push_back("CONCORD_TIMEOUT_S=" + o_.timeout);
+  return env;
 }
 
 Status Launcher::Spawn(Rank* r, const std::vector<std::string>& job_env,
@@ -375,9 +358,15 @@ Status Launcher::Spawn(Rank* r, const std::vector<std::string>& job_env,
   }
   net::Fd devnull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   const std::string exec_failed = "concordrun: cannot execute '" + args[0] + "': ";
+  const pid_t launcher = ::getpid();
   const pid_t pid = ::fork();
   if (pid == 0) {
     // Child: only async-signal-safe calls from here to exec.
+    // Die with concordrun, even when it is SIGKILLed. The signal comes when the forking thread
+    // ends: this is the main thread, which lives as long as concordrun. Had concordrun died
+    // before prctl, the parent would already be another process.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != launcher) ::_exit(128 + SIGKILL);
     ::setpgid(0, 0);
     if (devnull.valid()) ::dup2(devnull.get(), STDIN_FILENO);
     ::dup2(out[1], STDOUT_FILENO);
@@ -402,85 +391,161 @@ Status Launcher::Spawn(Rank* r, const std::vector<std::string>& job_env,
     return ErrnoError("fork", fork_errno);
   }
   ::setpgid(pid, pid);  // also here, so that the group exists before we might signal it
+  lifeline_->Watch(pid);
+  // Non-blocking, so that a reaped rank's output can be read to the end (Reap); the write ends,
+  // the rank's, stay blocking.
+  ::fcntl(out[0], F_SETFL, O_NONBLOCK);
+  ::fcntl(err[0], F_SETFL, O_NONBLOCK);
   r->pid = pid;
   r->running = true;
-  r->out = Stream{out[0], STDOUT_FILENO, std::string()};
-  r->err = Stream{err[0], STDERR_FILENO, std::string()};
+  r->out = Stream{out[0], STDOUT_FILENO, std::string(), LastWords()};
+  r->err = Stream{err[0], STDERR_FILENO, std::string(), LastWords()};
   return Status::Ok();
 }
 
-void Launcher::Emit(const Rank& r, Stream* s, bool final) {
+void Launcher::Emit(Rank& r, Stream* s, bool final) {
   const std::string prefix = o_.prefix ? "[" + std::to_string(r.rank) + "] " : std::string();
+  const bool note = s->to == STDERR_FILENO;
   std::string lines;
   size_t start = 0;
   for (;;) {
     const size_t nl = s->partial.find('\n', start);
     if (nl == std::string::npos) break;
+    if (note) s->last.Note(std::string_view(s->partial).substr(start, nl - start));
     lines += prefix;
     lines.append(s->partial, start, nl + 1 - start);
     start = nl + 1;
   }
   s->partial.erase(0, start);
   if (!s->partial.empty() && (final || s->partial.size() >= kMaxLine)) {
+    if (note) s->last.Note(s->partial);
     lines += prefix + s->partial + "\n";
     s->partial.clear();
   }
   if (!lines.empty()) WriteOut(s->to, lines);
 }
 
-void Launcher::ReadStream(const Rank& r, Stream* s) {
+// Forwards what one read gets; returns whether it got anything.
+bool Launcher::ReadStream(Rank& r, Stream* s) {
   char buf[65536];
   const ssize_t n = ::read(s->fd, buf, sizeof(buf));
   if (n > 0) {
     s->partial.append(buf, static_cast<size_t>(n));
     Emit(r, s, false);
-    return;
+    return true;
   }
-  if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
+  if (n < 0 && (errno == EINTR || errno == EAGAIN)) return false;
   Emit(r, s, true);  // EOF (or a broken pipe): flush the partial last line
   ::close(s->fd);
   s->fd = -1;
+  return false;
 }
 
-void Launcher::Signal(Rank* r, int sig) {
-  // Only ranks not yet reaped: their pid (and the group they lead) is still ours.
-  if (!r->running) return;
-  if (::kill(-r->pid, sig) != 0) ::kill(r->pid, sig);
+std::string Launcher::SignalRunning(int sig) {
+  std::vector<int> signalled;
+  for (Rank& r : ranks_) {
+    // Only ranks not yet reaped: their pid (and the group they lead) is still ours.
+    if (!r.running) continue;
+    if (::kill(-r.pid, sig) != 0) ::kill(r.pid, sig);
+    signalled.push_back(r.rank);
+  }
+  std::string list;
+  for (size_t i = 0; i < signalled.size(); ++i) {
+    list += (i == 0 ? (signalled.size() == 1 ? "rank " : "ranks ") : ", ") +
+            std::to_string(signalled[i]);
+  }
+  return list;
 }
 
-void Launcher::StopAll(int sig, bool kill_now) {
-  if (!stopping_) {
-    stopping_ = true;
-    kill_at_ = Clock::now() + kGracePeriod;
-    for (Rank& r : ranks_) Signal(&r, sig);
-  }
-  if (kill_now && !killed_) {
-    killed_ = true;
-    for (Rank& r : ranks_) Signal(&r, SIGKILL);
-  }
+// Signals the ranks still running (SIGTERM, or the signal concordrun got) and continues them, so
+// that a stopped rank (SIGSTOP) acts on it; returns them as SignalRunning() does.
+std::string Launcher::Terminate(int sig) {
+  const std::string who = SignalRunning(sig);
+  SignalRunning(SIGCONT);
+  return who;
+}
+
+// Terminate(sig)s the ranks, SIGKILL to follow after kill_after.
+void Launcher::Stop(int sig, Clock::duration kill_after) {
+  Terminate(sig);
+  ending_ = Ending::kTerminated;
+  next_step_at_ = Clock::now() + kill_after;
+}
+
+void Launcher::Kill() {
+  SignalRunning(SIGKILL);
+  ending_ = Ending::kKilled;
 }
 
 void Launcher::Reap() {
   for (Rank& r : ranks_) {
     if (!r.running) continue;
     int status = 0;
-    const pid_t got = ::waitpid(r.pid, &status, WNOHANG);
-    if (got != r.pid) continue;
+    if (::waitpid(r.pid, &status, WNOHANG) != r.pid) continue;
     r.running = false;
-    const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    if (!failed || stopping_) continue;
-    std::string what;
-    if (WIFSIGNALED(status)) {
-      what = "was killed by signal " + std::to_string(WTERMSIG(status));
-      exit_code_ = 128 + WTERMSIG(status);
-    } else {
-      what = "exited with code " + std::to_string(WEXITSTATUS(status));
-      exit_code_ = 1;
+    // A group with no process left is forgotten, since its number may be reused.
+    if (::kill(-r.pid, 0) != 0 && errno == ESRCH) lifeline_->Forget(r.pid);
+    // Its output is in the pipes now (unless its children still write): forwarded first, it
+    // comes before what concordrun says about the rank, and its last words are known.
+    for (Stream* st : {&r.out, &r.err}) {
+      for (int i = 0; i < kMaxDrainReads && st->fd >= 0 && ReadStream(r, st); ++i) {
+      }
     }
-    const bool others = AnyRunning();
-    Message("rank " + std::to_string(r.rank) + " (pid " + std::to_string(r.pid) + ") " + what +
-            (others ? "; stopping the other ranks" : ""));
-    StopAll(SIGTERM, false);
+    if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) RankFailed(r, status);
+  }
+}
+
+// A rank exited non-zero or was killed. Only the first failure, before anything else went wrong,
+// is news: what follows is its consequence (or concordrun's stopping the job).
+void Launcher::RankFailed(Rank& r, int status) {
+  if (ending_ != Ending::kNone) return;
+  exit_code_ = WIFSIGNALED(status) ? 128 + WTERMSIG(status) : 1;
+  first_failure_ = "rank " + std::to_string(r.rank) + " (pid " + std::to_string(r.pid) + ") " +
+                   HowItEnded(status);
+  LastWords last = r.err.last;
+  if (!r.err.partial.empty()) last.Note(r.err.partial);  // a last line without its newline
+  first_words_ = last.Describe();
+  others_ran_on_ = AnyRunning();
+  Message(first_failure_ + (others_ran_on_ ? ", the first rank to fail" : "") + first_words_);
+  if (!others_ran_on_) return;
+  if (o_.grace_s <= 0) {
+    Message("stopping the other ranks (--grace 0): SIGTERM, SIGKILL in " +
+            std::to_string(kKillDelay.count()) + " s");
+    Stop(SIGTERM, kKillDelay);
+    return;
+  }
+  Message("the other ranks have " + Seconds(o_.grace_s) +
+          " to exit by themselves (--grace), then get SIGTERM");
+  ending_ = Ending::kGrace;
+  next_step_at_ = Clock::now() + Grace();
+}
+
+// Moves the ending on when its time has come: grace over, SIGTERM; SIGTERM ignored, SIGKILL.
+void Launcher::Escalate() {
+  if (!AnyRunning() || Clock::now() < next_step_at_) return;
+  if (ending_ == Ending::kGrace) {
+    const std::string who = Terminate(SIGTERM);
+    Message(who + " still running " + Seconds(o_.grace_s) + " after " +
+            first_failure_.substr(0, first_failure_.find(" (")) + " failed: sent SIGTERM, " +
+            "SIGKILL in " + std::to_string(kKillDelay.count()) + " s");
+    ending_ = Ending::kTerminated;
+    next_step_at_ = Clock::now() + kKillDelay;
+  } else if (ending_ == Ending::kTerminated) {
+    Message(SignalRunning(SIGKILL) + " still running: sent SIGKILL");
+    ending_ = Ending::kKilled;
+  }
+}
+
+// SIGINT, SIGTERM or SIGHUP to concordrun: forwarded (SIGHUP as SIGTERM), SIGKILL after the grace
+// period; a second one: SIGKILL now.
+void Launcher::Signalled(int sig) {
+  if (ending_ == Ending::kNone || ending_ == Ending::kGrace) {
+    Message("received " + SignalName(sig) + "; stopping the ranks");
+    if (exit_code_ == 0) exit_code_ = 128 + sig;
+    Stop(sig == SIGHUP ? SIGTERM : sig, Grace());
+  } else if (ending_ == Ending::kTerminated) {
+    Message("received " + SignalName(sig) + " again; killing the ranks");
+    Kill();
   }
 }
 
@@ -498,7 +563,79 @@ bool Launcher::AnyStreamOpen() const {
   return false;
 }
 
+// Flushes whatever is left of partial lines from streams still open after the drain period.
+void Launcher::CloseStreams() {
+  for (Rank& r : ranks_) {
+    for (Stream* st : {&r.out, &r.err}) {
+      if (st->fd < 0) continue;
+      Emit(r, st, true);
+      ::close(st->fd);
+      st->fd = -1;
+    }
+  }
+}
+
+// Forwards output, reaps ranks and handles signals until every rank has ended and its output is
+// drained.
+void Launcher::Supervise(int sigfd) {
+  Clock::time_point drain_until = Clock::time_point::max();
+  std::vector<pollfd> fds;
+  std::vector<Stream*> streams;
+  std::vector<Rank*> owners;
+  for (;;) {
+    Reap();
+    if (!AnyRunning()) {
+      if (drain_until == Clock::time_point::max()) drain_until = Clock::now() + kDrainPeriod;
+      if (!AnyStreamOpen() || Clock::now() >= drain_until) return;
+    }
+    Escalate();
+
+    fds.clear();
+    streams.clear();
+    owners.clear();
+    fds.push_back({sigfd, POLLIN, 0});
+    for (Rank& r : ranks_) {
+      for (Stream* st : {&r.out, &r.err}) {
+        if (st->fd < 0) continue;
+        fds.push_back({st->fd, POLLIN, 0});
+        streams.push_back(st);
+        owners.push_back(&r);
+      }
+    }
+    Deadline wake = Deadline::Infinite();
+    if (AnyRunning() && (ending_ == Ending::kGrace || ending_ == Ending::kTerminated)) {
+      wake = Until(next_step_at_);
+    }
+    if (drain_until != Clock::time_point::max()) wake = wake.Earlier(Until(drain_until));
+    const int rc = ::poll(fds.data(), fds.size(), wake.PollTimeoutMs());
+    if (rc < 0 && errno != EINTR) {
+      Message(ErrnoError("poll", errno).message());
+      Kill();
+      exit_code_ = 1;
+      continue;
+    }
+    if (rc <= 0) continue;
+    for (size_t i = 1; i < fds.size(); ++i) {
+      if (fds[i].revents != 0) ReadStream(*owners[i - 1], streams[i - 1]);
+    }
+    if (fds[0].revents & POLLIN) {
+      signalfd_siginfo info;
+      while (::read(sigfd, &info, sizeof(info)) == static_cast<ssize_t>(sizeof(info))) {
+        const int sig = static_cast<int>(info.ssi_signo);
+        if (sig != SIGCHLD) Signalled(sig);  // children are reaped at the top of the loop
+      }
+    }
+  }
+}
+
 int Launcher::Run() {
+  // First, while this process has one thread: the lifeline is a fork that goes on running.
+  StatusOr<std::unique_ptr<Lifeline>> lifeline = Lifeline::Start();
+  if (!lifeline.ok()) {
+    Message("cannot start the job: " + lifeline.status().ToString());
+    return 1;
+  }
+  lifeline_ = std::move(lifeline.value());
   // Signals arrive through a signalfd; they are blocked in every thread, including the store
   // server's, which is why this happens before Setup() starts it.
   sigset_t handled;
@@ -520,131 +657,23 @@ int Launcher::Run() {
     Message("cannot start the job: " + s.ToString());
     return 1;
   }
-  std::vector<std::string> job_env = {"CONCORD_SIZE=" + std::to_string(o_.np),
-                                      "CONCORD_STORE=" + store_url_, "CONCORD_TOKEN=" + token_,
-                                      "CONCORD_JOB_ID=" + job_id_};
-  if (!o_.iface.empty()) job_env.push_back("CONCORD_IFACE=" + o_.iface);
-  if (!o_.backend.empty()) job_env.push_back("CONCORD_BACKEND=" + o_.backend);
-  if (!o_.timeout.empty()) job_env.push_back("CONCORD_TIMEOUT_S=" + o_.timeout);
+  const std::vector<std::string> job_env = JobEnvironment();
   for (Rank& r : ranks_) {
     s = Spawn(&r, job_env, original);
     if (!s.ok()) {
       Message("cannot start rank " + std::to_string(r.rank) + ": " + s.ToString() +
               "; stopping the other ranks");
       exit_code_ = 1;
-      StopAll(SIGTERM, false);
+      Stop(SIGTERM, kKillDelay);
       break;
     }
   }
-
-  Clock::time_point drain_until = Clock::time_point::max();
-  std::vector<pollfd> fds;
-  std::vector<Stream*> streams;
-  std::vector<const Rank*> owners;
-  for (;;) {
-    Reap();
-    if (!AnyRunning()) {
-      if (drain_until == Clock::time_point::max()) drain_until = Clock::now() + kDrainPeriod;
-      if (!AnyStreamOpen() || Clock::now() >= drain_until) break;
-    }
-    if (stopping_ && !killed_ && Clock::now() >= kill_at_) StopAll(SIGKILL, true);
-
-    fds.clear();
-    streams.clear();
-    owners.clear();
-    fds.push_back({sigfd.get(), POLLIN, 0});
-    for (Rank& r : ranks_) {
-      for (Stream* st : {&r.out, &r.err}) {
-        if (st->fd < 0) continue;
-        fds.push_back({st->fd, POLLIN, 0});
-        streams.push_back(st);
-        owners.push_back(&r);
-      }
-    }
-    Deadline wake = Deadline::Infinite();
-    if (stopping_ && !killed_) wake = Until(kill_at_);
-    if (drain_until != Clock::time_point::max()) wake = wake.Earlier(Until(drain_until));
-    const int rc = ::poll(fds.data(), fds.size(), wake.PollTimeoutMs());
-    if (rc < 0 && errno != EINTR) {
-      Message(ErrnoError("poll", errno).message());
-      StopAll(SIGKILL, true);
-      exit_code_ = 1;
-      continue;
-    }
-    if (rc <= 0) continue;
-    for (size_t i = 1; i < fds.size(); ++i) {
-      if (fds[i].revents != 0) ReadStream(*owners[i - 1], streams[i - 1]);
-    }
-    if (fds[0].revents & POLLIN) {
-      signalfd_siginfo info;
-      while (::read(sigfd.get(), &info, sizeof(info)) == static_cast<ssize_t>(sizeof(info))) {
-        const int sig = static_cast<int>(info.ssi_signo);
-        if (sig == SIGCHLD) continue;  // reaped at the top of the loop
-        if (!stopping_) {
-          const char* abbrev = ::sigabbrev_np(sig);
-          Message(
-              "received " +
-              (abbrev != nullptr ? "SIG" + std::string(abbrev) : "signal " + std::to_string(sig)) +
-              "; stopping the ranks");
-          if (exit_code_ == 0) exit_code_ = 128 + sig;
-          StopAll(sig == SIGHUP ? SIGTERM : sig, false);
-        } else {
-          StopAll(SIGKILL, true);  // a second signal: no more grace
-        }
-      }
-    }
-  }
-  // Flush whatever is left of partial lines from streams still open after the drain period.
-  for (Rank& r : ranks_) {
-    for (Stream* st : {&r.out, &r.err}) {
-      if (st->fd < 0) continue;
-      Emit(r, st, true);
-      ::close(st->fd);
-      st->fd = -1;
-    }
-  }
+  Supervise(sigfd.get());
+  CloseStreams();
+  lifeline_->Release();
+  // The first failure again, below what the other ranks said after it.
+  if (others_ran_on_) Message("the job failed: " + first_failure_ + " first" + first_words_);
   return exit_code_;
-}
-
-}  // namespace
-}  // namespace concord
-
-namespace concord {
-namespace {
-
-#ifndef CONCORD_MPIRUN_PATH
-#define CONCORD_MPIRUN_PATH "mpirun"
-#endif
-
-// --backend mpi: replaces this process with mpirun. Returns only if exec fails.
-int ExecMpirun(const Options& o) {
-  const char* env_mpirun = std::getenv("CONCORD_MPIRUN");
-  const std::string mpirun = env_mpirun && *env_mpirun ? env_mpirun : CONCORD_MPIRUN_PATH;
-  std::vector<std::string> args = {mpirun, "-np", std::to_string(o.np)};
-  if (!o.hosts.empty()) {
-    std::string list;
-    for (const HostSlots& h : o.hosts) {
-      list += (list.empty() ? "" : ",") + h.host + ":" + std::to_string(h.slots);
-    }
-    args.insert(args.end(), {"--host", list});
-  }
-  const long cpus = ::sysconf(_SC_NPROCESSORS_ONLN);
-  if (cpus > 0 && o.np > cpus) args.push_back("--oversubscribe");
-  if (o.prefix) args.push_back("--tag-output");
-  args.insert(args.end(), {"-x", "CONCORD_BACKEND=mpi"});
-  if (!o.timeout.empty()) args.insert(args.end(), {"-x", "CONCORD_TIMEOUT_S=" + o.timeout});
-  if (!o.iface.empty()) {
-    args.insert(args.end(), {"-x", "CONCORD_IFACE=" + o.iface, "--mca", "btl_tcp_if_include",
-                             o.iface, "--mca", "oob_tcp_if_include", o.iface});
-  }
-  args.insert(args.end(), o.command.begin(), o.command.end());
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  ::execvp(argv[0], argv.data());
-  std::fprintf(stderr, "concordrun: cannot run %s for --backend mpi: %s (set CONCORD_MPIRUN)\n",
-               mpirun.c_str(), std::strerror(errno));
-  return 127;
 }
 
 }  // namespace

@@ -233,8 +233,8 @@ int Mismatch() {
 // ---- kill ----
 
 int Kill(int victim) {
-  // concordrun sends SIGTERM to the survivors as soon as the victim dies; they ignore it so they
-  // can observe the failure themselves (it SIGKILLs them after its grace period).
+  // The survivors observe the failure themselves: concordrun gives them its grace period first,
+  // but mpirun (--backend mpi) SIGTERMs them; they ignore that (SIGKILL follows).
   ::signal(SIGTERM, SIG_IGN);
   concord_comm_t comm = Init();
   if (victim < 0 || victim >= g_size || g_size < 2) {

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Runs a command (normally concordrun ...), shows its output, and checks its exit status and output.
 #   run_expect.sh [--rc N | --rc-nonzero] [--expect REGEX]... [--expect-count REGEX N]...
-#                 [--reject REGEX]... [--max-seconds S] -- command args...
+#                 [--reject REGEX]... [--min-seconds S] [--max-seconds S] -- command args...
 # --expect: an extended regex some output line must match; --expect-count: exactly N lines must
-# match; --reject: no line may match. The command runs under `timeout` (default 120 s), so this
-# script never hangs; it stops only the process it started.
+# match; --reject: no line may match; --min-seconds: it must not end sooner. The command runs
+# under `timeout` (default 120 s), so this script never hangs; it stops only the process it
+# started.
 set -euo pipefail
 
 want_rc=0
 nonzero=0
 max_seconds=120
+min_seconds=0
 expects=()
 counts=()
 rejects=()
@@ -21,6 +23,7 @@ while [[ $# -gt 0 ]]; do
     --expect-count) counts+=("$2" "$3"); shift 3 ;;
     --reject) rejects+=("$2"); shift 2 ;;
     --max-seconds) max_seconds="$2"; shift 2 ;;
+    --min-seconds) min_seconds="$2"; shift 2 ;;
     --) shift; break ;;
     *) echo "run_expect.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -43,6 +46,10 @@ fail=0
 # timeout(1) answers 124, or 137 when it had to SIGKILL; 137 is also a SIGKILLed rank's status.
 if [[ $rc -eq 124 ]] || awk -v e="$elapsed" -v m="$max_seconds" 'BEGIN { exit !(e >= m) }'; then
   echo "run_expect.sh: FAIL: the command ran past ${max_seconds} s" >&2
+  fail=1
+fi
+if awk -v e="$elapsed" -v m="$min_seconds" 'BEGIN { exit !(e < m) }'; then
+  echo "run_expect.sh: FAIL: the command ended before ${min_seconds} s" >&2
   fail=1
 fi
 if [[ $nonzero -eq 1 ]]; then

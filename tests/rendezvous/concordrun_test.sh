@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Drives the built concordrun with small shell programs: output prefixes, the environment given to
-# ranks, failure handling (exit codes, signals, stopping the other ranks), signal forwarding and
-# usage errors. Usage: concordrun_test.sh path/to/concordrun path/to/rendezvous_probe
+# ranks, failure handling (exit codes, signals, the report on the first rank to fail, the grace
+# period and stopping the other ranks), signal forwarding and usage errors.
+# Usage: concordrun_test.sh path/to/concordrun path/to/rendezvous_probe
 set -u
 RUN=$1
 PROBE=$2
@@ -82,33 +83,79 @@ launch -np 3 "$PROBE"
 [ "$rc" -eq 0 ] || { fail "probe job exit code $rc"; cat "$TMP/err" >&2; }
 for r in 0 1 2; do expect_line "$TMP/out" "^\[$r\] probe ok rank $r of 3$"; done
 
-echo "== a rank that exits 3 stops the others"
+echo "== a rank that exits 3: the others have the grace period (CONCORD_GRACE_S), then SIGTERM"
 new_sync_dir exit3
-launch -np 3 sh -c "$RANK_SYNC"'
+CONCORD_GRACE_S=0.5 launch -np 3 sh -c "$RANK_SYNC"'
   if [ "$CONCORD_RANK" = 1 ]; then await_ranks 0 2; exit 3; fi
   echo "pid $$"; started; exec sleep 30'
 [ "$rc" -ne 0 ] || fail "exit code 0 after a rank failed"
 [ "$rc" -eq 1 ] || fail "exit code $rc, expected 1"
-expect_line "$TMP/err" '^concordrun: rank 1 \(pid [0-9]+\) exited with code 3; stopping the other ranks$'
-[ "$elapsed" -lt 4000 ] || fail "took ${elapsed} ms to stop the sleeping ranks"
+first='^concordrun: rank 1 \(pid [0-9]+\) exited with code 3'
+expect_line "$TMP/err" "$first, the first rank to fail\$"
+expect_line "$TMP/err" \
+  '^concordrun: the other ranks have 0\.5 s to exit by themselves \(--grace\), then get SIGTERM$'
+expect_line "$TMP/err" \
+  '^concordrun: ranks 0, 2 still running 0\.5 s after rank 1 failed: sent SIGTERM, SIGKILL in 3 s$'
+expect_line "$TMP/err" \
+  '^concordrun: the job failed: rank 1 \(pid [0-9]+\) exited with code 3 first$'
+[ "$elapsed" -ge 500 ] && [ "$elapsed" -lt 4000 ] ||
+  fail "took ${elapsed} ms to stop the sleeping ranks, expected 0.5 s and a little"
 expect_stopped "[02]"
 
-echo "== a rank killed by SIGKILL stops the others"
+echo "== a rank killed by SIGKILL, --grace 0: the others get SIGTERM at once"
 new_sync_dir kill9
-launch -np 3 sh -c "$RANK_SYNC"'
+launch -np 3 --grace 0 sh -c "$RANK_SYNC"'
   if [ "$CONCORD_RANK" = 2 ]; then await_ranks 0 1; kill -9 $$; fi
   started; exec sleep 30'
 [ "$rc" -eq 137 ] || fail "exit code $rc, expected 137"
-expect_line "$TMP/err" '^concordrun: rank 2 \(pid [0-9]+\) was killed by signal 9; stopping the other ranks$'
+expect_line "$TMP/err" \
+  '^concordrun: rank 2 \(pid [0-9]+\) was killed by signal 9 \(SIGKILL\), the first rank to fail$'
+expect_line "$TMP/err" \
+  '^concordrun: stopping the other ranks \(--grace 0\): SIGTERM, SIGKILL in 3 s$'
 [ "$elapsed" -lt 4000 ] || fail "took ${elapsed} ms to stop the sleeping ranks"
 
-echo "== a rank that ignores SIGTERM gets SIGKILL after the grace period"
+echo "== a rank that ignores SIGTERM gets SIGKILL 3 s after it"
 new_sync_dir ignore_term
-launch -np 2 sh -c "$RANK_SYNC"'
+launch -np 2 --grace 0.5 sh -c "$RANK_SYNC"'
   if [ "$CONCORD_RANK" = 0 ]; then await_ranks 1; exit 1; fi
   trap "" TERM; started; while :; do sleep 0.1; done'
 [ "$rc" -eq 1 ] || fail "exit code $rc, expected 1"
-[ "$elapsed" -ge 4500 ] && [ "$elapsed" -lt 9000 ] || fail "stopping took ${elapsed} ms, expected ~5 s"
+expect_line "$TMP/err" '^concordrun: rank 1 still running: sent SIGKILL$'
+[ "$elapsed" -ge 3500 ] && [ "$elapsed" -lt 7000 ] ||
+  fail "stopping took ${elapsed} ms, expected 0.5 + 3 s"
+
+echo "== a stopped rank (SIGSTOP) is continued with its SIGTERM, so that it can act on it"
+new_sync_dir stopped
+launch -np 2 --grace 0.5 sh -c "$RANK_SYNC"'
+  if [ "$CONCORD_RANK" = 1 ]; then await_ranks 0; exit 3; fi
+  trap "echo TERM after stop; exit 9" TERM; started; kill -STOP $$; echo "continued without TERM"'
+[ "$rc" -eq 1 ] || fail "exit code $rc, expected 1"
+expect_line "$TMP/out" '^\[0\] TERM after stop$'
+[ "$elapsed" -lt 3000 ] || fail "took ${elapsed} ms: the stopped rank did not act on SIGTERM"
+
+echo "== the first rank to fail is named with its last words; a rank that exits by itself is not"
+new_sync_dir last_words
+# Rank 0 exits (4) once concordrun has reaped rank 1, so that rank 1 is the first to fail.
+launch -np 2 sh -c "$RANK_SYNC"'
+  if [ "$CONCORD_RANK" = 1 ]; then
+    echo $$ >"$SYNC_DIR/pid.1"; started; await_ranks 0
+    echo "[concord rank 1] ERROR PEER_FAILURE: what the library said" >&2
+    echo "RuntimeError: what the application said " >&2; echo " " >&2; exit 3
+  fi
+  started; await_ranks 1
+  i=0
+  while kill -0 "$(cat "$SYNC_DIR/pid.1")" 2>/dev/null && [ "$i" -lt 200 ]; do
+    sleep 0.05; i=$((i + 1))
+  done
+  exit 4'
+[ "$rc" -eq 1 ] || fail "exit code $rc, expected 1"
+rank1='rank 1 \(pid [0-9]+\) exited with code 3'
+words='; its last Concord error: "\[concord rank 1\] ERROR PEER_FAILURE: what the library said"'
+words+='; its last stderr line: "RuntimeError: what the application said"$'
+expect_line "$TMP/err" "^concordrun: $rank1, the first rank to fail$words"
+expect_line "$TMP/err" "^concordrun: the job failed: $rank1 first$words"
+grep -q "sent SIG\|rank 0 (pid" "$TMP/err" && fail "rank 0 exited by itself but was signalled or named"
+[ "$elapsed" -lt 4000 ] || fail "took ${elapsed} ms, although rank 0 exited by itself"
 
 echo "== SIGTERM to concordrun is forwarded"
 start=$(now_ms)
@@ -133,12 +180,18 @@ expect_line "$TMP/err" "cannot execute '/nonexistent/program'"
 echo "== usage errors exit 2"
 for args in "-np 0 true" "-np x true" "-np 2" "true" "-np 2 -H localhost:0 true" \
   "-np 3 -H localhost:1,127.0.0.1:1 true" "-np 1 --bogus true" "-np 1 --timeout -1 true" \
-  "-np 1 -H :2 true" "-np"; do
+  "-np 1 -H :2 true" "-np" "-np 1 --grace -1 true" "-np 1 --grace x true" \
+  "-np 1 --grace 1e9 true"; do
   # shellcheck disable=SC2086  # the words are meant to split
   launch $args
   [ "$rc" -eq 2 ] || fail "'concordrun $args' exited $rc, expected 2"
   expect_line "$TMP/err" '^usage: concordrun'
 done
+
+CONCORD_GRACE_S=soon launch -np 1 true
+[ "$rc" -eq 2 ] || fail "CONCORD_GRACE_S=soon: exit code $rc, expected 2"
+expect_line "$TMP/err" \
+  "^concordrun: CONCORD_GRACE_S must be a number of seconds from 0 to 86400, not 'soon'$"
 
 echo "== -H with local names assigns local ranks per host"
 launch -np 3 -H localhost:2,127.0.0.1:2 sh -c 'echo "lr $CONCORD_LOCAL_RANK $CONCORD_LOCAL_SIZE"'

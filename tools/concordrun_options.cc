@@ -1,0 +1,147 @@
+#include "tools/concordrun_options.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+#include "rendezvous/net.h"
+
+namespace concord {
+namespace {
+
+// The longest --grace (a day, as CONCORD_TIMEOUT_S).
+constexpr double kMaxGraceSeconds = 86400;
+
+const char kUsage[] =
+    "usage: concordrun -np N [-H host:slots,...] [--iface IF] [--backend NAME] [--timeout S]\n"
+    "                  [--grace S] [--no-prefix] prog [args...]\n"
+    "  -np N            number of ranks (>= 1)\n"
+    "  -H LIST          hosts and their slots, e.g. node1:4,node2:4 (default: N local ranks);\n"
+    "                   ranks fill the hosts in order; remote hosts are reached with ssh\n"
+    "  --iface IF       network interface for Concord traffic (passed as CONCORD_IFACE; also the\n"
+    "                   address the store is advertised on when some ranks are remote)\n"
+    "  --backend NAME   passed as CONCORD_BACKEND; with mpi, concordrun execs mpirun instead\n"
+    "                   of starting the ranks itself (CONCORD_MPIRUN overrides which mpirun)\n"
+    "  --timeout S      passed as CONCORD_TIMEOUT_S (seconds)\n"
+    "  --grace S        when a rank fails, the others have S seconds to see the error and exit\n"
+    "                   by themselves, then get SIGTERM, and SIGKILL 3 s later; a SIGINT or\n"
+    "                   SIGTERM to concordrun goes to the ranks at once, SIGKILL S seconds later\n"
+    "                   (default: CONCORD_GRACE_S, else 5; with mpi, mpirun's kill timeout)\n"
+    "  --no-prefix      do not prefix output lines with \"[rank] \"\n";
+
+[[noreturn]] void UsageError(const std::string& message) {
+  std::fprintf(stderr, "concordrun: %s\n%s", message.c_str(), kUsage);
+  std::exit(2);
+}
+
+bool ParsePositiveInt(const std::string& text, int* value) {
+  int64_t v = 0;
+  if (text.empty() || text[0] == '+' || text[0] == '-' || !net::ParseInt64(text, &v) || v < 1 ||
+      v > 1000000) {
+    return false;
+  }
+  *value = static_cast<int>(v);
+  return true;
+}
+
+// A number of seconds: decimal, > 0 (or >= 0 when zero is allowed), at most `max`.
+bool ParseSeconds(const std::string& text, bool zero_ok, double max, double* seconds) {
+  char* end = nullptr;
+  const double s = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0' || !(zero_ok ? s >= 0 : s > 0) || !(s <= max)) return false;
+  *seconds = s;
+  return true;
+}
+
+double ParseGrace(const std::string& where, const std::string& text) {
+  double s = 0;
+  if (!ParseSeconds(text, true, kMaxGraceSeconds, &s)) {
+    UsageError(where + " must be a number of seconds from 0 to 86400, not '" + text + "'");
+  }
+  return s;
+}
+
+std::vector<HostSlots> ParseHosts(const std::string& list) {
+  std::vector<HostSlots> hosts;
+  size_t start = 0;
+  while (start <= list.size()) {
+    const size_t comma = std::min(list.find(',', start), list.size());
+    const std::string item = list.substr(start, comma - start);
+    HostSlots h;
+    const size_t colon = item.rfind(':');
+    h.host = colon == std::string::npos ? item : item.substr(0, colon);
+    if (h.host.empty()) UsageError("-H: empty host name in '" + list + "'");
+    if (colon != std::string::npos && !ParsePositiveInt(item.substr(colon + 1), &h.slots)) {
+      UsageError("-H: slots must be an integer >= 1 in '" + item + "'");
+    }
+    hosts.push_back(h);
+    start = comma + 1;
+  }
+  return hosts;
+}
+
+}  // namespace
+
+Options ParseArgs(int argc, char** argv) {
+  Options o;
+  if (const char* grace = std::getenv("CONCORD_GRACE_S"); grace != nullptr && *grace != '\0') {
+    o.grace_s = ParseGrace("CONCORD_GRACE_S", grace);
+  }
+  bool have_np = false;
+  int i = 1;
+  auto value = [&](const std::string& flag) -> std::string {
+    if (i + 1 >= argc) UsageError(flag + " needs a value");
+    return argv[++i];
+  };
+  for (; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--") {
+      ++i;
+      break;
+    }
+    if (a.empty() || a[0] != '-') break;
+    if (a == "-np" || a == "-n") {
+      const std::string v = value(a);
+      if (!ParsePositiveInt(v, &o.np)) UsageError("-np must be an integer >= 1, not '" + v + "'");
+      have_np = true;
+    } else if (a == "-H" || a == "--host") {
+      o.hosts = ParseHosts(value(a));
+    } else if (a == "--iface") {
+      o.iface = value(a);
+      if (o.iface.empty()) UsageError("--iface must not be empty");
+    } else if (a == "--backend") {
+      o.backend = value(a);
+      if (o.backend.empty()) UsageError("--backend must not be empty");
+    } else if (a == "--timeout") {
+      o.timeout = value(a);
+      double ignored = 0;
+      if (!ParseSeconds(o.timeout, false, HUGE_VAL, &ignored)) {
+        UsageError("--timeout must be a positive number of seconds, not '" + o.timeout + "'");
+      }
+    } else if (a == "--grace") {
+      o.grace_s = ParseGrace("--grace", value(a));
+    } else if (a == "--no-prefix") {
+      o.prefix = false;
+    } else if (a == "-h" || a == "--help") {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
+    } else {
+      UsageError("unknown option '" + a + "'");
+    }
+  }
+  for (; i < argc; ++i) o.command.push_back(argv[i]);
+  if (!have_np) UsageError("-np is required");
+  if (o.command.empty()) UsageError("no program to run");
+  if (!o.hosts.empty()) {
+    int64_t total = 0;
+    for (const HostSlots& h : o.hosts) total += h.slots;
+    if (total < o.np) {
+      UsageError("-H offers " + std::to_string(total) + " slots, fewer than -np " +
+                 std::to_string(o.np));
+    }
+  }
+  return o;
+}
+
+}  // namespace concord

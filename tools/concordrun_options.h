@@ -1,0 +1,36 @@
+// concordrun's command line: what the job is (ranks, hosts, program) and how it is run; and the
+// --backend mpi path, which hands the job to mpirun.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace concord {
+
+struct HostSlots {
+  std::string host;
+  int slots = 1;
+};
+
+struct Options {
+  int np = 0;
+  std::vector<HostSlots> hosts;
+  std::string iface;
+  std::string backend;
+  std::string timeout;
+  // After a rank fails, how long the others may run on (to see the error and exit by themselves)
+  // before SIGTERM; after a signal concordrun forwards, how long before SIGKILL.
+  double grace_s = 5;
+  bool prefix = true;
+  std::vector<std::string> command;
+};
+
+// Parses the command line (and CONCORD_GRACE_S, the default of --grace). On a usage error prints
+// the error and the usage to stderr and exits 2; on --help prints the usage and exits 0.
+Options ParseArgs(int argc, char** argv);
+
+// --backend mpi: replaces this process with mpirun (concordrun_mpi.cc). Returns only if exec
+// fails, with the exit status to return.
+int ExecMpirun(const Options& o);
+
+}  // namespace concord
