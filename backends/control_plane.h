@@ -1,11 +1,20 @@
 // Negotiation traffic: small messages between the coordinator (rank 0) and every other rank, in a
 // star. The engine's coordinator protocol (core/coordinator.h) runs on top of it.
 //
-// Contract: used by one thread (the engine's), except Wake(), which any thread may call to make a
-// blocked Receive() return early. Messages between a pair of ranks arrive in order, whole, or not
-// at all. A peer that closes its connection, dies, or stays silent for longer than the liveness
-// timeout given at construction turns into a kPeerFailure error naming the rank. Implementations
-// keep the link alive on their own while Receive() is being called (heartbeats).
+// Contract: used by one thread at a time (the one stepping the engine), except Wake(), which any
+// thread may call to make a blocked Receive() return early. Messages between a pair of ranks
+// arrive in order, whole, or not at all. A peer that closes its connection, dies, or stays silent
+// for longer than the liveness timeout given at construction turns into a kPeerFailure error
+// naming the rank.
+//
+// Liveness apart from progress: implementations keep the link alive from a thread of their own,
+// which they start, own and join in their destructor, and which never waits for the caller or for
+// a collective: it sends heartbeats and judges peers' silence by when their messages arrived,
+// whether or not the caller was inside Receive() then. So a rank whose caller is away for longer
+// than the timeout (a long collective, an application that does not call into Concord) is never
+// silent, while a rank that sends nothing at all (a frozen process, a cut link) is reported by
+// its peers within about the timeout. A failure found while the caller is away is returned by the
+// next Receive() (after the messages that arrived before it) and by Send() to that peer.
 #pragma once
 
 #include <chrono>
@@ -64,7 +73,8 @@ struct TcpControlPlaneOptions {
   std::string host;    // address to listen on and advertise (rank 0 only); "" = 127.0.0.1
   std::string prefix;  // namespace for keys in the store
   std::chrono::milliseconds connect_timeout{30000};
-  // A peer silent for this long is declared failed; heartbeats go out at a quarter of it.
+  // A peer silent for this long is declared failed; heartbeats go out at a quarter of it, from
+  // the plane's own thread.
   std::chrono::milliseconds liveness_timeout{30000};
 };
 

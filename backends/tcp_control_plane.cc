@@ -1,6 +1,8 @@
 #include "backends/tcp_control_plane.h"
 
 #include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -9,7 +11,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <thread>
 
 #include "rendezvous/store.h"
 
@@ -52,6 +53,38 @@ Status Closed(int rank) {
   return Status(Code::kPeerFailure, RankName(rank) + " closed its connection");
 }
 
+// How long ago this host's kernel last received data on the connected TCP socket fd: TCP_INFO's
+// tcpi_last_data_recv, which the kernel keeps whether or not anybody has read the data since.
+// The connection's setup counts as data received.
+StatusOr<std::chrono::milliseconds> SinceLastArrival(int fd) {
+  tcp_info info{};
+  socklen_t length = sizeof(info);
+  if (::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &length) != 0) {
+    return ErrnoError("getsockopt(TCP_INFO)", errno);
+  }
+  return std::chrono::milliseconds(info.tcpi_last_data_recv);
+}
+
+// Adds one to an eventfd, waking whoever polls it.
+void SignalEvent(const net::Fd& event) {
+  const uint64_t one = 1;
+  ssize_t ignored = ::write(event.get(), &one, sizeof(one));
+  (void)ignored;
+}
+
+// Resets an eventfd that poll() found readable.
+void ClearEvent(const net::Fd& event) {
+  uint64_t count = 0;
+  ssize_t ignored = ::read(event.get(), &count, sizeof(count));
+  (void)ignored;
+}
+
+StatusOr<net::Fd> EventFd() {
+  net::Fd fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!fd.valid()) return ErrnoError("control plane: eventfd", errno);
+  return fd;
+}
+
 }  // namespace
 
 // One connection to one peer rank.
@@ -65,27 +98,35 @@ struct TcpControlPlane::Peer {
   bool in_body = false;
   std::string body;
   size_t body_got = 0;
-  Clock::time_point last_recv;
-  Clock::time_point last_send;
-  Status failed;  // OK while the peer is alive
+  Clock::time_point last_send;  // when bytes last left for the peer
+  Status failed;                // OK while the peer is alive
 };
 
 TcpControlPlane::TcpControlPlane(int rank, int size, std::chrono::milliseconds liveness_timeout,
-                                 net::Fd wake, std::vector<std::unique_ptr<Peer>> peers)
+                                 net::Fd wake, net::Fd notify, net::Fd stop,
+                                 std::vector<std::unique_ptr<Peer>> peers)
     : rank_(rank),
       size_(size),
       liveness_timeout_(liveness_timeout),
       wake_(std::move(wake)),
+      notify_(std::move(notify)),
+      stop_(std::move(stop)),
       peers_(std::move(peers)) {
-  const auto now = Clock::now();
-  for (auto& p : peers_) {
-    p->last_recv = now;
-    p->last_send = now;
-  }
+  // As if the last bytes had left a timeout ago: the first round sends every heartbeat at once (a
+  // rank that connected early must hear from rank 0 before its timeout).
+  const auto long_ago = Clock::now() - liveness_timeout_;
+  for (auto& p : peers_) p->last_send = long_ago;
+  if (!peers_.empty()) liveness_ = std::thread([this] { LivenessLoop(); });
 }
 
 TcpControlPlane::~TcpControlPlane() {
+  if (liveness_.joinable()) {
+    SignalEvent(stop_);
+    liveness_.join();
+  }
   // Best effort: give queued frames (a last message before shutdown) up to a second to leave.
+  // The lock is uncontended now; it is taken for the analysis's sake.
+  MutexLock lock(mu_);
   const Deadline deadline = Deadline::After(std::chrono::seconds(1));
   for (;;) {
     std::vector<pollfd> fds;
@@ -114,7 +155,10 @@ TcpControlPlane::Peer* TcpControlPlane::PeerFor(int rank) {
 void TcpControlPlane::MarkFailed(Peer* p, Status status) {
   if (!p->failed.ok()) return;
   p->failed = std::move(status);
-  p->fd.Reset();
+  // Shut down (the peer sees the connection end), not closed: the other thread may be inside a
+  // poll() on this descriptor, and a closed number could be reused for an unrelated file before
+  // it looks. The destructor closes it.
+  ::shutdown(p->fd.get(), SHUT_RDWR);
   p->out.clear();
   if (failure_.ok()) failure_ = p->failed;
 }
@@ -215,7 +259,6 @@ void TcpControlPlane::ReadFrom(Peer* p) {
     const size_t want = direct ? p->body.size() - p->body_got : kReadChunk;
     const ssize_t n = ::recv(p->fd.get(), dst, want, 0);
     if (n > 0) {
-      p->last_recv = Clock::now();
       total += static_cast<size_t>(n);
       if (direct) {
         p->body_got += static_cast<size_t>(n);
@@ -242,17 +285,63 @@ void TcpControlPlane::ReadFrom(Peer* p) {
   }
 }
 
-void TcpControlPlane::Tick() {
+Clock::time_point TcpControlPlane::Beat() {
   const auto now = Clock::now();
-  for (auto& p : peers_) {
+  const auto period = liveness_timeout_ / 4;
+  Clock::time_point next = now + period;
+  for (auto& owned : peers_) {
+    Peer* p = owned.get();
     if (!p->failed.ok()) continue;
-    if (now - p->last_recv > liveness_timeout_) {
-      MarkFailed(p.get(), Status(Code::kPeerFailure,
-                                 RankName(p->rank) + " silent for " + Seconds(liveness_timeout_)));
-    } else if (p->out.empty() && now - p->last_send >= liveness_timeout_ / 4) {
-      Enqueue(p.get(), kControlFrameHeartbeat, std::string());
-      Flush(p.get());
+    ReadFrom(p);  // first: a peer that closed is reported as closed, not as silent
+    Flush(p);
+    if (!p->failed.ok()) continue;
+    const auto asked = Clock::now();  // reading may have taken a while since `now`
+    StatusOr<std::chrono::milliseconds> silent = SinceLastArrival(p->fd.get());
+    if (!silent.ok()) {
+      MarkFailed(p,
+                 Status(Code::kPeerFailure, RankName(p->rank) + ": " + silent.status().message()));
+      continue;
     }
+    if (*silent > liveness_timeout_) {
+      MarkFailed(p, Status(Code::kPeerFailure,
+                           RankName(p->rank) + " silent for " + Seconds(liveness_timeout_)));
+      continue;
+    }
+    // Just past the moment the peer would have been silent too long.
+    next = std::min(next, asked - *silent + liveness_timeout_ + std::chrono::milliseconds(1));
+    // A heartbeat only when nothing is queued: queued bytes are a sign of life already, and
+    // one behind them would arrive no sooner.
+    if (p->out.empty() && now - p->last_send >= period) {
+      Enqueue(p, kControlFrameHeartbeat, std::string());
+      Flush(p);
+    }
+    if (p->failed.ok() && p->out.empty()) next = std::min(next, p->last_send + period);
+  }
+  return next;
+}
+
+void TcpControlPlane::LivenessLoop() {
+  std::vector<pollfd> fds;
+  for (;;) {
+    fds.clear();
+    fds.push_back({stop_.get(), POLLIN, 0});
+    Clock::time_point next;
+    {
+      MutexLock lock(mu_);
+      const size_t inbox_before = inbox_.size();
+      const bool failed_before = !failure_.ok();
+      next = Beat();
+      if (inbox_.size() != inbox_before || failed_before != !failure_.ok()) SignalEvent(notify_);
+      // POLLRDHUP alone: a peer closing wakes this thread, data arriving does not.
+      for (auto& p : peers_) {
+        if (p->failed.ok()) fds.push_back({p->fd.get(), POLLRDHUP, 0});
+      }
+    }
+    const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(
+        next - Clock::now() + std::chrono::microseconds(999));
+    const int rc =
+        ::poll(fds.data(), fds.size(), static_cast<int>(std::max<int64_t>(0, wait.count())));
+    if (rc > 0 && (fds[0].revents & POLLIN)) return;
   }
 }
 
@@ -270,6 +359,7 @@ Status TcpControlPlane::Send(int to, std::string bytes) {
     return InvalidArgument("control plane: message of " + std::to_string(bytes.size()) +
                            " bytes exceeds the limit of " + std::to_string(kControlPlaneMaxFrame));
   }
+  MutexLock lock(mu_);
   Peer* p = PeerFor(to);
   if (p == nullptr) return Internal("control plane: no connection to rank " + std::to_string(to));
   if (!p->failed.ok()) return p->failed;
@@ -281,46 +371,34 @@ Status TcpControlPlane::Send(int to, std::string bytes) {
 StatusOr<bool> TcpControlPlane::ReceiveBusy(ControlMessage* out, Deadline deadline,
                                             std::chrono::microseconds busy) {
   const auto entered = Clock::now();
-  if (entered - last_listen_ > liveness_timeout_ / 4) {
-    for (auto& p : peers_) p->last_recv = std::max(p->last_recv, entered - liveness_timeout_ / 2);
-  }
-  struct Listened {
-    Clock::time_point* at;
-    ~Listened() { *at = Clock::now(); }
-  } listened{&last_listen_};
   std::vector<pollfd> fds;
   std::vector<Peer*> polled;
   const auto busy_until = entered + busy;
   for (;;) {
-    if (!inbox_.empty()) {
-      *out = std::move(inbox_.front());
-      inbox_.pop_front();
-      return true;
-    }
-    if (!failure_.ok()) return failure_;
-
     fds.clear();
     polled.clear();
     fds.push_back({wake_.get(), POLLIN, 0});
-    // Wake up for the earliest of: the caller's deadline, a heartbeat due, a liveness expiry.
-    Deadline until = deadline;
-    for (auto& p : peers_) {
-      if (!p->failed.ok()) continue;
-      fds.push_back({p->fd.get(), static_cast<short>(POLLIN | (p->out.empty() ? 0 : POLLOUT)), 0});
-      polled.push_back(p.get());
-      // A heartbeat is due only with nothing queued (queued bytes wait for POLLOUT instead).
-      const auto heartbeat_due = p->out.empty()
-                                     ? std::chrono::duration_cast<std::chrono::milliseconds>(
-                                           p->last_send - Clock::now() + liveness_timeout_ / 4)
-                                     : liveness_timeout_;
-      const auto silence_due = std::chrono::duration_cast<std::chrono::milliseconds>(
-          p->last_recv - Clock::now() + liveness_timeout_);
-      until = until.Earlier(Deadline::After(
-          std::max(std::chrono::milliseconds(0), std::min(heartbeat_due, silence_due))));
+    fds.push_back({notify_.get(), POLLIN, 0});
+    {
+      MutexLock lock(mu_);
+      if (!inbox_.empty()) {
+        *out = std::move(inbox_.front());
+        inbox_.pop_front();
+        return true;
+      }
+      if (!failure_.ok()) return failure_;
+      for (auto& p : peers_) {
+        if (!p->failed.ok()) continue;
+        fds.push_back(
+            {p->fd.get(), static_cast<short>(POLLIN | (p->out.empty() ? 0 : POLLOUT)), 0});
+        polled.push_back(p.get());
+      }
     }
+    // The lock is not held in poll(): the liveness thread runs its rounds meanwhile, and signals
+    // notify_ when one of them took a message or found a failure.
     const auto now = Clock::now();
     const bool polling = busy.count() > 0 && now < busy_until;
-    const int rc = ::poll(fds.data(), fds.size(), polling ? 0 : until.PollTimeoutMs());
+    const int rc = ::poll(fds.data(), fds.size(), polling ? 0 : deadline.PollTimeoutMs());
     // Past the first kSpinBeforeYield, a busy poll that found nothing yields the core: when the
     // scheduler has put two ranks' polling threads on one core, each would otherwise spin out its
     // time slice while the other holds the message it waits for (4 KiB allreduces then took
@@ -330,21 +408,23 @@ StatusOr<bool> TcpControlPlane::ReceiveBusy(ControlMessage* out, Deadline deadli
     bool woken = false;
     if (rc > 0) {
       if (fds[0].revents & POLLIN) {
-        uint64_t count = 0;
-        ssize_t ignored = ::read(wake_.get(), &count, sizeof(count));
-        (void)ignored;
+        ClearEvent(wake_);
         woken = true;
       }
+      if (fds[1].revents & POLLIN) ClearEvent(notify_);
+      MutexLock lock(mu_);
       for (size_t i = 0; i < polled.size(); ++i) {
-        const short revents = fds[i + 1].revents;
+        const short revents = fds[i + 2].revents;
         if (revents & POLLOUT) Flush(polled[i]);
         if (revents & (POLLIN | POLLHUP | POLLERR)) ReadFrom(polled[i]);
       }
     }
-    Tick();
     // Messages already received are delivered before a failure is reported.
     if (woken) return false;
-    if (inbox_.empty() && failure_.ok() && deadline.passed()) return false;
+    if (deadline.passed()) {
+      MutexLock lock(mu_);
+      if (inbox_.empty() && failure_.ok()) return false;
+    }
   }
 }
 
@@ -352,37 +432,43 @@ Status TcpControlPlane::Drain(Deadline deadline) {
   std::vector<pollfd> fds;
   std::vector<Peer*> polled;
   for (;;) {
-    if (!failure_.ok()) return failure_;
-    std::string waiting;
-    for (auto& p : peers_) {
-      if (p->failed.ok() && !p->out.empty())
-        waiting += (waiting.empty() ? "" : ", ") + RankName(p->rank);
-    }
-    if (waiting.empty()) return Status::Ok();
-    if (deadline.passed()) {
-      return TimeoutError("control plane: queued messages to " + waiting +
-                          " could not be sent before the deadline (the peer does not read)");
-    }
     fds.clear();
     polled.clear();
-    for (auto& p : peers_) {
-      if (!p->failed.ok()) continue;
-      fds.push_back({p->fd.get(), static_cast<short>(POLLIN | (p->out.empty() ? 0 : POLLOUT)), 0});
-      polled.push_back(p.get());
+    fds.push_back({notify_.get(), POLLIN, 0});
+    {
+      MutexLock lock(mu_);
+      if (!failure_.ok()) return failure_;
+      std::string waiting;
+      for (auto& p : peers_) {
+        if (p->failed.ok() && !p->out.empty())
+          waiting += (waiting.empty() ? "" : ", ") + RankName(p->rank);
+      }
+      if (waiting.empty()) return Status::Ok();
+      if (deadline.passed()) {
+        return TimeoutError("control plane: queued messages to " + waiting +
+                            " could not be sent before the deadline (the peer does not read)");
+      }
+      for (auto& p : peers_) {
+        if (!p->failed.ok()) continue;
+        fds.push_back(
+            {p->fd.get(), static_cast<short>(POLLIN | (p->out.empty() ? 0 : POLLOUT)), 0});
+        polled.push_back(p.get());
+      }
     }
     const int rc = ::poll(fds.data(), fds.size(), deadline.PollTimeoutMs());
     if (rc < 0 && errno != EINTR) return ErrnoError("control plane: poll", errno);
-    for (size_t i = 0; rc > 0 && i < polled.size(); ++i) {
-      if (fds[i].revents & POLLOUT) Flush(polled[i]);
-      if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) ReadFrom(polled[i]);
+    if (rc <= 0) continue;
+    if (fds[0].revents & POLLIN) ClearEvent(notify_);
+    MutexLock lock(mu_);
+    for (size_t i = 0; i < polled.size(); ++i) {
+      if (fds[i + 1].revents & POLLOUT) Flush(polled[i]);
+      if (fds[i + 1].revents & (POLLIN | POLLHUP | POLLERR)) ReadFrom(polled[i]);
     }
   }
 }
 
 void TcpControlPlane::Wake() {
-  const uint64_t one = 1;
-  ssize_t ignored = ::write(wake_.get(), &one, sizeof(one));
-  (void)ignored;
+  SignalEvent(wake_);
 }
 
 namespace {
@@ -558,8 +644,9 @@ StatusOr<std::unique_ptr<ControlPlane>> CreateTcpControlPlane(const TcpControlPl
     return InvalidArgument("control plane: timeouts must be positive");
   }
   if (o.size > 1 && store == nullptr) return InvalidArgument("control plane: no store given");
-  net::Fd wake(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-  if (!wake.valid()) return ErrnoError("control plane: eventfd", errno);
+  CONCORD_ASSIGN_OR_RETURN(net::Fd wake, EventFd());
+  CONCORD_ASSIGN_OR_RETURN(net::Fd notify, EventFd());
+  CONCORD_ASSIGN_OR_RETURN(net::Fd stop, EventFd());
   std::vector<std::unique_ptr<TcpControlPlane::Peer>> peers;
   const Deadline deadline = Deadline::After(o.connect_timeout);
   if (o.size > 1 && o.rank == 0) {
@@ -569,8 +656,9 @@ StatusOr<std::unique_ptr<ControlPlane>> CreateTcpControlPlane(const TcpControlPl
                              ConnectToRoot(o, store, deadline));
     peers.push_back(std::move(root));
   }
-  return std::unique_ptr<ControlPlane>(
-      new TcpControlPlane(o.rank, o.size, o.liveness_timeout, std::move(wake), std::move(peers)));
+  return std::unique_ptr<ControlPlane>(new TcpControlPlane(o.rank, o.size, o.liveness_timeout,
+                                                           std::move(wake), std::move(notify),
+                                                           std::move(stop), std::move(peers)));
 }
 
 }  // namespace concord

@@ -16,9 +16,11 @@
 #include <deque>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backends/control_plane.h"
+#include "base/mutex.h"
 #include "rendezvous/net.h"
 
 namespace concord {
@@ -32,58 +34,81 @@ constexpr uint16_t kControlPlaneVersion = 1;
 constexpr size_t kControlHelloSize = 48;
 constexpr size_t kControlNonceSize = 32;
 
-// Contract: owns one socket per peer (rank 0: size - 1 of them; others: one, to rank 0) and an
-// eventfd for Wake(). Used by one thread, except Wake(), which any thread may call. Send() never
-// blocks: it writes what the socket takes and queues the rest, which later Send() and Receive()
-// calls keep flushing. Receive() blocks in poll() until a message, Wake(), the deadline, or a peer
-// failure; while it runs it sends heartbeats and checks liveness (time spent outside Receive() does
-// not count as a peer's silence). The first failure of a peer is
-// sticky: every later Receive(), and Send() to that peer, returns it. The destructor tries for up
-// to a second to flush queued bytes, then closes every socket (peers see kPeerFailure).
+// Contract: owns one socket per peer (rank 0: size - 1 of them; others: one, to rank 0), three
+// eventfds and, when it has peers, a liveness thread. The caller uses it from one thread at a time
+// (Send, Receive, Drain, destruction); Wake() may come from any thread. Send() never blocks: it
+// writes what the socket takes and queues the rest, which later Send(), Receive() and Drain() calls
+// and the liveness thread's rounds keep flushing. Receive() blocks in poll() until a message,
+// Wake(), the deadline, or a peer failure; it sends no heartbeats and keeps no timers.
+//
+// Liveness is the liveness thread's alone, whatever the caller does (a collective longer than the
+// timeout, an application away from Concord). Each round it reads what arrived (frames go to the
+// inbox, so heartbeats never back up in a full socket buffer and a close is seen), flushes queued
+// bytes, queues a HEARTBEAT to each peer it sent nothing to for a quarter of the liveness timeout,
+// and fails each peer whose socket has received no data for the timeout. Silence is measured by
+// the kernel's receive time (TCP_INFO's tcpi_last_data_recv), not by when anybody read, so it
+// does not depend on whether this rank was listening. Between rounds the thread sleeps in poll()
+// on the peers' sockets for POLLRDHUP (a peer closing) only, so data arriving never wakes it; a
+// round runs at the earliest of: a heartbeat due, a peer's silence expiring, a peer closing. What
+// a round adds to the inbox or a failure it finds wakes a blocked Receive() or Drain(). The thread
+// takes only mu_, which nobody holds across a blocking call.
+//
+// The first failure of a peer is sticky: every later Receive(), and Send() to that peer, returns
+// it. The destructor stops and joins the liveness thread, then tries for up to a second to flush
+// queued bytes, then closes every socket (peers see kPeerFailure).
+//
+// Locks: mu_ guards the peers, the inbox and the failure. It is a leaf: held only around
+// non-blocking socket calls and bookkeeping, never while calling out or waiting.
 class TcpControlPlane : public ControlPlane {
  public:
   struct Peer;
 
+  // wake: Wake()'s eventfd; notify: the liveness thread's to a blocked Receive() or Drain();
+  // stop: the destructor's to the liveness thread. Starts the liveness thread (with peers only).
   TcpControlPlane(int rank, int size, std::chrono::milliseconds liveness_timeout, net::Fd wake,
-                  std::vector<std::unique_ptr<Peer>> peers);
+                  net::Fd notify, net::Fd stop, std::vector<std::unique_ptr<Peer>> peers);
   ~TcpControlPlane() override;
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  Status Send(int to, std::string bytes) override;
-  StatusOr<bool> Receive(ControlMessage* out, Deadline deadline) override {
+  Status Send(int to, std::string bytes) override EXCLUDES(mu_);
+  StatusOr<bool> Receive(ControlMessage* out, Deadline deadline) override EXCLUDES(mu_) {
     return ReceiveBusy(out, deadline, std::chrono::microseconds(0));
   }
   // Calls poll() without a timeout until `busy` has passed, then blocks in it.
   StatusOr<bool> ReceiveBusy(ControlMessage* out, Deadline deadline,
-                             std::chrono::microseconds busy) override;
-  Status Drain(Deadline deadline) override;
+                             std::chrono::microseconds busy) override EXCLUDES(mu_);
+  Status Drain(Deadline deadline) override EXCLUDES(mu_);
   void Wake() override;
 
  private:
-  Peer* PeerFor(int rank);
+  Peer* PeerFor(int rank) REQUIRES(mu_);
   // Writes queued bytes until the socket would block; marks the peer failed on errors.
-  void Flush(Peer* p);
+  void Flush(Peer* p) REQUIRES(mu_);
   // Reads what is available and parses whole frames into inbox_; marks the peer failed on EOF,
   // errors and malformed frames.
-  void ReadFrom(Peer* p);
-  void Consume(Peer* p, const char* data, size_t n);
-  void Enqueue(Peer* p, uint32_t type, const std::string& bytes);
-  void MarkFailed(Peer* p, Status status);
-  // Sends due heartbeats and declares silent peers failed.
-  void Tick();
+  void ReadFrom(Peer* p) REQUIRES(mu_);
+  void Consume(Peer* p, const char* data, size_t n) REQUIRES(mu_);
+  void Enqueue(Peer* p, uint32_t type, const std::string& bytes) REQUIRES(mu_);
+  void MarkFailed(Peer* p, Status status) REQUIRES(mu_);
+  // One round of the liveness thread (see the contract); returns when the next one is due.
+  Clock::time_point Beat() REQUIRES(mu_);
+  // The liveness thread's body: rounds until stop_ is signalled.
+  void LivenessLoop() EXCLUDES(mu_);
 
   const int rank_;
   const int size_;
   const std::chrono::milliseconds liveness_timeout_;
   const net::Fd wake_;
-  std::vector<std::unique_ptr<Peer>> peers_;
-  std::deque<ControlMessage> inbox_;
-  Status failure_;  // the first peer failure
-  // When Receive() last returned. Silence is counted only while this rank listens: after a long
-  // absence (the caller was busy, e.g. in a long collective, and so were its peers), each peer
-  // gets half the liveness timeout to be heard again before it counts as silent.
-  Clock::time_point last_listen_ = Clock::now();
+  const net::Fd notify_;
+  const net::Fd stop_;
+  // A Peer is reached only through peers_ (the vector itself never changes after construction),
+  // so mu_ guards every Peer's fields too.
+  Mutex mu_;
+  std::vector<std::unique_ptr<Peer>> peers_ GUARDED_BY(mu_);
+  std::deque<ControlMessage> inbox_ GUARDED_BY(mu_);
+  Status failure_ GUARDED_BY(mu_);  // the first peer failure
+  std::thread liveness_;            // last: it starts once every member above exists
 };
 
 }  // namespace concord

@@ -1,5 +1,7 @@
 #include <algorithm>
 #include <climits>
+#include <cstdio>
+#include <deque>
 #include <list>
 #include <thread>
 #include <vector>
@@ -22,17 +24,49 @@ constexpr auto kFirstNap = std::chrono::microseconds(20);
 constexpr auto kMaxNap = std::chrono::microseconds(1000);
 // How long the destructor waits for queued sends before abandoning them.
 constexpr auto kCloseGrace = std::chrono::seconds(1);
+// The liveness thread takes at most this many messages per round, so a flood cannot keep it (and
+// mu_) busy indefinitely; the rest wait for the next round or for Receive().
+constexpr int kMaxTakenPerRound = 1024;
+// MPI records no arrival times: a message is seen to arrive when a probe finds it. While nobody
+// is in Receive() the liveness thread probes every 1/kProbesPerTimeout of the liveness timeout.
+constexpr int kProbesPerTimeout = 16;
 
 // Contract: the ControlPlane contract (backends/control_plane.h) over a private duplicate of
 // MPI_COMM_WORLD: messages are tagged MPI_Isend/MPI_Mrecv of whole byte strings (MPI keeps each
-// pair's messages in order). Used by one thread (the engine's), except Wake(), which any thread
-// may call and which never touches MPI. Send() never blocks: the bytes are copied and the send
-// completes in the background (checked at each later call). Receive() polls MPI_Improbe and
-// sleeps between polls on a condition variable that Wake() notifies, napping 20 us at first and
-// up to 1 ms when nothing arrives, so an idle engine costs little CPU. Liveness as in the TCP
-// plane: while Receive() runs it sends a heartbeat to each star peer every quarter of the
-// liveness timeout, and a peer unheard for that long while this rank listened is failed
-// (kPeerFailure, sticky). Under mpirun a dead rank usually ends the whole job first.
+// pair's messages in order). The caller uses it from one thread at a time (the stepping thread);
+// Wake() may come from any thread and never touches MPI. Send() never blocks: the bytes are
+// copied and the send completes in the background (checked at each later call). Receive() polls
+// MPI_Improbe and sleeps between polls on a condition variable that Wake() notifies, napping 20 us
+// at first and up to 1 ms when nothing arrives, so an idle engine costs little CPU.
+//
+// Liveness is the plane's own liveness thread's (there is one when there are peers), whatever the
+// caller does: it sends a heartbeat (tag 2, empty) to each star peer every quarter of the liveness
+// timeout, probes for messages every sixteenth of it (taking data messages into the inbox that
+// Receive() empties first, in order), and fails a peer (kPeerFailure, sticky) when no message from
+// it has been seen for the timeout. A message is seen when a probe (the thread's or Receive()'s)
+// takes it, at most a sixteenth of the timeout after it arrived, so a frozen peer is failed
+// between 3/4 and 1 1/16 timeouts after it froze, and a rank busy elsewhere (a long collective, a
+// slow callback) is never silent: its thread keeps beating. A failure the thread finds wakes a
+// napping Receive().
+//
+// MPI and threads. The liveness thread calls MPI (MPI_Isend, MPI_Test, MPI_Improbe, MPI_Mrecv) on
+// this plane's communicator while the engine's threads call it on others (the backend's
+// collective). MpiEnvironment guarantees MPI_THREAD_SERIALIZED or better: under MULTIPLE the MPI
+// standard allows any thread to call MPI at any time, and matched probes (MPI_Improbe with
+// MPI_Mrecv) are its thread-safe way to receive; under SERIALIZED calls must never overlap, which
+// every Concord MPI call ensures by holding the environment's lock, and since the backend waits for
+// a collective by polling MPI_Test with that lock held only per call, the liveness thread's calls
+// fit between its polls: it never waits for a collective to finish. MPI does not promise progress
+// without calls: with Open MPI a message may move only while some thread of the sending and of the
+// receiving process is inside MPI, which the liveness thread's rounds provide (and a frozen
+// process, making no calls, sends nothing). MPI does not report a frozen or dead peer itself;
+// under mpirun a dead rank usually ends the whole job first.
+//
+// Locks: mu_ guards the MPI traffic's state (sends, inbox, times, failure) and is held around this
+// plane's MPI calls, so the two threads' probes and receives are serialised and messages enter
+// the inbox in MPI's order; the environment's lock is taken inside it. wake_mu_ (the wake-up
+// flags) is taken alone (the liveness thread notifies after releasing mu_), and nothing is taken
+// inside it; mu_ is declared before it should they ever nest.
 class MpiControlPlane : public ControlPlane {
  public:
   MpiControlPlane(std::shared_ptr<MpiEnvironment> env, MPI_Comm comm, int rank, int size,
@@ -43,9 +77,21 @@ class MpiControlPlane : public ControlPlane {
         size_(size),
         liveness_(liveness_timeout),
         last_heard_(size, Clock::now()),
-        last_beat_(size, Clock::now()) {}
+        // As if beaten a timeout ago: the first round sends every heartbeat at once.
+        last_beat_(size, Clock::now() - liveness_timeout) {
+    if (size_ > 1) liveness_thread_ = std::thread([this] { LivenessLoop(); });
+  }
 
   ~MpiControlPlane() override {
+    if (liveness_thread_.joinable()) {
+      {
+        MutexLock lock(mu_);
+        stopping_ = true;
+      }
+      stop_cv_.NotifyAll();
+      liveness_thread_.join();
+    }
+    MutexLock lock(mu_);  // uncontended now
     const Deadline grace = Deadline::After(kCloseGrace);
     while (!sends_.empty() && !grace.passed()) {
       Reap();
@@ -57,14 +103,14 @@ class MpiControlPlane : public ControlPlane {
       new std::list<Outgoing>(std::move(sends_));
     }
     if (env_->abandoned()) return;  // freeing the communicator could wait on what is pending
-    auto lock = env_->Lock();
+    auto env_lock = env_->Lock();
     MPI_Comm_free(&comm_);
   }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
-  Status Send(int to, std::string bytes) override {
+  Status Send(int to, std::string bytes) override EXCLUDES(mu_) {
     if (to < 0 || to >= size_ || to == rank_ || (rank_ != 0 && to != 0)) {
       return InvalidArgument("mpi control plane: rank " + std::to_string(rank_) +
                              " cannot send to rank " + std::to_string(to));
@@ -73,6 +119,7 @@ class MpiControlPlane : public ControlPlane {
       return InvalidArgument("mpi control plane: a message of " + std::to_string(bytes.size()) +
                              " bytes is larger than MPI's int count allows");
     }
+    MutexLock lock(mu_);
     if (!failure_.ok()) return failure_;
     CONCORD_RETURN_IF_ERROR(Post(to, kTagData, std::move(bytes)));
     Reap();
@@ -81,37 +128,47 @@ class MpiControlPlane : public ControlPlane {
 
   // Open MPI progresses pending MPI_Isends during any MPI call, including the backend's
   // MPI_Test polling inside a collective, so nothing here can be starved: nothing to wait for.
-  Status Drain(Deadline /*deadline*/) override { return failure_; }
+  Status Drain(Deadline /*deadline*/) override EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    return failure_;
+  }
 
-  StatusOr<bool> Receive(ControlMessage* out, Deadline deadline) override {
-    if (!failure_.ok()) return failure_;
+  StatusOr<bool> Receive(ControlMessage* out, Deadline deadline) override EXCLUDES(mu_) {
     const auto now = Clock::now();
-    if (now - last_listen_ > liveness_ / 2) {
-      // Away for a while (a long collective): peers get half the timeout to be heard again.
-      for (auto& t : last_heard_) t = std::max(t, now - liveness_ / 2);
-    }
     auto nap = std::chrono::duration_cast<Clock::duration>(kFirstNap);
     const auto spin_until = now + kSpin;
     const auto busy_until = now + kBusy;
     for (;;) {
       bool heard = false;
-      StatusOr<bool> got = Poll(out, &heard);
-      if (!got.ok() || *got) {
-        last_listen_ = Clock::now();
-        return got;
+      {
+        MutexLock lock(mu_);
+        // Messages already taken (by the liveness thread too) come first, then a failure.
+        if (inbox_.empty()) {
+          StatusOr<bool> taken = TakeOne();
+          if (!taken.ok()) return taken.status();
+          heard = *taken;
+          Reap();
+        }
+        if (!inbox_.empty()) {
+          *out = std::move(inbox_.front());
+          inbox_.pop_front();
+          return true;
+        }
+        if (!failure_.ok()) return failure_;
       }
-      Reap();
-      // One clock read per poll: the spin's granularity is the reply's latency.
-      const auto t = Clock::now();
-      Tick(t);
-      if (!failure_.ok()) return failure_;
       if (heard) {
         nap = std::chrono::duration_cast<Clock::duration>(kFirstNap);
         continue;
       }
-      if (TakeWake(t, deadline)) {
-        last_listen_ = t;
-        return false;
+      // One clock read per poll: the spin's granularity is the reply's latency.
+      const auto t = Clock::now();
+      switch (TakeWake(t, deadline)) {
+        case WakeReason::kNone:
+          break;
+        case WakeReason::kReturn:
+          return false;
+        case WakeReason::kLookAgain:
+          continue;
       }
       if (t < spin_until) {
         if (t > busy_until) std::this_thread::yield();
@@ -131,19 +188,34 @@ class MpiControlPlane : public ControlPlane {
   }
 
  private:
-  // Whether Receive() must return now (woken, or at `now` the deadline passed); consumes a wake.
-  bool TakeWake(Clock::time_point now, const Deadline& deadline) EXCLUDES(wake_mu_) {
+  enum class WakeReason { kNone, kReturn, kLookAgain };
+
+  // Whether Receive() must return now (woken, or at `now` the deadline passed), or look at the
+  // inbox again (the liveness thread took a message or found a failure); consumes either.
+  WakeReason TakeWake(Clock::time_point now, const Deadline& deadline) EXCLUDES(wake_mu_) {
     MutexLock lock(wake_mu_);
-    if (!woken_ && now < deadline.at()) return false;
+    if (notified_) {
+      notified_ = false;
+      return WakeReason::kLookAgain;
+    }
+    if (!woken_ && now < deadline.at()) return WakeReason::kNone;
     woken_ = false;
-    return true;
+    return WakeReason::kReturn;
   }
-  // Sleeps until `until` or a Wake().
+  // Sleeps until `until`, a Wake() or the liveness thread's notice.
   void Nap(Clock::time_point until) EXCLUDES(wake_mu_) {
     MutexLock lock(wake_mu_);
-    while (!woken_) {
+    while (!woken_ && !notified_) {
       if (!wake_cv_.WaitUntil(wake_mu_, until)) return;
     }
+  }
+  // The liveness thread's word to a napping Receive(): look at the inbox and the failure again.
+  void Notify() EXCLUDES(wake_mu_) {
+    {
+      MutexLock lock(wake_mu_);
+      notified_ = true;
+    }
+    wake_cv_.NotifyOne();
   }
 
   struct Outgoing {
@@ -152,7 +224,7 @@ class MpiControlPlane : public ControlPlane {
     MPI_Request request = MPI_REQUEST_NULL;
   };
 
-  Status Post(int to, int tag, std::string bytes) {
+  Status Post(int to, int tag, std::string bytes) REQUIRES(mu_) {
     sends_.emplace_back();
     Outgoing& s = sends_.back();
     s.to = to;
@@ -168,7 +240,7 @@ class MpiControlPlane : public ControlPlane {
   }
 
   // Completes finished sends; a failed one fails its peer (failure_, which callers read).
-  void Reap() {
+  void Reap() REQUIRES(mu_) {
     for (auto it = sends_.begin(); it != sends_.end();) {
       int done = 0;
       int rc;
@@ -184,8 +256,9 @@ class MpiControlPlane : public ControlPlane {
     }
   }
 
-  // Takes at most one incoming message. Heartbeats only refresh liveness (*heard = true).
-  StatusOr<bool> Poll(ControlMessage* out, bool* heard) {
+  // Takes at most one incoming message: returns whether there was one. A data message goes to the
+  // inbox; any message refreshes its sender's liveness.
+  StatusOr<bool> TakeOne() REQUIRES(mu_) {
     int flag = 0;
     MPI_Message message;
     MPI_Status status;
@@ -198,32 +271,67 @@ class MpiControlPlane : public ControlPlane {
     CONCORD_MPI_CHECK(MPI_Mrecv(bytes.data(), count, MPI_BYTE, &message, MPI_STATUS_IGNORE));
     const int from = status.MPI_SOURCE;
     last_heard_[from] = Clock::now();
-    *heard = true;
-    if (status.MPI_TAG != kTagData) return false;
-    out->from = from;
-    out->bytes = std::move(bytes);
+    if (status.MPI_TAG == kTagData) inbox_.push_back(ControlMessage{from, std::move(bytes)});
     return true;
   }
 
-  // Sends due heartbeats and fails peers silent for the liveness timeout.
-  void Tick(Clock::time_point now) {
-    for (int r = 0; r < size_; ++r) {
+  // One round of the liveness thread: takes what arrived, completes sends, fails peers silent for
+  // the timeout and sends due heartbeats. Returns when the next round is due.
+  Clock::time_point Beat() REQUIRES(mu_) {
+    for (int taken = 0; taken < kMaxTakenPerRound; ++taken) {
+      StatusOr<bool> got = TakeOne();
+      if (!got.ok()) {
+        if (failure_.ok()) failure_ = got.status();
+        break;
+      }
+      if (!*got) break;
+    }
+    Reap();
+    const auto now = Clock::now();
+    const auto period = liveness_ / 4;
+    Clock::time_point next = now + liveness_ / kProbesPerTimeout;
+    for (int r = 0; r < size_ && failure_.ok(); ++r) {
       if (r == rank_ || (rank_ != 0 && r != 0)) continue;
-      if (now - last_beat_[r] >= liveness_ / 4) {
-        last_beat_[r] = now;
-        if (!Post(r, kTagHeartbeat, std::string()).ok()) return;
-      }
       if (now - last_heard_[r] > liveness_) {
-        (void)FailPeer(r,
-                       Status(Code::kPeerFailure, "rank " + std::to_string(r) +
-                                                      " was silent on the MPI control plane for " +
-                                                      std::to_string(liveness_.count()) + " ms"));
-        return;
+        char seconds[32];
+        std::snprintf(seconds, sizeof(seconds), "%g s",
+                      static_cast<double>(liveness_.count()) / 1000.0);
+        (void)FailPeer(r, Status(Code::kPeerFailure, "rank " + std::to_string(r) + " silent for " +
+                                                         seconds + " (MPI control plane)"));
+        break;
       }
+      if (now - last_beat_[r] >= period) {
+        last_beat_[r] = now;
+        if (!Post(r, kTagHeartbeat, std::string()).ok()) break;
+      }
+      next = std::min({next, last_beat_[r] + period, last_heard_[r] + liveness_});
+    }
+    return next;
+  }
+
+  // The liveness thread's body: a round, then a sleep until the next one is due or the
+  // destructor stops it.
+  void LivenessLoop() EXCLUDES(mu_) {
+    for (;;) {
+      bool news = false;
+      Clock::time_point next;
+      {
+        MutexLock lock(mu_);
+        if (stopping_) return;
+        const size_t inbox_before = inbox_.size();
+        const bool failed_before = !failure_.ok();
+        next = Beat();
+        news = inbox_.size() != inbox_before || failed_before != !failure_.ok();
+      }
+      if (news) Notify();
+      MutexLock lock(mu_);
+      if (stopping_) return;
+      // Just past the moment due, so that the round finds it due.
+      stop_cv_.WaitUntil(mu_, next + std::chrono::microseconds(100));
     }
   }
 
-  Status FailPeer(int peer, Status status) {
+  Status FailPeer(int peer, Status status) REQUIRES(mu_) {
     if (failure_.ok()) {
       failure_ = status.code() == Code::kPeerFailure
                      ? status
@@ -238,15 +346,22 @@ class MpiControlPlane : public ControlPlane {
   const int rank_;
   const int size_;
   const std::chrono::milliseconds liveness_;
-  std::vector<Clock::time_point> last_heard_;
-  std::vector<Clock::time_point> last_beat_;
-  Clock::time_point last_listen_ = Clock::now();
-  std::list<Outgoing> sends_;  // a list: MPI holds pointers into each element's bytes
-  Status failure_;
+
+  Mutex mu_ ACQUIRED_BEFORE(wake_mu_);
+  CondVar stop_cv_;  // with mu_: the liveness thread's sleep, ended by the destructor
+  std::vector<Clock::time_point> last_heard_ GUARDED_BY(mu_);  // when a probe last took one
+  std::vector<Clock::time_point> last_beat_ GUARDED_BY(mu_);
+  std::list<Outgoing> sends_ GUARDED_BY(mu_);  // a list: MPI holds pointers into the bytes
+  std::deque<ControlMessage> inbox_ GUARDED_BY(mu_);
+  Status failure_ GUARDED_BY(mu_);
+  bool stopping_ GUARDED_BY(mu_) = false;
 
   Mutex wake_mu_;
   CondVar wake_cv_;
-  bool woken_ GUARDED_BY(wake_mu_) = false;
+  bool woken_ GUARDED_BY(wake_mu_) = false;     // Wake(): Receive() returns false
+  bool notified_ GUARDED_BY(wake_mu_) = false;  // Notify(): Receive() looks again
+
+  std::thread liveness_thread_;  // last: it starts once every member above exists
 };
 
 }  // namespace

@@ -122,8 +122,6 @@ MpiEnvironment::~MpiEnvironment() {
 }
 
 std::unique_lock<std::mutex> MpiEnvironment::Lock() {
-  if (thread_level_ == MPI_THREAD_MULTIPLE)
-    return std::unique_lock<std::mutex>(mu_, std::defer_lock);
   return std::unique_lock<std::mutex>(mu_);
 }
 

@@ -32,14 +32,19 @@ Status MpiError(int mpi_code, const char* call, const char* file, int line);
 // per process, so this is the one object Concord finds through a process-wide registry (a
 // weak_ptr in Acquire()); it owns nothing but MPI's lifetime and a mutex.
 //
-// Thread level: Concord calls MPI from each communicator's engine thread (and from the thread
-// that creates or destroys a communicator), never from the main thread only, so it needs
-// MPI_THREAD_SERIALIZED or better. If MPI is not initialised, Acquire() initialises it with
-// MPI_Init_thread asking for MPI_THREAD_MULTIPLE, and finalizes it when the last holder goes. If
-// the application initialised MPI, its level is checked the same way and MPI is never finalized
-// here. Under SERIALIZED, every Concord MPI call holds Lock(), so Concord's own threads never call
-// MPI concurrently; the application must then not call MPI itself while a Concord communicator
-// exists (with MPI_THREAD_MULTIPLE it may).
+// Thread level: Concord calls MPI from each communicator's stepping thread, its control plane's
+// liveness thread, and the thread that creates or destroys a communicator, never from the main
+// thread only, so it needs MPI_THREAD_SERIALIZED or better. If MPI is not initialised, Acquire()
+// initialises it with MPI_Init_thread asking for MPI_THREAD_MULTIPLE, and finalizes it when the
+// last holder goes. If the application initialised MPI, its level is checked the same way and MPI
+// is never finalized here. Every Concord MPI call holds Lock(), at every level, so Concord's own
+// threads never call MPI at the same time: what SERIALIZED requires, and under MULTIPLE what
+// keeps the calls of Concord's threads ordered (ThreadSanitizer cannot see the shared-memory
+// hand-offs between Open MPI's processes, and reports two unlocked threads reusing a transport
+// fragment as a race). Concord holds it for one non-blocking call at a time (a collective is
+// waited for by polling MPI_Test), so a thread never waits long for it. Under SERIALIZED the
+// application must not call MPI itself while a Concord communicator exists (with MULTIPLE it
+// may).
 class MpiEnvironment {
  public:
   static StatusOr<std::shared_ptr<MpiEnvironment>> Acquire();
@@ -50,7 +55,7 @@ class MpiEnvironment {
   int thread_level() const { return thread_level_; }
   bool initialised_by_concord() const { return owned_; }
 
-  // Hold around every MPI call. Locks only when MPI is not MPI_THREAD_MULTIPLE.
+  // Hold around every MPI call (one call at a time: never across a wait).
   std::unique_lock<std::mutex> Lock();
 
   // A request was left pending (a collective passed its deadline; MPI cannot cancel it). MPI

@@ -10,9 +10,13 @@
 #include "backends/mpi/mpi_backend.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -248,19 +252,63 @@ TEST(MpiControlPlaneTest, RefusesSendsOutsideTheStar) {
   }
 }
 
-TEST(MpiControlPlaneTest, SilentPeerIsAPeerFailure) {
-  auto c = MakeControl(std::chrono::milliseconds(300));
+// Whether process `pid` (on this host) is stopped: state 'T' in /proc/<pid>/stat.
+bool IsStopped(pid_t pid) {
+  std::FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (f == nullptr) return false;
+  char state = '?';
+  const int read = std::fscanf(f, "%*d %*s %c", &state);
+  std::fclose(f);
+  return read == 1 && state == 'T';
+}
+
+// Liveness apart from progress: rank 1 freezes itself (SIGSTOP, so its plane's thread stops too)
+// and rank 0, listening, must fail it within the liveness timeout, then resumes it (SIGCONT).
+// Ranks 2 and up never call Receive(): their planes' threads alone keep them alive meanwhile.
+TEST(MpiControlPlaneTest, FrozenPeerIsAPeerFailure) {
+  constexpr auto kLiveness = std::chrono::milliseconds(300);
+  auto c = MakeControl(kLiveness);
   ASSERT_NE(c, nullptr);
   if (c->size() == 1) return;
-  if (c->rank() == 0) {
+  if (c->rank() == 1) {
+    ASSERT_TRUE(c->Send(0, std::to_string(::getpid())).ok());
+    EXPECT_EQ(ReceiveOne(*c).bytes, "freeze");  // rank 0 has the pid: it will resume this rank
+    ::raise(SIGSTOP);
+  } else if (c->rank() == 0) {
+    const ControlMessage hello = ReceiveOne(*c);
+    ASSERT_EQ(hello.from, 1);
+    const pid_t pid = static_cast<pid_t>(std::stol(hello.bytes));
+    struct Resume {
+      pid_t pid;
+      ~Resume() { ::kill(pid, SIGCONT); }  // whatever happens below
+    } resume{pid};
+    ASSERT_TRUE(c->Send(1, "freeze").ok());
+    const Deadline stop_deadline = Deadline::After(std::chrono::seconds(10));
+    while (!IsStopped(pid) && !stop_deadline.passed()) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    ASSERT_TRUE(IsStopped(pid)) << "rank 1 did not stop";
+    const auto frozen_at = std::chrono::steady_clock::now();
+    const Deadline deadline = Deadline::After(10 * kLiveness);
     ControlMessage m;
-    const auto got = c->Receive(&m, Deadline::After(std::chrono::seconds(5)));
-    ASSERT_FALSE(got.ok()) << "a peer silent for 1.5 s was not failed (liveness 300 ms)";
+    StatusOr<bool> got = false;
+    while (got.ok() && !deadline.passed()) got = c->Receive(&m, deadline);
+    const auto took = std::chrono::steady_clock::now() - frozen_at;
+    std::printf("rank 1 frozen: reported after %.3f s (liveness %.3f s): %s\n",
+                std::chrono::duration<double>(took).count(),
+                std::chrono::duration<double>(kLiveness).count(),
+                got.ok() ? "nothing" : got.status().ToString().c_str());
+    ASSERT_FALSE(got.ok()) << "rank 1, frozen, was not failed";
     EXPECT_EQ(got.status().code(), Code::kPeerFailure);
-    EXPECT_NE(got.status().message().find("rank "), std::string::npos) << got.status().ToString();
+    EXPECT_NE(got.status().message().find("rank 1 silent for 0.3 s"), std::string::npos)
+        << got.status().ToString();
+    // Its last heartbeat left at most a quarter of the timeout before it froze; probes see a
+    // message at most a sixteenth of the timeout late; and some slack for a loaded machine.
+    EXPECT_GE(took, kLiveness * 3 / 4 - std::chrono::milliseconds(30));
+    EXPECT_LE(took, kLiveness * 17 / 16 + std::chrono::milliseconds(300));
     EXPECT_EQ(c->Send(1, "x").code(), Code::kPeerFailure) << "the failure is sticky";
   } else {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // never listens
+    std::this_thread::sleep_for(6 * kLiveness);  // never listens
   }
   auto sync = MakeBackend();
   ASSERT_NE(sync, nullptr);
