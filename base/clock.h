@@ -5,6 +5,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <string>
 
 namespace concord {
 
@@ -13,6 +15,13 @@ using Clock = std::chrono::steady_clock;
 // Seconds (a configuration value) as whole milliseconds, rounded to nearest.
 inline std::chrono::milliseconds MillisFromSeconds(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(std::llround(seconds * 1000.0)));
+}
+
+// A duration for messages: "3 s", "0.25 s" (at most 6 significant digits).
+inline std::string FormatSeconds(double seconds) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g s", seconds);
+  return buf;
 }
 
 class Deadline {

@@ -5,6 +5,8 @@
 #include <set>
 #include <sstream>
 
+#include "core/entry_validation.h"
+
 namespace concord {
 namespace {
 
@@ -42,15 +44,32 @@ std::string ExactDouble(double v) {
 }
 
 std::string Seconds(std::chrono::milliseconds d) {
-  std::ostringstream os;
-  os << static_cast<double>(d.count()) / 1000.0 << " s";
-  return os.str();
+  return FormatSeconds(static_cast<double>(d.count()) / 1000.0);
 }
 
 }  // namespace
 
 Coordinator::Coordinator(int size, const ResponseCache* cache, StallOptions stall)
-    : size_(size), cache_(cache), stall_(stall), bits_by_rank_(size) {}
+    : size_(size),
+      cache_(cache),
+      stall_(stall),
+      bits_by_rank_(size),
+      last_(size),
+      finalized_(size, false) {}
+
+void Coordinator::Steps::Set(int rank, int size, uint64_t step) {
+  if (!any) {
+    any = true;
+    first = step;
+    return;
+  }
+  if (!mixed && step == first) return;
+  if (!mixed) {
+    mixed = true;
+    by_rank.assign(size, first);
+  }
+  by_rank[rank] = step;
+}
 
 size_t Coordinator::pending() const {
   return pending_.size() + bit_waits_.size() + held_.size();
@@ -70,6 +89,10 @@ Status Coordinator::Add(int rank, RequestMessage message, Clock::time_point now)
       SetBit(bits_by_rank_[rank], bit);
       auto [wait, fresh] = bit_waits_.try_emplace(bit);
       if (fresh) wait->second.first_seen = now;
+      wait->second.steps.Set(rank, size_, message.step);
+      steps_mixed_ = steps_mixed_ || wait->second.steps.mixed;
+      last_[rank].cached = true;
+      last_[rank].bit = bit;
       auto data = message.cached_data.find(bit);
       if (data == message.cached_data.end()) continue;
       if (entry->request.op != OpType::kAllreduce ||
@@ -107,11 +130,26 @@ Status Coordinator::Add(int rank, RequestMessage message, Clock::time_point now)
     }
     p.by_rank[rank] = request;
     ++p.count;
+    if (request.name == FinalizeName()) {
+      finalized_[rank] = true;
+      any_finalized_ = true;
+    } else {
+      p.steps.Set(rank, size_, message.step);
+      steps_mixed_ = steps_mixed_ || p.steps.mixed;
+    }
     auto data = message.request_data.find(index);
     if (data != message.request_data.end()) {
       p.data_by_rank.resize(size_);
       p.data_by_rank[rank] = std::move(data->second);
     }
+  }
+  if (!message.requests.empty()) {
+    last_[rank].cached = false;
+    last_[rank].name = message.requests.back().name;
+  }
+  if (!message.empty()) {
+    last_[rank].any = true;
+    last_[rank].at = now;
   }
   return Status::Ok();
 }
@@ -135,13 +173,15 @@ void Coordinator::ExpandDivergedBits() {
   // Names whose waiting bits cannot complete on the fast path: a full request for the same name
   // exists, or different ranks wait on different entries of one name. One waiting bit and no
   // full request (the steady state of a small allreduce) is neither.
-  if (bit_waits_.empty() || (bit_waits_.size() == 1 && pending_.empty())) return;
+  if (bit_waits_.empty() || (bit_waits_.size() == 1 && pending_.empty() && !steps_mixed_)) return;
   std::map<std::string, std::vector<uint32_t>> bits_by_name;
   for (const auto& [bit, wait] : bit_waits_) {
     bits_by_name[cache_->Get(bit)->request.name].push_back(bit);
   }
   for (const auto& [name, bits] : bits_by_name) {
-    if (bits.size() < 2 && pending_.count(name) == 0) continue;
+    if (bits.size() < 2 && pending_.count(name) == 0 && !bit_waits_.at(bits[0]).steps.mixed) {
+      continue;
+    }
     auto [it, inserted] = pending_.try_emplace(name);
     Pending& p = it->second;
     if (inserted) {
@@ -157,6 +197,8 @@ void Coordinator::ExpandDivergedBits() {
         if (!p.by_rank[r]) {
           p.by_rank[r] = cache_->Get(bit)->RequestOf(r);
           ++p.count;
+          p.steps.Set(r, size_, wait.steps.Of(r));
+          steps_mixed_ = steps_mixed_ || p.steps.mixed;
           if (!wait.data.empty() && wait.data[r]) {
             p.data_by_rank.resize(size_);
             p.data_by_rank[r] = std::move(wait.data[r]);
@@ -238,63 +280,163 @@ Response Coordinator::Validate(const Pending& p) const {
   return response;
 }
 
-void Coordinator::ExpireStalled(Clock::time_point now, std::vector<Response>* errors) {
-  if (stall_.shutdown.count() <= 0) return;
-  auto why = [this] { return " within the stall shutdown time of " + Seconds(stall_.shutdown); };
+std::vector<bool> Coordinator::PresentForBit(uint32_t bit) const {
+  std::vector<bool> present(size_);
+  for (int r = 0; r < size_; ++r) present[r] = TestBit(bits_by_rank_[r], bit);
+  return present;
+}
+
+std::vector<bool> Coordinator::PresentFor(const Pending& p) const {
+  std::vector<bool> present(size_);
+  for (int r = 0; r < size_; ++r) present[r] = p.by_rank[r].has_value();
+  return present;
+}
+
+std::string Coordinator::DescribeMissing(const std::vector<bool>& present,
+                                         Clock::time_point now) const {
+  constexpr size_t kDetailed = 4;  // ranks whose last submission is told; the rest are counted
+  std::vector<int> missing;
+  for (int r = 0; r < size_; ++r) {
+    if (!present[r]) missing.push_back(r);
+  }
+  std::string s = RankList(missing) + " (";
+  for (size_t i = 0; i < missing.size() && i < kDetailed; ++i) {
+    const LastSubmission& last = last_[missing[i]];
+    s += (i ? "; rank " : "rank ") + std::to_string(missing[i]);
+    if (finalized_[missing[i]]) {
+      s += " has finalized";
+    } else if (!last.any) {
+      s += " has submitted nothing";
+    } else {
+      const std::string name = last.cached ? cache_->Get(last.bit)->request.name : last.name;
+      s += " last submitted '" + name + "' " +
+           Seconds(std::chrono::duration_cast<std::chrono::milliseconds>(now - last.at)) + " ago";
+    }
+  }
+  if (missing.size() > kDetailed) s += "; " + std::to_string(missing.size() - kDetailed) + " more";
+  return s + ")";
+}
+
+void Coordinator::FailOlderSteps(std::vector<ResponseItem>* errors) {
+  if (!steps_mixed_) return;
+  steps_mixed_ = false;
+  for (auto& [name, p] : pending_) {
+    if (!p.steps.mixed) continue;
+    uint64_t newest = 0;
+    std::map<uint64_t, std::vector<int>> ranks_by_step;
+    for (int r = 0; r < size_; ++r) {
+      if (!p.by_rank[r]) continue;
+      newest = std::max(newest, p.steps.Of(r));
+      ranks_by_step[p.steps.Of(r)].push_back(r);
+    }
+    ResponseItem item;
+    Response& error = item.response;
+    error.error = Code::kMismatch;
+    error.error_message = "tensor '" + name + "' was submitted in different steps:";
+    for (const auto& [step, ranks] : ranks_by_step) {
+      error.error_message += " step " + std::to_string(step) + " on " + RankList(ranks) + ";";
+      if (step == newest) continue;
+      for (int r : ranks) {
+        if (error.error_ranks.empty()) error.request = *p.by_rank[r];
+        error.error_ranks.push_back(r);
+        p.by_rank[r].reset();
+        if (!p.data_by_rank.empty()) p.data_by_rank[r].reset();
+        --p.count;
+      }
+    }
+    error.error_message +=
+        " a rank skipped it in a step or submitted it twice in one. The submissions of the older "
+        "steps fail; the newest wait for the other ranks";
+    p.steps = Steps();
+    p.steps.Set(0, size_, newest);
+    p.first_seen = Clock::now();
+    p.warned = false;
+    errors->push_back(std::move(item));
+  }
+}
+
+void Coordinator::FailWaitingForFinalized(std::vector<ResponseItem>* errors) {
+  if (!any_finalized_) return;
+  auto fail = [&](Response error, const std::vector<bool>& present) {
+    std::vector<int> gone;
+    for (int r = 0; r < size_; ++r) {
+      if (present[r]) error.error_ranks.push_back(r);
+      if (!present[r] && finalized_[r]) gone.push_back(r);
+    }
+    error.error = Code::kPeerFailure;
+    error.error_message = "tensor '" + error.request.name + "' cannot complete: " + RankList(gone) +
+                          (gone.size() == 1 ? " has" : " have") +
+                          " finalized (concord_finalize) without submitting it";
+    ResponseItem item;
+    item.response = std::move(error);
+    errors->push_back(std::move(item));
+  };
+  auto waits_for_finalized = [&](const std::vector<bool>& present) {
+    for (int r = 0; r < size_; ++r) {
+      if (!present[r] && finalized_[r]) return true;
+    }
+    return false;
+  };
   for (auto it = bit_waits_.begin(); it != bit_waits_.end();) {
-    if (now - it->second.first_seen < stall_.shutdown) {
+    const std::vector<bool> present = PresentForBit(it->first);
+    if (!waits_for_finalized(present)) {
       ++it;
       continue;
     }
-    std::vector<bool> present(size_);
-    for (int r = 0; r < size_; ++r) {
-      present[r] = TestBit(bits_by_rank_[r], it->first);
-      ClearBit(bits_by_rank_[r], it->first);
-    }
-    Response error = *cache_->Get(it->first);
-    error.error = Code::kTimeout;
-    for (int r = 0; r < size_; ++r) {
-      if (present[r]) error.error_ranks.push_back(r);
-    }
-    error.error_message =
-        "tensor '" + error.request.name + "' was not submitted by " + MissingRanks(present) + why();
-    errors->push_back(std::move(error));
+    for (auto& bits : bits_by_rank_) ClearBit(bits, it->first);
+    fail(*cache_->Get(it->first), present);
     it = bit_waits_.erase(it);
   }
   for (auto it = pending_.begin(); it != pending_.end();) {
-    if (now - it->second.first_seen < stall_.shutdown) {
+    const std::vector<bool> present = PresentFor(it->second);
+    if (it->first == FinalizeName() || !waits_for_finalized(present)) {
       ++it;
       continue;
     }
-    std::vector<bool> present(size_);
-    int first = 0;
-    for (int r = size_ - 1; r >= 0; --r) {
-      present[r] = it->second.by_rank[r].has_value();
-      if (present[r]) first = r;
-    }
     Response error;
-    error.request = *it->second.by_rank[first];
-    error.error = Code::kTimeout;
-    for (int r = 0; r < size_; ++r) {
-      if (present[r]) error.error_ranks.push_back(r);
+    for (int r = 0; r < size_ && error.request.name.empty(); ++r) {
+      if (present[r]) error.request = *it->second.by_rank[r];
     }
-    error.error_message =
-        "tensor '" + it->first + "' was not submitted by " + MissingRanks(present) + why();
-    errors->push_back(std::move(error));
+    fail(std::move(error), present);
     arrival_.erase(std::find(arrival_.begin(), arrival_.end(), it->first));
     it = pending_.erase(it);
   }
 }
 
-std::string Coordinator::MissingRanks(const std::vector<bool>& present) const {
-  std::vector<int> missing;
-  for (int r = 0; r < size_; ++r) {
-    if (!present[r]) missing.push_back(r);
+Status Coordinator::CheckStallShutdown(Clock::time_point now) const {
+  if (stall_.shutdown.count() <= 0) return Status::Ok();
+  // The operation that has waited longest, if it waited too long. The finalize barrier is left
+  // out: a rank that finalized early waits for it at most its own timeout, and the others'
+  // operations already fail at once.
+  const std::string* name = nullptr;
+  std::vector<bool> present;
+  Clock::time_point oldest = now - stall_.shutdown;
+  for (const auto& [n, p] : pending_) {
+    if (p.first_seen <= oldest && n != FinalizeName()) {
+      oldest = p.first_seen;
+      name = &n;
+      present = PresentFor(p);
+    }
   }
-  return RankList(missing);
+  for (const auto& [bit, wait] : bit_waits_) {
+    if (wait.first_seen <= oldest) {
+      oldest = wait.first_seen;
+      name = &cache_->Get(bit)->request.name;
+      present = PresentForBit(bit);
+    }
+  }
+  if (name == nullptr) return Status::Ok();
+  std::vector<int> submitted;
+  for (int r = 0; r < size_; ++r) {
+    if (present[r]) submitted.push_back(r);
+  }
+  return Status(Code::kTimeout,
+                "tensor '" + *name + "' was not submitted by " + DescribeMissing(present, now) +
+                    " within the stall shutdown time of " + Seconds(stall_.shutdown) + " (" +
+                    RankList(submitted) + " submitted it; CONCORD_STALL_SHUTDOWN_S)");
 }
 
-ResponseMessage Coordinator::TakeReady(Clock::time_point now) {
+StatusOr<ResponseMessage> Coordinator::TakeReady(Clock::time_point now) {
   ExpandDivergedBits();
   std::vector<ResponseItem> ready;
 
@@ -320,6 +462,10 @@ ResponseMessage Coordinator::TakeReady(Clock::time_point now) {
     }
   }
 
+  // Operations that can never run as they are fail now, before the full path sees them.
+  FailOlderSteps(&ready);
+  FailWaitingForFinalized(&ready);
+
   // Full path: names every rank has sent, in order of arrival.
   std::vector<std::string> still_waiting;
   for (const std::string& name : arrival_) {
@@ -338,13 +484,7 @@ ResponseMessage Coordinator::TakeReady(Clock::time_point now) {
   }
   arrival_ = std::move(still_waiting);
 
-  std::vector<Response> expired;
-  ExpireStalled(now, &expired);
-  for (auto& e : expired) {
-    ResponseItem item;
-    item.response = std::move(e);
-    ready.push_back(std::move(item));
-  }
+  CONCORD_RETURN_IF_ERROR(CheckStallShutdown(now));
 
   // Groups leave only whole: hold members until all group_size members are ready; a member
   // that failed counts as ready (it completes with its error, the rest still run).
@@ -374,24 +514,31 @@ ResponseMessage Coordinator::TakeReady(Clock::time_point now) {
 std::vector<std::string> Coordinator::StallWarnings(Clock::time_point now) {
   std::vector<std::string> warnings;
   // Runs every step: the text is built only for a warning.
-  auto after = [this] {
-    return " for more than " + Seconds(stall_.warning) +
-           " (a rank skipped it, is slow, or submits a different name)";
+  auto warn = [&](const std::string& name, const std::vector<bool>& present) {
+    std::vector<int> submitted;
+    for (int r = 0; r < size_; ++r) {
+      if (present[r]) submitted.push_back(r);
+    }
+    const std::string waited = " for more than " + Seconds(stall_.warning);
+    if (name == FinalizeName()) {
+      warnings.push_back(RankList(submitted) + (submitted.size() == 1 ? " has" : " have") +
+                         " finalized and waited" + waited + " for " +
+                         DescribeMissing(present, now) + " to finalize");
+      return;
+    }
+    warnings.push_back("tensor '" + name + "' has waited" + waited + " for " +
+                       DescribeMissing(present, now) + "; " + RankList(submitted) +
+                       " submitted it. A rank skipped it, is slow, or submits a different name");
   };
   for (auto& [name, p] : pending_) {
     if (p.warned || now - p.first_seen < stall_.warning) continue;
     p.warned = true;
-    std::vector<bool> present(size_);
-    for (int r = 0; r < size_; ++r) present[r] = p.by_rank[r].has_value();
-    warnings.push_back("tensor '" + name + "' is waiting for " + MissingRanks(present) + after());
+    warn(name, PresentFor(p));
   }
   for (auto& [bit, wait] : bit_waits_) {
     if (wait.warned || now - wait.first_seen < stall_.warning) continue;
     wait.warned = true;
-    std::vector<bool> present(size_);
-    for (int r = 0; r < size_; ++r) present[r] = TestBit(bits_by_rank_[r], bit);
-    warnings.push_back("tensor '" + cache_->Get(bit)->request.name + "' is waiting for " +
-                       MissingRanks(present) + after());
+    warn(cache_->Get(bit)->request.name, PresentForBit(bit));
   }
   return warnings;
 }

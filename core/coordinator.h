@@ -24,11 +24,21 @@
 //     order, so the collectives match, and inserts new responses into its response cache in that
 //     order, so bit numbers agree without any exchange.
 //  4. Operations that some ranks submitted and others did not are reported after the stall
-//     warning time (naming the missing ranks) and, past the stall shutdown time if one is set,
-//     completed with a kTimeout error on the ranks that submitted them.
-//  5. A rank that fails, leaves or sends malformed bytes makes rank 0 send an abort to every rank.
+//     warning time, on every rank (the response message carries the warning), naming the missing
+//     ranks and the last tensor each of them submitted. Past the stall shutdown time, if one is
+//     set, the job fails on every rank with kTimeout naming the tensor and the missing ranks (a
+//     job that lost a tensor cannot stay in step; failing once, clearly, beats failing every
+//     step after).
+//  5. Steps. An application that marks its steps (Engine::EndStep) sends each request with its
+//     step number. A name submitted in different steps on different ranks (a rank skipped it in
+//     a step, or submitted it twice) would mix the steps' data: the submissions of the older
+//     steps fail at once with kMismatch naming the tensor, the ranks and their steps, and the
+//     newest wait for their peers, so the job recovers in step. Unmarked steps are all 0.
+//  6. A rank that finalizes (its finalize barrier arrives) never submits again: whatever waits for
+//     it fails at once on the ranks that submitted it, with kPeerFailure naming the rank.
+//  7. A rank that fails, leaves or sends malformed bytes makes rank 0 send an abort to every rank.
 //
-// This class is the pure decision logic of steps 2-4 (no I/O, no threads): the engine feeds it
+// This class is the pure decision logic of steps 2-6 (no I/O, no threads): the engine feeds it
 // messages and sends what it returns. Not thread-safe; owned by rank 0's engine and used by the
 // thread running its step.
 #pragma once
@@ -61,8 +71,10 @@ class Coordinator {
   // that is not an allreduce of that size.
   Status Add(int rank, RequestMessage message, Clock::time_point now);
 
-  // Everything that can run now, in execution order (may be empty).
-  ResponseMessage TakeReady(Clock::time_point now);
+  // Everything that can run now, in execution order (may be empty), with the errors of operations
+  // that can never run (older steps, ranks that finalized). kTimeout when an operation has waited
+  // past the stall shutdown time: the job must fail.
+  StatusOr<ResponseMessage> TakeReady(Clock::time_point now);
 
   // Stall warnings due at `now` (each reported once), and the time of the next stall check.
   std::vector<std::string> StallWarnings(Clock::time_point now);
@@ -72,26 +84,54 @@ class Coordinator {
   size_t pending() const;
 
  private:
+  // The steps in which ranks submitted one name. While they agree only `first` is kept, so the
+  // common case allocates nothing; once two differ, `by_rank` holds every rank's.
+  struct Steps {
+    bool any = false;
+    bool mixed = false;
+    uint64_t first = 0;
+    std::vector<uint64_t> by_rank;
+    void Set(int rank, int size, uint64_t step);
+    uint64_t Of(int rank) const { return mixed ? by_rank[rank] : first; }
+  };
   struct Pending {
     std::vector<std::optional<TensorRequest>> by_rank;
     std::vector<std::optional<std::string>> data_by_rank;  // inline inputs (empty: none yet)
     int count = 0;
     Clock::time_point first_seen;
     bool warned = false;
+    Steps steps;
   };
   struct BitWait {
     Clock::time_point first_seen;
     bool warned = false;
     std::vector<std::optional<std::string>> data;  // inline inputs by rank (empty: none yet)
+    Steps steps;
+  };
+  // What a rank submitted last: a cache bit or a full request's name (for stall messages).
+  struct LastSubmission {
+    bool any = false;
+    bool cached = false;
+    uint32_t bit = 0;
+    std::string name;
+    Clock::time_point at;
   };
 
   void ExpandDivergedBits();
+  // Fails the submissions of older steps of names submitted in different steps.
+  void FailOlderSteps(std::vector<ResponseItem>* errors);
+  // Fails what waits for a rank that finalized.
+  void FailWaitingForFinalized(std::vector<ResponseItem>* errors);
+  // Describes who is missing for an operation: the ranks and what each last submitted.
+  std::string DescribeMissing(const std::vector<bool>& present, Clock::time_point now) const;
   // Every rank's inline input reduced in rank order, or nothing unless all ranks sent one.
   std::optional<std::string> ReduceInline(const TensorRequest& request,
                                           std::vector<std::optional<std::string>>& data) const;
   Response Validate(const Pending& p) const;
-  void ExpireStalled(Clock::time_point now, std::vector<Response>* errors);
-  std::string MissingRanks(const std::vector<bool>& present) const;
+  // kTimeout naming the oldest operation past the stall shutdown time, if any.
+  Status CheckStallShutdown(Clock::time_point now) const;
+  std::vector<bool> PresentForBit(uint32_t bit) const;
+  std::vector<bool> PresentFor(const Pending& p) const;
 
   int size_;
   const ResponseCache* cache_;
@@ -101,6 +141,10 @@ class Coordinator {
   std::map<std::string, Pending> pending_;           // full requests by name
   std::vector<std::string> arrival_;                 // names in order of first arrival
   std::vector<ResponseItem> held_;                   // ready group members waiting for the rest
+  std::vector<LastSubmission> last_;                 // per rank
+  std::vector<bool> finalized_;                      // per rank: its finalize barrier arrived
+  bool any_finalized_ = false;
+  bool steps_mixed_ = false;  // some Pending or BitWait has mixed steps
 };
 
 }  // namespace concord

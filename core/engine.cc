@@ -107,6 +107,7 @@ Status Engine::Enqueue(QueueEntry entry, bool then_wait) {
   CONCORD_RETURN_IF_ERROR(ValidateEntry(entry, config_.size));
   CONCORD_RETURN_IF_ERROR(CheckDevice(entry));
   CONCORD_RETURN_IF_ERROR(AttachCompressor(entry));
+  entry.step = step_.load(std::memory_order_relaxed);
   {
     MutexLock lock(group_mu_);
     if (group_open_ && group_owner_ == std::this_thread::get_id()) {
@@ -177,6 +178,7 @@ Status Engine::Shutdown() {
   }
   MutexLock shutdown_lock(shutdown_mu_);
   if (driver_.stopping()) return Status::Ok();
+  Status barrier = Status::Ok();
   if (config_.size > 1 && failure().ok()) {
     // A last barrier, negotiated like any operation, so no rank closes its connections while a
     // peer still needs bytes from it. A peer that never finalizes costs one timeout, not a hang.
@@ -189,7 +191,15 @@ Status Engine::Shutdown() {
     std::vector<QueueEntry> entries;
     entries.push_back(std::move(bye));
     if (queue_.Push(std::move(entries)).ok()) {
-      Wait(*finalized, TimeoutFromNow());
+      if (!Wait(*finalized, TimeoutFromNow())) {
+        barrier = Status(Code::kTimeout,
+                         "concord_finalize: the finalize barrier did not complete within " +
+                             FormatSeconds(config_.timeout_s) +
+                             " (other ranks have not finalized; they may still be running); "
+                             "this rank finalized without them");
+      } else if (!finalized->status().ok()) {
+        barrier = finalized->status().WithContext("concord_finalize: the finalize barrier failed");
+      }
     }
   }
   driver_.Stop();
@@ -220,7 +230,8 @@ Status Engine::Shutdown() {
   finalizing_thread_.store(std::this_thread::get_id());
   for (auto& e : left) e.state->Complete(closed);
   finalizing_thread_.store(std::thread::id());
-  return Status::Ok();
+  if (!barrier.ok()) Log(LogLevel::kWarning, barrier.message());
+  return barrier;
 }
 
 Status Engine::StepHook(Deadline limit, std::chrono::microseconds busy) {

@@ -113,9 +113,18 @@ class Engine {
   // Next barrier's name: barriers are matched across ranks by their sequence number.
   std::string NextBarrierName();
 
+  // Ends this rank's current step: operations enqueued afterwards belong to the next one. When
+  // every rank marks its steps, a name submitted in different steps on different ranks fails with
+  // kMismatch instead of mixing the steps' data (coordinator.h, point 5). Thread-safe.
+  void EndStep() { step_.fetch_add(1, std::memory_order_relaxed); }
+
   // Finalizes (see the class comment). Refused with kInvalidArgument on the engine's own threads
-  // (from a completion callback), where it could only deadlock.
+  // (from a completion callback), where it could only deadlock: then stopped() stays false.
+  // Otherwise the engine is stopped afterwards, and the status says whether the finalize barrier
+  // completed with every rank (kTimeout: some rank did not finalize in time; the error of a
+  // failed barrier). A second call returns OK.
   Status Shutdown() EXCLUDES(shutdown_mu_, group_mu_, failure_mu_);
+  bool stopped() const { return driver_.stopping(); }
   // The error that failed the engine (OK while healthy).
   Status failure() const EXCLUDES(failure_mu_);
   const EngineStats& stats() const { return stats_; }
@@ -161,6 +170,8 @@ class Engine {
   Status Step(Deadline limit, std::chrono::microseconds busy) REQUIRES(driver_.step_mutex());
   Status HandleMessage(const ControlMessage& message) REQUIRES(driver_.step_mutex());
   Status SubmitNew() REQUIRES(driver_.step_mutex());
+  // Gives `m` to the coordinator (rank 0) or sends it to rank 0.
+  Status SendRequests(RequestMessage m) REQUIRES(driver_.step_mutex());
   Status Coordinate() REQUIRES(driver_.step_mutex());
   // When the next step must run at the latest: the end of a gathering cycle, a stall check.
   Deadline NextWake() const REQUIRES(driver_.step_mutex());
@@ -259,6 +270,7 @@ class Engine {
   // Serialises Shutdown(), which runs the finalize barrier: taken before every other lock.
   Mutex shutdown_mu_ ACQUIRED_BEFORE(group_mu_, failure_mu_);
   std::atomic<bool> finalized_{false};               // the finalize barrier ran on this rank
+  std::atomic<uint64_t> step_{0};                    // EndStep() calls so far
   std::atomic<std::thread::id> device_thread_id_{};  // the device completion thread, once seen
   // The thread completing what Shutdown() left, while it runs their callbacks.
   std::atomic<std::thread::id> finalizing_thread_{};

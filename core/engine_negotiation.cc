@@ -61,8 +61,15 @@ Status Engine::SubmitNew() {
   }
   std::vector<TensorQueue::Fresh> fresh = queue_.PopNew();
   if (fresh.empty()) return Status::Ok();
+  // One message per step (steps change between messages, almost never inside one).
   RequestMessage m;
-  for (auto& [request, input] : fresh) {
+  m.step = fresh.front().step;
+  for (auto& [request, input, step] : fresh) {
+    if (step != m.step) {
+      CONCORD_RETURN_IF_ERROR(SendRequests(std::move(m)));
+      m = RequestMessage();
+      m.step = step;
+    }
     std::optional<std::string> data = InlineData(request, input);
     if (auto bit = cache_.Lookup(request, config_.rank)) {
       if (*bit / 64 >= m.cached_mask.size()) m.cached_mask.resize(*bit / 64 + 1, 0);
@@ -73,6 +80,10 @@ Status Engine::SubmitNew() {
       m.requests.push_back(std::move(request));
     }
   }
+  return SendRequests(std::move(m));
+}
+
+Status Engine::SendRequests(RequestMessage m) {
   if (coordinator_) return coordinator_->Add(0, std::move(m), Clock::now());
   return control_->Send(0, SerializeRequestMessage(m));
 }
@@ -104,14 +115,18 @@ Status Engine::HandleMessage(const ControlMessage& message) {
   }
   CONCORD_ASSIGN_OR_RETURN(ResponseMessage response, ParseResponseMessage(message.bytes));
   if (response.abort) return Status(response.abort_code, response.abort_reason);
+  for (const auto& warning : response.warnings) Log(LogLevel::kWarning, "stall: " + warning);
+  if (response.items.empty()) return Status::Ok();
   return Execute(response);
 }
 
 Status Engine::Coordinate() {
   const auto now = Clock::now();
-  for (const auto& warning : coordinator_->StallWarnings(now)) Log(LogLevel::kWarning, warning);
-  ResponseMessage ready = coordinator_->TakeReady(now);
-  if (ready.items.empty()) return Status::Ok();
+  CONCORD_ASSIGN_OR_RETURN(ResponseMessage ready, coordinator_->TakeReady(now));
+  // Warnings go to every rank, so each rank's log says whom it waits for.
+  ready.warnings = coordinator_->StallWarnings(now);
+  for (const auto& warning : ready.warnings) Log(LogLevel::kWarning, "stall: " + warning);
+  if (ready.items.empty() && ready.warnings.empty()) return Status::Ok();
   if (config_.size > 1) {
     std::string bytes = SerializeResponseMessage(ready);
     for (int r = 1; r + 1 < config_.size; ++r) CONCORD_RETURN_IF_ERROR(control_->Send(r, bytes));
@@ -120,6 +135,7 @@ Status Engine::Coordinate() {
     // waiting for the rest of a large response (inline results on a slow link) could never join.
     CONCORD_RETURN_IF_ERROR(control_->Drain(TimeoutFromNow()));
   }
+  if (ready.items.empty()) return Status::Ok();
   return Execute(ready);
 }
 

@@ -7,7 +7,7 @@ namespace {
 
 constexpr uint8_t kRequestTag = 0xC1;
 constexpr uint8_t kResponseTag = 0xC2;
-constexpr uint8_t kVersion = 3;
+constexpr uint8_t kVersion = 4;
 constexpr uint32_t kMaxString = 1 << 20;
 
 class Writer {
@@ -240,6 +240,7 @@ std::string SerializeRequestMessage(const RequestMessage& m) {
   Writer w(expected);
   w.U8(kRequestTag);
   w.U8(kVersion);
+  w.I64(static_cast<int64_t>(m.step));
   w.U32(static_cast<uint32_t>(m.cached_mask.size()));
   for (uint64_t word : m.cached_mask) w.I64(static_cast<int64_t>(word));
   w.U32(static_cast<uint32_t>(m.requests.size()));
@@ -253,6 +254,7 @@ StatusOr<RequestMessage> ParseRequestMessage(const std::string& bytes) {
   Reader rd(bytes);
   CONCORD_RETURN_IF_ERROR(CheckHeader(rd, kRequestTag, "request message"));
   RequestMessage m;
+  m.step = static_cast<uint64_t>(rd.I64());
   const uint32_t nwords = rd.Count(8);
   for (uint32_t i = 0; i < nwords && rd.ok(); ++i) {
     m.cached_mask.push_back(static_cast<uint64_t>(rd.I64()));
@@ -285,6 +287,7 @@ StatusOr<RequestMessage> ParseRequestMessage(const std::string& bytes) {
 
 std::string SerializeResponseMessage(const ResponseMessage& m) {
   size_t expected = 16 + m.abort_reason.size();
+  for (const auto& warning : m.warnings) expected += 4 + warning.size();
   for (const auto& item : m.items) {
     expected += 16 + (item.data ? item.data->size() : 0);
     if (!item.cached) {
@@ -299,6 +302,8 @@ std::string SerializeResponseMessage(const ResponseMessage& m) {
   w.U8(m.abort ? 1 : 0);
   w.I32(static_cast<int32_t>(m.abort_code));
   w.Str(m.abort_reason);
+  w.U32(static_cast<uint32_t>(m.warnings.size()));
+  for (const auto& warning : m.warnings) w.Str(warning);
   w.U32(static_cast<uint32_t>(m.items.size()));
   for (const auto& item : m.items) {
     w.U8(item.cached ? 1 : 0);
@@ -324,6 +329,8 @@ StatusOr<ResponseMessage> ParseResponseMessage(const std::string& bytes) {
   if (code < 0 || code > static_cast<int32_t>(Code::kProtocolError)) rd.Fail("unknown abort code");
   m.abort_code = static_cast<Code>(code);
   m.abort_reason = rd.Str();
+  const uint32_t nwarnings = rd.Count(4);
+  for (uint32_t i = 0; i < nwarnings && rd.ok(); ++i) m.warnings.push_back(rd.Str());
   const uint32_t n = rd.Count(6);
   for (uint32_t i = 0; i < n && rd.ok(); ++i) {
     ResponseItem item;

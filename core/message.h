@@ -21,6 +21,9 @@
 namespace concord {
 
 struct RequestMessage {
+  // The sender's step (Engine::EndStep) when these operations were enqueued; 0 when the
+  // application never marks steps. One message never mixes steps.
+  uint64_t step = 0;
   std::vector<uint64_t> cached_mask;    // bit b set: a request equal to cache entry b is ready
   std::vector<TensorRequest> requests;  // everything else
   // Inline data: a small allreduce's prescaled input, by cache bit (for bits set in cached_mask)
@@ -44,6 +47,9 @@ struct ResponseMessage {
   bool abort = false;  // the job failed: every rank fails with abort_code / abort_reason
   Code abort_code = Code::kOk;
   std::string abort_reason;
+  // The coordinator's stall warnings, which every rank logs (so each rank's log says which rank
+  // it is waiting for). A message may carry warnings and no items.
+  std::vector<std::string> warnings;
 };
 
 std::string SerializeRequestMessage(const RequestMessage& m);

@@ -38,7 +38,7 @@ std::vector<TensorQueue::Fresh> TensorQueue::PopNew() {
   out.reserve(fresh_.size());
   for (const auto& name : fresh_) {
     const QueueEntry& e = table_.at(name);
-    out.push_back(Fresh{e.request, e.input});
+    out.push_back(Fresh{e.request, e.input, e.step});
   }
   fresh_.clear();
   oldest_fresh_.reset();

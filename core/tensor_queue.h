@@ -31,6 +31,8 @@ struct QueueEntry {
   void* ready_stream = nullptr;
   void* ready_event = nullptr;
   std::shared_ptr<RequestState> state;
+  // The application's step when it was enqueued (Engine::EndStep); negotiated, never cached.
+  uint64_t step = 0;
   // request.compression's compressor (set by Engine::Enqueue; null when uncompressed).
   std::shared_ptr<const compression::Compressor> compressor;
 };
@@ -48,6 +50,7 @@ class TensorQueue {
   struct Fresh {
     TensorRequest request;
     const void* input = nullptr;
+    uint64_t step = 0;
   };
   // Requests pushed since the last call, in push order (their entries stay in flight).
   std::vector<Fresh> PopNew();

@@ -601,7 +601,17 @@ TEST_P(EngineRanksTest, ShutdownCompletesPendingWithNotInitialized) {
   if (state) {
     ASSERT_TRUE(WaitUntil([&] { return job.world().Received(0, size - 1) > sent; }));
   }
-  EXPECT_TRUE(last.Shutdown().ok());
+  // Alone, the finalize barrier cannot complete: Shutdown() says so (and still shuts down).
+  Status down = last.Shutdown();
+  if (size == 1) {
+    EXPECT_TRUE(down.ok()) << down.ToString();
+  } else {
+    EXPECT_EQ(down.code(), Code::kTimeout) << down.ToString();
+    EXPECT_NE(down.message().find("the finalize barrier did not complete"), std::string::npos)
+        << down.ToString();
+  }
+  EXPECT_TRUE(last.stopped());
+  EXPECT_TRUE(last.Shutdown().ok());  // a second call has nothing left to report
   if (state) {
     ASSERT_TRUE(state->done());
     EXPECT_EQ(state->status().code(), Code::kNotInitialized);
@@ -609,6 +619,11 @@ TEST_P(EngineRanksTest, ShutdownCompletesPendingWithNotInitialized) {
   Status s = last.Enqueue(
       Entry(Request("later", OpType::kAllreduce, DType::kFloat32, {4}), data.data(), data.data()));
   EXPECT_EQ(s.code(), Code::kNotInitialized) << s.ToString();
+  // The others' finalize barrier cannot complete without the rank that left either.
+  harness::RunRanks(size - 1, [&](int rank) {
+    Status other = job[rank].Shutdown();
+    EXPECT_FALSE(other.ok()) << "rank " << rank;
+  });
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, EngineRanksTest, ::testing::Values(1, 2, 3, 4));
@@ -661,7 +676,7 @@ TEST_P(EngineDeathTest, OtherRanksFailPromptly) {
 INSTANTIATE_TEST_SUITE_P(SizesAndVictims, EngineDeathTest,
                          ::testing::Combine(::testing::Values(2, 3, 4), ::testing::Bool()));
 
-TEST(EngineStallTest, StallShutdownCompletesWithTimeout) {
+TEST(EngineStallTest, StallShutdownFailsTheJobOnEveryRankNamingTheMissingRank) {
   Job job(2, [](Config& c) {
     c.stall_warning_s = 0.05;
     c.stall_shutdown_s = 0.2;
@@ -671,16 +686,17 @@ TEST(EngineStallTest, StallShutdownCompletesWithTimeout) {
                                     data.data(), data.data()));
   Status s = Await(state, milliseconds(5000));
   EXPECT_EQ(s.code(), Code::kTimeout) << s.ToString();
-  EXPECT_NE(s.message().find("rank 1"), std::string::npos) << s.message();
-  // The job is still healthy.
-  RunRanks(2, [&](int rank) {
-    std::vector<float> d(4, 1.0f);
-    Status ok =
-        Await(Submit(job[rank], Entry(Request("fine", OpType::kAllreduce, DType::kFloat32, {4}),
-                                      d.data(), d.data())));
-    EXPECT_TRUE(ok.ok()) << ok.ToString();
-    EXPECT_EQ(d[0], 2.0f);
-  });
+  EXPECT_NE(s.message().find("tensor 'stalled' was not submitted by rank 1"), std::string::npos)
+      << s.message();
+  // Failing once, on every rank (rank 1 learns it from rank 0's abort), is the end of the job.
+  ASSERT_TRUE(WaitUntil([&] { return !job[1].failure().ok(); }, milliseconds(5000)));
+  EXPECT_EQ(job[1].failure().code(), Code::kTimeout) << job[1].failure().ToString();
+  EXPECT_NE(job[1].failure().message().find("'stalled'"), std::string::npos)
+      << job[1].failure().ToString();
+  std::vector<float> d(4, 1.0f);
+  Status late = job[1].Enqueue(
+      Entry(Request("stalled", OpType::kAllreduce, DType::kFloat32, {4}), d.data(), d.data()));
+  EXPECT_EQ(late.code(), Code::kTimeout) << late.ToString();
 }
 
 // One invalid entry: how to break a valid allreduce entry, and the code expected.

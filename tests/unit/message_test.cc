@@ -39,6 +39,7 @@ void ExpectSameResponse(const Response& a, const Response& b) {
 // A request message and a response message that together use every field and variant.
 RequestMessage SampleRequestMessage() {
   RequestMessage m;
+  m.step = 0x0102030405060708ull;
   m.cached_mask = {0x1, 0x8000000000000000ull, 0};
   m.requests.push_back(FullRequest(OpType::kAllgather, DType::kBFloat16, ReduceOp::kMax));
   TensorRequest scalar;
@@ -66,6 +67,7 @@ ResponseMessage SampleResponseMessage() {
   error.response.error_message = "tensor 'x': ranks disagree on dtype";
   error.response.error_ranks = {0, 2};
   m.items.push_back(error);
+  m.warnings = {"tensor 'y' has waited for rank 1", ""};
   return m;
 }
 
@@ -122,6 +124,7 @@ TEST(MessageTest, CachedMaskAndRequestsRoundTrip) {
   const RequestMessage m = SampleRequestMessage();
   auto parsed = ParseRequestMessage(SerializeRequestMessage(m));
   ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_EQ(parsed->step, m.step);
   EXPECT_EQ(parsed->cached_mask, m.cached_mask);
   EXPECT_EQ(parsed->requests, m.requests);
   EXPECT_EQ(parsed->cached_data, m.cached_data);
@@ -155,6 +158,7 @@ TEST(MessageTest, ResponseItemsRoundTrip) {
   const ResponseMessage m = SampleResponseMessage();
   auto parsed = ParseResponseMessage(SerializeResponseMessage(m));
   ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_EQ(parsed->warnings, m.warnings);
   ASSERT_EQ(parsed->items.size(), m.items.size());
   for (size_t i = 0; i < m.items.size(); ++i) {
     EXPECT_EQ(parsed->items[i].cached, m.items[i].cached);
@@ -179,14 +183,19 @@ TEST(MessageTest, AbortRoundTrip) {
   EXPECT_EQ(parsed->abort_reason, "rank 3 died");
 }
 
-// Expects both parsers to refuse `bytes` with kProtocolError.
-void ExpectRejected(const std::string& bytes, const std::string& what) {
+// Expects both parsers to refuse `bytes` with kProtocolError; the parser of the message's own
+// kind (by its tag) with a message containing `reason`, when given.
+void ExpectRejected(const std::string& bytes, const std::string& what,
+                    const std::string& reason = "") {
   auto req = ParseRequestMessage(bytes);
   ASSERT_FALSE(req.ok()) << what;
   EXPECT_EQ(req.status().code(), Code::kProtocolError) << what;
   auto resp = ParseResponseMessage(bytes);
   ASSERT_FALSE(resp.ok()) << what;
   EXPECT_EQ(resp.status().code(), Code::kProtocolError) << what;
+  if (reason.empty() || bytes.empty()) return;
+  const Status& own = static_cast<uint8_t>(bytes[0]) == 0xC1 ? req.status() : resp.status();
+  EXPECT_NE(own.message().find(reason), std::string::npos) << what << ": " << own.message();
 }
 
 TEST(MessageTest, EveryTruncatedPrefixIsRejected) {
@@ -227,15 +236,20 @@ std::string U32Bytes(uint32_t v) {
 }
 
 TEST(MessageTest, HugeCountsAreRejected) {
-  const std::string req_header("\xC1\x01", 2);
-  const std::string resp_header("\xC2\x01", 2);
+  // Tag and current version (so that what is rejected is the count, not the version), then the
+  // request message's step.
+  const std::string req_header = SerializeRequestMessage(RequestMessage()).substr(0, 2 + 8);
+  const std::string resp_header = SerializeResponseMessage(ResponseMessage()).substr(0, 2);
   for (uint32_t count : {0xFFFFFFFFu, 0x80000000u, 1000u}) {
     // Mask word count, then request count.
-    ExpectRejected(req_header + U32Bytes(count), "mask count");
-    ExpectRejected(req_header + U32Bytes(0) + U32Bytes(count), "request count");
-    // Item count after abort flag, code and empty reason.
-    ExpectRejected(resp_header + '\0' + U32Bytes(0) + U32Bytes(0) + U32Bytes(count), "item count");
-    ExpectRejected(resp_header + '\0' + U32Bytes(0) + U32Bytes(count), "reason length");
+    ExpectRejected(req_header + U32Bytes(count), "mask count", "count");
+    ExpectRejected(req_header + U32Bytes(0) + U32Bytes(count), "request count", "count");
+    // Warning count and item count after abort flag, code and empty reason.
+    const std::string after_reason = resp_header + '\0' + U32Bytes(0) + U32Bytes(0);
+    ExpectRejected(after_reason + U32Bytes(count), "warning count", "count");
+    ExpectRejected(after_reason + U32Bytes(0) + U32Bytes(count), "item count", "count");
+    ExpectRejected(resp_header + '\0' + U32Bytes(0) + U32Bytes(count), "reason length",
+                   "string length");
   }
   // A string length beyond the message and a dimension count beyond the limit.
   RequestMessage m;
@@ -245,16 +259,16 @@ TEST(MessageTest, HugeCountsAreRejected) {
   m.requests.push_back(r);
   ExpectRejected(SerializeRequestMessage(m), "65 dimensions");
   std::string bytes = SerializeRequestMessage(SampleRequestMessage());
-  const size_t name_len_at = 2 + 4 + 3 * 8 + 4;
+  const size_t name_len_at = 2 + 8 + 4 + 3 * 8 + 4;
   bytes.replace(name_len_at, 4, U32Bytes(0xFFFFFF00u));
-  ExpectRejected(bytes, "name length");
+  ExpectRejected(bytes, "name length", "string length");
 }
 
 // The serialized request message holding only `r`, and the offset of r's op byte in it.
 std::string OneRequest(const TensorRequest& r, size_t* op_at) {
   RequestMessage m;
   m.requests.push_back(r);
-  *op_at = 2 + 4 + 4 + 4 + r.name.size();
+  *op_at = 2 + 8 + 4 + 4 + 4 + r.name.size();
   return SerializeRequestMessage(m);
 }
 
@@ -304,7 +318,7 @@ TEST(MessageTest, InvalidEnumsAndNegativeValuesAreRejected) {
   bad_abort[2] = 2;
   ExpectRejected(bad_abort, "abort flag");
   std::string bad_cached = response_with([](ResponseMessage&) {});
-  bad_cached[2 + 1 + 4 + 4 + 4] = 7;
+  bad_cached[2 + 1 + 4 + 4 + 4 + 4] = 7;
   ExpectRejected(bad_cached, "cached flag");
 }
 
