@@ -414,13 +414,16 @@ concord_status_t concord_init_config(const concord_config_t* user, concord_comm_
 concord_status_t concord_finalize(concord_comm_t comm) {
   if (comm == nullptr) return CONCORD_SUCCESS;
   try {
+    Status s = Status::Ok();
     if (comm->engine) {
+      s = comm->engine->Shutdown();
       // Refused (and the handle kept) when called from one of this communicator's callbacks.
-      const Status s = comm->engine->Shutdown();
-      if (!s.ok()) return Record(comm, s);
+      if (!s.ok() && !comm->engine->stopped()) return Record(comm, s);
     }
     delete comm;
-    return CONCORD_SUCCESS;
+    // Finalized, but the finalize barrier did not complete: the handle is gone, so the message
+    // is kept where concord_comm_last_error(NULL) finds it.
+    return Record(nullptr, s);
   } catch (...) {
     return Record(comm, CurrentException("concord_finalize"));
   }
@@ -571,6 +574,14 @@ concord_status_t concord_group_end(concord_comm_t comm) {
   return Guard(comm, [&]() -> Status {
     CONCORD_RETURN_IF_ERROR(CheckComm(comm));
     return comm->engine->GroupEnd();
+  });
+}
+
+concord_status_t concord_end_step(concord_comm_t comm) {
+  return Guard(comm, [&]() -> Status {
+    CONCORD_RETURN_IF_ERROR(CheckComm(comm));
+    comm->engine->EndStep();
+    return Status::Ok();
   });
 }
 

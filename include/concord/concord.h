@@ -221,7 +221,11 @@ CONCORD_API concord_status_t concord_init_config(const concord_config_t* config,
                                                  concord_comm_t* comm);
 /** Runs a last barrier with the other ranks (at most the timeout), fails pending requests with
  *  NOT_INITIALIZED, stops the engine and frees the handle. NULL is ok. From one of the
- *  communicator's own callbacks it is refused with INVALID_ARGUMENT and the handle stays valid. */
+ *  communicator's own callbacks it is refused with INVALID_ARGUMENT and the handle stays valid.
+ *  The others learn at once that this rank finalized: operations they submitted that this rank
+ *  did not fail with PEER_FAILURE naming it. When the barrier does not complete (TIMEOUT: other
+ *  ranks did not finalize in time; or the error that failed it), the handle is still freed and
+ *  the status says so, with the message in concord_comm_last_error(NULL). */
 CONCORD_API concord_status_t concord_finalize(concord_comm_t comm);
 
 CONCORD_API concord_status_t concord_comm_rank(concord_comm_t comm, int* rank);
@@ -231,8 +235,9 @@ CONCORD_API concord_status_t concord_comm_local_size(concord_comm_t comm, int* l
 /** The message of the last call on this communicator that failed on the calling thread (empty
  *  when none has; a later success does not clear it). Valid until the next call on this
  *  communicator from the same thread. NULL comm: the message of the last call on this thread that
- *  failed without a communicator to keep it: concord_init or concord_init_config, or any call
- *  given a NULL communicator; also not cleared by a success. Errors of an operation itself are
+ *  failed without a communicator to keep it: concord_init or concord_init_config, a
+ *  concord_finalize whose barrier did not complete, or any call given a NULL communicator; also
+ *  not cleared by a success. Errors of an operation itself are
  *  kept on its request (concord_request_error). */
 CONCORD_API const char* concord_comm_last_error(concord_comm_t comm);
 
@@ -291,12 +296,23 @@ CONCORD_API concord_status_t concord_barrier_async(concord_comm_t comm, concord_
  * dtype and op allow. Groups do not nest. Every rank must enqueue the same members in the same
  * order: ranks recognise a group by its first member's name and its size, so a different order
  * fails every member with MISMATCH, and different members fail with MISMATCH or never complete
- * (the stall warning names them; CONCORD_STALL_SHUTDOWN_S fails them with TIMEOUT). When
+ * (the stall warning names them; CONCORD_STALL_SHUTDOWN_S fails the job with TIMEOUT). When
  * group_end fails (a name already in flight, a failed communicator), every member completes with
  * that error.
  */
 CONCORD_API concord_status_t concord_group_start(concord_comm_t comm);
 CONCORD_API concord_status_t concord_group_end(concord_comm_t comm);
+
+/**
+ * Ends this rank's training step: operations enqueued afterwards belong to the next step. Optional;
+ * call it at the same point of every step on every rank (or on none), e.g. after waiting for the
+ * step's gradients. Steps let Concord catch a rank that skipped a tensor in a step (or submitted
+ * it twice): otherwise its next submission would be reduced with the others' previous one, a
+ * wrong sum with no error. With steps marked, the submissions of the older step fail with MISMATCH
+ * naming the tensor, the ranks and their steps, and the newer ones wait for their peers, so the
+ * job stays in step. Thread-safe; cheap (an atomic increment).
+ */
+CONCORD_API concord_status_t concord_end_step(concord_comm_t comm);
 
 /* ---- requests ---- */
 /** Blocks until the request finishes, at most timeout_s seconds (< 0: no limit; the engine's own

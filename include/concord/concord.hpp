@@ -315,6 +315,10 @@ class Communicator {
 
   void barrier() { detail::Check(concord_barrier(comm_), concord_comm_last_error(comm_)); }
 
+  /// Ends this rank's training step (see concord_end_step): a tensor a rank skips in a step then
+  /// fails with a mismatch instead of being reduced with another step's.
+  void end_step() { detail::Check(concord_end_step(comm_), concord_comm_last_error(comm_)); }
+
   /// Operations enqueued by this thread inside the group are negotiated and fused as one unit.
   /// Every rank must enqueue the same members in the same order (see concord_group_start).
   class Group {

@@ -191,12 +191,10 @@ int Finalize(double linger_s) {
     const std::string err = s == CONCORD_SUCCESS ? "" : concord_request_error(op.req);
     CHECKF(s == CONCORD_ERR_PEER_FAILURE, "'%s': %s, want PEER_FAILURE (%s)", name,
            concord_status_string(s), err.c_str());
-    // By the second operation, ranks that already finalized may be listed with the culprit.
+    // Ranks that finished first and finalized too may be listed with the culprit.
     const std::string list = err.substr(0, err.find(" finalized"));
-    const bool named = std::string(name) == "x"
-                           ? Contains(err, told)
-                           : Contains(list + ",", " " + std::to_string(culprit) + ",") ||
-                                 Contains(list, " " + std::to_string(culprit) + " ha");
+    const bool named = Contains(list + ",", " " + std::to_string(culprit) + ",") ||
+                       Contains(list, " " + std::to_string(culprit) + " ha");
     CHECKF(named && Contains(err, std::string("'") + name + "'"),
            "'%s': the error does not say that %s: %s", name, told.c_str(), err.c_str());
     CHECKF(took < 1.0, "'%s': the others learned it after %.2f s", name, took);

@@ -111,6 +111,7 @@ _SIGNATURES = [
      [c_comm_p, CALLBACK, ctypes.c_void_p, ctypes.POINTER(c_request_p)]),
     ("concord_group_start", ctypes.c_int, [c_comm_p]),
     ("concord_group_end", ctypes.c_int, [c_comm_p]),
+    ("concord_end_step", ctypes.c_int, [c_comm_p]),
     ("concord_wait", ctypes.c_int, [c_request_p, ctypes.c_double]),
     ("concord_test", ctypes.c_int, [c_request_p]),
     ("concord_request_error", ctypes.c_char_p, [c_request_p]),

@@ -398,6 +398,14 @@ class Communicator:
     def barrier(self):
         self.barrier_async().wait()
 
+    def end_step(self):
+        """Ends this rank's training step (concord_end_step): call it at the same point of every
+        step on every rank, or on none. A tensor a rank then skips in a step (or submits twice)
+        fails with a ConcordError (status MISMATCH) naming the tensor and the ranks' steps,
+        instead of being reduced with another step's. DistributedOptimizer calls it in
+        synchronize()."""
+        self._check(lib().concord_end_step(self._live()))
+
     def group(self):
         """`with comm.group():` operations this thread enqueues inside are negotiated and fused as
         one unit when the block ends. Groups do not nest."""
@@ -406,16 +414,22 @@ class Communicator:
     # ---- lifetime ----
     def finalize(self):
         """Last barrier with the other ranks, then frees the communicator (idempotent). Pending
-        operations fail with ERR_NOT_INITIALIZED."""
+        operations fail with ERR_NOT_INITIALIZED. When the barrier does not complete (the other
+        ranks did not finalize within the timeout) the communicator is freed all the same and
+        ConcordTimeoutError (or the barrier's error) says so."""
         if self._handle is None:
             return
         status = lib().concord_finalize(self._handle)
-        if status != Status.SUCCESS:
-            # The handle stays valid when finalize is refused (inside a callback).
+        if status == Status.ERR_INVALID_ARGUMENT:
+            # Refused (inside a callback): the handle stays valid.
             self._check(status)
         self._handle = None
         _LIVE.discard(self)
         _sweep_orphans()  # finalize failed whatever was still pending
+        if status != Status.SUCCESS:
+            # The handle is gone: the message is kept where concord_comm_last_error(NULL) reads.
+            message = lib().concord_comm_last_error(None).decode(errors="replace")
+            raise make_error(status, message)
 
     def __enter__(self):
         return self

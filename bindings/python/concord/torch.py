@@ -84,7 +84,8 @@ class _DistributedMixin:
 
     def synchronize(self):
         """Enqueues the gradients whose hooks have not fired yet (e.g. fewer backward passes than
-        backward_passes_per_step), in parameter order, and waits for every allreduce."""
+        backward_passes_per_step), in parameter order, waits for every allreduce, and ends the
+        step (Communicator.end_step)."""
         for p in self._concord_params:
             if id(p) not in self._concord_handles and p.grad is not None:
                 self._concord_enqueue(p)
@@ -95,6 +96,9 @@ class _DistributedMixin:
         finally:
             for key in self._concord_counts:
                 self._concord_counts[key] = 0
+        # Every rank ends its step here, so a rank that skipped a gradient this step fails with a
+        # mismatch instead of reducing its next step's gradient with this one's.
+        self._concord.end_step()
 
     def step(self, closure=None):
         """Waits for the gradients' allreduces, then runs the wrapped optimizer's step."""
