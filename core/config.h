@@ -58,7 +58,10 @@ struct Config {
   bool waiter_progress = true;
   int log_level = 1;
   double stall_warning_s = 60.0;  // (0, kMaxSeconds]
-  double stall_shutdown_s = 0.0;  // [0, kMaxSeconds]; 0: never
+  // [0, kMaxSeconds]; 0: never. 600 s, torch.distributed's default collective timeout for NCCL:
+  // long enough for a rank that pauses to write a checkpoint, short enough that a job missing a
+  // tensor ends within the hour instead of holding its machines.
+  double stall_shutdown_s = 600.0;
   // The longest timeout or stall time: a day (durations stay far from overflowing a clock).
   static constexpr double kMaxSeconds = 86400.0;
 
