@@ -2,44 +2,19 @@
 // still runs and may be waited on again); an operation that fails by a deadline of its own throws
 // concord::Error with CONCORD_ERR_TIMEOUT. Ranks are threads of this process over a file store
 // private to the test.
-#include <unistd.h>
-
-#include <atomic>
 #include <cstdlib>
-#include <filesystem>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "concord/concord.hpp"
 #include "gtest/gtest.h"
-#include "tests/common/ranks.h"
+#include "tests/cpp_api/communicators.h"
 
 namespace {
 
-// Runs body(comm) on `size` ranks as threads, each with its own Communicator over a file store
-// private to this call. A concord::Error escaping a body fails the test with its status.
 void RunRanks(int size, const std::function<void(concord::Communicator&)>& body) {
-  static std::atomic<int> job{0};
-  const std::string path =
-      "/tmp/concord-cpp-wait-test-" + std::to_string(getpid()) + "-" + std::to_string(job++);
-  const std::string dir = "file://" + path;
-  concord::harness::RunRanks(size, [&](int r) {
-    try {
-      concord_config_t config;
-      concord_config_init(&config);
-      config.rank = r;
-      config.size = size;
-      config.store = dir.c_str();
-      config.job_id = "cpp-wait-test";
-      config.timeout_s = 20;
-      concord::Communicator comm(config);
-      body(comm);
-    } catch (const concord::Error& e) {
-      ADD_FAILURE() << e.what() << " (status " << e.status() << ")";
-    }
-  });
-  std::filesystem::remove_all(path);
+  concord::harness::RunCommunicators(size, "cpp-wait-test", body);
 }
 
 TEST(CppWaitTest, ALimitThatPassesIsNotYetAndTheFutureStaysWaitable) {

@@ -31,29 +31,11 @@ namespace {
 
 int g_rank = 0, g_size = 1;
 
-bool Contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
 // "rank 1" or "ranks 0, 2": how the coordinator lists ranks in its messages.
 std::string RankList(const std::vector<int>& ranks) {
   std::string s = ranks.size() == 1 ? "rank " : "ranks ";
   for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
   return s;
-}
-
-concord_comm_t Init() {
-  concord_comm_t comm = nullptr;
-  const concord_status_t s = concord_init(&comm);
-  if (s != CONCORD_SUCCESS) {
-    std::fprintf(stderr, "rank ?: concord_init: %s: %s\n", concord_status_string(s),
-                 concord_comm_last_error(nullptr));
-    std::exit(1);
-  }
-  concord_comm_rank(comm, &g_rank);
-  concord_comm_size(comm, &g_size);
-  CheckSetContext("rank %d", g_rank);
-  return comm;
 }
 
 // A correct float32 sum of `n` elements named `name`; checks the result.
@@ -142,7 +124,7 @@ const MismatchCase kMismatch[] = {
 };
 
 int Mismatch() {
-  concord_comm_t comm = Init();
+  concord_comm_t comm = mp::InitOrExit(&g_rank, &g_size);
   if (g_size < 2) {
     std::fprintf(stderr, "mismatch mode needs at least 2 ranks\n");
     return 2;
@@ -177,11 +159,11 @@ int Mismatch() {
         concord_test(req) == CONCORD_IN_PROGRESS ? "" : concord_request_error(req);
     CHECKF(s == CONCORD_ERR_MISMATCH, "%s: status %s (%s)", name.c_str(), concord_status_string(s),
            err.c_str());
-    CHECKF(Contains(err, "'" + name + "'"), "%s: error does not name the tensor: '%s'",
+    CHECKF(mp::Contains(err, "'" + name + "'"), "%s: error does not name the tensor: '%s'",
            name.c_str(), err.c_str());
-    CHECKF(Contains(err, mc.field), "%s: error does not name the field '%s': '%s'", name.c_str(),
-           mc.field, err.c_str());
-    CHECKF(Contains(err, RankList(even)) && Contains(err, RankList(odd)),
+    CHECKF(mp::Contains(err, mc.field), "%s: error does not name the field '%s': '%s'",
+           name.c_str(), mc.field, err.c_str());
+    CHECKF(mp::Contains(err, RankList(even)) && mp::Contains(err, RankList(odd)),
            "%s: error does not name the ranks (%s / %s): '%s'", name.c_str(),
            RankList(even).c_str(), RankList(odd).c_str(), err.c_str());
     if (g_rank == 0) {
@@ -236,7 +218,7 @@ int Kill(int victim) {
   // The survivors observe the failure themselves: concordrun gives them its grace period first,
   // but mpirun (--backend mpi) SIGTERMs them; they ignore that (SIGKILL follows).
   ::signal(SIGTERM, SIG_IGN);
-  concord_comm_t comm = Init();
+  concord_comm_t comm = mp::InitOrExit(&g_rank, &g_size);
   if (victim < 0 || victim >= g_size || g_size < 2) {
     std::fprintf(stderr, "kill mode needs a victim in [0, size) and 2+ ranks\n");
     return 2;
@@ -347,7 +329,7 @@ int Auth() {
     CHECKF(s == CONCORD_ERR_AUTH, "init with a wrong token: %s (%s)", concord_status_string(s),
            msg.c_str());
     CHECKF(comm == nullptr, "init failed but wrote a communicator");
-    CHECKF(Contains(msg, "token") || Contains(msg, "secret") || Contains(msg, "auth"),
+    CHECKF(mp::Contains(msg, "token") || mp::Contains(msg, "secret") || mp::Contains(msg, "auth"),
            "the message does not say what was wrong: '%s'", msg.c_str());
     CHECKF(took < 10.0, "refusing a wrong token took %.2f s", took);
     std::printf("AUTH_REFUSED rank 1 in %.3f s: %s: %s\n", took, concord_status_string(s),
@@ -355,7 +337,7 @@ int Auth() {
     if (s == CONCORD_SUCCESS) concord_finalize(comm);
     setenv("CONCORD_TOKEN", good.c_str(), 1);
   }
-  concord_comm_t comm = Init();
+  concord_comm_t comm = mp::InitOrExit(&g_rank, &g_size);
   GoodAllreduce(comm, "after-auth", 100);
   const concord_status_t s = concord_finalize(comm);
   CHECKF(s == CONCORD_SUCCESS, "finalize: %s", concord_status_string(s));

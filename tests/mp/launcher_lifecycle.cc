@@ -44,20 +44,6 @@ void CatchSigterm() {
   sigaction(SIGTERM, &sa, nullptr);
 }
 
-concord_comm_t Init() {
-  concord_comm_t comm = nullptr;
-  const concord_status_t s = concord_init(&comm);
-  if (s != CONCORD_SUCCESS) {
-    std::fprintf(stderr, "rank ?: FAIL concord_init: %s: %s\n", concord_status_string(s),
-                 concord_comm_last_error(nullptr));
-    std::exit(1);
-  }
-  concord_comm_rank(comm, &g_rank);
-  concord_comm_size(comm, &g_size);
-  CheckSetContext("rank %d", g_rank);
-  return comm;
-}
-
 concord_status_t Allreduce(concord_comm_t comm, const char* name, std::vector<float>* x) {
   int64_t shape[1] = {static_cast<int64_t>(x->size())};
   concord_tensor_t t = CpuTensor(x->data(), CONCORD_FLOAT32, 1, shape);
@@ -75,7 +61,7 @@ void Warmup(concord_comm_t comm) {
 
 int Fail(int victim, const std::string& how, double grace) {
   CatchSigterm();
-  concord_comm_t comm = Init();
+  concord_comm_t comm = mp::InitOrExit(&g_rank, &g_size);
   Warmup(comm);
   if (CheckFailures()) return 1;
   if (g_rank == victim) {
@@ -104,7 +90,7 @@ int Fail(int victim, const std::string& how, double grace) {
 
 int Ignore(int victim, double grace, bool ignore_term) {
   CatchSigterm();
-  concord_comm_t comm = Init();
+  concord_comm_t comm = mp::InitOrExit(&g_rank, &g_size);
   Warmup(comm);
   if (CheckFailures()) return 1;
   if (g_rank == victim) std::exit(3);
@@ -128,7 +114,7 @@ int Ignore(int victim, double grace, bool ignore_term) {
 }
 
 int Block() {
-  concord_comm_t comm = Init();
+  concord_comm_t comm = mp::InitOrExit(&g_rank, &g_size);
   Warmup(comm);
   if (CheckFailures()) return 1;
   std::printf("PID rank %d pid %d\nREADY rank %d\n", g_rank, static_cast<int>(::getpid()), g_rank);

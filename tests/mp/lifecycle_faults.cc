@@ -38,24 +38,6 @@ namespace {
 
 int g_rank = 0, g_size = 1;
 
-bool Contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
-concord_comm_t Init() {
-  concord_comm_t comm = nullptr;
-  const concord_status_t s = concord_init(&comm);
-  if (s != CONCORD_SUCCESS) {
-    std::fprintf(stderr, "rank ?: concord_init: %s: %s\n", concord_status_string(s),
-                 concord_comm_last_error(nullptr));
-    std::exit(1);
-  }
-  concord_comm_rank(comm, &g_rank);
-  concord_comm_size(comm, &g_size);
-  CheckSetContext("rank %d", g_rank);
-  return comm;
-}
-
 int Report(const char* mode) {
   std::printf("lifecycle %s: rank %d of %d: %s\n", mode, g_rank, g_size,
               CheckFailures() ? "FAIL" : "PASS");
@@ -94,7 +76,7 @@ void Submit(concord_comm_t comm, Op& op, int k, int step) {
 // ---- skip ----
 
 int Skip() {
-  concord_comm_t comm = Init();
+  concord_comm_t comm = mp::InitOrExit(&g_rank, &g_size);
   const int culprit = g_size - 1;
   const char* names[4] = {"a", "x", "y", "b"};
   constexpr int kX = 1, kY = 2;
@@ -118,8 +100,8 @@ int Skip() {
             "step " + std::to_string(step + 1) + " on rank " + std::to_string(culprit);
         CHECKF(s == CONCORD_ERR_MISMATCH, "'%s' step %d: %s, want MISMATCH (%s)", names[k], step,
                concord_status_string(s), err.c_str());
-        CHECKF(Contains(err, std::string("tensor '") + names[k] + "'") && Contains(err, mine) &&
-                   Contains(err, theirs),
+        CHECKF(mp::Contains(err, std::string("tensor '") + names[k] + "'") &&
+                   mp::Contains(err, mine) && mp::Contains(err, theirs),
                "'%s' step %d: the error does not name the tensor and both steps: %s", names[k],
                step, err.c_str());
         CHECKF(mp::Now() - t0 < 5, "'%s' step %d: the mismatch took %.1f s", names[k], step,
@@ -150,7 +132,7 @@ int Skip() {
 // ---- finalize ----
 
 int Finalize(double linger_s) {
-  concord_comm_t comm = Init();
+  concord_comm_t comm = mp::InitOrExit(&g_rank, &g_size);
   const int culprit = g_size - 1;
   for (int step = 0; step < 2; ++step) {
     Op op;
@@ -172,7 +154,7 @@ int Finalize(double linger_s) {
     if (linger_s > 0) {
       CHECKF(s == CONCORD_ERR_TIMEOUT, "early finalize: %s, want TIMEOUT",
              concord_status_string(s));
-      CHECKF(Contains(err, "finalize barrier did not complete"), "finalize message: %s",
+      CHECKF(mp::Contains(err, "finalize barrier did not complete"), "finalize message: %s",
              err.c_str());
     } else {
       CHECKF(s == CONCORD_SUCCESS, "early finalize: %s: %s", concord_status_string(s), err.c_str());
@@ -193,9 +175,9 @@ int Finalize(double linger_s) {
            concord_status_string(s), err.c_str());
     // Ranks that finished first and finalized too may be listed with the culprit.
     const std::string list = err.substr(0, err.find(" finalized"));
-    const bool named = Contains(list + ",", " " + std::to_string(culprit) + ",") ||
-                       Contains(list, " " + std::to_string(culprit) + " ha");
-    CHECKF(named && Contains(err, std::string("'") + name + "'"),
+    const bool named = mp::Contains(list + ",", " " + std::to_string(culprit) + ",") ||
+                       mp::Contains(list, " " + std::to_string(culprit) + " ha");
+    CHECKF(named && mp::Contains(err, std::string("'") + name + "'"),
            "'%s': the error does not say that %s: %s", name, told.c_str(), err.c_str());
     CHECKF(took < 1.0, "'%s': the others learned it after %.2f s", name, took);
     if (g_rank == 0)
@@ -214,7 +196,7 @@ int Finalize(double linger_s) {
 // ---- stall ----
 
 int Stall() {
-  concord_comm_t comm = Init();
+  concord_comm_t comm = mp::InitOrExit(&g_rank, &g_size);
   const int culprit = g_size - 1;
   Op warm;
   warm.name = "b";
@@ -234,7 +216,7 @@ int Stall() {
     concord_tensor_t t = CpuTensor(late.data.data(), CONCORD_FLOAT32, 1, shape);
     const concord_status_t s = concord_allreduce(comm, "x", &t, nullptr, nullptr);
     const std::string err = concord_comm_last_error(comm);
-    CHECKF(s == CONCORD_ERR_TIMEOUT && Contains(err, want), "late 'x': %s: %s",
+    CHECKF(s == CONCORD_ERR_TIMEOUT && mp::Contains(err, want), "late 'x': %s: %s",
            concord_status_string(s), err.c_str());
   } else {
     Op x;
@@ -245,7 +227,7 @@ int Stall() {
       const concord_status_t s = concord_wait(x.req, 30);
       const double took = mp::Now() - t0;
       const std::string err = s == CONCORD_SUCCESS ? "" : concord_request_error(x.req);
-      CHECKF(s == CONCORD_ERR_TIMEOUT && Contains(err, want), "'x': %s: %s",
+      CHECKF(s == CONCORD_ERR_TIMEOUT && mp::Contains(err, want), "'x': %s: %s",
              concord_status_string(s), err.c_str());
       CHECKF(took > 2.5 && took < 5.0, "'x' failed after %.2f s, want 3 s (+ a step)", took);
       std::printf("stall: rank %d failed after %.2f s: %s\n", g_rank, took, err.c_str());

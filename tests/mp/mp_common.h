@@ -1,13 +1,17 @@
 // What the multi-process tests (tests/mp/*.cc) share beyond the harness (tests/common: checks,
-// element access, CpuTensor): short dtype names, tolerances and a clock. Only the C API
-// (concord.h) is used.
+// element access, CpuTensor): short dtype names, tolerances, a clock and an init that exits on
+// failure. Only the C API (concord.h) is used.
 #ifndef CONCORD_TESTS_MP_MP_COMMON_H_
 #define CONCORD_TESTS_MP_MP_COMMON_H_
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
 
 #include "concord/concord.h"
+#include "tests/common/check.h"
 
 namespace mp {
 
@@ -61,6 +65,26 @@ inline bool Close(double got, double want, concord_dtype_t t) {
 
 inline double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+inline bool Contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+// concord_init from the environment, or exit(1) saying why; sets *rank, *size and the checks'
+// context ("rank R").
+inline concord_comm_t InitOrExit(int* rank, int* size) {
+  concord_comm_t comm = nullptr;
+  const concord_status_t s = concord_init(&comm);
+  if (s != CONCORD_SUCCESS) {
+    std::fprintf(stderr, "rank ?: FAIL concord_init: %s: %s\n", concord_status_string(s),
+                 concord_comm_last_error(nullptr));
+    std::exit(1);
+  }
+  concord_comm_rank(comm, rank);
+  concord_comm_size(comm, size);
+  CheckSetContext("rank %d", *rank);
+  return comm;
 }
 
 }  // namespace mp
