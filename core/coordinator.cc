@@ -5,27 +5,17 @@
 #include <set>
 #include <sstream>
 
+#include "core/coordinator_internal.h"
 #include "core/entry_validation.h"
 
 namespace concord {
+
+using coordinator_internal::ClearBit;
+using coordinator_internal::RankList;
+using coordinator_internal::SetBit;
+using coordinator_internal::TestBit;
+
 namespace {
-
-bool TestBit(const std::vector<uint64_t>& v, uint32_t bit) {
-  return bit / 64 < v.size() && (v[bit / 64] >> (bit % 64)) & 1u;
-}
-void SetBit(std::vector<uint64_t>& v, uint32_t bit) {
-  if (bit / 64 >= v.size()) v.resize(bit / 64 + 1, 0);
-  v[bit / 64] |= uint64_t{1} << (bit % 64);
-}
-void ClearBit(std::vector<uint64_t>& v, uint32_t bit) {
-  if (bit / 64 < v.size()) v[bit / 64] &= ~(uint64_t{1} << (bit % 64));
-}
-
-std::string RankList(const std::vector<int>& ranks) {
-  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
-  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
-  return s;
-}
 
 std::string ShapeString(const std::vector<int64_t>& shape, size_t from) {
   std::string s = "[";
@@ -43,10 +33,6 @@ std::string ExactDouble(double v) {
   return os.str();
 }
 
-std::string Seconds(std::chrono::milliseconds d) {
-  return FormatSeconds(static_cast<double>(d.count()) / 1000.0);
-}
-
 }  // namespace
 
 Coordinator::Coordinator(int size, const ResponseCache* cache, StallOptions stall)
@@ -56,20 +42,6 @@ Coordinator::Coordinator(int size, const ResponseCache* cache, StallOptions stal
       bits_by_rank_(size),
       last_(size),
       finalized_(size, false) {}
-
-void Coordinator::Steps::Set(int rank, int size, uint64_t step) {
-  if (!any) {
-    any = true;
-    first = step;
-    return;
-  }
-  if (!mixed && step == first) return;
-  if (!mixed) {
-    mixed = true;
-    by_rank.assign(size, first);
-  }
-  by_rank[rank] = step;
-}
 
 size_t Coordinator::pending() const {
   return pending_.size() + bit_waits_.size() + held_.size();
@@ -280,162 +252,6 @@ Response Coordinator::Validate(const Pending& p) const {
   return response;
 }
 
-std::vector<bool> Coordinator::PresentForBit(uint32_t bit) const {
-  std::vector<bool> present(size_);
-  for (int r = 0; r < size_; ++r) present[r] = TestBit(bits_by_rank_[r], bit);
-  return present;
-}
-
-std::vector<bool> Coordinator::PresentFor(const Pending& p) const {
-  std::vector<bool> present(size_);
-  for (int r = 0; r < size_; ++r) present[r] = p.by_rank[r].has_value();
-  return present;
-}
-
-std::string Coordinator::DescribeMissing(const std::vector<bool>& present,
-                                         Clock::time_point now) const {
-  constexpr size_t kDetailed = 4;  // ranks whose last submission is told; the rest are counted
-  std::vector<int> missing;
-  for (int r = 0; r < size_; ++r) {
-    if (!present[r]) missing.push_back(r);
-  }
-  std::string s = RankList(missing) + " (";
-  for (size_t i = 0; i < missing.size() && i < kDetailed; ++i) {
-    const LastSubmission& last = last_[missing[i]];
-    s += (i ? "; rank " : "rank ") + std::to_string(missing[i]);
-    if (finalized_[missing[i]]) {
-      s += " has finalized";
-    } else if (!last.any) {
-      s += " has submitted nothing";
-    } else {
-      const std::string name = last.cached ? cache_->Get(last.bit)->request.name : last.name;
-      s += " last submitted '" + name + "' " +
-           Seconds(std::chrono::duration_cast<std::chrono::milliseconds>(now - last.at)) + " ago";
-    }
-  }
-  if (missing.size() > kDetailed) s += "; " + std::to_string(missing.size() - kDetailed) + " more";
-  return s + ")";
-}
-
-void Coordinator::FailOlderSteps(std::vector<ResponseItem>* errors) {
-  if (!steps_mixed_) return;
-  steps_mixed_ = false;
-  for (auto& [name, p] : pending_) {
-    if (!p.steps.mixed) continue;
-    uint64_t newest = 0;
-    std::map<uint64_t, std::vector<int>> ranks_by_step;
-    for (int r = 0; r < size_; ++r) {
-      if (!p.by_rank[r]) continue;
-      newest = std::max(newest, p.steps.Of(r));
-      ranks_by_step[p.steps.Of(r)].push_back(r);
-    }
-    ResponseItem item;
-    Response& error = item.response;
-    error.error = Code::kMismatch;
-    error.error_message = "tensor '" + name + "' was submitted in different steps:";
-    for (const auto& [step, ranks] : ranks_by_step) {
-      error.error_message += " step " + std::to_string(step) + " on " + RankList(ranks) + ";";
-      if (step == newest) continue;
-      for (int r : ranks) {
-        if (error.error_ranks.empty()) error.request = *p.by_rank[r];
-        error.error_ranks.push_back(r);
-        p.by_rank[r].reset();
-        if (!p.data_by_rank.empty()) p.data_by_rank[r].reset();
-        --p.count;
-      }
-    }
-    error.error_message +=
-        " a rank skipped it in a step or submitted it twice in one. The submissions of the older "
-        "steps fail; the newest wait for the other ranks";
-    p.steps = Steps();
-    p.steps.Set(0, size_, newest);
-    p.first_seen = Clock::now();
-    p.warned = false;
-    errors->push_back(std::move(item));
-  }
-}
-
-void Coordinator::FailWaitingForFinalized(std::vector<ResponseItem>* errors) {
-  if (!any_finalized_) return;
-  auto fail = [&](Response error, const std::vector<bool>& present) {
-    std::vector<int> gone;
-    for (int r = 0; r < size_; ++r) {
-      if (present[r]) error.error_ranks.push_back(r);
-      if (!present[r] && finalized_[r]) gone.push_back(r);
-    }
-    error.error = Code::kPeerFailure;
-    error.error_message = "tensor '" + error.request.name + "' cannot complete: " + RankList(gone) +
-                          (gone.size() == 1 ? " has" : " have") +
-                          " finalized (concord_finalize) without submitting it";
-    ResponseItem item;
-    item.response = std::move(error);
-    errors->push_back(std::move(item));
-  };
-  auto waits_for_finalized = [&](const std::vector<bool>& present) {
-    for (int r = 0; r < size_; ++r) {
-      if (!present[r] && finalized_[r]) return true;
-    }
-    return false;
-  };
-  for (auto it = bit_waits_.begin(); it != bit_waits_.end();) {
-    const std::vector<bool> present = PresentForBit(it->first);
-    if (!waits_for_finalized(present)) {
-      ++it;
-      continue;
-    }
-    for (auto& bits : bits_by_rank_) ClearBit(bits, it->first);
-    fail(*cache_->Get(it->first), present);
-    it = bit_waits_.erase(it);
-  }
-  for (auto it = pending_.begin(); it != pending_.end();) {
-    const std::vector<bool> present = PresentFor(it->second);
-    if (it->first == FinalizeName() || !waits_for_finalized(present)) {
-      ++it;
-      continue;
-    }
-    Response error;
-    for (int r = 0; r < size_ && error.request.name.empty(); ++r) {
-      if (present[r]) error.request = *it->second.by_rank[r];
-    }
-    fail(std::move(error), present);
-    arrival_.erase(std::find(arrival_.begin(), arrival_.end(), it->first));
-    it = pending_.erase(it);
-  }
-}
-
-Status Coordinator::CheckStallShutdown(Clock::time_point now) const {
-  if (stall_.shutdown.count() <= 0) return Status::Ok();
-  // The operation that has waited longest, if it waited too long. The finalize barrier is left
-  // out: a rank that finalized early waits for it at most its own timeout, and the others'
-  // operations already fail at once.
-  const std::string* name = nullptr;
-  std::vector<bool> present;
-  Clock::time_point oldest = now - stall_.shutdown;
-  for (const auto& [n, p] : pending_) {
-    if (p.first_seen <= oldest && n != FinalizeName()) {
-      oldest = p.first_seen;
-      name = &n;
-      present = PresentFor(p);
-    }
-  }
-  for (const auto& [bit, wait] : bit_waits_) {
-    if (wait.first_seen <= oldest) {
-      oldest = wait.first_seen;
-      name = &cache_->Get(bit)->request.name;
-      present = PresentForBit(bit);
-    }
-  }
-  if (name == nullptr) return Status::Ok();
-  std::vector<int> submitted;
-  for (int r = 0; r < size_; ++r) {
-    if (present[r]) submitted.push_back(r);
-  }
-  return Status(Code::kTimeout,
-                "tensor '" + *name + "' was not submitted by " + DescribeMissing(present, now) +
-                    " within the stall shutdown time of " + Seconds(stall_.shutdown) + " (" +
-                    RankList(submitted) + " submitted it; CONCORD_STALL_SHUTDOWN_S)");
-}
-
 StatusOr<ResponseMessage> Coordinator::TakeReady(Clock::time_point now) {
   ExpandDivergedBits();
   std::vector<ResponseItem> ready;
@@ -509,55 +325,6 @@ StatusOr<ResponseMessage> Coordinator::TakeReady(Clock::time_point now) {
     }
   }
   return out;
-}
-
-std::vector<std::string> Coordinator::StallWarnings(Clock::time_point now) {
-  std::vector<std::string> warnings;
-  // Runs every step: the text is built only for a warning.
-  auto warn = [&](const std::string& name, const std::vector<bool>& present) {
-    std::vector<int> submitted;
-    for (int r = 0; r < size_; ++r) {
-      if (present[r]) submitted.push_back(r);
-    }
-    const std::string waited = " for more than " + Seconds(stall_.warning);
-    if (name == FinalizeName()) {
-      warnings.push_back(RankList(submitted) + (submitted.size() == 1 ? " has" : " have") +
-                         " finalized and waited" + waited + " for " +
-                         DescribeMissing(present, now) + " to finalize");
-      return;
-    }
-    warnings.push_back("tensor '" + name + "' has waited" + waited + " for " +
-                       DescribeMissing(present, now) + "; " + RankList(submitted) +
-                       " submitted it. A rank skipped it, is slow, or submits a different name");
-  };
-  for (auto& [name, p] : pending_) {
-    if (p.warned || now - p.first_seen < stall_.warning) continue;
-    p.warned = true;
-    warn(name, PresentFor(p));
-  }
-  for (auto& [bit, wait] : bit_waits_) {
-    if (wait.warned || now - wait.first_seen < stall_.warning) continue;
-    wait.warned = true;
-    warn(cache_->Get(bit)->request.name, PresentForBit(bit));
-  }
-  return warnings;
-}
-
-std::optional<Clock::time_point> Coordinator::NextStallCheck() const {
-  std::optional<Clock::time_point> next;
-  auto consider = [&](Clock::time_point first_seen, bool warned) {
-    if (!warned) {
-      const auto t = first_seen + stall_.warning;
-      if (!next || t < *next) next = t;
-    }
-    if (stall_.shutdown.count() > 0) {
-      const auto t = first_seen + stall_.shutdown;
-      if (!next || t < *next) next = t;
-    }
-  };
-  for (const auto& [name, p] : pending_) consider(p.first_seen, p.warned);
-  for (const auto& [bit, w] : bit_waits_) consider(w.first_seen, w.warned);
-  return next;
 }
 
 }  // namespace concord
