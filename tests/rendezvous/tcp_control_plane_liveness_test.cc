@@ -28,12 +28,14 @@
 #include "rendezvous/file_store.h"
 #include "rendezvous/hash_store.h"
 #include "tests/common/ranks.h"
+#include "tests/rendezvous/control_plane_test_util.h"
 
 namespace concord {
 namespace {
 
+using harness::Planes;
+using harness::ReceiveUntilError;
 using std::chrono::milliseconds;
-using Planes = std::vector<std::unique_ptr<ControlPlane>>;
 
 // Heartbeats every 125 ms: a live peer is heard at least four times per timeout.
 constexpr milliseconds kLiveness{500};
@@ -53,24 +55,7 @@ TcpControlPlaneOptions Options(int rank, int size) {
 }
 
 Planes CreateAll(int size, Store* store) {
-  Planes planes(size);
-  harness::RunRanks(size, [&](int r) {
-    auto p = CreateTcpControlPlane(Options(r, size), store);
-    EXPECT_TRUE(p.ok()) << p.status().ToString();
-    if (p.ok()) planes[r] = std::move(p.value());
-  });
-  return planes;
-}
-
-// Calls Receive until it returns an error or the time runs out; returns the error.
-Status ReceiveUntilError(ControlPlane* p, milliseconds within) {
-  const Deadline deadline = Deadline::After(within);
-  ControlMessage m;
-  while (!deadline.passed()) {
-    auto got = p->Receive(&m, deadline);
-    if (!got.ok()) return got.status();
-  }
-  return Status::Ok();
+  return harness::CreateAllPlanes(size, store, [size](int r) { return Options(r, size); });
 }
 
 StatusOr<ControlMessage> ReceiveOne(ControlPlane* p, milliseconds within) {

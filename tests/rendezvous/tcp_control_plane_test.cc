@@ -14,12 +14,14 @@
 #include "rendezvous/hash_store.h"
 #include "rendezvous/net.h"
 #include "tests/common/ranks.h"
+#include "tests/rendezvous/control_plane_test_util.h"
 
 namespace concord {
 namespace {
 
+using harness::Planes;
+using harness::ReceiveUntilError;
 using std::chrono::milliseconds;
-using Planes = std::vector<std::unique_ptr<ControlPlane>>;
 
 TcpControlPlaneOptions Options(int rank, int size) {
   TcpControlPlaneOptions o;
@@ -34,15 +36,11 @@ TcpControlPlaneOptions Options(int rank, int size) {
 // Creates all ranks' planes concurrently (the call is collective).
 Planes CreateAll(int size, HashStore* store,
                  const std::function<void(TcpControlPlaneOptions*)>& tweak = nullptr) {
-  Planes planes(size);
-  harness::RunRanks(size, [&](int r) {
+  return harness::CreateAllPlanes(size, store, [&](int r) {
     TcpControlPlaneOptions o = Options(r, size);
     if (tweak) tweak(&o);
-    auto p = CreateTcpControlPlane(o, store);
-    EXPECT_TRUE(p.ok()) << p.status().ToString();
-    if (p.ok()) planes[r] = std::move(p.value());
+    return o;
   });
-  return planes;
 }
 
 // Receives one message within the deadline or fails the test.
@@ -59,17 +57,6 @@ ControlMessage MustReceive(ControlPlane* p, milliseconds within = milliseconds(5
       return m;
     }
   }
-}
-
-// Calls Receive until it returns an error or the time runs out; returns the error.
-Status ReceiveUntilError(ControlPlane* p, milliseconds within) {
-  const Deadline deadline = Deadline::After(within);
-  ControlMessage m;
-  while (!deadline.passed()) {
-    auto got = p->Receive(&m, deadline);
-    if (!got.ok()) return got.status();
-  }
-  return Status::Ok();
 }
 
 TEST(TcpControlPlaneTest, SizeOneNeedsNoSockets) {
