@@ -50,9 +50,17 @@ size_t Coordinator::pending() const {
 Status Coordinator::Add(int rank, RequestMessage message, Clock::time_point now) {
   if (rank < 0 || rank >= size_)
     return ProtocolError("message from unknown rank " + std::to_string(rank));
+  if (message.cache_generation > cache_->generation()) {
+    return ProtocolError("rank " + std::to_string(rank) + " sent response-cache generation " +
+                         std::to_string(message.cache_generation) +
+                         ", ahead of the coordinator's " + std::to_string(cache_->generation()));
+  }
+  const Response* last_cached = nullptr;
   for (size_t w = 0; w < message.cached_mask.size(); ++w) {
     for (uint64_t word = message.cached_mask[w]; word != 0; word &= word - 1) {
       const auto bit = static_cast<uint32_t>(w * 64 + __builtin_ctzll(word));
+      // Evicted while the message was on its way: its sender sends the request again in full.
+      if (cache_->EvictedAfter(bit, message.cache_generation)) continue;
       const Response* entry = cache_->Get(bit);
       if (entry == nullptr) {
         return ProtocolError("rank " + std::to_string(rank) + " named response-cache entry " +
@@ -63,8 +71,7 @@ Status Coordinator::Add(int rank, RequestMessage message, Clock::time_point now)
       if (fresh) wait->second.first_seen = now;
       wait->second.steps.Set(rank, size_, message.step);
       steps_mixed_ = steps_mixed_ || wait->second.steps.mixed;
-      last_[rank].cached = true;
-      last_[rank].bit = bit;
+      last_cached = entry;
       auto data = message.cached_data.find(bit);
       if (data == message.cached_data.end()) continue;
       if (entry->request.op != OpType::kAllreduce ||
@@ -116,10 +123,11 @@ Status Coordinator::Add(int rank, RequestMessage message, Clock::time_point now)
     }
   }
   if (!message.requests.empty()) {
-    last_[rank].cached = false;
     last_[rank].name = message.requests.back().name;
+  } else if (last_cached != nullptr) {
+    last_[rank].name = last_cached->request.name;
   }
-  if (!message.empty()) {
+  if (last_cached != nullptr || !message.requests.empty()) {
     last_[rank].any = true;
     last_[rank].at = now;
   }
@@ -178,6 +186,7 @@ void Coordinator::ExpandDivergedBits() {
         }
       }
       p.first_seen = std::min(p.first_seen, bit_waits_.at(bit).first_seen);
+      p.bits.push_back(bit);
       bit_waits_.erase(bit);
     }
   }
@@ -324,7 +333,27 @@ StatusOr<ResponseMessage> Coordinator::TakeReady(Clock::time_point now) {
       held_.push_back(std::move(item));
     }
   }
+  ChooseEvictions(out);
   return out;
+}
+
+void Coordinator::ChooseEvictions(ResponseMessage& out) const {
+  const size_t n = cache_->EvictionsNeeded(out);
+  if (n == 0) return;
+  // Every bit this coordinator holds keeps its meaning until it leaves in a list.
+  std::vector<uint64_t> keep;
+  for (const auto& [bit, wait] : bit_waits_) SetBit(keep, bit);
+  for (const auto& [name, p] : pending_) {
+    for (uint32_t bit : p.bits) SetBit(keep, bit);
+  }
+  auto keep_cached = [&keep](const std::vector<ResponseItem>& items) {
+    for (const auto& item : items) {
+      if (item.cached) SetBit(keep, item.bit);
+    }
+  };
+  keep_cached(held_);
+  keep_cached(out.items);
+  out.evictions = cache_->ChooseVictims(n, keep);
 }
 
 }  // namespace concord

@@ -18,11 +18,16 @@
 //     rank order and the response carries the result: the operation costs no backend collective,
 //     and every rank receives identical bytes. If any rank sent no input (its threshold differs),
 //     the operation runs on the backend as usual.
-//  3. Ready operations leave in the order they became ready (cached ones by bit, which is their
-//     first execution order), members of a group only all together, as one ResponseMessage that
-//     rank 0 sends to every rank and executes itself. Every rank executes the same list in the same
-//     order, so the collectives match, and inserts new responses into its response cache in that
-//     order, so bit numbers agree without any exchange.
+//  3. Ready operations leave in the order they became ready (cached ones by bit), members of a
+//     group only all together, as one ResponseMessage that rank 0 sends to every rank and executes
+//     itself. Every rank executes the same list in the same order, so the collectives match, and
+//     applies it to its response cache, so bit numbers agree without any exchange. When the list's
+//     new responses do not fit, it also names the entries every rank evicts: the least recently
+//     executed ones that no bit this coordinator holds stands for (waiting, held for a group,
+//     expanded into a pending request, or in the list itself). A bit still in flight to the
+//     coordinator may be evicted: it arrives with its sender's older cache generation, is ignored,
+//     and its sender, which saw the eviction while the bit was in flight, sends the request again
+//     in full (response_cache.h). So a stale bit is never matched to the entry that replaced it.
 //  4. Operations that some ranks submitted and others did not are reported after the stall
 //     warning time, on every rank (the response message carries the warning), naming the missing
 //     ranks and the last tensor each of them submitted. Past the stall shutdown time, if one is
@@ -66,9 +71,10 @@ class Coordinator {
   // `cache` is the engine's response cache (rank 0's copy), read here, updated by the engine.
   Coordinator(int size, const ResponseCache* cache, StallOptions stall);
 
-  // Adds what `rank` sent. kProtocolError for bits that name no cache entry, a name `rank` already
-  // has pending, an allgather of a scalar (no engine sends one), or inline data for a cache entry
-  // that is not an allreduce of that size.
+  // Adds what `rank` sent, ignoring its bits evicted since its cache generation. kProtocolError
+  // for a cache generation ahead of the coordinator's, bits that name no cache entry, a name `rank`
+  // already has pending, an allgather of a scalar (no engine sends one), or inline data for a cache
+  // entry that is not an allreduce of that size.
   Status Add(int rank, RequestMessage message, Clock::time_point now);
 
   // Everything that can run now, in execution order (may be empty), with the errors of operations
@@ -101,6 +107,7 @@ class Coordinator {
     Clock::time_point first_seen;
     bool warned = false;
     Steps steps;
+    std::vector<uint32_t> bits;  // cache bits expanded into it (never evicted while it waits)
   };
   struct BitWait {
     Clock::time_point first_seen;
@@ -108,16 +115,16 @@ class Coordinator {
     std::vector<std::optional<std::string>> data;  // inline inputs by rank (empty: none yet)
     Steps steps;
   };
-  // What a rank submitted last: a cache bit or a full request's name (for stall messages).
+  // The name a rank submitted last (for stall messages).
   struct LastSubmission {
     bool any = false;
-    bool cached = false;
-    uint32_t bit = 0;
     std::string name;
     Clock::time_point at;
   };
 
   void ExpandDivergedBits();
+  // Names in `out` the cache entries to evict for its new responses to fit (see point 3).
+  void ChooseEvictions(ResponseMessage& out) const;
   // Fails the submissions of older steps of names submitted in different steps.
   void FailOlderSteps(std::vector<ResponseItem>* errors);
   // Fails what waits for a rank that finalized.

@@ -58,8 +58,7 @@ std::string Coordinator::DescribeMissing(const std::vector<bool>& present,
     } else if (!last.any) {
       s += " has submitted nothing";
     } else {
-      const std::string name = last.cached ? cache_->Get(last.bit)->request.name : last.name;
-      s += " last submitted '" + name + "' " +
+      s += " last submitted '" + last.name + "' " +
            Seconds(std::chrono::duration_cast<std::chrono::milliseconds>(now - last.at)) + " ago";
     }
   }

@@ -217,7 +217,8 @@ Status Engine::Shutdown() {
           std::to_string(stats_.batches.load()) + " collectives, " +
           std::to_string(stats_.fused_tensors.load()) + " tensors through the fusion buffer, " +
           std::to_string(stats_.inline_reductions.load()) + " reduced inline, " +
-          std::to_string(stats_.device_launches.load()) + " device launches");
+          std::to_string(stats_.device_launches.load()) + " device launches, " +
+          std::to_string(stats_.cache_evictions.load()) + " cache evictions");
   const Status closed(Code::kNotInitialized, "the communicator was finalized");
   std::vector<QueueEntry> left = queue_.Close(closed);
   {

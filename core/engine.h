@@ -67,6 +67,7 @@ struct EngineStats {
   std::atomic<uint64_t> fused_tensors{0};      // tensors that went through the fusion buffer
   std::atomic<uint64_t> inline_reductions{0};  // allreduces the coordinator reduced inline
   std::atomic<uint64_t> device_launches{0};    // collectives handed to the device backend
+  std::atomic<uint64_t> cache_evictions{0};    // response-cache entries evicted
 };
 
 // The engine's device side: the device backend, or none and why (the error a CUDA tensor gets).
@@ -173,6 +174,9 @@ class Engine {
   // Gives `m` to the coordinator (rank 0) or sends it to rank 0.
   Status SendRequests(RequestMessage m) REQUIRES(driver_.step_mutex());
   Status Coordinate() REQUIRES(driver_.step_mutex());
+  // Executes a response list, then applies it to the response cache and sends again in full
+  // what this rank sent as bits that the list evicted.
+  Status ExecuteList(const ResponseMessage& list) REQUIRES(driver_.step_mutex());
   // When the next step must run at the latest: the end of a gathering cycle, a stall check.
   Deadline NextWake() const REQUIRES(driver_.step_mutex());
   // A small allreduce's input for the coordinator (prescaled), when it qualifies.

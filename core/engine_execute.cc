@@ -5,7 +5,7 @@
 //  3. plan the rest into fusion batches and run them in segments: device batches are launched at
 //     once, in plan order, and run while the lanes run the host batches; a barrier is a segment
 //     of its own that waits for every batch before it, device ones included;
-//  4. on success, insert the list's new responses into the response cache, in list order.
+//  4. on success, the caller applies the list to the response cache (ExecuteList).
 //
 // Who completes a request: the list owns the entries it took. An operation that finishes
 // completes its entry and releases it (Finish): the lane that ran it, the span group's completion
@@ -30,10 +30,6 @@ Status Engine::Execute(const ResponseMessage& message) {
       if (e) Finish(e, s);
     }
     return s;
-  }
-  // Every rank inserts in this same order, so cache bits agree everywhere.
-  for (const auto& item : message.items) {
-    if (!item.cached) cache_.Insert(item.response);
   }
   return Status::Ok();
 }

@@ -64,14 +64,17 @@ Status Engine::SubmitNew() {
   // One message per step (steps change between messages, almost never inside one).
   RequestMessage m;
   m.step = fresh.front().step;
+  m.cache_generation = cache_.generation();
   for (auto& [request, input, step] : fresh) {
     if (step != m.step) {
       CONCORD_RETURN_IF_ERROR(SendRequests(std::move(m)));
       m = RequestMessage();
       m.step = step;
+      m.cache_generation = cache_.generation();
     }
     std::optional<std::string> data = InlineData(request, input);
     if (auto bit = cache_.Lookup(request, config_.rank)) {
+      cache_.MarkSent(*bit);
       if (*bit / 64 >= m.cached_mask.size()) m.cached_mask.resize(*bit / 64 + 1, 0);
       m.cached_mask[*bit / 64] |= uint64_t{1} << (*bit % 64);
       if (data) m.cached_data.emplace(*bit, std::move(*data));
@@ -117,7 +120,20 @@ Status Engine::HandleMessage(const ControlMessage& message) {
   if (response.abort) return Status(response.abort_code, response.abort_reason);
   for (const auto& warning : response.warnings) Log(LogLevel::kWarning, "stall: " + warning);
   if (response.items.empty()) return Status::Ok();
-  return Execute(response);
+  return ExecuteList(response);
+}
+
+Status Engine::ExecuteList(const ResponseMessage& list) {
+  CONCORD_RETURN_IF_ERROR(Execute(list));
+  // Every rank applies the lists in this same order, so cache bits agree everywhere.
+  std::vector<std::string> resend;
+  CONCORD_RETURN_IF_ERROR(cache_.Apply(list, config_.rank, &resend));
+  if (!list.evictions.empty()) {
+    stats_.cache_evictions.fetch_add(list.evictions.size(), std::memory_order_relaxed);
+  }
+  // Bits of this rank's that were evicted on their way: the coordinator ignores them.
+  if (!resend.empty()) queue_.Resubmit(resend);
+  return Status::Ok();
 }
 
 Status Engine::Coordinate() {
@@ -136,7 +152,7 @@ Status Engine::Coordinate() {
     CONCORD_RETURN_IF_ERROR(control_->Drain(TimeoutFromNow()));
   }
   if (ready.items.empty()) return Status::Ok();
-  return Execute(ready);
+  return ExecuteList(ready);
 }
 
 }  // namespace concord

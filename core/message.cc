@@ -1,5 +1,6 @@
 #include "core/message.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace concord {
@@ -7,7 +8,7 @@ namespace {
 
 constexpr uint8_t kRequestTag = 0xC1;
 constexpr uint8_t kResponseTag = 0xC2;
-constexpr uint8_t kVersion = 4;
+constexpr uint8_t kVersion = 5;
 constexpr uint32_t kMaxString = 1 << 20;
 
 class Writer {
@@ -235,12 +236,13 @@ Status CheckHeader(Reader& rd, uint8_t tag, const char* what) {
 
 std::string SerializeRequestMessage(const RequestMessage& m) {
   size_t expected =
-      16 + 8 * m.cached_mask.size() + DataBytes(m.cached_data) + DataBytes(m.request_data);
+      24 + 8 * m.cached_mask.size() + DataBytes(m.cached_data) + DataBytes(m.request_data);
   for (const auto& r : m.requests) expected += RequestBytes(r);
   Writer w(expected);
   w.U8(kRequestTag);
   w.U8(kVersion);
   w.I64(static_cast<int64_t>(m.step));
+  w.I64(static_cast<int64_t>(m.cache_generation));
   w.U32(static_cast<uint32_t>(m.cached_mask.size()));
   for (uint64_t word : m.cached_mask) w.I64(static_cast<int64_t>(word));
   w.U32(static_cast<uint32_t>(m.requests.size()));
@@ -255,6 +257,7 @@ StatusOr<RequestMessage> ParseRequestMessage(const std::string& bytes) {
   CONCORD_RETURN_IF_ERROR(CheckHeader(rd, kRequestTag, "request message"));
   RequestMessage m;
   m.step = static_cast<uint64_t>(rd.I64());
+  m.cache_generation = static_cast<uint64_t>(rd.I64());
   const uint32_t nwords = rd.Count(8);
   for (uint32_t i = 0; i < nwords && rd.ok(); ++i) {
     m.cached_mask.push_back(static_cast<uint64_t>(rd.I64()));
@@ -286,7 +289,7 @@ StatusOr<RequestMessage> ParseRequestMessage(const std::string& bytes) {
 }
 
 std::string SerializeResponseMessage(const ResponseMessage& m) {
-  size_t expected = 16 + m.abort_reason.size();
+  size_t expected = 20 + m.abort_reason.size() + 4 * m.evictions.size();
   for (const auto& warning : m.warnings) expected += 4 + warning.size();
   for (const auto& item : m.items) {
     expected += 16 + (item.data ? item.data->size() : 0);
@@ -315,6 +318,8 @@ std::string SerializeResponseMessage(const ResponseMessage& m) {
     w.U8(item.data ? 1 : 0);
     if (item.data) w.Str(*item.data);
   }
+  w.U32(static_cast<uint32_t>(m.evictions.size()));
+  for (uint32_t bit : m.evictions) w.U32(bit);
   return w.Take();
 }
 
@@ -347,7 +352,18 @@ StatusOr<ResponseMessage> ParseResponseMessage(const std::string& bytes) {
     if (has_data == 1) item.data = rd.Str();
     m.items.push_back(std::move(item));
   }
+  const uint32_t nevictions = rd.Count(4);
+  for (uint32_t i = 0; i < nevictions && rd.ok(); ++i) {
+    m.evictions.push_back(rd.U32());
+    if (i > 0 && m.evictions[i] <= m.evictions[i - 1]) rd.Fail("evictions out of order");
+  }
   CONCORD_RETURN_IF_ERROR(Finish(rd, "response message"));
+  for (const auto& item : m.items) {
+    if (item.cached && std::binary_search(m.evictions.begin(), m.evictions.end(), item.bit)) {
+      return ProtocolError("malformed response message: cache entry " + std::to_string(item.bit) +
+                           " is both run and evicted");
+    }
+  }
   return m;
 }
 

@@ -4,7 +4,8 @@
 //                    of small allreduces that the coordinator may reduce itself (inline data).
 //   ResponseMessage  coordinator -> every rank: the ordered list to execute (cache bits or full
 //                    responses, each with the reduced bytes when it was reduced inline), or an
-//                    abort that fails the job on every rank.
+//                    abort that fails the job on every rank; and the response-cache entries every
+//                    rank evicts once it executed the list (response_cache.h).
 // Little-endian, length-prefixed, versioned. Parse() never trusts its input: any truncation,
 // unknown tag, oversized count or invalid enum value gives kProtocolError, never a crash.
 #pragma once
@@ -24,6 +25,9 @@ struct RequestMessage {
   // The sender's step (Engine::EndStep) when these operations were enqueued; 0 when the
   // application never marks steps. One message never mixes steps.
   uint64_t step = 0;
+  // The sender's ResponseCache::generation() when it looked its bits up: a bit evicted since is
+  // stale (it meant another entry).
+  uint64_t cache_generation = 0;
   std::vector<uint64_t> cached_mask;    // bit b set: a request equal to cache entry b is ready
   std::vector<TensorRequest> requests;  // everything else
   // Inline data: a small allreduce's prescaled input, by cache bit (for bits set in cached_mask)
@@ -50,6 +54,9 @@ struct ResponseMessage {
   // The coordinator's stall warnings, which every rank logs (so each rank's log says which rank
   // it is waiting for). A message may carry warnings and no items.
   std::vector<std::string> warnings;
+  // Cache bits every rank evicts after executing `items`, before inserting their new responses;
+  // strictly increasing. Never a bit of `items`.
+  std::vector<uint32_t> evictions;
 };
 
 std::string SerializeRequestMessage(const RequestMessage& m);

@@ -50,6 +50,18 @@ std::optional<Clock::time_point> TensorQueue::OldestNew() const {
   return oldest_fresh_;
 }
 
+void TensorQueue::Resubmit(const std::vector<std::string>& names) {
+  {
+    MutexLock lock(mu_);
+    for (const auto& name : names) {
+      if (table_.count(name) == 0) continue;
+      if (!oldest_fresh_) oldest_fresh_ = Clock::now();
+      fresh_.push_back(name);
+    }
+  }
+  wake_();
+}
+
 std::optional<QueueEntry> TensorQueue::Take(const std::string& name) {
   MutexLock lock(mu_);
   auto it = table_.find(name);

@@ -57,6 +57,10 @@ class TensorQueue {
   // Whether PopNew() would return something, and when the oldest of those was pushed.
   std::optional<Clock::time_point> OldestNew() const;
 
+  // Makes PopNew() return these in-flight entries again (their requests must be sent again);
+  // names no longer in flight are skipped. Calls the wake function.
+  void Resubmit(const std::vector<std::string>& names);
+
   // Removes and returns the in-flight entry for name.
   std::optional<QueueEntry> Take(const std::string& name);
 

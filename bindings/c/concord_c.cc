@@ -1,7 +1,9 @@
 // The C API (include/concord/concord.h) over core's Engine. No logic of its own beyond turning C
 // arguments into core types, checking them, and keeping error text: every entry point catches
 // every exception, so none crosses the C boundary.
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <new>
 #include <string>
@@ -443,6 +445,35 @@ CONCORD_COMM_GETTER(concord_comm_size, size)
 CONCORD_COMM_GETTER(concord_comm_local_rank, local_rank)
 CONCORD_COMM_GETTER(concord_comm_local_size, local_size)
 #undef CONCORD_COMM_GETTER
+
+concord_status_t concord_comm_stats(concord_comm_t comm, concord_stats_t* stats) {
+  return Guard(comm, [&]() -> Status {
+    CONCORD_RETURN_IF_ERROR(CheckComm(comm));
+    if (stats == nullptr) return concord::InvalidArgument("concord_comm_stats: stats is NULL");
+    constexpr size_t kFirst = offsetof(concord_stats_t, responses_cached);
+    if (stats->struct_size < kFirst + sizeof(uint64_t)) {
+      return concord::InvalidArgument("concord_comm_stats: struct_size " +
+                                      std::to_string(stats->struct_size) +
+                                      " is too small; set it to sizeof(concord_stats_t)");
+    }
+    const concord::EngineStats& e = comm->engine->stats();
+    concord_stats_t all;
+    all.struct_size = stats->struct_size;
+    all.responses_cached = e.responses_cached.load(std::memory_order_relaxed);
+    all.responses_full = e.responses_full.load(std::memory_order_relaxed);
+    all.response_lists = e.response_lists.load(std::memory_order_relaxed);
+    all.collectives = e.batches.load(std::memory_order_relaxed);
+    all.fused_tensors = e.fused_tensors.load(std::memory_order_relaxed);
+    all.inline_reductions = e.inline_reductions.load(std::memory_order_relaxed);
+    all.device_launches = e.device_launches.load(std::memory_order_relaxed);
+    all.cache_evictions = e.cache_evictions.load(std::memory_order_relaxed);
+    // The fields the caller's struct has: a whole number of counters after struct_size.
+    const size_t fields = (std::min(stats->struct_size, sizeof(all)) - kFirst) / sizeof(uint64_t);
+    std::memcpy(reinterpret_cast<char*>(stats) + kFirst,
+                reinterpret_cast<const char*>(&all) + kFirst, fields * sizeof(uint64_t));
+    return Status::Ok();
+  });
+}
 
 const char* concord_comm_last_error(concord_comm_t comm) {
   if (comm == nullptr) return init_error.c_str();

@@ -202,6 +202,25 @@ typedef struct concord_device_opts {
   void* ready_event;
 } concord_device_opts_t;
 
+/**
+ * A communicator's counters since init, read with concord_comm_stats. Set struct_size to
+ * sizeof(concord_stats_t) first; fields may only be appended in later versions, and the library
+ * fills only those that fit in struct_size (an older caller gets the fields it knows).
+ */
+typedef struct concord_stats {
+  size_t struct_size;
+  uint64_t responses_cached;  /**< operations negotiated as a response-cache bit (fast path) */
+  uint64_t responses_full;    /**< operations negotiated in full, errors included */
+  uint64_t response_lists;    /**< response lists executed */
+  uint64_t collectives;       /**< collectives run on the backends */
+  uint64_t fused_tensors;     /**< tensors that went through the fusion buffer */
+  uint64_t inline_reductions; /**< allreduces the coordinator reduced during negotiation */
+  uint64_t device_launches;   /**< collectives handed to the device backend */
+  /** response-cache entries evicted to make room (CONCORD_CACHE_CAPACITY); the same on every
+   *  rank */
+  uint64_t cache_evictions;
+} concord_stats_t;
+
 /* ---- library and communicator ---- */
 CONCORD_API void concord_version(int* major, int* minor, int* patch);
 CONCORD_API const char* concord_status_string(concord_status_t status);
@@ -232,6 +251,9 @@ CONCORD_API concord_status_t concord_comm_rank(concord_comm_t comm, int* rank);
 CONCORD_API concord_status_t concord_comm_size(concord_comm_t comm, int* size);
 CONCORD_API concord_status_t concord_comm_local_rank(concord_comm_t comm, int* local_rank);
 CONCORD_API concord_status_t concord_comm_local_size(concord_comm_t comm, int* local_size);
+/** Fills `stats` (its struct_size set by the caller; one smaller than the first counter, or NULL,
+ *  is INVALID_ARGUMENT). Thread-safe; the counters move while the engine works. */
+CONCORD_API concord_status_t concord_comm_stats(concord_comm_t comm, concord_stats_t* stats);
 /** The message of the last call on this communicator that failed on the calling thread (empty
  *  when none has; a later success does not clear it). Valid until the next call on this
  *  communicator from the same thread. NULL comm: the message of the last call on this thread that

@@ -254,6 +254,13 @@ class Communicator {
   int size() const { return Get(concord_comm_size); }
   int local_rank() const { return Get(concord_comm_local_rank); }
   int local_size() const { return Get(concord_comm_local_size); }
+  /// The communicator's counters (concord_stats_t: cache hits, evictions, collectives, ...).
+  concord_stats_t stats() const {
+    concord_stats_t s{};
+    s.struct_size = sizeof(s);
+    detail::Check(concord_comm_stats(comm_, &s), concord_comm_last_error(comm_));
+    return s;
+  }
 
   /// Allreduce; `out` absent means in place. prescale multiplies the input, postscale the result.
   /// `compression` is a compressor spec ("none", "fp16", "topk:density=0.01", ...); empty: the

@@ -399,6 +399,39 @@ static void TestGetters(concord_comm_t comm) {
   CHECK_STATUS(concord_comm_local_size(comm, NULL), CONCORD_ERR_INVALID_ARGUMENT);
 }
 
+/* The counters: refused without room for one; an older caller's smaller struct gets only the
+ * fields it has; a repeated name is served by the response cache. */
+static void TestStats(concord_comm_t comm) {
+  concord_stats_t s, before;
+  float x[2] = {1, 2};
+  int64_t shape[1] = {2};
+  concord_tensor_t t = {x, CONCORD_FLOAT32, 1, shape, CONCORD_DEVICE_CPU};
+  int i;
+  StartPhase("stats");
+  CHECK_STATUS(concord_comm_stats(comm, NULL), CONCORD_ERR_INVALID_ARGUMENT);
+  memset(&s, 0, sizeof(s));
+  s.struct_size = sizeof(size_t);
+  CHECK_STATUS(concord_comm_stats(comm, &s), CONCORD_ERR_INVALID_ARGUMENT);
+  CheckLastError(comm, "struct_size");
+  CHECK_STATUS(concord_comm_stats(NULL, &s), CONCORD_ERR_NOT_INITIALIZED);
+  memset(&before, 0, sizeof(before));
+  before.struct_size = sizeof(before);
+  CHECK_STATUS(concord_comm_stats(comm, &before), CONCORD_SUCCESS);
+  for (i = 0; i < 3; ++i) {
+    CHECK_STATUS(concord_allreduce(comm, "stats.repeated", &t, NULL, NULL), CONCORD_SUCCESS);
+  }
+  memset(&s, 0xAB, sizeof(s));
+  s.struct_size = offsetof(concord_stats_t, responses_full); /* responses_cached only */
+  CHECK_STATUS(concord_comm_stats(comm, &s), CONCORD_SUCCESS);
+  CHECKF(s.responses_cached >= before.responses_cached + 2, "%llu cached, %llu before",
+         (unsigned long long)s.responses_cached, (unsigned long long)before.responses_cached);
+  CHECK(s.responses_full == 0xABABABABABABABABull); /* beyond its struct_size: untouched */
+  s.struct_size = sizeof(s);
+  CHECK_STATUS(concord_comm_stats(comm, &s), CONCORD_SUCCESS);
+  CHECK(s.response_lists >= before.response_lists + 3);
+  CHECK(s.cache_evictions == 0);
+}
+
 /* One invalid allreduce: the expected status, the last error mentions `part`, no request. */
 static void BadAllreduce(concord_comm_t comm, const char* name, const concord_tensor_t* in,
                          const concord_tensor_t* out, const concord_allreduce_opts_t* o,
@@ -1036,6 +1069,7 @@ int main(void) {
   TestAsync(comm);
   TestDetach(comm);
   TestBlockingAndAllgather(comm);
+  TestStats(comm);
   TestDeviceOptions(comm);
   StartPhase("finalize");
   CHECK_STATUS(concord_finalize(comm), CONCORD_SUCCESS);

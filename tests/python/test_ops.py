@@ -103,6 +103,20 @@ def test_allreduce_large_float32_async(comm, frame):
                                                                  "float32"), rtol=RTOL["float32"])
 
 
+def test_stats_count_cache_hits(comm):
+    before = comm.stats()
+    assert set(before) == {"responses_cached", "responses_full", "response_lists", "collectives",
+                           "fused_tensors", "inline_reductions", "device_launches",
+                           "cache_evictions"}
+    for _ in range(3):
+        comm.allreduce(np.ones(4, np.float32), name="stats.repeated")
+    after = comm.stats()
+    assert after["response_lists"] >= before["response_lists"] + 3
+    # The first one is negotiated in full, the repeats through the response cache.
+    assert after["responses_cached"] >= before["responses_cached"] + 2
+    assert after["cache_evictions"] >= before["cache_evictions"]
+
+
 def test_async_poll_and_callback(comm):
     done = threading.Event()
     seen = []

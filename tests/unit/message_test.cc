@@ -40,6 +40,7 @@ void ExpectSameResponse(const Response& a, const Response& b) {
 RequestMessage SampleRequestMessage() {
   RequestMessage m;
   m.step = 0x0102030405060708ull;
+  m.cache_generation = 0x1112131415161718ull;
   m.cached_mask = {0x1, 0x8000000000000000ull, 0};
   m.requests.push_back(FullRequest(OpType::kAllgather, DType::kBFloat16, ReduceOp::kMax));
   TensorRequest scalar;
@@ -68,6 +69,7 @@ ResponseMessage SampleResponseMessage() {
   error.response.error_ranks = {0, 2};
   m.items.push_back(error);
   m.warnings = {"tensor 'y' has waited for rank 1", ""};
+  m.evictions = {3, 76, 78, 0xFFFFFFFFu};
   return m;
 }
 
@@ -125,6 +127,7 @@ TEST(MessageTest, CachedMaskAndRequestsRoundTrip) {
   auto parsed = ParseRequestMessage(SerializeRequestMessage(m));
   ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
   EXPECT_EQ(parsed->step, m.step);
+  EXPECT_EQ(parsed->cache_generation, m.cache_generation);
   EXPECT_EQ(parsed->cached_mask, m.cached_mask);
   EXPECT_EQ(parsed->requests, m.requests);
   EXPECT_EQ(parsed->cached_data, m.cached_data);
@@ -159,6 +162,7 @@ TEST(MessageTest, ResponseItemsRoundTrip) {
   auto parsed = ParseResponseMessage(SerializeResponseMessage(m));
   ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
   EXPECT_EQ(parsed->warnings, m.warnings);
+  EXPECT_EQ(parsed->evictions, m.evictions);
   ASSERT_EQ(parsed->items.size(), m.items.size());
   for (size_t i = 0; i < m.items.size(); ++i) {
     EXPECT_EQ(parsed->items[i].cached, m.items[i].cached);
@@ -169,6 +173,24 @@ TEST(MessageTest, ResponseItemsRoundTrip) {
     }
     EXPECT_EQ(parsed->items[i].data, m.items[i].data);
   }
+}
+
+// Evictions are strictly increasing (one encoding per message) and never a bit the list runs.
+TEST(MessageTest, EvictionsOutOfOrderOrOfABitThatRunsAreRejected) {
+  auto expect_rejected = [](const ResponseMessage& m, const std::string& reason) {
+    auto parsed = ParseResponseMessage(SerializeResponseMessage(m));
+    ASSERT_FALSE(parsed.ok()) << reason;
+    EXPECT_EQ(parsed.status().code(), Code::kProtocolError);
+    EXPECT_NE(parsed.status().message().find(reason), std::string::npos)
+        << parsed.status().message();
+  };
+  ResponseMessage m = SampleResponseMessage();
+  m.evictions = {5, 5};
+  expect_rejected(m, "evictions out of order");
+  m.evictions = {9, 4};
+  expect_rejected(m, "evictions out of order");
+  m.evictions = {1, 77};  // item 0 runs cache entry 77
+  expect_rejected(m, "cache entry 77 is both run and evicted");
 }
 
 TEST(MessageTest, AbortRoundTrip) {
@@ -219,7 +241,7 @@ TEST(MessageTest, BadTagVersionAndTrailingBytesAreRejected) {
     bad_tag[0] = static_cast<char>(bad_tag[0] ^ 0x40);
     ExpectRejected(bad_tag, "tag");
     std::string bad_version = valid;
-    bad_version[1] = 2;  // the version before compression
+    bad_version[1] = 4;  // the version before cache evictions
     ExpectRejected(bad_version, "version");
     ExpectRejected(valid + '\0', "trailing byte");
   }
@@ -237,8 +259,8 @@ std::string U32Bytes(uint32_t v) {
 
 TEST(MessageTest, HugeCountsAreRejected) {
   // Tag and current version (so that what is rejected is the count, not the version), then the
-  // request message's step.
-  const std::string req_header = SerializeRequestMessage(RequestMessage()).substr(0, 2 + 8);
+  // request message's step and cache generation.
+  const std::string req_header = SerializeRequestMessage(RequestMessage()).substr(0, 2 + 8 + 8);
   const std::string resp_header = SerializeResponseMessage(ResponseMessage()).substr(0, 2);
   for (uint32_t count : {0xFFFFFFFFu, 0x80000000u, 1000u}) {
     // Mask word count, then request count.
@@ -248,6 +270,8 @@ TEST(MessageTest, HugeCountsAreRejected) {
     const std::string after_reason = resp_header + '\0' + U32Bytes(0) + U32Bytes(0);
     ExpectRejected(after_reason + U32Bytes(count), "warning count", "count");
     ExpectRejected(after_reason + U32Bytes(0) + U32Bytes(count), "item count", "count");
+    ExpectRejected(after_reason + U32Bytes(0) + U32Bytes(0) + U32Bytes(count), "eviction count",
+                   "count");
     ExpectRejected(resp_header + '\0' + U32Bytes(0) + U32Bytes(count), "reason length",
                    "string length");
   }
@@ -259,7 +283,7 @@ TEST(MessageTest, HugeCountsAreRejected) {
   m.requests.push_back(r);
   ExpectRejected(SerializeRequestMessage(m), "65 dimensions");
   std::string bytes = SerializeRequestMessage(SampleRequestMessage());
-  const size_t name_len_at = 2 + 8 + 4 + 3 * 8 + 4;
+  const size_t name_len_at = 2 + 8 + 8 + 4 + 3 * 8 + 4;
   bytes.replace(name_len_at, 4, U32Bytes(0xFFFFFF00u));
   ExpectRejected(bytes, "name length", "string length");
 }
@@ -268,7 +292,7 @@ TEST(MessageTest, HugeCountsAreRejected) {
 std::string OneRequest(const TensorRequest& r, size_t* op_at) {
   RequestMessage m;
   m.requests.push_back(r);
-  *op_at = 2 + 8 + 4 + 4 + 4 + r.name.size();
+  *op_at = 2 + 8 + 8 + 4 + 4 + 4 + r.name.size();
   return SerializeRequestMessage(m);
 }
 
@@ -341,13 +365,14 @@ void ExpectParsedSafely(const std::string& bytes) {
 
 TEST(MessageTest, RandomBytesNeverCrash) {
   std::mt19937 rng(12345);
+  const char version = SerializeRequestMessage(RequestMessage())[1];
   for (int i = 0; i < 4000; ++i) {
     std::string bytes(rng() % 160, '\0');
     for (char& c : bytes) c = static_cast<char>(rng() & 0xFF);
     // Half of them start with a valid header so the parsers get past it.
     if (bytes.size() >= 2 && i % 2 == 0) {
       bytes[0] = static_cast<char>(i % 4 == 0 ? 0xC1 : 0xC2);
-      bytes[1] = 1;
+      bytes[1] = version;
     }
     ExpectParsedSafely(bytes);
   }

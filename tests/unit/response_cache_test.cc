@@ -112,6 +112,145 @@ TEST(ResponseCacheTest, CapacityZeroDisables) {
   EXPECT_FALSE(cache.Lookup(Allreduce("a", {1}).request, 0).has_value());
 }
 
+// A list of full responses (new to the cache) and cached bits, with `evictions`.
+ResponseMessage List(const std::vector<Response>& full, const std::vector<uint32_t>& cached,
+                     std::vector<uint32_t> evictions = {}) {
+  ResponseMessage m;
+  for (uint32_t bit : cached) {
+    ResponseItem item;
+    item.cached = true;
+    item.bit = bit;
+    m.items.push_back(item);
+  }
+  for (const Response& r : full) {
+    ResponseItem item;
+    item.response = r;
+    m.items.push_back(item);
+  }
+  m.evictions = std::move(evictions);
+  return m;
+}
+
+// Applies `list` on rank 0, expecting success; returns the names to send again.
+std::vector<std::string> Apply(ResponseCache& cache, const ResponseMessage& list, int rank = 0) {
+  std::vector<std::string> resend;
+  Status s = cache.Apply(list, rank, &resend);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return resend;
+}
+
+TEST(ResponseCacheEvictionTest, LeastRecentlyExecutedGoFirstAndKeptBitsStay) {
+  ResponseCache cache(4);
+  Apply(cache,
+        List({Allreduce("a", {1}), Allreduce("b", {1}), Allreduce("c", {1}), Allreduce("d", {1})},
+             {}));
+  EXPECT_EQ(cache.size(), 4u);
+  // a (bit 0) and c (bit 2) run again: b, d are now the least recently executed.
+  Apply(cache, List({}, {2, 0}));
+  const ResponseMessage two_new = List({Allreduce("e", {1}), Allreduce("f", {1})}, {});
+  EXPECT_EQ(cache.EvictionsNeeded(two_new), 2u);
+  EXPECT_EQ(cache.ChooseVictims(2, {}), (std::vector<uint32_t>{1, 3}));
+  EXPECT_EQ(cache.ChooseVictims(1, {}), (std::vector<uint32_t>{1}));
+  // A kept bit (one the coordinator holds) is passed over: next in line is c, then a.
+  EXPECT_EQ(cache.ChooseVictims(2, {uint64_t{1} << 1}), (std::vector<uint32_t>{2, 3}));
+  EXPECT_EQ(cache.ChooseVictims(9, {0xF}), (std::vector<uint32_t>{}));
+  // Responses already cached, errors and barriers need no room.
+  Response error = Allreduce("x", {1});
+  error.error = Code::kMismatch;
+  EXPECT_EQ(cache.EvictionsNeeded(List({Allreduce("a", {1}), error}, {})), 0u);
+  EXPECT_EQ(cache.EvictionsNeeded(List({Allreduce("a", {2})}, {})), 1u);
+  ResponseCache roomy(8);
+  Apply(roomy, List({Allreduce("a", {1})}, {}));
+  EXPECT_EQ(roomy.EvictionsNeeded(two_new), 0u);
+}
+
+TEST(ResponseCacheEvictionTest, EvictedBitsAreReusedLowestFirstAndTheGenerationTellsStaleBits) {
+  ResponseCache cache(3);
+  Apply(cache, List({Allreduce("a", {1}), Allreduce("b", {1}), Allreduce("c", {1})}, {}));
+  EXPECT_EQ(cache.generation(), 0u);
+  const uint64_t before = cache.generation();
+  EXPECT_FALSE(cache.EvictedAfter(0, before));
+  // d and e replace c and a, which the list evicts; they take bits 0 and 2, lowest first.
+  Apply(cache, List({Allreduce("d", {1}), Allreduce("e", {1})}, {}, {0, 2}));
+  EXPECT_EQ(cache.generation(), 2u);
+  EXPECT_EQ(cache.size(), 3u);
+  EXPECT_EQ(cache.Lookup(Allreduce("d", {1}).request, 0), 0u);
+  EXPECT_EQ(cache.Lookup(Allreduce("e", {1}).request, 0), 2u);
+  EXPECT_EQ(cache.Lookup(Allreduce("b", {1}).request, 0), 1u);
+  EXPECT_FALSE(cache.Lookup(Allreduce("a", {1}).request, 0).has_value());
+  EXPECT_FALSE(cache.Lookup(Allreduce("c", {1}).request, 0).has_value());
+  // A bit looked up before the evictions is stale; after them it is not; bit 1 never was.
+  EXPECT_TRUE(cache.EvictedAfter(0, before));
+  EXPECT_TRUE(cache.EvictedAfter(2, before));
+  EXPECT_TRUE(cache.EvictedAfter(2, before + 1));  // bit 2 went second
+  EXPECT_FALSE(cache.EvictedAfter(0, cache.generation()));
+  EXPECT_FALSE(cache.EvictedAfter(1, before));
+  EXPECT_FALSE(cache.EvictedAfter(99, before));
+  // An eviction leaves a hole until something is inserted.
+  Apply(cache, List({}, {}, {1}));
+  EXPECT_EQ(cache.Get(1), nullptr);
+  EXPECT_EQ(cache.size(), 2u);
+  cache.Insert(Allreduce("f", {1}));
+  EXPECT_EQ(cache.Lookup(Allreduce("f", {1}).request, 0), 1u);
+}
+
+TEST(ResponseCacheEvictionTest, BitsSentAndEvictedBeforeTheyRanAreSentAgain) {
+  ResponseCache cache(4);
+  Apply(cache,
+        List({Allreduce("a", {1}), Allreduce("b", {1}), Allreduce("c", {1}), Allreduce("d", {1})},
+             {}));
+  cache.MarkSent(0);  // a: runs through its bit
+  cache.MarkSent(1);  // b: evicted while in flight
+  cache.MarkSent(2);  // c: the coordinator expanded it; it runs as a full response
+  cache.MarkSent(3);  // d: its full response is an error for other ranks only
+  Response c_full = Allreduce("c", {1});
+  c_full.error = Code::kMismatch;
+  Response d_other = Allreduce("d", {1});
+  d_other.error = Code::kMismatch;
+  d_other.error_ranks = {1};
+  EXPECT_EQ(Apply(cache, List({c_full, d_other}, {0})), std::vector<std::string>{});
+  EXPECT_EQ(Apply(cache, List({}, {}, {0, 1, 2, 3})), (std::vector<std::string>{"b", "d"}));
+  // Once run or sent again, a bit is no longer this rank's.
+  Apply(cache, List({Allreduce("a", {1}), Allreduce("b", {1})}, {}));
+  EXPECT_EQ(Apply(cache, List({}, {}, {0, 1})), std::vector<std::string>{});
+}
+
+TEST(ResponseCacheEvictionTest, ListNamingNoEntryIsAProtocolError) {
+  ResponseCache cache(2);
+  cache.Insert(Allreduce("a", {1}));
+  std::vector<std::string> resend;
+  EXPECT_EQ(cache.Apply(List({}, {1}), 0, &resend).code(), Code::kProtocolError);
+  EXPECT_EQ(cache.Apply(List({}, {}, {1}), 0, &resend).code(), Code::kProtocolError);
+  EXPECT_EQ(cache.Apply(List({}, {}, {7}), 0, &resend).code(), Code::kProtocolError);
+}
+
+// Ranks that apply the same lists agree bit for bit, whatever each of them sent.
+TEST(ResponseCacheEvictionTest, CachesApplyingTheSameListsAgree) {
+  ResponseCache lead(5), other(5);
+  for (int step = 0; step < 40; ++step) {
+    std::vector<Response> fresh = {Allreduce("one-off." + std::to_string(step), {1})};
+    if (step % 7 == 0) fresh.push_back(Allreduce("static", {step % 2 + 1}));
+    std::vector<uint32_t> cached;
+    if (auto bit = lead.Lookup(Allreduce("static", {1}).request, 0)) cached.push_back(*bit);
+    ResponseMessage list = List(fresh, cached);
+    std::vector<uint64_t> keep(1, 0);  // the bits the list runs
+    for (uint32_t bit : cached) keep[0] |= uint64_t{1} << bit;
+    list.evictions = lead.ChooseVictims(lead.EvictionsNeeded(list), keep);
+    if (step % 3 == 0 && other.Get(0) != nullptr) other.MarkSent(0);
+    Apply(lead, list);
+    Apply(other, list, 1);
+    ASSERT_EQ(lead.generation(), other.generation());
+    ASSERT_EQ(lead.size(), other.size());
+    for (uint32_t bit = 0; bit < 5; ++bit) {
+      ASSERT_EQ(lead.Get(bit) == nullptr, other.Get(bit) == nullptr) << bit;
+      if (lead.Get(bit)) {
+        EXPECT_EQ(lead.Get(bit)->request, other.Get(bit)->request);
+      }
+    }
+  }
+  EXPECT_GT(lead.generation(), 30u);
+}
+
 }  // namespace
 }  // namespace concord
 

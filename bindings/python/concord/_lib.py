@@ -70,6 +70,16 @@ class AllreduceOptsStruct(ctypes.Structure):
     ]
 
 
+class StatsStruct(ctypes.Structure):
+    """concord_stats_t, field for field."""
+
+    _fields_ = [("struct_size", ctypes.c_size_t)] + [
+        (name, ctypes.c_uint64)
+        for name in ("responses_cached", "responses_full", "response_lists", "collectives",
+                     "fused_tensors", "inline_reductions", "device_launches", "cache_evictions")
+    ]
+
+
 class TensorStruct(ctypes.Structure):
     """concord_tensor_t."""
 
@@ -96,6 +106,7 @@ _SIGNATURES = [
     ("concord_comm_size", ctypes.c_int, [c_comm_p, ctypes.POINTER(ctypes.c_int)]),
     ("concord_comm_local_rank", ctypes.c_int, [c_comm_p, ctypes.POINTER(ctypes.c_int)]),
     ("concord_comm_local_size", ctypes.c_int, [c_comm_p, ctypes.POINTER(ctypes.c_int)]),
+    ("concord_comm_stats", ctypes.c_int, [c_comm_p, ctypes.POINTER(StatsStruct)]),
     ("concord_comm_last_error", ctypes.c_char_p, [c_comm_p]),
     ("concord_allreduce_async", ctypes.c_int,
      [c_comm_p, ctypes.c_char_p, ctypes.POINTER(TensorStruct), ctypes.POINTER(TensorStruct),

@@ -250,6 +250,15 @@ class Communicator:
         self.local_rank = query(L.concord_comm_local_rank)
         self.local_size = query(L.concord_comm_local_size)
 
+    def stats(self):
+        """The communicator's counters as a dict (concord_stats_t in concord.h): responses_cached,
+        responses_full, response_lists, collectives, fused_tensors, inline_reductions,
+        device_launches, cache_evictions."""
+        s = _lib.StatsStruct()
+        s.struct_size = ctypes.sizeof(s)
+        self._check(lib().concord_comm_stats(self._live(), ctypes.byref(s)))
+        return {name: getattr(s, name) for name, _ in _lib.StatsStruct._fields_[1:]}
+
     # ---- plumbing ----
     def _check(self, status):
         if status != Status.SUCCESS:
