@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <net/if.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -199,9 +200,21 @@ StatusOr<std::unique_ptr<Engine>> CreateMpiEngine(Config config,
                                   std::move(t.keep_alive));
 }
 
+// A peer that dies mid-collective must be an error on this rank (EPIPE), not a kill: Gloo writes
+// to its sockets without MSG_NOSIGNAL, from whichever thread runs the collective (the
+// application's too). So SIGPIPE is ignored, unless the application installed a handler of its
+// own (README.md, "Launching": signals).
+void IgnoreSigpipeUnlessHandled() {
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+    ::signal(SIGPIPE, SIG_IGN);
+  }
+}
+
 }  // namespace
 
 StatusOr<std::unique_ptr<Engine>> CreateEngine(Config config) {
+  IgnoreSigpipeUnlessHandled();
   {
     Config checked = config;  // validates every field before anything starts
     CONCORD_RETURN_IF_ERROR(checked.Finalize());

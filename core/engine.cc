@@ -190,6 +190,7 @@ Status Engine::Shutdown() {
     bye.state = finalized;
     std::vector<QueueEntry> entries;
     entries.push_back(std::move(bye));
+    finalizing_.store(true);
     if (queue_.Push(std::move(entries)).ok()) {
       if (!Wait(*finalized, TimeoutFromNow())) {
         barrier = Status(Code::kTimeout,
@@ -199,6 +200,8 @@ Status Engine::Shutdown() {
                              "this rank finalized without them");
       } else if (!finalized->status().ok()) {
         barrier = finalized->status().WithContext("concord_finalize: the finalize barrier failed");
+      } else {
+        barrier = LeftBehindError();
       }
     }
   }

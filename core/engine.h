@@ -35,6 +35,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -187,6 +188,13 @@ class Engine {
   Status ResolveCached(const ResponseMessage& message, Responses* responses)
       REQUIRES(driver_.step_mutex());
   Status TakeEntries(const Responses& responses, Entries& entries);
+  // A list's failure, with the culprit when a collective failed: waits (at most the timeout and
+  // a second) for the control plane to name the rank that failed (see the definition).
+  Status ExplainFailure(const Status& failure) REQUIRES(driver_.step_mutex());
+  // Another rank's operation failed while this rank finalizes: this rank left it behind.
+  void NoteLeftBehind(const Response& r) EXCLUDES(left_behind_mu_);
+  // What Shutdown() reports after a finalize barrier that completed with tensors left behind.
+  Status LeftBehindError() const EXCLUDES(left_behind_mu_);
   Status RunResponses(const ResponseMessage& message, const Responses& responses, Entries& entries)
       REQUIRES(driver_.step_mutex());
   // Runs the plan in segments: device batches launched at once, host batches on the lanes, each
@@ -273,7 +281,15 @@ class Engine {
 
   // Serialises Shutdown(), which runs the finalize barrier: taken before every other lock.
   Mutex shutdown_mu_ ACQUIRED_BEFORE(group_mu_, failure_mu_);
-  std::atomic<bool> finalized_{false};               // the finalize barrier ran on this rank
+  std::atomic<bool> finalized_{false};   // the finalize barrier ran on this rank
+  std::atomic<bool> finalizing_{false};  // Shutdown() submitted its finalize barrier
+  // Other ranks' operations that failed because this rank had finalized (uneven epochs).
+  struct LeftBehind {
+    std::vector<std::string> names;
+    std::set<int32_t> ranks;  // the ranks that submitted them
+  };
+  mutable Mutex left_behind_mu_;
+  LeftBehind left_behind_ GUARDED_BY(left_behind_mu_);
   std::atomic<uint64_t> step_{0};                    // EndStep() calls so far
   std::atomic<std::thread::id> device_thread_id_{};  // the device completion thread, once seen
   // The thread completing what Shutdown() left, while it runs their callbacks.

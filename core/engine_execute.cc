@@ -15,6 +15,7 @@
 //
 // Runs on the stepping thread; lane workers run their share of a segment while it waits.
 #include "core/engine.h"
+#include "core/message.h"
 
 namespace concord {
 
@@ -26,6 +27,7 @@ Status Engine::Execute(const ResponseMessage& message) {
   Status s = TakeEntries(responses, entries);
   if (s.ok()) s = RunResponses(message, responses, entries);
   if (!s.ok()) {
+    s = ExplainFailure(s);
     for (auto& e : entries) {
       if (e) Finish(e, s);
     }
@@ -57,7 +59,10 @@ Status Engine::TakeEntries(const Responses& responses, Entries& entries) {
   for (size_t i = 0; i < responses.size(); ++i) {
     const Response& r = *responses[i];
     // An error for other ranks (a stall timeout this rank was late for) leaves its entry alone.
-    if (!r.AppliesTo(config_.rank)) continue;
+    if (!r.AppliesTo(config_.rank)) {
+      if (r.error != Code::kOk) NoteLeftBehind(r);
+      continue;
+    }
     entries[i] = queue_.Take(r.request.name);
     if (r.error != Code::kOk) continue;  // completed with the error, if this rank submitted it
     if (!entries[i]) {
@@ -71,6 +76,64 @@ Status Engine::TakeEntries(const Responses& responses, Entries& entries) {
     }
   }
   return Status::Ok();
+}
+
+Status Engine::ExplainFailure(const Status& failure) {
+  const Code code = failure.code();
+  if (config_.size == 1 || !control_ ||
+      (code != Code::kBackendError && code != Code::kTimeout && code != Code::kSystemError)) {
+    return failure;
+  }
+  // A collective that failed knows only its connection or its deadline, not which rank caused
+  // it. The control plane knows: rank 0's sees a peer close or go silent (its liveness thread
+  // watches while collectives run) and sends every rank an abort naming it. Wait for that, as
+  // long as rank 0's own collective may take to fail (the timeout) and a second more.
+  const Deadline deadline =
+      Deadline::After(MillisFromSeconds(config_.timeout_s) + std::chrono::seconds(1));
+  auto explained = [this, &failure](const Status& cause) {
+    return Status(cause.code(), cause.message() + " (rank " + std::to_string(config_.rank) +
+                                    "'s collective failed meanwhile: " + failure.message() + ")");
+  };
+  ControlMessage message;
+  while (!deadline.passed() && !driver_.stopping()) {
+    StatusOr<bool> got = control_->Receive(&message, deadline);
+    if (!got.ok()) return explained(got.status());
+    if (!*got || coordinator_) continue;  // woken, or a request: nothing runs any more
+    StatusOr<ResponseMessage> response = ParseResponseMessage(message.bytes);
+    if (response.ok() && response->abort) {
+      return explained(Status(response->abort_code, response->abort_reason));
+    }
+  }
+  return failure.WithContext("no rank was reported failed within " +
+                             FormatSeconds(config_.timeout_s + 1.0) + " of it");
+}
+
+void Engine::NoteLeftBehind(const Response& r) {
+  if (!finalizing_.load()) return;
+  MutexLock lock(left_behind_mu_);
+  left_behind_.names.push_back(r.request.name);
+  for (int32_t rank : r.error_ranks) left_behind_.ranks.insert(rank);
+}
+
+Status Engine::LeftBehindError() const {
+  MutexLock lock(left_behind_mu_);
+  if (left_behind_.names.empty()) return Status::Ok();
+  std::string names;
+  for (size_t i = 0; i < left_behind_.names.size() && i < 3; ++i) {
+    names += (i ? ", '" : "'") + left_behind_.names[i] + "'";
+  }
+  if (left_behind_.names.size() > 3) {
+    names += " and " + std::to_string(left_behind_.names.size() - 3) + " more";
+  }
+  std::string ranks;
+  for (int32_t rank : left_behind_.ranks)
+    ranks += (ranks.empty() ? "" : ", ") + std::to_string(rank);
+  return Status(Code::kMismatch,
+                "concord_finalize: this rank finalized while rank" +
+                    std::string(left_behind_.ranks.size() == 1 ? " " : "s ") + ranks +
+                    " still submitted tensors, which failed without it: " + names +
+                    " (uneven epochs: every rank must submit the same tensors before it "
+                    "finalizes)");
 }
 
 Status Engine::RunResponses(const ResponseMessage& message, const Responses& responses,

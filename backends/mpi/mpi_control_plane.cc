@@ -78,7 +78,8 @@ class MpiControlPlane : public ControlPlane {
         liveness_(liveness_timeout),
         last_heard_(size, Clock::now()),
         // As if beaten a timeout ago: the first round sends every heartbeat at once.
-        last_beat_(size, Clock::now() - liveness_timeout) {
+        last_beat_(size, Clock::now() - liveness_timeout),
+        failed_(size, false) {
     if (size_ > 1) liveness_thread_ = std::thread([this] { LivenessLoop(); });
   }
 
@@ -120,10 +121,12 @@ class MpiControlPlane : public ControlPlane {
                              " bytes is larger than MPI's int count allows");
     }
     MutexLock lock(mu_);
-    if (!failure_.ok()) return failure_;
+    // A failed peer's failure is returned, but the bytes still go, best effort: rank 0's abort
+    // reaches every rank, and one declared silent that was only frozen learns it when it wakes.
+    // (A send to a dead peer that never completes is abandoned by the destructor.)
     CONCORD_RETURN_IF_ERROR(Post(to, kTagData, std::move(bytes)));
     Reap();
-    return failure_;
+    return failed_[to] ? failure_ : Status::Ok();
   }
 
   // Open MPI progresses pending MPI_Isends during any MPI call, including the backend's
@@ -332,6 +335,7 @@ class MpiControlPlane : public ControlPlane {
   }
 
   Status FailPeer(int peer, Status status) REQUIRES(mu_) {
+    failed_[peer] = true;
     if (failure_.ok()) {
       failure_ = status.code() == Code::kPeerFailure
                      ? status
@@ -353,7 +357,8 @@ class MpiControlPlane : public ControlPlane {
   std::vector<Clock::time_point> last_beat_ GUARDED_BY(mu_);
   std::list<Outgoing> sends_ GUARDED_BY(mu_);  // a list: MPI holds pointers into the bytes
   std::deque<ControlMessage> inbox_ GUARDED_BY(mu_);
-  Status failure_ GUARDED_BY(mu_);
+  Status failure_ GUARDED_BY(mu_);            // the first failure: Receive() returns it
+  std::vector<bool> failed_ GUARDED_BY(mu_);  // per rank: Send() returns the failure
   bool stopping_ GUARDED_BY(mu_) = false;
 
   Mutex wake_mu_;

@@ -55,6 +55,12 @@ THRESHOLD = {
 }
 # Which tensor the error must name, where the fault concerns one.
 TENSOR = {"missing": "grad.1", "mismatch": "grad.1"}
+# The grace under MPI (concordrun --backend mpi --grace, which becomes mpirun's --mca
+# odls_base_sigkill_timeout, and that option itself for plain mpirun). Open MPI waits it out twice
+# (before SIGTERM, before SIGKILL) even when every rank has exited, so an MPI job whose rank failed
+# ends about 2 x grace after the first exit: the limit for everything to have ended grows by that
+# under MPI (the ranks' own exits are not given more time: they must not be killed).
+MPIRUN_GRACE_S = 5
 START_LIMIT_S = 20
 FAULT_LIMIT_S = 20
 EXIT_ALLOWANCE_S = TIMEOUT_S + 2  # after the detection limit: finalize (barrier) and exit
@@ -238,6 +244,11 @@ class Scenario:
             return "concordrun --backend mpi" if self.backend == "mpi" else "concordrun"
         return "mpirun" if self.backend == "mpi" else "file store"
 
+    @property
+    def launcher_linger(self):
+        # mpirun waits out its kill timeout twice after a rank failed, even once all have exited.
+        return 2 * MPIRUN_GRACE_S if self.backend == "mpi" else 0
+
     def env(self):
         env = dict(os.environ)
         for k in list(env):
@@ -321,10 +332,13 @@ class Scenario:
             job.start("concordrun", argv + driver, env)
         elif self.launcher == "concordrun":
             argv = [self.opts.concordrun, "-np", str(self.np), "--backend", "mpi", "--timeout",
-                    str(TIMEOUT_S)]
+                    str(TIMEOUT_S), "--grace", str(MPIRUN_GRACE_S)]
             job.start("concordrun", argv + driver, env)
         else:
+            # What README.md ("Under your own mpirun") tells users to pass: without it Open MPI
+            # SIGTERMs every rank 1 s after one fails, before the survivors can report.
             argv = [self.opts.mpirun, "-np", str(self.np), "--oversubscribe", "--tag-output",
+                    "--mca", "odls_base_sigkill_timeout", str(MPIRUN_GRACE_S),
                     "-x", "CONCORD_BACKEND=mpi"]
             for var in ("CONCORD_TIMEOUT_S", "CONCORD_STALL_WARNING_S",
                         "CONCORD_STALL_SHUTDOWN_S"):
@@ -384,7 +398,7 @@ class Scenario:
                     open(go_file, "w").close()
                 else:
                     out["t_fault"] = fault["t"]
-                deadline = out["t_fault"] + self.limit + EXIT_ALLOWANCE_S
+                deadline = out["t_fault"] + self.limit + EXIT_ALLOWANCE_S + self.launcher_linger
                 if self.cls == "stop":
                     resume_at = out["t_fault"] + self.limit
             if self.cls == "stop" and resume_at is not None and out["resumed_at"] is None:
@@ -398,7 +412,8 @@ class Scenario:
                         out["timeline"].append(
                             f"SIGCONT to rank {self.culprit} at "
                             f"+{out['resumed_at'] - out['t_fault']:.3f} s after the fault")
-                        deadline = max(deadline, out["resumed_at"] + EXIT_ALLOWANCE_S + 1)
+                        deadline = max(deadline, out["resumed_at"] + EXIT_ALLOWANCE_S + 1 +
+                                       self.launcher_linger)
                     else:
                         out["resumed_at"] = -1
                         out["timeline"].append(
