@@ -13,50 +13,19 @@ namespace concord {
 
 namespace {
 
-constexpr uint32_t kMagic = 0x52545343;  // "CSTR" on the wire
-constexpr uint8_t kVersion = 1;
-constexpr size_t kHeaderSize = 12;
-constexpr uint8_t kHello = 1;
-constexpr uint8_t kSet = 2;
-constexpr uint8_t kGet = 3;
-constexpr uint8_t kWait = 4;
-constexpr uint8_t kAdd = 5;
-constexpr uint8_t kReply = 0x80;
-constexpr uint64_t kNoTimeout = ~uint64_t{0};
+using store_wire::kAdd;
+using store_wire::kGet;
+using store_wire::kHeaderSize;
+using store_wire::kHello;
+using store_wire::kNoTimeout;
+using store_wire::kReply;
+using store_wire::kSet;
+using store_wire::kWait;
+
 constexpr auto kAuthTimeout = std::chrono::seconds(10);
 // How long a client waits for a GET/WAIT reply beyond the deadline it sent (the server answers
 // kTimeout at that deadline; this covers the trip back).
 constexpr auto kReplyGrace = std::chrono::seconds(5);
-constexpr Code kLastCode = Code::kProtocolError;
-
-std::string Frame(uint8_t type, const std::string& body) {
-  std::string out;
-  out.reserve(kHeaderSize + body.size());
-  net::PutU32(&out, kMagic);
-  net::PutU8(&out, kVersion);
-  net::PutU8(&out, type);
-  net::PutU16(&out, 0);
-  net::PutU32(&out, static_cast<uint32_t>(body.size()));
-  out.append(body);
-  return out;
-}
-
-// Validates a frame header; on success sets *type and *length.
-Status ParseHeader(const unsigned char* h, uint8_t* type, uint32_t* length) {
-  if (net::LoadU32(h) != kMagic) return ProtocolError("bad magic (not a Concord store frame)");
-  if (h[4] != kVersion) {
-    return ProtocolError("unsupported store protocol version " + std::to_string(h[4]));
-  }
-  if (net::LoadU16(h + 6) != 0) return ProtocolError("nonzero reserved flags");
-  *type = h[5];
-  *length = net::LoadU32(h + 8);
-  if (*length > kTcpStoreMaxFrame) {
-    return ProtocolError("frame of " + std::to_string(*length) + " bytes exceeds the limit of " +
-                         std::to_string(kTcpStoreMaxFrame));
-  }
-  return Status::Ok();
-}
-
 uint64_t TimeoutMs(Deadline deadline) {
   const int ms = deadline.PollTimeoutMs();
   return ms < 0 ? kNoTimeout : static_cast<uint64_t>(ms);
@@ -218,18 +187,20 @@ bool TcpStoreServer::ReadFrom(Client* c) {
 
 void TcpStoreServer::HandleFrames(Client* c) {
   size_t pos = 0;
-  while (!c->parked && !c->closing && !c->dead && c->in.size() - pos >= kHeaderSize) {
-    const auto* h = reinterpret_cast<const unsigned char*>(c->in.data() + pos);
+  while (!c->parked && !c->closing && !c->dead) {
     uint8_t type = 0;
+    const char* body = nullptr;
     uint32_t length = 0;
-    const Status header = ParseHeader(h, &type, &length);
-    if (!header.ok()) {
-      Fail(c, header.code(), header.message());
+    size_t consumed = 0;
+    const Status frame = store_wire::NextFrame(c->in.data() + pos, c->in.size() - pos, &type, &body,
+                                               &length, &consumed);
+    if (!frame.ok()) {
+      Fail(c, frame.code(), frame.message());
       break;
     }
-    if (c->in.size() - pos - kHeaderSize < length) break;  // the rest has not arrived yet
-    HandleRequest(c, type, c->in.data() + pos + kHeaderSize, length);
-    pos += kHeaderSize + length;
+    if (consumed == 0) break;  // the rest has not arrived yet
+    HandleRequest(c, type, body, length);
+    pos += consumed;
   }
   c->in.erase(0, pos);
 }
@@ -246,30 +217,23 @@ void TcpStoreServer::HandleRequest(Client* c, uint8_t type, const char* body, si
     }
     return;
   }
-  net::Reader r(body, size);
-  std::string key;
+  store_wire::Request request;
+  const Status parsed = store_wire::ParseRequest(type, body, size, &request);
+  if (!parsed.ok()) return Fail(c, parsed.code(), parsed.message());
+  const std::string& key = request.key;
   switch (type) {
-    case kSet: {
-      std::string value;
-      if (!r.Bytes(&key, kTcpStoreMaxFrame) || !r.Bytes(&value, kTcpStoreMaxFrame) || !r.done()) {
-        return Fail(c, Code::kProtocolError, "malformed SET request");
-      }
-      values_[key] = std::move(value);
+    case kSet:
+      values_[key] = std::move(request.value);
       Reply(c, Code::kOk, "");
       break;
-    }
     case kAdd: {
-      uint64_t delta = 0;
-      if (!r.Bytes(&key, kTcpStoreMaxFrame) || !r.U64(&delta) || !r.done()) {
-        return Fail(c, Code::kProtocolError, "malformed ADD request");
-      }
       int64_t value = 0;
       auto it = values_.find(key);
       if (it != values_.end() && !net::ParseInt64(it->second, &value)) {
         return Reply(c, Code::kInvalidArgument,
                      "store: Add on key '" + key + "', which does not hold an integer");
       }
-      if (__builtin_add_overflow(value, static_cast<int64_t>(delta), &value)) {
+      if (__builtin_add_overflow(value, static_cast<int64_t>(request.delta), &value)) {
         return Reply(c, Code::kInvalidArgument, "store: Add on key '" + key + "' overflows int64");
       }
       values_[key] = std::to_string(value);
@@ -278,32 +242,14 @@ void TcpStoreServer::HandleRequest(Client* c, uint8_t type, const char* body, si
       Reply(c, Code::kOk, payload);
       break;
     }
-    case kGet:
-    case kWait: {
-      uint64_t timeout_ms = 0;
-      std::vector<std::string> keys;
-      bool ok = r.U64(&timeout_ms);
-      if (type == kGet) {
-        ok = ok && r.Bytes(&key, kTcpStoreMaxFrame);
-        keys.push_back(key);
-      } else {
-        uint32_t count = 0;
-        ok = ok && r.U32(&count);
-        for (uint32_t i = 0; ok && i < count; ++i) {
-          ok = r.Bytes(&key, kTcpStoreMaxFrame);
-          keys.push_back(key);
-        }
-      }
-      if (!ok || !r.done()) return Fail(c, Code::kProtocolError, "malformed GET/WAIT request");
+    default: {  // GET or WAIT
       c->parked = true;
       c->parked_type = type;
-      c->parked_keys = std::move(keys);
-      c->parked_deadline = DeadlineFromMs(timeout_ms);
+      c->parked_keys = type == kGet ? std::vector<std::string>{key} : std::move(request.keys);
+      c->parked_deadline = DeadlineFromMs(request.timeout_ms);
       TryAnswerParked(c, /*expired=*/false);
       return;  // parked requests are answered when their keys appear, from the SET/ADD below
     }
-    default:
-      return Fail(c, Code::kProtocolError, "unknown request type " + std::to_string(type));
   }
   // A SET or ADD changed the map: wake whoever waits for it.
   for (auto& other : clients_) {
@@ -329,11 +275,7 @@ bool TcpStoreServer::TryAnswerParked(Client* c, bool expired) {
 }
 
 void TcpStoreServer::Reply(Client* c, Code code, const std::string& payload) {
-  std::string body;
-  body.reserve(1 + payload.size());
-  net::PutU8(&body, static_cast<uint8_t>(code));
-  body.append(payload);
-  c->out.append(Frame(kReply, body));
+  c->out.append(store_wire::Frame(kReply, store_wire::EncodeReply(code, payload)));
   Flush(c);
 }
 
@@ -406,7 +348,7 @@ StatusOr<std::string> TcpStore::Call(uint8_t type, const std::string& body, Dead
 Status TcpStore::CallLocked(uint8_t type, const std::string& body, Deadline write_deadline,
                             Deadline reply_deadline, std::string* payload, bool* in_sync) {
   *in_sync = false;
-  const std::string request = Frame(type, body);
+  const std::string request = store_wire::Frame(type, body);
   Status s = net::WriteAll(fd_.get(), request.data(), request.size(), write_deadline, where_);
   if (!s.ok()) return s;
   unsigned char header[kHeaderSize];
@@ -414,7 +356,7 @@ Status TcpStore::CallLocked(uint8_t type, const std::string& body, Deadline writ
   if (!s.ok()) return s;
   uint8_t reply_type = 0;
   uint32_t length = 0;
-  s = ParseHeader(header, &reply_type, &length);
+  s = store_wire::ParseHeader(header, &reply_type, &length);
   if (!s.ok()) return s.WithContext(where_);
   if (reply_type != kReply || length < 1) {
     return ProtocolError(where_ + ": unexpected reply type " + std::to_string(reply_type));
@@ -422,49 +364,53 @@ Status TcpStore::CallLocked(uint8_t type, const std::string& body, Deadline writ
   std::string reply(length, '\0');
   s = net::ReadFull(fd_.get(), &reply[0], length, reply_deadline, where_);
   if (!s.ok()) return s;
-  const uint8_t code = static_cast<uint8_t>(reply[0]);
-  if (code > static_cast<uint8_t>(kLastCode)) {
-    return ProtocolError(where_ + ": unknown status code " + std::to_string(code));
-  }
+  Status carried;
+  s = store_wire::ParseReply(reply.data(), reply.size(), &carried, payload);
+  if (!s.ok()) return s.WithContext(where_);
   *in_sync = true;
-  if (code != 0) return Status(static_cast<Code>(code), reply.substr(1));
-  *payload = reply.substr(1);
-  return Status::Ok();
+  return carried;
 }
 
 Status TcpStore::Set(const std::string& key, const std::string& value) {
-  std::string body;
-  net::PutBytes(&body, key);
-  net::PutBytes(&body, value);
+  store_wire::Request r;
+  r.type = kSet;
+  r.key = key;
+  r.value = value;
   const Deadline d = Deadline::After(op_timeout_);
-  return Call(kSet, body, d, d).status();
+  return Call(kSet, store_wire::EncodeRequest(r), d, d).status();
 }
 
 StatusOr<std::string> TcpStore::Get(const std::string& key, Deadline deadline) {
-  std::string body;
-  net::PutU64(&body, TimeoutMs(deadline));
-  net::PutBytes(&body, key);
-  return Call(kGet, body, Deadline::After(op_timeout_), ReplyDeadline(deadline));
+  store_wire::Request r;
+  r.type = kGet;
+  r.timeout_ms = TimeoutMs(deadline);
+  r.key = key;
+  return Call(kGet, store_wire::EncodeRequest(r), Deadline::After(op_timeout_),
+              ReplyDeadline(deadline));
 }
 
 Status TcpStore::Wait(const std::vector<std::string>& keys, Deadline deadline) {
-  std::string body;
-  net::PutU64(&body, TimeoutMs(deadline));
-  net::PutU32(&body, static_cast<uint32_t>(keys.size()));
-  for (const std::string& key : keys) net::PutBytes(&body, key);
-  return Call(kWait, body, Deadline::After(op_timeout_), ReplyDeadline(deadline)).status();
+  store_wire::Request r;
+  r.type = kWait;
+  r.timeout_ms = TimeoutMs(deadline);
+  r.keys = keys;
+  return Call(kWait, store_wire::EncodeRequest(r), Deadline::After(op_timeout_),
+              ReplyDeadline(deadline))
+      .status();
 }
 
 StatusOr<int64_t> TcpStore::Add(const std::string& key, int64_t delta) {
-  std::string body;
-  net::PutBytes(&body, key);
-  net::PutU64(&body, static_cast<uint64_t>(delta));
+  store_wire::Request r;
+  r.type = kAdd;
+  r.key = key;
+  r.delta = static_cast<uint64_t>(delta);
   const Deadline d = Deadline::After(op_timeout_);
-  CONCORD_ASSIGN_OR_RETURN(const std::string payload, Call(kAdd, body, d, d));
-  net::Reader r(payload.data(), payload.size());
-  uint64_t value = 0;
-  if (!r.U64(&value) || !r.done()) return ProtocolError(where_ + ": malformed ADD reply");
-  return static_cast<int64_t>(value);
+  CONCORD_ASSIGN_OR_RETURN(const std::string payload,
+                           Call(kAdd, store_wire::EncodeRequest(r), d, d));
+  int64_t value = 0;
+  const Status s = store_wire::ParseAddPayload(payload, &value);
+  if (!s.ok()) return s.WithContext(where_);
+  return value;
 }
 
 }  // namespace concord

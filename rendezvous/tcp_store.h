@@ -1,7 +1,8 @@
 // The TCP store: a server that the launcher runs for the whole job, and the Store that each rank
 // uses to talk to it. Every connection must first present the job's secret token.
 //
-// Wire protocol (all integers little-endian). Every message is one frame:
+// Wire protocol (all integers little-endian; rendezvous/tcp_store_wire.h encodes and parses it).
+// Every message is one frame:
 //   u32 magic 'CSTR' (0x52545343) | u8 version (1) | u8 type | u16 flags (0) | u32 body length
 // followed by the body, at most kTcpStoreMaxFrame bytes. Requests (client -> server):
 //   HELLO (1): the token bytes. Must be the first frame; anything else, or a wrong token, is
@@ -31,10 +32,9 @@
 #include "base/mutex.h"
 #include "rendezvous/net.h"
 #include "rendezvous/store.h"
+#include "rendezvous/tcp_store_wire.h"
 
 namespace concord {
-
-constexpr uint32_t kTcpStoreMaxFrame = 64u << 20;
 
 // Contract: owns the listening socket, every client connection, the key-value map and one thread
 // that serves them all with poll(); the map lives only in that thread, so no locks. Start returns
