@@ -40,6 +40,10 @@ if(concord_sanitize MATCHES "^(on|yes|true|1)$")
 elseif(concord_sanitize MATCHES "^(off|no|false|0|)$")
   set(concord_sanitize "")
 endif()
+# CONCORD_FUZZ (tests/fuzz) fuzzes under address,undefined unless other sanitizers are named.
+if(CONCORD_FUZZ AND concord_sanitize STREQUAL "")
+  set(concord_sanitize "address,undefined")
+endif()
 string(REPLACE "," ";" CONCORD_SANITIZERS "${concord_sanitize}")
 foreach(sanitizer IN LISTS CONCORD_SANITIZERS)
   if(NOT sanitizer MATCHES "^(address|undefined|thread)$")
@@ -63,6 +67,18 @@ if(CONCORD_SANITIZERS)
       "$<$<COMPILE_LANGUAGE:C,CXX>:-fno-sanitize-recover=undefined>")
   endif()
   target_link_options(concord_build_options INTERFACE -fsanitize=${concord_sanitize})
+endif()
+
+# CONCORD_FUZZ: libFuzzer's coverage instrumentation on every Concord target, so that the fuzz
+# targets (which link the layers' libraries) are guided by the code they drive, not only their own.
+if(CONCORD_FUZZ)
+  if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+    message(FATAL_ERROR "CONCORD_FUZZ needs clang (libFuzzer): -DCMAKE_CXX_COMPILER=clang++ "
+                        "-DCMAKE_C_COMPILER=clang")
+  endif()
+  target_compile_options(concord_build_options INTERFACE
+    "$<$<COMPILE_LANGUAGE:C,CXX>:-fsanitize=fuzzer-no-link>")
+  target_link_options(concord_build_options INTERFACE -fsanitize=fuzzer-no-link)
 endif()
 
 # concord_use_build_options(DIR): links concord_build_options PRIVATE into every library and
