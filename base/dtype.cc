@@ -96,19 +96,43 @@ float BFloat16ToFloat(uint16_t bits) {
 
 namespace {
 
+// Integer sums and products wrap around (two's complement), as MPI's and NCCL's do in practice:
+// computed in the unsigned type, since a signed overflow would be undefined behaviour (found by
+// tests/fuzz/fuzz_compressed: two int32 shares whose sum overflows).
+template <typename T>
+T Sum(T a, T b) {
+  if constexpr (std::is_integral_v<T>) {
+    using U = std::make_unsigned_t<T>;
+    return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
+  } else {
+    return a + b;
+  }
+}
+
+template <typename T>
+T Product(T a, T b) {
+  if constexpr (std::is_integral_v<T>) {
+    // uint32_t or wider: narrower types promote to int, whose product of two 8-bit values fits.
+    using U = std::conditional_t<(sizeof(T) < sizeof(int)), unsigned, std::make_unsigned_t<T>>;
+    return static_cast<T>(static_cast<U>(static_cast<U>(a) * static_cast<U>(b)));
+  } else {
+    return a * b;
+  }
+}
+
 template <typename T>
 struct Ops {
   static T Apply(ReduceOp op, T a, T b) {
     switch (op) {
       case ReduceOp::kSum:
       case ReduceOp::kAverage:
-        return static_cast<T>(a + b);
+        return Sum(a, b);
       case ReduceOp::kMin:
         return std::min(a, b);
       case ReduceOp::kMax:
         return std::max(a, b);
       case ReduceOp::kProduct:
-        return static_cast<T>(a * b);
+        return Product(a, b);
     }
     return a;
   }
@@ -120,7 +144,7 @@ void ReduceTyped(T* dst, const T* a, const T* b, size_t n, ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
     case ReduceOp::kAverage:
-      for (size_t i = 0; i < n; ++i) dst[i] = static_cast<T>(a[i] + b[i]);
+      for (size_t i = 0; i < n; ++i) dst[i] = Sum(a[i], b[i]);
       break;
     case ReduceOp::kMin:
       for (size_t i = 0; i < n; ++i) dst[i] = std::min(a[i], b[i]);
@@ -129,7 +153,7 @@ void ReduceTyped(T* dst, const T* a, const T* b, size_t n, ReduceOp op) {
       for (size_t i = 0; i < n; ++i) dst[i] = std::max(a[i], b[i]);
       break;
     case ReduceOp::kProduct:
-      for (size_t i = 0; i < n; ++i) dst[i] = static_cast<T>(a[i] * b[i]);
+      for (size_t i = 0; i < n; ++i) dst[i] = Product(a[i], b[i]);
       break;
   }
 }

@@ -221,6 +221,24 @@ TEST(CompressorsTest, DoubleInputsAccumulateInDouble) {
   EXPECT_EQ(dense, (std::vector<double>{0.5 + 1e-12, -1.0, 1.25}));
 }
 
+// Integer sums and products wrap around (two's complement) rather than overflow, which was
+// undefined behaviour (tests/fuzz/fuzz_compressed found it).
+TEST(CompressorsTest, IntegerSumsWrapAround) {
+  auto none = CreateCompressor("none");
+  ASSERT_TRUE(none.ok());
+  constexpr int32_t kMax = std::numeric_limits<int32_t>::max();
+  constexpr int32_t kMin = std::numeric_limits<int32_t>::min();
+  alignas(8) const int32_t shares[2][2] = {{kMax, -5}, {1, kMin}};
+  alignas(8) int32_t dense[2] = {};
+  ASSERT_TRUE(DecodeSum(**none, shares, sizeof(shares[0]), 2, DType::kInt32, 2, dense).ok());
+  EXPECT_EQ(dense[0], kMin);
+  EXPECT_EQ(dense[1], kMax - 4);
+  const int64_t a = std::numeric_limits<int64_t>::max(), b = 2;
+  int64_t product = 0;
+  ReduceElements(&product, &a, &b, 1, DType::kInt64, ReduceOp::kProduct);
+  EXPECT_EQ(product, -2);
+}
+
 TEST(CompressorsTest, WireBytesFollowRingAlgorithms) {
   EXPECT_EQ(WireBytesPerRank(Exchange::kAllreduce, 100, 1), 0u);
   EXPECT_EQ(WireBytesPerRank(Exchange::kAllreduce, 100, 4), 150u);
