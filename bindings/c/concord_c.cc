@@ -322,7 +322,8 @@ void concord_version(int* major, int* minor, int* patch) {
 }
 
 const char* concord_status_string(concord_status_t status) {
-  switch (status) {
+  // Any int, as for the other enums (found by tests/fuzz/fuzz_c_api: a C caller's unknown value).
+  switch (EnumValue(status)) {
     case CONCORD_SUCCESS:
       return "success";
     case CONCORD_ERR_INVALID_ARGUMENT:
