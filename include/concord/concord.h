@@ -320,7 +320,8 @@ CONCORD_API concord_status_t concord_barrier_async(concord_comm_t comm, concord_
  * fails every member with MISMATCH, and different members fail with MISMATCH or never complete
  * (the stall warning names them; CONCORD_STALL_SHUTDOWN_S fails the job with TIMEOUT). When
  * group_end fails (a name already in flight, a failed communicator), every member completes with
- * that error.
+ * that error. A blocking call (concord_allreduce, concord_barrier, ...) inside a group is refused
+ * with INVALID_ARGUMENT, since it would wait for a member that runs only at group_end.
  */
 CONCORD_API concord_status_t concord_group_start(concord_comm_t comm);
 CONCORD_API concord_status_t concord_group_end(concord_comm_t comm);

@@ -544,6 +544,10 @@ static void TestInvalidArguments(concord_comm_t comm) {
   CHECK_STATUS(concord_group_start(comm), CONCORD_SUCCESS);
   CHECK_STATUS(concord_group_start(comm), CONCORD_ERR_INVALID_ARGUMENT);
   CheckLastError(comm, "nest");
+  /* A blocking call would wait for a member that runs only at group_end (tests/fuzz found it). */
+  CHECK_STATUS(concord_allreduce(comm, "t", &t, NULL, NULL), CONCORD_ERR_INVALID_ARGUMENT);
+  CheckLastError(comm, "blocking call inside a group");
+  CHECK_STATUS(concord_barrier(comm), CONCORD_ERR_INVALID_ARGUMENT);
   CHECK_STATUS(concord_group_end(comm), CONCORD_SUCCESS); /* an empty group */
 }
 
