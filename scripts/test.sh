@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test command (CI runs exactly this through .ci/run). After scripts/setup.sh, four passes:
+# The test command (CI runs exactly this through .ci/run). After scripts/setup.sh, five passes:
 #   format  scripts/format-check.sh: seconds, so that style errors fail before any build.
 #   gcc     GCC, RelWithDebInfo, warnings as errors (CONCORD_WERROR), everything built into build/
 #           (or $BUILD_DIR), every ctest test, the fault-injection suite included (label faults,
@@ -16,7 +16,14 @@
 #           Concord's). Under TSan's 5-15x the sweeps that only repeat the same threading over
 #           more data are cut: the engine's every-op-and-size sweep runs float32 only (every rank
 #           count and inline mode), and the 1 Mi-element conformance runs on Gloo at 2 ranks only.
-# SANITIZE=0 skips asan and tsan. Arguments choose passes instead: scripts/test.sh tsan.
+#   fuzz    clang with -DCONCORD_FUZZ=ON (libFuzzer, AddressSanitizer, UndefinedBehaviorSanitizer)
+#           into build-fuzz/, only the fuzz targets (tests/fuzz/README.md): the negotiation
+#           messages, the TCP store's wire format, compressed-tensor decoding (top-k) and the C
+#           API's argument checks. Each runs FUZZ_SECONDS (default 60) from a scratch copy of its
+#           committed corpus (tests/fuzz/corpus/<target>), all four at once; any crash, hang
+#           (-timeout) or leak fails the pass, and the input that did it is left in
+#           build-fuzz/fuzz-run/ (add it to the corpus with the fix).
+# SANITIZE=0 skips asan, tsan and fuzz. Arguments choose passes instead: scripts/test.sh tsan.
 # Each pass prints its wall time.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -69,18 +76,49 @@ suppressions=$root/scripts/tsan-suppressions.txt"
   return "$failed"
 }
 
+pass_fuzz() {
+  local build="$root/build-fuzz"
+  local run="$build/fuzz-run"
+  local targets=(messages tcp_store compressed c_api)
+  TARGETS="fuzz_targets" BUILD_DIR="$build" "$root/scripts/build.sh" -DCMAKE_C_COMPILER=clang \
+    -DCMAKE_CXX_COMPILER=clang++ -DCONCORD_FUZZ=ON -DCONCORD_WERROR=ON -DCONCORD_BUILD_PERF=OFF \
+    -DCONCORD_CUDA=OFF -DCONCORD_MPI=OFF
+  rm -rf "$run"
+  mkdir -p "$run"
+  local pids=()
+  for t in "${targets[@]}"; do
+    # The fuzzer adds what it finds to its first directory: a copy, so the committed corpus stays.
+    cp -r "$root/tests/fuzz/corpus/$t" "$run/$t"
+    "$build/tests/fuzz/fuzz_$t" "$run/$t" -max_total_time="${FUZZ_SECONDS:-60}" -timeout=20 \
+      -rss_limit_mb=2048 -artifact_prefix="$run/$t-" >"$run/$t.log" 2>&1 &
+    pids+=($!)
+  done
+  local failed=0
+  for i in "${!targets[@]}"; do
+    local t="${targets[$i]}"
+    if wait "${pids[$i]}"; then
+      echo "fuzz_$t: $(grep -h '^Done ' "$run/$t.log")"
+    else
+      failed=1
+      echo "== fuzz_$t failed (log: $run/$t.log; the input: $run/$t-*) =="
+      grep -v '^\[concord rank' "$run/$t.log" | tail -n 80
+    fi
+  done
+  return "$failed"
+}
+
 if [ $# -gt 0 ]; then
   passes=("$@")
 elif [ "${SANITIZE:-1}" = "0" ]; then
   passes=(format gcc)
 else
-  passes=(format gcc asan tsan)
+  passes=(format gcc asan tsan fuzz)
 fi
 "$root/scripts/setup.sh"
 for pass in "${passes[@]}"; do
   case "$pass" in
-    format | gcc | asan | tsan) ;;
-    *) echo "test.sh: unknown pass '$pass' (format, gcc, asan, tsan)" >&2; exit 2 ;;
+    format | gcc | asan | tsan | fuzz) ;;
+    *) echo "test.sh: unknown pass '$pass' (format, gcc, asan, tsan, fuzz)" >&2; exit 2 ;;
   esac
   echo "== pass $pass =="
   start=$SECONDS
