@@ -48,12 +48,18 @@ class Job {
     // finalize must succeed everywhere.
     harness::RunRanks(size(), [this](int rank) {
       const Status s = engines_[rank]->Shutdown();
-      if (engines_[rank]->failure().ok()) {
+      if (!engines_[rank]->failure().ok()) return;
+      if (uneven_end_ && s.code() == Code::kMismatch) {
+        EXPECT_NE(s.message().find("still submitted tensors"), std::string::npos) << s.ToString();
+      } else {
         EXPECT_TRUE(s.ok()) << "rank " << rank << ": " << s.ToString();
       }
     });
     engines_.clear();
   }
+  // The test leaves an operation in flight on some rank at the end: a rank whose finalize
+  // fails it may report that (kMismatch, "... still submitted tensors ...").
+  void ExpectUnevenEnd() { uneven_end_ = true; }
   int size() const { return static_cast<int>(engines_.size()); }
   Engine& operator[](int rank) { return *engines_[rank]; }
   InProcWorld& world() { return *world_; }
@@ -61,6 +67,7 @@ class Job {
  private:
   std::shared_ptr<InProcWorld> world_;
   std::vector<std::unique_ptr<Engine>> engines_;
+  bool uneven_end_ = false;
 };
 
 // A QueueEntry for `request` over the given buffers, with a fresh completion state.

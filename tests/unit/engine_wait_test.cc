@@ -214,6 +214,7 @@ TEST(EngineWaitLifetimeTest, GateOutlivesTheEngine) {
   {
     Job job(
         2, [](Config& c) { c.timeout_s = 0.3; }, milliseconds(300));
+    job.ExpectUnevenEnd();
     gate = job[1].wait_gate();
     pending = Submit(job[1], Entry(Request("never", OpType::kAllreduce, DType::kFloat32, {4}),
                                    data.data(), data.data()));
