@@ -63,6 +63,11 @@ class ControlPlane {
 
   // Thread-safe: makes the current or next Receive() return false promptly.
   virtual void Wake() = 0;
+
+  // The job failed (the engine's failure path calls it before destroying the plane): nothing
+  // the plane holds may wait for its peers any more, since some may be dead or cut off. The MPI
+  // plane then keeps the process from MPI_Finalize, which would wait for every process.
+  virtual void Abandon() {}
 };
 
 class Store;

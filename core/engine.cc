@@ -287,6 +287,7 @@ void Engine::Fail(const Status& status) {
     (void)control_->Drain(Deadline::After(
         std::min(MillisFromSeconds(config_.timeout_s), std::chrono::milliseconds(1000))));
   }
+  if (control_) control_->Abandon();
   control_.reset();
   for (auto& lane : lanes_) lane.backend.reset();
   // Device work in flight fails now (its communicator is aborted), not at its deadline.

@@ -182,6 +182,11 @@ class MpiControlPlane : public ControlPlane {
     }
   }
 
+  // Open MPI's MPI_Finalize waits for every process (a PMIx fence): with a peer dead or cut off
+  // it would never return, so after a failure the process neither finalizes MPI nor frees
+  // communicators.
+  void Abandon() override { env_->MarkAbandoned(); }
+
   void Wake() override EXCLUDES(wake_mu_) {
     {
       MutexLock lock(wake_mu_);

@@ -58,7 +58,8 @@ class MpiEnvironment {
   // Hold around every MPI call (one call at a time: never across a wait).
   std::unique_lock<std::mutex> Lock();
 
-  // A request was left pending (a collective passed its deadline; MPI cannot cancel it). MPI
+  // A request was left pending (a collective passed its deadline; MPI cannot cancel it), or a
+  // peer failed (dead, frozen or cut off: Open MPI's MPI_Finalize would wait for it forever). MPI
   // can then neither free its communicator nor finalize safely: the destructor skips
   // MPI_Finalize, and mpirun reports the job as failed.
   void MarkAbandoned() { abandoned_ = true; }
