@@ -4,9 +4,11 @@
 #   gcc     GCC, RelWithDebInfo, warnings as errors (CONCORD_WERROR), everything built into build/
 #           (or $BUILD_DIR), every ctest test, the fault-injection suite included (label faults,
 #           tests/faults/README.md; about 2 minutes of it).
-#   asan    AddressSanitizer and UndefinedBehaviorSanitizer (GCC) into build-sanitize/, the same
-#           suite, without CUDA (its kernels cannot run here, and the gcc pass compiled them) and
-#           without perf/.
+#   asan    AddressSanitizer and UndefinedBehaviorSanitizer (GCC, -O1) into build-sanitize/, the
+#           same suite, without CUDA (its kernels cannot run here, and the gcc pass compiled them),
+#           without perf/, and without the large conformance sweeps at 3 and 4 ranks (they repeat
+#           the 1- and 2-rank ones over more data).
+#   (CI's builds keep line tables only, -g1, to compile faster.)
 #   tsan    clang with its thread-safety analysis (-Wthread-safety, CONCORD_WERROR) and
 #           ThreadSanitizer into build-tsan/: what runs threads against each other, i.e. the
 #           unit tests marked THREADED (ctest label threaded: the engine's, its progress driver's,
@@ -28,11 +30,21 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 
+# CI's builds keep line tables only (-g1: a sanitizer's or a debugger's stack still has files and
+# lines), which cuts their compile time; $1 is the optimisation level. Sets ci_cmake_flags.
+ci_flags() {
+  ci_cmake_flags=("-DCMAKE_C_FLAGS_RELWITHDEBINFO=$1 -g1 -DNDEBUG"
+    "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=$1 -g1 -DNDEBUG")
+}
+
+# Builds into $1 with the cmake arguments that follow and runs its ctest suite, but for the tests
+# that match $CTEST_EXCLUDE (a regular expression), if set.
 run_suite() {
   local build="$1"
   shift
   BUILD_DIR="$build" "$root/scripts/build.sh" "$@"
-  ctest --test-dir "$build" --output-on-failure -j2 --timeout 300
+  ctest --test-dir "$build" --output-on-failure -j2 --timeout 300 \
+    ${CTEST_EXCLUDE:+-E "$CTEST_EXCLUDE"}
 }
 
 pass_format() {
@@ -40,23 +52,30 @@ pass_format() {
 }
 
 pass_gcc() {
-  run_suite "${BUILD_DIR:-$root/build}" -DCONCORD_WERROR=ON
+  ci_flags -O2
+  run_suite "${BUILD_DIR:-$root/build}" -DCONCORD_WERROR=ON "${ci_cmake_flags[@]}"
 }
 
 pass_asan() {
+  # -O1, as AddressSanitizer advises: quicker to compile than -O2, and fast enough to run.
+  # The large conformance sweeps at 3 and 4 ranks only repeat the 1- and 2-rank ones over more
+  # data (the gcc pass runs them all).
+  ci_flags -O1
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    CTEST_EXCLUDE='^mp_(mpi_)?conformance_large_np[34]$|LargeCount/3ranks' \
     run_suite "$root/build-sanitize" -DCONCORD_SANITIZE=address,undefined \
-    -DCONCORD_BUILD_PERF=OFF -DCONCORD_CUDA=OFF
+    -DCONCORD_BUILD_PERF=OFF -DCONCORD_CUDA=OFF "${ci_cmake_flags[@]}"
 }
 
 pass_tsan() {
   local build="$root/build-tsan"
   local reports="$build/tsan-reports"
+  ci_flags -O2
   TARGETS="threaded_tests c_api_test concordrun mp_conformance mp_failure_modes
            mp_launcher_lifecycle mp_lifecycle_faults" \
     BUILD_DIR="$build" "$root/scripts/build.sh" -DCMAKE_C_COMPILER=clang \
     -DCMAKE_CXX_COMPILER=clang++ -DCONCORD_SANITIZE=thread -DCONCORD_THREAD_SAFETY_ANALYSIS=ON \
-    -DCONCORD_WERROR=ON -DCONCORD_BUILD_PERF=OFF -DCONCORD_CUDA=OFF
+    -DCONCORD_WERROR=ON -DCONCORD_BUILD_PERF=OFF -DCONCORD_CUDA=OFF "${ci_cmake_flags[@]}"
   rm -rf "$reports"
   mkdir -p "$reports"
   # Reports go to files (one per process), so that none is lost in a test whose output is only
