@@ -95,7 +95,11 @@ struct MpiTransports {
 
 // Collective over MPI_COMM_WORLD: every rank calls it, in the same order for each communicator.
 // Initialises MPI if needed (see backends/mpi/mpi_environment.h for the thread level rules).
-// kUnavailable when this Concord was built without MPI.
-StatusOr<MpiTransports> CreateMpiTransports(std::chrono::milliseconds timeout);
+// kUnavailable when this Concord was built without MPI. With `world_ranks`, the transports of a
+// sub-communicator of those MPI_COMM_WORLD ranks, in that order (rank i here is world_ranks[i]):
+// collective over them only, each calling with the same ranks and a `tag` no other
+// sub-communicator being created among them at the same time uses.
+StatusOr<MpiTransports> CreateMpiTransports(std::chrono::milliseconds timeout,
+                                            const std::vector<int>& world_ranks = {}, int tag = 0);
 
 }  // namespace concord

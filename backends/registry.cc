@@ -41,18 +41,33 @@ StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& name,
   return NotBuilt(name);
 }
 
-StatusOr<MpiTransports> CreateMpiTransports(std::chrono::milliseconds timeout) {
+StatusOr<MpiTransports> CreateMpiTransports(std::chrono::milliseconds timeout,
+                                            const std::vector<int>& world_ranks, int tag) {
 #ifdef CONCORD_HAVE_MPI
   CONCORD_ASSIGN_OR_RETURN(std::shared_ptr<MpiEnvironment> env, MpiEnvironment::Acquire());
-  MpiTransports t;
-  CONCORD_ASSIGN_OR_RETURN(t.control, CreateMpiControlPlane(env, timeout));
-  CONCORD_ASSIGN_OR_RETURN(t.backend, CreateMpiBackend(env, timeout));
-  t.rank = t.backend->rank();
-  t.size = t.backend->size();
-  t.keep_alive = std::move(env);
-  return t;
+  MPI_Comm base = MPI_COMM_WORLD;
+  if (!world_ranks.empty()) {
+    CONCORD_ASSIGN_OR_RETURN(base, CreateGroupComm(*env, world_ranks, tag));
+  }
+  // The group's communicator only seeds the duplicates; it goes whatever happens.
+  auto made = [&]() -> StatusOr<MpiTransports> {
+    MpiTransports t;
+    CONCORD_ASSIGN_OR_RETURN(t.control, CreateMpiControlPlane(env, timeout, base));
+    CONCORD_ASSIGN_OR_RETURN(t.backend, CreateMpiBackend(env, timeout, kMpiMaxMessageBytes, base));
+    t.rank = t.backend->rank();
+    t.size = t.backend->size();
+    return t;
+  }();
+  if (base != MPI_COMM_WORLD) {
+    auto lock = env->Lock();
+    MPI_Comm_free(&base);
+  }
+  if (made.ok()) made->keep_alive = std::move(env);
+  return made;
 #else
   (void)timeout;
+  (void)world_ranks;
+  (void)tag;
   return NotBuilt("mpi");
 #endif
 }

@@ -18,6 +18,13 @@
 #include "rendezvous/tcp_store.h"
 
 namespace concord {
+
+// Everything the transports need to outlive them.
+struct Rendezvous {
+  std::unique_ptr<TcpStoreServer> server;  // torchrun mode, rank 0 only
+  std::unique_ptr<Store> store;
+};
+
 namespace {
 
 // The first IPv4 address of a network interface.
@@ -47,12 +54,6 @@ StatusOr<std::string> InterfaceAddress(const std::string& iface) {
 bool IsLoopback(const std::string& host) {
   return host == "127.0.0.1" || host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
 }
-
-// Everything the transports need to outlive them.
-struct Rendezvous {
-  std::unique_ptr<TcpStoreServer> server;  // torchrun mode, rank 0 only
-  std::unique_ptr<Store> store;
-};
 
 StatusOr<std::unique_ptr<Rendezvous>> OpenRendezvous(const Config& c, Deadline deadline,
                                                      std::string* store_host) {
@@ -166,8 +167,7 @@ Status CheckJobSettings(const Config& c, Backend* backend) {
 
 // CONCORD_BACKEND=mpi (or auto under mpirun): rank and size are MPI_COMM_WORLD's, negotiation and
 // data both run over MPI, and there is no store. `config` is as read, before Finalize().
-StatusOr<std::unique_ptr<Engine>> CreateMpiEngine(Config config,
-                                                  std::chrono::milliseconds timeout) {
+StatusOr<Communicator> CreateMpiCommunicator(Config config, std::chrono::milliseconds timeout) {
   const auto built = BuiltBackends();
   if (std::find(built.begin(), built.end(), "mpi") == built.end()) {
     return CreateMpiTransports(timeout).status().WithContext("CONCORD_BACKEND=mpi");
@@ -196,8 +196,12 @@ StatusOr<std::unique_ptr<Engine>> CreateMpiEngine(Config config,
   CONCORD_RETURN_IF_ERROR(CheckJobSettings(config, t.backend.get()));
   std::vector<std::unique_ptr<Backend>> lanes;
   lanes.push_back(std::move(t.backend));
-  return std::make_unique<Engine>(config, std::move(t.control), std::move(lanes),
-                                  std::move(t.keep_alive));
+  Communicator comm;
+  comm.origin = std::make_shared<CommOrigin>();
+  for (int r = 0; r < t.size; ++r) comm.origin->mpi_world_ranks.push_back(r);
+  comm.engine = std::make_unique<Engine>(config, std::move(t.control), std::move(lanes),
+                                         std::move(t.keep_alive));
+  return comm;
 }
 
 // A peer that dies mid-collective must be an error on this rank (EPIPE), not a kill: Gloo writes
@@ -211,43 +215,15 @@ void IgnoreSigpipeUnlessHandled() {
   }
 }
 
-}  // namespace
-
-StatusOr<std::unique_ptr<Engine>> CreateEngine(Config config) {
-  IgnoreSigpipeUnlessHandled();
-  {
-    Config checked = config;  // validates every field before anything starts
-    CONCORD_RETURN_IF_ERROR(checked.Finalize());
-    const auto timeout = MillisFromSeconds(checked.timeout_s);
-    if (checked.ResolvedBackend() == "mpi") return CreateMpiEngine(std::move(config), timeout);
-    config = std::move(checked);
-  }
+// The transports of a communicator on the rendezvous store `rv` under `prefix`, and its engine.
+// `host` is the address its control plane advertises.
+StatusOr<std::unique_ptr<Engine>> StartOnStore(const Config& config,
+                                               const std::shared_ptr<Rendezvous>& rv,
+                                               const std::string& prefix, const std::string& host) {
   const std::string backend_name = config.ResolvedBackend();
   const auto timeout = MillisFromSeconds(config.timeout_s);
   const Deadline deadline = Deadline::After(timeout);
-  std::string store_host;
-  CONCORD_ASSIGN_OR_RETURN(std::shared_ptr<Rendezvous> rv,
-                           OpenRendezvous(config, deadline, &store_host));
-
-  // Every rank counts its communicators in the store; the Nth on every rank shares a prefix.
-  CONCORD_ASSIGN_OR_RETURN(
-      int64_t generation,
-      rv->store->Add(config.job_id + "/generation/" + std::to_string(config.rank), 1));
-  const std::string prefix = config.job_id + "/comm" + std::to_string(generation);
-
   CONCORD_RETURN_IF_ERROR(CheckJobSettings(config, rv->store.get(), prefix, deadline));
-
-  std::string host = config.host;
-  if (host.empty() && !config.iface.empty()) {
-    CONCORD_ASSIGN_OR_RETURN(host, InterfaceAddress(config.iface));
-  }
-  if (host.empty()) {
-    host = "127.0.0.1";
-    if (!store_host.empty() && !IsLoopback(store_host)) {
-      char name[256] = {0};
-      if (gethostname(name, sizeof(name) - 1) == 0) host = name;
-    }
-  }
 
   TcpControlPlaneOptions cp;
   cp.rank = config.rank;
@@ -284,6 +260,78 @@ StatusOr<std::unique_ptr<Engine>> CreateEngine(Config config) {
                            StartDevicePlane(config, bo, rv->store.get(), deadline));
   return std::make_unique<Engine>(config, std::move(*control), std::move(lanes), rv,
                                   std::move(device));
+}
+
+}  // namespace
+
+StatusOr<Communicator> CreateCommunicator(Config config) {
+  IgnoreSigpipeUnlessHandled();
+  {
+    Config checked = config;  // validates every field before anything starts
+    CONCORD_RETURN_IF_ERROR(checked.Finalize());
+    const auto timeout = MillisFromSeconds(checked.timeout_s);
+    if (checked.ResolvedBackend() == "mpi")
+      return CreateMpiCommunicator(std::move(config), timeout);
+    config = std::move(checked);
+  }
+  const Deadline deadline = Deadline::After(MillisFromSeconds(config.timeout_s));
+  std::string store_host;
+  CONCORD_ASSIGN_OR_RETURN(std::shared_ptr<Rendezvous> rv,
+                           OpenRendezvous(config, deadline, &store_host));
+
+  // Every rank counts its communicators in the store; the Nth on every rank shares a prefix.
+  CONCORD_ASSIGN_OR_RETURN(
+      int64_t generation,
+      rv->store->Add(config.job_id + "/generation/" + std::to_string(config.rank), 1));
+  auto origin = std::make_shared<CommOrigin>();
+  origin->prefix = config.job_id + "/comm" + std::to_string(generation);
+
+  origin->host = config.host;
+  if (origin->host.empty() && !config.iface.empty()) {
+    CONCORD_ASSIGN_OR_RETURN(origin->host, InterfaceAddress(config.iface));
+  }
+  if (origin->host.empty()) {
+    origin->host = "127.0.0.1";
+    if (!store_host.empty() && !IsLoopback(store_host)) {
+      char name[256] = {0};
+      if (gethostname(name, sizeof(name) - 1) == 0) origin->host = name;
+    }
+  }
+  origin->rendezvous = rv;
+  Communicator comm;
+  CONCORD_ASSIGN_OR_RETURN(comm.engine, StartOnStore(config, rv, origin->prefix, origin->host));
+  comm.origin = std::move(origin);
+  return comm;
+}
+
+StatusOr<std::unique_ptr<Engine>> CreateEngine(Config config) {
+  CONCORD_ASSIGN_OR_RETURN(Communicator comm, CreateCommunicator(std::move(config)));
+  return std::move(comm.engine);
+}
+
+StatusOr<Communicator> StartSubCommunicator(const Config& config, const CommOrigin& parent,
+                                            const std::string& prefix,
+                                            std::vector<int> mpi_world_ranks, int mpi_tag) {
+  auto origin = std::make_shared<CommOrigin>();
+  origin->prefix = prefix;
+  origin->host = parent.host;
+  origin->rendezvous = parent.rendezvous;
+  Communicator comm;
+  if (parent.rendezvous) {
+    CONCORD_ASSIGN_OR_RETURN(comm.engine,
+                             StartOnStore(config, parent.rendezvous, prefix, parent.host));
+  } else {
+    auto transports =
+        CreateMpiTransports(MillisFromSeconds(config.timeout_s), mpi_world_ranks, mpi_tag);
+    if (!transports.ok()) return transports.status().WithContext("starting the mpi backend");
+    std::vector<std::unique_ptr<Backend>> lanes;
+    lanes.push_back(std::move(transports->backend));
+    comm.engine = std::make_unique<Engine>(config, std::move(transports->control), std::move(lanes),
+                                           std::move(transports->keep_alive));
+  }
+  origin->mpi_world_ranks = std::move(mpi_world_ranks);
+  comm.origin = std::move(origin);
+  return comm;
 }
 
 }  // namespace concord

@@ -5,13 +5,47 @@
 // it, in the same order for every communicator it creates. Blocks at most config.timeout_s.
 #pragma once
 
+#include <atomic>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "core/config.h"
 #include "core/engine.h"
 
 namespace concord {
 
+struct Rendezvous;  // the store (and its server, under torchrun): bootstrap.cc
+
+// What a communicator was started from, kept with its engine so that it can be split
+// (core/comm_split.h): the rendezvous and key prefix its sub-communicators start under, or, on
+// MPI, the MPI_COMM_WORLD rank of each of its ranks. Shared by the communicator's handle and by
+// the engines of its sub-communicators (whose keep_alive holds the rendezvous), so the store
+// outlives every communicator that uses it.
+struct CommOrigin {
+  std::shared_ptr<Rendezvous> rendezvous;  // null on MPI
+  std::string prefix;                      // this communicator's store keys
+  std::string host;                        // the address its control plane advertises
+  std::vector<int> mpi_world_ranks;        // MPI only: rank here -> MPI_COMM_WORLD rank
+  // Splits of this communicator so far: the Nth split on every rank is the same split.
+  std::atomic<uint64_t> splits{0};
+};
+
+struct Communicator {
+  std::unique_ptr<Engine> engine;
+  std::shared_ptr<CommOrigin> origin;
+};
+
+StatusOr<Communicator> CreateCommunicator(Config config);
+// CreateCommunicator's engine alone (tests, benchmarks).
 StatusOr<std::unique_ptr<Engine>> CreateEngine(Config config);
+
+// Starts the communicator of a split (core/comm_split.h): `config` is the parent's, with this
+// rank's rank, size and local rank among the members. On the parent's store under `prefix`, or,
+// on MPI, over the MPI_COMM_WORLD ranks `mpi_world_ranks` (MPI_Comm_create_group with
+// `mpi_tag`). Collective over the members only.
+StatusOr<Communicator> StartSubCommunicator(const Config& config, const CommOrigin& parent,
+                                            const std::string& prefix,
+                                            std::vector<int> mpi_world_ranks, int mpi_tag);
 
 }  // namespace concord

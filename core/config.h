@@ -62,6 +62,10 @@ struct Config {
   // long enough for a rank that pauses to write a checkpoint, short enough that a job missing a
   // tensor ends within the hour instead of holding its machines.
   double stall_shutdown_s = 600.0;
+  // A sub-communicator's (core/comm_split.h) description and its ranks' ranks in the parent,
+  // which its failures name ("split 0 of the parent, color 1: ranks 0, 1 here are parent ranks
+  // 2, 3"); empty for a communicator started by init.
+  std::string membership;
   // The longest timeout or stall time: a day (durations stay far from overflowing a clock).
   static constexpr double kMaxSeconds = 86400.0;
 

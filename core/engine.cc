@@ -179,6 +179,39 @@ std::string Engine::NextBarrierName() {
   return BarrierName(barrier_seq_++);
 }
 
+StatusOr<std::string> Engine::ExchangeInternal(const std::string& tag, const std::string& bytes) {
+  if (OnEngineThread()) {
+    return InvalidArgument("'" + tag + "' cannot run from the communicator's own threads");
+  }
+  // The input must live as long as the operation, which may outlive this call (a timeout).
+  auto input = std::make_shared<const std::string>(bytes);
+  auto state = std::make_shared<RequestState>([input](const Status&) {});
+  QueueEntry e;
+  e.request.name = std::string(kReservedPrefix) + "." + tag;
+  e.request.op = OpType::kAllgather;
+  e.request.dtype = DType::kUint8;
+  e.request.shape = {static_cast<int64_t>(bytes.size())};
+  e.input = input->data();
+  e.state = state;
+  e.step = step_.load(std::memory_order_relaxed);
+  std::vector<QueueEntry> one;
+  one.push_back(std::move(e));
+  CONCORD_RETURN_IF_ERROR(queue_.Push(std::move(one)));
+  if (!Wait(*state, TimeoutFromNow())) {
+    return Status(Code::kTimeout, "'" + tag + "' did not complete within " +
+                                      FormatSeconds(config_.timeout_s) +
+                                      ": not every rank of the communicator called it");
+  }
+  CONCORD_RETURN_IF_ERROR(state->status());
+  const auto& owned = state->output().owned;
+  if (owned.size() != bytes.size() * static_cast<size_t>(config_.size)) {
+    return Internal("'" + tag + "': gathered " + std::to_string(owned.size()) +
+                    " bytes, expected " +
+                    std::to_string(bytes.size() * static_cast<size_t>(config_.size)));
+  }
+  return std::string(owned.begin(), owned.end());
+}
+
 Status Engine::Shutdown() {
   if (OnEngineThread()) {
     return InvalidArgument("a communicator cannot be finalized from its own completion callback");
@@ -268,7 +301,15 @@ void Engine::Drive(RequestState& state, Deadline deadline) {
   driver_.Drive(state, deadline);
 }
 
-void Engine::Fail(const Status& status) {
+Status Engine::WithMembership(const Status& status) const {
+  if (config_.membership.empty() || status.ok()) return status;
+  const std::string note = " [" + config_.membership + "]";
+  if (status.message().find(note) != std::string::npos) return status;
+  return Status(status.code(), status.message() + note);
+}
+
+void Engine::Fail(const Status& failure) {
+  const Status status = WithMembership(failure);
   Log(LogLevel::kError, status.ToString());
   {
     MutexLock lock(failure_mu_);

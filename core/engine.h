@@ -115,6 +115,13 @@ class Engine {
   // Next barrier's name: barriers are matched across ranks by their sequence number.
   std::string NextBarrierName();
 
+  // Concord's own allgather, for a communicator split (core/comm_split.h): every rank gives
+  // `bytes` of the same length under the same `tag`, and gets every rank's in rank order.
+  // Negotiated like any operation under a reserved name; waits at most the timeout (kTimeout
+  // saying that not every rank took part; the operation then stays in flight until the engine
+  // fails or stops). Not from the engine's own threads.
+  StatusOr<std::string> ExchangeInternal(const std::string& tag, const std::string& bytes);
+
   // Ends this rank's current step: operations enqueued afterwards belong to the next one. When
   // every rank marks its steps, a name submitted in different steps on different ranks fails with
   // kMismatch instead of mixing the steps' data (coordinator.h, point 5). Thread-safe.
@@ -159,6 +166,8 @@ class Engine {
   void InterruptReceive() EXCLUDES(failure_mu_);
   // Runs the waiter's steps (WaitGate's drive function), where it may (see Wait()).
   void Drive(RequestState& state, Deadline deadline);
+  // A sub-communicator's failure names its members' parent ranks (Config::membership).
+  Status WithMembership(const Status& status) const;
   // Fails the engine (see the class comment); on the stepping thread, which halts.
   void Fail(const Status& status) REQUIRES(driver_.step_mutex()) EXCLUDES(failure_mu_);
   // Whether the calling thread is one of the engine's: engine thread, stepping thread, a lane

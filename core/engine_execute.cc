@@ -27,7 +27,7 @@ Status Engine::Execute(const ResponseMessage& message) {
   Status s = TakeEntries(responses, entries);
   if (s.ok()) s = RunResponses(message, responses, entries);
   if (!s.ok()) {
-    s = ExplainFailure(s);
+    s = WithMembership(ExplainFailure(s));
     for (auto& e : entries) {
       if (e) Finish(e, s);
     }

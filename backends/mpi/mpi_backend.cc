@@ -259,25 +259,43 @@ Status WaitForRequest(MpiEnvironment& env, MPI_Request* request, Deadline deadli
   }
 }
 
-StatusOr<MPI_Comm> DuplicateWorld(MpiEnvironment& env, Deadline deadline) {
+StatusOr<MPI_Comm> Duplicate(MpiEnvironment& env, MPI_Comm base, Deadline deadline) {
   MPI_Comm comm = MPI_COMM_NULL;
   MPI_Request request;
   {
     auto lock = env.Lock();
-    CONCORD_MPI_CHECK(MPI_Comm_idup(MPI_COMM_WORLD, &comm, &request));
+    CONCORD_MPI_CHECK(MPI_Comm_idup(base, &comm, &request));
   }
-  CONCORD_RETURN_IF_ERROR(
-      WaitForRequest(env, &request, deadline, "duplicating MPI_COMM_WORLD (MPI_Comm_idup)"));
+  CONCORD_RETURN_IF_ERROR(WaitForRequest(
+      env, &request, deadline,
+      base == MPI_COMM_WORLD ? "duplicating MPI_COMM_WORLD (MPI_Comm_idup)"
+                             : "duplicating a sub-communicator's group (MPI_Comm_idup)"));
   auto lock = env.Lock();
   CONCORD_MPI_CHECK(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
   return comm;
 }
 
+StatusOr<MPI_Comm> CreateGroupComm(MpiEnvironment& env, const std::vector<int>& world_ranks,
+                                   int tag) {
+  auto lock = env.Lock();
+  MPI_Group world = MPI_GROUP_NULL, members = MPI_GROUP_NULL;
+  CONCORD_MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &world));
+  const int rc =
+      MPI_Group_incl(world, static_cast<int>(world_ranks.size()), world_ranks.data(), &members);
+  MPI_Group_free(&world);
+  CONCORD_MPI_CHECK(rc);
+  MPI_Comm comm = MPI_COMM_NULL;
+  const int created = MPI_Comm_create_group(MPI_COMM_WORLD, members, tag, &comm);
+  MPI_Group_free(&members);
+  CONCORD_MPI_CHECK(created);
+  return comm;
+}
+
 StatusOr<std::unique_ptr<Backend>> CreateMpiBackend(std::shared_ptr<MpiEnvironment> env,
                                                     std::chrono::milliseconds timeout,
-                                                    size_t max_message_bytes) {
+                                                    size_t max_message_bytes, MPI_Comm base) {
   if (max_message_bytes == 0) return InvalidArgument("mpi backend: max_message_bytes is 0");
-  CONCORD_ASSIGN_OR_RETURN(MPI_Comm comm, DuplicateWorld(*env, Deadline::After(timeout)));
+  CONCORD_ASSIGN_OR_RETURN(MPI_Comm comm, Duplicate(*env, base, Deadline::After(timeout)));
   int rank = 0, size = 0;
   {
     auto lock = env->Lock();

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backends/backend.h"
 #include "backends/control_plane.h"
@@ -24,23 +25,30 @@ constexpr size_t kMpiMaxMessageBytes = size_t{1} << 30;
 Status WaitForRequest(MpiEnvironment& env, MPI_Request* request, Deadline deadline,
                       const std::string& what);
 
-// A private duplicate of MPI_COMM_WORLD (MPI_Comm_idup, waited for until the deadline) with
-// MPI_ERRORS_RETURN. Collective over MPI_COMM_WORLD.
-StatusOr<MPI_Comm> DuplicateWorld(MpiEnvironment& env, Deadline deadline);
+// A private duplicate of `base` (MPI_Comm_idup, waited for until the deadline) with
+// MPI_ERRORS_RETURN. Collective over base.
+StatusOr<MPI_Comm> Duplicate(MpiEnvironment& env, MPI_Comm base, Deadline deadline);
+
+// A communicator of the MPI_COMM_WORLD ranks `world_ranks`, in that order (MPI_Comm_create_group
+// with `tag`), for a sub-communicator's transports to duplicate; the caller frees it. Collective
+// over those ranks only. MPI gives it no deadline: every member has just agreed to create it.
+StatusOr<MPI_Comm> CreateGroupComm(MpiEnvironment& env, const std::vector<int>& world_ranks,
+                                   int tag);
 
 // A Backend over its own duplicate of MPI_COMM_WORLD: allreduce is MPI_Iallreduce (half types
 // through user-defined MPI_Ops that combine in float), allgatherv MPI_Iallgatherv (one MPI_Ibcast
 // per rank when a count or displacement would not fit MPI's int), broadcast MPI_Ibcast, barrier
 // MPI_Ibarrier; each polled until `timeout`. Calls move at most max_message_bytes at a time (tests
-// lower it to exercise the splitting). Collective over MPI_COMM_WORLD.
+// lower it to exercise the splitting). Collective over `base` (a sub-communicator's group).
 StatusOr<std::unique_ptr<Backend>> CreateMpiBackend(std::shared_ptr<MpiEnvironment> env,
                                                     std::chrono::milliseconds timeout,
-                                                    size_t max_message_bytes = kMpiMaxMessageBytes);
+                                                    size_t max_message_bytes = kMpiMaxMessageBytes,
+                                                    MPI_Comm base = MPI_COMM_WORLD);
 
-// A ControlPlane over its own duplicate of MPI_COMM_WORLD (see MpiControlPlane in
-// mpi_control_plane.cc). Collective over MPI_COMM_WORLD; waits for the duplicate at most
-// liveness_timeout.
+// A ControlPlane over its own duplicate of `base` (see MpiControlPlane in mpi_control_plane.cc).
+// Collective over base; waits for the duplicate at most liveness_timeout.
 StatusOr<std::unique_ptr<ControlPlane>> CreateMpiControlPlane(
-    std::shared_ptr<MpiEnvironment> env, std::chrono::milliseconds liveness_timeout);
+    std::shared_ptr<MpiEnvironment> env, std::chrono::milliseconds liveness_timeout,
+    MPI_Comm base = MPI_COMM_WORLD);
 
 }  // namespace concord

@@ -377,8 +377,9 @@ class MpiControlPlane : public ControlPlane {
 }  // namespace
 
 StatusOr<std::unique_ptr<ControlPlane>> CreateMpiControlPlane(
-    std::shared_ptr<MpiEnvironment> env, std::chrono::milliseconds liveness_timeout) {
-  CONCORD_ASSIGN_OR_RETURN(MPI_Comm comm, DuplicateWorld(*env, Deadline::After(liveness_timeout)));
+    std::shared_ptr<MpiEnvironment> env, std::chrono::milliseconds liveness_timeout,
+    MPI_Comm base) {
+  CONCORD_ASSIGN_OR_RETURN(MPI_Comm comm, Duplicate(*env, base, Deadline::After(liveness_timeout)));
   int rank = 0, size = 0;
   {
     auto lock = env->Lock();

@@ -13,13 +13,16 @@
 #include "base/mutex.h"
 #include "concord/concord.h"
 #include "core/bootstrap.h"
+#include "core/comm_split.h"
 
 using concord::Code;
 using concord::Status;
 
-// A communicator: the engine plus each thread's last error message.
+// A communicator: the engine, what it was started from (to split it), and each thread's last
+// error message.
 struct concord_comm {
   std::unique_ptr<concord::Engine> engine;
+  std::shared_ptr<concord::CommOrigin> origin;
   concord::Mutex mu;
   std::unordered_map<std::thread::id, std::string> last_error GUARDED_BY(mu);
 };
@@ -100,6 +103,13 @@ int EnumValue(const Enum& field) {
   int value;
   std::memcpy(&value, &field, sizeof(value));
   return value;
+}
+
+concord_comm_t NewHandle(concord::Communicator created) {
+  auto* handle = new concord_comm;
+  handle->engine = std::move(created.engine);
+  handle->origin = std::move(created.origin);
+  return handle;
 }
 
 Status CheckComm(concord_comm_t comm) {
@@ -405,11 +415,33 @@ concord_status_t concord_init_config(const concord_config_t* user, concord_comm_
     CONCORD_ASSIGN_OR_RETURN(concord::Config config, concord::Config::FromEnvironment());
     CONCORD_RETURN_IF_ERROR(MergeConfig(c, &config));
     // Every setting is checked (Config::Finalize) before anything starts.
-    CONCORD_ASSIGN_OR_RETURN(std::unique_ptr<concord::Engine> engine,
-                             concord::CreateEngine(config));
-    auto* handle = new concord_comm;
-    handle->engine = std::move(engine);
-    *comm = handle;
+    CONCORD_ASSIGN_OR_RETURN(concord::Communicator created, concord::CreateCommunicator(config));
+    *comm = NewHandle(std::move(created));
+    return Status::Ok();
+  });
+}
+
+concord_status_t concord_comm_split(concord_comm_t comm, int color, int key, concord_comm_t* sub) {
+  return Guard(comm, [&]() -> Status {
+    CONCORD_RETURN_IF_ERROR(CheckComm(comm));
+    if (sub == nullptr) return concord::InvalidArgument("concord_comm_split: sub is NULL");
+    CONCORD_ASSIGN_OR_RETURN(concord::Communicator created,
+                             concord::SplitCommunicator(*comm->engine, *comm->origin, color, key));
+    *sub = created.engine ? NewHandle(std::move(created)) : nullptr;
+    return Status::Ok();
+  });
+}
+
+concord_status_t concord_comm_create_group(concord_comm_t comm, const int* ranks, int n,
+                                           concord_comm_t* sub) {
+  return Guard(comm, [&]() -> Status {
+    CONCORD_RETURN_IF_ERROR(CheckComm(comm));
+    if (sub == nullptr) return concord::InvalidArgument("concord_comm_create_group: sub is NULL");
+    // A bad list still takes part in the exchange, so that every rank fails alike.
+    CONCORD_ASSIGN_OR_RETURN(
+        concord::Communicator created,
+        concord::CreateGroupCommunicator(*comm->engine, *comm->origin, ranks, n));
+    *sub = created.engine ? NewHandle(std::move(created)) : nullptr;
     return Status::Ok();
   });
 }

@@ -263,6 +263,33 @@ CONCORD_API concord_status_t concord_comm_stats(concord_comm_t comm, concord_sta
  *  kept on its request (concord_request_error). */
 CONCORD_API const char* concord_comm_last_error(concord_comm_t comm);
 
+/* ---- sub-communicators (process sets) ---- */
+/** A color that joins no sub-communicator (MPI_UNDEFINED, NCCL_SPLIT_NOCOLOR). */
+#define CONCORD_UNDEFINED (-1)
+/**
+ * Splits `comm` as MPI_Comm_split and ncclCommSplit do: the ranks that give the same color (>= 0)
+ * form one new communicator, ranked by key, then by their rank in `comm`; a rank that gives
+ * CONCORD_UNDEFINED gets *sub = NULL (and SUCCESS). Collective over `comm`: every rank calls it,
+ * in the same order as its other splits of `comm`, and it returns once this rank's communicator
+ * is connected (at most the timeout). A bad argument on any rank (a color below -1) fails the
+ * call on every rank with INVALID_ARGUMENT naming that rank; *sub is then left unchanged.
+ * The new communicator has the parent's settings, its own engine, thread and connections (docs/
+ * ARCHITECTURE.md, "Sub-communicators"), and everything works on it as on any communicator,
+ * from any thread; it is freed with concord_finalize, which does not disturb the parent or its
+ * siblings (either may be finalized first). A member's failure fails the communicators it
+ * belongs to, their errors naming its rank in the parent, and no other.
+ */
+CONCORD_API concord_status_t concord_comm_split(concord_comm_t comm, int color, int key,
+                                                concord_comm_t* sub);
+/**
+ * A communicator of the ranks ranks[0..n-1] of `comm`, in that order (its rank i is ranks[i]);
+ * ranks outside the list get *sub = NULL. Collective over `comm`: every rank calls it with the
+ * same list (else INVALID_ARGUMENT on every rank naming one that differs), which must be
+ * non-empty, without repeats and within [0, size).
+ */
+CONCORD_API concord_status_t concord_comm_create_group(concord_comm_t comm, const int* ranks, int n,
+                                                       concord_comm_t* sub);
+
 /* ---- asynchronous operations: enqueue now, complete later ---- */
 /**
  * Allreduce input into output (output NULL or output->data == input->data: in place).

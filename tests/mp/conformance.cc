@@ -510,6 +510,7 @@ int Run(int argc, char** argv) {
   int64_t min_size = 0, max_size = int64_t{1} << 20;
   int steps = 3;
   std::string ops = "ar,bc,ag,grp";  // which families to run (for narrowing down a failure)
+  bool split = false;                // run on sub-communicators of the job (concord_comm_split)
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--min-size" && i + 1 < argc) {
@@ -520,9 +521,12 @@ int Run(int argc, char** argv) {
       ops = argv[++i];
     } else if (a == "--steps" && i + 1 < argc) {
       steps = std::atoi(argv[++i]);
+    } else if (a == "--split") {
+      split = true;
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--min-size N] [--max-size N] [--steps S] [--ops ar,bc,ag,grp]\n",
+                   "usage: %s [--min-size N] [--max-size N] [--steps S] [--ops ar,bc,ag,grp] "
+                   "[--split]\n",
                    argv[0]);
       return 2;
     }
@@ -534,6 +538,22 @@ int Run(int argc, char** argv) {
     std::fprintf(stderr, "concord_init: %s: %s\n", concord_status_string(s),
                  concord_comm_last_error(nullptr));
     return 1;
+  }
+  concord_comm_t parent = nullptr;
+  if (split) {
+    // The suite runs on sub-communicators: ranks of one parity form one (two of them side by
+    // side from 3 ranks up), in reverse order of their parent ranks.
+    int rank = 0, size = 1;
+    concord_comm_rank(comm, &rank);
+    concord_comm_size(comm, &size);
+    parent = comm;
+    comm = nullptr;
+    s = concord_comm_split(parent, size >= 3 ? rank % 2 : 0, size - rank, &comm);
+    if (s != CONCORD_SUCCESS || comm == nullptr) {
+      std::fprintf(stderr, "rank %d: concord_comm_split: %s: %s\n", rank, concord_status_string(s),
+                   concord_comm_last_error(parent));
+      return 1;
+    }
   }
   concord_comm_rank(comm, &g_rank);
   concord_comm_size(comm, &g_size);
@@ -572,6 +592,10 @@ int Run(int argc, char** argv) {
   if (g_callback_errors.load() != 0) FAILF("%ld callbacks saw an error", g_callback_errors.load());
   s = concord_finalize(comm);
   if (s != CONCORD_SUCCESS) FAILF("finalize: %s", concord_status_string(s));
+  if (parent != nullptr) {
+    s = concord_finalize(parent);
+    if (s != CONCORD_SUCCESS) FAILF("finalize the parent: %s", concord_status_string(s));
+  }
   std::printf(
       "conformance: rank %d of %d: %ld cases, %ld checks, %ld async callbacks, %d failures, "
       "%.2f s: %s\n",
