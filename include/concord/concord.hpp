@@ -20,6 +20,7 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -250,6 +251,21 @@ class Communicator {
   Communicator& operator=(const Communicator&) = delete;
   ~Communicator() { concord_finalize(comm_); }
 
+  /// Sub-communicators (concord_comm_split, concord_comm_create_group): collective over this
+  /// communicator; empty for a rank of color CONCORD_UNDEFINED or outside the list.
+  std::optional<Communicator> split(int color, int key = 0) {
+    concord_comm_t sub = nullptr;
+    detail::Check(concord_comm_split(comm_, color, key, &sub), concord_comm_last_error(comm_));
+    return Adopt(sub);
+  }
+  std::optional<Communicator> create_group(const std::vector<int>& ranks) {
+    concord_comm_t sub = nullptr;
+    detail::Check(
+        concord_comm_create_group(comm_, ranks.data(), static_cast<int>(ranks.size()), &sub),
+        concord_comm_last_error(comm_));
+    return Adopt(sub);
+  }
+
   int rank() const { return Get(concord_comm_rank); }
   int size() const { return Get(concord_comm_size); }
   int local_rank() const { return Get(concord_comm_local_rank); }
@@ -349,6 +365,13 @@ class Communicator {
   concord_comm_t native() const { return comm_; }
 
  private:
+  struct Adopted {};
+  Communicator(Adopted, concord_comm_t comm) : comm_(comm) {}
+  static std::optional<Communicator> Adopt(concord_comm_t sub) {
+    if (sub == nullptr) return std::nullopt;
+    return Communicator(Adopted{}, sub);
+  }
+
   int Get(concord_status_t (*fn)(concord_comm_t, int*)) const {
     int v = -1;
     detail::Check(fn(comm_, &v), concord_comm_last_error(comm_));

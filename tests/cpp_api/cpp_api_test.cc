@@ -44,6 +44,32 @@ TEST(CppApiTest, AllreduceAverageInPlaceAndOutOfPlace) {
   });
 }
 
+TEST(CppApiTest, SplitAndCreateGroup) {
+  RunRanks(3, [](concord::Communicator& comm) {
+    // Even ranks {2, 0} (reversed by key) and odd {1}.
+    std::optional<concord::Communicator> parity = comm.split(comm.rank() % 2, -comm.rank());
+    ASSERT_TRUE(parity.has_value());
+    EXPECT_EQ(parity->size(), comm.rank() % 2 == 0 ? 2 : 1);
+    EXPECT_EQ(parity->rank(), comm.rank() == 2 ? 0 : comm.rank() == 0 ? 1 : 0);
+    std::vector<float> v(5, static_cast<float>(comm.rank()));
+    parity->allreduce("sum", concord::TensorView(v), concord::ReduceOp::kSum);
+    EXPECT_FLOAT_EQ(v[4], comm.rank() % 2 == 0 ? 2.0f : 1.0f);
+    std::optional<concord::Communicator> pair = comm.create_group({1, 2});
+    EXPECT_EQ(pair.has_value(), comm.rank() != 0);
+    if (pair) {
+      EXPECT_EQ(pair->rank(), comm.rank() - 1);
+    }
+    // A bad list on one rank: every rank gets the error.
+    const std::vector<int> bad = comm.rank() == 1 ? std::vector<int>{0, 3} : std::vector<int>{0};
+    try {
+      comm.create_group(bad);
+      ADD_FAILURE() << "a rank outside the communicator was accepted";
+    } catch (const concord::Error& e) {
+      EXPECT_EQ(e.status(), CONCORD_ERR_INVALID_ARGUMENT) << e.what();
+    }
+  });
+}
+
 TEST(CppApiTest, FuturesCallbacksAndGroups) {
   RunRanks(2, [](concord::Communicator& comm) {
     std::atomic<int> callbacks{0};

@@ -49,3 +49,4 @@ def test_lib_constants_equal_the_header():
     assert _lib.IN_PROGRESS == c["IN_PROGRESS"]
     assert _lib.DEVICE_CPU == c["DEVICE_CPU"]
     assert _lib.MAX_DIMS == c["MAX_DIMS"]
+    assert _lib.UNDEFINED == c["UNDEFINED"]

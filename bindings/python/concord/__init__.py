@@ -16,6 +16,7 @@ broadcast_parameters, broadcast_optimizer_state).
 """
 import enum
 
+from ._lib import UNDEFINED
 from .comm import Communicator, Handle, compression_supported, lib
 from .errors import (ConcordError, ConcordTimeoutError, InvalidArgumentError, Status,
                      UnavailableError, WaitTimeoutError)
@@ -26,7 +27,7 @@ __all__ = [
     "is_initialized", "default", "rank", "size", "local_rank", "local_size", "allreduce",
     "allreduce_", "allreduce_async", "allgather", "allgather_async", "broadcast", "broadcast_",
     "broadcast_async", "barrier", "barrier_async", "group", "compression_supported", "version",
-    "status_string",
+    "status_string", "UNDEFINED",
 ]
 
 

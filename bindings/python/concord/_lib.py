@@ -19,6 +19,7 @@ IN_PROGRESS = 9
 
 DEVICE_CPU = -1
 MAX_DIMS = 8
+UNDEFINED = -1  # CONCORD_UNDEFINED: a color that joins no sub-communicator
 
 c_request_p = ctypes.c_void_p
 c_comm_p = ctypes.c_void_p
@@ -107,6 +108,10 @@ _SIGNATURES = [
     ("concord_comm_local_rank", ctypes.c_int, [c_comm_p, ctypes.POINTER(ctypes.c_int)]),
     ("concord_comm_local_size", ctypes.c_int, [c_comm_p, ctypes.POINTER(ctypes.c_int)]),
     ("concord_comm_stats", ctypes.c_int, [c_comm_p, ctypes.POINTER(StatsStruct)]),
+    ("concord_comm_split", ctypes.c_int,
+     [c_comm_p, ctypes.c_int, ctypes.c_int, ctypes.POINTER(c_comm_p)]),
+    ("concord_comm_create_group", ctypes.c_int,
+     [c_comm_p, ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.POINTER(c_comm_p)]),
     ("concord_comm_last_error", ctypes.c_char_p, [c_comm_p]),
     ("concord_allreduce_async", ctypes.c_int,
      [c_comm_p, ctypes.c_char_p, ctypes.POINTER(TensorStruct), ctypes.POINTER(TensorStruct),

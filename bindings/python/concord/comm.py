@@ -216,10 +216,12 @@ class Communicator:
     backend, compression, waiter_progress (the fields of concord_config_t). finalize() (or the end of a `with` block, or interpreter exit)
     runs a last barrier with the other ranks and frees it."""
 
-    def __init__(self, **config):
+    def __init__(self, _handle=None, **config):
         L = lib()
         handle = _lib.c_comm_p()
-        if config:
+        if _handle is not None:  # a sub-communicator's (split, create_group)
+            handle, status = _handle, Status.SUCCESS
+        elif config:
             cfg = _lib.ConfigStruct()
             L.concord_config_init(ctypes.byref(cfg))
             cfg.struct_size = ctypes.sizeof(_lib.ConfigStruct)
@@ -249,6 +251,25 @@ class Communicator:
         self.size = query(L.concord_comm_size)
         self.local_rank = query(L.concord_comm_local_rank)
         self.local_size = query(L.concord_comm_local_size)
+
+    def split(self, color, key=0):
+        """A sub-communicator of the ranks that give the same color (>= 0), ordered by key, then
+        by rank here (MPI_Comm_split, ncclCommSplit); None for color UNDEFINED (-1). Collective:
+        every rank of this communicator calls it. The result is a Communicator like any other
+        (finalize it when done, in any order with this one)."""
+        sub = _lib.c_comm_p()
+        self._check(lib().concord_comm_split(self._live(), int(color), int(key), ctypes.byref(sub)))
+        return Communicator(_handle=sub) if sub else None
+
+    def create_group(self, ranks):
+        """A sub-communicator of `ranks` (ranks of this communicator, in its order); None on the
+        ranks outside it. Collective: every rank calls it with the same list."""
+        ranks = [int(r) for r in ranks]
+        array = (ctypes.c_int * max(len(ranks), 1))(*ranks)
+        sub = _lib.c_comm_p()
+        self._check(lib().concord_comm_create_group(self._live(), array, len(ranks),
+                                                    ctypes.byref(sub)))
+        return Communicator(_handle=sub) if sub else None
 
     def stats(self):
         """The communicator's counters as a dict (concord_stats_t in concord.h): responses_cached,

@@ -15,7 +15,11 @@ from . import comm as _comm
 from .errors import InvalidArgumentError
 
 
-def _communicator(comm):
+def _communicator(comm, process_set=None):
+    if comm is not None and process_set is not None and comm is not process_set:
+        raise ValueError("give comm or process_set, not both")
+    if process_set is not None:
+        return process_set
     if comm is not None:
         return comm
     import concord
@@ -116,7 +120,7 @@ class _DistributedMixin:
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
-                         backward_passes_per_step=1, op="average", comm=None):
+                         backward_passes_per_step=1, op="average", comm=None, process_set=None):
     """Wraps a torch optimizer for data-parallel training over Concord.
 
     named_parameters: model.named_parameters(), to name each gradient (the names must be the same
@@ -127,8 +131,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     too old to take compression refuses any spec at construction, with UnavailableError).
     backward_passes_per_step: gradients are accumulated locally over
     this many backward passes before one allreduce; the result is the average over ranks and
-    passes. comm: a Communicator (default: the one concord.init() made)."""
-    comm = _communicator(comm)
+    passes. comm: a Communicator (default: the one concord.init() made); process_set: a
+    sub-communicator (Communicator.split or create_group), as Horovod's process sets: gradients
+    are averaged over its ranks only (the same as comm=)."""
+    comm = _communicator(comm, process_set)
     _comm._check_compression(compression)  # an old library: fail at construction, not in backward
     cls = type(optimizer.__class__.__name__, (_DistributedMixin, optimizer.__class__), {})
     wrapped = cls.__new__(cls)
@@ -137,10 +143,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     return wrapped
 
 
-def broadcast_parameters(params, root_rank=0, comm=None):
+def broadcast_parameters(params, root_rank=0, comm=None, process_set=None):
     """Overwrites every rank's parameters (or buffers) with root_rank's, in place. params: a
-    state_dict or an iterable of (name, tensor) such as model.named_parameters()."""
-    comm = _communicator(comm)
+    state_dict or an iterable of (name, tensor) such as model.named_parameters(). root_rank is a
+    rank of comm (or of process_set)."""
+    comm = _communicator(comm, process_set)
     items = sorted(params.items()) if isinstance(params, dict) else list(params)
     handles = []
     with torch.no_grad(), comm.group():
@@ -151,10 +158,10 @@ def broadcast_parameters(params, root_rank=0, comm=None):
         h.wait()
 
 
-def broadcast_optimizer_state(optimizer, root_rank=0, comm=None):
+def broadcast_optimizer_state(optimizer, root_rank=0, comm=None, process_set=None):
     """Loads root_rank's optimizer state (its state_dict: moments, steps, learning rates) into
     every rank's optimizer."""
-    comm = _communicator(comm)
+    comm = _communicator(comm, process_set)
     buf = io.BytesIO()
     if comm.rank == root_rank:
         torch.save(optimizer.state_dict(), buf)
