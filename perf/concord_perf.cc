@@ -66,6 +66,9 @@ struct Options {
   std::string json;
   std::string backend = "gloo";           // gloo, mpi: CPU buffers; nccl: GPU buffers
   std::vector<std::string> compressions;  // workload mode: extra rows, one per compressor spec
+  // The communicator the rows run on: "world", "split:K" (sub-communicators of K consecutive
+  // ranks, running side by side) or "group:r,r,..." (one of those ranks; the others idle).
+  std::string comm = "world";
 };
 
 struct Row {
@@ -77,14 +80,16 @@ struct Row {
 };
 
 [[noreturn]] void Usage(const std::string& why) {
-  std::fprintf(stderr,
-               "concord-perf: %s\n"
-               "usage: concord-perf [--op allreduce|allgather|broadcast] [--dtype float32]\n"
-               "         [--redop sum|average|min|max|product] [--bytes MIN:MAX] [--factor F]\n"
-               "         [--iters N] [--warmup N] [--workload FILE [--steps N] [--rounds N]]\n"
-               "         [--no-raw] [--raw-algos a,b,...] [--json FILE] [--backend gloo|mpi|nccl]\n"
-               "         [--compression SPEC ...] (workload mode; repeat for several)\n",
-               why.c_str());
+  std::fprintf(
+      stderr,
+      "concord-perf: %s\n"
+      "usage: concord-perf [--op allreduce|allgather|broadcast] [--dtype float32]\n"
+      "         [--redop sum|average|min|max|product] [--bytes MIN:MAX] [--factor F]\n"
+      "         [--iters N] [--warmup N] [--workload FILE [--steps N] [--rounds N]]\n"
+      "         [--no-raw] [--raw-algos a,b,...] [--json FILE] [--backend gloo|mpi|nccl]\n"
+      "         [--compression SPEC ...] (workload mode; repeat for several)\n"
+      "         [--comm world|split:K|group:r,r,...] (Concord rows on sub-communicators)\n",
+      why.c_str());
   std::exit(2);
 }
 
@@ -164,6 +169,10 @@ Options ParseOptions(int argc, char** argv) {
       if (o.backend != "gloo" && o.backend != "mpi") Usage("--backend must be gloo or mpi");
     } else if (a == "--json") {
       o.json = next();
+    } else if (a == "--comm") {
+      o.comm = next();
+      if (o.comm != "world" && o.comm.rfind("split:", 0) != 0 && o.comm.rfind("group:", 0) != 0)
+        Usage("--comm must be world, split:K or group:r,r,...");
     } else if (a == "--backend") {
       o.backend = next();
       if (o.backend != "gloo" && o.backend != "nccl") Usage("bad --backend (gloo or nccl)");
@@ -591,6 +600,34 @@ int RunWorkload(concord_comm_t comm, const Options& o, int rank, int size, Store
 }
 
 }  // namespace
+// --comm split:K or group:...: the sub-communicator of this rank (timing its creation), or null.
+concord_comm_t SubCommunicator(concord_comm_t world, const Options& o) {
+  int rank = 0;
+  concord_comm_rank(world, &rank);
+  concord_comm_t sub = nullptr;
+  const auto t0 = std::chrono::steady_clock::now();
+  concord_status_t s;
+  if (o.comm.rfind("split:", 0) == 0) {
+    const int k = std::atoi(o.comm.c_str() + 6);
+    if (k < 1) Usage("--comm split:K needs K >= 1");
+    s = concord_comm_split(world, rank / k, rank, &sub);
+  } else {
+    std::vector<int> ranks;
+    std::stringstream ss(o.comm.substr(6));
+    for (std::string r; std::getline(ss, r, ',');) ranks.push_back(std::atoi(r.c_str()));
+    s = concord_comm_create_group(world, ranks.data(), static_cast<int>(ranks.size()), &sub);
+  }
+  Check(world, s, "--comm " + o.comm);
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const double slowest = MaxAcrossRanks(world, ms, "comm.created");
+  if (rank == 0) {
+    std::printf("# --comm %s: sub-communicators created in %.1f ms (the slowest rank)\n",
+                o.comm.c_str(), slowest);
+  }
+  return sub;
+}
+
 }  // namespace concord
 
 int main(int argc, char** argv) {
@@ -620,11 +657,22 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "concord-perf: init failed: %s\n", concord_comm_last_error(nullptr));
     return 1;
   }
+  concord_comm_t world = comm;
+  const bool on_world = o.comm == "world";
+  if (!on_world) {
+    comm = SubCommunicator(world, o);
+    if (comm == nullptr) {  // not a member: idle until the others finalize
+      concord_finalize(world);
+      return 0;
+    }
+  }
   int rank = 0, size = 1, local_rank = 0;
   concord_comm_rank(comm, &rank);
   concord_comm_size(comm, &size);
   concord_comm_local_rank(comm, &local_rank);
-  std::unique_ptr<Store> store = o.raw && o.backend != "mpi" ? OpenRawStore(size) : nullptr;
+  // Raw rows rendezvous among the whole job: on sub-communicators only Concord's rows run.
+  std::unique_ptr<Store> store =
+      o.raw && on_world && o.backend != "mpi" ? OpenRawStore(size) : nullptr;
   std::vector<Row> rows;
   Buffers b;
   b.capacity = std::max(o.max_bytes, DTypeSize(o.dtype));
@@ -657,6 +705,7 @@ int main(int argc, char** argv) {
                                     : RunWorkload(comm, o, rank, size, store.get(), &rows);
   for (Row& r : rows) r.backend = o.backend;
   if (rc == 0 && rank == 0 && !o.json.empty()) WriteJson(o.json, rows);
-  concord_finalize(comm);
+  if (comm != world) concord_finalize(comm);
+  concord_finalize(world);
   return rc;
 }
