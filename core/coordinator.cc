@@ -41,7 +41,10 @@ Coordinator::Coordinator(int size, const ResponseCache* cache, StallOptions stal
       stall_(stall),
       bits_by_rank_(size),
       last_(size),
-      finalized_(size, false) {}
+      finalized_(size, false),
+      joined_(size, false),
+      join_step_(size, 0),
+      step_base_(size, 0) {}
 
 size_t Coordinator::pending() const {
   return pending_.size() + bit_waits_.size() + held_.size();
@@ -55,6 +58,9 @@ Status Coordinator::Add(int rank, RequestMessage message, Clock::time_point now)
                          std::to_string(message.cache_generation) +
                          ", ahead of the coordinator's " + std::to_string(cache_->generation()));
   }
+  // Steps count from the rank's last completed join (point 8): epochs of different lengths.
+  const uint64_t step =
+      message.step >= step_base_[rank] ? message.step - step_base_[rank] : uint64_t{0};
   const Response* last_cached = nullptr;
   for (size_t w = 0; w < message.cached_mask.size(); ++w) {
     for (uint64_t word = message.cached_mask[w]; word != 0; word &= word - 1) {
@@ -69,7 +75,7 @@ Status Coordinator::Add(int rank, RequestMessage message, Clock::time_point now)
       SetBit(bits_by_rank_[rank], bit);
       auto [wait, fresh] = bit_waits_.try_emplace(bit);
       if (fresh) wait->second.first_seen = now;
-      wait->second.steps.Set(rank, size_, message.step);
+      wait->second.steps.Set(rank, size_, step);
       steps_mixed_ = steps_mixed_ || wait->second.steps.mixed;
       last_cached = entry;
       auto data = message.cached_data.find(bit);
@@ -112,8 +118,16 @@ Status Coordinator::Add(int rank, RequestMessage message, Clock::time_point now)
     if (request.name == FinalizeName()) {
       finalized_[rank] = true;
       any_finalized_ = true;
+    } else if (IsJoinName(request.name)) {
+      if (request.op != OpType::kBarrier) {
+        return ProtocolError("rank " + std::to_string(rank) + " sent join '" + request.name +
+                             "' as " + OpTypeName(request.op) + ", not a barrier");
+      }
+      if (!joined_[rank]) join_order_.push_back(rank);
+      joined_[rank] = true;
+      join_step_[rank] = message.step;
     } else {
-      p.steps.Set(rank, size_, message.step);
+      p.steps.Set(rank, size_, step);
       steps_mixed_ = steps_mixed_ || p.steps.mixed;
     }
     auto data = message.request_data.find(index);
@@ -153,13 +167,19 @@ void Coordinator::ExpandDivergedBits() {
   // Names whose waiting bits cannot complete on the fast path: a full request for the same name
   // exists, or different ranks wait on different entries of one name. One waiting bit and no
   // full request (the steady state of a small allreduce) is neither.
-  if (bit_waits_.empty() || (bit_waits_.size() == 1 && pending_.empty() && !steps_mixed_)) return;
+  // While a rank is joined, every bit is expanded: a joined rank sets none (point 8).
+  const bool joined = !join_order_.empty();
+  if (bit_waits_.empty() ||
+      (bit_waits_.size() == 1 && pending_.empty() && !steps_mixed_ && !joined)) {
+    return;
+  }
   std::map<std::string, std::vector<uint32_t>> bits_by_name;
   for (const auto& [bit, wait] : bit_waits_) {
     bits_by_name[cache_->Get(bit)->request.name].push_back(bit);
   }
   for (const auto& [name, bits] : bits_by_name) {
-    if (bits.size() < 2 && pending_.count(name) == 0 && !bit_waits_.at(bits[0]).steps.mixed) {
+    if (bits.size() < 2 && pending_.count(name) == 0 && !bit_waits_.at(bits[0]).steps.mixed &&
+        !joined) {
       continue;
     }
     auto [it, inserted] = pending_.try_emplace(name);
@@ -193,21 +213,30 @@ void Coordinator::ExpandDivergedBits() {
 }
 
 Response Coordinator::Validate(const Pending& p) const {
-  const TensorRequest& first = *p.by_rank[0];
+  // The ranks that submitted it: every rank, or all but joined ones (point 8).
+  std::vector<int> ranks;
+  for (int r = 0; r < size_; ++r) {
+    if (p.by_rank[r]) ranks.push_back(r);
+  }
+  const TensorRequest& first = *p.by_rank[ranks.front()];
   Response response;
   response.request = first;
   const bool allgather = first.op == OpType::kAllgather;
+  // Each rank's first dimension; a joined rank contributes no rows.
+  auto first_dims = [&] {
+    for (int r = 0; r < size_; ++r) {
+      response.first_dims.push_back(p.by_rank[r] ? p.by_rank[r]->shape[0] : 0);
+    }
+  };
   // The common case, all ranks agreeing, needs no text: compare whole requests first.
   bool agree = true;
-  for (int r = 1; r < size_ && agree; ++r) {
-    TensorRequest other = *p.by_rank[r];
+  for (size_t i = 1; i < ranks.size() && agree; ++i) {
+    TensorRequest other = *p.by_rank[ranks[i]];
     if (allgather && !other.shape.empty() && !first.shape.empty()) other.shape[0] = first.shape[0];
     agree = other == first;
   }
   if (agree) {
-    if (allgather) {
-      for (int r = 0; r < size_; ++r) response.first_dims.push_back(p.by_rank[r]->shape[0]);
-    }
+    if (allgather) first_dims();
     return response;
   }
   // Checks one field: every rank's value as text; on disagreement, an error naming the groups.
@@ -215,7 +244,7 @@ Response Coordinator::Validate(const Pending& p) const {
     if (response.error != Code::kOk) return;
     std::map<std::string, std::vector<int>> ranks_by_value;
     std::vector<std::string> order;
-    for (int r = 0; r < size_; ++r) {
+    for (int r : ranks) {
       std::string v = get(*p.by_rank[r]);
       if (ranks_by_value.count(v) == 0) order.push_back(v);
       ranks_by_value[v].push_back(r);
@@ -255,10 +284,54 @@ Response Coordinator::Validate(const Pending& p) const {
     return r.group.empty() ? std::string("no group")
                            : "group '" + r.group + "' of " + std::to_string(r.group_size);
   });
-  if (response.error == Code::kOk && allgather) {
-    for (int r = 0; r < size_; ++r) response.first_dims.push_back(p.by_rank[r]->shape[0]);
-  }
+  if (response.error == Code::kOk && allgather) first_dims();
   return response;
+}
+
+bool Coordinator::Ready(const std::string& name, const Pending& p) const {
+  if (p.count == size_) return true;
+  if (join_order_.empty() || IsJoinName(name)) return false;
+  for (int r = 0; r < size_; ++r) {
+    if (!p.by_rank[r] && !joined_[r]) return false;
+  }
+  return true;
+}
+
+void Coordinator::ApplyJoined(const Pending& p, Response& response) {
+  if (IsJoinName(response.request.name)) {
+    // Every rank has joined: the join completes and the next one starts afresh.
+    response.joined = join_order_;
+    join_order_.clear();
+    joined_.assign(size_, false);
+    step_base_ = join_step_;
+    return;
+  }
+  std::vector<int> submitted;
+  for (int r = 0; r < size_; ++r) {
+    if (p.by_rank[r]) {
+      submitted.push_back(r);
+    } else {
+      response.joined.push_back(r);
+    }
+  }
+  if (response.joined.empty() || response.error != Code::kOk) return;
+  const TensorRequest& q = response.request;
+  std::string why;
+  if (q.device >= 0) {
+    why =
+        "it is on CUDA devices, and a joined rank has no device buffer for it (join covers CPU "
+        "tensors)";
+  } else if (q.op == OpType::kBroadcast && joined_[q.root]) {
+    why = "its root, rank " + std::to_string(q.root) + ", has joined";
+  }
+  if (why.empty()) return;
+  std::vector<int> joined(response.joined.begin(), response.joined.end());
+  response.error = Code::kInvalidArgument;
+  response.error_message = "tensor '" + q.name + "' cannot run while " + RankList(joined) +
+                           (joined.size() == 1 ? " has" : " have") +
+                           " joined (concord_join): " + why;
+  response.error_ranks.assign(submitted.begin(), submitted.end());
+  response.joined.clear();
 }
 
 StatusOr<ResponseMessage> Coordinator::TakeReady(Clock::time_point now) {
@@ -295,12 +368,13 @@ StatusOr<ResponseMessage> Coordinator::TakeReady(Clock::time_point now) {
   std::vector<std::string> still_waiting;
   for (const std::string& name : arrival_) {
     auto it = pending_.find(name);
-    if (it->second.count < size_) {
+    if (!Ready(name, it->second)) {
       still_waiting.push_back(name);
       continue;
     }
     ResponseItem item;
     item.response = Validate(it->second);
+    ApplyJoined(it->second, item.response);
     if (item.response.error == Code::kOk) {
       item.data = ReduceInline(item.response.request, it->second.data_by_rank);
     }

@@ -42,6 +42,17 @@
 //  6. A rank that finalizes (its finalize barrier arrives) never submits again: whatever waits for
 //     it fails at once on the ranks that submitted it, with kPeerFailure naming the rank.
 //  7. A rank that fails, leaves or sends malformed bytes makes rank 0 send an abort to every rank.
+//  8. Join. A rank that ran out of data submits a join (a barrier named JoinName()) and is
+//     "joined" until every rank has: an operation then runs once every rank that has not joined
+//     submitted it, and its response lists the joined ranks that lack it (Response::joined). They
+//     take part in its collective with the reduction's identity (no rows for an allgather), and an
+//     average divides by the others. Bits of the fast path are expanded into full requests while
+//     a rank is joined (a joined rank sets none), and such responses are never cached. A
+//     broadcast whose root joined, or a CUDA tensor (a joined rank has no device buffer for it),
+//     fails on the ranks that submitted it. The join's own response lists every rank in the order
+//     they joined. Joins are exempt from step checks and stall handling: a joined rank may wait
+//     for the others' whole epoch. After a join every rank's steps count from its step at the
+//     join, so epochs of different lengths do not look like skipped tensors (point 5).
 //
 // This class is the pure decision logic of steps 2-6 (no I/O, no threads): the engine feeds it
 // messages and sends what it returns. Not thread-safe; owned by rank 0's engine and used by the
@@ -139,6 +150,10 @@ class Coordinator {
   Status CheckStallShutdown(Clock::time_point now) const;
   std::vector<bool> PresentForBit(uint32_t bit) const;
   std::vector<bool> PresentFor(const Pending& p) const;
+  // Whether every rank submitted the name or has joined (point 8).
+  bool Ready(const std::string& name, const Pending& p) const;
+  // A ready operation's response with joined ranks (point 8): which lack it, or why it fails.
+  void ApplyJoined(const Pending& p, Response& response);
 
   int size_;
   const ResponseCache* cache_;
@@ -151,6 +166,11 @@ class Coordinator {
   std::vector<LastSubmission> last_;                 // per rank
   std::vector<bool> finalized_;                      // per rank: its finalize barrier arrived
   bool any_finalized_ = false;
+  std::vector<bool> joined_;         // per rank: its join arrived, and not every rank's yet
+  std::vector<int32_t> join_order_;  // the joined ranks, in the order they joined
+  std::vector<uint64_t> join_step_;  // per rank: its step when it joined last
+  // Per rank: its step at the last join every rank completed; steps count from there.
+  std::vector<uint64_t> step_base_;
   bool steps_mixed_ = false;  // some Pending or BitWait has mixed steps
 };
 

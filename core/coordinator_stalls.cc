@@ -47,7 +47,7 @@ std::string Coordinator::DescribeMissing(const std::vector<bool>& present,
   constexpr size_t kDetailed = 4;  // ranks whose last submission is told; the rest are counted
   std::vector<int> missing;
   for (int r = 0; r < size_; ++r) {
-    if (!present[r]) missing.push_back(r);
+    if (!present[r] && !joined_[r]) missing.push_back(r);
   }
   std::string s = RankList(missing) + " (";
   for (size_t i = 0; i < missing.size() && i < kDetailed; ++i) {
@@ -161,7 +161,7 @@ Status Coordinator::CheckStallShutdown(Clock::time_point now) const {
   std::vector<bool> present;
   Clock::time_point oldest = now - stall_.shutdown;
   for (const auto& [n, p] : pending_) {
-    if (p.first_seen <= oldest && n != FinalizeName()) {
+    if (p.first_seen <= oldest && n != FinalizeName() && !IsJoinName(n)) {
       oldest = p.first_seen;
       name = &n;
       present = PresentFor(p);
@@ -205,7 +205,7 @@ std::vector<std::string> Coordinator::StallWarnings(Clock::time_point now) {
                        " submitted it. A rank skipped it, is slow, or submits a different name");
   };
   for (auto& [name, p] : pending_) {
-    if (p.warned || now - p.first_seen < stall_.warning) continue;
+    if (p.warned || now - p.first_seen < stall_.warning || IsJoinName(name)) continue;
     p.warned = true;
     warn(name, PresentFor(p));
   }
@@ -229,7 +229,9 @@ std::optional<Clock::time_point> Coordinator::NextStallCheck() const {
       if (!next || t < *next) next = t;
     }
   };
-  for (const auto& [name, p] : pending_) consider(p.first_seen, p.warned);
+  for (const auto& [name, p] : pending_) {
+    if (!IsJoinName(name)) consider(p.first_seen, p.warned);
+  }
   for (const auto& [bit, w] : bit_waits_) consider(w.first_seen, w.warned);
   return next;
 }

@@ -115,6 +115,12 @@ class Engine {
   // Next barrier's name: barriers are matched across ranks by their sequence number.
   std::string NextBarrierName();
 
+  // concord_join (coordinator.h, point 8): this rank has no more tensors; until every rank has
+  // joined it takes part in the others' operations with the identity. Blocks until every rank
+  // has joined (or the engine fails) and returns the last rank to join. Not from the engine's
+  // threads, nor inside a group.
+  StatusOr<int> Join();
+
   // Concord's own allgather, for a communicator split (core/comm_split.h): every rank gives
   // `bytes` of the same length under the same `tag`, and gets every rank's in rank order.
   // Negotiated like any operation under a reserved name; waits at most the timeout (kTimeout
@@ -220,8 +226,9 @@ class Engine {
   // Completes an operation the coordinator reduced inline.
   Status CompleteInline(const Response& r, const std::string& data,
                         std::optional<QueueEntry>& entry);
-  // After the reduction: integer average division and the post factor.
-  void FinishAllreduce(const TensorRequest& q, void* data, size_t n) const;
+  // After the reduction: integer average division (by `contributors`: the ranks whose tensors
+  // were reduced) and the post factor.
+  void FinishAllreduce(const TensorRequest& q, int contributors, void* data, size_t n) const;
   // Allreduces the pieces (one dtype and backend reduction) as one collective in place, after the
   // prescaled copy when out of place, then divides and postscales them. Completes nothing: the
   // span group completes once every lane is done.
@@ -237,6 +244,10 @@ class Engine {
   // Bytes each rank contributes to an allgather response, their sum and the first dimension.
   StatusOr<std::vector<size_t>> AllgatherBytes(const Response& r, size_t* total,
                                                int64_t* first_dim) const;
+
+  // --- engine_join.cc ---
+  // The entry through which this joined rank runs an operation it never submitted.
+  StatusOr<QueueEntry> JoinedEntry(const Response& r);
 
   // --- engine_compression.cc ---
   // A fused batch of compressed allreduces: encode into the fusion buffer, allreduce or allgather
@@ -281,6 +292,7 @@ class Engine {
   bool group_open_ GUARDED_BY(group_mu_) = false;
   std::vector<QueueEntry> group_entries_ GUARDED_BY(group_mu_);
   std::atomic<uint64_t> barrier_seq_{0};
+  std::atomic<uint64_t> join_seq_{0};
 
   mutable Mutex failure_mu_;
   Status failure_ GUARDED_BY(failure_mu_);

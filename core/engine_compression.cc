@@ -97,7 +97,9 @@ Status Engine::RunCompressed(Lane& lane, const FusionBatch& batch, const Respons
   }
 
   double scale = q.prescale;
-  if (q.reduce_op == ReduceOp::kAverage) scale /= config_.size;
+  if (q.reduce_op == ReduceOp::kAverage) {
+    scale /= responses[batch.members.front()]->Contributors(config_.size);
+  }
   {
     // One CompressionState per communicator: its residuals and scratch are not thread-safe.
     MutexLock lock(compression_mu_);

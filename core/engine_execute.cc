@@ -65,6 +65,12 @@ Status Engine::TakeEntries(const Responses& responses, Entries& entries) {
     }
     entries[i] = queue_.Take(r.request.name);
     if (r.error != Code::kOk) continue;  // completed with the error, if this rank submitted it
+    if (!entries[i] && r.Joined(config_.rank)) {
+      // This rank has joined: it takes part without a tensor of its own.
+      CONCORD_ASSIGN_OR_RETURN(QueueEntry stand_in, JoinedEntry(r));
+      entries[i] = std::move(stand_in);
+      continue;
+    }
     if (!entries[i]) {
       return ProtocolError("response for tensor '" + r.request.name +
                            "', which this rank did not submit");

@@ -13,7 +13,7 @@
 namespace concord {
 namespace {
 
-// Integer average: the sum divided by the world size, truncating toward zero.
+// Integer average: the sum divided by the ranks that contributed, truncating toward zero.
 template <typename T>
 void DivideTyped(T* data, size_t n, int divisor) {
   for (size_t i = 0; i < n; ++i) data[i] = static_cast<T>(data[i] / divisor);
@@ -34,10 +34,10 @@ void DivideIntegers(void* data, size_t n, DType dtype, int divisor) {
   }
 }
 
-// The factor applied after the reduction: postscale, and 1/size for a floating average.
-double PostFactor(const TensorRequest& r, int size) {
+// The factor applied after the reduction: postscale, and 1/contributors for a floating average.
+double PostFactor(const TensorRequest& r, int contributors) {
   double f = r.postscale;
-  if (r.reduce_op == ReduceOp::kAverage && IsFloatingPoint(r.dtype)) f /= size;
+  if (r.reduce_op == ReduceOp::kAverage && IsFloatingPoint(r.dtype)) f /= contributors;
   return f;
 }
 
@@ -87,18 +87,18 @@ Status Engine::CompleteInline(const Response& r, const std::string& data,
   stats_.inline_reductions.fetch_add(1, std::memory_order_relaxed);
   const size_t n = static_cast<size_t>(q.NumElements());
   if (n > 0) std::memcpy(entry->output, data.data(), data.size());  // output may be null at 0
-  FinishAllreduce(q, entry->output, n);
+  FinishAllreduce(q, r.Contributors(config_.size), entry->output, n);
   // Each rank sent its input to rank 0, which sent the result to every other rank.
   entry->state->AddWireBytes(config_.rank == 0 ? data.size() * (config_.size - 1) : data.size());
   Finish(entry, Status::Ok());
   return Status::Ok();
 }
 
-void Engine::FinishAllreduce(const TensorRequest& q, void* data, size_t n) const {
+void Engine::FinishAllreduce(const TensorRequest& q, int contributors, void* data, size_t n) const {
   if (q.reduce_op == ReduceOp::kAverage && !IsFloatingPoint(q.dtype)) {
-    DivideIntegers(data, n, q.dtype, config_.size);
+    DivideIntegers(data, n, q.dtype, contributors);
   }
-  const double post = PostFactor(q, config_.size);
+  const double post = PostFactor(q, contributors);
   if (post != 1.0) ScaleElements(data, n, q.dtype, post);
 }
 
@@ -117,8 +117,9 @@ Status Engine::RunAllreducePieces(Lane& lane, const std::vector<AllreducePiece>&
   }
   CONCORD_RETURN_IF_ERROR(lane.backend->AllreduceSpans(spans, first.dtype, first.reduce_op));
   for (size_t k = 0; k < pieces.size(); ++k) {
-    const TensorRequest& q = responses[pieces[k].member]->request;
-    FinishAllreduce(q, spans[k].data, spans[k].count);
+    const Response& r = *responses[pieces[k].member];
+    const TensorRequest& q = r.request;
+    FinishAllreduce(q, r.Contributors(config_.size), spans[k].data, spans[k].count);
     entries[pieces[k].member]->state->AddWireBytes(compression::WireBytesPerRank(
         compression::Exchange::kAllreduce, spans[k].count * DTypeSize(q.dtype), config_.size));
   }
@@ -128,6 +129,8 @@ Status Engine::RunAllreducePieces(Lane& lane, const std::vector<AllreducePiece>&
 Status Engine::RunAllreduceFused(Lane& lane, const FusionBatch& batch, const Responses& responses,
                                  Entries& entries) const {
   const TensorRequest& q = responses[batch.members.front()]->request;
+  // Fused members agree on it (fusion_planner.cc).
+  const int contributors = responses[batch.members.front()]->Contributors(config_.size);
   const size_t elem = DTypeSize(q.dtype);
   const size_t message = FusedMessageBytes(batch.bytes, elem);
   uint8_t* buffer = lane.fusion.Get(message, fusion_.threshold);
@@ -142,9 +145,9 @@ Status Engine::RunAllreduceFused(Lane& lane, const FusionBatch& batch, const Res
   const size_t count = message / elem;
   CONCORD_RETURN_IF_ERROR(lane.backend->Allreduce(buffer, count, q.dtype, q.reduce_op));
   if (q.reduce_op == ReduceOp::kAverage && !IsFloatingPoint(q.dtype)) {
-    DivideIntegers(buffer, count, q.dtype, config_.size);
+    DivideIntegers(buffer, count, q.dtype, contributors);
   }
-  const double post = PostFactor(q, config_.size);
+  const double post = PostFactor(q, contributors);
   offset = 0;
   for (size_t i : batch.members) {
     QueueEntry& e = *entries[i];
@@ -226,6 +229,10 @@ Status Engine::RunBroadcast(Lane& lane, const Response& r, std::optional<QueueEn
 Status Engine::RunBarrier(Lane& lane, const Response& r, std::optional<QueueEntry>& entry) {
   CONCORD_RETURN_IF_ERROR(lane.backend->Barrier());
   if (r.request.name == FinalizeName()) finalized_.store(true);
+  // A join returns the last rank to join (Engine::Join).
+  if (IsJoinName(r.request.name) && !r.joined.empty()) {
+    entry->state->output().first_dim = r.joined.back();
+  }
   Finish(entry, Status::Ok());
   return Status::Ok();
 }

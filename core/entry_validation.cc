@@ -49,6 +49,15 @@ std::string BarrierName(uint64_t seq) {
   return std::string(kReservedPrefix) + ".barrier." + std::to_string(seq);
 }
 
+std::string JoinName(uint64_t seq) {
+  return std::string(kReservedPrefix) + ".join." + std::to_string(seq);
+}
+
+bool IsJoinName(const std::string& name) {
+  static const std::string prefix = std::string(kReservedPrefix) + ".join.";
+  return name.compare(0, prefix.size(), prefix) == 0;
+}
+
 Status ValidateEntry(const QueueEntry& e, int world_size) {
   const TensorRequest& r = e.request;
   if (r.name.empty()) return InvalidArgument("the tensor name is empty");

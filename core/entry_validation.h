@@ -15,6 +15,9 @@ inline constexpr const char* kReservedPrefix = "__concord";
 std::string FinalizeName();
 // The name of the barrier with sequence number `seq`: ranks match barriers by their order.
 std::string BarrierName(uint64_t seq);
+// The barrier of a rank's `seq`th concord_join, and whether a name is one.
+std::string JoinName(uint64_t seq);
+bool IsJoinName(const std::string& name);
 
 // Checks one request as the C API receives it: name, dtype, shape, op-specific fields and
 // pointers. kInvalidArgument naming the tensor and what is wrong; nothing is changed.

@@ -11,9 +11,14 @@ bool Fusable(const Response& r, const FusionOptions& o) {
          r.request.NumBytes() <= o.threshold;
 }
 
-bool Compatible(const TensorRequest& a, const TensorRequest& b) {
+// One fused collective: one dtype, reduction, scaling and compression, and one divisor for an
+// average (as many joined ranks).
+bool Compatible(const Response& x, const Response& y) {
+  const TensorRequest& a = x.request;
+  const TensorRequest& b = y.request;
   return a.dtype == b.dtype && a.reduce_op == b.reduce_op && a.prescale == b.prescale &&
-         a.postscale == b.postscale && a.device == b.device && a.compression == b.compression;
+         a.postscale == b.postscale && a.device == b.device && a.compression == b.compression &&
+         x.joined.size() == y.joined.size();
 }
 
 }  // namespace
@@ -38,7 +43,7 @@ std::vector<FusionBatch> PlanFusion(const std::vector<const Response*>& response
     if (Fusable(*responses[i], options)) {
       for (size_t j = i + 1; j < responses.size(); ++j) {
         if (assigned[j] || !Fusable(*responses[j], options) ||
-            !Compatible(responses[i]->request, responses[j]->request)) {
+            !Compatible(*responses[i], *responses[j])) {
           continue;
         }
         const size_t bytes = responses[j]->request.NumBytes();

@@ -8,7 +8,7 @@ namespace {
 
 constexpr uint8_t kRequestTag = 0xC1;
 constexpr uint8_t kResponseTag = 0xC2;
-constexpr uint8_t kVersion = 5;
+constexpr uint8_t kVersion = 6;
 constexpr uint32_t kMaxString = 1 << 20;
 
 class Writer {
@@ -163,6 +163,8 @@ void WriteResponse(Writer& w, const Response& r) {
   w.Str(r.error_message);
   w.U32(static_cast<uint32_t>(r.error_ranks.size()));
   for (int32_t rank : r.error_ranks) w.I32(rank);
+  w.U32(static_cast<uint32_t>(r.joined.size()));
+  for (int32_t rank : r.joined) w.I32(rank);
 }
 
 Response ReadResponse(Reader& rd) {
@@ -183,6 +185,11 @@ Response ReadResponse(Reader& rd) {
   for (uint32_t i = 0; i < nranks && rd.ok(); ++i) {
     r.error_ranks.push_back(rd.I32());
     if (r.error_ranks.back() < 0) rd.Fail("negative rank");
+  }
+  const uint32_t njoined = rd.Count(4);
+  for (uint32_t i = 0; i < njoined && rd.ok(); ++i) {
+    r.joined.push_back(rd.I32());
+    if (r.joined.back() < 0) rd.Fail("negative joined rank");
   }
   return r;
 }
@@ -296,7 +303,7 @@ std::string SerializeResponseMessage(const ResponseMessage& m) {
     if (!item.cached) {
       const Response& r = item.response;
       expected += RequestBytes(r.request) + 8 * r.first_dims.size() + r.error_message.size() +
-                  4 * r.error_ranks.size() + 16;
+                  4 * r.error_ranks.size() + 4 * r.joined.size() + 20;
     }
   }
   Writer w(expected);

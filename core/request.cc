@@ -37,6 +37,13 @@ bool Response::AppliesTo(int rank) const {
   return false;
 }
 
+bool Response::Joined(int rank) const {
+  for (int32_t r : joined) {
+    if (r == rank) return true;
+  }
+  return false;
+}
+
 bool Response::IsRequestOf(const TensorRequest& q, int rank) const {
   const TensorRequest& r = request;
   const bool own_first_dim = r.op == OpType::kAllgather && !r.shape.empty() && rank >= 0 &&

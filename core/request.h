@@ -57,8 +57,15 @@ struct Response {
   // The ranks whose requests an error completes; empty means every rank. A stall timeout names
   // the ranks that submitted, so a late rank's fresh request is left to negotiate again.
   std::vector<int32_t> error_ranks;
+  // Ranks that had joined (concord_join) and take part without a tensor of their own: they
+  // contribute the reduction's identity (no rows to an allgather), and an average divides by the
+  // others. For a join itself: every rank, in the order they joined (the last one last).
+  std::vector<int32_t> joined;
 
   bool AppliesTo(int rank) const;
+  bool Joined(int rank) const;
+  // The ranks whose tensors an allreduce combines (what an average divides by).
+  int Contributors(int size) const { return size - static_cast<int>(joined.size()); }
 
   // The request that `rank` must have made for this response (its own first dimension).
   TensorRequest RequestOf(int rank) const;

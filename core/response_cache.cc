@@ -8,8 +8,10 @@ namespace {
 
 // Only successful responses are cached, and never barriers: they carry a fresh sequence-numbered
 // name each time, so caching them would only fill the cache with entries nobody asks for again.
+// Nor responses with joined ranks: they hold while those ranks wait in concord_join only.
 bool Cacheable(const Response& response) {
-  return response.error == Code::kOk && response.request.op != OpType::kBarrier;
+  return response.error == Code::kOk && response.request.op != OpType::kBarrier &&
+         response.joined.empty();
 }
 
 }  // namespace

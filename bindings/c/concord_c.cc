@@ -421,6 +421,15 @@ concord_status_t concord_init_config(const concord_config_t* user, concord_comm_
   });
 }
 
+concord_status_t concord_join(concord_comm_t comm, int* last_rank) {
+  return Guard(comm, [&]() -> Status {
+    CONCORD_RETURN_IF_ERROR(CheckComm(comm));
+    CONCORD_ASSIGN_OR_RETURN(int last, comm->engine->Join());
+    if (last_rank != nullptr) *last_rank = last;
+    return Status::Ok();
+  });
+}
+
 concord_status_t concord_comm_split(concord_comm_t comm, int color, int key, concord_comm_t* sub) {
   return Guard(comm, [&]() -> Status {
     CONCORD_RETURN_IF_ERROR(CheckComm(comm));

@@ -340,6 +340,19 @@ CONCORD_API concord_status_t concord_barrier_async(concord_comm_t comm, concord_
                                                    void* user_data, concord_request_t* request);
 
 /**
+ * This rank has run out of data (uneven epochs): until every rank has called concord_join, it
+ * takes part in the operations the other ranks submit without a tensor of its own, as Horovod's
+ * join: an allreduce gets the reduction's identity from it (zeros for sum and average, and an
+ * average divides by the ranks that contributed), an allgather no rows, a broadcast's data is
+ * received and dropped, barriers complete; a broadcast whose root has joined, and operations on
+ * CUDA tensors, fail with INVALID_ARGUMENT on the ranks that submitted them. Blocks until every
+ * rank has joined and stores the last rank to join in *last_rank (may be NULL). Not from a
+ * completion callback, nor inside a group (INVALID_ARGUMENT); a failure of the job ends it with
+ * that error. Joined ranks' operations are negotiated in full (not through the response cache).
+ */
+CONCORD_API concord_status_t concord_join(concord_comm_t comm, int* last_rank);
+
+/**
  * Grouped submission: operations enqueued by this thread between group_start and group_end are
  * held and enqueued atomically at group_end, negotiated as one unit and fused together where their
  * dtype and op allow. Groups do not nest. Every rank must enqueue the same members in the same

@@ -266,6 +266,14 @@ class Communicator {
     return Adopt(sub);
   }
 
+  /// concord_join: this rank is out of data; takes part with the identity until every rank has
+  /// joined, then returns the last rank to join.
+  int join() {
+    int last = -1;
+    detail::Check(concord_join(comm_, &last), concord_comm_last_error(comm_));
+    return last;
+  }
+
   int rank() const { return Get(concord_comm_rank); }
   int size() const { return Get(concord_comm_size); }
   int local_rank() const { return Get(concord_comm_local_rank); }

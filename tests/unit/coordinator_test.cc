@@ -646,6 +646,73 @@ TEST_F(CoordinatorTest, WhatWaitsForAFinalizedRankFailsAtOnceNamingIt) {
   EXPECT_EQ(coordinator_->pending(), 0u);
 }
 
+// rank's join request (the barrier concord_join submits).
+RequestMessage Join(uint64_t seq, uint64_t step = 0) {
+  TensorRequest join = Req(JoinName(seq));
+  join.op = OpType::kBarrier;
+  join.shape.clear();
+  return InStep(Full({join}), step);
+}
+
+TEST_F(CoordinatorTest, JoinedRanksAreListedAndTheirBitsExpanded) {
+  Start(3);
+  cache_.Insert(Ok(Req("cached")));
+  Add(2, Join(0, 4));
+  // Ready once ranks 0 and 1 sent it, as a bit or in full; a joined rank's lack is listed.
+  Add(0, Bits({0}));
+  EXPECT_TRUE(Take().items.empty());
+  Add(1, Full({Req("cached")}));
+  ResponseMessage m = Take();
+  ASSERT_EQ(m.items.size(), 1u);
+  EXPECT_FALSE(m.items[0].cached);
+  EXPECT_EQ(m.items[0].response.error, Code::kOk) << m.items[0].response.error_message;
+  EXPECT_EQ(m.items[0].response.joined, (std::vector<int32_t>{2}));
+  EXPECT_EQ(m.items[0].response.Contributors(3), 2);
+  // An allgather: the joined rank gives no rows. A broadcast from it fails on the submitters.
+  TensorRequest gather = Req("g");
+  gather.op = OpType::kAllgather;
+  TensorRequest bcast = Req("b");
+  bcast.op = OpType::kBroadcast;
+  bcast.root = 2;
+  Add(0, Full({gather, bcast}));
+  Add(1, Full({gather, bcast}));
+  m = Take();
+  ASSERT_EQ(m.items.size(), 2u);
+  EXPECT_EQ(m.items[0].response.first_dims, (std::vector<int64_t>{4, 4, 0}));
+  EXPECT_EQ(m.items[1].response.error, Code::kInvalidArgument);
+  EXPECT_EQ(m.items[1].response.error_ranks, (std::vector<int32_t>{0, 1}));
+  EXPECT_NE(m.items[1].response.error_message.find("rank 2 has joined"), std::string::npos)
+      << m.items[1].response.error_message;
+  // The join completes when every rank joined, listing them in the order they did.
+  Add(0, Join(0, 7));
+  EXPECT_TRUE(Take().items.empty());
+  Add(1, Join(0, 9));
+  m = Take();
+  ASSERT_EQ(m.items.size(), 1u);
+  EXPECT_EQ(m.items[0].response.error, Code::kOk) << m.items[0].response.error_message;
+  EXPECT_EQ(m.items[0].response.joined, (std::vector<int32_t>{2, 0, 1}));
+  // Afterwards nobody is joined, and steps count from each rank's join: no step mismatch.
+  Add(0, InStep(Full({Req("next")}), 7));
+  Add(1, InStep(Full({Req("next")}), 9));
+  EXPECT_TRUE(Take().items.empty());
+  Add(2, InStep(Full({Req("next")}), 4));
+  m = Take();
+  ASSERT_EQ(m.items.size(), 1u);
+  EXPECT_EQ(m.items[0].response.error, Code::kOk) << m.items[0].response.error_message;
+  EXPECT_TRUE(m.items[0].response.joined.empty());
+}
+
+TEST_F(CoordinatorTest, AJoinWaitingForTheOthersNeverStalls) {
+  StallOptions stall;
+  stall.warning = milliseconds(10);
+  stall.shutdown = milliseconds(20);
+  Start(2, stall);
+  Add(0, Join(0));
+  EXPECT_TRUE(coordinator_->StallWarnings(t0_ + milliseconds(50)).empty());
+  EXPECT_TRUE(Take(milliseconds(50)).items.empty());
+  EXPECT_FALSE(coordinator_->NextStallCheck().has_value());
+}
+
 TEST_F(CoordinatorTest, FinalizeBarrierWarningSaysWhoFinalized) {
   StallOptions stall;
   stall.warning = milliseconds(100);

@@ -34,6 +34,7 @@ void ExpectSameResponse(const Response& a, const Response& b) {
   EXPECT_EQ(a.error, b.error);
   EXPECT_EQ(a.error_message, b.error_message);
   EXPECT_EQ(a.error_ranks, b.error_ranks);
+  EXPECT_EQ(a.joined, b.joined);
 }
 
 // A request message and a response message that together use every field and variant.
@@ -61,6 +62,7 @@ ResponseMessage SampleResponseMessage() {
   ResponseItem full;
   full.response.request = FullRequest(OpType::kAllgather, DType::kInt64, ReduceOp::kSum);
   full.response.first_dims = {1, 0, 5};
+  full.response.joined = {1};
   m.items.push_back(full);
   ResponseItem error;
   error.response.request = FullRequest(OpType::kAllreduce, DType::kFloat32, ReduceOp::kMin);

@@ -108,6 +108,7 @@ _SIGNATURES = [
     ("concord_comm_local_rank", ctypes.c_int, [c_comm_p, ctypes.POINTER(ctypes.c_int)]),
     ("concord_comm_local_size", ctypes.c_int, [c_comm_p, ctypes.POINTER(ctypes.c_int)]),
     ("concord_comm_stats", ctypes.c_int, [c_comm_p, ctypes.POINTER(StatsStruct)]),
+    ("concord_join", ctypes.c_int, [c_comm_p, ctypes.POINTER(ctypes.c_int)]),
     ("concord_comm_split", ctypes.c_int,
      [c_comm_p, ctypes.c_int, ctypes.c_int, ctypes.POINTER(c_comm_p)]),
     ("concord_comm_create_group", ctypes.c_int,

@@ -252,6 +252,15 @@ class Communicator:
         self.local_rank = query(L.concord_comm_local_rank)
         self.local_size = query(L.concord_comm_local_size)
 
+    def join(self):
+        """This rank has run out of data (uneven epochs): until every rank has joined it takes
+        part in the others' operations with the reduction's identity (an average divides by the
+        ranks that contributed; no rows to an allgather), as Horovod's join. Blocks until every
+        rank has joined; returns the last rank to join."""
+        last = ctypes.c_int(-1)
+        self._check(lib().concord_join(self._live(), ctypes.byref(last)))
+        return last.value
+
     def split(self, color, key=0):
         """A sub-communicator of the ranks that give the same color (>= 0), ordered by key, then
         by rank here (MPI_Comm_split, ncclCommSplit); None for color UNDEFINED (-1). Collective:

@@ -1,0 +1,213 @@
+// concord_join under a launcher: uneven epochs. Rank r runs 3 + 2r steps, then joins; each step
+// runs, on the ranks still stepping, an allreduce of every dtype and reduction (one group of
+// small ones, fused; some compressed; some scaled), an allgather and a broadcast from the last
+// rank, and a barrier. Every result is checked against the ranks still stepping (a joined rank
+// contributes the identity, an average divides by the others), join returns the last rank to
+// join, a broadcast from a joined root fails naming it, and a second epoch joins afresh.
+//   mp_join            (then grep "join: rank .* PASS")
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "tests/common/tensors.h"
+#include "tests/mp/mp_common.h"
+
+using concord::harness::LoadElement;
+using concord::harness::StoreElement;
+
+namespace {
+
+int g_rank = 0, g_size = 1;
+concord_comm_t g_comm = nullptr;
+
+int StepsOf(int rank) {
+  return 3 + 2 * rank;
+}
+
+// The ranks still stepping at `step`.
+std::vector<int> Stepping(int step) {
+  std::vector<int> ranks;
+  for (int r = 0; r < g_size; ++r) {
+    if (step < StepsOf(r)) ranks.push_back(r);
+  }
+  return ranks;
+}
+
+// Rank r's value at element i of step s (small, so products and sums stay exact).
+double Value(int r, int s, int i) {
+  return 1 + (r + s + i) % 3;
+}
+
+const concord_dtype_t kDTypes[] = {CONCORD_UINT8,   CONCORD_INT8,    CONCORD_INT32,
+                                   CONCORD_INT64,   CONCORD_FLOAT16, CONCORD_BFLOAT16,
+                                   CONCORD_FLOAT32, CONCORD_FLOAT64};
+const concord_reduce_op_t kOps[] = {CONCORD_SUM, CONCORD_AVERAGE, CONCORD_MIN, CONCORD_MAX,
+                                    CONCORD_PRODUCT};
+
+bool IsFloat(concord_dtype_t t) {
+  return t == CONCORD_FLOAT16 || t == CONCORD_BFLOAT16 || t == CONCORD_FLOAT32 ||
+         t == CONCORD_FLOAT64;
+}
+
+double Expected(concord_reduce_op_t op, concord_dtype_t dt, int s, int i, double pre, double post) {
+  const std::vector<int> ranks = Stepping(s);
+  double acc = op == CONCORD_PRODUCT ? 1
+               : op == CONCORD_MIN   ? 1e300
+               : op == CONCORD_MAX   ? -1e300
+                                     : 0;
+  for (int r : ranks) {
+    const double v = Value(r, s, i) * pre;
+    if (op == CONCORD_SUM || op == CONCORD_AVERAGE) acc += v;
+    if (op == CONCORD_PRODUCT) acc *= v;
+    if (op == CONCORD_MIN) acc = std::min(acc, v);
+    if (op == CONCORD_MAX) acc = std::max(acc, v);
+  }
+  if (op == CONCORD_AVERAGE) {
+    acc = IsFloat(dt) ? acc / static_cast<double>(ranks.size())
+                      : std::trunc(acc / static_cast<double>(ranks.size()));
+  }
+  return acc * post;
+}
+
+struct Pending {
+  concord_request_t req = nullptr;
+  std::vector<unsigned char> data;
+  concord_reduce_op_t op = CONCORD_SUM;
+  concord_dtype_t dt = CONCORD_FLOAT32;
+  double pre = 1, post = 1;
+  std::string name;
+};
+
+const int64_t kN = 5;
+
+void Allreduces(int step) {
+  std::vector<Pending> all;
+  CHECKF(concord_group_start(g_comm) == CONCORD_SUCCESS, "group_start");
+  for (concord_dtype_t dt : kDTypes) {
+    for (concord_reduce_op_t op : kOps) {
+      for (int scaled = 0; scaled < (IsFloat(dt) ? 2 : 1); ++scaled) {
+        Pending p;
+        p.op = op;
+        p.dt = dt;
+        if (scaled) {
+          p.pre = 2;
+          p.post = 0.5;
+        }
+        p.name = std::string("ar.") + mp::DTypeName(dt) + "." + std::to_string(op) +
+                 (scaled ? ".scaled" : "");
+        p.data.assign(kN * ElementSize(dt), 0);
+        for (int i = 0; i < kN; ++i) StoreElement(dt, p.data.data(), i, Value(g_rank, step, i));
+        all.push_back(std::move(p));
+      }
+    }
+  }
+  for (Pending& p : all) {
+    int64_t shape[1] = {kN};
+    concord_tensor_t t = CpuTensor(p.data.data(), p.dt, 1, shape);
+    concord_allreduce_opts_t o;
+    concord_allreduce_opts_init(&o);
+    o.op = p.op;
+    o.prescale = p.pre;
+    o.postscale = p.post;
+    CHECKF(concord_allreduce_async(g_comm, p.name.c_str(), &t, nullptr, &o, nullptr, nullptr,
+                                   &p.req) == CONCORD_SUCCESS,
+           "enqueue %s: %s", p.name.c_str(), concord_comm_last_error(g_comm));
+  }
+  CHECKF(concord_group_end(g_comm) == CONCORD_SUCCESS, "group_end: %s",
+         concord_comm_last_error(g_comm));
+  for (Pending& p : all) {
+    const concord_status_t s = concord_wait(p.req, -1);
+    CHECKF(s == CONCORD_SUCCESS, "step %d %s: %s", step, p.name.c_str(),
+           concord_request_error(p.req));
+    concord_request_free(p.req);
+    for (int i = 0; i < kN && s == CONCORD_SUCCESS; ++i) {
+      const double got = LoadElement(p.dt, p.data.data(), i);
+      const double want = Expected(p.op, p.dt, step, i, p.pre, p.post);
+      CHECKF(mp::Close(got, want, p.dt), "step %d %s[%d]: %g, want %g (%zu ranks stepping)", step,
+             p.name.c_str(), i, got, want, Stepping(step).size());
+    }
+  }
+}
+
+void Compressed(int step) {
+  std::vector<float> v(1000);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(Value(g_rank, step, 0));
+  int64_t shape[1] = {1000};
+  concord_tensor_t t = CpuTensor(v.data(), CONCORD_FLOAT32, 1, shape);
+  concord_allreduce_opts_t o;
+  concord_allreduce_opts_init(&o);
+  o.op = CONCORD_AVERAGE;
+  o.compression = "fp16";
+  CHECKF(concord_allreduce(g_comm, "fp16.average", &t, nullptr, &o) == CONCORD_SUCCESS,
+         "fp16 average: %s", concord_comm_last_error(g_comm));
+  const double want = Expected(CONCORD_AVERAGE, CONCORD_FLOAT32, step, 0, 1, 1);
+  CHECKF(std::fabs(v[999] - want) < 1e-2, "step %d fp16 average %g, want %g", step, v[999], want);
+}
+
+void GatherAndBroadcast(int step) {
+  // Allgather: rank r gives r + 1 rows of its rank; joined ranks give none.
+  std::vector<int32_t> mine(static_cast<size_t>(g_rank + 1), g_rank);
+  int64_t shape[1] = {g_rank + 1};
+  concord_tensor_t t = CpuTensor(mine.data(), CONCORD_INT32, 1, shape);
+  std::vector<int32_t> out(64, -1);
+  CHECKF(concord_allgather(g_comm, "gather", &t, out.data(), out.size() * 4) == CONCORD_SUCCESS,
+         "allgather: %s", concord_comm_last_error(g_comm));
+  size_t k = 0;
+  for (int r : Stepping(step)) {
+    for (int j = 0; j <= r; ++j, ++k) {
+      CHECKF(out[k] == r, "step %d allgather row %zu: %d, want %d", step, k, out[k], r);
+    }
+  }
+  CHECKF(out[k] == -1, "step %d allgather wrote %zu+ rows, want %zu", step, k + 1, k);
+  // Broadcast from the last rank, which joins last.
+  std::vector<double> b(9, g_rank == g_size - 1 ? step + 0.25 : -1);
+  int64_t bshape[1] = {9};
+  concord_tensor_t bt = CpuTensor(b.data(), CONCORD_FLOAT64, 1, bshape);
+  CHECKF(concord_broadcast(g_comm, "bcast", &bt, nullptr, g_size - 1) == CONCORD_SUCCESS,
+         "broadcast: %s", concord_comm_last_error(g_comm));
+  CHECKF(b[8] == step + 0.25, "step %d broadcast %g", step, b[8]);
+  // From the first rank, which joined first: refused once it has.
+  if (g_size > 1 && step >= StepsOf(0)) {
+    const concord_status_t s = concord_broadcast(g_comm, "bcast.joined", &bt, nullptr, 0);
+    const std::string err = concord_comm_last_error(g_comm);
+    CHECKF(s == CONCORD_ERR_INVALID_ARGUMENT && mp::Contains(err, "has joined"),
+           "broadcast from joined rank 0: %s: %s", concord_status_string(s), err.c_str());
+  }
+  CHECKF(concord_barrier(g_comm) == CONCORD_SUCCESS, "barrier: %s",
+         concord_comm_last_error(g_comm));
+}
+
+}  // namespace
+
+int main() {
+  g_comm = mp::InitOrExit(&g_rank, &g_size);
+  const double t0 = mp::Now();
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    const int steps = epoch == 0 ? StepsOf(g_rank) : 2;
+    for (int step = 0; step < steps; ++step) {
+      if (epoch == 0) {
+        Allreduces(step);
+        Compressed(step);
+        GatherAndBroadcast(step);
+      } else {
+        float x = 1;
+        int64_t shape[1] = {1};
+        concord_tensor_t t = CpuTensor(&x, CONCORD_FLOAT32, 1, shape);
+        CHECKF(concord_allreduce(g_comm, "epoch2", &t, nullptr, nullptr) == CONCORD_SUCCESS &&
+                   x == g_size,
+               "epoch 2 step %d: %g", step, x);
+      }
+      concord_end_step(g_comm);
+    }
+    int last = -1;
+    const concord_status_t s = concord_join(g_comm, &last);
+    CHECKF(s == CONCORD_SUCCESS, "join: %s", concord_comm_last_error(g_comm));
+    if (epoch == 0) CHECKF(last == g_size - 1, "join returned %d, want %d", last, g_size - 1);
+    if (epoch == 1) CHECKF(last >= 0 && last < g_size, "second join returned %d", last);
+  }
+  CHECKF(concord_finalize(g_comm) == CONCORD_SUCCESS, "finalize");
+  std::printf("join: rank %d of %d: %d failures, %.2f s: %s\n", g_rank, g_size, CheckFailures(),
+              mp::Now() - t0, CheckFailures() == 0 ? "PASS" : "FAIL");
+  return CheckFailures() == 0 ? 0 : 1;
+}
