@@ -145,6 +145,27 @@ void Compressed(int step) {
   CHECKF(std::fabs(v[999] - want) < 1e-2, "step %d fp16 average %g, want %g", step, v[999], want);
 }
 
+// Large enough to skip fusion (CONCORD_DIRECT_THRESHOLD): in place, split over the lanes.
+void Direct(int step) {
+  for (concord_reduce_op_t op : {CONCORD_AVERAGE, CONCORD_MAX}) {
+    std::vector<double> v(100000);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = Value(g_rank, step, static_cast<int>(i % 3));
+    int64_t shape[1] = {static_cast<int64_t>(v.size())};
+    concord_tensor_t t = CpuTensor(v.data(), CONCORD_FLOAT64, 1, shape);
+    concord_allreduce_opts_t o;
+    concord_allreduce_opts_init(&o);
+    o.op = op;
+    const std::string name = "direct." + std::to_string(op);
+    CHECKF(concord_allreduce(g_comm, name.c_str(), &t, nullptr, &o) == CONCORD_SUCCESS, "%s: %s",
+           name.c_str(), concord_comm_last_error(g_comm));
+    for (size_t i : {size_t{0}, size_t{1}, v.size() - 1}) {
+      const double want = Expected(op, CONCORD_FLOAT64, step, static_cast<int>(i % 3), 1, 1);
+      CHECKF(mp::Close(v[i], want, CONCORD_FLOAT64), "step %d %s[%zu]: %g, want %g", step,
+             name.c_str(), i, v[i], want);
+    }
+  }
+}
+
 void GatherAndBroadcast(int step) {
   // Allgather: rank r gives r + 1 rows of its rank; joined ranks give none.
   std::vector<int32_t> mine(static_cast<size_t>(g_rank + 1), g_rank);
@@ -189,6 +210,7 @@ int main() {
       if (epoch == 0) {
         Allreduces(step);
         Compressed(step);
+        Direct(step);
         GatherAndBroadcast(step);
       } else {
         float x = 1;
