@@ -290,7 +290,8 @@ Response Coordinator::Validate(const Pending& p) const {
 
 bool Coordinator::Ready(const std::string& name, const Pending& p) const {
   if (p.count == size_) return true;
-  if (join_order_.empty() || IsJoinName(name)) return false;
+  // A join and the finalize barrier need every rank's own: a joined rank stands in for neither.
+  if (join_order_.empty() || IsJoinName(name) || name == FinalizeName()) return false;
   for (int r = 0; r < size_; ++r) {
     if (!p.by_rank[r] && !joined_[r]) return false;
   }

@@ -46,7 +46,8 @@
 //     "joined" until every rank has: an operation then runs once every rank that has not joined
 //     submitted it, and its response lists the joined ranks that lack it (Response::joined). They
 //     take part in its collective with the reduction's identity (no rows for an allgather), and an
-//     average divides by the others. Bits of the fast path are expanded into full requests while
+//     average divides by the others (a joined rank never stands in for a join or the finalize
+//     barrier: those need its own). Bits of the fast path are expanded into full requests while
 //     a rank is joined (a joined rank sets none), and such responses are never cached. A
 //     broadcast whose root joined, or a CUDA tensor (a joined rank has no device buffer for it),
 //     fails on the ranks that submitted it. The join's own response lists every rank in the order

@@ -206,6 +206,29 @@ int Semantics() {
            "the parent after refused splits: %g", got);
   }
 
+  // A rank that never calls split: the others' call fails after the timeout, no hang; finalize
+  // then ends what is left (a communicator of its own, with a short timeout).
+  if (g_size >= 2) {
+    concord_config_t config;
+    concord_config_init(&config);
+    config.timeout_s = 1.5;
+    concord_comm_t brief = nullptr;
+    CHECKF(concord_init_config(&config, &brief) == CONCORD_SUCCESS, "init: %s",
+           concord_comm_last_error(nullptr));
+    if (g_rank == g_size - 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // past the others' timeout
+    } else if (brief != nullptr) {
+      concord_comm_t sub = nullptr;
+      const double t2 = mp::Now();
+      s = concord_comm_split(brief, 0, 0, &sub);
+      const std::string err = concord_comm_last_error(brief);
+      CHECKF(s == CONCORD_ERR_TIMEOUT && mp::Contains(err, "not every rank"),
+             "split without rank %d: %s: %s", g_size - 1, concord_status_string(s), err.c_str());
+      CHECKF(mp::Now() - t2 < 10, "split without a rank took %.1f s", mp::Now() - t2);
+    }
+    concord_finalize(brief);  // the late rank's finalize ends what waited for it
+  }
+
   // What one more sub-communicator costs, on each rank.
   const long threads0 = CountDir("/proc/self/task"), fds0 = CountDir("/proc/self/fd");
   const long rss0 = RssKiB();

@@ -3,7 +3,8 @@
 // small ones, fused; some compressed; some scaled), an allgather and a broadcast from the last
 // rank, and a barrier. Every result is checked against the ranks still stepping (a joined rank
 // contributes the identity, an average divides by the others), join returns the last rank to
-// join, a broadcast from a joined root fails naming it, and a second epoch joins afresh.
+// join, a broadcast from a joined root fails naming it, a second epoch joins afresh, and a third
+// join that the last rank skips (it finalizes) fails on the others, naming it.
 //   mp_join            (then grep "join: rank .* PASS")
 #include <cmath>
 #include <cstdio>
@@ -228,7 +229,19 @@ int main() {
     if (epoch == 0) CHECKF(last == g_size - 1, "join returned %d, want %d", last, g_size - 1);
     if (epoch == 1) CHECKF(last >= 0 && last < g_size, "second join returned %d", last);
   }
-  CHECKF(concord_finalize(g_comm) == CONCORD_SUCCESS, "finalize");
+  // A rank that finalizes instead of joining ends the others' join with an error naming it.
+  if (g_size > 1 && g_rank == g_size - 1) {
+    concord_finalize(g_comm);  // may report the others' join it left behind
+  } else if (g_size > 1) {
+    int last = -1;
+    const concord_status_t s = concord_join(g_comm, &last);
+    const std::string err = concord_comm_last_error(g_comm);
+    CHECKF(s == CONCORD_ERR_PEER_FAILURE && mp::Contains(err, "has finalized"),
+           "join without rank %d: %s: %s", g_size - 1, concord_status_string(s), err.c_str());
+    CHECKF(concord_finalize(g_comm) == CONCORD_SUCCESS, "finalize");
+  } else {
+    CHECKF(concord_finalize(g_comm) == CONCORD_SUCCESS, "finalize");
+  }
   std::printf("join: rank %d of %d: %d failures, %.2f s: %s\n", g_rank, g_size, CheckFailures(),
               mp::Now() - t0, CheckFailures() == 0 ? "PASS" : "FAIL");
   return CheckFailures() == 0 ? 0 : 1;
