@@ -229,6 +229,10 @@ class Engine {
   StatusOr<std::vector<size_t>> AllgatherBytes(const Response& r, size_t* total,
                                                int64_t* first_dim) const;
 
+  // --- engine_exchange_ops.cc: reducescatter and alltoall on one lane ---
+  Status RunReducescatter(Lane& lane, const Response& r, std::optional<QueueEntry>& entry);
+  Status RunAlltoall(Lane& lane, const Response& r, std::optional<QueueEntry>& entry);
+
   // --- engine_compression.cc ---
   // A fused batch of compressed allreduces: encode into the fusion buffer, allreduce or allgather
   // the encoded bytes, decode into the outputs.

@@ -1,6 +1,7 @@
 #include "backends/gloo/gloo_backend.h"
 
 #include <gloo/allgatherv.h>
+#include <gloo/alltoallv.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 
@@ -12,6 +13,7 @@
 #include "backends/gloo/allreduce_cache.h"
 #include "backends/gloo/gloo_allreduce.h"
 #include "backends/gloo/gloo_context.h"
+#include "backends/gloo/ring_reduce_scatter.h"
 #include "backends/gloo/span_allreduce.h"
 
 namespace concord {
@@ -30,6 +32,8 @@ constexpr size_t kMaxCachedBytes = size_t{1} << 30;
 // two runs each, noise about 10%); 256 KiB still pipelines a group of two 300 KB tensors.
 const uint64_t kSpanSlot = gloo::Slot::build(0x43, 0);
 constexpr size_t kSpanSegmentBytes = size_t{256} << 10;
+// ReduceScatter's messages, on a slot of their own on the same context, in the same segments.
+const uint64_t kReduceScatterSlot = gloo::Slot::build(0x44, 0);
 
 // Algorithm choice for "auto", by message bytes. Measured with perf/gloo_algos (raw Gloo: object
 // or options built once over a persistent buffer; float32 sum; ranks as threads over loopback on
@@ -223,6 +227,64 @@ class GlooBackend : public Backend {
     }
   }
 
+  Status ReduceScatter(const void* in, void* out, const std::vector<size_t>& counts, DType dtype,
+                       ReduceOp op) override {
+    if (!IsValidDType(static_cast<int>(dtype)) || !IsValidReduceOp(static_cast<int>(op))) {
+      return InvalidArgument("gloo reduce-scatter: invalid dtype or reduce op");
+    }
+    if (counts.size() != static_cast<size_t>(size_)) {
+      return InvalidArgument("gloo reduce-scatter: " + std::to_string(counts.size()) +
+                             " counts for " + std::to_string(size_) + " ranks");
+    }
+    const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+    if ((total > 0 && in == nullptr) || (counts[rank_] > 0 && out == nullptr)) {
+      return InvalidArgument("gloo reduce-scatter: null buffer");
+    }
+    if (!failed_.ok()) return failed_;
+    try {
+      gloo_internal::RingReduceScatter(context_, in, out, counts, dtype, op, kReduceScatterSlot,
+                                       kSpanSegmentBytes, &span_scratch_);
+      return Status::Ok();
+    } catch (...) {
+      return Fail("reduce-scatter (" + std::to_string(total) + " x " + DTypeName(dtype) + ", " +
+                  ReduceOpName(op) + ")");
+    }
+  }
+
+  Status Alltoallv(const void* in, const std::vector<size_t>& send_bytes, void* out,
+                   const std::vector<size_t>& recv_bytes) override {
+    if (send_bytes.size() != static_cast<size_t>(size_) ||
+        recv_bytes.size() != static_cast<size_t>(size_)) {
+      return InvalidArgument("gloo alltoallv: sizes for " + std::to_string(send_bytes.size()) +
+                             " and " + std::to_string(recv_bytes.size()) + " ranks, not " +
+                             std::to_string(size_));
+    }
+    const size_t sent = std::accumulate(send_bytes.begin(), send_bytes.end(), size_t{0});
+    const size_t received = std::accumulate(recv_bytes.begin(), recv_bytes.end(), size_t{0});
+    if ((sent > 0 && in == nullptr) || (received > 0 && out == nullptr)) {
+      return InvalidArgument("gloo alltoallv: null buffer");
+    }
+    if (!failed_.ok()) return failed_;
+    if (size_ == 1) {
+      if (sent > 0) std::memmove(out, in, sent);
+      return Status::Ok();
+    }
+    try {
+      // Gloo's own alltoallv, in bytes; an empty side still needs a valid pointer.
+      char empty = 0;
+      gloo::AlltoallvOptions options(context_);
+      options.setInput(sent > 0 ? static_cast<char*>(const_cast<void*>(in)) : &empty,
+                       std::vector<int64_t>(send_bytes.begin(), send_bytes.end()));
+      options.setOutput(received > 0 ? static_cast<char*>(out) : &empty,
+                        std::vector<int64_t>(recv_bytes.begin(), recv_bytes.end()));
+      gloo::alltoallv(options);
+      return Status::Ok();
+    } catch (...) {
+      return Fail("alltoallv (" + std::to_string(sent) + " bytes out, " +
+                  std::to_string(received) + " in)");
+    }
+  }
+
  private:
   // The forced or automatic choice, replaced where Gloo cannot run it (see AlgorithmSupports) by
   // halving-doubling, else by the function-style allreduce (both bit-identical on every rank).
@@ -250,7 +312,7 @@ class GlooBackend : public Backend {
   std::unique_ptr<gloo_internal::AllreduceCache> cache_;
   const bool auto_algorithm_;
   const AllreduceAlgorithm forced_;
-  std::vector<uint8_t> span_scratch_;  // SpanRingAllreduce's receive segments
+  std::vector<uint8_t> span_scratch_;  // SpanRingAllreduce's and RingReduceScatter's scratch
   Status failed_;
 };
 
