@@ -7,37 +7,21 @@
 namespace concord {
 namespace {
 
-// A reducescatter's or alltoall's splits: one per rank, none negative, summing to the first
-// dimension; a reducescatter's output holds this rank's share.
+// A reducescatter's or alltoall's splits, and a reducescatter's output: it must hold this
+// rank's share.
 Status CheckSplits(const QueueEntry& e, int world_size, int rank) {
   const TensorRequest& r = e.request;
-  auto fail = [&r](const std::string& what) {
-    return InvalidArgument("tensor '" + r.name + "': " + OpTypeName(r.op) + " " + what);
-  };
-  if (r.shape.empty()) return fail("needs at least one dimension");
-  if (r.splits.size() != static_cast<size_t>(world_size)) {
-    return fail("needs one split per rank: " + std::to_string(r.splits.size()) + " given for " +
-                std::to_string(world_size) + " ranks");
-  }
-  int64_t sum = 0;
-  for (size_t i = 0; i < r.splits.size(); ++i) {
-    if (r.splits[i] < 0) {
-      return fail("split " + std::to_string(i) + " is negative (" + std::to_string(r.splits[i]) +
-                  ")");
-    }
-    sum += std::min(r.splits[i], kMaxTensorSize);
-  }
-  if (sum != r.shape[0]) {
-    return fail("splits sum to " + std::to_string(sum) + ", the first dimension is " +
-                std::to_string(r.shape[0]));
-  }
+  CONCORD_RETURN_IF_ERROR(ValidateSplits(r, world_size));
   if (r.op == OpType::kReducescatter) {
     const int64_t rows = rank >= 0 && rank < world_size ? r.splits[rank] : 0;
     const size_t needed = static_cast<size_t>(rows) * RowBytes(r);
-    if (needed > 0 && e.output == nullptr) return fail("output data is NULL");
+    if (needed > 0 && e.output == nullptr) {
+      return InvalidArgument("tensor '" + r.name + "': output data is NULL");
+    }
     if (needed > e.output_capacity) {
-      return fail("output holds " + std::to_string(e.output_capacity) + " bytes, this rank's " +
-                  std::to_string(rows) + " rows need " + std::to_string(needed));
+      return InvalidArgument("tensor '" + r.name + "': reducescatter output holds " +
+                             std::to_string(e.output_capacity) + " bytes, this rank's " +
+                             std::to_string(rows) + " rows need " + std::to_string(needed));
     }
   }
   return Status::Ok();
@@ -89,6 +73,30 @@ Status ValidateOp(const QueueEntry& e, int64_t elements, int world_size, int ran
 }
 
 }  // namespace
+
+Status ValidateSplits(const TensorRequest& r, int world_size) {
+  auto fail = [&r](const std::string& what) {
+    return InvalidArgument("tensor '" + r.name + "': " + OpTypeName(r.op) + " " + what);
+  };
+  if (r.shape.empty()) return fail("needs at least one dimension");
+  if (r.splits.size() != static_cast<size_t>(world_size)) {
+    return fail("needs one split per rank: " + std::to_string(r.splits.size()) + " given for " +
+                std::to_string(world_size) + " ranks");
+  }
+  int64_t sum = 0;
+  for (size_t i = 0; i < r.splits.size(); ++i) {
+    if (r.splits[i] < 0) {
+      return fail("split " + std::to_string(i) + " is negative (" + std::to_string(r.splits[i]) +
+                  ")");
+    }
+    sum += std::min(r.splits[i], kMaxTensorSize);
+  }
+  if (sum != r.shape[0]) {
+    return fail("splits sum to " + std::to_string(sum) + ", the first dimension is " +
+                std::to_string(r.shape[0]));
+  }
+  return Status::Ok();
+}
 
 size_t RowBytes(const TensorRequest& r) {
   size_t row = DTypeSize(r.dtype);

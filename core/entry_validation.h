@@ -27,6 +27,10 @@ Status ValidateEntry(const QueueEntry& entry, int world_size, int rank = 0);
 // Leaves given splits, and other operations, alone (ValidateEntry checks them).
 Status NormalizeSplits(TensorRequest* request, int world_size);
 
+// A reducescatter's or alltoall's splits (filled): one per rank, none negative, summing to the
+// first dimension of a tensor of at least one. kInvalidArgument naming the tensor otherwise.
+Status ValidateSplits(const TensorRequest& request, int world_size);
+
 // Bytes of one row (the first dimension's unit) of the request's tensor.
 size_t RowBytes(const TensorRequest& request);
 

@@ -25,9 +25,8 @@ void RingReduceScatter(const std::shared_ptr<gloo::Context>& context, const void
   const size_t element = DTypeSize(dtype);
   std::vector<size_t> begin(size + 1, 0);  // first element of each block; last: the total
   for (int b = 0; b < size; ++b) begin[b + 1] = begin[b] + counts[b];
-  const size_t mine = counts[rank];
   if (size == 1) {
-    if (mine > 0) std::memcpy(out, in, mine * element);
+    if (counts[0] > 0) std::memcpy(out, in, counts[0] * element);
     return;
   }
   if (begin[size] == 0) return;

@@ -822,6 +822,7 @@ concord_status_t concord_reducescatter_async(concord_comm_t comm, const char* na
                                       "': reducescatter needs at least one dimension");
     }
     CONCORD_RETURN_IF_ERROR(SetSplits(comm, o.recv_splits, o.nsplits, &e.request));
+    CONCORD_RETURN_IF_ERROR(concord::ValidateSplits(e.request, comm->engine->config().size));
     if (output == nullptr) {
       return concord::InvalidArgument("tensor '" + e.request.name + "': the output is NULL");
     }
