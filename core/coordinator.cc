@@ -144,8 +144,8 @@ Status Coordinator::CheckSplits(int rank, const TensorRequest& request) const {
   if (split ? (request.shape.empty() || request.splits.size() != static_cast<size_t>(size_) ||
                sum != request.shape[0])
             : !request.splits.empty()) {
-    return ProtocolError("rank " + std::to_string(rank) + " sent tensor '" + request.name +
-                         "' (" + OpTypeName(request.op) + ") with splits that do not fit it");
+    return ProtocolError("rank " + std::to_string(rank) + " sent tensor '" + request.name + "' (" +
+                         OpTypeName(request.op) + ") with splits that do not fit it");
   }
   return Status::Ok();
 }

@@ -20,8 +20,8 @@ Status Engine::CheckDevice(QueueEntry& e) const {
   }
   const std::string who = "tensor '" + r.name + "' on CUDA device " + std::to_string(r.device);
   if (r.op == OpType::kReducescatter || r.op == OpType::kAlltoall) {
-    return Status(Code::kUnavailable, who + ": " + OpTypeName(r.op) +
-                                          " runs on CPU tensors only (no device path yet)");
+    return Status(Code::kUnavailable,
+                  who + ": " + OpTypeName(r.op) + " runs on CPU tensors only (no device path yet)");
   }
   if (!device_.backend) {
     return Status(device_.unavailable.code(), who + ": " + device_.unavailable.message());

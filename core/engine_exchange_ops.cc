@@ -69,9 +69,9 @@ Status Engine::RunAlltoall(Lane& lane, const Response& r, std::optional<QueueEnt
     dst = out.owned.data();
   } else if (total > e.output_capacity) {
     // Still take part (the other ranks are already in the collective), into scratch memory.
-    local = InvalidArgument("tensor '" + q.name + "': alltoall result needs " +
-                            std::to_string(total) + " bytes, the output buffer has " +
-                            std::to_string(e.output_capacity));
+    local =
+        InvalidArgument("tensor '" + q.name + "': alltoall result needs " + std::to_string(total) +
+                        " bytes, the output buffer has " + std::to_string(e.output_capacity));
     dst = lane.fusion.Get(total, fusion_.threshold);
   }
   CONCORD_RETURN_IF_ERROR(lane.backend->Alltoallv(e.input, send, dst, recv));

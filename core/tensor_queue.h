@@ -24,7 +24,7 @@ namespace concord {
 struct QueueEntry {
   TensorRequest request;
   const void* input = nullptr;
-  void* output = nullptr;      // allreduce/broadcast: == input when in place
+  void* output = nullptr;  // allreduce/broadcast: == input when in place
   // allgather, alltoall: bytes available at output (output may be null: the request owns the
   // result); reducescatter: bytes at output (which must hold this rank's share)
   size_t output_capacity = 0;

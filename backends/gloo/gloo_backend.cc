@@ -284,8 +284,8 @@ class GlooBackend : public Backend {
       gloo::alltoallv(options);
       return Status::Ok();
     } catch (...) {
-      return Fail("alltoallv (" + std::to_string(sent) + " bytes out, " +
-                  std::to_string(received) + " in)");
+      return Fail("alltoallv (" + std::to_string(sent) + " bytes out, " + std::to_string(received) +
+                  " in)");
     }
   }
 

@@ -73,8 +73,8 @@ void RingReduceScatter(const std::shared_ptr<gloo::Context>& context, const void
     for (size_t k = 0; k < segments; ++k) {
       const size_t at = k * segment, n = std::min(segment, recv_count - at);
       Await(received->waitRecv(timeout), "receive");
-      ReduceElements(into + at * element, own + at * element, tmp + (k % 2) * segment * element,
-                     n, dtype, reduce);
+      ReduceElements(into + at * element, own + at * element, tmp + (k % 2) * segment * element, n,
+                     dtype, reduce);
       if (k + 2 < segments) post_recv(k + 2);
     }
     for (size_t at = 0; at < send_count; at += segment) Await(from.waitSend(timeout), "send");

@@ -242,8 +242,8 @@ Status MpiBackend::ReduceScatter(const void* in, void* out, const std::vector<si
     return InvalidArgument("mpi reduce-scatter: invalid dtype or reduce op");
   }
   if (counts.size() != static_cast<size_t>(size_)) {
-    return InvalidArgument("mpi reduce-scatter: " + std::to_string(counts.size()) +
-                           " counts for " + std::to_string(size_) + " ranks");
+    return InvalidArgument("mpi reduce-scatter: " + std::to_string(counts.size()) + " counts for " +
+                           std::to_string(size_) + " ranks");
   }
   const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
   if ((total > 0 && in == nullptr) || (counts[rank_] > 0 && out == nullptr)) {
@@ -258,16 +258,18 @@ Status MpiBackend::ReduceScatter(const void* in, void* out, const std::vector<si
   if (total == 0) return Status::Ok();
   const MPI_Datatype type = MpiType(dtype);
   const MPI_Op mpi_op = OpFor(dtype, op);
-  const std::string what = "reduce-scatter of " + std::to_string(total) + " x " +
-                           DTypeName(dtype) + " (" + ReduceOpName(op) + ")";
+  const std::string what = "reduce-scatter of " + std::to_string(total) + " x " + DTypeName(dtype) +
+                           " (" + ReduceOpName(op) + ")";
   // Every rank knows every count, so every rank takes the same path.
-  const size_t per_call = std::max<size_t>(1, std::min<size_t>(max_message_bytes_ / esize, INT_MAX));
+  const size_t per_call =
+      std::max<size_t>(1, std::min<size_t>(max_message_bytes_ / esize, INT_MAX));
   if (total <= per_call) {
     std::vector<int> recv_counts(counts.begin(), counts.end());
     MPI_Request request;
     {
       auto lock = env_->Lock();
-      const int rc = MPI_Ireduce_scatter(in, out, recv_counts.data(), type, mpi_op, comm_, &request);
+      const int rc =
+          MPI_Ireduce_scatter(in, out, recv_counts.data(), type, mpi_op, comm_, &request);
       if (rc != MPI_SUCCESS) return Fail(MpiError(rc, "MPI_Ireduce_scatter", __FILE__, __LINE__));
     }
     return Wait(&request, what);
@@ -282,8 +284,8 @@ Status MpiBackend::ReduceScatter(const void* in, void* out, const std::vector<si
       MPI_Request request;
       {
         auto lock = env_->Lock();
-        const int rc = MPI_Ireduce(src + (offset + done) * esize, dst, n, type, mpi_op, root, comm_,
-                                   &request);
+        const int rc =
+            MPI_Ireduce(src + (offset + done) * esize, dst, n, type, mpi_op, root, comm_, &request);
         if (rc != MPI_SUCCESS) return Fail(MpiError(rc, "MPI_Ireduce", __FILE__, __LINE__));
       }
       CONCORD_RETURN_IF_ERROR(Wait(&request, what));
@@ -352,7 +354,8 @@ Status MpiBackend::Alltoallv(const void* in, const std::vector<size_t>& send_byt
     size_t soff = 0, roff = 0;
     for (int r = 0; r < size_ && status.ok(); ++r) {
       int rc = describe(soff, send_bytes[r], &scounts[r], &sdispls[r], &stypes[r]);
-      if (rc == MPI_SUCCESS) rc = describe(roff, recv_bytes[r], &rcounts[r], &rdispls[r], &rtypes[r]);
+      if (rc == MPI_SUCCESS)
+        rc = describe(roff, recv_bytes[r], &rcounts[r], &rdispls[r], &rtypes[r]);
       if (rc != MPI_SUCCESS) status = MpiError(rc, "MPI_Type_create_struct", __FILE__, __LINE__);
       soff += send_bytes[r];
       roff += recv_bytes[r];

@@ -740,7 +740,6 @@ concord_status_t concord_barrier(concord_comm_t comm) {
   return WaitAndFree(comm, concord_barrier_async(comm, nullptr, nullptr, &r), &r);
 }
 
-
 // ---- reduce-scatter and all-to-all ----
 
 void concord_reducescatter_opts_init(concord_reducescatter_opts_t* opts) {
@@ -806,9 +805,8 @@ concord_status_t concord_reducescatter_async(concord_comm_t comm, const char* na
     CONCORD_RETURN_IF_ERROR(ToRequest(name, input, concord::OpType::kReducescatter, &e.request));
     concord_reducescatter_opts_t o;
     concord_reducescatter_opts_init(&o);
-    CONCORD_RETURN_IF_ERROR(
-        CopyOpts(opts, offsetof(concord_reducescatter_opts_t, nsplits) + sizeof(int),
-                 "reducescatter", &o));
+    CONCORD_RETURN_IF_ERROR(CopyOpts(
+        opts, offsetof(concord_reducescatter_opts_t, nsplits) + sizeof(int), "reducescatter", &o));
     const int reduce_op = EnumValue(o.op);
     if (!concord::IsValidReduceOp(reduce_op)) {
       return concord::InvalidArgument("tensor '" + e.request.name + "': unknown reduce op " +
@@ -856,8 +854,7 @@ concord_status_t concord_reducescatter(concord_comm_t comm, const char* name,
   concord_request_t r = nullptr;
   BlockingCall blocking;
   return WaitAndFree(
-      comm,
-      concord_reducescatter_async(comm, name, input, output, opts, nullptr, nullptr, &r), &r);
+      comm, concord_reducescatter_async(comm, name, input, output, opts, nullptr, nullptr, &r), &r);
 }
 
 concord_status_t concord_alltoall_async(concord_comm_t comm, const char* name,
@@ -871,8 +868,8 @@ concord_status_t concord_alltoall_async(concord_comm_t comm, const char* name,
     CONCORD_RETURN_IF_ERROR(ToRequest(name, input, concord::OpType::kAlltoall, &e.request));
     concord_alltoall_opts_t o;
     concord_alltoall_opts_init(&o);
-    CONCORD_RETURN_IF_ERROR(CopyOpts(
-        opts, offsetof(concord_alltoall_opts_t, nsplits) + sizeof(int), "alltoall", &o));
+    CONCORD_RETURN_IF_ERROR(
+        CopyOpts(opts, offsetof(concord_alltoall_opts_t, nsplits) + sizeof(int), "alltoall", &o));
     if (e.request.shape.empty()) {
       return concord::InvalidArgument("tensor '" + e.request.name +
                                       "': alltoall needs at least one dimension");
@@ -906,9 +903,8 @@ concord_status_t concord_alltoall(concord_comm_t comm, const char* name,
     return Status::Ok();
   });
   if (checked != CONCORD_SUCCESS) return checked;
-  const concord_status_t enqueued = concord_alltoall_async(comm, name, input, output,
-                                                           output_capacity, opts, nullptr, nullptr,
-                                                           &r);
+  const concord_status_t enqueued = concord_alltoall_async(
+      comm, name, input, output, output_capacity, opts, nullptr, nullptr, &r);
   if (enqueued != CONCORD_SUCCESS) return enqueued;
   r->gate->Wait(*r->state, concord::Deadline::Infinite());
   const Status s = r->state->status();
@@ -929,11 +925,11 @@ concord_status_t concord_request_received_splits(concord_request_t request, int6
   const std::vector<int64_t>& got = request->state->output().splits;
   if (got.empty() || n != static_cast<int>(got.size())) {
     return RecordOnRequest(
-        request, concord::InvalidArgument(
-                     got.empty() ? "concord_request_received_splits: not an alltoall"
-                                 : "concord_request_received_splits: n is " + std::to_string(n) +
-                                       ", the alltoall has " + std::to_string(got.size()) +
-                                       " ranks"));
+        request,
+        concord::InvalidArgument(got.empty() ? "concord_request_received_splits: not an alltoall"
+                                             : "concord_request_received_splits: n is " +
+                                                   std::to_string(n) + ", the alltoall has " +
+                                                   std::to_string(got.size()) + " ranks"));
   }
   std::copy(got.begin(), got.end(), splits);
   return CONCORD_SUCCESS;

@@ -91,9 +91,9 @@ void Submit(concord_comm_t comm, Case& c, int rank, int size, Counts* counts) {
     }
     concord_tensor_t out =
         CpuTensor(c.out.empty() ? nullptr : c.out.data(), c.dt, c.ndim, c.out_shape);
-    s = async ? concord_reducescatter_async(comm, c.name.c_str(), &in, &out, &o, cb, nullptr,
-                                            &c.req)
-              : concord_reducescatter(comm, c.name.c_str(), &in, &out, &o);
+    s = async
+            ? concord_reducescatter_async(comm, c.name.c_str(), &in, &out, &o, cb, nullptr, &c.req)
+            : concord_reducescatter(comm, c.name.c_str(), &in, &out, &o);
   } else {
     concord_alltoall_opts_t o;
     concord_alltoall_opts_init(&o);
@@ -129,8 +129,8 @@ void CheckReducescatter(const Case& c, int rank, int size, Counts* counts) {
   for (int64_t i = 0; i < n; ++i) {
     const int64_t g = first * c.cols + i;
     const double want = concord::harness::ExpectedAllreduce(
-        c.op, c.dt, size, [&](int r) { return Val(c.op, true, c.dt, r, g, c.step, c.salt); },
-        c.pre, c.post);
+        c.op, c.dt, size, [&](int r) { return Val(c.op, true, c.dt, r, g, c.step, c.salt); }, c.pre,
+        c.post);
     const double got = LoadElement(c.dt, c.out.data(), i);
     ++counts->checks;
     if (!mp::Close(got, want, c.dt)) {
@@ -261,8 +261,9 @@ void RunCases(concord_comm_t comm, int rank, int size, int64_t n, int step, bool
         c->in_shape[1] = c->cols;
         c->out_shape[0] = splits[rank];
         c->out_shape[1] = c->cols;
-        c->name = Name("rs", dt, n, std::string(OpName(op)) + (variant ? ".weighted" : ".even") +
-                                        (scaled ? ".scaled" : ""));
+        c->name = Name("rs", dt, n,
+                       std::string(OpName(op)) + (variant ? ".weighted" : ".even") +
+                           (scaled ? ".scaled" : ""));
         c->in.assign(static_cast<size_t>(n * c->cols) * es, 0);
         for (int64_t i = 0; i < n * c->cols; ++i) {
           StoreElement(dt, c->in.data(), i, Val(op, true, dt, rank, i, step, c->salt));
@@ -299,8 +300,8 @@ void RunCases(concord_comm_t comm, int rank, int size, int64_t n, int step, bool
       for (int s = 0; s < size; ++s) incoming += c->rows[s][rank];
       c->in_shape[0] = mine;
       c->in_shape[1] = c->cols;
-      c->name = Name("a2a", dt, n,
-                     variant == 0 ? "even" : (c->owned ? "uneven.owned" : "uneven.buf"));
+      c->name =
+          Name("a2a", dt, n, variant == 0 ? "even" : (c->owned ? "uneven.owned" : "uneven.buf"));
       c->in.assign(static_cast<size_t>(mine * c->cols) * es, 0);
       for (int64_t i = 0; i < mine * c->cols; ++i) {
         StoreElement(dt, c->in.data(), i, Val(CONCORD_SUM, false, dt, rank, i, step, c->salt));
@@ -386,25 +387,25 @@ void RunErrors(concord_comm_t comm, int rank, int size, Counts* counts) {
               concord_alltoall_async(comm, "e.a2a", &t, nullptr, 0, &a2a, nullptr, nullptr, &req),
               nullptr, kBad, {"negative"}, counts);
   concord_tensor_t scalar = CpuTensor(in.data(), CONCORD_FLOAT32, 0, shape);
-  ExpectError(comm, "a2a scalar",
-              concord_alltoall_async(comm, "e.a2a", &scalar, nullptr, 0, nullptr, nullptr,
-                                     nullptr, &req),
-              nullptr, kBad, {"at least one dimension"}, counts);
+  ExpectError(
+      comm, "a2a scalar",
+      concord_alltoall_async(comm, "e.a2a", &scalar, nullptr, 0, nullptr, nullptr, nullptr, &req),
+      nullptr, kBad, {"at least one dimension"}, counts);
   int64_t wrong_shape[1] = {5};
   concord_tensor_t wrong = CpuTensor(out.data(), CONCORD_FLOAT32, 1, wrong_shape);
-  ExpectError(comm, "rs output shape",
-              concord_reducescatter_async(comm, "e.rs", &t, &wrong, nullptr, nullptr, nullptr,
-                                          &req),
-              nullptr, kBad, {"shape [4]"}, counts);
+  ExpectError(
+      comm, "rs output shape",
+      concord_reducescatter_async(comm, "e.rs", &t, &wrong, nullptr, nullptr, nullptr, &req),
+      nullptr, kBad, {"shape [4]"}, counts);
   ExpectError(comm, "blocking a2a without output",
-              concord_alltoall(comm, "e.a2a", &t, nullptr, 0, nullptr, nullptr, 0), nullptr,
-              kBad, {"output is NULL"}, counts);
+              concord_alltoall(comm, "e.a2a", &t, nullptr, 0, nullptr, nullptr, 0), nullptr, kBad,
+              {"output is NULL"}, counts);
   concord_tensor_t cuda = t;
   cuda.device = 0;
-  ExpectError(comm, "a2a of a CUDA tensor",
-              concord_alltoall_async(comm, "e.a2a", &cuda, nullptr, 0, nullptr, nullptr, nullptr,
-                                     &req),
-              nullptr, CONCORD_ERR_UNAVAILABLE, {"CPU tensors only"}, counts);
+  ExpectError(
+      comm, "a2a of a CUDA tensor",
+      concord_alltoall_async(comm, "e.a2a", &cuda, nullptr, 0, nullptr, nullptr, nullptr, &req),
+      nullptr, CONCORD_ERR_UNAVAILABLE, {"CPU tensors only"}, counts);
   if (size < 2) return;
 
   // Mismatches: every rank fails, the error names the tensor, the field and the ranks.
@@ -427,8 +428,8 @@ void RunErrors(concord_comm_t comm, int rank, int size, Counts* counts) {
   rs.op = rank == 1 ? CONCORD_MAX : CONCORD_SUM;
   out_shape[0] = 4;
   s = concord_reducescatter_async(comm, "m.rs.op", &t, &o, &rs, nullptr, nullptr, &req);
-  ExpectError(comm, "rs op mismatch", s, s == CONCORD_SUCCESS ? req : nullptr,
-              CONCORD_ERR_MISMATCH, {"'m.rs.op'", "reduce op", one}, counts);
+  ExpectError(comm, "rs op mismatch", s, s == CONCORD_SUCCESS ? req : nullptr, CONCORD_ERR_MISMATCH,
+              {"'m.rs.op'", "reduce op", one}, counts);
   int64_t cols_shape[2] = {2 * size, rank == 1 ? 2 : 1};
   concord_tensor_t cols = CpuTensor(in.data(), CONCORD_FLOAT32, 2, cols_shape);
   s = concord_alltoall_async(comm, "m.a2a.dims", &cols, nullptr, 0, nullptr, nullptr, nullptr,
@@ -451,7 +452,8 @@ void RunErrors(concord_comm_t comm, int rank, int size, Counts* counts) {
   } else {
     ++counts->checks;
     const concord_status_t done = s == CONCORD_SUCCESS ? concord_wait(req, 120) : s;
-    if (done != CONCORD_SUCCESS) FAILF("a2a small output on rank 0: this rank got %s", concord_status_string(done));
+    if (done != CONCORD_SUCCESS)
+      FAILF("a2a small output on rank 0: this rank got %s", concord_status_string(done));
     if (s == CONCORD_SUCCESS) concord_request_free(req);
   }
   // The engine goes on: the same name, now agreed.

@@ -29,7 +29,9 @@ RequestMessage Full(const TensorRequest& r) {
 
 class CoordinatorExchangeTest : public ::testing::Test {
  protected:
-  void Start(int size) { coordinator_ = std::make_unique<Coordinator>(size, &cache_, StallOptions{}); }
+  void Start(int size) {
+    coordinator_ = std::make_unique<Coordinator>(size, &cache_, StallOptions{});
+  }
   void Add(int rank, const TensorRequest& r) {
     const Status s = coordinator_->Add(rank, Full(r), Clock::now());
     ASSERT_TRUE(s.ok()) << s.ToString();

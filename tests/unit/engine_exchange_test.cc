@@ -144,8 +144,8 @@ TEST_P(ExchangeTest, EvenAlltoallIsCachedUnevenIsNot) {
     for (int step = 0; step < 3; ++step) {
       RunRanks(size, [&](int rank) {
         const uint64_t cached = job[rank].stats().responses_cached.load();
-        TensorRequest r = Request(even ? "even" : "uneven", OpType::kAlltoall, DType::kFloat32,
-                                  {2 * size});
+        TensorRequest r =
+            Request(even ? "even" : "uneven", OpType::kAlltoall, DType::kFloat32, {2 * size});
         std::vector<float> in(2 * size, static_cast<float>(rank));
         if (!even) {
           // A different routing every step, as a mixture of experts does.
@@ -227,23 +227,32 @@ TEST_P(ExchangeMismatchTest, EveryRankFailsNamingFieldAndRanks) {
 
 INSTANTIATE_TEST_SUITE_P(
     Fields, ExchangeMismatchTest,
-    ::testing::Values(
-        Mismatch{"rs_dtype", OpType::kReducescatter,
-                 [](TensorRequest& r) { r.dtype = DType::kFloat64; }, "dtype"},
-        Mismatch{"rs_op", OpType::kReducescatter,
-                 [](TensorRequest& r) { r.reduce_op = ReduceOp::kMax; }, "reduce op"},
-        Mismatch{"rs_prescale", OpType::kReducescatter, [](TensorRequest& r) { r.prescale = 2; },
-                 "prescale"},
-        Mismatch{"rs_splits", OpType::kReducescatter,
-                 [](TensorRequest& r) { r.splits = {6, 0, 0}; }, "splits"},
-        Mismatch{"rs_shape", OpType::kReducescatter, [](TensorRequest& r) { r.shape = {6, 1}; },
-                 "shape"},
-        Mismatch{"a2a_dtype", OpType::kAlltoall,
-                 [](TensorRequest& r) { r.dtype = DType::kInt32; }, "dtype"},
-        Mismatch{"a2a_dims", OpType::kAlltoall, [](TensorRequest& r) { r.shape = {6, 1}; },
-                 "shape after the first dimension"},
-        Mismatch{"a2a_op", OpType::kAlltoall,
-                 [](TensorRequest& r) { r.op = OpType::kReducescatter; }, "operation"}),
+    ::testing::Values(Mismatch{"rs_dtype", OpType::kReducescatter,
+                               [](TensorRequest& r) { r.dtype = DType::kFloat64; }, "dtype"},
+                      Mismatch{"rs_op", OpType::kReducescatter,
+                               [](TensorRequest& r) { r.reduce_op = ReduceOp::kMax; }, "reduce op"},
+                      Mismatch{"rs_prescale", OpType::kReducescatter,
+                               [](TensorRequest& r) { r.prescale = 2; }, "prescale"},
+                      Mismatch{"rs_splits", OpType::kReducescatter,
+                               [](TensorRequest& r) {
+                                 r.splits = {6, 0, 0};
+                               },
+                               "splits"},
+                      Mismatch{"rs_shape", OpType::kReducescatter,
+                               [](TensorRequest& r) {
+                                 r.shape = {6, 1};
+                               },
+                               "shape"},
+                      Mismatch{"a2a_dtype", OpType::kAlltoall,
+                               [](TensorRequest& r) { r.dtype = DType::kInt32; }, "dtype"},
+                      Mismatch{"a2a_dims", OpType::kAlltoall,
+                               [](TensorRequest& r) {
+                                 r.shape = {6, 1};
+                               },
+                               "shape after the first dimension"},
+                      Mismatch{"a2a_op", OpType::kAlltoall,
+                               [](TensorRequest& r) { r.op = OpType::kReducescatter; },
+                               "operation"}),
     [](const ::testing::TestParamInfo<Mismatch>& info) { return info.param.label; });
 
 TEST(ExchangeValidateTest, BadSplitsAreRefusedAtEnqueue) {

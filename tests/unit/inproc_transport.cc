@@ -86,7 +86,8 @@ class InProcBackend : public Backend {
   int size() const override { return world_->size_; }
 
   Status Allreduce(void* data, size_t count, DType dtype, ReduceOp op) override {
-    InProcWorld::Slot slot{kAllreduce, data, count * DTypeSize(dtype), count, dtype, op, 0, nullptr};
+    InProcWorld::Slot slot{kAllreduce, data,   count * DTypeSize(dtype), count, dtype, op,
+                           0,          nullptr};
     std::vector<uint8_t> result(slot.bytes);
     return Collective(
         slot,
@@ -108,8 +109,8 @@ class InProcBackend : public Backend {
     }
     size_t total = 0;
     for (size_t b : bytes_per_rank) total += b;
-    InProcWorld::Slot slot{kAllgather,     in, bytes_per_rank[rank_], total, DType::kUint8,
-                           ReduceOp::kSum, 0,  nullptr};
+    InProcWorld::Slot slot{
+        kAllgather, in, bytes_per_rank[rank_], total, DType::kUint8, ReduceOp::kSum, 0, nullptr};
     std::vector<uint8_t> result(total);
     return Collective(
         slot,
@@ -126,8 +127,8 @@ class InProcBackend : public Backend {
   }
 
   Status Broadcast(void* data, size_t bytes, int root) override {
-    InProcWorld::Slot slot{kBroadcast, data,  bytes, bytes, DType::kUint8, ReduceOp::kSum,
-                           root,       nullptr};
+    InProcWorld::Slot slot{kBroadcast,    data,           bytes, bytes,
+                           DType::kUint8, ReduceOp::kSum, root,  nullptr};
     std::vector<uint8_t> result(bytes);
     return Collective(
         slot,
