@@ -19,7 +19,8 @@ struct Counts {
 
 // Every dtype's reducescatters (every op; even, weighted and 2-D splits; scaled on floating
 // types) and alltoalls (even and uneven splits, caller and library output) of first dimension
-// about n. `large`: only the 1-D variants, flushed per dtype. Failures go to FAILF.
+// about n. `large`: only the 1-D variants, and sum and max for reducescatter (the size is about
+// bytes: the ring's segments, MPI's pieces). Failures go to FAILF.
 void RunCases(concord_comm_t comm, int rank, int size, int64_t n, int step, bool large,
               Counts* counts);
 
