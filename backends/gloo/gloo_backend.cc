@@ -5,6 +5,7 @@
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 #include <string>
@@ -34,6 +35,12 @@ const uint64_t kSpanSlot = gloo::Slot::build(0x43, 0);
 constexpr size_t kSpanSegmentBytes = size_t{256} << 10;
 // ReduceScatter's messages, on a slot of their own on the same context, in the same segments.
 const uint64_t kReduceScatterSlot = gloo::Slot::build(0x44, 0);
+// Below this many input bytes a reduce-scatter is latency-bound: it runs as an allreduce (Gloo's
+// algorithm for the size, see AutoAlgorithm) of a copy of the input, of which this rank keeps its
+// block. The ring's size - 1 dependent steps cost more there than the extra bytes: at 4 KiB and 2
+// ranks the ring's wake-ups took 0.09 ms, or a scheduler slice (4 ms) in about half the calls on a
+// loaded 2-core machine, while an allreduce is one exchange.
+constexpr size_t kSmallReduceScatterBytes = size_t{256} << 10;
 
 // Algorithm choice for "auto", by message bytes. Measured with perf/gloo_algos (raw Gloo: object
 // or options built once over a persistent buffer; float32 sum; ranks as threads over loopback on
@@ -245,6 +252,19 @@ class GlooBackend : public Backend {
       if (total > 0) std::memcpy(out, in, total * DTypeSize(dtype));
       return Status::Ok();
     }
+    const size_t esize = DTypeSize(dtype);
+    if (total * esize < kSmallReduceScatterBytes) {
+      if (total == 0) return Status::Ok();
+      small_scratch_.resize(std::max(small_scratch_.size(), total * esize));
+      std::memcpy(small_scratch_.data(), in, total * esize);
+      CONCORD_RETURN_IF_ERROR(Allreduce(small_scratch_.data(), total, dtype, op));
+      size_t first = 0;
+      for (int r = 0; r < rank_; ++r) first += counts[r];
+      if (counts[rank_] > 0) {
+        std::memcpy(out, small_scratch_.data() + first * esize, counts[rank_] * esize);
+      }
+      return Status::Ok();
+    }
     try {
       gloo_internal::RingReduceScatter(context_, in, out, counts, dtype, op, kReduceScatterSlot,
                                        kSpanSegmentBytes, &span_scratch_);
@@ -316,7 +336,8 @@ class GlooBackend : public Backend {
   std::unique_ptr<gloo_internal::AllreduceCache> cache_;
   const bool auto_algorithm_;
   const AllreduceAlgorithm forced_;
-  std::vector<uint8_t> span_scratch_;  // SpanRingAllreduce's and RingReduceScatter's scratch
+  std::vector<uint8_t> span_scratch_;   // SpanRingAllreduce's and RingReduceScatter's scratch
+  std::vector<uint8_t> small_scratch_;  // a small reduce-scatter's input, allreduced
   Status failed_;
 };
 

@@ -58,7 +58,6 @@ void RingReduceScatter(const std::shared_ptr<gloo::Context>& context, const void
       const size_t n = std::min(segment, recv_count - k * segment);
       received->recv(left, slot, (k % 2) * segment * element, n * element);
     };
-    for (size_t k = 0; k < std::min<size_t>(2, segments); ++k) post_recv(k);
     // The block to send is not written during this step: post all of it, cut into the segments
     // the receiver expects (Gloo sends a piece once the receiver has posted its receive).
     gloo::transport::UnboundBuffer& from = step == 0 ? *input : *partials;
@@ -68,6 +67,7 @@ void RingReduceScatter(const std::shared_ptr<gloo::Context>& context, const void
       const size_t n = std::min(segment, send_count - at);
       from.send(right, slot, from_offset + at * element, n * element);
     }
+    for (size_t k = 0; k < std::min<size_t>(2, segments); ++k) post_recv(k);
     uint8_t* const into = step == size - 2 ? static_cast<uint8_t*>(out) : partial[step % 2];
     const uint8_t* const own = src + begin[recv_block] * element;
     for (size_t k = 0; k < segments; ++k) {

@@ -170,33 +170,35 @@ TEST(GlooBackendTest, AllgathervDifferingAndZeroSizes) {
   }
 }
 
-// Uneven blocks, one empty and one longer than the ring's segments, every dtype and op.
+// Uneven blocks, one empty, every dtype and op: small (an allreduce underneath) and large (the
+// ring, with one block longer than its 256 KiB segments).
 TEST(GlooBackendTest, ReduceScatterUnevenBlocks) {
   for (int size = 1; size <= 4; ++size) {
     RunRanks(size, "auto", [&](Backend& backend) {
       const int rank = backend.rank();
       for (DType dtype : kAllDTypes) {
         for (ReduceOp op : kAllReduceOps) {
-          std::vector<size_t> counts(size);
-          for (int k = 0; k < size; ++k) counts[k] = k == 1 ? 0 : 7 * k + 3;
-          // float64 and float32: one block beyond a 256 KiB segment.
-          if (DTypeSize(dtype) >= 4 && op == ReduceOp::kSum) counts[size - 1] = 70001;
-          const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
-          size_t first = 0;
-          for (int k = 0; k < rank; ++k) first += counts[k];
-          std::vector<unsigned char> in(total * DTypeSize(dtype));
-          for (size_t i = 0; i < total; ++i) {
-            StoreElement(dtype, in.data(), i, Input(dtype, op, rank, i));
+          for (const bool large : {false, true}) {
+            std::vector<size_t> counts(size);
+            for (int k = 0; k < size; ++k) counts[k] = k == 1 ? 0 : 7 * k + 3;
+            if (large) counts[size - 1] = (size_t{300} << 10) / DTypeSize(dtype) + 1;
+            const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+            size_t first = 0;
+            for (int k = 0; k < rank; ++k) first += counts[k];
+            std::vector<unsigned char> in(total * DTypeSize(dtype));
+            for (size_t i = 0; i < total; ++i) {
+              StoreElement(dtype, in.data(), i, Input(dtype, op, rank, i));
+            }
+            std::vector<unsigned char> out((counts[rank] + 1) * DTypeSize(dtype), 0xee);
+            const Status status = backend.ReduceScatter(in.data(), out.data(), counts, dtype, op);
+            ASSERT_TRUE(status.ok()) << status.ToString();
+            for (size_t i = 0; i < counts[rank]; ++i) {
+              ASSERT_EQ(LoadElement(dtype, out.data(), i), Expected(dtype, op, size, first + i))
+                  << size << " ranks, " << DTypeName(dtype) << " " << ReduceOpName(op) << " [" << i
+                  << "]";
+            }
+            ASSERT_EQ(out[counts[rank] * DTypeSize(dtype)], 0xee) << "wrote past the output";
           }
-          std::vector<unsigned char> out((counts[rank] + 1) * DTypeSize(dtype), 0xee);
-          const Status status = backend.ReduceScatter(in.data(), out.data(), counts, dtype, op);
-          ASSERT_TRUE(status.ok()) << status.ToString();
-          for (size_t i = 0; i < counts[rank]; ++i) {
-            ASSERT_EQ(LoadElement(dtype, out.data(), i), Expected(dtype, op, size, first + i))
-                << size << " ranks, " << DTypeName(dtype) << " " << ReduceOpName(op) << " [" << i
-                << "]";
-          }
-          ASSERT_EQ(out[counts[rank] * DTypeSize(dtype)], 0xee) << "wrote past the output";
         }
       }
     });
