@@ -376,6 +376,9 @@ void RunErrors(concord_comm_t comm, int rank, int size, Counts* counts) {
   ExpectError(comm, "a2a splits sum",
               concord_alltoall_async(comm, "e.a2a", &t, nullptr, 0, &a2a, nullptr, nullptr, &req),
               nullptr, kBad, {"'e.a2a'", "sum to"}, counts);
+  std::vector<int64_t> one_more = splits;
+  one_more.push_back(0);
+  a2a.splits = one_more.data();
   a2a.nsplits = size + 1;
   ExpectError(comm, "a2a split count",
               concord_alltoall_async(comm, "e.a2a", &t, nullptr, 0, &a2a, nullptr, nullptr, &req),

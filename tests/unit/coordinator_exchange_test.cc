@@ -3,6 +3,7 @@
 // request refused as protocol errors, and which alltoalls the cache keeps.
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
