@@ -72,6 +72,19 @@ class Backend {
   virtual Status Broadcast(void* data, size_t bytes, int root) = 0;
 
   virtual Status Barrier() = 0;
+
+  // Reduce-scatter: in holds the sum of counts elements, rank r's block (counts[r] elements) after
+  // the blocks of the ranks before it; out receives this rank's block reduced over every rank
+  // (counts[rank()] elements). Every rank passes the same counts (any may be 0); in and out do not
+  // overlap. kAverage is reduced as a sum (the caller divides). Half types combine in float.
+  virtual Status ReduceScatter(const void* in, void* out, const std::vector<size_t>& counts,
+                               DType dtype, ReduceOp op) = 0;
+
+  // All-to-all of bytes: in holds send_bytes[d] bytes for every rank d, in rank order; out
+  // receives recv_bytes[s] bytes from every rank s, in rank order. recv_bytes[s] equals what rank
+  // s passes as send_bytes[rank()] (any may be 0); in and out do not overlap.
+  virtual Status Alltoallv(const void* in, const std::vector<size_t>& send_bytes, void* out,
+                           const std::vector<size_t>& recv_bytes) = 0;
 };
 
 // The backends this build has ("gloo", ...), and a factory by name. Creating a backend is

@@ -102,6 +102,7 @@ Status Coordinator::Add(int rank, RequestMessage message, Clock::time_point now)
       return ProtocolError("rank " + std::to_string(rank) + " sent an allgather of a scalar ('" +
                            request.name + "')");
     }
+    CONCORD_RETURN_IF_ERROR(CheckSplits(rank, request));
     auto [it, inserted] = pending_.try_emplace(request.name);
     Pending& p = it->second;
     if (inserted) {
@@ -144,6 +145,21 @@ Status Coordinator::Add(int rank, RequestMessage message, Clock::time_point now)
   if (last_cached != nullptr || !message.requests.empty()) {
     last_[rank].any = true;
     last_[rank].at = now;
+  }
+  return Status::Ok();
+}
+
+Status Coordinator::CheckSplits(int rank, const TensorRequest& request) const {
+  const bool split = request.op == OpType::kReducescatter || request.op == OpType::kAlltoall;
+  int64_t sum = 0;
+  for (int64_t c : request.splits) {
+    if (__builtin_add_overflow(sum, c, &sum)) sum = -1;
+  }
+  if (split ? (request.shape.empty() || request.splits.size() != static_cast<size_t>(size_) ||
+               sum != request.shape[0])
+            : !request.splits.empty()) {
+    return ProtocolError("rank " + std::to_string(rank) + " sent tensor '" + request.name + "' (" +
+                         OpTypeName(request.op) + ") with splits that do not fit it");
   }
   return Status::Ok();
 }
@@ -222,21 +238,34 @@ Response Coordinator::Validate(const Pending& p) const {
   Response response;
   response.request = first;
   const bool allgather = first.op == OpType::kAllgather;
-  // Each rank's first dimension; a joined rank contributes no rows.
-  auto first_dims = [&] {
+  const bool alltoall = first.op == OpType::kAlltoall;
+  // Allgather and alltoall: each rank's first dimension (and alltoall's splits) are its own; a
+  // joined rank contributes no rows (and sends none: point 8).
+  auto per_rank = [&] {
     for (int r = 0; r < size_; ++r) {
       response.first_dims.push_back(p.by_rank[r] ? p.by_rank[r]->shape[0] : 0);
+      if (alltoall) {
+        if (p.by_rank[r]) {
+          const auto& row = p.by_rank[r]->splits;
+          response.splits.insert(response.splits.end(), row.begin(), row.end());
+        } else {
+          response.splits.insert(response.splits.end(), static_cast<size_t>(size_), 0);
+        }
+      }
     }
   };
   // The common case, all ranks agreeing, needs no text: compare whole requests first.
   bool agree = true;
   for (size_t i = 1; i < ranks.size() && agree; ++i) {
     TensorRequest other = *p.by_rank[ranks[i]];
-    if (allgather && !other.shape.empty() && !first.shape.empty()) other.shape[0] = first.shape[0];
+    if ((allgather || alltoall) && !other.shape.empty() && !first.shape.empty()) {
+      other.shape[0] = first.shape[0];
+    }
+    if (alltoall) other.splits = first.splits;
     agree = other == first;
   }
   if (agree) {
-    if (allgather) first_dims();
+    if (allgather || alltoall) per_rank();
     return response;
   }
   // Checks one field: every rank's value as text; on disagreement, an error naming the groups.
@@ -261,7 +290,7 @@ Response Coordinator::Validate(const Pending& p) const {
   check("dtype", [](const TensorRequest& r) { return DTypeName(r.dtype); });
   check("device",
         [](const TensorRequest& r) { return std::string(r.device < 0 ? "cpu" : "cuda"); });
-  if (allgather) {
+  if (allgather || alltoall) {
     check("the number of dimensions",
           [](const TensorRequest& r) { return std::to_string(r.shape.size()); });
     check("the shape after the first dimension",
@@ -269,13 +298,18 @@ Response Coordinator::Validate(const Pending& p) const {
   } else if (first.op != OpType::kBarrier) {
     check("shape", [](const TensorRequest& r) { return ShapeString(r.shape, 0); });
   }
-  if (first.op == OpType::kAllreduce) {
+  if (first.op == OpType::kAllreduce || first.op == OpType::kReducescatter) {
     check("reduce op", [](const TensorRequest& r) { return ReduceOpName(r.reduce_op); });
     check("prescale", [](const TensorRequest& r) { return ExactDouble(r.prescale); });
     check("postscale", [](const TensorRequest& r) { return ExactDouble(r.postscale); });
+  }
+  if (first.op == OpType::kAllreduce) {
     check("compression", [](const TensorRequest& r) {
       return r.compression.empty() ? std::string("none") : r.compression;
     });
+  }
+  if (first.op == OpType::kReducescatter) {
+    check("the splits", [](const TensorRequest& r) { return ShapeString(r.splits, 0); });
   }
   if (first.op == OpType::kBroadcast) {
     check("root", [](const TensorRequest& r) { return std::to_string(r.root); });
@@ -284,7 +318,17 @@ Response Coordinator::Validate(const Pending& p) const {
     return r.group.empty() ? std::string("no group")
                            : "group '" + r.group + "' of " + std::to_string(r.group_size);
   });
-  if (response.error == Code::kOk && allgather) first_dims();
+  if (response.error == Code::kOk && (allgather || alltoall)) per_rank();
+  if (response.error == Code::kOk) {
+    // Fields no check above names (the caller's layer fills them alike): still an error.
+    response.error = Code::kMismatch;
+    response.error_message = "tensor '" + first.name + "': ranks disagree on its request";
+    for (int r : ranks) {
+      if (response.RequestOf(r) != *p.by_rank[r]) return response;
+    }
+    response.error = Code::kOk;
+    response.error_message.clear();
+  }
   return response;
 }
 
@@ -324,6 +368,9 @@ void Coordinator::ApplyJoined(const Pending& p, Response& response) {
         "tensors)";
   } else if (q.op == OpType::kBroadcast && joined_[q.root]) {
     why = "its root, rank " + std::to_string(q.root) + ", has joined";
+  } else if (q.op == OpType::kReducescatter || q.op == OpType::kAlltoall) {
+    why = std::string("join covers allreduce, allgather, broadcast and barrier, not ") +
+          OpTypeName(q.op);
   }
   if (why.empty()) return;
   std::vector<int> joined(response.joined.begin(), response.joined.end());

@@ -85,8 +85,10 @@ class Coordinator {
 
   // Adds what `rank` sent, ignoring its bits evicted since its cache generation. kProtocolError
   // for a cache generation ahead of the coordinator's, bits that name no cache entry, a name `rank`
-  // already has pending, an allgather of a scalar (no engine sends one), or inline data for a cache
-  // entry that is not an allreduce of that size.
+  // already has pending, an allgather of a scalar (no engine sends one), splits that do not fit
+  // their request (a reducescatter's or alltoall's: one per rank, summing to the first dimension;
+  // none for other operations), or inline data for a cache entry that is not an allreduce of that
+  // size.
   Status Add(int rank, RequestMessage message, Clock::time_point now);
 
   // Everything that can run now, in execution order (may be empty), with the errors of operations
@@ -147,6 +149,8 @@ class Coordinator {
   std::optional<std::string> ReduceInline(const TensorRequest& request,
                                           std::vector<std::optional<std::string>>& data) const;
   Response Validate(const Pending& p) const;
+  // kProtocolError unless request.splits fit request (see Add).
+  Status CheckSplits(int rank, const TensorRequest& request) const;
   // kTimeout naming the oldest operation past the stall shutdown time, if any.
   Status CheckStallShutdown(Clock::time_point now) const;
   std::vector<bool> PresentForBit(uint32_t bit) const;

@@ -104,7 +104,8 @@ void Engine::Finish(std::optional<QueueEntry>& entry, const Status& status) {
 }
 
 Status Engine::Enqueue(QueueEntry entry, bool then_wait) {
-  CONCORD_RETURN_IF_ERROR(ValidateEntry(entry, config_.size));
+  CONCORD_RETURN_IF_ERROR(NormalizeSplits(&entry.request, config_.size));
+  CONCORD_RETURN_IF_ERROR(ValidateEntry(entry, config_.size, config_.rank));
   CONCORD_RETURN_IF_ERROR(CheckDevice(entry));
   CONCORD_RETURN_IF_ERROR(AttachCompressor(entry));
   entry.step = step_.load(std::memory_order_relaxed);

@@ -245,6 +245,10 @@ class Engine {
   StatusOr<std::vector<size_t>> AllgatherBytes(const Response& r, size_t* total,
                                                int64_t* first_dim) const;
 
+  // --- engine_exchange_ops.cc: reducescatter and alltoall on one lane ---
+  Status RunReducescatter(Lane& lane, const Response& r, std::optional<QueueEntry>& entry);
+  Status RunAlltoall(Lane& lane, const Response& r, std::optional<QueueEntry>& entry);
+
   // --- engine_join.cc ---
   // The entry through which this joined rank runs an operation it never submitted.
   StatusOr<QueueEntry> JoinedEntry(const Response& r);

@@ -19,6 +19,10 @@ Status Engine::CheckDevice(QueueEntry& e) const {
     return Status::Ok();
   }
   const std::string who = "tensor '" + r.name + "' on CUDA device " + std::to_string(r.device);
+  if (r.op == OpType::kReducescatter || r.op == OpType::kAlltoall) {
+    return Status(Code::kUnavailable,
+                  who + ": " + OpTypeName(r.op) + " runs on CPU tensors only (no device path yet)");
+  }
   if (!device_.backend) {
     return Status(device_.unavailable.code(), who + ": " + device_.unavailable.message());
   }
@@ -80,7 +84,9 @@ Status Engine::LaunchDevice(const FusionBatch& batch, const Responses& responses
       break;
     }
     case OpType::kBarrier:
-      return Internal("a barrier was planned as a device collective");
+    case OpType::kReducescatter:
+    case OpType::kAlltoall:
+      return Internal(std::string("a ") + OpTypeName(q.op) + " was planned as a device collective");
   }
   auto done = [this, states, local](const Status& s) {
     device_thread_id_.store(std::this_thread::get_id());

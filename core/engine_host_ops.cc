@@ -70,6 +70,10 @@ Status Engine::RunBatch(Lane& lane, const FusionBatch& batch, const Responses& r
       return RunBroadcast(lane, r, entries[i]);
     case OpType::kBarrier:
       return RunBarrier(lane, r, entries[i]);
+    case OpType::kReducescatter:
+      return RunReducescatter(lane, r, entries[i]);
+    case OpType::kAlltoall:
+      return RunAlltoall(lane, r, entries[i]);
     case OpType::kAllreduce:
       break;
   }

@@ -107,6 +107,10 @@ StatusOr<QueueEntry> Engine::JoinedEntry(const Response& r) {
     case OpType::kAllgather:  // no rows of its own; the gathered rows go to the state
     case OpType::kBarrier:
       return e;
+    case OpType::kReducescatter:  // refused by the coordinator while a rank is joined
+    case OpType::kAlltoall:
+      return Internal("tensor '" + e.request.name + "': a joined rank cannot stand in for " +
+                      OpTypeName(e.request.op));
   }
   e.input = owned.data();
   e.output = owned.data();

@@ -20,7 +20,21 @@ std::string JoinName(uint64_t seq);
 bool IsJoinName(const std::string& name);
 
 // Checks one request as the C API receives it: name, dtype, shape, op-specific fields and
-// pointers. kInvalidArgument naming the tensor and what is wrong; nothing is changed.
-Status ValidateEntry(const QueueEntry& entry, int world_size);
+// pointers (a reducescatter's output must hold `rank`'s share). kInvalidArgument naming the
+// tensor and what is wrong; nothing is changed.
+Status ValidateEntry(const QueueEntry& entry, int world_size, int rank = 0);
+
+// A reducescatter's or alltoall's splits when the caller gave none: the even split of the first
+// dimension. Reducescatter: rank k gets n / size rows, the first n % size ranks one more
+// (Horovod's rule); alltoall: n / size rows to each rank, kInvalidArgument unless size divides n.
+// Leaves given splits, and other operations, alone (ValidateEntry checks them).
+Status NormalizeSplits(TensorRequest* request, int world_size);
+
+// A reducescatter's or alltoall's splits (filled): one per rank, none negative, summing to the
+// first dimension of a tensor of at least one. kInvalidArgument naming the tensor otherwise.
+Status ValidateSplits(const TensorRequest& request, int world_size);
+
+// Bytes of one row (the first dimension's unit) of the request's tensor.
+size_t RowBytes(const TensorRequest& request);
 
 }  // namespace concord

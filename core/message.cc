@@ -8,7 +8,7 @@ namespace {
 
 constexpr uint8_t kRequestTag = 0xC1;
 constexpr uint8_t kResponseTag = 0xC2;
-constexpr uint8_t kVersion = 6;
+constexpr uint8_t kVersion = 7;
 constexpr uint32_t kMaxString = 1 << 20;
 
 class Writer {
@@ -103,13 +103,31 @@ class Reader {
 
 // Upper bounds of the bytes the writers below produce.
 size_t RequestBytes(const TensorRequest& r) {
-  return r.name.size() + r.compression.size() + r.group.size() + 8 * r.shape.size() + 64;
+  return r.name.size() + r.compression.size() + r.group.size() + 8 * r.shape.size() +
+         8 * r.splits.size() + 68;
 }
 
 size_t DataBytes(const std::map<uint32_t, std::string>& data) {
   size_t n = 4;
   for (const auto& entry : data) n += 8 + entry.second.size();
   return n;
+}
+
+// A vector of counts: u32 n | n x i64.
+void WriteCounts(Writer& w, const std::vector<int64_t>& counts) {
+  w.U32(static_cast<uint32_t>(counts.size()));
+  for (int64_t c : counts) w.I64(c);
+}
+
+// Reads counts that must each be >= 0 (`what` names them in the error).
+std::vector<int64_t> ReadCounts(Reader& rd, const char* what) {
+  std::vector<int64_t> counts;
+  const uint32_t n = rd.Count(8);
+  for (uint32_t i = 0; i < n && rd.ok(); ++i) {
+    counts.push_back(rd.I64());
+    if (counts.back() < 0) rd.Fail(std::string("negative ") + what);
+  }
+  return counts;
 }
 
 void WriteRequest(Writer& w, const TensorRequest& r) {
@@ -126,6 +144,7 @@ void WriteRequest(Writer& w, const TensorRequest& r) {
   w.Str(r.compression);
   w.Str(r.group);
   w.I32(r.group_size);
+  WriteCounts(w, r.splits);
 }
 
 TensorRequest ReadRequest(Reader& rd) {
@@ -152,13 +171,14 @@ TensorRequest ReadRequest(Reader& rd) {
   r.group = rd.Str();
   r.group_size = rd.I32();
   if (r.group_size < 0) rd.Fail("negative group size");
+  r.splits = ReadCounts(rd, "split");
   return r;
 }
 
 void WriteResponse(Writer& w, const Response& r) {
   WriteRequest(w, r.request);
-  w.U32(static_cast<uint32_t>(r.first_dims.size()));
-  for (int64_t d : r.first_dims) w.I64(d);
+  WriteCounts(w, r.first_dims);
+  WriteCounts(w, r.splits);
   w.I32(static_cast<int32_t>(r.error));
   w.Str(r.error_message);
   w.U32(static_cast<uint32_t>(r.error_ranks.size()));
@@ -170,11 +190,8 @@ void WriteResponse(Writer& w, const Response& r) {
 Response ReadResponse(Reader& rd) {
   Response r;
   r.request = ReadRequest(rd);
-  const uint32_t n = rd.Count(8);
-  for (uint32_t i = 0; i < n && rd.ok(); ++i) {
-    r.first_dims.push_back(rd.I64());
-    if (r.first_dims.back() < 0) rd.Fail("negative first dimension");
-  }
+  r.first_dims = ReadCounts(rd, "first dimension");
+  r.splits = ReadCounts(rd, "split");
   const int32_t code = rd.I32();
   if (code < 0 || code > static_cast<int32_t>(Code::kProtocolError)) {
     rd.Fail("unknown status code " + std::to_string(code));
@@ -269,7 +286,7 @@ StatusOr<RequestMessage> ParseRequestMessage(const std::string& bytes) {
   for (uint32_t i = 0; i < nwords && rd.ok(); ++i) {
     m.cached_mask.push_back(static_cast<uint64_t>(rd.I64()));
   }
-  const uint32_t nreq = rd.Count(40);
+  const uint32_t nreq = rd.Count(44);
   for (uint32_t i = 0; i < nreq && rd.ok(); ++i) m.requests.push_back(ReadRequest(rd));
   m.cached_data = ReadData(rd);
   m.request_data = ReadData(rd);
@@ -302,8 +319,8 @@ std::string SerializeResponseMessage(const ResponseMessage& m) {
     expected += 16 + (item.data ? item.data->size() : 0);
     if (!item.cached) {
       const Response& r = item.response;
-      expected += RequestBytes(r.request) + 8 * r.first_dims.size() + r.error_message.size() +
-                  4 * r.error_ranks.size() + 4 * r.joined.size() + 20;
+      expected += RequestBytes(r.request) + 8 * r.first_dims.size() + 8 * r.splits.size() +
+                  r.error_message.size() + 4 * r.error_ranks.size() + 4 * r.joined.size() + 24;
     }
   }
   Writer w(expected);

@@ -12,8 +12,15 @@
 
 namespace concord {
 
-enum class OpType : uint8_t { kAllreduce = 0, kAllgather = 1, kBroadcast = 2, kBarrier = 3 };
-constexpr int kNumOpTypes = 4;
+enum class OpType : uint8_t {
+  kAllreduce = 0,
+  kAllgather = 1,
+  kBroadcast = 2,
+  kBarrier = 3,
+  kReducescatter = 4,
+  kAlltoall = 5
+};
+constexpr int kNumOpTypes = 6;
 const char* OpTypeName(OpType op);
 constexpr int32_t kDeviceTensor = 0;  // TensorRequest::device of a negotiated CUDA tensor
 // The most dimensions a tensor has: the C API's limit, checked at enqueue and on the wire.
@@ -28,7 +35,7 @@ struct TensorRequest {
   std::string name;
   OpType op = OpType::kAllreduce;
   DType dtype = DType::kFloat32;
-  std::vector<int64_t> shape;  // for allgather, shape[0] may differ between ranks
+  std::vector<int64_t> shape;  // for allgather and alltoall, shape[0] may differ between ranks
   ReduceOp reduce_op = ReduceOp::kSum;
   int32_t root = 0;
   double prescale = 1.0;
@@ -39,6 +46,11 @@ struct TensorRequest {
   std::string compression;  // allreduce: a compressor's canonical spec ("" = none)
   std::string group;        // non-empty: member of a group submitted atomically
   int32_t group_size = 0;   // members in the group (0 when not grouped)
+  // Counts along the first dimension, one per rank, summing to shape[0] (empty for other ops).
+  // Reducescatter: the rows each rank receives, the same on every rank. Alltoall: the rows this
+  // rank sends to each rank, its own (they differ between ranks). Filled at enqueue (the even
+  // split when the caller gave none: NormalizeSplits).
+  std::vector<int64_t> splits;
 
   int64_t NumElements() const;
   size_t NumBytes() const { return static_cast<size_t>(NumElements()) * DTypeSize(dtype); }
@@ -47,11 +59,14 @@ struct TensorRequest {
 };
 
 // The coordinator's answer for one name, identical on every rank. `request` is rank 0's request;
-// for allgather, first_dims[r] is rank r's first dimension. A non-OK `error` means the operation
-// must not run: every rank that submitted the name completes it with that error.
+// for allgather and alltoall, first_dims[r] is rank r's first dimension; for alltoall,
+// splits[r * size + d] is what rank r sends to rank d (rank r's request.splits, so what rank d
+// receives from every rank is column d). A non-OK `error` means the operation must not run: every
+// rank that submitted the name completes it with that error.
 struct Response {
   TensorRequest request;
   std::vector<int64_t> first_dims;
+  std::vector<int64_t> splits;
   Code error = Code::kOk;
   std::string error_message;
   // The ranks whose requests an error completes; empty means every rank. A stall timeout names

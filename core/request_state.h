@@ -31,13 +31,15 @@ class RequestState {
   bool done() const EXCLUDES(mu_);
   Status status() const EXCLUDES(mu_);
 
-  // Result of an allgather, set by the engine before Complete() (by the thread that completes it;
-  // read after completion). `owned` holds the data when the caller gave no output buffer.
+  // Result of an allgather or alltoall, set by the engine before Complete() (by the thread that
+  // completes it; read after completion). `owned` holds the data when the caller gave no output
+  // buffer; `splits` (alltoall) the rows received from each rank.
   struct Output {
     void* data = nullptr;
     size_t bytes = 0;
     int64_t first_dim = 0;
     std::vector<uint8_t> owned;
+    std::vector<int64_t> splits;
   };
   Output& output() { return output_; }
 

@@ -9,9 +9,17 @@ namespace {
 // Only successful responses are cached, and never barriers: they carry a fresh sequence-numbered
 // name each time, so caching them would only fill the cache with entries nobody asks for again.
 // Nor responses with joined ranks: they hold while those ranks wait in concord_join only.
+// Nor alltoalls with uneven splits: a mixture of experts routes different counts every call, so
+// each would be a new entry nobody asks for again, pushing out the allreduces that are; an even
+// alltoall (every split equal) repeats like an allreduce and is cached.
 bool Cacheable(const Response& response) {
-  return response.error == Code::kOk && response.request.op != OpType::kBarrier &&
-         response.joined.empty();
+  if (response.error != Code::kOk || response.request.op == OpType::kBarrier ||
+      !response.joined.empty()) {
+    return false;
+  }
+  const std::vector<int64_t>& s = response.splits;
+  return response.request.op != OpType::kAlltoall ||
+         std::all_of(s.begin(), s.end(), [&s](int64_t c) { return c == s.front(); });
 }
 
 }  // namespace
@@ -28,7 +36,10 @@ std::optional<uint32_t> ResponseCache::Find(const Response& response) const {
   auto range = by_name_.equal_range(response.request.name);
   for (auto it = range.first; it != range.second; ++it) {
     const Response& e = entries_[it->second];
-    if (e.request == response.request && e.first_dims == response.first_dims) return it->second;
+    if (e.request == response.request && e.first_dims == response.first_dims &&
+        e.splits == response.splits) {
+      return it->second;
+    }
   }
   return std::nullopt;
 }

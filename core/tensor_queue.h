@@ -24,8 +24,10 @@ namespace concord {
 struct QueueEntry {
   TensorRequest request;
   const void* input = nullptr;
-  void* output = nullptr;      // allreduce/broadcast: == input when in place
-  size_t output_capacity = 0;  // allgather: bytes available at output (output may be null)
+  void* output = nullptr;  // allreduce/broadcast: == input when in place
+  // allgather, alltoall: bytes available at output (output may be null: the request owns the
+  // result); reducescatter: bytes at output (which must hold this rank's share)
+  size_t output_capacity = 0;
   // Device tensors only: what the operation waits for before it reads the input (void*: a
   // cudaStream_t whose queued work must finish, a cudaEvent_t); null when nothing.
   void* ready_stream = nullptr;

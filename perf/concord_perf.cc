@@ -83,7 +83,8 @@ struct Row {
   std::fprintf(
       stderr,
       "concord-perf: %s\n"
-      "usage: concord-perf [--op allreduce|allgather|broadcast] [--dtype float32]\n"
+      "usage: concord-perf [--op allreduce|allgather|broadcast|reducescatter|alltoall]\n"
+      "         [--dtype float32]\n"
       "         [--redop sum|average|min|max|product] [--bytes MIN:MAX] [--factor F]\n"
       "         [--iters N] [--warmup N] [--workload FILE [--steps N] [--rounds N]]\n"
       "         [--no-raw] [--raw-algos a,b,...] [--json FILE] [--backend gloo|mpi|nccl]\n"
@@ -120,7 +121,10 @@ Options ParseOptions(int argc, char** argv) {
     };
     if (a == "--op") {
       o.op = next();
-      if (o.op != "allreduce" && o.op != "allgather" && o.op != "broadcast") Usage("bad --op");
+      if (o.op != "allreduce" && o.op != "allgather" && o.op != "broadcast" &&
+          o.op != "reducescatter" && o.op != "alltoall") {
+        Usage("bad --op");
+      }
     } else if (a == "--dtype") {
       auto d = ParseDTypeName(next());
       if (!d.ok()) Usage(d.status().message());
@@ -218,7 +222,9 @@ double MaxAcrossRanks(concord_comm_t comm, double value, const std::string& name
 double BusFactor(const std::string& op, int n) {
   if (n <= 1) return 0;
   if (op == "allreduce") return 2.0 * (n - 1) / n;
-  if (op == "allgather") return static_cast<double>(n - 1) / n;
+  if (op == "allgather" || op == "reducescatter" || op == "alltoall") {
+    return static_cast<double>(n - 1) / n;
+  }
   return 1.0;
 }
 
@@ -270,6 +276,17 @@ double TimeConcordOp(concord_comm_t comm, const Options& o, int size, size_t byt
       s = concord_allreduce(comm, name.c_str(), &t, nullptr, &ao);
     } else if (o.op == "allgather") {
       s = concord_allgather(comm, name.c_str(), &t, b.out, b.capacity);
+    } else if (o.op == "reducescatter") {
+      // `bytes` is the input; each rank receives its 1/size share.
+      int64_t share = count / size;
+      concord_tensor_t out{b.out, static_cast<concord_dtype_t>(o.dtype), 1, &share, b.device};
+      concord_reducescatter_opts_t ro;
+      concord_reducescatter_opts_init(&ro);
+      ro.op = ao.op;
+      s = concord_reducescatter(comm, name.c_str(), &t, &out, &ro);
+    } else if (o.op == "alltoall") {
+      // `bytes` is each rank's input, 1/size of it to every rank (the even split).
+      s = concord_alltoall(comm, name.c_str(), &t, b.out, b.capacity, nullptr, nullptr, 0);
     } else {
       s = concord_broadcast(comm, name.c_str(), &t, nullptr, 0);
     }
@@ -292,7 +309,8 @@ double TimeRawGloo(concord_comm_t comm, Store* store, const Options& o, int rank
   ro.count = count;
   ro.iterations = o.iters;
   ro.warmup = o.warmup;
-  auto times = RunRawGlooAllreduce(ro, store);
+  const bool exchange = o.op == "reducescatter" || o.op == "alltoall";
+  auto times = exchange ? RunRawGlooExchange(ro, store) : RunRawGlooAllreduce(ro, store);
   double median = -1;
   if (!times.ok()) {
     std::fprintf(stderr, "concord-perf: raw gloo %s failed on rank %d: %s\n", algo.c_str(), rank,
@@ -327,6 +345,28 @@ double TimeRawMpi(concord_comm_t comm, int rank, float* buffer, size_t count, in
   told = true;
   return -1;
 }
+
+#ifdef CONCORD_PERF_MPI
+// Median seconds per raw MPI_Reduce_scatter_block or MPI_Alltoallv (o.op) of `count` floats in
+// all (max over ranks), on the sweep's buffers; -1 when MPI cannot run it here.
+double TimeRawMpiExchange(concord_comm_t comm, const Options& o, int rank, int size,
+                          const Buffers& b, size_t count) {
+  const std::string tag = "perf.raw.mpi." + o.op + "." + std::to_string(count);
+  if (!RawMpiUnavailableReason().empty()) return TimeRawMpi(comm, rank, nullptr, 0, 0, 0, tag);
+  const auto* in = static_cast<const float*>(b.in);
+  auto* out = static_cast<float*>(b.out);
+  const size_t block = count / size;
+  const double median = o.op == "reducescatter"
+                            ? TimeRawMpiReduceScatterBlock(in, out, block, o.warmup, o.iters)
+                            : TimeRawMpiAlltoallv(in, out, block, o.warmup, o.iters);
+  return MaxAcrossRanks(comm, median, tag);
+}
+#else
+double TimeRawMpiExchange(concord_comm_t comm, const Options&, int rank, int, const Buffers&,
+                          size_t) {
+  return TimeRawMpi(comm, rank, nullptr, 0, 0, 0, "perf.raw.mpi.exchange");
+}
+#endif
 
 #ifdef CONCORD_PERF_NCCL
 // Median seconds per raw ncclAllReduce of `count` floats on the sweep's device buffer (max over
@@ -386,8 +426,10 @@ int RunSweep(concord_comm_t comm, const Options& o, int rank, int size, Store* s
              const Buffers& b, std::vector<Row>* rows) {
   const bool float_sum =
       o.op == "allreduce" && o.dtype == DType::kFloat32 && o.redop == ReduceOp::kSum;
-  const bool raw = o.raw && store != nullptr && float_sum;
-  const bool raw_mpi = o.raw && o.backend == "mpi" && float_sum;
+  const bool exchange = (o.op == "reducescatter" || o.op == "alltoall") &&
+                        o.dtype == DType::kFloat32 && o.redop == ReduceOp::kSum && size > 1;
+  const bool raw = o.raw && store != nullptr && (float_sum || exchange);
+  const bool raw_mpi = o.raw && o.backend == "mpi" && (float_sum || exchange);
   if (rank == 0) {
     const std::string where = b.device == CONCORD_DEVICE_CPU
                                   ? std::string("CPU buffers")
@@ -406,10 +448,14 @@ int RunSweep(concord_comm_t comm, const Options& o, int rank, int size, Store* s
     rows->push_back(concord_row);
     if (rank == 0) PrintRow(concord_row);
     if (raw_mpi) {
-      const double t = TimeRawMpi(comm, rank, static_cast<float*>(b.in), rounded / 4, o.warmup,
-                                  o.iters, "sweep");
+      const char* what = o.op == "reducescatter" ? "raw MPI_Reduce_scatter_block"
+                         : o.op == "alltoall"    ? "raw MPI_Alltoallv"
+                                                 : "raw MPI_Allreduce";
+      const double t = exchange ? TimeRawMpiExchange(comm, o, rank, size, b, rounded / 4)
+                                : TimeRawMpi(comm, rank, static_cast<float*>(b.in), rounded / 4,
+                                             o.warmup, o.iters, "sweep");
       if (t > 0) {
-        Row r = MakeRow(o.op, "raw MPI_Allreduce", size, rounded, t);
+        Row r = MakeRow(o.op, what, size, rounded, t);
         rows->push_back(r);
         if (rank == 0) {
           PrintRow(r);
@@ -434,7 +480,10 @@ int RunSweep(concord_comm_t comm, const Options& o, int rank, int size, Store* s
 #endif
     if (raw && o.backend == "gloo") {
       double best = 0;
-      for (const auto& algo : o.raw_algos) {
+      const std::vector<std::string> exchange_algos =
+          o.op == "reducescatter" ? std::vector<std::string>{"reduce_scatter_hd"}
+                                  : std::vector<std::string>{"alltoall", "alltoallv"};
+      for (const auto& algo : exchange ? exchange_algos : o.raw_algos) {
         const double t = TimeRawGloo(comm, store, o, rank, size, algo, rounded / 4, "sweep");
         if (t < 0) continue;
         Row r = MakeRow(o.op, "raw gloo " + algo, size, rounded, t);

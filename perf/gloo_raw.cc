@@ -6,9 +6,13 @@
 #include <gloo/allreduce_halving_doubling.h>
 #include <gloo/allreduce_ring.h>
 #include <gloo/allreduce_ring_chunked.h>
+#include <gloo/alltoall.h>
+#include <gloo/alltoallv.h>
 #include <gloo/barrier.h>
+#include <gloo/reduce_scatter.h>
 
 #include <memory>
+#include <string>
 
 #include "backends/gloo/gloo_allreduce.h"
 #include "backends/gloo/gloo_context.h"
@@ -18,6 +22,30 @@ namespace concord {
 namespace {
 
 using gloo_internal::AllreduceAlgorithm;
+
+// Runs `run` warmup + iterations times, timing each of the last `iterations` (ranks line up once
+// before the timed runs, which then follow each other back to back, as in nccl-tests and as
+// concord-perf times Concord's own rows), then a barrier so that no rank closes its pairs while a
+// peer still receives. Throws Gloo's exceptions.
+template <typename Run>
+std::vector<double> TimeLoop(const std::shared_ptr<gloo::Context>& context, int warmup,
+                             int iterations, Run run) {
+  std::vector<double> seconds;
+  seconds.reserve(iterations);
+  for (int i = 0; i < warmup + iterations; ++i) {
+    if (i == 0 || i == warmup) {
+      gloo::BarrierOptions barrier(context);
+      gloo::barrier(barrier);
+    }
+    const auto start = Clock::now();
+    run();
+    const std::chrono::duration<double> took = Clock::now() - start;
+    if (i >= warmup) seconds.push_back(took.count());
+  }
+  gloo::BarrierOptions barrier(context);
+  gloo::barrier(barrier);
+  return seconds;
+}
 
 // Runs the benchmark loop; throws Gloo's exceptions.
 std::vector<double> TimeAllreduce(const std::shared_ptr<gloo::Context>& context,
@@ -48,31 +76,66 @@ std::vector<double> TimeAllreduce(const std::shared_ptr<gloo::Context>& context,
       });
       break;
   }
-  std::vector<double> seconds;
-  seconds.reserve(iterations);
-  for (int i = 0; i < warmup + iterations; ++i) {
-    // Ranks line up once before the timed runs, which then follow each other back to back (as in
-    // nccl-tests and as concord-perf times Concord's own rows).
-    if (i == 0 || i == warmup) {
-      gloo::BarrierOptions barrier(context);
-      gloo::barrier(barrier);
-    }
-    const auto start = Clock::now();
+  return TimeLoop(context, warmup, iterations, [&] {
     if (object) {
       object->run();
     } else {
       gloo::allreduce(*function);
     }
-    const std::chrono::duration<double> took = Clock::now() - start;
-    if (i >= warmup) seconds.push_back(took.count());
+  });
+}
+
+std::vector<double> TimeExchange(const std::shared_ptr<gloo::Context>& context,
+                                 const std::string& algorithm, std::vector<float>& in,
+                                 std::vector<float>& out, int warmup, int iterations) {
+  const int size = context->size;
+  const size_t block = in.size() / size;
+  if (algorithm == "reduce_scatter_hd") {
+    const std::vector<int> recv(size, static_cast<int>(block));
+    gloo::ReduceScatterHalvingDoubling<float> object(context, {in.data()},
+                                                     static_cast<int>(in.size()), recv);
+    return TimeLoop(context, warmup, iterations, [&] { object.run(); });
   }
-  // Shut down collectively so that no rank closes its pairs while a peer still receives.
-  gloo::BarrierOptions barrier(context);
-  gloo::barrier(barrier);
-  return seconds;
+  if (algorithm == "alltoall") {
+    gloo::AlltoallOptions options(context);
+    options.setInput(in.data(), in.size());
+    options.setOutput(out.data(), out.size());
+    return TimeLoop(context, warmup, iterations, [&] { gloo::alltoall(options); });
+  }
+  gloo::AlltoallvOptions options(context);
+  const std::vector<int64_t> counts(size, static_cast<int64_t>(block));
+  options.setInput(in.data(), counts);
+  options.setOutput(out.data(), counts);
+  return TimeLoop(context, warmup, iterations, [&] { gloo::alltoallv(options); });
 }
 
 }  // namespace
+
+StatusOr<std::vector<double>> RunRawGlooExchange(const RawGlooOptions& options, Store* store) {
+  const std::string& algo = options.algorithm;
+  if (algo != "reduce_scatter_hd" && algo != "alltoall" && algo != "alltoallv") {
+    return InvalidArgument("raw gloo: no exchange algorithm '" + algo + "'");
+  }
+  if (options.size < 2 || options.count == 0 || options.count % options.size != 0 ||
+      options.iterations < 1 || options.warmup < 0) {
+    return InvalidArgument("raw gloo " + algo + ": needs 2 ranks or more and a count they divide");
+  }
+  gloo_internal::GlooConnectOptions connect;
+  connect.rank = options.rank;
+  connect.size = options.size;
+  connect.iface = options.iface;
+  connect.host = options.host;
+  connect.prefix = options.prefix;
+  connect.timeout = options.timeout;
+  std::shared_ptr<gloo_internal::GlooContext> context;
+  CONCORD_ASSIGN_OR_RETURN(context, gloo_internal::ConnectGloo(connect, store));
+  std::vector<float> in(options.count, 1.0f), out(options.count, 0.0f);
+  try {
+    return TimeExchange(context, algo, in, out, options.warmup, options.iterations);
+  } catch (...) {
+    return gloo_internal::CurrentExceptionToStatus("raw " + algo);
+  }
+}
 
 StatusOr<std::vector<double>> RunRawGlooAllreduce(const RawGlooOptions& options, Store* store) {
   AllreduceAlgorithm algorithm;

@@ -33,4 +33,11 @@ struct RawGlooOptions {
 // or Gloo failure) come back as a Status. Thread-safe for distinct prefixes.
 StatusOr<std::vector<double>> RunRawGlooAllreduce(const RawGlooOptions& options, Store* store);
 
+// The same for Gloo's own reduce-scatter and all-to-all of options.count float32 elements (a
+// multiple of the ranks, split evenly): algorithm "reduce_scatter_hd"
+// (ReduceScatterHalvingDoubling, sum, built once, in place), "alltoall" (gloo::alltoall) or
+// "alltoallv" (gloo::alltoallv with every rank's counts), their options built once over persistent
+// buffers.
+StatusOr<std::vector<double>> RunRawGlooExchange(const RawGlooOptions& options, Store* store);
+
 }  // namespace concord

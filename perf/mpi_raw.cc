@@ -19,19 +19,50 @@ std::string RawMpiUnavailableReason() {
   return "";
 }
 
-double TimeRawMpiAllreduce(float* buffer, size_t count, int warmup, int iters) {
+namespace {
+
+// The median of warmup + iters runs of `run`, each timed on its own, after one MPI_Barrier.
+template <typename Run>
+double TimeMpi(int warmup, int iters, Run run) {
   std::vector<double> times;
   MPI_Barrier(MPI_COMM_WORLD);
-  const int n = static_cast<int>(std::min<size_t>(count, INT_MAX));
   for (int i = 0; i < warmup + iters; ++i) {
     const double t0 = MPI_Wtime();
-    MPI_Allreduce(MPI_IN_PLACE, buffer, n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    run();
     if (i >= warmup) times.push_back(MPI_Wtime() - t0);
   }
   if (times.empty()) return 0;
   std::sort(times.begin(), times.end());
   const size_t m = times.size();
   return m % 2 ? times[m / 2] : (times[m / 2 - 1] + times[m / 2]) / 2;
+}
+
+}  // namespace
+
+double TimeRawMpiAllreduce(float* buffer, size_t count, int warmup, int iters) {
+  const int n = static_cast<int>(std::min<size_t>(count, INT_MAX));
+  return TimeMpi(warmup, iters, [&] {
+    MPI_Allreduce(MPI_IN_PLACE, buffer, n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+  });
+}
+
+double TimeRawMpiReduceScatterBlock(const float* in, float* out, size_t block, int warmup,
+                                    int iters) {
+  const int n = static_cast<int>(std::min<size_t>(block, INT_MAX));
+  return TimeMpi(warmup, iters,
+                 [&] { MPI_Reduce_scatter_block(in, out, n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); });
+}
+
+double TimeRawMpiAlltoallv(const float* in, float* out, size_t block, int warmup, int iters) {
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  const int n = static_cast<int>(std::min<size_t>(block, INT_MAX / std::max(size, 1)));
+  std::vector<int> counts(size, n), displs(size);
+  for (int r = 0; r < size; ++r) displs[r] = r * n;
+  return TimeMpi(warmup, iters, [&] {
+    MPI_Alltoallv(in, counts.data(), displs.data(), MPI_FLOAT, out, counts.data(), displs.data(),
+                  MPI_FLOAT, MPI_COMM_WORLD);
+  });
 }
 
 }  // namespace concord

@@ -15,4 +15,11 @@ std::string RawMpiUnavailableReason();
 // MPI_COMM_WORLD after one MPI_Barrier, each timed on its own; returns this rank's median seconds.
 double TimeRawMpiAllreduce(float* buffer, size_t count, int warmup, int iters);
 
+// The same for MPI_Reduce_scatter_block (float32 sum: `in` holds size x `block` floats, `out`
+// receives `block`) and MPI_Alltoallv (float32, `block` floats to and from every rank, the
+// counts and displacements an uneven alltoall passes), over MPI_COMM_WORLD.
+double TimeRawMpiReduceScatterBlock(const float* in, float* out, size_t block, int warmup,
+                                    int iters);
+double TimeRawMpiAlltoallv(const float* in, float* out, size_t block, int warmup, int iters);
+
 }  // namespace concord

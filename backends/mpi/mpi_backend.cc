@@ -106,13 +106,7 @@ class MpiBackend : public Backend {
     if (!failed_.ok()) return failed_;
     if (count == 0 || size_ == 1) return Status::Ok();
     const size_t esize = DTypeSize(dtype);
-    MPI_Op mpi_op = MPI_OP_NULL;
-    if (IsHalfPrecision(dtype)) {
-      mpi_op = half_ops_[dtype == DType::kFloat16 ? 0 : 1][OpIndex(op)];
-    } else {
-      const MPI_Op ops[4] = {MPI_SUM, MPI_MIN, MPI_MAX, MPI_PROD};
-      mpi_op = ops[OpIndex(op)];
-    }
+    const MPI_Op mpi_op = OpFor(dtype, op);
     const size_t per_call =
         std::max<size_t>(1, std::min<size_t>(max_message_bytes_ / esize, INT_MAX));
     auto* bytes = static_cast<char*>(data);
@@ -209,7 +203,18 @@ class MpiBackend : public Backend {
     return Wait(&request, "barrier");
   }
 
+  Status ReduceScatter(const void* in, void* out, const std::vector<size_t>& counts, DType dtype,
+                       ReduceOp op) override;
+  Status Alltoallv(const void* in, const std::vector<size_t>& send_bytes, void* out,
+                   const std::vector<size_t>& recv_bytes) override;
+
  private:
+  MPI_Op OpFor(DType dtype, ReduceOp op) const {
+    if (IsHalfPrecision(dtype)) return half_ops_[dtype == DType::kFloat16 ? 0 : 1][OpIndex(op)];
+    const MPI_Op ops[4] = {MPI_SUM, MPI_MIN, MPI_MAX, MPI_PROD};
+    return ops[OpIndex(op)];
+  }
+
   Status Wait(MPI_Request* request, const std::string& what) {
     const Status s = WaitForRequest(*env_, request, Deadline::After(timeout_), "mpi " + what);
     return s.ok() ? s : Fail(s);
@@ -230,6 +235,154 @@ class MpiBackend : public Backend {
                             {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL}};
   Status failed_;
 };
+
+Status MpiBackend::ReduceScatter(const void* in, void* out, const std::vector<size_t>& counts,
+                                 DType dtype, ReduceOp op) {
+  if (!IsValidDType(static_cast<int>(dtype)) || OpIndex(op) < 0) {
+    return InvalidArgument("mpi reduce-scatter: invalid dtype or reduce op");
+  }
+  if (counts.size() != static_cast<size_t>(size_)) {
+    return InvalidArgument("mpi reduce-scatter: " + std::to_string(counts.size()) + " counts for " +
+                           std::to_string(size_) + " ranks");
+  }
+  const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+  if ((total > 0 && in == nullptr) || (counts[rank_] > 0 && out == nullptr)) {
+    return InvalidArgument("mpi reduce-scatter: null buffer");
+  }
+  if (!failed_.ok()) return failed_;
+  const size_t esize = DTypeSize(dtype);
+  if (size_ == 1) {
+    if (total > 0) std::memcpy(out, in, total * esize);
+    return Status::Ok();
+  }
+  if (total == 0) return Status::Ok();
+  const MPI_Datatype type = MpiType(dtype);
+  const MPI_Op mpi_op = OpFor(dtype, op);
+  const std::string what = "reduce-scatter of " + std::to_string(total) + " x " + DTypeName(dtype) +
+                           " (" + ReduceOpName(op) + ")";
+  // Every rank knows every count, so every rank takes the same path.
+  const size_t per_call =
+      std::max<size_t>(1, std::min<size_t>(max_message_bytes_ / esize, INT_MAX));
+  if (total <= per_call) {
+    std::vector<int> recv_counts(counts.begin(), counts.end());
+    MPI_Request request;
+    {
+      auto lock = env_->Lock();
+      const int rc =
+          MPI_Ireduce_scatter(in, out, recv_counts.data(), type, mpi_op, comm_, &request);
+      if (rc != MPI_SUCCESS) return Fail(MpiError(rc, "MPI_Ireduce_scatter", __FILE__, __LINE__));
+    }
+    return Wait(&request, what);
+  }
+  // Counts beyond one call: each rank's block is reduced to it, in pieces.
+  const auto* src = static_cast<const char*>(in);
+  size_t offset = 0;
+  for (int root = 0; root < size_; ++root) {
+    for (size_t done = 0; done < counts[root]; done += per_call) {
+      const int n = static_cast<int>(std::min(per_call, counts[root] - done));
+      char* dst = root == rank_ ? static_cast<char*>(out) + done * esize : nullptr;
+      MPI_Request request;
+      {
+        auto lock = env_->Lock();
+        const int rc =
+            MPI_Ireduce(src + (offset + done) * esize, dst, n, type, mpi_op, root, comm_, &request);
+        if (rc != MPI_SUCCESS) return Fail(MpiError(rc, "MPI_Ireduce", __FILE__, __LINE__));
+      }
+      CONCORD_RETURN_IF_ERROR(Wait(&request, what));
+    }
+    offset += counts[root];
+  }
+  return Status::Ok();
+}
+
+// The datatype of `bytes` bytes at `offset` from a buffer's start, for counts and displacements
+// beyond MPI's int: pieces of at most `piece` bytes (MPI_Type_create_struct takes MPI_Aint
+// displacements). Commits it; the caller frees it.
+int LargeBytesType(size_t offset, size_t bytes, size_t piece, MPI_Datatype* out) {
+  MPI_Datatype chunk;
+  int rc = MPI_Type_contiguous(static_cast<int>(piece), MPI_BYTE, &chunk);
+  if (rc != MPI_SUCCESS) return rc;
+  const int lengths[2] = {static_cast<int>(bytes / piece), static_cast<int>(bytes % piece)};
+  const MPI_Aint displs[2] = {static_cast<MPI_Aint>(offset),
+                              static_cast<MPI_Aint>(offset + bytes / piece * piece)};
+  MPI_Datatype types[2] = {chunk, MPI_BYTE};
+  rc = MPI_Type_create_struct(2, lengths, displs, types, out);
+  MPI_Type_free(&chunk);
+  if (rc == MPI_SUCCESS) rc = MPI_Type_commit(out);
+  return rc;
+}
+
+Status MpiBackend::Alltoallv(const void* in, const std::vector<size_t>& send_bytes, void* out,
+                             const std::vector<size_t>& recv_bytes) {
+  if (send_bytes.size() != static_cast<size_t>(size_) ||
+      recv_bytes.size() != static_cast<size_t>(size_)) {
+    return InvalidArgument("mpi alltoallv: sizes for " + std::to_string(send_bytes.size()) +
+                           " and " + std::to_string(recv_bytes.size()) + " ranks, not " +
+                           std::to_string(size_));
+  }
+  const size_t sent = std::accumulate(send_bytes.begin(), send_bytes.end(), size_t{0});
+  const size_t received = std::accumulate(recv_bytes.begin(), recv_bytes.end(), size_t{0});
+  if ((sent > 0 && in == nullptr) || (received > 0 && out == nullptr)) {
+    return InvalidArgument("mpi alltoallv: null buffer");
+  }
+  if (!failed_.ok()) return failed_;
+  if (size_ == 1) {
+    if (sent > 0) std::memmove(out, in, sent);
+    return Status::Ok();
+  }
+  // Every rank must make the same collective call while knowing only its own sizes, so it is
+  // always MPI_Ialltoallw: a peer whose bytes or offset would not fit MPI's int (or exceed
+  // max_message_bytes) gets a derived datatype of pieces instead of a count of bytes.
+  const size_t piece = std::min<size_t>(max_message_bytes_, INT_MAX);
+  std::vector<int> scounts(size_), sdispls(size_, 0), rcounts(size_), rdispls(size_, 0);
+  std::vector<MPI_Datatype> stypes(size_, MPI_BYTE), rtypes(size_, MPI_BYTE);
+  std::vector<MPI_Datatype> made;
+  Status status = Status::Ok();
+  {
+    auto lock = env_->Lock();
+    auto describe = [&](size_t offset, size_t bytes, int* count, int* displ, MPI_Datatype* type) {
+      if (bytes <= piece && offset + bytes <= static_cast<size_t>(INT_MAX)) {
+        *count = static_cast<int>(bytes);
+        *displ = static_cast<int>(offset);
+        return MPI_SUCCESS;
+      }
+      *count = 1;
+      const int rc = LargeBytesType(offset, bytes, piece, type);
+      if (rc == MPI_SUCCESS) made.push_back(*type);
+      return rc;
+    };
+    size_t soff = 0, roff = 0;
+    for (int r = 0; r < size_ && status.ok(); ++r) {
+      int rc = describe(soff, send_bytes[r], &scounts[r], &sdispls[r], &stypes[r]);
+      if (rc == MPI_SUCCESS)
+        rc = describe(roff, recv_bytes[r], &rcounts[r], &rdispls[r], &rtypes[r]);
+      if (rc != MPI_SUCCESS) status = MpiError(rc, "MPI_Type_create_struct", __FILE__, __LINE__);
+      soff += send_bytes[r];
+      roff += recv_bytes[r];
+    }
+  }
+  MPI_Request request = MPI_REQUEST_NULL;
+  if (status.ok()) {
+    auto lock = env_->Lock();
+    // Buffers need valid addresses even when empty.
+    static char empty = 0;
+    const int rc = MPI_Ialltoallw(sent > 0 ? in : &empty, scounts.data(), sdispls.data(),
+                                  stypes.data(), received > 0 ? out : &empty, rcounts.data(),
+                                  rdispls.data(), rtypes.data(), comm_, &request);
+    if (rc != MPI_SUCCESS) status = MpiError(rc, "MPI_Ialltoallw", __FILE__, __LINE__);
+  }
+  {
+    // Freed at once: MPI keeps a datatype a pending operation uses until it completes.
+    auto lock = env_->Lock();
+    for (MPI_Datatype& t : made) MPI_Type_free(&t);
+  }
+  if (status.ok()) {
+    status = WaitForRequest(*env_, &request, Deadline::After(timeout_),
+                            "mpi alltoallv (" + std::to_string(sent) + " bytes out, " +
+                                std::to_string(received) + " in)");
+  }
+  return status.ok() ? status : Fail(status);
+}
 
 }  // namespace
 

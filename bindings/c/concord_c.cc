@@ -14,6 +14,7 @@
 #include "concord/concord.h"
 #include "core/bootstrap.h"
 #include "core/comm_split.h"
+#include "core/entry_validation.h"
 
 using concord::Code;
 using concord::Status;
@@ -778,6 +779,201 @@ concord_status_t concord_barrier(concord_comm_t comm) {
   concord_request_t r = nullptr;
   BlockingCall blocking;
   return WaitAndFree(comm, concord_barrier_async(comm, nullptr, nullptr, &r), &r);
+}
+
+// ---- reduce-scatter and all-to-all ----
+
+void concord_reducescatter_opts_init(concord_reducescatter_opts_t* opts) {
+  if (opts == nullptr) return;
+  std::memset(opts, 0, sizeof(*opts));
+  opts->struct_size = sizeof(*opts);
+  opts->op = CONCORD_SUM;
+  opts->prescale = 1.0;
+  opts->postscale = 1.0;
+}
+
+void concord_alltoall_opts_init(concord_alltoall_opts_t* opts) {
+  if (opts == nullptr) return;
+  std::memset(opts, 0, sizeof(*opts));
+  opts->struct_size = sizeof(*opts);
+}
+
+}  // extern "C"
+
+namespace {
+
+// Copies a C options struct of either version into `o` (prepared by its init function).
+template <typename Opts>
+Status CopyOpts(const Opts* opts, size_t smallest, const char* what, Opts* o) {
+  if (opts == nullptr) return Status::Ok();
+  if (opts->struct_size < smallest) {
+    return concord::InvalidArgument(std::string(what) +
+                                    " options: struct_size is too small; use its _opts_init");
+  }
+  // Fields a newer caller added are ignored; fields an older caller lacks keep defaults.
+  std::memcpy(o, opts, std::min(opts->struct_size, sizeof(*o)));
+  o->struct_size = sizeof(*o);
+  return Status::Ok();
+}
+
+// The caller's splits (nsplits of them; NULL: none, the engine's even split), then the even split
+// filled in, so that the output can be checked against this rank's share.
+Status SetSplits(concord_comm_t comm, const int64_t* splits, int nsplits,
+                 concord::TensorRequest* r) {
+  if (splits != nullptr) {
+    if (nsplits < 0 || nsplits > (1 << 20)) {
+      return concord::InvalidArgument("tensor '" + r->name + "': nsplits " +
+                                      std::to_string(nsplits) + " is not a number of ranks");
+    }
+    r->splits.assign(splits, splits + nsplits);
+  }
+  return concord::NormalizeSplits(r, comm->engine->config().size);
+}
+
+}  // namespace
+
+extern "C" {
+
+concord_status_t concord_reducescatter_async(concord_comm_t comm, const char* name,
+                                             const concord_tensor_t* input,
+                                             const concord_tensor_t* output,
+                                             const concord_reducescatter_opts_t* opts,
+                                             concord_callback_t callback, void* user_data,
+                                             concord_request_t* request) {
+  return Guard(comm, [&]() -> Status {
+    CONCORD_RETURN_IF_ERROR(CheckComm(comm));
+    concord::QueueEntry e;
+    CONCORD_RETURN_IF_ERROR(ToRequest(name, input, concord::OpType::kReducescatter, &e.request));
+    concord_reducescatter_opts_t o;
+    concord_reducescatter_opts_init(&o);
+    CONCORD_RETURN_IF_ERROR(CopyOpts(
+        opts, offsetof(concord_reducescatter_opts_t, nsplits) + sizeof(int), "reducescatter", &o));
+    const int reduce_op = EnumValue(o.op);
+    if (!concord::IsValidReduceOp(reduce_op)) {
+      return concord::InvalidArgument("tensor '" + e.request.name + "': unknown reduce op " +
+                                      std::to_string(reduce_op));
+    }
+    e.request.reduce_op = static_cast<concord::ReduceOp>(reduce_op);
+    e.request.prescale = o.prescale;
+    e.request.postscale = o.postscale;
+    if (e.request.shape.empty()) {
+      return concord::InvalidArgument("tensor '" + e.request.name +
+                                      "': reducescatter needs at least one dimension");
+    }
+    CONCORD_RETURN_IF_ERROR(SetSplits(comm, o.recv_splits, o.nsplits, &e.request));
+    CONCORD_RETURN_IF_ERROR(concord::ValidateSplits(e.request, comm->engine->config().size));
+    if (output == nullptr) {
+      return concord::InvalidArgument("tensor '" + e.request.name + "': the output is NULL");
+    }
+    // The output must be exactly this rank's share: [splits[rank], the input's other dims].
+    const int rank = comm->engine->config().rank;
+    std::vector<int64_t> want = e.request.shape;
+    if (static_cast<size_t>(rank) < e.request.splits.size()) want[0] = e.request.splits[rank];
+    const bool same = EnumValue(output->dtype) == static_cast<int>(e.request.dtype) &&
+                      output->device == e.request.device &&
+                      output->ndim == static_cast<int>(want.size()) && output->shape != nullptr &&
+                      std::equal(want.begin(), want.end(), output->shape);
+    if (!same) {
+      std::string shape;
+      for (int64_t d : want) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
+      return concord::InvalidArgument("tensor '" + e.request.name +
+                                      "': the output must have the input's dtype and device and "
+                                      "shape [" +
+                                      shape + "] (this rank's split, then the input's dims)");
+    }
+    e.input = input->data;
+    e.output = output->data;
+    e.output_capacity = concord::RowBytes(e.request) * static_cast<size_t>(want[0]);
+    return Submit(comm, std::move(e), callback, user_data, request);
+  });
+}
+
+concord_status_t concord_reducescatter(concord_comm_t comm, const char* name,
+                                       const concord_tensor_t* input,
+                                       const concord_tensor_t* output,
+                                       const concord_reducescatter_opts_t* opts) {
+  concord_request_t r = nullptr;
+  BlockingCall blocking;
+  return WaitAndFree(
+      comm, concord_reducescatter_async(comm, name, input, output, opts, nullptr, nullptr, &r), &r);
+}
+
+concord_status_t concord_alltoall_async(concord_comm_t comm, const char* name,
+                                        const concord_tensor_t* input, void* output,
+                                        size_t output_capacity, const concord_alltoall_opts_t* opts,
+                                        concord_callback_t callback, void* user_data,
+                                        concord_request_t* request) {
+  return Guard(comm, [&]() -> Status {
+    CONCORD_RETURN_IF_ERROR(CheckComm(comm));
+    concord::QueueEntry e;
+    CONCORD_RETURN_IF_ERROR(ToRequest(name, input, concord::OpType::kAlltoall, &e.request));
+    concord_alltoall_opts_t o;
+    concord_alltoall_opts_init(&o);
+    CONCORD_RETURN_IF_ERROR(
+        CopyOpts(opts, offsetof(concord_alltoall_opts_t, nsplits) + sizeof(int), "alltoall", &o));
+    if (e.request.shape.empty()) {
+      return concord::InvalidArgument("tensor '" + e.request.name +
+                                      "': alltoall needs at least one dimension");
+    }
+    CONCORD_RETURN_IF_ERROR(SetSplits(comm, o.splits, o.nsplits, &e.request));
+    e.input = input->data;
+    e.output = output;
+    e.output_capacity = output == nullptr ? 0 : output_capacity;
+    return Submit(comm, std::move(e), callback, user_data, request);
+  });
+}
+
+concord_status_t concord_alltoall(concord_comm_t comm, const char* name,
+                                  const concord_tensor_t* input, void* output,
+                                  size_t output_capacity, const concord_alltoall_opts_t* opts,
+                                  int64_t* received_splits, int nreceived) {
+  concord_request_t r = nullptr;
+  BlockingCall blocking;
+  const concord_status_t checked = Guard(comm, [&]() -> Status {
+    CONCORD_RETURN_IF_ERROR(CheckComm(comm));
+    if (output == nullptr) {
+      return concord::InvalidArgument(
+          "concord_alltoall: the output is NULL (a blocking call keeps no result; use "
+          "concord_alltoall_async to let the request own it)");
+    }
+    if (received_splits != nullptr && nreceived != comm->engine->config().size) {
+      return concord::InvalidArgument("concord_alltoall: nreceived is " +
+                                      std::to_string(nreceived) + ", the communicator has " +
+                                      std::to_string(comm->engine->config().size) + " ranks");
+    }
+    return Status::Ok();
+  });
+  if (checked != CONCORD_SUCCESS) return checked;
+  const concord_status_t enqueued = concord_alltoall_async(
+      comm, name, input, output, output_capacity, opts, nullptr, nullptr, &r);
+  if (enqueued != CONCORD_SUCCESS) return enqueued;
+  r->gate->Wait(*r->state, concord::Deadline::Infinite());
+  const Status s = r->state->status();
+  if (s.ok() && received_splits != nullptr) {
+    const std::vector<int64_t>& got = r->state->output().splits;
+    std::copy(got.begin(), got.end(), received_splits);
+  }
+  concord_request_free(r);
+  return Record(comm, s);
+}
+
+concord_status_t concord_request_received_splits(concord_request_t request, int64_t* splits,
+                                                 int n) {
+  if (request == nullptr || splits == nullptr) return CONCORD_ERR_INVALID_ARGUMENT;
+  if (!request->state->done()) return CONCORD_IN_PROGRESS;
+  const Status s = request->state->status();
+  if (!s.ok()) return ToC(s);
+  const std::vector<int64_t>& got = request->state->output().splits;
+  if (got.empty() || n != static_cast<int>(got.size())) {
+    return RecordOnRequest(
+        request,
+        concord::InvalidArgument(got.empty() ? "concord_request_received_splits: not an alltoall"
+                                             : "concord_request_received_splits: n is " +
+                                                   std::to_string(n) + ", the alltoall has " +
+                                                   std::to_string(got.size()) + " ranks"));
+  }
+  std::copy(got.begin(), got.end(), splits);
+  return CONCORD_SUCCESS;
 }
 
 }  // extern "C"

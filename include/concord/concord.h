@@ -339,6 +339,81 @@ CONCORD_API concord_status_t concord_broadcast_async_ex(
 CONCORD_API concord_status_t concord_barrier_async(concord_comm_t comm, concord_callback_t callback,
                                                    void* user_data, concord_request_t* request);
 
+/* ---- reduce-scatter and all-to-all (CPU tensors; a CUDA tensor is UNAVAILABLE) ---- */
+/** Options of a reduce-scatter. Initialise with concord_reducescatter_opts_init; fields may only
+ *  be appended (struct_size tells which exist). */
+typedef struct concord_reducescatter_opts {
+  size_t struct_size;
+  concord_reduce_op_t op; /**< default CONCORD_SUM */
+  double prescale;        /**< multiplies the input first (floating dtypes only); default 1 */
+  double postscale;       /**< multiplies the result (floating dtypes only); default 1 */
+  /** Rows of the first dimension each rank receives, in rank order: nsplits (the number of
+   *  ranks) counts, none negative, summing to the first dimension, the same on every rank (else
+   *  MISMATCH). NULL (the default): the even split, rank r receives n / size rows and the first
+   *  n % size ranks one more (Horovod's rule). */
+  const int64_t* recv_splits;
+  int nsplits;
+} concord_reducescatter_opts_t;
+
+/** Options of an all-to-all. Initialise with concord_alltoall_opts_init. */
+typedef struct concord_alltoall_opts {
+  size_t struct_size;
+  /** Rows of the first dimension this rank sends to each rank, in rank order: nsplits (the
+   *  number of ranks) counts, none negative, summing to the first dimension; they may differ
+   *  between ranks (alltoallv). NULL (the default): n / size rows to every rank (size must divide
+   *  n). */
+  const int64_t* splits;
+  int nsplits;
+} concord_alltoall_opts_t;
+
+CONCORD_API void concord_reducescatter_opts_init(concord_reducescatter_opts_t* opts);
+CONCORD_API void concord_alltoall_opts_init(concord_alltoall_opts_t* opts);
+
+/**
+ * Reduce-scatter along the first dimension: every rank's input is reduced (opts->op; NULL opts:
+ * sum, even split) and rank r receives rows [sum of splits before r, + splits[r]) of the result in
+ * output, whose shape must be [splits[r], the input's other dimensions] with the input's dtype
+ * (output->data may be NULL when that is empty). Input and output must not overlap. Every rank
+ * must give the same dtype, shape, op, scales and splits, else every rank fails with MISMATCH
+ * naming the field. Bad splits (wrong count, negative, not summing to the first dimension), a
+ * scalar input or a wrong output shape are INVALID_ARGUMENT at enqueue.
+ */
+CONCORD_API concord_status_t concord_reducescatter_async(
+    concord_comm_t comm, const char* name, const concord_tensor_t* input,
+    const concord_tensor_t* output, const concord_reducescatter_opts_t* opts,
+    concord_callback_t callback, void* user_data, concord_request_t* request);
+CONCORD_API concord_status_t concord_reducescatter(concord_comm_t comm, const char* name,
+                                                   const concord_tensor_t* input,
+                                                   const concord_tensor_t* output,
+                                                   const concord_reducescatter_opts_t* opts);
+/**
+ * All-to-all along the first dimension: this rank sends opts->splits[d] rows of its input to rank
+ * d (NULL opts: the even split) and receives, in rank order, what every rank sends it. The
+ * receive counts are exchanged during negotiation: concord_request_received_splits returns them,
+ * concord_request_output the result (its first dimension is their sum). The other dimensions and
+ * the dtype must agree on every rank (else MISMATCH). output: a buffer of output_capacity bytes,
+ * or NULL to let the request own the result; a result larger than output_capacity fails this
+ * rank's request with INVALID_ARGUMENT (it still takes part, so the others complete).
+ */
+CONCORD_API concord_status_t concord_alltoall_async(concord_comm_t comm, const char* name,
+                                                    const concord_tensor_t* input, void* output,
+                                                    size_t output_capacity,
+                                                    const concord_alltoall_opts_t* opts,
+                                                    concord_callback_t callback, void* user_data,
+                                                    concord_request_t* request);
+/** Blocking all-to-all into output (not NULL: nothing would hold the result); received_splits,
+ *  when not NULL, receives nreceived (the number of ranks) row counts, one from each rank. */
+CONCORD_API concord_status_t concord_alltoall(concord_comm_t comm, const char* name,
+                                              const concord_tensor_t* input, void* output,
+                                              size_t output_capacity,
+                                              const concord_alltoall_opts_t* opts,
+                                              int64_t* received_splits, int nreceived);
+/** The rows a finished all-to-all received from each rank: n must be the number of ranks
+ *  (INVALID_ARGUMENT otherwise, or for another operation); IN_PROGRESS while it runs; its error
+ *  when it failed. */
+CONCORD_API concord_status_t concord_request_received_splits(concord_request_t request,
+                                                             int64_t* splits, int n);
+
 /**
  * This rank has run out of data (uneven epochs): until every rank has called concord_join, it
  * takes part in the operations the other ranks submit without a tensor of its own, as Horovod's
@@ -393,8 +468,8 @@ CONCORD_API concord_status_t concord_test(concord_request_t request);
  *  Valid until the next call of it on this request, or until the request is freed. */
 CONCORD_API const char* concord_request_error(concord_request_t request);
 /**
- * Result of an allgather: data (owned by the request when no output buffer was given), its size
- * in bytes and its first dimension. Any out-pointer may be NULL.
+ * Result of an allgather or alltoall: data (owned by the request when no output buffer was
+ * given), its size in bytes and its first dimension. Any out-pointer may be NULL.
  */
 CONCORD_API concord_status_t concord_request_output(concord_request_t request, void** data,
                                                     size_t* bytes, int64_t* first_dim);

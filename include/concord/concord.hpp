@@ -212,6 +212,14 @@ class Future {
     const auto* p = static_cast<const uint8_t*>(data);
     return std::vector<uint8_t>(p, p + bytes);
   }
+  /// An alltoall's received splits (after waiting): the rows from each of the `ranks` ranks.
+  std::vector<int64_t> received_splits(int ranks) {
+    wait();
+    std::vector<int64_t> splits(static_cast<size_t>(ranks > 0 ? ranks : 0));
+    detail::Check(concord_request_received_splits(request_, splits.data(), ranks),
+                  concord_request_error(request_));
+    return splits;
+  }
   /// Bytes this rank put on the wire (after waiting): see concord_request_wire_bytes.
   uint64_t wire_bytes() {
     wait();
@@ -345,6 +353,51 @@ class Communicator {
   }
 
   void barrier() { detail::Check(concord_barrier(comm_), concord_comm_last_error(comm_)); }
+
+  /// Reduce-scatter along the first dimension into `out` ([recv_splits[rank], in's other dims];
+  /// CPU tensors). Empty recv_splits: the even split (the first n % size ranks get one more row);
+  /// otherwise one count per rank, the same on every rank.
+  Future reducescatter_async(const std::string& name, const TensorView& in, const TensorView& out,
+                             ReduceOp op = ReduceOp::kSum,
+                             const std::vector<int64_t>& recv_splits = {}, double prescale = 1.0,
+                             double postscale = 1.0, Callback callback = nullptr) {
+    concord_reducescatter_opts_t o;
+    concord_reducescatter_opts_init(&o);
+    o.op = static_cast<concord_reduce_op_t>(op);
+    o.prescale = prescale;
+    o.postscale = postscale;
+    if (!recv_splits.empty()) {
+      o.recv_splits = recv_splits.data();
+      o.nsplits = static_cast<int>(recv_splits.size());
+    }
+    const concord_tensor_t ct = in.c_tensor();
+    const concord_tensor_t co = out.c_tensor();
+    return Enqueue(std::move(callback), [&](concord_callback_t cb, void* ud, concord_request_t* r) {
+      return concord_reducescatter_async(comm_, name.c_str(), &ct, &co, &o, cb, ud, r);
+    });
+  }
+  void reducescatter(const std::string& name, const TensorView& in, const TensorView& out,
+                     ReduceOp op = ReduceOp::kSum, const std::vector<int64_t>& recv_splits = {}) {
+    reducescatter_async(name, in, out, op, recv_splits).wait();
+  }
+
+  /// All-to-all along the first dimension: splits[d] rows to rank d (empty: the even split). With
+  /// out == nullptr the Future owns the result (Future::output); Future::received_splits tells
+  /// how many rows came from each rank.
+  Future alltoall_async(const std::string& name, const TensorView& in,
+                        const std::vector<int64_t>& splits = {}, void* out = nullptr,
+                        size_t out_capacity = 0, Callback callback = nullptr) {
+    concord_alltoall_opts_t o;
+    concord_alltoall_opts_init(&o);
+    if (!splits.empty()) {
+      o.splits = splits.data();
+      o.nsplits = static_cast<int>(splits.size());
+    }
+    const concord_tensor_t ct = in.c_tensor();
+    return Enqueue(std::move(callback), [&](concord_callback_t cb, void* ud, concord_request_t* r) {
+      return concord_alltoall_async(comm_, name.c_str(), &ct, out, out_capacity, &o, cb, ud, r);
+    });
+  }
 
   /// Ends this rank's training step (see concord_end_step): a tensor a rank skips in a step then
   /// fails with a mismatch instead of being reduced with another step's.

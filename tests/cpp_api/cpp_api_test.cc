@@ -109,6 +109,36 @@ TEST(CppApiTest, AllgatherOwnedOutputWithDifferentFirstDims) {
   });
 }
 
+TEST(CppApiTest, ReducescatterAndAlltoallWithReceivedSplits) {
+  RunRanks(3, [](concord::Communicator& comm) {
+    const int r = comm.rank();
+    // Reduce-scatter of 7 rows of 2 (even split: 3, 2, 2 rows), then all rows to rank 2.
+    std::vector<float> in(14, static_cast<float>(r + 1));
+    const int64_t mine = r == 0 ? 3 : 2;
+    std::vector<float> out(mine * 2, 0.0f);
+    comm.reducescatter("rs", concord::TensorView(in.data(), concord::DataType::kFloat32, {7, 2}),
+                       concord::TensorView(out.data(), concord::DataType::kFloat32, {mine, 2}));
+    for (float x : out) ASSERT_EQ(x, 6.0f);
+    std::vector<float> all(r == 2 ? 14 : 0, 0.0f);
+    comm.reducescatter(
+        "rs.last", concord::TensorView(in.data(), concord::DataType::kFloat32, {7, 2}),
+        concord::TensorView(all.data(), concord::DataType::kFloat32, {r == 2 ? 7 : 0, 2}),
+        concord::ReduceOp::kMax, {0, 0, 7});
+    for (float x : all) ASSERT_EQ(x, 3.0f);
+    // Alltoall: rank r sends d + 1 rows of value r * 10 + d to rank d.
+    std::vector<int32_t> send;
+    for (int d = 0; d < 3; ++d) send.insert(send.end(), d + 1, r * 10 + d);
+    concord::Future f = comm.alltoall_async(
+        "a2a", concord::TensorView(send.data(), concord::DataType::kInt32, {6}), {1, 2, 3});
+    int64_t first = 0;
+    const std::vector<uint8_t> bytes = f.output(&first);
+    ASSERT_EQ(first, 3 * (r + 1));
+    EXPECT_EQ(f.received_splits(3), (std::vector<int64_t>{r + 1, r + 1, r + 1}));
+    const auto* v = reinterpret_cast<const int32_t*>(bytes.data());
+    for (int64_t i = 0; i < first; ++i) ASSERT_EQ(v[i], (i / (r + 1)) * 10 + r);
+  });
+}
+
 TEST(CppApiTest, BroadcastAndBarrier) {
   RunRanks(3, [](concord::Communicator& comm) {
     for (int root = 0; root < 3; ++root) {

@@ -291,6 +291,38 @@ void Collective(Program& p, int which) {
     s = blocking ? concord_broadcast(g->comm, name, &input.t, nullptr, root)
                  : concord_broadcast_async_ex(g->comm, name, &input.t, nullptr, root, DeviceOpts(p),
                                               callback, &callbacks, out);
+  } else if (which == 4 || which == 5) {
+    // Splits of any count and value (NULL: the even split), outputs of any size.
+    static const int64_t kSplits[] = {0, 1, 7, -1, INT64_MAX, 4099};
+    const int nsplits = in.U8() % 4;
+    std::vector<int64_t> splits(static_cast<size_t>(nsplits) + 1);
+    for (int64_t& c : splits) c = in.Pick(kSplits);
+    const int64_t* sp = (in.U8() & 1) ? nullptr : splits.data();
+    if (which == 4) {
+      Tensor output;
+      MakeTensor(in, p.buffers, &output, &input);
+      concord_reducescatter_opts_t o;
+      concord_reducescatter_opts_init(&o);
+      o.op = static_cast<concord_reduce_op_t>(in.U8() % 7);
+      o.recv_splits = sp;
+      o.nsplits = nsplits;
+      s = blocking ? concord_reducescatter(g->comm, name, &input.t, &output.t, &o)
+                   : concord_reducescatter_async(g->comm, name, &input.t, &output.t, &o, callback,
+                                                 &callbacks, out);
+    } else {
+      static const size_t kCapacities[] = {0, 1, 8, 1024, kMaxBytes};
+      const size_t capacity = in.Pick(kCapacities) % (kMaxBytes + 1);
+      void* output = (in.U8() & 1) ? nullptr : p.buffers.Get(capacity);
+      concord_alltoall_opts_t o;
+      concord_alltoall_opts_init(&o);
+      o.splits = sp;
+      o.nsplits = nsplits;
+      int64_t received[4] = {0, 0, 0, 0};
+      s = blocking ? concord_alltoall(g->comm, name, &input.t, output, capacity, &o, received,
+                                      in.U8() % 3)
+                   : concord_alltoall_async(g->comm, name, &input.t, output, capacity, &o, callback,
+                                            &callbacks, out);
+    }
   } else {
     s = blocking ? concord_barrier(g->comm)
                  : concord_barrier_async(g->comm, callback, &callbacks, out);
@@ -327,6 +359,8 @@ void RequestCalls(Program& p) {
                                (how & 8) ? &first_dim : nullptr));
   uint64_t wire = 0;
   Valid(concord_request_wire_bytes(r, (how & 16) ? &wire : nullptr));
+  int64_t received[4] = {0, 0, 0, 0};
+  Valid(concord_request_received_splits(r, (how & 32) ? received : nullptr, (how >> 6) % 4));
   // Any non-NULL stream: a CPU request must be refused before it is used.
   Valid(concord_request_wait_stream(r, (how & 32) ? &wire : nullptr, 0.0));
   if (r != nullptr && (how & 64)) {  // detached: it frees itself when done
@@ -472,7 +506,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         Collective(p, 2);
         break;
       case 4:
-        Collective(p, 3);
+        Collective(p, 3 + p.in.U8() % 3);  // a barrier, a reducescatter or an alltoall
         break;
       case 5: {
         const concord_status_t s = Valid(concord_group_start(g->comm));

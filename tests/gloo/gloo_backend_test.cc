@@ -170,6 +170,65 @@ TEST(GlooBackendTest, AllgathervDifferingAndZeroSizes) {
   }
 }
 
+// Uneven blocks, one empty, every dtype and op: small (an allreduce underneath) and large (the
+// ring, with one block longer than its 256 KiB segments).
+TEST(GlooBackendTest, ReduceScatterUnevenBlocks) {
+  for (int size = 1; size <= 4; ++size) {
+    RunRanks(size, "auto", [&](Backend& backend) {
+      const int rank = backend.rank();
+      for (DType dtype : kAllDTypes) {
+        for (ReduceOp op : kAllReduceOps) {
+          for (const bool large : {false, true}) {
+            std::vector<size_t> counts(size);
+            for (int k = 0; k < size; ++k) counts[k] = k == 1 ? 0 : 7 * k + 3;
+            if (large) counts[size - 1] = (size_t{300} << 10) / DTypeSize(dtype) + 1;
+            const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+            size_t first = 0;
+            for (int k = 0; k < rank; ++k) first += counts[k];
+            std::vector<unsigned char> in(total * DTypeSize(dtype));
+            for (size_t i = 0; i < total; ++i) {
+              StoreElement(dtype, in.data(), i, Input(dtype, op, rank, i));
+            }
+            std::vector<unsigned char> out((counts[rank] + 1) * DTypeSize(dtype), 0xee);
+            const Status status = backend.ReduceScatter(in.data(), out.data(), counts, dtype, op);
+            ASSERT_TRUE(status.ok()) << status.ToString();
+            for (size_t i = 0; i < counts[rank]; ++i) {
+              ASSERT_EQ(LoadElement(dtype, out.data(), i), Expected(dtype, op, size, first + i))
+                  << size << " ranks, " << DTypeName(dtype) << " " << ReduceOpName(op) << " [" << i
+                  << "]";
+            }
+            ASSERT_EQ(out[counts[rank] * DTypeSize(dtype)], 0xee) << "wrote past the output";
+          }
+        }
+      }
+    });
+  }
+}
+
+// Rank s sends (s + 2d) % 4 * 1000 + d bytes to rank d (some 0 on 1 rank: d = 0, s = 0).
+TEST(GlooBackendTest, AlltoallvDifferingSizes) {
+  for (int size = 1; size <= 4; ++size) {
+    RunRanks(size, "auto", [&](Backend& backend) {
+      const int rank = backend.rank();
+      auto bytes = [](int s, int d) { return static_cast<size_t>((s + 2 * d) % 4 * 1000 + d); };
+      auto byte = [](int s, int d, size_t i) { return static_cast<unsigned char>(s * 50 + d + i); };
+      std::vector<size_t> send(size), recv(size);
+      std::vector<unsigned char> in, want;
+      for (int d = 0; d < size; ++d) {
+        send[d] = bytes(rank, d);
+        for (size_t i = 0; i < send[d]; ++i) in.push_back(byte(rank, d, i));
+        recv[d] = bytes(d, rank);
+        for (size_t i = 0; i < recv[d]; ++i) want.push_back(byte(d, rank, i));
+      }
+      std::vector<unsigned char> out(want.size() + 1, 0xee);
+      const Status status = backend.Alltoallv(in.data(), send, out.data(), recv);
+      ASSERT_TRUE(status.ok()) << status.ToString();
+      EXPECT_EQ(std::vector<unsigned char>(out.begin(), out.end() - 1), want);
+      EXPECT_EQ(out.back(), 0xee);
+    });
+  }
+}
+
 TEST(GlooBackendTest, BroadcastFromEveryRoot) {
   for (int size = 1; size <= 4; ++size) {
     RunRanks(size, "auto", [&](Backend& backend) {

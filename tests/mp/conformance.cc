@@ -6,7 +6,8 @@
 // Every op (allreduce sum/average/min/max/product, in place and out of place, with
 // prescale/postscale on floating types; allgather with first dimensions differing by rank, into
 // a caller buffer and into library-owned output, with size-0 contributions; broadcast from every
-// root, in place and out of place; barrier) x every dtype x sizes {0, 1, 7, 4099, 1<<20}, blocking
+// root, in place and out of place; barrier; reducescatter and alltoall, with their error cases,
+// in conformance_exchange.cc) x every dtype x sizes {0, 1, 7, 4099, 1<<20}, blocking
 // and asynchronous (wait, test-polling, callbacks), grouped submission, several steps (so the
 // response cache serves the repeated names). Each result is checked against a value computed
 // here. Inputs are small integers, so results are exact (half types get a tolerance where the
@@ -19,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "conformance_exchange.h"
 #include "mp_common.h"
 #include "tests/common/check.h"
 #include "tests/common/tensors.h"
@@ -509,8 +511,9 @@ bool Has(const std::string& list, const char* item) {
 int Run(int argc, char** argv) {
   int64_t min_size = 0, max_size = int64_t{1} << 20;
   int steps = 3;
-  std::string ops = "ar,bc,ag,grp";  // which families to run (for narrowing down a failure)
-  bool split = false;                // run on sub-communicators of the job (concord_comm_split)
+  // Which families to run (for narrowing down a failure); x: reducescatter and alltoall.
+  std::string ops = "ar,bc,ag,grp,x";
+  bool split = false;  // run on sub-communicators of the job (concord_comm_split)
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--min-size" && i + 1 < argc) {
@@ -525,7 +528,7 @@ int Run(int argc, char** argv) {
       split = true;
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--min-size N] [--max-size N] [--steps S] [--ops ar,bc,ag,grp] "
+                   "usage: %s [--min-size N] [--max-size N] [--steps S] [--ops ar,bc,ag,grp,x] "
                    "[--split]\n",
                    argv[0]);
       return 2;
@@ -560,6 +563,7 @@ int Run(int argc, char** argv) {
   CheckSetContext("rank %d", g_rank);
   Runner run;
   run.comm = comm;
+  mp_exchange::Counts exchange;
   const int64_t kSizes[] = {0, 1, 7, 4099, int64_t{1} << 20};
   for (int step = 0; step < steps; ++step) {
     for (int64_t n : kSizes) {
@@ -580,7 +584,9 @@ int Run(int argc, char** argv) {
       }
       BarrierCase(run, false);
       run.Flush();
+      if (Has(ops, "x")) mp_exchange::RunCases(comm, g_rank, g_size, n, step, large, &exchange);
     }
+    if (Has(ops, "x") && step == 0) mp_exchange::RunErrorCases(comm, g_rank, g_size, &exchange);
     if (Has(ops, "grp")) GroupCases(run, step);
     BarrierCase(run, true);
     run.Flush();
@@ -596,12 +602,15 @@ int Run(int argc, char** argv) {
     s = concord_finalize(parent);
     if (s != CONCORD_SUCCESS) FAILF("finalize the parent: %s", concord_status_string(s));
   }
+  g_cases += exchange.cases;
+  g_checks += exchange.checks;
+  const int failures = CheckFailures() + exchange.failures;
   std::printf(
       "conformance: rank %d of %d: %ld cases, %ld checks, %ld async callbacks, %d failures, "
       "%.2f s: %s\n",
-      g_rank, g_size, g_cases, g_checks, g_callbacks.load(), CheckFailures(), mp::Now() - t0,
-      CheckFailures() == 0 ? "PASS" : "FAIL");
-  return CheckFailures() == 0 ? 0 : 1;
+      g_rank, g_size, g_cases, g_checks, g_callbacks.load(), failures, mp::Now() - t0,
+      failures == 0 ? "PASS" : "FAIL");
+  return failures == 0 ? 0 : 1;
 }
 
 }  // namespace

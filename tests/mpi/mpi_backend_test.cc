@@ -121,6 +121,54 @@ TEST(MpiBackendTest, AllgathervDifferentCountsInAndOutOfPlace) {
   }
 }
 
+// Reduce-scatter with uneven counts (rank k's block: 3k + 1 elements) and an alltoallv where
+// rank s sends (s + 2d) % 4 * 5 + 1 bytes to rank d: in one call each, and with every call
+// limited to 16 bytes (the per-root reduces and the pieced datatypes taken past MPI's int).
+TEST(MpiBackendTest, ReduceScatterAndAlltoallvInOneCallAndInPieces) {
+  for (size_t max_bytes : {kMpiMaxMessageBytes, size_t{16}}) {
+    auto b = MakeBackend(max_bytes);
+    ASSERT_NE(b, nullptr);
+    const int size = b->size(), rank = b->rank();
+    std::vector<size_t> counts(size);
+    size_t total = 0, first = 0;
+    for (int k = 0; k < size; ++k) {
+      counts[k] = 3 * k + 1;
+      if (k < rank) first += counts[k];
+      total += counts[k];
+    }
+    for (int t = 0; t < kNumDTypes; ++t) {
+      for (int o = 0; o < kNumReduceOps; ++o) {
+        const auto dtype = static_cast<DType>(t);
+        const auto op = static_cast<ReduceOp>(o);
+        std::vector<uint8_t> in(total * DTypeSize(dtype)), out(counts[rank] * DTypeSize(dtype));
+        for (size_t i = 0; i < total; ++i) StoreElement(dtype, in.data(), i, Value(rank, i));
+        const Status s = b->ReduceScatter(in.data(), out.data(), counts, dtype, op);
+        ASSERT_TRUE(s.ok()) << s.ToString();
+        for (size_t i = 0; i < counts[rank]; ++i) {
+          const double want = ReduceOverRanks(op, size, [&](int r) { return Value(r, first + i); });
+          ASSERT_EQ(LoadElement(dtype, out.data(), i), want)
+              << DTypeName(dtype) << " " << ReduceOpName(op) << " max " << max_bytes;
+        }
+      }
+    }
+    auto bytes = [](int from, int to) { return static_cast<size_t>((from + 2 * to) % 4 * 5 + 1); };
+    auto byte = [](int from, int to, size_t i) { return static_cast<uint8_t>(from * 50 + to + i); };
+    std::vector<size_t> send(size), recv(size);
+    std::vector<uint8_t> in, want;
+    for (int d = 0; d < size; ++d) {
+      send[d] = bytes(rank, d);
+      for (size_t i = 0; i < send[d]; ++i) in.push_back(byte(rank, d, i));
+      recv[d] = bytes(d, rank);
+      for (size_t i = 0; i < recv[d]; ++i) want.push_back(byte(d, rank, i));
+    }
+    std::vector<uint8_t> out(want.size() + 1, 0xEE);
+    const Status s = b->Alltoallv(in.data(), send, out.data(), recv);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_EQ(std::vector<uint8_t>(out.begin(), out.end() - 1), want) << "max " << max_bytes;
+    EXPECT_EQ(out.back(), 0xEE);
+  }
+}
+
 TEST(MpiBackendTest, BroadcastFromEveryRoot) {
   for (size_t max_bytes : {kMpiMaxMessageBytes, size_t{64}}) {
     auto b = MakeBackend(max_bytes);

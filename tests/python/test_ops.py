@@ -1,7 +1,8 @@
 """Every operation and dtype through numpy and torch against expected values, at 1 to 4 ranks:
 allreduce (each reduce op, prescale and postscale, in place and out of place, async with poll and
 callback), allgather (first dimensions differing between ranks; request-owned and caller-owned
-output), broadcast from every root, barrier, groups. Sizes 0, 1, 7, 4099 and 1 Mi elements."""
+output), broadcast from every root, barrier, groups, reducescatter (even and given splits) and
+alltoall (uneven splits, received splits). Sizes 0, 1, 7, 4099 and 1 Mi elements."""
 import threading
 
 import numpy as np
@@ -184,6 +185,49 @@ def test_allgather_differing_first_dims(comm, frame):
             buf = frame.make(np.zeros((expected.shape[0] + 2, cols)), dtype)
             got = comm.allgather(x, name="ag.out.%s.%s.%d" % (frame.kind, dtype, cols), out=buf)
             np.testing.assert_array_equal(frame.read(got), expected)
+
+
+def test_reducescatter_even_and_given_splits(comm, frame):
+    for dtype in dtypes_of(frame):
+        for n in (0, 1, 7):
+            for op in ("sum", "max"):
+                x = frame.make(np.stack([rank_values(n, comm.rank, op)] * 2, axis=1), dtype)
+                full = np.stack([expected_allreduce(n, comm.size, op, dtype)] * 2, axis=1)
+                even = [n // comm.size + (1 if r < n % comm.size else 0) for r in range(comm.size)]
+                first = sum(even[:comm.rank])
+                got = comm.reducescatter(x, op=op, name="rs.%s.%s.%d.%s" % (frame.kind, dtype,
+                                                                             n, op))
+                assert tuple(got.shape) == (even[comm.rank], 2)
+                np.testing.assert_array_equal(frame.read(got),
+                                              full[first:first + even[comm.rank]])
+        # Every row to the last rank, given as splits.
+        splits = [0] * (comm.size - 1) + [5]
+        x = frame.make(np.ones((5, 1)) * (comm.rank + 1), dtype)
+        got = comm.reducescatter(x, recv_splits=splits, name="rs.last.%s.%s" % (frame.kind, dtype))
+        want = sum(range(1, comm.size + 1)) if comm.rank == comm.size - 1 else None
+        assert got.shape[0] == splits[comm.rank]
+        if want is not None:
+            np.testing.assert_array_equal(frame.read(got), np.full((5, 1), want))
+
+
+def test_alltoall_uneven_splits(comm, frame):
+    # Rank s sends (s + d) % 3 rows of [s, d] to rank d.
+    for dtype in dtypes_of(frame):
+        splits = [(comm.rank + d) % 3 for d in range(comm.size)]
+        rows = [[comm.rank, d] for d in range(comm.size) for _ in range(splits[d])]
+        x = frame.make(np.array(rows, dtype=np.float64).reshape(-1, 2), dtype)
+        got, received = comm.alltoall(x, splits=splits, name="a2a.%s.%s" % (frame.kind, dtype))
+        assert received == [(s + comm.rank) % 3 for s in range(comm.size)]
+        want = [[s, comm.rank] for s in range(comm.size) for _ in range(received[s])]
+        np.testing.assert_array_equal(frame.read(got), np.array(want).reshape(-1, 2))
+        # The even split, into a caller's buffer larger than needed.
+        x = frame.make(np.arange(2 * comm.size) + 10 * comm.rank, dtype)
+        buf = frame.make(np.zeros(2 * comm.size + 3), dtype)
+        got, received = comm.alltoall(x, out=buf, name="a2a.even.%s.%s" % (frame.kind, dtype))
+        assert received == [2] * comm.size
+        want = np.concatenate([10 * s + np.arange(2 * comm.rank, 2 * comm.rank + 2)
+                               for s in range(comm.size)])
+        np.testing.assert_array_equal(frame.read(got), want)
 
 
 def test_broadcast_from_every_root(comm, frame):

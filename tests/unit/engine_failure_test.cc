@@ -50,6 +50,16 @@ class FailingBackend : public Backend {
     CONCORD_RETURN_IF_ERROR(Count("Barrier"));
     return inner_->Barrier();
   }
+  Status ReduceScatter(const void* in, void* out, const std::vector<size_t>& counts, DType dtype,
+                       ReduceOp op) override {
+    CONCORD_RETURN_IF_ERROR(Count("ReduceScatter"));
+    return inner_->ReduceScatter(in, out, counts, dtype, op);
+  }
+  Status Alltoallv(const void* in, const std::vector<size_t>& send, void* out,
+                   const std::vector<size_t>& recv) override {
+    CONCORD_RETURN_IF_ERROR(Count("Alltoallv"));
+    return inner_->Alltoallv(in, send, out, recv);
+  }
 
  private:
   Status Count(const char* what) {

@@ -86,7 +86,8 @@ class InProcBackend : public Backend {
   int size() const override { return world_->size_; }
 
   Status Allreduce(void* data, size_t count, DType dtype, ReduceOp op) override {
-    InProcWorld::Slot slot{kAllreduce, data, count * DTypeSize(dtype), count, dtype, op, 0};
+    InProcWorld::Slot slot{kAllreduce, data,   count * DTypeSize(dtype), count, dtype, op,
+                           0,          nullptr};
     std::vector<uint8_t> result(slot.bytes);
     return Collective(
         slot,
@@ -108,8 +109,8 @@ class InProcBackend : public Backend {
     }
     size_t total = 0;
     for (size_t b : bytes_per_rank) total += b;
-    InProcWorld::Slot slot{kAllgather,     in, bytes_per_rank[rank_], total, DType::kUint8,
-                           ReduceOp::kSum, 0};
+    InProcWorld::Slot slot{
+        kAllgather, in, bytes_per_rank[rank_], total, DType::kUint8, ReduceOp::kSum, 0, nullptr};
     std::vector<uint8_t> result(total);
     return Collective(
         slot,
@@ -126,7 +127,8 @@ class InProcBackend : public Backend {
   }
 
   Status Broadcast(void* data, size_t bytes, int root) override {
-    InProcWorld::Slot slot{kBroadcast, data, bytes, bytes, DType::kUint8, ReduceOp::kSum, root};
+    InProcWorld::Slot slot{kBroadcast,    data,           bytes, bytes,
+                           DType::kUint8, ReduceOp::kSum, root,  nullptr};
     std::vector<uint8_t> result(bytes);
     return Collective(
         slot,
@@ -139,13 +141,79 @@ class InProcBackend : public Backend {
   }
 
   Status Barrier() override {
-    InProcWorld::Slot slot{kBarrier, nullptr, 0, 0, DType::kUint8, ReduceOp::kSum, 0};
+    InProcWorld::Slot slot{kBarrier, nullptr, 0, 0, DType::kUint8, ReduceOp::kSum, 0, nullptr};
     return Collective(
         slot, [](const std::vector<InProcWorld::Slot>&) {}, [] {});
   }
 
+  Status ReduceScatter(const void* in, void* out, const std::vector<size_t>& counts, DType dtype,
+                       ReduceOp op) override {
+    if (counts.size() != static_cast<size_t>(world_->size_)) {
+      return InvalidArgument("reduce-scatter needs one count per rank");
+    }
+    size_t total = 0, offset = 0;
+    for (size_t r = 0; r < counts.size(); ++r) {
+      if (static_cast<int>(r) < rank_) offset += counts[r];
+      total += counts[r];
+    }
+    const size_t esize = DTypeSize(dtype);
+    InProcWorld::Slot slot{kReduceScatter, in, total * esize, total, dtype, op, 0, &counts};
+    std::vector<uint8_t> result(counts[rank_] * esize);
+    return Collective(
+        slot,
+        [&](const std::vector<InProcWorld::Slot>& all) {
+          if (result.empty()) return;
+          const size_t n = counts[rank_];
+          std::memcpy(result.data(), static_cast<const uint8_t*>(all[0].in) + offset * esize,
+                      n * esize);
+          for (size_t r = 1; r < all.size(); ++r) {
+            ReduceElements(result.data(), result.data(),
+                           static_cast<const uint8_t*>(all[r].in) + offset * esize, n, dtype, op);
+          }
+        },
+        [&] {
+          if (!result.empty()) std::memcpy(out, result.data(), result.size());
+        });
+  }
+
+  Status Alltoallv(const void* in, const std::vector<size_t>& send_bytes, void* out,
+                   const std::vector<size_t>& recv_bytes) override {
+    const auto n = static_cast<size_t>(world_->size_);
+    if (send_bytes.size() != n || recv_bytes.size() != n) {
+      return InvalidArgument("alltoallv needs one size per rank");
+    }
+    InProcWorld::Slot slot{kAlltoall, in, 0, 0, DType::kUint8, ReduceOp::kSum, 0, &send_bytes};
+    size_t total = 0;
+    for (size_t b : recv_bytes) total += b;
+    std::vector<uint8_t> result(total);
+    Status mismatch = Status::Ok();
+    Status s = Collective(
+        slot,
+        [&](const std::vector<InProcWorld::Slot>& all) {
+          size_t at = 0;
+          for (size_t src = 0; src < n; ++src) {
+            const std::vector<size_t>& theirs = *all[src].counts;
+            if (theirs[rank_] != recv_bytes[src]) {
+              mismatch = Status(Code::kBackendError, "alltoallv sizes disagree");
+              return;
+            }
+            size_t from = 0;
+            for (int d = 0; d < rank_; ++d) from += theirs[d];
+            if (recv_bytes[src] > 0) {
+              std::memcpy(result.data() + at, static_cast<const uint8_t*>(all[src].in) + from,
+                          recv_bytes[src]);
+            }
+            at += recv_bytes[src];
+          }
+        },
+        [&] {
+          if (total > 0) std::memcpy(out, result.data(), total);
+        });
+    return s.ok() ? mismatch : s;
+  }
+
  private:
-  enum Kind { kAllreduce, kAllgather, kBroadcast, kBarrier };
+  enum Kind { kAllreduce, kAllgather, kBroadcast, kBarrier, kReduceScatter, kAlltoall };
 
   // Deposits `slot`, waits for every rank, checks that all ranks called the same collective,
   // runs compute(all slots) (other ranks' inputs stay valid: they wait at the second rendezvous),
@@ -160,7 +228,8 @@ class InProcBackend : public Backend {
     const std::vector<InProcWorld::Slot> all = channel.slots;
     for (const auto& s : all) {
       if (s.kind != slot.kind || s.count != slot.count || s.dtype != slot.dtype ||
-          s.op != slot.op || s.root != slot.root) {
+          s.op != slot.op || s.root != slot.root ||
+          (slot.kind == kReduceScatter && *s.counts != *slot.counts)) {
         world_->broken_ = Status(Code::kBackendError, "ranks called different collectives");
         world_->cv_.notify_all();
         return world_->broken_;

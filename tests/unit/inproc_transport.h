@@ -57,6 +57,7 @@ class InProcWorld {
     DType dtype = DType::kUint8;
     ReduceOp op = ReduceOp::kSum;
     int root = 0;
+    const std::vector<size_t>* counts = nullptr;  // reduce-scatter's counts, alltoall's sends
   };
 
   // The first dead rank other than `self` that `self` can see (rank 0 sees every rank, the others

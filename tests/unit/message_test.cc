@@ -24,6 +24,7 @@ TensorRequest FullRequest(OpType op, DType dtype, ReduceOp reduce) {
   r.device = -1;
   r.group = "g#2";
   r.group_size = 2;
+  if (op == OpType::kReducescatter || op == OpType::kAlltoall) r.splits = {1, 0, 2};
   return r;
 }
 
@@ -31,6 +32,7 @@ TensorRequest FullRequest(OpType op, DType dtype, ReduceOp reduce) {
 void ExpectSameResponse(const Response& a, const Response& b) {
   EXPECT_EQ(a.request, b.request);
   EXPECT_EQ(a.first_dims, b.first_dims);
+  EXPECT_EQ(a.splits, b.splits);
   EXPECT_EQ(a.error, b.error);
   EXPECT_EQ(a.error_message, b.error_message);
   EXPECT_EQ(a.error_ranks, b.error_ranks);
@@ -96,6 +98,7 @@ TEST_P(RequestRoundTrip, EveryField) {
   ResponseItem item;
   item.response.request = m.requests[0];
   item.response.first_dims = {4, 0, 2};
+  if (op == OpType::kAlltoall) item.response.splits = {1, 0, 2, 0, 0, 0, 2, 1, 0};
   rm.items.push_back(item);
   auto rparsed = ParseResponseMessage(SerializeResponseMessage(rm));
   ASSERT_TRUE(rparsed.ok()) << rparsed.status().ToString();
@@ -107,7 +110,8 @@ TEST_P(RequestRoundTrip, EveryField) {
 INSTANTIATE_TEST_SUITE_P(
     AllEnums, RequestRoundTrip,
     ::testing::Combine(::testing::Values(OpType::kAllreduce, OpType::kAllgather, OpType::kBroadcast,
-                                         OpType::kBarrier),
+                                         OpType::kBarrier, OpType::kReducescatter,
+                                         OpType::kAlltoall),
                        ::testing::Values(DType::kUint8, DType::kInt8, DType::kInt32, DType::kInt64,
                                          DType::kFloat16, DType::kBFloat16, DType::kFloat32,
                                          DType::kFloat64),
@@ -320,6 +324,10 @@ TEST(MessageTest, InvalidEnumsAndNegativeValuesAreRejected) {
   negative_group.group = "g";
   negative_group.group_size = -2;
   ExpectRejected(OneRequest(negative_group, &op_at), "negative group size");
+  TensorRequest negative_split = r;
+  negative_split.op = OpType::kAlltoall;
+  negative_split.splits = {3, -1};
+  ExpectRejected(OneRequest(negative_split, &op_at), "negative split");
 
   // Response-only fields: status codes, flags and first dimensions.
   auto response_with = [](auto mutate) {
@@ -340,6 +348,10 @@ TEST(MessageTest, InvalidEnumsAndNegativeValuesAreRejected) {
                    m.items[0].response.first_dims = {1, -5};
                  }),
                  "negative first dim");
+  ExpectRejected(response_with([](ResponseMessage& m) {
+                   m.items[0].response.splits = {0, 1, -2, 0};
+                 }),
+                 "negative split in a response");
   std::string bad_abort = response_with([](ResponseMessage&) {});
   bad_abort[2] = 2;
   ExpectRejected(bad_abort, "abort flag");

@@ -71,6 +71,29 @@ class AllreduceOptsStruct(ctypes.Structure):
     ]
 
 
+class ReducescatterOptsStruct(ctypes.Structure):
+    """concord_reducescatter_opts_t, field for field."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("op", ctypes.c_int),
+        ("prescale", ctypes.c_double),
+        ("postscale", ctypes.c_double),
+        ("recv_splits", ctypes.POINTER(ctypes.c_int64)),
+        ("nsplits", ctypes.c_int),
+    ]
+
+
+class AlltoallOptsStruct(ctypes.Structure):
+    """concord_alltoall_opts_t, field for field."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("splits", ctypes.POINTER(ctypes.c_int64)),
+        ("nsplits", ctypes.c_int),
+    ]
+
+
 class StatsStruct(ctypes.Structure):
     """concord_stats_t, field for field."""
 
@@ -137,6 +160,16 @@ _SIGNATURES = [
       ctypes.POINTER(ctypes.c_int64)]),
     ("concord_request_wire_bytes", ctypes.c_int, [c_request_p, ctypes.POINTER(ctypes.c_uint64)]),
     ("concord_request_free", None, [c_request_p]),
+    ("concord_reducescatter_async", ctypes.c_int,
+     [c_comm_p, ctypes.c_char_p, ctypes.POINTER(TensorStruct), ctypes.POINTER(TensorStruct),
+      ctypes.POINTER(ReducescatterOptsStruct), CALLBACK, ctypes.c_void_p,
+      ctypes.POINTER(c_request_p)]),
+    ("concord_alltoall_async", ctypes.c_int,
+     [c_comm_p, ctypes.c_char_p, ctypes.POINTER(TensorStruct), ctypes.c_void_p, ctypes.c_size_t,
+      ctypes.POINTER(AlltoallOptsStruct), CALLBACK, ctypes.c_void_p,
+      ctypes.POINTER(c_request_p)]),
+    ("concord_request_received_splits", ctypes.c_int,
+     [c_request_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_int]),
 ]
 
 

@@ -428,6 +428,97 @@ class Communicator:
         """In-place blocking broadcast: tensor receives root's values and is returned."""
         return self.broadcast_async(tensor, root=root, out=tensor, **kwargs).wait()
 
+    def _splits(self, splits, what):
+        """A ctypes array of one count per rank (None: None, the even split)."""
+        if splits is None:
+            return None
+        counts = [int(c) for c in splits]
+        if len(counts) != self.size:
+            raise InvalidArgumentError(1, "%s: %d splits for %d ranks" %
+                                       (what, len(counts), self.size))
+        return (ctypes.c_int64 * max(len(counts), 1))(*counts)
+
+    def reducescatter_async(self, tensor, name=None, op="sum", prescale=1.0, postscale=1.0,
+                            recv_splits=None, out=None, callback=None):
+        """Reduces tensor over all ranks (op, prescale and postscale as in allreduce_async) and
+        gives this rank its rows of the result along the first dimension: recv_splits[rank] rows
+        (one count per rank, the same on every rank), or with recv_splits=None the even split
+        (n // size rows, the first n % size ranks one more). out=None: a new tensor of that shape.
+        Returns a Handle whose wait() gives out."""
+        handle = self._live()
+        src = tensors.describe(tensor, "reducescatter input")
+        if len(src.shape) == 0:
+            raise InvalidArgumentError(1, "reducescatter input must have at least one dimension")
+        counts = self._splits(recv_splits, "reducescatter")
+        n = src.shape[0]
+        rows = (counts[self.rank] if counts is not None else
+                n // self.size + (1 if self.rank < n % self.size else 0))
+        if out is None:
+            out = tensors.empty_like(tensor, rows)
+        dst = tensors.describe(out, "reducescatter output", writable=True)
+        opts = _lib.ReducescatterOptsStruct()
+        opts.struct_size = ctypes.sizeof(opts)
+        opts.op = _reduce_op(op)
+        opts.prescale = float(prescale)
+        opts.postscale = float(postscale)
+        if counts is not None:
+            opts.recv_splits = counts
+            opts.nsplits = self.size
+        return self._submit(
+            lambda fn, ud, req: lib().concord_reducescatter_async(
+                handle, self._name(name, "reducescatter"), ctypes.byref(src.struct),
+                ctypes.byref(dst.struct), ctypes.byref(opts), fn, ud, req),
+            callback, (src, dst, counts), lambda _: out)
+
+    def reducescatter(self, tensor, **kwargs):
+        """Blocking reducescatter_async(...).wait()."""
+        return self.reducescatter_async(tensor, **kwargs).wait()
+
+    def alltoall_async(self, tensor, splits=None, name=None, out=None, callback=None):
+        """Sends splits[d] rows (along the first dimension) of tensor to each rank d, in rank order
+        (None: the even split; the first dimension must divide by the number of ranks), and
+        receives what every rank sends this one, in rank order. The receive counts come from the
+        other ranks (they may differ per call, as a mixture of experts routes). wait() returns
+        (output, received_splits): out=None: a new tensor of the received rows; else out (at least
+        as large) cut to them; received_splits[s] rows came from rank s."""
+        handle = self._live()
+        src = tensors.describe(tensor, "alltoall input")
+        if len(src.shape) == 0:
+            raise InvalidArgumentError(1, "alltoall input must have at least one dimension")
+        counts = self._splits(splits, "alltoall")
+        dst = None if out is None else tensors.describe(out, "alltoall output", writable=True)
+        if dst is not None and dst.dtype != src.dtype:
+            raise InvalidArgumentError(1, "alltoall output dtype differs from the input's")
+        opts = _lib.AlltoallOptsStruct()
+        opts.struct_size = ctypes.sizeof(opts)
+        if counts is not None:
+            opts.splits = counts
+            opts.nsplits = self.size
+
+        def finish(request):
+            data, nbytes, first = ctypes.c_void_p(), ctypes.c_size_t(), ctypes.c_int64()
+            L = lib()
+            self._check(L.concord_request_output(request, ctypes.byref(data),
+                                                 ctypes.byref(nbytes), ctypes.byref(first)))
+            received = (ctypes.c_int64 * self.size)()
+            self._check(L.concord_request_received_splits(request, received, self.size))
+            if out is not None:
+                return out[:first.value], list(received)
+            result = tensors.empty_like(tensor, first.value)
+            tensors.copy_from_address(result, data.value, nbytes.value)
+            return result, list(received)
+
+        return self._submit(
+            lambda fn, ud, req: lib().concord_alltoall_async(
+                handle, self._name(name, "alltoall"), ctypes.byref(src.struct),
+                dst.ptr if dst else None, dst.nbytes if dst else 0, ctypes.byref(opts), fn, ud,
+                req),
+            callback, (src, dst, counts), finish)
+
+    def alltoall(self, tensor, splits=None, **kwargs):
+        """Blocking alltoall_async(...).wait(): (output, received_splits)."""
+        return self.alltoall_async(tensor, splits=splits, **kwargs).wait()
+
     def barrier_async(self, callback=None):
         handle = self._live()
         return self._submit(

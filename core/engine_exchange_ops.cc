@@ -1,0 +1,89 @@
+// The engine's CPU reduce-scatter and all-to-all, each run on one lane (its backend and buffers)
+// by the stepping thread or that lane's worker, like the operations of engine_host_ops.cc: each
+// completes its entry with Finish() and returns OK, or returns a backend error and completes
+// nothing (Execute() completes every entry still held).
+//
+// Both split the first dimension by the request's splits (rows; NormalizeSplits filled the even
+// split at enqueue). A reducescatter's splits are the same on every rank (negotiated): rank r
+// receives rows [sum(splits[0..r)), +splits[r]) of the reduction. An alltoall's are each rank's
+// own: the response carries them all (Response::splits), so each rank knows what it receives from
+// every rank, and reports it (RequestState::Output::splits).
+#include <cstring>
+
+#include "core/engine.h"
+
+namespace concord {
+
+Status Engine::RunReducescatter(Lane& lane, const Response& r, std::optional<QueueEntry>& entry) {
+  QueueEntry& e = *entry;
+  const TensorRequest& q = r.request;
+  const size_t row = RowBytes(q) / DTypeSize(q.dtype);  // elements per row
+  std::vector<size_t> counts(config_.size);
+  for (int rk = 0; rk < config_.size; ++rk) counts[rk] = static_cast<size_t>(q.splits[rk]) * row;
+  const size_t total = static_cast<size_t>(q.NumElements());
+  const void* in = e.input;
+  if (q.prescale != 1.0 && total > 0) {
+    uint8_t* scaled = lane.fusion.Get(q.NumBytes(), fusion_.threshold);
+    CopyScaled(scaled, e.input, total, q.dtype, q.prescale);
+    in = scaled;
+  }
+  CONCORD_RETURN_IF_ERROR(lane.backend->ReduceScatter(in, e.output, counts, q.dtype, q.reduce_op));
+  FinishAllreduce(q, r.Contributors(config_.size), e.output, counts[config_.rank]);
+  // A ring reduce-scatter: each rank sends (n - 1) / n of the input.
+  if (config_.size > 1) e.state->AddWireBytes(q.NumBytes() * (config_.size - 1) / config_.size);
+  Finish(entry, Status::Ok());
+  return Status::Ok();
+}
+
+Status Engine::RunAlltoall(Lane& lane, const Response& r, std::optional<QueueEntry>& entry) {
+  QueueEntry& e = *entry;
+  const TensorRequest& q = r.request;
+  const auto n = static_cast<size_t>(config_.size);
+  const auto me = static_cast<size_t>(config_.rank);
+  if (r.first_dims.size() != n || r.splits.size() != n * n) {
+    return ProtocolError("alltoall response for tensor '" + q.name + "' has " +
+                         std::to_string(r.splits.size()) + " splits for " + std::to_string(n) +
+                         " ranks");
+  }
+  const size_t row = RowBytes(q);
+  constexpr size_t kMaxBytes = static_cast<size_t>(kMaxTensorSize);
+  std::vector<size_t> send(n), recv(n);
+  std::vector<int64_t> received(n);
+  size_t total = 0, sent = 0;
+  int64_t rows = 0;
+  for (size_t rk = 0; rk < n; ++rk) {
+    send[rk] = static_cast<size_t>(e.request.splits[rk]) * row;  // checked at enqueue
+    if (rk != me) sent += send[rk];
+    received[rk] = r.splits[rk * n + me];
+    if (__builtin_mul_overflow(static_cast<size_t>(received[rk]), row, &recv[rk]) ||
+        recv[rk] > kMaxBytes || (total += recv[rk]) > kMaxBytes) {
+      return ProtocolError("alltoall response for tensor '" + q.name + "' is too large");
+    }
+    rows += received[rk];
+  }
+  RequestState::Output& out = e.state->output();
+  void* dst = e.output;
+  Status local = Status::Ok();  // this rank's own error, reported after taking part
+  if (dst == nullptr) {
+    out.owned.resize(total);
+    dst = out.owned.data();
+  } else if (total > e.output_capacity) {
+    // Still take part (the other ranks are already in the collective), into scratch memory.
+    local =
+        InvalidArgument("tensor '" + q.name + "': alltoall result needs " + std::to_string(total) +
+                        " bytes, the output buffer has " + std::to_string(e.output_capacity));
+    dst = lane.fusion.Get(total, fusion_.threshold);
+  }
+  CONCORD_RETURN_IF_ERROR(lane.backend->Alltoallv(e.input, send, dst, recv));
+  e.state->AddWireBytes(sent);
+  if (local.ok()) {
+    out.data = dst;
+    out.bytes = total;
+    out.first_dim = rows;
+    out.splits = std::move(received);
+  }
+  Finish(entry, local);
+  return Status::Ok();
+}
+
+}  // namespace concord

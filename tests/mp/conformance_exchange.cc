@@ -1,0 +1,481 @@
+#include "conformance_exchange.h"
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "mp_common.h"
+#include "tests/common/check.h"
+#include "tests/common/tensors.h"
+
+namespace mp_exchange {
+namespace {
+
+using concord::harness::IsFloat;
+using concord::harness::LoadElement;
+using concord::harness::StoreElement;
+
+const concord_dtype_t kDTypes[] = {CONCORD_UINT8,   CONCORD_INT8,    CONCORD_INT32,
+                                   CONCORD_INT64,   CONCORD_FLOAT16, CONCORD_BFLOAT16,
+                                   CONCORD_FLOAT32, CONCORD_FLOAT64};
+const concord_reduce_op_t kOps[] = {CONCORD_SUM, CONCORD_AVERAGE, CONCORD_MIN, CONCORD_MAX,
+                                    CONCORD_PRODUCT};
+
+// Rank r's input at element i: a small integer, exact in every dtype, whose reduction over four
+// ranks is exact too (the values conformance.cc uses for the same ops).
+double Val(concord_reduce_op_t op, bool reduce, concord_dtype_t t, int r, int64_t i, int step,
+           int salt) {
+  const int64_t h = (i * 7 + r * 3 + step * 5 + salt * 11) & 0x7fffffff;
+  const bool s = mp::IsSigned(t);
+  if (!reduce) return s ? static_cast<double>(h % 101) - 50 : static_cast<double>(h % 101);
+  if (op == CONCORD_MIN || op == CONCORD_MAX) {
+    return s ? static_cast<double>(h % 9) - 4 : static_cast<double>(h % 9);
+  }
+  if (op == CONCORD_PRODUCT) return s ? (h % 3 == 0 ? -1.0 : h % 3 == 1 ? 1.0 : 2.0) : 1.0 + h % 2;
+  return s ? static_cast<double>(h % 5) - 2 : static_cast<double>(h % 5);
+}
+
+enum Mode { kWait = 0, kCallback = 1, kBlocking = 2 };
+
+std::atomic<long> g_callbacks{0};
+long g_callback_submitted = 0;
+void Callback(concord_request_t, concord_status_t, void*) {
+  g_callbacks.fetch_add(1);
+}
+
+struct Case {
+  std::string name;
+  bool alltoall = false;
+  concord_dtype_t dt = CONCORD_FLOAT32;
+  concord_reduce_op_t op = CONCORD_SUM;
+  double pre = 1, post = 1;
+  int step = 0, salt = 0;
+  Mode mode = kWait;
+  int64_t cols = 1;
+  int ndim = 1;
+  // reducescatter: the splits every rank gives (empty: the even split); alltoall: rows[s][d],
+  // what rank s sends to rank d (sent as explicit splits unless `even`).
+  std::vector<int64_t> splits;
+  std::vector<std::vector<int64_t>> rows;
+  bool even = false;
+  bool owned = false;
+  int64_t in_shape[2] = {0, 0}, out_shape[2] = {0, 0};
+  std::vector<unsigned char> in, out;
+  std::vector<int64_t> received;  // blocking alltoall's received splits
+  concord_request_t req = nullptr;
+  bool submitted = false;
+};
+
+std::vector<int64_t> EvenSplit(int64_t n, int size) {
+  std::vector<int64_t> s(size);
+  for (int k = 0; k < size; ++k) s[k] = n / size + (k < n % size ? 1 : 0);
+  return s;
+}
+
+void Submit(concord_comm_t comm, Case& c, int rank, int size, Counts* counts) {
+  ++counts->cases;
+  const bool async = c.mode != kBlocking;
+  concord_callback_t cb = c.mode == kCallback ? Callback : nullptr;
+  concord_tensor_t in = CpuTensor(c.in.empty() ? nullptr : c.in.data(), c.dt, c.ndim, c.in_shape);
+  concord_status_t s;
+  if (!c.alltoall) {
+    concord_reducescatter_opts_t o;
+    concord_reducescatter_opts_init(&o);
+    o.op = c.op;
+    o.prescale = c.pre;
+    o.postscale = c.post;
+    if (!c.splits.empty()) {
+      o.recv_splits = c.splits.data();
+      o.nsplits = size;
+    }
+    concord_tensor_t out =
+        CpuTensor(c.out.empty() ? nullptr : c.out.data(), c.dt, c.ndim, c.out_shape);
+    s = async
+            ? concord_reducescatter_async(comm, c.name.c_str(), &in, &out, &o, cb, nullptr, &c.req)
+            : concord_reducescatter(comm, c.name.c_str(), &in, &out, &o);
+  } else {
+    concord_alltoall_opts_t o;
+    concord_alltoall_opts_init(&o);
+    if (!c.even) {
+      o.splits = c.rows[rank].data();
+      o.nsplits = size;
+    }
+    // A zero-byte result into a caller buffer: give a valid (unused) pointer.
+    static unsigned char dummy[8];
+    void* dst = c.owned ? nullptr : (c.out.empty() ? dummy : c.out.data());
+    if (async) {
+      s = concord_alltoall_async(comm, c.name.c_str(), &in, dst, c.out.size(), &o, cb, nullptr,
+                                 &c.req);
+    } else {
+      c.received.assign(size, -1);
+      s = concord_alltoall(comm, c.name.c_str(), &in, dst, c.out.size(), &o, c.received.data(),
+                           size);
+    }
+  }
+  c.submitted = s == CONCORD_SUCCESS;
+  if (c.submitted && c.mode == kCallback) ++g_callback_submitted;
+  if (s != CONCORD_SUCCESS) {
+    FAILF("%s: submit/run returned %s: %s", c.name.c_str(), concord_status_string(s),
+          concord_comm_last_error(comm));
+  }
+}
+
+void CheckReducescatter(const Case& c, int rank, int size, Counts* counts) {
+  const std::vector<int64_t> splits = c.splits.empty() ? EvenSplit(c.in_shape[0], size) : c.splits;
+  int64_t first = 0;
+  for (int k = 0; k < rank; ++k) first += splits[k];
+  const int64_t n = splits[rank] * c.cols;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t g = first * c.cols + i;
+    const double want = concord::harness::ExpectedAllreduce(
+        c.op, c.dt, size, [&](int r) { return Val(c.op, true, c.dt, r, g, c.step, c.salt); }, c.pre,
+        c.post);
+    const double got = LoadElement(c.dt, c.out.data(), i);
+    ++counts->checks;
+    if (!mp::Close(got, want, c.dt)) {
+      FAILF("%s [%lld]: got %.9g want %.9g", c.name.c_str(), static_cast<long long>(i), got, want);
+      return;
+    }
+  }
+}
+
+void CheckAlltoall(const Case& c, int rank, int size, Counts* counts) {
+  const void* data = c.out.data();
+  std::vector<int64_t> received = c.received;
+  int64_t want_rows = 0;
+  for (int s = 0; s < size; ++s) want_rows += c.rows[s][rank];
+  const size_t want_bytes = static_cast<size_t>(want_rows * c.cols) * ElementSize(c.dt);
+  if (c.req != nullptr) {
+    void* got = nullptr;
+    size_t bytes = 0;
+    int64_t first = -1;
+    received.assign(size, -1);
+    if (concord_request_output(c.req, &got, &bytes, &first) != CONCORD_SUCCESS ||
+        concord_request_received_splits(c.req, received.data(), size) != CONCORD_SUCCESS) {
+      FAILF("%s: output or received splits refused: %s", c.name.c_str(),
+            concord_request_error(c.req));
+      return;
+    }
+    ++counts->checks;
+    if (bytes != want_bytes || first != want_rows) {
+      FAILF("%s: output of %zu bytes and %lld rows, want %zu and %lld", c.name.c_str(), bytes,
+            static_cast<long long>(first), want_bytes, static_cast<long long>(want_rows));
+      return;
+    }
+    if (!c.owned && want_bytes > 0 && got != c.out.data()) {
+      FAILF("%s: output is not the caller's buffer", c.name.c_str());
+    }
+    data = got;
+  }
+  size_t k = 0;
+  for (int s = 0; s < size; ++s) {
+    ++counts->checks;
+    if (received[s] != c.rows[s][rank]) {
+      FAILF("%s: received %lld rows from rank %d, want %lld", c.name.c_str(),
+            static_cast<long long>(received[s]), s, static_cast<long long>(c.rows[s][rank]));
+      return;
+    }
+    int64_t offset = 0;  // where rank s's rows for this rank start in its input
+    for (int d = 0; d < rank; ++d) offset += c.rows[s][d];
+    for (int64_t j = 0; j < c.rows[s][rank] * c.cols; ++j, ++k) {
+      const double want = Val(CONCORD_SUM, false, c.dt, s, offset * c.cols + j, c.step, c.salt);
+      ++counts->checks;
+      if (LoadElement(c.dt, data, k) != want) {
+        FAILF("%s: from rank %d [%lld]: got %.9g want %.9g", c.name.c_str(), s,
+              static_cast<long long>(j), LoadElement(c.dt, data, k), want);
+        return;
+      }
+    }
+  }
+}
+
+void Finish(std::vector<std::unique_ptr<Case>>& batch, int rank, int size, Counts* counts) {
+  for (auto& cp : batch) {
+    Case& c = *cp;
+    if (!c.submitted) continue;
+    if (c.req != nullptr) {
+      const concord_status_t s = concord_wait(c.req, 120);
+      if (s != CONCORD_SUCCESS) {
+        FAILF("%s: completed with %s: %s", c.name.c_str(), concord_status_string(s),
+              concord_request_error(c.req));
+        concord_request_free(c.req);
+        continue;
+      }
+    }
+    if (c.alltoall) {
+      CheckAlltoall(c, rank, size, counts);
+    } else {
+      CheckReducescatter(c, rank, size, counts);
+    }
+    if (c.req != nullptr) concord_request_free(c.req);
+  }
+  batch.clear();
+}
+
+std::string Name(const char* what, concord_dtype_t dt, int64_t n, const std::string& rest) {
+  return std::string(what) + "." + mp::DTypeName(dt) + ".n" + std::to_string(n) + "." + rest;
+}
+
+const char* OpName(concord_reduce_op_t op) {
+  static const char* const kNames[] = {"sum", "avg", "min", "max", "prod"};
+  return kNames[op];
+}
+
+}  // namespace
+
+void RunCases(concord_comm_t comm, int rank, int size, int64_t n, int step, bool large,
+              Counts* counts) {
+  CheckSetContext("rank %d", rank);
+  long mode = 0;
+  for (concord_dtype_t dt : kDTypes) {
+    std::vector<std::unique_ptr<Case>> batch;
+    const size_t es = ElementSize(dt);
+    // Reducescatter: every op over the even split; a weighted split (rank k gets k + 1 shares)
+    // of [n, 3] for the sum; floating sums and averages scaled.
+    for (concord_reduce_op_t op : kOps) {
+      // The large size is about bytes (the ring's segments, MPI's pieces): sum and max only.
+      if (large && op != CONCORD_SUM && op != CONCORD_MAX) continue;
+      for (int variant = 0; variant < (large || op != CONCORD_SUM ? 1 : 2); ++variant) {
+        auto c = std::make_unique<Case>();
+        c->dt = dt;
+        c->op = op;
+        c->step = step;
+        c->salt = static_cast<int>(op) * 2 + variant;
+        c->mode = static_cast<Mode>(mode++ % 3);
+        c->cols = variant == 1 ? 3 : 1;
+        c->ndim = variant == 1 ? 2 : 1;
+        const bool scaled = IsFloat(dt) && (op == CONCORD_SUM || op == CONCORD_AVERAGE);
+        if (scaled) {
+          c->pre = 0.5;
+          c->post = 4.0;
+        }
+        if (variant == 1) {
+          const int64_t shares = static_cast<int64_t>(size) * (size + 1) / 2;
+          int64_t left = n;
+          for (int k = 0; k < size; ++k) {
+            c->splits.push_back(k == size - 1 ? left : n * (k + 1) / shares);
+            left -= c->splits.back();
+          }
+        }
+        const std::vector<int64_t> splits = c->splits.empty() ? EvenSplit(n, size) : c->splits;
+        c->in_shape[0] = n;
+        c->in_shape[1] = c->cols;
+        c->out_shape[0] = splits[rank];
+        c->out_shape[1] = c->cols;
+        c->name = Name("rs", dt, n,
+                       std::string(OpName(op)) + (variant ? ".weighted" : ".even") +
+                           (scaled ? ".scaled" : ""));
+        c->in.assign(static_cast<size_t>(n * c->cols) * es, 0);
+        for (int64_t i = 0; i < n * c->cols; ++i) {
+          StoreElement(dt, c->in.data(), i, Val(op, true, dt, rank, i, step, c->salt));
+        }
+        c->out.assign(static_cast<size_t>(splits[rank] * c->cols) * es, 0xAB);
+        Submit(comm, *c, rank, size, counts);
+        batch.push_back(std::move(c));
+      }
+    }
+    // Alltoall: the even split (n rows to each rank; large: n in all, split as evenly as may
+    // be), and an uneven one of [rows, 2] where rank s sends (n + 3s + 5d + step) % (n + 1) rows
+    // to rank d, into the caller's buffer and into library-owned output.
+    for (int variant = 0; variant < (large ? 1 : 3); ++variant) {
+      auto c = std::make_unique<Case>();
+      c->alltoall = true;
+      c->dt = dt;
+      c->step = step;
+      c->salt = 20 + variant;
+      c->owned = variant == 2;
+      c->mode = static_cast<Mode>(mode++ % (c->owned ? 2 : 3));  // blocking keeps no output
+      c->cols = variant == 0 ? 1 : 2;
+      c->ndim = variant == 0 ? 1 : 2;
+      c->rows.assign(size, std::vector<int64_t>(size));
+      for (int s = 0; s < size; ++s) {
+        for (int d = 0; d < size; ++d) {
+          c->rows[s][d] = variant != 0 ? (n + 3 * s + 5 * d + step) % (n + 1)
+                          : large      ? EvenSplit(n, size)[d]
+                                       : n;
+        }
+      }
+      c->even = variant == 0 && !large;
+      int64_t mine = 0, incoming = 0;
+      for (int d = 0; d < size; ++d) mine += c->rows[rank][d];
+      for (int s = 0; s < size; ++s) incoming += c->rows[s][rank];
+      c->in_shape[0] = mine;
+      c->in_shape[1] = c->cols;
+      c->name =
+          Name("a2a", dt, n, variant == 0 ? "even" : (c->owned ? "uneven.owned" : "uneven.buf"));
+      c->in.assign(static_cast<size_t>(mine * c->cols) * es, 0);
+      for (int64_t i = 0; i < mine * c->cols; ++i) {
+        StoreElement(dt, c->in.data(), i, Val(CONCORD_SUM, false, dt, rank, i, step, c->salt));
+      }
+      if (!c->owned) {
+        // Exact capacity, or a little more for the uneven split.
+        c->out.assign(static_cast<size_t>(incoming * c->cols) * es + (variant == 1 ? 8 : 0), 0xCD);
+      }
+      Submit(comm, *c, rank, size, counts);
+      batch.push_back(std::move(c));
+    }
+    Finish(batch, rank, size, counts);
+  }
+  // Every callback ran once, before its wait returned.
+  ++counts->checks;
+  if (g_callbacks.load() != g_callback_submitted) {
+    FAILF("%ld callbacks for %ld requests with one", g_callbacks.load(), g_callback_submitted);
+  }
+  counts->failures = CheckFailures();
+}
+
+namespace {
+
+// A submission that must fail: at enqueue with `code` (want_queued false), or once run.
+void ExpectError(concord_comm_t comm, const char* what, concord_status_t got, concord_request_t req,
+                 concord_status_t code, const std::vector<std::string>& parts, Counts* counts) {
+  ++counts->cases;
+  ++counts->checks;
+  std::string text = concord_comm_last_error(comm);
+  if (req != nullptr) {
+    got = concord_wait(req, 120);
+    text = concord_request_error(req);
+    concord_request_free(req);
+  }
+  if (got != code) {
+    FAILF("%s: %s (%s), want %s", what, concord_status_string(got), text.c_str(),
+          concord_status_string(code));
+    return;
+  }
+  for (const std::string& part : parts) {
+    if (!mp::Contains(text, part)) {
+      FAILF("%s: error '%s' does not name '%s'", what, text.c_str(), part.c_str());
+    }
+  }
+}
+
+void RunErrors(concord_comm_t comm, int rank, int size, Counts* counts) {
+  std::vector<float> in(4 * size * 2, 1.0f), out(4 * size * 2, 0.0f);
+  int64_t shape[2] = {4 * size, 1}, out_shape[2] = {4, 1};
+  concord_tensor_t t = CpuTensor(in.data(), CONCORD_FLOAT32, 1, shape);
+  concord_tensor_t o = CpuTensor(out.data(), CONCORD_FLOAT32, 1, out_shape);
+  concord_request_t req = nullptr;
+  std::vector<int64_t> splits(size, 4);
+  concord_reducescatter_opts_t rs;
+  concord_reducescatter_opts_init(&rs);
+  concord_alltoall_opts_t a2a;
+  concord_alltoall_opts_init(&a2a);
+
+  // Refused at enqueue, on this rank alone: nothing is queued.
+  const concord_status_t kBad = CONCORD_ERR_INVALID_ARGUMENT;
+  std::vector<int64_t> bad = splits;
+  bad[0] += 1;  // sums to one more than the first dimension
+  rs.recv_splits = bad.data();
+  rs.nsplits = size;
+  ExpectError(comm, "rs splits sum",
+              concord_reducescatter_async(comm, "e.rs", &t, &o, &rs, nullptr, nullptr, &req),
+              nullptr, kBad, {"'e.rs'", "sum to"}, counts);
+  a2a.splits = bad.data();
+  a2a.nsplits = size;
+  ExpectError(comm, "a2a splits sum",
+              concord_alltoall_async(comm, "e.a2a", &t, nullptr, 0, &a2a, nullptr, nullptr, &req),
+              nullptr, kBad, {"'e.a2a'", "sum to"}, counts);
+  std::vector<int64_t> one_more = splits;
+  one_more.push_back(0);
+  a2a.splits = one_more.data();
+  a2a.nsplits = size + 1;
+  ExpectError(comm, "a2a split count",
+              concord_alltoall_async(comm, "e.a2a", &t, nullptr, 0, &a2a, nullptr, nullptr, &req),
+              nullptr, kBad, {"one split per rank"}, counts);
+  bad = splits;
+  bad[0] = -4;
+  if (size > 1) bad[size - 1] += 8;  // still the first dimension in all
+  a2a.splits = bad.data();
+  a2a.nsplits = size;
+  ExpectError(comm, "a2a negative split",
+              concord_alltoall_async(comm, "e.a2a", &t, nullptr, 0, &a2a, nullptr, nullptr, &req),
+              nullptr, kBad, {"negative"}, counts);
+  concord_tensor_t scalar = CpuTensor(in.data(), CONCORD_FLOAT32, 0, shape);
+  ExpectError(
+      comm, "a2a scalar",
+      concord_alltoall_async(comm, "e.a2a", &scalar, nullptr, 0, nullptr, nullptr, nullptr, &req),
+      nullptr, kBad, {"at least one dimension"}, counts);
+  int64_t wrong_shape[1] = {5};
+  concord_tensor_t wrong = CpuTensor(out.data(), CONCORD_FLOAT32, 1, wrong_shape);
+  ExpectError(
+      comm, "rs output shape",
+      concord_reducescatter_async(comm, "e.rs", &t, &wrong, nullptr, nullptr, nullptr, &req),
+      nullptr, kBad, {"shape [4]"}, counts);
+  ExpectError(comm, "blocking a2a without output",
+              concord_alltoall(comm, "e.a2a", &t, nullptr, 0, nullptr, nullptr, 0), nullptr, kBad,
+              {"output is NULL"}, counts);
+  concord_tensor_t cuda = t;
+  cuda.device = 0;
+  ExpectError(
+      comm, "a2a of a CUDA tensor",
+      concord_alltoall_async(comm, "e.a2a", &cuda, nullptr, 0, nullptr, nullptr, nullptr, &req),
+      nullptr, CONCORD_ERR_UNAVAILABLE, {"CPU tensors only"}, counts);
+  if (size < 2) return;
+
+  // Mismatches: every rank fails, the error names the tensor, the field and the ranks.
+  const std::string one = "on rank 1";
+  rs.recv_splits = nullptr;
+  rs.nsplits = 0;
+  bad = splits;
+  if (rank == 1) {
+    bad[0] += 1;
+    bad[1] -= 1;
+  }
+  rs.recv_splits = bad.data();
+  rs.nsplits = size;
+  out_shape[0] = bad[rank];
+  concord_status_t s =
+      concord_reducescatter_async(comm, "m.rs.splits", &t, &o, &rs, nullptr, nullptr, &req);
+  ExpectError(comm, "rs splits mismatch", s, s == CONCORD_SUCCESS ? req : nullptr,
+              CONCORD_ERR_MISMATCH, {"'m.rs.splits'", "splits", one}, counts);
+  concord_reducescatter_opts_init(&rs);
+  rs.op = rank == 1 ? CONCORD_MAX : CONCORD_SUM;
+  out_shape[0] = 4;
+  s = concord_reducescatter_async(comm, "m.rs.op", &t, &o, &rs, nullptr, nullptr, &req);
+  ExpectError(comm, "rs op mismatch", s, s == CONCORD_SUCCESS ? req : nullptr, CONCORD_ERR_MISMATCH,
+              {"'m.rs.op'", "reduce op", one}, counts);
+  int64_t cols_shape[2] = {2 * size, rank == 1 ? 2 : 1};
+  concord_tensor_t cols = CpuTensor(in.data(), CONCORD_FLOAT32, 2, cols_shape);
+  s = concord_alltoall_async(comm, "m.a2a.dims", &cols, nullptr, 0, nullptr, nullptr, nullptr,
+                             &req);
+  ExpectError(comm, "a2a dims mismatch", s, s == CONCORD_SUCCESS ? req : nullptr,
+              CONCORD_ERR_MISMATCH, {"'m.a2a.dims'", "after the first dimension", one}, counts);
+  concord_tensor_t typed = t;
+  typed.dtype = rank == 1 ? CONCORD_INT32 : CONCORD_FLOAT32;
+  s = concord_alltoall_async(comm, "m.a2a.dtype", &typed, nullptr, 0, nullptr, nullptr, nullptr,
+                             &req);
+  ExpectError(comm, "a2a dtype mismatch", s, s == CONCORD_SUCCESS ? req : nullptr,
+              CONCORD_ERR_MISMATCH, {"'m.a2a.dtype'", "dtype", one}, counts);
+  // Rank 0's output is one byte short: it fails, the others complete.
+  const size_t need = static_cast<size_t>(4 * size) * sizeof(float);
+  s = concord_alltoall_async(comm, "m.a2a.small", &t, out.data(), rank == 0 ? need - 1 : need,
+                             nullptr, nullptr, nullptr, &req);
+  if (rank == 0) {
+    ExpectError(comm, "a2a small output", s, s == CONCORD_SUCCESS ? req : nullptr, kBad,
+                {"'m.a2a.small'", "bytes"}, counts);
+  } else {
+    ++counts->checks;
+    const concord_status_t done = s == CONCORD_SUCCESS ? concord_wait(req, 120) : s;
+    if (done != CONCORD_SUCCESS)
+      FAILF("a2a small output on rank 0: this rank got %s", concord_status_string(done));
+    if (s == CONCORD_SUCCESS) concord_request_free(req);
+  }
+  // The engine goes on: the same name, now agreed.
+  rs.op = CONCORD_SUM;
+  ++counts->checks;
+  s = concord_reducescatter(comm, "m.rs.op", &t, &o, &rs);
+  if (s != CONCORD_SUCCESS || out[0] != static_cast<float>(size)) {
+    FAILF("reducescatter after the mismatches: %s, %g", concord_status_string(s), out[0]);
+  }
+}
+
+}  // namespace
+
+void RunErrorCases(concord_comm_t comm, int rank, int size, Counts* counts) {
+  CheckSetContext("rank %d", rank);
+  RunErrors(comm, rank, size, counts);
+  counts->failures = CheckFailures();
+}
+
+}  // namespace mp_exchange
