@@ -197,7 +197,7 @@ StatusOr<std::unique_ptr<Engine>> CreateMpiEngine(Config config,
   std::vector<std::unique_ptr<Backend>> lanes;
   lanes.push_back(std::move(t.backend));
   return std::make_unique<Engine>(config, std::move(t.control), std::move(lanes),
-                                  std::move(t.keep_alive));
+                                  std::move(t.keep_alive), DevicePlane(), std::move(t.p2p));
 }
 
 // A peer that dies mid-collective must be an error on this rank (EPIPE), not a kill: Gloo writes
@@ -282,8 +282,13 @@ StatusOr<std::unique_ptr<Engine>> CreateEngine(Config config) {
   // CUDA tensors: the device backend CONCORD_BACKEND asks for (core/device_setup.h).
   CONCORD_ASSIGN_OR_RETURN(DevicePlane device,
                            StartDevicePlane(config, bo, rv->store.get(), deadline));
+  // Sends and recvs: connections of their own between every pair of ranks (core/p2p.h).
+  BackendOptions p2p_options = bo;
+  p2p_options.prefix = prefix + "/p2p";
+  auto p2p = CreateTcpP2pTransport(p2p_options, rv->store.get());
+  if (!p2p.ok()) return p2p.status().WithContext("connecting the point-to-point transport");
   return std::make_unique<Engine>(config, std::move(*control), std::move(lanes), rv,
-                                  std::move(device));
+                                  std::move(device), std::move(*p2p));
 }
 
 }  // namespace concord

@@ -37,6 +37,12 @@ StatusOr<std::unique_ptr<Backend>> CreateMpiBackend(std::shared_ptr<MpiEnvironme
                                                     std::chrono::milliseconds timeout,
                                                     size_t max_message_bytes = kMpiMaxMessageBytes);
 
+// A P2pTransport (backends/p2p_transport.h) over its own duplicate of MPI_COMM_WORLD, with its
+// own progress thread (mpi_p2p_transport.cc). Collective over MPI_COMM_WORLD; waits for the
+// duplicate at most `timeout`.
+StatusOr<std::unique_ptr<P2pTransport>> CreateMpiP2pTransport(std::shared_ptr<MpiEnvironment> env,
+                                                              std::chrono::milliseconds timeout);
+
 // A ControlPlane over its own duplicate of MPI_COMM_WORLD (see MpiControlPlane in
 // mpi_control_plane.cc). Collective over MPI_COMM_WORLD; waits for the duplicate at most
 // liveness_timeout.

@@ -1,0 +1,563 @@
+// The point-to-point transport of Gloo jobs (CreateTcpP2pTransport): one TCP connection per pair of
+// ranks, meshed through the store, driven by one progress thread (see P2pTransport in
+// backends/p2p_transport.h for what every transport promises).
+//
+// Setup (collective over the communicator's ranks). Each rank listens on options.host (port 0),
+// writes a random nonce and "host:port" under prefix + "/nonce/<rank>" and "/addr/<rank>", connects
+// to every lower rank and accepts every higher one. A connecting rank sends a HELLO (integers
+// little-endian): u32 magic 'CP2H' | i32 rank | 32 bytes: the acceptor's nonce, in hex; the
+// acceptor answers u32 'CP2A' once the nonce and rank check out, and closes the connection if not.
+//
+// Stream, in both directions: messages of
+//   u32 magic 'CP2M' | u32 ndim (<= kP2pMaxDims) | i64 tag | i32 dtype | u32 zero | u64 bytes |
+//   ndim x i64 shape | bytes of payload
+// A receiver that finds anything else (a bad magic, dtype, a size that is not the shape's) fails
+// the link with kProtocol. Messages for which no recv is posted yet are kept whole (unexpected
+// messages) until one is; a posted recv's payload is read straight into its destination.
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <optional>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "backends/backend.h"
+#include "backends/p2p_transport.h"
+#include "base/mutex.h"
+#include "rendezvous/net.h"
+#include "rendezvous/store.h"
+
+namespace concord {
+namespace {
+
+constexpr uint32_t kMessageMagic = 0x4D325043;  // "CP2M" on the wire
+constexpr size_t kFixedHead = 32;               // the message header without its shape
+constexpr size_t kStaging = 256 * 1024;         // reads land here unless a payload is larger
+
+void PutI64(std::string* out, int64_t v) {
+  net::PutU64(out, static_cast<uint64_t>(v));
+}
+uint64_t LoadU64(const unsigned char* p) {
+  return uint64_t{net::LoadU32(p)} | (uint64_t{net::LoadU32(p + 4)} << 32);
+}
+
+std::string EncodeHead(int64_t tag, const P2pMeta& meta) {
+  std::string h;
+  h.reserve(kFixedHead + 8 * meta.shape.size());
+  net::PutU32(&h, kMessageMagic);
+  net::PutU32(&h, static_cast<uint32_t>(meta.shape.size()));
+  PutI64(&h, tag);
+  net::PutU32(&h, static_cast<uint32_t>(meta.dtype));
+  net::PutU32(&h, 0);
+  net::PutU64(&h, meta.bytes);
+  for (int64_t d : meta.shape) PutI64(&h, d);
+  return h;
+}
+
+// A message's header from `p` (at least kFixedHead bytes); *head_size becomes its whole size.
+Status DecodeFixed(const unsigned char* p, int64_t* tag, P2pMeta* meta, size_t* head_size) {
+  const uint32_t ndim = net::LoadU32(p + 4);
+  const uint32_t dtype = net::LoadU32(p + 16);
+  if (net::LoadU32(p) != kMessageMagic || ndim > kP2pMaxDims ||
+      !IsValidDType(static_cast<int>(dtype))) {
+    return ProtocolError("malformed point-to-point message header");
+  }
+  *tag = static_cast<int64_t>(LoadU64(p + 8));
+  meta->dtype = static_cast<DType>(dtype);
+  meta->bytes = LoadU64(p + 24);
+  meta->shape.assign(ndim, 0);
+  *head_size = kFixedHead + 8 * size_t{ndim};
+  return Status::Ok();
+}
+
+Status CheckShape(P2pMeta* meta, const unsigned char* shape) {
+  uint64_t n = 1;
+  for (size_t i = 0; i < meta->shape.size(); ++i) {
+    meta->shape[i] = static_cast<int64_t>(LoadU64(shape + 8 * i));
+    if (meta->shape[i] < 0 ||
+        __builtin_mul_overflow(n, static_cast<uint64_t>(meta->shape[i]), &n)) {
+      return ProtocolError("point-to-point message with a bad shape");
+    }
+  }
+  if (__builtin_mul_overflow(n, DTypeSize(meta->dtype), &n) || n != meta->bytes) {
+    return ProtocolError("point-to-point message whose size is not its shape's");
+  }
+  return Status::Ok();
+}
+
+void Signal(int fd) {
+  const uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = ::write(fd, &one, sizeof(one));
+}
+
+struct SendOp {
+  std::string head;
+  const char* data = nullptr;
+  uint64_t bytes = 0;
+  size_t written = 0;  // of head and payload together
+  Deadline deadline;
+  P2pTransport::Done done;
+};
+
+struct RecvOp {
+  Deadline deadline = Deadline::Infinite();
+  P2pTransport::Place place;
+  P2pTransport::Done done;
+};
+
+// A message that arrived before its recv: kept whole until one is posted.
+struct Unexpected {
+  P2pMeta meta;
+  std::string payload;
+  bool complete = false;
+};
+
+// One peer's connection and everything in flight with it.
+struct Link {
+  int peer = -1;
+  net::Fd fd;
+  Status failure;
+  std::deque<SendOp> sends;
+  std::map<int64_t, std::deque<RecvOp>> posted;
+  std::map<int64_t, std::deque<Unexpected>> unexpected;
+  // Reading: the staging buffer, then the message being received.
+  std::vector<unsigned char> in = std::vector<unsigned char>(kStaging);
+  size_t in_begin = 0, in_end = 0;
+  bool in_payload = false;  // a payload is arriving (else a header is)
+  int64_t tag = 0;
+  char* dest = nullptr;  // where it goes; null: dropped
+  uint64_t left = 0;
+  std::optional<RecvOp> matched;  // the recv it completes, when one was posted
+  Unexpected* stash = nullptr;    // else the unexpected message it fills
+  std::string drop;               // a refused payload's bytes land here
+};
+
+using Completions = std::vector<std::pair<P2pTransport::Done, Status>>;
+
+// Contract: see P2pTransport and tcp_p2p_transport.h. Owns one socket per peer, an eventfd and
+// the progress thread. mu_ guards every link; it is held around non-blocking socket calls and
+// bookkeeping (and `place`), never while `done` runs. The progress thread alone reads; a calling
+// thread writes a send itself when nothing is queued before it on that link.
+class TcpP2pTransport : public P2pTransport {
+ public:
+  TcpP2pTransport(int rank, int size, std::vector<Link> links, net::Fd wake)
+      : rank_(rank), size_(size), links_(std::move(links)), wake_(std::move(wake)) {
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~TcpP2pTransport() override {
+    Close(Status(Code::kNotInitialized, "the communicator was finalized"));
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  int64_t max_tag() const override { return INT64_MAX; }
+  bool OnProgressThread() const override { return std::this_thread::get_id() == thread_id_; }
+
+  void Send(int peer, int64_t tag, const P2pMeta& meta, const void* data, Deadline deadline,
+            Done done) override EXCLUDES(mu_) {
+    Completions out;
+    {
+      MutexLock lock(mu_);
+      Link& l = links_[peer];
+      if (!l.failure.ok()) {
+        out.emplace_back(std::move(done), l.failure);
+      } else {
+        l.sends.push_back(SendOp{EncodeHead(tag, meta), static_cast<const char*>(data), meta.bytes,
+                                 0, deadline, std::move(done)});
+        if (l.sends.size() == 1) Flush(l, out);
+        if (!l.sends.empty()) Signal(wake_.get());
+      }
+    }
+    Run(out);
+  }
+
+  void Recv(int peer, int64_t tag, Deadline deadline, Place place, Done done) override
+      EXCLUDES(mu_) {
+    Completions out;
+    {
+      MutexLock lock(mu_);
+      Link& l = links_[peer];
+      l.posted[tag].push_back(RecvOp{deadline, std::move(place), std::move(done)});
+      MatchUnexpected(l, tag, out);
+      if (!l.failure.ok()) FailPosted(l, out);
+      Signal(wake_.get());  // its deadline may be the next one
+    }
+    Run(out);
+  }
+
+  void Close(const Status& status) override EXCLUDES(mu_) {
+    Completions out;
+    {
+      MutexLock lock(mu_);
+      if (stop_) return;
+      stop_ = true;
+      for (Link& l : links_) FailLink(l, status, out);
+      Signal(wake_.get());
+    }
+    if (thread_.joinable()) thread_.join();
+    Run(out);
+  }
+
+ private:
+  static void Run(Completions& out) {
+    for (auto& [done, status] : out) done(status);
+    out.clear();
+  }
+
+  std::string Who(int peer) const { return "rank " + std::to_string(peer); }
+
+  // Writes what the socket takes of the queued sends; completes those written.
+  void Flush(Link& l, Completions& out) REQUIRES(mu_) {
+    while (!l.sends.empty() && l.failure.ok()) {
+      SendOp& s = l.sends.front();
+      iovec iov[2];
+      int n = 0;
+      if (s.written < s.head.size()) {
+        iov[n++] = {s.head.data() + s.written, s.head.size() - s.written};
+        if (s.bytes > 0) iov[n++] = {const_cast<char*>(s.data), s.bytes};
+      } else {
+        const size_t at = s.written - s.head.size();
+        iov[n++] = {const_cast<char*>(s.data) + at, s.bytes - at};
+      }
+      const ssize_t w = ::writev(l.fd.get(), iov, n);
+      if (w < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return;
+        FailLink(l,
+                 Status(Code::kPeerFailure, Who(l.peer) + ": point-to-point send failed (" +
+                                                std::strerror(errno) + "): the rank failed"),
+                 out);
+        return;
+      }
+      s.written += static_cast<size_t>(w);
+      if (s.written < s.head.size() + s.bytes) return;
+      out.emplace_back(std::move(s.done), Status::Ok());
+      l.sends.pop_front();
+    }
+  }
+
+  // Completes posted recvs of `tag` with the whole unexpected messages waiting for them.
+  void MatchUnexpected(Link& l, int64_t tag, Completions& out) REQUIRES(mu_) {
+    auto u = l.unexpected.find(tag);
+    auto p = l.posted.find(tag);
+    while (u != l.unexpected.end() && p != l.posted.end() && !u->second.empty() &&
+           u->second.front().complete && !p->second.empty()) {
+      Unexpected& m = u->second.front();
+      RecvOp& r = p->second.front();
+      void* dest = r.place(m.meta);
+      if (dest != nullptr && m.meta.bytes > 0) std::memcpy(dest, m.payload.data(), m.meta.bytes);
+      out.emplace_back(std::move(r.done), Status::Ok());
+      u->second.pop_front();
+      p->second.pop_front();
+    }
+    if (u != l.unexpected.end() && u->second.empty()) l.unexpected.erase(u);
+    if (p != l.posted.end() && p->second.empty()) l.posted.erase(p);
+  }
+
+  void FailPosted(Link& l, Completions& out) REQUIRES(mu_) {
+    for (auto& [tag, q] : l.posted) {
+      for (RecvOp& r : q) out.emplace_back(std::move(r.done), l.failure);
+    }
+    l.posted.clear();
+  }
+
+  // The link's first failure: everything in flight with the peer fails; whole messages that
+  // arrived before stay for the recvs that come for them.
+  void FailLink(Link& l, const Status& status, Completions& out) REQUIRES(mu_) {
+    if (!l.failure.ok()) return;
+    l.failure = status;
+    l.fd.Reset();
+    for (SendOp& s : l.sends) out.emplace_back(std::move(s.done), status);
+    l.sends.clear();
+    if (l.matched) out.emplace_back(std::move(l.matched->done), status);
+    l.matched.reset();
+    if (l.stash != nullptr) l.unexpected[l.tag].pop_back();
+    l.stash = nullptr;
+    FailPosted(l, out);
+  }
+
+  // Takes bytes from the staging buffer into the current payload; returns whether it is complete.
+  bool TakePayload(Link& l) {
+    const size_t n = std::min<uint64_t>(l.left, l.in_end - l.in_begin);
+    if (l.dest != nullptr) std::memcpy(l.dest, l.in.data() + l.in_begin, n);
+    if (l.dest != nullptr) l.dest += n;
+    l.in_begin += n;
+    l.left -= n;
+    return l.left == 0;
+  }
+
+  void FinishPayload(Link& l, Completions& out) REQUIRES(mu_) {
+    l.in_payload = false;
+    if (l.matched) {
+      out.emplace_back(std::move(l.matched->done), Status::Ok());
+      l.matched.reset();
+    } else {
+      l.stash->complete = true;
+      l.stash = nullptr;
+      MatchUnexpected(l, l.tag, out);
+    }
+  }
+
+  // A header arrived: decides where its payload goes.
+  void StartMessage(Link& l, int64_t tag, const P2pMeta& meta) REQUIRES(mu_) {
+    l.tag = tag;
+    l.left = meta.bytes;
+    l.in_payload = true;
+    auto p = l.posted.find(tag);
+    if (p != l.posted.end() && l.unexpected.count(tag) == 0) {
+      l.matched = std::move(p->second.front());
+      p->second.pop_front();
+      if (p->second.empty()) l.posted.erase(p);
+      l.dest = static_cast<char*>(l.matched->place(meta));
+      if (l.dest == nullptr && meta.bytes > 0) {
+        l.drop.resize(std::min<uint64_t>(meta.bytes, kStaging));
+      }
+      return;
+    }
+    auto& q = l.unexpected[tag];
+    q.push_back(Unexpected{meta, std::string(meta.bytes, '\0'), false});
+    l.stash = &q.back();
+    l.dest = l.stash->payload.data();
+  }
+
+  // Reads what arrived on the link and processes every whole piece of it.
+  void ReadLink(Link& l, Completions& out) REQUIRES(mu_) {
+    for (;;) {
+      // Parse what the staging buffer holds.
+      for (;;) {
+        if (l.in_payload) {
+          if (l.left == 0 || TakePayload(l)) {
+            FinishPayload(l, out);
+            continue;
+          }
+          break;
+        }
+        const size_t have = l.in_end - l.in_begin;
+        if (have < kFixedHead) break;
+        const unsigned char* p = l.in.data() + l.in_begin;
+        int64_t tag = 0;
+        P2pMeta meta;
+        size_t head = 0;
+        Status s = DecodeFixed(p, &tag, &meta, &head);
+        if (s.ok() && have < head) break;
+        if (s.ok()) s = CheckShape(&meta, p + kFixedHead);
+        if (!s.ok()) {
+          FailLink(l, s.WithContext("from " + Who(l.peer)), out);
+          return;
+        }
+        l.in_begin += head;
+        StartMessage(l, tag, meta);
+      }
+      if (l.in_begin == l.in_end) l.in_begin = l.in_end = 0;
+      // A large payload's rest goes straight to its destination (or the drop buffer).
+      ssize_t r;
+      if (l.in_payload && l.in_begin == l.in_end && l.left >= kStaging / 4) {
+        char* to = l.dest != nullptr ? l.dest : l.drop.data();
+        const size_t want = l.dest != nullptr ? l.left : std::min<uint64_t>(l.left, l.drop.size());
+        r = ::read(l.fd.get(), to, want);
+        if (r > 0) {
+          if (l.dest != nullptr) l.dest += r;
+          l.left -= static_cast<uint64_t>(r);
+          continue;
+        }
+      } else {
+        if (l.in_begin > 0 && l.in_end == l.in.size()) {
+          std::memmove(l.in.data(), l.in.data() + l.in_begin, l.in_end - l.in_begin);
+          l.in_end -= l.in_begin;
+          l.in_begin = 0;
+        }
+        r = ::read(l.fd.get(), l.in.data() + l.in_end, l.in.size() - l.in_end);
+        if (r > 0) {
+          l.in_end += static_cast<size_t>(r);
+          continue;
+        }
+      }
+      if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+      FailLink(l,
+               Status(Code::kPeerFailure,
+                      Who(l.peer) + " closed its point-to-point connection (" +
+                          (r == 0 ? std::string("end of stream") : std::strerror(errno)) +
+                          "): the rank failed or finalized"),
+               out);
+      return;
+    }
+  }
+
+  // Times out what passed its deadline; returns the next deadline.
+  Deadline Expire(Link& l, Completions& out) REQUIRES(mu_) {
+    Deadline next = Deadline::Infinite();
+    if (!l.failure.ok()) return next;
+    const std::string peer = Who(l.peer);
+    if ((l.matched && l.matched->deadline.passed()) ||
+        (!l.sends.empty() && l.sends.front().written > 0 && l.sends.front().deadline.passed())) {
+      FailLink(l,
+               TimeoutError(peer + ": a point-to-point message was still in transit at the "
+                                   "timeout (the rank is stuck or the network is)"),
+               out);
+      return next;
+    }
+    if (l.matched) next = next.Earlier(l.matched->deadline);
+    for (auto it = l.sends.begin(); it != l.sends.end();) {
+      if (it->written == 0 && it->deadline.passed()) {
+        out.emplace_back(std::move(it->done),
+                         TimeoutError("send to " + peer + ": not sent within the timeout"));
+        it = l.sends.erase(it);
+      } else {
+        next = next.Earlier(it->deadline);
+        ++it;
+      }
+    }
+    for (auto p = l.posted.begin(); p != l.posted.end();) {
+      for (auto it = p->second.begin(); it != p->second.end();) {
+        if (it->deadline.passed()) {
+          out.emplace_back(
+              std::move(it->done),
+              TimeoutError("recv from " + peer + " with tag " + std::to_string(p->first) +
+                           ": no message arrived within the timeout"));
+          it = p->second.erase(it);
+        } else {
+          next = next.Earlier(it->deadline);
+          ++it;
+        }
+      }
+      p = p->second.empty() ? l.posted.erase(p) : std::next(p);
+    }
+    return next;
+  }
+
+  void Loop() EXCLUDES(mu_) {
+    thread_id_ = std::this_thread::get_id();
+    std::vector<pollfd> fds;
+    std::vector<size_t> which;
+    Completions out;
+    for (;;) {
+      Deadline next = Deadline::Infinite();
+      fds.assign(1, pollfd{wake_.get(), POLLIN, 0});
+      which.clear();
+      {
+        MutexLock lock(mu_);
+        if (stop_) return;
+        for (size_t i = 0; i < links_.size(); ++i) {
+          Link& l = links_[i];
+          next = next.Earlier(Expire(l, out));
+          if (!l.fd.valid()) continue;
+          fds.push_back(
+              pollfd{l.fd.get(), static_cast<short>(POLLIN | (l.sends.empty() ? 0 : POLLOUT)), 0});
+          which.push_back(i);
+        }
+      }
+      Run(out);
+      if (::poll(fds.data(), fds.size(), next.PollTimeoutMs()) < 0 && errno != EINTR) return;
+      {
+        MutexLock lock(mu_);
+        if (stop_) return;
+        if (fds[0].revents != 0) {
+          uint64_t v;
+          [[maybe_unused]] ssize_t n = ::read(wake_.get(), &v, sizeof(v));
+        }
+        for (size_t k = 0; k < which.size(); ++k) {
+          Link& l = links_[which[k]];
+          if (!l.fd.valid() || l.fd.get() != fds[k + 1].fd) continue;
+          if (fds[k + 1].revents & (POLLIN | POLLHUP | POLLERR)) ReadLink(l, out);
+          if (l.fd.valid() && (fds[k + 1].revents & POLLOUT)) Flush(l, out);
+        }
+      }
+      Run(out);
+    }
+  }
+
+  const int rank_;
+  const int size_;
+  Mutex mu_;
+  std::vector<Link> links_ GUARDED_BY(mu_);  // by peer rank (this rank's entry unused)
+  bool stop_ GUARDED_BY(mu_) = false;
+  net::Fd wake_;
+  std::atomic<std::thread::id> thread_id_{};
+  std::thread thread_;
+};
+
+// The HELLO a connecting rank sends.
+std::string Hello(int rank, const std::string& nonce) {
+  std::string h;
+  net::PutU32(&h, 0x48325043);  // "CP2H"
+  net::PutU32(&h, static_cast<uint32_t>(rank));
+  return h + nonce;
+}
+
+constexpr uint32_t kAckMagic = 0x41325043;  // "CP2A"
+constexpr size_t kNonceHex = 32;
+
+}  // namespace
+
+StatusOr<std::unique_ptr<P2pTransport>> CreateTcpP2pTransport(const BackendOptions& o,
+                                                              Store* store) {
+  const Deadline deadline = Deadline::After(o.timeout);
+  std::vector<Link> links(static_cast<size_t>(o.size));
+  for (int r = 0; r < o.size; ++r) links[r].peer = r;
+  net::Fd wake(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!wake.valid()) return ErrnoError("point-to-point: eventfd", errno);
+  if (o.size > 1) {
+    CONCORD_ASSIGN_OR_RETURN(const std::string nonce, net::RandomHex(kNonceHex / 2));
+    int port = 0;
+    const std::string host = o.host.empty() ? "127.0.0.1" : o.host;
+    CONCORD_ASSIGN_OR_RETURN(net::Fd listener, net::Listen(host, 0, &port));
+    const std::string me = "/" + std::to_string(o.rank);
+    CONCORD_RETURN_IF_ERROR(store->Set(o.prefix + "/nonce" + me, nonce));
+    CONCORD_RETURN_IF_ERROR(store->Set(o.prefix + "/addr" + me, net::JoinHostPort(host, port)));
+    for (int peer = 0; peer < o.rank; ++peer) {
+      const std::string key = "/" + std::to_string(peer);
+      CONCORD_ASSIGN_OR_RETURN(const std::string addr,
+                               store->Get(o.prefix + "/addr" + key, deadline));
+      CONCORD_ASSIGN_OR_RETURN(const std::string theirs,
+                               store->Get(o.prefix + "/nonce" + key, deadline));
+      std::string h;
+      int p = 0;
+      CONCORD_RETURN_IF_ERROR(net::SplitHostPort(addr, &h, &p));
+      CONCORD_ASSIGN_OR_RETURN(net::Fd fd, net::Connect(h, p, deadline));
+      const std::string hello = Hello(o.rank, theirs);
+      const std::string what = "point-to-point connection to rank " + std::to_string(peer);
+      CONCORD_RETURN_IF_ERROR(net::WriteAll(fd.get(), hello.data(), hello.size(), deadline, what));
+      unsigned char ack[4];
+      CONCORD_RETURN_IF_ERROR(net::ReadFull(fd.get(), ack, sizeof(ack), deadline, what));
+      if (net::LoadU32(ack) != kAckMagic) return ProtocolError(what + ": refused");
+      links[peer].fd = std::move(fd);
+    }
+    for (int accepted = 0; accepted < o.size - 1 - o.rank;) {
+      pollfd pfd{listener.get(), POLLIN, 0};
+      if (::poll(&pfd, 1, deadline.PollTimeoutMs()) == 0) {
+        return TimeoutError(
+            "point-to-point setup: " + std::to_string(o.size - 1 - o.rank - accepted) +
+            " higher rank(s) did not connect within the timeout");
+      }
+      CONCORD_ASSIGN_OR_RETURN(net::Fd fd, net::Accept(listener.get()));
+      if (!fd.valid()) continue;
+      unsigned char hello[8 + kNonceHex];
+      if (!net::ReadFull(fd.get(), hello, sizeof(hello), deadline, "point-to-point hello").ok()) {
+        continue;  // not one of ours
+      }
+      const int from = static_cast<int>(net::LoadU32(hello + 4));
+      const std::string got(reinterpret_cast<char*>(hello + 8), kNonceHex);
+      if (net::LoadU32(hello) != 0x48325043 || from <= o.rank || from >= o.size ||
+          links[from].fd.valid() || !net::ConstantTimeEquals(got, nonce)) {
+        continue;  // closes it
+      }
+      std::string ack;
+      net::PutU32(&ack, kAckMagic);
+      CONCORD_RETURN_IF_ERROR(net::WriteAll(fd.get(), ack.data(), ack.size(), deadline,
+                                            "point-to-point ack to rank " + std::to_string(from)));
+      links[from].fd = std::move(fd);
+      ++accepted;
+    }
+  }
+  return std::unique_ptr<P2pTransport>(
+      std::make_unique<TcpP2pTransport>(o.rank, o.size, std::move(links), std::move(wake)));
+}
+
+}  // namespace concord
