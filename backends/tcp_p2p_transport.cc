@@ -16,6 +16,7 @@
 // messages) until one is; a posted recv's payload is read straight into its destination.
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -41,6 +42,7 @@ namespace {
 constexpr uint32_t kMessageMagic = 0x4D325043;  // "CP2M" on the wire
 constexpr size_t kFixedHead = 32;               // the message header without its shape
 constexpr size_t kStaging = 256 * 1024;         // reads land here unless a payload is larger
+constexpr uint64_t kMaxSendBuffer = 32 << 20;   // SO_SNDBUF grows up to this (as Gloo's)
 
 void PutI64(std::string* out, int64_t v) {
   net::PutU64(out, static_cast<uint64_t>(v));
@@ -125,6 +127,12 @@ struct Link {
   int peer = -1;
   net::Fd fd;
   Status failure;
+  // The send side, under *send_mu (taken after the transport's mu_): a thread writes a large
+  // message without holding up the progress thread's reads.
+  std::unique_ptr<Mutex> send_mu = std::make_unique<Mutex>();
+  Status send_failure;  // = failure, for senders
+  Status broken;        // a write failed on a calling thread: the progress thread fails the link
+  int send_buffer = 0;  // SO_SNDBUF asked for so far (GrowSendBuffer)
   std::deque<SendOp> sends;
   std::map<int64_t, std::deque<RecvOp>> posted;
   std::map<int64_t, std::deque<Unexpected>> unexpected;
@@ -165,11 +173,12 @@ class TcpP2pTransport : public P2pTransport {
             Done done) override EXCLUDES(mu_) {
     Completions out;
     {
-      MutexLock lock(mu_);
       Link& l = links_[peer];
-      if (!l.failure.ok()) {
-        out.emplace_back(std::move(done), l.failure);
+      MutexLock lock(*l.send_mu);
+      if (!l.send_failure.ok()) {
+        out.emplace_back(std::move(done), l.send_failure);
       } else {
+        GrowSendBuffer(l, meta.bytes);
         l.sends.push_back(SendOp{EncodeHead(tag, meta), static_cast<const char*>(data), meta.bytes,
                                  0, deadline, std::move(done)});
         if (l.sends.size() == 1) Flush(l, out);
@@ -188,21 +197,24 @@ class TcpP2pTransport : public P2pTransport {
       l.posted[tag].push_back(RecvOp{deadline, std::move(place), std::move(done)});
       MatchUnexpected(l, tag, out);
       if (!l.failure.ok()) FailPosted(l, out);
-      Signal(wake_.get());  // its deadline may be the next one
+      if (deadline.at() < sleep_until_.at()) Signal(wake_.get());  // the next deadline
     }
     Run(out);
   }
 
   void Close(const Status& status) override EXCLUDES(mu_) {
-    Completions out;
     {
       MutexLock lock(mu_);
       if (stop_) return;
       stop_ = true;
-      for (Link& l : links_) FailLink(l, status, out);
       Signal(wake_.get());
     }
     if (thread_.joinable()) thread_.join();
+    Completions out;
+    {
+      MutexLock lock(mu_);
+      for (Link& l : links_) FailLink(l, status, out);
+    }
     Run(out);
   }
 
@@ -214,9 +226,21 @@ class TcpP2pTransport : public P2pTransport {
 
   std::string Who(int peer) const { return "rank " + std::to_string(peer); }
 
-  // Writes what the socket takes of the queued sends; completes those written.
-  void Flush(Link& l, Completions& out) REQUIRES(mu_) {
-    while (!l.sends.empty() && l.failure.ok()) {
+  // Sizes the socket's send buffer for a message of `bytes` (at most kMaxSendBuffer), as Gloo
+  // does, so that the sending thread usually writes it whole and the progress thread, which
+  // reads, does not also have to write it.
+  static void GrowSendBuffer(Link& l, uint64_t bytes) {
+    const int want = static_cast<int>(std::min<uint64_t>(bytes + kFixedHead, kMaxSendBuffer));
+    if (want <= l.send_buffer || !l.fd.valid()) return;
+    ::setsockopt(l.fd.get(), SOL_SOCKET, SO_SNDBUF, &want, sizeof(want));
+    l.send_buffer = want;  // the kernel may give less (net.core.wmem_max): asked once per size
+  }
+
+  // Writes what the socket takes of the queued sends; completes those written. A write error
+  // marks the link broken (the progress thread fails it: only it touches the read side).
+  // Holding *l.send_mu.
+  void Flush(Link& l, Completions& out) {
+    while (!l.sends.empty() && l.send_failure.ok() && l.broken.ok()) {
       SendOp& s = l.sends.front();
       iovec iov[2];
       int n = 0;
@@ -230,10 +254,8 @@ class TcpP2pTransport : public P2pTransport {
       const ssize_t w = ::writev(l.fd.get(), iov, n);
       if (w < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return;
-        FailLink(l,
-                 Status(Code::kPeerFailure, Who(l.peer) + ": point-to-point send failed (" +
-                                                std::strerror(errno) + "): the rank failed"),
-                 out);
+        l.broken = Status(Code::kPeerFailure, Who(l.peer) + ": point-to-point send failed (" +
+                                                  std::strerror(errno) + "): the rank failed");
         return;
       }
       s.written += static_cast<size_t>(w);
@@ -269,13 +291,18 @@ class TcpP2pTransport : public P2pTransport {
   }
 
   // The link's first failure: everything in flight with the peer fails; whole messages that
-  // arrived before stay for the recvs that come for them.
+  // arrived before stay for the recvs that come for them. On the progress thread (or after it
+  // has stopped): it owns the read side and the socket's lifetime.
   void FailLink(Link& l, const Status& status, Completions& out) REQUIRES(mu_) {
     if (!l.failure.ok()) return;
     l.failure = status;
-    l.fd.Reset();
-    for (SendOp& s : l.sends) out.emplace_back(std::move(s.done), status);
-    l.sends.clear();
+    {
+      MutexLock send_lock(*l.send_mu);
+      l.send_failure = status;
+      l.fd.Reset();
+      for (SendOp& s : l.sends) out.emplace_back(std::move(s.done), status);
+      l.sends.clear();
+    }
     if (l.matched) out.emplace_back(std::move(l.matched->done), status);
     l.matched.reset();
     if (l.stash != nullptr) l.unexpected[l.tag].pop_back();
@@ -327,63 +354,79 @@ class TcpP2pTransport : public P2pTransport {
     l.dest = l.stash->payload.data();
   }
 
-  // Reads what arrived on the link and processes every whole piece of it.
-  void ReadLink(Link& l, Completions& out) REQUIRES(mu_) {
+  // Parses what the staging buffer holds; false when the link failed (a malformed header).
+  bool Parse(Link& l, Completions& out) REQUIRES(mu_) {
     for (;;) {
-      // Parse what the staging buffer holds.
-      for (;;) {
-        if (l.in_payload) {
-          if (l.left == 0 || TakePayload(l)) {
-            FinishPayload(l, out);
-            continue;
-          }
-          break;
-        }
-        const size_t have = l.in_end - l.in_begin;
-        if (have < kFixedHead) break;
-        const unsigned char* p = l.in.data() + l.in_begin;
-        int64_t tag = 0;
-        P2pMeta meta;
-        size_t head = 0;
-        Status s = DecodeFixed(p, &tag, &meta, &head);
-        if (s.ok() && have < head) break;
-        if (s.ok()) s = CheckShape(&meta, p + kFixedHead);
-        if (!s.ok()) {
-          FailLink(l, s.WithContext("from " + Who(l.peer)), out);
-          return;
-        }
-        l.in_begin += head;
-        StartMessage(l, tag, meta);
+      if (l.in_payload) {
+        if (l.left != 0 && !TakePayload(l)) return true;
+        FinishPayload(l, out);
+        continue;
       }
-      if (l.in_begin == l.in_end) l.in_begin = l.in_end = 0;
-      // A large payload's rest goes straight to its destination (or the drop buffer).
-      ssize_t r;
-      if (l.in_payload && l.in_begin == l.in_end && l.left >= kStaging / 4) {
-        char* to = l.dest != nullptr ? l.dest : l.drop.data();
-        const size_t want = l.dest != nullptr ? l.left : std::min<uint64_t>(l.left, l.drop.size());
-        r = ::read(l.fd.get(), to, want);
-        if (r > 0) {
+      const size_t have = l.in_end - l.in_begin;
+      if (have < kFixedHead) break;
+      const unsigned char* p = l.in.data() + l.in_begin;
+      int64_t tag = 0;
+      P2pMeta meta;
+      size_t head = 0;
+      Status s = DecodeFixed(p, &tag, &meta, &head);
+      if (s.ok() && have < head) break;
+      if (s.ok()) s = CheckShape(&meta, p + kFixedHead);
+      if (!s.ok()) {
+        FailLink(l, s.WithContext("from " + Who(l.peer)), out);
+        return false;
+      }
+      l.in_begin += head;
+      StartMessage(l, tag, meta);
+    }
+    if (l.in_begin == l.in_end) l.in_begin = l.in_end = 0;
+    return true;
+  }
+
+  // Reads what arrived on the link and processes every whole piece of it. Progress thread only:
+  // the read side (staging buffer, the message being received) is its own, and read() runs
+  // without mu_, so a large payload arriving never holds up a sender on another thread.
+  void ReadLink(Link& l, Completions& out) EXCLUDES(mu_) {
+    for (;;) {
+      char* to = nullptr;
+      size_t want = 0;
+      bool direct = false;
+      int fd = -1;
+      {
+        MutexLock lock(mu_);
+        if (!l.fd.valid() || !Parse(l, out)) return;
+        // A large payload's rest goes straight to its destination (or the drop buffer).
+        direct = l.in_payload && l.in_begin == l.in_end && l.left >= kStaging / 4;
+        if (direct) {
+          to = l.dest != nullptr ? l.dest : l.drop.data();
+          want = l.dest != nullptr ? l.left : std::min<uint64_t>(l.left, l.drop.size());
+        } else {
+          if (l.in_begin > 0 && l.in_end == l.in.size()) {
+            std::memmove(l.in.data(), l.in.data() + l.in_begin, l.in_end - l.in_begin);
+            l.in_end -= l.in_begin;
+            l.in_begin = 0;
+          }
+          to = reinterpret_cast<char*>(l.in.data()) + l.in_end;
+          want = l.in.size() - l.in_end;
+        }
+        fd = l.fd.get();
+      }
+      const ssize_t r = ::read(fd, to, want);
+      const int err = errno;
+      MutexLock lock(mu_);
+      if (r > 0) {
+        if (!direct) {
+          l.in_end += static_cast<size_t>(r);
+        } else {
           if (l.dest != nullptr) l.dest += r;
           l.left -= static_cast<uint64_t>(r);
-          continue;
         }
-      } else {
-        if (l.in_begin > 0 && l.in_end == l.in.size()) {
-          std::memmove(l.in.data(), l.in.data() + l.in_begin, l.in_end - l.in_begin);
-          l.in_end -= l.in_begin;
-          l.in_begin = 0;
-        }
-        r = ::read(l.fd.get(), l.in.data() + l.in_end, l.in.size() - l.in_end);
-        if (r > 0) {
-          l.in_end += static_cast<size_t>(r);
-          continue;
-        }
+        continue;
       }
-      if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+      if (r < 0 && (err == EAGAIN || err == EWOULDBLOCK || err == EINTR)) return;
       FailLink(l,
                Status(Code::kPeerFailure,
                       Who(l.peer) + " closed its point-to-point connection (" +
-                          (r == 0 ? std::string("end of stream") : std::strerror(errno)) +
+                          (r == 0 ? std::string("end of stream") : std::strerror(err)) +
                           "): the rank failed or finalized"),
                out);
       return;
@@ -395,8 +438,13 @@ class TcpP2pTransport : public P2pTransport {
     Deadline next = Deadline::Infinite();
     if (!l.failure.ok()) return next;
     const std::string peer = Who(l.peer);
-    if ((l.matched && l.matched->deadline.passed()) ||
-        (!l.sends.empty() && l.sends.front().written > 0 && l.sends.front().deadline.passed())) {
+    bool stuck_send = false;
+    {
+      MutexLock send_lock(*l.send_mu);
+      stuck_send =
+          !l.sends.empty() && l.sends.front().written > 0 && l.sends.front().deadline.passed();
+    }
+    if ((l.matched && l.matched->deadline.passed()) || stuck_send) {
       FailLink(l,
                TimeoutError(peer + ": a point-to-point message was still in transit at the "
                                    "timeout (the rank is stuck or the network is)"),
@@ -404,14 +452,17 @@ class TcpP2pTransport : public P2pTransport {
       return next;
     }
     if (l.matched) next = next.Earlier(l.matched->deadline);
-    for (auto it = l.sends.begin(); it != l.sends.end();) {
-      if (it->written == 0 && it->deadline.passed()) {
-        out.emplace_back(std::move(it->done),
-                         TimeoutError("send to " + peer + ": not sent within the timeout"));
-        it = l.sends.erase(it);
-      } else {
-        next = next.Earlier(it->deadline);
-        ++it;
+    {
+      MutexLock send_lock(*l.send_mu);
+      for (auto it = l.sends.begin(); it != l.sends.end();) {
+        if (it->written == 0 && it->deadline.passed()) {
+          out.emplace_back(std::move(it->done),
+                           TimeoutError("send to " + peer + ": not sent within the timeout"));
+          it = l.sends.erase(it);
+        } else {
+          next = next.Earlier(it->deadline);
+          ++it;
+        }
       }
     }
     for (auto p = l.posted.begin(); p != l.posted.end();) {
@@ -446,38 +497,63 @@ class TcpP2pTransport : public P2pTransport {
         if (stop_) return;
         for (size_t i = 0; i < links_.size(); ++i) {
           Link& l = links_[i];
+          Status broken;
+          bool sending = false;
+          {
+            MutexLock send_lock(*l.send_mu);
+            broken = l.broken;
+            sending = !l.sends.empty();
+          }
+          if (!broken.ok()) FailLink(l, broken, out);
           next = next.Earlier(Expire(l, out));
           if (!l.fd.valid()) continue;
-          fds.push_back(
-              pollfd{l.fd.get(), static_cast<short>(POLLIN | (l.sends.empty() ? 0 : POLLOUT)), 0});
+          const short events = static_cast<short>(POLLIN | (sending ? POLLOUT : 0));
+          fds.push_back(pollfd{l.fd.get(), events, 0});
           which.push_back(i);
         }
+        sleep_until_ = next;
       }
       Run(out);
-      if (::poll(fds.data(), fds.size(), next.PollTimeoutMs()) < 0 && errno != EINTR) return;
+      if (::poll(fds.data(), fds.size(), next.PollTimeoutMs()) < 0 && errno != EINTR) {
+        MutexLock lock(mu_);
+        const Status failed = ErrnoError("point-to-point: poll", errno);
+        for (Link& l : links_) FailLink(l, failed, out);
+        stop_ = true;
+        break;
+      }
       {
         MutexLock lock(mu_);
+        sleep_until_ = Deadline::After(std::chrono::hours(24 * 365));
         if (stop_) return;
         if (fds[0].revents != 0) {
           uint64_t v;
           [[maybe_unused]] ssize_t n = ::read(wake_.get(), &v, sizeof(v));
         }
-        for (size_t k = 0; k < which.size(); ++k) {
-          Link& l = links_[which[k]];
-          if (!l.fd.valid() || l.fd.get() != fds[k + 1].fd) continue;
-          if (fds[k + 1].revents & (POLLIN | POLLHUP | POLLERR)) ReadLink(l, out);
-          if (l.fd.valid() && (fds[k + 1].revents & POLLOUT)) Flush(l, out);
+      }
+      for (size_t k = 0; k < which.size(); ++k) {
+        Link& l = links_[which[k]];
+        if (fds[k + 1].revents & POLLOUT) {
+          MutexLock send_lock(*l.send_mu);
+          if (l.fd.valid()) Flush(l, out);
         }
+      }
+      for (size_t k = 0; k < which.size(); ++k) {
+        if (fds[k + 1].revents & (POLLIN | POLLHUP | POLLERR)) ReadLink(links_[which[k]], out);
       }
       Run(out);
     }
+    Run(out);
   }
 
   const int rank_;
   const int size_;
   Mutex mu_;
-  std::vector<Link> links_ GUARDED_BY(mu_);  // by peer rank (this rank's entry unused)
+  // By peer rank (this rank's entry unused); fixed after construction. Each link's fields are
+  // guarded by mu_ except its send side (Link::send_mu) and its read side (the progress thread's).
+  std::vector<Link> links_;
   bool stop_ GUARDED_BY(mu_) = false;
+  // Until when the progress thread sleeps in poll(): a recv due earlier wakes it.
+  Deadline sleep_until_ GUARDED_BY(mu_) = Deadline::Infinite();
   net::Fd wake_;
   std::atomic<std::thread::id> thread_id_{};
   std::thread thread_;

@@ -19,6 +19,33 @@ std::string RawMpiUnavailableReason() {
   return "";
 }
 
+namespace {
+
+double MedianOf(std::vector<double> times) {
+  if (times.empty()) return 0;
+  std::sort(times.begin(), times.end());
+  const size_t m = times.size();
+  return m % 2 ? times[m / 2] : (times[m / 2 - 1] + times[m / 2]) / 2;
+}
+
+}  // namespace
+
+double TimeRawMpiSendrecv(const void* send, void* recv, size_t bytes, int warmup, int iters) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const int peer = rank ^ 1;
+  const int n = static_cast<int>(std::min<size_t>(bytes, INT_MAX));
+  std::vector<double> times;
+  MPI_Barrier(MPI_COMM_WORLD);
+  for (int i = 0; i < warmup + iters; ++i) {
+    const double t0 = MPI_Wtime();
+    MPI_Sendrecv(send, n, MPI_BYTE, peer, 1, recv, n, MPI_BYTE, peer, 1, MPI_COMM_WORLD,
+                 MPI_STATUS_IGNORE);
+    if (i >= warmup) times.push_back(MPI_Wtime() - t0);
+  }
+  return MedianOf(times);
+}
+
 double TimeRawMpiAllreduce(float* buffer, size_t count, int warmup, int iters) {
   std::vector<double> times;
   MPI_Barrier(MPI_COMM_WORLD);

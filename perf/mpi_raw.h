@@ -15,4 +15,7 @@ std::string RawMpiUnavailableReason();
 // MPI_COMM_WORLD after one MPI_Barrier, each timed on its own; returns this rank's median seconds.
 double TimeRawMpiAllreduce(float* buffer, size_t count, int warmup, int iters);
 
+// The same for MPI_Sendrecv of `bytes` between pairs of ranks (rank ^ 1) over MPI_COMM_WORLD.
+double TimeRawMpiSendrecv(const void* send, void* recv, size_t bytes, int warmup, int iters);
+
 }  // namespace concord
