@@ -25,6 +25,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <memory>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -118,7 +119,8 @@ struct RecvOp {
 // A message that arrived before its recv: kept whole until one is posted.
 struct Unexpected {
   P2pMeta meta;
-  std::string payload;
+  std::unique_ptr<char[]> payload;  // meta.bytes of it (left uninitialised: read() fills it)
+  size_t capacity = 0;
   bool complete = false;
 };
 
@@ -136,6 +138,10 @@ struct Link {
   std::deque<SendOp> sends;
   std::map<int64_t, std::deque<RecvOp>> posted;
   std::map<int64_t, std::deque<Unexpected>> unexpected;
+  // The largest unexpected payload buffer given back, for the next one (no allocation, no page
+  // faults for a stream of late recvs).
+  std::unique_ptr<char[]> spare;
+  size_t spare_capacity = 0;
   // Reading: the staging buffer, then the message being received.
   std::vector<unsigned char> in = std::vector<unsigned char>(kStaging);
   size_t in_begin = 0, in_end = 0;
@@ -274,8 +280,12 @@ class TcpP2pTransport : public P2pTransport {
       Unexpected& m = u->second.front();
       RecvOp& r = p->second.front();
       void* dest = r.place(m.meta);
-      if (dest != nullptr && m.meta.bytes > 0) std::memcpy(dest, m.payload.data(), m.meta.bytes);
+      if (dest != nullptr && m.meta.bytes > 0) std::memcpy(dest, m.payload.get(), m.meta.bytes);
       out.emplace_back(std::move(r.done), Status::Ok());
+      if (m.capacity > l.spare_capacity) {
+        l.spare = std::move(m.payload);
+        l.spare_capacity = m.capacity;
+      }
       u->second.pop_front();
       p->second.pop_front();
     }
@@ -349,9 +359,19 @@ class TcpP2pTransport : public P2pTransport {
       return;
     }
     auto& q = l.unexpected[tag];
-    q.push_back(Unexpected{meta, std::string(meta.bytes, '\0'), false});
+    Unexpected m;
+    m.meta = meta;
+    if (l.spare_capacity >= meta.bytes && l.spare_capacity > 0) {
+      m.payload = std::move(l.spare);
+      m.capacity = l.spare_capacity;
+      l.spare_capacity = 0;
+    } else {
+      m.payload.reset(new char[std::max<uint64_t>(meta.bytes, 1)]);
+      m.capacity = meta.bytes;
+    }
+    q.push_back(std::move(m));
     l.stash = &q.back();
-    l.dest = l.stash->payload.data();
+    l.dest = l.stash->payload.get();
   }
 
   // Parses what the staging buffer holds; false when the link failed (a malformed header).
