@@ -131,6 +131,16 @@ _SIGNATURES = [
       ctypes.POINTER(ctypes.c_int64)]),
     ("concord_request_wire_bytes", ctypes.c_int, [c_request_p, ctypes.POINTER(ctypes.c_uint64)]),
     ("concord_request_free", None, [c_request_p]),
+    # point to point
+    ("concord_send_async", ctypes.c_int,
+     [c_comm_p, ctypes.POINTER(TensorStruct), ctypes.c_int, ctypes.c_int64, CALLBACK,
+      ctypes.c_void_p, ctypes.POINTER(c_request_p)]),
+    ("concord_recv_async", ctypes.c_int,
+     [c_comm_p, ctypes.POINTER(TensorStruct), ctypes.c_int, ctypes.c_int64, CALLBACK,
+      ctypes.c_void_p, ctypes.POINTER(c_request_p)]),
+    ("concord_request_output_shape", ctypes.c_int,
+     [c_request_p, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int),
+      ctypes.POINTER(ctypes.c_int64)]),
 ]
 
 
