@@ -84,9 +84,9 @@ StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& name,
 
 // A job whose negotiation and data both run over MPI (CONCORD_BACKEND=mpi): this process's rank
 // and size are MPI_COMM_WORLD's; control and backend each work on their own duplicate of it.
-// p2p carries sends and recvs on a third duplicate. keep_alive holds MPI itself (Concord finalizes
-// MPI, if it initialised it, when the last holder of any communicator's keep_alive goes): keep it
-// until both transports are destroyed.
+// p2p carries sends and recvs on a third duplicate (none with one rank). keep_alive holds MPI
+// itself (Concord finalizes MPI, if it initialised it, when the last holder of any communicator's
+// keep_alive goes): keep it until both transports are destroyed.
 struct MpiTransports {
   int rank = 0;
   int size = 1;

@@ -14,7 +14,8 @@
 // - A send's data must stay valid until its `done`. A send completes once the transport has handed
 //   its bytes on (TCP: written to the socket; MPI: once MPI completes the send).
 // - A recv matches the next message from (peer, tag). When its meta arrives, the transport calls
-//   `place(meta)` (progress thread, under the transport's lock: it must not block or call back)
+//   `place(meta)` (on the progress thread, or on the thread posting the recv when the message is
+//   already there; under the transport's lock: it must not block or call back)
 //   for where the payload goes: a buffer of exactly meta.bytes, or nullptr to consume and drop the
 //   payload (the receiver refused the message: the stream stays in sync for the next one). A recv
 //   not matched by its deadline completes with kTimeout; one whose payload has not arrived by then

@@ -47,9 +47,11 @@ StatusOr<MpiTransports> CreateMpiTransports(std::chrono::milliseconds timeout) {
   MpiTransports t;
   CONCORD_ASSIGN_OR_RETURN(t.control, CreateMpiControlPlane(env, timeout));
   CONCORD_ASSIGN_OR_RETURN(t.backend, CreateMpiBackend(env, timeout));
-  CONCORD_ASSIGN_OR_RETURN(t.p2p, CreateMpiP2pTransport(env, timeout));
   t.rank = t.backend->rank();
   t.size = t.backend->size();
+  if (t.size > 1) {
+    CONCORD_ASSIGN_OR_RETURN(t.p2p, CreateMpiP2pTransport(env, timeout));
+  }
   t.keep_alive = std::move(env);
   return t;
 #else

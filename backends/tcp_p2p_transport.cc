@@ -156,10 +156,13 @@ struct Link {
 
 using Completions = std::vector<std::pair<P2pTransport::Done, Status>>;
 
-// Contract: see P2pTransport and tcp_p2p_transport.h. Owns one socket per peer, an eventfd and
-// the progress thread. mu_ guards every link; it is held around non-blocking socket calls and
-// bookkeeping (and `place`), never while `done` runs. The progress thread alone reads; a calling
-// thread writes a send itself when nothing is queued before it on that link.
+// Contract: see P2pTransport (backends/p2p_transport.h) and the top of this file. Owns one socket
+// per peer, an eventfd and the progress thread. mu_ guards each link's receive side (posted
+// recvs, unexpected messages, the failure, the parsing state); a link's send_mu its send side
+// (queue, socket writes), taken after mu_ when both are needed. Neither is held while `done`
+// runs, nor across poll() or read(). The progress thread alone reads (read() itself runs without
+// mu_) and closes sockets; a submitting thread writes its send itself when nothing is queued
+// before it on that link, and leaves the rest to the progress thread.
 class TcpP2pTransport : public P2pTransport {
  public:
   TcpP2pTransport(int rank, int size, std::vector<Link> links, net::Fd wake)

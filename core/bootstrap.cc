@@ -282,13 +282,18 @@ StatusOr<std::unique_ptr<Engine>> CreateEngine(Config config) {
   // CUDA tensors: the device backend CONCORD_BACKEND asks for (core/device_setup.h).
   CONCORD_ASSIGN_OR_RETURN(DevicePlane device,
                            StartDevicePlane(config, bo, rv->store.get(), deadline));
-  // Sends and recvs: connections of their own between every pair of ranks (core/p2p.h).
-  BackendOptions p2p_options = bo;
-  p2p_options.prefix = prefix + "/p2p";
-  auto p2p = CreateTcpP2pTransport(p2p_options, rv->store.get());
-  if (!p2p.ok()) return p2p.status().WithContext("connecting the point-to-point transport");
+  // Sends and recvs: connections of their own between every pair of ranks (core/p2p.h). One
+  // rank has no peer to send to: no transport.
+  std::unique_ptr<P2pTransport> p2p;
+  if (config.size > 1) {
+    BackendOptions p2p_options = bo;
+    p2p_options.prefix = prefix + "/p2p";
+    auto made = CreateTcpP2pTransport(p2p_options, rv->store.get());
+    if (!made.ok()) return made.status().WithContext("connecting the point-to-point transport");
+    p2p = std::move(*made);
+  }
   return std::make_unique<Engine>(config, std::move(*control), std::move(lanes), rv,
-                                  std::move(device), std::move(*p2p));
+                                  std::move(device), std::move(p2p));
 }
 
 }  // namespace concord
