@@ -302,7 +302,7 @@ class MpiP2pTransport : public P2pTransport {
     auto idle_since = Clock::now();
     std::unique_lock<std::mutex> lock(mu_);
     while (!stop_) {
-      if (sends_.empty() && recvs_.empty()) {
+      if (sends_.empty() && recvs_.empty() && pending_out_.empty()) {
         cv_.wait(lock);
         idle_since = Clock::now();
         continue;
