@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "backends/control_plane.h"
+#include "backends/p2p_transport.h"
 #include "base/dtype.h"
 #include "base/status.h"
 
@@ -96,13 +97,15 @@ StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& name,
 
 // A job whose negotiation and data both run over MPI (CONCORD_BACKEND=mpi): this process's rank
 // and size are MPI_COMM_WORLD's; control and backend each work on their own duplicate of it.
-// keep_alive holds MPI itself (Concord finalizes MPI, if it initialised it, when the last holder
-// of any communicator's keep_alive goes): keep it until both transports are destroyed.
+// p2p carries sends and recvs on a third duplicate (none with one rank). keep_alive holds MPI
+// itself (Concord finalizes MPI, if it initialised it, when the last holder of any communicator's
+// keep_alive goes): keep it until both transports are destroyed.
 struct MpiTransports {
   int rank = 0;
   int size = 1;
   std::unique_ptr<ControlPlane> control;
   std::unique_ptr<Backend> backend;
+  std::unique_ptr<P2pTransport> p2p;
   std::shared_ptr<void> keep_alive;
 };
 

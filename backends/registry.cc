@@ -56,6 +56,9 @@ StatusOr<MpiTransports> CreateMpiTransports(std::chrono::milliseconds timeout,
     CONCORD_ASSIGN_OR_RETURN(t.backend, CreateMpiBackend(env, timeout, kMpiMaxMessageBytes, base));
     t.rank = t.backend->rank();
     t.size = t.backend->size();
+    if (t.size > 1) {
+      CONCORD_ASSIGN_OR_RETURN(t.p2p, CreateMpiP2pTransport(env, timeout, base));
+    }
     return t;
   }();
   if (base != MPI_COMM_WORLD) {

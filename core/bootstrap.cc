@@ -200,7 +200,7 @@ StatusOr<Communicator> CreateMpiCommunicator(Config config, std::chrono::millise
   comm.origin = std::make_shared<CommOrigin>();
   for (int r = 0; r < t.size; ++r) comm.origin->mpi_world_ranks.push_back(r);
   comm.engine = std::make_unique<Engine>(config, std::move(t.control), std::move(lanes),
-                                         std::move(t.keep_alive));
+                                         std::move(t.keep_alive), DevicePlane(), std::move(t.p2p));
   return comm;
 }
 
@@ -258,8 +258,18 @@ StatusOr<std::unique_ptr<Engine>> StartOnStore(const Config& config,
   // CUDA tensors: the device backend CONCORD_BACKEND asks for (core/device_setup.h).
   CONCORD_ASSIGN_OR_RETURN(DevicePlane device,
                            StartDevicePlane(config, bo, rv->store.get(), deadline));
+  // Sends and recvs: connections of their own between every pair of ranks (core/p2p.h). One
+  // rank has no peer to send to: no transport.
+  std::unique_ptr<P2pTransport> p2p;
+  if (config.size > 1) {
+    BackendOptions p2p_options = bo;
+    p2p_options.prefix = prefix + "/p2p";
+    auto made = CreateTcpP2pTransport(p2p_options, rv->store.get());
+    if (!made.ok()) return made.status().WithContext("connecting the point-to-point transport");
+    p2p = std::move(*made);
+  }
   return std::make_unique<Engine>(config, std::move(*control), std::move(lanes), rv,
-                                  std::move(device));
+                                  std::move(device), std::move(p2p));
 }
 
 }  // namespace
@@ -327,7 +337,8 @@ StatusOr<Communicator> StartSubCommunicator(const Config& config, const CommOrig
     std::vector<std::unique_ptr<Backend>> lanes;
     lanes.push_back(std::move(transports->backend));
     comm.engine = std::make_unique<Engine>(config, std::move(transports->control), std::move(lanes),
-                                           std::move(transports->keep_alive));
+                                           std::move(transports->keep_alive), DevicePlane(),
+                                           std::move(transports->p2p));
   }
   origin->mpi_world_ranks = std::move(mpi_world_ranks);
   comm.origin = std::move(origin);

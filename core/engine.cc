@@ -45,7 +45,7 @@ std::unique_ptr<Coordinator> MakeCoordinator(const Config& config, const Respons
 
 Engine::Engine(const Config& config, std::unique_ptr<ControlPlane> control,
                std::vector<std::unique_ptr<Backend>> lanes, std::shared_ptr<void> keep_alive,
-               DevicePlane device)
+               DevicePlane device, std::unique_ptr<P2pTransport> p2p)
     : config_(config),
       keep_alive_(std::move(keep_alive)),
       control_(std::move(control)),
@@ -56,6 +56,9 @@ Engine::Engine(const Config& config, std::unique_ptr<ControlPlane> control,
       queue_([this] { driver_.Wake(); }),
       gate_(std::make_shared<WaitGate>(
           [this](RequestState& state, Deadline deadline) { Drive(state, deadline); })),
+      p2p_(std::make_unique<PointToPoint>(
+          config.rank, config.size, MillisFromSeconds(config.timeout_s), std::move(p2p),
+          Status(Code::kUnavailable, "this communicator has no point-to-point transport"))),
       driver_(ProgressDriver::Hooks{[this](Deadline limit, std::chrono::microseconds busy) {
                                       return StepHook(limit, busy);
                                     },
@@ -273,6 +276,7 @@ Status Engine::Shutdown() {
   // Their callbacks run on this thread, which counts as the engine's meanwhile: one that
   // finalizes this communicator again is refused instead of waiting for shutdown_mu_ forever.
   finalizing_thread_.store(std::this_thread::get_id());
+  p2p_->Close(closed);
   for (auto& e : left) e.state->Complete(closed);
   finalizing_thread_.store(std::thread::id());
   if (!barrier.ok()) Log(LogLevel::kWarning, barrier.message());
@@ -335,12 +339,13 @@ void Engine::Fail(const Status& failure) {
   // Device work in flight fails now (its communicator is aborted), not at its deadline.
   if (device_.backend) device_.backend->Abort(status);
   for (auto& e : queue_.Close(status)) e.state->Complete(status);
+  p2p_->Close(status);
 }
 
 bool Engine::OnEngineThread() const {
   const std::thread::id self = std::this_thread::get_id();
   if (driver_.RunsSteps(self) || self == device_thread_id_.load() ||
-      self == finalizing_thread_.load()) {
+      self == finalizing_thread_.load() || p2p_->OnProgressThread()) {
     return true;
   }
   for (const auto& lane : lanes_) {

@@ -52,6 +52,7 @@
 #include "core/fusion_planner.h"
 #include "core/lane.h"
 #include "core/lane_plan.h"
+#include "core/p2p.h"
 #include "core/progress_driver.h"
 #include "core/response_cache.h"
 #include "core/tensor_queue.h"
@@ -82,9 +83,10 @@ class Engine {
   // Takes ownership of the transports and starts the engine thread. `lanes` holds one backend per
   // lane (at least one). `keep_alive` holds whatever the transports need to outlive them (the
   // rendezvous store, a store server). `device` serves CUDA tensors, when it has a backend.
+  // `p2p` carries sends and recvs (null: they are refused with kUnavailable).
   Engine(const Config& config, std::unique_ptr<ControlPlane> control,
          std::vector<std::unique_ptr<Backend>> lanes, std::shared_ptr<void> keep_alive,
-         DevicePlane device = DevicePlane());
+         DevicePlane device = DevicePlane(), std::unique_ptr<P2pTransport> p2p = nullptr);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -111,6 +113,12 @@ class Engine {
   bool Wait(RequestState& state, Deadline deadline) { return gate_->Wait(state, deadline); }
   // What request handles keep to wait through this engine; usable after the engine is gone.
   std::shared_ptr<WaitGate> wait_gate() const { return gate_; }
+
+  // Point to point (core/p2p.h): checks the send or recv and hands it to the transport, or
+  // refuses it (nothing is queued). Thread-safe; never negotiated. Its requests wait through
+  // p2p_wait_gate(). Shutdown() and a failure of the engine complete those in flight.
+  Status SubmitP2p(P2pEntry entry) { return p2p_->Submit(std::move(entry)); }
+  std::shared_ptr<WaitGate> p2p_wait_gate() const { return p2p_->wait_gate(); }
 
   // Next barrier's name: barriers are matched across ranks by their sequence number.
   std::string NextBarrierName();
@@ -321,6 +329,8 @@ class Engine {
   std::atomic<std::thread::id> finalizing_thread_{};
 
   std::shared_ptr<WaitGate> gate_;
+  // Sends and recvs: their own connections and progress thread (fixed after construction).
+  std::unique_ptr<PointToPoint> p2p_;
   ProgressDriver driver_;
   // Last: destroyed first, joining its completion thread while what its callbacks touch lives.
   DevicePlane device_;

@@ -10,6 +10,7 @@
 
 #include "backends/device_backend.h"
 #include "base/clock.h"
+#include "base/dtype.h"
 #include "base/mutex.h"
 #include "base/status.h"
 
@@ -31,15 +32,18 @@ class RequestState {
   bool done() const EXCLUDES(mu_);
   Status status() const EXCLUDES(mu_);
 
-  // Result of an allgather or alltoall, set by the engine before Complete() (by the thread that
-  // completes it; read after completion). `owned` holds the data when the caller gave no output
-  // buffer; `splits` (alltoall) the rows received from each rank.
+  // Result of an allgather, an alltoall or a recv, set by the engine before Complete() (by the
+  // thread that completes it; read after completion). `owned` holds the data when the caller gave
+  // no output buffer; `splits` (alltoall) the rows received from each rank; a recv also sets the
+  // received shape and dtype.
   struct Output {
     void* data = nullptr;
     size_t bytes = 0;
     int64_t first_dim = 0;
     std::vector<uint8_t> owned;
     std::vector<int64_t> splits;
+    std::vector<int64_t> shape;
+    DType dtype = DType::kUint8;
   };
   Output& output() { return output_; }
 

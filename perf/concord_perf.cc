@@ -83,7 +83,8 @@ struct Row {
   std::fprintf(
       stderr,
       "concord-perf: %s\n"
-      "usage: concord-perf [--op allreduce|allgather|broadcast|reducescatter|alltoall]\n"
+      "usage: concord-perf\n"
+      "         [--op allreduce|allgather|broadcast|reducescatter|alltoall|sendrecv]\n"
       "         [--dtype float32]\n"
       "         [--redop sum|average|min|max|product] [--bytes MIN:MAX] [--factor F]\n"
       "         [--iters N] [--warmup N] [--workload FILE [--steps N] [--rounds N]]\n"
@@ -122,7 +123,7 @@ Options ParseOptions(int argc, char** argv) {
     if (a == "--op") {
       o.op = next();
       if (o.op != "allreduce" && o.op != "allgather" && o.op != "broadcast" &&
-          o.op != "reducescatter" && o.op != "alltoall") {
+          o.op != "reducescatter" && o.op != "alltoall" && o.op != "sendrecv") {
         Usage("bad --op");
       }
     } else if (a == "--dtype") {
@@ -256,6 +257,24 @@ struct Buffers {
   int device = CONCORD_DEVICE_CPU;
 };
 
+// Point to point: this rank and rank ^ 1 exchange `t` (received into `out`): recv posted, send,
+// both waited for. What the raw rows time too.
+concord_status_t SendRecvOnce(concord_comm_t comm, const concord_tensor_t& t, void* out) {
+  int rank = 0;
+  concord_comm_rank(comm, &rank);
+  concord_tensor_t in = t;
+  in.data = out;
+  concord_request_t r = nullptr, w = nullptr;
+  concord_status_t s = concord_recv_async(comm, &in, rank ^ 1, 1, nullptr, nullptr, &r);
+  if (s != CONCORD_SUCCESS) return s;
+  s = concord_send_async(comm, &t, rank ^ 1, 1, nullptr, nullptr, &w);
+  if (s == CONCORD_SUCCESS) s = concord_wait(w, -1);
+  const concord_status_t rs = concord_wait(r, -1);
+  concord_request_free(w);
+  concord_request_free(r);
+  return s != CONCORD_SUCCESS ? s : rs;
+}
+
 // Benchmarks one Concord op at one size; returns the median seconds per op (max over ranks).
 double TimeConcordOp(concord_comm_t comm, const Options& o, int size, size_t bytes,
                      const Buffers& b) {
@@ -287,6 +306,8 @@ double TimeConcordOp(concord_comm_t comm, const Options& o, int size, size_t byt
     } else if (o.op == "alltoall") {
       // `bytes` is each rank's input, 1/size of it to every rank (the even split).
       s = concord_alltoall(comm, name.c_str(), &t, b.out, b.capacity, nullptr, nullptr, 0);
+    } else if (o.op == "sendrecv") {
+      s = SendRecvOnce(comm, t, b.out);
     } else {
       s = concord_broadcast(comm, name.c_str(), &t, nullptr, 0);
     }
@@ -319,6 +340,28 @@ double TimeRawGloo(concord_comm_t comm, Store* store, const Options& o, int rank
     median = Median(*times);
   }
   return MaxAcrossRanks(comm, median, "perf.raw." + tag + "." + algo + "." + std::to_string(count));
+}
+
+// Median seconds per raw Gloo pair exchange of `count` floats (max over ranks); -1 when it failed.
+double TimeRawGlooSendRecv(concord_comm_t comm, Store* store, const Options& o, int rank, int size,
+                           size_t count) {
+  RawGlooOptions ro;
+  ro.rank = rank;
+  ro.size = size;
+  if (const char* iface = std::getenv("CONCORD_IFACE")) ro.iface = iface;
+  ro.prefix = "perf/raw_p2p/" + std::to_string(count);
+  ro.count = count;
+  ro.iterations = o.iters;
+  ro.warmup = o.warmup;
+  auto times = RunRawGlooSendRecv(ro, store);
+  double median = -1;
+  if (!times.ok()) {
+    std::fprintf(stderr, "concord-perf: raw gloo send/recv failed on rank %d: %s\n", rank,
+                 times.status().ToString().c_str());
+  } else {
+    median = Median(*times);
+  }
+  return MaxAcrossRanks(comm, median, "perf.raw_p2p." + std::to_string(count));
 }
 
 // Median seconds per raw in-place MPI_Allreduce of `count` floats in `buffer` (max over ranks);
@@ -367,6 +410,26 @@ double TimeRawMpiExchange(concord_comm_t comm, const Options&, int rank, int, co
   return TimeRawMpi(comm, rank, nullptr, 0, 0, 0, "perf.raw.mpi.exchange");
 }
 #endif
+
+// Median seconds per raw MPI_Sendrecv of `bytes` between rank pairs (max over ranks); -1 when
+// this build or this MPI cannot run it.
+double TimeRawMpiP2p(concord_comm_t comm, const void* send, void* recv, size_t bytes, int warmup,
+                     int iters) {
+#ifdef CONCORD_PERF_MPI
+  if (RawMpiUnavailableReason().empty()) {
+    return MaxAcrossRanks(comm, TimeRawMpiSendrecv(send, recv, bytes, warmup, iters),
+                          "perf.raw.sendrecv." + std::to_string(bytes));
+  }
+#else
+  (void)comm;
+  (void)send;
+  (void)recv;
+  (void)bytes;
+  (void)warmup;
+  (void)iters;
+#endif
+  return -1;
+}
 
 #ifdef CONCORD_PERF_NCCL
 // Median seconds per raw ncclAllReduce of `count` floats on the sweep's device buffer (max over
@@ -430,6 +493,12 @@ int RunSweep(concord_comm_t comm, const Options& o, int rank, int size, Store* s
                         o.dtype == DType::kFloat32 && o.redop == ReduceOp::kSum && size > 1;
   const bool raw = o.raw && store != nullptr && (float_sum || exchange);
   const bool raw_mpi = o.raw && o.backend == "mpi" && (float_sum || exchange);
+  const bool sendrecv_raw = o.raw && o.op == "sendrecv" && o.dtype == DType::kFloat32;
+  if (o.op == "sendrecv" && size % 2 != 0) {
+    if (rank == 0)
+      std::fprintf(stderr, "concord-perf: --op sendrecv needs an even number of ranks\n");
+    return 2;
+  }
   if (rank == 0) {
     const std::string where = b.device == CONCORD_DEVICE_CPU
                                   ? std::string("CPU buffers")
@@ -478,6 +547,26 @@ int RunSweep(concord_comm_t comm, const Options& o, int rank, int size, Store* s
       }
     }
 #endif
+    if (sendrecv_raw) {
+      double t = -1;
+      std::string impl;
+      if (o.backend == "mpi") {
+        impl = "raw MPI_Sendrecv";
+        t = TimeRawMpiP2p(comm, b.in, b.out, rounded, o.warmup, o.iters);
+      } else if (o.backend == "gloo" && store != nullptr) {
+        impl = "raw gloo pair send/recv";
+        t = TimeRawGlooSendRecv(comm, store, o, rank, size, rounded / 4);
+      }
+      if (t > 0) {
+        Row r = MakeRow(o.op, impl, size, rounded, t, o.backend);
+        rows->push_back(r);
+        if (rank == 0) {
+          PrintRow(r);
+          std::printf("%12s  concord/raw: time x%.2f, bandwidth x%.2f\n", "",
+                      concord_row.seconds / t, t / concord_row.seconds);
+        }
+      }
+    }
     if (raw && o.backend == "gloo") {
       double best = 0;
       const std::vector<std::string> exchange_algos =

@@ -11,6 +11,7 @@
 #include <gloo/barrier.h>
 #include <gloo/reduce_scatter.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 
@@ -164,6 +165,47 @@ StatusOr<std::vector<double>> RunRawGlooAllreduce(const RawGlooOptions& options,
   } catch (...) {
     return gloo_internal::CurrentExceptionToStatus(
         std::string("raw allreduce (") + gloo_internal::AllreduceAlgorithmName(algorithm) + ")");
+  }
+}
+
+StatusOr<std::vector<double>> RunRawGlooSendRecv(const RawGlooOptions& options, Store* store) {
+  if (options.size % 2 != 0 || options.iterations < 1 || options.warmup < 0) {
+    return InvalidArgument("raw gloo send/recv: an even number of ranks, iterations >= 1");
+  }
+  gloo_internal::GlooConnectOptions connect;
+  connect.rank = options.rank;
+  connect.size = options.size;
+  connect.iface = options.iface;
+  connect.host = options.host;
+  connect.prefix = options.prefix;
+  connect.timeout = options.timeout;
+  std::shared_ptr<gloo_internal::GlooContext> context;
+  CONCORD_ASSIGN_OR_RETURN(context, gloo_internal::ConnectGloo(connect, store));
+  std::vector<float> out(std::max<size_t>(options.count, 1), 1.0f), in(out.size());
+  const size_t bytes = options.count * sizeof(float);
+  const int peer = options.rank ^ 1;
+  try {
+    auto send = context->createUnboundBuffer(out.data(), bytes);
+    auto recv = context->createUnboundBuffer(in.data(), bytes);
+    std::vector<double> seconds;
+    for (int i = 0; i < options.warmup + options.iterations; ++i) {
+      if (i == 0 || i == options.warmup) {
+        gloo::BarrierOptions barrier(context);
+        gloo::barrier(barrier);
+      }
+      const auto start = Clock::now();
+      recv->recv(peer, 1);
+      send->send(peer, 1);
+      send->waitSend(options.timeout);
+      recv->waitRecv(options.timeout);
+      const std::chrono::duration<double> took = Clock::now() - start;
+      if (i >= options.warmup) seconds.push_back(took.count());
+    }
+    gloo::BarrierOptions barrier(context);
+    gloo::barrier(barrier);
+    return seconds;
+  } catch (...) {
+    return gloo_internal::CurrentExceptionToStatus("raw send/recv");
   }
 }
 

@@ -40,4 +40,9 @@ StatusOr<std::vector<double>> RunRawGlooAllreduce(const RawGlooOptions& options,
 // buffers.
 StatusOr<std::vector<double>> RunRawGlooExchange(const RawGlooOptions& options, Store* store);
 
+// The same for point to point: ranks in pairs (rank ^ 1) exchange count floats each way with
+// Gloo's unbound buffers (recv posted, send, wait for both), one fixed slot; options.algorithm is
+// ignored. Returns the seconds each timed exchange took on this rank. options.size must be even.
+StatusOr<std::vector<double>> RunRawGlooSendRecv(const RawGlooOptions& options, Store* store);
+
 }  // namespace concord

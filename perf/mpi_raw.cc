@@ -39,6 +39,17 @@ double TimeMpi(int warmup, int iters, Run run) {
 
 }  // namespace
 
+double TimeRawMpiSendrecv(const void* send, void* recv, size_t bytes, int warmup, int iters) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const int peer = rank ^ 1;
+  const int n = static_cast<int>(std::min<size_t>(bytes, INT_MAX));
+  return TimeMpi(warmup, iters, [&] {
+    MPI_Sendrecv(send, n, MPI_BYTE, peer, 1, recv, n, MPI_BYTE, peer, 1, MPI_COMM_WORLD,
+                 MPI_STATUS_IGNORE);
+  });
+}
+
 double TimeRawMpiAllreduce(float* buffer, size_t count, int warmup, int iters) {
   const int n = static_cast<int>(std::min<size_t>(count, INT_MAX));
   return TimeMpi(warmup, iters, [&] {

@@ -45,6 +45,13 @@ StatusOr<std::unique_ptr<Backend>> CreateMpiBackend(std::shared_ptr<MpiEnvironme
                                                     size_t max_message_bytes = kMpiMaxMessageBytes,
                                                     MPI_Comm base = MPI_COMM_WORLD);
 
+// A P2pTransport (backends/p2p_transport.h) over its own duplicate of `base`, with its own
+// progress thread (mpi_p2p_transport.cc). Collective over base; waits for the duplicate at most
+// `timeout`.
+StatusOr<std::unique_ptr<P2pTransport>> CreateMpiP2pTransport(std::shared_ptr<MpiEnvironment> env,
+                                                              std::chrono::milliseconds timeout,
+                                                              MPI_Comm base = MPI_COMM_WORLD);
+
 // A ControlPlane over its own duplicate of `base` (see MpiControlPlane in mpi_control_plane.cc).
 // Collective over base; waits for the duplicate at most liveness_timeout.
 StatusOr<std::unique_ptr<ControlPlane>> CreateMpiControlPlane(

@@ -36,6 +36,7 @@ struct concord_request {
   concord_callback_t callback = nullptr;
   void* user_data = nullptr;
   bool device = false;  // the operation is on CUDA tensors
+  bool recv = false;    // a point-to-point recv (concord_request_output_shape)
   concord::Mutex mu;
   bool completed GUARDED_BY(mu) = false;
   bool detached GUARDED_BY(mu) = false;
@@ -207,12 +208,9 @@ struct BlockingCall {
   ~BlockingCall() { t_blocking_call = false; }  // when the enqueue failed before Submit()
 };
 
-// Queues entry; on success *request receives a new handle whose callback runs on completion.
-Status Submit(concord_comm_t comm, concord::QueueEntry entry, concord_callback_t callback,
-              void* user_data, concord_request_t* request) {
-  if (request == nullptr) return concord::InvalidArgument("the request out-pointer is NULL");
+// A new handle whose state runs the callback on completion, then frees the handle if detached.
+concord_request* NewRequest(concord_callback_t callback, void* user_data) {
   auto* req = new concord_request;
-  req->device = entry.request.device != CONCORD_DEVICE_CPU;
   req->callback = callback;
   req->user_data = user_data;
   req->state = std::make_shared<concord::RequestState>([req](const Status& s) {
@@ -225,6 +223,15 @@ Status Submit(concord_comm_t comm, concord::QueueEntry entry, concord_callback_t
     }
     if (free_now) delete req;
   });
+  return req;
+}
+
+// Queues entry; on success *request receives a new handle whose callback runs on completion.
+Status Submit(concord_comm_t comm, concord::QueueEntry entry, concord_callback_t callback,
+              void* user_data, concord_request_t* request) {
+  if (request == nullptr) return concord::InvalidArgument("the request out-pointer is NULL");
+  auto* req = NewRequest(callback, user_data);
+  req->device = entry.request.device != CONCORD_DEVICE_CPU;
   entry.state = req->state;
   req->gate = comm->engine->wait_gate();
   // Taken at once: a callback this thread runs while it waits may enqueue on another engine.
@@ -319,6 +326,48 @@ Status MergeConfig(const concord_config_t& c, concord::Config* config) {
         ": must be -1 (the environment's), 0 or 1");
   }
   if (c.waiter_progress != -1) config->waiter_progress = c.waiter_progress == 1;
+  return Status::Ok();
+}
+
+// A send or recv (core/p2p.h): checked and handed to the transport, never negotiated.
+Status SubmitP2p(concord_comm_t comm, bool send, const concord_tensor_t* t, int peer, int64_t tag,
+                 concord_callback_t callback, void* user_data, concord_request_t* request) {
+  CONCORD_RETURN_IF_ERROR(CheckComm(comm));
+  if (request == nullptr) return concord::InvalidArgument("the request out-pointer is NULL");
+  concord::P2pEntry e;
+  e.send = send;
+  e.peer = peer;
+  e.tag = tag;
+  e.expect = t != nullptr;
+  const std::string what = std::string(send ? "send to" : "recv from") + " rank " +
+                           std::to_string(peer) + " with tag " + std::to_string(tag) + ": ";
+  if (send && t == nullptr) return concord::InvalidArgument(what + "the tensor is NULL");
+  if (t != nullptr) {
+    const int dtype = EnumValue(t->dtype);
+    if (!concord::IsValidDType(dtype)) {
+      return concord::InvalidArgument(what + "unknown dtype " + std::to_string(dtype));
+    }
+    if (t->ndim < 0 || t->ndim > CONCORD_MAX_DIMS) {
+      return concord::InvalidArgument(what + "ndim " + std::to_string(t->ndim) +
+                                      " is outside [0, " + std::to_string(CONCORD_MAX_DIMS) + "]");
+    }
+    if (t->ndim > 0 && t->shape == nullptr) return concord::InvalidArgument(what + "shape is NULL");
+    e.dtype = static_cast<concord::DType>(dtype);
+    e.shape.assign(t->shape, t->shape + t->ndim);
+    e.device = t->device;
+    e.data = t->data;
+  }
+  concord_request* req = NewRequest(callback, user_data);
+  req->device = e.device != CONCORD_DEVICE_CPU;
+  req->recv = !send;
+  req->gate = comm->engine->p2p_wait_gate();
+  e.state = req->state;
+  Status s = comm->engine->SubmitP2p(std::move(e));
+  if (!s.ok()) {
+    delete req;
+    return s;
+  }
+  *request = req;
   return Status::Ok();
 }
 
@@ -657,6 +706,52 @@ concord_status_t concord_end_step(concord_comm_t comm) {
     comm->engine->EndStep();
     return Status::Ok();
   });
+}
+
+// ---- point to point (core/p2p.h): checked and handed to the transport, never negotiated ----
+concord_status_t concord_send_async(concord_comm_t comm, const concord_tensor_t* tensor, int peer,
+                                    int64_t tag, concord_callback_t callback, void* user_data,
+                                    concord_request_t* request) {
+  return Guard(
+      comm, [&] { return SubmitP2p(comm, true, tensor, peer, tag, callback, user_data, request); });
+}
+
+concord_status_t concord_recv_async(concord_comm_t comm, const concord_tensor_t* expected, int peer,
+                                    int64_t tag, concord_callback_t callback, void* user_data,
+                                    concord_request_t* request) {
+  return Guard(comm, [&] {
+    return SubmitP2p(comm, false, expected, peer, tag, callback, user_data, request);
+  });
+}
+
+concord_status_t concord_send(concord_comm_t comm, const concord_tensor_t* tensor, int peer,
+                              int64_t tag) {
+  concord_request_t r = nullptr;
+  return WaitAndFree(comm, concord_send_async(comm, tensor, peer, tag, nullptr, nullptr, &r), &r);
+}
+
+concord_status_t concord_recv(concord_comm_t comm, const concord_tensor_t* expected, int peer,
+                              int64_t tag) {
+  if (expected == nullptr) {
+    return Record(comm, concord::InvalidArgument(
+                            "concord_recv: expected is NULL (use concord_recv_async to take the "
+                            "sender's shape into a request-owned buffer)"));
+  }
+  concord_request_t r = nullptr;
+  return WaitAndFree(comm, concord_recv_async(comm, expected, peer, tag, nullptr, nullptr, &r), &r);
+}
+
+concord_status_t concord_request_output_shape(concord_request_t request, concord_dtype_t* dtype,
+                                              int* ndim, int64_t* shape) {
+  if (request == nullptr || !request->recv) return CONCORD_ERR_INVALID_ARGUMENT;
+  if (!request->state->done()) return CONCORD_IN_PROGRESS;
+  const Status s = request->state->status();
+  if (!s.ok()) return ToC(s);
+  const auto& out = request->state->output();
+  if (dtype) *dtype = static_cast<concord_dtype_t>(out.dtype);
+  if (ndim) *ndim = static_cast<int>(out.shape.size());
+  if (shape) std::copy(out.shape.begin(), out.shape.end(), shape);
+  return CONCORD_SUCCESS;
 }
 
 concord_status_t concord_wait(concord_request_t request, double timeout_s) {

@@ -452,6 +452,54 @@ CONCORD_API concord_status_t concord_group_end(concord_comm_t comm);
  */
 CONCORD_API concord_status_t concord_end_step(concord_comm_t comm);
 
+/* ---- point to point (pipeline stages) ---- */
+/**
+ * Sends `tensor` (a CPU tensor) to rank `peer` with `tag` (>= 0; at most (MPI_TAG_UB - 1) / 2 on
+ * the MPI backend, 2^30 - 1 with Open MPI; any int64 on Gloo). Point to point is not negotiated:
+ * the message (a header with dtype and shape, then the bytes) goes straight to the peer on
+ * connections of its own, and no other rank takes part. Messages from one rank to another with
+ * one tag arrive in the order they were sent; different tags and peers never wait for each other,
+ * and any number may be in flight. The tensor's data must stay valid until the request completes
+ * (on Gloo it completes once its bytes are written to the socket; on MPI once MPI completes the
+ * send, which for large messages is when the peer receives them). Refused with INVALID_ARGUMENT
+ * (nothing is sent) for a peer outside the communicator or this rank, a negative tag, NULL data
+ * with elements; UNAVAILABLE for a CUDA tensor. A peer that fails completes it with PEER_FAILURE
+ * naming the peer; one that does not take the bytes within CONCORD_TIMEOUT_S with TIMEOUT.
+ * Callbacks of sends and recvs run on the communicator's point-to-point thread (or on the calling
+ * thread when the operation completes at once); they must not wait for requests of this
+ * communicator. concord_finalize completes those still in flight with NOT_INITIALIZED.
+ */
+CONCORD_API concord_status_t concord_send_async(concord_comm_t comm, const concord_tensor_t* tensor,
+                                                int peer, int64_t tag, concord_callback_t callback,
+                                                void* user_data, concord_request_t* request);
+/**
+ * Receives the next message from rank `peer` with `tag`. With `expected` (a CPU tensor) the
+ * message lands in expected->data, and must have its dtype and shape: otherwise the request fails
+ * with MISMATCH naming both, the message is consumed and dropped, and the next one on (peer, tag)
+ * is received intact. With `expected` NULL the recv takes the sender's dtype and shape; the
+ * request owns the bytes (concord_request_output: data, bytes, first dimension;
+ * concord_request_output_shape: dtype and shape). A message that does not arrive within
+ * CONCORD_TIMEOUT_S fails with TIMEOUT; a peer that fails, with PEER_FAILURE naming it. Argument
+ * errors as for concord_send_async.
+ */
+CONCORD_API concord_status_t concord_recv_async(concord_comm_t comm,
+                                                const concord_tensor_t* expected, int peer,
+                                                int64_t tag, concord_callback_t callback,
+                                                void* user_data, concord_request_t* request);
+/** Blocking: enqueue, wait, free. concord_recv needs `expected` (there is no request to own it). */
+CONCORD_API concord_status_t concord_send(concord_comm_t comm, const concord_tensor_t* tensor,
+                                          int peer, int64_t tag);
+CONCORD_API concord_status_t concord_recv(concord_comm_t comm, const concord_tensor_t* expected,
+                                          int peer, int64_t tag);
+/**
+ * The dtype and shape a finished recv received (*ndim entries of shape, which must hold
+ * CONCORD_MAX_DIMS). Any out-pointer may be NULL. INVALID_ARGUMENT for a request that is not a
+ * recv; IN_PROGRESS while running; the request's error if it failed.
+ */
+CONCORD_API concord_status_t concord_request_output_shape(concord_request_t request,
+                                                          concord_dtype_t* dtype, int* ndim,
+                                                          int64_t* shape);
+
 /* ---- requests ---- */
 /** Blocks until the request finishes, at most timeout_s seconds (< 0: no limit; the engine's own
  *  deadlines still apply; 0: a poll; NaN: INVALID_ARGUMENT). Returns the request's final status

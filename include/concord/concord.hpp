@@ -220,6 +220,14 @@ class Future {
                   concord_request_error(request_));
     return splits;
   }
+  /// A recv's received dtype and shape (after waiting): see concord_request_output_shape.
+  std::vector<int64_t> output_shape(concord_dtype_t* dtype = nullptr) {
+    wait();
+    int64_t shape[CONCORD_MAX_DIMS];
+    int ndim = 0;
+    detail::Check(concord_request_output_shape(request_, dtype, &ndim, shape), "not a recv");
+    return std::vector<int64_t>(shape, shape + ndim);
+  }
   /// Bytes this rank put on the wire (after waiting): see concord_request_wire_bytes.
   uint64_t wire_bytes() {
     wait();
@@ -397,6 +405,30 @@ class Communicator {
     return Enqueue(std::move(callback), [&](concord_callback_t cb, void* ud, concord_request_t* r) {
       return concord_alltoall_async(comm_, name.c_str(), &ct, out, out_capacity, &o, cb, ud, r);
     });
+  }
+
+  /// Point to point (concord_send_async): `in` to rank `peer` with `tag`, not negotiated; FIFO
+  /// per (peer, tag). `in` must stay valid until the Future is ready.
+  Future send_async(const TensorView& in, int peer, int64_t tag, Callback callback = nullptr) {
+    const concord_tensor_t ct = in.c_tensor();
+    return Enqueue(std::move(callback), [&](concord_callback_t cb, void* ud, concord_request_t* r) {
+      return concord_send_async(comm_, &ct, peer, tag, cb, ud, r);
+    });
+  }
+  /// The next message from (peer, tag) into `expected` (its dtype and shape must match the
+  /// sender's, else Error MISMATCH naming both), or with expected == nullptr into a buffer the
+  /// Future owns (Future::output, Future::output_shape).
+  Future recv_async(const TensorView* expected, int peer, int64_t tag,
+                    Callback callback = nullptr) {
+    concord_tensor_t ct;
+    if (expected) ct = expected->c_tensor();
+    return Enqueue(std::move(callback), [&](concord_callback_t cb, void* ud, concord_request_t* r) {
+      return concord_recv_async(comm_, expected ? &ct : nullptr, peer, tag, cb, ud, r);
+    });
+  }
+  void send(const TensorView& in, int peer, int64_t tag) { send_async(in, peer, tag).wait(); }
+  void recv(const TensorView& expected, int peer, int64_t tag) {
+    recv_async(&expected, peer, tag).wait();
   }
 
   /// Ends this rank's training step (see concord_end_step): a tensor a rank skips in a step then

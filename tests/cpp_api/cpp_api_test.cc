@@ -70,6 +70,35 @@ TEST(CppApiTest, SplitAndCreateGroup) {
   });
 }
 
+TEST(CppApiTest, SendRecvNamedAndAdoptedShapesAndMismatch) {
+  RunRanks(2, [](concord::Communicator& comm) {
+    std::vector<float> v(6);
+    for (int i = 0; i < 6; ++i) v[i] = static_cast<float>(10 * comm.rank() + i);
+    const concord::TensorView grid(v.data(), concord::DataType::kFloat32, {2, 3});
+    const int peer = 1 - comm.rank();
+    comm.send(grid, peer, 5);
+    comm.send(grid, peer, 5);
+    comm.send(grid, peer, 5);
+    std::vector<float> got(6, -1);
+    comm.recv(concord::TensorView(got.data(), concord::DataType::kFloat32, {2, 3}), peer, 5);
+    for (int i = 0; i < 6; ++i) ASSERT_EQ(got[i], static_cast<float>(10 * peer + i));
+    concord::Future any = comm.recv_async(nullptr, peer, 5);
+    concord_dtype_t dtype = CONCORD_UINT8;
+    EXPECT_EQ(any.output_shape(&dtype), (std::vector<int64_t>{2, 3}));
+    EXPECT_EQ(dtype, CONCORD_FLOAT32);
+    EXPECT_EQ(any.output().size(), 24u);
+    std::vector<int32_t> wrong(6);
+    try {
+      comm.recv(concord::TensorView(wrong), peer, 5);
+      ADD_FAILURE() << "a mismatching recv succeeded";
+    } catch (const concord::Error& e) {
+      EXPECT_EQ(e.status(), CONCORD_ERR_MISMATCH);
+      EXPECT_NE(std::string(e.what()).find("float32 [2, 3]"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(comm.send(grid, comm.rank(), 0), concord::Error);
+  });
+}
+
 TEST(CppApiTest, FuturesCallbacksAndGroups) {
   RunRanks(2, [](concord::Communicator& comm) {
     std::atomic<int> callbacks{0};

@@ -27,7 +27,7 @@ __all__ = [
     "is_initialized", "default", "rank", "size", "local_rank", "local_size", "allreduce",
     "allreduce_", "allreduce_async", "allgather", "allgather_async", "broadcast", "broadcast_",
     "broadcast_async", "barrier", "barrier_async", "group", "compression_supported", "version",
-    "status_string", "UNDEFINED",
+    "status_string", "UNDEFINED", "send", "send_async", "recv", "recv_async",
 ]
 
 
@@ -122,3 +122,7 @@ broadcast_async = _forward("broadcast_async")
 barrier = _forward("barrier")
 barrier_async = _forward("barrier_async")
 group = _forward("group")
+send = _forward("send")
+send_async = _forward("send_async")
+recv = _forward("recv")
+recv_async = _forward("recv_async")

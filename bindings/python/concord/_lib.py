@@ -170,6 +170,16 @@ _SIGNATURES = [
       ctypes.POINTER(c_request_p)]),
     ("concord_request_received_splits", ctypes.c_int,
      [c_request_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_int]),
+    # point to point
+    ("concord_send_async", ctypes.c_int,
+     [c_comm_p, ctypes.POINTER(TensorStruct), ctypes.c_int, ctypes.c_int64, CALLBACK,
+      ctypes.c_void_p, ctypes.POINTER(c_request_p)]),
+    ("concord_recv_async", ctypes.c_int,
+     [c_comm_p, ctypes.POINTER(TensorStruct), ctypes.c_int, ctypes.c_int64, CALLBACK,
+      ctypes.c_void_p, ctypes.POINTER(c_request_p)]),
+    ("concord_request_output_shape", ctypes.c_int,
+     [c_request_p, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int),
+      ctypes.POINTER(ctypes.c_int64)]),
 ]
 
 

@@ -528,6 +528,55 @@ class Communicator:
     def barrier(self):
         self.barrier_async().wait()
 
+    # ---- point to point (not negotiated: straight to the peer; FIFO per (peer, tag)) ----
+    def send_async(self, tensor, peer, tag=0, callback=None):
+        """Sends tensor to rank peer with tag (>= 0). Messages from this rank to peer with one tag
+        arrive in order; nothing else waits for them. The tensor is kept alive (and must not be
+        written) until the handle finishes; wait() returns None."""
+        handle = self._live()
+        src = tensors.describe(tensor, "send tensor")
+        return self._submit(
+            lambda fn, ud, req: lib().concord_send_async(
+                handle, ctypes.byref(src.struct), int(peer), int(tag), fn, ud, req),
+            callback, src, lambda _: None)
+
+    def send(self, tensor, peer, tag=0):
+        self.send_async(tensor, peer, tag).wait()
+
+    def recv_async(self, peer, tag=0, like=None, out=None, callback=None):
+        """Receives the next message from rank peer with tag. out: into out (its dtype and shape
+        must be the sender's, else ConcordError with status ERR_MISMATCH naming both); like: into a new tensor like it (the
+        same check); neither: a new numpy array of the sender's dtype and shape. wait() returns
+        the tensor."""
+        handle = self._live()
+        if out is None and like is not None:
+            out = tensors.empty_like(like)
+        dst = None if out is None else tensors.describe(out, "recv output", writable=True)
+
+        def finish(request):
+            if out is not None:
+                return out
+            data, nbytes = ctypes.c_void_p(), ctypes.c_size_t()
+            dtype, ndim = ctypes.c_int(), ctypes.c_int()
+            shape = (ctypes.c_int64 * _lib.MAX_DIMS)()
+            L = lib()
+            self._check(L.concord_request_output(request, ctypes.byref(data),
+                                                 ctypes.byref(nbytes), None))
+            self._check(L.concord_request_output_shape(request, ctypes.byref(dtype),
+                                                       ctypes.byref(ndim), shape))
+            result = tensors.empty(dtype.value, shape[:ndim.value])
+            tensors.copy_from_address(result, data.value, nbytes.value)
+            return result
+
+        return self._submit(
+            lambda fn, ud, req: lib().concord_recv_async(
+                handle, ctypes.byref(dst.struct) if dst is not None else None, int(peer),
+                int(tag), fn, ud, req),
+            callback, dst, finish)
+
+    def recv(self, peer, tag=0, like=None, out=None):
+        return self.recv_async(peer, tag, like=like, out=out).wait()
+
     def end_step(self):
         """Ends this rank's training step (concord_end_step): call it at the same point of every
         step on every rank, or on none. A tensor a rank then skips in a step (or submits twice)

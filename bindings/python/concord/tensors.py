@@ -115,6 +115,28 @@ def empty_like(obj, first_dim=None):
     return numpy.empty(shape, dtype=obj.dtype)
 
 
+def empty(dtype, shape, torch_like=False):
+    """A new uninitialised numpy array (or torch tensor) of a concord_dtype_t and shape. numpy has
+    no bfloat16: a numpy result of that dtype needs ml_dtypes (else: pass a torch tensor)."""
+    name = next(n for n, code in DTYPES.items() if code == dtype)
+    if torch_like:
+        import torch
+        return torch.empty(list(shape), dtype=getattr(torch, name))
+    import numpy
+    if name == "bfloat16":
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise InvalidArgumentError(1, "received a bfloat16 tensor, which numpy cannot hold "
+                                          "without ml_dtypes: recv with like= a torch tensor")
+        return numpy.empty(list(shape), dtype=ml_dtypes.bfloat16)
+    return numpy.empty(list(shape), dtype=name)
+
+
+def is_torch(obj):
+    return _is_torch(obj)
+
+
 def copy_from_address(obj, address, nbytes):
     """Copies nbytes from a C address into obj's (contiguous, CPU) memory."""
     if nbytes:

@@ -1,0 +1,366 @@
+// The point-to-point transport of MPI jobs (CreateMpiP2pTransport): a duplicate of
+// MPI_COMM_WORLD of its own, so its messages never match the backend's or the control plane's.
+// A message is two (or more) MPI messages from the sender to the peer: its header on MPI tag 2t
+// (u64 dtype | u64 ndim | u64 bytes | kP2pMaxDims x i64 shape) and, when it has bytes, its payload
+// on tag 2t + 1 in pieces of at most kMpiMaxMessageBytes. MPI's non-overtaking rule per (source,
+// tag, communicator) keeps them in order. A recv posts its header's MPI_Irecv only when it is
+// the first of its (peer, tag), and its payload's once the header said where it goes.
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <list>
+#include <map>
+#include <thread>
+#include <vector>
+
+#include "backends/mpi/mpi_backend.h"
+#include "backends/p2p_transport.h"
+
+namespace concord {
+namespace {
+
+constexpr int kHeadWords = 3 + static_cast<int>(kP2pMaxDims);
+using Head = std::array<uint64_t, kHeadWords>;
+
+struct SendOp {
+  Head head{};
+  std::vector<MPI_Request> requests;
+  Deadline deadline = Deadline::Infinite();
+  P2pTransport::Done done;
+  int peer = -1;
+};
+
+struct RecvOp {
+  Deadline deadline;
+  P2pTransport::Place place;
+  P2pTransport::Done done;
+};
+
+// The recvs of one (peer, tag), in order; only the first has MPI requests.
+struct RecvQueue {
+  std::deque<RecvOp> ops;
+  bool head_posted = false;
+  Head head{};
+  MPI_Request head_request = MPI_REQUEST_NULL;
+  std::vector<MPI_Request> payload;  // posted once the header arrived
+  std::vector<char> drop;            // a refused payload lands here
+};
+
+using Completions = std::vector<std::pair<P2pTransport::Done, Status>>;
+
+// Contract: see P2pTransport. Owns its communicator and its progress thread, which tests every
+// pending MPI request (each call under the MpiEnvironment's lock, so SERIALIZED suffices) and
+// completes what finished: it spins while work is pending (yielding the CPU), sleeps on cv_ when
+// there is none. Send() and Recv() post their first MPI calls on the calling thread. mu_ guards
+// the operations; it is taken before the environment's lock and never held while `done` runs.
+class MpiP2pTransport : public P2pTransport {
+ public:
+  MpiP2pTransport(std::shared_ptr<MpiEnvironment> env, MPI_Comm comm, int rank, int size,
+                  int64_t max_tag)
+      : env_(std::move(env)), comm_(comm), rank_(rank), size_(size), max_tag_(max_tag) {
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~MpiP2pTransport() override {
+    Close(Status(Code::kNotInitialized, "the communicator was finalized"));
+    if (!env_->abandoned()) {
+      auto lock = env_->Lock();
+      MPI_Comm_free(&comm_);
+    }
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  int64_t max_tag() const override { return max_tag_; }
+  bool OnProgressThread() const override { return std::this_thread::get_id() == thread_id_; }
+
+  void Send(int peer, int64_t tag, const P2pMeta& meta, const void* data, Deadline deadline,
+            Done done) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!closed_.ok()) {
+      lock.unlock();
+      done(closed_);
+      return;
+    }
+    SendOp& op = sends_.emplace_back();
+    op.peer = peer;
+    op.deadline = deadline;
+    op.done = std::move(done);
+    op.head[0] = static_cast<uint64_t>(meta.dtype);
+    op.head[1] = meta.shape.size();
+    op.head[2] = meta.bytes;
+    std::copy(meta.shape.begin(), meta.shape.end(), op.head.begin() + 3);
+    Status s = Post(op, peer, tag, data, meta.bytes);
+    if (!s.ok()) FailAllLocked(s);
+    cv_.notify_one();
+  }
+
+  void Recv(int peer, int64_t tag, Deadline deadline, Place place, Done done) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!closed_.ok()) {
+      lock.unlock();
+      done(closed_);
+      return;
+    }
+    RecvQueue& q = recvs_[{peer, tag}];
+    q.ops.push_back(RecvOp{deadline, std::move(place), std::move(done)});
+    if (!q.head_posted) {
+      Status s = PostHead(q, peer, tag);
+      if (!s.ok()) FailAllLocked(s);
+    }
+    cv_.notify_one();
+  }
+
+  void Close(const Status& status) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_) return;
+      stop_ = true;
+      cv_.notify_one();
+    }
+    if (thread_.joinable()) thread_.join();
+    Completions out;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (closed_.ok()) closed_ = status;
+      Fail(status, out);
+      for (auto& c : pending_out_) out.push_back(std::move(c));
+      pending_out_.clear();
+    }
+    for (auto& [done, s] : out) done(s);
+  }
+
+ private:
+  Status Post(SendOp& op, int peer, int64_t tag, const void* data, uint64_t bytes) {
+    auto lock = env_->Lock();
+    op.requests.emplace_back();
+    CONCORD_MPI_CHECK(MPI_Isend(op.head.data(), kHeadWords, MPI_UINT64_T, peer,
+                                static_cast<int>(2 * tag), comm_, &op.requests.back()));
+    for (uint64_t at = 0; at < bytes; at += kMpiMaxMessageBytes) {
+      const int n = static_cast<int>(std::min<uint64_t>(kMpiMaxMessageBytes, bytes - at));
+      op.requests.emplace_back();
+      CONCORD_MPI_CHECK(MPI_Isend(static_cast<const char*>(data) + at, n, MPI_BYTE, peer,
+                                  static_cast<int>(2 * tag + 1), comm_, &op.requests.back()));
+    }
+    return Status::Ok();
+  }
+
+  Status PostHead(RecvQueue& q, int peer, int64_t tag) {
+    auto lock = env_->Lock();
+    q.head_posted = true;
+    CONCORD_MPI_CHECK(MPI_Irecv(q.head.data(), kHeadWords, MPI_UINT64_T, peer,
+                                static_cast<int>(2 * tag), comm_, &q.head_request));
+    return Status::Ok();
+  }
+
+  // Tests requests; *all_done says whether every one completed.
+  Status TestAll(std::vector<MPI_Request>& requests, bool* all_done) {
+    auto lock = env_->Lock();
+    int flag = 0;
+    CONCORD_MPI_CHECK(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &flag,
+                                  MPI_STATUSES_IGNORE));
+    *all_done = flag != 0;
+    return Status::Ok();
+  }
+
+  // A header arrived: check it, ask where the payload goes, post its receives.
+  Status StartPayload(RecvQueue& q, int peer, int64_t tag) {
+    P2pMeta meta;
+    const uint64_t dtype = q.head[0], ndim = q.head[1];
+    if (!IsValidDType(static_cast<int>(dtype)) || ndim > kP2pMaxDims) {
+      return ProtocolError("malformed point-to-point header from rank " + std::to_string(peer));
+    }
+    meta.dtype = static_cast<DType>(dtype);
+    meta.bytes = q.head[2];
+    for (uint64_t i = 0; i < ndim; ++i) meta.shape.push_back(static_cast<int64_t>(q.head[3 + i]));
+    char* dest = static_cast<char*>(q.ops.front().place(meta));
+    if (dest == nullptr && meta.bytes > 0) {
+      q.drop.resize(meta.bytes);
+      dest = q.drop.data();
+    }
+    auto lock = env_->Lock();
+    for (uint64_t at = 0; at < meta.bytes; at += kMpiMaxMessageBytes) {
+      const int n = static_cast<int>(std::min<uint64_t>(kMpiMaxMessageBytes, meta.bytes - at));
+      q.payload.emplace_back();
+      CONCORD_MPI_CHECK(MPI_Irecv(dest + at, n, MPI_BYTE, peer, static_cast<int>(2 * tag + 1),
+                                  comm_, &q.payload.back()));
+    }
+    return Status::Ok();
+  }
+
+  // Whether the unmatched header receive could be cancelled (else it has matched meanwhile).
+  bool CancelHead(RecvQueue& q) {
+    auto lock = env_->Lock();
+    MPI_Cancel(&q.head_request);
+    MPI_Status st;
+    MPI_Wait(&q.head_request, &st);
+    int cancelled = 0;
+    MPI_Test_cancelled(&st, &cancelled);
+    return cancelled != 0;
+  }
+
+  // One pass over everything pending; returns whether anything completed.
+  bool Round(Completions& out) {
+    bool progressed = false;
+    for (auto it = sends_.begin(); it != sends_.end();) {
+      bool done = false;
+      Status s = TestAll(it->requests, &done);
+      if (!s.ok()) {
+        FailAllLocked(s);
+        return true;
+      }
+      if (done) {
+        out.emplace_back(std::move(it->done), Status::Ok());
+        it = sends_.erase(it);
+        progressed = true;
+      } else if (it->deadline.passed()) {
+        FailAllLocked(TimeoutError("send to rank " + std::to_string(it->peer) +
+                                   ": not received within the timeout"));
+        return true;
+      } else {
+        ++it;
+      }
+    }
+    for (auto it = recvs_.begin(); it != recvs_.end();) {
+      const auto [peer, tag] = it->first;
+      RecvQueue& q = it->second;
+      Status s = Status::Ok();
+      if (q.payload.empty() && q.head_request != MPI_REQUEST_NULL) {
+        std::vector<MPI_Request> one{q.head_request};
+        bool done = false;
+        s = TestAll(one, &done);
+        q.head_request = one[0];
+        if (s.ok() && done) {
+          s = StartPayload(q, peer, tag);
+          progressed = true;
+        } else if (s.ok() && q.ops.front().deadline.passed()) {
+          if (CancelHead(q)) {
+            out.emplace_back(
+                std::move(q.ops.front().done),
+                TimeoutError("recv from rank " + std::to_string(peer) + " with tag " +
+                             std::to_string(tag) + ": no message arrived within the timeout"));
+            q.ops.pop_front();
+            q.head_posted = false;
+            progressed = true;
+          } else {
+            s = StartPayload(q, peer, tag);
+          }
+        }
+      }
+      if (s.ok() && q.head_posted && q.head_request == MPI_REQUEST_NULL) {
+        bool done = true;
+        if (!q.payload.empty()) s = TestAll(q.payload, &done);
+        if (s.ok() && done) {
+          out.emplace_back(std::move(q.ops.front().done), Status::Ok());
+          q.ops.pop_front();
+          q.payload.clear();
+          q.drop.clear();
+          q.head_posted = false;
+          progressed = true;
+        } else if (s.ok() && q.ops.front().deadline.passed()) {
+          s = TimeoutError("recv from rank " + std::to_string(peer) +
+                           ": a message was still in transit at the timeout");
+        }
+      }
+      if (s.ok() && !q.head_posted && !q.ops.empty()) s = PostHead(q, peer, tag);
+      if (!s.ok()) {
+        FailAllLocked(s);
+        return true;
+      }
+      it = q.ops.empty() ? recvs_.erase(it) : std::next(it);
+    }
+    return progressed;
+  }
+
+  void FailAllLocked(const Status& status) {
+    if (closed_.ok()) closed_ = status;
+    Fail(status, pending_out_);
+  }
+
+  // Completes everything with status. MPI requests still pending are left to MPI: the
+  // environment is marked abandoned (MPI could still write into their buffers).
+  void Fail(const Status& status, Completions& out) {
+    bool leaked = !sends_.empty();
+    for (SendOp& op : sends_) out.emplace_back(std::move(op.done), status);
+    sends_.clear();
+    for (auto& [key, q] : recvs_) {
+      if (q.head_request != MPI_REQUEST_NULL && q.payload.empty()) {
+        if (!CancelHead(q)) leaked = true;
+      } else if (!q.payload.empty()) {
+        leaked = true;
+      }
+      for (RecvOp& op : q.ops) out.emplace_back(std::move(op.done), status);
+    }
+    recvs_.clear();
+    if (leaked) env_->MarkAbandoned();
+  }
+
+  void Loop() {
+    thread_id_ = std::this_thread::get_id();
+    Completions out;
+    auto idle_since = Clock::now();
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_) {
+      if (sends_.empty() && recvs_.empty() && pending_out_.empty()) {
+        cv_.wait(lock);
+        idle_since = Clock::now();
+        continue;
+      }
+      const bool progressed = Round(out);
+      for (auto& c : pending_out_) out.push_back(std::move(c));
+      pending_out_.clear();
+      if (!out.empty()) {
+        lock.unlock();
+        for (auto& [done, s] : out) done(s);
+        out.clear();
+        lock.lock();
+      }
+      if (progressed) {
+        idle_since = Clock::now();
+      } else if (Clock::now() - idle_since < std::chrono::milliseconds(2)) {
+        lock.unlock();
+        std::this_thread::yield();
+        lock.lock();
+      } else {
+        cv_.wait_for(lock, std::chrono::microseconds(100));
+      }
+    }
+  }
+
+  std::shared_ptr<MpiEnvironment> env_;
+  MPI_Comm comm_;
+  const int rank_;
+  const int size_;
+  const int64_t max_tag_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  Status closed_;
+  std::list<SendOp> sends_;  // stable addresses: MPI holds their headers
+  std::map<std::pair<int, int64_t>, RecvQueue> recvs_;
+  Completions pending_out_;  // what a failure on a calling thread completed
+  std::atomic<std::thread::id> thread_id_{};
+  std::thread thread_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<P2pTransport>> CreateMpiP2pTransport(std::shared_ptr<MpiEnvironment> env,
+                                                              std::chrono::milliseconds timeout,
+                                                              MPI_Comm base) {
+  CONCORD_ASSIGN_OR_RETURN(MPI_Comm comm, Duplicate(*env, base, Deadline::After(timeout)));
+  int rank = 0, size = 0, flag = 0;
+  int* tag_ub = nullptr;
+  {
+    auto lock = env->Lock();
+    CONCORD_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+    CONCORD_MPI_CHECK(MPI_Comm_size(comm, &size));
+    CONCORD_MPI_CHECK(MPI_Comm_get_attr(comm, MPI_TAG_UB, &tag_ub, &flag));
+  }
+  const int64_t max_tag = flag && tag_ub != nullptr ? (int64_t{*tag_ub} - 1) / 2 : 16383;
+  return std::unique_ptr<P2pTransport>(
+      std::make_unique<MpiP2pTransport>(std::move(env), comm, rank, size, max_tag));
+}
+
+}  // namespace concord

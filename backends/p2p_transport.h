@@ -1,0 +1,82 @@
+// Point-to-point messages between two ranks of a communicator, by (peer, tag), on connections of
+// their own: no coordinator, no collective, nothing shared with the lanes or the control plane.
+// Implemented over TCP sockets meshed through the store (backends/tcp_p2p_transport.h: the Gloo
+// backends' jobs) and over a duplicate of MPI_COMM_WORLD (backends/mpi/mpi_p2p_transport.cc).
+// A transport sees only base types; core's PointToPoint (core/p2p.h) turns requests into calls.
+//
+// Contract (every implementation):
+// - A message is its P2pMeta (dtype, shape, payload bytes) and its payload. Messages from one rank
+//   to another with one tag arrive in the order they were sent (FIFO per (peer, tag)); different
+//   tags and peers never wait for each other, and any number may be in flight.
+// - Send() and Recv() are thread-safe, never block on the network, and call `done` exactly once:
+//   on the transport's progress thread, or on the calling thread when the operation completes (or
+//   is refused) at once. `done` must not call back into the transport.
+// - A send's data must stay valid until its `done`. A send completes once the transport has handed
+//   its bytes on (TCP: written to the socket; MPI: once MPI completes the send).
+// - A recv matches the next message from (peer, tag). When its meta arrives, the transport calls
+//   `place(meta)` (on the progress thread, or on the thread posting the recv when the message is
+//   already there; under the transport's lock: it must not block or call back)
+//   for where the payload goes: a buffer of exactly meta.bytes, or nullptr to consume and drop the
+//   payload (the receiver refused the message: the stream stays in sync for the next one). A recv
+//   not matched by its deadline completes with kTimeout; one whose payload has not arrived by then
+//   fails the link to that peer (its stream can no longer be resynchronised).
+// - A peer that fails (its connection closes) fails every operation with it with kPeerFailure
+//   naming the peer; later operations with it fail at once.
+// - Close() completes every operation in flight with `status`, refuses later ones with it, and
+//   stops the progress thread; the destructor closes with kNotInitialized if Close() was not
+//   called. Close() must not be called from `done` or `place`.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/clock.h"
+#include "base/dtype.h"
+#include "base/status.h"
+
+namespace concord {
+
+// What a message is: the receiver checks it (or adopts it) before the payload lands.
+struct P2pMeta {
+  DType dtype = DType::kUint8;
+  std::vector<int64_t> shape;
+  uint64_t bytes = 0;  // the payload's size: the shape's elements times the dtype's size
+};
+
+// The most dimensions a message's shape has (CONCORD_MAX_DIMS; core checks they agree).
+constexpr size_t kP2pMaxDims = 8;
+
+class P2pTransport {
+ public:
+  using Done = std::function<void(const Status&)>;
+  using Place = std::function<void*(const P2pMeta&)>;
+
+  virtual ~P2pTransport() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // The largest tag this transport carries (tags are 0 .. max_tag()).
+  virtual int64_t max_tag() const = 0;
+
+  virtual void Send(int peer, int64_t tag, const P2pMeta& meta, const void* data, Deadline deadline,
+                    Done done) = 0;
+  virtual void Recv(int peer, int64_t tag, Deadline deadline, Place place, Done done) = 0;
+  virtual void Close(const Status& status) = 0;
+  // Whether the calling thread is the transport's progress thread (which must never wait for one
+  // of the transport's operations).
+  virtual bool OnProgressThread() const = 0;
+};
+
+struct BackendOptions;
+class Store;
+
+// The TCP transport of Gloo jobs (backends/tcp_p2p_transport.cc: setup and wire format).
+// Collective: every rank of options.size calls it with the same prefix (the communicator's, plus
+// "/p2p"); options.timeout bounds the setup.
+StatusOr<std::unique_ptr<P2pTransport>> CreateTcpP2pTransport(const BackendOptions& options,
+                                                              Store* store);
+
+}  // namespace concord

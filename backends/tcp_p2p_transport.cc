@@ -1,0 +1,540 @@
+// The point-to-point transport of Gloo jobs (CreateTcpP2pTransport): one TCP connection per pair of
+// ranks, driven by one progress thread (see P2pTransport in backends/p2p_transport.h for what
+// every transport promises). The connections' setup and the stream's frames are in
+// backends/tcp_p2p_wire.h. Messages for which no recv is posted yet are kept whole (unexpected
+// messages) until one is; a posted recv's payload is read straight into its destination.
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "backends/backend.h"
+#include "backends/p2p_transport.h"
+#include "backends/tcp_p2p_wire.h"
+#include "base/mutex.h"
+#include "rendezvous/net.h"
+#include "rendezvous/store.h"
+
+namespace concord {
+namespace {
+
+using tcp_p2p::CheckShape;
+using tcp_p2p::DecodeFixed;
+using tcp_p2p::EncodeHead;
+using tcp_p2p::kFixedHead;
+
+constexpr size_t kStaging = 256 * 1024;        // reads land here unless a payload is larger
+constexpr uint64_t kMaxSendBuffer = 32 << 20;  // SO_SNDBUF grows up to this (as Gloo's)
+
+void Signal(int fd) {
+  const uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = ::write(fd, &one, sizeof(one));
+}
+
+struct SendOp {
+  std::string head;
+  const char* data = nullptr;
+  uint64_t bytes = 0;
+  size_t written = 0;  // of head and payload together
+  Deadline deadline;
+  P2pTransport::Done done;
+};
+
+struct RecvOp {
+  Deadline deadline = Deadline::Infinite();
+  P2pTransport::Place place;
+  P2pTransport::Done done;
+};
+
+// A message that arrived before its recv: kept whole until one is posted.
+struct Unexpected {
+  P2pMeta meta;
+  std::unique_ptr<char[]> payload;  // meta.bytes of it (left uninitialised: read() fills it)
+  size_t capacity = 0;
+  bool complete = false;
+};
+
+// One peer's connection and everything in flight with it.
+struct Link {
+  int peer = -1;
+  net::Fd fd;
+  Status failure;
+  // The send side, under *send_mu (taken after the transport's mu_): a thread writes a large
+  // message without holding up the progress thread's reads.
+  std::unique_ptr<Mutex> send_mu = std::make_unique<Mutex>();
+  Status send_failure;  // = failure, for senders
+  Status broken;        // a write failed on a calling thread: the progress thread fails the link
+  int send_buffer = 0;  // SO_SNDBUF asked for so far (GrowSendBuffer)
+  std::deque<SendOp> sends;
+  std::map<int64_t, std::deque<RecvOp>> posted;
+  std::map<int64_t, std::deque<Unexpected>> unexpected;
+  // The largest unexpected payload buffer given back, for the next one (no allocation, no page
+  // faults for a stream of late recvs).
+  std::unique_ptr<char[]> spare;
+  size_t spare_capacity = 0;
+  // Reading: the staging buffer, then the message being received.
+  std::vector<unsigned char> in = std::vector<unsigned char>(kStaging);
+  size_t in_begin = 0, in_end = 0;
+  bool in_payload = false;  // a payload is arriving (else a header is)
+  int64_t tag = 0;
+  char* dest = nullptr;  // where it goes; null: dropped
+  uint64_t left = 0;
+  std::optional<RecvOp> matched;  // the recv it completes, when one was posted
+  Unexpected* stash = nullptr;    // else the unexpected message it fills
+  std::string drop;               // a refused payload's bytes land here
+};
+
+using Completions = std::vector<std::pair<P2pTransport::Done, Status>>;
+
+// Contract: see P2pTransport (backends/p2p_transport.h) and the top of this file. Owns one socket
+// per peer, an eventfd and the progress thread. mu_ guards each link's receive side (posted
+// recvs, unexpected messages, the failure, the parsing state); a link's send_mu its send side
+// (queue, socket writes), taken after mu_ when both are needed. Neither is held while `done`
+// runs, nor across poll() or read(). The progress thread alone reads (read() itself runs without
+// mu_) and closes sockets; a submitting thread writes its send itself when nothing is queued
+// before it on that link, and leaves the rest to the progress thread.
+class TcpP2pTransport : public P2pTransport {
+ public:
+  TcpP2pTransport(int rank, int size, std::vector<Link> links, net::Fd wake)
+      : rank_(rank), size_(size), links_(std::move(links)), wake_(std::move(wake)) {
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~TcpP2pTransport() override {
+    Close(Status(Code::kNotInitialized, "the communicator was finalized"));
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  int64_t max_tag() const override { return INT64_MAX; }
+  bool OnProgressThread() const override { return std::this_thread::get_id() == thread_id_; }
+
+  void Send(int peer, int64_t tag, const P2pMeta& meta, const void* data, Deadline deadline,
+            Done done) override EXCLUDES(mu_) {
+    Completions out;
+    {
+      Link& l = links_[peer];
+      MutexLock lock(*l.send_mu);
+      if (!l.send_failure.ok()) {
+        out.emplace_back(std::move(done), l.send_failure);
+      } else {
+        GrowSendBuffer(l, meta.bytes);
+        l.sends.push_back(SendOp{EncodeHead(tag, meta), static_cast<const char*>(data), meta.bytes,
+                                 0, deadline, std::move(done)});
+        if (l.sends.size() == 1) Flush(l, out);
+        if (!l.sends.empty()) Signal(wake_.get());
+      }
+    }
+    Run(out);
+  }
+
+  void Recv(int peer, int64_t tag, Deadline deadline, Place place, Done done) override
+      EXCLUDES(mu_) {
+    Completions out;
+    {
+      MutexLock lock(mu_);
+      Link& l = links_[peer];
+      l.posted[tag].push_back(RecvOp{deadline, std::move(place), std::move(done)});
+      MatchUnexpected(l, tag, out);
+      if (!l.failure.ok()) FailPosted(l, out);
+      if (deadline.at() < sleep_until_.at()) Signal(wake_.get());  // the next deadline
+    }
+    Run(out);
+  }
+
+  void Close(const Status& status) override EXCLUDES(mu_) {
+    {
+      MutexLock lock(mu_);
+      if (stop_) return;
+      stop_ = true;
+      Signal(wake_.get());
+    }
+    if (thread_.joinable()) thread_.join();
+    Completions out;
+    {
+      MutexLock lock(mu_);
+      for (Link& l : links_) FailLink(l, status, out);
+    }
+    Run(out);
+  }
+
+ private:
+  static void Run(Completions& out) {
+    for (auto& [done, status] : out) done(status);
+    out.clear();
+  }
+
+  std::string Who(int peer) const { return "rank " + std::to_string(peer); }
+
+  // Sizes the socket's send buffer for a message of `bytes` (at most kMaxSendBuffer), as Gloo
+  // does, so that the sending thread usually writes it whole and the progress thread, which
+  // reads, does not also have to write it.
+  static void GrowSendBuffer(Link& l, uint64_t bytes) {
+    const int want = static_cast<int>(std::min<uint64_t>(bytes + kFixedHead, kMaxSendBuffer));
+    if (want <= l.send_buffer || !l.fd.valid()) return;
+    ::setsockopt(l.fd.get(), SOL_SOCKET, SO_SNDBUF, &want, sizeof(want));
+    l.send_buffer = want;  // the kernel may give less (net.core.wmem_max): asked once per size
+  }
+
+  // Writes what the socket takes of the queued sends; completes those written. A write error
+  // marks the link broken (the progress thread fails it: only it touches the read side).
+  // Holding *l.send_mu.
+  void Flush(Link& l, Completions& out) {
+    while (!l.sends.empty() && l.send_failure.ok() && l.broken.ok()) {
+      SendOp& s = l.sends.front();
+      iovec iov[2];
+      int n = 0;
+      if (s.written < s.head.size()) {
+        iov[n++] = {s.head.data() + s.written, s.head.size() - s.written};
+        if (s.bytes > 0) iov[n++] = {const_cast<char*>(s.data), s.bytes};
+      } else {
+        const size_t at = s.written - s.head.size();
+        iov[n++] = {const_cast<char*>(s.data) + at, s.bytes - at};
+      }
+      const ssize_t w = ::writev(l.fd.get(), iov, n);
+      if (w < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return;
+        l.broken = Status(Code::kPeerFailure, Who(l.peer) + ": point-to-point send failed (" +
+                                                  std::strerror(errno) + "): the rank failed");
+        return;
+      }
+      s.written += static_cast<size_t>(w);
+      if (s.written < s.head.size() + s.bytes) return;
+      out.emplace_back(std::move(s.done), Status::Ok());
+      l.sends.pop_front();
+    }
+  }
+
+  // Completes posted recvs of `tag` with the whole unexpected messages waiting for them.
+  void MatchUnexpected(Link& l, int64_t tag, Completions& out) REQUIRES(mu_) {
+    auto u = l.unexpected.find(tag);
+    auto p = l.posted.find(tag);
+    while (u != l.unexpected.end() && p != l.posted.end() && !u->second.empty() &&
+           u->second.front().complete && !p->second.empty()) {
+      Unexpected& m = u->second.front();
+      RecvOp& r = p->second.front();
+      void* dest = r.place(m.meta);
+      if (dest != nullptr && m.meta.bytes > 0) std::memcpy(dest, m.payload.get(), m.meta.bytes);
+      out.emplace_back(std::move(r.done), Status::Ok());
+      if (m.capacity > l.spare_capacity) {
+        l.spare = std::move(m.payload);
+        l.spare_capacity = m.capacity;
+      }
+      u->second.pop_front();
+      p->second.pop_front();
+    }
+    if (u != l.unexpected.end() && u->second.empty()) l.unexpected.erase(u);
+    if (p != l.posted.end() && p->second.empty()) l.posted.erase(p);
+  }
+
+  void FailPosted(Link& l, Completions& out) REQUIRES(mu_) {
+    for (auto& [tag, q] : l.posted) {
+      for (RecvOp& r : q) out.emplace_back(std::move(r.done), l.failure);
+    }
+    l.posted.clear();
+  }
+
+  // The link's first failure: everything in flight with the peer fails; whole messages that
+  // arrived before stay for the recvs that come for them. On the progress thread (or after it
+  // has stopped): it owns the read side and the socket's lifetime.
+  void FailLink(Link& l, const Status& status, Completions& out) REQUIRES(mu_) {
+    if (!l.failure.ok()) return;
+    l.failure = status;
+    {
+      MutexLock send_lock(*l.send_mu);
+      l.send_failure = status;
+      l.fd.Reset();
+      for (SendOp& s : l.sends) out.emplace_back(std::move(s.done), status);
+      l.sends.clear();
+    }
+    if (l.matched) out.emplace_back(std::move(l.matched->done), status);
+    l.matched.reset();
+    if (l.stash != nullptr) l.unexpected[l.tag].pop_back();
+    l.stash = nullptr;
+    FailPosted(l, out);
+  }
+
+  // Takes bytes from the staging buffer into the current payload; returns whether it is complete.
+  bool TakePayload(Link& l) {
+    const size_t n = std::min<uint64_t>(l.left, l.in_end - l.in_begin);
+    if (l.dest != nullptr) std::memcpy(l.dest, l.in.data() + l.in_begin, n);
+    if (l.dest != nullptr) l.dest += n;
+    l.in_begin += n;
+    l.left -= n;
+    return l.left == 0;
+  }
+
+  void FinishPayload(Link& l, Completions& out) REQUIRES(mu_) {
+    l.in_payload = false;
+    if (l.matched) {
+      out.emplace_back(std::move(l.matched->done), Status::Ok());
+      l.matched.reset();
+    } else {
+      l.stash->complete = true;
+      l.stash = nullptr;
+      MatchUnexpected(l, l.tag, out);
+    }
+  }
+
+  // A header arrived: decides where its payload goes.
+  void StartMessage(Link& l, int64_t tag, const P2pMeta& meta) REQUIRES(mu_) {
+    l.tag = tag;
+    l.left = meta.bytes;
+    l.in_payload = true;
+    auto p = l.posted.find(tag);
+    if (p != l.posted.end() && l.unexpected.count(tag) == 0) {
+      l.matched = std::move(p->second.front());
+      p->second.pop_front();
+      if (p->second.empty()) l.posted.erase(p);
+      l.dest = static_cast<char*>(l.matched->place(meta));
+      if (l.dest == nullptr && meta.bytes > 0) {
+        l.drop.resize(std::min<uint64_t>(meta.bytes, kStaging));
+      }
+      return;
+    }
+    auto& q = l.unexpected[tag];
+    Unexpected m;
+    m.meta = meta;
+    if (l.spare_capacity >= meta.bytes && l.spare_capacity > 0) {
+      m.payload = std::move(l.spare);
+      m.capacity = l.spare_capacity;
+      l.spare_capacity = 0;
+    } else {
+      m.payload.reset(new char[std::max<uint64_t>(meta.bytes, 1)]);
+      m.capacity = meta.bytes;
+    }
+    q.push_back(std::move(m));
+    l.stash = &q.back();
+    l.dest = l.stash->payload.get();
+  }
+
+  // Parses what the staging buffer holds; false when the link failed (a malformed header).
+  bool Parse(Link& l, Completions& out) REQUIRES(mu_) {
+    for (;;) {
+      if (l.in_payload) {
+        if (l.left != 0 && !TakePayload(l)) return true;
+        FinishPayload(l, out);
+        continue;
+      }
+      const size_t have = l.in_end - l.in_begin;
+      if (have < kFixedHead) break;
+      const unsigned char* p = l.in.data() + l.in_begin;
+      int64_t tag = 0;
+      P2pMeta meta;
+      size_t head = 0;
+      Status s = DecodeFixed(p, &tag, &meta, &head);
+      if (s.ok() && have < head) break;
+      if (s.ok()) s = CheckShape(&meta, p + kFixedHead);
+      if (!s.ok()) {
+        FailLink(l, s.WithContext("from " + Who(l.peer)), out);
+        return false;
+      }
+      l.in_begin += head;
+      StartMessage(l, tag, meta);
+    }
+    if (l.in_begin == l.in_end) l.in_begin = l.in_end = 0;
+    return true;
+  }
+
+  // Reads what arrived on the link and processes every whole piece of it. Progress thread only:
+  // the read side (staging buffer, the message being received) is its own, and read() runs
+  // without mu_, so a large payload arriving never holds up a sender on another thread.
+  void ReadLink(Link& l, Completions& out) EXCLUDES(mu_) {
+    for (;;) {
+      char* to = nullptr;
+      size_t want = 0;
+      bool direct = false;
+      int fd = -1;
+      {
+        MutexLock lock(mu_);
+        if (!l.fd.valid() || !Parse(l, out)) return;
+        // A large payload's rest goes straight to its destination (or the drop buffer).
+        direct = l.in_payload && l.in_begin == l.in_end && l.left >= kStaging / 4;
+        if (direct) {
+          to = l.dest != nullptr ? l.dest : l.drop.data();
+          want = l.dest != nullptr ? l.left : std::min<uint64_t>(l.left, l.drop.size());
+        } else {
+          if (l.in_begin > 0 && l.in_end == l.in.size()) {
+            std::memmove(l.in.data(), l.in.data() + l.in_begin, l.in_end - l.in_begin);
+            l.in_end -= l.in_begin;
+            l.in_begin = 0;
+          }
+          to = reinterpret_cast<char*>(l.in.data()) + l.in_end;
+          want = l.in.size() - l.in_end;
+        }
+        fd = l.fd.get();
+      }
+      const ssize_t r = ::read(fd, to, want);
+      const int err = errno;
+      MutexLock lock(mu_);
+      if (r > 0) {
+        if (!direct) {
+          l.in_end += static_cast<size_t>(r);
+        } else {
+          if (l.dest != nullptr) l.dest += r;
+          l.left -= static_cast<uint64_t>(r);
+        }
+        continue;
+      }
+      if (r < 0 && (err == EAGAIN || err == EWOULDBLOCK || err == EINTR)) return;
+      FailLink(l,
+               Status(Code::kPeerFailure,
+                      Who(l.peer) + " closed its point-to-point connection (" +
+                          (r == 0 ? std::string("end of stream") : std::strerror(err)) +
+                          "): the rank failed or finalized"),
+               out);
+      return;
+    }
+  }
+
+  // Times out what passed its deadline; returns the next deadline.
+  Deadline Expire(Link& l, Completions& out) REQUIRES(mu_) {
+    Deadline next = Deadline::Infinite();
+    if (!l.failure.ok()) return next;
+    const std::string peer = Who(l.peer);
+    bool stuck_send = false;
+    {
+      MutexLock send_lock(*l.send_mu);
+      stuck_send =
+          !l.sends.empty() && l.sends.front().written > 0 && l.sends.front().deadline.passed();
+    }
+    if ((l.matched && l.matched->deadline.passed()) || stuck_send) {
+      FailLink(l,
+               TimeoutError(peer + ": a point-to-point message was still in transit at the "
+                                   "timeout (the rank is stuck or the network is)"),
+               out);
+      return next;
+    }
+    if (l.matched) next = next.Earlier(l.matched->deadline);
+    {
+      MutexLock send_lock(*l.send_mu);
+      for (auto it = l.sends.begin(); it != l.sends.end();) {
+        if (it->written == 0 && it->deadline.passed()) {
+          out.emplace_back(std::move(it->done),
+                           TimeoutError("send to " + peer + ": not sent within the timeout"));
+          it = l.sends.erase(it);
+        } else {
+          next = next.Earlier(it->deadline);
+          ++it;
+        }
+      }
+    }
+    for (auto p = l.posted.begin(); p != l.posted.end();) {
+      for (auto it = p->second.begin(); it != p->second.end();) {
+        if (it->deadline.passed()) {
+          out.emplace_back(
+              std::move(it->done),
+              TimeoutError("recv from " + peer + " with tag " + std::to_string(p->first) +
+                           ": no message arrived within the timeout"));
+          it = p->second.erase(it);
+        } else {
+          next = next.Earlier(it->deadline);
+          ++it;
+        }
+      }
+      p = p->second.empty() ? l.posted.erase(p) : std::next(p);
+    }
+    return next;
+  }
+
+  void Loop() EXCLUDES(mu_) {
+    thread_id_ = std::this_thread::get_id();
+    std::vector<pollfd> fds;
+    std::vector<size_t> which;
+    Completions out;
+    for (;;) {
+      Deadline next = Deadline::Infinite();
+      fds.assign(1, pollfd{wake_.get(), POLLIN, 0});
+      which.clear();
+      {
+        MutexLock lock(mu_);
+        if (stop_) return;
+        for (size_t i = 0; i < links_.size(); ++i) {
+          Link& l = links_[i];
+          Status broken;
+          bool sending = false;
+          {
+            MutexLock send_lock(*l.send_mu);
+            broken = l.broken;
+            sending = !l.sends.empty();
+          }
+          if (!broken.ok()) FailLink(l, broken, out);
+          next = next.Earlier(Expire(l, out));
+          if (!l.fd.valid()) continue;
+          const short events = static_cast<short>(POLLIN | (sending ? POLLOUT : 0));
+          fds.push_back(pollfd{l.fd.get(), events, 0});
+          which.push_back(i);
+        }
+        sleep_until_ = next;
+      }
+      Run(out);
+      if (::poll(fds.data(), fds.size(), next.PollTimeoutMs()) < 0 && errno != EINTR) {
+        MutexLock lock(mu_);
+        const Status failed = ErrnoError("point-to-point: poll", errno);
+        for (Link& l : links_) FailLink(l, failed, out);
+        stop_ = true;
+        break;
+      }
+      {
+        MutexLock lock(mu_);
+        sleep_until_ = Deadline::After(std::chrono::hours(24 * 365));
+        if (stop_) return;
+        if (fds[0].revents != 0) {
+          uint64_t v;
+          [[maybe_unused]] ssize_t n = ::read(wake_.get(), &v, sizeof(v));
+        }
+      }
+      for (size_t k = 0; k < which.size(); ++k) {
+        Link& l = links_[which[k]];
+        if (fds[k + 1].revents & POLLOUT) {
+          MutexLock send_lock(*l.send_mu);
+          if (l.fd.valid()) Flush(l, out);
+        }
+      }
+      for (size_t k = 0; k < which.size(); ++k) {
+        if (fds[k + 1].revents & (POLLIN | POLLHUP | POLLERR)) ReadLink(links_[which[k]], out);
+      }
+      Run(out);
+    }
+    Run(out);
+  }
+
+  const int rank_;
+  const int size_;
+  Mutex mu_;
+  // By peer rank (this rank's entry unused); fixed after construction. Each link's fields are
+  // guarded by mu_ except its send side (Link::send_mu) and its read side (the progress thread's).
+  std::vector<Link> links_;
+  bool stop_ GUARDED_BY(mu_) = false;
+  // Until when the progress thread sleeps in poll(): a recv due earlier wakes it.
+  Deadline sleep_until_ GUARDED_BY(mu_) = Deadline::Infinite();
+  net::Fd wake_;
+  std::atomic<std::thread::id> thread_id_{};
+  std::thread thread_;
+};
+
+}  // namespace
+StatusOr<std::unique_ptr<P2pTransport>> CreateTcpP2pTransport(const BackendOptions& o,
+                                                              Store* store) {
+  std::vector<Link> links(static_cast<size_t>(o.size));
+  for (int r = 0; r < o.size; ++r) links[r].peer = r;
+  net::Fd wake(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!wake.valid()) return ErrnoError("point-to-point: eventfd", errno);
+  CONCORD_ASSIGN_OR_RETURN(std::vector<net::Fd> fds, tcp_p2p::ConnectMesh(o, store));
+  for (int r = 0; r < o.size; ++r) links[r].fd = std::move(fds[r]);
+  return std::unique_ptr<P2pTransport>(
+      std::make_unique<TcpP2pTransport>(o.rank, o.size, std::move(links), std::move(wake)));
+}
+
+}  // namespace concord

@@ -1,0 +1,144 @@
+#include "core/p2p.h"
+
+#include <string>
+#include <utility>
+
+#include "core/request.h"
+
+namespace concord {
+namespace {
+
+static_assert(kP2pMaxDims == kMaxDims, "the transports carry CONCORD_MAX_DIMS dimensions");
+
+std::string Describe(DType dtype, const std::vector<int64_t>& shape) {
+  std::string s = std::string(DTypeName(dtype)) + " [";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+std::string What(const P2pEntry& e) {
+  return std::string(e.send ? "send to" : "recv from") + " rank " + std::to_string(e.peer) +
+         " with tag " + std::to_string(e.tag);
+}
+
+// What a recv learns when its message's header arrives, shared with its completion.
+struct RecvResult {
+  Status mismatch;
+};
+
+}  // namespace
+
+PointToPoint::PointToPoint(int rank, int size, std::chrono::milliseconds timeout,
+                           std::unique_ptr<P2pTransport> transport, Status unavailable)
+    : rank_(rank),
+      size_(size),
+      timeout_(timeout),
+      unavailable_(std::move(unavailable)),
+      transport_(std::move(transport)),
+      gate_(std::make_shared<WaitGate>([](RequestState&, Deadline) {})) {}
+
+PointToPoint::~PointToPoint() {
+  Close(Status(Code::kNotInitialized, "the communicator was finalized"));
+}
+
+bool PointToPoint::OnProgressThread() const {
+  return transport_ && transport_->OnProgressThread();
+}
+
+Status PointToPoint::Check(const P2pEntry& e) const {
+  const std::string what = What(e) + ": ";
+  if (e.peer < 0 || e.peer >= size_) {
+    return InvalidArgument(what + "the peer is not a rank of this communicator (size " +
+                           std::to_string(size_) + ")");
+  }
+  if (e.peer == rank_) return InvalidArgument(what + "the peer is this rank");
+  if (e.tag < 0) return InvalidArgument(what + "the tag is negative");
+  if (!e.state) return InvalidArgument(what + "no request state");
+  if (!e.send && !e.expect) return Status::Ok();
+  if (e.shape.size() > kMaxDims) {
+    return InvalidArgument(what + "more than " + std::to_string(kMaxDims) + " dimensions");
+  }
+  int64_t n = 1;
+  for (int64_t d : e.shape) {
+    if (d < 0 || __builtin_mul_overflow(n, d, &n) || n > kMaxTensorSize) {
+      return InvalidArgument(what + "a dimension is negative or the shape is too large");
+    }
+  }
+  if (n > 0 && e.data == nullptr) {
+    return InvalidArgument(what + "data is NULL but the tensor has " + std::to_string(n) +
+                           " elements");
+  }
+  if (e.device >= 0) {
+    return Status(Code::kUnavailable,
+                  what +
+                      "point-to-point operations on CUDA tensors are not available in this "
+                      "build; copy the tensor to host memory");
+  }
+  return Status::Ok();
+}
+
+Status PointToPoint::Submit(P2pEntry e) {
+  CONCORD_RETURN_IF_ERROR(Check(e));
+  {
+    MutexLock lock(mu_);
+    if (!closed_.ok()) return closed_;
+  }
+  if (!transport_) return unavailable_.WithContext(What(e));
+  if (e.tag > transport_->max_tag()) {
+    return InvalidArgument(What(e) + ": the tag is above this backend's largest, " +
+                           std::to_string(transport_->max_tag()));
+  }
+  const Deadline deadline = Deadline::After(timeout_);
+  std::shared_ptr<RequestState> state = std::move(e.state);
+  if (e.send) {
+    P2pMeta meta;
+    meta.dtype = e.dtype;
+    meta.shape = e.shape;
+    meta.bytes = 1;
+    for (int64_t d : e.shape) meta.bytes *= static_cast<uint64_t>(d);
+    meta.bytes *= DTypeSize(e.dtype);
+    transport_->Send(e.peer, e.tag, meta, e.data, deadline,
+                     [state](const Status& s) { state->Complete(s); });
+    return Status::Ok();
+  }
+  auto result = std::make_shared<RecvResult>();
+  RequestState* out = state.get();
+  const int peer = e.peer;
+  const int64_t tag = e.tag;
+  auto place = [e = std::move(e), result, out](const P2pMeta& meta) -> void* {
+    RequestState::Output& o = out->output();
+    if (e.expect && (meta.dtype != e.dtype || meta.shape != e.shape)) {
+      result->mismatch =
+          Status(Code::kMismatch, What(e) + ": rank " + std::to_string(e.peer) + " sent " +
+                                      Describe(meta.dtype, meta.shape) + ", this recv expects " +
+                                      Describe(e.dtype, e.shape) + " (the message was dropped)");
+      return nullptr;
+    }
+    o.shape = meta.shape;
+    o.dtype = meta.dtype;
+    o.bytes = meta.bytes;
+    o.first_dim = meta.shape.empty() ? 1 : meta.shape[0];
+    if (e.expect) {
+      o.data = e.data;
+    } else {
+      o.owned.resize(meta.bytes);
+      o.data = o.owned.data();
+    }
+    return o.data;
+  };
+  transport_->Recv(peer, tag, deadline, std::move(place), [state, result](const Status& s) {
+    state->Complete(s.ok() ? result->mismatch : s);
+  });
+  return Status::Ok();
+}
+
+void PointToPoint::Close(const Status& status) {
+  {
+    MutexLock lock(mu_);
+    if (!closed_.ok()) return;
+    closed_ = status;
+  }
+  if (transport_) transport_->Close(status);
+}
+
+}  // namespace concord

@@ -1,0 +1,81 @@
+// Point-to-point sends and receives by (peer, tag), for pipeline stages: the engine's component
+// that checks them and hands them to a P2pTransport (backends/p2p_transport.h), which moves each
+// message (a small header: dtype, shape, bytes; then the payload) straight between the two ranks
+// on connections of its own. Nothing is negotiated: no coordinator, no step, no control plane.
+//
+// Contract. One PointToPoint per communicator, owned by its engine (no process globals). Submit()
+// is thread-safe and never blocks on the network: it refuses a bad operation at once with
+// kInvalidArgument (peer out of range or this rank, negative tag or above the transport's largest,
+// NULL data with elements, a bad shape or dtype) or kUnavailable (a CUDA tensor; a communicator
+// without a transport), completing nothing; otherwise the transport's progress thread (or the
+// submitting thread, when it completes at once) completes the request exactly once.
+// - A send reads its data until it completes. Messages between two ranks with one tag arrive in
+//   order (FIFO per (peer, tag)); tags and peers are independent; any number may be in flight.
+// - A recv that names a tensor (expected dtype and shape, and its buffer) completes with kMismatch
+//   naming both when the sender sent another dtype or shape: the message is consumed and dropped,
+//   so the next one on that (peer, tag) is received intact. A recv without a tensor takes the
+//   sender's dtype and shape: the request owns the bytes (RequestState::Output: data, bytes,
+//   shape, dtype), as an allgather without an output buffer does.
+// - A recv not matched within the communicator's timeout completes with kTimeout; a peer that
+//   fails fails what is in flight with it (kPeerFailure naming it).
+// - Close() (the engine's Shutdown and Fail) completes everything in flight with its status, on
+//   the calling thread, and refuses later operations. Callbacks run on the transport's progress
+//   thread, which must not wait for a request of this communicator (OnProgressThread()).
+// Requests wait through wait_gate(): plainly, on their state (the progress thread drives).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backends/p2p_transport.h"
+#include "base/mutex.h"
+#include "core/request_state.h"
+#include "core/wait_gate.h"
+
+namespace concord {
+
+// One send or recv, as the C API hands it over.
+struct P2pEntry {
+  bool send = true;
+  int peer = -1;
+  int64_t tag = 0;
+  // send: the tensor sent; recv with expect: the tensor expected (data: where it lands).
+  bool expect = true;  // recv only: false takes the sender's dtype and shape (request-owned)
+  DType dtype = DType::kUint8;
+  std::vector<int64_t> shape;
+  int device = -1;  // -1: CPU
+  void* data = nullptr;
+  std::shared_ptr<RequestState> state;
+};
+
+class PointToPoint {
+ public:
+  // `transport` may be null (this communicator's backend has none): then every operation on a
+  // communicator of more than one rank is refused with `unavailable`.
+  PointToPoint(int rank, int size, std::chrono::milliseconds timeout,
+               std::unique_ptr<P2pTransport> transport, Status unavailable);
+  ~PointToPoint();
+  PointToPoint(const PointToPoint&) = delete;
+  PointToPoint& operator=(const PointToPoint&) = delete;
+
+  Status Submit(P2pEntry entry) EXCLUDES(mu_);
+  void Close(const Status& status) EXCLUDES(mu_);
+  bool OnProgressThread() const;
+  std::shared_ptr<WaitGate> wait_gate() const { return gate_; }
+
+ private:
+  Status Check(const P2pEntry& e) const;
+
+  const int rank_;
+  const int size_;
+  const std::chrono::milliseconds timeout_;
+  const Status unavailable_;
+  std::unique_ptr<P2pTransport> transport_;  // fixed after construction; closed by Close()
+  Mutex mu_;
+  Status closed_ GUARDED_BY(mu_);
+  std::shared_ptr<WaitGate> gate_;
+};
+
+}  // namespace concord

@@ -1,0 +1,401 @@
+// Point-to-point sends and recvs across real processes, through the C API only.
+//
+//   concordrun -np N ./mp_p2p [--large ELEMENTS]          every case below, N = 2..4
+//   concordrun -np 2 ./mp_p2p --mode kill                 rank 1 dies with traffic in flight
+//
+// Cases (mode "all"): a ring (every rank sends to the next and receives from the previous) of
+// every dtype x sizes {0, 1, 7, 4099, --large}, alternating a recv that names the tensor and one
+// that takes the sender's shape (checked through concord_request_output_shape); a pipeline
+// (rank 0 -> 1 -> ... -> N-1, eight micro-batches in flight, each stage adds its rank); many
+// messages in flight between ranks 0 and 1 on four tags, received tag by tag (so the others wait
+// as unexpected messages) with FIFO order checked per tag, the second half of the recvs posted
+// late; a dtype and a shape mismatch (an error naming both, and the next message intact); bad
+// arguments refused at enqueue; finalize with a recv in flight (completes with an error).
+// Prints "p2p: rank R PASS" and the time taken; exits non-zero on any failure.
+#include <signal.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "mp_common.h"
+#include "tests/common/check.h"
+#include "tests/common/tensors.h"
+
+namespace {
+
+using concord::harness::LoadElement;
+using concord::harness::StoreElement;
+
+int g_rank = 0, g_size = 1;
+
+const concord_dtype_t kDTypes[] = {CONCORD_UINT8,   CONCORD_INT8,    CONCORD_INT32,
+                                   CONCORD_INT64,   CONCORD_FLOAT16, CONCORD_BFLOAT16,
+                                   CONCORD_FLOAT32, CONCORD_FLOAT64};
+
+// A value exact in every dtype, different per sender, index and salt.
+double Val(concord_dtype_t t, int src, int64_t i, int salt) {
+  const int64_t h = (i * 7 + src * 13 + salt * 3) % 101;
+  return mp::IsSigned(t) ? static_cast<double>(h) - 50 : static_cast<double>(h);
+}
+
+std::vector<unsigned char> Make(concord_dtype_t t, int64_t n, int src, int salt) {
+  std::vector<unsigned char> v(static_cast<size_t>(n) * ElementSize(t));
+  for (int64_t i = 0; i < n; ++i) StoreElement(t, v.data(), i, Val(t, src, i, salt));
+  return v;
+}
+
+bool Same(concord_dtype_t t, const void* got, int64_t n, int src, int salt, const char* what) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (LoadElement(t, got, i) != Val(t, src, i, salt)) {
+      FAILF("%s [%lld]: got %g want %g", what, static_cast<long long>(i), LoadElement(t, got, i),
+            Val(t, src, i, salt));
+      return false;
+    }
+  }
+  return true;
+}
+
+concord_status_t Wait(concord_request_t r, const std::string& what) {
+  const concord_status_t s = concord_wait(r, 60);
+  CHECKF(s == CONCORD_SUCCESS, "%s: %s: %s", what.c_str(), concord_status_string(s),
+         concord_request_error(r));
+  return s;
+}
+
+void Ring(concord_comm_t comm, int64_t large) {
+  const int next = (g_rank + 1) % g_size, prev = (g_rank + g_size - 1) % g_size;
+  int salt = 0;
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{4099}, large}) {
+    for (concord_dtype_t t : kDTypes) {
+      ++salt;
+      const bool owned = salt % 2 == 0;
+      const int64_t shape[2] = {n, 1};
+      std::vector<unsigned char> out = Make(t, n, g_rank, salt);
+      std::vector<unsigned char> in(out.size());
+      concord_tensor_t send = CpuTensor(out.empty() ? nullptr : out.data(), t, 2, shape);
+      concord_tensor_t recv = CpuTensor(in.empty() ? nullptr : in.data(), t, 2, shape);
+      concord_request_t rr = nullptr, sr = nullptr;
+      const std::string what = std::string("ring ") + mp::DTypeName(t) + " n=" + std::to_string(n);
+      CHECKF(concord_recv_async(comm, owned ? nullptr : &recv, prev, salt, nullptr, nullptr, &rr) ==
+                 CONCORD_SUCCESS,
+             "%s: recv: %s", what.c_str(), concord_comm_last_error(comm));
+      CHECKF(concord_send_async(comm, &send, next, salt, nullptr, nullptr, &sr) == CONCORD_SUCCESS,
+             "%s: send: %s", what.c_str(), concord_comm_last_error(comm));
+      if (sr) Wait(sr, what + " send");
+      if (rr && Wait(rr, what + " recv") == CONCORD_SUCCESS) {
+        void* data = nullptr;
+        size_t bytes = 0;
+        int64_t first = -1;
+        concord_dtype_t got_t = CONCORD_UINT8;
+        int ndim = -1;
+        int64_t got_shape[CONCORD_MAX_DIMS] = {0};
+        CHECKF(concord_request_output(rr, &data, &bytes, &first) == CONCORD_SUCCESS, "%s output",
+               what.c_str());
+        CHECKF(concord_request_output_shape(rr, &got_t, &ndim, got_shape) == CONCORD_SUCCESS,
+               "%s output shape", what.c_str());
+        CHECKF(got_t == t && ndim == 2 && got_shape[0] == n && got_shape[1] == 1 &&
+                   bytes == out.size() && first == n,
+               "%s: received dtype %d ndim %d shape [%lld, %lld] bytes %zu", what.c_str(),
+               static_cast<int>(got_t), ndim, static_cast<long long>(got_shape[0]),
+               static_cast<long long>(got_shape[1]), bytes);
+        if (!owned)
+          CHECKF(n == 0 || data == in.data(), "%s: output is not the caller's", what.c_str());
+        if (bytes == out.size()) Same(t, data, n, prev, salt, what.c_str());
+      }
+      concord_request_free(rr);
+      concord_request_free(sr);
+    }
+  }
+}
+
+// Rank 0 feeds micro-batches; each stage adds its rank and passes them on; the last checks.
+void Pipeline(concord_comm_t comm) {
+  const int kMicro = 8;
+  const int64_t n = 513;
+  const int64_t shape[1] = {n};
+  std::vector<std::vector<float>> buf(kMicro, std::vector<float>(n));
+  std::vector<concord_request_t> reqs(kMicro, nullptr);
+  const int last = g_size - 1;
+  if (g_rank == 0) {
+    for (int m = 0; m < kMicro; ++m) {
+      for (int64_t i = 0; i < n; ++i) buf[m][i] = static_cast<float>(m * 3 + i % 17);
+      concord_tensor_t t = CpuTensor(buf[m].data(), CONCORD_FLOAT32, 1, shape);
+      CHECKF(concord_send_async(comm, &t, 1, m, nullptr, nullptr, &reqs[m]) == CONCORD_SUCCESS,
+             "pipeline send %d", m);
+    }
+  } else {
+    // Every recv is posted before any arrives (the last stage's all at once).
+    for (int m = 0; m < kMicro; ++m) {
+      concord_tensor_t t = CpuTensor(buf[m].data(), CONCORD_FLOAT32, 1, shape);
+      CHECKF(concord_recv_async(comm, &t, g_rank - 1, m, nullptr, nullptr, &reqs[m]) ==
+                 CONCORD_SUCCESS,
+             "pipeline recv %d", m);
+    }
+    std::vector<concord_request_t> sends(kMicro, nullptr);
+    for (int m = 0; m < kMicro; ++m) {
+      if (!reqs[m] || Wait(reqs[m], "pipeline recv " + std::to_string(m)) != CONCORD_SUCCESS) {
+        continue;
+      }
+      if (g_rank == last) {
+        const float add = static_cast<float>(last * (last + 1) / 2 - last);  // earlier stages
+        for (int64_t i = 0; i < n; ++i) {
+          const float want = static_cast<float>(m * 3 + i % 17) + add;
+          if (buf[m][i] != want) {
+            FAILF("pipeline micro-batch %d [%lld]: got %g want %g", m, static_cast<long long>(i),
+                  buf[m][i], want);
+            break;
+          }
+        }
+      } else {
+        for (float& x : buf[m]) x += static_cast<float>(g_rank);
+        concord_tensor_t t = CpuTensor(buf[m].data(), CONCORD_FLOAT32, 1, shape);
+        CHECKF(concord_send_async(comm, &t, g_rank + 1, m, nullptr, nullptr, &sends[m]) ==
+                   CONCORD_SUCCESS,
+               "pipeline forward %d", m);
+      }
+    }
+    for (auto& s : sends) {
+      if (s) Wait(s, "pipeline forward");
+      concord_request_free(s);
+    }
+    for (auto& r : reqs) concord_request_free(r);
+    return;
+  }
+  for (auto& r : reqs) {
+    if (r) Wait(r, "pipeline send");
+    concord_request_free(r);
+  }
+}
+
+// Ranks 0 and 1: rank 0 sends kPer messages on each of kTags tags, interleaved; rank 1 receives
+// tag by tag, the last tag first, half its recvs posted after the messages arrived.
+void ManyInFlight(concord_comm_t comm) {
+  const int kTags = 4, kPer = 50;
+  const int64_t shape[1] = {3};
+  if (g_rank == 0) {
+    std::vector<std::vector<int64_t>> msgs;
+    std::vector<concord_request_t> reqs;
+    msgs.reserve(kTags * kPer);
+    for (int j = 0; j < kPer; ++j) {
+      for (int tag = 0; tag < kTags; ++tag) {
+        msgs.push_back({tag, j, 1000 + tag * kPer + j});
+        concord_tensor_t t = CpuTensor(msgs.back().data(), CONCORD_INT64, 1, shape);
+        reqs.emplace_back();
+        CHECKF(concord_send_async(comm, &t, 1, 100 + tag, nullptr, nullptr, &reqs.back()) ==
+                   CONCORD_SUCCESS,
+               "many: send");
+      }
+    }
+    for (auto& r : reqs) {
+      if (r) Wait(r, "many: send");
+      concord_request_free(r);
+    }
+  } else if (g_rank == 1) {
+    for (int tag = kTags - 1; tag >= 0; --tag) {
+      std::vector<std::vector<int64_t>> got(kPer, std::vector<int64_t>(3, -1));
+      std::vector<concord_request_t> reqs(kPer, nullptr);
+      for (int half = 0; half < 2; ++half) {
+        for (int j = half * kPer / 2; j < (half + 1) * kPer / 2; ++j) {
+          concord_tensor_t t = CpuTensor(got[j].data(), CONCORD_INT64, 1, shape);
+          CHECKF(concord_recv_async(comm, &t, 0, 100 + tag, nullptr, nullptr, &reqs[j]) ==
+                     CONCORD_SUCCESS,
+                 "many: recv");
+        }
+        if (half == 0 && reqs[0]) Wait(reqs[kPer / 2 - 1], "many: first half");
+      }
+      for (int j = 0; j < kPer; ++j) {
+        if (reqs[j] && Wait(reqs[j], "many: recv") == CONCORD_SUCCESS) {
+          CHECKF(got[j][0] == tag && got[j][1] == j && got[j][2] == 1000 + tag * kPer + j,
+                 "many: tag %d message %d arrived as (%lld, %lld, %lld): not FIFO", tag, j,
+                 static_cast<long long>(got[j][0]), static_cast<long long>(got[j][1]),
+                 static_cast<long long>(got[j][2]));
+        }
+        concord_request_free(reqs[j]);
+      }
+    }
+  }
+}
+
+// Rank 0 sends float32 [2, 3] twice and float32 [6] once on one tag; rank 1 expects int32 [6],
+// then float32 [6], then takes whatever comes.
+void Mismatch(concord_comm_t comm) {
+  const int64_t s23[2] = {2, 3}, s6[1] = {6};
+  if (g_rank == 0) {
+    std::vector<unsigned char> a = Make(CONCORD_FLOAT32, 6, 0, 71);
+    std::vector<unsigned char> b = Make(CONCORD_FLOAT32, 6, 0, 72);
+    std::vector<unsigned char> c = Make(CONCORD_FLOAT32, 6, 0, 73);
+    concord_tensor_t ta = CpuTensor(a.data(), CONCORD_FLOAT32, 2, s23);
+    concord_tensor_t tb = CpuTensor(b.data(), CONCORD_FLOAT32, 2, s23);
+    concord_tensor_t tc = CpuTensor(c.data(), CONCORD_FLOAT32, 1, s6);
+    CHECKF(concord_send(comm, &ta, 1, 77) == CONCORD_SUCCESS, "mismatch: send a");
+    CHECKF(concord_send(comm, &tb, 1, 77) == CONCORD_SUCCESS, "mismatch: send b");
+    CHECKF(concord_send(comm, &tc, 1, 77) == CONCORD_SUCCESS, "mismatch: send c");
+  } else if (g_rank == 1) {
+    std::vector<int32_t> i6(6, -7);
+    std::vector<float> f6(6, -7.0f);
+    concord_tensor_t ti = CpuTensor(i6.data(), CONCORD_INT32, 1, s6);
+    concord_tensor_t tf = CpuTensor(f6.data(), CONCORD_FLOAT32, 1, s6);
+    concord_status_t s = concord_recv(comm, &ti, 0, 77);
+    const std::string e1 = concord_comm_last_error(comm);
+    CHECKF(s == CONCORD_ERR_MISMATCH && mp::Contains(e1, "float32 [2, 3]") &&
+               mp::Contains(e1, "int32 [6]") && mp::Contains(e1, "rank 0"),
+           "dtype mismatch: %s: %s", concord_status_string(s), e1.c_str());
+    CHECKF(i6[0] == -7, "a refused message was written into the buffer");
+    s = concord_recv(comm, &tf, 0, 77);
+    const std::string e2 = concord_comm_last_error(comm);
+    CHECKF(s == CONCORD_ERR_MISMATCH && mp::Contains(e2, "float32 [2, 3]") &&
+               mp::Contains(e2, "float32 [6]"),
+           "shape mismatch: %s: %s", concord_status_string(s), e2.c_str());
+    concord_request_t r = nullptr;
+    CHECKF(concord_recv_async(comm, nullptr, 0, 77, nullptr, nullptr, &r) == CONCORD_SUCCESS,
+           "mismatch: recv c");
+    if (r && Wait(r, "mismatch: recv c") == CONCORD_SUCCESS) {
+      void* data = nullptr;
+      concord_request_output(r, &data, nullptr, nullptr);
+      Same(CONCORD_FLOAT32, data, 6, 0, 73, "the message after two refused ones");
+    }
+    concord_request_free(r);
+  }
+}
+
+void BadArguments(concord_comm_t comm) {
+  float x[4] = {0};
+  const int64_t s4[1] = {4};
+  concord_tensor_t t = CpuTensor(x, CONCORD_FLOAT32, 1, s4);
+  concord_tensor_t null_data = CpuTensor(nullptr, CONCORD_FLOAT32, 1, s4);
+  concord_tensor_t cuda = t;
+  cuda.device = 0;
+  const int other = (g_rank + 1) % g_size;
+  struct Bad {
+    const char* what;
+    concord_status_t got;
+    concord_status_t want;
+    const char* says;
+  };
+  concord_request_t r = nullptr;
+  const Bad bad[] = {
+      {"peer out of range", concord_send_async(comm, &t, g_size, 0, nullptr, nullptr, &r),
+       CONCORD_ERR_INVALID_ARGUMENT, "not a rank"},
+      {"negative peer", concord_recv_async(comm, &t, -1, 0, nullptr, nullptr, &r),
+       CONCORD_ERR_INVALID_ARGUMENT, "not a rank"},
+      {"self", concord_send_async(comm, &t, g_rank, 0, nullptr, nullptr, &r),
+       CONCORD_ERR_INVALID_ARGUMENT, "this rank"},
+      {"negative tag", concord_recv_async(comm, &t, other, -3, nullptr, nullptr, &r),
+       CONCORD_ERR_INVALID_ARGUMENT, "negative"},
+      {"NULL data", concord_send_async(comm, &null_data, other, 0, nullptr, nullptr, &r),
+       CONCORD_ERR_INVALID_ARGUMENT, "NULL"},
+      {"NULL send tensor", concord_send_async(comm, nullptr, other, 0, nullptr, nullptr, &r),
+       CONCORD_ERR_INVALID_ARGUMENT, "NULL"},
+      {"blocking recv without tensor", concord_recv(comm, nullptr, other, 0),
+       CONCORD_ERR_INVALID_ARGUMENT, "NULL"},
+      {"CUDA tensor", concord_send_async(comm, &cuda, other, 0, nullptr, nullptr, &r),
+       CONCORD_ERR_UNAVAILABLE, "CUDA"},
+  };
+  for (const Bad& b : bad) {
+    CHECKF(b.got == b.want, "%s: %s, want %s", b.what, concord_status_string(b.got),
+           concord_status_string(b.want));
+  }
+  CHECKF(r == nullptr, "a refused operation returned a request");
+  // The last error names the last refusal.
+  CHECKF(mp::Contains(concord_comm_last_error(comm), "CUDA"), "last error: %s",
+         concord_comm_last_error(comm));
+}
+
+int All(int64_t large) {
+  const double t0 = mp::Now();
+  concord_comm_t comm = mp::InitOrExit(&g_rank, &g_size);
+  if (g_size < 2) {
+    std::fprintf(stderr, "mp_p2p needs 2+ ranks\n");
+    return 2;
+  }
+  BadArguments(comm);
+  Ring(comm, large);
+  Pipeline(comm);
+  ManyInFlight(comm);
+  Mismatch(comm);
+  // A recv nobody sends for, still in flight at finalize: completed with an error.
+  std::vector<float> never(4);
+  const int64_t s4[1] = {4};
+  concord_tensor_t t = CpuTensor(never.data(), CONCORD_FLOAT32, 1, s4);
+  concord_request_t pending = nullptr;
+  CHECKF(concord_recv_async(comm, &t, (g_rank + 1) % g_size, 999, nullptr, nullptr, &pending) ==
+             CONCORD_SUCCESS,
+         "pending recv");
+  CHECKF(concord_finalize(comm) == CONCORD_SUCCESS, "finalize: %s",
+         concord_comm_last_error(nullptr));
+  if (pending) {
+    // NOT_INITIALIZED from this rank's finalize, or PEER_FAILURE when the peer closed first.
+    const concord_status_t ended = concord_test(pending);
+    CHECKF(ended == CONCORD_ERR_NOT_INITIALIZED || ended == CONCORD_ERR_PEER_FAILURE,
+           "a recv in flight at finalize ended %s", concord_status_string(ended));
+    concord_request_free(pending);
+  }
+  std::printf("p2p: rank %d of %d: %d failures in %.2f s: %s\n", g_rank, g_size, CheckFailures(),
+              mp::Now() - t0, CheckFailures() ? "FAIL" : "PASS");
+  return CheckFailures() ? 1 : 0;
+}
+
+// Rank 1 dies while rank 0 has a recv from it in flight: it ends in an error naming rank 1, well
+// before the timeout, and a later send to rank 1 fails too.
+int Kill() {
+  ::signal(SIGTERM, SIG_IGN);
+  concord_comm_t comm = mp::InitOrExit(&g_rank, &g_size);
+  std::vector<float> small(16);
+  const int64_t s16[1] = {16};
+  concord_tensor_t ts = CpuTensor(small.data(), CONCORD_FLOAT32, 1, s16);
+  concord_request_t recv = nullptr;
+  if (g_rank == 0) {
+    CHECKF(concord_recv_async(comm, &ts, 1, 5, nullptr, nullptr, &recv) == CONCORD_SUCCESS, "recv");
+  }
+  CHECKF(concord_barrier(comm) == CONCORD_SUCCESS, "barrier: %s", concord_comm_last_error(comm));
+  if (g_rank == 1) {
+    std::printf("VICTIM rank 1 kills itself\n");
+    std::fflush(stdout);
+    ::raise(SIGKILL);
+  }
+  if (g_rank != 0) return 0;
+  const double t0 = mp::Now();
+  if (recv) {
+    const concord_status_t s = concord_wait(recv, 60);
+    const std::string err = concord_request_error(recv);
+    CHECKF(s != CONCORD_SUCCESS && s != CONCORD_IN_PROGRESS && mp::Contains(err, "rank 1"),
+           "in flight with the dead rank: %s: %s", concord_status_string(s), err.c_str());
+    std::printf("SURVIVOR_OK rank 0: %s: %s\n", concord_status_string(s), err.c_str());
+    concord_request_free(recv);
+  }
+  CHECKF(mp::Now() - t0 < 5.0, "the failure took %.2f s to surface", mp::Now() - t0);
+  concord_request_t later = nullptr;
+  concord_status_t s = concord_send_async(comm, &ts, 1, 5, nullptr, nullptr, &later);
+  if (s == CONCORD_SUCCESS) {
+    s = concord_wait(later, 60);
+    concord_request_free(later);
+  }
+  CHECKF(s != CONCORD_SUCCESS, "a send to the dead rank succeeded");
+  concord_finalize(comm);
+  std::printf("p2p kill: rank 0: %d failures: %s\n", CheckFailures(),
+              CheckFailures() ? "FAIL" : "PASS");
+  std::fflush(stdout);
+  return CheckFailures() ? 1 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string mode = "all";
+  int64_t large = 1 << 20;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--mode" && i + 1 < argc) {
+      mode = argv[++i];
+    } else if (a == "--large" && i + 1 < argc) {
+      large = std::atoll(argv[++i]);
+    } else {
+      mode = "?";
+    }
+  }
+  if (mode == "all") return All(large);
+  if (mode == "kill") return Kill();
+  std::fprintf(stderr, "usage: %s [--mode all|kill] [--large ELEMENTS]\n", argv[0]);
+  return 2;
+}

@@ -1,0 +1,230 @@
+// Point to point in one process: PointToPoint (core/p2p.h) over the TCP transport
+// (backends/tcp_p2p_transport.cc), two or three ranks as threads meshed through an in-memory store.
+// FIFO per (peer, tag) with recvs posted early and late, tags independent, a refused message
+// dropped with the stream kept in sync, the sender's shape adopted, a recv that times out, a
+// peer that closes, Close() with operations in flight, and the checks at submit.
+#include "core/p2p.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <future>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backends/backend.h"
+#include "rendezvous/hash_store.h"
+
+namespace concord {
+namespace {
+
+using std::chrono::milliseconds;
+
+// `n` transports, created collectively from threads (as ranks would).
+std::vector<std::unique_ptr<P2pTransport>> Mesh(int n) {
+  HashStore store;
+  std::vector<std::future<StatusOr<std::unique_ptr<P2pTransport>>>> made;
+  for (int r = 0; r < n; ++r) {
+    made.push_back(std::async(std::launch::async, [&store, r, n] {
+      BackendOptions o;
+      o.rank = r;
+      o.size = n;
+      o.prefix = "test/p2p";
+      o.timeout = milliseconds(10000);
+      return CreateTcpP2pTransport(o, &store);
+    }));
+  }
+  std::vector<std::unique_ptr<P2pTransport>> out;
+  for (auto& f : made) {
+    auto t = f.get();
+    EXPECT_TRUE(t.ok()) << t.status().ToString();
+    if (t.ok()) out.push_back(std::move(*t));
+  }
+  return out;
+}
+
+// A rank: its PointToPoint over its transport.
+std::vector<std::unique_ptr<PointToPoint>> Ranks(int n,
+                                                 milliseconds timeout = milliseconds(10000)) {
+  auto transports = Mesh(n);
+  std::vector<std::unique_ptr<PointToPoint>> ranks;
+  for (int r = 0; r < static_cast<int>(transports.size()); ++r) {
+    ranks.push_back(std::make_unique<PointToPoint>(r, n, timeout, std::move(transports[r]),
+                                                   Status(Code::kUnavailable, "none")));
+  }
+  return ranks;
+}
+
+struct Op {
+  std::shared_ptr<RequestState> state = std::make_shared<RequestState>();
+  std::vector<int32_t> data;
+  int64_t n = 0;
+};
+
+P2pEntry Entry(bool send, int peer, int64_t tag, Op& op, bool expect = true) {
+  P2pEntry e;
+  e.send = send;
+  e.peer = peer;
+  e.tag = tag;
+  e.expect = expect;
+  e.dtype = DType::kInt32;
+  e.shape = {op.n};
+  e.data = op.data.empty() ? nullptr : op.data.data();
+  e.state = op.state;
+  return e;
+}
+
+Op Message(int64_t n, int32_t first) {
+  Op op;
+  op.n = n;
+  for (int64_t i = 0; i < n; ++i) op.data.push_back(first + static_cast<int32_t>(i));
+  return op;
+}
+
+Status Await(Op& op) {
+  EXPECT_TRUE(op.state->Wait(Deadline::After(milliseconds(20000))));
+  return op.state->status();
+}
+
+TEST(P2pTest, FifoPerTagWithRecvsEarlyAndLateAndTagsIndependent) {
+  auto ranks = Ranks(2);
+  ASSERT_EQ(ranks.size(), 2u);
+  constexpr int kPer = 40;
+  // Early: rank 1 posts half its recvs on tag 7 before anything is sent.
+  std::vector<Op> recvs(2 * kPer);
+  for (int j = 0; j < kPer; ++j) {
+    recvs[j].n = 1000 + j;
+    recvs[j].data.assign(recvs[j].n, -1);
+    ASSERT_TRUE(ranks[1]->Submit(Entry(false, 0, 7, recvs[j])).ok());
+  }
+  // Rank 0 sends on tags 7 and 8, interleaved, sizes that differ per message (and a 0).
+  std::vector<Op> sends;
+  sends.reserve(4 * kPer);
+  for (int j = 0; j < 2 * kPer; ++j) {
+    for (int64_t tag : {7, 8}) {
+      sends.push_back(Message(tag == 7 ? 1000 + j : j % 5, static_cast<int32_t>(tag * 100000 + j)));
+      ASSERT_TRUE(ranks[0]->Submit(Entry(true, 1, tag, sends.back())).ok());
+    }
+  }
+  // Tag 8 first (its messages wait as unexpected ones), then the late half of tag 7.
+  std::vector<Op> eights(2 * kPer);
+  for (int j = 0; j < 2 * kPer; ++j) {
+    eights[j].n = j % 5;
+    eights[j].data.assign(eights[j].n, -1);
+    ASSERT_TRUE(ranks[1]->Submit(Entry(false, 0, 8, eights[j])).ok());
+    ASSERT_TRUE(Await(eights[j]).ok());
+    for (int64_t i = 0; i < eights[j].n; ++i) ASSERT_EQ(eights[j].data[i], 800000 + j + i);
+  }
+  for (int j = kPer; j < 2 * kPer; ++j) {
+    recvs[j].n = 1000 + j;
+    recvs[j].data.assign(recvs[j].n, -1);
+    ASSERT_TRUE(ranks[1]->Submit(Entry(false, 0, 7, recvs[j])).ok());
+  }
+  for (int j = 0; j < 2 * kPer; ++j) {
+    ASSERT_TRUE(Await(recvs[j]).ok()) << j;
+    for (int64_t i = 0; i < recvs[j].n; i += 97) ASSERT_EQ(recvs[j].data[i], 700000 + j + i);
+  }
+  for (auto& s : sends) EXPECT_TRUE(Await(s).ok());
+}
+
+TEST(P2pTest, MismatchDropsTheMessageAndTheNextArrivesIntact) {
+  auto ranks = Ranks(2);
+  ASSERT_EQ(ranks.size(), 2u);
+  Op a = Message(300000, 1), b = Message(6, 50);
+  ASSERT_TRUE(ranks[0]->Submit(Entry(true, 1, 3, a)).ok());
+  ASSERT_TRUE(ranks[0]->Submit(Entry(true, 1, 3, b)).ok());
+  Op wrong;
+  wrong.n = 6;
+  wrong.data.assign(6, -1);
+  ASSERT_TRUE(ranks[1]->Submit(Entry(false, 0, 3, wrong)).ok());
+  const Status s = Await(wrong);
+  EXPECT_EQ(s.code(), Code::kMismatch);
+  EXPECT_NE(s.message().find("int32 [300000]"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("int32 [6]"), std::string::npos) << s.ToString();
+  EXPECT_EQ(wrong.data[0], -1);
+  // The next one, taken with the sender's shape.
+  Op any;
+  ASSERT_TRUE(ranks[1]->Submit(Entry(false, 0, 3, any, /*expect=*/false)).ok());
+  ASSERT_TRUE(Await(any).ok());
+  const auto& out = any.state->output();
+  EXPECT_EQ(out.shape, std::vector<int64_t>{6});
+  EXPECT_EQ(out.dtype, DType::kInt32);
+  ASSERT_EQ(out.bytes, 24u);
+  EXPECT_EQ(std::memcmp(out.data, b.data.data(), 24), 0);
+  EXPECT_TRUE(Await(a).ok());
+  EXPECT_TRUE(Await(b).ok());
+}
+
+TEST(P2pTest, RecvWithoutSenderTimesOutThenPeerCloseFailsNamingIt) {
+  auto ranks = Ranks(3, milliseconds(300));
+  ASSERT_EQ(ranks.size(), 3u);
+  Op late;
+  late.n = 4;
+  late.data.assign(4, 0);
+  ASSERT_TRUE(ranks[0]->Submit(Entry(false, 1, 9, late)).ok());
+  const Status t = Await(late);
+  EXPECT_EQ(t.code(), Code::kTimeout) << t.ToString();
+  EXPECT_NE(t.message().find("rank 1"), std::string::npos) << t.ToString();
+  // Rank 2 goes away with rank 0 waiting for it; rank 1 still talks to rank 0.
+  Op pending = Message(4, 0);
+  ASSERT_TRUE(ranks[0]->Submit(Entry(false, 2, 1, pending)).ok());
+  ranks[2].reset();
+  const Status p = Await(pending);
+  EXPECT_EQ(p.code(), Code::kPeerFailure) << p.ToString();
+  EXPECT_NE(p.message().find("rank 2"), std::string::npos) << p.ToString();
+  Op later = Message(4, 0);
+  ASSERT_TRUE(ranks[0]->Submit(Entry(true, 2, 1, later)).ok());
+  EXPECT_EQ(Await(later).code(), Code::kPeerFailure);
+  Op one = Message(4, 9), got;
+  got.n = 4;
+  got.data.assign(4, 0);
+  ASSERT_TRUE(ranks[1]->Submit(Entry(true, 0, 2, one)).ok());
+  ASSERT_TRUE(ranks[0]->Submit(Entry(false, 1, 2, got)).ok());
+  EXPECT_TRUE(Await(got).ok());
+  EXPECT_EQ(got.data, one.data);
+}
+
+TEST(P2pTest, CloseCompletesWhatIsInFlightAndRefusesLater) {
+  auto ranks = Ranks(2);
+  ASSERT_EQ(ranks.size(), 2u);
+  Op r;
+  r.n = 2;
+  r.data.assign(2, 0);
+  ASSERT_TRUE(ranks[0]->Submit(Entry(false, 1, 0, r)).ok());
+  ranks[0]->Close(Status(Code::kNotInitialized, "finalized"));
+  ASSERT_TRUE(r.state->done());
+  EXPECT_EQ(r.state->status().code(), Code::kNotInitialized);
+  Op s = Message(2, 0);
+  EXPECT_EQ(ranks[0]->Submit(Entry(true, 1, 0, s)).code(), Code::kNotInitialized);
+  EXPECT_EQ(r.state->complete_calls(), 1);
+}
+
+TEST(P2pTest, SubmitRefusesBadArgumentsAndCompletesNothing) {
+  PointToPoint none(1, 3, milliseconds(1000), nullptr, Status(Code::kUnavailable, "no transport"));
+  Op x = Message(4, 0);
+  auto refused = [&](P2pEntry e, Code code, const char* says) {
+    const Status s = none.Submit(std::move(e));
+    EXPECT_EQ(s.code(), code) << s.ToString();
+    EXPECT_NE(s.message().find(says), std::string::npos) << s.ToString();
+  };
+  refused(Entry(true, 3, 0, x), Code::kInvalidArgument, "not a rank");
+  refused(Entry(true, -1, 0, x), Code::kInvalidArgument, "not a rank");
+  refused(Entry(false, 1, 0, x), Code::kInvalidArgument, "this rank");
+  refused(Entry(true, 0, -1, x), Code::kInvalidArgument, "negative");
+  P2pEntry null_data = Entry(true, 0, 0, x);
+  null_data.data = nullptr;
+  refused(std::move(null_data), Code::kInvalidArgument, "NULL");
+  P2pEntry bad_shape = Entry(true, 0, 0, x);
+  bad_shape.shape = {-2};
+  refused(std::move(bad_shape), Code::kInvalidArgument, "negative");
+  P2pEntry cuda = Entry(true, 0, 0, x);
+  cuda.device = 0;
+  refused(std::move(cuda), Code::kUnavailable, "CUDA");
+  refused(Entry(true, 0, 0, x), Code::kUnavailable, "no transport");
+  EXPECT_FALSE(x.state->done());
+}
+
+}  // namespace
+}  // namespace concord
