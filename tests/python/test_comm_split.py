@@ -26,6 +26,26 @@ def test_split_orders_by_key_and_reduces_over_members(comm):
         sub.finalize()
 
 
+def test_send_recv_and_reducescatter_on_a_sub_communicator(comm):
+    sub = comm.split(comm.rank % 2, key=-comm.rank)
+    try:
+        # A ring among the members, by rank in the sub-communicator.
+        right, left = (sub.rank + 1) % sub.size, (sub.rank - 1) % sub.size
+        if sub.size > 1:
+            h = sub.send_async(np.full(5, comm.rank, dtype=np.int32), right, tag=3)
+            got = sub.recv(left, tag=3)
+            h.wait()
+            want = [r for r in reversed(range(comm.size)) if r % 2 == comm.rank % 2][left]
+            assert list(got) == [want] * 5
+        x = np.arange(2 * sub.size, dtype=np.float64) + comm.rank
+        mine = sub.reducescatter(x, name="rs")
+        members = [r for r in range(comm.size) if r % 2 == comm.rank % 2]
+        total = np.arange(2 * sub.size, dtype=np.float64) * len(members) + sum(members)
+        assert list(mine) == list(total[2 * sub.rank:2 * sub.rank + 2])
+    finally:
+        sub.finalize()
+
+
 def test_create_group_and_undefined(comm):
     ranks = list(reversed(range(comm.size)))[: max(1, comm.size - 1)]
     sub = comm.create_group(ranks)
