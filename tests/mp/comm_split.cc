@@ -211,12 +211,12 @@ int Semantics() {
   if (g_size >= 2) {
     concord_config_t config;
     concord_config_init(&config);
-    config.timeout_s = 0.5;
+    config.timeout_s = 1.5;
     concord_comm_t brief = nullptr;
     CHECKF(concord_init_config(&config, &brief) == CONCORD_SUCCESS, "init: %s",
            concord_comm_last_error(nullptr));
     if (g_rank == g_size - 1) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1200));  // past the others' timeout
+      std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // past the others' timeout
     } else if (brief != nullptr) {
       concord_comm_t sub = nullptr;
       const double t2 = mp::Now();
