@@ -248,7 +248,12 @@ class Engine {
   Status RunBroadcast(Lane& lane, const Response& r, std::optional<QueueEntry>& entry) const;
   Status RunBarrier(Lane& lane, const Response& r, std::optional<QueueEntry>& entry);
   // This rank's error when its allgather output cannot hold the result (it still takes part).
-  static Status OutputTooSmall(const std::string& name, size_t needed, size_t capacity);
+  static Status OutputTooSmall(const std::string& name, size_t needed, size_t capacity,
+                               const char* op = "allgather");
+  // Where a variable-size result of `total` bytes goes: the caller's output, else the entry's
+  // owned buffer; into the lane's scratch, with *local this rank's error, when the caller's
+  // output is too small (the rank still takes part).
+  void* ResultBuffer(Lane& lane, QueueEntry& e, size_t total, const char* op, Status* local) const;
   // Bytes each rank contributes to an allgather response, their sum and the first dimension.
   StatusOr<std::vector<size_t>> AllgatherBytes(const Response& r, size_t* total,
                                                int64_t* first_dim) const;

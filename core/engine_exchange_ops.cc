@@ -62,18 +62,8 @@ Status Engine::RunAlltoall(Lane& lane, const Response& r, std::optional<QueueEnt
     rows += received[rk];
   }
   RequestState::Output& out = e.state->output();
-  void* dst = e.output;
   Status local = Status::Ok();  // this rank's own error, reported after taking part
-  if (dst == nullptr) {
-    out.owned.resize(total);
-    dst = out.owned.data();
-  } else if (total > e.output_capacity) {
-    // Still take part (the other ranks are already in the collective), into scratch memory.
-    local =
-        InvalidArgument("tensor '" + q.name + "': alltoall result needs " + std::to_string(total) +
-                        " bytes, the output buffer has " + std::to_string(e.output_capacity));
-    dst = lane.fusion.Get(total, fusion_.threshold);
-  }
+  void* dst = ResultBuffer(lane, e, total, "alltoall", &local);
   CONCORD_RETURN_IF_ERROR(lane.backend->Alltoallv(e.input, send, dst, recv));
   e.state->AddWireBytes(sent);
   if (local.ok()) {

@@ -43,9 +43,24 @@ double PostFactor(const TensorRequest& r, int contributors) {
 
 }  // namespace
 
-Status Engine::OutputTooSmall(const std::string& name, size_t needed, size_t capacity) {
-  return InvalidArgument("tensor '" + name + "': allgather result needs " + std::to_string(needed) +
-                         " bytes, the output buffer has " + std::to_string(capacity));
+Status Engine::OutputTooSmall(const std::string& name, size_t needed, size_t capacity,
+                              const char* op) {
+  return InvalidArgument("tensor '" + name + "': " + op + " result needs " +
+                         std::to_string(needed) + " bytes, the output buffer has " +
+                         std::to_string(capacity));
+}
+
+void* Engine::ResultBuffer(Lane& lane, QueueEntry& e, size_t total, const char* op,
+                           Status* local) const {
+  if (e.output == nullptr) {
+    auto& owned = e.state->output().owned;
+    owned.resize(total);
+    return owned.data();
+  }
+  if (total <= e.output_capacity) return e.output;
+  // Still take part (the other ranks are already in the collective), into scratch memory.
+  *local = OutputTooSmall(e.request.name, total, e.output_capacity, op);
+  return lane.fusion.Get(total, fusion_.threshold);
 }
 
 Status Engine::RunBatch(Lane& lane, const FusionBatch& batch, const Responses& responses,
@@ -195,16 +210,8 @@ Status Engine::RunAllgather(Lane& lane, const Response& r, std::optional<QueueEn
   int64_t first = 0;
   CONCORD_ASSIGN_OR_RETURN(std::vector<size_t> bytes, AllgatherBytes(r, &total, &first));
   RequestState::Output& out = e.state->output();
-  void* dst = e.output;
   Status local = Status::Ok();  // this rank's own error, reported after taking part
-  if (dst == nullptr) {
-    out.owned.resize(total);
-    dst = out.owned.data();
-  } else if (total > e.output_capacity) {
-    // Still take part (the other ranks are already in the collective), into scratch memory.
-    local = OutputTooSmall(r.request.name, total, e.output_capacity);
-    dst = lane.fusion.Get(total, fusion_.threshold);
-  }
+  void* dst = ResultBuffer(lane, e, total, "allgather", &local);
   CONCORD_RETURN_IF_ERROR(lane.backend->Allgatherv(e.input, dst, bytes));
   // A ring allgather: each rank forwards (n - 1) / n of the result.
   if (config_.size > 1) e.state->AddWireBytes(total * (config_.size - 1) / config_.size);
