@@ -19,7 +19,9 @@
 //              until the runner creates --go-file, then goes on; the runner cuts the link
 //   uneven     after step S-1 it calls concord_finalize instead of going on (its epoch ended)
 //
-// Output: one machine-readable line per event on stdout, "FAULT_RANK " and a JSON object with
+// Output: one machine-readable line per event on stdout (or, when FAULT_RANK_EVENTS_DIR is set,
+// appended to <dir>/<pid>.events instead, which the runner reads whatever the launcher does with
+// the rank's stdout), "FAULT_RANK " and a JSON object with
 // "event", "rank" and "t" (CLOCK_MONOTONIC seconds, comparable across the processes of one host):
 //   start     {"size", "pid", "culprit", "class"}
 //   fault     the culprit, as it injects: {"step", "detail"}
@@ -34,6 +36,7 @@
 //   exit      {"code"}: the process is about to exit on its own
 // Exit status: 1 after an error (or a failed finalize), 0 when every step and the finalize
 // succeeded, 2 for a usage error.
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -74,8 +77,26 @@ std::string JsonString(const std::string& s) {
   return out + "\"";
 }
 
+// Where event lines go: stdout, or the events file (OpenEventsFile). Written by the signal
+// handler too, so set once, before the handler is installed.
+int g_events_fd = STDOUT_FILENO;
+
+// Points g_events_fd at <FAULT_RANK_EVENTS_DIR>/<pid>.events when that variable is set.
+void OpenEventsFile() {
+  const char* dir = std::getenv("FAULT_RANK_EVENTS_DIR");
+  if (dir == nullptr || *dir == '\0') return;
+  const std::string path = std::string(dir) + "/" + std::to_string(::getpid()) + ".events";
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    std::fprintf(stderr, "fault_rank: cannot open %s; events go to stdout\n", path.c_str());
+    return;
+  }
+  g_events_fd = fd;
+}
+
 // Writes whole lines, one write(2) each, so that lines of the engine's threads and of the main
-// thread never interleave and reach the launcher's pipe at once (no stdio buffer to flush).
+// thread never interleave and reach the launcher's pipe (or the events file) at once (no stdio
+// buffer to flush).
 class EventLog {
  public:
   void SetRank(int rank) { rank_ = rank; }
@@ -89,7 +110,7 @@ class EventLog {
     std::lock_guard<std::mutex> lock(mu_);
     size_t done = 0;
     while (done < line.size()) {
-      const ssize_t n = ::write(STDOUT_FILENO, line.data() + done, line.size() - done);
+      const ssize_t n = ::write(g_events_fd, line.data() + done, line.size() - done);
       if (n <= 0) return;
       done += static_cast<size_t>(n);
     }
@@ -138,7 +159,7 @@ void OnTerminatingSignal(int sig) {
   p = PutInt(p, sig);
   *p++ = '}';
   *p++ = '\n';
-  ssize_t ignored = ::write(STDOUT_FILENO, line, static_cast<size_t>(p - line));
+  ssize_t ignored = ::write(g_events_fd, line, static_cast<size_t>(p - line));
   (void)ignored;
   ::signal(sig, SIG_DFL);
   ::raise(sig);
@@ -439,6 +460,7 @@ int main(int argc, char** argv) {
                  argv[0]);
     return 2;
   }
+  OpenEventsFile();
   concord_comm_t comm = nullptr;
   const concord_status_t s = concord_init(&comm);
   if (s != CONCORD_SUCCESS) {

@@ -67,6 +67,7 @@ MPIRUN_GRACE_S = {"stop": 8}
 MPIRUN_GRACE_DEFAULT_S = 5
 START_LIMIT_S = 20
 FAULT_LIMIT_S = 20
+LAUNCHER_SETTLE_S = 1.0  # an MPI launcher's time to end by itself once every rank has exited
 EXIT_ALLOWANCE_S = TIMEOUT_S + 2  # after the detection limit: finalize (barrier) and exit
 
 NETNS_PREFIX = "cflt-"
@@ -199,6 +200,34 @@ class Job:
         self.lines = queue.Queue()  # (monotonic, label, line)
         self.log = []  # every line, "+s label: text"
         self.readers = []
+        self.watching = threading.Event()
+
+    def watch_events(self, directory):
+        """Reads the ranks' event files (fault_rank's FAULT_RANK_EVENTS_DIR: <pid>.events, one
+        line per write) into `lines` as they grow, until finish_reading: a rank's events arrive
+        whatever its launcher does with its stdout (mpirun forwards it late, or never when it
+        is ended)."""
+        self.watching.set()
+        reader = threading.Thread(target=self._watch, args=(directory,), daemon=True)
+        reader.start()
+        self.readers.append(reader)
+
+    def _watch(self, directory):
+        offsets = {}
+        while True:
+            last = not self.watching.is_set()
+            for name in sorted(os.listdir(directory)):
+                path = os.path.join(directory, name)
+                with open(path, "rb") as f:
+                    f.seek(offsets.get(name, 0))
+                    data = f.read()
+                end = data.rfind(b"\n") + 1  # whole lines only
+                offsets[name] = offsets.get(name, 0) + end
+                for raw in data[:end].splitlines():
+                    self.lines.put((monotonic(), "events", raw.decode(errors="replace")))
+            if last:
+                return
+            time.sleep(0.02)
 
     def start(self, label, argv, env):
         p = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -234,7 +263,22 @@ class Job:
                 pass
         return killed
 
+    def end_launchers(self):
+        """SIGKILLs the process group of every launcher still running (once its ranks are gone);
+        returns their labels."""
+        ended = []
+        for label, p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait(timeout=10)
+                ended.append(label)
+        return ended
+
     def finish_reading(self):
+        self.watching.clear()
         for r in self.readers:
             r.join(timeout=2)
 
@@ -324,7 +368,10 @@ class Scenario:
         return result
 
     def _launch(self, job, workdir, network):
-        env = self.env()
+        events = os.path.join(workdir, "events")
+        os.mkdir(events)
+        env = dict(self.env(), FAULT_RANK_EVENTS_DIR=events)
+        job.watch_events(events)
         go_file = os.path.join(workdir, "link-down")
         driver = self.driver_args(go_file)
         store = f"file://{workdir}/store"
@@ -358,7 +405,7 @@ class Scenario:
             # SIGTERMs every rank 1 s after one fails, before the survivors can report.
             argv = [self.opts.mpirun, "-np", str(self.np), "--oversubscribe", "--tag-output",
                     "--mca", "odls_base_sigkill_timeout", str(self.mpirun_grace),
-                    "-x", "CONCORD_BACKEND=mpi"]
+                    "-x", "CONCORD_BACKEND=mpi", "-x", "FAULT_RANK_EVENTS_DIR"]
             for var in ("CONCORD_TIMEOUT_S", "CONCORD_STALL_WARNING_S",
                         "CONCORD_STALL_SHUTDOWN_S"):
                 argv += ["-x", var]
@@ -404,6 +451,7 @@ class Scenario:
         deadline = self.t0 + START_LIMIT_S
         phase = "start"
         resume_at = None
+        all_gone_at = None
         while True:
             try:
                 t, label, line = job.lines.get(timeout=0.02)
@@ -451,6 +499,18 @@ class Scenario:
             ranks_left = [r for r, pid in pids.items() if pid_alive(pid, driver_name)]
             if launcher_done and not ranks_left and job.lines.empty():
                 break
+            if (self.backend == "mpi" and phase == "after" and len(pids) == self.np and
+                    not ranks_left and not launcher_done):
+                # Every rank has exited (its events come from its events file, not through the
+                # launcher): what is left is mpirun waiting out its kill timeout twice
+                # (launcher_linger), Open MPI's, not Concord's. Give the launcher a second to end
+                # by itself, then end it.
+                all_gone_at = all_gone_at or now
+                if now - all_gone_at >= LAUNCHER_SETTLE_S:
+                    ended = job.end_launchers()
+                    out["timeline"].append(
+                        f"every rank had exited; the suite ended {', '.join(ended)} (waiting "
+                        f"out its kill timeout) at +{now - (out['t_fault'] or self.t0):.1f} s")
             if now >= deadline:
                 if phase == "start":
                     out["problem"] = (f"only {len(starts)} of {self.np} ranks started within "
