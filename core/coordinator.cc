@@ -80,11 +80,7 @@ Status Coordinator::Add(int rank, RequestMessage message, Clock::time_point now)
       last_cached = entry;
       auto data = message.cached_data.find(bit);
       if (data == message.cached_data.end()) continue;
-      if (entry->request.op != OpType::kAllreduce ||
-          data->second.size() != entry->request.NumBytes()) {
-        return ProtocolError("rank " + std::to_string(rank) + " sent inline data for tensor '" +
-                             entry->request.name + "' that is not an allreduce input of its size");
-      }
+      CONCORD_RETURN_IF_ERROR(CheckInlineData(rank, entry->RequestOf(rank), data->second.size()));
       wait->second.data.resize(size_);
       wait->second.data[rank] = std::move(data->second);
     }
@@ -133,6 +129,7 @@ Status Coordinator::Add(int rank, RequestMessage message, Clock::time_point now)
     }
     auto data = message.request_data.find(index);
     if (data != message.request_data.end()) {
+      CONCORD_RETURN_IF_ERROR(CheckInlineData(rank, request, data->second.size()));
       p.data_by_rank.resize(size_);
       p.data_by_rank[rank] = std::move(data->second);
     }
@@ -145,6 +142,16 @@ Status Coordinator::Add(int rank, RequestMessage message, Clock::time_point now)
   if (last_cached != nullptr || !message.requests.empty()) {
     last_[rank].any = true;
     last_[rank].at = now;
+  }
+  return Status::Ok();
+}
+
+Status Coordinator::CheckInlineData(int rank, const TensorRequest& request, size_t bytes) const {
+  if (request.op == OpType::kBarrier || bytes != request.NumBytes() ||
+      (request.op == OpType::kBroadcast && request.root != rank)) {
+    return ProtocolError("rank " + std::to_string(rank) + " sent inline data for tensor '" +
+                         request.name + "' (" + OpTypeName(request.op) +
+                         ") that is not its input of its size");
   }
   return Status::Ok();
 }
@@ -164,13 +171,22 @@ Status Coordinator::CheckSplits(int rank, const TensorRequest& request) const {
   return Status::Ok();
 }
 
-std::optional<std::string> Coordinator::ReduceInline(
-    const TensorRequest& request, std::vector<std::optional<std::string>>& data) const {
-  if (request.op != OpType::kAllreduce || data.size() != static_cast<size_t>(size_)) return {};
+std::optional<std::string> Coordinator::CombineInline(
+    const Response& response, std::vector<std::optional<std::string>>& data) const {
+  const TensorRequest& request = response.request;
+  if (data.size() != static_cast<size_t>(size_) || !response.joined.empty()) return {};
+  if (request.op == OpType::kBroadcast) {
+    if (!data[request.root]) return {};
+    return std::move(*data[request.root]);
+  }
   for (const auto& d : data) {
     if (!d) return {};
   }
   std::string out = std::move(*data[0]);
+  if (request.op == OpType::kAllgather || request.op == OpType::kAlltoall) {
+    for (int r = 1; r < size_; ++r) out += *data[r];  // each rank's input, in rank order
+    return out;
+  }
   const size_t count = static_cast<size_t>(request.NumElements());
   for (int r = 1; r < size_; ++r) {
     ReduceElements(out.data(), out.data(), data[r]->data(), count, request.dtype,
@@ -401,7 +417,7 @@ StatusOr<ResponseMessage> Coordinator::TakeReady(Clock::time_point now) {
       item.bit = bit;
       auto wait = bit_waits_.find(bit);
       if (wait != bit_waits_.end()) {
-        item.data = ReduceInline(cache_->Get(bit)->request, wait->second.data);
+        item.data = CombineInline(*cache_->Get(bit), wait->second.data);
         bit_waits_.erase(wait);
       }
       ready.push_back(std::move(item));
@@ -424,7 +440,7 @@ StatusOr<ResponseMessage> Coordinator::TakeReady(Clock::time_point now) {
     item.response = Validate(it->second);
     ApplyJoined(it->second, item.response);
     if (item.response.error == Code::kOk) {
-      item.data = ReduceInline(item.response.request, it->second.data_by_rank);
+      item.data = CombineInline(item.response, it->second.data_by_rank);
     }
     ready.push_back(std::move(item));
     pending_.erase(it);

@@ -87,8 +87,8 @@ class Coordinator {
   // for a cache generation ahead of the coordinator's, bits that name no cache entry, a name `rank`
   // already has pending, an allgather of a scalar (no engine sends one), splits that do not fit
   // their request (a reducescatter's or alltoall's: one per rank, summing to the first dimension;
-  // none for other operations), or inline data for a cache entry that is not an allreduce of that
-  // size.
+  // none for other operations), or inline data that is not the input of its request (of that
+  // size; a broadcast's only from its root; a barrier has none).
   Status Add(int rank, RequestMessage message, Clock::time_point now);
 
   // Everything that can run now, in execution order (may be empty), with the errors of operations
@@ -145,9 +145,13 @@ class Coordinator {
   void FailWaitingForFinalized(std::vector<ResponseItem>* errors);
   // Describes who is missing for an operation: the ranks and what each last submitted.
   std::string DescribeMissing(const std::vector<bool>& present, Clock::time_point now) const;
-  // Every rank's inline input reduced in rank order, or nothing unless all ranks sent one.
-  std::optional<std::string> ReduceInline(const TensorRequest& request,
-                                          std::vector<std::optional<std::string>>& data) const;
+  // The inline result of a ready operation (core/engine_inline.cc): every rank's input reduced
+  // in rank order (allreduce, reducescatter) or concatenated (allgather, alltoall), the root's
+  // (broadcast); nothing unless each rank that must sent one, or when ranks joined.
+  std::optional<std::string> CombineInline(const Response& response,
+                                           std::vector<std::optional<std::string>>& data) const;
+  // kProtocolError unless `bytes` of inline data fit `request` from `rank`.
+  Status CheckInlineData(int rank, const TensorRequest& request, size_t bytes) const;
   Response Validate(const Pending& p) const;
   // kProtocolError unless request.splits fit request (see Add).
   Status CheckSplits(int rank, const TensorRequest& request) const;

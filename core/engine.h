@@ -9,7 +9,10 @@
 //   progress_driver.h      which thread runs the engine's steps (engine thread or waiters)
 //   engine_negotiation.cc  a step: messages in, requests out, coordination on rank 0
 //   engine_execute.cc      a response list: plan, segments, lanes; who completes what
-//   engine_host_ops.cc     CPU collectives on a lane: fused, span, inline, allgather, broadcast
+//   engine_host_ops.cc     CPU collectives on a lane: fused, span, allgather, broadcast
+//   engine_exchange_ops.cc CPU reducescatter and alltoall on a lane
+//   engine_inline.cc       small operations the coordinator completes during negotiation
+//   engine_join.cc         concord_join: what a joined rank runs without a tensor of its own
 //   engine_compression.cc  compressed fused allreduces
 //   engine_device.cc       CUDA tensors on the device backend
 //   entry_validation.h     checks of an operation at enqueue
@@ -67,7 +70,7 @@ struct EngineStats {
   std::atomic<uint64_t> response_lists{0};     // response messages executed
   std::atomic<uint64_t> batches{0};            // collectives run
   std::atomic<uint64_t> fused_tensors{0};      // tensors that went through the fusion buffer
-  std::atomic<uint64_t> inline_reductions{0};  // allreduces the coordinator reduced inline
+  std::atomic<uint64_t> inline_reductions{0};  // operations the coordinator completed inline
   std::atomic<uint64_t> device_launches{0};    // collectives handed to the device backend
   std::atomic<uint64_t> cache_evictions{0};    // response-cache entries evicted
 };
@@ -203,8 +206,6 @@ class Engine {
   Status ExecuteList(const ResponseMessage& list) REQUIRES(driver_.step_mutex());
   // When the next step must run at the latest: the end of a gathering cycle, a stall check.
   Deadline NextWake() const REQUIRES(driver_.step_mutex());
-  // A small allreduce's input for the coordinator (prescaled), when it qualifies.
-  std::optional<std::string> InlineData(const TensorRequest& r, const void* input) const;
 
   // --- engine_execute.cc ---
   Status Execute(const ResponseMessage& message) REQUIRES(driver_.step_mutex());
@@ -231,9 +232,6 @@ class Engine {
   // --- engine_host_ops.cc: one batch on one lane; Finish() what they complete ---
   Status RunBatch(Lane& lane, const FusionBatch& batch, const Responses& responses,
                   Entries& entries);
-  // Completes an operation the coordinator reduced inline.
-  Status CompleteInline(const Response& r, const std::string& data,
-                        std::optional<QueueEntry>& entry);
   // After the reduction: integer average division (by `contributors`: the ranks whose tensors
   // were reduced) and the post factor.
   void FinishAllreduce(const TensorRequest& q, int contributors, void* data, size_t n) const;
@@ -251,8 +249,9 @@ class Engine {
   static Status OutputTooSmall(const std::string& name, size_t needed, size_t capacity,
                                const char* op = "allgather");
   // Where a variable-size result of `total` bytes goes: the caller's output, else the entry's
-  // owned buffer; into the lane's scratch, with *local this rank's error, when the caller's
-  // output is too small (the rank still takes part).
+  // owned buffer; nullptr and *local this rank's error when the caller's output is too small.
+  void* ResultOutput(QueueEntry& e, size_t total, const char* op, Status* local) const;
+  // ResultOutput, or the lane's scratch when the output is too small (the rank still takes part).
   void* ResultBuffer(Lane& lane, QueueEntry& e, size_t total, const char* op, Status* local) const;
   // Bytes each rank contributes to an allgather response, their sum and the first dimension.
   StatusOr<std::vector<size_t>> AllgatherBytes(const Response& r, size_t* total,
@@ -261,6 +260,21 @@ class Engine {
   // --- engine_exchange_ops.cc: reducescatter and alltoall on one lane ---
   Status RunReducescatter(Lane& lane, const Response& r, std::optional<QueueEntry>& entry);
   Status RunAlltoall(Lane& lane, const Response& r, std::optional<QueueEntry>& entry);
+  // Bytes this rank receives from each rank in an alltoall response, their rows (*received)
+  // and their sum (*total).
+  StatusOr<std::vector<size_t>> AlltoallReceives(const Response& r, std::vector<int64_t>* received,
+                                                 size_t* total) const;
+  // An alltoall's result: `bytes` at `data`, `received` rows from each rank.
+  static void SetAlltoallOutput(QueueEntry& e, void* data, size_t bytes,
+                                std::vector<int64_t> received);
+
+  // --- engine_inline.cc: operations the coordinator completes during negotiation ---
+  // A small operation's input for the coordinator (an allreduce's or reducescatter's prescaled),
+  // when it qualifies (see the file's comment).
+  std::optional<std::string> InlineData(const TensorRequest& r, const void* input) const;
+  // Completes an operation from the coordinator's inline result.
+  Status CompleteInline(const Response& r, const std::string& data,
+                        std::optional<QueueEntry>& entry);
 
   // --- engine_join.cc ---
   // The entry through which this joined rank runs an operation it never submitted.

@@ -35,8 +35,9 @@ Status Engine::RunReducescatter(Lane& lane, const Response& r, std::optional<Que
   return Status::Ok();
 }
 
-Status Engine::RunAlltoall(Lane& lane, const Response& r, std::optional<QueueEntry>& entry) {
-  QueueEntry& e = *entry;
+StatusOr<std::vector<size_t>> Engine::AlltoallReceives(const Response& r,
+                                                       std::vector<int64_t>* received,
+                                                       size_t* total) const {
   const TensorRequest& q = r.request;
   const auto n = static_cast<size_t>(config_.size);
   const auto me = static_cast<size_t>(config_.rank);
@@ -47,33 +48,49 @@ Status Engine::RunAlltoall(Lane& lane, const Response& r, std::optional<QueueEnt
   }
   const size_t row = RowBytes(q);
   constexpr size_t kMaxBytes = static_cast<size_t>(kMaxTensorSize);
-  std::vector<size_t> send(n), recv(n);
-  std::vector<int64_t> received(n);
-  size_t total = 0, sent = 0;
-  int64_t rows = 0;
+  std::vector<size_t> recv(n);
+  received->assign(n, 0);
+  *total = 0;
   for (size_t rk = 0; rk < n; ++rk) {
-    send[rk] = static_cast<size_t>(e.request.splits[rk]) * row;  // checked at enqueue
-    if (rk != me) sent += send[rk];
-    received[rk] = r.splits[rk * n + me];
-    if (__builtin_mul_overflow(static_cast<size_t>(received[rk]), row, &recv[rk]) ||
-        recv[rk] > kMaxBytes || (total += recv[rk]) > kMaxBytes) {
+    (*received)[rk] = r.splits[rk * n + me];
+    if (__builtin_mul_overflow(static_cast<size_t>((*received)[rk]), row, &recv[rk]) ||
+        recv[rk] > kMaxBytes || (*total += recv[rk]) > kMaxBytes) {
       return ProtocolError("alltoall response for tensor '" + q.name + "' is too large");
     }
-    rows += received[rk];
   }
-  RequestState::Output& out = e.state->output();
+  return recv;
+}
+
+Status Engine::RunAlltoall(Lane& lane, const Response& r, std::optional<QueueEntry>& entry) {
+  QueueEntry& e = *entry;
+  const auto n = static_cast<size_t>(config_.size);
+  std::vector<int64_t> received;
+  size_t total = 0;
+  CONCORD_ASSIGN_OR_RETURN(std::vector<size_t> recv, AlltoallReceives(r, &received, &total));
+  const size_t row = RowBytes(r.request);
+  std::vector<size_t> send(n);
+  size_t sent = 0;
+  for (size_t rk = 0; rk < n; ++rk) {
+    send[rk] = static_cast<size_t>(e.request.splits[rk]) * row;  // checked at enqueue
+    if (rk != static_cast<size_t>(config_.rank)) sent += send[rk];
+  }
   Status local = Status::Ok();  // this rank's own error, reported after taking part
   void* dst = ResultBuffer(lane, e, total, "alltoall", &local);
   CONCORD_RETURN_IF_ERROR(lane.backend->Alltoallv(e.input, send, dst, recv));
   e.state->AddWireBytes(sent);
-  if (local.ok()) {
-    out.data = dst;
-    out.bytes = total;
-    out.first_dim = rows;
-    out.splits = std::move(received);
-  }
+  if (local.ok()) SetAlltoallOutput(e, dst, total, std::move(received));
   Finish(entry, local);
   return Status::Ok();
+}
+
+void Engine::SetAlltoallOutput(QueueEntry& e, void* data, size_t bytes,
+                               std::vector<int64_t> received) {
+  RequestState::Output& out = e.state->output();
+  out.data = data;
+  out.bytes = bytes;
+  out.first_dim = 0;
+  for (int64_t rows : received) out.first_dim += rows;
+  out.splits = std::move(received);
 }
 
 }  // namespace concord

@@ -1,7 +1,6 @@
 // The engine's CPU operations, each run on one lane (its backend and buffers) by the stepping
 // thread or that lane's worker: a fused batch of allreduces through the lane's fusion buffer, a
-// share of a span group of direct allreduces in place, an allgather, a broadcast, a barrier, and
-// the completion of an allreduce the coordinator reduced inline.
+// share of a span group of direct allreduces in place, an allgather, a broadcast and a barrier.
 //
 // Each completes the entries it finishes with Finish() and returns OK; on a backend error it
 // returns the error and completes nothing (Execute() completes every entry still held). A
@@ -50,17 +49,22 @@ Status Engine::OutputTooSmall(const std::string& name, size_t needed, size_t cap
                          std::to_string(capacity));
 }
 
-void* Engine::ResultBuffer(Lane& lane, QueueEntry& e, size_t total, const char* op,
-                           Status* local) const {
+void* Engine::ResultOutput(QueueEntry& e, size_t total, const char* op, Status* local) const {
   if (e.output == nullptr) {
     auto& owned = e.state->output().owned;
     owned.resize(total);
     return owned.data();
   }
   if (total <= e.output_capacity) return e.output;
-  // Still take part (the other ranks are already in the collective), into scratch memory.
   *local = OutputTooSmall(e.request.name, total, e.output_capacity, op);
-  return lane.fusion.Get(total, fusion_.threshold);
+  return nullptr;
+}
+
+void* Engine::ResultBuffer(Lane& lane, QueueEntry& e, size_t total, const char* op,
+                           Status* local) const {
+  void* out = ResultOutput(e, total, op, local);
+  // Still take part (the other ranks are already in the collective), into scratch memory.
+  return local->ok() ? out : lane.fusion.Get(total, fusion_.threshold);
 }
 
 Status Engine::RunBatch(Lane& lane, const FusionBatch& batch, const Responses& responses,
@@ -94,23 +98,6 @@ Status Engine::RunBatch(Lane& lane, const FusionBatch& batch, const Responses& r
   }
   // PlanLanes puts every direct allreduce in a span group.
   return Internal("direct allreduce of tensor '" + r.request.name + "' outside a span group");
-}
-
-Status Engine::CompleteInline(const Response& r, const std::string& data,
-                              std::optional<QueueEntry>& entry) {
-  const TensorRequest& q = r.request;
-  if (r.error != Code::kOk || q.op != OpType::kAllreduce || data.size() != q.NumBytes()) {
-    return ProtocolError("inline result for tensor '" + q.name +
-                         "' is not an allreduce result of its size");
-  }
-  stats_.inline_reductions.fetch_add(1, std::memory_order_relaxed);
-  const size_t n = static_cast<size_t>(q.NumElements());
-  if (n > 0) std::memcpy(entry->output, data.data(), data.size());  // output may be null at 0
-  FinishAllreduce(q, r.Contributors(config_.size), entry->output, n);
-  // Each rank sent its input to rank 0, which sent the result to every other rank.
-  entry->state->AddWireBytes(config_.rank == 0 ? data.size() * (config_.size - 1) : data.size());
-  Finish(entry, Status::Ok());
-  return Status::Ok();
 }
 
 void Engine::FinishAllreduce(const TensorRequest& q, int contributors, void* data, size_t n) const {

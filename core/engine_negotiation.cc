@@ -91,21 +91,6 @@ Status Engine::SendRequests(RequestMessage m) {
   return control_->Send(0, SerializeRequestMessage(m));
 }
 
-std::optional<std::string> Engine::InlineData(const TensorRequest& r, const void* input) const {
-  // Rank 0 receives every other rank's copy: past kInlineBudgetBytes in all, the backend's
-  // collectives (bandwidth-optimal) are cheaper than the star through the coordinator.
-  const size_t limit = std::min(static_cast<size_t>(config_.inline_threshold_bytes),
-                                kInlineBudgetBytes / std::max(1, config_.size - 1));
-  if (r.op != OpType::kAllreduce || r.device != -1 || config_.size == 1 || !r.compression.empty() ||
-      config_.inline_threshold_bytes == 0 || r.NumBytes() > limit) {
-    return std::nullopt;
-  }
-  if (r.prescale == 1.0) return std::string(static_cast<const char*>(input), r.NumBytes());
-  std::string data(r.NumBytes(), '\0');
-  CopyScaled(data.data(), input, static_cast<size_t>(r.NumElements()), r.dtype, r.prescale);
-  return data;
-}
-
 Status Engine::HandleMessage(const ControlMessage& message) {
   if (coordinator_) {
     auto parsed = ParseRequestMessage(message.bytes);

@@ -8,7 +8,7 @@ namespace {
 
 constexpr uint8_t kRequestTag = 0xC1;
 constexpr uint8_t kResponseTag = 0xC2;
-constexpr uint8_t kVersion = 7;
+constexpr uint8_t kVersion = 8;
 constexpr uint32_t kMaxString = 1 << 20;
 
 class Writer {
@@ -304,9 +304,9 @@ StatusOr<RequestMessage> ParseRequestMessage(const std::string& bytes) {
                            std::to_string(index) + " of " + std::to_string(m.requests.size()));
     }
     const TensorRequest& r = m.requests[index];
-    if (r.op != OpType::kAllreduce || !HasBytes(r, bytes.size())) {
+    if (r.op == OpType::kBarrier || !HasBytes(r, bytes.size())) {
       return ProtocolError("malformed request message: inline data for tensor '" + r.name +
-                           "' is not an allreduce input of its size");
+                           "' is not its input of its size");
     }
   }
   return m;

@@ -1,9 +1,10 @@
 // The negotiation wire format (see coordinator.h for the protocol). Two messages:
 //   RequestMessage   any rank -> coordinator: a bit vector of the response-cache entries it has
 //                    newly requested again, full requests for everything else, and the input bytes
-//                    of small allreduces that the coordinator may reduce itself (inline data).
+//                    of small operations that the coordinator may complete itself (inline data:
+//                    core/engine_inline.cc).
 //   ResponseMessage  coordinator -> every rank: the ordered list to execute (cache bits or full
-//                    responses, each with the reduced bytes when it was reduced inline), or an
+//                    responses, each with its inline result when it was completed inline), or an
 //                    abort that fails the job on every rank; and the response-cache entries every
 //                    rank evicts once it executed the list (response_cache.h).
 // Little-endian, length-prefixed, versioned. Parse() never trusts its input: any truncation,
@@ -30,8 +31,9 @@ struct RequestMessage {
   uint64_t cache_generation = 0;
   std::vector<uint64_t> cached_mask;    // bit b set: a request equal to cache entry b is ready
   std::vector<TensorRequest> requests;  // everything else
-  // Inline data: a small allreduce's prescaled input, by cache bit (for bits set in cached_mask)
-  // and by index into `requests`. Each holds exactly the request's NumBytes().
+  // Inline data: a small operation's input (prescaled for a reduction; a broadcast's from its root
+  // only), by cache bit (for bits set in cached_mask) and by index into `requests`. Each holds
+  // exactly the request's NumBytes().
   std::map<uint32_t, std::string> cached_data;
   std::map<uint32_t, std::string> request_data;
   bool empty() const { return cached_mask.empty() && requests.empty(); }
@@ -41,8 +43,9 @@ struct ResponseItem {
   bool cached = false;  // true: `bit` names a response-cache entry; false: `response` is full
   uint32_t bit = 0;
   Response response;
-  // Set when the coordinator reduced every rank's inline data: the reduction (before any
-  // division or postscale), NumBytes() of the request. The operation then needs no backend call.
+  // Set when the coordinator combined the ranks' inline data (Coordinator::CombineInline): the
+  // reduction (before any division or postscale), the inputs in rank order (allgather, alltoall)
+  // or the root's (broadcast). The operation then needs no backend call.
   std::optional<std::string> data;
 };
 

@@ -214,7 +214,7 @@ typedef struct concord_stats {
   uint64_t response_lists;    /**< response lists executed */
   uint64_t collectives;       /**< collectives run on the backends */
   uint64_t fused_tensors;     /**< tensors that went through the fusion buffer */
-  uint64_t inline_reductions; /**< allreduces the coordinator reduced during negotiation */
+  uint64_t inline_reductions; /**< small operations the coordinator completed during negotiation */
   uint64_t device_launches;   /**< collectives handed to the device backend */
   /** response-cache entries evicted to make room (CONCORD_CACHE_CAPACITY); the same on every
    *  rank */

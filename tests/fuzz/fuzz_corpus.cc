@@ -59,6 +59,8 @@ void Messages(const std::string& dir) {
   m.requests.push_back(c);
   Write(dir, "request-ops", SerializeRequestMessage(m));
   m.request_data[0] = std::string(32, '\1');
+  m.request_data[1] = std::string(24, '\4');  // an allgather's and a broadcast's inputs
+  m.request_data[2] = std::string(16, '\5');
   m.cached_data[0] = std::string(8, '\2');
   Write(dir, "request-inline", SerializeRequestMessage(m));
 

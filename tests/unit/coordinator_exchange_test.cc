@@ -132,5 +132,76 @@ TEST(ResponseCacheExchangeTest, EvenAlltoallsAreCachedUnevenOnesNot) {
   EXPECT_FALSE(cache.Lookup(other, 0).has_value());
 }
 
+// Bytes 0..n-1 plus `base`, as one rank's inline input.
+std::string Bytes(size_t n, char base) {
+  std::string s(n, '\0');
+  for (size_t i = 0; i < n; ++i) s[i] = static_cast<char>(base + i);
+  return s;
+}
+
+// Each op's inline result (core/engine_inline.cc): a reducescatter's inputs reduced, an
+// allgather's and an alltoall's concatenated in rank order whatever their sizes, a broadcast's
+// the root's alone.
+TEST_F(CoordinatorExchangeTest, InlineDataIsCombinedAsEachOpNeeds) {
+  Start(3);
+  const std::vector<int64_t> rows = {2, 0, 3};  // allgather and alltoall first dims
+  std::string concatenated;
+  for (int r = 0; r < 3; ++r) {
+    RequestMessage m;
+    TensorRequest rs = Split("rs", OpType::kReducescatter, {3}, {1, 1, 1});
+    rs.dtype = DType::kInt8;
+    m.requests.push_back(rs);
+    m.request_data[0] = std::string(3, static_cast<char>(r + 1));
+    TensorRequest ag = Split("ag", OpType::kAllgather, {rows[r]}, {});
+    ag.dtype = DType::kUint8;
+    m.requests.push_back(ag);
+    m.request_data[1] = Bytes(static_cast<size_t>(rows[r]), static_cast<char>(10 * r));
+    TensorRequest a2a = Split("a2a", OpType::kAlltoall, {rows[r]}, {rows[r], 0, 0});
+    a2a.dtype = DType::kUint8;
+    m.requests.push_back(a2a);
+    m.request_data[2] = m.request_data[1];
+    concatenated += m.request_data[1];
+    TensorRequest bc = Split("bc", OpType::kBroadcast, {2}, {});
+    bc.dtype = DType::kUint8;
+    bc.root = 1;
+    m.requests.push_back(bc);
+    if (r == 1) m.request_data[3] = "hi";
+    ASSERT_TRUE(coordinator_->Add(r, std::move(m), Clock::now()).ok());
+  }
+  StatusOr<ResponseMessage> m = coordinator_->TakeReady(Clock::now());
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  ASSERT_EQ(m->items.size(), 4u);
+  for (const ResponseItem& item : m->items) {
+    ASSERT_EQ(item.response.error, Code::kOk) << item.response.error_message;
+    ASSERT_TRUE(item.data.has_value()) << item.response.request.name;
+    const std::string& name = item.response.request.name;
+    const std::string want = name == "rs"   ? std::string(3, 6)
+                             : name == "bc" ? std::string("hi")
+                                            : concatenated;  // allgather, alltoall
+    EXPECT_EQ(*item.data, want) << name;
+  }
+}
+
+// Inline data that is not the sender's input: a non-root's broadcast data, a size other than
+// its request's, a barrier's (through the cache: coordinator_test.cc).
+TEST_F(CoordinatorExchangeTest, InlineDataThatIsNotTheInputIsAProtocolError) {
+  Start(2);
+  TensorRequest bc = Split("bc", OpType::kBroadcast, {2}, {});
+  bc.dtype = DType::kUint8;
+  TensorRequest barrier = Split("b", OpType::kBarrier, {}, {});
+  barrier.dtype = DType::kUint8;
+  const std::vector<std::pair<TensorRequest, std::string>> cases = {
+      {bc, "hi"}, {Split("ag", OpType::kAllgather, {1}, {}), "toolong"}, {barrier, ""}};
+  for (const auto& [request, data] : cases) {
+    RequestMessage m = Full(request);
+    m.request_data[0] = data;
+    const Status s = coordinator_->Add(1, std::move(m), Clock::now());
+    EXPECT_EQ(s.code(), Code::kProtocolError) << request.name << ": " << s.ToString();
+    EXPECT_NE(s.message().find("inline data for tensor '" + request.name + "'"), std::string::npos)
+        << s.message();
+    Start(2);
+  }
+}
+
 }  // namespace
 }  // namespace concord

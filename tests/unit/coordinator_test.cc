@@ -228,20 +228,21 @@ TEST_F(CoordinatorTest, ExpandedBitKeepsItsInlineData) {
   EXPECT_EQ(AsFloats(*m.items[0].data), (std::vector<float>{11, 22, 33, 44}));
 }
 
-TEST_F(CoordinatorTest, InlineDataOfTheWrongSizeOrOpForACacheEntryIsAProtocolError) {
+// Of the wrong size, or a broadcast's from a rank that is not its root.
+TEST_F(CoordinatorTest, InlineDataThatIsNotTheInputOfACacheEntryIsAProtocolError) {
   Start(2);
   cache_.Insert(Ok(Req("a")));
-  TensorRequest gather = Req("g");
-  gather.op = OpType::kAllgather;
-  cache_.Insert(Ok(gather));
+  TensorRequest broadcast = Req("g");
+  broadcast.op = OpType::kBroadcast;
+  cache_.Insert(Ok(broadcast));
   RequestMessage short_data = Bits({0});
   short_data.cached_data[0] = "abc";
   Status s = coordinator_->Add(1, short_data, t0_);
   EXPECT_EQ(s.code(), Code::kProtocolError);
   EXPECT_NE(s.message().find("'a'"), std::string::npos) << s.message();
-  RequestMessage not_allreduce = Bits({1});
-  not_allreduce.cached_data[1] = Floats(1, 2, 3, 4);
-  s = coordinator_->Add(1, not_allreduce, t0_);
+  RequestMessage not_root = Bits({1});
+  not_root.cached_data[1] = Floats(1, 2, 3, 4);
+  s = coordinator_->Add(1, not_root, t0_);
   EXPECT_EQ(s.code(), Code::kProtocolError);
   EXPECT_NE(s.message().find("'g'"), std::string::npos) << s.message();
 }

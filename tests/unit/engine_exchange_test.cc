@@ -21,7 +21,21 @@ using engine_testing::Request;
 using engine_testing::Submit;
 using harness::RunRanks;
 
-class ExchangeTest : public ::testing::TestWithParam<int> {};
+// How the ranks' small operations travel (core/engine_inline.cc): through the coordinator
+// (inline, the default), on the backend (off), or on the backend because the last rank sends no
+// inline data while the others do (mixed).
+enum class Inline { kDefault, kOff, kMixed };
+
+// A job of `size` ranks in inline mode `mode`.
+std::function<void(Config&)> InlineTweak(Inline mode) {
+  return [mode](Config& c) {
+    if (mode == Inline::kOff || (mode == Inline::kMixed && c.rank == c.size - 1)) {
+      c.inline_threshold_bytes = 0;
+    }
+  };
+}
+
+class ExchangeTest : public ::testing::TestWithParam<std::tuple<int, Inline>> {};
 
 // Rank r's reducescatter input: element i is r * 1000 + i.
 std::vector<int64_t> RsInput(int rank, size_t n) {
@@ -31,8 +45,8 @@ std::vector<int64_t> RsInput(int rank, size_t n) {
 }
 
 TEST_P(ExchangeTest, ReducescatterEvenAndUnevenSplits) {
-  const int size = GetParam();
-  Job job(size);
+  const int size = std::get<0>(GetParam());
+  Job job(size, InlineTweak(std::get<1>(GetParam())));
   constexpr int64_t kCols = 3;
   // 2 * size + 1 rows, split evenly (the first rank gets the extra row), then unevenly.
   const int64_t rows = 2 * size + 1;
@@ -65,8 +79,8 @@ TEST_P(ExchangeTest, ReducescatterEvenAndUnevenSplits) {
 }
 
 TEST_P(ExchangeTest, ReducescatterAverageAndScales) {
-  const int size = GetParam();
-  Job job(size);
+  const int size = std::get<0>(GetParam());
+  Job job(size, InlineTweak(std::get<1>(GetParam())));
   RunRanks(size, [&](int rank) {
     TensorRequest r = Request("rs.avg", OpType::kReducescatter, DType::kFloat32, {size * 2});
     r.reduce_op = ReduceOp::kAverage;
@@ -89,8 +103,8 @@ int64_t Rows(int from, int to) {
 }
 
 TEST_P(ExchangeTest, AlltoallUnevenSplitsAndReceivedSplits) {
-  const int size = GetParam();
-  Job job(size);
+  const int size = std::get<0>(GetParam());
+  Job job(size, InlineTweak(std::get<1>(GetParam())));
   RunRanks(size, [&](int rank) {
     std::vector<int64_t> splits(size);
     std::vector<int32_t> in;
@@ -139,8 +153,8 @@ TEST_P(ExchangeTest, AlltoallUnevenSplitsAndReceivedSplits) {
 }
 
 TEST_P(ExchangeTest, EvenAlltoallIsCachedUnevenIsNot) {
-  const int size = GetParam();
-  Job job(size);
+  const int size = std::get<0>(GetParam());
+  Job job(size, InlineTweak(std::get<1>(GetParam())));
   for (const bool even : {true, false}) {
     for (int step = 0; step < 3; ++step) {
       RunRanks(size, [&](int rank) {
@@ -166,8 +180,8 @@ TEST_P(ExchangeTest, EvenAlltoallIsCachedUnevenIsNot) {
 }
 
 TEST_P(ExchangeTest, InsideAGroupWithAnAllreduce) {
-  const int size = GetParam();
-  Job job(size);
+  const int size = std::get<0>(GetParam());
+  Job job(size, InlineTweak(std::get<1>(GetParam())));
   RunRanks(size, [&](int rank) {
     std::vector<float> grad(4, 1.0f);
     std::vector<float> rs_in(size, 1.0f), rs_out(1, 0.0f);
@@ -191,7 +205,77 @@ TEST_P(ExchangeTest, InsideAGroupWithAnAllreduce) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, ExchangeTest, ::testing::Values(1, 2, 3, 4));
+// Every small operation completes through the coordinator (stats().inline_reductions) when
+// every rank that must sends its input, and on the backend otherwise, with the same results: in
+// mixed mode the last rank sends nothing, so only broadcasts from the other roots go inline.
+TEST_P(ExchangeTest, SmallOperationsOfEveryKindGoInlineWhenEveryRankSends) {
+  const int size = std::get<0>(GetParam());
+  const Inline mode = std::get<1>(GetParam());
+  Job job(size, InlineTweak(mode));
+  RunRanks(size, [&](int rank) {
+    const uint64_t before = job[rank].stats().inline_reductions.load();
+    std::vector<std::shared_ptr<RequestState>> states;
+    std::vector<int32_t> rs_in(2 * size, rank + 1), rs_out(2, 0);
+    TensorRequest rs = Request("s.rs", OpType::kReducescatter, DType::kInt32, {2 * size});
+    ASSERT_TRUE(NormalizeSplits(&rs, size).ok());
+    states.push_back(Submit(job[rank], Entry(rs, rs_in.data(), rs_out.data(), 8)));
+    // Rank r gathers r rows of one value r (rank 0 none).
+    std::vector<int32_t> ag_in(rank, rank);
+    states.push_back(Submit(job[rank], Entry(Request("s.ag", OpType::kAllgather, DType::kInt32,
+                                                     {static_cast<int64_t>(rank)}),
+                                             ag_in.data(), nullptr)));
+    // Rank r sends d + 1 rows of value 10 r + d to rank d.
+    std::vector<int32_t> a2a_in;
+    TensorRequest a2a = Request("s.a2a", OpType::kAlltoall, DType::kInt32, {0});
+    for (int d = 0; d < size; ++d) {
+      a2a.splits.push_back(d + 1);
+      a2a_in.insert(a2a_in.end(), d + 1, 10 * rank + d);
+    }
+    a2a.shape[0] = static_cast<int64_t>(a2a_in.size());
+    states.push_back(Submit(job[rank], Entry(a2a, a2a_in.data(), nullptr)));
+    std::vector<std::vector<float>> bc(size, std::vector<float>(3, static_cast<float>(rank)));
+    for (int root = 0; root < size; ++root) {
+      TensorRequest b =
+          Request("s.bc." + std::to_string(root), OpType::kBroadcast, DType::kFloat32, {3});
+      b.root = root;
+      states.push_back(Submit(job[rank], Entry(b, bc[root].data(), bc[root].data())));
+    }
+    for (const auto& state : states) ASSERT_TRUE(Await(state).ok());
+    EXPECT_EQ(rs_out, std::vector<int32_t>(2, size * (size + 1) / 2));
+    std::vector<int32_t> gathered;
+    for (int r = 0; r < size; ++r) gathered.insert(gathered.end(), r, r);
+    const RequestState::Output& ag = states[1]->output();
+    ASSERT_EQ(ag.bytes, gathered.size() * 4);
+    if (ag.bytes > 0) {
+      EXPECT_EQ(std::memcmp(ag.data, gathered.data(), ag.bytes), 0);
+    }
+    std::vector<int32_t> received;
+    for (int s = 0; s < size; ++s) received.insert(received.end(), rank + 1, 10 * s + rank);
+    const RequestState::Output& got = states[2]->output();
+    ASSERT_EQ(got.bytes, received.size() * 4);
+    EXPECT_EQ(std::memcmp(got.data, received.data(), got.bytes), 0);
+    EXPECT_EQ(got.splits, std::vector<int64_t>(size, rank + 1));
+    for (int root = 0; root < size; ++root) {
+      EXPECT_EQ(bc[root], std::vector<float>(3, static_cast<float>(root))) << "root " << root;
+    }
+    uint64_t want = 0;
+    if (size > 1 && mode == Inline::kDefault) want = 3 + size;
+    if (size > 1 && mode == Inline::kMixed) want = size - 1;
+    EXPECT_EQ(job[rank].stats().inline_reductions.load() - before, want) << "rank " << rank;
+  });
+}
+
+std::string RanksAndInlineName(const ::testing::TestParamInfo<std::tuple<int, Inline>>& info) {
+  static const char* const kNames[] = {"inline", "noinline", "mixedinline"};
+  return std::to_string(std::get<0>(info.param)) + "ranks_" +
+         kNames[static_cast<int>(std::get<1>(info.param))];
+}
+
+INSTANTIATE_TEST_SUITE_P(RanksAndInline, ExchangeTest,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4),
+                                            ::testing::Values(Inline::kDefault, Inline::kOff,
+                                                              Inline::kMixed)),
+                         RanksAndInlineName);
 
 // A field on which rank 1 differs; the error must name `field`.
 struct Mismatch {

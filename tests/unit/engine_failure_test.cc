@@ -118,7 +118,8 @@ class FailingJob {
 // One rank's operations, all in one group (so one response list): two allreduces small enough to
 // be reduced inline by the coordinator, three fused ones (too large for inline, too small to run
 // alone), a fused fp16-compressed pair, a span group of two direct allreduces large enough for a
-// share on each lane, an allgather, a broadcast and a barrier.
+// share on each lane, an allgather and a broadcast (too large for the coordinator to complete
+// inline) and a barrier.
 struct RankWork {
   std::vector<std::vector<float>> data;
   std::vector<uint8_t> gathered;
@@ -126,9 +127,9 @@ struct RankWork {
 };
 
 void SubmitWork(Engine& e, int rank, RankWork& w) {
-  const std::vector<int64_t> sizes = {1, 7, 9000, 10001, 12000, 5, 9, 400000, 500001, 64, 64};
+  const std::vector<int64_t> sizes = {1, 7, 9000, 10001, 12000, 5, 9, 400000, 500001, 4000, 9000};
   for (int64_t n : sizes) w.data.emplace_back(static_cast<size_t>(n), 1.0f + rank);
-  w.gathered.resize(3 * 64 * sizeof(float) * 4);
+  w.gathered.resize(3 * 4000 * sizeof(float));
   ASSERT_TRUE(e.GroupStart().ok());
   auto submit = [&](TensorRequest r, const void* in, void* out, size_t capacity = 0) {
     QueueEntry entry = Entry(std::move(r), in, out, capacity);
@@ -145,9 +146,9 @@ void SubmitWork(Engine& e, int rank, RankWork& w) {
     submit(Request("large." + std::to_string(k), OpType::kAllreduce, DType::kFloat32, {sizes[k]}),
            w.data[k].data(), w.data[k].data());
   }
-  submit(Request("gather", OpType::kAllgather, DType::kFloat32, {64}), w.data[9].data(),
+  submit(Request("gather", OpType::kAllgather, DType::kFloat32, {4000}), w.data[9].data(),
          w.gathered.data(), w.gathered.size());
-  TensorRequest b = Request("bcast", OpType::kBroadcast, DType::kFloat32, {64});
+  TensorRequest b = Request("bcast", OpType::kBroadcast, DType::kFloat32, {9000});
   b.root = 1;
   submit(b, w.data[10].data(), w.data[10].data());
   submit(Request(e.NextBarrierName(), OpType::kBarrier, DType::kUint8, {}), nullptr, nullptr);

@@ -140,7 +140,8 @@ TEST(MessageTest, CachedMaskAndRequestsRoundTrip) {
   EXPECT_EQ(parsed->request_data, m.request_data);
 }
 
-// Inline data must name a requested cache bit or a request, and have that allreduce's size.
+// Inline data must name a requested cache bit or a request, and have that request's size; a
+// barrier has none.
 TEST(MessageTest, InlineDataForNothingOrOfTheWrongSizeIsRejected) {
   auto expect_rejected = [](const RequestMessage& m, const std::string& what) {
     auto parsed = ParseRequestMessage(SerializeRequestMessage(m));
@@ -159,7 +160,12 @@ TEST(MessageTest, InlineDataForNothingOrOfTheWrongSizeIsRejected) {
   m.request_data[1] = "xxx";  // a float32 scalar has 4 bytes
   expect_rejected(m, "size");
   m = SampleRequestMessage();
-  m.request_data[0] = std::string();  // an allgather (of zero elements) is no allreduce
+  TensorRequest barrier;
+  barrier.name = "b";
+  barrier.op = OpType::kBarrier;
+  barrier.dtype = DType::kUint8;
+  m.requests.push_back(barrier);
+  m.request_data[2] = "x";  // a barrier has no input, whatever its shape says
   expect_rejected(m, "op");
 }
 
