@@ -263,20 +263,6 @@ class Job:
                 pass
         return killed
 
-    def end_launchers(self):
-        """SIGKILLs the process group of every launcher still running (once its ranks are gone);
-        returns their labels."""
-        ended = []
-        for label, p in self.procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                p.wait(timeout=10)
-                ended.append(label)
-        return ended
-
     def finish_reading(self):
         self.watching.clear()
         for r in self.readers:
@@ -507,7 +493,7 @@ class Scenario:
                 # by itself, then end it.
                 all_gone_at = all_gone_at or now
                 if now - all_gone_at >= LAUNCHER_SETTLE_S:
-                    ended = job.end_launchers()
+                    ended = job.kill_all()  # under MPI the job's processes are its launcher
                     out["timeline"].append(
                         f"every rank had exited; the suite ended {', '.join(ended)} (waiting "
                         f"out its kill timeout) at +{now - (out['t_fault'] or self.t0):.1f} s")
