@@ -289,6 +289,19 @@ int Kill(int victim, int64_t mid_bytes) {
     std::fprintf(stderr, "rank %d: the victim outlived its callback\n", g_rank);
     return 1;
   }
+  // And a join (uneven epochs: this survivor ran out of data), blocking, on a thread of its own.
+  std::string join_result;
+  std::thread joiner([comm, &join_result] {
+    const double tj = mp::Now();
+    const concord_status_t js = concord_join(comm, nullptr);
+    const std::string err = concord_comm_last_error(comm);
+    CHECKF(js != CONCORD_SUCCESS && mp::Contains(err, "rank " + std::to_string(g_victim)),
+           "join: %s: '%s'", concord_status_string(js), err.c_str());
+    char line[160];
+    std::snprintf(line, sizeof(line), "rank %d: %-58s %s after %.3f s", g_rank, "join",
+                  concord_status_string(js), mp::Now() - tj);
+    join_result = line;
+  });
   const concord_status_t gs = concord_wait(go.req, 60);
   CHECKF(gs == CONCORD_SUCCESS, "mid.go: %s: %s", concord_status_string(gs),
          concord_request_error(go.req));
@@ -299,6 +312,8 @@ int Kill(int victim, int64_t mid_bytes) {
     Await(op, t0);
     detect = std::max(detect, op.ended);
   }
+  joiner.join();
+  std::printf("%s\n", join_result.c_str());
   double limit = 10;
   if (const char* t = std::getenv("CONCORD_TIMEOUT_S")) limit = std::atof(t);
   CHECKF(detect <= limit + 2.0, "the failure took %.2f s to surface (deadline %.1f s)", detect,

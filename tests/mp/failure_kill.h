@@ -2,7 +2,8 @@
 // SIGKILLs itself while the others have one operation of every kind in flight:
 //   pending in negotiation (names V never submits): an allreduce, an allgather, a broadcast from
 //     V and one from a survivor, an even and an uneven reduce-scatter, an even all-to-all and an
-//     alltoallv, a barrier; and with V itself: a recv from V and an 8 MiB send to V;
+//     alltoallv, a barrier; and with V itself: a recv from V and an 8 MiB send to V; and a
+//     concord_join (blocking, on a thread of its own, from about when V dies);
 //   running on the backend: a reduce-scatter and an all-to-all of B bytes (default 16 MiB) that V
 //     enqueued too; V dies 3 ms after a 64 KiB allreduce (a backend one) it enqueued just before
 //     them completes, so inside them (they may succeed, whole, when V finished its part first).
