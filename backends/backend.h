@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,6 +47,13 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
+
+  // A callable, for any thread and valid after the backend is gone, that makes the collectives
+  // running on this backend now and later fail promptly, where the backend can interrupt them,
+  // instead of waiting for a peer that is gone: the engine calls it when its control plane finds
+  // a peer failed while a collective may be blocked. Empty (the default), and for what it cannot
+  // interrupt: the backend's own failure detection and timeout apply.
+  virtual std::function<void()> Interrupter() { return nullptr; }
   virtual int rank() const = 0;
   virtual int size() const = 0;
 

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -63,6 +64,12 @@ class ControlPlane {
 
   // Thread-safe: makes the current or next Receive() return false promptly.
   virtual void Wake() = 0;
+
+  // Thread-safe: `listener` is called once, on the plane's own thread (or at once, on this one,
+  // if it already has), when the plane first finds a peer failed by itself, while its caller may
+  // be away in a collective that waits for that peer. It must not call into the plane. Planes
+  // without a thread of their own never call it (the default).
+  virtual void SetFailureListener(std::function<void()> /*listener*/) {}
 
   // The job failed (the engine's failure path calls it before destroying the plane): nothing
   // the plane holds may wait for its peers any more, since some may be dead or cut off. The MPI

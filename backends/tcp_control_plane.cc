@@ -320,23 +320,38 @@ Clock::time_point TcpControlPlane::Beat() {
   return next;
 }
 
+void TcpControlPlane::SetFailureListener(std::function<void()> listener) {
+  {
+    MutexLock lock(mu_);
+    if (failure_.ok()) {
+      failure_listener_ = std::move(listener);
+      return;
+    }
+  }
+  if (listener) listener();
+}
+
 void TcpControlPlane::LivenessLoop() {
   std::vector<pollfd> fds;
   for (;;) {
     fds.clear();
     fds.push_back({stop_.get(), POLLIN, 0});
     Clock::time_point next;
+    std::function<void()> failed_now;
     {
       MutexLock lock(mu_);
       const size_t inbox_before = inbox_.size();
       const bool failed_before = !failure_.ok();
       next = Beat();
       if (inbox_.size() != inbox_before || failed_before != !failure_.ok()) SignalEvent(notify_);
+      if (!failed_before && !failure_.ok()) failed_now = std::move(failure_listener_);
       // POLLRDHUP alone: a peer closing wakes this thread, data arriving does not.
       for (auto& p : peers_) {
         if (p->failed.ok()) fds.push_back({p->fd.get(), POLLRDHUP, 0});
       }
     }
+    // Outside the lock: the listener interrupts the caller's collective, which may then call in.
+    if (failed_now) failed_now();
     const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(
         next - Clock::now() + std::chrono::microseconds(999));
     const int rc =

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -80,6 +81,7 @@ class TcpControlPlane : public ControlPlane {
                              std::chrono::microseconds busy) override EXCLUDES(mu_);
   Status Drain(Deadline deadline) override EXCLUDES(mu_);
   void Wake() override;
+  void SetFailureListener(std::function<void()> listener) override EXCLUDES(mu_);
 
  private:
   Peer* PeerFor(int rank) REQUIRES(mu_);
@@ -108,7 +110,9 @@ class TcpControlPlane : public ControlPlane {
   std::vector<std::unique_ptr<Peer>> peers_ GUARDED_BY(mu_);
   std::deque<ControlMessage> inbox_ GUARDED_BY(mu_);
   Status failure_ GUARDED_BY(mu_);  // the first peer failure
-  std::thread liveness_;            // last: it starts once every member above exists
+  // Called by the liveness thread when it finds the first failure (SetFailureListener).
+  std::function<void()> failure_listener_ GUARDED_BY(mu_);
+  std::thread liveness_;  // last: it starts once every member above exists
 };
 
 }  // namespace concord

@@ -79,6 +79,18 @@ Engine::Engine(const Config& config, std::unique_ptr<ControlPlane> control,
                            lanes_.front().backend->name() + " (" + std::to_string(lanes_.size()) +
                            (lanes_.size() == 1 ? " lane" : " lanes") +
                            (oversubscribed ? ", oversubscribed: waiters do not busy-poll)" : ")"));
+  // A peer the control plane finds failed while a collective may wait for it (the stepping
+  // thread is away in it, not reading the plane): the lanes' backends interrupt what they can,
+  // so that it fails now, not at its deadline, and the engine's failure path runs.
+  std::vector<std::function<void()>> interrupters;
+  for (auto& lane : lanes_) {
+    if (std::function<void()> f = lane.backend->Interrupter()) interrupters.push_back(std::move(f));
+  }
+  if (control_ && !interrupters.empty()) {
+    control_->SetFailureListener([interrupters] {
+      for (const auto& interrupt : interrupters) interrupt();
+    });
+  }
   driver_.Start();
 }
 

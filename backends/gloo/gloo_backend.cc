@@ -1,12 +1,12 @@
 #include "backends/gloo/gloo_backend.h"
 
 #include <gloo/allgatherv.h>
-#include <gloo/alltoallv.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <string>
 #include <utility>
@@ -14,6 +14,7 @@
 #include "backends/gloo/allreduce_cache.h"
 #include "backends/gloo/gloo_allreduce.h"
 #include "backends/gloo/gloo_context.h"
+#include "backends/gloo/in_flight.h"
 #include "backends/gloo/ring_reduce_scatter.h"
 #include "backends/gloo/span_allreduce.h"
 
@@ -35,6 +36,8 @@ const uint64_t kSpanSlot = gloo::Slot::build(0x43, 0);
 constexpr size_t kSpanSegmentBytes = size_t{256} << 10;
 // ReduceScatter's messages, on a slot of their own on the same context, in the same segments.
 const uint64_t kReduceScatterSlot = gloo::Slot::build(0x44, 0);
+// Alltoallv's, likewise.
+const uint64_t kAlltoallvSlot = gloo::Slot::build(0x45, 0);
 // Below this many input bytes a reduce-scatter is latency-bound: it runs as an allreduce (Gloo's
 // algorithm for the size, see AutoAlgorithm) of a copy of the input, of which this rank keeps its
 // block. The ring's size - 1 dependent steps cost more there than the extra bytes: at 4 KiB and 2
@@ -127,6 +130,12 @@ class GlooBackend : public Backend {
   }
 
   const char* name() const override { return "gloo"; }
+
+  // Aborts the waits of Concord's own collectives (span allreduce, reduce-scatter, all-to-all);
+  // Gloo's own ones keep to their errors and timeout (their buffers are out of reach).
+  std::function<void()> Interrupter() override {
+    return [in_flight = in_flight_] { in_flight->Interrupt(); };
+  }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
@@ -165,7 +174,7 @@ class GlooBackend : public Backend {
     if (only != nullptr) return Allreduce(only->data, only->count, dtype, op);
     try {
       gloo_internal::SpanRingAllreduce(context_, spans, dtype, op, kSpanSlot, kSpanSegmentBytes,
-                                       &span_scratch_);
+                                       &span_scratch_, in_flight_.get());
       return Status::Ok();
     } catch (...) {
       return Fail("allreduce of " + std::to_string(spans.size()) + " buffers (" +
@@ -267,7 +276,7 @@ class GlooBackend : public Backend {
     }
     try {
       gloo_internal::RingReduceScatter(context_, in, out, counts, dtype, op, kReduceScatterSlot,
-                                       kSpanSegmentBytes, &span_scratch_);
+                                       kSpanSegmentBytes, &span_scratch_, in_flight_.get());
       return Status::Ok();
     } catch (...) {
       return Fail("reduce-scatter (" + std::to_string(total) + " x " + DTypeName(dtype) + ", " +
@@ -294,14 +303,9 @@ class GlooBackend : public Backend {
       return Status::Ok();
     }
     try {
-      // Gloo's own alltoallv, in bytes; an empty side still needs a valid pointer.
-      char empty = 0;
-      gloo::AlltoallvOptions options(context_);
-      options.setInput(sent > 0 ? static_cast<char*>(const_cast<void*>(in)) : &empty,
-                       std::vector<int64_t>(send_bytes.begin(), send_bytes.end()));
-      options.setOutput(received > 0 ? static_cast<char*>(out) : &empty,
-                        std::vector<int64_t>(recv_bytes.begin(), recv_bytes.end()));
-      gloo::alltoallv(options);
+      // Gloo's alltoallv, in bytes, on buffers that Interrupter() can reach.
+      gloo_internal::InterruptibleAlltoallv(context_, in, send_bytes, out, recv_bytes,
+                                            kAlltoallvSlot, in_flight_.get());
       return Status::Ok();
     } catch (...) {
       return Fail("alltoallv (" + std::to_string(sent) + " bytes out, " + std::to_string(received) +
@@ -338,6 +342,9 @@ class GlooBackend : public Backend {
   const AllreduceAlgorithm forced_;
   std::vector<uint8_t> span_scratch_;   // SpanRingAllreduce's and RingReduceScatter's scratch
   std::vector<uint8_t> small_scratch_;  // a small reduce-scatter's input, allreduced
+  // The buffers of the span allreduce, reduce-scatter or all-to-all running, for Interrupter().
+  const std::shared_ptr<gloo_internal::InFlight> in_flight_ =
+      std::make_shared<gloo_internal::InFlight>();
   Status failed_;
 };
 

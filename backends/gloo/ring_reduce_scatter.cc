@@ -1,25 +1,23 @@
 #include "backends/gloo/ring_reduce_scatter.h"
 
-#include <gloo/common/error.h>
 #include <gloo/transport/unbound_buffer.h>
 
 #include <algorithm>
 #include <cstring>
-#include <string>
 
 namespace concord {
 namespace gloo_internal {
 namespace {
 
 void Await(bool completed, const char* what) {
-  if (!completed) GLOO_THROW_IO_EXCEPTION(std::string("ring reduce-scatter: ") + what + " aborted");
+  ThrowIfAborted(completed, "ring reduce-scatter", what);
 }
 
 }  // namespace
 
 void RingReduceScatter(const std::shared_ptr<gloo::Context>& context, const void* in, void* out,
                        const std::vector<size_t>& counts, DType dtype, ReduceOp op, uint64_t slot,
-                       size_t segment_bytes, std::vector<uint8_t>* scratch) {
+                       size_t segment_bytes, std::vector<uint8_t>* scratch, InFlight* in_flight) {
   const int size = context->size;
   const int rank = context->rank;
   const size_t element = DTypeSize(dtype);
@@ -48,6 +46,7 @@ void RingReduceScatter(const std::shared_ptr<gloo::Context>& context, const void
   auto input = context->createUnboundBuffer(const_cast<void*>(in), begin[size] * element);
   auto partials = context->createUnboundBuffer(base, 2 * partial_bytes);
   auto received = context->createUnboundBuffer(tmp, 2 * segment * element);
+  InFlight::Scope scope(in_flight, {input.get(), partials.get(), received.get()});
   const auto* src = static_cast<const uint8_t*>(in);
 
   for (int step = 0; step < size - 1; ++step) {

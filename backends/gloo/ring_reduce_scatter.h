@@ -18,6 +18,7 @@
 #include <memory>
 #include <vector>
 
+#include "backends/gloo/in_flight.h"
 #include "base/dtype.h"
 
 namespace concord {
@@ -26,11 +27,12 @@ namespace gloo_internal {
 // Collective over context's ranks, which pass the same counts (elements per rank's block). in
 // holds their sum, out counts[rank] elements; they do not overlap. kAverage reduces as a sum.
 // `scratch` is the caller's, grown as needed (two of the largest blocks and two segments) and
-// reusable across calls. All messages go to `slot`: calls on one context must not overlap. Blocks;
-// throws Gloo's exceptions on failure or timeout (the context's timeout, per wait).
+// reusable across calls. All messages go to `slot`: calls on one context must not overlap. Its
+// buffers are in `in_flight` (may be null) while it runs. Blocks; throws Gloo's exceptions on
+// failure, timeout (the context's timeout, per wait) or interruption.
 void RingReduceScatter(const std::shared_ptr<gloo::Context>& context, const void* in, void* out,
                        const std::vector<size_t>& counts, DType dtype, ReduceOp op, uint64_t slot,
-                       size_t segment_bytes, std::vector<uint8_t>* scratch);
+                       size_t segment_bytes, std::vector<uint8_t>* scratch, InFlight* in_flight);
 
 }  // namespace gloo_internal
 }  // namespace concord

@@ -1,10 +1,8 @@
 #include "backends/gloo/span_allreduce.h"
 
-#include <gloo/common/error.h>
 #include <gloo/transport/unbound_buffer.h>
 
 #include <algorithm>
-#include <string>
 
 namespace concord {
 namespace gloo_internal {
@@ -29,6 +27,14 @@ class Layout {
   }
 
   size_t total() const { return starts_.back(); }
+
+  std::vector<gloo::transport::UnboundBuffer*> buffers() const {
+    std::vector<gloo::transport::UnboundBuffer*> all;
+    for (const auto& b : buffers_) {
+      if (b) all.push_back(b.get());
+    }
+    return all;
+  }
 
   // Calls fn(buffer, byte offset in the span, first logical element, count) for every piece of
   // [begin, end), in order.
@@ -61,7 +67,7 @@ class Layout {
 };
 
 void Await(bool completed, const char* what) {
-  if (!completed) GLOO_THROW_IO_EXCEPTION(std::string("span allreduce: ") + what + " aborted");
+  ThrowIfAborted(completed, "span allreduce", what);
 }
 
 // ForEachPiece over [begin, end) cut into segments of `segment` elements from `begin`.
@@ -85,7 +91,8 @@ void AwaitSends(const Layout& layout, size_t begin, size_t end, size_t segment,
 
 void SpanRingAllreduce(const std::shared_ptr<gloo::Context>& context,
                        const std::vector<AllreduceSpan>& spans, DType dtype, ReduceOp op,
-                       uint64_t slot, size_t segment_bytes, std::vector<uint8_t>* scratch) {
+                       uint64_t slot, size_t segment_bytes, std::vector<uint8_t>* scratch,
+                       InFlight* in_flight) {
   const int size = context->size;
   const int rank = context->rank;
   const size_t element = DTypeSize(dtype);
@@ -103,6 +110,9 @@ void SpanRingAllreduce(const std::shared_ptr<gloo::Context>& context,
   const size_t segment = std::max<size_t>(1, segment_bytes / element);  // elements
   if (scratch->size() < 2 * segment * element) scratch->resize(2 * segment * element);
   Buffer tmp = context->createUnboundBuffer(scratch->data(), 2 * segment * element);
+  std::vector<gloo::transport::UnboundBuffer*> registered = layout.buffers();
+  registered.push_back(tmp.get());
+  InFlight::Scope scope(in_flight, std::move(registered));
 
   // Reduce-scatter.
   for (int step = 0; step < size - 1; ++step) {

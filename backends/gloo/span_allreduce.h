@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "backends/gloo/in_flight.h"
 #include "base/dtype.h"
 
 namespace concord {
@@ -27,11 +28,13 @@ namespace gloo_internal {
 
 // Collective over context's ranks, which pass spans of the same counts in the same order. kAverage
 // reduces as a sum. `scratch` is the caller's, grown to 2 * segment_bytes as needed and reusable
-// across calls. All messages go to `slot`: calls on one context must not overlap. Blocks; throws
-// Gloo's exceptions on failure or timeout (the context's timeout, per wait).
+// across calls. All messages go to `slot`: calls on one context must not overlap. Its buffers are
+// in `in_flight` (may be null) while it runs. Blocks; throws Gloo's exceptions on failure, timeout
+// (the context's timeout, per wait) or interruption.
 void SpanRingAllreduce(const std::shared_ptr<gloo::Context>& context,
                        const std::vector<AllreduceSpan>& spans, DType dtype, ReduceOp op,
-                       uint64_t slot, size_t segment_bytes, std::vector<uint8_t>* scratch);
+                       uint64_t slot, size_t segment_bytes, std::vector<uint8_t>* scratch,
+                       InFlight* in_flight);
 
 }  // namespace gloo_internal
 }  // namespace concord

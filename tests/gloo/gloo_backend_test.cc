@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <string>
 #include <thread>
@@ -326,6 +327,60 @@ TEST(GlooBackendTest, PeerGoneFailsWithinTimeout) {
         return backend.Allreduce(data.data(), data.size(), DType::kFloat32, ReduceOp::kSum);
       },
       "allreduce");
+}
+
+// A rank that never enters a collective stands for one that died in the middle of a message
+// (Gloo fails what is pending on a broken connection, but not a message it is sending or
+// receiving: see backends/gloo/in_flight.h). Interrupter(), called from another thread, ends the
+// others' span allreduce, reduce-scatter or all-to-all at once with an error saying why, not at
+// the 20 s timeout, and the backend refuses later calls.
+TEST(GlooBackendTest, InterrupterEndsACollectiveWaitingForAPeer) {
+  for (const std::string op : {"allreduce of", "reduce-scatter", "alltoallv"}) {
+    HashStore store;
+    const std::string prefix = testing_gloo::UniquePrefix();
+    std::vector<std::function<void()>> interrupters(3);
+    harness::Latch created(3), finished(2);
+    std::thread interrupting([&] {
+      if (!created.Wait()) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      interrupters[0]();
+      interrupters[1]();
+    });
+    harness::RunRanks(3, [&](int rank) {
+      StatusOr<std::unique_ptr<Backend>> backend = CreateGlooBackend(
+          testing_gloo::Options(rank, 3, prefix, std::chrono::milliseconds(20000)), &store);
+      ASSERT_TRUE(backend.ok()) << backend.status().ToString();
+      interrupters[rank] = (*backend)->Interrupter();
+      ASSERT_TRUE(interrupters[rank] != nullptr);
+      created.CountDown();
+      if (rank == 2) {
+        EXPECT_TRUE(finished.Wait());
+        return;
+      }
+      std::vector<float> in(3 << 18, 1.0f), out(3 << 18, 0.0f);
+      const size_t third = in.size() / 3;
+      const auto start = std::chrono::steady_clock::now();
+      Status status;
+      if (op == "allreduce of") {
+        status = (*backend)->AllreduceSpans({{in.data(), third}, {out.data(), third}},
+                                            DType::kFloat32, ReduceOp::kSum);
+      } else if (op == "reduce-scatter") {
+        status = (*backend)->ReduceScatter(in.data(), out.data(), {third, third, third},
+                                           DType::kFloat32, ReduceOp::kSum);
+      } else {
+        const std::vector<size_t> bytes(3, third * sizeof(float));
+        status = (*backend)->Alltoallv(in.data(), bytes, out.data(), bytes);
+      }
+      EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5)) << op;
+      EXPECT_EQ(status.code(), Code::kBackendError) << status.ToString();
+      EXPECT_NE(status.message().find(op), std::string::npos) << status.ToString();
+      EXPECT_NE(status.message().find("aborted: a peer failed"), std::string::npos)
+          << status.ToString();
+      EXPECT_EQ((*backend)->Barrier().message(), status.message());
+      finished.CountDown();
+    });
+    interrupting.join();
+  }
 }
 
 TEST(GlooBackendTest, RendezvousTimesOutWithoutPeers) {

@@ -109,7 +109,7 @@ TEST(SpanRingTest, TinySegmentsAndFewerElementsThanRanks) {
                 Buffers buffers(dtype, ReduceOp::kSum, rank, counts);
                 // Gloo reports a failure by throwing: RunRanks fails the test with it.
                 gloo_internal::SpanRingAllreduce(context, buffers.spans, dtype, ReduceOp::kSum,
-                                                 0x4300, segment_bytes, &scratch);
+                                                 0x4300, segment_bytes, &scratch, nullptr);
                 buffers.Check(
                     ReduceOp::kSum, size,
                     "segment " + std::to_string(segment_bytes) + " rank " + std::to_string(rank));

@@ -6,23 +6,18 @@
 //                                         request fails with CONCORD_ERR_MISMATCH, the error text
 //                                         names the tensor, the field and the ranks; later
 //                                         operations (the same names, corrected) still work.
-//   mp_failure_modes --mode kill --victim V
-//                                         after a few good steps rank V SIGKILLs itself while the
-//                                         others have asynchronous requests pending; the others'
-//                                         pending and later requests fail within the deadline
-//                                         (CONCORD_TIMEOUT_S), they finalize cleanly, print
-//                                         "SURVIVOR_OK ..." and exit 0. concordrun itself exits
-//                                         non-zero naming rank V (checked by run_expect.sh).
+//   mp_failure_modes --mode kill --victim V [--mid-bytes B]
+//                                         rank V SIGKILLs itself while the others have every kind
+//                                         of operation in flight (failure_kill.h says what is
+//                                         checked).
 //   mp_failure_modes --mode auth          rank 1 first calls concord_init with a wrong
 //                                         CONCORD_TOKEN: CONCORD_ERR_AUTH with a clear message,
 //                                         quickly; then with the right one it joins and an
 //                                         allreduce succeeds on every rank.
-#include <signal.h>
-#include <unistd.h>
-
 #include <string>
 #include <vector>
 
+#include "failure_kill.h"
 #include "mp_common.h"
 #include "tests/common/check.h"
 #include "tests/common/tensors.h"
@@ -212,99 +207,6 @@ int Mismatch() {
   return CheckFailures() ? 1 : 0;
 }
 
-// ---- kill ----
-
-int Kill(int victim) {
-  // The survivors observe the failure themselves: concordrun gives them its grace period first,
-  // but mpirun (--backend mpi) SIGTERMs them; they ignore that (SIGKILL follows).
-  ::signal(SIGTERM, SIG_IGN);
-  concord_comm_t comm = mp::InitOrExit(&g_rank, &g_size);
-  if (victim < 0 || victim >= g_size || g_size < 2) {
-    std::fprintf(stderr, "kill mode needs a victim in [0, size) and 2+ ranks\n");
-    return 2;
-  }
-  for (int step = 0; step < 3; ++step) GoodAllreduce(comm, "warmup", 4096);
-  CHECKF(concord_barrier(comm) == CONCORD_SUCCESS, "barrier: %s", concord_comm_last_error(comm));
-  if (CheckFailures()) return 1;
-  // Pending: requests the survivors enqueue and the victim never submits.
-  const int kPending = 4;
-  std::vector<std::vector<float>> data(kPending, std::vector<float>(1024, 1.0f));
-  int64_t shape[1] = {1024};
-  std::vector<concord_request_t> reqs(kPending, nullptr);
-  for (int i = 0; i < kPending && g_rank != victim; ++i) {
-    concord_tensor_t t = CpuTensor(data[i].data(), CONCORD_FLOAT32, 1, shape);
-    const std::string name = "pending." + std::to_string(i);
-    const concord_status_t s = concord_allreduce_async(comm, name.c_str(), &t, nullptr, nullptr,
-                                                       nullptr, nullptr, &reqs[i]);
-    CHECKF(s == CONCORD_SUCCESS, "enqueue %s: %s", name.c_str(), concord_comm_last_error(comm));
-    if (s != CONCORD_SUCCESS) reqs[i] = nullptr;
-  }
-  // Operations are matched by name, so this barrier completes while the pending requests wait for
-  // the victim: once it returns there, every survivor's requests are pending.
-  CHECKF(concord_barrier(comm) == CONCORD_SUCCESS, "barrier: %s", concord_comm_last_error(comm));
-  if (g_rank == victim) {
-    std::printf("VICTIM rank %d kills itself\n", g_rank);
-    std::fflush(stdout);
-    ::raise(SIGKILL);  // dies without a word
-  }
-  const double t0 = mp::Now();
-  concord_status_t first = CONCORD_SUCCESS;
-  std::string first_error;
-  for (int i = 0; i < kPending; ++i) {
-    if (!reqs[i]) continue;
-    const concord_status_t s = concord_wait(reqs[i], 60);  // well past the engine's deadline
-    const bool finished = concord_test(reqs[i]) != CONCORD_IN_PROGRESS;
-    CHECKF(finished, "pending.%d still running 60 s after the victim died", i);
-    CHECKF(s != CONCORD_SUCCESS, "pending.%d succeeded although rank %d is dead", i, victim);
-    if (finished) {
-      const std::string err = concord_request_error(reqs[i]);
-      CHECKF(!err.empty(), "pending.%d failed without an error message", i);
-      if (first == CONCORD_SUCCESS) {
-        first = s;
-        first_error = err;
-      }
-    }
-    concord_request_free(reqs[i]);
-  }
-  const double detect = mp::Now() - t0;
-  double limit = 10;
-  if (const char* t = std::getenv("CONCORD_TIMEOUT_S")) limit = std::atof(t);
-  CHECKF(detect <= limit + 2.0, "the failure took %.2f s to surface (deadline %.1f s)", detect,
-         limit);
-  // Later requests fail too: at enqueue, or promptly after.
-  {
-    std::vector<float> x(16, 1.0f);
-    int64_t s16[1] = {16};
-    concord_tensor_t t = CpuTensor(x.data(), CONCORD_FLOAT32, 1, s16);
-    const double t1 = mp::Now();
-    concord_request_t r = nullptr;
-    concord_status_t s =
-        concord_allreduce_async(comm, "later", &t, nullptr, nullptr, nullptr, nullptr, &r);
-    if (s == CONCORD_SUCCESS) {
-      s = concord_wait(r, 30);
-      CHECKF(concord_test(r) != CONCORD_IN_PROGRESS, "a later request is still running");
-      concord_request_free(r);
-    }
-    CHECKF(s != CONCORD_SUCCESS, "a later allreduce succeeded although rank %d is dead", victim);
-    s = concord_barrier(comm);
-    CHECKF(s != CONCORD_SUCCESS, "a later barrier succeeded although rank %d is dead", victim);
-    CHECKF(mp::Now() - t1 < 5.0, "later requests took %.2f s to fail", mp::Now() - t1);
-  }
-  const double t2 = mp::Now();
-  const concord_status_t fs = concord_finalize(comm);
-  const double fin = mp::Now() - t2;
-  CHECKF(fs == CONCORD_SUCCESS, "finalize: %s", concord_status_string(fs));
-  CHECKF(fin < 5.0, "finalize took %.2f s", fin);
-  if (CheckFailures() == 0) {
-    std::printf(
-        "SURVIVOR_OK rank %d: pending requests failed after %.3f s with %s (%s); "
-        "finalize %.3f s\n",
-        g_rank, detect, concord_status_string(first), first_error.c_str(), fin);
-  }
-  std::fflush(stdout);
-  return CheckFailures() ? 1 : 0;
-}
-
 // ---- auth ----
 
 int Auth() {
@@ -351,19 +253,23 @@ int Auth() {
 int main(int argc, char** argv) {
   std::string mode;
   int victim = 1;
+  int64_t mid_bytes = 16 << 20;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--mode" && i + 1 < argc) {
       mode = argv[++i];
     } else if (a == "--victim" && i + 1 < argc) {
       victim = std::atoi(argv[++i]);
+    } else if (a == "--mid-bytes" && i + 1 < argc) {
+      mid_bytes = std::atoll(argv[++i]);
     } else {
       mode = "?";
     }
   }
   if (mode == "mismatch") return Mismatch();
-  if (mode == "kill") return Kill(victim);
+  if (mode == "kill") return Kill(victim, mid_bytes);
   if (mode == "auth") return Auth();
-  std::fprintf(stderr, "usage: %s --mode mismatch|kill [--victim R]|auth\n", argv[0]);
+  std::fprintf(stderr, "usage: %s --mode mismatch|kill [--victim R] [--mid-bytes B]|auth\n",
+               argv[0]);
   return 2;
 }

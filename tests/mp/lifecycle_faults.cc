@@ -17,13 +17,22 @@
 //                                        too) returns SUCCESS. With --linger S the others wait S
 //                                        seconds before finalizing: the culprit's finalize then
 //                                        returns TIMEOUT at its deadline, saying so.
-//   mp_lifecycle_faults --mode stall     (run with CONCORD_STALL_WARNING_S=1 and
-//                                        CONCORD_STALL_SHUTDOWN_S=3) the culprit stops
-//                                        submitting for 6 s while the others wait for 'x': the
-//                                        job fails on every rank with TIMEOUT naming 'x', the
-//                                        culprit and its last tensor, 3-5 s after 'x' was
-//                                        submitted (the warnings are checked by the test's
-//                                        output expectations).
+//   mp_lifecycle_faults --mode stall     (run with CONCORD_STALL_WARNING_S=1,
+//                                        CONCORD_STALL_SHUTDOWN_S=3 and CONCORD_TIMEOUT_S=1.5)
+//                                        after one good round of 'x.reducescatter',
+//                                        'x.alltoall', 'x.allgather' and 'x.broadcast' (cached
+//                                        from then on; the allreduce 'x' is not), the culprit
+//                                        stops submitting for 5 s while the others wait for 'x',
+//                                        then (0.1 s later) for those four, and for a recv from
+//                                        it: the recv fails on its own after 1.5 s with TIMEOUT
+//                                        naming the culprit and the tag; the job fails on every
+//                                        rank with TIMEOUT naming 'x', the culprit and its last
+//                                        tensor, 3-5 s after 'x' was submitted, and every request
+//                                        (the culprit's late ones too) gets that error (the
+//                                        warnings, one per tensor on every rank, are checked by
+//                                        the test's output expectations). Under mpirun the
+//                                        culprit is torn down before it wakes (the others leave
+//                                        MPI unfinalized after a failure: mpirun ends the job).
 // Each rank prints "lifecycle <mode>: rank R of N: PASS" (or FAIL with the checks that failed).
 #include <unistd.h>
 
@@ -205,9 +214,71 @@ int Finalize(double linger_s) {
 
 // ---- stall ----
 
+// One tensor of each operation but the allreduce, named "x.<op>", for the stall mode.
+struct Stalled {
+  std::string name;
+  std::vector<float> in, out;
+  concord_request_t req = nullptr;
+};
+
+// `refused`: the error an enqueue may be refused with (the job already failed), or empty.
+std::vector<Stalled> SubmitEveryOp(concord_comm_t comm, const std::string& refused) {
+  std::vector<Stalled> ops(4);
+  const char* kinds[4] = {"reducescatter", "alltoall", "allgather", "broadcast"};
+  for (int k = 0; k < 4; ++k) {
+    Stalled& op = ops[k];
+    op.name = std::string("x.") + kinds[k];
+    op.in.assign(static_cast<size_t>(2 * g_size), 1.0f);
+    op.out.assign(2, 0.0f);
+    const int64_t in_shape[1] = {2 * g_size}, out_shape[1] = {2};
+    concord_tensor_t in = CpuTensor(op.in.data(), CONCORD_FLOAT32, 1, in_shape);
+    concord_tensor_t out = CpuTensor(op.out.data(), CONCORD_FLOAT32, 1, out_shape);
+    concord_status_t s = CONCORD_ERR_INTERNAL;
+    const char* n = op.name.c_str();
+    switch (k) {
+      case 0:
+        s = concord_reducescatter_async(comm, n, &in, &out, nullptr, nullptr, nullptr, &op.req);
+        break;
+      case 1:
+        s = concord_alltoall_async(comm, n, &in, nullptr, 0, nullptr, nullptr, nullptr, &op.req);
+        break;
+      case 2:
+        s = concord_allgather_async(comm, n, &out, nullptr, 0, nullptr, nullptr, &op.req);
+        break;
+      case 3:
+        s = concord_broadcast_async(comm, n, &in, nullptr, 0, nullptr, nullptr, &op.req);
+        break;
+    }
+    if (s == CONCORD_SUCCESS) continue;
+    op.req = nullptr;
+    const std::string err = concord_comm_last_error(comm);
+    CHECKF(!refused.empty() && s == CONCORD_ERR_TIMEOUT && mp::Contains(err, refused),
+           "enqueue '%s': %s: %s", n, concord_status_string(s), err.c_str());
+  }
+  return ops;
+}
+
+// Waits for `req` and checks that it failed with the stall shutdown's error `want`.
+void ExpectStallError(concord_request_t req, const std::string& what, const std::string& want) {
+  if (req == nullptr) return;
+  const concord_status_t s = concord_wait(req, 30);
+  const std::string err = s == CONCORD_SUCCESS ? "" : concord_request_error(req);
+  CHECKF(s == CONCORD_ERR_TIMEOUT && mp::Contains(err, want), "'%s': %s: %s", what.c_str(),
+         concord_status_string(s), err.c_str());
+  concord_request_free(req);
+}
+
 int Stall() {
   concord_comm_t comm = mp::InitOrExit(&g_rank, &g_size);
   const int culprit = g_size - 1;
+  // Everyone runs the operations other than 'x' once: the culprit's missing them later is then a
+  // wait on cached responses (the coordinator's bit waits), 'x''s a wait on a full request.
+  for (Stalled& op : SubmitEveryOp(comm, "")) {
+    if (op.req == nullptr) continue;
+    CHECKF(concord_wait(op.req, 30) == CONCORD_SUCCESS, "%s: %s", op.name.c_str(),
+           concord_request_error(op.req));
+    concord_request_free(op.req);
+  }
   Op warm;
   warm.name = "b";
   Submit(comm, warm, 0, 0);
@@ -218,22 +289,44 @@ int Stall() {
   const std::string want = "tensor 'x' was not submitted by rank " + std::to_string(culprit) +
                            " (rank " + std::to_string(culprit) + " last submitted 'b'";
   if (g_rank == culprit) {
-    sleep(6);  // frozen in the application: the job fails meanwhile
-    Op late;
-    late.name = "x";
-    int64_t shape[1] = {7};
-    late.data.assign(7, 0.0f);
-    concord_tensor_t t = CpuTensor(late.data.data(), CONCORD_FLOAT32, 1, shape);
+    sleep(5);  // frozen in the application: the job fails meanwhile
+    std::vector<float> late(7, 0.0f);
+    const int64_t shape[1] = {7};
+    concord_tensor_t t = CpuTensor(late.data(), CONCORD_FLOAT32, 1, shape);
     const concord_status_t s = concord_allreduce(comm, "x", &t, nullptr, nullptr);
     const std::string err = concord_comm_last_error(comm);
     CHECKF(s == CONCORD_ERR_TIMEOUT && mp::Contains(err, want), "late 'x': %s: %s",
            concord_status_string(s), err.c_str());
+    // The other operations too: refused at enqueue, or failed at once.
+    for (Stalled& op : SubmitEveryOp(comm, want)) ExpectStallError(op.req, "late " + op.name, want);
   } else {
+    // A recv from the culprit, which never sends: it times out on its own (CONCORD_TIMEOUT_S),
+    // naming the peer and the tag, before the stall shutdown.
+    std::vector<float> rbuf(4);
+    const int64_t rshape[1] = {4};
+    concord_tensor_t rt = CpuTensor(rbuf.data(), CONCORD_FLOAT32, 1, rshape);
+    concord_request_t recv = nullptr;
+    const double t0 = mp::Now();
+    CHECKF(concord_recv_async(comm, &rt, culprit, 7, nullptr, nullptr, &recv) == CONCORD_SUCCESS,
+           "recv: %s", concord_comm_last_error(comm));
     Op x;
     x.name = "x";
     Submit(comm, x, 1, 0);
+    usleep(100 * 1000);  // 'x' is the oldest: the shutdown names it
+    std::vector<Stalled> ops = SubmitEveryOp(comm, "");
+    if (recv != nullptr) {
+      const concord_status_t s = concord_wait(recv, 30);
+      const double took = mp::Now() - t0;
+      const std::string err = s == CONCORD_SUCCESS ? "" : concord_request_error(recv);
+      const std::string peer_tag = "recv from rank " + std::to_string(culprit) + " with tag 7";
+      CHECKF(s == CONCORD_ERR_TIMEOUT && mp::Contains(err, peer_tag) &&
+                 mp::Contains(err, "no message arrived within the timeout"),
+             "recv without a sender: %s: %s", concord_status_string(s), err.c_str());
+      CHECKF(took > 1.2 && took < 2.9, "the recv failed after %.2f s, want 1.5 s", took);
+      std::printf("stall: rank %d: recv failed after %.2f s: %s\n", g_rank, took, err.c_str());
+      concord_request_free(recv);
+    }
     if (x.req != nullptr) {
-      const double t0 = mp::Now();
       const concord_status_t s = concord_wait(x.req, 30);
       const double took = mp::Now() - t0;
       const std::string err = s == CONCORD_SUCCESS ? "" : concord_request_error(x.req);
@@ -243,6 +336,7 @@ int Stall() {
       std::printf("stall: rank %d failed after %.2f s: %s\n", g_rank, took, err.c_str());
       concord_request_free(x.req);
     }
+    for (Stalled& op : ops) ExpectStallError(op.req, op.name, want);
   }
   (void)concord_finalize(comm);
   return Report("stall");

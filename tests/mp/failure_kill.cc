@@ -1,0 +1,341 @@
+// mp_failure_modes --mode kill: a rank SIGKILLs itself while the others have every kind of
+// operation in flight. See failure_kill.h for what is checked.
+#include "failure_kill.h"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "mp_common.h"
+#include "tests/common/check.h"
+#include "tests/common/tensors.h"
+
+namespace {
+
+int g_rank = 0, g_size = 1, g_victim = -1;
+
+// One operation in flight on a survivor when the victim dies: its request and its buffers.
+struct Op {
+  std::string what;  // "allreduce 'pending.allreduce'", "recv from rank 1 tag 11", ...
+  std::vector<float> in, out;
+  std::vector<int64_t> in_shape, out_shape, splits;
+  concord_request_t req = nullptr;
+  // A send to the victim may have been delivered before it died (Gloo keeps unexpected messages
+  // whole): then it succeeds; it must still finish.
+  bool may_succeed = false;
+  // A large operation the victim took part in: it may succeed when the victim did its part before
+  // dying, but then its result must be exact (every rank gives ones).
+  bool mid = false;
+  double ended = 0;  // seconds after the death was noticed (set by Await)
+};
+
+concord_tensor_t In(Op& op) {
+  return CpuTensor(op.in.data(), CONCORD_FLOAT32, static_cast<int>(op.in_shape.size()),
+                   op.in_shape.data());
+}
+
+concord_tensor_t Out(Op& op) {
+  return CpuTensor(op.out.data(), CONCORD_FLOAT32, static_cast<int>(op.out_shape.size()),
+                   op.out_shape.data());
+}
+
+// After the death is noticed an operation may also be refused at enqueue (with a message).
+bool g_refusal_ok = false;
+
+void Check(concord_comm_t comm, Op& op, concord_status_t enqueued) {
+  if (enqueued == CONCORD_SUCCESS) return;
+  op.req = nullptr;
+  const std::string err = concord_comm_last_error(comm);
+  CHECKF(g_refusal_ok && mp::Contains(err, "rank " + std::to_string(g_victim)),
+         "enqueue %s: %s: %s", op.what.c_str(), concord_status_string(enqueued), err.c_str());
+  if (g_refusal_ok) {
+    std::printf("rank %d: %-58s refused at enqueue: %s: %s\n", g_rank, op.what.c_str(),
+                concord_status_string(enqueued), err.c_str());
+  }
+}
+
+Op Allreduce(concord_comm_t comm, const std::string& name, int64_t n, concord_callback_t cb) {
+  Op op;
+  op.what = "allreduce '" + name + "'";
+  op.in.assign(static_cast<size_t>(n), 1.0f);
+  op.in_shape = {n};
+  concord_tensor_t t = In(op);
+  Check(comm, op,
+        concord_allreduce_async(comm, name.c_str(), &t, nullptr, nullptr, cb, nullptr, &op.req));
+  return op;
+}
+
+Op Allgather(concord_comm_t comm, const std::string& name) {
+  Op op;
+  op.what = "allgather '" + name + "'";
+  op.in.assign(128, 1.0f);
+  op.in_shape = {64, 2};
+  concord_tensor_t t = In(op);
+  Check(comm, op,
+        concord_allgather_async(comm, name.c_str(), &t, nullptr, 0, nullptr, nullptr, &op.req));
+  return op;
+}
+
+Op Broadcast(concord_comm_t comm, const std::string& name, int root) {
+  Op op;
+  op.what = "broadcast '" + name + "' (root " + std::to_string(root) + ")";
+  op.in.assign(1024, 1.0f);
+  op.in_shape = {1024};
+  concord_tensor_t t = In(op);
+  Check(comm, op,
+        concord_broadcast_async(comm, name.c_str(), &t, nullptr, root, nullptr, nullptr, &op.req));
+  return op;
+}
+
+// Reduce-scatter of `rows` rows of `width` floats; uneven: rank r receives r + 1 rows (rows must
+// then be size * (size + 1) / 2), else the even split (size divides rows).
+Op Reducescatter(concord_comm_t comm, const std::string& name, int64_t rows, int64_t width,
+                 bool uneven) {
+  Op op;
+  op.what = "reducescatter '" + name + "'";
+  op.in.assign(static_cast<size_t>(rows * width), 1.0f);
+  op.in_shape = {rows, width};
+  concord_reducescatter_opts_t o;
+  concord_reducescatter_opts_init(&o);
+  int64_t mine = rows / g_size;
+  if (uneven) {
+    for (int r = 0; r < g_size; ++r) op.splits.push_back(r + 1);
+    o.recv_splits = op.splits.data();
+    o.nsplits = g_size;
+    mine = g_rank + 1;
+  }
+  op.out.assign(static_cast<size_t>(mine * width), 0.0f);
+  op.out_shape = {mine, width};
+  concord_tensor_t t = In(op), u = Out(op);
+  Check(comm, op,
+        concord_reducescatter_async(comm, name.c_str(), &t, &u, &o, nullptr, nullptr, &op.req));
+  return op;
+}
+
+// All-to-all of `rows` floats; uneven: rank d receives d + 1 of them from each rank (rows must
+// then be size * (size + 1) / 2), else the even split. The request owns the result.
+Op Alltoall(concord_comm_t comm, const std::string& name, int64_t rows, bool uneven) {
+  Op op;
+  op.what = "alltoall '" + name + "'";
+  op.in.assign(static_cast<size_t>(rows), 1.0f);
+  op.in_shape = {rows};
+  concord_alltoall_opts_t o;
+  concord_alltoall_opts_init(&o);
+  if (uneven) {
+    for (int r = 0; r < g_size; ++r) op.splits.push_back(r + 1);
+    o.splits = op.splits.data();
+    o.nsplits = g_size;
+  }
+  concord_tensor_t t = In(op);
+  Check(comm, op,
+        concord_alltoall_async(comm, name.c_str(), &t, nullptr, 0, &o, nullptr, nullptr, &op.req));
+  return op;
+}
+
+Op Barrier(concord_comm_t comm) {
+  Op op;
+  op.what = "barrier";
+  Check(comm, op, concord_barrier_async(comm, nullptr, nullptr, &op.req));
+  return op;
+}
+
+Op Send(concord_comm_t comm, int peer, int64_t tag, int64_t n) {
+  Op op;
+  op.what = "send to rank " + std::to_string(peer) + " tag " + std::to_string(tag);
+  op.in.assign(static_cast<size_t>(n), 1.0f);
+  op.in_shape = {n};
+  concord_tensor_t t = In(op);
+  Check(comm, op, concord_send_async(comm, &t, peer, tag, nullptr, nullptr, &op.req));
+  return op;
+}
+
+Op Recv(concord_comm_t comm, int peer, int64_t tag) {
+  Op op;
+  op.what = "recv from rank " + std::to_string(peer) + " tag " + std::to_string(tag);
+  op.out.assign(16, 0.0f);
+  op.out_shape = {16};
+  concord_tensor_t t = Out(op);
+  Check(comm, op, concord_recv_async(comm, &t, peer, tag, nullptr, nullptr, &op.req));
+  return op;
+}
+
+// One of every operation, under names the victim never submits (and p2p with the victim).
+std::vector<Op> EveryOp(concord_comm_t comm, const std::string& prefix, int victim) {
+  const int64_t tri = g_size * (g_size + 1) / 2;
+  std::vector<Op> ops;
+  ops.push_back(Allreduce(comm, prefix + "allreduce", 1024, nullptr));
+  ops.push_back(Allgather(comm, prefix + "allgather"));
+  ops.push_back(Broadcast(comm, prefix + "broadcast.root_victim", victim));
+  ops.push_back(Broadcast(comm, prefix + "broadcast.root_survivor", (victim + 1) % g_size));
+  ops.push_back(Reducescatter(comm, prefix + "reducescatter.even", 64 * g_size, 4, false));
+  ops.push_back(Reducescatter(comm, prefix + "reducescatter.uneven", tri, 4, true));
+  ops.push_back(Alltoall(comm, prefix + "alltoall.even", 64 * g_size, false));
+  ops.push_back(Alltoall(comm, prefix + "alltoallv", tri, true));
+  ops.push_back(Barrier(comm));
+  ops.push_back(Recv(comm, victim, 11));
+  return ops;
+}
+
+// A large operation that succeeded: the victim's part arrived whole.
+void CheckExact(Op& op) {
+  const float* got = op.out.data();
+  size_t n = op.out.size();
+  float want = static_cast<float>(g_size);  // reduce-scatter: the sum of ones
+  if (op.out.empty()) {                     // all-to-all: the request owns the ones it received
+    void* data = nullptr;
+    size_t bytes = 0;
+    CHECKF(concord_request_output(op.req, &data, &bytes, nullptr) == CONCORD_SUCCESS &&
+               bytes == op.in.size() * sizeof(float),
+           "%s: %zu bytes received, want %zu", op.what.c_str(), bytes,
+           op.in.size() * sizeof(float));
+    got = static_cast<const float*>(data);
+    n = bytes / sizeof(float);
+    want = 1.0f;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (got[i] != want) {
+      CHECKF(got[i] == want, "%s succeeded with [%zu] = %g, want %g", op.what.c_str(), i, got[i],
+             want);
+      return;
+    }
+  }
+}
+
+// Waits for `op` (far past the engine's deadline) and checks that it failed with a message.
+void Await(Op& op, double t0) {
+  if (op.req == nullptr) return;
+  const concord_status_t s = concord_wait(op.req, 60);
+  op.ended = mp::Now() - t0;
+  const bool finished = concord_test(op.req) != CONCORD_IN_PROGRESS;
+  CHECKF(finished, "%s still running 60 s after the victim died", op.what.c_str());
+  if (finished) {
+    const std::string err = s == CONCORD_SUCCESS ? "" : concord_request_error(op.req);
+    CHECKF(s != CONCORD_SUCCESS || op.may_succeed || op.mid,
+           "%s succeeded although the victim is dead", op.what.c_str());
+    if (s == CONCORD_SUCCESS && op.mid) CheckExact(op);
+    CHECKF(s == CONCORD_SUCCESS || mp::Contains(err, "rank " + std::to_string(g_victim)),
+           "%s: the error does not name rank %d: '%s'", op.what.c_str(), g_victim, err.c_str());
+    std::printf("rank %d: %-58s %s after %.3f s: %s\n", g_rank, op.what.c_str(),
+                concord_status_string(s), op.ended, err.c_str());
+  }
+  concord_request_free(op.req);
+  op.req = nullptr;
+}
+
+// The victim's last act: as the allreduce enqueued before the large operations completes, it
+// starts a thread that kills the process 3 ms later, while they run.
+void DieSoon(concord_request_t, concord_status_t, void*) {
+  std::thread([] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(3));
+    std::printf("VICTIM rank %d kills itself\n", g_rank);
+    std::fflush(stdout);
+    ::raise(SIGKILL);
+  }).detach();
+}
+
+void GoodAllreduce(concord_comm_t comm) {
+  std::vector<float> x(4096, 1.0f);
+  int64_t shape[1] = {4096};
+  concord_tensor_t t = CpuTensor(x.data(), CONCORD_FLOAT32, 1, shape);
+  const concord_status_t s = concord_allreduce(comm, "warmup", &t, nullptr, nullptr);
+  CHECKF(s == CONCORD_SUCCESS && x[7] == static_cast<float>(g_size), "warmup: %s: %s",
+         concord_status_string(s), concord_comm_last_error(comm));
+}
+
+}  // namespace
+
+int Kill(int victim, int64_t mid_bytes) {
+  // The survivors observe the failure themselves: concordrun gives them its grace period first,
+  // but mpirun (--backend mpi) SIGTERMs them; they ignore that (SIGKILL follows).
+  ::signal(SIGTERM, SIG_IGN);
+  concord_comm_t comm = mp::InitOrExit(&g_rank, &g_size);
+  g_victim = victim;
+  if (victim < 0 || victim >= g_size || g_size < 2) {
+    std::fprintf(stderr, "kill mode needs a victim in [0, size) and 2+ ranks\n");
+    return 2;
+  }
+  for (int step = 0; step < 3; ++step) GoodAllreduce(comm);
+  CHECKF(concord_barrier(comm) == CONCORD_SUCCESS, "barrier: %s", concord_comm_last_error(comm));
+  if (CheckFailures()) return 1;
+  // Pending in negotiation: names the victim never submits, a recv from it and a send to it
+  // (8 MiB: more than a socket buffer holds).
+  std::vector<Op> ops;
+  if (g_rank != victim) {
+    ops = EveryOp(comm, "pending.", victim);
+    ops.push_back(Send(comm, victim, 12, 2 << 20));
+    ops.back().may_succeed = true;
+  }
+  // Running on the backend: a large reduce-scatter and all-to-all everyone enqueues, and a 64 KiB
+  // allreduce (above the inline threshold: it runs on the backend). The victim enqueues the
+  // allreduce first and dies 3 ms after it completes, inside the large ones (or before or after
+  // one of them, on a loaded machine: then it ends like a pending one, or succeeds whole). The
+  // survivors enqueue it last, so it completes only once each has enqueued everything.
+  const int64_t rows = std::max<int64_t>(1, mid_bytes / 4 / g_size) * g_size;
+  Op go;
+  if (g_rank == victim) go = Allreduce(comm, "mid.go", 16384, DieSoon);
+  ops.push_back(Reducescatter(comm, "mid.reducescatter", rows, 1, false));
+  ops.back().mid = true;
+  ops.push_back(Alltoall(comm, "mid.alltoall", rows, false));
+  ops.back().mid = true;
+  if (g_rank != victim) go = Allreduce(comm, "mid.go", 16384, nullptr);
+  if (g_rank == victim) {
+    concord_wait(go.req, 60);  // the callback's thread kills this process 3 ms after it returns
+    std::this_thread::sleep_for(std::chrono::seconds(60));
+    std::fprintf(stderr, "rank %d: the victim outlived its callback\n", g_rank);
+    return 1;
+  }
+  // And a join (uneven epochs: this survivor ran out of data), blocking, on a thread of its own.
+  std::string join_result;
+  std::thread joiner([comm, &join_result] {
+    const double tj = mp::Now();
+    const concord_status_t js = concord_join(comm, nullptr);
+    const std::string err = concord_comm_last_error(comm);
+    CHECKF(js != CONCORD_SUCCESS && mp::Contains(err, "rank " + std::to_string(g_victim)),
+           "join: %s: '%s'", concord_status_string(js), err.c_str());
+    char line[160];
+    std::snprintf(line, sizeof(line), "rank %d: %-58s %s after %.3f s", g_rank, "join",
+                  concord_status_string(js), mp::Now() - tj);
+    join_result = line;
+  });
+  const concord_status_t gs = concord_wait(go.req, 60);
+  CHECKF(gs == CONCORD_SUCCESS, "mid.go: %s: %s", concord_status_string(gs),
+         concord_request_error(go.req));
+  concord_request_free(go.req);
+  const double t0 = mp::Now();
+  double detect = 0;
+  for (Op& op : ops) {
+    Await(op, t0);
+    detect = std::max(detect, op.ended);
+  }
+  joiner.join();
+  std::printf("%s\n", join_result.c_str());
+  double limit = 10;
+  if (const char* t = std::getenv("CONCORD_TIMEOUT_S")) limit = std::atof(t);
+  CHECKF(detect <= limit + 2.0, "the failure took %.2f s to surface (deadline %.1f s)", detect,
+         limit);
+  // Later operations of every kind fail too: at enqueue, or promptly after.
+  const double t1 = mp::Now();
+  g_refusal_ok = true;
+  std::vector<Op> later = EveryOp(comm, "later.", victim);
+  later.push_back(Send(comm, victim, 12, 16));
+  for (Op& op : later) Await(op, t1);
+  CHECKF(mp::Now() - t1 < 5.0, "later requests took %.2f s to fail", mp::Now() - t1);
+  const double t2 = mp::Now();
+  const concord_status_t fs = concord_finalize(comm);
+  const double fin = mp::Now() - t2;
+  CHECKF(fs == CONCORD_SUCCESS, "finalize: %s", concord_status_string(fs));
+  CHECKF(fin < 5.0, "finalize took %.2f s", fin);
+  if (CheckFailures() == 0) {
+    std::printf(
+        "SURVIVOR_OK rank %d: %zu requests of every kind failed within %.3f s; finalize "
+        "%.3f s\n",
+        g_rank, ops.size(), detect, fin);
+  }
+  std::fflush(stdout);
+  return CheckFailures() ? 1 : 0;
+}
