@@ -4,9 +4,14 @@ namespace concord {
 namespace {
 
 bool Fusable(const Response& r, const FusionOptions& o) {
-  if (r.error != Code::kOk || r.request.op != OpType::kAllreduce) return false;
+  if (r.error != Code::kOk) return false;
   // A compressed tensor is encoded into the fusion buffer whatever its size: no copy to save.
-  if (!r.request.compression.empty()) return true;
+  const OpType op = r.request.op;
+  if ((op == OpType::kAllreduce || op == OpType::kReducescatter) &&
+      !r.request.compression.empty()) {
+    return true;
+  }
+  if (op != OpType::kAllreduce) return false;
   return o.threshold > 0 && r.request.NumBytes() < o.direct_bytes &&
          r.request.NumBytes() <= o.threshold;
 }
@@ -16,9 +21,9 @@ bool Fusable(const Response& r, const FusionOptions& o) {
 bool Compatible(const Response& x, const Response& y) {
   const TensorRequest& a = x.request;
   const TensorRequest& b = y.request;
-  return a.dtype == b.dtype && a.reduce_op == b.reduce_op && a.prescale == b.prescale &&
-         a.postscale == b.postscale && a.device == b.device && a.compression == b.compression &&
-         x.joined.size() == y.joined.size();
+  return a.op == b.op && a.dtype == b.dtype && a.reduce_op == b.reduce_op &&
+         a.prescale == b.prescale && a.postscale == b.postscale && a.device == b.device &&
+         a.compression == b.compression && x.joined.size() == y.joined.size();
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // The fusion planner: turns the ordered response list into batches. Small allreduces that can
-// share a buffer (same dtype, reduce op, scale factors and device) travel together, up to the
-// fusion threshold in bytes; large ones and every other operation run alone. Deterministic (a
+// share a buffer (same dtype, reduce op, scale factors, compression and device) travel together,
+// up to the fusion threshold in bytes; so do compressed reducescatters (of any size: they are
+// encoded into the buffer anyway); large ones and every other operation run alone. Deterministic (a
 // pure function of its input), so every rank forms the same batches. Stateless and thread-safe.
 #pragma once
 

@@ -353,6 +353,11 @@ typedef struct concord_reducescatter_opts {
    *  n % size ranks one more (Horovod's rule). */
   const int64_t* recv_splits;
   int nsplits;
+  /** A summable compressor spec, "fp16" or "bf16" (float32 and float64 tensors): the input is
+   *  cast down, reduced in 16 bits on the wire and cast back into output; the same on every rank
+   *  (else MISMATCH). NULL or "none" (the default): none; CONCORD_COMPRESSION does not apply to
+   *  reduce-scatter. Top-k, an unknown spec or another dtype: INVALID_ARGUMENT at enqueue. */
+  const char* compression;
 } concord_reducescatter_opts_t;
 
 /** Options of an all-to-all. Initialise with concord_alltoall_opts_init. */

@@ -1,0 +1,176 @@
+// Reducescatter beyond the plain case of engine_exchange_test.cc, over the in-process transport
+// (ranks as threads): fp16/bf16 compression (results, averages and scales, refusals at enqueue,
+// nothing lost), several reducescatters in one response list packed into ONE backend
+// reduce-scatter (every dtype, sizes 0, 1 and odd, uneven splits), and outputs that alias the
+// input.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/engine.h"
+#include "tests/common/tensors.h"
+#include "tests/unit/engine_test_util.h"
+
+namespace concord {
+namespace {
+
+using engine_testing::Await;
+using engine_testing::Entry;
+using engine_testing::Job;
+using engine_testing::Request;
+using engine_testing::Submit;
+using harness::ExpectedAllreduce;
+using harness::LoadElement;
+using harness::RunRanks;
+using harness::StoreElement;
+
+// Rank r's element i of tensor t: a small integer, exact in every dtype, and so are its sums over
+// four ranks (unsigned types get 0..4, the others -2..2).
+double Value(DType dtype, int rank, int64_t i, int t) {
+  const int64_t h = (i * 7 + rank * 3 + t * 5) % 5;
+  return dtype == DType::kUint8 ? static_cast<double>(h) : static_cast<double>(h - 2);
+}
+
+// Uneven splits of `rows` rows over `size` ranks, different for each tensor t: rank k gets a
+// share growing with (k + t) % size, the last rank what is left (rank 0 may get none).
+std::vector<int64_t> UnevenSplits(int64_t rows, int size, int t) {
+  std::vector<int64_t> splits(size);
+  const int64_t shares = static_cast<int64_t>(size) * (size + 1) / 2;
+  int64_t left = rows;
+  for (int k = 0; k < size; ++k) {
+    splits[k] = k == size - 1 ? left : rows * ((k + t) % size) / shares;
+    left -= splits[k];
+  }
+  return splits;
+}
+
+// One reducescatter of a test: its request, this rank's input and output buffers.
+struct Tensor {
+  TensorRequest request;
+  std::vector<unsigned char> in, out;
+  int64_t first = 0;  // this rank's first row
+  std::shared_ptr<RequestState> state;
+};
+
+// Tensor t of [rows, cols] with uneven splits, this rank's input filled, the output sized to its
+// share plus one guard element of 0xAB bytes.
+Tensor MakeTensor(const std::string& name, DType dtype, int64_t rows, int64_t cols, int t, int rank,
+                  int size) {
+  Tensor x;
+  x.request = Request(name, OpType::kReducescatter, dtype, {rows, cols});
+  x.request.splits = UnevenSplits(rows, size, t);
+  const size_t es = DTypeSize(dtype);
+  x.in.resize(static_cast<size_t>(rows * cols) * es);
+  for (int64_t i = 0; i < rows * cols; ++i)
+    StoreElement(dtype, x.in.data(), i, Value(dtype, rank, i, t));
+  for (int k = 0; k < rank; ++k) x.first += x.request.splits[k];
+  x.out.assign(static_cast<size_t>(x.request.splits[rank] * cols + 1) * es, 0xAB);
+  return x;
+}
+
+QueueEntry EntryOf(Tensor& x) {
+  const size_t capacity = x.out.size() - DTypeSize(x.request.dtype);  // not the guard
+  return Entry(x.request, x.in.data(), x.out.data(), capacity);
+}
+
+// Checks this rank's share of x against the expected reduction (within `tolerance`), and that the
+// guard element after it is untouched.
+void CheckTensor(const Tensor& x, int t, int rank, int size, double tolerance) {
+  const TensorRequest& r = x.request;
+  const int64_t cols = r.shape[1];
+  const int64_t n = r.splits[rank] * cols;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t g = x.first * cols + i;
+    const double want = ExpectedAllreduce(
+        r.reduce_op, r.dtype, size, [&](int k) { return Value(r.dtype, k, g, t); }, r.prescale,
+        r.postscale);
+    const double got = LoadElement(r.dtype, x.out.data(), i);
+    ASSERT_NEAR(got, want, tolerance) << r.name << " rank " << rank << " element " << i;
+  }
+  const size_t es = DTypeSize(r.dtype);
+  for (size_t b = 0; b < es; ++b) {
+    ASSERT_EQ(x.out[static_cast<size_t>(n) * es + b], 0xAB) << r.name << ": wrote past its share";
+  }
+}
+
+class ReducescatterTest : public ::testing::TestWithParam<int> {};
+
+// fp16 and bf16 on float32 and float64, sum (prescaled and postscaled) and average, uneven
+// splits with sizes 0, 1 and odd, in one group: compressed reducescatters fuse whatever their
+// size, so this is one backend reduce-scatter per (spec, dtype, op).
+TEST_P(ReducescatterTest, CompressedMatchesTheDenseResult) {
+  const int size = GetParam();
+  Job job(size);
+  const int64_t kRows[] = {0, 1, 2 * size + 1, 101};
+  for (const char* spec : {"fp16", "bf16"}) {
+    for (DType dtype : {DType::kFloat32, DType::kFloat64}) {
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage}) {
+        const uint64_t before = job.world().CollectivesOn(0) + job.world().CollectivesOn(1);
+        RunRanks(size, [&](int rank) {
+          std::vector<Tensor> xs;
+          for (int t = 0; t < 4; ++t) {
+            xs.push_back(MakeTensor("c." + std::to_string(t), dtype, kRows[t], 3, t, rank, size));
+            xs.back().request.compression = spec;
+            xs.back().request.reduce_op = op;
+            if (op == ReduceOp::kSum) {
+              xs.back().request.prescale = 0.5;
+              xs.back().request.postscale = 4.0;
+            }
+          }
+          ASSERT_TRUE(job[rank].GroupStart().ok());
+          for (Tensor& x : xs) x.state = Submit(job[rank], EntryOf(x));
+          ASSERT_TRUE(job[rank].GroupEnd().ok());
+          // Results are at most 16 in magnitude: fp16 rounds them within 2^-11 relative per step,
+          // bf16 within 2^-8; a misplaced block is off by about 1 or more.
+          const double tolerance = std::string(spec) == "fp16" ? 0.02 : 0.25;
+          for (size_t t = 0; t < xs.size(); ++t) {
+            const Status s = Await(xs[t].state);
+            ASSERT_TRUE(s.ok()) << s.ToString();
+            CheckTensor(xs[t], static_cast<int>(t), rank, size, tolerance);
+          }
+        });
+        EXPECT_EQ(job.world().CollectivesOn(0) + job.world().CollectivesOn(1) - before, 1u)
+            << spec << " " << DTypeName(dtype);
+      }
+    }
+  }
+}
+
+// Refused at enqueue with INVALID_ARGUMENT naming the tensor, on this rank alone, nothing queued:
+// top-k (not summable), a cast on an integer or 16-bit dtype, an unknown spec. The same name then
+// runs.
+TEST_P(ReducescatterTest, UnsupportedCompressionIsRefusedAtEnqueue) {
+  const int size = GetParam();
+  Job job(size);
+  RunRanks(size, [&](int rank) {
+    struct Refusal {
+      const char* spec;
+      DType dtype;
+      const char* says;
+    };
+    for (const Refusal& bad :
+         {Refusal{"topk:density=0.5", DType::kFloat32, "summable"},
+          Refusal{"fp16", DType::kInt32, "int32"}, Refusal{"bf16", DType::kFloat16, "float16"},
+          Refusal{"zstd", DType::kFloat32, "zstd"}}) {
+      Tensor x = MakeTensor("r", bad.dtype, 2 * size, 1, 0, rank, size);
+      x.request.compression = bad.spec;
+      const Status s = job[rank].Enqueue(EntryOf(x));
+      EXPECT_EQ(s.code(), Code::kInvalidArgument) << bad.spec << ": " << s.ToString();
+      EXPECT_NE(s.message().find("'r'"), std::string::npos) << s.message();
+      EXPECT_NE(s.message().find(bad.says), std::string::npos) << s.message();
+    }
+    Tensor x = MakeTensor("r", DType::kFloat32, 2 * size, 1, 0, rank, size);
+    x.request.compression = "none";  // an explicit none is no compression
+    const Status s = Await(Submit(job[rank], EntryOf(x)));
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    CheckTensor(x, 0, rank, size, 0.0);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, ReducescatterTest, ::testing::Values(1, 2, 3, 4));
+
+}  // namespace
+}  // namespace concord
