@@ -170,6 +170,80 @@ TEST_P(ReducescatterTest, UnsupportedCompressionIsRefusedAtEnqueue) {
   });
 }
 
+// Small reducescatters of one dtype in one group (sizes 0, 1 and odd, different uneven splits and
+// row widths) run as ONE backend reduce-scatter, for every dtype, with the results each would give
+// alone: sums (prescaled and postscaled on the floating types), and an average of int32 and
+// float32 (each member divided after).
+TEST_P(ReducescatterTest, SmallOnesFuseIntoOneBackendCall) {
+  const int size = GetParam();
+  Job job(size);
+  const int64_t kRows[] = {0, 1, 7, 2 * size + 3};
+  const int64_t kCols[] = {3, 1, 2, 5};
+  for (DType dtype : harness::kAllDTypes) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage}) {
+      if (op == ReduceOp::kAverage && dtype != DType::kInt32 && dtype != DType::kFloat32) continue;
+      const bool scaled = op == ReduceOp::kSum && harness::IsFloat(dtype);
+      const uint64_t before = job.world().CollectivesOn(0) + job.world().CollectivesOn(1);
+      RunRanks(size, [&](int rank) {
+        const uint64_t fused = job[rank].stats().fused_tensors.load();
+        std::vector<Tensor> xs;
+        for (int t = 0; t < 4; ++t) {
+          xs.push_back(MakeTensor("f." + std::string(DTypeName(dtype)) + "." + std::to_string(t),
+                                  dtype, kRows[t], kCols[t], t, rank, size));
+          xs.back().request.reduce_op = op;
+          if (scaled) {
+            xs.back().request.prescale = 0.5;
+            xs.back().request.postscale = 4.0;
+          }
+        }
+        ASSERT_TRUE(job[rank].GroupStart().ok());
+        for (Tensor& x : xs) x.state = Submit(job[rank], EntryOf(x));
+        ASSERT_TRUE(job[rank].GroupEnd().ok());
+        for (size_t t = 0; t < xs.size(); ++t) {
+          const Status s = Await(xs[t].state);
+          ASSERT_TRUE(s.ok()) << s.ToString();
+          CheckTensor(xs[t], static_cast<int>(t), rank, size, harness::IsFloat(dtype) ? 1e-6 : 0);
+        }
+        EXPECT_EQ(job[rank].stats().fused_tensors.load() - fused, xs.size());
+      });
+      EXPECT_EQ(job.world().CollectivesOn(0) + job.world().CollectivesOn(1) - before, 1u)
+          << DTypeName(dtype) << " " << ReduceOpName(op);
+    }
+  }
+}
+
+// What does not fuse: a reducescatter at the direct threshold runs alone (on the caller's
+// buffers), one with other scales is another batch, and with fusion off (threshold 0) each runs
+// alone; the results are the same.
+TEST_P(ReducescatterTest, LargeOnesAndFusionOffRunAlone) {
+  const int size = GetParam();
+  for (const bool fusion : {true, false}) {
+    Job job(size, [fusion](Config& c) {
+      c.direct_threshold_bytes = 4096;
+      if (!fusion) c.fusion_threshold_bytes = 0;
+    });
+    const uint64_t before = job.world().CollectivesOn(0) + job.world().CollectivesOn(1);
+    RunRanks(size, [&](int rank) {
+      std::vector<Tensor> xs;
+      xs.push_back(MakeTensor("a", DType::kFloat32, 5, 3, 0, rank, size));
+      xs.push_back(MakeTensor("b", DType::kFloat32, 1024, 1, 1, rank, size));  // 4 KiB: alone
+      xs.push_back(MakeTensor("c", DType::kFloat32, 9, 2, 2, rank, size));
+      xs.push_back(MakeTensor("d", DType::kFloat32, 3, 1, 3, rank, size));
+      xs.back().request.prescale = 2.0;  // another batch
+      ASSERT_TRUE(job[rank].GroupStart().ok());
+      for (Tensor& x : xs) x.state = Submit(job[rank], EntryOf(x));
+      ASSERT_TRUE(job[rank].GroupEnd().ok());
+      for (size_t t = 0; t < xs.size(); ++t) {
+        const Status s = Await(xs[t].state);
+        ASSERT_TRUE(s.ok()) << s.ToString();
+        CheckTensor(xs[t], static_cast<int>(t), rank, size, 1e-6);
+      }
+    });
+    EXPECT_EQ(job.world().CollectivesOn(0) + job.world().CollectivesOn(1) - before,
+              fusion ? 3u : 4u);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, ReducescatterTest, ::testing::Values(1, 2, 3, 4));
 
 }  // namespace
