@@ -18,7 +18,9 @@
 // at a multiple of compression::kEncodedAlignment (zero padding between, reduced and ignored), is
 // reduced as the compressor's reduce dtype with a sum (an average divides before encoding, as for
 // allreduce) and decoded into the caller's outputs; the postscale is applied after decoding.
-// Packing copies the input first, so an output overlapping its input is fine on this path.
+// Packing copies the input first, so an output overlapping its input is fine on this path; a
+// reducescatter alone copies its input first when its output overlaps it.
+#include <cstdint>
 #include <cstring>
 
 #include "core/engine.h"
@@ -40,7 +42,14 @@ Status Engine::RunReducescatter(Lane& lane, const Response& r, std::optional<Que
   for (int rk = 0; rk < config_.size; ++rk) counts[rk] = static_cast<size_t>(q.splits[rk]) * row;
   const size_t total = static_cast<size_t>(q.NumElements());
   const void* in = e.input;
-  if (q.prescale != 1.0 && total > 0) {
+  // The backend's buffers must not overlap: an output inside (or across) the input, as in place
+  // (this rank's rows at the start of the input buffer), reads the input from a copy.
+  const auto in_at = reinterpret_cast<uintptr_t>(e.input);
+  const auto out_at = reinterpret_cast<uintptr_t>(e.output);
+  const size_t mine = counts[config_.rank] * DTypeSize(q.dtype);
+  const bool overlaps =
+      mine > 0 && total > 0 && in_at < out_at + mine && out_at < in_at + q.NumBytes();
+  if ((q.prescale != 1.0 || overlaps) && total > 0) {
     uint8_t* scaled = lane.fusion.Get(q.NumBytes(), fusion_.threshold);
     CopyScaled(scaled, e.input, total, q.dtype, q.prescale);
     in = scaled;

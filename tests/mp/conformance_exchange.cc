@@ -62,6 +62,7 @@ struct Case {
   bool even = false;
   bool owned = false;
   std::string compression;  // reducescatter: "fp16" or "bf16", empty for none
+  bool inplace = false;     // reducescatter: the output is the start of the input buffer
   int64_t in_shape[2] = {0, 0}, out_shape[2] = {0, 0};
   std::vector<unsigned char> in, out;
   std::vector<int64_t> received;  // blocking alltoall's received splits
@@ -92,8 +93,8 @@ void Submit(concord_comm_t comm, Case& c, int rank, int size, Counts* counts) {
       o.recv_splits = c.splits.data();
       o.nsplits = size;
     }
-    concord_tensor_t out =
-        CpuTensor(c.out.empty() ? nullptr : c.out.data(), c.dt, c.ndim, c.out_shape);
+    void* dst = c.inplace ? c.in.data() : c.out.empty() ? nullptr : c.out.data();
+    concord_tensor_t out = CpuTensor(dst, c.dt, c.ndim, c.out_shape);
     s = async
             ? concord_reducescatter_async(comm, c.name.c_str(), &in, &out, &o, cb, nullptr, &c.req)
             : concord_reducescatter(comm, c.name.c_str(), &in, &out, &o);
@@ -134,7 +135,7 @@ void CheckReducescatter(const Case& c, int rank, int size, Counts* counts) {
     const double want = concord::harness::ExpectedAllreduce(
         c.op, c.dt, size, [&](int r) { return Val(c.op, true, c.dt, r, g, c.step, c.salt); }, c.pre,
         c.post);
-    const double got = LoadElement(c.dt, c.out.data(), i);
+    const double got = LoadElement(c.dt, c.inplace ? c.in.data() : c.out.data(), i);
     ++counts->checks;
     // Compressed: reduced in 16 bits, results of magnitude up to 16 (fp16 rounds within 2^-11
     // relative per step, bf16 2^-8); a misplaced block is off by 0.5 or more.
@@ -280,6 +281,25 @@ void RunCases(concord_comm_t comm, int rank, int size, int64_t n, int step, bool
         Submit(comm, *c, rank, size, counts);
         batch.push_back(std::move(c));
       }
+    }
+    // In place (float32 and uint8): the output is the start of the input buffer; alone (at the
+    // large size) the engine copies the input first, fused it packs it first.
+    if (dt == CONCORD_FLOAT32 || dt == CONCORD_UINT8) {
+      auto c = std::make_unique<Case>();
+      c->dt = dt;
+      c->inplace = true;
+      c->step = step;
+      c->salt = 40;
+      c->mode = static_cast<Mode>(mode++ % 3);
+      c->in_shape[0] = n;
+      c->out_shape[0] = EvenSplit(n, size)[rank];
+      c->name = Name("rs", dt, n, "sum.inplace");
+      c->in.assign(static_cast<size_t>(n) * es, 0);
+      for (int64_t i = 0; i < n; ++i) {
+        StoreElement(dt, c->in.data(), i, Val(c->op, true, dt, rank, i, step, c->salt));
+      }
+      Submit(comm, *c, rank, size, counts);
+      batch.push_back(std::move(c));
     }
     // Compressed reducescatters of the floating types that take them: fp16 of a weighted split,
     // scaled, and a bf16 average of the even split (large: the first, of float32 only).

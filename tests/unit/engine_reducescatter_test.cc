@@ -1,7 +1,7 @@
 // Reducescatter beyond the plain case of engine_exchange_test.cc, over the in-process transport
 // (ranks as threads): fp16/bf16 compression (results, averages and scales, refusals at enqueue,
 // nothing lost), several reducescatters in one response list packed into ONE backend
-// reduce-scatter (every dtype, sizes 0, 1 and odd, uneven splits), and outputs that alias the
+// reduce-scatter (every dtype, sizes 0, 1 and odd, uneven splits), and outputs that overlap the
 // input.
 #include <gtest/gtest.h>
 
@@ -241,6 +241,30 @@ TEST_P(ReducescatterTest, LargeOnesAndFusionOffRunAlone) {
     });
     EXPECT_EQ(job.world().CollectivesOn(0) + job.world().CollectivesOn(1) - before,
               fusion ? 3u : 4u);
+  }
+}
+
+// An output inside the input gives the same result: in place (this rank's rows at the start of
+// the input buffer) and at its end, on the packed path (small) and alone (at least the direct
+// threshold: the backend never sees overlapping buffers), prescaled or not.
+TEST_P(ReducescatterTest, OutputMayOverlapTheInput) {
+  const int size = GetParam();
+  Job job(size, [](Config& c) { c.direct_threshold_bytes = 4096; });
+  for (const int64_t rows : {int64_t{7}, int64_t{3001}}) {  // 12 KiB of float32: alone
+    for (const bool at_start : {true, false}) {
+      for (const double prescale : {1.0, 0.5}) {
+        RunRanks(size, [&](int rank) {
+          Tensor x = MakeTensor("overlap", DType::kFloat32, rows, 1, 1, rank, size);
+          x.request.prescale = prescale;
+          const size_t bytes = static_cast<size_t>(x.request.splits[rank]) * 4;
+          unsigned char* out = x.in.data() + (at_start ? 0 : x.in.size() - bytes);
+          const Status s = Await(Submit(job[rank], Entry(x.request, x.in.data(), out, bytes)));
+          ASSERT_TRUE(s.ok()) << s.ToString();
+          if (bytes > 0) std::memcpy(x.out.data(), out, bytes);
+          CheckTensor(x, 1, rank, size, 1e-6);
+        });
+      }
+    }
   }
 }
 
