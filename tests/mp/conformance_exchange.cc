@@ -282,9 +282,9 @@ void RunCases(concord_comm_t comm, int rank, int size, int64_t n, int step, bool
         batch.push_back(std::move(c));
       }
     }
-    // In place (float32 and uint8): the output is the start of the input buffer; alone (at the
-    // large size) the engine copies the input first, fused it packs it first.
-    if (dt == CONCORD_FLOAT32 || dt == CONCORD_UINT8) {
+    // In place (float32, and uint8 but at the large size): the output is the start of the input
+    // buffer; alone (at the large size) the engine copies the input first, fused it packs it.
+    if (dt == CONCORD_FLOAT32 || (dt == CONCORD_UINT8 && !large)) {
       auto c = std::make_unique<Case>();
       c->dt = dt;
       c->inplace = true;
@@ -302,9 +302,10 @@ void RunCases(concord_comm_t comm, int rank, int size, int64_t n, int step, bool
       batch.push_back(std::move(c));
     }
     // Compressed reducescatters of the floating types that take them: fp16 of a weighted split,
-    // scaled, and a bf16 average of the even split (large: the first, of float32 only).
-    const bool compressible = dt == CONCORD_FLOAT32 || (dt == CONCORD_FLOAT64 && !large);
-    for (int variant = 0; variant < (large ? 1 : 2) && compressible; ++variant) {
+    // scaled, and a bf16 average of the even split (not at the large size: the packed path is
+    // size-independent, and the 16-bit ring is the float16 cases').
+    const bool compressible = !large && (dt == CONCORD_FLOAT32 || dt == CONCORD_FLOAT64);
+    for (int variant = 0; variant < 2 && compressible; ++variant) {
       auto c = std::make_unique<Case>();
       c->dt = dt;
       c->op = variant == 0 ? CONCORD_SUM : CONCORD_AVERAGE;
