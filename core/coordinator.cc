@@ -319,7 +319,7 @@ Response Coordinator::Validate(const Pending& p) const {
     check("prescale", [](const TensorRequest& r) { return ExactDouble(r.prescale); });
     check("postscale", [](const TensorRequest& r) { return ExactDouble(r.postscale); });
   }
-  if (first.op == OpType::kAllreduce) {
+  if (first.op == OpType::kAllreduce || first.op == OpType::kReducescatter) {
     check("compression", [](const TensorRequest& r) {
       return r.compression.empty() ? std::string("none") : r.compression;
     });

@@ -14,6 +14,7 @@
 //   engine_inline.cc       small operations the coordinator completes during negotiation
 //   engine_join.cc         concord_join: what a joined rank runs without a tensor of its own
 //   engine_compression.cc  compressed fused allreduces
+//   engine_exchange_ops.cc reducescatter (alone, or packed and fused) and alltoall
 //   engine_device.cc       CUDA tensors on the device backend
 //   entry_validation.h     checks of an operation at enqueue
 //
@@ -258,7 +259,13 @@ class Engine {
                                                int64_t* first_dim) const;
 
   // --- engine_exchange_ops.cc: reducescatter and alltoall on one lane ---
+  // A large uncompressed reducescatter, alone on the caller's buffers.
   Status RunReducescatter(Lane& lane, const Response& r, std::optional<QueueEntry>& entry);
+  // A fused batch of reducescatters (small ones, or compressed ones of any size): packed
+  // rank-major into the lane's fusion buffer (encoded when compressed), one backend
+  // reduce-scatter, unpacked into the outputs.
+  Status RunReducescatterPacked(Lane& lane, const FusionBatch& batch, const Responses& responses,
+                                Entries& entries) EXCLUDES(compression_mu_);
   Status RunAlltoall(Lane& lane, const Response& r, std::optional<QueueEntry>& entry);
   // Bytes this rank receives from each rank in an alltoall response, their rows (*received)
   // and their sum (*total).

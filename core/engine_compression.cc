@@ -38,7 +38,9 @@ StatusOr<std::shared_ptr<const compression::Compressor>> Engine::CompressorFor(
 Status Engine::AttachCompressor(QueueEntry& entry) {
   TensorRequest& r = entry.request;
   // "none" (the default) is no compression at all; other specs go through their compressor.
-  if (r.op != OpType::kAllreduce || r.compression.empty() || r.compression == "none") {
+  const bool reducescatter = r.op == OpType::kReducescatter;
+  if ((r.op != OpType::kAllreduce && !reducescatter) || r.compression.empty() ||
+      r.compression == "none") {
     r.compression.clear();
     return Status::Ok();
   }
@@ -52,6 +54,11 @@ Status Engine::AttachCompressor(QueueEntry& entry) {
   if (r.compression == "none") {
     r.compression.clear();
     return Status::Ok();
+  }
+  // A reduce-scatter reduces the encoded blocks on the wire: only a summable encoding fits.
+  if (reducescatter && (*compressor)->exchange() != compression::Exchange::kAllreduce) {
+    return InvalidArgument("tensor '" + r.name + "': reducescatter takes a summable compression " +
+                           "(fp16, bf16), not '" + r.compression + "'");
   }
   if (r.device != -1) {
     return Status(Code::kUnavailable, "tensor '" + r.name + "': compression '" + r.compression +

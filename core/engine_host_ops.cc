@@ -79,6 +79,9 @@ Status Engine::RunBatch(Lane& lane, const FusionBatch& batch, const Responses& r
   stats_.batches.fetch_add(1, std::memory_order_relaxed);
   if (batch.fused) {
     stats_.fused_tensors.fetch_add(batch.members.size(), std::memory_order_relaxed);
+    if (r.request.op == OpType::kReducescatter) {
+      return RunReducescatterPacked(lane, batch, responses, entries);
+    }
     if (!r.request.compression.empty()) return RunCompressed(lane, batch, responses, entries);
     return RunAllreduceFused(lane, batch, responses, entries);
   }

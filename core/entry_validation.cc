@@ -64,7 +64,6 @@ Status ValidateOp(const QueueEntry& e, int64_t elements, int world_size, int ran
       if (!IsFloatingPoint(r.dtype) && (r.prescale != 1.0 || r.postscale != 1.0)) {
         return fail("prescale and postscale apply to floating-point dtypes only");
       }
-      if (!r.compression.empty()) return fail("reducescatter takes no compression");
       return Status::Ok();
     case OpType::kAlltoall:
       return CheckSplits(e, world_size, rank);

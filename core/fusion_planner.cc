@@ -4,21 +4,25 @@ namespace concord {
 namespace {
 
 bool Fusable(const Response& r, const FusionOptions& o) {
-  if (r.error != Code::kOk || r.request.op != OpType::kAllreduce) return false;
+  const OpType op = r.request.op;
+  if (r.error != Code::kOk || (op != OpType::kAllreduce && op != OpType::kReducescatter)) {
+    return false;
+  }
   // A compressed tensor is encoded into the fusion buffer whatever its size: no copy to save.
   if (!r.request.compression.empty()) return true;
   return o.threshold > 0 && r.request.NumBytes() < o.direct_bytes &&
          r.request.NumBytes() <= o.threshold;
 }
 
-// One fused collective: one dtype, reduction, scaling and compression, and one divisor for an
-// average (as many joined ranks).
+// One fused collective: one operation, dtype, reduction, scaling and compression, and one divisor
+// for an average (as many joined ranks). Reducescatters fuse whatever their splits and shapes
+// (engine_exchange_ops.cc packs every tensor's blocks rank-major).
 bool Compatible(const Response& x, const Response& y) {
   const TensorRequest& a = x.request;
   const TensorRequest& b = y.request;
-  return a.dtype == b.dtype && a.reduce_op == b.reduce_op && a.prescale == b.prescale &&
-         a.postscale == b.postscale && a.device == b.device && a.compression == b.compression &&
-         x.joined.size() == y.joined.size();
+  return a.op == b.op && a.dtype == b.dtype && a.reduce_op == b.reduce_op &&
+         a.prescale == b.prescale && a.postscale == b.postscale && a.device == b.device &&
+         a.compression == b.compression && x.joined.size() == y.joined.size();
 }
 
 }  // namespace

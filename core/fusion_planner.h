@@ -1,7 +1,9 @@
 // The fusion planner: turns the ordered response list into batches. Small allreduces that can
-// share a buffer (same dtype, reduce op, scale factors and device) travel together, up to the
-// fusion threshold in bytes; large ones and every other operation run alone. Deterministic (a
-// pure function of its input), so every rank forms the same batches. Stateless and thread-safe.
+// share a buffer (same dtype, reduce op, scale factors, compression and device) travel together,
+// up to the fusion threshold in bytes, and so do small reducescatters (any splits), apart from the
+// allreduces; compressed ones fuse whatever their size (they are encoded into the buffer anyway);
+// large ones and every other operation run alone. Deterministic (a pure function of its input),
+// so every rank forms the same batches. Stateless and thread-safe.
 #pragma once
 
 #include <cstddef>
@@ -21,8 +23,8 @@ struct FusionBatch {
 
 struct FusionOptions {
   size_t threshold = size_t{64} << 20;  // 0 disables fusion
-  // An allreduce at least this large runs alone, in place on the caller's memory: copying it
-  // into and out of the fusion buffer would cost more than the message it saves.
+  // An allreduce or reducescatter at least this large runs alone, on the caller's memory:
+  // copying it into and out of the fusion buffer would cost more than the message it saves.
   size_t direct_bytes = size_t{256} << 10;
 };
 
@@ -33,7 +35,8 @@ struct FusionOptions {
 size_t FusedMessageBytes(size_t payload, size_t elem_size);
 
 // Batches in execution order. A batch starts at the first unassigned response and gathers later
-// compatible small allreduces (looking ahead past incompatible ones) while they fit.
+// compatible small allreduces or reducescatters (looking ahead past incompatible ones) while they
+// fit.
 std::vector<FusionBatch> PlanFusion(const std::vector<const Response*>& responses,
                                     const FusionOptions& options);
 

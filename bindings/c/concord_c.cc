@@ -951,6 +951,7 @@ concord_status_t concord_reducescatter_async(concord_comm_t comm, const char* na
     e.request.reduce_op = static_cast<concord::ReduceOp>(reduce_op);
     e.request.prescale = o.prescale;
     e.request.postscale = o.postscale;
+    if (o.compression != nullptr) e.request.compression = o.compression;
     if (e.request.shape.empty()) {
       return concord::InvalidArgument("tensor '" + e.request.name +
                                       "': reducescatter needs at least one dimension");

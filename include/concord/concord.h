@@ -353,6 +353,11 @@ typedef struct concord_reducescatter_opts {
    *  n % size ranks one more (Horovod's rule). */
   const int64_t* recv_splits;
   int nsplits;
+  /** A summable compressor spec, "fp16" or "bf16" (float32 and float64 tensors): the input is
+   *  cast down, reduced in 16 bits on the wire and cast back into output; the same on every rank
+   *  (else MISMATCH). NULL or "none" (the default): none; CONCORD_COMPRESSION does not apply to
+   *  reduce-scatter. Top-k, an unknown spec or another dtype: INVALID_ARGUMENT at enqueue. */
+  const char* compression;
 } concord_reducescatter_opts_t;
 
 /** Options of an all-to-all. Initialise with concord_alltoall_opts_init. */
@@ -373,7 +378,9 @@ CONCORD_API void concord_alltoall_opts_init(concord_alltoall_opts_t* opts);
  * Reduce-scatter along the first dimension: every rank's input is reduced (opts->op; NULL opts:
  * sum, even split) and rank r receives rows [sum of splits before r, + splits[r]) of the result in
  * output, whose shape must be [splits[r], the input's other dimensions] with the input's dtype
- * (output->data may be NULL when that is empty). Input and output must not overlap. Every rank
+ * (output->data may be NULL when that is empty). The output may overlap the input: in place,
+ * output->data == input->data leaves this rank's rows at the start of the input buffer (the input
+ * is read in full before the output is written; a large one is copied first). Every rank
  * must give the same dtype, shape, op, scales and splits, else every rank fails with MISMATCH
  * naming the field. Bad splits (wrong count, negative, not summing to the first dimension), a
  * scalar input or a wrong output shape are INVALID_ARGUMENT at enqueue.

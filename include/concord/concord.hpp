@@ -364,16 +364,19 @@ class Communicator {
 
   /// Reduce-scatter along the first dimension into `out` ([recv_splits[rank], in's other dims];
   /// CPU tensors). Empty recv_splits: the even split (the first n % size ranks get one more row);
-  /// otherwise one count per rank, the same on every rank.
+  /// otherwise one count per rank, the same on every rank. `compression`: "fp16" or "bf16"
+  /// (float32/float64), empty or "none" for none.
   Future reducescatter_async(const std::string& name, const TensorView& in, const TensorView& out,
                              ReduceOp op = ReduceOp::kSum,
                              const std::vector<int64_t>& recv_splits = {}, double prescale = 1.0,
-                             double postscale = 1.0, Callback callback = nullptr) {
+                             double postscale = 1.0, Callback callback = nullptr,
+                             const std::string& compression = "") {
     concord_reducescatter_opts_t o;
     concord_reducescatter_opts_init(&o);
     o.op = static_cast<concord_reduce_op_t>(op);
     o.prescale = prescale;
     o.postscale = postscale;
+    if (!compression.empty()) o.compression = compression.c_str();
     if (!recv_splits.empty()) {
       o.recv_splits = recv_splits.data();
       o.nsplits = static_cast<int>(recv_splits.size());
@@ -385,8 +388,9 @@ class Communicator {
     });
   }
   void reducescatter(const std::string& name, const TensorView& in, const TensorView& out,
-                     ReduceOp op = ReduceOp::kSum, const std::vector<int64_t>& recv_splits = {}) {
-    reducescatter_async(name, in, out, op, recv_splits).wait();
+                     ReduceOp op = ReduceOp::kSum, const std::vector<int64_t>& recv_splits = {},
+                     const std::string& compression = "") {
+    reducescatter_async(name, in, out, op, recv_splits, 1.0, 1.0, nullptr, compression).wait();
   }
 
   /// All-to-all along the first dimension: splits[d] rows to rank d (empty: the even split). With

@@ -1,6 +1,7 @@
 #include "conformance_exchange.h"
 
 #include <atomic>
+#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
@@ -60,6 +61,8 @@ struct Case {
   std::vector<std::vector<int64_t>> rows;
   bool even = false;
   bool owned = false;
+  std::string compression;  // reducescatter: "fp16" or "bf16", empty for none
+  bool inplace = false;     // reducescatter: the output is the start of the input buffer
   int64_t in_shape[2] = {0, 0}, out_shape[2] = {0, 0};
   std::vector<unsigned char> in, out;
   std::vector<int64_t> received;  // blocking alltoall's received splits
@@ -85,12 +88,13 @@ void Submit(concord_comm_t comm, Case& c, int rank, int size, Counts* counts) {
     o.op = c.op;
     o.prescale = c.pre;
     o.postscale = c.post;
+    if (!c.compression.empty()) o.compression = c.compression.c_str();
     if (!c.splits.empty()) {
       o.recv_splits = c.splits.data();
       o.nsplits = size;
     }
-    concord_tensor_t out =
-        CpuTensor(c.out.empty() ? nullptr : c.out.data(), c.dt, c.ndim, c.out_shape);
+    void* dst = c.inplace ? c.in.data() : c.out.empty() ? nullptr : c.out.data();
+    concord_tensor_t out = CpuTensor(dst, c.dt, c.ndim, c.out_shape);
     s = async
             ? concord_reducescatter_async(comm, c.name.c_str(), &in, &out, &o, cb, nullptr, &c.req)
             : concord_reducescatter(comm, c.name.c_str(), &in, &out, &o);
@@ -131,9 +135,12 @@ void CheckReducescatter(const Case& c, int rank, int size, Counts* counts) {
     const double want = concord::harness::ExpectedAllreduce(
         c.op, c.dt, size, [&](int r) { return Val(c.op, true, c.dt, r, g, c.step, c.salt); }, c.pre,
         c.post);
-    const double got = LoadElement(c.dt, c.out.data(), i);
+    const double got = LoadElement(c.dt, c.inplace ? c.in.data() : c.out.data(), i);
     ++counts->checks;
-    if (!mp::Close(got, want, c.dt)) {
+    // Compressed: reduced in 16 bits, results of magnitude up to 16 (fp16 rounds within 2^-11
+    // relative per step, bf16 2^-8); a misplaced block is off by 0.5 or more.
+    const double tol = c.compression == "fp16" ? 0.02 : 0.25;
+    if (c.compression.empty() ? !mp::Close(got, want, c.dt) : std::fabs(got - want) > tol) {
       FAILF("%s [%lld]: got %.9g want %.9g", c.name.c_str(), static_cast<long long>(i), got, want);
       return;
     }
@@ -275,6 +282,59 @@ void RunCases(concord_comm_t comm, int rank, int size, int64_t n, int step, bool
         batch.push_back(std::move(c));
       }
     }
+    // In place (float32, and uint8 but at the large size): the output is the start of the input
+    // buffer; alone (at the large size) the engine copies the input first, fused it packs it.
+    if (dt == CONCORD_FLOAT32 || (dt == CONCORD_UINT8 && !large)) {
+      auto c = std::make_unique<Case>();
+      c->dt = dt;
+      c->inplace = true;
+      c->step = step;
+      c->salt = 40;
+      c->mode = static_cast<Mode>(mode++ % 3);
+      c->in_shape[0] = n;
+      c->out_shape[0] = EvenSplit(n, size)[rank];
+      c->name = Name("rs", dt, n, "sum.inplace");
+      c->in.assign(static_cast<size_t>(n) * es, 0);
+      for (int64_t i = 0; i < n; ++i) {
+        StoreElement(dt, c->in.data(), i, Val(c->op, true, dt, rank, i, step, c->salt));
+      }
+      Submit(comm, *c, rank, size, counts);
+      batch.push_back(std::move(c));
+    }
+    // Compressed reducescatters of the floating types that take them: fp16 of a weighted split,
+    // scaled, and a bf16 average of the even split (not at the large size: the packed path is
+    // size-independent, and the 16-bit ring is the float16 cases').
+    const bool compressible = !large && (dt == CONCORD_FLOAT32 || dt == CONCORD_FLOAT64);
+    for (int variant = 0; variant < 2 && compressible; ++variant) {
+      auto c = std::make_unique<Case>();
+      c->dt = dt;
+      c->op = variant == 0 ? CONCORD_SUM : CONCORD_AVERAGE;
+      c->compression = variant == 0 ? "fp16" : "bf16";
+      c->step = step;
+      c->salt = 30 + variant;
+      c->mode = static_cast<Mode>(mode++ % 3);
+      if (variant == 0) {
+        c->pre = 0.5;
+        c->post = 4.0;
+        const int64_t shares = static_cast<int64_t>(size) * (size + 1) / 2;
+        int64_t left = n;
+        for (int k = 0; k < size; ++k) {
+          c->splits.push_back(k == size - 1 ? left : n * (k + 1) / shares);
+          left -= c->splits.back();
+        }
+      }
+      const std::vector<int64_t> splits = c->splits.empty() ? EvenSplit(n, size) : c->splits;
+      c->in_shape[0] = n;
+      c->out_shape[0] = splits[rank];
+      c->name = Name("rs", dt, n, std::string(OpName(c->op)) + "." + c->compression);
+      c->in.assign(static_cast<size_t>(n) * es, 0);
+      for (int64_t i = 0; i < n; ++i) {
+        StoreElement(dt, c->in.data(), i, Val(c->op, true, dt, rank, i, step, c->salt));
+      }
+      c->out.assign(static_cast<size_t>(splits[rank]) * es, 0xAB);
+      Submit(comm, *c, rank, size, counts);
+      batch.push_back(std::move(c));
+    }
     // Alltoall: the even split (n rows to each rank; large: n in all, split as evenly as may
     // be), and an uneven one of [rows, 2] where rank s sends (n + 3s + 5d + step) % (n + 1) rows
     // to rank d, into the caller's buffer and into library-owned output.
@@ -402,6 +462,19 @@ void RunErrors(concord_comm_t comm, int rank, int size, Counts* counts) {
       comm, "rs output shape",
       concord_reducescatter_async(comm, "e.rs", &t, &wrong, nullptr, nullptr, nullptr, &req),
       nullptr, kBad, {"shape [4]"}, counts);
+  // Compression a reduce-scatter cannot take: top-k (not summable), a cast of an integer tensor.
+  concord_reducescatter_opts_t rc;
+  concord_reducescatter_opts_init(&rc);
+  rc.compression = "topk:density=0.5";
+  ExpectError(comm, "rs top-k",
+              concord_reducescatter_async(comm, "e.rs", &t, &o, &rc, nullptr, nullptr, &req),
+              nullptr, kBad, {"'e.rs'", "summable"}, counts);
+  rc.compression = "fp16";
+  concord_tensor_t ti = t, oi = o;
+  ti.dtype = oi.dtype = CONCORD_INT32;
+  ExpectError(comm, "rs fp16 of int32",
+              concord_reducescatter_async(comm, "e.rs", &ti, &oi, &rc, nullptr, nullptr, &req),
+              nullptr, kBad, {"'e.rs'", "int32"}, counts);
   ExpectError(comm, "blocking a2a without output",
               concord_alltoall(comm, "e.a2a", &t, nullptr, 0, nullptr, nullptr, 0), nullptr, kBad,
               {"output is NULL"}, counts);
@@ -435,6 +508,10 @@ void RunErrors(concord_comm_t comm, int rank, int size, Counts* counts) {
   s = concord_reducescatter_async(comm, "m.rs.op", &t, &o, &rs, nullptr, nullptr, &req);
   ExpectError(comm, "rs op mismatch", s, s == CONCORD_SUCCESS ? req : nullptr, CONCORD_ERR_MISMATCH,
               {"'m.rs.op'", "reduce op", one}, counts);
+  rc.compression = rank == 1 ? "bf16" : "fp16";
+  s = concord_reducescatter_async(comm, "m.rs.compression", &t, &o, &rc, nullptr, nullptr, &req);
+  ExpectError(comm, "rs compression mismatch", s, s == CONCORD_SUCCESS ? req : nullptr,
+              CONCORD_ERR_MISMATCH, {"'m.rs.compression'", "compression", one}, counts);
   int64_t cols_shape[2] = {2 * size, rank == 1 ? 2 : 1};
   concord_tensor_t cols = CpuTensor(in.data(), CONCORD_FLOAT32, 2, cols_shape);
   s = concord_alltoall_async(comm, "m.a2a.dims", &cols, nullptr, 0, nullptr, nullptr, nullptr,

@@ -1,7 +1,8 @@
 """Compression through the Python binding: the spec goes to the library unchanged. fp16 and bf16
 allreduces give the sums within their rounding; top-k sends the k largest magnitudes and keeps the
 rest as a residual for the next step (error feedback); fp16 halves the bytes on the wire; a spec
-the library cannot take raises InvalidArgumentError naming the problem, at enqueue."""
+the library cannot take raises InvalidArgumentError naming the problem, at enqueue. A reducescatter
+takes fp16 and bf16 too (not top-k)."""
 import numpy as np
 import pytest
 
@@ -92,3 +93,14 @@ def test_dtype_the_compressor_refuses(comm):
 def test_spec_must_be_a_string(comm):
     with pytest.raises(concord.InvalidArgumentError, match="spec string"):
         comm.allreduce(np.ones(8, np.float32), name="bad.type", compression=16)
+
+
+@pytest.mark.parametrize("spec", ["fp16", "bf16"])
+def test_cast_reducescatter(comm, spec):
+    n = 4 * comm.size + 1  # uneven: rank 0 gets one more row
+    x = values(comm, n)
+    out = comm.reducescatter(x, name="rs.cast.%s" % spec, compression=spec)
+    first = sum(n // comm.size + (1 if r < n % comm.size else 0) for r in range(comm.rank))
+    np.testing.assert_array_equal(out, expected_sum(comm, n)[first:first + len(out)])
+    with pytest.raises(concord.InvalidArgumentError, match="summable"):
+        comm.reducescatter(x, name="rs.topk", compression="topk:density=0.5")

@@ -318,6 +318,8 @@ INSTANTIATE_TEST_SUITE_P(
                                [](TensorRequest& r) { r.reduce_op = ReduceOp::kMax; }, "reduce op"},
                       Mismatch{"rs_prescale", OpType::kReducescatter,
                                [](TensorRequest& r) { r.prescale = 2; }, "prescale"},
+                      Mismatch{"rs_compression", OpType::kReducescatter,
+                               [](TensorRequest& r) { r.compression = "bf16"; }, "compression"},
                       Mismatch{"rs_splits", OpType::kReducescatter,
                                [](TensorRequest& r) {
                                  r.splits = {6, 0, 0};

@@ -87,6 +87,30 @@ TEST(FusionPlannerTest, OtherOpsAndErrorsRunAlone) {
   for (size_t i = 1; i < plan.size(); ++i) EXPECT_FALSE(plan[i].fused) << i;
 }
 
+// Small reducescatters fuse with each other whatever their splits and shapes, never with an
+// allreduce; a large one runs alone, a compressed one of any size fuses with its kind.
+TEST(FusionPlannerTest, ReducescattersFuseAmongThemselves) {
+  FusionOptions o;
+  o.direct_bytes = 64;
+  std::vector<Response> list = {Small("rs.a", 4),     Small("ar", 4),   Small("rs.b", 6),
+                                Small("rs.big", 16),  Small("rs.c", 2), Small("rs.fp16.a", 100),
+                                Small("rs.fp16.b", 3)};
+  for (size_t i : {0, 2, 3, 4, 5, 6}) {
+    list[i].request.op = OpType::kReducescatter;
+    list[i].request.splits = {list[i].request.shape[0]};
+  }
+  list[2].request.shape = {3, 2};  // another shape and split: still fuses
+  list[2].request.splits = {3};
+  list[5].request.compression = "fp16";
+  list[6].request.compression = "fp16";
+  auto plan = Plan(list, o);
+  EXPECT_EQ(Members(plan), (Groups{{0, 2, 4}, {1}, {3}, {5, 6}}));
+  EXPECT_TRUE(plan[0].fused);
+  EXPECT_EQ(plan[0].bytes, 48u);
+  EXPECT_FALSE(plan[2].fused);
+  EXPECT_TRUE(plan[3].fused);
+}
+
 TEST(FusionPlannerTest, ThresholdZeroDisablesFusion) {
   FusionOptions o;
   o.threshold = 0;

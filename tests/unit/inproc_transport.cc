@@ -157,6 +157,13 @@ class InProcBackend : public Backend {
       total += counts[r];
     }
     const size_t esize = DTypeSize(dtype);
+    // backend.h: in and out do not overlap (real backends read the input while writing out).
+    const auto* in_at = static_cast<const uint8_t*>(in);
+    const auto* out_at = static_cast<const uint8_t*>(out);
+    if (total > 0 && counts[rank_] > 0 && in_at < out_at + counts[rank_] * esize &&
+        out_at < in_at + total * esize) {
+      return InvalidArgument("reduce-scatter: in and out overlap");
+    }
     InProcWorld::Slot slot{kReduceScatter, in, total * esize, total, dtype, op, 0, &counts};
     std::vector<uint8_t> result(counts[rank_] * esize);
     return Collective(

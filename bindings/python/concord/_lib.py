@@ -81,6 +81,7 @@ class ReducescatterOptsStruct(ctypes.Structure):
         ("postscale", ctypes.c_double),
         ("recv_splits", ctypes.POINTER(ctypes.c_int64)),
         ("nsplits", ctypes.c_int),
+        ("compression", ctypes.c_char_p),
     ]
 
 
@@ -122,6 +123,7 @@ _SIGNATURES = [
     ("concord_status_string", ctypes.c_char_p, [ctypes.c_int]),
     ("concord_config_init", None, [ctypes.POINTER(ConfigStruct)]),
     ("concord_allreduce_opts_init", None, [ctypes.c_void_p]),
+    ("concord_reducescatter_opts_init", None, [ctypes.c_void_p]),
     ("concord_init", ctypes.c_int, [ctypes.POINTER(c_comm_p)]),
     ("concord_init_config", ctypes.c_int,
      [ctypes.POINTER(ConfigStruct), ctypes.POINTER(c_comm_p)]),

@@ -59,28 +59,31 @@ def compression_supported():
                                  "compression")
 
 
-def _check_compression(compression):
-    """The spec to hand to the library (bytes), or None for the library's default
-    (CONCORD_COMPRESSION, else concord_config_t.compression, else "none").
+def _check_compression(compression, what="allreduce"):
+    """The spec to hand to the library (bytes), or None for the library's default (allreduce:
+    CONCORD_COMPRESSION, else concord_config_t.compression, else "none"; reducescatter: "none").
 
     Any string is passed through as it is: the library parses it at enqueue and refuses a bad one
     with InvalidArgumentError naming the problem (an unknown compressor, a bad parameter, a dtype
     the compressor does not take). The one refusal made here is for a library too old to take a
-    spec per allreduce, where anything but "none" raises UnavailableError at once."""
+    spec per `what` (an allreduce or a reducescatter), where anything but "none" raises
+    UnavailableError at once."""
     if compression is None:
         return None
     if not isinstance(compression, str):
         raise InvalidArgumentError(1, "compression must be a spec string such as 'fp16', 'bf16' "
                                    "or 'topk:density=0.01', got %r" % (compression,))
-    if not compression_supported():
+    struct = (_lib.AllreduceOptsStruct if what == "allreduce" else _lib.ReducescatterOptsStruct)
+    init = "concord_%s_opts_init" % what
+    if not _lib.struct_has_field(lib(), struct, init, "compression"):
         if compression.strip() == "none":
             return None  # an old library compresses nothing anyway
-        theirs = _lib.library_struct_size(lib(), "concord_allreduce_opts_init")
+        theirs = _lib.library_struct_size(lib(), init)
         raise UnavailableError(
             8, "compression=%r: this libconcord (%s) is too old to take a compression per "
-            "allreduce: its concord_allreduce_opts_t (%d bytes) ends before the compression field; "
-            "use compression=None or a newer libconcord" % (compression, lib().concord_path,
-                                                            theirs))
+            "%s: its concord_%s_opts_t (%d bytes) ends before the compression field; use "
+            "compression=None or a newer libconcord" % (compression, lib().concord_path, what,
+                                                        what, theirs))
     return compression.encode()
 
 
@@ -439,11 +442,13 @@ class Communicator:
         return (ctypes.c_int64 * max(len(counts), 1))(*counts)
 
     def reducescatter_async(self, tensor, name=None, op="sum", prescale=1.0, postscale=1.0,
-                            recv_splits=None, out=None, callback=None):
+                            recv_splits=None, out=None, callback=None, compression=None):
         """Reduces tensor over all ranks (op, prescale and postscale as in allreduce_async) and
         gives this rank its rows of the result along the first dimension: recv_splits[rank] rows
         (one count per rank, the same on every rank), or with recv_splits=None the even split
         (n // size rows, the first n % size ranks one more). out=None: a new tensor of that shape.
+        compression: "fp16" or "bf16" (float32/float64 tensors: reduced in 16 bits on the wire),
+        None or "none" for none (the communicator's default compression is allreduce's only).
         Returns a Handle whose wait() gives out."""
         handle = self._live()
         src = tensors.describe(tensor, "reducescatter input")
@@ -464,6 +469,9 @@ class Communicator:
         if counts is not None:
             opts.recv_splits = counts
             opts.nsplits = self.size
+        spec = _check_compression(compression, "reducescatter")
+        if spec is not None:
+            opts.compression = spec
         return self._submit(
             lambda fn, ud, req: lib().concord_reducescatter_async(
                 handle, self._name(name, "reducescatter"), ctypes.byref(src.struct),
