@@ -83,11 +83,19 @@ Status Engine::CompleteInline(const Response& r, const std::string& data,
       if (data.size() != q.NumBytes() || q.splits.size() != n) {
         return malformed("not the tensor's size");
       }
+      // This rank's rows [before, end) must lie inside the tensor's shape[0] rows.
+      uint64_t before = 0, end = 0;
+      bool bad = q.shape.empty();
+      for (size_t rk = 0; rk < me && !bad; ++rk) {
+        bad = __builtin_add_overflow(before, static_cast<uint64_t>(q.splits[rk]), &before);
+      }
+      if (bad || __builtin_add_overflow(before, static_cast<uint64_t>(q.splits[me]), &end) ||
+          end > static_cast<uint64_t>(q.shape[0])) {
+        return malformed("splits past the tensor");
+      }
       const size_t row = RowBytes(q);
-      size_t offset = 0;
-      for (size_t rk = 0; rk < me; ++rk) offset += static_cast<size_t>(q.splits[rk]) * row;
-      const size_t bytes = static_cast<size_t>(q.splits[me]) * row;
-      if (bytes > 0) std::memcpy(e.output, data.data() + offset, bytes);
+      const size_t bytes = static_cast<size_t>(end - before) * row;
+      if (bytes > 0) std::memcpy(e.output, data.data() + before * row, bytes);
       FinishAllreduce(q, r.Contributors(config_.size), e.output, bytes / DTypeSize(q.dtype));
       break;
     }
@@ -115,10 +123,17 @@ Status Engine::CompleteInline(const Response& r, const std::string& data,
       std::vector<size_t> from(n);
       size_t start = 0;
       for (size_t s = 0; s < n; ++s) {
-        size_t before = 0;
-        for (size_t d = 0; d < me; ++d) before += static_cast<size_t>(r.splits[s * n + d]) * row;
+        uint64_t before = 0, rows = 0;
+        bool bad = false;
+        for (size_t d = 0; d < n && !bad; ++d) {
+          if (d == me) before = rows * row;
+          bad = __builtin_add_overflow(rows, static_cast<uint64_t>(r.splits[s * n + d]), &rows);
+        }
+        if (bad || rows != static_cast<uint64_t>(r.first_dims[s])) {
+          return malformed("a rank's splits do not sum to its first dimension");
+        }
         from[s] = start + before;
-        start += static_cast<size_t>(r.first_dims[s]) * row;
+        start += rows * row;
       }
       if (data.size() != start) return malformed("not the sum of the ranks' sizes");
       void* dst = ResultOutput(e, total, "alltoall", &local);

@@ -76,6 +76,18 @@ std::vector<int64_t> EvenSplit(int64_t n, int size) {
   return s;
 }
 
+// Rank k gets about (k + 1) shares of n rows (the last rank the rest).
+std::vector<int64_t> WeightedSplit(int64_t n, int size) {
+  const int64_t shares = static_cast<int64_t>(size) * (size + 1) / 2;
+  std::vector<int64_t> s;
+  int64_t left = n;
+  for (int k = 0; k < size; ++k) {
+    s.push_back(k == size - 1 ? left : n * (k + 1) / shares);
+    left -= s.back();
+  }
+  return s;
+}
+
 void Submit(concord_comm_t comm, Case& c, int rank, int size, Counts* counts) {
   ++counts->cases;
   const bool async = c.mode != kBlocking;
@@ -257,14 +269,7 @@ void RunCases(concord_comm_t comm, int rank, int size, int64_t n, int step, bool
           c->pre = 0.5;
           c->post = 4.0;
         }
-        if (variant == 1) {
-          const int64_t shares = static_cast<int64_t>(size) * (size + 1) / 2;
-          int64_t left = n;
-          for (int k = 0; k < size; ++k) {
-            c->splits.push_back(k == size - 1 ? left : n * (k + 1) / shares);
-            left -= c->splits.back();
-          }
-        }
+        if (variant == 1) c->splits = WeightedSplit(n, size);
         const std::vector<int64_t> splits = c->splits.empty() ? EvenSplit(n, size) : c->splits;
         c->in_shape[0] = n;
         c->in_shape[1] = c->cols;
@@ -316,12 +321,7 @@ void RunCases(concord_comm_t comm, int rank, int size, int64_t n, int step, bool
       if (variant == 0) {
         c->pre = 0.5;
         c->post = 4.0;
-        const int64_t shares = static_cast<int64_t>(size) * (size + 1) / 2;
-        int64_t left = n;
-        for (int k = 0; k < size; ++k) {
-          c->splits.push_back(k == size - 1 ? left : n * (k + 1) / shares);
-          left -= c->splits.back();
-        }
+        c->splits = WeightedSplit(n, size);
       }
       const std::vector<int64_t> splits = c->splits.empty() ? EvenSplit(n, size) : c->splits;
       c->in_shape[0] = n;
