@@ -302,9 +302,12 @@ int Kill(int victim, int64_t mid_bytes) {
                   concord_status_string(js), mp::Now() - tj);
     join_result = line;
   });
+  // The victim's allreduce may complete before this rank's (its last exchange can come earlier):
+  // mid.go then fails here, naming the victim, like everything else in flight.
   const concord_status_t gs = concord_wait(go.req, 60);
-  CHECKF(gs == CONCORD_SUCCESS, "mid.go: %s: %s", concord_status_string(gs),
-         concord_request_error(go.req));
+  const std::string go_error = concord_request_error(go.req);
+  CHECKF(gs == CONCORD_SUCCESS || mp::Contains(go_error, "rank " + std::to_string(victim)),
+         "mid.go: %s: %s", concord_status_string(gs), go_error.c_str());
   concord_request_free(go.req);
   const double t0 = mp::Now();
   double detect = 0;
