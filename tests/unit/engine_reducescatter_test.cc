@@ -96,6 +96,18 @@ void CheckTensor(const Tensor& x, int t, int rank, int size, double tolerance) {
   }
 }
 
+// Submits `xs` as one group on `engine` and checks each result (tensor t made with index t).
+void RunGroupAndCheck(Engine& engine, std::vector<Tensor>& xs, int rank, int size, double tol) {
+  ASSERT_TRUE(engine.GroupStart().ok());
+  for (Tensor& x : xs) x.state = Submit(engine, EntryOf(x));
+  ASSERT_TRUE(engine.GroupEnd().ok());
+  for (size_t t = 0; t < xs.size(); ++t) {
+    const Status s = Await(xs[t].state);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    CheckTensor(xs[t], static_cast<int>(t), rank, size, tol);
+  }
+}
+
 class ReducescatterTest : public ::testing::TestWithParam<int> {};
 
 // fp16 and bf16 on float32 and float64, sum (prescaled and postscaled) and average, uneven
@@ -120,17 +132,9 @@ TEST_P(ReducescatterTest, CompressedMatchesTheDenseResult) {
               xs.back().request.postscale = 4.0;
             }
           }
-          ASSERT_TRUE(job[rank].GroupStart().ok());
-          for (Tensor& x : xs) x.state = Submit(job[rank], EntryOf(x));
-          ASSERT_TRUE(job[rank].GroupEnd().ok());
           // Results are at most 16 in magnitude: fp16 rounds them within 2^-11 relative per step,
           // bf16 within 2^-8; a misplaced block is off by about 1 or more.
-          const double tolerance = std::string(spec) == "fp16" ? 0.02 : 0.25;
-          for (size_t t = 0; t < xs.size(); ++t) {
-            const Status s = Await(xs[t].state);
-            ASSERT_TRUE(s.ok()) << s.ToString();
-            CheckTensor(xs[t], static_cast<int>(t), rank, size, tolerance);
-          }
+          RunGroupAndCheck(job[rank], xs, rank, size, std::string(spec) == "fp16" ? 0.02 : 0.25);
         });
         EXPECT_EQ(job.world().CollectivesOn(0) + job.world().CollectivesOn(1) - before, 1u)
             << spec << " " << DTypeName(dtype);
@@ -202,14 +206,7 @@ TEST_P(ReducescatterTest, SmallOnesFuseIntoOneBackendCall) {
             xs.back().request.postscale = 4.0;
           }
         }
-        ASSERT_TRUE(job[rank].GroupStart().ok());
-        for (Tensor& x : xs) x.state = Submit(job[rank], EntryOf(x));
-        ASSERT_TRUE(job[rank].GroupEnd().ok());
-        for (size_t t = 0; t < xs.size(); ++t) {
-          const Status s = Await(xs[t].state);
-          ASSERT_TRUE(s.ok()) << s.ToString();
-          CheckTensor(xs[t], static_cast<int>(t), rank, size, harness::IsFloat(dtype) ? 1e-6 : 0);
-        }
+        RunGroupAndCheck(job[rank], xs, rank, size, harness::IsFloat(dtype) ? 1e-6 : 0);
         EXPECT_EQ(job[rank].stats().fused_tensors.load() - fused, xs.size());
       });
       EXPECT_EQ(job.world().CollectivesOn(0) + job.world().CollectivesOn(1) - before, 1u)
@@ -237,14 +234,7 @@ TEST_P(ReducescatterTest, LargeOnesAndFusionOffRunAlone) {
       xs.push_back(MakeTensor("c", DType::kFloat32, 9, 2, 2, rank, size));
       xs.push_back(MakeTensor("d", DType::kFloat32, 3, 1, 3, rank, size));
       xs.back().request.prescale = 2.0;  // another batch
-      ASSERT_TRUE(job[rank].GroupStart().ok());
-      for (Tensor& x : xs) x.state = Submit(job[rank], EntryOf(x));
-      ASSERT_TRUE(job[rank].GroupEnd().ok());
-      for (size_t t = 0; t < xs.size(); ++t) {
-        const Status s = Await(xs[t].state);
-        ASSERT_TRUE(s.ok()) << s.ToString();
-        CheckTensor(xs[t], static_cast<int>(t), rank, size, 1e-6);
-      }
+      RunGroupAndCheck(job[rank], xs, rank, size, 1e-6);
     });
     EXPECT_EQ(job.world().CollectivesOn(0) + job.world().CollectivesOn(1) - before,
               fusion ? 3u : 4u);
