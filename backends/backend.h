@@ -57,6 +57,13 @@ class Backend {
   virtual int rank() const = 0;
   virtual int size() const = 0;
 
+  // True when Allreduce, AllreduceSpans and ReduceScatter combine every element in rank order, as
+  // a left fold of ReduceElements (base/dtype.h) over ranks 0, 1, ..., size-1, whatever the
+  // counts, spans and chunking: their results then depend only on the inputs, bit for bit. The
+  // engine's deterministic mode (CONCORD_DETERMINISTIC) calls such a backend's reductions
+  // directly, and builds its own from Alltoallv and Allgatherv on the others.
+  virtual bool ReducesInRankOrder() const { return false; }
+
   // In-place allreduce of count elements. kAverage is reduced as a sum (the caller divides).
   // Half types are combined in float. count may be 0.
   virtual Status Allreduce(void* data, size_t count, DType dtype, ReduceOp op) = 0;
