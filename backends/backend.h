@@ -110,6 +110,16 @@ std::vector<std::string> BuiltBackends();
 StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& name,
                                                  const BackendOptions& options, Store* store);
 
+// Collectives through shared memory among ranks on one host (backends/shm). Collective over the
+// lane's ranks, which must all run on this host (their ShmHostIdentity() values are equal): rank 0
+// creates the segment under options.prefix in the store, every rank maps it. `buffer_bytes` is
+// each rank's share of it. kUnavailable, on every rank alike, when shared memory cannot be set up
+// (the caller may fall back to another backend); other errors when a rank fails or times out.
+StatusOr<std::unique_ptr<Backend>> CreateShmBackend(const BackendOptions& options, Store* store,
+                                                    size_t buffer_bytes);
+// This host as shared memory sees it (boot id and namespaces), or `override_id` when not empty.
+std::string ShmHostIdentity(const std::string& override_id);
+
 // A job whose negotiation and data both run over MPI (CONCORD_BACKEND=mpi): this process's rank
 // and size are MPI_COMM_WORLD's; control and backend each work on their own duplicate of it.
 // p2p carries sends and recvs on a third duplicate (none with one rank). keep_alive holds MPI

@@ -126,6 +126,9 @@ StatusOr<Config> Config::FromEnvironment() {
   std::string launcher, which;
   c.mpi_launched = FirstSet({"OMPI_COMM_WORLD_SIZE", "PMIX_RANK"}, &launcher, &which);
   env.String({"CONCORD_GLOO_ALGORITHM"}, "gloo_algorithm", &c.gloo_algorithm);
+  env.String({"CONCORD_SHM"}, "shm", &c.shm);
+  env.String({"CONCORD_HOST_ID"}, "host_id", &c.host_id);
+  CONCORD_RETURN_IF_ERROR(env.Int({"CONCORD_SHM_BYTES"}, "shm_buffer_bytes", &c.shm_buffer_bytes));
   CONCORD_RETURN_IF_ERROR(
       env.Int({"CONCORD_FUSION_THRESHOLD"}, "fusion_threshold_bytes", &c.fusion_threshold_bytes));
   env.String({"CONCORD_COMPRESSION"}, "compression", &c.compression);
@@ -214,6 +217,13 @@ Status Config::Finalize() {
                   "not an allreduce algorithm Concord offers; use auto, ring, ring_chunked, "
                   "halving_doubling or allreduce (bcube is not offered: it gave wrong sums with "
                   "Gloo 0.5.0)");
+  }
+  if (shm != "auto" && shm != "on" && shm != "off") {
+    return refuse("shm", quoted(shm), "use auto, on or off");
+  }
+  if (shm_buffer_bytes < (int64_t{64} << 10) || shm_buffer_bytes > (int64_t{1} << 30)) {
+    return refuse("shm_buffer_bytes", std::to_string(shm_buffer_bytes),
+                  "each rank's shared-memory buffer must be in [64 KiB, 1 GiB]");
   }
   if (!compression.empty()) {  // "" is "none"
     const auto compressor = compression::CreateCompressor(compression);

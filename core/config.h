@@ -39,6 +39,15 @@ struct Config {
   std::string backend = "gloo";
   bool mpi_launched = false;  // OMPI_COMM_WORLD_SIZE or PMIX_RANK is set: mpirun started us
   std::string gloo_algorithm = "auto";
+  // Collectives among ranks on one host: "auto" (through shared memory when every rank of the
+  // communicator is on this host, else the backend), "on" (the same, but an error when shared
+  // memory cannot be used), "off" (always the backend). Store-based backends only (not mpi, which
+  // has its own).
+  std::string shm = "auto";
+  // Which ranks share a host: "" = this host's boot id and namespaces (backends/shm).
+  std::string host_id;
+  // Each rank's share of a lane's shared-memory segment (two halves, each a chunk of a collective).
+  int64_t shm_buffer_bytes = int64_t{4} << 20;
   // The compressor of allreduces that do not name one ("none", "fp16", "topk:density=0.01", ...).
   std::string compression = "none";
   int64_t fusion_threshold_bytes = int64_t{64} << 20;

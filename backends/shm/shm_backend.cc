@@ -1,0 +1,296 @@
+#include <sched.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "backends/backend.h"
+#include "backends/shm/shm_barrier.h"
+#include "backends/shm/shm_segment.h"
+
+namespace concord {
+namespace {
+
+using shm_internal::kCacheLine;
+using shm_internal::ShmBarrier;
+using shm_internal::ShmSegment;
+
+size_t Clamp(size_t total, size_t from, size_t window) {
+  return from >= total ? 0 : std::min(window, total - from);
+}
+
+size_t CeilDiv(size_t a, size_t b) {
+  return (a + b - 1) / b;
+}
+
+std::vector<size_t> Offsets(const std::vector<size_t>& sizes) {
+  std::vector<size_t> offsets(sizes.size() + 1, 0);
+  for (size_t i = 0; i < sizes.size(); ++i) offsets[i + 1] = offsets[i] + sizes[i];
+  return offsets;
+}
+
+bool Oversubscribed(int ranks) {
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  if (::sched_getaffinity(0, sizeof(cpus), &cpus) != 0) return false;
+  return CPU_COUNT(&cpus) < ranks;
+}
+
+// The bytes of several buffers read as one array: a byte range of it maps onto pieces of the
+// buffers in turn.
+class SpanBytes {
+ public:
+  SpanBytes(const std::vector<AllreduceSpan>& spans, size_t element) {
+    for (const AllreduceSpan& s : spans) {
+      if (s.count > 0) pieces_.push_back({static_cast<uint8_t*>(s.data), s.count * element});
+    }
+  }
+  size_t total() const {
+    size_t total = 0;
+    for (const Piece& p : pieces_) total += p.bytes;
+    return total;
+  }
+  // fn(pointer, offset within the range, bytes) for each piece of [offset, offset + bytes).
+  template <typename Fn>
+  void ForEach(size_t offset, size_t bytes, Fn fn) const {
+    size_t start = 0, done = 0;
+    for (const Piece& p : pieces_) {
+      if (done == bytes) break;
+      const size_t end = start + p.bytes;
+      if (offset + done < end) {
+        const size_t at = offset + done - start;
+        const size_t n = std::min(p.bytes - at, bytes - done);
+        fn(p.data + at, done, n);
+        done += n;
+      }
+      start = end;
+    }
+  }
+
+ private:
+  struct Piece {
+    uint8_t* data;
+    size_t bytes;
+  };
+  std::vector<Piece> pieces_;
+};
+
+// Follows backend.h. Every collective moves its data in chunks of at most a half per rank: each
+// rank copies its part of a chunk into its own half, the ranks meet at a barrier, and each copies
+// (or reduces) what it needs from the others' halves. Consecutive chunks use alternate halves, so
+// one barrier per chunk suffices: a rank overwrites a half only after the next chunk's barrier,
+// which every rank reaches after reading that half. Reductions are a left fold over ranks 0, 1,
+// ... in ReduceElements, each rank folding its slice of every chunk: results are independent of
+// counts, spans and chunking (ReducesInRankOrder). After the first error every call returns it.
+class ShmBackend : public Backend {
+ public:
+  ShmBackend(const BackendOptions& options, std::unique_ptr<ShmSegment> segment)
+      : rank_(options.rank),
+        size_(options.size),
+        segment_(std::move(segment)),
+        half_bytes_(segment_->half_bytes()),
+        barrier_(segment_.get(), rank_, options.timeout, !Oversubscribed(size_)) {}
+
+  const char* name() const override { return "shm"; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  bool ReducesInRankOrder() const override { return true; }
+
+  std::function<void()> Interrupter() override {
+    std::shared_ptr<std::atomic<bool>> flag = barrier_.interrupted();
+    return [flag] { flag->store(true); };
+  }
+
+  Status Allreduce(void* data, size_t count, DType dtype, ReduceOp op) override {
+    return AllreduceSpans({AllreduceSpan{data, count}}, dtype, op);
+  }
+
+  Status AllreduceSpans(const std::vector<AllreduceSpan>& spans, DType dtype,
+                        ReduceOp op) override {
+    CONCORD_RETURN_IF_ERROR(failed_);
+    if (size_ == 1) return Status::Ok();
+    const size_t element = DTypeSize(dtype);
+    const SpanBytes bytes(spans, element);
+    const size_t total = bytes.total();
+    const size_t chunk = half_bytes_ / element * element;
+    for (size_t offset = 0; offset < total; offset += chunk) {
+      const size_t len = std::min(chunk, total - offset);
+      uint8_t* mine = Half(rank_);
+      bytes.ForEach(offset, len, [&](uint8_t* p, size_t at, size_t n) { memcpy(mine + at, p, n); });
+      CONCORD_RETURN_IF_ERROR(Sync());
+      // Fold this rank's slice of the chunk into the caller's buffer, then publish it.
+      const auto [begin, end] = Slice(len / element, rank_, element);
+      bytes.ForEach(offset + begin, end - begin, [&](uint8_t* p, size_t at, size_t n) {
+        const size_t from = begin + at;
+        ReduceElements(p, Half(0) + from, Half(1) + from, n / element, dtype, op);
+        for (int r = 2; r < size_; ++r)
+          ReduceElements(p, p, Half(r) + from, n / element, dtype, op);
+        memcpy(mine + from, p, n);
+      });
+      CONCORD_RETURN_IF_ERROR(Sync());
+      for (int r = 0; r < size_; ++r) {
+        if (r == rank_) continue;
+        const auto [b, e] = Slice(len / element, r, element);
+        const uint8_t* theirs = Half(r);
+        bytes.ForEach(offset + b, e - b,
+                      [&](uint8_t* p, size_t at, size_t n) { memcpy(p, theirs + b + at, n); });
+      }
+      half_ ^= 1;
+    }
+    return Status::Ok();
+  }
+
+  Status ReduceScatter(const void* in, void* out, const std::vector<size_t>& counts, DType dtype,
+                       ReduceOp op) override {
+    CONCORD_RETURN_IF_ERROR(failed_);
+    const size_t element = DTypeSize(dtype);
+    const std::vector<size_t> start = Offsets(counts);
+    const auto* src = static_cast<const uint8_t*>(in);
+    auto* dst = static_cast<uint8_t*>(out);
+    if (size_ == 1) {
+      memcpy(dst, src, counts[0] * element);
+      return Status::Ok();
+    }
+    // Each chunk carries a window of `window` elements of every rank's block.
+    const size_t window = half_bytes_ / (element * size_);
+    const size_t rounds = CeilDiv(*std::max_element(counts.begin(), counts.end()), window);
+    for (size_t k = 0; k < rounds; ++k) {
+      const size_t from = k * window;
+      uint8_t* mine = Half(rank_);
+      for (int d = 0; d < size_; ++d) {
+        memcpy(mine + d * window * element, src + (start[d] + from) * element,
+               Clamp(counts[d], from, window) * element);
+      }
+      CONCORD_RETURN_IF_ERROR(Sync());
+      if (const size_t n = Clamp(counts[rank_], from, window); n > 0) {
+        const size_t at = rank_ * window * element;
+        uint8_t* into = dst + from * element;
+        ReduceElements(into, Half(0) + at, Half(1) + at, n, dtype, op);
+        for (int r = 2; r < size_; ++r) ReduceElements(into, into, Half(r) + at, n, dtype, op);
+      }
+      half_ ^= 1;
+    }
+    return Status::Ok();
+  }
+
+  Status Allgatherv(const void* in, void* out, const std::vector<size_t>& bytes_per_rank) override {
+    CONCORD_RETURN_IF_ERROR(failed_);
+    const std::vector<size_t> start = Offsets(bytes_per_rank);
+    auto* dst = static_cast<uint8_t*>(out);
+    memmove(dst + start[rank_], in, bytes_per_rank[rank_]);
+    if (size_ == 1) return Status::Ok();
+    const uint8_t* own = dst + start[rank_];
+    const size_t most = *std::max_element(bytes_per_rank.begin(), bytes_per_rank.end());
+    for (size_t from = 0; from < most; from += half_bytes_) {
+      memcpy(Half(rank_), own + from, Clamp(bytes_per_rank[rank_], from, half_bytes_));
+      CONCORD_RETURN_IF_ERROR(Sync());
+      for (int r = 0; r < size_; ++r) {
+        if (r != rank_) {
+          memcpy(dst + start[r] + from, Half(r), Clamp(bytes_per_rank[r], from, half_bytes_));
+        }
+      }
+      half_ ^= 1;
+    }
+    return Status::Ok();
+  }
+
+  Status Broadcast(void* data, size_t bytes, int root) override {
+    CONCORD_RETURN_IF_ERROR(failed_);
+    if (size_ == 1) return Status::Ok();
+    auto* p = static_cast<uint8_t*>(data);
+    for (size_t from = 0; from < bytes; from += half_bytes_) {
+      const size_t n = std::min(half_bytes_, bytes - from);
+      if (rank_ == root) memcpy(Half(rank_), p + from, n);
+      CONCORD_RETURN_IF_ERROR(Sync());
+      if (rank_ != root) memcpy(p + from, Half(root), n);
+      half_ ^= 1;
+    }
+    return Status::Ok();
+  }
+
+  Status Barrier() override {
+    CONCORD_RETURN_IF_ERROR(failed_);
+    return size_ == 1 ? Status::Ok() : Sync();
+  }
+
+  Status Alltoallv(const void* in, const std::vector<size_t>& send_bytes, void* out,
+                   const std::vector<size_t>& recv_bytes) override {
+    CONCORD_RETURN_IF_ERROR(failed_);
+    const std::vector<size_t> send_start = Offsets(send_bytes);
+    const std::vector<size_t> recv_start = Offsets(recv_bytes);
+    const auto* src = static_cast<const uint8_t*>(in);
+    auto* dst = static_cast<uint8_t*>(out);
+    memcpy(dst + recv_start[rank_], src + send_start[rank_], send_bytes[rank_]);
+    if (size_ == 1) return Status::Ok();
+    // A chunk holds, after a line for the sender's largest message, a window for every receiver.
+    // Only the senders know their sizes: the first chunk tells everyone how many chunks follow.
+    const size_t window = (half_bytes_ - kCacheLine) / size_ / kCacheLine * kCacheLine;
+    uint64_t largest = 0;
+    for (int d = 0; d < size_; ++d) {
+      if (d != rank_) largest = std::max<uint64_t>(largest, send_bytes[d]);
+    }
+    size_t rounds = std::max<size_t>(1, CeilDiv(largest, window));
+    for (size_t k = 0; k < rounds; ++k) {
+      const size_t from = k * window;
+      uint8_t* mine = Half(rank_);
+      memcpy(mine, &largest, sizeof(largest));
+      for (int d = 0; d < size_; ++d) {
+        if (d == rank_) continue;
+        memcpy(mine + kCacheLine + d * window, src + send_start[d] + from,
+               Clamp(send_bytes[d], from, window));
+      }
+      CONCORD_RETURN_IF_ERROR(Sync());
+      for (int s = 0; s < size_; ++s) {
+        if (s == rank_) continue;
+        uint64_t theirs = 0;
+        memcpy(&theirs, Half(s), sizeof(theirs));
+        rounds = std::max(rounds, CeilDiv(theirs, window));
+        memcpy(dst + recv_start[s] + from, Half(s) + kCacheLine + rank_ * window,
+               Clamp(recv_bytes[s], from, window));
+      }
+      half_ ^= 1;
+    }
+    return Status::Ok();
+  }
+
+ private:
+  uint8_t* Half(int r) const { return segment_->half(r, half_); }
+
+  // Rank r's part [begin, end), in bytes, of a chunk of `count` elements.
+  std::pair<size_t, size_t> Slice(size_t count, int r, size_t element) const {
+    return {count * r / size_ * element, count * (r + 1) / size_ * element};
+  }
+
+  Status Sync() {
+    Status status = barrier_.Sync();
+    if (!status.ok()) failed_ = status;
+    return status;
+  }
+
+  const int rank_;
+  const int size_;
+  const std::unique_ptr<ShmSegment> segment_;
+  const size_t half_bytes_;
+  ShmBarrier barrier_;
+  int half_ = 0;  // the half the next chunk uses: the same on every rank
+  Status failed_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Backend>> CreateShmBackend(const BackendOptions& options, Store* store,
+                                                    size_t buffer_bytes) {
+  // Every window must hold a line per rank (all-to-all) and an element of every rank's block.
+  const size_t half_bytes = std::max(buffer_bytes / 2, (options.size + 1) * kCacheLine);
+  CONCORD_ASSIGN_OR_RETURN(std::unique_ptr<ShmSegment> segment,
+                           ShmSegment::Open(options.rank, options.size, half_bytes, options.prefix,
+                                            store, options.timeout));
+  return std::unique_ptr<Backend>(new ShmBackend(options, std::move(segment)));
+}
+
+std::string ShmHostIdentity(const std::string& override_id) {
+  return shm_internal::HostIdentity(override_id);
+}
+
+}  // namespace concord

@@ -1,0 +1,148 @@
+#include "backends/shm/shm_barrier.h"
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include "base/clock.h"
+
+namespace concord {
+namespace shm_internal {
+namespace {
+
+// How long a waiter polls before it sleeps, and each sleep: short enough that an interrupt or a
+// dead peer is seen promptly, long enough to cost nothing.
+constexpr int kSpinPolls = 4000;
+constexpr long kSleepSliceNs = 2'000'000;
+// Liveness of the ranks still awaited is read from /proc every this many slices.
+constexpr int kSlicesPerLivenessCheck = 5;
+
+void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// A shared futex (the word is in memory that other processes map): no FUTEX_PRIVATE_FLAG.
+void FutexWait(std::atomic<uint32_t>* word, uint32_t expected) {
+  struct timespec slice {
+    0, kSleepSliceNs
+  };
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &slice, nullptr, 0);
+}
+
+void FutexWakeAll(std::atomic<uint32_t>* word) {
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr,
+            0);
+}
+
+}  // namespace
+
+ShmBarrier::ShmBarrier(ShmSegment* segment, int rank, std::chrono::milliseconds timeout, bool spin)
+    : segment_(segment),
+      header_(segment->header()),
+      rank_(rank),
+      size_(segment->size()),
+      timeout_(timeout),
+      spin_(spin),
+      round_(segment->rank_block(rank)->arrived.load(std::memory_order_relaxed)) {}
+
+bool ShmBarrier::AllArrived(uint64_t round) const {
+  for (int r = 0; r < size_; ++r) {
+    if (segment_->rank_block(r)->arrived.load(std::memory_order_acquire) < round) return false;
+  }
+  return true;
+}
+
+Status ShmBarrier::Abort(int dead_rank, Status why) {
+  int32_t none = -1;
+  if (header_->aborted_by.compare_exchange_strong(none, rank_)) {
+    header_->dead_rank.store(dead_rank);
+  }
+  header_->wake.fetch_add(1);
+  FutexWakeAll(&header_->wake);
+  return why;
+}
+
+Status ShmBarrier::Check(uint64_t round, const Deadline& deadline) {
+  const int aborted_by = header_->aborted_by.load();
+  if (aborted_by >= 0 && aborted_by != rank_) {
+    const int dead = header_->dead_rank.load();
+    if (dead >= 0) {
+      return Status(Code::kPeerFailure, "rank " + std::to_string(dead) +
+                                            " exited during a shared-memory collective (found by "
+                                            "rank " +
+                                            std::to_string(aborted_by) + ")");
+    }
+    return Status(Code::kPeerFailure,
+                  "rank " + std::to_string(aborted_by) + " abandoned a shared-memory collective");
+  }
+  if (interrupted_->load()) {
+    return Abort(
+        -1, Status(Code::kBackendError, "shared-memory collective interrupted: a peer failed"));
+  }
+  for (int r = 0; r < size_; ++r) {
+    const RankBlock* block = segment_->rank_block(r);
+    if (block->arrived.load(std::memory_order_acquire) >= round) continue;
+    if (ProcessStartTicks(block->pid) != block->start_ticks) {
+      return Abort(r, Status(Code::kPeerFailure, "rank " + std::to_string(r) + " (pid " +
+                                                     std::to_string(block->pid) +
+                                                     ") exited during a shared-memory collective"));
+    }
+  }
+  if (deadline.passed()) {
+    std::string missing;
+    for (int r = 0; r < size_; ++r) {
+      if (segment_->rank_block(r)->arrived.load() < round) {
+        missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      }
+    }
+    return Abort(-1, Status(Code::kTimeout, "shared-memory collective: rank(s) " + missing +
+                                                " did not arrive within " +
+                                                std::to_string(timeout_.count()) + " ms"));
+  }
+  return Status::Ok();
+}
+
+Status ShmBarrier::Sync() {
+  const uint64_t round = ++round_;
+  segment_->rank_block(rank_)->arrived.store(round, std::memory_order_seq_cst);
+  header_->wake.fetch_add(1, std::memory_order_seq_cst);
+  if (header_->sleepers.load(std::memory_order_seq_cst) > 0) FutexWakeAll(&header_->wake);
+
+  if (spin_) {
+    for (int i = 0; i < kSpinPolls; ++i) {
+      if (AllArrived(round)) return Status::Ok();
+      CpuRelax();
+    }
+  } else {
+    for (int i = 0; i < 4; ++i) {
+      if (AllArrived(round)) return Status::Ok();
+      std::this_thread::yield();
+    }
+  }
+  const Deadline deadline = Deadline::After(timeout_);
+  for (int slice = 0;; ++slice) {
+    header_->sleepers.fetch_add(1, std::memory_order_seq_cst);
+    const uint32_t seen = header_->wake.load(std::memory_order_seq_cst);
+    if (AllArrived(round)) {
+      header_->sleepers.fetch_sub(1);
+      return Status::Ok();
+    }
+    FutexWait(&header_->wake, seen);
+    header_->sleepers.fetch_sub(1);
+    if (AllArrived(round)) return Status::Ok();
+    if (header_->aborted_by.load() >= 0 || interrupted_->load() || deadline.passed() ||
+        slice % kSlicesPerLivenessCheck == 0) {
+      CONCORD_RETURN_IF_ERROR(Check(round, deadline));
+    }
+  }
+}
+
+}  // namespace shm_internal
+}  // namespace concord

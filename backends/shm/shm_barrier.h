@@ -1,0 +1,57 @@
+// The rounds that the shared-memory collectives advance in lockstep, with failure detection.
+//
+// Protocol: every rank counts the barrier rounds it has reached in its own RankBlock::arrived.
+// Arrive(t) publishes t (release) and bumps the header's futex word; Wait(t) returns once every
+// rank's counter is at least t (acquire), so whatever a rank wrote before arriving is visible to
+// every rank after its wait. A waiter spins briefly (a peer usually arrives within microseconds),
+// then sleeps on the futex word in short slices, checking between slices: this rank's interrupt
+// flag (the engine's control plane found a peer failed), the header's abort flag (another rank
+// found the group broken), the liveness of the ranks it waits for (pid and start time: a rank
+// killed with SIGKILL is seen within a slice), and its deadline. The first rank to find the group
+// broken sets the abort flag, naming the dead rank, so that every other rank fails at once.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "backends/shm/shm_segment.h"
+#include "base/clock.h"
+#include "base/status.h"
+
+namespace concord {
+namespace shm_internal {
+
+// Contract: one per backend, used by the backend's calling thread only, except the interrupt
+// flag, which any thread may set at any time (it is shared, and outlives the barrier).
+class ShmBarrier {
+ public:
+  ShmBarrier(ShmSegment* segment, int rank, std::chrono::milliseconds timeout, bool spin);
+
+  // Arrives at the next round and waits for every rank to reach it. kPeerFailure naming the rank
+  // that died (or the rank that aborted), kTimeout when a rank stays away longer than the timeout,
+  // kBackendError when interrupted. After an error the group is aborted for every rank.
+  Status Sync();
+
+  const std::shared_ptr<std::atomic<bool>>& interrupted() const { return interrupted_; }
+
+ private:
+  bool AllArrived(uint64_t round) const;
+  // The first error among: abort flag, interrupt, a waited-for rank gone, the deadline.
+  Status Check(uint64_t round, const Deadline& deadline);
+  Status Abort(int dead_rank, Status why);
+
+  ShmSegment* const segment_;
+  SegmentHeader* const header_;
+  const int rank_;
+  const int size_;
+  const std::chrono::milliseconds timeout_;
+  const bool spin_;
+  uint64_t round_ = 0;
+  std::shared_ptr<std::atomic<bool>> interrupted_ = std::make_shared<std::atomic<bool>>(false);
+};
+
+}  // namespace shm_internal
+}  // namespace concord
