@@ -113,10 +113,12 @@ StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& name,
 // Collectives through shared memory among ranks on one host (backends/shm). Collective over the
 // lane's ranks, which must all run on this host (their ShmHostIdentity() values are equal): rank 0
 // creates the segment under options.prefix in the store, every rank maps it. `buffer_bytes` is
-// each rank's share of it. kUnavailable, on every rank alike, when shared memory cannot be set up
-// (the caller may fall back to another backend); other errors when a rank fails or times out.
+// each rank's share of it. Allreduces of at least `direct_threshold` bytes read the peers' memory
+// directly (process_vm_readv), where every rank can (SIZE_MAX: never). kUnavailable, on every rank
+// alike, when shared memory cannot be set up (the caller may fall back to another backend); other
+// errors when a rank fails or times out.
 StatusOr<std::unique_ptr<Backend>> CreateShmBackend(const BackendOptions& options, Store* store,
-                                                    size_t buffer_bytes);
+                                                    size_t buffer_bytes, size_t direct_threshold);
 // This host as shared memory sees it (boot id and namespaces), or `override_id` when not empty.
 std::string ShmHostIdentity(const std::string& override_id);
 

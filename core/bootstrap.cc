@@ -288,7 +288,10 @@ StatusOr<std::unique_ptr<Engine>> StartOnStore(const Config& config,
       BackendOptions shm_options = lane_options;
       shm_options.prefix = prefix + "/shm/lane" + std::to_string(lane);
       auto made = CreateShmBackend(shm_options, rv->store.get(),
-                                   static_cast<size_t>(config.shm_buffer_bytes));
+                                   static_cast<size_t>(config.shm_buffer_bytes),
+                                   config.shm_direct_threshold_bytes < 0
+                                       ? SIZE_MAX
+                                       : static_cast<size_t>(config.shm_direct_threshold_bytes));
       if (made.ok()) {
         lanes.push_back(std::move(*made));
         continue;

@@ -48,6 +48,9 @@ struct Config {
   std::string host_id;
   // Each rank's share of a lane's shared-memory segment (two halves, each a chunk of a collective).
   int64_t shm_buffer_bytes = int64_t{4} << 20;
+  // Allreduces at least this large read the peers' memory directly (cross-memory attach, where
+  // the system allows it) instead of copying through the segment; negative: never.
+  int64_t shm_direct_threshold_bytes = int64_t{256} << 10;
   // The compressor of allreduces that do not name one ("none", "fp16", "topk:density=0.01", ...).
   std::string compression = "none";
   int64_t fusion_threshold_bytes = int64_t{64} << 20;

@@ -7,12 +7,15 @@
 
 #include "backends/backend.h"
 #include "backends/shm/shm_barrier.h"
+#include "backends/shm/shm_direct.h"
 #include "backends/shm/shm_segment.h"
 
 namespace concord {
 namespace {
 
 using shm_internal::kCacheLine;
+using shm_internal::ReadRemote;
+using shm_internal::RemoteSpan;
 using shm_internal::ShmBarrier;
 using shm_internal::ShmSegment;
 
@@ -23,6 +26,9 @@ size_t Clamp(size_t total, size_t from, size_t window) {
 size_t CeilDiv(size_t a, size_t b) {
   return (a + b - 1) / b;
 }
+
+// A direct allreduce folds its slice in pieces this large: two of them stay in the L2 cache.
+constexpr size_t kFoldPieceBytes = size_t{256} << 10;
 
 std::vector<size_t> Offsets(const std::vector<size_t>& sizes) {
   std::vector<size_t> offsets(sizes.size() + 1, 0);
@@ -45,6 +51,11 @@ class SpanBytes {
     for (const AllreduceSpan& s : spans) {
       if (s.count > 0) pieces_.push_back({static_cast<uint8_t*>(s.data), s.count * element});
     }
+  }
+  std::vector<RemoteSpan> Remote() const {
+    std::vector<RemoteSpan> remote;
+    for (const Piece& p : pieces_) remote.push_back({reinterpret_cast<uint64_t>(p.data), p.bytes});
+    return remote;
   }
   size_t total() const {
     size_t total = 0;
@@ -85,12 +96,44 @@ class SpanBytes {
 // counts, spans and chunking (ReducesInRankOrder). After the first error every call returns it.
 class ShmBackend : public Backend {
  public:
-  ShmBackend(const BackendOptions& options, std::unique_ptr<ShmSegment> segment)
+  ShmBackend(const BackendOptions& options, std::unique_ptr<ShmSegment> segment,
+             size_t direct_threshold)
       : rank_(options.rank),
         size_(options.size),
         segment_(std::move(segment)),
         half_bytes_(segment_->half_bytes()),
+        direct_threshold_(direct_threshold),
         barrier_(segment_.get(), rank_, options.timeout, !Oversubscribed(size_)) {}
+
+  // Collective, once, before any other call: whether every rank can read every other's memory
+  // (shm_direct.h). A rank that cannot is no error: all then keep to the segment.
+  Status ProbeDirectReads() {
+    if (size_ == 1 || direct_threshold_ == SIZE_MAX) return Status::Ok();
+    const uint64_t probe = 0xC0C0'0000'0000'0000ull + rank_;
+    const RemoteSpan mine{reinterpret_cast<uint64_t>(&probe), sizeof(probe)};
+    shm_internal::WriteSpans({mine}, Half(rank_), half_bytes_);
+    CONCORD_RETURN_IF_ERROR(Sync());
+    uint64_t readable = 1;
+    for (int r = 0; r < size_; ++r) {
+      uint64_t theirs = 0;
+      if (r != rank_ &&
+          (!ReadRemote(r, Pid(r), shm_internal::ParseSpans(Half(r)), 0, sizeof(theirs), &theirs)
+                .ok() ||
+           theirs != 0xC0C0'0000'0000'0000ull + r)) {
+        readable = 0;
+      }
+    }
+    half_ ^= 1;
+    memcpy(Half(rank_), &readable, sizeof(readable));
+    CONCORD_RETURN_IF_ERROR(Sync());
+    direct_ = true;
+    for (int r = 0; r < size_; ++r) {
+      memcpy(&readable, Half(r), sizeof(readable));
+      direct_ = direct_ && readable == 1;
+    }
+    half_ ^= 1;
+    return Status::Ok();
+  }
 
   const char* name() const override { return "shm"; }
   int rank() const override { return rank_; }
@@ -113,6 +156,10 @@ class ShmBackend : public Backend {
     const size_t element = DTypeSize(dtype);
     const SpanBytes bytes(spans, element);
     const size_t total = bytes.total();
+    if (direct_ && total >= direct_threshold_ &&
+        sizeof(uint64_t) + spans.size() * sizeof(RemoteSpan) <= half_bytes_) {
+      return DirectAllreduce(bytes, total / element, dtype, op);
+    }
     const size_t chunk = half_bytes_ / element * element;
     for (size_t offset = 0; offset < total; offset += chunk) {
       const size_t len = std::min(chunk, total - offset);
@@ -268,25 +315,102 @@ class ShmBackend : public Backend {
     return status;
   }
 
+  // An error found outside a barrier: the group is aborted so that no peer waits for this rank.
+  Status Fail(Status status) {
+    failed_ = barrier_.Abort(status.code() == Code::kPeerFailure ? dead_ : -1, status);
+    return failed_;
+  }
+
+  pid_t Pid(int r) const { return segment_->rank_block(r)->pid; }
+
+  // Allreduce reading the peers' buffers in place: each rank publishes its spans, folds its slice
+  // of every rank's data (rank order) into its own buffer, then reads the others' reduced slices.
+  // Three barriers: spans published, slices reduced, every read done (the caller may then reuse
+  // the buffer).
+  Status DirectAllreduce(const SpanBytes& bytes, size_t count, DType dtype, ReduceOp op) {
+    const size_t element = DTypeSize(dtype);
+    shm_internal::WriteSpans(bytes.Remote(), Half(rank_), half_bytes_);
+    CONCORD_RETURN_IF_ERROR(Sync());
+    peers_.resize(size_);
+    for (int r = 0; r < size_; ++r) {
+      if (r != rank_) peers_[r] = shm_internal::ParseSpans(Half(r));
+    }
+    half_ ^= 1;
+    acc_.resize(kFoldPieceBytes);
+    tmp_.resize(kFoldPieceBytes);
+    Status status;
+    const auto [begin, end] = Slice(count, rank_, element);
+    bytes.ForEach(begin, end - begin, [&](uint8_t* own, size_t at, size_t n) {
+      for (size_t k = 0; k < n && status.ok(); k += kFoldPieceBytes) {
+        status = FoldPiece(begin + at + k, std::min(kFoldPieceBytes, n - k), own + k, dtype, op);
+      }
+    });
+    if (!status.ok()) return Fail(status);
+    CONCORD_RETURN_IF_ERROR(Sync());
+    for (int r = 0; r < size_ && status.ok(); ++r) {
+      if (r == rank_) continue;
+      const auto [b, e] = Slice(count, r, element);
+      bytes.ForEach(b, e - b, [&](uint8_t* p, size_t at, size_t n) {
+        if (status.ok()) status = Read(r, b + at, n, p);
+      });
+    }
+    if (!status.ok()) return Fail(status);
+    return Sync();
+  }
+
+  // own[0, bytes) = the rank-order fold of every rank's bytes at `offset` (own holds this rank's).
+  Status FoldPiece(size_t offset, size_t bytes, uint8_t* own, DType dtype, ReduceOp op) {
+    const size_t n = bytes / DTypeSize(dtype);
+    uint8_t* acc = acc_.data();
+    uint8_t* tmp = tmp_.data();
+    if (rank_ > 0) {
+      CONCORD_RETURN_IF_ERROR(Read(0, offset, bytes, acc));
+      for (int r = 1; r < rank_; ++r) {
+        CONCORD_RETURN_IF_ERROR(Read(r, offset, bytes, tmp));
+        ReduceElements(acc, acc, tmp, n, dtype, op);
+      }
+      ReduceElements(own, acc, own, n, dtype, op);
+    }
+    for (int r = rank_ + 1; r < size_; ++r) {
+      CONCORD_RETURN_IF_ERROR(Read(r, offset, bytes, tmp));
+      ReduceElements(own, own, tmp, n, dtype, op);
+    }
+    return Status::Ok();
+  }
+
+  Status Read(int r, size_t offset, size_t bytes, void* into) {
+    Status status = ReadRemote(r, Pid(r), peers_[r], offset, bytes, into);
+    if (status.code() == Code::kPeerFailure) dead_ = r;
+    return status;
+  }
+
   const int rank_;
   const int size_;
   const std::unique_ptr<ShmSegment> segment_;
   const size_t half_bytes_;
+  // Messages at least this large read the peers' memory directly, when direct_ (every rank can).
+  const size_t direct_threshold_;
   ShmBarrier barrier_;
   int half_ = 0;  // the half the next chunk uses: the same on every rank
   Status failed_;
+  bool direct_ = false;
+  int dead_ = -1;                               // a peer a direct read found gone
+  std::vector<std::vector<RemoteSpan>> peers_;  // the buffers the peers published
+  std::vector<uint8_t> acc_, tmp_;              // a direct fold's pieces
 };
 
 }  // namespace
 
 StatusOr<std::unique_ptr<Backend>> CreateShmBackend(const BackendOptions& options, Store* store,
-                                                    size_t buffer_bytes) {
+                                                    size_t buffer_bytes, size_t direct_threshold) {
   // Every window must hold a line per rank (all-to-all) and an element of every rank's block.
   const size_t half_bytes = std::max(buffer_bytes / 2, (options.size + 1) * kCacheLine);
   CONCORD_ASSIGN_OR_RETURN(std::unique_ptr<ShmSegment> segment,
                            ShmSegment::Open(options.rank, options.size, half_bytes, options.prefix,
                                             store, options.timeout));
-  return std::unique_ptr<Backend>(new ShmBackend(options, std::move(segment)));
+  auto backend = std::make_unique<ShmBackend>(options, std::move(segment), direct_threshold);
+  CONCORD_RETURN_IF_ERROR(backend->ProbeDirectReads());
+  return std::unique_ptr<Backend>(std::move(backend));
 }
 
 std::string ShmHostIdentity(const std::string& override_id) {

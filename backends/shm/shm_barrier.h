@@ -37,11 +37,14 @@ class ShmBarrier {
 
   const std::shared_ptr<std::atomic<bool>>& interrupted() const { return interrupted_; }
 
+  // Aborts the group for every rank (they fail at their next wait, naming `dead_rank` when it is
+  // not -1, else this rank) and returns `why`: for an error found outside Sync().
+  Status Abort(int dead_rank, Status why);
+
  private:
   bool AllArrived(uint64_t round) const;
   // The first error among: abort flag, interrupt, a waited-for rank gone, the deadline.
   Status Check(uint64_t round, const Deadline& deadline);
-  Status Abort(int dead_rank, Status why);
 
   ShmSegment* const segment_;
   SegmentHeader* const header_;

@@ -1,0 +1,38 @@
+// Reading a peer process's memory directly (cross-memory attach, process_vm_readv): the
+// shared-memory backend's path for large messages, where copying every byte into the segment and
+// out again would double the memory traffic. Needs ptrace access to the peer (the same user, and
+// Yama's ptrace_scope or a container's seccomp profile allowing it): ShmBackend probes it at
+// set-up and keeps to the segment where any rank cannot read every other.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+
+namespace concord {
+namespace shm_internal {
+
+// A buffer in a peer's address space.
+struct RemoteSpan {
+  uint64_t address = 0;
+  uint64_t bytes = 0;
+};
+
+// Reads bytes [offset, offset + bytes) of the concatenation of `spans` (in process `pid`, rank
+// `rank`) into `into`. kPeerFailure naming the rank when the process is gone, kBackendError for
+// any other failure.
+Status ReadRemote(int rank, pid_t pid, const std::vector<RemoteSpan>& spans, size_t offset,
+                  size_t bytes, void* into);
+
+// Writes a span list into `out` (at most `capacity` bytes) as a count and pairs; false when it
+// does not fit. ParseSpans reads one back (the peer's, from its half of the segment).
+bool WriteSpans(const std::vector<RemoteSpan>& spans, void* out, size_t capacity);
+std::vector<RemoteSpan> ParseSpans(const void* in);
+
+}  // namespace shm_internal
+}  // namespace concord
