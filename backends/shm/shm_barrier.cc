@@ -79,8 +79,10 @@ Status ShmBarrier::Check(uint64_t round, const Deadline& deadline) {
                                             "rank " +
                                             std::to_string(aborted_by) + ")");
     }
-    return Status(Code::kPeerFailure,
-                  "rank " + std::to_string(aborted_by) + " abandoned a shared-memory collective");
+    // It gave up (interrupted, or timed out) without knowing who failed: the engine asks its
+    // control plane (a backend error is explained there).
+    return Status(Code::kBackendError,
+                  "rank " + std::to_string(aborted_by) + " abandoned the shared-memory collective");
   }
   if (interrupted_->load()) {
     return Abort(
@@ -114,7 +116,14 @@ Status ShmBarrier::Sync() {
   segment_->rank_block(rank_)->arrived.store(round, std::memory_order_seq_cst);
   header_->wake.fetch_add(1, std::memory_order_seq_cst);
   if (header_->sleepers.load(std::memory_order_seq_cst) > 0) FutexWakeAll(&header_->wake);
+  CONCORD_RETURN_IF_ERROR(WaitAll(round));
+  // A rank that arrived and then gave up (it timed out waiting for a third) has failed this
+  // collective: so does every rank, even one that found everybody arrived.
+  if (header_->aborted_by.load() >= 0) return Check(round, Deadline::Infinite());
+  return Status::Ok();
+}
 
+Status ShmBarrier::WaitAll(uint64_t round) {
   if (spin_) {
     for (int i = 0; i < kSpinPolls; ++i) {
       if (AllArrived(round)) return Status::Ok();

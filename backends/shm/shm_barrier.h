@@ -43,6 +43,8 @@ class ShmBarrier {
 
  private:
   bool AllArrived(uint64_t round) const;
+  // Waits until every rank reached `round`, or an error (see Check).
+  Status WaitAll(uint64_t round);
   // The first error among: abort flag, interrupt, a waited-for rank gone, the deadline.
   Status Check(uint64_t round, const Deadline& deadline);
 

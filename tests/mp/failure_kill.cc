@@ -2,7 +2,9 @@
 // operation in flight. See failure_kill.h for what is checked.
 #include "failure_kill.h"
 
+#include <dirent.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -247,6 +249,21 @@ void GoodAllreduce(concord_comm_t comm) {
          concord_status_string(s), concord_comm_last_error(comm));
 }
 
+// The names in /dev/shm of the shared-memory segments process `pid` created (backends/shm names
+// them "concord-<pid>-..."), space-separated.
+std::string SharedMemoryOf(pid_t pid) {
+  std::string names;
+  const std::string prefix = "concord-" + std::to_string(pid) + "-";
+  if (DIR* dir = ::opendir("/dev/shm")) {
+    while (const dirent* entry = ::readdir(dir)) {
+      if (std::string(entry->d_name).rfind(prefix, 0) == 0)
+        names += std::string(entry->d_name) + " ";
+    }
+    ::closedir(dir);
+  }
+  return names;
+}
+
 }  // namespace
 
 int Kill(int victim, int64_t mid_bytes) {
@@ -333,6 +350,11 @@ int Kill(int victim, int64_t mid_bytes) {
   const double fin = mp::Now() - t2;
   CHECKF(fs == CONCORD_SUCCESS, "finalize: %s", concord_status_string(fs));
   CHECKF(fin < 5.0, "finalize took %.2f s", fin);
+  // Rank 0 created the job's shared-memory segments (named after its pid): none may remain.
+  if (g_rank == 0) {
+    const std::string leftover = SharedMemoryOf(::getpid());
+    CHECKF(leftover.empty(), "left in /dev/shm: %s", leftover.c_str());
+  }
   if (CheckFailures() == 0) {
     std::printf(
         "SURVIVOR_OK rank %d: %zu requests of every kind failed within %.3f s; finalize "

@@ -1,0 +1,368 @@
+// Tests of the shared-memory backend (backends/shm) with ranks as threads over one in-memory
+// store, through the segment and through direct reads: every collective, dtype and op at sizes 0,
+// 1, odd and several chunks, each result compared bit for bit with the rank-order fold it promises
+// (Backend::ReducesInRankOrder); a peer that never comes (timeout), an interrupt, and a peer
+// process killed with SIGKILL in the middle of collectives (named at once; nothing left in
+// /dev/shm).
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "backends/backend.h"
+#include "base/dtype.h"
+#include "rendezvous/file_store.h"
+#include "rendezvous/hash_store.h"
+#include "tests/common/ranks.h"
+#include "tests/common/tensors.h"
+
+namespace concord {
+namespace {
+
+using harness::kAllDTypes;
+using harness::kAllReduceOps;
+using harness::StoreElement;
+
+// Each rank's share of the segment: small, so that the sizes below take several chunks.
+constexpr size_t kBufferBytes = size_t{64} << 10;
+
+std::string UniquePrefix() {
+  static std::atomic<int> counter{0};
+  return "shm" + std::to_string(counter++);
+}
+
+BackendOptions Options(int rank, int size, const std::string& prefix,
+                       std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+  BackendOptions options;
+  options.rank = rank;
+  options.size = size;
+  options.prefix = prefix;
+  options.timeout = timeout;
+  return options;
+}
+
+// Rank `rank`'s input: values of widely different magnitudes, so that the order of a sum shows in
+// its bits; small integers for integer types.
+std::vector<uint8_t> Input(DType dtype, int rank, size_t count, uint64_t salt = 0) {
+  std::vector<uint8_t> data(count * DTypeSize(dtype));
+  for (size_t i = 0; i < count; ++i) {
+    const uint64_t h = (i + 1) * 2654435761u + rank * 40503u + salt * 977u;
+    const double v = IsFloatingPoint(dtype)
+                         ? (static_cast<double>(h % 2001) - 1000.0) * std::pow(10.0, h % 7 - 3.0)
+                         : static_cast<double>(h % 9) + (dtype == DType::kUint8 ? 0 : -4);
+    StoreElement(dtype, data.data(), i, v);
+  }
+  return data;
+}
+
+// The rank-order fold of every rank's input: what the backend promises, bit for bit.
+std::vector<uint8_t> Fold(DType dtype, ReduceOp op, int size, size_t count, uint64_t salt = 0) {
+  std::vector<uint8_t> acc = Input(dtype, 0, count, salt);
+  for (int r = 1; r < size; ++r) {
+    const std::vector<uint8_t> x = Input(dtype, r, count, salt);
+    ReduceElements(acc.data(), acc.data(), x.data(), count, dtype, op);
+  }
+  return acc;
+}
+
+std::string Describe(DType dtype, ReduceOp op, size_t count) {
+  return std::string(DTypeName(dtype)) + " " + ReduceOpName(op) + " count " + std::to_string(count);
+}
+
+// (ranks, direct): direct reads for every message, or the segment only.
+class ShmBackendTest : public ::testing::TestWithParam<std::tuple<int, bool>> {
+ protected:
+  int size() const { return std::get<0>(GetParam()); }
+  size_t direct_threshold() const { return std::get<1>(GetParam()) ? 0 : SIZE_MAX; }
+
+  // Runs body(backend) on every rank, each with its own backend, and ends with a barrier.
+  void RunRanks(const std::function<void(Backend&)>& body) {
+    HashStore store;
+    const std::string prefix = UniquePrefix();
+    harness::RunRanks(size(), [&](int rank) {
+      StatusOr<std::unique_ptr<Backend>> backend =
+          CreateShmBackend(Options(rank, size(), prefix), &store, kBufferBytes, direct_threshold());
+      ASSERT_TRUE(backend.ok()) << backend.status().ToString();
+      EXPECT_TRUE((*backend)->ReducesInRankOrder());
+      body(**backend);
+      if (!::testing::Test::HasFailure()) {
+        EXPECT_TRUE((*backend)->Barrier().ok());
+      }
+    });
+  }
+};
+
+TEST_P(ShmBackendTest, AllreduceIsTheRankOrderFold) {
+  RunRanks([&](Backend& backend) {
+    for (DType dtype : kAllDTypes) {
+      for (ReduceOp op : kAllReduceOps) {
+        for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{4099}, size_t{70001}}) {
+          std::vector<uint8_t> data = Input(dtype, backend.rank(), count);
+          const Status s = backend.Allreduce(count ? data.data() : nullptr, count, dtype, op);
+          ASSERT_TRUE(s.ok()) << s.ToString();
+          ASSERT_TRUE(data == Fold(dtype, op, backend.size(), count)) << Describe(dtype, op, count);
+        }
+      }
+    }
+  });
+}
+
+TEST_P(ShmBackendTest, AllreduceSpansIsTheFoldOfTheirConcatenation) {
+  RunRanks([&](Backend& backend) {
+    for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kInt64}) {
+      const std::vector<size_t> counts = {13, 0, 40000, 1, 9000};
+      std::vector<std::vector<uint8_t>> data;
+      std::vector<AllreduceSpan> spans;
+      for (size_t k = 0; k < counts.size(); ++k) {
+        data.push_back(Input(dtype, backend.rank(), counts[k], k));
+      }
+      for (size_t k = 0; k < counts.size(); ++k) spans.push_back({data[k].data(), counts[k]});
+      const Status s = backend.AllreduceSpans(spans, dtype, ReduceOp::kSum);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      for (size_t k = 0; k < counts.size(); ++k) {
+        EXPECT_TRUE(data[k] == Fold(dtype, ReduceOp::kSum, backend.size(), counts[k], k))
+            << DTypeName(dtype) << " span " << k;
+      }
+    }
+  });
+}
+
+TEST_P(ShmBackendTest, ReduceScatterGivesEachRankTheFoldOfItsBlock) {
+  RunRanks([&](Backend& backend) {
+    const int n = backend.size();
+    std::vector<size_t> counts;
+    for (int r = 0; r < n; ++r) counts.push_back(std::vector<size_t>{20011, 0, 1, 5000}[r % 4]);
+    size_t total = 0, start = 0;
+    for (int r = 0; r < n; ++r) {
+      if (r < backend.rank()) start += counts[r];
+      total += counts[r];
+    }
+    for (DType dtype : kAllDTypes) {
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
+        const std::vector<uint8_t> in = Input(dtype, backend.rank(), total);
+        const size_t element = DTypeSize(dtype);
+        std::vector<uint8_t> out(counts[backend.rank()] * element + 1, 0xEE);
+        const Status s = backend.ReduceScatter(in.data(), out.data(), counts, dtype, op);
+        ASSERT_TRUE(s.ok()) << s.ToString();
+        const std::vector<uint8_t> want = Fold(dtype, op, n, total);
+        ASSERT_EQ(0, std::memcmp(out.data(), want.data() + start * element, out.size() - 1))
+            << Describe(dtype, op, counts[backend.rank()]);
+        EXPECT_EQ(out.back(), 0xEE) << "wrote past its block";
+      }
+    }
+  });
+}
+
+// Byte i of what rank `from` sends rank `to` (or contributes, for `to` = -1).
+uint8_t Byte(int from, int to, size_t i) {
+  return static_cast<uint8_t>(i * 31 + from * 7 + to);
+}
+
+TEST_P(ShmBackendTest, AllgathervConcatenatesEveryRanksBytes) {
+  RunRanks([&](Backend& backend) {
+    const int n = backend.size();
+    std::vector<size_t> bytes;
+    for (int r = 0; r < n; ++r) bytes.push_back(std::vector<size_t>{100003, 0, 1, 33333}[r % 4]);
+    std::vector<uint8_t> in(bytes[backend.rank()]);
+    for (size_t i = 0; i < in.size(); ++i) in[i] = Byte(backend.rank(), -1, i);
+    size_t total = 0;
+    for (size_t b : bytes) total += b;
+    std::vector<uint8_t> out(total);
+    const Status s = backend.Allgatherv(in.data(), out.data(), bytes);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    size_t at = 0;
+    for (int r = 0; r < n; ++r) {
+      for (size_t i = 0; i < bytes[r]; ++i) {
+        ASSERT_EQ(out[at + i], Byte(r, -1, i)) << "rank " << r << "'s byte " << i;
+      }
+      at += bytes[r];
+    }
+  });
+}
+
+TEST_P(ShmBackendTest, BroadcastFromEveryRoot) {
+  RunRanks([&](Backend& backend) {
+    for (int root = 0; root < backend.size(); ++root) {
+      for (size_t bytes : {size_t{0}, size_t{1}, size_t{100003}}) {
+        std::vector<uint8_t> data(bytes, 0);
+        if (backend.rank() == root) {
+          for (size_t i = 0; i < bytes; ++i) data[i] = Byte(root, -1, i);
+        }
+        const Status s = backend.Broadcast(data.data(), bytes, root);
+        ASSERT_TRUE(s.ok()) << s.ToString();
+        for (size_t i = 0; i < bytes; ++i) {
+          ASSERT_EQ(data[i], Byte(root, -1, i)) << "root " << root << " byte " << i;
+        }
+      }
+    }
+  });
+}
+
+TEST_P(ShmBackendTest, AlltoallvDeliversEveryPairsBytes) {
+  RunRanks([&](Backend& backend) {
+    const int n = backend.size();
+    const int me = backend.rank();
+    // Pair sizes from 0 to several windows, different in each direction.
+    auto pair_bytes = [](int from, int to) { return size_t((from + 1) * (to + 2) * 4099) % 70000; };
+    std::vector<size_t> send(n), recv(n);
+    size_t send_total = 0, recv_total = 0;
+    for (int r = 0; r < n; ++r) {
+      send[r] = pair_bytes(me, r);
+      recv[r] = pair_bytes(r, me);
+      send_total += send[r];
+      recv_total += recv[r];
+    }
+    std::vector<uint8_t> in(send_total), out(recv_total, 0);
+    size_t at = 0;
+    for (int r = 0; r < n; ++r) {
+      for (size_t i = 0; i < send[r]; ++i) in[at + i] = Byte(me, r, i);
+      at += send[r];
+    }
+    const Status s = backend.Alltoallv(in.data(), send, out.data(), recv);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    at = 0;
+    for (int r = 0; r < n; ++r) {
+      for (size_t i = 0; i < recv[r]; ++i) {
+        ASSERT_EQ(out[at + i], Byte(r, me, i)) << "from rank " << r << " byte " << i;
+      }
+      at += recv[r];
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(RanksAndPaths, ShmBackendTest,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<ShmBackendTest::ParamType>& info) {
+                           return std::to_string(std::get<0>(info.param)) + "ranks_" +
+                                  (std::get<1>(info.param) ? "direct" : "segment");
+                         });
+
+TEST(ShmBackendFailureTest, APeerThatNeverComesTimesOutNamingIt) {
+  HashStore store;
+  const std::string prefix = UniquePrefix();
+  harness::Latch done(1);
+  harness::RunRanks(2, [&](int rank) {
+    auto backend = CreateShmBackend(Options(rank, 2, prefix, std::chrono::milliseconds(300)),
+                                    &store, kBufferBytes, 0);
+    ASSERT_TRUE(backend.ok()) << backend.status().ToString();
+    if (rank == 1) {
+      ASSERT_TRUE(done.Wait());
+      // The group is aborted: rank 1's first collective fails at once, naming rank 0.
+      const Status s = (*backend)->Barrier();
+      EXPECT_EQ(s.code(), Code::kBackendError) << s.ToString();
+      EXPECT_NE(s.message().find("rank 0 abandoned"), std::string::npos) << s.ToString();
+      return;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    const Status s = (*backend)->Barrier();
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(1300));
+    EXPECT_EQ(s.code(), Code::kTimeout) << s.ToString();
+    EXPECT_NE(s.message().find("rank(s) 1 did not arrive"), std::string::npos) << s.ToString();
+    EXPECT_EQ((*backend)->Barrier().message(), s.message()) << "later calls return the error";
+    done.CountDown();
+  });
+}
+
+TEST(ShmBackendFailureTest, InterrupterEndsAWaitPromptly) {
+  HashStore store;
+  const std::string prefix = UniquePrefix();
+  harness::RunRanks(2, [&](int rank) {
+    auto backend = CreateShmBackend(Options(rank, 2, prefix), &store, kBufferBytes, 0);
+    ASSERT_TRUE(backend.ok()) << backend.status().ToString();
+    if (rank == 1) return;  // never arrives; its backend goes away
+    std::function<void()> interrupt = (*backend)->Interrupter();
+    std::thread interrupter([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      interrupt();
+    });
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<float> data(100000, 1.0f);
+    const Status s =
+        (*backend)->Allreduce(data.data(), data.size(), DType::kFloat32, ReduceOp::kSum);
+    interrupter.join();
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+    EXPECT_EQ(s.code(), Code::kBackendError) << s.ToString();
+    EXPECT_NE(s.message().find("interrupted"), std::string::npos) << s.ToString();
+  });
+}
+
+// The names in /dev/shm of segments created by process `pid` (shm_segment.cc names them).
+std::vector<std::string> SegmentsOf(pid_t pid) {
+  std::vector<std::string> names;
+  const std::string prefix = "concord-" + std::to_string(pid) + "-";
+  if (DIR* dir = ::opendir("/dev/shm")) {
+    while (const dirent* entry = ::readdir(dir)) {
+      if (std::strncmp(entry->d_name, prefix.c_str(), prefix.size()) == 0) {
+        names.push_back(entry->d_name);
+      }
+    }
+    ::closedir(dir);
+  }
+  return names;
+}
+
+// A child process is rank 1; it SIGKILLs itself while both ranks run allreduces (the segment's
+// and direct ones). This process, rank 0, must fail naming rank 1 long before its 20 s timeout,
+// and no segment may remain in /dev/shm.
+TEST(ShmBackendFailureTest, APeerKilledMidCollectiveIsNamedAndLeavesNothingBehind) {
+  for (const size_t direct_threshold : {SIZE_MAX, size_t{0}}) {
+    char dir[] = "/tmp/concord-shm-test-XXXXXX";
+    ASSERT_NE(::mkdtemp(dir), nullptr);
+    auto store = FileStore::Create(dir);
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    const std::string prefix = UniquePrefix();
+    std::vector<float> data(size_t{4} << 20, 1.0f);  // 16 MiB: many chunks
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      auto backend =
+          CreateShmBackend(Options(1, 2, prefix), store->get(), kBufferBytes, direct_threshold);
+      if (!backend.ok()) ::_exit(3);
+      std::thread killer([] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(30));
+        ::raise(SIGKILL);
+      });
+      // Until the killer ends this process (an error, which cannot come first, exits 4).
+      while (
+          (*backend)->Allreduce(data.data(), data.size(), DType::kFloat32, ReduceOp::kSum).ok()) {
+      }
+      ::_exit(4);
+    }
+    auto backend =
+        CreateShmBackend(Options(0, 2, prefix), store->get(), kBufferBytes, direct_threshold);
+    ASSERT_TRUE(backend.ok()) << backend.status().ToString();
+    EXPECT_TRUE(SegmentsOf(::getpid()).empty()) << "the segment's name outlived its set-up";
+    const auto start = std::chrono::steady_clock::now();
+    Status s;
+    while (s.ok())
+      s = (*backend)->Allreduce(data.data(), data.size(), DType::kFloat32, ReduceOp::kSum);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3));
+    EXPECT_EQ(s.code(), Code::kPeerFailure) << s.ToString();
+    EXPECT_NE(s.message().find("rank 1"), std::string::npos) << s.ToString();
+    int status = 0;
+    ASSERT_EQ(::waitpid(child, &status, 0), child);
+    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+    backend->reset();
+    EXPECT_TRUE(SegmentsOf(::getpid()).empty());
+    std::system(("rm -rf " + std::string(dir)).c_str());
+  }
+}
+
+TEST(ShmHostIdentityTest, StableAndOverridable) {
+  EXPECT_EQ(ShmHostIdentity(""), ShmHostIdentity(""));
+  EXPECT_NE(ShmHostIdentity("").find("mnt:"), std::string::npos) << ShmHostIdentity("");
+  EXPECT_EQ(ShmHostIdentity("rack7-node3"), "id:rack7-node3");
+}
+
+}  // namespace
+}  // namespace concord
