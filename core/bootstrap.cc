@@ -121,7 +121,10 @@ std::vector<std::pair<std::string, std::string>> JobSettings(const Config& c) {
           {"CONCORD_FUSION_THRESHOLD", std::to_string(c.fusion_threshold_bytes)},
           {"CONCORD_DIRECT_THRESHOLD", std::to_string(c.direct_threshold_bytes)},
           {"CONCORD_CACHE_CAPACITY", std::to_string(c.cache_capacity)},
-          {"CONCORD_LANES", std::to_string(c.lanes)}};
+          {"CONCORD_LANES", std::to_string(c.lanes)},
+          {"CONCORD_SHM", c.shm},
+          {"CONCORD_SHM_BYTES", std::to_string(c.shm_buffer_bytes)},
+          {"CONCORD_SHM_DIRECT_THRESHOLD", std::to_string(c.shm_direct_threshold_bytes)}};
 }
 
 std::string JobSettingsBlob(const Config& c) {
