@@ -14,6 +14,7 @@
 
 #include "base/log.h"
 #include "core/device_setup.h"
+#include "core/lane_backends.h"
 #include "rendezvous/hash_store.h"
 #include "rendezvous/store_factory.h"
 #include "rendezvous/tcp_store.h"
@@ -124,7 +125,9 @@ std::vector<std::pair<std::string, std::string>> JobSettings(const Config& c) {
           {"CONCORD_LANES", std::to_string(c.lanes)},
           {"CONCORD_SHM", c.shm},
           {"CONCORD_SHM_BYTES", std::to_string(c.shm_buffer_bytes)},
-          {"CONCORD_SHM_DIRECT_THRESHOLD", std::to_string(c.shm_direct_threshold_bytes)}};
+          {"CONCORD_SHM_DIRECT_THRESHOLD", std::to_string(c.shm_direct_threshold_bytes)},
+          {"CONCORD_HIERARCHICAL", c.hierarchical},
+          {"CONCORD_HIERARCHICAL_THRESHOLD", std::to_string(c.hierarchical_threshold_bytes)}};
 }
 
 std::string JobSettingsBlob(const Config& c) {
@@ -219,39 +222,6 @@ void IgnoreSigpipeUnlessHandled() {
   }
 }
 
-// Whether this communicator's collectives go through shared memory: config.shm allows it and
-// every rank runs on this host (each publishes its host identity under prefix/host/<rank>).
-// "on" with ranks on several hosts is an error.
-StatusOr<bool> UseSharedMemory(const Config& config, Store* store, const std::string& prefix,
-                               Deadline deadline) {
-  if (config.shm == "off" || config.size == 1) return false;
-  const std::string mine = ShmHostIdentity(config.host_id);
-  CONCORD_RETURN_IF_ERROR(store->Set(prefix + "/host/" + std::to_string(config.rank), mine));
-  int elsewhere = -1;
-  for (int r = 0; r < config.size && elsewhere < 0; ++r) {
-    CONCORD_ASSIGN_OR_RETURN(std::string theirs,
-                             store->Get(prefix + "/host/" + std::to_string(r), deadline));
-    if (theirs != mine) elsewhere = r;
-  }
-  const auto log = [&](LogLevel level, const std::string& message) {
-    LogLine(static_cast<LogLevel>(config.log_level), level, config.rank, message);
-  };
-  if (elsewhere >= 0) {
-    if (config.shm == "on") {
-      return InvalidArgument(config.SourceOf("shm") + " = on, but rank " +
-                             std::to_string(elsewhere) +
-                             " runs on another host than this one (shared memory needs every "
-                             "rank of the communicator on one host)");
-    }
-    log(LogLevel::kInfo, "collectives use the " + config.ResolvedBackend() + " backend: rank " +
-                             std::to_string(elsewhere) + " is on another host");
-    return false;
-  }
-  log(LogLevel::kInfo, "collectives use shared memory: all " + std::to_string(config.size) +
-                           " ranks are on this host");
-  return true;
-}
-
 // The transports of a communicator on the rendezvous store `rv` under `prefix`, and its engine.
 // `host` is the address its control plane advertises.
 StatusOr<std::unique_ptr<Engine>> StartOnStore(const Config& config,
@@ -280,41 +250,8 @@ StatusOr<std::unique_ptr<Engine>> StartOnStore(const Config& config,
   bo.prefix = prefix + "/" + backend_name;
   bo.timeout = timeout;
   bo.algorithm = config.gloo_algorithm;
-  CONCORD_ASSIGN_OR_RETURN(const bool shm,
-                           UseSharedMemory(config, rv->store.get(), prefix, deadline));
-  // One backend per lane, each with its own connections (lane 0 keeps the plain prefix).
-  std::vector<std::unique_ptr<Backend>> lanes;
-  for (int lane = 0; lane < config.lanes; ++lane) {
-    BackendOptions lane_options = bo;
-    if (lane > 0) lane_options.prefix += "/lane" + std::to_string(lane);
-    if (shm) {
-      BackendOptions shm_options = lane_options;
-      shm_options.prefix = prefix + "/shm/lane" + std::to_string(lane);
-      auto made = CreateShmBackend(shm_options, rv->store.get(),
-                                   static_cast<size_t>(config.shm_buffer_bytes),
-                                   config.shm_direct_threshold_bytes < 0
-                                       ? SIZE_MAX
-                                       : static_cast<size_t>(config.shm_direct_threshold_bytes));
-      if (made.ok()) {
-        lanes.push_back(std::move(*made));
-        continue;
-      }
-      // Every rank got the same answer: all fall back together, or all fail.
-      if (made.status().code() != Code::kUnavailable || config.shm == "on") {
-        return made.status().WithContext("starting shared memory (lane " + std::to_string(lane) +
-                                         ", " + config.SourceOf("shm") + " = " + config.shm + ")");
-      }
-      LogLine(static_cast<LogLevel>(config.log_level), LogLevel::kWarning, config.rank,
-              "lane " + std::to_string(lane) + " uses the " + backend_name +
-                  " backend: " + made.status().message());
-    }
-    auto backend = CreateBackend(backend_name, lane_options, rv->store.get());
-    if (!backend.ok()) {
-      return backend.status().WithContext("starting the " + backend_name + " backend (lane " +
-                                          std::to_string(lane) + ")");
-    }
-    lanes.push_back(std::move(*backend));
-  }
+  CONCORD_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Backend>> lanes,
+                           CreateLaneBackends(config, bo, rv->store.get(), prefix, deadline));
   // CUDA tensors: the device backend CONCORD_BACKEND asks for (core/device_setup.h).
   CONCORD_ASSIGN_OR_RETURN(DevicePlane device,
                            StartDevicePlane(config, bo, rv->store.get(), deadline));

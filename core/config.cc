@@ -129,6 +129,11 @@ StatusOr<Config> Config::FromEnvironment() {
   env.String({"CONCORD_SHM"}, "shm", &c.shm);
   env.String({"CONCORD_HOST_ID"}, "host_id", &c.host_id);
   CONCORD_RETURN_IF_ERROR(env.Int({"CONCORD_SHM_BYTES"}, "shm_buffer_bytes", &c.shm_buffer_bytes));
+  CONCORD_RETURN_IF_ERROR(env.Int({"CONCORD_SHM_DIRECT_THRESHOLD"}, "shm_direct_threshold_bytes",
+                                  &c.shm_direct_threshold_bytes));
+  env.String({"CONCORD_HIERARCHICAL"}, "hierarchical", &c.hierarchical);
+  CONCORD_RETURN_IF_ERROR(env.Int({"CONCORD_HIERARCHICAL_THRESHOLD"},
+                                  "hierarchical_threshold_bytes", &c.hierarchical_threshold_bytes));
   CONCORD_RETURN_IF_ERROR(
       env.Int({"CONCORD_FUSION_THRESHOLD"}, "fusion_threshold_bytes", &c.fusion_threshold_bytes));
   env.String({"CONCORD_COMPRESSION"}, "compression", &c.compression);
@@ -220,6 +225,13 @@ Status Config::Finalize() {
   }
   if (shm != "auto" && shm != "on" && shm != "off") {
     return refuse("shm", quoted(shm), "use auto, on or off");
+  }
+  if (hierarchical != "auto" && hierarchical != "on" && hierarchical != "off") {
+    return refuse("hierarchical", quoted(hierarchical), "use auto, on or off");
+  }
+  if (hierarchical_threshold_bytes < 0) {
+    return refuse("hierarchical_threshold_bytes", std::to_string(hierarchical_threshold_bytes),
+                  "the hierarchical threshold must be >= 0 bytes");
   }
   if (shm_buffer_bytes < (int64_t{64} << 10) || shm_buffer_bytes > (int64_t{1} << 30)) {
     return refuse("shm_buffer_bytes", std::to_string(shm_buffer_bytes),

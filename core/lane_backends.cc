@@ -1,0 +1,194 @@
+#include "core/lane_backends.h"
+
+#include <algorithm>
+#include <map>
+#include <utility>
+
+#include "base/log.h"
+#include "rendezvous/store.h"
+
+namespace concord {
+namespace {
+
+size_t Threshold(int64_t bytes) {
+  return bytes < 0 ? SIZE_MAX : static_cast<size_t>(bytes);
+}
+
+void Log(const Config& config, LogLevel level, const std::string& message) {
+  LogLine(static_cast<LogLevel>(config.log_level), level, config.rank, message);
+}
+
+// Every rank says whether its part of a lane's set-up worked; all learn whether all did (the
+// first failure's rank and message), so that they fall back or fail together.
+Status AgreeAcrossRanks(const Config& config, Store* store, const std::string& key,
+                        const Status& mine, Deadline deadline) {
+  CONCORD_RETURN_IF_ERROR(
+      store->Set(key + "/" + std::to_string(config.rank), mine.ok() ? "ok" : "!" + mine.message()));
+  for (int r = 0; r < config.size; ++r) {
+    CONCORD_ASSIGN_OR_RETURN(std::string theirs,
+                             store->Get(key + "/" + std::to_string(r), deadline));
+    if (theirs != "ok") {
+      return Status(Code::kUnavailable, "rank " + std::to_string(r) + ": " + theirs.substr(1));
+    }
+  }
+  return Status::Ok();
+}
+
+StatusOr<std::unique_ptr<Backend>> Flat(const Config& config, const BackendOptions& options,
+                                        Store* store, int lane) {
+  const std::string name = config.ResolvedBackend();
+  auto backend = CreateBackend(name, options, store);
+  if (!backend.ok()) {
+    return backend.status().WithContext("starting the " + name + " backend (lane " +
+                                        std::to_string(lane) + ")");
+  }
+  return backend;
+}
+
+// Shared memory among `ranks` (this rank is ranks[index]) under `prefix`. kUnavailable on every
+// rank of them alike when it cannot be set up.
+StatusOr<std::unique_ptr<Backend>> Shm(const Config& config, const BackendOptions& options,
+                                       Store* store, int index, int ranks,
+                                       const std::string& prefix) {
+  BackendOptions shm = options;
+  shm.rank = index;
+  shm.size = ranks;
+  shm.prefix = prefix;
+  return CreateShmBackend(shm, store, static_cast<size_t>(config.shm_buffer_bytes),
+                          Threshold(config.shm_direct_threshold_bytes));
+}
+
+// Lane `lane` of a communicator whose hosts each run layout.local_size ranks: the
+// hierarchical backend, or (auto) the flat one when shared memory fails on any host.
+StatusOr<std::unique_ptr<Backend>> Hierarchical(const Config& config, const HostLayout& layout,
+                                                const BackendOptions& options, Store* store,
+                                                const std::string& prefix, int lane,
+                                                Deadline deadline) {
+  const std::string tag = "/lane" + std::to_string(lane);
+  StatusOr<std::unique_ptr<Backend>> local =
+      Shm(config, options, store, layout.local_rank, layout.local_size,
+          prefix + "/shm/host" + std::to_string(layout.host) + tag);
+  if (!local.ok() && local.status().code() != Code::kUnavailable) return local.status();
+  const Status agreed =
+      AgreeAcrossRanks(config, store, prefix + "/hier" + tag, local.status(), deadline);
+  if (agreed.code() != Code::kUnavailable && !agreed.ok()) return agreed;
+  CONCORD_ASSIGN_OR_RETURN(std::unique_ptr<Backend> flat, Flat(config, options, store, lane));
+  if (!agreed.ok()) {
+    if (config.hierarchical == "on") {
+      return agreed.WithContext("CONCORD_HIERARCHICAL = on needs shared memory on every host");
+    }
+    Log(config, LogLevel::kWarning,
+        "lane " + std::to_string(lane) + " is flat: shared memory is unavailable on " +
+            agreed.message());
+    return flat;
+  }
+  BackendOptions cross = options;
+  cross.rank = layout.host;
+  cross.size = layout.hosts;
+  cross.prefix = options.prefix + "/cross" + std::to_string(layout.local_rank) + tag;
+  auto across = CreateBackend(config.ResolvedBackend(), cross, store);
+  if (!across.ok()) {
+    return across.status().WithContext("starting the backend across hosts (lane " +
+                                       std::to_string(lane) + ")");
+  }
+  return CreateHierarchicalBackend(config.rank, config.size, std::move(*local), std::move(*across),
+                                   std::move(flat), Threshold(config.hierarchical_threshold_bytes));
+}
+
+}  // namespace
+
+StatusOr<HostLayout> ExchangeHostLayout(const Config& config, Store* store,
+                                        const std::string& prefix, Deadline deadline) {
+  const std::string mine = ShmHostIdentity(config.host_id);
+  CONCORD_RETURN_IF_ERROR(store->Set(prefix + "/host/" + std::to_string(config.rank), mine));
+  std::map<std::string, int> host_of;  // identity -> host number
+  std::vector<int> sizes;
+  HostLayout layout;
+  for (int r = 0; r < config.size; ++r) {
+    CONCORD_ASSIGN_OR_RETURN(std::string theirs,
+                             store->Get(prefix + "/host/" + std::to_string(r), deadline));
+    const auto [it, added] = host_of.emplace(theirs, static_cast<int>(sizes.size()));
+    if (added) sizes.push_back(0);
+    if (r == config.rank) {
+      layout.host = it->second;
+      layout.local_rank = sizes[it->second];
+    }
+    ++sizes[it->second];
+    if (theirs != mine && layout.elsewhere < 0) layout.elsewhere = r;
+  }
+  layout.hosts = static_cast<int>(sizes.size());
+  layout.local_size = sizes[layout.host];
+  layout.uniform =
+      std::all_of(sizes.begin(), sizes.end(), [&](int n) { return n == layout.local_size; });
+  return layout;
+}
+
+StatusOr<std::vector<std::unique_ptr<Backend>>> CreateLaneBackends(const Config& config,
+                                                                   const BackendOptions& options,
+                                                                   Store* store,
+                                                                   const std::string& prefix,
+                                                                   Deadline deadline) {
+  HostLayout layout;
+  if (config.size > 1 && config.shm != "off") {
+    CONCORD_ASSIGN_OR_RETURN(layout, ExchangeHostLayout(config, store, prefix, deadline));
+  }
+  const bool one_host = config.size > 1 && config.shm != "off" && layout.hosts == 1;
+  const bool hierarchical = config.shm != "off" && config.hierarchical != "off" &&
+                            layout.hosts > 1 && layout.uniform && layout.local_size > 1;
+  if (config.shm == "on" && !one_host && !hierarchical && config.size > 1) {
+    return InvalidArgument(config.SourceOf("shm") + " = on, but rank " +
+                           std::to_string(layout.elsewhere) +
+                           " runs on another host than this one, and the hosts do not each run "
+                           "the same number (> 1) of ranks for hierarchical collectives");
+  }
+  if (config.hierarchical == "on" && !hierarchical && !one_host && config.size > 1) {
+    return InvalidArgument(config.SourceOf("hierarchical") +
+                           " = on, but the ranks are not spread evenly, more than one per host, "
+                           "over several hosts (or CONCORD_SHM = off)");
+  }
+  if (one_host) {
+    Log(config, LogLevel::kInfo,
+        "collectives use shared memory: all " + std::to_string(config.size) +
+            " ranks are on this host");
+  } else if (hierarchical) {
+    Log(config, LogLevel::kInfo,
+        "allreduces of " + std::to_string(config.hierarchical_threshold_bytes) +
+            " bytes and more are hierarchical: " + std::to_string(layout.hosts) + " hosts x " +
+            std::to_string(layout.local_size) +
+            " ranks (shared memory within a host); the rest run flat on " +
+            config.ResolvedBackend());
+  } else if (config.size > 1) {
+    Log(config, LogLevel::kInfo, "collectives run flat on " + config.ResolvedBackend());
+  }
+  std::vector<std::unique_ptr<Backend>> lanes;
+  for (int lane = 0; lane < config.lanes; ++lane) {
+    BackendOptions lane_options = options;
+    if (lane > 0) lane_options.prefix += "/lane" + std::to_string(lane);
+    std::unique_ptr<Backend> backend;
+    if (hierarchical) {
+      CONCORD_ASSIGN_OR_RETURN(
+          backend, Hierarchical(config, layout, lane_options, store, prefix, lane, deadline));
+    } else if (one_host) {
+      auto made = Shm(config, lane_options, store, config.rank, config.size,
+                      prefix + "/shm/lane" + std::to_string(lane));
+      // Every rank got the same answer: all fall back together, or all fail.
+      if (made.ok()) {
+        backend = std::move(*made);
+      } else if (made.status().code() != Code::kUnavailable || config.shm == "on") {
+        return made.status().WithContext("starting shared memory (lane " + std::to_string(lane) +
+                                         ", " + config.SourceOf("shm") + " = " + config.shm + ")");
+      } else {
+        Log(config, LogLevel::kWarning,
+            "lane " + std::to_string(lane) + " uses the " + config.ResolvedBackend() +
+                " backend: " + made.status().message());
+      }
+    }
+    if (!backend) {
+      CONCORD_ASSIGN_OR_RETURN(backend, Flat(config, lane_options, store, lane));
+    }
+    lanes.push_back(std::move(backend));
+  }
+  return lanes;
+}
+
+}  // namespace concord
