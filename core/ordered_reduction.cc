@@ -11,8 +11,17 @@ LaneReductions::LaneReductions(Lane& lane, bool deterministic, size_t scratch_ca
       fold_here_(deterministic && lane.backend->size() > 1 && !lane.backend->ReducesInRankOrder()),
       scratch_cap_(scratch_cap) {}
 
+bool LaneReductions::FoldsHere(ReduceOp op) const {
+  // Two ranks' values summed or multiplied give the same bits in either order (IEEE addition and
+  // multiplication commute; half types add in float and round once, as ReduceElements): any
+  // backend's reduction is then the fold. Min and max do not commute on the sign of zero.
+  const bool commutes =
+      op == ReduceOp::kSum || op == ReduceOp::kAverage || op == ReduceOp::kProduct;
+  return fold_here_ && !(lane_.backend->size() == 2 && commutes);
+}
+
 Status LaneReductions::Allreduce(void* data, size_t count, DType dtype, ReduceOp op) {
-  if (!fold_here_) return lane_.backend->Allreduce(data, count, dtype, op);
+  if (!FoldsHere(op)) return lane_.backend->Allreduce(data, count, dtype, op);
   if (count == 0) return Status::Ok();  // every rank passes the same count
   // Nearly equal slices, the first count % n one element longer; any cut gives the same bits.
   const size_t n = static_cast<size_t>(lane_.backend->size());
@@ -28,7 +37,7 @@ Status LaneReductions::Allreduce(void* data, size_t count, DType dtype, ReduceOp
 
 Status LaneReductions::AllreduceSpans(const std::vector<AllreduceSpan>& spans, DType dtype,
                                       ReduceOp op) {
-  if (!fold_here_) return lane_.backend->AllreduceSpans(spans, dtype, op);
+  if (!FoldsHere(op)) return lane_.backend->AllreduceSpans(spans, dtype, op);
   for (const AllreduceSpan& s : spans) {
     CONCORD_RETURN_IF_ERROR(Allreduce(s.data, s.count, dtype, op));
   }
@@ -37,7 +46,7 @@ Status LaneReductions::AllreduceSpans(const std::vector<AllreduceSpan>& spans, D
 
 Status LaneReductions::ReduceScatter(const void* in, void* out, const std::vector<size_t>& counts,
                                      DType dtype, ReduceOp op) {
-  if (!fold_here_) return lane_.backend->ReduceScatter(in, out, counts, dtype, op);
+  if (!FoldsHere(op)) return lane_.backend->ReduceScatter(in, out, counts, dtype, op);
   return FoldSlice(in, out, counts, dtype, op).status();
 }
 

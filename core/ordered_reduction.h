@@ -17,6 +17,9 @@
 //    folded slices back into the data; multiple spans run one by one, in place.
 // The wire volume is a ring's: each rank sends (n - 1) / n of the data in each half. The received
 // slices live in the lane's `gather` buffer (core/lane.h), which no reduction uses otherwise.
+// With two ranks, a sum, average or product is the backend's own: two values combine to the same
+// bits in either order (IEEE addition and multiplication commute; which of two NaNs' payloads
+// survives is the only difference), so only min and max fold here.
 //
 // Contract: like the Backend calls it replaces (collective, same arguments on every rank, on the
 // lane's thread); kAverage reduces as a sum (the caller divides).
@@ -45,6 +48,8 @@ class LaneReductions {
                        ReduceOp op);
 
  private:
+  // Whether a reduction with `op` is built here (else the backend's own is the fold already).
+  bool FoldsHere(ReduceOp op) const;
   // Folds slice me of `in` (laid out as ReduceScatter's counts) from every rank, in rank order,
   // into `out`; returns where the folded slice is when `out` is null (the scratch buffer).
   StatusOr<const void*> FoldSlice(const void* in, void* out, const std::vector<size_t>& counts,
