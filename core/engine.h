@@ -234,7 +234,7 @@ class Engine {
   // The reductions every batch runs on `lane`: the backend's, or rank-order folds in
   // deterministic mode (core/ordered_reduction.h). The one place that chooses.
   LaneReductions Reductions(Lane& lane) const {
-    return LaneReductions(lane, config_.deterministic, fusion_.threshold);
+    return LaneReductions(lane, config_.deterministic);
   }
 
   // --- engine_host_ops.cc: one batch on one lane; Finish() what they complete ---

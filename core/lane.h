@@ -35,9 +35,9 @@ class GrowingBuffer {
 };
 
 struct Lane {
-  std::unique_ptr<Backend> backend;  // null once the engine failed
-  GrowingBuffer fusion;              // fused batches, encoded tensors, allgather scratch
-  GrowingBuffer gather;  // every rank's encoded bytes (top-k); deterministic mode's slices
+  std::unique_ptr<Backend> backend;    // null once the engine failed
+  GrowingBuffer fusion;                // fused batches, encoded tensors, allgather scratch
+  GrowingBuffer gather;                // top-k's shares; deterministic mode's received slices
   std::unique_ptr<LaneWorker> worker;  // lanes 1.. only
 };
 

@@ -6,10 +6,10 @@
 
 namespace concord {
 
-LaneReductions::LaneReductions(Lane& lane, bool deterministic, size_t scratch_cap)
+LaneReductions::LaneReductions(Lane& lane, bool deterministic, size_t piece_bytes)
     : lane_(lane),
       fold_here_(deterministic && lane.backend->size() > 1 && !lane.backend->ReducesInRankOrder()),
-      scratch_cap_(scratch_cap) {}
+      piece_bytes_(piece_bytes) {}
 
 bool LaneReductions::FoldsHere(ReduceOp op) const {
   // Two ranks' values summed or multiplied give the same bits in either order (IEEE addition and
@@ -22,7 +22,18 @@ bool LaneReductions::FoldsHere(ReduceOp op) const {
 
 Status LaneReductions::Allreduce(void* data, size_t count, DType dtype, ReduceOp op) {
   if (!FoldsHere(op)) return lane_.backend->Allreduce(data, count, dtype, op);
-  if (count == 0) return Status::Ok();  // every rank passes the same count
+  // In pieces of at most piece_bytes_, which bounds the scratch buffer (any cut gives the same
+  // bits: every element folds alone).
+  const size_t esize = DTypeSize(dtype);
+  const size_t piece = std::max<size_t>(piece_bytes_ / esize, 1);
+  for (size_t at = 0; at < count; at += piece) {
+    CONCORD_RETURN_IF_ERROR(AllreducePiece(static_cast<uint8_t*>(data) + at * esize,
+                                           std::min(piece, count - at), dtype, op));
+  }
+  return Status::Ok();  // nothing at all for 0 elements, on every rank alike
+}
+
+Status LaneReductions::AllreducePiece(void* data, size_t count, DType dtype, ReduceOp op) {
   // Nearly equal slices, the first count % n one element longer; any cut gives the same bits.
   const size_t n = static_cast<size_t>(lane_.backend->size());
   const size_t esize = DTypeSize(dtype);
@@ -61,7 +72,7 @@ StatusOr<const void*> LaneReductions::FoldSlice(const void* in, void* out,
   std::vector<size_t> send(n);
   for (size_t r = 0; r < n; ++r) send[r] = counts[r] * esize;
   // slices + r * mine: rank r's contribution to this rank's slice.
-  uint8_t* slices = lane_.gather.Get(std::max<size_t>(mine * n, 1), scratch_cap_);
+  uint8_t* slices = lane_.gather.Get(std::max<size_t>(mine * n, 1), piece_bytes_);
   CONCORD_RETURN_IF_ERROR(backend.Alltoallv(in, send, slices, std::vector<size_t>(n, mine)));
   uint8_t* acc = out != nullptr ? static_cast<uint8_t*>(out) : slices;
   if (mine == 0) return static_cast<const void*>(acc);

@@ -16,7 +16,8 @@
 //  - allreduce: the same reduce-scatter with nearly equal slices, then an Allgatherv of the
 //    folded slices back into the data; multiple spans run one by one, in place.
 // The wire volume is a ring's: each rank sends (n - 1) / n of the data in each half. The received
-// slices live in the lane's `gather` buffer (core/lane.h), which no reduction uses otherwise.
+// slices live in the lane's `gather` buffer (core/lane.h), which no reduction uses otherwise: for
+// an allreduce's pieces (kPieceBytes), a reduce-scatter's input size.
 // With two ranks, a sum, average or product is the backend's own: two values combine to the same
 // bits in either order (IEEE addition and multiplication commute; which of two NaNs' payloads
 // survives is the only difference), so only min and max fold here.
@@ -37,9 +38,13 @@ namespace concord {
 
 class LaneReductions {
  public:
-  // `deterministic`: fold in rank order (above); `scratch_cap`: the growth cap of the scratch
-  // buffer (GrowingBuffer::Get), the fusion threshold.
-  LaneReductions(Lane& lane, bool deterministic, size_t scratch_cap);
+  // An allreduce folded here runs in pieces of at most this many bytes (the engine's choice), so
+  // that the scratch buffer stays about this size.
+  static constexpr size_t kPieceBytes = size_t{64} << 20;
+
+  // `deterministic`: fold in rank order (above); `piece_bytes`: see kPieceBytes (tests pass less;
+  // at least the largest element).
+  LaneReductions(Lane& lane, bool deterministic, size_t piece_bytes = kPieceBytes);
 
   // As Backend::Allreduce, AllreduceSpans and ReduceScatter.
   Status Allreduce(void* data, size_t count, DType dtype, ReduceOp op);
@@ -48,6 +53,8 @@ class LaneReductions {
                        ReduceOp op);
 
  private:
+  // One piece of Allreduce: the reduce-scatter into scratch, then the allgather into `data`.
+  Status AllreducePiece(void* data, size_t count, DType dtype, ReduceOp op);
   // Whether a reduction with `op` is built here (else the backend's own is the fold already).
   bool FoldsHere(ReduceOp op) const;
   // Folds slice me of `in` (laid out as ReduceScatter's counts) from every rank, in rank order,
@@ -57,7 +64,7 @@ class LaneReductions {
 
   Lane& lane_;
   bool fold_here_;  // deterministic, on a backend that does not reduce in rank order
-  size_t scratch_cap_;
+  size_t piece_bytes_;
 };
 
 }  // namespace concord
