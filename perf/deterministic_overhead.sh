@@ -24,9 +24,10 @@ for ((rep = 0; rep < repeats; ++rep)); do
   for np in "${ranks[@]}"; do
     if (( rep % 2 == 0 )); then modes=(0 1); else modes=(1 0); fi
     for det in "${modes[@]}"; do
-      # Rank 0's rows: "[0]  <bytes>  concord  <time(us)> <algbw> <busbw>".
+      # Rank 0's rows: "[0]  <bytes>  concord  <time(us)> <algbw> <busbw>" ("[1,0]<stdout>:"
+      # under mpirun).
       CONCORD_DETERMINISTIC=$det "${launch[@]}" -np "$np" "${perf[@]}" |
-        sed 's/^\[[0-9]*\] *//' |
+        sed -E 's/^\[[0-9,]*\](<stdout>:)? *//' |
         awk -v np="$np" -v det="$det" '$2 == "concord" && $1 ~ /^[0-9]+$/ {print np, det, $1, $3}' |
         tee -a "$out"
     done
