@@ -7,8 +7,9 @@
 // signs, a fixed seed per tensor and rank), so that a different summation order changes the bits.
 // Most are summed, some averaged; even ones in place. Each configuration is a fresh communicator
 // (concord_init_config) with its own fusion, direct and inline thresholds, lanes, submission order
-// (natural, reversed, or shuffled differently on every rank) and compression (none, or fp16 for
-// the float32 and float64 tensors). Checked:
+// (natural, reversed, or shuffled differently on every rank) and compression (none; fp16 for the
+// float32 and float64 tensors; top-k for the float32 allreduces, which sums its shares in rank
+// order by itself). Checked:
 //  - every configuration of one compression gives the same SHA-256 for every result;
 //  - every rank's allreduce results hash the same (their digests allgathered);
 //  - the summed results of the first configuration are, bit for bit, the left fold over ranks
@@ -130,7 +131,7 @@ struct Setup {
   int64_t fusion, direct, inline_bytes;
   int lanes;
   Order order;
-  const char* compression;  // for the float32 and float64 tensors
+  const char* compression;  // for the tensors it takes (fp16: float32 and 64; top-k: float32)
 };
 
 const Setup kSetups[] = {
@@ -148,6 +149,8 @@ const Setup kSetups[] = {
     {"fp16, defaults", 64 << 20, 256 << 10, 32 << 10, 2, Order::kNatural, "fp16"},
     {"fp16, 64 KiB fusion, 4 lanes, shuffled", 64 << 10, 0, 0, 4, Order::kShuffled, "fp16"},
     {"fp16, 1 lane, reversed", 1 << 20, 1 << 20, 256 << 10, 1, Order::kReversed, "fp16"},
+    {"topk, defaults", 64 << 20, 256 << 10, 32 << 10, 2, Order::kNatural, "topk:density=0.1"},
+    {"topk, no fusion, 4 lanes, shuffled", 0, 0, 0, 4, Order::kShuffled, "topk:density=0.1"},
 };
 constexpr size_t kNumSetups = sizeof(kSetups) / sizeof(kSetups[0]);
 // The configurations run again with deterministic mode off (the teeth).
@@ -194,7 +197,12 @@ Results Run(size_t s, bool deterministic, const std::vector<Tensor>& tensors) {
     const size_t k = i % n;
     const Tensor& t = tensors[k];
     shapes[k] = {t.count};
-    const char* compression = Floating32or64(t.dtype) ? setup.compression : "none";
+    // fp16 takes float32 and float64 tensors, top-k float32 only and no reducescatter (it is an
+    // allgather of sparse shares).
+    const bool topk = std::strncmp(setup.compression, "topk", 4) == 0;
+    const bool takes = topk ? t.dtype == CONCORD_FLOAT32 : Floating32or64(t.dtype);
+    const char* compression = takes ? setup.compression : "none";
+    const char* rs_compression = topk ? "none" : compression;
     concord_tensor_t in =
         CpuTensor(const_cast<uint8_t*>(t.input.data()), t.dtype, 1, shapes[k].data());
     names[i] = (i < n ? "ar." : "rs.") + std::to_string(k);
@@ -216,7 +224,7 @@ Results Run(size_t s, bool deterministic, const std::vector<Tensor>& tensors) {
       concord_reducescatter_opts_t opts;
       concord_reducescatter_opts_init(&opts);
       opts.op = t.op;
-      opts.compression = compression;
+      opts.compression = rs_compression;
       st = concord_reducescatter_async(comm, names[i].c_str(), &in, &result, &opts, nullptr,
                                        nullptr, &requests[i]);
       rs[k].resize(static_cast<size_t>(rows) * ElementSize(t.dtype));
