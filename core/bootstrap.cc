@@ -127,7 +127,8 @@ std::vector<std::pair<std::string, std::string>> JobSettings(const Config& c) {
           {"CONCORD_SHM_BYTES", std::to_string(c.shm_buffer_bytes)},
           {"CONCORD_SHM_DIRECT_THRESHOLD", std::to_string(c.shm_direct_threshold_bytes)},
           {"CONCORD_HIERARCHICAL", c.hierarchical},
-          {"CONCORD_HIERARCHICAL_THRESHOLD", std::to_string(c.hierarchical_threshold_bytes)}};
+          {"CONCORD_HIERARCHICAL_THRESHOLD", std::to_string(c.hierarchical_threshold_bytes)},
+          {"CONCORD_DETERMINISTIC", c.deterministic ? "1" : "0"}};
 }
 
 std::string JobSettingsBlob(const Config& c) {

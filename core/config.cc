@@ -153,6 +153,13 @@ StatusOr<Config> Config::FromEnvironment() {
                            ": must be 0 or 1");
   }
   c.waiter_progress = waiter_progress == 1;
+  int deterministic = c.deterministic ? 1 : 0;
+  CONCORD_RETURN_IF_ERROR(env.Int({"CONCORD_DETERMINISTIC"}, "deterministic", &deterministic));
+  if (deterministic != 0 && deterministic != 1) {
+    return InvalidArgument("CONCORD_DETERMINISTIC = " + std::to_string(deterministic) +
+                           ": must be 0 or 1");
+  }
+  c.deterministic = deterministic == 1;
   CONCORD_RETURN_IF_ERROR(env.Int({"CONCORD_LOG_LEVEL"}, "log_level", &c.log_level));
   CONCORD_RETURN_IF_ERROR(
       env.Double("CONCORD_STALL_WARNING_S", "stall_warning_s", &c.stall_warning_s));

@@ -74,6 +74,10 @@ struct Config {
   static constexpr int kMaxLanes = 8;
   // A thread waiting for a request runs the engine's steps itself (Engine's class comment).
   bool waiter_progress = true;
+  // Every element of an allreduce and a reducescatter is combined in rank order (a left fold over
+  // ranks 0, 1, ..., size-1), so results are bitwise identical for a world size whatever the
+  // fusion, lanes, thresholds and arrival order (core/ordered_reduction.h). CPU tensors only.
+  bool deterministic = false;
   int log_level = 1;
   double stall_warning_s = 60.0;  // (0, kMaxSeconds]
   // [0, kMaxSeconds]; 0: never. 600 s, torch.distributed's default collective timeout for NCCL:

@@ -56,6 +56,7 @@
 #include "core/fusion_planner.h"
 #include "core/lane.h"
 #include "core/lane_plan.h"
+#include "core/ordered_reduction.h"
 #include "core/p2p.h"
 #include "core/progress_driver.h"
 #include "core/response_cache.h"
@@ -229,6 +230,12 @@ class Engine {
   // Runs `batches` (indices into `plan`) spread over the lanes, and waits for all of them.
   Status RunOnLanes(const std::vector<FusionBatch>& plan, const std::vector<size_t>& batches,
                     const Responses& responses, Entries& entries) REQUIRES(driver_.step_mutex());
+
+  // The reductions every batch runs on `lane`: the backend's, or rank-order folds in
+  // deterministic mode (core/ordered_reduction.h). The one place that chooses.
+  LaneReductions Reductions(Lane& lane) const {
+    return LaneReductions(lane, config_.deterministic);
+  }
 
   // --- engine_host_ops.cc: one batch on one lane; Finish() what they complete ---
   Status RunBatch(Lane& lane, const FusionBatch& batch, const Responses& responses,

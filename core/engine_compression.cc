@@ -127,7 +127,7 @@ Status Engine::RunCompressed(Lane& lane, const FusionBatch& batch, const Respons
   Status s;
   if (summed) {
     const DType rd = compressor.reduce_dtype(q.dtype);
-    s = lane.backend->Allreduce(buffer, total / DTypeSize(rd), rd, ReduceOp::kSum);
+    s = Reductions(lane).Allreduce(buffer, total / DTypeSize(rd), rd, ReduceOp::kSum);
   } else {
     uint8_t* gathered = lane.gather.Get(total * config_.size,
                                         fusion_.threshold * static_cast<size_t>(config_.size));

@@ -23,6 +23,12 @@ Status Engine::CheckDevice(QueueEntry& e) const {
     return Status(Code::kUnavailable,
                   who + ": " + OpTypeName(r.op) + " runs on CPU tensors only (no device path yet)");
   }
+  // NCCL's reductions do not fold in rank order (core/ordered_reduction.h).
+  if (r.op == OpType::kAllreduce && config_.deterministic) {
+    return Status(Code::kUnavailable, who +
+                                          ": deterministic mode (CONCORD_DETERMINISTIC=1) covers "
+                                          "CPU tensors only: reduce a copy in host memory");
+  }
   if (!device_.backend) {
     return Status(device_.unavailable.code(), who + ": " + device_.unavailable.message());
   }

@@ -54,7 +54,8 @@ Status Engine::RunReducescatter(Lane& lane, const Response& r, std::optional<Que
     CopyScaled(scaled, e.input, total, q.dtype, q.prescale);
     in = scaled;
   }
-  CONCORD_RETURN_IF_ERROR(lane.backend->ReduceScatter(in, e.output, counts, q.dtype, q.reduce_op));
+  CONCORD_RETURN_IF_ERROR(
+      Reductions(lane).ReduceScatter(in, e.output, counts, q.dtype, q.reduce_op));
   FinishAllreduce(q, r.Contributors(config_.size), e.output, counts[config_.rank]);
   // A ring reduce-scatter: each rank sends (n - 1) / n of the input.
   if (config_.size > 1) e.state->AddWireBytes(q.NumBytes() * (config_.size - 1) / config_.size);
@@ -135,8 +136,8 @@ Status Engine::RunReducescatterPacked(Lane& lane, const FusionBatch& batch,
       first += c;
     }
   }
-  CONCORD_RETURN_IF_ERROR(lane.backend->ReduceScatter(buffer, recv, counts, wire,
-                                                      compressor ? ReduceOp::kSum : q.reduce_op));
+  CONCORD_RETURN_IF_ERROR(Reductions(lane).ReduceScatter(
+      buffer, recv, counts, wire, compressor ? ReduceOp::kSum : q.reduce_op));
   for (size_t k = 0; k < members; ++k) {
     const Response& r = *responses[batch.members[k]];
     QueueEntry& e = *entries[batch.members[k]];

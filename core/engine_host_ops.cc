@@ -124,7 +124,7 @@ Status Engine::RunAllreducePieces(Lane& lane, const std::vector<AllreducePiece>&
     CopyScaled(out, static_cast<const uint8_t*>(e.input) + offset, p.count, q.dtype, q.prescale);
     spans.push_back(AllreduceSpan{out, p.count});
   }
-  CONCORD_RETURN_IF_ERROR(lane.backend->AllreduceSpans(spans, first.dtype, first.reduce_op));
+  CONCORD_RETURN_IF_ERROR(Reductions(lane).AllreduceSpans(spans, first.dtype, first.reduce_op));
   for (size_t k = 0; k < pieces.size(); ++k) {
     const Response& r = *responses[pieces[k].member];
     const TensorRequest& q = r.request;
@@ -152,7 +152,7 @@ Status Engine::RunAllreduceFused(Lane& lane, const FusionBatch& batch, const Res
   }
   std::memset(buffer + offset, 0, message - offset);  // reduced, never read back
   const size_t count = message / elem;
-  CONCORD_RETURN_IF_ERROR(lane.backend->Allreduce(buffer, count, q.dtype, q.reduce_op));
+  CONCORD_RETURN_IF_ERROR(Reductions(lane).Allreduce(buffer, count, q.dtype, q.reduce_op));
   if (q.reduce_op == ReduceOp::kAverage && !IsFloatingPoint(q.dtype)) {
     DivideIntegers(buffer, count, q.dtype, contributors);
   }

@@ -37,7 +37,7 @@ class GrowingBuffer {
 struct Lane {
   std::unique_ptr<Backend> backend;    // null once the engine failed
   GrowingBuffer fusion;                // fused batches, encoded tensors, allgather scratch
-  GrowingBuffer gather;                // every rank's encoded bytes (top-k)
+  GrowingBuffer gather;                // top-k's shares; deterministic mode's received slices
   std::unique_ptr<LaneWorker> worker;  // lanes 1.. only
 };
 

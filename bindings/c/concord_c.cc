@@ -326,6 +326,12 @@ Status MergeConfig(const concord_config_t& c, concord::Config* config) {
         ": must be -1 (the environment's), 0 or 1");
   }
   if (c.waiter_progress != -1) config->waiter_progress = c.waiter_progress == 1;
+  if (c.deterministic < -1 || c.deterministic > 1) {
+    return concord::InvalidArgument(
+        "concord_config_t.deterministic = " + std::to_string(c.deterministic) +
+        ": must be -1 (the environment's), 0 or 1");
+  }
+  if (c.deterministic != -1) config->deterministic = c.deterministic == 1;
   return Status::Ok();
 }
 
@@ -431,6 +437,7 @@ void concord_config_init(concord_config_t* config) {
   config->direct_threshold_bytes = -1;
   config->lanes = -1;
   config->waiter_progress = -1;
+  config->deterministic = -1;
 }
 
 void concord_device_opts_init(concord_device_opts_t* opts) {

@@ -159,6 +159,10 @@ typedef struct concord_config {
   /** -1: environment (CONCORD_WAITER_PROGRESS) or 1; 1: a thread waiting for a request runs the
    *  engine's work itself; 0: only the engine's thread does */
   int waiter_progress;
+  /** -1: environment (CONCORD_DETERMINISTIC) or 0; 1: every element of an allreduce and a
+   *  reducescatter is combined in rank order, so results are bitwise identical for a given number
+   *  of ranks whatever the fusion, lanes, thresholds and arrival order (CPU tensors only) */
+  int deterministic;
 } concord_config_t;
 
 /** Options of an allreduce. Initialise with concord_allreduce_opts_init. */

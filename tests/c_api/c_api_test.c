@@ -81,7 +81,7 @@ static void TestConfigInit(void) {
   CHECK(c.timeout_s == -1);
   CHECK(c.cache_capacity == -1);
   CHECK(c.log_level == -1);
-  CHECK(c.lanes == -1 && c.waiter_progress == -1);
+  CHECK(c.lanes == -1 && c.waiter_progress == -1 && c.deterministic == -1);
   concord_config_init(NULL); /* no crash */
   memset(&o, 0x5a, sizeof(o));
   concord_allreduce_opts_init(&o);
@@ -261,6 +261,8 @@ static void TestBadConfigValues(void) {
        "concord_config_t.log_level = 9: the log level must be 0 (errors)"},
       {offsetof(concord_config_t, waiter_progress), 'i', 2, NULL,
        "concord_config_t.waiter_progress = 2: must be -1 (the environment's), 0 or 1"},
+      {offsetof(concord_config_t, deterministic), 'i', 2, NULL,
+       "concord_config_t.deterministic = 2: must be -1 (the environment's), 0 or 1"},
       {offsetof(concord_config_t, rank), 'i', 3, NULL,
        "concord_config_t.rank = 3: the rank must be in [0, 1) (the size, from "
        "concord_config_t.size)"},

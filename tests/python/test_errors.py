@@ -158,6 +158,8 @@ def test_init_error_and_use_after_finalize(comm):
     assert e.value.status == Status.ERR_INVALID_ARGUMENT and "lanes" in e.value.message.lower()
     with pytest.raises(concord.InvalidArgumentError, match="waiter_progress"):
         concord.Communicator(waiter_progress=2)
+    with pytest.raises(concord.InvalidArgumentError, match="deterministic = 2"):
+        concord.Communicator(deterministic=2)
     # Every bad value fails at init, naming the field, the value and what is accepted.
     for fields, says in [
             ({"timeout_s": 0}, "concord_config_t.timeout_s = 0: the timeout must be in (0, 86400]"),

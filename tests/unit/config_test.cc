@@ -64,7 +64,8 @@ class ConfigTest : public ::testing::Test {
                              "CONCORD_STALL_WARNING_S",
                              "CONCORD_STALL_SHUTDOWN_S",
                              "CONCORD_COMPRESSION",
-                             "CONCORD_WAITER_PROGRESS"}) {
+                             "CONCORD_WAITER_PROGRESS",
+                             "CONCORD_DETERMINISTIC"}) {
       unsetenv(name);
     }
   }
@@ -83,6 +84,19 @@ TEST_F(ConfigTest, LoneProcessDefaults) {
   EXPECT_EQ(c->fusion_threshold_bytes, int64_t{64} << 20);
   EXPECT_EQ(c->timeout_s, 30.0);
   EXPECT_EQ(c->cache_capacity, 1024);
+  EXPECT_FALSE(c->deterministic);
+}
+
+TEST_F(ConfigTest, DeterministicModeIsReadFromItsVariable) {
+  Set("CONCORD_DETERMINISTIC", "1");
+  StatusOr<Config> c = Config::FromEnvironment();
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE(c->deterministic);
+  EXPECT_EQ(c->SourceOf("deterministic"), "CONCORD_DETERMINISTIC");
+  Set("CONCORD_DETERMINISTIC", "0");
+  c = Config::FromEnvironment();
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_FALSE(c->deterministic);
 }
 
 TEST_F(ConfigTest, TorchrunVariables) {
@@ -216,6 +230,7 @@ TEST_F(ConfigTest, EveryBadVariableIsRefusedNamingItsValueAndWhatIsAccepted) {
        {"MASTER_PORT='99999999999999999999'", "out of range for a 64-bit integer"}},
       {"CONCORD_LANES", "4294967298", {"CONCORD_LANES='4294967298'", "32-bit"}},
       {"CONCORD_WAITER_PROGRESS", "2", {"CONCORD_WAITER_PROGRESS = 2", "0 or 1"}},
+      {"CONCORD_DETERMINISTIC", "2", {"CONCORD_DETERMINISTIC = 2", "0 or 1"}},
       // Values out of range.
       {"CONCORD_TIMEOUT_S", "0", {"CONCORD_TIMEOUT_S = 0", "(0, 86400] seconds"}},
       {"CONCORD_TIMEOUT_S", "-5", {"CONCORD_TIMEOUT_S = -5", "(0, 86400] seconds"}},

@@ -394,5 +394,23 @@ TEST(EngineDeviceTest, ValidationErrors) {
   EXPECT_EQ(job[0].stats().device_launches.load(), job.devices().completed());
 }
 
+// Deterministic mode covers CPU tensors only (NCCL does not reduce in rank order): a device
+// allreduce is refused at enqueue, saying so; a CPU allreduce still runs.
+TEST(EngineDeviceTest, DeterministicModeRefusesDeviceAllreduces) {
+  DeviceJob job(1, milliseconds(0), [](Config& c) { c.deterministic = true; });
+  std::vector<float> data(4, 1.0f), out(4);
+  Status s = job[0].Enqueue(
+      Entry(Request("a", OpType::kAllreduce, DType::kFloat32, {4}), data.data(), data.data()));
+  EXPECT_EQ(s.code(), Code::kUnavailable) << s.ToString();
+  EXPECT_NE(s.message().find("deterministic mode (CONCORD_DETERMINISTIC=1) covers CPU tensors"),
+            std::string::npos)
+      << s.message();
+  auto ok = Submit(job[0], Entry(Request("b", OpType::kAllreduce, DType::kFloat32, {4}, -1),
+                                 data.data(), out.data()));
+  const Status done = Await(ok);
+  ASSERT_TRUE(done.ok()) << done.ToString();
+  EXPECT_EQ(out, data);
+}
+
 }  // namespace
 }  // namespace concord

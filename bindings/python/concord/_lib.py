@@ -56,6 +56,7 @@ class ConfigStruct(ctypes.Structure):
         ("backend", ctypes.c_char_p),
         ("compression", ctypes.c_char_p),
         ("waiter_progress", ctypes.c_int),
+        ("deterministic", ctypes.c_int),
     ]
 
 

@@ -216,7 +216,7 @@ class Communicator:
     Slurm, Open MPI), or from keyword arguments that override it: rank, size, local_rank,
     local_size, store, token, job_id, iface, host, fusion_threshold_bytes, cycle_time_ms,
     timeout_s, cache_capacity, log_level, inline_threshold_bytes, direct_threshold_bytes, lanes,
-    backend, compression, waiter_progress (the fields of concord_config_t). finalize() (or the end of a `with` block, or interpreter exit)
+    backend, compression, waiter_progress, deterministic (the fields of concord_config_t). finalize() (or the end of a `with` block, or interpreter exit)
     runs a last barrier with the other ranks and frees it."""
 
     def __init__(self, _handle=None, **config):
