@@ -117,10 +117,10 @@ class ShmBackend : public Backend {
     uint64_t readable = 1;
     for (int r = 0; r < size_; ++r) {
       uint64_t theirs = 0;
-      if (r != rank_ &&
-          (!ReadRemote(r, Pid(r), shm_internal::ParseSpans(Half(r)), 0, sizeof(theirs), &theirs)
-                .ok() ||
-           theirs != 0xC0C0'0000'0000'0000ull + r)) {
+      if (r != rank_ && (!ReadRemote(r, Pid(r), shm_internal::ParseSpans(Half(r), half_bytes_), 0,
+                                     sizeof(theirs), &theirs)
+                              .ok() ||
+                         theirs != 0xC0C0'0000'0000'0000ull + r)) {
         readable = 0;
       }
     }
@@ -334,7 +334,7 @@ class ShmBackend : public Backend {
     CONCORD_RETURN_IF_ERROR(Sync());
     peers_.resize(size_);
     for (int r = 0; r < size_; ++r) {
-      if (r != rank_) peers_[r] = shm_internal::ParseSpans(Half(r));
+      if (r != rank_) peers_[r] = shm_internal::ParseSpans(Half(r), half_bytes_);
     }
     half_ ^= 1;
     acc_.resize(kFoldPieceBytes);

@@ -64,9 +64,11 @@ bool WriteSpans(const std::vector<RemoteSpan>& spans, void* out, size_t capacity
   return true;
 }
 
-std::vector<RemoteSpan> ParseSpans(const void* in) {
+std::vector<RemoteSpan> ParseSpans(const void* in, size_t capacity) {
   uint64_t count = 0;
   std::memcpy(&count, in, sizeof(count));
+  // A count that cannot fit was not written by WriteSpans: no spans (a read then fails).
+  if (count > (capacity - sizeof(count)) / sizeof(RemoteSpan)) count = 0;
   std::vector<RemoteSpan> spans(count);
   if (count > 0) {
     std::memcpy(spans.data(), static_cast<const uint8_t*>(in) + sizeof(count),

@@ -30,9 +30,10 @@ Status ReadRemote(int rank, pid_t pid, const std::vector<RemoteSpan>& spans, siz
                   size_t bytes, void* into);
 
 // Writes a span list into `out` (at most `capacity` bytes) as a count and pairs; false when it
-// does not fit. ParseSpans reads one back (the peer's, from its half of the segment).
+// does not fit. ParseSpans reads one back (the peer's, from its half of the segment, `capacity`
+// bytes long); a count that cannot fit there gives no spans.
 bool WriteSpans(const std::vector<RemoteSpan>& spans, void* out, size_t capacity);
-std::vector<RemoteSpan> ParseSpans(const void* in);
+std::vector<RemoteSpan> ParseSpans(const void* in, size_t capacity);
 
 }  // namespace shm_internal
 }  // namespace concord
