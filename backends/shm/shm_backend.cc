@@ -177,7 +177,8 @@ class ShmBackend : public Backend {
                     [&](uint8_t* p, size_t at, size_t n) { CopyBytes(mine + at, p, n); });
       CONCORD_RETURN_IF_ERROR(Sync());
       // Fold this rank's slice of the chunk into the caller's buffer, then publish it.
-      const auto [begin, end] = Slice(len / element, rank_, element);
+      const std::pair<size_t, size_t> mine_slice = Slice(len / element, rank_, element);
+      const size_t begin = mine_slice.first, end = mine_slice.second;
       bytes.ForEach(offset + begin, end - begin, [&](uint8_t* p, size_t at, size_t n) {
         const size_t from = begin + at;
         ReduceElements(p, Half(0) + from, Half(1) + from, n / element, dtype, op);
@@ -188,7 +189,8 @@ class ShmBackend : public Backend {
       CONCORD_RETURN_IF_ERROR(Sync());
       for (int r = 0; r < size_; ++r) {
         if (r == rank_) continue;
-        const auto [b, e] = Slice(len / element, r, element);
+        const std::pair<size_t, size_t> slice = Slice(len / element, r, element);
+        const size_t b = slice.first, e = slice.second;
         const uint8_t* theirs = Half(r);
         bytes.ForEach(offset + b, e - b,
                       [&](uint8_t* p, size_t at, size_t n) { CopyBytes(p, theirs + b + at, n); });
@@ -349,7 +351,8 @@ class ShmBackend : public Backend {
     acc_.resize(kFoldPieceBytes);
     tmp_.resize(kFoldPieceBytes);
     Status status;
-    const auto [begin, end] = Slice(count, rank_, element);
+    const std::pair<size_t, size_t> mine_slice = Slice(count, rank_, element);
+    const size_t begin = mine_slice.first, end = mine_slice.second;
     bytes.ForEach(begin, end - begin, [&](uint8_t* own, size_t at, size_t n) {
       for (size_t k = 0; k < n && status.ok(); k += kFoldPieceBytes) {
         status = FoldPiece(begin + at + k, std::min(kFoldPieceBytes, n - k), own + k, dtype, op);
@@ -359,7 +362,8 @@ class ShmBackend : public Backend {
     CONCORD_RETURN_IF_ERROR(Sync());
     for (int r = 0; r < size_ && status.ok(); ++r) {
       if (r == rank_) continue;
-      const auto [b, e] = Slice(count, r, element);
+      const std::pair<size_t, size_t> slice = Slice(count, r, element);
+      const size_t b = slice.first, e = slice.second;
       bytes.ForEach(b, e - b, [&](uint8_t* p, size_t at, size_t n) {
         if (status.ok()) status = Read(r, b + at, n, p);
       });

@@ -64,7 +64,7 @@ void RunHierarchical(int hosts, int per_host, size_t threshold,
 class HierarchicalBackendTest : public ::testing::TestWithParam<std::tuple<int, int>> {};
 
 TEST_P(HierarchicalBackendTest, AllreduceEveryDTypeOpAndSize) {
-  const auto [hosts, per_host] = GetParam();
+  const int hosts = std::get<0>(GetParam()), per_host = std::get<1>(GetParam());
   for (const size_t threshold : {size_t{0}, size_t{1} << 10}) {
     RunHierarchical(hosts, per_host, threshold, [&](Backend& backend) {
       for (DType dtype : kAllDTypes) {
@@ -89,7 +89,7 @@ TEST_P(HierarchicalBackendTest, AllreduceEveryDTypeOpAndSize) {
 }
 
 TEST_P(HierarchicalBackendTest, OtherCollectivesRunFlat) {
-  const auto [hosts, per_host] = GetParam();
+  const int hosts = std::get<0>(GetParam()), per_host = std::get<1>(GetParam());
   RunHierarchical(hosts, per_host, 0, [&](Backend& backend) {
     const int n = backend.size();
     std::vector<size_t> bytes(n, 3);
