@@ -12,7 +12,6 @@
 #include <utility>
 #include <vector>
 
-#include "base/log.h"
 #include "core/device_setup.h"
 #include "core/lane_backends.h"
 #include "rendezvous/hash_store.h"

@@ -25,6 +25,7 @@
 #include "rendezvous/hash_store.h"
 #include "tests/common/ranks.h"
 #include "tests/common/tensors.h"
+#include "tests/gloo/gloo_test_util.h"
 
 namespace concord {
 namespace {
@@ -32,24 +33,14 @@ namespace {
 using harness::kAllDTypes;
 using harness::kAllReduceOps;
 using harness::StoreElement;
+using testing_gloo::Options;
+using testing_gloo::UniquePrefix;
 
 // Each rank's share of the segment: small, so that the sizes below take several chunks.
 constexpr size_t kBufferBytes = size_t{64} << 10;
 
-std::string UniquePrefix() {
-  static std::atomic<int> counter{0};
-  return "shm" + std::to_string(counter++);
-}
-
-BackendOptions Options(int rank, int size, const std::string& prefix,
-                       std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
-  BackendOptions options;
-  options.rank = rank;
-  options.size = size;
-  options.prefix = prefix;
-  options.timeout = timeout;
-  return options;
-}
+// Every wait's deadline, unless a test sets its own.
+constexpr std::chrono::milliseconds kTimeout{20000};
 
 // Rank `rank`'s input: values of widely different magnitudes, so that the order of a sum shows in
 // its bits; small integers for integer types.
@@ -90,8 +81,8 @@ class ShmBackendTest : public ::testing::TestWithParam<std::tuple<int, bool>> {
     HashStore store;
     const std::string prefix = UniquePrefix();
     harness::RunRanks(size(), [&](int rank) {
-      StatusOr<std::unique_ptr<Backend>> backend =
-          CreateShmBackend(Options(rank, size(), prefix), &store, kBufferBytes, direct_threshold());
+      StatusOr<std::unique_ptr<Backend>> backend = CreateShmBackend(
+          Options(rank, size(), prefix, kTimeout), &store, kBufferBytes, direct_threshold());
       ASSERT_TRUE(backend.ok()) << backend.status().ToString();
       EXPECT_TRUE((*backend)->ReducesInRankOrder());
       body(**backend);
@@ -277,7 +268,7 @@ TEST(ShmBackendFailureTest, InterrupterEndsAWaitPromptly) {
   HashStore store;
   const std::string prefix = UniquePrefix();
   harness::RunRanks(2, [&](int rank) {
-    auto backend = CreateShmBackend(Options(rank, 2, prefix), &store, kBufferBytes, 0);
+    auto backend = CreateShmBackend(Options(rank, 2, prefix, kTimeout), &store, kBufferBytes, 0);
     ASSERT_TRUE(backend.ok()) << backend.status().ToString();
     if (rank == 1) return;  // never arrives; its backend goes away
     std::function<void()> interrupt = (*backend)->Interrupter();
@@ -325,8 +316,8 @@ TEST(ShmBackendFailureTest, APeerKilledMidCollectiveIsNamedAndLeavesNothingBehin
     const pid_t child = ::fork();
     ASSERT_GE(child, 0);
     if (child == 0) {
-      auto backend =
-          CreateShmBackend(Options(1, 2, prefix), store->get(), kBufferBytes, direct_threshold);
+      auto backend = CreateShmBackend(Options(1, 2, prefix, kTimeout), store->get(), kBufferBytes,
+                                      direct_threshold);
       if (!backend.ok()) ::_exit(3);
       std::thread killer([] {
         std::this_thread::sleep_for(std::chrono::milliseconds(30));
@@ -338,8 +329,8 @@ TEST(ShmBackendFailureTest, APeerKilledMidCollectiveIsNamedAndLeavesNothingBehin
       }
       ::_exit(4);
     }
-    auto backend =
-        CreateShmBackend(Options(0, 2, prefix), store->get(), kBufferBytes, direct_threshold);
+    auto backend = CreateShmBackend(Options(0, 2, prefix, kTimeout), store->get(), kBufferBytes,
+                                    direct_threshold);
     ASSERT_TRUE(backend.ok()) << backend.status().ToString();
     EXPECT_TRUE(SegmentsOf(::getpid()).empty()) << "the segment's name outlived its set-up";
     const auto start = std::chrono::steady_clock::now();
