@@ -1,6 +1,7 @@
 """concord-fabric: emulated links, real-fabric switches, the scaling model and the fabric report.
 
-  concord-fabric emulate --profile 1gbe --np 2 [--json F] [-- concord-perf arguments]
+  concord-fabric emulate --profile 1gbe (--np 2 | --layout 2x2 [--placement block|cyclic])
+                         [--json F] [-- concord-perf arguments]
   concord-fabric cleanup [--all]
   concord-fabric real --fabric ethernet|ib --backend gloo|mpi|nccl -np N [-H ...] -- prog args
   concord-fabric fit SWEEP.json
@@ -33,6 +34,14 @@ def fail(message):
     return 2
 
 
+def parse_layout(text):
+    """'HxL' -> (H hosts, L ranks per host)."""
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"layout '{text}': expected HOSTSxRANKS_PER_HOST, e.g. 2x2")
+    return int(parts[0]), int(parts[1])
+
+
 def cmd_emulate(a):
     why = emulate.missing_requirements()
     if why:
@@ -40,8 +49,10 @@ def cmd_emulate(a):
     perf_args = a.perf_args[1:] if a.perf_args[:1] == ["--"] else a.perf_args
     if not perf_args:
         perf_args = report.SWEEP_ARGS
+    hosts, per_host = parse_layout(a.layout) if a.layout else (a.np, 1)
     emulate.install_signal_handlers()
-    out, rows, info = emulate.run_perf(a.perf, a.np, a.profile, perf_args)
+    out, rows, info = emulate.run_perf(a.perf, hosts, a.profile, perf_args,
+                                       ranks_per_host=per_host, placement=a.placement)
     print(out, end="")
     if a.json:
         with open(a.json, "w") as f:
@@ -122,7 +133,8 @@ def cmd_measure(a):
     if why:
         return fail(why)
     emulate.install_signal_handlers()
-    report.measure(a.perf, a.workload, a.out, ranks=[int(x) for x in a.ranks.split(",")])
+    report.measure(a.perf, a.workload, a.out, ranks=[int(x) for x in a.ranks.split(",")],
+                   concordrun=a.concordrun)
     print(f"wrote {a.out}")
     return 0
 
@@ -142,7 +154,11 @@ def main(argv=None):
 
     e = sub.add_parser("emulate", help="run concord-perf across namespaces on a shaped bridge")
     e.add_argument("--profile", required=True, choices=sorted(emulate.PROFILES))
-    e.add_argument("--np", type=int, default=2)
+    e.add_argument("--np", type=int, default=2, help="ranks, each its own host")
+    e.add_argument("--layout", help="HxL: H hosts (namespaces, one shaped link each) with L "
+                   "ranks each, e.g. 2x2 (replaces --np)")
+    e.add_argument("--placement", default="block", choices=emulate.PLACEMENTS,
+                   help="ranks on hosts: block (rank k on host k // L) or cyclic (k % H)")
     e.add_argument("--perf", default=default_binary("concord-perf"))
     e.add_argument("--json", help="write the link's figures and concord-perf's rows here")
     e.add_argument("perf_args", nargs=argparse.REMAINDER)
@@ -186,6 +202,8 @@ def main(argv=None):
     m.add_argument("--perf", default=default_binary("concord-perf"))
     m.add_argument("--workload", default=default_workload())
     m.add_argument("--ranks", default="2,3,4")
+    m.add_argument("--concordrun", default=default_binary("concordrun"),
+                   help="launches the shared-memory sweep on this host")
     m.set_defaults(func=cmd_measure)
 
     d = sub.add_parser("render", help="write the Markdown report and its PNGs")

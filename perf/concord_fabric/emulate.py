@@ -1,13 +1,23 @@
-"""Emulated links: N ranks, each in its own network namespace, joined to a bridge by veth pairs.
+"""Emulated links: H hosts, each a network namespace, joined to a bridge by veth pairs; L ranks
+per host (the layout H x L; 1 rank per host unless asked).
 
 Layout of one run (every name carries the tool's prefix and this process's pid, so concurrent runs
 never collide and `cleanup` can tell leftovers of dead runs from live ones):
-  cfab-<pid>-br   a namespace holding the bridge br0 and the bridge ends p0..pN-1 of the veths
-  cfab-<pid>-<k>  rank k's namespace: eth0 (the other veth end) with 10.231.0.<k+1>/24, and lo
+  cfab-<pid>-br   a namespace holding the bridge br0 and the bridge ends p0..pH-1 of the veths
+  cfab-<pid>-<h>  host h's namespace: eth0 (the other veth end) with 10.231.0.<h+1>/24, and lo
 Nothing is created in the host's own namespace. Each link is shaped in both directions with tbf
-(eth0's egress: what the rank sends; pK's egress: what it receives), the burst scaled with the rate
+(eth0's egress: what the host sends; pH's egress: what it receives), the burst scaled with the rate
 (1 ms of traffic: tbf under-delivers with a fixed small burst). The kernel has no netem, so no
 latency can be added: the run measures and states the round trip the links have (veth: ~20-50 us).
+
+Ranks are placed on hosts in blocks (rank k on host k // L, as mpirun, Slurm and torchrun place
+them by default) or cyclically (rank k on host k % H, mpirun --map-by node). The ranks of host h
+run in its namespace: they share its one shaped link (as the GPUs of a server share its NIC),
+talk to each other over its loopback, and are told they share a host by CONCORD_HOST_ID (`ip
+netns exec` gives every process its own mount namespace, which Concord's own host identity counts,
+so without it each rank would look like a host of its own): the ranks of a host use shared
+memory, and a layout with L > 1 on several hosts runs Concord's hierarchical collectives unless
+CONCORD_HIERARCHICAL=off.
 """
 
 import contextlib
@@ -24,6 +34,9 @@ PREFIX = "cfab-"
 # tbf's queue: at most this much delay before it drops (the limit in bytes follows from the rate).
 TBF_LATENCY = "20ms"
 SUBNET = "10.231.0."
+
+# How ranks are spread over hosts (Emulation.host_of).
+PLACEMENTS = ("block", "cyclic")
 
 # name -> (tc rate, bits per second)
 PROFILES = {
@@ -89,29 +102,48 @@ def cleanup_leftovers(all_runs=False):
 
 
 class Emulation(contextlib.AbstractContextManager):
-    """One emulated network of `ranks` namespaces shaped to `profile`; removed on exit.
+    """One emulated network of `hosts` namespaces shaped to `profile`, `ranks_per_host` ranks on
+    each; removed on exit.
 
     Use as a context manager: everything created is deleted on leaving it, also on an exception.
     SIGINT/SIGTERM are turned into exceptions while it is active (install_signal_handlers). Not
     thread-safe.
     """
 
-    def __init__(self, ranks, profile, tag=None):
+    def __init__(self, hosts, profile, ranks_per_host=1, placement="block", tag=None):
         if profile not in PROFILES:
             raise EmulationError(f"unknown profile '{profile}' (known: {', '.join(PROFILES)})")
-        if not 2 <= ranks <= 64:
-            raise EmulationError("ranks must be between 2 and 64")
-        self.ranks = ranks
+        if not 2 <= hosts <= 64:
+            raise EmulationError("hosts must be between 2 and 64")
+        if not 1 <= ranks_per_host <= 16:
+            raise EmulationError("ranks per host must be between 1 and 16")
+        if placement not in PLACEMENTS:
+            raise EmulationError(f"unknown placement '{placement}' (known: "
+                                 f"{', '.join(PLACEMENTS)})")
+        self.placement = placement
+        self.hosts = hosts
+        self.ranks_per_host = ranks_per_host
+        self.ranks = hosts * ranks_per_host
         self.profile = profile
         self.base = f"{PREFIX}{os.getpid()}" + (f"x{tag}" if tag else "")
         self.bridge_ns = f"{self.base}-br"
-        self.rank_ns = [f"{self.base}-{k}" for k in range(ranks)]
+        self.host_ns = [f"{self.base}-{h}" for h in range(hosts)]
         self.created = []
         self.processes = []
         self.workdir = None
 
-    def address(self, k):
-        return f"{SUBNET}{k + 1}"
+    def address(self, host):
+        return f"{SUBNET}{host + 1}"
+
+    def host_of(self, rank):
+        if self.placement == "cyclic":
+            return rank % self.hosts
+        return rank // self.ranks_per_host
+
+    def local_rank_of(self, rank):
+        if self.placement == "cyclic":
+            return rank // self.hosts
+        return rank % self.ranks_per_host
 
     def __enter__(self):
         try:
@@ -137,7 +169,7 @@ class Emulation(contextlib.AbstractContextManager):
         br = ["ip", "-n", self.bridge_ns]
         _run(br + ["link", "add", "br0", "type", "bridge"])
         _run(br + ["link", "set", "br0", "up"])
-        for k, ns in enumerate(self.rank_ns):
+        for k, ns in enumerate(self.host_ns):
             self._netns_add(ns)
             _run(br + ["link", "add", f"p{k}", "type", "veth", "peer", "name", "eth0", "netns", ns])
             _run(br + ["link", "set", f"p{k}", "master", "br0"])
@@ -166,16 +198,16 @@ class Emulation(contextlib.AbstractContextManager):
             shutil.rmtree(self.workdir, ignore_errors=True)
             self.workdir = None
 
-    def spawn(self, k, argv, env=None, **kwargs):
-        """Starts argv inside rank k's namespace in its own process group; killed on close()."""
+    def spawn(self, host, argv, env=None, **kwargs):
+        """Starts argv inside host's namespace in its own process group; killed on close()."""
         full_env = dict(os.environ if env is None else env)
-        p = subprocess.Popen(["ip", "netns", "exec", self.rank_ns[k]] + argv, env=full_env,
+        p = subprocess.Popen(["ip", "netns", "exec", self.host_ns[host]] + argv, env=full_env,
                              start_new_session=True, **kwargs)
         self.processes.append(p)
         return p
 
     def round_trip(self, count=200):
-        """Median and minimum seconds of a 1-byte TCP ping-pong from rank 0 to rank 1."""
+        """Median and minimum seconds of a 1-byte TCP ping-pong from host 0 to host 1."""
         port = 17000 + os.getpid() % 1000
         server_code = (
             "import socket\n"
@@ -208,21 +240,24 @@ class Emulation(contextlib.AbstractContextManager):
         return median, minimum
 
     def run_ranks(self, argv, extra_env=None, timeout=600):
-        """Runs argv as ranks 0..N-1 (one per namespace) of one job; returns rank 0's stdout.
+        """Runs argv as ranks 0..N-1 of one job (placed by host_of); returns rank 0's stdout.
 
         Rendezvous is a file store in this run's private directory (namespaces share the
-        filesystem); each rank binds and advertises its namespace's address on eth0.
+        filesystem); each rank binds and advertises its host's address on eth0.
         """
         store = tempfile.mkdtemp(prefix="store-", dir=self.workdir)
         procs = []
         for k in range(self.ranks):
             env = dict(os.environ)
+            host = self.host_of(k)
             env.update({"CONCORD_RANK": str(k), "CONCORD_SIZE": str(self.ranks),
-                        "CONCORD_LOCAL_RANK": "0", "CONCORD_LOCAL_SIZE": "1",
+                        "CONCORD_LOCAL_RANK": str(self.local_rank_of(k)),
+                        "CONCORD_LOCAL_SIZE": str(self.ranks_per_host),
+                        "CONCORD_HOST_ID": f"{self.base}-host{host}",
                         "CONCORD_STORE": f"file://{store}", "CONCORD_JOB_ID": self.base,
-                        "CONCORD_HOST": self.address(k), "CONCORD_IFACE": "eth0"})
+                        "CONCORD_HOST": self.address(host), "CONCORD_IFACE": "eth0"})
             env.update(extra_env or {})
-            procs.append(self.spawn(k, argv, env=env, stdout=subprocess.PIPE,
+            procs.append(self.spawn(host, argv, env=env, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True))
         deadline = time.monotonic() + timeout
         outputs = [None] * self.ranks
@@ -249,19 +284,23 @@ def install_signal_handlers():
         signal.signal(sig, _raise_on_signal)
 
 
-def run_perf(perf, ranks, profile, perf_args, log=print, extra_env=None, timeout=600):
+def run_perf(perf, hosts, profile, perf_args, log=print, extra_env=None, timeout=600,
+             ranks_per_host=1, placement="block"):
     """Creates the network, states its round trip, runs concord-perf across it, removes it.
 
     Returns (rank 0's output, the --json rows, {'rtt_median_s', 'rtt_min_s', ...}).
     """
-    with Emulation(ranks, profile) as emu:
+    with Emulation(hosts, profile, ranks_per_host, placement) as emu:
         rate, bps = PROFILES[profile]
         median, minimum = emu.round_trip()
-        info = {"profile": profile, "ranks": ranks, "rate_bps": bps,
+        info = {"profile": profile, "ranks": emu.ranks, "hosts": hosts,
+                "ranks_per_host": ranks_per_host, "placement": placement, "rate_bps": bps,
                 "burst_bytes": burst_bytes(bps), "rtt_median_s": median, "rtt_min_s": minimum}
-        log(f"# fabric-emu: {ranks} ranks on {profile} (tbf rate {rate}, burst "
-            f"{burst_bytes(bps)} bytes, both directions of each link); measured TCP round trip "
-            f"rank 0 <-> rank 1: median {median * 1e6:.0f} us, min {minimum * 1e6:.0f} us. "
+        log(f"# fabric-emu: {hosts} hosts x {ranks_per_host} ranks ({placement} placement) on "
+            f"{profile} (tbf rate {rate}, "
+            f"burst {burst_bytes(bps)} bytes, both directions of each host's link); measured TCP "
+            f"round trip host 0 <-> host 1: median {median * 1e6:.0f} us, min "
+            f"{minimum * 1e6:.0f} us. "
             "No netem on this kernel: latency cannot be added, so this is the links' own.")
         json_path = os.path.join(emu.workdir, "rows.json")
         out = emu.run_ranks([perf] + list(perf_args) + ["--json", json_path],

@@ -25,6 +25,19 @@ Compression is modelled by its bytes on the wire: fp16/bf16 halves every float32
 path; top-k at density d sends (index, value) pairs, 8 bytes per kept element, by an allgather (one
 per fusion buffer, or one per tensor without fusion): (n-1) * 8 d N bytes reach each rank.
 
+Hosts (Layout): n = H x L ranks, L per host sharing the host's one link (B, alpha), and an
+intra-host fabric between them (shared memory here, NVLink on a GPU server). Placement decides what
+a flat ring puts on the link: in blocks (rank k on host k // L, the launchers' default) one ring
+hop per host crosses it, so the link carries what one rank's would, 2(n-1)/n S; cyclically (rank k
+on host k % H) every hop crosses, so it carries L times that. The inline star's remote ranks are
+n - L. Hierarchical (CONCORD_HIERARCHICAL, hosts with L > 1, allreduces of at least its threshold):
+an allreduce within the host over the intra-host fabric (reduce-scatter + allgather, ring formula
+on L ranks) and L concurrent allreduces of S/L across the H hosts, which share the link:
+L(H) alpha + 2(H-1)/H S / B. In blocks that moves as many bytes over the link as the flat ring
+(within (n-1)/n against (H-1)/H): what it saves is latency, L(n) against L(H), and the cyclic
+placement's factor L. The intra-host time overlaps the other lane's like a latency (divided by the
+lanes).
+
 Scaling efficiency with compute time Tc per step: E = Tc / (Tc + T) without overlap; with the
 communication overlapping the backward pass (about two thirds of Tc): E = Tc / max(Tc, Tc/3 + T).
 """
@@ -41,6 +54,7 @@ DIRECT_THRESHOLD = 256 * 1024
 FUSION_THRESHOLD = 64 * 1024 * 1024
 MIN_SLICE_BYTES = 1024 * 1024
 LANES = 2
+HIERARCHICAL_THRESHOLD = 256 * 1024
 
 
 @dataclass(frozen=True)
@@ -68,6 +82,43 @@ FABRICS = {
     "ib200": Fabric("200 Gb IB (HDR)", 2 * 12.2e9, 10e-6, "EDR figures scaled by line rate"),
     "ib400": Fabric("400 Gb IB (NDR)", 4 * 12.2e9, 10e-6, "EDR figures scaled by line rate"),
 }
+
+
+# Within a host. NVLink: 8 H100, NCCL ring busbw 370 GB/s (REFERENCE.md); its alpha is an
+# assumption (a few microseconds per NCCL step), not a measurement. Shared memory: Concord's shm
+# backend on this 2-core VM, replaced by a fit of the run when the report has one.
+INTRA_FABRICS = {
+    "nvlink": Fabric("NVLink (8 H100)", 370e9, 5e-6, "NCCL ring busbw 370 GB/s; alpha assumed"),
+    "shm": Fabric("shared memory", 2.5e9, 20e-6, "Concord shm, 2 ranks, 64 MiB, this VM"),
+}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """L ranks per host, how ranks are placed, whether allreduces go hierarchical, and the fabric
+    within a host. Layout() is one rank per host, flat: the model without hosts."""
+    ranks_per_host: int = 1
+    placement: str = "block"
+    hierarchical: bool = False
+    intra: Fabric = INTRA_FABRICS["shm"]
+    threshold: int = HIERARCHICAL_THRESHOLD
+
+    def hosts(self, n):
+        if self.placement not in ("block", "cyclic"):
+            raise ValueError(f"unknown placement '{self.placement}'")
+        if self.ranks_per_host < 1 or n % self.ranks_per_host:
+            raise ValueError(f"{n} ranks do not fill hosts of {self.ranks_per_host}")
+        return n // self.ranks_per_host
+
+    def link_factor(self, n):
+        """How many flat ring hops cross each host's link."""
+        if self.placement == "cyclic" and self.hosts(n) > 1:
+            return self.ranks_per_host
+        return 1
+
+    def goes_hierarchical(self, n, size):
+        return (self.hierarchical and self.ranks_per_host > 1 and self.hosts(n) > 1
+                and size >= self.threshold)
 
 
 @dataclass(frozen=True)
@@ -148,13 +199,14 @@ def allreduce_time(size, n, fabric, algorithm="ring"):
 @dataclass
 class StepCost:
     latency: float = 0.0    # summed latency terms of backend collectives (before lane overlap)
+    local: float = 0.0      # summed intra-host phases of hierarchical allreduces (likewise)
     bandwidth: float = 0.0  # summed bandwidth terms (one shared link)
     inline: float = 0.0     # the coordinator's star for inline tensors
     messages: int = 0
     wire_bytes: float = 0.0  # bytes each rank sends per step
 
     def total(self, lanes):
-        return self.inline + self.bandwidth + self.latency / max(1, lanes)
+        return self.inline + self.bandwidth + (self.latency + self.local) / max(1, lanes)
 
 
 def wire_size(tensor, compression):
@@ -164,11 +216,25 @@ def wire_size(tensor, compression):
     return tensor.bytes
 
 
-def _add_allreduce(cost, size, n, fabric, algorithm, slices=1):
-    cost.latency += slices * latency_messages(n, algorithm) * fabric.alpha
-    cost.bandwidth += 2 * (n - 1) / n * size / fabric.busbw
+def _algorithm(n):
+    return "ring" if n <= 2 else "halving_doubling"
+
+
+def _add_allreduce(cost, size, n, fabric, algorithm, slices=1, layout=Layout()):
     cost.messages += slices
-    cost.wire_bytes += 2 * (n - 1) / n * size
+    if layout.goes_hierarchical(n, size):
+        hosts, local = layout.hosts(n), layout.ranks_per_host
+        cost.local += slices * allreduce_time(size / slices, local, layout.intra, _algorithm(local))
+        cost.latency += slices * latency_messages(hosts, _algorithm(hosts)) * fabric.alpha
+        cost.bandwidth += 2 * (hosts - 1) / hosts * size / fabric.busbw
+        cost.wire_bytes += 2 * (hosts - 1) / hosts * size
+        return
+    if layout.hosts(n) == 1:
+        fabric = layout.intra  # every rank on one host: shared memory
+    moved = layout.link_factor(n) * 2 * (n - 1) / n * size
+    cost.latency += slices * latency_messages(n, algorithm) * fabric.alpha
+    cost.bandwidth += moved / fabric.busbw
+    cost.wire_bytes += moved
 
 
 def _add_allgather(cost, contribution, n, fabric):
@@ -179,17 +245,19 @@ def _add_allgather(cost, contribution, n, fabric):
 
 
 def step_cost(tensors, n, fabric, fusion=True, compression="none", density=0.001,
-              algorithm=None, lanes=LANES, inline_threshold=INLINE_THRESHOLD):
+              algorithm=None, lanes=LANES, inline_threshold=INLINE_THRESHOLD, layout=Layout()):
     """Communication cost of one step of `tensors` on n ranks (see the module comment).
 
-    inline_threshold is CONCORD_INLINE_THRESHOLD (0 turns the coordinator's path off).
+    inline_threshold is CONCORD_INLINE_THRESHOLD (0 turns the coordinator's path off); layout the
+    hosts (Layout; top-k's allgathers are modelled as if each rank had its own link).
     """
     if compression not in ("none", "fp16", "bf16", "topk"):
         raise ValueError(f"unknown compression '{compression}'")
     if compression == "topk" and not 0 < density <= 1:
         raise ValueError("top-k density must be in (0, 1]")
+    layout.hosts(n)  # checks the layout
     if algorithm is None:
-        algorithm = "ring" if n <= 2 else "halving_doubling"
+        algorithm = _algorithm(n)
     cost = StepCost()
     if n <= 1:
         return cost
@@ -211,26 +279,27 @@ def step_cost(tensors, n, fabric, fusion=True, compression="none", density=0.001
     sizes = [wire_size(t, compression) for t in tensors]
     if not fusion:
         for size in sizes:
-            _add_allreduce(cost, size, n, fabric, algorithm)
+            _add_allreduce(cost, size, n, fabric, algorithm, layout=layout)
         return cost
     inline = sum(s for s in sizes if s <= inline_threshold)
+    remote = n - layout.ranks_per_host if layout.hosts(n) > 1 else n - 1
     if inline:
-        cost.inline = 2 * fabric.alpha + 2 * (n - 1) * inline / fabric.busbw
-        cost.wire_bytes += (n - 1) * inline  # rank 0's share, the busiest link
+        cost.inline = 2 * fabric.alpha + 2 * remote * inline / fabric.busbw
+        cost.wire_bytes += remote * inline  # rank 0's share, the busiest link
     buffer = 0
     for size in sizes:
         if size <= inline_threshold:
             continue
         if size >= DIRECT_THRESHOLD:
             slices = min(lanes, size // MIN_SLICE_BYTES)
-            _add_allreduce(cost, size, n, fabric, algorithm, slices if slices >= 2 else 1)
+            _add_allreduce(cost, size, n, fabric, algorithm, slices if slices >= 2 else 1, layout)
             continue
         if buffer and buffer + size > FUSION_THRESHOLD:
-            _add_allreduce(cost, buffer, n, fabric, algorithm)
+            _add_allreduce(cost, buffer, n, fabric, algorithm, layout=layout)
             buffer = 0
         buffer += size
     if buffer:
-        _add_allreduce(cost, buffer, n, fabric, algorithm)
+        _add_allreduce(cost, buffer, n, fabric, algorithm, layout=layout)
     return cost
 
 

@@ -1,7 +1,8 @@
 """Measures Concord on emulated links and renders the fabric report (Markdown + gnuplot PNGs).
 
 measure(): for each profile and rank count, a concord-perf sweep and a ResNet-50 workload run on an
-emulated network (emulate.py); writes one JSON file of everything measured.
+emulated network (emulate.py); then hosts of several ranks (hosts.py); writes one JSON file of
+everything measured.
 render(): fits alpha/beta per (profile, ranks) sweep, predicts the workload's step time beside the
 measured one, and draws the model for real fabrics from 2 to 512 ranks.
 """
@@ -13,7 +14,7 @@ import platform
 import shutil
 import subprocess
 
-from . import emulate, model
+from . import emulate, hosts, model
 
 SWEEP_ARGS = ["--bytes", "4K:64M", "--factor", "4", "--iters", "5", "--warmup", "2", "--no-raw"]
 WORKLOAD_ARGS = ["--steps", "4", "--warmup", "1", "--rounds", "2", "--no-raw"]
@@ -22,7 +23,7 @@ LINK_RATE_1GBE = 125e6  # bytes/s
 
 
 def measure(perf, workload, out_path, profiles=("1gbe", "10gbe"), ranks=(2, 3, 4),
-            sweep_only_profiles=("25gbe",), inline_threshold=0, log=print):
+            sweep_only_profiles=("25gbe",), inline_threshold=0, log=print, concordrun=None):
     """inline_threshold: CONCORD_INLINE_THRESHOLD for every run, and the model is told the same
     value. 0 by default, as in the committed report: its runs were made while the inline path
     could hang on the 1gbe profile (since fixed: the coordinator drains its responses before
@@ -45,11 +46,12 @@ def measure(perf, workload, out_path, profiles=("1gbe", "10gbe"), ranks=(2, 3, 4
                 log(out.rstrip())
                 run["workload"] = rows
             runs.append(run)
+    host_runs = hosts.measure(perf, concordrun, workload, env, log)
     data = {"measured": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "host": platform.node(), "cpus": os.cpu_count(),
             "load_average": [load_before, os.getloadavg()[0]],
             "inline_threshold": inline_threshold,
-            "workload": os.path.basename(workload), "runs": runs}
+            "workload": os.path.basename(workload), "runs": runs, "hosts": host_runs}
     with open(out_path, "w") as f:
         json.dump(data, f, indent=1)
     return data
@@ -193,6 +195,87 @@ def _plot_vs_ranks(data, tensors, compute, fabrics, outdir, checks_rows):
     return ["step_time.png", "efficiency.png"]
 
 
+HOST_SERIES = [("1gbe", "block", False), ("1gbe", "block", True), ("1gbe", "cyclic", False),
+               ("10gbe", "block", False), ("10gbe", "block", True), ("ib100", "block", False),
+               ("ib100", "block", True)]
+
+
+def _plot_hosts(tensors, fabrics, outdir):
+    """ResNet-50 step time against ranks on servers of 8 GPUs joined by one link each."""
+    plots = []
+    for i, (key, placement, hier) in enumerate(HOST_SERIES):
+        layout = model.Layout(8, placement, hier, model.INTRA_FABRICS["nvlink"])
+        name = f"data/hosts_{key}_{placement}_{'hier' if hier else 'flat'}.dat"
+        _write(os.path.join(outdir, name),
+               [f"{n} {model.step_time(tensors, n, fabrics[key], layout=layout) * 1e3}"
+                for n in RANKS_MODEL if n >= 8])
+        style = "lw 2" if hier else "lw 2 dt 2"
+        label = (f"{fabrics[key].name}, {'hierarchical' if hier else 'flat'}"
+                 + (", cyclic placement" if placement == "cyclic" else ""))
+        plots.append(f"'{name}' using 1:2 with lines {style} lc {1 + i // 2} title '{label}'")
+    _gnuplot(COMMON + "set output 'hosts.png'\nset logscale x 2\nset logscale y\n"
+             "set xrange [8:512]\n"
+             "set title 'ResNet-50 communication per step, servers of 8 GPUs (NVLink) "
+             "with one link each (model)'\n"
+             "set xlabel 'ranks'\nset ylabel 'ms per step'\n"
+             "plot " + ", \\\n     ".join(plots) + "\n", outdir)
+    return "hosts.png"
+
+
+def _hosts_section(data, tensors, fabrics, outdir):
+    """The Markdown of hosts of several ranks: measured, predicted, the threshold, the plot."""
+    h = data["hosts"]
+    link = _fit(next(r for r in data["runs"] if r["profile"] == h["profile"] and r["ranks"] == 2))
+    intra = hosts.intra_fabric(h)
+    checks_rows = hosts.step_checks(h, tensors, link, data.get("inline_threshold",
+                                                               model.INLINE_THRESHOLD))
+    md = ["## Hosts of several ranks: hierarchical against flat", "",
+          f"{h['hosts']} emulated hosts x {h['ranks_per_host']} ranks on the {h['profile']} "
+          "profile: the ranks of a host share its namespace and its one shaped link, and use "
+          "shared memory between them. In blocks (rank k on host k // 2, the launchers' default) "
+          "or cyclically (host k % 2, `mpirun --map-by node`); hierarchical is "
+          "`CONCORD_HIERARCHICAL=auto` (chosen for this layout), flat `off`. Predicted with the "
+          f"link fitted to the 2-rank {h['profile']} sweep (busbw {link.busbw / 1e6:.0f} MB/s, "
+          f"alpha {link.alpha * 1e6:.0f} us) and the intra-host fabric fitted to 2 ranks on this "
+          f"host (busbw {intra.busbw / 1e9:.2f} GB/s, alpha {intra.alpha * 1e6:.0f} us).", "",
+          "| placement | collectives | measured step | predicted | error | against flat |",
+          "|---|---|---|---|---|---|"]
+    flat = {c["placement"]: c["seconds"] for c in checks_rows if c["mode"] == "flat"}
+    for c in checks_rows:
+        md.append(f"| {c['placement']} | {c['mode']} | {c['seconds'] * 1e3:.0f} ms | "
+                  f"{c['predicted'] * 1e3:.0f} ms | {100 * c['error']:+.1f}% | "
+                  f"{c['seconds'] / flat[c['placement']]:.2f}x |")
+    md += ["", "In blocks the flat ring already crosses each host's link once, so hierarchical "
+           "moves the same bytes over it (2(H-1)/H S against 2(n-1)/n S: 1.00 against 1.50 S at "
+           "2x2): 0.67x is the bound there, whatever the implementation. Cyclically every ring "
+           "hop crosses the link and hierarchical saves the factor L.", "",
+           "Allreduce by size, blocks, every allreduce hierarchical "
+           "(`CONCORD_HIERARCHICAL=on`, threshold 0) against flat:", "",
+           "| bytes | flat | hierarchical | ratio |", "|---|---|---|---|"]
+    rows = hosts.threshold_rows(h)
+    for size, flat_us, hier_us in rows:
+        md.append(f"| {size} | {flat_us:.0f} us | {hier_us:.0f} us | {hier_us / flat_us:.2f}x |")
+    best = hosts.measured_threshold(rows)
+    md += ["", "Hierarchical is at least as fast from "
+           + (f"**{best} bytes** on" if best is not None else "no size of the sweep at")
+           + f" (the default CONCORD_HIERARCHICAL_THRESHOLD is {model.HIERARCHICAL_THRESHOLD}).",
+           "", f"![hosts]({_plot_hosts(tensors, fabrics, outdir)})", "",
+           "The model for servers of 8 GPUs (NVLink within, one link per server): in blocks, "
+           "hierarchical and flat move the same bytes over the links, and hierarchical saves the "
+           "latency of the ranks within a host (L(n) against L(n/8) messages per allreduce); "
+           "cyclic placement costs flat 8x the bytes.", "",
+           "| fabric | ranks | flat (blocks) | hierarchical | flat (cyclic) |",
+           "|---|---|---|---|---|"]
+    for key in ("1gbe", "ib100"):
+        for n in (64, 512):
+            t = {(p, hier): model.step_time(tensors, n, fabrics[key], layout=model.Layout(
+                8, p, hier, model.INTRA_FABRICS["nvlink"]))
+                for p, hier in (("block", False), ("block", True), ("cyclic", False))}
+            md.append(f"| {fabrics[key].name} | {n} | {t[('block', False)] * 1e3:.1f} ms | "
+                      f"{t[('block', True)] * 1e3:.1f} ms | {t[('cyclic', False)] * 1e3:.1f} ms |")
+    return md, checks_rows
+
+
 def eight_rank_table(tensors, compute, fabrics, n=8):
     rows = []
     for key, fabric in fabrics.items():
@@ -260,7 +343,10 @@ def render(data, tensors, outdir, compute=None, workload_name="resnet50"):
                "2 cores are the bottleneck, so the check needs a quiet machine: measured while "
                "another test suite ran on the same cores (load average ~18), 10gbe errors reached "
                "30% while 1gbe stayed within 14%."]
-    md += ["", f"![step time]({images[1]})", "", f"![efficiency]({images[2]})", "",
+    md += ["", f"![step time]({images[1]})", "", f"![efficiency]({images[2]})", ""]
+    if data.get("hosts"):
+        md += _hosts_section(data, tensors, fabrics, outdir)[0] + [""]
+    md += [
            "## What the model says at 8 ranks", "",
            f"Compute {compute:.3f} s per step (ResNet-50 fp32, batch 256, one V100: NVIDIA "
            "DeepLearningExamples, 367 img/s). top-k keeps 0.1% of each gradient (DGC's density).",

@@ -69,6 +69,37 @@ class EmulateTest(unittest.TestCase):
                 break
         self.assertGreaterEqual(max(fractions), 0.85)
 
+    def test_layouts_place_ranks_on_hosts_that_concord_sees(self):
+        # Each rank writes its network namespace and local rank; the ranks of a host share one.
+        script = ('readlink /proc/self/ns/net > "$0/$CONCORD_RANK"; echo "$CONCORD_LOCAL_RANK '
+                  '$CONCORD_LOCAL_SIZE $CONCORD_HOST_ID" >> "$0/$CONCORD_RANK"')
+        for placement, hosts_of in (("block", [0, 0, 1, 1]), ("cyclic", [0, 1, 0, 1])):
+            with emulate.Emulation(2, "10gbe", ranks_per_host=2, placement=placement) as emu:
+                self.assertEqual(len(left_by(os.getpid())), 3)
+                emu.run_ranks(["/bin/sh", "-c", script, emu.workdir], timeout=20)
+                seen = []
+                for k in range(4):
+                    with open(os.path.join(emu.workdir, str(k))) as f:
+                        seen.append(f.read().split())
+            self.assertNothingLeft()
+            for k, (ns, local_rank, local_size, host_id) in enumerate(seen):
+                same = [j for j in range(4) if seen[j][0] == ns]
+                self.assertEqual(same, [j for j in range(4) if hosts_of[j] == hosts_of[k]])
+                self.assertEqual(local_rank, str(same.index(k)))
+                self.assertEqual(local_size, "2")
+                self.assertTrue(host_id.endswith(f"host{hosts_of[k]}"))
+        # Concord sees the hosts: CONCORD_HIERARCHICAL=on fails unless there are 2 hosts of 2
+        # ranks with shared memory each; a 1 MiB allreduce takes the hierarchical path.
+        args = ["--bytes", "1M", "--iters", "2", "--warmup", "1", "--no-raw"]
+        for placement in emulate.PLACEMENTS:
+            out, rows, info = emulate.run_perf(
+                PERF, 2, "10gbe", args, log=lambda _: None, timeout=90, ranks_per_host=2,
+                placement=placement, extra_env={"CONCORD_HIERARCHICAL": "on",
+                                                "CONCORD_HIERARCHICAL_THRESHOLD": "0"})
+            self.assertNothingLeft()
+            (row,) = [r for r in rows if r["implementation"] == "concord"]
+            self.assertEqual((row["ranks"], info["hosts"], info["placement"]), (4, 2, placement))
+
     def test_context_removes_everything_on_an_error(self):
         with self.assertRaises(emulate.EmulationError):
             with emulate.Emulation(2, "10gbe") as emu:

@@ -1,10 +1,11 @@
-"""Tests of perf/concord_fabric/model.py: ResNet-50 facts, the fit, Concord's plan, compression."""
+"""Tests of perf/concord_fabric/model.py (ResNet-50 facts, the fit, Concord's plan, compression,
+hosts of several ranks) and hosts.py's checks of it."""
 import os
 import random
 import tempfile
 import unittest
 
-from concord_fabric import model
+from concord_fabric import hosts, model
 
 WORKLOAD = os.environ.get("CONCORD_WORKLOAD", os.path.join(
     os.path.dirname(__file__), "..", "..", "perf", "workloads", "resnet50.txt"))
@@ -101,6 +102,90 @@ class PlanTest(unittest.TestCase):
         self.assertAlmostEqual(model.efficiency(0.9, 0.9, overlap=True), 0.9 / 1.2)
         with self.assertRaises(ValueError):
             model.efficiency(0, 1)
+
+
+class LayoutTest(unittest.TestCase):
+    link = model.Fabric("link", 1e8, 50e-6, "test")
+    intra = model.Fabric("intra", 4e9, 20e-6, "test")
+    big = [model.Tensor("big", "float32", 4 << 20)]  # 16 MiB: direct, 2 slices
+    size = 16 << 20
+
+    def cost(self, n=4, tensors=None, **layout):
+        layout.setdefault("intra", self.intra)
+        return model.step_cost(tensors or self.big, n, self.link, inline_threshold=0,
+                               layout=model.Layout(**layout))
+
+    def test_one_rank_per_host_is_the_model_without_hosts(self):
+        plain = model.step_cost(self.big, 4, self.link, inline_threshold=0)
+        self.assertEqual(self.cost(ranks_per_host=1), plain)
+        self.assertEqual(self.cost(ranks_per_host=1, hierarchical=True), plain)
+
+    def test_flat_in_blocks_moves_a_ring_hop_per_host_cyclic_every_hop(self):
+        block = self.cost(ranks_per_host=2)
+        self.assertAlmostEqual(block.bandwidth, 2 * 3 / 4 * self.size / 1e8)
+        self.assertEqual(block.local, 0)
+        cyclic = self.cost(ranks_per_host=2, placement="cyclic")
+        self.assertAlmostEqual(cyclic.bandwidth, 2 * block.bandwidth)
+
+    def test_hierarchical_is_local_phase_plus_allreduce_across_hosts(self):
+        for placement in ("block", "cyclic"):
+            hier = self.cost(ranks_per_host=2, placement=placement, hierarchical=True)
+            # 2 hosts: 2(H-1)/H S = S over each host's link; 2 slices, each with its local phase.
+            self.assertAlmostEqual(hier.bandwidth, self.size / 1e8)
+            self.assertAlmostEqual(hier.local,
+                                   2 * model.allreduce_time(self.size / 2, 2, self.intra))
+            self.assertAlmostEqual(hier.latency, 2 * 2 * 50e-6)
+        # 2x2 in blocks: 1.00 S against 1.50 S: the bound of what hierarchical can save.
+        ratio = (self.cost(ranks_per_host=2, hierarchical=True).total(model.LANES)
+                 / self.cost(ranks_per_host=2).total(model.LANES))
+        self.assertGreater(ratio, 2 / 3)
+        self.assertLess(ratio, 0.7)
+
+    def test_below_the_threshold_and_on_one_host_it_is_flat(self):
+        small = [model.Tensor("fused", "float32", 16384)]  # 64 KiB: one fusion buffer
+        self.assertEqual(self.cost(tensors=small, ranks_per_host=2, hierarchical=True),
+                         self.cost(tensors=small, ranks_per_host=2))
+        one_host = self.cost(ranks_per_host=4, hierarchical=True)
+        self.assertEqual(one_host.local, 0)
+        self.assertAlmostEqual(one_host.bandwidth, 2 * 3 / 4 * self.size / 4e9)
+
+    def test_inline_star_counts_remote_ranks_only(self):
+        t = [model.Tensor("small", "float32", 1000)]  # 4000 bytes
+        cost = model.step_cost(t, 8, self.link, layout=model.Layout(4))
+        self.assertAlmostEqual(cost.inline, 2 * 50e-6 + 2 * 4 * 4000 / 1e8)
+
+    def test_rejects_layouts_that_do_not_fit(self):
+        for bad in ({"ranks_per_host": 3}, {"ranks_per_host": 2, "placement": "random"}):
+            with self.assertRaises(ValueError):
+                self.cost(**bad)
+
+
+class HostsTest(unittest.TestCase):
+    def test_measured_threshold_is_where_hierarchical_stays_ahead(self):
+        rows = [(4096, 100, 150), (65536, 300, 290), (262144, 900, 950), (1 << 20, 3000, 2500),
+                (4 << 20, 9000, 7000)]
+        self.assertEqual(hosts.measured_threshold(rows), 1 << 20)
+        self.assertIsNone(hosts.measured_threshold([(4096, 100, 150), (65536, 200, 250)]))
+        self.assertEqual(hosts.measured_threshold([(4096, 100, 90)]), 4096)
+
+    def test_step_checks_predict_with_the_given_fabrics(self):
+        tensors = [model.Tensor("big", "float32", 4 << 20)]
+        intra = model.Fabric("x", 3e9, 30e-6, "")
+        sweep = [{"bytes": size, "ranks": 2, "implementation": "concord",
+                  "time_us": model.allreduce_time(size, 2, intra) * 1e6}
+                 for size in (1 << 18, 1 << 20, 1 << 22, 1 << 24)]
+        data = {"hosts": 2, "ranks_per_host": 2, "intra": sweep,
+                "steps": [{"placement": "cyclic", "mode": "flat", "seconds": 0.5},
+                          {"placement": "block", "mode": "hierarchical", "seconds": 0.2}]}
+        link = model.Fabric("link", 1e8, 50e-6, "")
+        rows = hosts.step_checks(data, tensors, link, inline_threshold=0)
+        fitted = hosts.intra_fabric(data)
+        self.assertAlmostEqual(fitted.busbw / 3e9, 1, places=3)
+        for row, placement, hier in zip(rows, ("cyclic", "block"), (False, True)):
+            expected = model.step_time(tensors, 4, link, inline_threshold=0,
+                                       layout=model.Layout(2, placement, hier, fitted))
+            self.assertAlmostEqual(row["predicted"], expected)
+            self.assertAlmostEqual(row["error"], expected / row["seconds"] - 1)
 
 
 class FitTest(unittest.TestCase):
