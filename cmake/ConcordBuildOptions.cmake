@@ -65,6 +65,12 @@ if(CONCORD_SANITIZERS)
   if("undefined" IN_LIST CONCORD_SANITIZERS)
     target_compile_options(concord_build_options INTERFACE
       "$<$<COMPILE_LANGUAGE:C,CXX>:-fno-sanitize-recover=undefined>")
+    # CONCORD_UBSAN_TESTS=OFF: the gtest binaries' own code (target property CONCORD_TEST_CODE,
+    # set by tests/' concord_gtest_binary) is not instrumented; after -fsanitize, so it wins.
+    if(NOT CONCORD_UBSAN_TESTS)
+      target_compile_options(concord_build_options INTERFACE
+        "$<$<AND:$<COMPILE_LANGUAGE:CXX>,$<BOOL:$<TARGET_PROPERTY:CONCORD_TEST_CODE>>>:-fno-sanitize=undefined>")
+    endif()
   endif()
   target_link_options(concord_build_options INTERFACE -fsanitize=${concord_sanitize})
 endif()
