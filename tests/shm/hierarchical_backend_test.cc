@@ -115,9 +115,9 @@ TEST_P(HierarchicalAllreduceTest, EveryDTypeOpAndSize) {
   }
 }
 
-// Uneven blocks, zero-length ones among them, below and above the threshold: every rank's block
-// in rank order, byte for byte.
-TEST_P(HierarchicalBackendTest, AllgathervUnevenAndEmptyBlocks) {
+// Uneven blocks, zero-length ones among them, with totals below and above 1 KiB: every rank's
+// block in rank order, byte for byte.
+void CheckAllgatherv(Backend& backend, size_t threshold) {
   const std::vector<std::function<size_t(int rank)>> patterns = {
       [](int) { return size_t{0}; },
       [](int r) { return size_t(r % 2 == 0 ? 0 : 5); },
@@ -125,66 +125,69 @@ TEST_P(HierarchicalBackendTest, AllgathervUnevenAndEmptyBlocks) {
       [](int r) { return size_t(r == 0 ? 0 : 70001 + r * 13); },
       [](int r) { return size_t(r == 1 ? 4099 : 0); },
   };
-  for (const size_t threshold : {size_t{0}, size_t{1} << 10}) {
-    RunHierarchical(GetParam(), threshold, [&](Backend& backend) {
-      const int n = backend.size();
-      for (size_t p = 0; p < patterns.size(); ++p) {
-        const int call = static_cast<int>(p);
-        std::vector<size_t> bytes(n);
-        std::vector<uint8_t> expected;
-        for (int r = 0; r < n; ++r) {
-          bytes[r] = patterns[p](r);
-          for (size_t i = 0; i < bytes[r]; ++i) expected.push_back(Byte(r, i, call));
-        }
-        std::vector<uint8_t> in(bytes[backend.rank()]);
-        for (size_t i = 0; i < in.size(); ++i) in[i] = Byte(backend.rank(), i, call);
-        std::vector<uint8_t> out(expected.size(), 0xEE);
-        const Status s = backend.Allgatherv(in.data(), out.data(), bytes);
-        ASSERT_TRUE(s.ok()) << s.ToString();
-        ASSERT_TRUE(out == expected) << "pattern " << p << " threshold " << threshold;
-      }
-    });
+  const int n = backend.size();
+  for (size_t p = 0; p < patterns.size(); ++p) {
+    const int call = static_cast<int>(p);
+    std::vector<size_t> bytes(n);
+    std::vector<uint8_t> expected;
+    for (int r = 0; r < n; ++r) {
+      bytes[r] = patterns[p](r);
+      for (size_t i = 0; i < bytes[r]; ++i) expected.push_back(Byte(r, i, call));
+    }
+    std::vector<uint8_t> in(bytes[backend.rank()]);
+    for (size_t i = 0; i < in.size(); ++i) in[i] = Byte(backend.rank(), i, call);
+    std::vector<uint8_t> out(expected.size(), 0xEE);
+    const Status s = backend.Allgatherv(in.data(), out.data(), bytes);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    ASSERT_TRUE(out == expected) << "allgatherv pattern " << p << " threshold " << threshold;
   }
 }
 
-// Every root, sizes 0, 1, odd, several shared-memory chunks, below and above the threshold.
-TEST_P(HierarchicalBackendTest, BroadcastEveryRootAndSize) {
-  for (const size_t threshold : {size_t{0}, size_t{1} << 10}) {
-    RunHierarchical(GetParam(), threshold, [&](Backend& backend) {
-      int call = 0;
-      for (int root = 0; root < backend.size(); ++root) {
-        for (size_t bytes : {size_t{0}, size_t{1}, size_t{7}, size_t{4099}, size_t{70001}}) {
-          ++call;
-          std::vector<uint8_t> expected(bytes), data(bytes, 0xEE);
-          for (size_t i = 0; i < bytes; ++i) expected[i] = Byte(root, i, call);
-          if (backend.rank() == root) data = expected;
-          const Status s = backend.Broadcast(data.data(), bytes, root);
-          ASSERT_TRUE(s.ok()) << s.ToString();
-          ASSERT_TRUE(data == expected)
-              << "root " << root << " bytes " << bytes << " threshold " << threshold;
-        }
-      }
-    });
+// Every root, sizes 0, 1, odd, several shared-memory chunks.
+void CheckBroadcast(Backend& backend, size_t threshold) {
+  int call = 0;
+  for (int root = 0; root < backend.size(); ++root) {
+    for (size_t bytes : {size_t{0}, size_t{1}, size_t{7}, size_t{4099}, size_t{70001}}) {
+      ++call;
+      std::vector<uint8_t> expected(bytes), data(bytes, 0xEE);
+      for (size_t i = 0; i < bytes; ++i) expected[i] = Byte(root, i, call);
+      if (backend.rank() == root) data = expected;
+      const Status s = backend.Broadcast(data.data(), bytes, root);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      ASSERT_TRUE(data == expected)
+          << "broadcast root " << root << " bytes " << bytes << " threshold " << threshold;
+    }
   }
 }
 
-TEST_P(HierarchicalBackendTest, ReduceScatterAndAlltoallvRunFlat) {
-  RunHierarchical(GetParam(), 0, [&](Backend& backend) {
-    const int n = backend.size();
-    std::vector<float> rs_in(2 * n, 1.0f), rs_out(2);
-    ASSERT_TRUE(backend
-                    .ReduceScatter(rs_in.data(), rs_out.data(), std::vector<size_t>(n, 2),
-                                   DType::kFloat32, ReduceOp::kSum)
-                    .ok());
-    EXPECT_EQ(rs_out[1], static_cast<float>(n));
-    std::vector<uint8_t> a_in(n), a_out(n);
-    for (int r = 0; r < n; ++r) a_in[r] = static_cast<uint8_t>(backend.rank() * 16 + r);
-    ASSERT_TRUE(backend
-                    .Alltoallv(a_in.data(), std::vector<size_t>(n, 1), a_out.data(),
-                               std::vector<size_t>(n, 1))
-                    .ok());
-    for (int r = 0; r < n; ++r) EXPECT_EQ(a_out[r], r * 16 + backend.rank());
-  });
+// Reduce-scatter and all-to-all, which run flat.
+void CheckFlatCollectives(Backend& backend) {
+  const int n = backend.size();
+  std::vector<float> rs_in(2 * n, 1.0f), rs_out(2);
+  ASSERT_TRUE(backend
+                  .ReduceScatter(rs_in.data(), rs_out.data(), std::vector<size_t>(n, 2),
+                                 DType::kFloat32, ReduceOp::kSum)
+                  .ok());
+  EXPECT_EQ(rs_out[1], static_cast<float>(n));
+  std::vector<uint8_t> a_in(n), a_out(n);
+  for (int r = 0; r < n; ++r) a_in[r] = static_cast<uint8_t>(backend.rank() * 16 + r);
+  ASSERT_TRUE(backend
+                  .Alltoallv(a_in.data(), std::vector<size_t>(n, 1), a_out.data(),
+                             std::vector<size_t>(n, 1))
+                  .ok());
+  for (int r = 0; r < n; ++r) EXPECT_EQ(a_out[r], r * 16 + backend.rank());
+}
+
+// One set-up per threshold (set-ups cost more than these collectives): threshold 0 takes every
+// allgatherv and broadcast through the two levels, 1 KiB the small ones through the flat backend.
+TEST_P(HierarchicalBackendTest, AllgathervBroadcastAndFlatCollectives) {
+  for (const size_t threshold : {size_t{0}, size_t{1} << 10}) {
+    RunHierarchical(GetParam(), threshold, [&](Backend& backend) {
+      ASSERT_NO_FATAL_FAILURE(CheckAllgatherv(backend, threshold));
+      ASSERT_NO_FATAL_FAILURE(CheckBroadcast(backend, threshold));
+      CheckFlatCollectives(backend);
+    });
+  }
 }
 
 // A stand-in backend of `size` ranks: moves no data, appends "<name>.<call>" to a shared log, and
