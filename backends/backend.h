@@ -119,15 +119,18 @@ StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& name,
 // errors when a rank fails or times out.
 StatusOr<std::unique_ptr<Backend>> CreateShmBackend(const BackendOptions& options, Store* store,
                                                     size_t buffer_bytes, size_t direct_threshold);
-// A backend for hosts that each run several ranks (backends/hierarchical): allreduces of at least
-// `threshold` bytes reduce-scatter on `local` (this host's ranks, e.g. shared memory), allreduce
-// each block on `cross` (the ranks with this local rank on every host) and allgather on `local`;
-// everything else runs on `flat` (every rank). Every host must run local->size() ranks. Takes the
-// three backends, created collectively by the caller.
-std::unique_ptr<Backend> CreateHierarchicalBackend(int rank, int size,
-                                                   std::unique_ptr<Backend> local,
-                                                   std::unique_ptr<Backend> cross,
-                                                   std::unique_ptr<Backend> flat, size_t threshold);
+// A backend for hosts that each run several ranks (backends/hierarchical): allreduces,
+// allgathers and broadcasts of at least `threshold` bytes (an allgather's of every rank together)
+// run in two levels, over `local` (this host's ranks, e.g. shared memory) and `cross` (the ranks
+// with this local rank on every host: rank h is host h's), so that each host's network carries
+// 1/local->size() of the data per local rank; everything else runs on `flat` (every rank).
+// host_of[r] is rank r's host (0 .. cross->size() - 1); a host's local ranks are its ranks in rank
+// order, which need not be consecutive; every host runs local->size() ranks. Takes the three
+// backends, created collectively by the caller; kInvalidArgument, naming the mismatch, when their
+// ranks and sizes do not match host_of and rank.
+StatusOr<std::unique_ptr<Backend>> CreateHierarchicalBackend(
+    int rank, const std::vector<int>& host_of, std::unique_ptr<Backend> local,
+    std::unique_ptr<Backend> cross, std::unique_ptr<Backend> flat, size_t threshold);
 // This host as shared memory sees it (boot id and namespaces), or `override_id` when not empty.
 std::string ShmHostIdentity(const std::string& override_id);
 

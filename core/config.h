@@ -51,10 +51,10 @@ struct Config {
   // Allreduces at least this large read the peers' memory directly (cross-memory attach, where
   // the system allows it) instead of copying through the segment; negative: never.
   int64_t shm_direct_threshold_bytes = int64_t{256} << 10;
-  // Several hosts with the same number (> 1) of ranks each: "auto"/"on" run allreduces of at
-  // least hierarchical_threshold_bytes in two levels (shared memory within the host, the backend
-  // across hosts; core/lane_backends.h); "on" fails init when the layout does not allow it; "off"
-  // keeps every collective flat.
+  // Several hosts with the same number (> 1) of ranks each: "auto"/"on" run allreduces,
+  // allgathers and broadcasts of at least hierarchical_threshold_bytes in two levels (shared
+  // memory within the host, the backend across hosts; core/lane_backends.h); "on" fails init when
+  // the layout does not allow it; "off" keeps every collective flat.
   std::string hierarchical = "auto";
   int64_t hierarchical_threshold_bytes = int64_t{256} << 10;
   // The compressor of allreduces that do not name one ("none", "fp16", "topk:density=0.01", ...).

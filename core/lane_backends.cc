@@ -91,8 +91,9 @@ StatusOr<std::unique_ptr<Backend>> Hierarchical(const Config& config, const Host
     return across.status().WithContext("starting the backend across hosts (lane " +
                                        std::to_string(lane) + ")");
   }
-  return CreateHierarchicalBackend(config.rank, config.size, std::move(*local), std::move(*across),
-                                   std::move(flat), Threshold(config.hierarchical_threshold_bytes));
+  return CreateHierarchicalBackend(config.rank, layout.host_of, std::move(*local),
+                                   std::move(*across), std::move(flat),
+                                   Threshold(config.hierarchical_threshold_bytes));
 }
 
 }  // namespace
@@ -109,6 +110,7 @@ StatusOr<HostLayout> ExchangeHostLayout(const Config& config, Store* store,
                              store->Get(prefix + "/host/" + std::to_string(r), deadline));
     const auto [it, added] = host_of.emplace(theirs, static_cast<int>(sizes.size()));
     if (added) sizes.push_back(0);
+    layout.host_of.push_back(it->second);
     if (r == config.rank) {
       layout.host = it->second;
       layout.local_rank = sizes[it->second];
@@ -152,10 +154,13 @@ StatusOr<std::vector<std::unique_ptr<Backend>>> CreateLaneBackends(const Config&
             " ranks are on this host");
   } else if (hierarchical) {
     Log(config, LogLevel::kInfo,
-        "allreduces of " + std::to_string(config.hierarchical_threshold_bytes) +
+        "allreduces, allgathers (all ranks' bytes together) and broadcasts of " +
+            std::to_string(config.hierarchical_threshold_bytes) +
             " bytes and more are hierarchical: " + std::to_string(layout.hosts) + " hosts x " +
-            std::to_string(layout.local_size) +
-            " ranks (shared memory within a host); the rest run flat on " +
+            std::to_string(layout.local_size) + " ranks (shared memory within a host, " +
+            config.ResolvedBackend() +
+            " across hosts); smaller ones, reduce-scatters, all-to-alls and barriers run flat "
+            "on " +
             config.ResolvedBackend());
   } else if (config.size > 1) {
     Log(config, LogLevel::kInfo, "collectives run flat on " + config.ResolvedBackend());

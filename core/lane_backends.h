@@ -23,12 +23,13 @@ class Store;
 
 // Where this communicator's ranks run, from the host identities every rank publishes.
 struct HostLayout {
-  int hosts = 1;        // distinct hosts, numbered in the order of their lowest rank
-  int host = 0;         // this rank's host
-  int local_rank = 0;   // this rank's position among the ranks of its host, in rank order
-  int local_size = 1;   // the ranks on this host
-  bool uniform = true;  // every host runs local_size ranks
-  int elsewhere = -1;   // the lowest rank on another host than this one, or -1
+  int hosts = 1;             // distinct hosts, numbered in the order of their lowest rank
+  int host = 0;              // this rank's host
+  int local_rank = 0;        // this rank's position among the ranks of its host, in rank order
+  int local_size = 1;        // the ranks on this host
+  bool uniform = true;       // every host runs local_size ranks
+  int elsewhere = -1;        // the lowest rank on another host than this one, or -1
+  std::vector<int> host_of;  // every rank's host (a host's ranks need not be consecutive)
 };
 
 // Publishes this rank's host identity under prefix/host/<rank> and reads everyone's.

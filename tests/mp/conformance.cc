@@ -526,22 +526,25 @@ int Run(int argc, char** argv) {
       steps = std::atoi(argv[++i]);
     } else if (a == "--split") {
       split = true;
-    } else if (a == "--hosts" && i + 1 < argc) {
-      // Pretend the ranks run on K hosts, consecutive ranks on one (CONCORD_HOST_ID), so that
-      // the hierarchical backend runs: its local levels share this machine's memory.
+    } else if ((a == "--hosts" || a == "--hosts-interleaved") && i + 1 < argc) {
+      // Pretend the ranks run on K hosts (CONCORD_HOST_ID), so that the hierarchical backend runs
+      // (its local levels share this machine's memory): consecutive ranks on one host, or
+      // interleaved (rank r on host r % K: a host's ranks are not consecutive).
+      const bool interleaved = a == "--hosts-interleaved";
       const int hosts = std::atoi(argv[++i]);
       const char* r = std::getenv("CONCORD_RANK");
       const char* n = std::getenv("CONCORD_SIZE");
       if (hosts < 1 || r == nullptr || n == nullptr) {
-        std::fprintf(stderr, "--hosts needs K >= 1 and CONCORD_RANK, CONCORD_SIZE (concordrun)\n");
+        std::fprintf(stderr, "%s needs K >= 1 and CONCORD_RANK, CONCORD_SIZE (concordrun)\n",
+                     a.c_str());
         return 2;
       }
-      const int host = std::atoi(r) * hosts / std::atoi(n);
+      const int host = interleaved ? std::atoi(r) % hosts : std::atoi(r) * hosts / std::atoi(n);
       setenv("CONCORD_HOST_ID", ("conformance-host-" + std::to_string(host)).c_str(), 1);
     } else {
       std::fprintf(stderr,
                    "usage: %s [--min-size N] [--max-size N] [--steps S] [--ops ar,bc,ag,grp,x] "
-                   "[--split] [--hosts K]\n",
+                   "[--split] [--hosts K | --hosts-interleaved K]\n",
                    argv[0]);
       return 2;
     }
