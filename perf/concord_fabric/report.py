@@ -203,16 +203,17 @@ HOST_SERIES = [("1gbe", "block", False), ("1gbe", "block", True), ("1gbe", "cycl
 def _plot_hosts(tensors, fabrics, outdir):
     """ResNet-50 step time against ranks on servers of 8 GPUs joined by one link each."""
     plots = []
-    for i, (key, placement, hier) in enumerate(HOST_SERIES):
+    for key, placement, hier in HOST_SERIES:
         layout = model.Layout(8, placement, hier, model.INTRA_FABRICS["nvlink"])
         name = f"data/hosts_{key}_{placement}_{'hier' if hier else 'flat'}.dat"
         _write(os.path.join(outdir, name),
                [f"{n} {model.step_time(tensors, n, fabrics[key], layout=layout) * 1e3}"
                 for n in RANKS_MODEL if n >= 8])
-        style = "lw 2" if hier else "lw 2 dt 2"
+        style = "lw 2" if hier else ("lw 2 dt 3" if placement == "cyclic" else "lw 2 dt 2")
         label = (f"{fabrics[key].name}, {'hierarchical' if hier else 'flat'}"
                  + (", cyclic placement" if placement == "cyclic" else ""))
-        plots.append(f"'{name}' using 1:2 with lines {style} lc {1 + i // 2} title '{label}'")
+        color = 1 + [k for k, _, _ in HOST_SERIES].index(key)  # one color per fabric
+        plots.append(f"'{name}' using 1:2 with lines {style} lc {color} title '{label}'")
     _gnuplot(COMMON + "set output 'hosts.png'\nset logscale x 2\nset logscale y\n"
              "set xrange [8:512]\n"
              "set title 'ResNet-50 communication per step, servers of 8 GPUs (NVLink) "
@@ -260,10 +261,12 @@ def _hosts_section(data, tensors, fabrics, outdir):
            + (f"**{best} bytes** on" if best is not None else "no size of the sweep at")
            + f" (the default CONCORD_HIERARCHICAL_THRESHOLD is {model.HIERARCHICAL_THRESHOLD}).",
            "", f"![hosts]({_plot_hosts(tensors, fabrics, outdir)})", "",
-           "The model for servers of 8 GPUs (NVLink within, one link per server): in blocks, "
-           "hierarchical and flat move the same bytes over the links, and hierarchical saves the "
-           "latency of the ranks within a host (L(n) against L(n/8) messages per allreduce); "
-           "cyclic placement costs flat 8x the bytes.", "",
+           "The model for servers of 8 GPUs (NVLink within, one link per server; 8 ranks are one "
+           "server, no network): in blocks, a hierarchical allreduce puts 2(H-1)/H S on each "
+           "server's link against the flat ring's 2(n-1)/n S, about half at 2 servers (1.00 "
+           "against 1.88 S), a gap that closes as servers multiply (both tend to 2 S), leaving "
+           "the latency of the ranks within a server (L(n) against L(n/8) messages per "
+           "allreduce); placed cyclically, flat costs 8x the bytes.", "",
            "| fabric | ranks | flat (blocks) | hierarchical | flat (cyclic) |",
            "|---|---|---|---|---|"]
     for key in ("1gbe", "ib100"):
