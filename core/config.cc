@@ -165,6 +165,8 @@ StatusOr<Config> Config::FromEnvironment() {
       env.Double("CONCORD_STALL_WARNING_S", "stall_warning_s", &c.stall_warning_s));
   CONCORD_RETURN_IF_ERROR(
       env.Double("CONCORD_STALL_SHUTDOWN_S", "stall_shutdown_s", &c.stall_shutdown_s));
+  CONCORD_RETURN_IF_ERROR(
+      env.Double("CONCORD_STRAGGLER_REPORT_S", "straggler_report_s", &c.straggler_report_s));
   return c;
 }
 
@@ -291,6 +293,11 @@ Status Config::Finalize() {
     return refuse(
         "stall_shutdown_s", Number(stall_shutdown_s),
         "the stall shutdown time must be in [0, " + Number(kMaxSeconds) + "] seconds (0: never)");
+  }
+  if (!(straggler_report_s >= 0.0 && straggler_report_s <= kMaxSeconds)) {
+    return refuse("straggler_report_s", Number(straggler_report_s),
+                  "the straggler report period must be in [0, " + Number(kMaxSeconds) +
+                      "] seconds (0: never)");
   }
   return Status::Ok();
 }

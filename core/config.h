@@ -84,6 +84,9 @@ struct Config {
   // long enough for a rank that pauses to write a checkpoint, short enough that a job missing a
   // tensor ends within the hour instead of holding its machines.
   double stall_shutdown_s = 600.0;
+  // [0, kMaxSeconds]; 0: never. How often rank 0 may log which rank the others wait for
+  // (core/straggler.h), when that is worth a line.
+  double straggler_report_s = 60.0;
   // A sub-communicator's (core/comm_split.h) description and its ranks' ranks in the parent,
   // which its failures name ("split 0 of the parent, color 1: ranks 0, 1 here are parent ranks
   // 2, 3"); empty for a communicator started by init.

@@ -35,7 +35,8 @@ std::string ExactDouble(double v) {
 
 }  // namespace
 
-Coordinator::Coordinator(int size, const ResponseCache* cache, StallOptions stall)
+Coordinator::Coordinator(int size, const ResponseCache* cache, StallOptions stall,
+                         std::chrono::milliseconds straggler_period)
     : size_(size),
       cache_(cache),
       stall_(stall),
@@ -44,7 +45,12 @@ Coordinator::Coordinator(int size, const ResponseCache* cache, StallOptions stal
       finalized_(size, false),
       joined_(size, false),
       join_step_(size, 0),
-      step_base_(size, 0) {}
+      step_base_(size, 0),
+      stragglers_(size, straggler_period, Clock::now()) {}
+
+std::optional<std::string> Coordinator::StragglerReport(Clock::time_point now) {
+  return stragglers_.Report(now);
+}
 
 size_t Coordinator::pending() const {
   return pending_.size() + bit_waits_.size() + held_.size();
@@ -75,6 +81,7 @@ Status Coordinator::Add(int rank, RequestMessage message, Clock::time_point now)
       SetBit(bits_by_rank_[rank], bit);
       auto [wait, fresh] = bit_waits_.try_emplace(bit);
       if (fresh) wait->second.first_seen = now;
+      wait->second.arrivals.Note(rank, now);
       wait->second.steps.Set(rank, size_, step);
       steps_mixed_ = steps_mixed_ || wait->second.steps.mixed;
       last_cached = entry;
@@ -112,6 +119,7 @@ Status Coordinator::Add(int rank, RequestMessage message, Clock::time_point now)
     }
     p.by_rank[rank] = request;
     ++p.count;
+    p.arrivals.Note(rank, now);
     if (request.name == FinalizeName()) {
       finalized_[rank] = true;
       any_finalized_ = true;
@@ -238,6 +246,7 @@ void Coordinator::ExpandDivergedBits() {
         }
       }
       p.first_seen = std::min(p.first_seen, bit_waits_.at(bit).first_seen);
+      p.arrivals.Merge(wait.arrivals);
       p.bits.push_back(bit);
       bit_waits_.erase(bit);
     }
@@ -418,6 +427,7 @@ StatusOr<ResponseMessage> Coordinator::TakeReady(Clock::time_point now) {
       auto wait = bit_waits_.find(bit);
       if (wait != bit_waits_.end()) {
         item.data = CombineInline(*cache_->Get(bit), wait->second.data);
+        stragglers_.OnReady(wait->second.arrivals, wait->second.steps.first);
         bit_waits_.erase(wait);
       }
       ready.push_back(std::move(item));
@@ -441,6 +451,9 @@ StatusOr<ResponseMessage> Coordinator::TakeReady(Clock::time_point now) {
     ApplyJoined(it->second, item.response);
     if (item.response.error == Code::kOk) {
       item.data = CombineInline(item.response, it->second.data_by_rank);
+    }
+    if (name != FinalizeName() && !IsJoinName(name)) {
+      stragglers_.OnReady(it->second.arrivals, it->second.steps.first);
     }
     ready.push_back(std::move(item));
     pending_.erase(it);

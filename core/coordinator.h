@@ -55,6 +55,10 @@
 //     for the others' whole epoch. After a join every rank's steps count from its step at the
 //     join, so epochs of different lengths do not look like skipped tensors (point 5).
 //
+//  9. Stragglers. Every ready operation's wait, from its previous submission's arrival to its last
+//     one's, is charged to the rank that submitted last (core/straggler.h); StragglerReport names
+//     the rank the others waited for most, each period, when worth a line.
+//
 // This class is the pure decision logic of steps 2-6 (no I/O, no threads): the engine feeds it
 // messages and sends what it returns. Not thread-safe; owned by rank 0's engine and used by the
 // thread running its step.
@@ -70,6 +74,7 @@
 #include "base/clock.h"
 #include "core/message.h"
 #include "core/response_cache.h"
+#include "core/straggler.h"
 
 namespace concord {
 
@@ -81,7 +86,9 @@ struct StallOptions {
 class Coordinator {
  public:
   // `cache` is the engine's response cache (rank 0's copy), read here, updated by the engine.
-  Coordinator(int size, const ResponseCache* cache, StallOptions stall);
+  // `straggler_period`: how often StragglerReport may report (zero: never).
+  Coordinator(int size, const ResponseCache* cache, StallOptions stall,
+              std::chrono::milliseconds straggler_period = std::chrono::milliseconds(0));
 
   // Adds what `rank` sent, ignoring its bits evicted since its cache generation. kProtocolError
   // for a cache generation ahead of the coordinator's, bits that name no cache entry, a name `rank`
@@ -99,6 +106,10 @@ class Coordinator {
   // Stall warnings due at `now` (each reported once), and the time of the next stall check.
   std::vector<std::string> StallWarnings(Clock::time_point now);
   std::optional<Clock::time_point> NextStallCheck() const;
+
+  // The straggler line due at `now`, if any (StragglerTracker: which rank the others waited for
+  // in the period that ended, when worth saying). Joins and the finalize barrier are not counted.
+  std::optional<std::string> StragglerReport(Clock::time_point now);
 
   // Number of operations waiting for some rank.
   size_t pending() const;
@@ -122,12 +133,14 @@ class Coordinator {
     bool warned = false;
     Steps steps;
     std::vector<uint32_t> bits;  // cache bits expanded into it (never evicted while it waits)
+    Arrivals arrivals;
   };
   struct BitWait {
     Clock::time_point first_seen;
     bool warned = false;
     std::vector<std::optional<std::string>> data;  // inline inputs by rank (empty: none yet)
     Steps steps;
+    Arrivals arrivals;
   };
   // The name a rank submitted last (for stall messages).
   struct LastSubmission {
@@ -181,6 +194,7 @@ class Coordinator {
   // Per rank: its step at the last join every rank completed; steps count from there.
   std::vector<uint64_t> step_base_;
   bool steps_mixed_ = false;  // some Pending or BitWait has mixed steps
+  StragglerTracker stragglers_;
 };
 
 }  // namespace concord

@@ -38,7 +38,8 @@ std::unique_ptr<Coordinator> MakeCoordinator(const Config& config, const Respons
   StallOptions stall;
   stall.warning = MillisFromSeconds(config.stall_warning_s);
   stall.shutdown = MillisFromSeconds(config.stall_shutdown_s);
-  return std::make_unique<Coordinator>(config.size, cache, stall);
+  return std::make_unique<Coordinator>(config.size, cache, stall,
+                                       MillisFromSeconds(config.straggler_report_s));
 }
 
 }  // namespace

@@ -127,6 +127,8 @@ Status Engine::Coordinate() {
   // Warnings go to every rank, so each rank's log says whom it waits for.
   ready.warnings = coordinator_->StallWarnings(now);
   for (const auto& warning : ready.warnings) Log(LogLevel::kWarning, "stall: " + warning);
+  if (auto line = coordinator_->StragglerReport(now))
+    Log(LogLevel::kWarning, "straggler: " + *line);
   if (ready.items.empty() && ready.warnings.empty()) return Status::Ok();
   if (config_.size > 1) {
     std::string bytes = SerializeResponseMessage(ready);

@@ -1,0 +1,85 @@
+#include "core/straggler.h"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace concord {
+
+void Arrivals::Note(int rank, Clock::time_point now) {
+  previous = latest_rank < 0 ? now : latest;
+  latest = now;
+  latest_rank = rank;
+}
+
+void Arrivals::Merge(const Arrivals& other) {
+  if (other.latest_rank < 0) return;
+  if (latest_rank < 0) {
+    *this = other;
+    return;
+  }
+  // The later of the two last arrivals stays last; the one before it is the latest of the rest.
+  const Arrivals& last = other.latest > latest ? other : *this;
+  const Arrivals& first = other.latest > latest ? *this : other;
+  const Clock::time_point previous_of_all = std::max(last.previous, first.latest);
+  const Clock::time_point latest_of_all = last.latest;
+  const int rank = last.latest_rank;
+  latest = latest_of_all;
+  previous = previous_of_all;
+  latest_rank = rank;
+}
+
+StragglerTracker::StragglerTracker(int size, std::chrono::milliseconds period,
+                                   Clock::time_point start)
+    : size_(size), period_(period), period_start_(start), ranks_(size) {}
+
+void StragglerTracker::OnReady(const Arrivals& arrivals, uint64_t step) {
+  if (arrivals.latest_rank < 0 || arrivals.latest_rank >= size_) return;
+  RankPeriod& r = ranks_[arrivals.latest_rank];
+  ++operations_;
+  ++r.last;
+  // Operations become ready about in order of their last arrival: the union grows by what lies
+  // beyond what it covers (an operation ready late with an earlier last arrival adds only that).
+  const Clock::time_point from = std::max(arrivals.previous, r.covered_until);
+  if (arrivals.latest > from) r.waited += arrivals.latest - from;
+  r.covered_until = std::max(r.covered_until, arrivals.latest);
+  if (step != 0) {
+    first_step_ = first_step_ == 0 ? step : std::min(first_step_, step);
+    last_step_ = std::max(last_step_, step);
+  }
+}
+
+std::optional<std::string> StragglerTracker::Report(Clock::time_point now) {
+  if (period_.count() <= 0 || now - period_start_ < period_) return std::nullopt;
+  const double seconds = std::chrono::duration<double>(now - period_start_).count();
+  const auto worst = std::max_element(
+      ranks_.begin(), ranks_.end(),
+      [](const RankPeriod& a, const RankPeriod& b) { return a.waited < b.waited; });
+  const double waited = std::chrono::duration<double>(worst->waited).count();
+  const double share_last =
+      operations_ == 0 ? 0.0 : static_cast<double>(worst->last) / static_cast<double>(operations_);
+  const int rank = static_cast<int>(worst - ranks_.begin());
+  const uint64_t operations = operations_;
+  const uint64_t steps = last_step_ == 0 ? 0 : last_step_ - first_step_ + 1;
+  // A new period, whether or not this one is worth a line.
+  period_start_ = now;
+  operations_ = 0;
+  first_step_ = last_step_ = 0;
+  for (RankPeriod& r : ranks_) r = RankPeriod{0, {}, r.covered_until};
+  if (size_ < 2 || waited < 0.05 * seconds || share_last <= std::min(0.9, 1.5 / size_)) {
+    return std::nullopt;
+  }
+  char line[320];
+  int n = std::snprintf(line, sizeof(line),
+                        "rank %d arrived last for %.0f%% of %llu operations in the last %.1f s; "
+                        "the others waited %.3f s for it (%.0f%% of the time)",
+                        rank, 100.0 * share_last, static_cast<unsigned long long>(operations),
+                        seconds, waited, 100.0 * waited / seconds);
+  if (steps > 0 && n > 0 && static_cast<size_t>(n) < sizeof(line)) {
+    std::snprintf(line + n, sizeof(line) - static_cast<size_t>(n),
+                  ", %.1f ms a step over %llu steps", 1000.0 * waited / static_cast<double>(steps),
+                  static_cast<unsigned long long>(steps));
+  }
+  return std::string(line);
+}
+
+}  // namespace concord
