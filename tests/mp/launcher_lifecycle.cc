@@ -17,8 +17,10 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "mp_common.h"
@@ -86,6 +88,10 @@ int Fail(int victim, const std::string& how, double grace) {
   std::fflush(stdout);
   // What an application does with such an error: it says so and exits non-zero by itself.
   concord_finalize(comm);
+  // A moment first: a SIGKILLed victim's sockets close (which is how the survivors learn of it)
+  // before the kernel tells its parent it exited, and on a loaded machine a survivor exiting at
+  // once was once reaped first, so concordrun rightly named it the first to fail.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
   return 4;
 }
 
