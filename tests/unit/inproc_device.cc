@@ -51,7 +51,9 @@ class InProcDeviceBackend : public DeviceBackend {
   ~InProcDeviceBackend() override {
     Abort(Status(Code::kNotInitialized, "the device backend was destroyed"));
     std::unique_lock<std::mutex> lock(world_->mu_);
-    world_->cv_.wait(lock, [&] { return !world_->ranks_[rank_].running; });
+    // Nor may the worker still be calling a callback it took: they reach this rank's engine.
+    world_->cv_.wait(lock,
+                     [&] { return !world_->ranks_[rank_].running && world_->delivering_ == 0; });
   }
 
   const char* name() const override { return "inproc-device"; }
@@ -244,9 +246,12 @@ void InProcDeviceWorld::Loop() {
     if (late >= 0) {
       auto callbacks = Break(late, TimeoutError("inproc-device: collective not finished by its "
                                                 "deadline (a peer never arrived)"));
+      ++delivering_;
       lock.unlock();
       for (auto& cb : callbacks) cb();
       lock.lock();
+      --delivering_;
+      cv_.notify_all();
       continue;
     }
     if (FrontsReady()) {

@@ -92,6 +92,7 @@ class InProcDeviceWorld {
   std::condition_variable cv_;
   std::vector<RankState> ranks_;
   uint64_t completed_ = 0;
+  int delivering_ = 0;  // the worker is calling callbacks that Break() took (outside mu_)
   bool stop_ = false;
   std::thread worker_;
 };
