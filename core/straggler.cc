@@ -13,19 +13,15 @@ void Arrivals::Note(int rank, Clock::time_point now) {
 
 void Arrivals::Merge(const Arrivals& other) {
   if (other.latest_rank < 0) return;
-  if (latest_rank < 0) {
+  // The later of the two last arrivals stays last; the one before it is the latest of the rest.
+  if (latest_rank < 0 || other.latest > latest) {
+    const Clock::time_point before =
+        latest_rank < 0 ? other.previous : std::max(other.previous, latest);
     *this = other;
+    previous = before;
     return;
   }
-  // The later of the two last arrivals stays last; the one before it is the latest of the rest.
-  const Arrivals& last = other.latest > latest ? other : *this;
-  const Arrivals& first = other.latest > latest ? *this : other;
-  const Clock::time_point previous_of_all = std::max(last.previous, first.latest);
-  const Clock::time_point latest_of_all = last.latest;
-  const int rank = last.latest_rank;
-  latest = latest_of_all;
-  previous = previous_of_all;
-  latest_rank = rank;
+  previous = std::max(previous, other.latest);
 }
 
 StragglerTracker::StragglerTracker(int size, std::chrono::milliseconds period,

@@ -52,7 +52,7 @@ def _intra_sweep(perf, concordrun, env, log):
 def measure(perf, concordrun, workload, env, log=print):
     """Everything above, as the 'hosts' part of the report's JSON."""
     layout = {"profile": PROFILE, "hosts": HOSTS, "ranks_per_host": RANKS_PER_HOST}
-    log(f"== one host, 2 ranks: sweep (shared memory)")
+    log("== one host, 2 ranks: sweep (shared memory)")
     data = dict(layout, intra=_intra_sweep(perf, concordrun, env, log), steps=[], sweeps={})
     for placement in emulate.PLACEMENTS:
         for mode, mode_env in MODES.items():

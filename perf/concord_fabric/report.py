@@ -276,7 +276,7 @@ def _hosts_section(data, tensors, fabrics, outdir):
                 for p, hier in (("block", False), ("block", True), ("cyclic", False))}
             md.append(f"| {fabrics[key].name} | {n} | {t[('block', False)] * 1e3:.1f} ms | "
                       f"{t[('block', True)] * 1e3:.1f} ms | {t[('cyclic', False)] * 1e3:.1f} ms |")
-    return md, checks_rows
+    return md
 
 
 def eight_rank_table(tensors, compute, fabrics, n=8):
@@ -348,7 +348,7 @@ def render(data, tensors, outdir, compute=None, workload_name="resnet50"):
                "30% while 1gbe stayed within 14%."]
     md += ["", f"![step time]({images[1]})", "", f"![efficiency]({images[2]})", ""]
     if data.get("hosts"):
-        md += _hosts_section(data, tensors, fabrics, outdir)[0] + [""]
+        md += _hosts_section(data, tensors, fabrics, outdir) + [""]
     md += [
            "## What the model says at 8 ranks", "",
            f"Compute {compute:.3f} s per step (ResNet-50 fp32, batch 256, one V100: NVIDIA "
