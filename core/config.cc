@@ -96,6 +96,28 @@ std::string Number(double x) {
   return out.str();
 }
 
+// CONCORD_METRICS_PORT: "port" or "address:port" (an IPv6 address in brackets).
+Status ParseMetricsEndpoint(const std::string& text, Config* c) {
+  const size_t colon = text.rfind(':');
+  std::string address = colon == std::string::npos ? "" : text.substr(0, colon);
+  const std::string port = colon == std::string::npos ? text : text.substr(colon + 1);
+  if (address.size() >= 2 && address.front() == '[' && address.back() == ']') {
+    address = address.substr(1, address.size() - 2);
+  }
+  char* end = nullptr;
+  errno = 0;
+  const long value = port.empty() ? -1 : std::strtol(port.c_str(), &end, 10);
+  if (port.empty() || *end != '\0' || errno != 0 || value < 0 || value > 65535 ||
+      (colon != std::string::npos && address.empty())) {
+    return InvalidArgument("CONCORD_METRICS_PORT = '" + text +
+                           "': expected a port in [0, 65535], optionally after an address to "
+                           "bind (\"9400\", \"0.0.0.0:9400\")");
+  }
+  c->metrics_port = static_cast<int>(value);
+  if (!address.empty()) c->metrics_address = address;
+  return Status::Ok();
+}
+
 }  // namespace
 
 StatusOr<Config> Config::FromEnvironment() {
@@ -167,6 +189,10 @@ StatusOr<Config> Config::FromEnvironment() {
       env.Double("CONCORD_STALL_SHUTDOWN_S", "stall_shutdown_s", &c.stall_shutdown_s));
   CONCORD_RETURN_IF_ERROR(
       env.Double("CONCORD_STRAGGLER_REPORT_S", "straggler_report_s", &c.straggler_report_s));
+  std::string endpoint;
+  env.String({"CONCORD_METRICS_PORT"}, "metrics_port", &endpoint);
+  if (!endpoint.empty()) CONCORD_RETURN_IF_ERROR(ParseMetricsEndpoint(endpoint, &c));
+  env.String({"CONCORD_SUMMARY_DIR"}, "summary_dir", &c.summary_dir);
   return c;
 }
 
@@ -293,6 +319,12 @@ Status Config::Finalize() {
     return refuse(
         "stall_shutdown_s", Number(stall_shutdown_s),
         "the stall shutdown time must be in [0, " + Number(kMaxSeconds) + "] seconds (0: never)");
+  }
+  if (metrics_port > 0 && metrics_port + std::max(local_size, 1) - 1 > 65535) {
+    return refuse("metrics_port", std::to_string(metrics_port),
+                  "each rank serves metrics on the port plus its local rank, and " +
+                      std::to_string(metrics_port) + " + " + std::to_string(local_size - 1) +
+                      " is beyond 65535");
   }
   if (!(straggler_report_s >= 0.0 && straggler_report_s <= kMaxSeconds)) {
     return refuse("straggler_report_s", Number(straggler_report_s),

@@ -91,6 +91,14 @@ struct Config {
   // which its failures name ("split 0 of the parent, color 1: ranks 0, 1 here are parent ranks
   // 2, 3"); empty for a communicator started by init.
   std::string membership;
+  // The metrics endpoint (CONCORD_METRICS_PORT, "[address:]port"): Prometheus text over HTTP,
+  // each rank on metrics_port + local_rank (0: a port the kernel picks), bound to
+  // metrics_address; -1: none. A world communicator's only.
+  int metrics_port = -1;
+  std::string metrics_address = "127.0.0.1";
+  // Where each rank of a world communicator writes its end-of-job summary at finalize
+  // (CONCORD_SUMMARY_DIR; concordrun sets it); empty: nowhere.
+  std::string summary_dir;
   // The longest timeout or stall time: a day (durations stay far from overflowing a clock).
   static constexpr double kMaxSeconds = 86400.0;
 

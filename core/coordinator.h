@@ -110,6 +110,7 @@ class Coordinator {
   // The straggler line due at `now`, if any (StragglerTracker: which rank the others waited for
   // in the period that ended, when worth saying). Joins and the finalize barrier are not counted.
   std::optional<std::string> StragglerReport(Clock::time_point now);
+  const StragglerTotals& straggler_totals() const { return stragglers_.totals(); }
 
   // Number of operations waiting for some rank.
   size_t pending() const;

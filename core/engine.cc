@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "core/message.h"
+#include "core/metered_backend.h"
 
 namespace concord {
 namespace {
@@ -24,10 +25,12 @@ std::chrono::microseconds DriveBusyPoll(const Config& config) {
   return oversubscribed ? std::chrono::microseconds(0) : Engine::kDriveBusyPoll;
 }
 
-std::vector<Lane> MakeLanes(std::vector<std::unique_ptr<Backend>> backends) {
+std::vector<Lane> MakeLanes(std::vector<std::unique_ptr<Backend>> backends,
+                            const std::shared_ptr<Metrics>& metrics) {
   std::vector<Lane> lanes(backends.size());
   for (size_t i = 0; i < backends.size(); ++i) {
-    lanes[i].backend = std::move(backends[i]);
+    lanes[i].backend =
+        std::make_unique<MeteredBackend>(std::move(backends[i]), static_cast<int>(i), metrics);
     if (i > 0) lanes[i].worker = std::make_unique<LaneWorker>();
   }
   return lanes;
@@ -50,7 +53,7 @@ Engine::Engine(const Config& config, std::unique_ptr<ControlPlane> control,
     : config_(config),
       keep_alive_(std::move(keep_alive)),
       control_(std::move(control)),
-      lanes_(MakeLanes(std::move(lanes))),
+      lanes_(MakeLanes(std::move(lanes), metrics_)),
       cache_(static_cast<size_t>(config.cache_capacity)),
       coordinator_(MakeCoordinator(config_, &cache_)),
       // Push() calls it outside the queue's lock; the driver outlives the queue's use.
@@ -125,6 +128,8 @@ Status Engine::Enqueue(QueueEntry entry, bool then_wait) {
   CONCORD_RETURN_IF_ERROR(CheckDevice(entry));
   CONCORD_RETURN_IF_ERROR(AttachCompressor(entry));
   entry.step = step_.load(std::memory_order_relaxed);
+  entry.state->Meter(metrics_, OpTypeName(entry.request.op), entry.request.dtype,
+                     static_cast<uint64_t>(entry.request.NumBytes()), Clock::now());
   {
     MutexLock lock(group_mu_);
     if (group_open_ && group_owner_ == std::this_thread::get_id()) {
@@ -263,6 +268,11 @@ Status Engine::Shutdown() {
     }
   }
   driver_.Stop();
+  {
+    // The driver has stopped: the coordinator's last figures, for the summary.
+    MutexLock step(driver_.step_mutex());
+    if (coordinator_) metrics_->SetStragglers(coordinator_->straggler_totals());
+  }
   // Waiters driving notice the stop within a slice; later ones wait plainly.
   gate_->Close();
   if (device_.backend) {
@@ -292,6 +302,7 @@ Status Engine::Shutdown() {
   p2p_->Close(closed);
   for (auto& e : left) e.state->Complete(closed);
   finalizing_thread_.store(std::thread::id());
+  WriteSummary();
   if (!barrier.ok()) Log(LogLevel::kWarning, barrier.message());
   return barrier;
 }

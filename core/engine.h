@@ -56,6 +56,8 @@
 #include "core/fusion_planner.h"
 #include "core/lane.h"
 #include "core/lane_plan.h"
+#include "core/metrics.h"
+#include "core/metrics_render.h"
 #include "core/ordered_reduction.h"
 #include "core/p2p.h"
 #include "core/progress_driver.h"
@@ -156,6 +158,10 @@ class Engine {
   // The error that failed the engine (OK while healthy).
   Status failure() const EXCLUDES(failure_mu_);
   const EngineStats& stats() const { return stats_; }
+  // The communicator's metrics (core/metrics.h) as JSON, and as Prometheus text
+  // (core/metrics_render.h); thread-safe.
+  std::string MetricsJson() const;
+  std::string MetricsPrometheus() const;
 
   // A group of direct allreduces is split over the lanes when each share gets this many bytes.
   static constexpr size_t kMinShareBytes = size_t{1} << 20;
@@ -168,6 +174,8 @@ class Engine {
   // Inline data rank 0 may receive for one tensor from all ranks together: at scale the
   // inline threshold shrinks to this divided by (size - 1).
   static constexpr size_t kInlineBudgetBytes = size_t{1} << 20;
+  // How often rank 0 copies its straggler totals into the metrics.
+  static constexpr std::chrono::milliseconds kStragglerCopyPeriod{100};
 
  private:
   // The entries of one response list, index for index with its responses, taken out of the queue
@@ -195,6 +203,11 @@ class Engine {
   void Log(LogLevel level, const std::string& message) const;
   // config.timeout_s from now: how long a collective, a drain or the finalize barrier may take.
   Deadline TimeoutFromNow() const;
+
+  // --- engine_metrics.cc ---
+  MetricsContext MetricsContextNow() const;
+  // The end-of-job summary, when config.summary_dir asks for it (a warning when it cannot be).
+  void WriteSummary() const;
 
   // --- engine_negotiation.cc ---
   Status Step(Deadline limit, std::chrono::microseconds busy) REQUIRES(driver_.step_mutex());
@@ -317,6 +330,10 @@ class Engine {
   std::shared_ptr<void> keep_alive_;
   FusionOptions fusion_;
   EngineStats stats_;
+  // Before the lanes: their backends record into it.
+  const std::shared_ptr<Metrics> metrics_ = std::make_shared<Metrics>();
+  // When rank 0 last copied its straggler totals into the metrics.
+  Clock::time_point stragglers_copied_ GUARDED_BY(driver_.step_mutex()){};
 
   // Touched only by the stepping thread (and the lane workers it waits for).
   std::unique_ptr<ControlPlane> control_ GUARDED_BY(driver_.step_mutex());

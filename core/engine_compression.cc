@@ -135,6 +135,7 @@ Status Engine::RunCompressed(Lane& lane, const FusionBatch& batch, const Respons
     shares = gathered;
   }
   CONCORD_RETURN_IF_ERROR(s);
+  metrics_->RecordCompression(batch.bytes, total);
 
   for (size_t k = 0; k < batch.members.size(); ++k) {
     QueueEntry& e = *entries[batch.members[k]];

@@ -64,6 +64,7 @@ Status Engine::TakeEntries(const Responses& responses, Entries& entries) {
       continue;
     }
     entries[i] = queue_.Take(r.request.name);
+    if (entries[i]) entries[i]->state->MarkNegotiated();
     if (r.error != Code::kOk) continue;  // completed with the error, if this rank submitted it
     if (!entries[i] && r.Joined(config_.rank)) {
       // This rank has joined: it takes part without a tensor of its own.

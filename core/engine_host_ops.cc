@@ -79,6 +79,7 @@ Status Engine::RunBatch(Lane& lane, const FusionBatch& batch, const Responses& r
   stats_.batches.fetch_add(1, std::memory_order_relaxed);
   if (batch.fused) {
     stats_.fused_tensors.fetch_add(batch.members.size(), std::memory_order_relaxed);
+    metrics_->RecordFusedBatch(batch.members.size(), batch.bytes, fusion_.threshold);
     if (r.request.op == OpType::kReducescatter) {
       return RunReducescatterPacked(lane, batch, responses, entries);
     }

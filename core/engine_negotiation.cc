@@ -104,6 +104,7 @@ Status Engine::HandleMessage(const ControlMessage& message) {
   CONCORD_ASSIGN_OR_RETURN(ResponseMessage response, ParseResponseMessage(message.bytes));
   if (response.abort) return Status(response.abort_code, response.abort_reason);
   for (const auto& warning : response.warnings) Log(LogLevel::kWarning, "stall: " + warning);
+  if (!response.warnings.empty()) metrics_->RecordStallWarnings(response.warnings.size());
   if (response.items.empty()) return Status::Ok();
   return ExecuteList(response);
 }
@@ -127,8 +128,13 @@ Status Engine::Coordinate() {
   // Warnings go to every rank, so each rank's log says whom it waits for.
   ready.warnings = coordinator_->StallWarnings(now);
   for (const auto& warning : ready.warnings) Log(LogLevel::kWarning, "stall: " + warning);
+  if (!ready.warnings.empty()) metrics_->RecordStallWarnings(ready.warnings.size());
   if (auto line = coordinator_->StragglerReport(now))
     Log(LogLevel::kWarning, "straggler: " + *line);
+  if (now - stragglers_copied_ >= kStragglerCopyPeriod) {
+    metrics_->SetStragglers(coordinator_->straggler_totals());
+    stragglers_copied_ = now;
+  }
   if (ready.items.empty() && ready.warnings.empty()) return Status::Ok();
   if (config_.size > 1) {
     std::string bytes = SerializeResponseMessage(ready);

@@ -12,12 +12,35 @@ void RequestState::Complete(const Status& status) {
     status_ = status;
     callback = std::move(callback_);
   }
+  const Clock::time_point completed = metrics_ ? Clock::now() : Clock::time_point();
   if (callback) callback(status);
+  if (metrics_) {
+    auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
+    const Clock::rep negotiated = negotiated_.load(std::memory_order_relaxed);
+    const Clock::time_point taken =
+        negotiated == 0 ? enqueued_ : Clock::time_point(Clock::duration(negotiated));
+    OpSample sample = sample_;
+    sample.code = status.code();
+    sample.wire_bytes = wire_bytes();
+    sample.negotiation_s = seconds(taken - enqueued_);
+    sample.execution_s = seconds(completed - taken);
+    sample.callback_s = seconds(Clock::now() - completed);
+    metrics_->RecordOp(sample);
+  }
   {
     MutexLock lock(mu_);
     done_ = true;
   }
   cv_.NotifyAll();
+}
+
+void RequestState::Meter(std::shared_ptr<Metrics> metrics, const char* op, DType dtype,
+                         uint64_t bytes, Clock::time_point enqueued) {
+  metrics_ = std::move(metrics);
+  sample_.op = op;
+  sample_.dtype = dtype;
+  sample_.bytes = bytes;
+  enqueued_ = enqueued;
 }
 
 int RequestState::complete_calls() const {

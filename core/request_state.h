@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "backends/device_backend.h"
@@ -13,6 +14,7 @@
 #include "base/dtype.h"
 #include "base/mutex.h"
 #include "base/status.h"
+#include "core/metrics.h"
 
 namespace concord {
 
@@ -52,6 +54,16 @@ class RequestState {
   void AddWireBytes(uint64_t bytes) { wire_bytes_.fetch_add(bytes, std::memory_order_relaxed); }
   uint64_t wire_bytes() const { return wire_bytes_.load(std::memory_order_relaxed); }
 
+  // Metering (core/metrics.h): set once by the engine before the request is queued; Complete()
+  // then records the operation into `metrics` (before waiters wake), with its phases measured
+  // from `enqueued` and MarkNegotiated().
+  void Meter(std::shared_ptr<Metrics> metrics, const char* op, DType dtype, uint64_t bytes,
+             Clock::time_point enqueued);
+  // The engine took the request out of its queue to run it: negotiation ends here.
+  void MarkNegotiated() {
+    negotiated_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+  }
+
   // Device operations: the engine hands over the collective's device event once it is launched
   // (before Complete()). WaitLaunched() waits until then, or until the operation completed, or the
   // deadline: it returns the event while the operation may still run on the device, nullptr once
@@ -70,6 +82,11 @@ class RequestState {
   Output output_;
   std::atomic<uint64_t> wire_bytes_{0};
   std::shared_ptr<DeviceEvent> launched_ GUARDED_BY(mu_);
+  // Metering; written by Meter() before the request is shared with another thread.
+  std::shared_ptr<Metrics> metrics_;
+  OpSample sample_;
+  Clock::time_point enqueued_{};
+  std::atomic<Clock::rep> negotiated_{0};  // 0: not yet
 };
 
 }  // namespace concord

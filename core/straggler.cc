@@ -26,7 +26,10 @@ void Arrivals::Merge(const Arrivals& other) {
 
 StragglerTracker::StragglerTracker(int size, std::chrono::milliseconds period,
                                    Clock::time_point start)
-    : size_(size), period_(period), period_start_(start), ranks_(size) {}
+    : size_(size), period_(period), period_start_(start), ranks_(size) {
+  totals_.last.assign(static_cast<size_t>(size), 0);
+  totals_.waited_s.assign(static_cast<size_t>(size), 0.0);
+}
 
 void StragglerTracker::OnReady(const Arrivals& arrivals, uint64_t step) {
   if (arrivals.latest_rank < 0 || arrivals.latest_rank >= size_) return;
@@ -36,7 +39,13 @@ void StragglerTracker::OnReady(const Arrivals& arrivals, uint64_t step) {
   // Operations become ready about in order of their last arrival: the union grows by what lies
   // beyond what it covers (an operation ready late with an earlier last arrival adds only that).
   const Clock::time_point from = std::max(arrivals.previous, r.covered_until);
-  if (arrivals.latest > from) r.waited += arrivals.latest - from;
+  ++totals_.operations;
+  ++totals_.last[arrivals.latest_rank];
+  if (arrivals.latest > from) {
+    r.waited += arrivals.latest - from;
+    totals_.waited_s[arrivals.latest_rank] +=
+        std::chrono::duration<double>(arrivals.latest - from).count();
+  }
   r.covered_until = std::max(r.covered_until, arrivals.latest);
   if (step != 0) {
     first_step_ = first_step_ == 0 ? step : std::min(first_step_, step);

@@ -12,6 +12,14 @@
 
 namespace concord {
 
+// Cumulative figures since the start: per rank, the operations it arrived last for and the
+// union of the time the others waited for it (seconds). Value type.
+struct StragglerTotals {
+  uint64_t operations = 0;
+  std::vector<uint64_t> last;
+  std::vector<double> waited_s;
+};
+
 // When an operation's submissions reached the coordinator: the last one (its rank) and the one
 // before it. The others waited for the last rank from `previous` to `latest`. Value type.
 struct Arrivals {
@@ -44,6 +52,9 @@ class StragglerTracker {
   // none is worth a line); a new period starts when one ended.
   std::optional<std::string> Report(Clock::time_point now);
 
+  // Since the start (periods do not reset them).
+  const StragglerTotals& totals() const { return totals_; }
+
  private:
   struct RankPeriod {
     uint64_t last = 0;                  // operations it arrived last for
@@ -58,6 +69,7 @@ class StragglerTracker {
   uint64_t operations_ = 0;  // ready in this period
   uint64_t first_step_ = 0;  // steps seen in this period (0 and 0: none marked)
   uint64_t last_step_ = 0;
+  StragglerTotals totals_;
 };
 
 }  // namespace concord

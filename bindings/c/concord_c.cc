@@ -545,6 +545,28 @@ CONCORD_COMM_GETTER(concord_comm_local_rank, local_rank)
 CONCORD_COMM_GETTER(concord_comm_local_size, local_size)
 #undef CONCORD_COMM_GETTER
 
+concord_status_t concord_comm_metrics(concord_comm_t comm, char* buffer, size_t capacity,
+                                      size_t* length) {
+  return Guard(comm, [&]() -> Status {
+    CONCORD_RETURN_IF_ERROR(CheckComm(comm));
+    if (length == nullptr) return concord::InvalidArgument("concord_comm_metrics: length is NULL");
+    if (buffer == nullptr && capacity != 0) {
+      return concord::InvalidArgument("concord_comm_metrics: buffer is NULL but capacity is " +
+                                      std::to_string(capacity));
+    }
+    const std::string json = comm->engine->MetricsJson();
+    *length = json.size();
+    if (buffer == nullptr) return Status::Ok();
+    if (capacity < json.size() + 1) {
+      return concord::InvalidArgument("concord_comm_metrics: the metrics need " +
+                                      std::to_string(json.size() + 1) + " bytes, the buffer has " +
+                                      std::to_string(capacity));
+    }
+    std::memcpy(buffer, json.c_str(), json.size() + 1);
+    return Status::Ok();
+  });
+}
+
 concord_status_t concord_comm_stats(concord_comm_t comm, concord_stats_t* stats) {
   return Guard(comm, [&]() -> Status {
     CONCORD_RETURN_IF_ERROR(CheckComm(comm));

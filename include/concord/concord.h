@@ -258,6 +258,16 @@ CONCORD_API concord_status_t concord_comm_local_size(concord_comm_t comm, int* l
 /** Fills `stats` (its struct_size set by the caller; one smaller than the first counter, or NULL,
  *  is INVALID_ARGUMENT). Thread-safe; the counters move while the engine works. */
 CONCORD_API concord_status_t concord_comm_stats(concord_comm_t comm, concord_stats_t* stats);
+/** The communicator's metrics as one JSON object: the counters above, operations, bytes and
+ *  errors by op and dtype, latency histograms by op and size, time in each lane's collectives,
+ *  fusion fill, compression ratio, stall warnings and (rank 0) the straggler figures; the README's
+ *  "Metrics" section lists every field. Sets *length to the JSON's length (without the NUL) and,
+ *  when `capacity` (bytes at `buffer`) holds it and the NUL, writes both. buffer NULL with
+ *  capacity 0 only asks the length (SUCCESS); a non-NULL buffer too small for it is
+ *  INVALID_ARGUMENT saying how many bytes it needs, and nothing is written (the metrics move
+ *  while the engine works: ask with room to spare). Thread-safe. */
+CONCORD_API concord_status_t concord_comm_metrics(concord_comm_t comm, char* buffer,
+                                                  size_t capacity, size_t* length);
 /** The message of the last call on this communicator that failed on the calling thread (empty
  *  when none has; a later success does not clear it). Valid until the next call on this
  *  communicator from the same thread. NULL comm: the message of the last call on this thread that

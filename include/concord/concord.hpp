@@ -302,6 +302,20 @@ class Communicator {
     return s;
   }
 
+  /// The communicator's metrics as JSON (concord_comm_metrics).
+  std::string metrics() const {
+    size_t length = 0;
+    detail::Check(concord_comm_metrics(comm_, nullptr, 0, &length), concord_comm_last_error(comm_));
+    for (;;) {
+      std::string json(length + 4096, '\0');
+      const concord_status_t s = concord_comm_metrics(comm_, &json[0], json.size(), &length);
+      if (s == CONCORD_ERR_INVALID_ARGUMENT && length + 1 > json.size()) continue;  // it grew
+      detail::Check(s, concord_comm_last_error(comm_));
+      json.resize(length);
+      return json;
+    }
+  }
+
   /// Allreduce; `out` absent means in place. prescale multiplies the input, postscale the result.
   /// `compression` is a compressor spec ("none", "fp16", "topk:density=0.01", ...); empty: the
   /// communicator's default (CONCORD_COMPRESSION). A spec the library cannot parse throws Error

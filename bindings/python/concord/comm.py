@@ -17,6 +17,7 @@ operations of the same communicator and must not finalize it (refused).
 import atexit
 import ctypes
 import itertools
+import json
 import threading
 
 from . import _lib, tensors
@@ -291,6 +292,20 @@ class Communicator:
         s.struct_size = ctypes.sizeof(s)
         self._check(lib().concord_comm_stats(self._live(), ctypes.byref(s)))
         return {name: getattr(s, name) for name, _ in _lib.StatsStruct._fields_[1:]}
+
+    def metrics(self):
+        """The communicator's metrics as a dict (concord_comm_metrics: operations and bytes by op
+        and dtype, latency histograms, time in collectives per lane, fusion fill, compression
+        ratio, stall warnings, straggler figures on rank 0; the README's "Metrics" lists them)."""
+        length = ctypes.c_size_t(0)
+        self._check(lib().concord_comm_metrics(self._live(), None, 0, ctypes.byref(length)))
+        while True:
+            buf = ctypes.create_string_buffer(length.value + 4096)
+            status = lib().concord_comm_metrics(self._live(), buf, len(buf), ctypes.byref(length))
+            if status == _lib.ERR_INVALID_ARGUMENT and length.value + 1 > len(buf):
+                continue  # the metrics grew between the calls
+            self._check(status)
+            return json.loads(buf.value.decode("utf-8"))
 
     # ---- plumbing ----
     def _check(self, status):
