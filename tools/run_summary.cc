@@ -334,6 +334,21 @@ std::string FormatJobSummary(const std::vector<RankReport>& reports) {
   return out;
 }
 
+std::string SummarizeJob(const std::string& dir, const std::vector<std::string>& remote_hosts) {
+  std::vector<RankReport> reports;
+  for (size_t r = 0; r < remote_hosts.size(); ++r) {
+    if (remote_hosts[r].empty()) {
+      reports.push_back(ReadRankReport(dir, static_cast<int>(r)));
+    } else {
+      RankReport report;
+      report.rank = static_cast<int>(r);
+      report.missing = "no summary (on " + remote_hosts[r] + ": only local ranks write one)";
+      reports.push_back(std::move(report));
+    }
+  }
+  return FormatJobSummary(reports);
+}
+
 StatusOr<std::string> MakeSummaryDir() {
   const char* tmp = std::getenv("TMPDIR");
   std::string path = (tmp != nullptr && *tmp != '\0' ? std::string(tmp) : "/tmp");

@@ -78,6 +78,10 @@ RankReport ReadRankReport(const std::string& dir, int rank);
 // rank wrote a summary (a program that does not use Concord).
 std::string FormatJobSummary(const std::vector<RankReport>& reports);
 
+// FormatJobSummary of a job of remote_hosts.size() ranks that wrote into dir; remote_hosts[r]
+// names the host of rank r when it ran on another host (it had no CONCORD_SUMMARY_DIR), else "".
+std::string SummarizeJob(const std::string& dir, const std::vector<std::string>& remote_hosts);
+
 // Creates a fresh private directory (mode 0700) under $TMPDIR, else /tmp, for the ranks' files.
 StatusOr<std::string> MakeSummaryDir();
 // Removes the files in dir and dir itself (not recursing: the ranks write only files).

@@ -153,6 +153,19 @@ TEST(RunSummaryTest, ReadsTheFilesOfADirectoryAndRemovesIt) {
   EXPECT_FALSE(RemoveSummaryDir(*dir).ok());
 }
 
+TEST(RunSummaryTest, SummarizesAJobsDirectoryRemoteRanksWithoutFiles) {
+  StatusOr<std::string> dir = MakeSummaryDir();
+  ASSERT_TRUE(dir.ok()) << dir.status().ToString();
+  std::ofstream(*dir + "/rank-0.txt") << File(0, 1);
+  // Rank 1 runs on node-b: a file of its number here is not its own.
+  std::ofstream(*dir + "/rank-1.txt") << File(1, 1);
+  const std::string table = SummarizeJob(*dir, {"", "node-b", ""});
+  EXPECT_EQ(RowOf(table, 0).find(" node-0 "), 5u) << table;
+  EXPECT_EQ(RowOf(table, 1), "    1 no summary (on node-b: only local ranks write one)");
+  EXPECT_EQ(RowOf(table, 2), "    2 no summary (rank exited before finalize?)");
+  EXPECT_TRUE(RemoveSummaryDir(*dir).ok());
+}
+
 TEST(RunSummaryTest, OneLinePerRankWithRankZerosStragglerShares) {
   const std::vector<RankReport> reports = {
       Report(0, kRank0), Report(1, File(1, 5, "phase queued 2\nphase pack 0.5\n")), Missing(2),
