@@ -198,8 +198,11 @@ void MetricsServer::Loop() {
       continue;
     }
     const int e = errno;
-    if (ConnectionError(e)) continue;
-    if (ResourceError(e)) {
+    // A listening socket in error (POLLERR, POLLHUP) would wake poll() at once forever: whatever
+    // accept() said, that is the end.
+    const bool broken = (fds[1].revents & (POLLERR | POLLHUP)) != 0;
+    if (!broken && ConnectionError(e)) continue;
+    if (!broken && ResourceError(e)) {
       // Not the listening socket's fault: try again after a pause, which the destructor cuts.
       pollfd wake{wake_fd_.get(), POLLIN, 0};
       ::poll(&wake, 1, static_cast<int>(kResourcePause.count()));
