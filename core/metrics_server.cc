@@ -134,7 +134,11 @@ StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
     const int one = 1;
     ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     if (::bind(fd.get(), ai->ai_addr, ai->ai_addrlen) != 0 || ::listen(fd.get(), kBacklog) != 0) {
-      last = OsError(Code::kUnavailable, "cannot listen on " + where, errno);
+      const int e = errno;
+      last = OsError(Code::kUnavailable, "cannot listen on " + where, e);
+      // Taken on one of the name's addresses is taken: another address of it (localhost's ::1
+      // after 127.0.0.1) would leave scrapers of the first talking to someone else.
+      if (e == EADDRINUSE) return last;
       continue;
     }
     listen_fd = std::move(fd);
@@ -160,6 +164,7 @@ MetricsServer::~MetricsServer() {
 }
 
 void MetricsServer::Off(const std::string& why) {
+  listen_fd_.Reset();
   if (warn_) warn_("metrics endpoint " + address_ + ": " + why + "; the metrics endpoint is off");
 }
 

@@ -24,23 +24,28 @@ namespace concord {
 //   a malformed request     400; a request head over 8 KiB: 431
 //   a client that sends no complete request head within client_deadline (2 s by default) is
 //   closed without an answer; a response not taken within client_deadline is abandoned.
+//
 // Start() binds (SO_REUSEADDR) and listens before it returns, so a port in use is an error there
 // and a scraper may connect as soon as it returned. bind_address: an IPv4 or IPv6 literal
-// ("127.0.0.1", "0.0.0.0", "::1", "[::1]") or a host name (getaddrinfo; the first address that
-// binds); "" means 127.0.0.1. Errors: a port outside 0-65535, an empty-after-brackets or
-// unresolvable address: kInvalidArgument naming it; bind/listen failing (port in use, no
-// permission): kUnavailable "cannot listen on HOST:PORT: <strerror>"; socket/eventfd failing:
-// kSystemError. Messages carry no variable name: the caller adds its context (e.g.
-// "CONCORD_METRICS_PORT: "). After Start, failures never reach the caller: an accept() or poll()
-// error that is not transient calls warn("metrics endpoint HOST:PORT: ...; the metrics endpoint is
-// off") once, and the thread ends (the socket stays bound until destruction). Transient accept
-// errors (a connection reset before it was taken, out of descriptors or memory) are skipped, with a
-// 100 ms pause for the resource ones. Threads: render and warn run on the server thread, never
-// concurrently with themselves; render must be thread-safe against whatever the caller does
-// meanwhile, and neither may block long (the destructor waits for a render that is running). port()
-// and address() may be called from any thread. The destructor wakes the thread (eventfd) and joins
-// it: it returns promptly (a client that is connected, idle or slow, is dropped at once), and must
-// not run on the server thread (that is, not from render or warn).
+// ("127.0.0.1", "0.0.0.0", "::1", "[::1]") or a host name (getaddrinfo: the first of its addresses
+// that binds; one whose port is in use is an error); "" means 127.0.0.1. Errors: a port outside
+// 0-65535, an empty or unresolvable address: kInvalidArgument naming it; bind/listen failing
+// (port in use, no permission): kUnavailable "cannot listen on HOST:PORT: <strerror>";
+// socket/eventfd failing: kSystemError. Messages carry no variable name: the caller adds its
+// context (e.g. "CONCORD_METRICS_PORT: ").
+//
+// After Start, failures never reach the caller: an accept() or poll() error that is not transient
+// calls warn("metrics endpoint HOST:PORT: ...; the metrics endpoint is off") once, closes the
+// listening socket (scrapers are refused) and ends the thread. Transient accept errors (a
+// connection reset before it was taken, out of descriptors or memory) are skipped, with a 100 ms
+// pause for the resource ones.
+//
+// Threads: render and warn run on the server thread, never concurrently with themselves; render
+// must be thread-safe against whatever the caller does meanwhile, and neither may block long (the
+// destructor waits for a render that is running). port() and address() may be called from any
+// thread. The destructor wakes the thread (eventfd) and joins it: it returns promptly (a client
+// that is connected, idle or slow, is dropped at once), and must not run on the server thread
+// (that is, not from render or warn).
 class MetricsServer {
  public:
   static constexpr std::chrono::milliseconds kDefaultClientDeadline{2000};
@@ -76,9 +81,10 @@ class MetricsServer {
   void Send(int fd, const std::string& response, Deadline deadline);
   // Reads and drops what the client still sends, briefly, before the connection closes.
   void Linger(int fd);
+  // Warns, closes the listening socket; the thread then ends.
   void Off(const std::string& why);
 
-  const net::Fd listen_fd_;
+  net::Fd listen_fd_;      // the server thread's once it runs
   const net::Fd wake_fd_;  // eventfd: the destructor writes it to stop Loop()
   const int port_;
   const std::string address_;
