@@ -1,7 +1,7 @@
 // concordrun: starts an N-rank Concord job on this host (fork/exec) and on remote hosts (ssh).
 //
 //   concordrun -np N [-H host:slots,...] [--iface IF] [--backend NAME] [--timeout S] [--grace S]
-//              [--no-prefix] prog args...
+//              [--no-prefix] [--no-summary] prog args...
 //
 // It runs the job's TCP store server (authenticated with a random token), gives every rank its
 // CONCORD_* environment, forwards each rank's stdout/stderr line by line with a "[R] " prefix, and
@@ -16,6 +16,10 @@
 // it is SIGKILLed: each has PR_SET_PDEATHSIG, and the lifeline (lifeline.h) kills their process
 // groups. Exit status: 0 when every rank exits 0; 1 when the first rank to fail exited non-zero;
 // 128+S when it was killed by signal S, or when concordrun received signal S; 2 for usage errors.
+// Once every rank has ended (failed or not), concordrun prints the job summary to stderr unless
+// --no-summary: each local rank gets CONCORD_SUMMARY_DIR, a private directory concordrun makes,
+// where its engine writes rank-<R>.txt at finalize (tools/run_summary.h); the directory is
+// removed after. Nothing is printed when no rank wrote one.
 //
 // With --backend mpi, concordrun does none of that itself: it execs mpirun (CONCORD_MPIRUN, else
 // the mpirun found at build time, else "mpirun" on PATH) with -np, the hosts of -H,
@@ -50,6 +54,7 @@
 #include "rendezvous/tcp_store.h"
 #include "tools/concordrun_options.h"
 #include "tools/lifeline.h"
+#include "tools/run_summary.h"
 
 extern char** environ;
 
@@ -255,6 +260,7 @@ class Launcher {
   bool AnyRunning() const;
   bool AnyStreamOpen() const;
   void CloseStreams();
+  void Summarize();
 
   Options o_;
   std::vector<Rank> ranks_;
@@ -263,6 +269,7 @@ class Launcher {
   std::string store_url_;
   std::string token_;
   std::string job_id_;
+  std::string summary_dir_;  // "" when there is no summary
   Ending ending_ = Ending::kNone;
   Clock::time_point next_step_at_;
   std::string first_failure_;   // "rank 1 (pid 42) exited with code 3", once one failed
@@ -305,6 +312,11 @@ Status Launcher::Setup() {
   CONCORD_ASSIGN_OR_RETURN(server_,
                            TcpStoreServer::Start(all_local ? "127.0.0.1" : "0.0.0.0", 0, token_));
   store_url_ = "tcp://" + net::JoinHostPort(advertise, server_->port());
+  if (o_.summary) {
+    StatusOr<std::string> dir = MakeSummaryDir();
+    if (!dir.ok()) Message("no job summary: " + dir.status().message());
+    summary_dir_ = dir.ok() ? dir.value() : std::string();
+  }
   return Status::Ok();
 }
 
@@ -325,6 +337,7 @@ Status Launcher::Spawn(Rank* r, const std::vector<std::string>& job_env,
   vars.push_back("CONCORD_RANK=" + std::to_string(r->rank));
   vars.push_back("CONCORD_LOCAL_RANK=" + std::to_string(r->local_rank));
   vars.push_back("CONCORD_LOCAL_SIZE=" + std::to_string(r->local_size));
+  if (r->local && !summary_dir_.empty()) vars.push_back("CONCORD_SUMMARY_DIR=" + summary_dir_);
 
   std::vector<std::string> args;
   std::vector<std::string> env;
@@ -575,6 +588,16 @@ void Launcher::CloseStreams() {
   }
 }
 
+// Prints the job summary from the ranks' files and removes their directory.
+void Launcher::Summarize() {
+  if (summary_dir_.empty()) return;
+  std::vector<std::string> remote_hosts;
+  for (const Rank& r : ranks_) remote_hosts.push_back(r.local ? std::string() : r.host);
+  WriteOut(STDERR_FILENO, SummarizeJob(summary_dir_, remote_hosts));
+  const Status removed = RemoveSummaryDir(summary_dir_);
+  if (!removed.ok()) Message("cannot remove the summary directory: " + removed.message());
+}
+
 // Forwards output, reaps ranks and handles signals until every rank has ended and its output is
 // drained.
 void Launcher::Supervise(int sigfd) {
@@ -671,6 +694,7 @@ int Launcher::Run() {
   Supervise(sigfd.get());
   CloseStreams();
   lifeline_->Release();
+  Summarize();
   // The first failure again, below what the other ranks said after it.
   if (others_ran_on_) Message("the job failed: " + first_failure_ + " first" + first_words_);
   return exit_code_;

@@ -15,7 +15,7 @@ constexpr double kMaxGraceSeconds = 86400;
 
 const char kUsage[] =
     "usage: concordrun -np N [-H host:slots,...] [--iface IF] [--backend NAME] [--timeout S]\n"
-    "                  [--grace S] [--no-prefix] prog [args...]\n"
+    "                  [--grace S] [--no-prefix] [--no-summary] prog [args...]\n"
     "  -np N            number of ranks (>= 1)\n"
     "  -H LIST          hosts and their slots, e.g. node1:4,node2:4 (default: N local ranks);\n"
     "                   ranks fill the hosts in order; remote hosts are reached with ssh\n"
@@ -28,7 +28,10 @@ const char kUsage[] =
     "                   by themselves, then get SIGTERM, and SIGKILL 3 s later; a SIGINT or\n"
     "                   SIGTERM to concordrun goes to the ranks at once, SIGKILL S seconds later\n"
     "                   (default: CONCORD_GRACE_S, else 5; with mpi, mpirun's kill timeout)\n"
-    "  --no-prefix      do not prefix output lines with \"[rank] \"\n";
+    "  --no-prefix      do not prefix output lines with \"[rank] \"\n"
+    "  --no-summary     do not print the job summary at the end (per rank: time in\n"
+    "                   collectives, bytes, slowest phase, straggler share; ranks on this\n"
+    "                   host write it at finalize into CONCORD_SUMMARY_DIR; not with mpi)\n";
 
 [[noreturn]] void UsageError(const std::string& message) {
   std::fprintf(stderr, "concordrun: %s\n%s", message.c_str(), kUsage);
@@ -123,6 +126,8 @@ Options ParseArgs(int argc, char** argv) {
       o.grace_s = ParseGrace("--grace", value(a));
     } else if (a == "--no-prefix") {
       o.prefix = false;
+    } else if (a == "--no-summary") {
+      o.summary = false;
     } else if (a == "-h" || a == "--help") {
       std::fputs(kUsage, stdout);
       std::exit(0);

@@ -22,6 +22,8 @@ struct Options {
   // before SIGTERM; after a signal concordrun forwards, how long before SIGKILL.
   double grace_s = 5;
   bool prefix = true;
+  // Print the job summary at the end (tools/run_summary.h); --no-summary turns it off.
+  bool summary = true;
   std::vector<std::string> command;
 };
 

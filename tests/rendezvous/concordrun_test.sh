@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Drives the built concordrun with small shell programs: output prefixes, the environment given to
 # ranks, failure handling (exit codes, signals, the report on the first rank to fail, the grace
-# period and stopping the other ranks), signal forwarding and usage errors.
+# period and stopping the other ranks), signal forwarding, usage errors and the job summary.
 # Usage: concordrun_test.sh path/to/concordrun path/to/rendezvous_probe
 set -u
 RUN=$1
@@ -197,6 +197,38 @@ echo "== -H with local names assigns local ranks per host"
 launch -np 3 -H localhost:2,127.0.0.1:2 sh -c 'echo "lr $CONCORD_LOCAL_RANK $CONCORD_LOCAL_SIZE"'
 [ "$rc" -eq 0 ] || fail "exit code $rc"
 for r in 0 1 2; do expect_line "$TMP/out" "^\[$r\] lr $r 3$"; done
+
+echo "== the job summary: what the ranks wrote into CONCORD_SUMMARY_DIR, also when one failed"
+# A rank program that writes its summary file as an engine does at finalize; rank 0 adds a
+# straggler line; rank 2 exits 3 without one, once the others wrote theirs (at most 10 s).
+WRITE_SUMMARY='d="$CONCORD_SUMMARY_DIR"; f="$d/rank-$CONCORD_RANK.txt"
+  if [ "$CONCORD_RANK" = 2 ]; then
+    i=0
+    while { [ ! -e "$d/rank-0.txt" ] || [ ! -e "$d/rank-1.txt" ]; } && [ "$i" -lt 200 ]; do
+      sleep 0.05; i=$((i + 1))
+    done
+    exit 3
+  fi
+  printf "rank %s\nhost h%s\nwall_s 10\nops 5\nbytes 1000\nerrors 0\ncollective_s 2\nphase pack 1\n" \
+    "$CONCORD_RANK" "$CONCORD_RANK" >"$f.tmp"
+  [ "$CONCORD_RANK" = 0 ] && echo "straggler 1 0.9 3" >>"$f.tmp"
+  mv "$f.tmp" "$f"'
+TMPDIR="$TMP" launch -np 3 --grace 0 sh -c "$WRITE_SUMMARY"
+[ "$rc" -eq 1 ] || fail "exit code $rc, expected 1"
+expect_line "$TMP/err" \
+  '^concordrun: job summary: 3 ranks, 2 with a summary: 2 KB moved in 10 operations, 0 with errors$'
+expect_line "$TMP/err" '^ +1 h1 +10\.0 +2\.00 +20\.0% +1 KB +5 +0 +pack 200 ms +90%$'
+expect_line "$TMP/err" '^ +2 no summary \(rank exited before finalize\?\)$'
+expect_line "$TMP/err" \
+  '^top straggler: rank 1 \(h1\) arrived last in 90% of the cycles; the others waited 3\.0 s'
+ls -d "$TMP"/concordrun-* >/dev/null 2>&1 && fail "the summary directory was not removed"
+
+echo "== no summary with --no-summary, nor when no rank wrote one"
+launch -np 1 --no-prefix --no-summary sh -c 'echo "[${CONCORD_SUMMARY_DIR-unset}]"'
+[ "$rc" -eq 0 ] || fail "exit code $rc"
+expect_line "$TMP/out" '^\[unset\]$'
+launch -np 2 true
+grep -q "summary" "$TMP/err" && fail "a summary printed although no rank wrote one"
 
 if [ "$failures" -ne 0 ]; then
   echo "$failures failure(s)" >&2

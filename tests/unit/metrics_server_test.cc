@@ -1,0 +1,242 @@
+#include "core/metrics_server.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/mutex.h"
+
+namespace concord {
+namespace {
+
+using std::chrono::milliseconds;
+
+// A blocking client socket connected to 127.0.0.1:port, reads giving up after 5 s.
+net::Fd Connect(int port) {
+  net::Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  EXPECT_TRUE(fd.valid());
+  timeval tv{5, 0};
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) return net::Fd();
+  return fd;
+}
+
+// Everything the server sends until it closes ("" when the connection failed).
+std::string ReadAll(int fd) {
+  std::string out;
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) return out;
+    out.append(buf, static_cast<size_t>(n));
+  }
+}
+
+// Sends `request` as it is and returns the whole response.
+std::string Exchange(int port, const std::string& request) {
+  net::Fd fd = Connect(port);
+  if (!fd.valid()) return "";
+  EXPECT_EQ(::send(fd.get(), request.data(), request.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(request.size()));
+  return ReadAll(fd.get());
+}
+
+std::string StatusLine(const std::string& response) {
+  return response.substr(0, response.find("\r\n"));
+}
+
+std::string Body(const std::string& response) {
+  const size_t end = response.find("\r\n\r\n");
+  return end == std::string::npos ? "<no head end>" : response.substr(end + 4);
+}
+
+std::unique_ptr<MetricsServer> StartOrDie(std::function<std::string()> render,
+                                          milliseconds deadline = milliseconds(2000),
+                                          std::function<void(const std::string&)> warn = nullptr) {
+  auto server = MetricsServer::Start("127.0.0.1", 0, std::move(render), std::move(warn), deadline);
+  EXPECT_TRUE(server.ok()) << server.status().ToString();
+  return server.ok() ? std::move(server.value()) : nullptr;
+}
+
+TEST(MetricsServerTest, ServesTheRenderedTextOnMetricsAndRoot) {
+  auto server = StartOrDie([] { return std::string("concord_ops_total 7\n"); });
+  ASSERT_NE(server, nullptr);
+  EXPECT_GT(server->port(), 0);
+  EXPECT_EQ(server->address(), "127.0.0.1:" + std::to_string(server->port()));
+  for (const char* target : {"/metrics", "/", "/metrics?name=x"}) {
+    const std::string r =
+        Exchange(server->port(), std::string("GET ") + target + " HTTP/1.1\r\nHost: x\r\n\r\n");
+    EXPECT_EQ(StatusLine(r), "HTTP/1.1 200 OK") << target;
+    EXPECT_NE(r.find("\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"),
+              std::string::npos);
+    EXPECT_NE(r.find("\r\nContent-Length: 20\r\n"), std::string::npos) << r;
+    EXPECT_EQ(Body(r), "concord_ops_total 7\n");
+  }
+  // An HTTP/1.0 client, bare line endings.
+  EXPECT_EQ(Body(Exchange(server->port(), "GET /metrics HTTP/1.0\n\n")), "concord_ops_total 7\n");
+}
+
+TEST(MetricsServerTest, RendersForEveryRequest) {
+  std::atomic<int> calls{0};
+  auto server = StartOrDie([&] { return "calls " + std::to_string(++calls) + "\n"; });
+  ASSERT_NE(server, nullptr);
+  EXPECT_EQ(Body(Exchange(server->port(), "GET /metrics HTTP/1.1\r\n\r\n")), "calls 1\n");
+  EXPECT_EQ(Body(Exchange(server->port(), "GET /metrics HTTP/1.1\r\n\r\n")), "calls 2\n");
+}
+
+TEST(MetricsServerTest, HeadHasTheHeadersWithoutTheBody) {
+  auto server = StartOrDie([] { return std::string("abc\n"); });
+  ASSERT_NE(server, nullptr);
+  const std::string r = Exchange(server->port(), "HEAD /metrics HTTP/1.1\r\n\r\n");
+  EXPECT_EQ(StatusLine(r), "HTTP/1.1 200 OK");
+  EXPECT_NE(r.find("\r\nContent-Length: 4\r\n"), std::string::npos) << r;
+  EXPECT_EQ(Body(r), "");
+}
+
+TEST(MetricsServerTest, AnswersWhatItDoesNotServeWithAnError) {
+  std::atomic<int> calls{0};
+  auto server = StartOrDie([&] {
+    ++calls;
+    return std::string("x\n");
+  });
+  ASSERT_NE(server, nullptr);
+  const int port = server->port();
+  EXPECT_EQ(StatusLine(Exchange(port, "GET /other HTTP/1.1\r\n\r\n")), "HTTP/1.1 404 Not Found");
+  const std::string post = Exchange(port, "POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n");
+  EXPECT_EQ(StatusLine(post), "HTTP/1.1 405 Method Not Allowed");
+  EXPECT_NE(post.find("\r\nAllow: GET, HEAD\r\n"), std::string::npos);
+  for (const char* bad :
+       {"garbage\r\n\r\n", "GET /metrics\r\n\r\n", "GET  /metrics HTTP/1.1\r\n\r\n",
+        "GET /metrics SPDY/3\r\n\r\n", "\r\n\r\n"}) {
+    EXPECT_EQ(StatusLine(Exchange(port, bad)), "HTTP/1.1 400 Bad Request") << bad;
+  }
+  const std::string huge = "GET /metrics HTTP/1.1\r\nX: " + std::string(9000, 'a') + "\r\n\r\n";
+  EXPECT_EQ(StatusLine(Exchange(port, huge)), "HTTP/1.1 431 Request Header Fields Too Large");
+  EXPECT_EQ(calls.load(), 0);
+  // Still serving.
+  EXPECT_EQ(Body(Exchange(port, "GET /metrics HTTP/1.1\r\n\r\n")), "x\n");
+}
+
+TEST(MetricsServerTest, AnIdleClientHoldsOthersUpOnlyUntilItsDeadline) {
+  auto server = StartOrDie([] { return std::string("ok\n"); }, milliseconds(300));
+  ASSERT_NE(server, nullptr);
+  net::Fd idle = Connect(server->port());
+  ASSERT_TRUE(idle.valid());
+  net::Fd partial = Connect(server->port());
+  ASSERT_TRUE(partial.valid());
+  ASSERT_EQ(::send(partial.get(), "GET /met", 8, MSG_NOSIGNAL), 8);
+  const auto t0 = Clock::now();
+  EXPECT_EQ(Body(Exchange(server->port(), "GET /metrics HTTP/1.1\r\n\r\n")), "ok\n");
+  // Two deadlines at most (the idle client's and the partial one's), not the 5 s client timeout.
+  EXPECT_LT(Clock::now() - t0, milliseconds(1500));
+  // Both were closed without an answer.
+  EXPECT_EQ(ReadAll(idle.get()), "");
+  EXPECT_EQ(ReadAll(partial.get()), "");
+}
+
+TEST(MetricsServerTest, DestructionIsPromptWhileAClientIsConnected) {
+  auto server = StartOrDie([] { return std::string("ok\n"); }, milliseconds(10000));
+  ASSERT_NE(server, nullptr);
+  net::Fd idle = Connect(server->port());
+  ASSERT_TRUE(idle.valid());
+  std::this_thread::sleep_for(milliseconds(50));  // the server now waits for its request
+  const auto t0 = Clock::now();
+  server.reset();
+  EXPECT_LT(Clock::now() - t0, milliseconds(1000));
+  EXPECT_EQ(ReadAll(idle.get()), "");
+}
+
+TEST(MetricsServerTest, APortInUseIsAnErrorNamingIt) {
+  auto first = StartOrDie([] { return std::string(); });
+  ASSERT_NE(first, nullptr);
+  auto second = MetricsServer::Start(
+      "127.0.0.1", first->port(), [] { return std::string(); }, nullptr);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), Code::kUnavailable);
+  EXPECT_EQ(
+      second.status().message(),
+      "cannot listen on 127.0.0.1:" + std::to_string(first->port()) + ": Address already in use");
+}
+
+TEST(MetricsServerTest, ABadAddressOrPortIsAnInvalidArgument) {
+  auto render = [] { return std::string(); };
+  auto empty = MetricsServer::Start("[]", 0, render, nullptr);
+  ASSERT_FALSE(empty.ok());
+  EXPECT_EQ(empty.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(empty.status().message().find("'[]'"), std::string::npos);
+  auto port = MetricsServer::Start("127.0.0.1", 65536, render, nullptr);
+  ASSERT_FALSE(port.ok());
+  EXPECT_EQ(port.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(port.status().message().find("65536"), std::string::npos);
+}
+
+TEST(MetricsServerTest, BindsAHostNameAndBracketedLiterals) {
+  auto render = [] { return std::string("ok\n"); };
+  auto named = MetricsServer::Start("localhost", 0, render, nullptr);
+  ASSERT_TRUE(named.ok()) << named.status().ToString();
+  EXPECT_EQ(named.value()->address().rfind("localhost:", 0), 0u);
+  auto bracketed = MetricsServer::Start("[127.0.0.1]", 0, render, nullptr);
+  ASSERT_TRUE(bracketed.ok()) << bracketed.status().ToString();
+  EXPECT_EQ(Body(Exchange(bracketed.value()->port(), "GET / HTTP/1.1\r\n\r\n")), "ok\n");
+}
+
+// Finds the server's listening socket among this process's descriptors.
+int ListeningFd(int port) {
+  for (int fd = 0; fd < 1024; ++fd) {
+    int listening = 0;
+    socklen_t len = sizeof(listening);
+    if (::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening) continue;
+    sockaddr_in addr{};
+    socklen_t addr_len = sizeof(addr);
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &addr_len) == 0 &&
+        addr.sin_family == AF_INET && ntohs(addr.sin_port) == port) {
+      return fd;
+    }
+  }
+  return -1;
+}
+
+TEST(MetricsServerTest, ASocketFailureWarnsOnceAndTurnsTheEndpointOff) {
+  Mutex mu;
+  std::vector<std::string> warnings;
+  auto server = StartOrDie([] { return std::string("ok\n"); }, milliseconds(2000),
+                           [&](const std::string& w) {
+                             MutexLock lock(mu);
+                             warnings.push_back(w);
+                           });
+  ASSERT_NE(server, nullptr);
+  const int fd = ListeningFd(server->port());
+  ASSERT_GE(fd, 0);
+  // A listening socket shut down: poll() reports it, accept() fails with EINVAL.
+  ASSERT_EQ(::shutdown(fd, SHUT_RDWR), 0);
+  const auto until = Clock::now() + milliseconds(2000);
+  for (;;) {
+    {
+      MutexLock lock(mu);
+      if (!warnings.empty() || Clock::now() > until) break;
+    }
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  std::this_thread::sleep_for(milliseconds(50));
+  MutexLock lock(mu);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_EQ(warnings[0], "metrics endpoint 127.0.0.1:" + std::to_string(server->port()) +
+                             ": accept: Invalid argument; the metrics endpoint is off");
+}
+
+}  // namespace
+}  // namespace concord
