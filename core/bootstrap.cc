@@ -201,6 +201,7 @@ StatusOr<Communicator> CreateMpiCommunicator(Config config, std::chrono::millise
   config.lanes = 1;
   CONCORD_RETURN_IF_ERROR(config.Finalize());
   CONCORD_RETURN_IF_ERROR(CheckJobSettings(config, t.backend.get()));
+  CONCORD_ASSIGN_OR_RETURN(MetricsEndpoint metrics, OpenMetricsEndpoint(config));
   std::vector<std::unique_ptr<Backend>> lanes;
   lanes.push_back(std::move(t.backend));
   Communicator comm;
@@ -208,6 +209,7 @@ StatusOr<Communicator> CreateMpiCommunicator(Config config, std::chrono::millise
   for (int r = 0; r < t.size; ++r) comm.origin->mpi_world_ranks.push_back(r);
   comm.engine = std::make_unique<Engine>(config, std::move(t.control), std::move(lanes),
                                          std::move(t.keep_alive), DevicePlane(), std::move(t.p2p));
+  comm.engine->ServeMetrics(std::move(metrics));
   return comm;
 }
 
@@ -281,6 +283,8 @@ StatusOr<Communicator> CreateCommunicator(Config config) {
       return CreateMpiCommunicator(std::move(config), timeout);
     config = std::move(checked);
   }
+  // Before any peer is involved: a port in use fails this rank's init alone, at once.
+  CONCORD_ASSIGN_OR_RETURN(MetricsEndpoint metrics, OpenMetricsEndpoint(config));
   const Deadline deadline = Deadline::After(MillisFromSeconds(config.timeout_s));
   std::string store_host;
   CONCORD_ASSIGN_OR_RETURN(std::shared_ptr<Rendezvous> rv,
@@ -307,6 +311,7 @@ StatusOr<Communicator> CreateCommunicator(Config config) {
   origin->rendezvous = rv;
   Communicator comm;
   CONCORD_ASSIGN_OR_RETURN(comm.engine, StartOnStore(config, rv, origin->prefix, origin->host));
+  comm.engine->ServeMetrics(std::move(metrics));
   comm.origin = std::move(origin);
   return comm;
 }

@@ -128,8 +128,10 @@ Status Engine::Enqueue(QueueEntry entry, bool then_wait) {
   CONCORD_RETURN_IF_ERROR(CheckDevice(entry));
   CONCORD_RETURN_IF_ERROR(AttachCompressor(entry));
   entry.step = step_.load(std::memory_order_relaxed);
+  const bool carries_data = entry.request.op != OpType::kBarrier;
   entry.state->Meter(metrics_, OpTypeName(entry.request.op), entry.request.dtype,
-                     static_cast<uint64_t>(entry.request.NumBytes()), Clock::now());
+                     carries_data ? static_cast<uint64_t>(entry.request.NumBytes()) : 0,
+                     Clock::now());
   {
     MutexLock lock(group_mu_);
     if (group_open_ && group_owner_ == std::this_thread::get_id()) {
@@ -271,7 +273,9 @@ Status Engine::Shutdown() {
   {
     // The driver has stopped: the coordinator's last figures, for the summary.
     MutexLock step(driver_.step_mutex());
-    if (coordinator_) metrics_->SetStragglers(coordinator_->straggler_totals());
+    if (coordinator_ && config_.size > 1) {
+      metrics_->SetStragglers(coordinator_->straggler_totals());
+    }
   }
   // Waiters driving notice the stop within a slice; later ones wait plainly.
   gate_->Close();
@@ -303,6 +307,11 @@ Status Engine::Shutdown() {
   for (auto& e : left) e.state->Complete(closed);
   finalizing_thread_.store(std::thread::id());
   WriteSummary();
+  if (metrics_endpoint_.server) {
+    // The server's destructor waits for a scrape that is rendering this engine.
+    metrics_endpoint_.engine->store(nullptr);
+    metrics_endpoint_.server.reset();
+  }
   if (!barrier.ok()) Log(LogLevel::kWarning, barrier.message());
   return barrier;
 }

@@ -58,6 +58,7 @@
 #include "core/lane_plan.h"
 #include "core/metrics.h"
 #include "core/metrics_render.h"
+#include "core/metrics_server.h"
 #include "core/ordered_reduction.h"
 #include "core/p2p.h"
 #include "core/progress_driver.h"
@@ -78,6 +79,19 @@ struct EngineStats {
   std::atomic<uint64_t> device_launches{0};    // collectives handed to the device backend
   std::atomic<uint64_t> cache_evictions{0};    // response-cache entries evicted
 };
+
+class Engine;
+
+// The metrics endpoint (config.metrics_port) from binding to serving: bound before the engine
+// exists (OpenMetricsEndpoint), so a port in use fails init before any peer is involved; the
+// server renders the engine `engine` points to (none yet: an empty page) until Shutdown().
+struct MetricsEndpoint {
+  std::unique_ptr<MetricsServer> server;
+  std::shared_ptr<std::atomic<const Engine*>> engine;
+};
+// Binds config.metrics_address on metrics_port + local_rank (when metrics_port is not -1):
+// kUnavailable naming CONCORD_METRICS_PORT, the address and the port when it cannot.
+StatusOr<MetricsEndpoint> OpenMetricsEndpoint(const Config& config);
 
 // The engine's device side: the device backend, or none and why (the error a CUDA tensor gets).
 struct DevicePlane {
@@ -162,6 +176,8 @@ class Engine {
   // (core/metrics_render.h); thread-safe.
   std::string MetricsJson() const;
   std::string MetricsPrometheus() const;
+  // Serves `endpoint` with this engine's Prometheus text until Shutdown().
+  void ServeMetrics(MetricsEndpoint endpoint);
 
   // A group of direct allreduces is split over the lanes when each share gets this many bytes.
   static constexpr size_t kMinShareBytes = size_t{1} << 20;
@@ -174,8 +190,6 @@ class Engine {
   // Inline data rank 0 may receive for one tensor from all ranks together: at scale the
   // inline threshold shrinks to this divided by (size - 1).
   static constexpr size_t kInlineBudgetBytes = size_t{1} << 20;
-  // How often rank 0 copies its straggler totals into the metrics.
-  static constexpr std::chrono::milliseconds kStragglerCopyPeriod{100};
 
  private:
   // The entries of one response list, index for index with its responses, taken out of the queue
@@ -332,8 +346,6 @@ class Engine {
   EngineStats stats_;
   // Before the lanes: their backends record into it.
   const std::shared_ptr<Metrics> metrics_ = std::make_shared<Metrics>();
-  // When rank 0 last copied its straggler totals into the metrics.
-  Clock::time_point stragglers_copied_ GUARDED_BY(driver_.step_mutex()){};
 
   // Touched only by the stepping thread (and the lane workers it waits for).
   std::unique_ptr<ControlPlane> control_ GUARDED_BY(driver_.step_mutex());
@@ -382,6 +394,9 @@ class Engine {
   // Sends and recvs: their own connections and progress thread (fixed after construction).
   std::unique_ptr<PointToPoint> p2p_;
   ProgressDriver driver_;
+  // Stopped by Shutdown(), so no scrape renders an engine being destroyed.
+  MetricsEndpoint metrics_endpoint_;
+  std::string metrics_address_;  // its "address:port", set before it serves; empty: none
   // Last: destroyed first, joining its completion thread while what its callbacks touch lives.
   DevicePlane device_;
 };

@@ -17,6 +17,7 @@ MetricsContext Engine::MetricsContextNow() const {
   c.size = config_.size;
   char host[256] = {};
   if (gethostname(host, sizeof(host) - 1) == 0) c.host = host;
+  c.endpoint = metrics_address_;
   auto load = [](const std::atomic<uint64_t>& v) { return v.load(std::memory_order_relaxed); };
   c.counters = {{"responses_cached", load(stats_.responses_cached)},
                 {"responses_full", load(stats_.responses_full)},
@@ -27,6 +28,38 @@ MetricsContext Engine::MetricsContextNow() const {
                 {"device_launches", load(stats_.device_launches)},
                 {"cache_evictions", load(stats_.cache_evictions)}};
   return c;
+}
+
+StatusOr<MetricsEndpoint> OpenMetricsEndpoint(const Config& config) {
+  MetricsEndpoint endpoint;
+  if (config.metrics_port < 0) return endpoint;
+  endpoint.engine = std::make_shared<std::atomic<const Engine*>>(nullptr);
+  const int port =
+      config.metrics_port == 0 ? 0 : config.metrics_port + std::max(0, config.local_rank);
+  auto target = endpoint.engine;
+  auto render = [target] {
+    const Engine* engine = target->load();
+    return engine ? engine->MetricsPrometheus() : std::string();
+  };
+  auto warn = [level = config.log_level, rank = config.rank](const std::string& message) {
+    LogLine(static_cast<LogLevel>(level), LogLevel::kWarning, rank, message);
+  };
+  auto server =
+      MetricsServer::Start(config.metrics_address, port, std::move(render), std::move(warn));
+  if (!server.ok()) {
+    return server.status().WithContext("CONCORD_METRICS_PORT (rank " + std::to_string(config.rank) +
+                                       " serves on the port plus its local rank)");
+  }
+  endpoint.server = std::move(*server);
+  return endpoint;
+}
+
+void Engine::ServeMetrics(MetricsEndpoint endpoint) {
+  if (!endpoint.server) return;
+  metrics_address_ = endpoint.server->address();
+  metrics_endpoint_ = std::move(endpoint);
+  metrics_endpoint_.engine->store(this);
+  Log(LogLevel::kInfo, "metrics: http://" + metrics_address_ + "/metrics");
 }
 
 std::string Engine::MetricsJson() const {

@@ -131,9 +131,9 @@ Status Engine::Coordinate() {
   if (!ready.warnings.empty()) metrics_->RecordStallWarnings(ready.warnings.size());
   if (auto line = coordinator_->StragglerReport(now))
     Log(LogLevel::kWarning, "straggler: " + *line);
-  if (now - stragglers_copied_ >= kStragglerCopyPeriod) {
+  // What became ready moved the straggler totals (a copy into the metrics' vectors).
+  if (!ready.items.empty() && config_.size > 1) {
     metrics_->SetStragglers(coordinator_->straggler_totals());
-    stragglers_copied_ = now;
   }
   if (ready.items.empty() && ready.warnings.empty()) return Status::Ok();
   if (config_.size > 1) {

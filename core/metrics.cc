@@ -74,9 +74,9 @@ void Metrics::RecordStallWarnings(uint64_t n) {
   s_.stall_warnings += n;
 }
 
-void Metrics::SetStragglers(StragglerTotals totals) {
+void Metrics::SetStragglers(const StragglerTotals& totals) {
   MutexLock lock(mu_);
-  s_.stragglers = std::move(totals);
+  s_.stragglers = totals;  // into the vectors' existing capacity
 }
 
 Metrics::Snapshot Metrics::Take() const {

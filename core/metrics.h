@@ -80,7 +80,7 @@ class Metrics {
   // A compressed batch: `raw` bytes of tensors encoded into `encoded` bytes.
   void RecordCompression(uint64_t raw, uint64_t encoded) EXCLUDES(mu_);
   void RecordStallWarnings(uint64_t n) EXCLUDES(mu_);
-  void SetStragglers(StragglerTotals totals) EXCLUDES(mu_);
+  void SetStragglers(const StragglerTotals& totals) EXCLUDES(mu_);
 
   // Keys and totals, for the renderers (core/metrics_render.cc).
   struct OpTotals {

@@ -125,7 +125,8 @@ std::string Label(const char* name, const std::string& value) {
 std::string MetricsToJson(const Metrics::Snapshot& s, const MetricsContext& c) {
   std::string j = "{\"version\":1,\"rank\":" + std::to_string(c.rank) +
                   ",\"size\":" + std::to_string(c.size) + ",\"host\":" + Quote(c.host) +
-                  ",\"uptime_s\":" + Num(s.uptime_s) + ",\"counters\":{";
+                  ",\"endpoint\":" + Quote(c.endpoint) + ",\"uptime_s\":" + Num(s.uptime_s) +
+                  ",\"counters\":{";
   for (size_t i = 0; i < c.counters.size(); ++i) {
     j += (i ? "," : "") + Quote(c.counters[i].first) + ":" + Num(c.counters[i].second);
   }
@@ -195,7 +196,7 @@ std::string MetricsToPrometheus(const Metrics::Snapshot& s, const MetricsContext
   w.Family("concord_uptime_seconds", "gauge", "Seconds since the communicator started.");
   w.Sample("concord_uptime_seconds", "", Num(s.uptime_s));
   for (const auto& [name, value] : c.counters) {
-    const std::string family = "concord_" + name + "_total";
+    const std::string family = "concord_engine_" + name + "_total";
     w.Family(family, "counter", ("Engine counter " + name + " (concord_stats_t).").c_str());
     w.Sample(family, "", Num(value));
   }

@@ -18,6 +18,7 @@ struct MetricsContext {
   int rank = 0;
   int size = 1;
   std::string host;
+  std::string endpoint;  // the metrics endpoint's "address:port"; empty: none
   std::vector<std::pair<std::string, uint64_t>> counters;
 };
 

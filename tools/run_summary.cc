@@ -245,6 +245,7 @@ std::string FormatJobSummary(const std::vector<RankReport>& reports) {
   uint64_t errors = 0;
   std::map<int, StragglerShare> shares;  // from rank 0's file
   std::map<int, std::string> hosts;
+  double wall0 = 0.0;  // rank 0's wall time
   for (const RankReport& r : reports) {
     if (!r.summary) continue;
     ++with_summary;
@@ -253,6 +254,7 @@ std::string FormatJobSummary(const std::vector<RankReport>& reports) {
     errors += r.summary->errors;
     hosts[r.rank] = r.summary->host;
     if (r.rank == 0) {
+      wall0 = r.summary->wall_s;
       for (const StragglerShare& s : r.summary->stragglers) shares[s.rank] = s;
     }
   }
@@ -321,7 +323,8 @@ std::string FormatJobSummary(const std::vector<RankReport>& reports) {
       if (top == nullptr || s.share > top->share) top = &s;
     }
     const double bar = std::max(0.5, 1.5 / static_cast<double>(reports.size()));
-    if (top->share >= bar) {
+    // And the wait was worth it: at least 5% of the job, as the straggler report's rule.
+    if (top->share >= bar && top->wait_s >= 0.05 * wall0) {
       const auto host = hosts.find(top->rank);
       const std::string where =
           host != hosts.end() && !host->second.empty() ? " (" + host->second + ")" : "";

@@ -74,7 +74,9 @@ RankReport ReadRankReport(const std::string& dir, int rank);
 // with the most time in collectives, then how many more there are and which wrote no summary.
 // Rank 0's straggler lines give each rank's "last" share; the top straggler gets its own line
 // when it arrived last in at least half the cycles and in at least 1.5/size of them (what an
-// even spread gives, times 1.5: 75% at 2 ranks; core/straggler.h uses the same bar). "" when no
+// even spread gives, times 1.5: 75% at 2 ranks; core/straggler.h uses the same bar), and the
+// others waited for it at least 5% of rank 0's wall time (a rank last by microseconds in every
+// cycle is no straggler). "" when no
 // rank wrote a summary (a program that does not use Concord).
 std::string FormatJobSummary(const std::vector<RankReport>& reports);
 
