@@ -434,6 +434,32 @@ static void TestStats(concord_comm_t comm) {
   CHECK(s.cache_evictions == 0);
 }
 
+/* concord_comm_metrics: the length query, a buffer too small (untouched), the JSON itself. */
+static void TestMetrics(concord_comm_t comm) {
+  char small[8];
+  char* json;
+  size_t length = 0, again = 0;
+  StartPhase("metrics");
+  CHECK_STATUS(concord_comm_metrics(comm, NULL, 0, NULL), CONCORD_ERR_INVALID_ARGUMENT);
+  CheckLastError(comm, "length");
+  CHECK_STATUS(concord_comm_metrics(comm, NULL, 16, &length), CONCORD_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(concord_comm_metrics(NULL, NULL, 0, &length), CONCORD_ERR_NOT_INITIALIZED);
+  CHECK_STATUS(concord_comm_metrics(comm, NULL, 0, &length), CONCORD_SUCCESS);
+  CHECKF(length > 100, "%zu bytes of metrics", length);
+  memset(small, 'x', sizeof(small));
+  CHECK_STATUS(concord_comm_metrics(comm, small, sizeof(small), &again),
+               CONCORD_ERR_INVALID_ARGUMENT);
+  CheckLastError(comm, "bytes");
+  CHECK(again >= length && small[0] == 'x' && small[7] == 'x');
+  json = (char*)malloc(again + 4096);
+  CHECK(json != NULL);
+  CHECK_STATUS(concord_comm_metrics(comm, json, again + 4096, &length), CONCORD_SUCCESS);
+  CHECK(strlen(json) == length && json[0] == '{' && json[length - 1] == '}');
+  CHECK(strstr(json, "\"operations\":[") != NULL && strstr(json, "\"stats.repeated\"") == NULL);
+  CHECK(strstr(json, "\"op\":\"allreduce\",\"dtype\":\"float32\"") != NULL);
+  free(json);
+}
+
 /* One invalid allreduce: the expected status, the last error mentions `part`, no request. */
 static void BadAllreduce(concord_comm_t comm, const char* name, const concord_tensor_t* in,
                          const concord_tensor_t* out, const concord_allreduce_opts_t* o,
@@ -1076,6 +1102,7 @@ int main(void) {
   TestDetach(comm);
   TestBlockingAndAllgather(comm);
   TestStats(comm);
+  TestMetrics(comm);
   TestDeviceOptions(comm);
   StartPhase("finalize");
   CHECK_STATUS(concord_finalize(comm), CONCORD_SUCCESS);

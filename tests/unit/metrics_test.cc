@@ -1,0 +1,184 @@
+#include "core/metrics.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+
+#include "core/metered_backend.h"
+#include "core/metrics_render.h"
+#include "tools/run_summary.h"
+
+namespace concord {
+namespace {
+
+TEST(LatencyHistogramTest, ASampleOnABoundCountsInThatBucket) {
+  LatencyHistogram h;
+  h.Add(50e-6);   // == the first bound
+  h.Add(51e-6);   // the second bucket
+  h.Add(0.0);     // the first
+  h.Add(10.0);    // == the last bound
+  h.Add(3600.0);  // beyond: +Inf
+  EXPECT_EQ(h.counts[0], 2u);
+  EXPECT_EQ(h.counts[1], 1u);
+  EXPECT_EQ(h.counts[LatencyHistogram::kBounds.size() - 1], 1u);
+  EXPECT_EQ(h.counts[LatencyHistogram::kBounds.size()], 1u);
+  EXPECT_EQ(h.count, 5u);
+  EXPECT_DOUBLE_EQ(h.sum, 50e-6 + 51e-6 + 10.0 + 3600.0);
+}
+
+TEST(SizeBucketTest, BoundsAreInclusive) {
+  EXPECT_EQ(SizeBucket(0), 0u);
+  EXPECT_EQ(SizeBucket(4096), 0u);
+  EXPECT_EQ(SizeBucket(4097), 1u);
+  EXPECT_EQ(SizeBucket(uint64_t{16} << 20), 3u);
+  EXPECT_EQ(SizeBucket((uint64_t{16} << 20) + 1), 4u);
+  EXPECT_EQ(SizeBucketLabel(0), "4096");
+  EXPECT_EQ(SizeBucketLabel(4), "+Inf");
+}
+
+OpSample Sample(const char* op, uint64_t bytes, Code code = Code::kOk) {
+  OpSample s;
+  s.op = op;
+  s.dtype = DType::kFloat32;
+  s.bytes = bytes;
+  s.wire_bytes = bytes / 2;
+  s.code = code;
+  s.negotiation_s = 0.001;
+  s.execution_s = 0.002;
+  s.callback_s = 0.0005;
+  return s;
+}
+
+TEST(MetricsTest, OperationsAddUpAndErrorsStayOutOfTheHistograms) {
+  Metrics m;
+  m.RecordOp(Sample("allreduce", 1000));
+  m.RecordOp(Sample("allreduce", 1 << 20));
+  m.RecordOp(Sample("allreduce", 8, Code::kMismatch));
+  m.RecordOp(Sample("allgather", 0));
+  const Metrics::Snapshot s = m.Take();
+  const Metrics::OpTotals& ar = s.ops.at(Metrics::OpKey("allreduce", DType::kFloat32));
+  EXPECT_EQ(ar.count, 3u);
+  EXPECT_EQ(ar.bytes, 1000u + (1u << 20) + 8u);
+  EXPECT_EQ(ar.wire_bytes, 500u + (1u << 19) + 4u);
+  EXPECT_EQ(ar.errors, 1u);
+  EXPECT_DOUBLE_EQ(ar.negotiation_s, 0.003);
+  EXPECT_EQ(s.errors.at("MISMATCH"), 1u);
+  EXPECT_EQ(s.latency.at(Metrics::SizedKey("allreduce", 0)).count, 1u);
+  EXPECT_EQ(s.latency.at(Metrics::SizedKey("allreduce", 2)).count, 1u);
+  EXPECT_EQ(s.latency.at(Metrics::SizedKey("allgather", 0)).count, 1u);
+  EXPECT_EQ(s.latency.size(), 3u);
+  EXPECT_GT(s.uptime_s, 0.0);
+}
+
+// A backend whose collectives succeed, or fail with a backend error when told.
+class ScriptedBackend : public Backend {
+ public:
+  bool fail = false;
+  const char* name() const override { return "scripted"; }
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  Status Allreduce(void*, size_t, DType, ReduceOp) override { return Result(); }
+  Status Allgatherv(const void*, void*, const std::vector<size_t>&) override { return Result(); }
+  Status Broadcast(void*, size_t, int) override { return Result(); }
+  Status Barrier() override { return Result(); }
+  Status ReduceScatter(const void*, void*, const std::vector<size_t>&, DType, ReduceOp) override {
+    return Result();
+  }
+  Status Alltoallv(const void*, const std::vector<size_t>&, void*,
+                   const std::vector<size_t>&) override {
+    return Result();
+  }
+
+ private:
+  Status Result() const { return fail ? Status(Code::kBackendError, "scripted") : Status::Ok(); }
+};
+
+TEST(MeteredBackendTest, RecordsEachCallsBytesUnderItsLaneAndOp) {
+  auto metrics = std::make_shared<Metrics>();
+  auto scripted = std::make_unique<ScriptedBackend>();
+  ScriptedBackend* inner = scripted.get();
+  MeteredBackend b(std::move(scripted), 1, metrics);
+  EXPECT_STREQ(b.name(), "scripted");
+  EXPECT_TRUE(b.Allreduce(nullptr, 10, DType::kFloat64, ReduceOp::kSum).ok());
+  EXPECT_TRUE(b.AllreduceSpans({{nullptr, 3}, {nullptr, 5}}, DType::kInt32, ReduceOp::kSum).ok());
+  EXPECT_TRUE(b.Allgatherv(nullptr, nullptr, {1, 2, 3}).ok());
+  EXPECT_TRUE(b.ReduceScatter(nullptr, nullptr, {4, 4}, DType::kFloat16, ReduceOp::kSum).ok());
+  EXPECT_TRUE(b.Alltoallv(nullptr, {7, 9}, nullptr, {1, 1}).ok());
+  EXPECT_TRUE(b.Broadcast(nullptr, 11, 0).ok());
+  EXPECT_TRUE(b.Barrier().ok());
+  inner->fail = true;
+  EXPECT_EQ(b.Broadcast(nullptr, 5, 0).code(), Code::kBackendError);  // passed through
+  const Metrics::Snapshot s = metrics->Take();
+  auto at = [&s](const char* op) { return s.collectives.at(Metrics::LaneKey(1, "scripted", op)); };
+  EXPECT_EQ(at("allreduce").count, 2u);
+  EXPECT_EQ(at("allreduce").bytes, 80u + 32u);
+  EXPECT_EQ(at("allgather").bytes, 6u);
+  EXPECT_EQ(at("reducescatter").bytes, 16u);
+  EXPECT_EQ(at("alltoall").bytes, 16u);
+  EXPECT_EQ(at("broadcast").count, 2u);
+  EXPECT_EQ(at("broadcast").bytes, 16u);
+  EXPECT_EQ(at("broadcast").errors, 1u);
+  EXPECT_EQ(at("barrier").count, 1u);
+  uint64_t histogram_count = 0;
+  for (const auto& [key, h] : s.collective_latency) histogram_count += h.count;
+  EXPECT_EQ(histogram_count, 7u);  // the failed call is not in the histograms
+}
+
+MetricsContext Context(int rank, int size) {
+  MetricsContext c;
+  c.rank = rank;
+  c.size = size;
+  c.host = "node \"a\"\n";
+  c.counters = {{"responses_cached", 3}, {"responses_full", 1}};
+  return c;
+}
+
+TEST(MetricsRenderTest, TheSummaryIsWhatConcordrunReads) {
+  Metrics m;
+  m.RecordOp(Sample("allreduce", 1000));
+  m.RecordOp(Sample("allreduce", 24, Code::kTimeout));
+  m.RecordCollective(0, "gloo", "allreduce", 1000, 0.25, true);
+  m.RecordCollective(1, "gloo", "allreduce", 1000, 0.5, true);
+  StragglerTotals st;
+  st.operations = 4;
+  st.last = {1, 3};
+  st.waited_s = {0.0, 1.5};
+  m.SetStragglers(st);
+  StatusOr<RankSummary> parsed = ParseRankSummary(MetricsToSummary(m.Take(), Context(0, 2)));
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_EQ(parsed->rank, 0);
+  EXPECT_EQ(parsed->ops, 2u);
+  EXPECT_EQ(parsed->bytes, 1024u);
+  EXPECT_EQ(parsed->errors, 1u);
+  EXPECT_DOUBLE_EQ(parsed->collective_s, 0.75);
+  ASSERT_EQ(parsed->phases.size(), 3u);
+  EXPECT_EQ(parsed->phases[0].name, "negotiation");
+  EXPECT_DOUBLE_EQ(parsed->phases[0].seconds, 0.002);
+  ASSERT_EQ(parsed->stragglers.size(), 2u);
+  EXPECT_EQ(parsed->stragglers[1].rank, 1);
+  EXPECT_DOUBLE_EQ(parsed->stragglers[1].share, 0.75);
+  EXPECT_DOUBLE_EQ(parsed->stragglers[1].wait_s, 1.5);
+}
+
+TEST(MetricsRenderTest, JsonEscapesTextAndPrometheusLabelsEverySeries) {
+  Metrics m;
+  m.RecordOp(Sample("broadcast", 10));
+  const std::string json = MetricsToJson(m.Take(), Context(1, 2));
+  EXPECT_NE(json.find("\"host\":\"node \\\"a\\\"\\n\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"cache_hit_rate\":0.75"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"stragglers\":{\"operations\":0,\"ranks\":[]}"), std::string::npos);
+  const std::string page = MetricsToPrometheus(m.Take(), Context(1, 2));
+  EXPECT_NE(
+      page.find("concord_operations_total{rank=\"1\",op=\"broadcast\",dtype=\"float32\"} 1\n"),
+      std::string::npos)
+      << page;
+  EXPECT_NE(page.find("concord_engine_responses_cached_total{rank=\"1\"} 3\n"), std::string::npos);
+  EXPECT_NE(page.find("concord_operation_latency_seconds_bucket{rank=\"1\",op=\"broadcast\","
+                      "size_bucket=\"4096\",le=\"+Inf\"} 1\n"),
+            std::string::npos);
+  EXPECT_EQ(page.find("straggler"), std::string::npos);  // not rank 0: no straggler series
+}
+
+}  // namespace
+}  // namespace concord
