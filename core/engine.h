@@ -138,7 +138,7 @@ class Engine {
   // Point to point (core/p2p.h): checks the send or recv and hands it to the transport, or
   // refuses it (nothing is queued). Thread-safe; never negotiated. Its requests wait through
   // p2p_wait_gate(). Shutdown() and a failure of the engine complete those in flight.
-  Status SubmitP2p(P2pEntry entry) { return p2p_->Submit(std::move(entry)); }
+  Status SubmitP2p(P2pEntry entry);
   std::shared_ptr<WaitGate> p2p_wait_gate() const { return p2p_->wait_gate(); }
 
   // Next barrier's name: barriers are matched across ranks by their sequence number.

@@ -2,6 +2,7 @@
 // the end-of-job summary a world communicator's rank writes at finalize for concordrun.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -60,6 +61,20 @@ void Engine::ServeMetrics(MetricsEndpoint endpoint) {
   metrics_endpoint_ = std::move(endpoint);
   metrics_endpoint_.engine->store(this);
   Log(LogLevel::kInfo, "metrics: http://" + metrics_address_ + "/metrics");
+}
+
+Status Engine::SubmitP2p(P2pEntry entry) {
+  uint64_t bytes = 0;
+  if (entry.send || entry.expect) {
+    bytes = DTypeSize(entry.dtype);
+    for (int64_t d : entry.shape) bytes *= static_cast<uint64_t>(std::max<int64_t>(d, 0));
+  }
+  if (entry.state) {
+    // A recv that takes the sender's shape learns its bytes and dtype at completion.
+    entry.state->Meter(metrics_, entry.send ? "send" : "recv", entry.dtype, bytes, Clock::now(),
+                       /*from_output=*/!entry.send && !entry.expect);
+  }
+  return p2p_->Submit(std::move(entry));
 }
 
 std::string Engine::MetricsJson() const {

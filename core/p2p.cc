@@ -97,6 +97,7 @@ Status PointToPoint::Submit(P2pEntry e) {
     meta.bytes = 1;
     for (int64_t d : e.shape) meta.bytes *= static_cast<uint64_t>(d);
     meta.bytes *= DTypeSize(e.dtype);
+    state->AddWireBytes(meta.bytes);
     transport_->Send(e.peer, e.tag, meta, e.data, deadline,
                      [state](const Status& s) { state->Complete(s); });
     return Status::Ok();

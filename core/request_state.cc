@@ -22,6 +22,10 @@ void RequestState::Complete(const Status& status) {
     OpSample sample = sample_;
     sample.code = status.code();
     sample.wire_bytes = wire_bytes();
+    if (from_output_ && status.ok()) {
+      sample.bytes = output_.bytes;
+      sample.dtype = output_.dtype;
+    }
     sample.negotiation_s = seconds(taken - enqueued_);
     sample.execution_s = seconds(completed - taken);
     sample.callback_s = seconds(Clock::now() - completed);
@@ -35,8 +39,9 @@ void RequestState::Complete(const Status& status) {
 }
 
 void RequestState::Meter(std::shared_ptr<Metrics> metrics, const char* op, DType dtype,
-                         uint64_t bytes, Clock::time_point enqueued) {
+                         uint64_t bytes, Clock::time_point enqueued, bool from_output) {
   metrics_ = std::move(metrics);
+  from_output_ = from_output;
   sample_.op = op;
   sample_.dtype = dtype;
   sample_.bytes = bytes;

@@ -57,8 +57,9 @@ class RequestState {
   // Metering (core/metrics.h): set once by the engine before the request is queued; Complete()
   // then records the operation into `metrics` (before waiters wake), with its phases measured
   // from `enqueued` and MarkNegotiated().
+  // `from_output`: the bytes and dtype are the output's at completion (a recv of any shape).
   void Meter(std::shared_ptr<Metrics> metrics, const char* op, DType dtype, uint64_t bytes,
-             Clock::time_point enqueued);
+             Clock::time_point enqueued, bool from_output = false);
   // The engine took the request out of its queue to run it: negotiation ends here.
   void MarkNegotiated() {
     negotiated_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
@@ -86,6 +87,7 @@ class RequestState {
   std::shared_ptr<Metrics> metrics_;
   OpSample sample_;
   Clock::time_point enqueued_{};
+  bool from_output_ = false;
   std::atomic<Clock::rep> negotiated_{0};  // 0: not yet
 };
 

@@ -54,6 +54,15 @@ def run():
         h.wait()
     if concord.compression_supported():
         c.allreduce(np.ones(SMALL, np.float32), name="metrics.fp16", compression="fp16")
+    if c.size > 1 and c.rank < 2:
+        # Point to point: an expected recv on rank 1, one of any shape on rank 0.
+        if c.rank == 0:
+            c.send(np.ones(5, np.float32), peer=1, tag=7)
+            got = c.recv(peer=1, tag=8)
+            assert got.dtype == np.int64 and got.shape == (3,)
+        else:
+            c.recv(peer=0, tag=7, like=np.zeros(5, np.float32))
+            c.send(np.arange(3, dtype=np.int64), peer=0, tag=8)
     if c.size > 1:
         with pytest.raises(concord.ConcordError) as e:
             c.allreduce(np.zeros(4 + c.rank, np.float32), name="metrics.mismatched")
@@ -90,11 +99,23 @@ def test_operations_add_up(run):
         assert o["negotiation_s"] >= 0 and o["execution_s"] > 0 and o["callback_s"] >= 0
 
 
+def test_sends_and_recvs_are_counted(run):
+    c, m, _ = run
+    if c.size == 1:
+        return
+    send = op(m, "send", "float32" if c.rank == 0 else "int64")
+    recv = op(m, "recv", "int64" if c.rank == 0 else "float32")
+    assert (send["count"], send["bytes"]) == ((1, 20) if c.rank == 0 else (1, 24))
+    assert send["wire_bytes"] == send["bytes"]
+    # Rank 0's recv took the sender's shape: its bytes and dtype are known at completion.
+    assert (recv["count"], recv["bytes"]) == ((1, 24) if c.rank == 0 else (1, 20))
+
+
 def test_cache_hits_after_warm_up(run):
     c, m, _ = run
     counters = m["counters"]
-    # Every completed operation was negotiated once: in full or as a cache bit.
-    ops = sum(o["count"] for o in m["operations"])
+    # Every completed collective was negotiated once: in full or as a cache bit.
+    ops = sum(o["count"] for o in m["operations"] if o["op"] not in ("send", "recv"))
     assert counters["responses_cached"] + counters["responses_full"] == ops
     # The repeats of metrics.big and metrics.gather were cache bits.
     assert counters["responses_cached"] >= 4 + 2
