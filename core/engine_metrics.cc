@@ -1,5 +1,6 @@
 // The engine's metrics (core/metrics.h) as the outside sees them: JSON, Prometheus text, and
-// the end-of-job summary a world communicator's rank writes at finalize for concordrun.
+// the end-of-job summary a world communicator's rank writes at finalize for concordrun; its
+// timeline (core/timeline.h).
 #include <unistd.h>
 
 #include <cerrno>
@@ -68,6 +69,11 @@ std::string Engine::MetricsJson() const {
 
 std::string Engine::MetricsPrometheus() const {
   return MetricsToPrometheus(metrics_->Take(), MetricsContextNow());
+}
+
+Status Engine::StartTimeline(const std::string& path) {
+  CONCORD_ASSIGN_OR_RETURN(TimelineFile file, OpenTimelineFile(path, config_.rank, "timeline"));
+  return timeline_->Start(std::move(file));
 }
 
 void Engine::WriteSummary() const {
