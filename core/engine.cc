@@ -309,8 +309,7 @@ Status Engine::Shutdown() {
   for (auto& e : left) e.state->Complete(closed);
   finalizing_thread_.store(std::thread::id());
   WriteSummary();
-  const Status timeline = timeline_->Stop();
-  if (!timeline.ok()) Log(LogLevel::kWarning, timeline.message());
+  timeline_->Stop();
   if (metrics_endpoint_.server) {
     // The server's destructor waits for a scrape that is rendering this engine.
     metrics_endpoint_.engine->store(nullptr);

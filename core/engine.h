@@ -181,11 +181,11 @@ class Engine {
   void ServeMetrics(MetricsEndpoint endpoint);
   // The timeline (core/timeline.h): starts writing into `file` (kInvalidArgument when one is
   // already on), or into `path`.rank<R> (also kInvalidArgument naming the path and the system's
-  // reason when it cannot be written); Stop writes the rest and closes it (OK when none is on; the
-  // error of a failed write). Shutdown() stops it. Thread-safe.
+  // reason when it cannot be written); Stop writes the rest and closes it (a failed write only
+  // warns). Shutdown() stops it. Thread-safe.
   Status StartTimeline(TimelineFile file) { return timeline_->Start(std::move(file)); }
   Status StartTimeline(const std::string& path);
-  Status StopTimeline() { return timeline_->Stop(); }
+  void StopTimeline() { timeline_->Stop(); }
 
   // A group of direct allreduces is split over the lanes when each share gets this many bytes.
   static constexpr size_t kMinShareBytes = size_t{1} << 20;

@@ -72,6 +72,10 @@ std::string Engine::MetricsPrometheus() const {
 }
 
 Status Engine::StartTimeline(const std::string& path) {
+  if (timeline_->on()) {  // refused before the file is created (Start() checks again)
+    return InvalidArgument("a timeline is already being written to " + timeline_->path() +
+                           "; stop it before starting another");
+  }
   CONCORD_ASSIGN_OR_RETURN(TimelineFile file, OpenTimelineFile(path, config_.rank, "timeline"));
   return timeline_->Start(std::move(file));
 }

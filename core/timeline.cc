@@ -36,7 +36,7 @@ Timeline::Timeline(int rank, int size, Warn warn)
     : rank_(rank), size_(size), warn_(std::move(warn)) {}
 
 Timeline::~Timeline() {
-  (void)Stop();
+  Stop();
 }
 
 std::string Timeline::Quote(const std::string& s) {
@@ -88,9 +88,9 @@ Status Timeline::Start(TimelineFile file) {
   return Status::Ok();
 }
 
-Status Timeline::Stop() {
+void Timeline::Stop() {
   MutexLock control(control_mu_);
-  if (!writer_.joinable()) return Status::Ok();
+  if (!writer_.joinable()) return;
   on_.store(false, std::memory_order_relaxed);
   {
     MutexLock lock(mu_);
@@ -98,7 +98,7 @@ Status Timeline::Stop() {
   }
   wake_.NotifyAll();
   writer_.join();
-  return Flush(true);
+  (void)Flush(true);  // a failure has warned
 }
 
 std::string Timeline::path() const {
@@ -123,11 +123,12 @@ void Timeline::NameTrack(int track) {
   Append(std::move(e));
 }
 
-int Timeline::TensorTrack(const std::string& name) {
-  auto [it, added] = tensors_.emplace(name, kTensorTrack + static_cast<int>(tensors_.size()));
+Timeline::TensorInfo& Timeline::TensorTrack(const std::string& name) {
+  auto [it, added] = tensors_.try_emplace(name);
   if (added) {
+    it->second.track = kTensorTrack + static_cast<int>(tensors_.size()) - 1;
     Event e;
-    e.track = it->second;
+    e.track = it->second.track;
     e.args = Quote(name);
     Append(std::move(e));
   }
@@ -140,9 +141,9 @@ void Timeline::Tensor(const std::string& name, const char* op, uint64_t bytes,
   if (!on()) return;
   MutexLock lock(mu_);
   if (!on() || enqueued < start_) return;  // stopped meanwhile, or from before this timeline
-  const int track = TensorTrack(name);
+  TensorInfo& tensor = TensorTrack(name);
   Event e;
-  e.track = track;
+  e.track = tensor.track;
   e.name = "negotiate";
   e.begin_ns = Since(enqueued);
   e.end_ns = Since(negotiated);
@@ -150,9 +151,13 @@ void Timeline::Tensor(const std::string& name, const char* op, uint64_t bytes,
   e.name = "execute";
   e.begin_ns = e.end_ns;
   e.end_ns = Since(completed);
-  e.detail = op;
-  e.detail_key = "op";
-  e.bytes = bytes;
+  if (tensor.op != op || tensor.bytes != bytes) {  // op names are literals
+    e.detail = op;
+    e.detail_key = "op";
+    e.bytes = bytes;
+    tensor.op = op;
+    tensor.bytes = bytes;
+  }
   Append(e);
   e.name = "callback";
   e.begin_ns = e.end_ns;

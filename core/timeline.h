@@ -8,7 +8,8 @@
 //
 // What is recorded (tracks are the trace's threads, within the rank's process):
 //  - per tensor (a track named after it): "negotiate" (enqueue until the engine took it out of its
-//    queue to run it), "execute" (until it completed; args: op, bytes), "callback";
+//    queue to run it), "execute" (until it completed; args: op and bytes, on the tensor's first
+//    execute and whenever they change, which keeps the file small), "callback";
 //  - per lane (track "lane N"): each fused batch as one slice ("fused allreduce", args: members,
 //    bytes) with "pack" and "unpack" inside, and each backend collective (args: bytes, backend);
 //  - the engine (track "engine"): each response list it executed ("cycle", args: responses).
@@ -70,9 +71,9 @@ class Timeline {
 
   // Starts writing into `file`; kInvalidArgument when a timeline is already on.
   Status Start(TimelineFile file) EXCLUDES(control_mu_, write_mu_, mu_);
-  // Writes what is left and closes the file (OK when off); a failed write or close is the error,
-  // naming the file.
-  Status Stop() EXCLUDES(control_mu_, write_mu_, mu_);
+  // Writes what is left and closes the file (nothing when off). A failed write or close only warns,
+  // as one while running does: a timeline never stops training.
+  void Stop() EXCLUDES(control_mu_, write_mu_, mu_);
   bool on() const { return on_.load(std::memory_order_relaxed); }
   // The file being written; empty when off.
   std::string path() const EXCLUDES(mu_);
@@ -91,6 +92,12 @@ class Timeline {
   static std::string Quote(const std::string& s);
 
  private:
+  // Per tensor: its track, and the op and bytes its last execute event carried.
+  struct TensorInfo {
+    int track = 0;
+    const char* op = nullptr;
+    uint64_t bytes = kNoBytes;
+  };
   struct Event {
     const char* name = nullptr;  // nullptr: a track name (args holds it)
     const char* detail = nullptr;
@@ -100,8 +107,8 @@ class Timeline {
     uint64_t bytes = kNoBytes;
     std::string args;
   };
-  // The track of tensor `name`, naming it in the trace the first time.
-  int TensorTrack(const std::string& name) REQUIRES(mu_);
+  // Tensor `name`'s record, naming its track in the trace the first time.
+  TensorInfo& TensorTrack(const std::string& name) REQUIRES(mu_);
   // Names track `track` (the engine's or a lane's) in the trace the first time.
   void NameTrack(int track) REQUIRES(mu_);
   int64_t Since(Clock::time_point t) const REQUIRES(mu_) { return (t - start_).count(); }
@@ -125,7 +132,7 @@ class Timeline {
   std::string path_ GUARDED_BY(mu_);
   Clock::time_point start_ GUARDED_BY(mu_);
   std::vector<Event> pending_ GUARDED_BY(mu_);
-  std::unordered_map<std::string, int> tensors_ GUARDED_BY(mu_);
+  std::unordered_map<std::string, TensorInfo> tensors_ GUARDED_BY(mu_);
   std::vector<bool> named_tracks_ GUARDED_BY(mu_);
   uint64_t dropped_ GUARDED_BY(mu_) = 0;  // events beyond kMaxPending, not written
   bool stopping_ GUARDED_BY(mu_) = false;

@@ -580,7 +580,8 @@ concord_status_t concord_timeline_start(concord_comm_t comm, const char* path) {
 concord_status_t concord_timeline_stop(concord_comm_t comm) {
   return Guard(comm, [&]() -> Status {
     CONCORD_RETURN_IF_ERROR(CheckComm(comm));
-    return comm->engine->StopTimeline();
+    comm->engine->StopTimeline();
+    return Status::Ok();
   });
 }
 

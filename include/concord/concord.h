@@ -277,8 +277,8 @@ CONCORD_API concord_status_t concord_comm_metrics(concord_comm_t comm, char* buf
  *  at init). A write that fails later logs a warning and turns the timeline off; operations go on.
  *  Thread-safe. */
 CONCORD_API concord_status_t concord_timeline_start(concord_comm_t comm, const char* path);
-/** Writes the rest of the timeline and closes its file (SUCCESS when none is on; SYSTEM_ERROR
- *  naming the file when a write failed). concord_finalize stops it too. Thread-safe. */
+/** Writes the rest of the timeline and closes its file (SUCCESS also when none is on, and when a
+ *  write failed: that only logs a warning). concord_finalize stops it too. Thread-safe. */
 CONCORD_API concord_status_t concord_timeline_stop(concord_comm_t comm);
 /** The message of the last call on this communicator that failed on the calling thread (empty
  *  when none has; a later success does not clear it). Valid until the next call on this
