@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -27,6 +28,15 @@ struct Rendezvous {
 };
 
 namespace {
+
+// CONCORD_TIMELINE's file for this rank, opened before any peer is involved, so that a path that
+// cannot be written fails this rank's init alone, at once; none when it is not set.
+StatusOr<std::optional<TimelineFile>> OpenConfiguredTimeline(const Config& config) {
+  if (config.timeline.empty()) return std::optional<TimelineFile>();
+  CONCORD_ASSIGN_OR_RETURN(TimelineFile file, OpenTimelineFile(config.timeline, config.rank,
+                                                               config.SourceOf("timeline")));
+  return std::optional<TimelineFile>(std::move(file));
+}
 
 // The first IPv4 address of a network interface.
 StatusOr<std::string> InterfaceAddress(const std::string& iface) {
@@ -202,6 +212,7 @@ StatusOr<Communicator> CreateMpiCommunicator(Config config, std::chrono::millise
   CONCORD_RETURN_IF_ERROR(config.Finalize());
   CONCORD_RETURN_IF_ERROR(CheckJobSettings(config, t.backend.get()));
   CONCORD_ASSIGN_OR_RETURN(MetricsEndpoint metrics, OpenMetricsEndpoint(config));
+  CONCORD_ASSIGN_OR_RETURN(std::optional<TimelineFile> timeline, OpenConfiguredTimeline(config));
   std::vector<std::unique_ptr<Backend>> lanes;
   lanes.push_back(std::move(t.backend));
   Communicator comm;
@@ -210,6 +221,7 @@ StatusOr<Communicator> CreateMpiCommunicator(Config config, std::chrono::millise
   comm.engine = std::make_unique<Engine>(config, std::move(t.control), std::move(lanes),
                                          std::move(t.keep_alive), DevicePlane(), std::move(t.p2p));
   comm.engine->ServeMetrics(std::move(metrics));
+  if (timeline) CONCORD_RETURN_IF_ERROR(comm.engine->StartTimeline(std::move(*timeline)));
   return comm;
 }
 
@@ -285,6 +297,7 @@ StatusOr<Communicator> CreateCommunicator(Config config) {
   }
   // Before any peer is involved: a port in use fails this rank's init alone, at once.
   CONCORD_ASSIGN_OR_RETURN(MetricsEndpoint metrics, OpenMetricsEndpoint(config));
+  CONCORD_ASSIGN_OR_RETURN(std::optional<TimelineFile> timeline, OpenConfiguredTimeline(config));
   const Deadline deadline = Deadline::After(MillisFromSeconds(config.timeout_s));
   std::string store_host;
   CONCORD_ASSIGN_OR_RETURN(std::shared_ptr<Rendezvous> rv,
@@ -312,6 +325,7 @@ StatusOr<Communicator> CreateCommunicator(Config config) {
   Communicator comm;
   CONCORD_ASSIGN_OR_RETURN(comm.engine, StartOnStore(config, rv, origin->prefix, origin->host));
   comm.engine->ServeMetrics(std::move(metrics));
+  if (timeline) CONCORD_RETURN_IF_ERROR(comm.engine->StartTimeline(std::move(*timeline)));
   comm.origin = std::move(origin);
   return comm;
 }

@@ -193,6 +193,7 @@ StatusOr<Config> Config::FromEnvironment() {
   env.String({"CONCORD_METRICS_PORT"}, "metrics_port", &endpoint);
   if (!endpoint.empty()) CONCORD_RETURN_IF_ERROR(ParseMetricsEndpoint(endpoint, &c));
   env.String({"CONCORD_SUMMARY_DIR"}, "summary_dir", &c.summary_dir);
+  env.String({"CONCORD_TIMELINE"}, "timeline", &c.timeline);
   return c;
 }
 

@@ -99,6 +99,9 @@ struct Config {
   // Where each rank of a world communicator writes its end-of-job summary at finalize
   // (CONCORD_SUMMARY_DIR; concordrun sets it); empty: nowhere.
   std::string summary_dir;
+  // Where each rank of a world communicator writes its timeline from init to finalize
+  // (CONCORD_TIMELINE; core/timeline.h): `timeline`.rank<R>; empty: no timeline.
+  std::string timeline;
   // The longest timeout or stall time: a day (durations stay far from overflowing a clock).
   static constexpr double kMaxSeconds = 86400.0;
 

@@ -26,11 +26,12 @@ std::chrono::microseconds DriveBusyPoll(const Config& config) {
 }
 
 std::vector<Lane> MakeLanes(std::vector<std::unique_ptr<Backend>> backends,
-                            const std::shared_ptr<Metrics>& metrics) {
+                            const std::shared_ptr<Metrics>& metrics,
+                            const std::shared_ptr<Timeline>& timeline) {
   std::vector<Lane> lanes(backends.size());
   for (size_t i = 0; i < backends.size(); ++i) {
-    lanes[i].backend =
-        std::make_unique<MeteredBackend>(std::move(backends[i]), static_cast<int>(i), metrics);
+    lanes[i].backend = std::make_unique<MeteredBackend>(std::move(backends[i]), static_cast<int>(i),
+                                                        metrics, timeline);
     if (i > 0) lanes[i].worker = std::make_unique<LaneWorker>();
   }
   return lanes;
@@ -53,7 +54,7 @@ Engine::Engine(const Config& config, std::unique_ptr<ControlPlane> control,
     : config_(config),
       keep_alive_(std::move(keep_alive)),
       control_(std::move(control)),
-      lanes_(MakeLanes(std::move(lanes), metrics_)),
+      lanes_(MakeLanes(std::move(lanes), metrics_, timeline_)),
       cache_(static_cast<size_t>(config.cache_capacity)),
       coordinator_(MakeCoordinator(config_, &cache_)),
       // Push() calls it outside the queue's lock; the driver outlives the queue's use.
@@ -132,6 +133,7 @@ Status Engine::Enqueue(QueueEntry entry, bool then_wait) {
   entry.state->Meter(metrics_, OpTypeName(entry.request.op), entry.request.dtype,
                      carries_data ? static_cast<uint64_t>(entry.request.NumBytes()) : 0,
                      Clock::now());
+  if (timeline_->on()) entry.state->Trace(timeline_, entry.request.name);
   {
     MutexLock lock(group_mu_);
     if (group_open_ && group_owner_ == std::this_thread::get_id()) {
@@ -307,6 +309,7 @@ Status Engine::Shutdown() {
   for (auto& e : left) e.state->Complete(closed);
   finalizing_thread_.store(std::thread::id());
   WriteSummary();
+  timeline_->Stop();
   if (metrics_endpoint_.server) {
     // The server's destructor waits for a scrape that is rendering this engine.
     metrics_endpoint_.engine->store(nullptr);

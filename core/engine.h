@@ -64,6 +64,7 @@
 #include "core/progress_driver.h"
 #include "core/response_cache.h"
 #include "core/tensor_queue.h"
+#include "core/timeline.h"
 #include "core/wait_gate.h"
 
 namespace concord {
@@ -178,6 +179,13 @@ class Engine {
   std::string MetricsPrometheus() const;
   // Serves `endpoint` with this engine's Prometheus text until Shutdown().
   void ServeMetrics(MetricsEndpoint endpoint);
+  // The timeline (core/timeline.h): starts writing into `file` (kInvalidArgument when one is
+  // already on), or into `path`.rank<R> (also kInvalidArgument naming the path and the system's
+  // reason when it cannot be written); Stop writes the rest and closes it (a failed write only
+  // warns). Shutdown() stops it. Thread-safe.
+  Status StartTimeline(TimelineFile file) { return timeline_->Start(std::move(file)); }
+  Status StartTimeline(const std::string& path);
+  void StopTimeline() { timeline_->Stop(); }
 
   // A group of direct allreduces is split over the lanes when each share gets this many bytes.
   static constexpr size_t kMinShareBytes = size_t{1} << 20;
@@ -267,6 +275,10 @@ class Engine {
   // --- engine_host_ops.cc: one batch on one lane; Finish() what they complete ---
   Status RunBatch(Lane& lane, const FusionBatch& batch, const Responses& responses,
                   Entries& entries);
+  int LaneIndex(const Lane& lane) const { return static_cast<int>(&lane - lanes_.data()); }
+  // Records fused batch `batch`, run on `lane` since `start`, on the timeline with its members.
+  void TraceBatch(const Lane& lane, const FusionBatch& batch, const Responses& responses,
+                  Clock::time_point start) const;
   // After the reduction: integer average division (by `contributors`: the ranks whose tensors
   // were reduced) and the post factor.
   void FinishAllreduce(const TensorRequest& q, int contributors, void* data, size_t n) const;
@@ -346,6 +358,8 @@ class Engine {
   EngineStats stats_;
   // Before the lanes: their backends record into it.
   const std::shared_ptr<Metrics> metrics_ = std::make_shared<Metrics>();
+  const std::shared_ptr<Timeline> timeline_ = std::make_shared<Timeline>(
+      config_.rank, config_.size, [this](const std::string& m) { Log(LogLevel::kWarning, m); });
 
   // Touched only by the stepping thread (and the lane workers it waits for).
   std::unique_ptr<ControlPlane> control_ GUARDED_BY(driver_.step_mutex());

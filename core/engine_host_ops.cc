@@ -67,6 +67,21 @@ void* Engine::ResultBuffer(Lane& lane, QueueEntry& e, size_t total, const char* 
   return local->ok() ? out : lane.fusion.Get(total, fusion_.threshold);
 }
 
+void Engine::TraceBatch(const Lane& lane, const FusionBatch& batch, const Responses& responses,
+                        Clock::time_point start) const {
+  const TensorRequest& q = responses[batch.members.front()]->request;
+  std::string members = "\"members\":[";
+  for (size_t i : batch.members) {
+    if (members.back() != '[') members += ',';
+    members += Timeline::Quote(responses[i]->request.name);
+  }
+  members += ']';
+  if (!q.compression.empty()) members += ",\"compression\":" + Timeline::Quote(q.compression);
+  const char* name = q.op == OpType::kReducescatter ? "fused reducescatter" : "fused allreduce";
+  timeline_->Slice(Timeline::kLaneTrack + LaneIndex(lane), name, start, Clock::now(), batch.bytes,
+                   nullptr, std::move(members));
+}
+
 Status Engine::RunBatch(Lane& lane, const FusionBatch& batch, const Responses& responses,
                         Entries& entries) {
   const size_t i = batch.members.front();
@@ -80,11 +95,17 @@ Status Engine::RunBatch(Lane& lane, const FusionBatch& batch, const Responses& r
   if (batch.fused) {
     stats_.fused_tensors.fetch_add(batch.members.size(), std::memory_order_relaxed);
     metrics_->RecordFusedBatch(batch.members.size(), batch.bytes, fusion_.threshold);
+    const Clock::time_point start = timeline_->on() ? Clock::now() : Clock::time_point();
+    Status run;
     if (r.request.op == OpType::kReducescatter) {
-      return RunReducescatterPacked(lane, batch, responses, entries);
+      run = RunReducescatterPacked(lane, batch, responses, entries);
+    } else if (!r.request.compression.empty()) {
+      run = RunCompressed(lane, batch, responses, entries);
+    } else {
+      run = RunAllreduceFused(lane, batch, responses, entries);
     }
-    if (!r.request.compression.empty()) return RunCompressed(lane, batch, responses, entries);
-    return RunAllreduceFused(lane, batch, responses, entries);
+    if (start != Clock::time_point()) TraceBatch(lane, batch, responses, start);
+    return run;
   }
   switch (r.request.op) {
     case OpType::kAllgather:
@@ -143,6 +164,8 @@ Status Engine::RunAllreduceFused(Lane& lane, const FusionBatch& batch, const Res
   const int contributors = responses[batch.members.front()]->Contributors(config_.size);
   const size_t elem = DTypeSize(q.dtype);
   const size_t message = FusedMessageBytes(batch.bytes, elem);
+  const int track = Timeline::kLaneTrack + LaneIndex(lane);
+  const Clock::time_point start = timeline_->on() ? Clock::now() : Clock::time_point();
   uint8_t* buffer = lane.fusion.Get(message, fusion_.threshold);
   size_t offset = 0;
   for (size_t i : batch.members) {
@@ -153,7 +176,11 @@ Status Engine::RunAllreduceFused(Lane& lane, const FusionBatch& batch, const Res
   }
   std::memset(buffer + offset, 0, message - offset);  // reduced, never read back
   const size_t count = message / elem;
+  const bool traced = timeline_->on();
+  const Clock::time_point packed = traced ? Clock::now() : Clock::time_point();
+  if (traced) timeline_->Slice(track, "pack", start, packed, batch.bytes);
   CONCORD_RETURN_IF_ERROR(Reductions(lane).Allreduce(buffer, count, q.dtype, q.reduce_op));
+  const Clock::time_point reduced = traced ? Clock::now() : Clock::time_point();
   if (q.reduce_op == ReduceOp::kAverage && !IsFloatingPoint(q.dtype)) {
     DivideIntegers(buffer, count, q.dtype, contributors);
   }
@@ -168,6 +195,7 @@ Status Engine::RunAllreduceFused(Lane& lane, const FusionBatch& batch, const Res
         compression::WireBytesPerRank(compression::Exchange::kAllreduce, n * elem, config_.size));
     Finish(entries[i], Status::Ok());
   }
+  if (traced) timeline_->Slice(track, "unpack", reduced, Clock::now(), batch.bytes);
   return Status::Ok();
 }
 

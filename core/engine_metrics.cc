@@ -1,5 +1,6 @@
 // The engine's metrics (core/metrics.h) as the outside sees them: JSON, Prometheus text, and
-// the end-of-job summary a world communicator's rank writes at finalize for concordrun.
+// the end-of-job summary a world communicator's rank writes at finalize for concordrun; its
+// timeline (core/timeline.h).
 #include <unistd.h>
 
 #include <algorithm>
@@ -83,6 +84,15 @@ std::string Engine::MetricsJson() const {
 
 std::string Engine::MetricsPrometheus() const {
   return MetricsToPrometheus(metrics_->Take(), MetricsContextNow());
+}
+
+Status Engine::StartTimeline(const std::string& path) {
+  if (timeline_->on()) {  // refused before the file is created (Start() checks again)
+    return InvalidArgument("a timeline is already being written to " + timeline_->path() +
+                           "; stop it before starting another");
+  }
+  CONCORD_ASSIGN_OR_RETURN(TimelineFile file, OpenTimelineFile(path, config_.rank, "timeline"));
+  return timeline_->Start(std::move(file));
 }
 
 void Engine::WriteSummary() const {

@@ -110,7 +110,12 @@ Status Engine::HandleMessage(const ControlMessage& message) {
 }
 
 Status Engine::ExecuteList(const ResponseMessage& list) {
+  const Clock::time_point start = timeline_->on() ? Clock::now() : Clock::time_point();
   CONCORD_RETURN_IF_ERROR(Execute(list));
+  if (start != Clock::time_point()) {
+    timeline_->Slice(Timeline::kEngineTrack, "cycle", start, Clock::now(), Timeline::kNoBytes,
+                     nullptr, "\"responses\":" + std::to_string(list.items.size()));
+  }
   // Every rank applies the lists in this same order, so cache bits agree everywhere.
   std::vector<std::string> resend;
   CONCORD_RETURN_IF_ERROR(cache_.Apply(list, config_.rank, &resend));

@@ -13,8 +13,12 @@ uint64_t Sum(const std::vector<size_t>& v) {
 
 Status MeteredBackend::Record(const char* op, uint64_t bytes, Clock::time_point start,
                               Status status) const {
-  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  const Clock::time_point end = Clock::now();
+  const double seconds = std::chrono::duration<double>(end - start).count();
   metrics_->RecordCollective(lane_, backend_->name(), op, bytes, seconds, status.ok());
+  if (timeline_->on()) {
+    timeline_->Slice(Timeline::kLaneTrack + lane_, op, start, end, bytes, backend_->name());
+  }
   return status;
 }
 

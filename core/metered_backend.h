@@ -1,22 +1,28 @@
 // A lane's backend with its collectives timed into the communicator's metrics (core/metrics.h):
 // every call is forwarded unchanged, and its bytes and duration recorded under the lane, the
-// backend's name and the op.
+// backend's name and the op; also as a slice on the lane's track of the timeline, when it is on.
 //
-// Contract: owns the backend it wraps; shares the metrics. Thread-compatible like any backend
-// (the lane's one thread calls it); Interrupter() is the wrapped backend's, for any thread.
+// Contract: owns the backend it wraps; shares the metrics and the timeline. Thread-compatible like
+// any backend (the lane's one thread calls it); Interrupter() is the wrapped backend's, for any
+// thread.
 #pragma once
 
 #include <memory>
 
 #include "backends/backend.h"
 #include "core/metrics.h"
+#include "core/timeline.h"
 
 namespace concord {
 
 class MeteredBackend : public Backend {
  public:
-  MeteredBackend(std::unique_ptr<Backend> backend, int lane, std::shared_ptr<Metrics> metrics)
-      : backend_(std::move(backend)), lane_(lane), metrics_(std::move(metrics)) {}
+  MeteredBackend(std::unique_ptr<Backend> backend, int lane, std::shared_ptr<Metrics> metrics,
+                 std::shared_ptr<Timeline> timeline)
+      : backend_(std::move(backend)),
+        lane_(lane),
+        metrics_(std::move(metrics)),
+        timeline_(std::move(timeline)) {}
 
   const char* name() const override { return backend_->name(); }
   std::function<void()> Interrupter() override { return backend_->Interrupter(); }
@@ -41,6 +47,7 @@ class MeteredBackend : public Backend {
   const std::unique_ptr<Backend> backend_;
   const int lane_;
   const std::shared_ptr<Metrics> metrics_;
+  const std::shared_ptr<Timeline> timeline_;
 };
 
 }  // namespace concord

@@ -15,6 +15,7 @@ void RequestState::Complete(const Status& status) {
   const Clock::time_point completed = metrics_ ? Clock::now() : Clock::time_point();
   if (callback) callback(status);
   if (metrics_) {
+    const Clock::time_point called_back = Clock::now();
     auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
     const Clock::rep negotiated = negotiated_.load(std::memory_order_relaxed);
     const Clock::time_point taken =
@@ -28,8 +29,11 @@ void RequestState::Complete(const Status& status) {
     }
     sample.negotiation_s = seconds(taken - enqueued_);
     sample.execution_s = seconds(completed - taken);
-    sample.callback_s = seconds(Clock::now() - completed);
+    sample.callback_s = seconds(called_back - completed);
     metrics_->RecordOp(sample);
+    if (timeline_) {
+      timeline_->Tensor(name_, sample_.op, sample_.bytes, enqueued_, taken, completed, called_back);
+    }
   }
   {
     MutexLock lock(mu_);
@@ -46,6 +50,11 @@ void RequestState::Meter(std::shared_ptr<Metrics> metrics, const char* op, DType
   sample_.dtype = dtype;
   sample_.bytes = bytes;
   enqueued_ = enqueued;
+}
+
+void RequestState::Trace(std::shared_ptr<Timeline> timeline, std::string name) {
+  timeline_ = std::move(timeline);
+  name_ = std::move(name);
 }
 
 int RequestState::complete_calls() const {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "backends/device_backend.h"
@@ -15,6 +16,7 @@
 #include "base/mutex.h"
 #include "base/status.h"
 #include "core/metrics.h"
+#include "core/timeline.h"
 
 namespace concord {
 
@@ -60,6 +62,9 @@ class RequestState {
   // `from_output`: the bytes and dtype are the output's at completion (a recv of any shape).
   void Meter(std::shared_ptr<Metrics> metrics, const char* op, DType dtype, uint64_t bytes,
              Clock::time_point enqueued, bool from_output = false);
+  // The same, for a timeline that is on (core/timeline.h): Complete() records the phases of the
+  // operation on tensor `name` into it as well. After Meter().
+  void Trace(std::shared_ptr<Timeline> timeline, std::string name);
   // The engine took the request out of its queue to run it: negotiation ends here.
   void MarkNegotiated() {
     negotiated_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
@@ -85,6 +90,8 @@ class RequestState {
   std::shared_ptr<DeviceEvent> launched_ GUARDED_BY(mu_);
   // Metering; written by Meter() before the request is shared with another thread.
   std::shared_ptr<Metrics> metrics_;
+  std::shared_ptr<Timeline> timeline_;
+  std::string name_;  // for the timeline
   OpSample sample_;
   Clock::time_point enqueued_{};
   bool from_output_ = false;

@@ -78,7 +78,8 @@ int Main(int argc, char** argv) {
     state.MarkNegotiated();
     state.Complete(Status::Ok());
   };
-  MeteredBackend wrapped(std::make_unique<NullBackend>(), 0, metrics);
+  MeteredBackend wrapped(std::make_unique<NullBackend>(), 0, metrics,
+                         std::make_shared<Timeline>(0, 1, nullptr));
   NullBackend bare;
   float x = 0;
   // Alternated, so both see the same machine.

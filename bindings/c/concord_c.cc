@@ -567,6 +567,24 @@ concord_status_t concord_comm_metrics(concord_comm_t comm, char* buffer, size_t 
   });
 }
 
+concord_status_t concord_timeline_start(concord_comm_t comm, const char* path) {
+  return Guard(comm, [&]() -> Status {
+    CONCORD_RETURN_IF_ERROR(CheckComm(comm));
+    if (path == nullptr || *path == '\0') {
+      return concord::InvalidArgument("concord_timeline_start: path is NULL or empty");
+    }
+    return comm->engine->StartTimeline(path);
+  });
+}
+
+concord_status_t concord_timeline_stop(concord_comm_t comm) {
+  return Guard(comm, [&]() -> Status {
+    CONCORD_RETURN_IF_ERROR(CheckComm(comm));
+    comm->engine->StopTimeline();
+    return Status::Ok();
+  });
+}
+
 concord_status_t concord_comm_stats(concord_comm_t comm, concord_stats_t* stats) {
   return Guard(comm, [&]() -> Status {
     CONCORD_RETURN_IF_ERROR(CheckComm(comm));

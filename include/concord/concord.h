@@ -268,6 +268,18 @@ CONCORD_API concord_status_t concord_comm_stats(concord_comm_t comm, concord_sta
  *  while the engine works: ask with room to spare). Thread-safe. */
 CONCORD_API concord_status_t concord_comm_metrics(concord_comm_t comm, char* buffer,
                                                   size_t capacity, size_t* length);
+/** Starts the communicator's timeline: each rank writes `path`.rank<R>, a Chrome Trace Event JSON
+ *  file (Perfetto and chrome://tracing open it) with every operation's phases per tensor
+ *  (negotiate, execute, callback), its lanes' fused batches (with their members) and collectives
+ *  (with bytes), and the engine's cycles; perf/concord-timeline merge joins the ranks' files.
+ *  Call it on every rank, or on those to trace. INVALID_ARGUMENT naming the file and the system's
+ *  reason when it cannot be written, or when a timeline is already on (CONCORD_TIMELINE starts one
+ *  at init). A write that fails later logs a warning and turns the timeline off; operations go on.
+ *  Thread-safe. */
+CONCORD_API concord_status_t concord_timeline_start(concord_comm_t comm, const char* path);
+/** Writes the rest of the timeline and closes its file (SUCCESS also when none is on, and when a
+ *  write failed: that only logs a warning). concord_finalize stops it too. Thread-safe. */
+CONCORD_API concord_status_t concord_timeline_stop(concord_comm_t comm);
 /** The message of the last call on this communicator that failed on the calling thread (empty
  *  when none has; a later success does not clear it). Valid until the next call on this
  *  communicator from the same thread. NULL comm: the message of the last call on this thread that

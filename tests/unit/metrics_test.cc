@@ -98,7 +98,7 @@ TEST(MeteredBackendTest, RecordsEachCallsBytesUnderItsLaneAndOp) {
   auto metrics = std::make_shared<Metrics>();
   auto scripted = std::make_unique<ScriptedBackend>();
   ScriptedBackend* inner = scripted.get();
-  MeteredBackend b(std::move(scripted), 1, metrics);
+  MeteredBackend b(std::move(scripted), 1, metrics, std::make_shared<Timeline>(0, 1, nullptr));
   EXPECT_STREQ(b.name(), "scripted");
   EXPECT_TRUE(b.Allreduce(nullptr, 10, DType::kFloat64, ReduceOp::kSum).ok());
   EXPECT_TRUE(b.AllreduceSpans({{nullptr, 3}, {nullptr, 5}}, DType::kInt32, ReduceOp::kSum).ok());

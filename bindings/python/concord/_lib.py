@@ -136,6 +136,8 @@ _SIGNATURES = [
     ("concord_comm_stats", ctypes.c_int, [c_comm_p, ctypes.POINTER(StatsStruct)]),
     ("concord_comm_metrics", ctypes.c_int,
      [c_comm_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]),
+    ("concord_timeline_start", ctypes.c_int, [c_comm_p, ctypes.c_char_p]),
+    ("concord_timeline_stop", ctypes.c_int, [c_comm_p]),
     ("concord_join", ctypes.c_int, [c_comm_p, ctypes.POINTER(ctypes.c_int)]),
     ("concord_comm_split", ctypes.c_int,
      [c_comm_p, ctypes.c_int, ctypes.c_int, ctypes.POINTER(c_comm_p)]),

@@ -18,6 +18,7 @@ import atexit
 import ctypes
 import itertools
 import json
+import os
 import threading
 
 from . import _lib, tensors
@@ -306,6 +307,13 @@ class Communicator:
                 continue  # the metrics grew between the calls
             self._check(status)
             return json.loads(buf.value.decode("utf-8"))
+
+    def timeline(self, path):
+        """`with comm.timeline(path):` writes this rank's timeline of what runs inside into
+        `path`.rank<R> (concord_timeline_start / _stop: a Chrome trace that Perfetto opens;
+        perf/concord-timeline merge joins the ranks' files). A path that cannot be written raises
+        ConcordError naming it; a write that fails later only logs a warning."""
+        return _Timeline(self, os.fspath(path))
 
     # ---- plumbing ----
     def _check(self, status):
@@ -650,6 +658,20 @@ class _Group:
 
     def __exit__(self, *exc):
         self._comm._check(lib().concord_group_end(self._comm._live()))
+
+
+class _Timeline:
+    def __init__(self, comm, path):
+        self._comm = comm
+        self._path = path
+
+    def __enter__(self):
+        self._comm._check(lib().concord_timeline_start(self._comm._live(),
+                                                       self._path.encode("utf-8")))
+        return self
+
+    def __exit__(self, *exc):
+        self._comm._check(lib().concord_timeline_stop(self._comm._live()))
 
 
 # Every communicator not yet finalized: held here so that it is finalized before Python tears

@@ -1,0 +1,265 @@
+#include "core/timeline.h"
+
+#include <cerrno>
+#include <chrono>
+#include <cinttypes>
+#include <cstring>
+
+namespace concord {
+namespace {
+
+constexpr size_t kFileBuffer = size_t{1} << 20;
+constexpr auto kWriteEvery = std::chrono::milliseconds(100);
+
+std::string TrackName(int track) {
+  if (track == Timeline::kEngineTrack) return "engine";
+  return "lane " + std::to_string(track - Timeline::kLaneTrack);
+}
+
+}  // namespace
+
+StatusOr<TimelineFile> OpenTimelineFile(const std::string& path, int rank,
+                                        const std::string& source) {
+  TimelineFile f;
+  f.path = path + ".rank" + std::to_string(rank);
+  f.file.reset(std::fopen(f.path.c_str(), "w"));
+  if (f.file == nullptr) {
+    const int error = errno;
+    return InvalidArgument(source + " = " + path + ": cannot write the timeline file " + f.path +
+                           ": " + std::strerror(error) + " (errno " + std::to_string(error) + ")");
+  }
+  std::setvbuf(f.file.get(), nullptr, _IOFBF, kFileBuffer);
+  return f;
+}
+
+Timeline::Timeline(int rank, int size, Warn warn)
+    : rank_(rank), size_(size), warn_(std::move(warn)) {}
+
+Timeline::~Timeline() {
+  Stop();
+}
+
+std::string Timeline::Quote(const std::string& s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\u%04x", static_cast<unsigned>(c));
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+Status Timeline::Start(TimelineFile file) {
+  MutexLock control(control_mu_);
+  if (on()) {
+    return InvalidArgument("a timeline is already being written to " + path() +
+                           "; stop it before starting another");
+  }
+  const auto wall = std::chrono::system_clock::now();
+  const auto steady = Clock::now();
+  const int64_t start_us =
+      std::chrono::duration_cast<std::chrono::microseconds>(wall.time_since_epoch()).count();
+  std::fprintf(file.file.get(),
+               "{\"traceEvents\":[\n{\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"name\":\"process_name\","
+               "\"args\":{\"name\":\"rank %d\",\"concord_rank\":%d,\"concord_size\":%d,"
+               "\"concord_start_us\":%" PRId64 "}}",
+               rank_, rank_, rank_, size_, start_us);
+  {
+    MutexLock write(write_mu_);
+    MutexLock lock(mu_);
+    path_ = file.path;
+    file_ = std::move(file);
+    start_ = steady;
+    pending_.clear();
+    tensors_.clear();
+    named_tracks_.assign(kTensorTrack, false);
+    dropped_ = 0;
+    stopping_ = false;
+  }
+  on_.store(true, std::memory_order_relaxed);
+  writer_ = std::thread([this] { WriterLoop(); });
+  return Status::Ok();
+}
+
+void Timeline::Stop() {
+  MutexLock control(control_mu_);
+  if (!writer_.joinable()) return;
+  on_.store(false, std::memory_order_relaxed);
+  {
+    MutexLock lock(mu_);
+    stopping_ = true;
+  }
+  wake_.NotifyAll();
+  writer_.join();
+  (void)Flush(true);  // a failure has warned
+}
+
+std::string Timeline::path() const {
+  MutexLock lock(mu_);
+  return path_;
+}
+
+void Timeline::Append(Event e) {
+  if (pending_.size() >= kMaxPending) {
+    ++dropped_;
+    return;
+  }
+  pending_.push_back(std::move(e));
+}
+
+void Timeline::NameTrack(int track) {
+  if (track < 0 || track >= kTensorTrack || named_tracks_[track]) return;
+  named_tracks_[track] = true;
+  Event e;
+  e.track = track;
+  e.args = Quote(TrackName(track));
+  Append(std::move(e));
+}
+
+Timeline::TensorInfo& Timeline::TensorTrack(const std::string& name) {
+  auto [it, added] = tensors_.try_emplace(name);
+  if (added) {
+    it->second.track = kTensorTrack + static_cast<int>(tensors_.size()) - 1;
+    Event e;
+    e.track = it->second.track;
+    e.args = Quote(name);
+    Append(std::move(e));
+  }
+  return it->second;
+}
+
+void Timeline::Tensor(const std::string& name, const char* op, uint64_t bytes,
+                      Clock::time_point enqueued, Clock::time_point negotiated,
+                      Clock::time_point completed, Clock::time_point called_back) {
+  if (!on()) return;
+  MutexLock lock(mu_);
+  if (!on() || enqueued < start_) return;  // stopped meanwhile, or from before this timeline
+  TensorInfo& tensor = TensorTrack(name);
+  Event e;
+  e.track = tensor.track;
+  e.name = "negotiate";
+  e.begin_ns = Since(enqueued);
+  e.end_ns = Since(negotiated);
+  Append(e);
+  e.name = "execute";
+  e.begin_ns = e.end_ns;
+  e.end_ns = Since(completed);
+  if (tensor.op != op || tensor.bytes != bytes) {  // op names are literals
+    e.detail = op;
+    e.detail_key = "op";
+    e.bytes = bytes;
+    tensor.op = op;
+    tensor.bytes = bytes;
+  }
+  Append(e);
+  e.name = "callback";
+  e.begin_ns = e.end_ns;
+  e.end_ns = Since(called_back);
+  e.detail = nullptr;
+  e.bytes = kNoBytes;
+  Append(std::move(e));
+}
+
+void Timeline::Slice(int track, const char* name, Clock::time_point begin, Clock::time_point end,
+                     uint64_t bytes, const char* detail, std::string args) {
+  if (!on()) return;
+  MutexLock lock(mu_);
+  if (!on() || begin < start_) return;
+  NameTrack(track);
+  Event e;
+  e.name = name;
+  e.track = track;
+  e.begin_ns = Since(begin);
+  e.end_ns = Since(end);
+  e.bytes = bytes;
+  e.detail = detail;
+  e.args = std::move(args);
+  Append(std::move(e));
+}
+
+bool Timeline::Write(FILE* file, const std::vector<Event>& events) {
+  for (const Event& e : events) {
+    if (e.name == nullptr) {
+      std::fprintf(file,
+                   ",\n{\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"name\":\"thread_name\",\"args\":{"
+                   "\"name\":%s}},\n{\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"name\":"
+                   "\"thread_sort_index\",\"args\":{\"sort_index\":%d}}",
+                   rank_, e.track, e.args.c_str(), rank_, e.track, e.track);
+      continue;
+    }
+    std::fprintf(file,
+                 ",\n{\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.1f,\"dur\":%.1f,\"name\":\"%s\"",
+                 rank_, e.track, static_cast<double>(e.begin_ns) / 1e3,
+                 static_cast<double>(e.end_ns - e.begin_ns) / 1e3, e.name);
+    const bool any = e.bytes != kNoBytes || e.detail != nullptr || !e.args.empty();
+    if (!any) {
+      std::fputc('}', file);
+      continue;
+    }
+    std::fputs(",\"args\":{", file);
+    const char* sep = "";
+    if (e.detail != nullptr) {
+      std::fprintf(file, "\"%s\":\"%s\"", e.detail_key, e.detail);
+      sep = ",";
+    }
+    if (e.bytes != kNoBytes) {
+      std::fprintf(file, "%s\"bytes\":%" PRIu64, sep, e.bytes);
+      sep = ",";
+    }
+    if (!e.args.empty()) std::fprintf(file, "%s%s", sep, e.args.c_str());
+    std::fputs("}}", file);
+  }
+  return std::ferror(file) == 0;
+}
+
+Status Timeline::Flush(bool last) {
+  MutexLock write(write_mu_);
+  if (file_.file == nullptr) return Status::Ok();
+  std::vector<Event> events;
+  uint64_t dropped = 0;
+  {
+    MutexLock lock(mu_);
+    events.swap(pending_);
+    if (last) std::swap(dropped, dropped_);
+  }
+  FILE* f = file_.file.get();
+  bool ok = Write(f, events);
+  if (last) ok = std::fputs("\n]}\n", f) >= 0 && ok;
+  ok = std::fflush(f) == 0 && ok;
+  const int error = errno;
+  if (ok && !last) return Status::Ok();
+  const std::string path = file_.path;
+  if (last) ok = file_.file.release() != nullptr && std::fclose(f) == 0 && ok;
+  file_.file.reset();
+  if (dropped > 0) {
+    warn_("timeline: " + std::to_string(dropped) + " events were dropped: " + path +
+          " could not be written as fast as they came");
+  }
+  if (ok) return Status::Ok();
+  on_.store(false, std::memory_order_relaxed);
+  const Status failed =
+      Status(Code::kSystemError, "timeline: writing " + path + " failed: " + std::strerror(error) +
+                                     "; the timeline is off, training goes on");
+  warn_(failed.message());
+  return failed;
+}
+
+void Timeline::WriterLoop() {
+  for (;;) {
+    {
+      MutexLock lock(mu_);
+      if (!stopping_) wake_.WaitFor(mu_, kWriteEvery);
+      if (stopping_) return;
+    }
+    if (!Flush(false).ok()) return;
+  }
+}
+
+}  // namespace concord

@@ -1,0 +1,142 @@
+// A communicator's timeline: where the time of its operations goes, written as a Chrome Trace
+// Event JSON file (Perfetto and chrome://tracing open it) while the engine runs.
+//
+// Started by CONCORD_TIMELINE=path (a world communicator, from init to finalize) or
+// concord_timeline_start(comm, path) (any communicator, until concord_timeline_stop); each rank
+// writes `path.rank<R>`, a complete trace of its own (pid = the rank). `perf/concord-timeline
+// merge` puts the ranks' files into one, aligning their clocks.
+//
+// What is recorded (tracks are the trace's threads, within the rank's process):
+//  - per tensor (a track named after it): "negotiate" (enqueue until the engine took it out of its
+//    queue to run it), "execute" (until it completed; args: op and bytes, on the tensor's first
+//    execute and whenever they change, which keeps the file small), "callback";
+//  - per lane (track "lane N"): each fused batch as one slice ("fused allreduce", args: members,
+//    bytes) with "pack" and "unpack" inside, and each backend collective (args: bytes, backend);
+//  - the engine (track "engine"): each response list it executed ("cycle", args: responses).
+// Timestamps are microseconds since the timeline started on the steady clock; the process_name
+// metadata event of the rank carries that start on the system clock (args.concord_start_us) and
+// the rank and size, which the merge uses.
+//
+// Cost: off, each hook is one relaxed atomic load. On, a hook appends a small event under a
+// mutex; a writer thread formats and writes them every 100 ms. A write that fails logs one
+// warning and turns the timeline off: training continues.
+//
+// Contract: owned by the engine, shared (shared_ptr) with its lanes' backends and the requests it
+// records, which may complete after the engine is gone. Every method is thread-safe.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "base/clock.h"
+#include "base/mutex.h"
+#include "base/status.h"
+
+namespace concord {
+
+// A rank's timeline file, opened (created or truncated) but not yet written.
+struct TimelineFile {
+  std::string path;
+  std::unique_ptr<FILE, int (*)(FILE*)> file{nullptr, &std::fclose};
+};
+// The file rank `rank` writes for `path` ("path.rank<R>"); kInvalidArgument naming `source` (what
+// gave the path), the file and the system's reason when it cannot be opened for writing.
+StatusOr<TimelineFile> OpenTimelineFile(const std::string& path, int rank,
+                                        const std::string& source);
+
+class Timeline {
+ public:
+  using Warn = std::function<void(const std::string&)>;
+  // Tracks: the engine's, lane L's (kLaneTrack + L); tensors get their own from kTensorTrack on.
+  static constexpr int kEngineTrack = 0;
+  static constexpr int kLaneTrack = 1;
+  static constexpr int kTensorTrack = 100;
+  // What an event carries when it has no bytes.
+  static constexpr uint64_t kNoBytes = ~uint64_t{0};
+  // Events waiting for the writer beyond this are dropped (a stalled file costs memory no more),
+  // and counted in a warning.
+  static constexpr size_t kMaxPending = size_t{1} << 20;
+
+  Timeline(int rank, int size, Warn warn);
+  ~Timeline();
+  Timeline(const Timeline&) = delete;
+  Timeline& operator=(const Timeline&) = delete;
+
+  // Starts writing into `file`; kInvalidArgument when a timeline is already on.
+  Status Start(TimelineFile file) EXCLUDES(control_mu_, write_mu_, mu_);
+  // Writes what is left and closes the file (nothing when off). A failed write or close only warns,
+  // as one while running does: a timeline never stops training.
+  void Stop() EXCLUDES(control_mu_, write_mu_, mu_);
+  bool on() const { return on_.load(std::memory_order_relaxed); }
+  // The file being written; empty when off.
+  std::string path() const EXCLUDES(mu_);
+
+  // A tensor's phases (see the file comment); nothing when off.
+  void Tensor(const std::string& name, const char* op, uint64_t bytes, Clock::time_point enqueued,
+              Clock::time_point negotiated, Clock::time_point completed,
+              Clock::time_point called_back) EXCLUDES(mu_);
+  // A slice on `track`: `name` (a string literal), its bytes (kNoBytes: none), `detail` (a string
+  // literal shown as args.backend, or nullptr) and `args` (more JSON members, "" for none).
+  void Slice(int track, const char* name, Clock::time_point begin, Clock::time_point end,
+             uint64_t bytes = kNoBytes, const char* detail = nullptr, std::string args = {})
+      EXCLUDES(mu_);
+
+  // A JSON string literal of `s` (quotes included), for args.
+  static std::string Quote(const std::string& s);
+
+ private:
+  // Per tensor: its track, and the op and bytes its last execute event carried.
+  struct TensorInfo {
+    int track = 0;
+    const char* op = nullptr;
+    uint64_t bytes = kNoBytes;
+  };
+  struct Event {
+    const char* name = nullptr;  // nullptr: a track name (args holds it)
+    const char* detail = nullptr;
+    const char* detail_key = "backend";
+    int track = 0;
+    int64_t begin_ns = 0, end_ns = 0;
+    uint64_t bytes = kNoBytes;
+    std::string args;
+  };
+  // Tensor `name`'s record, naming its track in the trace the first time.
+  TensorInfo& TensorTrack(const std::string& name) REQUIRES(mu_);
+  // Names track `track` (the engine's or a lane's) in the trace the first time.
+  void NameTrack(int track) REQUIRES(mu_);
+  int64_t Since(Clock::time_point t) const REQUIRES(mu_) { return (t - start_).count(); }
+  void Append(Event e) REQUIRES(mu_);
+  void WriterLoop() EXCLUDES(mu_);
+  // Writes `events`; false (and errno set) when the file refused them.
+  bool Write(FILE* file, const std::vector<Event>& events);
+  // Writes the pending events, then the end of the trace and closes the file when `last`; a failed
+  // write turns the timeline off with a warning and is returned (OK when there is no file).
+  Status Flush(bool last) EXCLUDES(mu_, write_mu_);
+
+  const int rank_, size_;
+  const Warn warn_;
+  std::atomic<bool> on_{false};
+  mutable Mutex mu_;
+  CondVar wake_;
+  // Serialises Start() and Stop(); the writer thread's and Stop()'s writes to the file.
+  Mutex control_mu_ ACQUIRED_BEFORE(write_mu_);
+  Mutex write_mu_ ACQUIRED_BEFORE(mu_);
+  TimelineFile file_ GUARDED_BY(write_mu_);
+  std::string path_ GUARDED_BY(mu_);
+  Clock::time_point start_ GUARDED_BY(mu_);
+  std::vector<Event> pending_ GUARDED_BY(mu_);
+  std::unordered_map<std::string, TensorInfo> tensors_ GUARDED_BY(mu_);
+  std::vector<bool> named_tracks_ GUARDED_BY(mu_);
+  uint64_t dropped_ GUARDED_BY(mu_) = 0;  // events beyond kMaxPending, not written
+  bool stopping_ GUARDED_BY(mu_) = false;
+  std::thread writer_ GUARDED_BY(control_mu_);
+};
+
+}  // namespace concord

@@ -1,0 +1,155 @@
+"""The timeline (CONCORD_TIMELINE, Communicator.timeline) on every rank of a concordrun job:
+a short mixed workload traced from init to finalize, the ranks' files merged and checked by
+perf/concord-timeline (valid JSON, each tensor's phases in order, fused batches with their
+members, one pid per rank); a run-time timeline covers what runs inside it only; a path that
+cannot be written is an error naming it; a disk that fills up only warns."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import pytest
+
+import concord
+from concord import Status
+
+TOOL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "perf",
+                    "concord-timeline")
+SMALL = ["tl.small%d" % k for k in range(6)]  # fused
+BIG = "tl.big"  # past the direct threshold: alone, in place
+
+
+def with_env(env, make):
+    saved = {k: os.environ.get(k) for k in env}
+    try:
+        os.environ.update(env)
+        return make()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def steps(c, n):
+    for _ in range(n):
+        with c.group():
+            handles = [c.allreduce_async(np.ones(20_000, np.float32), name=s) for s in SMALL]
+        big = c.allreduce(np.ones(100_000, np.float32), name=BIG)
+        assert float(big[0]) == c.size
+        for h in handles:
+            assert float(h.wait()[0]) == c.size
+    c.allgather(np.arange(3, dtype=np.int32), name="tl.gather")
+
+
+@pytest.fixture(scope="module")
+def world():
+    c = concord.Communicator()
+    yield c
+    c.finalize()
+
+
+@pytest.fixture()
+def shared_dir(world):
+    """A directory every rank writes into (rank 0's, sent to the others), removed afterwards."""
+    name = np.zeros(256, np.uint8)
+    made = None
+    if world.rank == 0:
+        made = tempfile.mkdtemp(prefix="concord-timeline-")
+        name[:len(made)] = np.frombuffer(made.encode(), np.uint8)
+    name = world.broadcast(name, root=0, name="tl.dir")
+    path = bytes(name).rstrip(b"\0").decode()
+    yield path
+    world.barrier()
+    if made:
+        shutil.rmtree(made)
+
+
+def run_tool(*args):
+    r = subprocess.run([sys.executable, TOOL] + list(args), capture_output=True, text=True,
+                       timeout=60)
+    return r.returncode, r.stdout + r.stderr
+
+
+def test_env_timeline_merges_into_one_checked_trace(world, shared_dir):
+    base = os.path.join(shared_dir, "env")
+    c = with_env({"CONCORD_TIMELINE": base}, concord.Communicator)
+    steps(c, 3)
+    c.finalize()  # stops the timeline: the file is complete
+    world.barrier()
+    if world.rank != 0:
+        return
+    files = [base + ".rank%d" % r for r in range(world.size)]
+    merged = os.path.join(shared_dir, "merged.json")
+    rc, out = run_tool("merge", merged, *files)
+    assert rc == 0, out
+    rc, out = run_tool("check", merged, "--ranks", str(world.size), "--expect", BIG, "tl.gather",
+                       *SMALL)
+    assert rc == 0, out
+    with open(merged) as f:
+        events = json.load(f)["traceEvents"]
+    fused = [e for e in events if e.get("name") == "fused allreduce"]
+    assert fused and any(set(e["args"]["members"]) >= set(SMALL) for e in fused), fused
+    names = {e["name"] for e in events if e.get("ph") == "X"}
+    assert {"negotiate", "execute", "callback", "pack", "unpack", "allreduce", "cycle"} <= names
+    # The check fails a trace whose phases are out of order.
+    for e in events:
+        if e.get("name") == "callback":
+            e["name"] = "negotiate"
+    broken = os.path.join(shared_dir, "broken.json")
+    with open(broken, "w") as f:
+        json.dump({"traceEvents": events}, f)
+    rc, out = run_tool("check", broken)
+    assert rc == 1 and "expected ('negotiate', 'execute', 'callback')" in out, out
+
+
+def test_runtime_timeline_covers_only_its_block(world, shared_dir):
+    base = os.path.join(shared_dir, "block")
+    with world.timeline(base):
+        world.allreduce(np.ones(8, np.float32), name="tl.inside")
+    world.allreduce(np.ones(8, np.float32), name="tl.outside")
+    path = base + ".rank%d" % world.rank
+    rc, out = run_tool("check", path, "--expect", "tl.inside")
+    assert rc == 0, out
+    with open(path) as f:
+        text = f.read()
+    assert "tl.outside" not in text
+    with world.timeline(base + "2"):  # a second timeline after the first
+        with pytest.raises(concord.ConcordError) as e:
+            world.timeline(base + "3").__enter__()
+        assert e.value.status == Status.ERR_INVALID_ARGUMENT
+        assert "already being written to " + base + "2.rank" in e.value.message
+
+
+def test_a_path_that_cannot_be_written_is_an_error_naming_it(world):
+    with pytest.raises(concord.ConcordError) as e:
+        with_env({"CONCORD_TIMELINE": "/nonexistent-dir/t"}, concord.Communicator)
+    assert e.value.status == Status.ERR_INVALID_ARGUMENT
+    assert ("CONCORD_TIMELINE = /nonexistent-dir/t: cannot write the timeline file "
+            "/nonexistent-dir/t.rank%d: No such file or directory (errno 2)" % world.rank
+            ) in e.value.message, e.value.message
+    with pytest.raises(concord.ConcordError) as e:
+        world.timeline("/nonexistent-dir/t").__enter__()
+    assert "/nonexistent-dir/t.rank%d: No such file or directory" % world.rank in e.value.message
+    from concord.comm import lib as load
+    lib = load()
+    assert lib.concord_timeline_start(world._live(), None) == Status.ERR_INVALID_ARGUMENT
+    assert "path is NULL or empty" in lib.concord_comm_last_error(world._live()).decode()
+    assert lib.concord_timeline_stop(None) == Status.ERR_NOT_INITIALIZED  # as every call
+
+
+def test_a_full_disk_warns_and_training_goes_on(world, shared_dir, capfd):
+    base = os.path.join(shared_dir, "full")
+    os.symlink("/dev/full", base + ".rank%d" % world.rank)
+    with world.timeline(base):
+        for k in range(20):
+            out = world.allreduce(np.ones(1000, np.float32), name="tl.full")
+            assert float(out[0]) == world.size
+    world.allreduce(np.ones(4, np.float32), name="tl.after")
+    err = capfd.readouterr().err
+    assert "timeline: writing %s.rank%d failed: No space left on device" % (base, world.rank) \
+        in err, err
