@@ -7,6 +7,7 @@
 // response that carries an error for this rank completes its entry with that error.
 #include <cstring>
 
+#include "base/json.h"
 #include "core/engine.h"
 
 namespace concord {
@@ -73,10 +74,10 @@ void Engine::TraceBatch(const Lane& lane, const FusionBatch& batch, const Respon
   std::string members = "\"members\":[";
   for (size_t i : batch.members) {
     if (members.back() != '[') members += ',';
-    members += Timeline::Quote(responses[i]->request.name);
+    members += JsonQuote(responses[i]->request.name);
   }
   members += ']';
-  if (!q.compression.empty()) members += ",\"compression\":" + Timeline::Quote(q.compression);
+  if (!q.compression.empty()) members += ",\"compression\":" + JsonQuote(q.compression);
   const char* name = q.op == OpType::kReducescatter ? "fused reducescatter" : "fused allreduce";
   timeline_->Slice(Timeline::kLaneTrack + LaneIndex(lane), name, start, Clock::now(), batch.bytes,
                    nullptr, std::move(members));

@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <map>
 
+#include "base/json.h"
+
 namespace concord {
 namespace {
 
@@ -20,28 +22,6 @@ std::string Num(uint64_t v) {
 
 double Ratio(double a, double b) {
   return b > 0.0 ? a / b : 0.0;
-}
-
-// A JSON string literal (also a valid Prometheus label value: the same three escapes suffice for
-// the names written here, which are identifiers and host names).
-std::string Quote(const std::string& s) {
-  std::string out = "\"";
-  for (char ch : s) {
-    const auto u = static_cast<unsigned char>(ch);
-    if (ch == '"' || ch == '\\') {
-      out += '\\';
-      out += ch;
-    } else if (ch == '\n') {
-      out += "\\n";
-    } else if (u < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof(buf), "\\u%04x", u);
-      out += buf;
-    } else {
-      out += ch;
-    }
-  }
-  return out + "\"";
 }
 
 // JSON: "buckets": [[bound, cumulative count], ..., ["+Inf", count]].
@@ -117,26 +97,26 @@ class PromWriter {
 };
 
 std::string Label(const char* name, const std::string& value) {
-  return std::string(name) + "=" + Quote(value);
+  return std::string(name) + "=" + JsonQuote(value);
 }
 
 }  // namespace
 
 std::string MetricsToJson(const Metrics::Snapshot& s, const MetricsContext& c) {
   std::string j = "{\"version\":1,\"rank\":" + std::to_string(c.rank) +
-                  ",\"size\":" + std::to_string(c.size) + ",\"host\":" + Quote(c.host) +
-                  ",\"endpoint\":" + Quote(c.endpoint) + ",\"uptime_s\":" + Num(s.uptime_s) +
+                  ",\"size\":" + std::to_string(c.size) + ",\"host\":" + JsonQuote(c.host) +
+                  ",\"endpoint\":" + JsonQuote(c.endpoint) + ",\"uptime_s\":" + Num(s.uptime_s) +
                   ",\"counters\":{";
   for (size_t i = 0; i < c.counters.size(); ++i) {
-    j += (i ? "," : "") + Quote(c.counters[i].first) + ":" + Num(c.counters[i].second);
+    j += (i ? "," : "") + JsonQuote(c.counters[i].first) + ":" + Num(c.counters[i].second);
   }
   j += "},\"cache_hit_rate\":" + Num(CacheHitRate(c)) + ",\"operations\":[";
   uint64_t wire = 0;
   bool first = true;
   for (const auto& [key, t] : s.ops) {
     wire += t.wire_bytes;
-    j += (first ? "" : ",") + std::string("{\"op\":") + Quote(std::get<0>(key)) +
-         ",\"dtype\":" + Quote(DTypeName(std::get<1>(key))) + ",\"count\":" + Num(t.count) +
+    j += (first ? "" : ",") + std::string("{\"op\":") + JsonQuote(std::get<0>(key)) +
+         ",\"dtype\":" + JsonQuote(DTypeName(std::get<1>(key))) + ",\"count\":" + Num(t.count) +
          ",\"bytes\":" + Num(t.bytes) + ",\"wire_bytes\":" + Num(t.wire_bytes) +
          ",\"errors\":" + Num(t.errors) + ",\"negotiation_s\":" + Num(t.negotiation_s) +
          ",\"execution_s\":" + Num(t.execution_s) + ",\"callback_s\":" + Num(t.callback_s) + "}";
@@ -145,15 +125,16 @@ std::string MetricsToJson(const Metrics::Snapshot& s, const MetricsContext& c) {
   j += "],\"latency\":[";
   first = true;
   for (const auto& [key, h] : s.latency) {
-    j += (first ? "" : ",") + std::string("{\"op\":") + Quote(std::get<0>(key)) +
-         ",\"size_le\":" + Quote(SizeBucketLabel(std::get<1>(key))) + "," + JsonHistogram(h) + "}";
+    j += (first ? "" : ",") + std::string("{\"op\":") + JsonQuote(std::get<0>(key)) +
+         ",\"size_le\":" + JsonQuote(SizeBucketLabel(std::get<1>(key))) + "," + JsonHistogram(h) +
+         "}";
     first = false;
   }
   j += "],\"collectives\":[";
   first = true;
   for (const auto& [key, t] : s.collectives) {
     j += (first ? "" : ",") + std::string("{\"lane\":") + std::to_string(std::get<0>(key)) +
-         ",\"backend\":" + Quote(std::get<1>(key)) + ",\"op\":" + Quote(std::get<2>(key)) +
+         ",\"backend\":" + JsonQuote(std::get<1>(key)) + ",\"op\":" + JsonQuote(std::get<2>(key)) +
          ",\"count\":" + Num(t.count) + ",\"bytes\":" + Num(t.bytes) +
          ",\"seconds\":" + Num(t.seconds) + ",\"errors\":" + Num(t.errors) + "}";
     first = false;
@@ -162,8 +143,9 @@ std::string MetricsToJson(const Metrics::Snapshot& s, const MetricsContext& c) {
   first = true;
   for (const auto& [key, h] : s.collective_latency) {
     j += (first ? "" : ",") + std::string("{\"lane\":") + std::to_string(std::get<0>(key)) +
-         ",\"op\":" + Quote(std::get<1>(key)) +
-         ",\"size_le\":" + Quote(SizeBucketLabel(std::get<2>(key))) + "," + JsonHistogram(h) + "}";
+         ",\"op\":" + JsonQuote(std::get<1>(key)) +
+         ",\"size_le\":" + JsonQuote(SizeBucketLabel(std::get<2>(key))) + "," + JsonHistogram(h) +
+         "}";
     first = false;
   }
   j += "],\"fusion\":{\"batches\":" + Num(s.fused_batches) +
@@ -177,7 +159,7 @@ std::string MetricsToJson(const Metrics::Snapshot& s, const MetricsContext& c) {
        ",\"errors\":{";
   first = true;
   for (const auto& [code, n] : s.errors) {
-    j += (first ? "" : ",") + Quote(code) + ":" + Num(n);
+    j += (first ? "" : ",") + JsonQuote(code) + ":" + Num(n);
     first = false;
   }
   j += "},\"stragglers\":{\"operations\":" + Num(s.stragglers.operations) + ",\"ranks\":[";

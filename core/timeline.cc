@@ -5,6 +5,8 @@
 #include <cinttypes>
 #include <cstring>
 
+#include "base/json.h"
+
 namespace concord {
 namespace {
 
@@ -37,23 +39,6 @@ Timeline::Timeline(int rank, int size, Warn warn)
 
 Timeline::~Timeline() {
   Stop();
-}
-
-std::string Timeline::Quote(const std::string& s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof(buf), "\\u%04x", static_cast<unsigned>(c));
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
 }
 
 Status Timeline::Start(TimelineFile file) {
@@ -119,7 +104,7 @@ void Timeline::NameTrack(int track) {
   named_tracks_[track] = true;
   Event e;
   e.track = track;
-  e.args = Quote(TrackName(track));
+  e.args = JsonQuote(TrackName(track));
   Append(std::move(e));
 }
 
@@ -129,7 +114,7 @@ Timeline::TensorInfo& Timeline::TensorTrack(const std::string& name) {
     it->second.track = kTensorTrack + static_cast<int>(tensors_.size()) - 1;
     Event e;
     e.track = it->second.track;
-    e.args = Quote(name);
+    e.args = JsonQuote(name);
     Append(std::move(e));
   }
   return it->second;

@@ -88,9 +88,6 @@ class Timeline {
              uint64_t bytes = kNoBytes, const char* detail = nullptr, std::string args = {})
       EXCLUDES(mu_);
 
-  // A JSON string literal of `s` (quotes included), for args.
-  static std::string Quote(const std::string& s);
-
  private:
   // Per tensor: its track, and the op and bytes its last execute event carried.
   struct TensorInfo {

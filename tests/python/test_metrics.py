@@ -1,7 +1,6 @@
 """Metrics (concord_comm_metrics, CONCORD_METRICS_PORT, CONCORD_SUMMARY_DIR) on a communicator of
 its own, so that a known sequence of operations gives known counts. Every rank runs the same
 session (concordrun), so the collective calls match."""
-import json
 import math
 import os
 import re
@@ -16,26 +15,10 @@ import pytest
 import concord
 from concord import Status
 
+from envutil import with_env
+
 BIG = 100_000  # float32 elements: past the direct threshold, run in place on the lanes
 SMALL = 10_000  # float32 elements: fused, above the inline threshold
-
-
-def with_env(env, make):
-    """make() with the environment variables `env` set (None: removed), restored afterwards."""
-    saved = {k: os.environ.get(k) for k in env}
-    try:
-        for k, v in env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        return make()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 @pytest.fixture(scope="module")

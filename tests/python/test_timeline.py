@@ -16,23 +16,12 @@ import pytest
 import concord
 from concord import Status
 
+from envutil import with_env
+
 TOOL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "perf",
                     "concord-timeline")
 SMALL = ["tl.small%d" % k for k in range(6)]  # fused
 BIG = "tl.big"  # past the direct threshold: alone, in place
-
-
-def with_env(env, make):
-    saved = {k: os.environ.get(k) for k in env}
-    try:
-        os.environ.update(env)
-        return make()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def steps(c, n):

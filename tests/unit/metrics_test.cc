@@ -165,7 +165,7 @@ TEST(MetricsRenderTest, JsonEscapesTextAndPrometheusLabelsEverySeries) {
   Metrics m;
   m.RecordOp(Sample("broadcast", 10));
   const std::string json = MetricsToJson(m.Take(), Context(1, 2));
-  EXPECT_NE(json.find("\"host\":\"node \\\"a\\\"\\n\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"host\":\"node \\\"a\\\"\\u000a\""), std::string::npos) << json;
   EXPECT_NE(json.find("\"cache_hit_rate\":0.75"), std::string::npos) << json;
   EXPECT_NE(json.find("\"stragglers\":{\"operations\":0,\"ranks\":[]}"), std::string::npos);
   const std::string page = MetricsToPrometheus(m.Take(), Context(1, 2));

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "base/json.h"
+
 namespace concord {
 namespace {
 
@@ -48,8 +50,7 @@ TEST(TimelineTest, WritesPhasesInOrderAndBatchMembers) {
   t.Tensor("grad \"a\"", "allreduce", 400, t0, t0 + microseconds(10), t0 + microseconds(30),
            t0 + microseconds(31));
   t.Slice(Timeline::kLaneTrack + 1, "fused allreduce", t0 + microseconds(12), t0 + microseconds(29),
-          400, nullptr,
-          "\"members\":[" + Timeline::Quote("grad \"a\"") + "," + Timeline::Quote("b") + "]");
+          400, nullptr, "\"members\":[" + JsonQuote("grad \"a\"") + "," + JsonQuote("b") + "]");
   t.Slice(Timeline::kLaneTrack + 1, "allreduce", t0 + microseconds(14), t0 + microseconds(20), 512,
           "gloo");
   // The same op again: its execute carries no args (unchanged); another size: they come back.
