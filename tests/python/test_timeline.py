@@ -85,6 +85,19 @@ def test_env_timeline_merges_into_one_checked_trace(world, shared_dir):
     assert fused and any(set(e["args"]["members"]) >= set(SMALL) for e in fused), fused
     names = {e["name"] for e in events if e.get("ph") == "X"}
     assert {"negotiate", "execute", "callback", "pack", "unpack", "allreduce", "cycle"} <= names
+    # The plot of the merged trace: a PNG, and its numbers (every rank has time in each phase
+    # it ran; the straggler shares of each window sum to 1).
+    png, data = os.path.join(shared_dir, "merged.png"), os.path.join(shared_dir, "merged.tsv")
+    rc, out = run_tool("plot", merged, png, "--window", "0.5", "--data", data)
+    assert rc == 0, out
+    with open(png, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    phases, shares = open(data).read().strip().split("\n\n")
+    rows = [line.split("\t") for line in phases.split("\n")[1:]]
+    assert [int(r[0]) for r in rows] == list(range(world.size))
+    assert all(float(r[1]) > 0 and float(r[2]) > 0 for r in rows), phases
+    for line in shares.split("\n")[1:]:
+        assert abs(sum(float(x) for x in line.split("\t")[1:]) - 1) < 1e-3, shares
     # The check fails a trace whose phases are out of order.
     for e in events:
         if e.get("name") == "callback":
