@@ -328,10 +328,13 @@ std::string FormatJobSummary(const std::vector<RankReport>& reports) {
       const auto host = hosts.find(top->rank);
       const std::string where =
           host != hosts.end() && !host->second.empty() ? " (" + host->second + ")" : "";
+      // Short jobs wait milliseconds: "0.0 s" would hide them.
+      const std::string waited =
+          top->wait_s >= 1.0 ? Format("%.1f s", top->wait_s) : Format("%.0f ms", top->wait_s * 1e3);
       out += Format(
-          "top straggler: rank %d%s arrived last in %s of the cycles; the others waited %.1f s "
-          "for it in total\n",
-          top->rank, where.c_str(), Percent(top->share).c_str(), top->wait_s);
+          "top straggler: rank %d%s arrived last in %s of the cycles; the others waited %s for "
+          "it in total\n",
+          top->rank, where.c_str(), Percent(top->share).c_str(), waited.c_str());
     }
   }
   return out;
