@@ -43,6 +43,7 @@
 #include "backends/cuda/cuda_device.h"
 #include "perf/nccl_raw.h"
 #endif
+#include "perf/bench_common.h"
 #include "perf/workload.h"
 #include "rendezvous/hash_store.h"
 #include "rendezvous/store_factory.h"
@@ -190,20 +191,12 @@ Options ParseOptions(int argc, char** argv) {
   return o;
 }
 
-// Aborts the benchmark with the library's message (a benchmark has no partial result to keep).
+// Aborts the benchmark with the library's message.
 void Check(concord_comm_t comm, concord_status_t s, const std::string& what) {
-  if (s == CONCORD_SUCCESS) return;
-  std::fprintf(stderr, "concord-perf: %s failed: %s (%s)\n", what.c_str(), concord_status_string(s),
-               concord_comm_last_error(comm));
-  std::exit(1);
+  bench::CheckOrExit("concord-perf", comm, s, what);
 }
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
+using bench::Median;
 
 double Now() {
   return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
@@ -211,13 +204,7 @@ double Now() {
 
 // The maximum of a per-rank value across ranks.
 double MaxAcrossRanks(concord_comm_t comm, double value, const std::string& name) {
-  int64_t one = 1;
-  concord_tensor_t t{&value, CONCORD_FLOAT64, 1, &one, CONCORD_DEVICE_CPU};
-  concord_allreduce_opts_t o;
-  concord_allreduce_opts_init(&o);
-  o.op = CONCORD_MAX;
-  Check(comm, concord_allreduce(comm, name.c_str(), &t, nullptr, &o), "timing reduction");
-  return value;
+  return bench::MaxAcrossRanks("concord-perf", comm, value, name);
 }
 
 double BusFactor(const std::string& op, int n) {

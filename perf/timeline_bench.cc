@@ -20,9 +20,12 @@
 #include <vector>
 
 #include "concord/concord.h"
+#include "perf/bench_common.h"
 #include "perf/workload.h"
 
 namespace {
+
+namespace bench = concord::bench;
 
 [[noreturn]] void Usage(const std::string& why) {
   std::fprintf(stderr,
@@ -33,29 +36,17 @@ namespace {
 }
 
 void Check(concord_comm_t comm, concord_status_t s, const std::string& what) {
-  if (s == CONCORD_SUCCESS) return;
-  std::fprintf(stderr, "timeline-bench: %s failed: %s (%s)\n", what.c_str(),
-               concord_status_string(s), concord_comm_last_error(comm));
-  std::exit(1);
+  bench::CheckOrExit("timeline-bench", comm, s, what);
 }
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
+using concord::bench::Median;
 
 double MaxAcrossRanks(concord_comm_t comm, double value, const std::string& name) {
-  int64_t one = 1;
-  concord_tensor_t t{&value, CONCORD_FLOAT64, 1, &one, CONCORD_DEVICE_CPU};
-  concord_allreduce_opts_t o;
-  concord_allreduce_opts_init(&o);
-  o.op = CONCORD_MAX;
-  Check(comm, concord_allreduce(comm, name.c_str(), &t, nullptr, &o), "timing reduction");
-  return value;
+  return bench::MaxAcrossRanks("timeline-bench", comm, value, name);
 }
 
 }  // namespace

@@ -10,7 +10,7 @@
 //   ops N                   required; operations completed
 //   bytes N                 required; tensor bytes of the completed operations
 //   errors N                required; operations completed with an error
-//   collective_s S          required; wall time inside backend collectives (this rank's lanes)
+//   collective_s S          required; time inside backend collectives (the busiest lane's)
 //   phase NAME S            any number; seconds summed over the operations spent in phase NAME
 //                           (negotiation, queued, pack, collective, unpack, callback, or any
 //                           other name); a name given twice adds up

@@ -1,0 +1,44 @@
+// What the perf tools share: failing on a library error, medians, and the slowest rank's figure.
+#pragma once
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "concord/concord.h"
+
+namespace concord::bench {
+
+// Exits with the library's message when `s` failed (a benchmark has no partial result to keep).
+inline void CheckOrExit(const char* tool, concord_comm_t comm, concord_status_t s,
+                        const std::string& what) {
+  if (s == CONCORD_SUCCESS) return;
+  std::fprintf(stderr, "%s: %s failed: %s (%s)\n", tool, what.c_str(), concord_status_string(s),
+               concord_comm_last_error(comm));
+  std::exit(1);
+}
+
+// The median (the mean of the middle two for an even count); 0 for none.
+inline double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// The maximum of a per-rank value across ranks (an allreduce named `name`).
+inline double MaxAcrossRanks(const char* tool, concord_comm_t comm, double value,
+                             const std::string& name) {
+  int64_t one = 1;
+  concord_tensor_t t{&value, CONCORD_FLOAT64, 1, &one, CONCORD_DEVICE_CPU};
+  concord_allreduce_opts_t o;
+  concord_allreduce_opts_init(&o);
+  o.op = CONCORD_MAX;
+  CheckOrExit(tool, comm, concord_allreduce(comm, name.c_str(), &t, nullptr, &o),
+              "timing reduction");
+  return value;
+}
+
+}  // namespace concord::bench
