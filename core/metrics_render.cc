@@ -101,6 +101,10 @@ std::string Label(const char* name, const std::string& value) {
   return std::string(name) + "=" + JsonQuote(value);
 }
 
+std::string LaneLabel(int lane) {
+  return Label("lane", std::to_string(lane));
+}
+
 }  // namespace
 
 std::string MetricsToJson(const Metrics::Snapshot& s, const MetricsContext& c) {
@@ -223,33 +227,31 @@ std::string MetricsToPrometheus(const Metrics::Snapshot& s, const MetricsContext
                     Label("size_bucket", SizeBucketLabel(std::get<1>(key))),
                 h);
   }
-  w.Family("concord_collectives_total", "counter", "Backend collectives, by lane and op.");
-  for (const auto& [key, t] : s.collectives) {
-    w.Sample("concord_collectives_total",
-             "lane=\"" + std::to_string(std::get<0>(key)) + "\"," +
-                 Label("backend", std::get<1>(key)) + "," + Label("op", std::get<2>(key)),
-             Num(t.count));
-  }
-  w.Family("concord_collective_bytes_total", "counter", "Bytes handed to backend collectives.");
-  for (const auto& [key, t] : s.collectives) {
-    w.Sample("concord_collective_bytes_total",
-             "lane=\"" + std::to_string(std::get<0>(key)) + "\"," +
-                 Label("backend", std::get<1>(key)) + "," + Label("op", std::get<2>(key)),
-             Num(t.bytes));
-  }
-  w.Family("concord_collective_errors_total", "counter", "Backend collectives that failed.");
-  for (const auto& [key, t] : s.collectives) {
-    w.Sample("concord_collective_errors_total",
-             "lane=\"" + std::to_string(std::get<0>(key)) + "\"," +
-                 Label("backend", std::get<1>(key)) + "," + Label("op", std::get<2>(key)),
-             Num(t.errors));
+  struct CollectiveFamily {
+    const char* name;
+    const char* help;
+    uint64_t Metrics::CollectiveTotals::*field;
+  };
+  for (const CollectiveFamily& f :
+       {CollectiveFamily{"concord_collectives_total", "Backend collectives, by lane and op.",
+                         &Metrics::CollectiveTotals::count},
+        CollectiveFamily{"concord_collective_bytes_total", "Bytes handed to backend collectives.",
+                         &Metrics::CollectiveTotals::bytes},
+        CollectiveFamily{"concord_collective_errors_total", "Backend collectives that failed.",
+                         &Metrics::CollectiveTotals::errors}}) {
+    w.Family(f.name, "counter", f.help);
+    for (const auto& [key, t] : s.collectives) {
+      w.Sample(f.name,
+               LaneLabel(std::get<0>(key)) + "," + Label("backend", std::get<1>(key)) + "," +
+                   Label("op", std::get<2>(key)),
+               Num(t.*f.field));
+    }
   }
   w.Family("concord_collective_seconds", "histogram",
            "Time in the backend collective alone, by lane, op and size bucket (bytes).");
   for (const auto& [key, h] : s.collective_latency) {
     w.Histogram("concord_collective_seconds",
-                "lane=\"" + std::to_string(std::get<0>(key)) + "\"," +
-                    Label("op", std::get<1>(key)) + "," +
+                LaneLabel(std::get<0>(key)) + "," + Label("op", std::get<1>(key)) + "," +
                     Label("size_bucket", SizeBucketLabel(std::get<2>(key))),
                 h);
   }
