@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <limits>
 #include <set>
 #include <sstream>
 
@@ -407,6 +408,15 @@ void Coordinator::ApplyJoined(const Pending& p, Response& response) {
   response.joined.clear();
 }
 
+void Coordinator::NoteLast(const Arrivals& arrivals, ResponseItem* item) {
+  if (arrivals.latest_rank < 0) return;
+  item->last_rank = arrivals.latest_rank;
+  const auto us =
+      std::chrono::duration_cast<std::chrono::microseconds>(arrivals.latest - arrivals.previous);
+  item->last_wait_us = static_cast<uint32_t>(
+      std::clamp<int64_t>(us.count(), 0, std::numeric_limits<uint32_t>::max()));
+}
+
 StatusOr<ResponseMessage> Coordinator::TakeReady(Clock::time_point now) {
   ExpandDivergedBits();
   std::vector<ResponseItem> ready;
@@ -428,6 +438,7 @@ StatusOr<ResponseMessage> Coordinator::TakeReady(Clock::time_point now) {
       if (wait != bit_waits_.end()) {
         item.data = CombineInline(*cache_->Get(bit), wait->second.data);
         stragglers_.OnReady(wait->second.arrivals, wait->second.steps.first);
+        NoteLast(wait->second.arrivals, &item);
         bit_waits_.erase(wait);
       }
       ready.push_back(std::move(item));
@@ -454,6 +465,7 @@ StatusOr<ResponseMessage> Coordinator::TakeReady(Clock::time_point now) {
     }
     if (name != FinalizeName() && !IsJoinName(name)) {
       stragglers_.OnReady(it->second.arrivals, it->second.steps.first);
+      if (item.response.error == Code::kOk) NoteLast(it->second.arrivals, &item);
     }
     ready.push_back(std::move(item));
     pending_.erase(it);

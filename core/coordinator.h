@@ -57,7 +57,8 @@
 //
 //  9. Stragglers. Every ready operation's wait, from its previous submission's arrival to its last
 //     one's, is charged to the rank that submitted last (core/straggler.h); StragglerReport names
-//     the rank the others waited for most, each period, when worth a line.
+//     the rank the others waited for most, each period, when worth a line. Each response item
+//     names that rank and the wait (ResponseItem::last_rank), for every rank's timeline.
 //
 // This class is the pure decision logic of steps 2-6 (no I/O, no threads): the engine feeds it
 // messages and sends what it returns. Not thread-safe; owned by rank 0's engine and used by the
@@ -151,6 +152,8 @@ class Coordinator {
   };
 
   void ExpandDivergedBits();
+  // Sets item's last rank and its wait (ResponseItem) from the operation's arrivals.
+  static void NoteLast(const Arrivals& arrivals, ResponseItem* item);
   // Names in `out` the cache entries to evict for its new responses to fit (see point 3).
   void ChooseEvictions(ResponseMessage& out) const;
   // Fails the submissions of older steps of names submitted in different steps.

@@ -248,7 +248,9 @@ class Engine {
   Status Execute(const ResponseMessage& message) REQUIRES(driver_.step_mutex());
   Status ResolveCached(const ResponseMessage& message, Responses* responses)
       REQUIRES(driver_.step_mutex());
-  Status TakeEntries(const Responses& responses, Entries& entries);
+  Status TakeEntries(const ResponseMessage& message, const Responses& responses, Entries& entries);
+  // The members' batch starts running (RequestState::MarkStarted); any thread.
+  static void MarkStarted(const std::vector<size_t>& members, const Entries& entries);
   // A list's failure, with the culprit when a collective failed: waits (at most the timeout and
   // a second) for the control plane to name the rank that failed (see the definition).
   Status ExplainFailure(const Status& failure) REQUIRES(driver_.step_mutex());

@@ -24,7 +24,7 @@ Status Engine::Execute(const ResponseMessage& message) {
   Responses responses;
   CONCORD_RETURN_IF_ERROR(ResolveCached(message, &responses));
   Entries entries(responses.size());
-  Status s = TakeEntries(responses, entries);
+  Status s = TakeEntries(message, responses, entries);
   if (s.ok()) s = RunResponses(message, responses, entries);
   if (!s.ok()) {
     s = WithMembership(ExplainFailure(s));
@@ -39,6 +39,11 @@ Status Engine::Execute(const ResponseMessage& message) {
 Status Engine::ResolveCached(const ResponseMessage& message, Responses* responses) {
   responses->reserve(message.items.size());
   for (const auto& item : message.items) {
+    if (item.last_rank >= config_.size) {
+      return ProtocolError("response names rank " + std::to_string(item.last_rank) +
+                           " as the last to submit, in a communicator of " +
+                           std::to_string(config_.size));
+    }
     if (!item.cached) {
       responses->push_back(&item.response);
       stats_.responses_full.fetch_add(1, std::memory_order_relaxed);
@@ -55,7 +60,8 @@ Status Engine::ResolveCached(const ResponseMessage& message, Responses* response
   return Status::Ok();
 }
 
-Status Engine::TakeEntries(const Responses& responses, Entries& entries) {
+Status Engine::TakeEntries(const ResponseMessage& message, const Responses& responses,
+                           Entries& entries) {
   for (size_t i = 0; i < responses.size(); ++i) {
     const Response& r = *responses[i];
     // An error for other ranks (a stall timeout this rank was late for) leaves its entry alone.
@@ -64,7 +70,9 @@ Status Engine::TakeEntries(const Responses& responses, Entries& entries) {
       continue;
     }
     entries[i] = queue_.Take(r.request.name);
-    if (entries[i]) entries[i]->state->MarkNegotiated();
+    if (entries[i]) {
+      entries[i]->state->MarkNegotiated(message.items[i].last_rank, message.items[i].last_wait_us);
+    }
     if (r.error != Code::kOk) continue;  // completed with the error, if this rank submitted it
     if (!entries[i] && r.Joined(config_.rank)) {
       // This rank has joined: it takes part without a tensor of its own.
@@ -150,6 +158,7 @@ Status Engine::RunResponses(const ResponseMessage& message, const Responses& res
   std::vector<size_t> index;  // to_run[k] is responses[index[k]]
   for (size_t i = 0; i < responses.size(); ++i) {
     if (const std::optional<std::string>& data = message.items[i].data) {
+      if (entries[i]) entries[i]->state->MarkStarted();
       CONCORD_RETURN_IF_ERROR(CompleteInline(*responses[i], *data, entries[i]));
     } else {
       to_run.push_back(responses[i]);
@@ -169,6 +178,7 @@ Status Engine::RunSegments(const std::vector<FusionBatch>& plan, const Responses
   for (size_t b = 0; b < plan.size(); ++b) {
     const Response& first = *responses[plan[b].members.front()];
     if (first.request.device != -1 && first.error == Code::kOk) {
+      MarkStarted(plan[b].members, entries);
       CONCORD_RETURN_IF_ERROR(LaunchDevice(plan[b], responses, entries));
     } else if (first.request.op == OpType::kBarrier) {
       CONCORD_RETURN_IF_ERROR(RunOnLanes(plan, segment, responses, entries));
@@ -191,6 +201,13 @@ Status Engine::RunOnLanes(const std::vector<FusionBatch>& plan, const std::vecto
   // the rest is read-only here.
   auto run_lane = [&](Lane& lane, const std::vector<LaneWork>& work) -> Status {
     for (const LaneWork& w : work) {
+      if (w.pieces.empty()) {
+        MarkStarted(plan[w.batch].members, entries);
+      } else {
+        for (const AllreducePiece& p : w.pieces) {
+          if (entries[p.member]) entries[p.member]->state->MarkStarted();
+        }
+      }
       CONCORD_RETURN_IF_ERROR(w.pieces.empty()
                                   ? RunBatch(lane, plan[w.batch], responses, entries)
                                   : RunAllreducePieces(lane, w.pieces, responses, entries));
@@ -214,6 +231,12 @@ Status Engine::RunOnLanes(const std::vector<FusionBatch>& plan, const std::vecto
     for (size_t i : g.members) Finish(entries[i], Status::Ok());
   }
   return Status::Ok();
+}
+
+void Engine::MarkStarted(const std::vector<size_t>& members, const Entries& entries) {
+  for (size_t i : members) {
+    if (entries[i]) entries[i]->state->MarkStarted();
+  }
 }
 
 }  // namespace concord

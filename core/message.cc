@@ -8,7 +8,7 @@ namespace {
 
 constexpr uint8_t kRequestTag = 0xC1;
 constexpr uint8_t kResponseTag = 0xC2;
-constexpr uint8_t kVersion = 8;
+constexpr uint8_t kVersion = 9;
 constexpr uint32_t kMaxString = 1 << 20;
 
 class Writer {
@@ -316,7 +316,7 @@ std::string SerializeResponseMessage(const ResponseMessage& m) {
   size_t expected = 20 + m.abort_reason.size() + 4 * m.evictions.size();
   for (const auto& warning : m.warnings) expected += 4 + warning.size();
   for (const auto& item : m.items) {
-    expected += 16 + (item.data ? item.data->size() : 0);
+    expected += 24 + (item.data ? item.data->size() : 0);
     if (!item.cached) {
       const Response& r = item.response;
       expected += RequestBytes(r.request) + 8 * r.first_dims.size() + 8 * r.splits.size() +
@@ -341,6 +341,8 @@ std::string SerializeResponseMessage(const ResponseMessage& m) {
     }
     w.U8(item.data ? 1 : 0);
     if (item.data) w.Str(*item.data);
+    w.I32(item.last_rank);
+    w.U32(item.last_wait_us);
   }
   w.U32(static_cast<uint32_t>(m.evictions.size()));
   for (uint32_t bit : m.evictions) w.U32(bit);
@@ -360,7 +362,7 @@ StatusOr<ResponseMessage> ParseResponseMessage(const std::string& bytes) {
   m.abort_reason = rd.Str();
   const uint32_t nwarnings = rd.Count(4);
   for (uint32_t i = 0; i < nwarnings && rd.ok(); ++i) m.warnings.push_back(rd.Str());
-  const uint32_t n = rd.Count(6);
+  const uint32_t n = rd.Count(14);
   for (uint32_t i = 0; i < n && rd.ok(); ++i) {
     ResponseItem item;
     const uint8_t cached = rd.U8();
@@ -374,6 +376,9 @@ StatusOr<ResponseMessage> ParseResponseMessage(const std::string& bytes) {
     const uint8_t has_data = rd.U8();
     if (has_data > 1) rd.Fail("bad inline data flag");
     if (has_data == 1) item.data = rd.Str();
+    item.last_rank = rd.I32();
+    if (item.last_rank < -1) rd.Fail("bad last rank");
+    item.last_wait_us = rd.U32();
     m.items.push_back(std::move(item));
   }
   const uint32_t nevictions = rd.Count(4);

@@ -47,6 +47,12 @@ struct ResponseItem {
   // reduction (before any division or postscale), the inputs in rank order (allgather, alltoall)
   // or the root's (broadcast). The operation then needs no backend call.
   std::optional<std::string> data;
+  // The rank whose submission reached the coordinator last, the one every other rank waited for
+  // (-1: none counted: joins, the finalize barrier, an error before every rank submitted), and how
+  // long after the submission before it, in microseconds (saturating). The straggler report's
+  // figures for one operation, which each rank's timeline shows on its negotiation.
+  int32_t last_rank = -1;
+  uint32_t last_wait_us = 0;
 };
 
 struct ResponseMessage {

@@ -32,7 +32,20 @@ void RequestState::Complete(const Status& status) {
     sample.callback_s = seconds(called_back - completed);
     metrics_->RecordOp(sample);
     if (timeline_) {
-      timeline_->Tensor(name_, sample_.op, sample_.bytes, enqueued_, taken, completed, called_back);
+      TensorPhases phases;
+      phases.enqueued = enqueued_;
+      phases.negotiated = taken;
+      const Clock::rep started = started_.load(std::memory_order_relaxed);
+      // Never started: negotiated, it failed before its batch ran (queued until then); never
+      // negotiated, it failed in the queue (as metered: all of it counts as execution).
+      phases.started = started != 0      ? Clock::time_point(Clock::duration(started))
+                       : negotiated != 0 ? completed
+                                         : taken;
+      phases.completed = completed;
+      phases.called_back = called_back;
+      phases.last_rank = last_rank_.load(std::memory_order_relaxed);
+      phases.last_wait_us = last_wait_us_.load(std::memory_order_relaxed);
+      timeline_->Tensor(name_, sample_.op, sample_.bytes, phases);
     }
   }
   {

@@ -65,9 +65,20 @@ class RequestState {
   // The same, for a timeline that is on (core/timeline.h): Complete() records the phases of the
   // operation on tensor `name` into it as well. After Meter().
   void Trace(std::shared_ptr<Timeline> timeline, std::string name);
-  // The engine took the request out of its queue to run it: negotiation ends here.
-  void MarkNegotiated() {
+  // The engine took the request out of its queue to run it: negotiation ends here. `last_rank`
+  // and `last_wait_us`: the rank the coordinator waited for last and how long (ResponseItem).
+  void MarkNegotiated(int32_t last_rank = -1, uint32_t last_wait_us = 0) {
+    last_rank_.store(last_rank, std::memory_order_relaxed);
+    last_wait_us_.store(last_wait_us, std::memory_order_relaxed);
     negotiated_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+  }
+  // Its batch started running (a lane took it up, its device launch began, or the coordinator's
+  // inline result is being applied): the time queued behind other batches ends here. The first
+  // call counts (lanes running pieces of one operation each call it).
+  void MarkStarted() {
+    Clock::rep none = 0;
+    started_.compare_exchange_strong(none, Clock::now().time_since_epoch().count(),
+                                     std::memory_order_relaxed);
   }
 
   // Device operations: the engine hands over the collective's device event once it is launched
@@ -96,6 +107,9 @@ class RequestState {
   Clock::time_point enqueued_{};
   bool from_output_ = false;
   std::atomic<Clock::rep> negotiated_{0};  // 0: not yet
+  std::atomic<Clock::rep> started_{0};     // 0: not yet
+  std::atomic<int32_t> last_rank_{-1};
+  std::atomic<uint32_t> last_wait_us_{0};
 };
 
 }  // namespace concord

@@ -121,21 +121,29 @@ Timeline::TensorInfo& Timeline::TensorTrack(const std::string& name) {
 }
 
 void Timeline::Tensor(const std::string& name, const char* op, uint64_t bytes,
-                      Clock::time_point enqueued, Clock::time_point negotiated,
-                      Clock::time_point completed, Clock::time_point called_back) {
+                      const TensorPhases& phases) {
   if (!on()) return;
   MutexLock lock(mu_);
-  if (!on() || enqueued < start_) return;  // stopped meanwhile, or from before this timeline
+  if (!on() || phases.enqueued < start_) return;  // stopped meanwhile, or from before this timeline
   TensorInfo& tensor = TensorTrack(name);
   Event e;
   e.track = tensor.track;
   e.name = "negotiate";
-  e.begin_ns = Since(enqueued);
-  e.end_ns = Since(negotiated);
+  e.begin_ns = Since(phases.enqueued);
+  e.end_ns = Since(phases.negotiated);
+  if (phases.last_rank >= 0 && phases.last_rank != rank_) {
+    e.args = "\"last_rank\":" + std::to_string(phases.last_rank) +
+             ",\"last_wait_us\":" + std::to_string(phases.last_wait_us);
+  }
+  Append(e);
+  e.args.clear();
+  e.name = "queued";
+  e.begin_ns = e.end_ns;
+  e.end_ns = Since(phases.started);
   Append(e);
   e.name = "execute";
   e.begin_ns = e.end_ns;
-  e.end_ns = Since(completed);
+  e.end_ns = Since(phases.completed);
   if (tensor.op != op || tensor.bytes != bytes) {  // op names are literals
     e.detail = op;
     e.detail_key = "op";
@@ -144,9 +152,11 @@ void Timeline::Tensor(const std::string& name, const char* op, uint64_t bytes,
     tensor.bytes = bytes;
   }
   Append(e);
+  const int64_t called_back = Since(phases.called_back);
+  if (called_back - e.end_ns < kShortestCallbackNs) return;
   e.name = "callback";
   e.begin_ns = e.end_ns;
-  e.end_ns = Since(called_back);
+  e.end_ns = called_back;
   e.detail = nullptr;
   e.bytes = kNoBytes;
   Append(std::move(e));

@@ -7,9 +7,15 @@
 // merge` puts the ranks' files into one, aligning their clocks.
 //
 // What is recorded (tracks are the trace's threads, within the rank's process):
-//  - per tensor (a track named after it): "negotiate" (enqueue until the engine took it out of its
-//    queue to run it), "execute" (until it completed; args: op and bytes, on the tensor's first
-//    execute and whenever they change, which keeps the file small), "callback";
+//  - per tensor (a track named after it): "negotiate" (enqueue until the coordinator's response
+//    reached this rank and the engine took it out of its queue; args last_rank and last_wait_us
+//    when another rank's submission reached the coordinator last: the rank this one waited for in
+//    the end, and how long the coordinator waited for it after the one before), "queued" (until
+//    its batch started: behind the batches before it in the response list), "execute" (until it
+//    completed; args: op and bytes, on the tensor's first execute and whenever they change, which
+//    keeps the file small), "callback" (when it took kShortestCallbackNs or more: almost every
+//    callback takes well under a microsecond, invisible in a viewer, and writing them would add a
+//    quarter to the file);
 //  - per lane (track "lane N"): each fused batch as one slice ("fused allreduce", args: members,
 //    bytes) with "pack" and "unpack" inside, and each backend collective (args: bytes, backend);
 //  - the engine (track "engine"): each response list it executed ("cycle", args: responses).
@@ -51,6 +57,13 @@ struct TimelineFile {
 StatusOr<TimelineFile> OpenTimelineFile(const std::string& path, int rank,
                                         const std::string& source);
 
+// One operation's phase boundaries on its tensor, as its RequestState saw them.
+struct TensorPhases {
+  Clock::time_point enqueued, negotiated, started, completed, called_back;
+  int32_t last_rank = -1;  // the rank the coordinator waited for last (ResponseItem::last_rank)
+  uint32_t last_wait_us = 0;
+};
+
 class Timeline {
  public:
   using Warn = std::function<void(const std::string&)>;
@@ -63,6 +76,8 @@ class Timeline {
   // Events waiting for the writer beyond this are dropped (a stalled file costs memory no more),
   // and counted in a warning.
   static constexpr size_t kMaxPending = size_t{1} << 20;
+  // Shorter callbacks are not written (see the file comment).
+  static constexpr int64_t kShortestCallbackNs = 1000;
 
   Timeline(int rank, int size, Warn warn);
   ~Timeline();
@@ -79,9 +94,8 @@ class Timeline {
   std::string path() const EXCLUDES(mu_);
 
   // A tensor's phases (see the file comment); nothing when off.
-  void Tensor(const std::string& name, const char* op, uint64_t bytes, Clock::time_point enqueued,
-              Clock::time_point negotiated, Clock::time_point completed,
-              Clock::time_point called_back) EXCLUDES(mu_);
+  void Tensor(const std::string& name, const char* op, uint64_t bytes, const TensorPhases& phases)
+      EXCLUDES(mu_);
   // A slice on `track`: `name` (a string literal), its bytes (kNoBytes: none), `detail` (a string
   // literal shown as args.backend, or nullptr) and `args` (more JSON members, "" for none).
   void Slice(int track, const char* name, Clock::time_point begin, Clock::time_point end,

@@ -1,5 +1,8 @@
 """perf/concord-timeline plot on a made-up trace whose answer is known: rank 1 submits every
-operation 10 ms after rank 0 for 2 s, then rank 0 is the late one; phase seconds are exact."""
+operation 10 ms after rank 0 for 2 s (and rank 0's negotiations name it, as the coordinator
+does), then rank 0 is the late one (no names: the clocks decide), and in the last second rank 0
+starts later by the clocks but the coordinator names rank 1, which wins; phase seconds are
+exact."""
 import json
 import os
 import subprocess
@@ -19,17 +22,21 @@ def trace():
                        "args": {"name": "grad"}})
         events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": 1,
                        "args": {"name": "lane 0"}})
-        for k in range(40):  # an operation every 100 ms
+        for k in range(50):  # an operation every 100 ms
             t = k * 100_000.0
             late = (rank == 1) == (t < 2_000_000)
             start = t + (10_000 if late else 0)
-            negotiate = t + 12_000 - start  # both leave negotiation together
+            negotiate = {"ph": "X", "name": "negotiate", "pid": rank, "tid": 100, "ts": start,
+                         "dur": t + 12_000 - start}  # both leave negotiation together
+            if rank == 0 and (t < 2_000_000 or t >= 4_000_000):
+                negotiate["args"] = {"last_rank": 1, "last_wait_us": 9_000}
             events += [
-                {"ph": "X", "name": "negotiate", "pid": rank, "tid": 100, "ts": start,
-                 "dur": negotiate},
-                {"ph": "X", "name": "execute", "pid": rank, "tid": 100, "ts": t + 12_000,
+                negotiate,
+                {"ph": "X", "name": "queued", "pid": rank, "tid": 100, "ts": t + 12_000,
+                 "dur": 1_000},
+                {"ph": "X", "name": "execute", "pid": rank, "tid": 100, "ts": t + 13_000,
                  "dur": 5_000},
-                {"ph": "X", "name": "callback", "pid": rank, "tid": 100, "ts": t + 17_000,
+                {"ph": "X", "name": "callback", "pid": rank, "tid": 100, "ts": t + 18_000,
                  "dur": 1_000},
                 {"ph": "X", "name": "allreduce", "pid": rank, "tid": 1, "ts": t + 13_000,
                  "dur": 3_000},
@@ -51,17 +58,33 @@ def main():
         phases, shares = open(data).read().strip().split("\n\n")
         rows = {int(line.split("\t")[0]): [float(x) for x in line.split("\t")[1:]]
                 for line in phases.split("\n")[1:]}
-        # 40 operations: callback 40 ms, execute 200 ms, collective 120 ms on each rank;
-        # negotiate 40 x 12 ms on the rank that was early half the time, 40 x 2 ms late.
-        for rank in (0, 1):
-            negotiate, execute, callback, pack, collective = rows[rank]
-            assert abs(execute - 0.2) < 1e-6 and abs(callback - 0.04) < 1e-6, rows
-            assert abs(collective - 0.12) < 1e-6 and pack == 0, rows
-            assert abs(negotiate - (20 * 0.012 + 20 * 0.002)) < 1e-6, rows
+        # 50 operations: queued and callback 50 ms, execute 250 ms, collective 150 ms on each
+        # rank; negotiate 12 ms early, 2 ms late (rank 0 late for 30 operations, rank 1 for 20).
+        for rank, late in ((0, 30), (1, 20)):
+            negotiate, queued, execute, callback, pack, collective = rows[rank]
+            assert abs(queued - 0.05) < 1e-6 and abs(callback - 0.05) < 1e-6, rows
+            assert abs(execute - 0.25) < 1e-6, rows
+            assert abs(collective - 0.15) < 1e-6 and pack == 0, rows
+            assert abs(negotiate - ((50 - late) * 0.012 + late * 0.002)) < 1e-6, rows
         windows = [[float(x) for x in line.split("\t")] for line in shares.split("\n")[1:]]
-        assert [w[0] for w in windows] == [0, 1, 2, 3], windows
+        assert [w[0] for w in windows] == [0, 1, 2, 3, 4], windows
         assert windows[0][1:] == [0, 1] and windows[1][1:] == [0, 1], windows  # rank 1 late
         assert windows[2][1:] == [1, 0] and windows[3][1:] == [1, 0], windows  # then rank 0
+        assert windows[4][1:] == [0, 1], windows  # the coordinator's word over the clocks'
+        # The same trace passes check; a last_rank naming the rank itself does not.
+        r = subprocess.run([sys.executable, TOOL, "check", path, "--ranks", "2"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+        bad = trace()
+        next(e for e in bad["traceEvents"] if "args" in e and "last_rank" in e["args"])[
+            "args"]["last_rank"] = 0
+        with open(path, "w") as f:
+            json.dump(bad, f)
+        r = subprocess.run([sys.executable, TOOL, "check", path], capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 1 and "negotiate names last_rank 0" in r.stdout + r.stderr, r
+        with open(path, "w") as f:
+            json.dump(trace(), f)
         # Bad input: a window that is not positive, a file that is not a trace.
         r = subprocess.run([sys.executable, TOOL, "plot", path, png, "--window", "0"],
                            capture_output=True, text=True, timeout=60)

@@ -84,7 +84,20 @@ def test_env_timeline_merges_into_one_checked_trace(world, shared_dir):
     fused = [e for e in events if e.get("name") == "fused allreduce"]
     assert fused and any(set(e["args"]["members"]) >= set(SMALL) for e in fused), fused
     names = {e["name"] for e in events if e.get("ph") == "X"}
-    assert {"negotiate", "execute", "callback", "pack", "unpack", "allreduce", "cycle"} <= names
+    assert {"negotiate", "queued", "execute", "callback", "pack", "unpack", "allreduce",
+            "cycle"} <= names
+    # Each operation's negotiation names the rank the coordinator waited for last on every other
+    # rank (check has verified that they agree and that the rank named names none).
+    tracks = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+              if e.get("name") == "thread_name" and e["tid"] >= 100}
+    named = {}  # (tensor, rank) -> [whether each negotiate names a last rank]
+    for e in events:
+        if e.get("name") == "negotiate":
+            named.setdefault((tracks[(e["pid"], e["tid"])], e["pid"]), []).append(
+                "last_rank" in e.get("args", {}))
+    for tensor in set(t for t, _ in named):
+        per_op = zip(*(named[(tensor, r)] for r in range(world.size)))
+        assert all(sum(op) == world.size - 1 for op in per_op), (tensor, named)
     # The plot of the merged trace: a PNG, and its numbers (every rank has time in each phase
     # it ran; the straggler shares of each window sum to 1).
     png, data = os.path.join(shared_dir, "merged.png"), os.path.join(shared_dir, "merged.tsv")
@@ -95,18 +108,18 @@ def test_env_timeline_merges_into_one_checked_trace(world, shared_dir):
     phases, shares = open(data).read().strip().split("\n\n")
     rows = [line.split("\t") for line in phases.split("\n")[1:]]
     assert [int(r[0]) for r in rows] == list(range(world.size))
-    assert all(float(r[1]) > 0 and float(r[2]) > 0 for r in rows), phases
+    assert all(float(r[1]) > 0 and float(r[3]) > 0 for r in rows), phases  # negotiate, execute
     for line in shares.split("\n")[1:]:
         assert abs(sum(float(x) for x in line.split("\t")[1:]) - 1) < 1e-3, shares
     # The check fails a trace whose phases are out of order.
     for e in events:
-        if e.get("name") == "callback":
+        if e.get("name") == "queued":
             e["name"] = "negotiate"
     broken = os.path.join(shared_dir, "broken.json")
     with open(broken, "w") as f:
         json.dump({"traceEvents": events}, f)
     rc, out = run_tool("check", broken)
-    assert rc == 1 and "expected ('negotiate', 'execute', 'callback')" in out, out
+    assert rc == 1 and "expected ('negotiate', 'queued', 'execute', 'callback')" in out, out
 
 
 def test_runtime_timeline_covers_only_its_block(world, shared_dir):

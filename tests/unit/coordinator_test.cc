@@ -118,6 +118,28 @@ TEST_P(CoordinatorRanksTest, CachedBitReadyOnlyWhenEveryRankSetIt) {
   EXPECT_EQ(coordinator_->pending(), 0u);
 }
 
+// Each item names the rank that submitted last and how long after the one before it (the
+// straggler's figures for each rank's timeline), full and cached; a join names none.
+TEST_P(CoordinatorRanksTest, ItemsNameTheLastRankAndItsWait) {
+  const int size = GetParam();
+  Start(size);
+  cache_.Insert(Ok(Req("cached")));
+  // Rank r submits at 10 r ms, except rank 0, which is last at 100 ms (alone: at 0 ms).
+  auto arrival = [size](int r) { return milliseconds(r == 0 && size > 1 ? 100 : 10 * r); };
+  for (int k = 1; k <= size; ++k) {  // in time order: 1, 2, ..., then 0
+    const int r = k % size;
+    Add(r, Full({Req("x")}), arrival(r));
+    Add(r, Bits({0}), arrival(r));
+  }
+  ResponseMessage m = Take(milliseconds(200));
+  ASSERT_EQ(m.items.size(), 2u);
+  const uint32_t wait_us = size == 1 ? 0u : static_cast<uint32_t>(100 - 10 * (size - 1)) * 1000;
+  for (const ResponseItem& item : m.items) {
+    EXPECT_EQ(item.last_rank, 0);
+    EXPECT_EQ(item.last_wait_us, wait_us);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, CoordinatorRanksTest, ::testing::Values(1, 2, 3, 4));
 
 // Four float32 values as inline data.

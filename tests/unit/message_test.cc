@@ -60,6 +60,8 @@ ResponseMessage SampleResponseMessage() {
   cached.cached = true;
   cached.bit = 77;
   cached.data = std::string("\x00\x01\x02", 3);
+  cached.last_rank = 2;
+  cached.last_wait_us = 0xFFFFFFFFu;
   m.items.push_back(cached);
   ResponseItem full;
   full.response.request = FullRequest(OpType::kAllgather, DType::kInt64, ReduceOp::kSum);
@@ -184,7 +186,19 @@ TEST(MessageTest, ResponseItemsRoundTrip) {
       ExpectSameResponse(parsed->items[i].response, m.items[i].response);
     }
     EXPECT_EQ(parsed->items[i].data, m.items[i].data);
+    EXPECT_EQ(parsed->items[i].last_rank, m.items[i].last_rank);
+    EXPECT_EQ(parsed->items[i].last_wait_us, m.items[i].last_wait_us);
   }
+}
+
+TEST(MessageTest, ALastRankBelowMinusOneIsRejected) {
+  ResponseMessage m = SampleResponseMessage();
+  m.items[1].last_rank = -2;
+  auto parsed = ParseResponseMessage(SerializeResponseMessage(m));
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_EQ(parsed.status().code(), Code::kProtocolError);
+  EXPECT_NE(parsed.status().message().find("bad last rank"), std::string::npos)
+      << parsed.status().message();
 }
 
 // Evictions are strictly increasing (one encoding per message) and never a bit the list runs.

@@ -30,6 +30,20 @@ std::string TempPath(const std::string& name) {
   return ::testing::TempDir() + "/timeline_test_" + std::to_string(::getpid()) + "_" + name;
 }
 
+// An operation's phases at these offsets (microseconds) from t0.
+TensorPhases At(Clock::time_point t0, int enqueued, int negotiated, int started, int completed,
+                int called_back, int32_t last_rank = -1, uint32_t last_wait_us = 0) {
+  TensorPhases p;
+  p.enqueued = t0 + microseconds(enqueued);
+  p.negotiated = t0 + microseconds(negotiated);
+  p.started = t0 + microseconds(started);
+  p.completed = t0 + microseconds(completed);
+  p.called_back = t0 + microseconds(called_back);
+  p.last_rank = last_rank;
+  p.last_wait_us = last_wait_us;
+  return p;
+}
+
 // Where `needle` first occurs in `text`; fails the test when it does not.
 size_t Find(const std::string& text, const std::string& needle) {
   const size_t at = text.find(needle);
@@ -47,21 +61,22 @@ TEST(TimelineTest, WritesPhasesInOrderAndBatchMembers) {
   ASSERT_TRUE(t.Start(std::move(*file)).ok());
   EXPECT_TRUE(t.on());
   const auto t0 = Clock::now();
-  t.Tensor("grad \"a\"", "allreduce", 400, t0, t0 + microseconds(10), t0 + microseconds(30),
-           t0 + microseconds(31));
+  // Rank 0 arrived last, 7 us after this rank: the negotiation says so.
+  t.Tensor("grad \"a\"", "allreduce", 400, At(t0, 0, 10, 12, 30, 31, 0, 7));
   t.Slice(Timeline::kLaneTrack + 1, "fused allreduce", t0 + microseconds(12), t0 + microseconds(29),
           400, nullptr, "\"members\":[" + JsonQuote("grad \"a\"") + "," + JsonQuote("b") + "]");
   t.Slice(Timeline::kLaneTrack + 1, "allreduce", t0 + microseconds(14), t0 + microseconds(20), 512,
           "gloo");
   // The same op again: its execute carries no args (unchanged); another size: they come back.
-  t.Tensor("grad \"a\"", "allreduce", 400, t0 + microseconds(40), t0 + microseconds(41),
-           t0 + microseconds(42), t0 + microseconds(43));
-  t.Tensor("grad \"a\"", "allreduce", 800, t0 + microseconds(50), t0 + microseconds(51),
-           t0 + microseconds(52), t0 + microseconds(53));
-  t.Tensor("before", "allreduce", 4, t0 - microseconds(1000), t0, t0, t0);  // before the start
+  // This rank was last itself: no last_rank.
+  t.Tensor("grad \"a\"", "allreduce", 400, At(t0, 40, 41, 41, 42, 43, 1, 9));
+  t.Tensor("grad \"a\"", "allreduce", 800, At(t0, 50, 51, 51, 52, 53));
+  // A callback under a microsecond is not written.
+  t.Tensor("quick", "allreduce", 4, At(t0, 60, 61, 61, 62, 62));
+  t.Tensor("before", "allreduce", 4, At(t0, -1000, 0, 0, 0, 0));  // before the start
   t.Stop();
   EXPECT_FALSE(t.on());
-  t.Tensor("after", "allreduce", 4, t0, t0, t0, t0);  // after the stop: nothing
+  t.Tensor("after", "allreduce", 4, At(t0, 0, 0, 0, 0, 0));  // after the stop: nothing
   EXPECT_TRUE(warnings.empty());
 
   const std::string text = Read(base + ".rank1");
@@ -76,10 +91,18 @@ TEST(TimelineTest, WritesPhasesInOrderAndBatchMembers) {
                             "\"grad \\\"a\\\"\"}}");
   const size_t negotiate = Find(text, "\"tid\":100,\"ts\":");
   EXPECT_LT(named, negotiate);
-  EXPECT_LT(negotiate, Find(text, "\"dur\":10.0,\"name\":\"negotiate\"}"));
+  const size_t negotiated = Find(text,
+                                 "\"dur\":10.0,\"name\":\"negotiate\",\"args\":{"
+                                 "\"last_rank\":0,\"last_wait_us\":7}}");
+  EXPECT_LT(negotiate, negotiated);
+  const size_t queued = Find(text, "\"dur\":2.0,\"name\":\"queued\"}");
+  EXPECT_LT(negotiated, queued);
   const size_t execute = Find(text,
-                              "\"dur\":20.0,\"name\":\"execute\",\"args\":{\"op\":"
+                              "\"dur\":18.0,\"name\":\"execute\",\"args\":{\"op\":"
                               "\"allreduce\",\"bytes\":400}}");
+  EXPECT_LT(queued, execute);
+  Find(text, "\"dur\":1.0,\"name\":\"negotiate\"}");  // last itself
+  EXPECT_EQ(text.find("\"last_rank\":1"), std::string::npos);
   const size_t callback = Find(text, "\"dur\":1.0,\"name\":\"callback\"}");
   EXPECT_LT(execute, callback);
   Find(text, "\"tid\":2,\"name\":\"thread_name\",\"args\":{\"name\":\"lane 1\"}}");
@@ -92,6 +115,13 @@ TEST(TimelineTest, WritesPhasesInOrderAndBatchMembers) {
                               "\"dur\":1.0,\"name\":\"execute\",\"args\":{"
                               "\"op\":\"allreduce\",\"bytes\":800}}");
   EXPECT_LT(again, resized);
+  Find(text, "\"tid\":101,\"name\":\"thread_name\",\"args\":{\"name\":\"quick\"}}");
+  size_t callbacks = 0;
+  for (size_t at = text.find("\"callback\""); at != std::string::npos;
+       at = text.find("\"callback\"", at + 1)) {
+    ++callbacks;
+  }
+  EXPECT_EQ(callbacks, 3u);  // grad "a"'s, not quick's
   EXPECT_EQ(text.find("before"), std::string::npos);
   EXPECT_EQ(text.find("after"), std::string::npos);
   std::remove((base + ".rank1").c_str());
@@ -138,11 +168,11 @@ TEST(TimelineTest, AFailedWriteWarnsAndTurnsItOff) {
   const auto t0 = Clock::now();
   // Until the writer thread (every 100 ms) finds the disk full.
   for (int i = 0; i < 400 && t.on(); ++i) {
-    t.Tensor("x", "allreduce", 4, t0, t0, t0, t0);
+    t.Tensor("x", "allreduce", 4, At(t0, 0, 0, 0, 0, 0));
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   EXPECT_FALSE(t.on());
-  t.Tensor("x", "allreduce", 4, t0, t0, t0, t0);  // off: nothing
+  t.Tensor("x", "allreduce", 4, At(t0, 0, 0, 0, 0, 0));  // off: nothing
   t.Stop();  // joins the writer thread (which warned); already closed: no second warning
   ASSERT_EQ(warnings.size(), 1u);
   EXPECT_NE(warnings[0].find("timeline: writing " + base +
