@@ -69,6 +69,8 @@ void Messages(const std::string& dir) {
   ResponseItem cached;
   cached.cached = true;
   cached.bit = 3;
+  cached.last_rank = 1;
+  cached.last_wait_us = 1500;
   r.items.push_back(cached);
   ResponseItem full;
   full.response.request = m.requests[1];
