@@ -62,12 +62,11 @@ class MpiP2pTransport : public P2pTransport {
       : env_(std::move(env)), comm_(comm), rank_(rank), size_(size), max_tag_(max_tag) {
     thread_ = std::thread([this] { Loop(); });
   }
+  // The communicator is never freed: a peer's send this rank never received would be kept by Open
+  // MPI for the next communicator that takes its context id, and lose that one's message (as the
+  // control plane's heartbeats did: backends/mpi/mpi_control_plane.cc). MPI_Finalize releases it.
   ~MpiP2pTransport() override {
     Close(Status(Code::kNotInitialized, "the communicator was finalized"));
-    if (!env_->abandoned()) {
-      auto lock = env_->Lock();
-      MPI_Comm_free(&comm_);
-    }
   }
 
   int rank() const override { return rank_; }

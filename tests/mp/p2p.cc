@@ -10,7 +10,8 @@
 // messages in flight between ranks 0 and 1 on four tags, received tag by tag (so the others wait
 // as unexpected messages) with FIFO order checked per tag, the second half of the recvs posted
 // late; a dtype and a shape mismatch (an error naming both, and the next message intact); bad
-// arguments refused at enqueue; finalize with a recv in flight (completes with an error).
+// arguments refused at enqueue; sends left unreceived by finalized splits that must not reach the
+// splits after them; finalize with a recv in flight (completes with an error).
 // Prints "p2p: rank R PASS" and the time taken; exits non-zero on any failure.
 #include <signal.h>
 
@@ -302,6 +303,46 @@ void BadArguments(concord_comm_t comm) {
          concord_comm_last_error(comm));
 }
 
+// Sends nobody receives, left behind by communicators that are then finalized, never reach the
+// communicators created after them: each round, every rank sends to the next on a split that it
+// finalizes without a recv, then a new split's ring must carry its own message (under MPI a freed
+// communicator's unreceived message used to take the place of the next one's first).
+void LeftBehindSends(concord_comm_t comm) {
+  for (int round = 0; round < 8; ++round) {
+    concord_comm_t sub = nullptr;
+    CHECKF(concord_comm_split(comm, 0, g_rank, &sub) == CONCORD_SUCCESS, "split: %s",
+           concord_comm_last_error(comm));
+    if (sub == nullptr) return;
+    std::vector<unsigned char> stale = Make(CONCORD_INT32, 5, g_rank, 90 + round);
+    const int64_t s5[1] = {5};
+    concord_tensor_t ts = CpuTensor(stale.data(), CONCORD_INT32, 1, s5);
+    CHECKF(concord_send(sub, &ts, (g_rank + 1) % g_size, 3) == CONCORD_SUCCESS, "stale send: %s",
+           concord_comm_last_error(sub));
+    CHECKF(concord_finalize(sub) == CONCORD_SUCCESS, "finalize the split: %s",
+           concord_comm_last_error(nullptr));
+    CHECKF(concord_comm_split(comm, 0, g_rank, &sub) == CONCORD_SUCCESS, "split: %s",
+           concord_comm_last_error(comm));
+    if (sub == nullptr) return;
+    std::vector<unsigned char> out = Make(CONCORD_INT32, 5, g_rank, 50 + round);
+    std::vector<unsigned char> in(out.size());
+    concord_tensor_t to = CpuTensor(out.data(), CONCORD_INT32, 1, s5);
+    concord_tensor_t ti = CpuTensor(in.data(), CONCORD_INT32, 1, s5);
+    concord_request_t r = nullptr;
+    CHECKF(concord_recv_async(sub, &ti, (g_rank + g_size - 1) % g_size, 3, nullptr, nullptr, &r) ==
+               CONCORD_SUCCESS,
+           "recv");
+    CHECKF(concord_send(sub, &to, (g_rank + 1) % g_size, 3) == CONCORD_SUCCESS, "send: %s",
+           concord_comm_last_error(sub));
+    if (r && Wait(r, "left-behind: the new split's recv") == CONCORD_SUCCESS) {
+      Same(CONCORD_INT32, in.data(), 5, (g_rank + g_size - 1) % g_size, 50 + round,
+           "a new split's message after a finalized split's unreceived one");
+    }
+    concord_request_free(r);
+    CHECKF(concord_finalize(sub) == CONCORD_SUCCESS, "finalize the split: %s",
+           concord_comm_last_error(nullptr));
+  }
+}
+
 int All(int64_t large) {
   const double t0 = mp::Now();
   concord_comm_t comm = mp::InitOrExit(&g_rank, &g_size);
@@ -314,6 +355,7 @@ int All(int64_t large) {
   Pipeline(comm);
   ManyInFlight(comm);
   Mismatch(comm);
+  LeftBehindSends(comm);
   // A recv nobody sends for, still in flight at finalize: completed with an error.
   std::vector<float> never(4);
   const int64_t s4[1] = {4};
