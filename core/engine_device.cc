@@ -10,7 +10,7 @@
 // Launch(); args op, bytes, members), and each collective on the "device" track, named after its
 // op (args backend, bytes, members), from its launch, or the previous collective's completion when
 // that came later (the device runs them one after another, in launch order), to its completion as
-// the completion thread saw it: the time the device took, as it queued there.
+// the completion thread saw it: the device's time on it as the host sees it, never overlapping.
 #include <algorithm>
 
 #include "base/json.h"
@@ -108,8 +108,8 @@ Status Engine::LaunchDevice(const FusionBatch& batch, const Responses& responses
   }
   // Launched while the timeline was on: the launch slice is written, its completion follows.
   const bool traced = timeline_->on();
-  const Clock::time_point launched = traced ? Clock::now() : Clock::time_point();
   std::string members = traced ? MembersJson(batch, responses) : std::string();
+  const Clock::time_point launched = traced ? Clock::now() : Clock::time_point();
   const char* op = OpTypeName(q.op);
   auto done = [this, states, local, traced, launched, op, members, bytes = batch.bytes,
                timeline = timeline_, backend = device_.backend->name()](const Status& s) {
