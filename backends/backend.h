@@ -57,6 +57,13 @@ class Backend {
   virtual int rank() const = 0;
   virtual int size() const = 0;
 
+  // The algorithm the last collective called on this backend ran, as the timeline shows it
+  // (core/timeline.h): a string with static storage ("ring", "halving_doubling", "two_level", ...),
+  // or nullptr where the backend does not say (the default). Read by the thread that made the call,
+  // right after it returned successfully and before the next call (a backend is used by one thread
+  // at a time); after a failed call its value is unspecified.
+  virtual const char* LastAlgorithm() const { return nullptr; }
+
   // True when Allreduce, AllreduceSpans and ReduceScatter combine every element in rank order, as
   // a left fold of ReduceElements (base/dtype.h) over ranks 0, 1, ..., size-1, whatever the
   // counts, spans and chunking: their results then depend only on the inputs, bit for bit. The

@@ -281,6 +281,8 @@ class Engine {
   // Records fused batch `batch`, run on `lane` since `start`, on the timeline with its members.
   void TraceBatch(const Lane& lane, const FusionBatch& batch, const Responses& responses,
                   Clock::time_point start) const;
+  // The timeline args naming a batch's members ("members":[...]).
+  static std::string MembersJson(const FusionBatch& batch, const Responses& responses);
   // After the reduction: integer average division (by `contributors`: the ranks whose tensors
   // were reduced) and the post factor.
   void FinishAllreduce(const TensorRequest& q, int contributors, void* data, size_t n) const;
@@ -403,6 +405,8 @@ class Engine {
   LeftBehind left_behind_ GUARDED_BY(left_behind_mu_);
   std::atomic<uint64_t> step_{0};                    // EndStep() calls so far
   std::atomic<std::thread::id> device_thread_id_{};  // the device completion thread, once seen
+  // When the last device collective the timeline saw completed (Clock ticks; engine_device.cc).
+  std::atomic<Clock::rep> device_done_{0};
   // The thread completing what Shutdown() left, while it runs their callbacks.
   std::atomic<std::thread::id> finalizing_thread_{};
 

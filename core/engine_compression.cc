@@ -7,6 +7,9 @@
 // the world size before encoding (so half-precision sums stay in range); the postscale is applied
 // to the decoded result.
 //
+// On the timeline, the batch's slice holds an "encode" and a "decode" slice (args: bytes, the
+// tensors' own; encoded, what was encoded or decoded), around the backend's collective.
+//
 // Like engine_host_ops.cc, it completes the entries it finishes and returns an error without
 // completing any; compressor lookups and encoding hold compression_mu_ (lanes run concurrently).
 #include <cstring>
@@ -80,6 +83,9 @@ Status Engine::RunCompressed(Lane& lane, const FusionBatch& batch, const Respons
     }
   }
   const compression::Compressor& compressor = *entries[batch.members.front()]->compressor;
+  const int track = Timeline::kLaneTrack + LaneIndex(lane);
+  const bool traced = timeline_->on();
+  const Clock::time_point start = traced ? Clock::now() : Clock::time_point();
   std::vector<size_t> offsets, encoded;
   size_t total = 0;
   for (size_t i : batch.members) {
@@ -122,6 +128,10 @@ Status Engine::RunCompressed(Lane& lane, const FusionBatch& batch, const Respons
       if (!s.ok()) return s.WithContext("encoding tensor '" + e.request.name + "'");
     }
   }
+  if (traced) {
+    timeline_->Slice(track, "encode", start, Clock::now(), batch.bytes, nullptr,
+                     "\"encoded\":" + std::to_string(total));
+  }
 
   const uint8_t* shares = buffer;
   Status s;
@@ -136,6 +146,7 @@ Status Engine::RunCompressed(Lane& lane, const FusionBatch& batch, const Respons
   }
   CONCORD_RETURN_IF_ERROR(s);
   metrics_->RecordCompression(batch.bytes, total);
+  const Clock::time_point exchanged = traced ? Clock::now() : Clock::time_point();
 
   for (size_t k = 0; k < batch.members.size(); ++k) {
     QueueEntry& e = *entries[batch.members[k]];
@@ -147,6 +158,11 @@ Status Engine::RunCompressed(Lane& lane, const FusionBatch& batch, const Respons
     if (q.postscale != 1.0) ScaleElements(e.output, n, q.dtype, q.postscale);
     e.state->AddWireBytes(compression::WireBytesPerRank(exchange, encoded[k], config_.size));
     Finish(entries[batch.members[k]], Status::Ok());
+  }
+  if (traced) {  // every rank's shares when gathered
+    const size_t decoded = summed ? total : total * static_cast<size_t>(config_.size);
+    timeline_->Slice(track, "decode", exchanged, Clock::now(), batch.bytes, nullptr,
+                     "\"encoded\":" + std::to_string(decoded));
   }
   return Status::Ok();
 }

@@ -5,9 +5,21 @@
 // step, like any other error. Tensors of different devices are never fused (the fusion planner
 // compares TensorRequest::device), and a barrier first drains every device collective
 // (engine_execute.cc).
+//
+// On the timeline: each launch on the "device launches" track ("launch": the host's time in
+// Launch(); args op, bytes, members), and each collective on the "device" track, named after its
+// op (args backend, bytes, members), from its launch, or the previous collective's completion when
+// that came later (the device runs them one after another, in launch order), to its completion as
+// the completion thread saw it: the device's time on it as the host sees it, never overlapping.
+#include <algorithm>
+
+#include "base/json.h"
 #include "core/engine.h"
 
 namespace concord {
+
+static_assert(Timeline::kLaneTrack + Config::kMaxLanes <= Timeline::kDeviceLaunchTrack,
+              "the device tracks come after every lane's");
 
 Status Engine::CheckDevice(QueueEntry& e) const {
   TensorRequest& r = e.request;
@@ -94,8 +106,21 @@ Status Engine::LaunchDevice(const FusionBatch& batch, const Responses& responses
     case OpType::kAlltoall:
       return Internal(std::string("a ") + OpTypeName(q.op) + " was planned as a device collective");
   }
-  auto done = [this, states, local](const Status& s) {
+  // Launched while the timeline was on: the launch slice is written, its completion follows.
+  const bool traced = timeline_->on();
+  std::string members = traced ? MembersJson(batch, responses) : std::string();
+  const Clock::time_point launched = traced ? Clock::now() : Clock::time_point();
+  const char* op = OpTypeName(q.op);
+  auto done = [this, states, local, traced, launched, op, members, bytes = batch.bytes,
+               timeline = timeline_, backend = device_.backend->name()](const Status& s) {
     device_thread_id_.store(std::this_thread::get_id());
+    if (traced && s.ok() && timeline->on()) {
+      const Clock::time_point now = Clock::now();
+      const Clock::time_point previous(
+          Clock::duration(device_done_.exchange(now.time_since_epoch().count())));
+      timeline->Slice(Timeline::kDeviceTrack, op, std::max(launched, previous), now, bytes, backend,
+                      members);
+    }
     for (const auto& state : states) state->Complete(s.ok() ? local : s);
     if (!s.ok()) return DeviceFailed(s);
     // A waiter driving the engine may sit in its receive for its slice: it returns and sees this.
@@ -107,6 +132,10 @@ Status Engine::LaunchDevice(const FusionBatch& batch, const Responses& responses
   if (batch.fused) stats_.fused_tensors.fetch_add(batch.members.size(), std::memory_order_relaxed);
   CONCORD_ASSIGN_OR_RETURN(std::shared_ptr<DeviceEvent> event,
                            device_.backend->Launch(c, std::move(done)));
+  if (traced) {
+    timeline_->Slice(Timeline::kDeviceLaunchTrack, "launch", launched, Clock::now(), batch.bytes,
+                     nullptr, "\"op\":" + JsonQuote(op) + "," + members);
+  }
   // The completion thread owns the requests now: the list releases their entries.
   for (size_t i : batch.members) {
     entries[i]->state->SetLaunched(event);

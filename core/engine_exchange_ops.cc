@@ -18,6 +18,9 @@
 // at a multiple of compression::kEncodedAlignment (zero padding between, reduced and ignored), is
 // reduced as the compressor's reduce dtype with a sum (an average divides before encoding, as for
 // allreduce) and decoded into the caller's outputs; the postscale is applied after decoding.
+// On the timeline the batch's slice holds "pack" and "unpack", or "encode" and "decode" (args:
+// bytes, the tensors' own; encoded, what travels), around the backend's reduce-scatter; a
+// reducescatter alone that copies its input first shows that copy as "pack".
 // Packing copies the input first, so an output overlapping its input is fine on this path; a
 // reducescatter alone copies its input first when its output overlaps it.
 #include <cstdint>
@@ -50,9 +53,14 @@ Status Engine::RunReducescatter(Lane& lane, const Response& r, std::optional<Que
   const bool overlaps =
       mine > 0 && total > 0 && in_at < out_at + mine && out_at < in_at + q.NumBytes();
   if ((q.prescale != 1.0 || overlaps) && total > 0) {
+    const Clock::time_point start = timeline_->on() ? Clock::now() : Clock::time_point();
     uint8_t* scaled = lane.fusion.Get(q.NumBytes(), fusion_.threshold);
     CopyScaled(scaled, e.input, total, q.dtype, q.prescale);
     in = scaled;
+    if (start != Clock::time_point()) {
+      timeline_->Slice(Timeline::kLaneTrack + LaneIndex(lane), "pack", start, Clock::now(),
+                       q.NumBytes());
+    }
   }
   CONCORD_RETURN_IF_ERROR(
       Reductions(lane).ReduceScatter(in, e.output, counts, q.dtype, q.reduce_op));
@@ -107,6 +115,9 @@ Status Engine::RunReducescatterPacked(Lane& lane, const FusionBatch& batch,
   uint8_t* buffer = lane.fusion.Get(std::max<size_t>(recv_at + section[me], 1), fusion_.threshold);
   uint8_t* recv = buffer + recv_at;
 
+  const int track = Timeline::kLaneTrack + LaneIndex(lane);
+  const bool traced = timeline_->on();
+  const Clock::time_point start = traced ? Clock::now() : Clock::time_point();
   double scale = q.prescale;
   if (compressor && q.reduce_op == ReduceOp::kAverage) scale /= head.Contributors(config_.size);
   const size_t esize = DTypeSize(q.dtype);
@@ -136,13 +147,21 @@ Status Engine::RunReducescatterPacked(Lane& lane, const FusionBatch& batch,
       first += c;
     }
   }
+  // "encode" (args: the tensors' bytes, and the encoded bytes) or "pack".
+  if (traced) {
+    timeline_->Slice(track, compressor ? "encode" : "pack", start, Clock::now(), batch.bytes,
+                     nullptr, compressor ? "\"encoded\":" + std::to_string(sent) : std::string());
+  }
   CONCORD_RETURN_IF_ERROR(Reductions(lane).ReduceScatter(
       buffer, recv, counts, wire, compressor ? ReduceOp::kSum : q.reduce_op));
+  const Clock::time_point reduced = traced ? Clock::now() : Clock::time_point();
+  uint64_t mine = 0;  // this rank's blocks, as the tensors' dtype
   for (size_t k = 0; k < members; ++k) {
     const Response& r = *responses[batch.members[k]];
     QueueEntry& e = *entries[batch.members[k]];
     const size_t c = elems[k * n + me];
     const uint8_t* block = recv + at[k * n + me];
+    mine += c * esize;
     if (compressor) {
       Status d = compressor->Decode(block, q.dtype, c, e.output);
       if (!d.ok()) return d.WithContext("decoding tensor '" + e.request.name + "'");
@@ -156,6 +175,11 @@ Status Engine::RunReducescatterPacked(Lane& lane, const FusionBatch& batch,
     for (size_t rk = 0; rk < n; ++rk) bytes += elems[k * n + rk] * wsize;
     if (n > 1) e.state->AddWireBytes(bytes * (n - 1) / n);
     Finish(entries[batch.members[k]], Status::Ok());
+  }
+  if (traced) {  // "decode" (args: this rank's bytes, and the encoded bytes it received) or
+                 // "unpack"
+    timeline_->Slice(track, compressor ? "decode" : "unpack", reduced, Clock::now(), mine, nullptr,
+                     compressor ? "\"encoded\":" + std::to_string(section[me]) : std::string());
   }
   return Status::Ok();
 }

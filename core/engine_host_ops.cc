@@ -68,15 +68,20 @@ void* Engine::ResultBuffer(Lane& lane, QueueEntry& e, size_t total, const char* 
   return local->ok() ? out : lane.fusion.Get(total, fusion_.threshold);
 }
 
-void Engine::TraceBatch(const Lane& lane, const FusionBatch& batch, const Responses& responses,
-                        Clock::time_point start) const {
-  const TensorRequest& q = responses[batch.members.front()]->request;
+std::string Engine::MembersJson(const FusionBatch& batch, const Responses& responses) {
   std::string members = "\"members\":[";
   for (size_t i : batch.members) {
     if (members.back() != '[') members += ',';
     members += JsonQuote(responses[i]->request.name);
   }
   members += ']';
+  return members;
+}
+
+void Engine::TraceBatch(const Lane& lane, const FusionBatch& batch, const Responses& responses,
+                        Clock::time_point start) const {
+  const TensorRequest& q = responses[batch.members.front()]->request;
+  std::string members = MembersJson(batch, responses);
   if (!q.compression.empty()) members += ",\"compression\":" + JsonQuote(q.compression);
   const char* name = q.op == OpType::kReducescatter ? "fused reducescatter" : "fused allreduce";
   timeline_->Slice(Timeline::kLaneTrack + LaneIndex(lane), name, start, Clock::now(), batch.bytes,

@@ -1,6 +1,9 @@
 #include "core/metered_backend.h"
 
 #include <numeric>
+#include <string>
+
+#include "base/json.h"
 
 namespace concord {
 namespace {
@@ -17,7 +20,11 @@ Status MeteredBackend::Record(const char* op, uint64_t bytes, Clock::time_point 
   const double seconds = std::chrono::duration<double>(end - start).count();
   metrics_->RecordCollective(lane_, backend_->name(), op, bytes, seconds, status.ok());
   if (timeline_->on()) {
-    timeline_->Slice(Timeline::kLaneTrack + lane_, op, start, end, bytes, backend_->name());
+    const char* algorithm = status.ok() ? backend_->LastAlgorithm() : nullptr;
+    std::string args;
+    if (algorithm != nullptr) args = "\"algorithm\":" + JsonQuote(algorithm);
+    timeline_->Slice(Timeline::kLaneTrack + lane_, op, start, end, bytes, backend_->name(),
+                     std::move(args));
   }
   return status;
 }

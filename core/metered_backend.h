@@ -1,6 +1,7 @@
 // A lane's backend with its collectives timed into the communicator's metrics (core/metrics.h):
 // every call is forwarded unchanged, and its bytes and duration recorded under the lane, the
-// backend's name and the op; also as a slice on the lane's track of the timeline, when it is on.
+// backend's name and the op; also as a slice on the lane's track of the timeline, when it is on
+// (args: bytes, backend, and the algorithm the backend says it ran: Backend::LastAlgorithm).
 //
 // Contract: owns the backend it wraps; shares the metrics and the timeline. Thread-compatible like
 // any backend (the lane's one thread calls it); Interrupter() is the wrapped backend's, for any
@@ -29,6 +30,7 @@ class MeteredBackend : public Backend {
   int rank() const override { return backend_->rank(); }
   int size() const override { return backend_->size(); }
   bool ReducesInRankOrder() const override { return backend_->ReducesInRankOrder(); }
+  const char* LastAlgorithm() const override { return backend_->LastAlgorithm(); }
 
   Status Allreduce(void* data, size_t count, DType dtype, ReduceOp op) override;
   Status AllreduceSpans(const std::vector<AllreduceSpan>& spans, DType dtype, ReduceOp op) override;

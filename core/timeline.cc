@@ -15,6 +15,8 @@ constexpr auto kWriteEvery = std::chrono::milliseconds(100);
 
 std::string TrackName(int track) {
   if (track == Timeline::kEngineTrack) return "engine";
+  if (track == Timeline::kDeviceLaunchTrack) return "device launches";
+  if (track == Timeline::kDeviceTrack) return "device";
   return "lane " + std::to_string(track - Timeline::kLaneTrack);
 }
 

@@ -16,8 +16,16 @@
 //    keeps the file small), "callback" (when it took kShortestCallbackNs or more: almost every
 //    callback takes well under a microsecond, invisible in a viewer, and writing them would add a
 //    quarter to the file);
-//  - per lane (track "lane N"): each fused batch as one slice ("fused allreduce", args: members,
-//    bytes) with "pack" and "unpack" inside, and each backend collective (args: bytes, backend);
+//  - per lane (track "lane N"): each fused batch as one slice ("fused allreduce", "fused
+//    reducescatter"; args: members, bytes) with "pack" and "unpack" inside, or for a compressed
+//    batch "encode" and "decode" (args: bytes, the tensors' own; encoded, the encoded size), and
+//    each backend collective (args: bytes, backend, and the algorithm it ran where the backend
+//    says: Backend::LastAlgorithm); a reducescatter alone that copies its input shows "pack";
+//  - the device path: track "device launches", each device batch's "launch" (the host's time in
+//    DeviceBackend::Launch; args: op, bytes, members), and track "device", each device collective
+//    named after its op (args: backend, bytes, members) from its launch, or the previous one's
+//    completion when that came later (the device runs them in launch order), to its completion,
+//    recorded by the device backend's completion thread;
 //  - the engine (track "engine"): each response list it executed ("cycle", args: responses).
 // Timestamps are microseconds since the timeline started on the steady clock; the process_name
 // metadata event of the rank carries that start on the system clock (args.concord_start_us) and
@@ -70,6 +78,10 @@ class Timeline {
   // Tracks: the engine's, lane L's (kLaneTrack + L); tensors get their own from kTensorTrack on.
   static constexpr int kEngineTrack = 0;
   static constexpr int kLaneTrack = 1;
+  // The device path's (past every lane's, Config::kMaxLanes): its launches, and its collectives
+  // from launch to completion.
+  static constexpr int kDeviceLaunchTrack = 98;
+  static constexpr int kDeviceTrack = 99;
   static constexpr int kTensorTrack = 100;
   // What an event carries when it has no bytes.
   static constexpr uint64_t kNoBytes = ~uint64_t{0};

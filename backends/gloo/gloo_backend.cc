@@ -97,6 +97,23 @@ AllreduceAlgorithm AutoAlgorithm(size_t bytes, int size, DType dtype) {
   return AllreduceAlgorithm::kFunction;
 }
 
+// A small reduce-scatter's algorithm (kSmallReduceScatterBytes): the allreduce's, so named.
+const char* SmallReduceScatterName(AllreduceAlgorithm algorithm) {
+  switch (algorithm) {
+    case AllreduceAlgorithm::kRing:
+      return "allreduce:ring";
+    case AllreduceAlgorithm::kRingChunked:
+      return "allreduce:ring_chunked";
+    case AllreduceAlgorithm::kHalvingDoubling:
+      return "allreduce:halving_doubling";
+    case AllreduceAlgorithm::kBcube:
+      return "allreduce:bcube";
+    case AllreduceAlgorithm::kFunction:
+      return "allreduce:allreduce";
+  }
+  return "allreduce";
+}
+
 // Gloo over TCP. Owns two Gloo contexts (each with its pairs and device event-loop thread): one
 // for the cached algorithm objects, one for everything function-style (allreduce, allgatherv,
 // broadcast, barrier), which must not share pairs with the objects (see allreduce_cache.h), and a
@@ -138,6 +155,11 @@ class GlooBackend : public Backend {
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  // Allreduces: the Gloo algorithm's name (AllreduceAlgorithmName: "allreduce" is the
+  // function-style one), "span_ring" for several buffers; allgathers "ring", broadcasts "tree",
+  // reduce-scatters "ring" or, when small, "allreduce:" and the allreduce's; all-to-alls
+  // "pairwise"; "local" with one rank or no data. Barriers: nullptr.
+  const char* LastAlgorithm() const override { return last_algorithm_; }
 
   Status Allreduce(void* data, size_t count, DType dtype, ReduceOp op) override {
     if (!IsValidDType(static_cast<int>(dtype)) || !IsValidReduceOp(static_cast<int>(op))) {
@@ -145,8 +167,10 @@ class GlooBackend : public Backend {
     }
     if (count > 0 && data == nullptr) return InvalidArgument("gloo allreduce: data is null");
     if (!failed_.ok()) return failed_;
+    last_algorithm_ = "local";
     if (count == 0 || size_ == 1) return Status::Ok();
     const AllreduceAlgorithm algorithm = Choose(count, dtype);
+    last_algorithm_ = gloo_internal::AllreduceAlgorithmName(algorithm);
     try {
       cache_->Run(algorithm, data, count, dtype, op);
       return Status::Ok();
@@ -169,9 +193,11 @@ class GlooBackend : public Backend {
       total += s.count;
     }
     if (!failed_.ok()) return failed_;
+    last_algorithm_ = "local";
     if (total == 0 || size_ == 1) return Status::Ok();
     // One buffer takes Gloo's own algorithms, chosen by size (see AutoAlgorithm).
     if (only != nullptr) return Allreduce(only->data, only->count, dtype, op);
+    last_algorithm_ = "span_ring";
     try {
       gloo_internal::SpanRingAllreduce(context_, spans, dtype, op, kSpanSlot, kSpanSegmentBytes,
                                        &span_scratch_, in_flight_.get());
@@ -194,11 +220,13 @@ class GlooBackend : public Backend {
       return InvalidArgument("gloo allgatherv: null buffer");
     }
     if (!failed_.ok()) return failed_;
+    last_algorithm_ = "local";
     if (total == 0) return Status::Ok();
     if (size_ == 1) {
       std::memmove(out, in, mine);
       return Status::Ok();
     }
+    last_algorithm_ = "ring";  // gloo::allgatherv passes every block around the ring
     try {
       gloo::AllgathervOptions options(context_);
       // Gloo sends from the input buffer; an empty contribution still needs a valid pointer.
@@ -218,7 +246,9 @@ class GlooBackend : public Backend {
     }
     if (bytes > 0 && data == nullptr) return InvalidArgument("gloo broadcast: data is null");
     if (!failed_.ok()) return failed_;
+    last_algorithm_ = "local";
     if (bytes == 0 || size_ == 1) return Status::Ok();
+    last_algorithm_ = "tree";  // gloo::broadcast: a binomial tree from the root
     try {
       gloo::BroadcastOptions options(context_);
       options.setOutput(static_cast<char*>(data), bytes);
@@ -233,6 +263,7 @@ class GlooBackend : public Backend {
 
   Status Barrier() override {
     if (!failed_.ok()) return failed_;
+    last_algorithm_ = nullptr;
     if (size_ == 1) return Status::Ok();
     try {
       gloo::BarrierOptions options(context_);
@@ -257,6 +288,7 @@ class GlooBackend : public Backend {
       return InvalidArgument("gloo reduce-scatter: null buffer");
     }
     if (!failed_.ok()) return failed_;
+    last_algorithm_ = "local";
     if (size_ == 1) {  // no context: the block is the input
       if (total > 0) std::memcpy(out, in, total * DTypeSize(dtype));
       return Status::Ok();
@@ -267,6 +299,7 @@ class GlooBackend : public Backend {
       small_scratch_.resize(std::max(small_scratch_.size(), total * esize));
       std::memcpy(small_scratch_.data(), in, total * esize);
       CONCORD_RETURN_IF_ERROR(Allreduce(small_scratch_.data(), total, dtype, op));
+      last_algorithm_ = SmallReduceScatterName(Choose(total, dtype));
       size_t first = 0;
       for (int r = 0; r < rank_; ++r) first += counts[r];
       if (counts[rank_] > 0) {
@@ -274,6 +307,7 @@ class GlooBackend : public Backend {
       }
       return Status::Ok();
     }
+    last_algorithm_ = "ring";
     try {
       gloo_internal::RingReduceScatter(context_, in, out, counts, dtype, op, kReduceScatterSlot,
                                        kSpanSegmentBytes, &span_scratch_, in_flight_.get());
@@ -298,10 +332,12 @@ class GlooBackend : public Backend {
       return InvalidArgument("gloo alltoallv: null buffer");
     }
     if (!failed_.ok()) return failed_;
+    last_algorithm_ = "local";
     if (size_ == 1) {
       if (sent > 0) std::memmove(out, in, sent);
       return Status::Ok();
     }
+    last_algorithm_ = "pairwise";
     try {
       // Gloo's alltoallv, in bytes, on buffers that Interrupter() can reach.
       gloo_internal::InterruptibleAlltoallv(context_, in, send_bytes, out, recv_bytes,
@@ -346,6 +382,7 @@ class GlooBackend : public Backend {
   const std::shared_ptr<gloo_internal::InFlight> in_flight_ =
       std::make_shared<gloo_internal::InFlight>();
   Status failed_;
+  const char* last_algorithm_ = nullptr;  // LastAlgorithm()
 };
 
 }  // namespace

@@ -66,6 +66,11 @@ class HierarchicalBackend : public Backend {
   const char* name() const override { return "hierarchical"; }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  // "two_level" for an allreduce, allgather or broadcast that ran over the local and cross
+  // backends; otherwise what the flat backend ran.
+  const char* LastAlgorithm() const override {
+    return two_level_ ? "two_level" : flat_->LastAlgorithm();
+  }
 
   std::function<void()> Interrupter() override {
     std::vector<std::function<void()>> all;
@@ -81,7 +86,8 @@ class HierarchicalBackend : public Backend {
   Status Allreduce(void* data, size_t count, DType dtype, ReduceOp op) override {
     CONCORD_RETURN_IF_ERROR(failed_);
     const size_t element = DTypeSize(dtype);
-    if (count * element < threshold_) return Keep(flat_->Allreduce(data, count, dtype, op));
+    two_level_ = count * element >= threshold_;
+    if (!two_level_) return Keep(flat_->Allreduce(data, count, dtype, op));
     const int n = local_->size();
     std::vector<size_t> counts(n), bytes(n);
     for (int j = 0; j < n; ++j) {
@@ -105,7 +111,8 @@ class HierarchicalBackend : public Backend {
     if ((bytes[rank_] > 0 && in == nullptr) || (total > 0 && out == nullptr)) {
       return InvalidArgument("hierarchical allgatherv: null buffer");
     }
-    if (total < threshold_) return Keep(flat_->Allgatherv(in, out, bytes));
+    two_level_ = total >= threshold_;
+    if (!two_level_) return Keep(flat_->Allgatherv(in, out, bytes));
     const int parts = local_->size(), hosts = cross_->size();
     const int j = local_->rank(), host = host_of_[rank_];
     // Each host's bytes, and where each rank's block begins within its host's.
@@ -182,7 +189,8 @@ class HierarchicalBackend : public Backend {
     if (bytes > 0 && data == nullptr) {
       return InvalidArgument("hierarchical broadcast: data is null");
     }
-    if (bytes < threshold_) return Keep(flat_->Broadcast(data, bytes, root));
+    two_level_ = bytes >= threshold_;
+    if (!two_level_) return Keep(flat_->Broadcast(data, bytes, root));
     const int parts = local_->size(), j = local_->rank();
     const int root_host = host_of_[root], host = host_of_[rank_];
     const std::vector<int>& root_members = members_[root_host];
@@ -207,16 +215,19 @@ class HierarchicalBackend : public Backend {
 
   Status Barrier() override {
     CONCORD_RETURN_IF_ERROR(failed_);
+    two_level_ = false;
     return Keep(flat_->Barrier());
   }
   Status ReduceScatter(const void* in, void* out, const std::vector<size_t>& counts, DType dtype,
                        ReduceOp op) override {
     CONCORD_RETURN_IF_ERROR(failed_);
+    two_level_ = false;
     return Keep(flat_->ReduceScatter(in, out, counts, dtype, op));
   }
   Status Alltoallv(const void* in, const std::vector<size_t>& send_bytes, void* out,
                    const std::vector<size_t>& recv_bytes) override {
     CONCORD_RETURN_IF_ERROR(failed_);
+    two_level_ = false;
     return Keep(flat_->Alltoallv(in, send_bytes, out, recv_bytes));
   }
 
@@ -238,6 +249,7 @@ class HierarchicalBackend : public Backend {
   std::vector<uint8_t> gathered_;  // an allgather's part of every host
   std::vector<uint8_t> all_;       // an allgather's parts of every host, by part
   Status failed_;
+  bool two_level_ = false;  // the last call ran in two levels (LastAlgorithm)
 };
 
 }  // namespace

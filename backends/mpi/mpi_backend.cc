@@ -97,8 +97,12 @@ class MpiBackend : public Backend {
   const char* name() const override { return "mpi"; }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  // The MPI call that ran it (the MPI library picks the algorithm): "MPI_Iallreduce", ...; a
+  // reduce-scatter is one MPI_Ireduce per rank.
+  const char* LastAlgorithm() const override { return last_algorithm_; }
 
   Status Allreduce(void* data, size_t count, DType dtype, ReduceOp op) override {
+    last_algorithm_ = "MPI_Iallreduce";
     if (!IsValidDType(static_cast<int>(dtype)) || OpIndex(op) < 0) {
       return InvalidArgument("mpi allreduce: invalid dtype or reduce op");
     }
@@ -126,6 +130,7 @@ class MpiBackend : public Backend {
   }
 
   Status Allgatherv(const void* in, void* out, const std::vector<size_t>& bytes_per_rank) override {
+    last_algorithm_ = "MPI_Iallgatherv";
     if (bytes_per_rank.size() != static_cast<size_t>(size_)) {
       return InvalidArgument("mpi allgatherv: " + std::to_string(bytes_per_rank.size()) +
                              " sizes for " + std::to_string(size_) + " ranks");
@@ -169,6 +174,7 @@ class MpiBackend : public Backend {
   }
 
   Status Broadcast(void* data, size_t bytes, int root) override {
+    last_algorithm_ = "MPI_Ibcast";
     if (root < 0 || root >= size_) {
       return InvalidArgument("mpi broadcast: root " + std::to_string(root) + " out of range");
     }
@@ -192,6 +198,7 @@ class MpiBackend : public Backend {
   }
 
   Status Barrier() override {
+    last_algorithm_ = "MPI_Ibarrier";
     if (!failed_.ok()) return failed_;
     if (size_ == 1) return Status::Ok();
     MPI_Request request;
@@ -234,10 +241,12 @@ class MpiBackend : public Backend {
   MPI_Op half_ops_[2][4] = {{MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL},
                             {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL}};
   Status failed_;
+  const char* last_algorithm_ = nullptr;  // LastAlgorithm()
 };
 
 Status MpiBackend::ReduceScatter(const void* in, void* out, const std::vector<size_t>& counts,
                                  DType dtype, ReduceOp op) {
+  last_algorithm_ = "MPI_Ireduce";
   if (!IsValidDType(static_cast<int>(dtype)) || OpIndex(op) < 0) {
     return InvalidArgument("mpi reduce-scatter: invalid dtype or reduce op");
   }
@@ -314,6 +323,7 @@ int LargeBytesType(size_t offset, size_t bytes, size_t piece, MPI_Datatype* out)
 
 Status MpiBackend::Alltoallv(const void* in, const std::vector<size_t>& send_bytes, void* out,
                              const std::vector<size_t>& recv_bytes) {
+  last_algorithm_ = "MPI_Ialltoallw";
   if (send_bytes.size() != static_cast<size_t>(size_) ||
       recv_bytes.size() != static_cast<size_t>(size_)) {
     return InvalidArgument("mpi alltoallv: sizes for " + std::to_string(send_bytes.size()) +

@@ -148,6 +148,9 @@ class ShmBackend : public Backend {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   bool ReducesInRankOrder() const override { return true; }
+  // "direct" for an allreduce that read the peers' memory (process_vm_readv), "segment" for every
+  // collective through the shared segment.
+  const char* LastAlgorithm() const override { return last_algorithm_; }
 
   std::function<void()> Interrupter() override {
     std::shared_ptr<std::atomic<bool>> flag = barrier_.interrupted();
@@ -165,10 +168,12 @@ class ShmBackend : public Backend {
     const size_t element = DTypeSize(dtype);
     const SpanBytes bytes(spans, element);
     const size_t total = bytes.total();
+    last_algorithm_ = "direct";
     if (direct_ && total >= direct_threshold_ &&
         sizeof(uint64_t) + spans.size() * sizeof(RemoteSpan) <= half_bytes_) {
       return DirectAllreduce(bytes, total / element, dtype, op);
     }
+    last_algorithm_ = "segment";
     const size_t chunk = half_bytes_ / element * element;
     for (size_t offset = 0; offset < total; offset += chunk) {
       const size_t len = std::min(chunk, total - offset);
@@ -408,6 +413,7 @@ class ShmBackend : public Backend {
   int half_ = 0;  // the half the next chunk uses: the same on every rank
   Status failed_;
   bool direct_ = false;
+  const char* last_algorithm_ = "segment";      // LastAlgorithm(): only allreduces change it
   int dead_ = -1;                               // a peer a direct read found gone
   std::vector<std::vector<RemoteSpan>> peers_;  // the buffers the peers published
   std::vector<uint8_t> acc_, tmp_;              // a direct fold's pieces

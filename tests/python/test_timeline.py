@@ -1,7 +1,8 @@
 """The timeline (CONCORD_TIMELINE, Communicator.timeline) on every rank of a concordrun job:
 a short mixed workload traced from init to finalize, the ranks' files merged and checked by
 perf/concord-timeline (valid JSON, each tensor's phases in order, fused batches with their
-members, one pid per rank); a run-time timeline covers what runs inside it only; a path that
+members, one pid per rank); a run-time timeline covers what runs inside it only; compressed
+batches show encode and decode, backend collectives their algorithm; a path that
 cannot be written is an error naming it; a disk that fills up only warns."""
 import json
 import os
@@ -138,6 +139,42 @@ def test_runtime_timeline_covers_only_its_block(world, shared_dir):
             world.timeline(base + "3").__enter__()
         assert e.value.status == Status.ERR_INVALID_ARGUMENT
         assert "already being written to " + base + "2.rank" in e.value.message
+
+
+def test_compression_shows_encode_and_decode_and_backends_their_algorithm(world, shared_dir):
+    base = os.path.join(shared_dir, "coded")
+    c = with_env({"CONCORD_SHM": "off"}, concord.Communicator)  # Gloo, whose choice depends on size
+    with c.timeline(base):
+        with c.group():
+            handles = [c.allreduce_async(np.ones(n, np.float32), name="tl.fp16.%d" % n,
+                                         compression="fp16") for n in (100, 3000)]
+        for h in handles:
+            assert float(h.wait()[0]) == c.size
+        c.allreduce(np.ones(600_000, np.float32), name="tl.large")
+    c.finalize()
+    path = base + ".rank%d" % world.rank
+    rc, out = run_tool("check", path, "--expect", "tl.fp16.100", "tl.fp16.3000")
+    assert rc == 0, out
+    with open(path) as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    coding = [e for e in events if e["name"] in ("encode", "decode")]
+    assert sorted(e["name"] for e in coding) == ["decode", "encode"], coding
+    encode = next(e for e in coding if e["name"] == "encode")
+    assert encode["args"]["bytes"] == 3100 * 4 and encode["args"]["encoded"] < 3100 * 4, encode
+    collectives = [e for e in events if 0 < e["tid"] < 98 and e["name"] == "allreduce"]
+    algorithms = {e["args"]["backend"]: set() for e in collectives}
+    for e in collectives:
+        algorithms[e["args"]["backend"]].add(e["args"].get("algorithm"))
+    # 2 ranks: ring below 256 KiB (the fp16 batch), the function-style "allreduce" above.
+    assert list(algorithms) == ["gloo"] and "ring" in algorithms["gloo"], algorithms
+    assert algorithms["gloo"] <= {"ring", "allreduce", "span_ring"}, algorithms
+    # The check fails an encode outside its batch.
+    encode["ts"] -= 1e6
+    broken = path + ".broken"
+    with open(broken, "w") as f:
+        json.dump({"traceEvents": events}, f)
+    rc, out = run_tool("check", broken)
+    assert rc == 1 and "the encode at" in out and "lies inside no fused batch" in out, out
 
 
 def test_a_path_that_cannot_be_written_is_an_error_naming_it(world):

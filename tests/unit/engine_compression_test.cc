@@ -1,13 +1,16 @@
 // Compressed allreduces through the engine: every compressor at 1-4 ranks, fused batches,
 // averages and scaling, top-k's selection, mismatches, refused specs and the bytes on the wire.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <string>
 #include <vector>
 
 #include "tests/unit/engine_test_util.h"
+#include "tests/unit/timeline_events.h"
 
 namespace concord {
 namespace {
@@ -18,6 +21,9 @@ using engine_testing::Job;
 using engine_testing::Request;
 using engine_testing::Submit;
 using harness::RunRanks;
+using timeline_testing::Named;
+using timeline_testing::ReadSlices;
+using timeline_testing::SliceEvent;
 
 // An allreduce of `n` float32 named `name` with compression `spec`.
 TensorRequest Compressed(const std::string& name, size_t n, const std::string& spec,
@@ -117,6 +123,113 @@ INSTANTIATE_TEST_SUITE_P(
       }
       return std::to_string(std::get<0>(info.param)) + "ranks_" + spec + "_" + DTypeName(c.dtype);
     });
+
+// With the timeline on (core/timeline.h), what compression costs shows inside each batch's slice
+// on its lane: "encode" and "decode" with the tensors' bytes and the encoded bytes, around the
+// backend's collective (which says its algorithm): fused fp16 allreduces, fused top-k (decoded from
+// an allgather of every rank's share), and a fused fp16 reduce-scatter; an uncompressed fused
+// reduce-scatter packs and unpacks instead.
+TEST(EngineCompressionTimeline, EncodeAndDecodeInsideTheBatch) {
+  const int size = 2;
+  const std::string base =
+      ::testing::TempDir() + "/compression_timeline_" + std::to_string(::getpid());
+  Job job(size);
+  RunRanks(size, [&](int rank) {
+    Engine& e = job[rank];
+    ASSERT_TRUE(e.StartTimeline(base).ok());
+    std::vector<std::vector<float>> bufs;
+    std::vector<TensorRequest> requests;
+    for (const char* spec : {"fp16", "topk:density=0.5"}) {
+      for (size_t n : {7, 4099})
+        requests.push_back(Compressed(std::string(spec) + "." + std::to_string(n), n, spec));
+    }
+    for (const char* spec : {"fp16", ""}) {
+      for (int64_t rows : {2000, 3000}) {  // past the inline threshold (engine_inline.cc)
+        TensorRequest r = Request(std::string("rs.") + spec + std::to_string(rows),
+                                  OpType::kReducescatter, DType::kFloat32, {rows, 8});
+        r.compression = spec;
+        requests.push_back(r);
+      }
+    }
+    ASSERT_TRUE(e.GroupStart().ok());
+    std::vector<std::shared_ptr<RequestState>> states;
+    bufs.reserve(requests.size() * 2);
+    for (const TensorRequest& r : requests) {
+      bufs.emplace_back(static_cast<size_t>(r.NumElements()), 1.0f);
+      float* in = bufs.back().data();
+      bufs.emplace_back(static_cast<size_t>(r.NumElements()), 0.0f);
+      states.push_back(Submit(e, Entry(r, in, bufs.back().data(), r.NumBytes())));
+    }
+    ASSERT_TRUE(e.GroupEnd().ok());
+    for (const auto& state : states) {
+      Status s = Await(state);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+    }
+    // A lane records a batch's last slices after completing its tensors: a barrier, executed
+    // once every lane is done with the batches before it, lets them be written.
+    TensorRequest barrier = Request(e.NextBarrierName(), OpType::kBarrier, DType::kUint8, {});
+    ASSERT_TRUE(Await(Submit(e, Entry(barrier, nullptr, nullptr))).ok());
+    e.StopTimeline();
+  });
+  for (int rank = 0; rank < size; ++rank) {
+    const std::string path = base + ".rank" + std::to_string(rank);
+    const std::vector<SliceEvent> all = ReadSlices(path);
+    std::remove(path.c_str());
+    // Each coding slice lies inside a batch's slice on the same lane track; returns that batch.
+    auto batch_of = [&](const SliceEvent& s) -> const SliceEvent* {
+      for (const SliceEvent& b : all) {
+        if (b.track == s.track && b.name.rfind("fused ", 0) == 0 && s.Inside(b)) return &b;
+      }
+      ADD_FAILURE() << "rank " << rank << ": " << s.name << " at " << s.begin_us
+                    << " us is inside no batch slice on its lane";
+      return nullptr;
+    };
+    const std::vector<SliceEvent> encodes = Named(all, "encode"), decodes = Named(all, "decode");
+    // fp16 and top-k allreduces, the fp16 reduce-scatter: three compressed batches.
+    ASSERT_EQ(encodes.size(), 3u) << path;
+    ASSERT_EQ(decodes.size(), 3u) << path;
+    size_t fp16_batches = 0;
+    for (const SliceEvent& encode : encodes) {
+      const SliceEvent* batch = batch_of(encode);
+      ASSERT_NE(batch, nullptr);
+      const SliceEvent* decode = nullptr;
+      for (const SliceEvent& d : decodes) {
+        if (d.track == encode.track && d.Inside(*batch)) decode = &d;
+      }
+      ASSERT_NE(decode, nullptr) << "rank " << rank << ": an encode without its decode";
+      EXPECT_LE(encode.end_us, decode->begin_us + 0.2);
+      EXPECT_NE(batch->args.find("\"compression\":"), std::string::npos) << batch->args;
+      for (const SliceEvent* c : {&encode, decode}) {
+        EXPECT_NE(c->args.find("\"bytes\":"), std::string::npos) << c->args;
+        EXPECT_NE(c->args.find("\"encoded\":"), std::string::npos) << c->args;
+      }
+      // fp16 halves the 7 + 4099 floats (each tensor aligned): the encode says so.
+      const std::string fp16 = "\"bytes\":" + std::to_string((4099 + 7) * 4) + ",\"encoded\":";
+      if (encode.args.rfind("{" + fp16, 0) == 0 && batch->args.find("fp16") != std::string::npos) {
+        const size_t encoded = std::stoul(encode.args.substr(fp16.size() + 1));
+        EXPECT_GE(encoded, (4099 + 7) * 2u) << encode.args;
+        EXPECT_LT(encoded, (4099 + 7) * 2u + 512) << encode.args;
+        ++fp16_batches;
+      }
+      // The backend's collective between them, with its algorithm.
+      bool collective = false;
+      for (const SliceEvent& s : all) {
+        collective = collective ||
+                     (s.track == encode.track && s.Inside(*batch) &&
+                      s.begin_us + 0.2 >= encode.end_us && s.end_us <= decode->begin_us + 0.2 &&
+                      s.args.find("\"backend\":\"inproc\"") != std::string::npos &&
+                      s.args.find("\"algorithm\":\"rendezvous\"") != std::string::npos);
+      }
+      EXPECT_TRUE(collective) << "rank " << rank << ": no collective between encode and decode";
+    }
+    EXPECT_EQ(fp16_batches, 1u);
+    const std::vector<SliceEvent> packs = Named(all, "pack"), unpacks = Named(all, "unpack");
+    ASSERT_EQ(packs.size(), 1u) << path;
+    ASSERT_EQ(unpacks.size(), 1u) << path;
+    EXPECT_EQ(batch_of(packs[0]), batch_of(unpacks[0]));
+    EXPECT_EQ(batch_of(packs[0])->name, "fused reducescatter");
+  }
+}
 
 // Top-k at density 0.01 sends each rank's 1% largest magnitudes: with 100 spikes per rank at
 // known places and small noise elsewhere, the result is the spikes' sum there and 0 elsewhere,

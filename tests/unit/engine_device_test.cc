@@ -2,8 +2,11 @@
 // tensors go to the in-process fake device backend (inproc_device.h), which completes collectives
 // on its own thread after a delay, and whose CPU tensors go to the in-process CPU backend.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -15,6 +18,7 @@
 #include "tests/unit/engine_test_util.h"
 #include "tests/unit/inproc_device.h"
 #include "tests/unit/inproc_transport.h"
+#include "tests/unit/timeline_events.h"
 
 namespace concord {
 namespace {
@@ -28,6 +32,9 @@ using harness::RunRanks;
 using harness::StoreElement;
 using harness::WaitUntil;
 using std::chrono::milliseconds;
+using timeline_testing::Named;
+using timeline_testing::ReadSlices;
+using timeline_testing::SliceEvent;
 
 constexpr int kGpu = 1;  // the fake device every rank's tensors live on (devices 0 and 1 exist)
 
@@ -199,6 +206,61 @@ TEST(EngineDeviceTest, ManyTensorsCompleteInLaunchOrder) {
   ASSERT_EQ(order[0].size(), static_cast<size_t>(kTensors));
   EXPECT_EQ(order[0], order[1]);
   EXPECT_GT(job[0].stats().fused_tensors.load(), 0u);
+}
+
+// The timeline's device tracks: every batch's launch (host time in Launch(), with its op, bytes
+// and members), and the same batch's collective on the "device" track from its launch to its
+// completion, recorded by the completion thread: one each, in launch order, none overlapping.
+TEST(EngineDeviceTest, TimelineShowsLaunchesAndCompletions) {
+  const int size = 2;
+  const int kBatches = 4;
+  const std::string base = ::testing::TempDir() + "/device_timeline_" + std::to_string(::getpid());
+  DeviceJob job(size, milliseconds(3), [](Config& c) { c.fusion_threshold_bytes = 4096; });
+  RunRanks(size, [&](int rank) {
+    ASSERT_TRUE(job[rank].StartTimeline(base).ok());
+    std::vector<std::vector<int32_t>> bufs(2 * kBatches, std::vector<int32_t>(10, rank));
+    for (int b = 0; b < kBatches; ++b) {
+      std::vector<std::shared_ptr<RequestState>> states;
+      ASSERT_TRUE(job[rank].GroupStart().ok());
+      for (int k = 2 * b; k < 2 * b + 2; ++k) {
+        states.push_back(Submit(job[rank], Entry(Request("d" + std::to_string(k),
+                                                         OpType::kAllreduce, DType::kInt32, {10}),
+                                                 bufs[k].data(), bufs[k].data())));
+      }
+      ASSERT_TRUE(job[rank].GroupEnd().ok());
+      for (const auto& state : states) ASSERT_TRUE(Await(state).ok());
+    }
+    job[rank].StopTimeline();
+  });
+  for (int rank = 0; rank < size; ++rank) {
+    const std::string path = base + ".rank" + std::to_string(rank);
+    const std::vector<SliceEvent> all = ReadSlices(path);
+    std::remove(path.c_str());
+    const std::vector<SliceEvent> launches = Named(all, "launch");
+    std::vector<SliceEvent> completions = Named(all, "allreduce");
+    completions.erase(
+        std::remove_if(completions.begin(), completions.end(),
+                       [](const SliceEvent& s) { return s.track != Timeline::kDeviceTrack; }),
+        completions.end());
+    ASSERT_EQ(launches.size(), static_cast<size_t>(kBatches)) << path;
+    ASSERT_EQ(completions.size(), static_cast<size_t>(kBatches)) << path;
+    for (int b = 0; b < kBatches; ++b) {
+      const SliceEvent& launch = launches[b];
+      const SliceEvent& done = completions[b];
+      const std::string members =
+          "\"members\":[\"d" + std::to_string(2 * b) + "\",\"d" + std::to_string(2 * b + 1) + "\"]";
+      EXPECT_EQ(launch.track, Timeline::kDeviceLaunchTrack);
+      EXPECT_EQ(launch.args, "{\"bytes\":80,\"op\":\"allreduce\"," + members + "}");
+      EXPECT_EQ(done.args, "{\"backend\":\"inproc-device\",\"bytes\":80," + members + "}");
+      // From the launch (or the previous completion) to its completion, 3 ms later at least.
+      EXPECT_GE(done.begin_us + 0.2, launch.begin_us) << b;
+      EXPECT_GE(done.end_us, launch.end_us) << b;
+      EXPECT_GE(done.end_us - launch.begin_us, 3000.0) << b;
+      if (b > 0) {
+        EXPECT_GE(done.begin_us + 0.2, completions[b - 1].end_us) << b;
+      }
+    }
+  }
 }
 
 // Blocking waits on device collectives: the waiting thread drives negotiation and launches, the

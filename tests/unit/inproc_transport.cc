@@ -84,6 +84,8 @@ class InProcBackend : public Backend {
   const char* name() const override { return "inproc"; }
   int rank() const override { return rank_; }
   int size() const override { return world_->size_; }
+  // Every collective: each rank posts its slot, one computes every rank's result.
+  const char* LastAlgorithm() const override { return "rendezvous"; }
 
   Status Allreduce(void* data, size_t count, DType dtype, ReduceOp op) override {
     InProcWorld::Slot slot{kAllreduce, data,   count * DTypeSize(dtype), count, dtype, op,
