@@ -63,7 +63,8 @@ struct ClockSyncResult {
 // anything on the transport (the communicator's init does, before it returns), so that no message
 // of the application is in flight on that tag. A failure (a peer that does not answer by the
 // deadline, a broken connection) is reported, never thrown: the ranks measured still get their
-// offsets. A sync that failed mid-way may leave one of its messages on that tag.
+// offsets. A sync that failed mid-way may leave one of its messages, or one of its recvs (until
+// the deadline), on that tag.
 ClockSyncResult SyncClock(P2pTransport& transport, const ClockSyncOptions& options);
 
 }  // namespace concord
