@@ -137,7 +137,9 @@ std::vector<std::pair<std::string, std::string>> JobSettings(const Config& c) {
           {"CONCORD_SHM_DIRECT_THRESHOLD", std::to_string(c.shm_direct_threshold_bytes)},
           {"CONCORD_HIERARCHICAL", c.hierarchical},
           {"CONCORD_HIERARCHICAL_THRESHOLD", std::to_string(c.hierarchical_threshold_bytes)},
-          {"CONCORD_DETERMINISTIC", c.deterministic ? "1" : "0"}};
+          {"CONCORD_DETERMINISTIC", c.deterministic ? "1" : "0"},
+          // Set, every rank measures its clock offset from rank 0's at init (core/clock_sync.h).
+          {"CONCORD_TIMELINE (set or not)", c.timeline.empty() ? "not set" : "set"}};
 }
 
 std::string JobSettingsBlob(const Config& c) {
@@ -221,7 +223,10 @@ StatusOr<Communicator> CreateMpiCommunicator(Config config, std::chrono::millise
   comm.engine = std::make_unique<Engine>(config, std::move(t.control), std::move(lanes),
                                          std::move(t.keep_alive), DevicePlane(), std::move(t.p2p));
   comm.engine->ServeMetrics(std::move(metrics));
-  if (timeline) CONCORD_RETURN_IF_ERROR(comm.engine->StartTimeline(std::move(*timeline)));
+  if (timeline) {
+    const std::optional<ClockOffset> clock = comm.engine->MeasureClockOffset();
+    CONCORD_RETURN_IF_ERROR(comm.engine->StartTimeline(std::move(*timeline), clock));
+  }
   return comm;
 }
 
@@ -325,7 +330,10 @@ StatusOr<Communicator> CreateCommunicator(Config config) {
   Communicator comm;
   CONCORD_ASSIGN_OR_RETURN(comm.engine, StartOnStore(config, rv, origin->prefix, origin->host));
   comm.engine->ServeMetrics(std::move(metrics));
-  if (timeline) CONCORD_RETURN_IF_ERROR(comm.engine->StartTimeline(std::move(*timeline)));
+  if (timeline) {
+    const std::optional<ClockOffset> clock = comm.engine->MeasureClockOffset();
+    CONCORD_RETURN_IF_ERROR(comm.engine->StartTimeline(std::move(*timeline), clock));
+  }
   comm.origin = std::move(origin);
   return comm;
 }

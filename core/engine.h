@@ -182,10 +182,18 @@ class Engine {
   // The timeline (core/timeline.h): starts writing into `file` (kInvalidArgument when one is
   // already on), or into `path`.rank<R> (also kInvalidArgument naming the path and the system's
   // reason when it cannot be written); Stop writes the rest and closes it (a failed write only
-  // warns). Shutdown() stops it. Thread-safe.
-  Status StartTimeline(TimelineFile file) { return timeline_->Start(std::move(file)); }
+  // warns). Shutdown() stops it. Thread-safe. `clock`: this rank's clock offset from rank 0's,
+  // recorded in the file (none: the merge aligns the ranks on their system clocks).
+  Status StartTimeline(TimelineFile file, std::optional<ClockOffset> clock = std::nullopt) {
+    return timeline_->Start(std::move(file), clock);
+  }
   Status StartTimeline(const std::string& path);
   void StopTimeline() { timeline_->Stop(); }
+  // Collective, at init only (before the application can submit anything): this rank's system
+  // clock offset from rank 0's, measured over the point-to-point transport (core/clock_sync.h)
+  // within the communicator's timeout. None on one rank, without a transport, or when the
+  // measurement failed (which logs a warning: the timeline then falls back to the system clock).
+  std::optional<ClockOffset> MeasureClockOffset();
 
   // A group of direct allreduces is split over the lanes when each share gets this many bytes.
   static constexpr size_t kMinShareBytes = size_t{1} << 20;

@@ -95,6 +95,30 @@ Status Engine::StartTimeline(const std::string& path) {
   return timeline_->Start(std::move(file));
 }
 
+std::optional<ClockOffset> Engine::MeasureClockOffset() {
+  P2pTransport* transport = p2p_->transport();
+  if (config_.size == 1 || transport == nullptr) return std::nullopt;
+  ClockSyncOptions options;
+  options.deadline = Deadline::After(MillisFromSeconds(config_.timeout_s));
+  const auto began = Clock::now();
+  const ClockSyncResult result = SyncClock(*transport, options);
+  if (!result.status.ok()) {
+    Log(LogLevel::kWarning, "timeline: " + result.status.message() +
+                                "; perf/concord-timeline merge aligns those ranks on their "
+                                "system clocks");
+  }
+  if (result.offset) {
+    char line[160];
+    std::snprintf(line, sizeof(line),
+                  "timeline: this rank's clock minus rank 0's: %.1f us +- %.1f us (measured in "
+                  "%.1f ms)",
+                  result.offset->offset_us, result.offset->error_us,
+                  std::chrono::duration<double, std::milli>(Clock::now() - began).count());
+    Log(LogLevel::kInfo, line);
+  }
+  return result.offset;
+}
+
 void Engine::WriteSummary() const {
   if (config_.summary_dir.empty() || !config_.membership.empty()) return;
   const std::string path = config_.summary_dir + "/rank-" + std::to_string(config_.rank) + ".txt";

@@ -64,6 +64,9 @@ class PointToPoint {
   void Close(const Status& status) EXCLUDES(mu_);
   bool OnProgressThread() const;
   std::shared_ptr<WaitGate> wait_gate() const { return gate_; }
+  // The transport (null when none), for the clock sync at init (core/clock_sync.h), which runs on
+  // it before any operation can be submitted.
+  P2pTransport* transport() const { return transport_.get(); }
 
  private:
   Status Check(const P2pEntry& e) const;

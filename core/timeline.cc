@@ -43,7 +43,7 @@ Timeline::~Timeline() {
   Stop();
 }
 
-Status Timeline::Start(TimelineFile file) {
+Status Timeline::Start(TimelineFile file, std::optional<ClockOffset> clock) {
   MutexLock control(control_mu_);
   if (on()) {
     return InvalidArgument("a timeline is already being written to " + path() +
@@ -56,8 +56,14 @@ Status Timeline::Start(TimelineFile file) {
   std::fprintf(file.file.get(),
                "{\"traceEvents\":[\n{\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"name\":\"process_name\","
                "\"args\":{\"name\":\"rank %d\",\"concord_rank\":%d,\"concord_size\":%d,"
-               "\"concord_start_us\":%" PRId64 "}}",
+               "\"concord_start_us\":%" PRId64,
                rank_, rank_, rank_, size_, start_us);
+  if (clock) {
+    std::fprintf(file.file.get(),
+                 ",\"concord_clock_offset_us\":%.3f,\"concord_clock_error_us\":%.3f",
+                 clock->offset_us, clock->error_us);
+  }
+  std::fputs("}}", file.file.get());
   {
     MutexLock write(write_mu_);
     MutexLock lock(mu_);

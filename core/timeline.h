@@ -29,7 +29,12 @@
 //  - the engine (track "engine"): each response list it executed ("cycle", args: responses).
 // Timestamps are microseconds since the timeline started on the steady clock; the process_name
 // metadata event of the rank carries that start on the system clock (args.concord_start_us) and
-// the rank and size, which the merge uses.
+// the rank and size, which the merge uses. A timeline started at init (CONCORD_TIMELINE) on more
+// than one rank also carries this rank's system clock minus rank 0's, measured then
+// (core/clock_sync.h), and the bound on its error (args.concord_clock_offset_us and
+// concord_clock_error_us): the merge aligns the ranks on rank 0's clock with them. Without them
+// (one rank, no point-to-point transport, a failed measurement, a timeline started at run time:
+// concord_timeline_start is not collective) the merge trusts the system clocks.
 //
 // Cost: off, each hook is one relaxed atomic load. On, a hook appends a small event under a
 // mutex; a writer thread formats and writes them every 100 ms. A write that fails logs one
@@ -44,6 +49,7 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -52,6 +58,7 @@
 #include "base/clock.h"
 #include "base/mutex.h"
 #include "base/status.h"
+#include "core/clock_sync.h"
 
 namespace concord {
 
@@ -96,8 +103,10 @@ class Timeline {
   Timeline(const Timeline&) = delete;
   Timeline& operator=(const Timeline&) = delete;
 
-  // Starts writing into `file`; kInvalidArgument when a timeline is already on.
-  Status Start(TimelineFile file) EXCLUDES(control_mu_, write_mu_, mu_);
+  // Starts writing into `file`; kInvalidArgument when a timeline is already on. `clock`: this
+  // rank's clock offset from rank 0's, recorded in the process_name metadata (none: not recorded).
+  Status Start(TimelineFile file, std::optional<ClockOffset> clock = std::nullopt)
+      EXCLUDES(control_mu_, write_mu_, mu_);
   // Writes what is left and closes the file (nothing when off). A failed write or close only warns,
   // as one while running does: a timeline never stops training.
   void Stop() EXCLUDES(control_mu_, write_mu_, mu_);
