@@ -6,10 +6,6 @@ batches show encode and decode, backend collectives their algorithm; a path that
 cannot be written is an error naming it; a disk that fills up only warns."""
 import json
 import os
-import shutil
-import subprocess
-import sys
-import tempfile
 
 import numpy as np
 import pytest
@@ -18,9 +14,8 @@ import concord
 from concord import Status
 
 from envutil import with_env
+from timeline_util import run_tool, shared_dir, world  # noqa: F401 (fixtures)
 
-TOOL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "perf",
-                    "concord-timeline")
 SMALL = ["tl.small%d" % k for k in range(6)]  # fused
 BIG = "tl.big"  # past the direct threshold: alone, in place
 
@@ -34,35 +29,6 @@ def steps(c, n):
         for h in handles:
             assert float(h.wait()[0]) == c.size
     c.allgather(np.arange(3, dtype=np.int32), name="tl.gather")
-
-
-@pytest.fixture(scope="module")
-def world():
-    c = concord.Communicator()
-    yield c
-    c.finalize()
-
-
-@pytest.fixture()
-def shared_dir(world):
-    """A directory every rank writes into (rank 0's, sent to the others), removed afterwards."""
-    name = np.zeros(256, np.uint8)
-    made = None
-    if world.rank == 0:
-        made = tempfile.mkdtemp(prefix="concord-timeline-")
-        name[:len(made)] = np.frombuffer(made.encode(), np.uint8)
-    name = world.broadcast(name, root=0, name="tl.dir")
-    path = bytes(name).rstrip(b"\0").decode()
-    yield path
-    world.barrier()
-    if made:
-        shutil.rmtree(made)
-
-
-def run_tool(*args):
-    r = subprocess.run([sys.executable, TOOL] + list(args), capture_output=True, text=True,
-                       timeout=60)
-    return r.returncode, r.stdout + r.stderr
 
 
 def test_env_timeline_merges_into_one_checked_trace(world, shared_dir):

@@ -6,52 +6,17 @@ rank's negotiate of it began), merged on the system clocks they are not; a run-t
 records no offset."""
 import json
 import os
-import shutil
-import subprocess
-import sys
-import tempfile
 
 import numpy as np
-import pytest
 
 import concord
 
 from envutil import with_env
+from timeline_util import run_tool, shared_dir, world  # noqa: F401 (fixtures)
 
-TOOL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "perf",
-                    "concord-timeline")
 SKEW_US = int(os.environ.get("CONCORD_TEST_SKEW_US", "0"))
 SKEW_RANK = int(os.environ.get("CONCORD_TEST_SKEW_RANK", "-1"))
 SLACK_US = 0.2  # timestamps are written to 0.1 us
-
-
-@pytest.fixture(scope="module")
-def world():
-    c = concord.Communicator()
-    yield c
-    c.finalize()
-
-
-@pytest.fixture()
-def shared_dir(world):
-    """A directory every rank writes into (rank 0's, sent to the others), removed afterwards."""
-    name = np.zeros(256, np.uint8)
-    made = None
-    if world.rank == 0:
-        made = tempfile.mkdtemp(prefix="concord-timeline-clock-")
-        name[:len(made)] = np.frombuffer(made.encode(), np.uint8)
-    name = world.broadcast(name, root=0, name="clk.dir")
-    path = bytes(name).rstrip(b"\0").decode()
-    yield path
-    world.barrier()
-    if made:
-        shutil.rmtree(made)
-
-
-def run_tool(*args):
-    r = subprocess.run([sys.executable, TOOL] + list(args), capture_output=True, text=True,
-                       timeout=60)
-    return r.returncode, r.stdout + r.stderr
 
 
 def process_args(path):

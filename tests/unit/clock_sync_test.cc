@@ -18,7 +18,7 @@
 
 #include "backends/backend.h"
 #include "core/timeline.h"
-#include "rendezvous/hash_store.h"
+#include "tests/unit/tcp_p2p_mesh.h"
 
 namespace concord {
 namespace {
@@ -78,31 +78,8 @@ TEST(ClockSyncTest, TheShortestRoundTripWinsAndBadRoundsAreSkipped) {
   EXPECT_FALSE(EstimateClockOffset({{500, 0, 400}}));
 }
 
-// `n` transports, created collectively from threads (as ranks would).
-std::vector<std::unique_ptr<P2pTransport>> Mesh(int n, HashStore& store) {
-  std::vector<std::future<StatusOr<std::unique_ptr<P2pTransport>>>> made;
-  for (int r = 0; r < n; ++r) {
-    made.push_back(std::async(std::launch::async, [&store, r, n] {
-      BackendOptions o;
-      o.rank = r;
-      o.size = n;
-      o.prefix = "test/p2p";
-      o.timeout = milliseconds(10000);
-      return CreateTcpP2pTransport(o, &store);
-    }));
-  }
-  std::vector<std::unique_ptr<P2pTransport>> out;
-  for (auto& f : made) {
-    auto t = f.get();
-    EXPECT_TRUE(t.ok()) << t.status().ToString();
-    if (t.ok()) out.push_back(std::move(*t));
-  }
-  return out;
-}
-
 TEST(ClockSyncTest, SkewedRanksGetTheirOffsetsOverTheTransport) {
-  HashStore store;
-  auto ranks = Mesh(3, store);
+  auto ranks = TcpP2pMesh(3);
   ASSERT_EQ(ranks.size(), 3u);
   const int64_t skews_ns[] = {0, 3'000'000'000, -1'500'000'000};
   std::vector<std::future<ClockSyncResult>> results;
@@ -129,8 +106,7 @@ TEST(ClockSyncTest, SkewedRanksGetTheirOffsetsOverTheTransport) {
 }
 
 TEST(ClockSyncTest, ARankThatDoesNotTakePartCostsTheDeadlineNotAHang) {
-  HashStore store;
-  auto ranks = Mesh(3, store);
+  auto ranks = TcpP2pMesh(3);
   ASSERT_EQ(ranks.size(), 3u);
   ClockSyncOptions o;
   o.deadline = Deadline::After(milliseconds(300));

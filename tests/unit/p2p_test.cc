@@ -15,40 +15,17 @@
 #include <vector>
 
 #include "backends/backend.h"
-#include "rendezvous/hash_store.h"
+#include "tests/unit/tcp_p2p_mesh.h"
 
 namespace concord {
 namespace {
 
 using std::chrono::milliseconds;
 
-// `n` transports, created collectively from threads (as ranks would).
-std::vector<std::unique_ptr<P2pTransport>> Mesh(int n) {
-  HashStore store;
-  std::vector<std::future<StatusOr<std::unique_ptr<P2pTransport>>>> made;
-  for (int r = 0; r < n; ++r) {
-    made.push_back(std::async(std::launch::async, [&store, r, n] {
-      BackendOptions o;
-      o.rank = r;
-      o.size = n;
-      o.prefix = "test/p2p";
-      o.timeout = milliseconds(10000);
-      return CreateTcpP2pTransport(o, &store);
-    }));
-  }
-  std::vector<std::unique_ptr<P2pTransport>> out;
-  for (auto& f : made) {
-    auto t = f.get();
-    EXPECT_TRUE(t.ok()) << t.status().ToString();
-    if (t.ok()) out.push_back(std::move(*t));
-  }
-  return out;
-}
-
 // A rank: its PointToPoint over its transport.
 std::vector<std::unique_ptr<PointToPoint>> Ranks(int n,
                                                  milliseconds timeout = milliseconds(10000)) {
-  auto transports = Mesh(n);
+  auto transports = TcpP2pMesh(n);
   std::vector<std::unique_ptr<PointToPoint>> ranks;
   for (int r = 0; r < static_cast<int>(transports.size()); ++r) {
     ranks.push_back(std::make_unique<PointToPoint>(r, n, timeout, std::move(transports[r]),
