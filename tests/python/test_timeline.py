@@ -51,8 +51,8 @@ def test_env_timeline_merges_into_one_checked_trace(world, shared_dir):
     fused = [e for e in events if e.get("name") == "fused allreduce"]
     assert fused and any(set(e["args"]["members"]) >= set(SMALL) for e in fused), fused
     names = {e["name"] for e in events if e.get("ph") == "X"}
-    assert {"negotiate", "queued", "execute", "callback", "pack", "unpack", "allreduce",
-            "cycle"} <= names
+    # (a callback is written only when it took 1 us or more: not required here)
+    assert {"negotiate", "queued", "execute", "pack", "unpack", "allreduce", "cycle"} <= names
     # Each operation's negotiation names the rank the coordinator waited for last on every other
     # rank (check has verified that they agree and that the rank named names none).
     tracks = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
