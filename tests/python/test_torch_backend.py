@@ -218,3 +218,5 @@ def test_ddp_concord_equals_gloo():
     every = [torch.empty_like(mine) for _ in range(SIZE)]
     dist.all_gather(every, mine)
     assert all(torch.equal(e, mine) for e in every)  # and every rank has the same model
+    # Every Work the group kept for torch's C++ side (DDP's reducer) was waited for and let go.
+    assert not dist.distributed_c10d._get_default_group()._works
