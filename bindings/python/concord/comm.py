@@ -245,7 +245,7 @@ class Communicator:
         self._opts_cache = {}  # (op, prescale, postscale, compression) -> AllreduceOptsStruct
         self._counters = {}
         self._counter_lock = threading.Lock()
-        _LIVE.add(self)
+        _LIVE[self] = None
 
         def query(fn):
             out = ctypes.c_int()
@@ -634,7 +634,7 @@ class Communicator:
             # Refused (inside a callback): the handle stays valid.
             self._check(status)
         self._handle = None
-        _LIVE.discard(self)
+        _LIVE.pop(self, None)
         _sweep_orphans()  # finalize failed whatever was still pending
         if status != Status.SUCCESS:
             # The handle is gone: the message is kept where concord_comm_last_error(NULL) reads.
@@ -675,8 +675,10 @@ class _Timeline:
 
 
 # Every communicator not yet finalized: held here so that it is finalized before Python tears
-# down, and no engine thread calls a Python callback into a dead interpreter.
-_LIVE = set()
+# down, and no engine thread calls a Python callback into a dead interpreter. In creation order
+# (a dict, not a set): every rank finalizes its communicators in the same order, as each finalize
+# waits for the other ranks to finalize that communicator.
+_LIVE = {}
 
 
 @atexit.register

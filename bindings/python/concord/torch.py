@@ -12,7 +12,7 @@ import io
 import torch
 
 from . import comm as _comm
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, UnavailableError
 
 
 def _communicator(comm, process_set=None):
@@ -172,3 +172,17 @@ def broadcast_optimizer_state(optimizer, root_rank=0, comm=None, process_set=Non
     comm.broadcast_(data, root=root_rank, name="optimizer_state.bytes")
     if comm.rank != root_rank:
         optimizer.load_state_dict(torch.load(io.BytesIO(data.numpy().tobytes())))
+
+
+# `import concord.torch` registers the torch.distributed backend "concord" (torch_backend.py); a
+# torch too old for it keeps DistributedOptimizer and says why at import.
+def _register_backend():
+    from . import torch_backend
+    try:
+        torch_backend.register()
+    except UnavailableError as e:
+        import warnings
+        warnings.warn(str(e))
+
+
+_register_backend()

@@ -1,0 +1,357 @@
+"""The torch.distributed backend "concord": a ProcessGroup written in Python over a Communicator.
+
+`import concord.torch` registers it (register()); then
+`torch.distributed.init_process_group("concord", rank=, world_size=, store= / init_method=)` (or
+torchrun's variables) makes a ProcessGroupConcord whose collectives run through Concord's engine.
+CPU tensors only (CUDA tensors raise UnavailableError, from the binding).
+
+Each collective enqueues one Concord operation with a completion callback and returns a _Work
+(a Python subclass of torch's Work) over a torch future: wait() raises the operation's error,
+get_future() and is_completed() behave as torch's. The callback (on the thread that completes the
+operation) copies results where torch wants them and completes the future; a failure is handed to
+a short thread that waits for the operation's Handle (a callback may not wait) and sets the
+future's exception to the ConcordError with the library's message. torch 1.13's C++ side (DDP's
+reducer) holds a Python Work only as its C++ base, which forgets the Python object: the group
+keeps each _Work alive until it is done and wait() or get_future() was called on it.
+
+Rendezvous: rank 0 of the group chooses a job id and a token and puts them in torch's store; with
+CONCORD_STORE set (concordrun) every rank joins that store under the new job id, otherwise rank 0
+serves Concord's store on a free port of its address (MASTER_ADDR, else CONCORD_HOST, else
+127.0.0.1), which the other ranks read from torch's store.
+"""
+import json
+import os
+import socket
+import threading
+import uuid
+
+import torch
+import torch.distributed as dist
+
+from . import comm as _comm
+from .errors import InvalidArgumentError, Status, UnavailableError
+
+BACKEND = "concord"
+# torch's ReduceOp names -> Concord's reduce ops. BAND, BOR, BXOR and PREMUL_SUM have no Concord
+# counterpart in any version.
+_OPS = {"SUM": "sum", "AVG": "average", "MIN": "min", "MAX": "max", "PRODUCT": "product"}
+_ENV_LOCK = threading.Lock()
+
+
+def _op_name(op):
+    """torch.distributed.ReduceOp (a class in torch >= 1.13 with .op, an enum before) -> name."""
+    kind = getattr(op, "op", op)
+    return getattr(kind, "name", str(kind).split(".")[-1])
+
+
+def _reduce_op(op, what):
+    name = _op_name(op)
+    if name not in _OPS:
+        raise UnavailableError(
+            Status.ERR_UNAVAILABLE,
+            "%s: ReduceOp.%s is not supported by the concord backend (no Concord version has "
+            "it); it takes %s" % (what, name, ", ".join("ReduceOp." + n for n in _OPS)))
+    return _OPS[name]
+
+
+def _op_of(opts):
+    return opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+
+
+def _one(tensors, what):
+    if len(tensors) != 1:
+        raise InvalidArgumentError(
+            Status.ERR_INVALID_ARGUMENT,
+            "%s: the concord backend takes one tensor per call, got %d" % (what, len(tensors)))
+    return tensors[0].detach()  # parameters require grad; the backend writes behind autograd
+
+
+def _rows(t):
+    """t as a 2-d view (1, numel): Concord's gathers and scatters split along dimension 0."""
+    return t.detach().reshape(1, t.numel())
+
+
+class _Work(dist.Work):
+    """One collective's torch Work: wait() returns True or raises the operation's error (torch's
+    Work.wait raises too); get_future() is completed with the outputs, as torch's are."""
+
+    def __init__(self, group, future):
+        super().__init__()
+        self._group = group
+        self._future = future
+
+    def _claim(self):
+        # Someone holds the result now: the group may drop its reference once the work is done.
+        self._future.add_done_callback(lambda _: self._group._release(self))
+
+    def wait(self, timeout=None):
+        self._claim()
+        self._future.wait()  # raises the ConcordError of a failed operation
+        return True
+
+    def get_future(self):
+        self._claim()
+        return self._future
+
+    def is_completed(self):
+        return self._future.done()
+
+    def is_success(self):
+        return self._future.done() and self.exception() is None
+
+    def exception(self):
+        if not self._future.done():
+            return None
+        try:
+            self._future.value()
+            return None
+        except Exception as e:
+            return e
+
+    def result(self):
+        return self._future.wait() or []
+
+
+class ProcessGroupConcord(dist.ProcessGroup):
+    """A torch.distributed process group over one Concord Communicator (its own engine and
+    rendezvous). Calls are matched across ranks by a per-group sequence number, as torch requires
+    every rank to issue a group's collectives in the same order. Not for CUDA tensors."""
+
+    def __init__(self, comm, rank, size):
+        super().__init__(rank, size)
+        self.comm = comm
+        self._seq = 0
+        self._seq_lock = threading.Lock()
+        self._works = set()  # the _Works not yet done or never waited for (see the module doc)
+
+    def getBackendName(self):
+        return BACKEND
+
+    def _name(self, kind):
+        with self._seq_lock:
+            self._seq += 1
+            return "torch.%s.%d" % (kind, self._seq)
+
+    def _run(self, submit, result, finish=None):
+        """submit(callback) enqueues and returns a Handle; the Work's future gets `result` after
+        finish() ran (on success), or the operation's ConcordError."""
+        future = torch.futures.Future()
+        holder = {}
+        submitted = threading.Event()
+
+        def fail():
+            submitted.wait()
+            try:
+                holder["handle"].wait()
+                error = RuntimeError("concord: the operation failed without an error")
+            except Exception as e:  # the ConcordError with the library's message
+                error = e
+            future.set_exception(error)
+
+        def callback(status):
+            if status == Status.SUCCESS:
+                try:
+                    if finish is not None:
+                        finish()
+                    future.set_result(result)
+                except Exception as e:
+                    future.set_exception(e)
+            else:
+                threading.Thread(target=fail, daemon=True).start()
+
+        holder["handle"] = submit(callback)
+        submitted.set()
+        work = _Work(self, future)
+        with self._seq_lock:
+            self._works.add(work)
+        return work
+
+    def _release(self, work):
+        with self._seq_lock:
+            self._works.discard(work)
+
+    # ---- collectives (torch 1.13's ProcessGroup method names and arguments) ----
+    def allreduce(self, tensors, opts=None):
+        t = _one(tensors, "allreduce")
+        op = _reduce_op(_op_of(opts), "allreduce")
+        return self._run(lambda cb: self.comm.allreduce_async(
+            t, out=t, op=op, name=self._name("allreduce"), callback=cb), tensors)
+
+    def reduce(self, tensors, opts=None):
+        t = _one(tensors, "reduce")
+        op = _reduce_op(_op_of(opts), "reduce")
+        out = t if self.rank() == opts.rootRank else torch.empty_like(t)
+        return self._run(lambda cb: self.comm.allreduce_async(
+            t, out=out, op=op, name=self._name("reduce"), callback=cb), tensors)
+
+    def broadcast(self, tensors, opts=None):
+        t = _one(tensors, "broadcast")
+        return self._run(lambda cb: self.comm.broadcast_async(
+            t, root=opts.rootRank, out=t, name=self._name("broadcast"), callback=cb), tensors)
+
+    def allgather(self, output_lists, input_tensors, opts=None):
+        t = _one(input_tensors, "allgather")
+        outputs = output_lists[0]
+        if len(output_lists) != 1 or len(outputs) != self.size():
+            raise InvalidArgumentError(
+                Status.ERR_INVALID_ARGUMENT,
+                "allgather: expected one output list of %d tensors" % self.size())
+        buffer = torch.empty((self.size(), t.numel()), dtype=t.dtype)
+
+        def finish():
+            for i, o in enumerate(outputs):
+                o.detach().copy_(buffer[i].view(o.shape))
+
+        return self._run(lambda cb: self.comm.allgather_async(
+            _rows(t), out=buffer, name=self._name("allgather"), callback=cb), output_lists,
+            finish)
+
+    def _allgather_base(self, output, input, opts=None):
+        self._check_total(output, input, "all_gather_into_tensor")
+        return self._run(lambda cb: self.comm.allgather_async(
+            _rows(input), out=output.detach().reshape(self.size(), input.numel()),
+            name=self._name("allgather"), callback=cb), [output])
+
+    def reduce_scatter(self, outputs, input_lists, opts=None):
+        o = _one(outputs, "reduce_scatter")
+        inputs = input_lists[0]
+        if len(input_lists) != 1 or len(inputs) != self.size():
+            raise InvalidArgumentError(
+                Status.ERR_INVALID_ARGUMENT,
+                "reduce_scatter: expected one input list of %d tensors" % self.size())
+        op = _reduce_op(_op_of(opts), "reduce_scatter")
+        stacked = torch.cat([_rows(x) for x in inputs])
+        return self._run(lambda cb: self.comm.reducescatter_async(
+            stacked, out=_rows(o), op=op, name=self._name("reducescatter"), callback=cb), outputs)
+
+    def _reduce_scatter_base(self, output, input, opts=None):
+        self._check_total(input, output, "reduce_scatter_tensor")
+        op = _reduce_op(_op_of(opts), "reduce_scatter_tensor")
+        return self._run(lambda cb: self.comm.reducescatter_async(
+            input.detach().reshape(self.size(), output.numel()), out=_rows(output), op=op,
+            name=self._name("reducescatter"), callback=cb), [output])
+
+    def alltoall_base(self, output, input, output_splits, input_splits,
+                      opts=None):
+        splits = list(input_splits) if len(input_splits) else None
+        if len(output_splits) and sum(output_splits) != output.shape[0]:
+            raise InvalidArgumentError(
+                Status.ERR_INVALID_ARGUMENT, "all_to_all_single: output_split_sizes add up to "
+                "%d, the output has %d rows" % (sum(output_splits), output.shape[0]))
+        return self._run(lambda cb: self.comm.alltoall_async(
+            input.detach(), splits=splits, out=output.detach(), name=self._name("alltoall"),
+            callback=cb), [output])
+
+    def alltoall(self, outputs, inputs, opts=None):
+        if len(inputs) != self.size() or len(outputs) != self.size():
+            raise InvalidArgumentError(
+                Status.ERR_INVALID_ARGUMENT,
+                "all_to_all: expected %d input and %d output tensors" % (self.size(),
+                                                                         self.size()))
+        flat = torch.cat([x.detach().reshape(-1) for x in inputs])
+        buffer = torch.empty(sum(o.numel() for o in outputs), dtype=flat.dtype)
+
+        def finish():
+            at = 0
+            for o in outputs:
+                o.detach().copy_(buffer[at:at + o.numel()].view(o.shape))
+                at += o.numel()
+
+        return self._run(lambda cb: self.comm.alltoall_async(
+            flat, splits=[x.numel() for x in inputs], out=buffer, name=self._name("alltoall"),
+            callback=cb), outputs, finish)
+
+    def barrier(self, opts=None):
+        return self._run(lambda cb: self.comm.barrier_async(callback=cb), None)
+
+    def send(self, tensors, dst, tag=0):
+        t = _one(tensors, "send")
+        return self._run(lambda cb: self.comm.send_async(t, dst, tag, callback=cb), tensors)
+
+    def recv(self, tensors, src, tag=0):
+        t = _one(tensors, "recv")
+        return self._run(lambda cb: self.comm.recv_async(src, tag, out=t, callback=cb), tensors)
+
+    def _check_total(self, big, small, what):
+        if big.numel() != small.numel() * self.size():
+            raise InvalidArgumentError(
+                Status.ERR_INVALID_ARGUMENT, "%s: the larger tensor has %d elements, not %d x %d"
+                % (what, big.numel(), self.size(), small.numel()))
+
+    def _unsupported(self, what):
+        raise UnavailableError(
+            Status.ERR_UNAVAILABLE, "%s is not supported by the concord backend (Concord has "
+            "allreduce, allgather, broadcast, reducescatter, alltoall, send/recv, barrier)" % what)
+
+    def gather(self, *args, **kwargs):
+        self._unsupported("gather")
+
+    def scatter(self, *args, **kwargs):
+        self._unsupported("scatter")
+
+    def recv_anysource(self, *args, **kwargs):
+        self._unsupported("recv from any source")
+
+    def allreduce_coalesced(self, *args, **kwargs):
+        self._unsupported("all_reduce_coalesced")
+
+    def allgather_coalesced(self, *args, **kwargs):
+        self._unsupported("all_gather_coalesced")
+
+
+def _free_port(host):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _rendezvous(store, rank):
+    """Rank 0's choice of job id, token and (without CONCORD_STORE) store address, through
+    torch's store."""
+    key = "concord/rendezvous"
+    if rank == 0:
+        info = {"job_id": "torch-" + uuid.uuid4().hex, "token": uuid.uuid4().hex}
+        if not os.environ.get("CONCORD_STORE"):
+            host = os.environ.get("MASTER_ADDR") or os.environ.get("CONCORD_HOST") or "127.0.0.1"
+            loopback = host.startswith("127.") or host == "localhost"
+            info["addr"] = host
+            info["port"] = _free_port("127.0.0.1" if loopback else "0.0.0.0")
+        store.set(key, json.dumps(info))
+    return json.loads(store.get(key).decode())
+
+
+def create_process_group(store, rank, size, timeout):
+    """torch's backend creator: a ProcessGroupConcord over a new Communicator of `size` ranks."""
+    info = _rendezvous(store, rank)
+    config = {"rank": rank, "size": size, "job_id": info["job_id"]}
+    if "port" not in info:  # concordrun's store (CONCORD_STORE, CONCORD_TOKEN)
+        return ProcessGroupConcord(_comm.Communicator(**config), rank, size)
+    config["token"] = info["token"]
+    # Concord serves its store on rank 0 when MASTER_ADDR/MASTER_PORT are set (at MASTER_PORT + 1),
+    # read at init only: set for this init, then restored.
+    with _ENV_LOCK:
+        saved = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT")}
+        os.environ["MASTER_ADDR"] = info["addr"]
+        os.environ["MASTER_PORT"] = str(info["port"] - 1)
+        try:
+            comm = _comm.Communicator(**config)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+    return ProcessGroupConcord(comm, rank, size)
+
+
+def register():
+    """Registers the backend "concord" with torch.distributed (once). A torch without backend
+    registration raises UnavailableError saying so."""
+    if BACKEND.upper() in getattr(dist.Backend, "_plugins", {}):
+        return
+    if not hasattr(dist.Backend, "register_backend"):
+        raise UnavailableError(
+            Status.ERR_UNAVAILABLE, "torch %s is too old for the concord torch.distributed "
+            "backend: it lacks torch.distributed.Backend.register_backend (torch 1.13 has it)"
+            % torch.__version__)
+    dist.Backend.register_backend(BACKEND, create_process_group)

@@ -1,0 +1,222 @@
+"""The torch.distributed backend "concord" (concord/torch_backend.py), torch's own test patterns:
+every ReduceOp Concord has over every dtype at sizes 0, 1, odd and larger; all_gather (and
+_into_tensor), broadcast from every root, reduce, reduce_scatter (and _tensor), all_to_all (and
+_single, uneven), send/recv, barrier; async works and their futures; a shape that differs between
+ranks and an unsupported op fail with errors naming them; a group whose rank 0 serves Concord's
+store (as under torchrun); and DDP training of a small CNN on "concord" equals the same on "gloo"
+to 1e-5. Run on 2 and 3 ranks under concordrun (its CONCORD_STORE; torch's store is a FileStore)."""
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed for this Python "
+                            "(apt-get install python3-torch)")
+import torch.distributed as dist  # noqa: E402
+
+import concord.torch  # noqa: E402,F401  (registers the backend)
+
+RANK = int(os.environ["CONCORD_RANK"])
+SIZE = int(os.environ["CONCORD_SIZE"])
+DTYPES = [torch.float32, torch.float64, torch.int32, torch.int64, torch.float16, torch.bfloat16]
+SIZES = [0, 1, 7, 4099]
+OPS = ["SUM", "AVG", "MIN", "MAX", "PRODUCT"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def group():
+    path = "/tmp/concord-torch-test-%s" % os.environ["CONCORD_JOB_ID"]
+    dist.init_process_group("concord", rank=RANK, world_size=SIZE,
+                            store=dist.FileStore(path, SIZE))
+    yield
+    dist.destroy_process_group()
+
+
+def values(rank, n, dtype):
+    """Rank `rank`'s input: small integers (exact in every dtype, products included)."""
+    return (torch.arange(n, dtype=torch.float64) % 3 + rank + 1).to(dtype)
+
+
+def expected(op, n, dtype):
+    every = torch.stack([values(r, n, torch.float64) for r in range(SIZE)])
+    out = {"SUM": every.sum(0), "AVG": every.sum(0) / SIZE, "MIN": every.min(0).values,
+           "MAX": every.max(0).values, "PRODUCT": every.prod(0)}[op]
+    if not dtype.is_floating_point:
+        out = out.trunc()  # Concord's integer average truncates
+    return out.to(dtype)
+
+
+def close(a, b, dtype):
+    tol = {torch.float16: 1e-2, torch.bfloat16: 2e-2}.get(dtype, 1e-6)
+    assert a.dtype == b.dtype and a.shape == b.shape
+    assert torch.allclose(a.double(), b.double(), rtol=tol, atol=tol), (a, b)
+
+
+def test_backend_name():
+    assert dist.get_backend() == "concord"
+    assert dist.get_rank() == RANK and dist.get_world_size() == SIZE
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_all_reduce_every_op_dtype_size(dtype):
+    for op in OPS:
+        for n in SIZES:
+            t = values(RANK, n, dtype)
+            dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
+            close(t, expected(op, n, dtype), dtype)
+
+
+def test_all_reduce_async_work_and_future():
+    ts = [values(RANK, n, torch.float32) for n in SIZES]
+    works = [dist.all_reduce(t, async_op=True) for t in ts]
+    chained = works[-1].get_future().then(lambda f: f.value()[0] * 2)
+    for w, t, n in zip(works, ts, SIZES):
+        assert w.wait() is True and w.is_completed()
+        close(t, expected("SUM", n, torch.float32), torch.float32)
+        value = w.get_future().wait()
+        assert isinstance(value, list) and value[0] is t
+    close(chained.wait(), 2 * expected("SUM", SIZES[-1], torch.float32), torch.float32)
+
+
+def test_all_gather_and_into_tensor():
+    for dtype in (torch.float32, torch.int64, torch.bfloat16):
+        for n in (0, 1, 5):
+            x = values(RANK, n, dtype).reshape(n, 1)
+            outs = [torch.empty(n, 1, dtype=dtype) for _ in range(SIZE)]
+            dist.all_gather(outs, x)
+            for r in range(SIZE):
+                close(outs[r], values(r, n, dtype).reshape(n, 1), dtype)
+            flat = torch.empty(SIZE * n, dtype=dtype)
+            dist.all_gather_into_tensor(flat, x.reshape(n))
+            close(flat, torch.cat([values(r, n, dtype) for r in range(SIZE)]), dtype)
+    scalar = torch.empty(SIZE)
+    dist.all_gather_into_tensor(scalar, torch.tensor(float(RANK)))
+    close(scalar, torch.arange(float(SIZE)), torch.float32)
+
+
+def test_broadcast_from_every_root_and_reduce():
+    for root in range(SIZE):
+        for n in SIZES:
+            t = values(RANK, n, torch.float64)
+            work = dist.broadcast(t, src=root, async_op=True)
+            work.wait()
+            close(t, values(root, n, torch.float64), torch.float64)
+        t = values(RANK, 7, torch.int32)
+        dist.reduce(t, dst=root, op=dist.ReduceOp.MAX)
+        close(t, expected("MAX", 7, torch.int32) if RANK == root else values(RANK, 7, torch.int32),
+              torch.int32)
+
+
+def test_reduce_scatter_and_tensor():
+    for n in (0, 1, 3):
+        chunks = [values(RANK + r, n, torch.float32) for r in range(SIZE)]
+        out = torch.empty(n)
+        dist.reduce_scatter(out, chunks, op=dist.ReduceOp.SUM)
+        want = sum(values(r + RANK, n, torch.float64) for r in range(SIZE))
+        close(out, want.float(), torch.float32)
+        out2 = torch.empty(n)
+        dist.reduce_scatter_tensor(out2, torch.cat(chunks), op=dist.ReduceOp.AVG)
+        close(out2, (want / SIZE).float(), torch.float32)
+
+
+def test_all_to_all_single_uneven_and_list():
+    # Rank s sends r + 1 rows to rank r, each row holding 10 * s + r.
+    splits = [r + 1 for r in range(SIZE)]
+    x = torch.cat([torch.full((r + 1, 2), 10.0 * RANK + r) for r in range(SIZE)])
+    out = torch.empty(SIZE * (RANK + 1), 2)
+    dist.all_to_all_single(out, x, output_split_sizes=[RANK + 1] * SIZE,
+                           input_split_sizes=splits)
+    want = torch.cat([torch.full((RANK + 1, 2), 10.0 * s + RANK) for s in range(SIZE)])
+    close(out, want, torch.float32)
+    even = torch.arange(float(SIZE)) + 100 * RANK
+    got = torch.empty(SIZE)
+    dist.all_to_all_single(got, even)
+    close(got, torch.tensor([100.0 * s + RANK for s in range(SIZE)]), torch.float32)
+    outs = [torch.empty(3, dtype=torch.int64) for _ in range(SIZE)]
+    dist.all_to_all(outs, [torch.full((3,), 10 * RANK + r) for r in range(SIZE)])
+    for s in range(SIZE):
+        close(outs[s], torch.full((3,), 10 * s + RANK), torch.int64)
+
+
+def test_send_recv_ring_and_barrier():
+    for dtype in (torch.float16, torch.int64):
+        x = values(RANK, 9, dtype)
+        got = torch.empty(9, dtype=dtype)
+        send = dist.isend(x, (RANK + 1) % SIZE)
+        dist.recv(got, (RANK - 1) % SIZE)
+        send.wait()
+        close(got, values((RANK - 1) % SIZE, 9, dtype), dtype)
+    dist.barrier()
+    assert dist.barrier(async_op=True).wait()
+
+
+def test_mismatched_shape_fails_naming_it():
+    with pytest.raises(concord.ConcordError, match="disagree on shape"):
+        dist.all_reduce(torch.ones(RANK + 1))
+    work = dist.all_reduce(torch.ones(RANK + 2), async_op=True)
+    with pytest.raises(concord.ConcordError, match="MISMATCH"):
+        work.wait()
+    dist.all_reduce(torch.ones(3))  # the group still works
+
+
+def test_unsupported_op_and_tensor_are_named():
+    for op in ("BAND", "BOR", "BXOR"):
+        with pytest.raises(concord.UnavailableError, match="ReduceOp.%s is not supported" % op):
+            dist.all_reduce(torch.ones(2, dtype=torch.int32), op=getattr(dist.ReduceOp, op))
+    with pytest.raises(concord.InvalidArgumentError, match="dtype torch.bool"):
+        dist.all_reduce(torch.ones(2, dtype=torch.bool))
+    with pytest.raises(concord.UnavailableError, match="gather is not supported"):
+        dist.gather(torch.ones(2), [torch.ones(2) for _ in range(SIZE)] if RANK == 0 else None)
+
+
+def test_group_whose_rank0_serves_the_store(monkeypatch):
+    # Without CONCORD_STORE (torchrun, init_method=...): rank 0 serves Concord's store on a free
+    # port and the others learn it from torch's store.
+    monkeypatch.delenv("CONCORD_STORE")
+    sub = dist.new_group(backend="concord")
+    t = torch.full((5,), float(RANK))
+    dist.all_reduce(t, group=sub)
+    close(t, torch.full((5,), float(sum(range(SIZE)))), torch.float32)
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(1, 4, 3)
+        self.bn = torch.nn.BatchNorm2d(4)
+        self.fc = torch.nn.Linear(4 * 6 * 6, 10)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.bn(self.conv(x))).flatten(1))
+
+
+def train_ddp(process_group):
+    """An unmodified DDP loop: broadcast from rank 0 at construction, gradients averaged."""
+    torch.manual_seed(1 + RANK)  # ranks start different: DDP's broadcast makes them equal
+    model = torch.nn.parallel.DistributedDataParallel(Net(), process_group=process_group,
+                                                      bucket_cap_mb=0.01)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    g = torch.Generator().manual_seed(100 + RANK)
+    for _ in range(4):
+        x, y = torch.randn(8, 1, 8, 8, generator=g), torch.randint(0, 10, (8,), generator=g)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    return [p.detach().clone() for p in model.module.state_dict().values()], \
+        [p.detach().clone() for p in model.parameters()]
+
+
+def test_ddp_concord_equals_gloo():
+    gloo = dist.new_group(backend="gloo")
+    on_gloo, _ = train_ddp(gloo)
+    on_concord, params = train_ddp(None)  # the default group: concord
+    assert len(on_gloo) == len(on_concord) == 9  # conv, bn (and its running stats), fc
+    for a, b in zip(on_gloo, on_concord):
+        assert torch.allclose(a.double(), b.double(), rtol=0, atol=1e-5), (a - b).abs().max()
+    # The parameters are the same on every rank (BatchNorm's running stats are each rank's own
+    # until DDP broadcasts them at the next forward).
+    mine = torch.cat([p.double().flatten() for p in params])
+    every = [torch.empty_like(mine) for _ in range(SIZE)]
+    dist.all_gather(every, mine)
+    assert all(torch.equal(e, mine) for e in every)  # and every rank has the same model
+    # Every Work the group kept for torch's C++ side (DDP's reducer) was waited for and let go.
+    assert not dist.distributed_c10d._get_default_group()._works
