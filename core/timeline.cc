@@ -1,6 +1,7 @@
 #include "core/timeline.h"
 
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cinttypes>
 #include <cstring>
@@ -12,6 +13,25 @@ namespace {
 
 constexpr size_t kFileBuffer = size_t{1} << 20;
 constexpr auto kWriteEvery = std::chrono::milliseconds(100);
+
+template <typename Int>
+void AppendInt(std::string& out, Int v) {
+  char digits[24];
+  const std::to_chars_result r = std::to_chars(digits, digits + sizeof(digits), v);
+  out.append(digits, r.ptr);
+}
+
+// Nanoseconds as microseconds with one decimal, rounded to the nearest 100 ns.
+void AppendMicros(std::string& out, int64_t ns) {
+  if (ns < 0) {
+    out += '-';
+    ns = -ns;
+  }
+  const int64_t tenths = (ns + 50) / 100;
+  AppendInt(out, tenths / 10);
+  out += '.';
+  out += static_cast<char>('0' + tenths % 10);
+}
 
 std::string TrackName(int track) {
   if (track == Timeline::kEngineTrack) return "engine";
@@ -140,11 +160,11 @@ void Timeline::Tensor(const std::string& name, const char* op, uint64_t bytes,
   e.begin_ns = Since(phases.enqueued);
   e.end_ns = Since(phases.negotiated);
   if (phases.last_rank >= 0 && phases.last_rank != rank_) {
-    e.args = "\"last_rank\":" + std::to_string(phases.last_rank) +
-             ",\"last_wait_us\":" + std::to_string(phases.last_wait_us);
+    e.last_rank = phases.last_rank;
+    e.last_wait_us = phases.last_wait_us;
   }
   Append(e);
-  e.args.clear();
+  e.last_rank = -1;
   e.name = "queued";
   e.begin_ns = e.end_ns;
   e.end_ns = Since(phases.started);
@@ -188,38 +208,71 @@ void Timeline::Slice(int track, const char* name, Clock::time_point begin, Clock
 }
 
 bool Timeline::Write(FILE* file, const std::vector<Event>& events) {
+  std::string out;
+  out.reserve(events.size() * 96);
   for (const Event& e : events) {
     if (e.name == nullptr) {
-      std::fprintf(file,
-                   ",\n{\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"name\":\"thread_name\",\"args\":{"
-                   "\"name\":%s}},\n{\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"name\":"
-                   "\"thread_sort_index\",\"args\":{\"sort_index\":%d}}",
-                   rank_, e.track, e.args.c_str(), rank_, e.track, e.track);
+      out += ",\n{\"ph\":\"M\",\"pid\":";
+      AppendInt(out, rank_);
+      out += ",\"tid\":";
+      AppendInt(out, e.track);
+      out += ",\"name\":\"thread_name\",\"args\":{\"name\":";
+      out += e.args;
+      out += "}},\n{\"ph\":\"M\",\"pid\":";
+      AppendInt(out, rank_);
+      out += ",\"tid\":";
+      AppendInt(out, e.track);
+      out += ",\"name\":\"thread_sort_index\",\"args\":{\"sort_index\":";
+      AppendInt(out, e.track);
+      out += "}}";
       continue;
     }
-    std::fprintf(file,
-                 ",\n{\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.1f,\"dur\":%.1f,\"name\":\"%s\"",
-                 rank_, e.track, static_cast<double>(e.begin_ns) / 1e3,
-                 static_cast<double>(e.end_ns - e.begin_ns) / 1e3, e.name);
-    const bool any = e.bytes != kNoBytes || e.detail != nullptr || !e.args.empty();
-    if (!any) {
-      std::fputc('}', file);
+    out += ",\n{\"ph\":\"X\",\"pid\":";
+    AppendInt(out, rank_);
+    out += ",\"tid\":";
+    AppendInt(out, e.track);
+    out += ",\"ts\":";
+    AppendMicros(out, e.begin_ns);
+    out += ",\"dur\":";
+    AppendMicros(out, e.end_ns - e.begin_ns);
+    out += ",\"name\":\"";
+    out += e.name;
+    out += '"';
+    if (e.bytes == kNoBytes && e.detail == nullptr && e.last_rank < 0 && e.args.empty()) {
+      out += '}';
       continue;
     }
-    std::fputs(",\"args\":{", file);
+    out += ",\"args\":{";
     const char* sep = "";
     if (e.detail != nullptr) {
-      std::fprintf(file, "\"%s\":\"%s\"", e.detail_key, e.detail);
+      out += '"';
+      out += e.detail_key;
+      out += "\":\"";
+      out += e.detail;
+      out += '"';
       sep = ",";
     }
     if (e.bytes != kNoBytes) {
-      std::fprintf(file, "%s\"bytes\":%" PRIu64, sep, e.bytes);
+      out += sep;
+      out += "\"bytes\":";
+      AppendInt(out, e.bytes);
       sep = ",";
     }
-    if (!e.args.empty()) std::fprintf(file, "%s%s", sep, e.args.c_str());
-    std::fputs("}}", file);
+    if (e.last_rank >= 0) {
+      out += sep;
+      out += "\"last_rank\":";
+      AppendInt(out, e.last_rank);
+      out += ",\"last_wait_us\":";
+      AppendInt(out, e.last_wait_us);
+      sep = ",";
+    }
+    if (!e.args.empty()) {
+      out += sep;
+      out += e.args;
+    }
+    out += "}}";
   }
-  return std::ferror(file) == 0;
+  return std::fwrite(out.data(), 1, out.size(), file) == out.size() && std::ferror(file) == 0;
 }
 
 Status Timeline::Flush(bool last) {

@@ -137,6 +137,8 @@ class Timeline {
     int track = 0;
     int64_t begin_ns = 0, end_ns = 0;
     uint64_t bytes = kNoBytes;
+    int32_t last_rank = -1;  // a negotiation's (TensorPhases), written with its wait when >= 0
+    uint32_t last_wait_us = 0;
     std::string args;
   };
   // Tensor `name`'s record, naming its track in the trace the first time.
@@ -146,7 +148,8 @@ class Timeline {
   int64_t Since(Clock::time_point t) const REQUIRES(mu_) { return (t - start_).count(); }
   void Append(Event e) REQUIRES(mu_);
   void WriterLoop() EXCLUDES(mu_);
-  // Writes `events`; false (and errno set) when the file refused them.
+  // Writes `events` (formatted by hand: printf's float formatting was most of the writer's time,
+  // which it takes from the ranks' cores); false (and errno set) when the file refused them.
   bool Write(FILE* file, const std::vector<Event>& events);
   // Writes the pending events, then the end of the trace and closes the file when `last`; a failed
   // write turns the timeline off with a warning and is returned (OK when there is no file).
