@@ -450,7 +450,9 @@ static void TestMetrics(concord_comm_t comm) {
   CHECK_STATUS(concord_comm_metrics(comm, small, sizeof(small), &again),
                CONCORD_ERR_INVALID_ARGUMENT);
   CheckLastError(comm, "bytes");
-  CHECK(again >= length && small[0] == 'x' && small[7] == 'x');
+  /* The size needed now (the JSON's numbers change length as the counters move, so it need not
+     equal the first query's), and the short buffer untouched. */
+  CHECK(again > sizeof(small) && small[0] == 'x' && small[7] == 'x');
   json = (char*)malloc(again + 4096);
   CHECK(json != NULL);
   CHECK_STATUS(concord_comm_metrics(comm, json, again + 4096, &length), CONCORD_SUCCESS);
