@@ -47,20 +47,6 @@ def trace():
 def main():
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "t.json")
-        # Events the Trace Event Format does not allow: named, each.
-        bad = trace()
-        bad["traceEvents"] += [
-            {"ph": "X", "name": "late", "pid": 0, "tid": 1, "ts": "12", "dur": 1},
-            {"ph": "M", "name": "thread_name", "pid": 0, "tid": 7, "args": {}},
-            {"ph": "X", "name": "x", "pid": 0.5, "tid": 1, "ts": 1, "dur": 1},
-            {"ph": "X", "name": "y", "pid": 0, "tid": 1, "ts": 1, "dur": 1, "args": [1]}]
-        with open(path, "w") as f:
-            json.dump(bad, f)
-        r = subprocess.run([sys.executable, TOOL, "check", path], capture_output=True, text=True,
-                           timeout=60)
-        out = r.stdout + r.stderr
-        assert r.returncode == 1 and "'ts': '12'" in out and "with its argument" in out, out
-        assert "integer pid and tid" in out and "args are not an object" in out, out
         with open(path, "w") as f:
             json.dump(trace(), f)
         png, data = os.path.join(d, "t.png"), os.path.join(d, "t.tsv")
