@@ -91,7 +91,11 @@ Status ShmBarrier::Check(uint64_t round, const Deadline& deadline) {
   for (int r = 0; r < size_; ++r) {
     const RankBlock* block = segment_->rank_block(r);
     if (block->arrived.load(std::memory_order_acquire) >= round) continue;
-    if (ProcessStartTicks(block->pid) != block->start_ticks) {
+    // A rank may arrive, find everyone there, return and exit between the load above and the
+    // look at /proc: it is gone but it did its part. Only a rank that is gone and, read again
+    // after that, still has not arrived failed this round (its last store precedes its exit).
+    if (ProcessStartTicks(block->pid) != block->start_ticks &&
+        block->arrived.load(std::memory_order_acquire) < round) {
       return Abort(r, Status(Code::kPeerFailure, "rank " + std::to_string(r) + " (pid " +
                                                      std::to_string(block->pid) +
                                                      ") exited during a shared-memory collective"));
