@@ -18,7 +18,7 @@ backend "concord", concord.torch_backend).
 import enum
 
 from ._lib import UNDEFINED
-from .comm import Communicator, Handle, compression_supported, lib
+from .comm import Communicator, Handle, check_compression, compression_supported, lib
 from .errors import (ConcordError, ConcordTimeoutError, InvalidArgumentError, Status,
                      UnavailableError, WaitTimeoutError)
 
@@ -27,7 +27,8 @@ __all__ = [
     "UnavailableError", "WaitTimeoutError", "Status", "ReduceOp", "init", "finalize",
     "is_initialized", "default", "rank", "size", "local_rank", "local_size", "allreduce",
     "allreduce_", "allreduce_async", "allgather", "allgather_async", "broadcast", "broadcast_",
-    "broadcast_async", "barrier", "barrier_async", "group", "compression_supported", "version",
+    "broadcast_async", "barrier", "barrier_async", "group", "compression_supported",
+    "check_compression", "version",
     "status_string", "UNDEFINED", "send", "send_async", "recv", "recv_async",
 ]
 
