@@ -13,7 +13,7 @@
 The module-level functions act on the default communicator that init() creates; Communicator
 objects can also be made directly. PyTorch: concord.torch (DistributedOptimizer,
 broadcast_parameters, broadcast_optimizer_state; importing it registers the torch.distributed
-backend "concord", concord.torch_backend).
+backend "concord", concord.torch_backend; concord.torch.hooks: DDP communication hooks).
 """
 import enum
 
