@@ -219,7 +219,8 @@ def test_refusals_name_the_bucket_and_group(gloo, comm):
     with pytest.raises(concord.UnavailableError,
                        match=r"bucket 0 \(refused.bucket.0.v0\).*meta tensor"):
         hook(None, FakeBucket(torch.empty(4, device="meta")))
-    with pytest.raises(concord.InvalidArgumentError, match="ProcessGroupGloo.*not a concord"):
+    with pytest.raises(concord.InvalidArgumentError,
+                       match=r"group \(backend gloo\) is not a concord"):
         hook(gloo, FakeBucket(torch.ones(4)))
     sub = comm.create_group([0])
     if sub is not None:  # a communicator of 1 rank for a group of SIZE

@@ -29,9 +29,11 @@ from .errors import ConcordError, InvalidArgumentError, Status, make_error
 _PREFIXES = itertools.count()
 
 
-def _describe_group(group):
-    name = getattr(group, "getBackendName", None)
-    return "%s (backend %s)" % (type(group).__name__, name() if name else "unknown")
+def _backend_of(group):
+    try:
+        return dist.get_backend(group)
+    except (RuntimeError, ValueError):  # not a group torch.distributed knows
+        return "unknown (a %s)" % type(group).__name__
 
 
 class _AllreduceHook:
@@ -58,8 +60,8 @@ class _AllreduceHook:
         if comm is None:
             raise InvalidArgumentError(
                 Status.ERR_INVALID_ARGUMENT, "concord allreduce_hook: the DDP model's process "
-                "group is a %s, not a concord one: pass allreduce_hook(comm=a Communicator) or "
-                "register_comm_hook(state=a Communicator)" % _describe_group(group))
+                "group (backend %s) is not a concord one: pass allreduce_hook(comm=a "
+                "Communicator) or register_comm_hook(state=a Communicator)" % _backend_of(group))
         if isinstance(group, dist.ProcessGroup) and group.size() != comm.size:
             raise InvalidArgumentError(
                 Status.ERR_INVALID_ARGUMENT, "concord allreduce_hook: the communicator has %d "
