@@ -28,8 +28,8 @@ __all__ = [
     "is_initialized", "default", "rank", "size", "local_rank", "local_size", "allreduce",
     "allreduce_", "allreduce_async", "allgather", "allgather_async", "broadcast", "broadcast_",
     "broadcast_async", "barrier", "barrier_async", "group", "compression_supported",
-    "check_compression", "version",
-    "status_string", "UNDEFINED", "send", "send_async", "recv", "recv_async",
+    "check_compression", "version", "status_string", "UNDEFINED", "send", "send_async", "recv",
+    "recv_async",
 ]
 
 
