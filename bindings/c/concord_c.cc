@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "base/mutex.h"
+#include "compression/registry.h"
 #include "concord/concord.h"
 #include "core/bootstrap.h"
 #include "core/comm_split.h"
@@ -453,6 +454,20 @@ void concord_allreduce_opts_init(concord_allreduce_opts_t* opts) {
   opts->prescale = 1.0;
   opts->postscale = 1.0;
   opts->compression = nullptr;
+}
+
+concord_status_t concord_compression_check(const char* spec, int dtype) {
+  return Guard(nullptr, [&]() -> Status {
+    if (dtype != -1 && !concord::IsValidDType(dtype)) {
+      return concord::InvalidArgument("concord_compression_check: unknown dtype " +
+                                      std::to_string(dtype));
+    }
+    if (spec == nullptr || *spec == '\0') return Status::Ok();  // "none"
+    auto compressor = concord::compression::CreateCompressor(spec);
+    Status s = compressor.status();
+    if (s.ok() && dtype != -1) s = (*compressor)->CheckDType(static_cast<concord::DType>(dtype));
+    return s.ok() ? s : s.WithContext(std::string("compression '") + spec + "'");
+  });
 }
 
 concord_status_t concord_init(concord_comm_t* comm) {

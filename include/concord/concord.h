@@ -231,6 +231,12 @@ CONCORD_API const char* concord_status_string(concord_status_t status);
 CONCORD_API void concord_config_init(concord_config_t* config);
 CONCORD_API void concord_allreduce_opts_init(concord_allreduce_opts_t* opts);
 CONCORD_API void concord_device_opts_init(concord_device_opts_t* opts);
+/** Checks a compression spec (concord_allreduce_opts_t.compression) without a communicator, so a
+ *  bad one can be refused before any operation: SUCCESS when it parses and, for dtype >= 0 (a
+ *  concord_dtype_t), its compressor takes that dtype; else INVALID_ARGUMENT naming the problem
+ *  (concord_comm_last_error(NULL) has the message; an allreduce's enqueue would fail the same
+ *  way). dtype -1: the spec alone. NULL or "" is "none". Touches no state; thread-safe. */
+CONCORD_API concord_status_t concord_compression_check(const char* spec, int dtype);
 
 /** Initialises from the environment (CONCORD_*, or torchrun's, Slurm's, Open MPI's variables).
  *  Every setting is checked before anything starts: a bad one is INVALID_ARGUMENT naming the

@@ -91,6 +91,24 @@ static void TestConfigInit(void) {
   concord_allreduce_opts_init(NULL);
 }
 
+/* concord_compression_check: what an allreduce's enqueue would refuse, without a communicator. */
+static void TestCompressionCheck(void) {
+  StartPhase("compression check");
+  CHECK_STATUS(concord_compression_check(NULL, -1), CONCORD_SUCCESS);
+  CHECK_STATUS(concord_compression_check("", CONCORD_INT32), CONCORD_SUCCESS);
+  CHECK_STATUS(concord_compression_check("fp16", CONCORD_FLOAT64), CONCORD_SUCCESS);
+  CHECK_STATUS(concord_compression_check("topk:density=0.01", -1), CONCORD_SUCCESS);
+  CHECK_STATUS(concord_compression_check("fp17", -1), CONCORD_ERR_INVALID_ARGUMENT);
+  CheckLastError(NULL, "compression 'fp17': unknown compressor 'fp17'");
+  CHECK_STATUS(concord_compression_check("topk:density=2", -1), CONCORD_ERR_INVALID_ARGUMENT);
+  CheckLastError(NULL, "density");
+  CHECK_STATUS(concord_compression_check("topk:density=0.1", CONCORD_FLOAT64),
+               CONCORD_ERR_INVALID_ARGUMENT);
+  CheckLastError(NULL, "compression 'topk:density=0.1'");
+  CHECK_STATUS(concord_compression_check("fp16", 99), CONCORD_ERR_INVALID_ARGUMENT);
+  CheckLastError(NULL, "unknown dtype 99");
+}
+
 /* init_config refuses `c` with INVALID_ARGUMENT, leaves the out-pointer alone, and its error
  * text names `what`. */
 static void ExpectInitRefused(const concord_config_t* c, const char* what) {
@@ -1094,6 +1112,7 @@ int main(void) {
   TestVersionAndStrings();
   TestConfigInit();
   TestInitErrors();
+  TestCompressionCheck();
   TestBadConfigValues();
   comm = InitSingle();
   TestGetters(comm);

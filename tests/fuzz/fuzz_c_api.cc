@@ -465,6 +465,9 @@ void NullCalls(Program& p) {
   concord_config_init(nullptr);
   concord_allreduce_opts_init(nullptr);
   concord_device_opts_init(nullptr);
+  const concord_status_t checked =
+      Valid(concord_compression_check(Spec(in, p.strings), in.Raw<int>()));
+  Check(checked == CONCORD_SUCCESS || checked == CONCORD_ERR_INVALID_ARGUMENT);
   if (comm == nullptr) {
     Check(concord_barrier(nullptr) == CONCORD_ERR_NOT_INITIALIZED);
     Check(concord_group_start(nullptr) == CONCORD_ERR_NOT_INITIALIZED);

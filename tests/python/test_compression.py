@@ -1,7 +1,8 @@
 """Compression through the Python binding: the spec goes to the library unchanged. fp16 and bf16
 allreduces give the sums within their rounding; top-k sends the k largest magnitudes and keeps the
 rest as a residual for the next step (error feedback); fp16 halves the bytes on the wire; a spec
-the library cannot take raises InvalidArgumentError naming the problem, at enqueue. A reducescatter
+the library cannot take raises InvalidArgumentError naming the problem, at enqueue (and from
+check_compression, ahead of time). A reducescatter
 takes fp16 and bf16 too (not top-k)."""
 import numpy as np
 import pytest
@@ -83,6 +84,22 @@ def test_bad_spec_names_the_problem(comm, spec, words):
         assert w in e.value.message
     # Refused at enqueue: nothing was negotiated, and the name is free again.
     comm.allreduce(np.ones(8, np.float32), name="bad.spec")
+    # check_compression says the same ahead of time, naming the spec.
+    with pytest.raises(concord.InvalidArgumentError) as e:
+        concord.check_compression(spec)
+    assert "compression '%s': " % spec in e.value.message
+    for w in words:
+        assert w in e.value.message
+
+
+def test_check_compression_ahead():
+    concord.check_compression(None)
+    concord.check_compression("none", "int32")
+    concord.check_compression("topk:density=0.1", np.dtype("float32"))
+    with pytest.raises(concord.InvalidArgumentError, match="'topk:density=0.1'.*float32"):
+        concord.check_compression("topk:density=0.1", "float64")
+    with pytest.raises(concord.InvalidArgumentError, match="dtype bool: Concord takes"):
+        concord.check_compression("fp16", "bool")
 
 
 def test_dtype_the_compressor_refuses(comm):

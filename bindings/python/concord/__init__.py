@@ -13,12 +13,12 @@
 The module-level functions act on the default communicator that init() creates; Communicator
 objects can also be made directly. PyTorch: concord.torch (DistributedOptimizer,
 broadcast_parameters, broadcast_optimizer_state; importing it registers the torch.distributed
-backend "concord", concord.torch_backend).
+backend "concord", concord.torch_backend; concord.torch.hooks: DDP communication hooks).
 """
 import enum
 
 from ._lib import UNDEFINED
-from .comm import Communicator, Handle, compression_supported, lib
+from .comm import Communicator, Handle, check_compression, compression_supported, lib
 from .errors import (ConcordError, ConcordTimeoutError, InvalidArgumentError, Status,
                      UnavailableError, WaitTimeoutError)
 
@@ -27,8 +27,9 @@ __all__ = [
     "UnavailableError", "WaitTimeoutError", "Status", "ReduceOp", "init", "finalize",
     "is_initialized", "default", "rank", "size", "local_rank", "local_size", "allreduce",
     "allreduce_", "allreduce_async", "allgather", "allgather_async", "broadcast", "broadcast_",
-    "broadcast_async", "barrier", "barrier_async", "group", "compression_supported", "version",
-    "status_string", "UNDEFINED", "send", "send_async", "recv", "recv_async",
+    "broadcast_async", "barrier", "barrier_async", "group", "compression_supported",
+    "check_compression", "version", "status_string", "UNDEFINED", "send", "send_async", "recv",
+    "recv_async",
 ]
 
 

@@ -124,6 +124,7 @@ _SIGNATURES = [
     ("concord_status_string", ctypes.c_char_p, [ctypes.c_int]),
     ("concord_config_init", None, [ctypes.POINTER(ConfigStruct)]),
     ("concord_allreduce_opts_init", None, [ctypes.c_void_p]),
+    ("concord_compression_check", ctypes.c_int, [ctypes.c_char_p, ctypes.c_int]),
     ("concord_reducescatter_opts_init", None, [ctypes.c_void_p]),
     ("concord_init", ctypes.c_int, [ctypes.POINTER(c_comm_p)]),
     ("concord_init_config", ctypes.c_int,

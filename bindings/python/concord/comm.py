@@ -89,6 +89,27 @@ def _check_compression(compression, what="allreduce"):
     return compression.encode()
 
 
+def check_compression(spec, dtype=None):
+    """Refuses now what an allreduce's enqueue would refuse later (concord_compression_check): a
+    spec that does not parse raises InvalidArgumentError naming the spec and the problem; with
+    dtype (a name such as "float32", or a torch or numpy dtype) also one its compressor does not
+    take. None, "" and "none" pass. Needs no communicator and sends nothing."""
+    if spec is None:
+        return
+    _check_compression(spec)  # not a string; a library too old for compression
+    code = -1
+    if dtype is not None:
+        name = str(dtype).replace("torch.", "")
+        if name not in tensors.DTYPES:
+            raise InvalidArgumentError(1, "dtype %s: Concord takes %s" %
+                                       (dtype, ", ".join(tensors.DTYPES)))
+        code = tensors.DTYPES[name]
+    L = lib()
+    status = L.concord_compression_check(spec.encode(), code)
+    if status != Status.SUCCESS:
+        raise make_error(status, L.concord_comm_last_error(None).decode(errors="replace"))
+
+
 # Completion callbacks: one C trampoline for the whole process; user_data is a key into _PENDING,
 # which holds the Python callable (and its handle's buffers) until the engine calls back.
 _PENDING = {}

@@ -6,6 +6,8 @@ hook on each parameter's gradient accumulator enqueues that gradient's allreduce
 ranks, in place) as soon as the gradient is complete, so communication overlaps the rest of the
 backward pass; step() waits for all of them, then runs the wrapped step. CPU tensors (the binding
 does not pass CUDA tensors yet).
+
+concord.torch.hooks (torch_hooks.py): DDP communication hooks (allreduce_hook).
 """
 import io
 
@@ -186,3 +188,4 @@ def _register_backend():
 
 
 _register_backend()
+from . import torch_hooks as hooks  # noqa: E402  (concord.torch.hooks: DDP communication hooks)
