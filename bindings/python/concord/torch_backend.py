@@ -5,6 +5,14 @@
 torchrun's variables) makes a ProcessGroupConcord whose collectives run through Concord's engine.
 CPU tensors only (CUDA tensors raise UnavailableError, from the binding).
 
+One class serves torch 1.13 and 2.x (tested: 1.13 and 2.9.1), no compiled code: both let a
+backend's creator return a Python subclass of ProcessGroup (torch 2.x's pybind trampoline), which
+torch then uses as the whole group, for every device; 2.x's C++ Backend has no such trampoline.
+On torch 2.x the backend is registered for the device "cpu", so "concord" and "cpu:concord" name
+it. A string that maps another device to another backend ("cpu:concord,cuda:nccl") cannot be
+honoured (torch would use this group alone, for every device): the group's first call raises
+InvalidArgumentError naming the string.
+
 Each collective enqueues one Concord operation with a completion callback and returns a _Work
 (a Python subclass of torch's Work) over a torch future: wait() raises the operation's error,
 get_future() and is_completed() behave as torch's. The callback (on the thread that completes the
@@ -19,6 +27,7 @@ CONCORD_STORE set (concordrun) every rank joins that store under the new job id,
 serves Concord's store on a free port of its address (MASTER_ADDR, else CONCORD_HOST, else
 127.0.0.1), which the other ranks read from torch's store.
 """
+import inspect
 import json
 import os
 import socket
@@ -123,6 +132,8 @@ class ProcessGroupConcord(dist.ProcessGroup):
         self._seq = 0
         self._seq_lock = threading.Lock()
         self._works = set()  # the _Works not yet done or never waited for (see the module doc)
+        self._refusal = None  # the error every call raises (a device-mapped string), once known
+        self._config_checked = False
 
     def getBackendName(self):
         return BACKEND
@@ -132,9 +143,30 @@ class ProcessGroupConcord(dist.ProcessGroup):
             self._seq += 1
             return "torch.%s.%d" % (kind, self._seq)
 
+    def _check_config(self):
+        """Refuses a device-mapped string that gives another device another backend (torch 2.x
+        records it only after the creator returned: checked at the first call)."""
+        self._config_checked = True
+        config = getattr(dist, "get_backend_config", None)  # torch >= 2.1
+        if config is None:
+            return
+        pairs = [p.strip().split(":") for p in config(self).split(",") if ":" in p]
+        others = ["%s:%s" % (d, b) for d, b in pairs if b != BACKEND]
+        if others:
+            self._refusal = InvalidArgumentError(
+                Status.ERR_INVALID_ARGUMENT, "the backend string '%s' maps %s: a process group "
+                "written in Python (concord) serves every device of its group in torch %s, so "
+                "it cannot share one; use \"concord\" (or \"cpu:concord\") and a separate group "
+                "(dist.new_group) for the other backend" % (config(self), " and ".join(others),
+                                                             torch.__version__))
+
     def _run(self, submit, result, finish=None):
         """submit(callback) enqueues and returns a Handle; the Work's future gets `result` after
         finish() ran (on success), or the operation's ConcordError."""
+        if not self._config_checked:
+            self._check_config()
+        if self._refusal is not None:
+            raise self._refusal
         future = torch.futures.Future()
         holder = {}
         submitted = threading.Event()
@@ -354,4 +386,7 @@ def register():
             Status.ERR_UNAVAILABLE, "torch %s is too old for the concord torch.distributed "
             "backend: it lacks torch.distributed.Backend.register_backend (torch 1.13 has it)"
             % torch.__version__)
-    dist.Backend.register_backend(BACKEND, create_process_group)
+    kwargs = {}
+    if "devices" in inspect.signature(dist.Backend.register_backend).parameters:
+        kwargs["devices"] = ["cpu"]  # torch >= 2.0: "concord" and "cpu:concord" map CPU tensors
+    dist.Backend.register_backend(BACKEND, create_process_group, **kwargs)
