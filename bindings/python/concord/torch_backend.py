@@ -5,7 +5,7 @@
 torchrun's variables) makes a ProcessGroupConcord whose collectives run through Concord's engine.
 CPU tensors only (CUDA tensors raise UnavailableError, from the binding).
 
-One class serves torch 1.13 and 2.x (tested: 1.13 and 2.9.1), no compiled code: both let a
+One class serves torch 1.13 and 2.x (tested: 1.13, 2.9.1 and 2.15.0), no compiled code: both let a
 backend's creator return a Python subclass of ProcessGroup (torch 2.x's pybind trampoline), which
 torch then uses as the whole group, for every device; 2.x's C++ Backend has no such trampoline.
 On torch 2.x the backend is registered for the device "cpu", so "concord" and "cpu:concord" name
@@ -88,10 +88,12 @@ class _Work(dist.Work):
         super().__init__()
         self._group = group
         self._future = future
+        self.claimed = False  # wait() or get_future() was called (under the group's lock)
+        self.done = False  # the operation ended; set before the future completes
 
     def _claim(self):
         # Someone holds the result now: the group may drop its reference once the work is done.
-        self._future.add_done_callback(lambda _: self._group._release(self))
+        self._group._settle(self, claimed=True)
 
     def wait(self, timeout=None):
         self._claim()
@@ -168,6 +170,7 @@ class ProcessGroupConcord(dist.ProcessGroup):
         if self._refusal is not None:
             raise self._refusal
         future = torch.futures.Future()
+        work = _Work(self, future)
         holder = {}
         submitted = threading.Event()
 
@@ -178,6 +181,7 @@ class ProcessGroupConcord(dist.ProcessGroup):
                 error = RuntimeError("concord: the operation failed without an error")
             except Exception as e:  # the ConcordError with the library's message
                 error = e
+            self._settle(work, done=True)
             future.set_exception(error)
 
         def callback(status):
@@ -185,22 +189,32 @@ class ProcessGroupConcord(dist.ProcessGroup):
                 try:
                     if finish is not None:
                         finish()
+                    self._settle(work, done=True)
                     future.set_result(result)
                 except Exception as e:
+                    self._settle(work, done=True)
                     future.set_exception(e)
             else:
                 threading.Thread(target=fail, daemon=True).start()
 
-        holder["handle"] = submit(callback)
-        submitted.set()
-        work = _Work(self, future)
         with self._seq_lock:
             self._works.add(work)
+        try:
+            holder["handle"] = submit(callback)
+        except BaseException:
+            self._settle(work, claimed=True, done=True)
+            raise
+        submitted.set()
         return work
 
-    def _release(self, work):
+    def _settle(self, work, claimed=False, done=False):
+        """Drops the group's reference to `work` once it is done and claimed. Done is settled
+        before the future completes, so a waiter that returns finds the work dropped."""
         with self._seq_lock:
-            self._works.discard(work)
+            work.claimed |= claimed
+            work.done |= done
+            if work.claimed and work.done:
+                self._works.discard(work)
 
     # ---- collectives (torch 1.13's ProcessGroup method names and arguments) ----
     def allreduce(self, tensors, opts=None):
@@ -292,6 +306,11 @@ class ProcessGroupConcord(dist.ProcessGroup):
         return self._run(lambda cb: self.comm.alltoall_async(
             flat, splits=[x.numel() for x in inputs], out=buffer, name=self._name("alltoall"),
             callback=cb), outputs, finish)
+
+    # torch >= 2.15 calls these by their new names (same arguments).
+    all_gather_single = _allgather_base
+    reduce_scatter_single = _reduce_scatter_base
+    all_to_all_single = alltoall_base
 
     def barrier(self, opts=None):
         return self._run(lambda cb: self.comm.barrier_async(callback=cb), None)
