@@ -154,6 +154,13 @@ def test_send_recv_ring_and_barrier():
         dist.recv(got, (RANK - 1) % SIZE)
         send.wait()
         close(got, values((RANK - 1) % SIZE, 9, dtype), dtype)
+    # batch_isend_irecv (pipeline code): torch 2.x asks the group for its backend first.
+    y = torch.empty(3)
+    ops = [dist.P2POp(dist.isend, torch.full((3,), float(RANK)), (RANK + 1) % SIZE),
+           dist.P2POp(dist.irecv, y, (RANK - 1) % SIZE)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    close(y, torch.full((3,), float((RANK - 1) % SIZE)), torch.float32)
     dist.barrier()
     assert dist.barrier(async_op=True).wait()
 

@@ -140,6 +140,18 @@ class ProcessGroupConcord(dist.ProcessGroup):
     def getBackendName(self):
         return BACKEND
 
+    # torch 2.x asks a group for its per-device Backend (batch_isend_irecv, device_id, splitting,
+    # abort): this group is its own, for every device (see the module doc), and neither coalesces
+    # nor splits nor estimates times, so torch takes its plain paths. torch 2.15's
+    # batch_isend_irecv failed without it ("No backend type associated with device type cpu").
+    supports_coalescing = False
+    supports_splitting = False
+    supports_time_estimate = False
+    _supports_time_estimate = False
+
+    def _get_backend(self, device):
+        return self
+
     def _name(self, kind):
         with self._seq_lock:
             self._seq += 1
