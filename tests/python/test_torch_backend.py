@@ -3,8 +3,11 @@ every ReduceOp Concord has over every dtype at sizes 0, 1, odd and larger; all_g
 _into_tensor), broadcast from every root, reduce, reduce_scatter (and _tensor), all_to_all (and
 _single, uneven), send/recv, barrier; async works and their futures; a shape that differs between
 ranks and an unsupported op fail with errors naming them; a group whose rank 0 serves Concord's
-store (as under torchrun); and DDP training of a small CNN on "concord" equals the same on "gloo"
-to 1e-5. Run on 2 and 3 ranks under concordrun (its CONCORD_STORE; torch's store is a FileStore)."""
+store (as under torchrun); "cpu:concord" and a device-mapped string it cannot honour (torch 2.x);
+and DDP training of a small CNN on "concord" equals the same on "gloo" to 1e-5.
+Run on 2 and 3 ranks under concordrun (its CONCORD_STORE; torch's store is a FileStore), and by
+torch2_test.sh on 2 ranks under torch 2.x's torchrun, where the group is made exactly as a
+torchrun script makes it: init_process_group("concord"), rendezvous from torchrun's variables."""
 import os
 
 import pytest
@@ -15,8 +18,11 @@ import torch.distributed as dist  # noqa: E402
 
 import concord.torch  # noqa: E402,F401  (registers the backend)
 
-RANK = int(os.environ["CONCORD_RANK"])
-SIZE = int(os.environ["CONCORD_SIZE"])
+TORCHRUN = "CONCORD_RANK" not in os.environ  # else concordrun's
+RANK = int(os.environ["RANK" if TORCHRUN else "CONCORD_RANK"])
+SIZE = int(os.environ["WORLD_SIZE" if TORCHRUN else "CONCORD_SIZE"])
+# torch >= 2.0 maps devices to backends ("cpu:gloo,cuda:nccl"); 1.13 has one backend per group.
+DEVICE_STRINGS = hasattr(dist.Backend, "backend_capability")
 DTYPES = [torch.float32, torch.float64, torch.int32, torch.int64, torch.float16, torch.bfloat16]
 SIZES = [0, 1, 7, 4099]
 OPS = ["SUM", "AVG", "MIN", "MAX", "PRODUCT"]
@@ -24,9 +30,12 @@ OPS = ["SUM", "AVG", "MIN", "MAX", "PRODUCT"]
 
 @pytest.fixture(scope="module", autouse=True)
 def group():
-    path = "/tmp/concord-torch-test-%s" % os.environ["CONCORD_JOB_ID"]
-    dist.init_process_group("concord", rank=RANK, world_size=SIZE,
-                            store=dist.FileStore(path, SIZE))
+    if TORCHRUN:
+        dist.init_process_group("concord")
+    else:
+        path = "/tmp/concord-torch-test-%s" % os.environ["CONCORD_JOB_ID"]
+        dist.init_process_group("concord", rank=RANK, world_size=SIZE,
+                                store=dist.FileStore(path, SIZE))
     yield
     dist.destroy_process_group()
 
@@ -145,6 +154,13 @@ def test_send_recv_ring_and_barrier():
         dist.recv(got, (RANK - 1) % SIZE)
         send.wait()
         close(got, values((RANK - 1) % SIZE, 9, dtype), dtype)
+    # batch_isend_irecv (pipeline code): torch 2.x asks the group for its backend first.
+    y = torch.empty(3)
+    ops = [dist.P2POp(dist.isend, torch.full((3,), float(RANK)), (RANK + 1) % SIZE),
+           dist.P2POp(dist.irecv, y, (RANK - 1) % SIZE)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    close(y, torch.full((3,), float((RANK - 1) % SIZE)), torch.float32)
     dist.barrier()
     assert dist.barrier(async_op=True).wait()
 
@@ -171,11 +187,28 @@ def test_unsupported_op_and_tensor_are_named():
 def test_group_whose_rank0_serves_the_store(monkeypatch):
     # Without CONCORD_STORE (torchrun, init_method=...): rank 0 serves Concord's store on a free
     # port and the others learn it from torch's store.
-    monkeypatch.delenv("CONCORD_STORE")
+    monkeypatch.delenv("CONCORD_STORE", raising=False)
     sub = dist.new_group(backend="concord")
     t = torch.full((5,), float(RANK))
     dist.all_reduce(t, group=sub)
     close(t, torch.full((5,), float(sum(range(SIZE)))), torch.float32)
+
+
+@pytest.mark.skipif(not DEVICE_STRINGS, reason="torch %s has no device-mapped backend strings "
+                    "(torch >= 2.0 has)" % torch.__version__)
+def test_cpu_concord_string_and_a_mixed_one_refused(monkeypatch):
+    monkeypatch.delenv("CONCORD_STORE", raising=False)
+    sub = dist.new_group(backend="cpu:concord")
+    assert isinstance(sub, concord.torch_backend.ProcessGroupConcord)
+    t = torch.full((3,), float(RANK + 1))
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=sub)
+    close(t, torch.full((3,), float(SIZE)), torch.float32)
+    # torch would use the Python group for CUDA too: refused, naming the string, at every call.
+    mixed = dist.new_group(backend="cpu:concord,cuda:gloo")
+    for _ in range(2):
+        with pytest.raises(concord.InvalidArgumentError, match="'cpu:concord,cuda:gloo' maps "
+                           "cuda:gloo"):
+            dist.all_reduce(torch.ones(2), group=mixed)
 
 
 class Net(torch.nn.Module):

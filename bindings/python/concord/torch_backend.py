@@ -5,6 +5,14 @@
 torchrun's variables) makes a ProcessGroupConcord whose collectives run through Concord's engine.
 CPU tensors only (CUDA tensors raise UnavailableError, from the binding).
 
+One class serves torch 1.13 and 2.x (tested: 1.13, 2.9.1 and 2.15.0), no compiled code: both let a
+backend's creator return a Python subclass of ProcessGroup (torch 2.x's pybind trampoline), which
+torch then uses as the whole group, for every device; 2.x's C++ Backend has no such trampoline.
+On torch 2.x the backend is registered for the device "cpu", so "concord" and "cpu:concord" name
+it. A string that maps another device to another backend ("cpu:concord,cuda:nccl") cannot be
+honoured (torch would use this group alone, for every device): the group's first call raises
+InvalidArgumentError naming the string.
+
 Each collective enqueues one Concord operation with a completion callback and returns a _Work
 (a Python subclass of torch's Work) over a torch future: wait() raises the operation's error,
 get_future() and is_completed() behave as torch's. The callback (on the thread that completes the
@@ -19,6 +27,7 @@ CONCORD_STORE set (concordrun) every rank joins that store under the new job id,
 serves Concord's store on a free port of its address (MASTER_ADDR, else CONCORD_HOST, else
 127.0.0.1), which the other ranks read from torch's store.
 """
+import inspect
 import json
 import os
 import socket
@@ -79,10 +88,12 @@ class _Work(dist.Work):
         super().__init__()
         self._group = group
         self._future = future
+        self.claimed = False  # wait() or get_future() was called (under the group's lock)
+        self.done = False  # the operation ended; set before the future completes
 
     def _claim(self):
         # Someone holds the result now: the group may drop its reference once the work is done.
-        self._future.add_done_callback(lambda _: self._group._release(self))
+        self._group._settle(self, claimed=True)
 
     def wait(self, timeout=None):
         self._claim()
@@ -123,19 +134,55 @@ class ProcessGroupConcord(dist.ProcessGroup):
         self._seq = 0
         self._seq_lock = threading.Lock()
         self._works = set()  # the _Works not yet done or never waited for (see the module doc)
+        self._refusal = None  # the error every call raises (a device-mapped string), once known
+        self._config_checked = False
 
     def getBackendName(self):
         return BACKEND
+
+    # torch 2.x asks a group for its per-device Backend (batch_isend_irecv, device_id, splitting,
+    # abort): this group is its own, for every device (see the module doc), and neither coalesces
+    # nor splits nor estimates times, so torch takes its plain paths. torch 2.15's
+    # batch_isend_irecv failed without it ("No backend type associated with device type cpu").
+    supports_coalescing = False
+    supports_splitting = False
+    supports_time_estimate = False
+    _supports_time_estimate = False
+
+    def _get_backend(self, device):
+        return self
 
     def _name(self, kind):
         with self._seq_lock:
             self._seq += 1
             return "torch.%s.%d" % (kind, self._seq)
 
+    def _check_config(self):
+        """Refuses a device-mapped string that gives another device another backend (torch 2.x
+        records it only after the creator returned: checked at the first call)."""
+        self._config_checked = True
+        config = getattr(dist, "get_backend_config", None)  # torch >= 2.1
+        if config is None:
+            return
+        pairs = [p.strip().split(":") for p in config(self).split(",") if ":" in p]
+        others = ["%s:%s" % (d, b) for d, b in pairs if b != BACKEND]
+        if others:
+            self._refusal = InvalidArgumentError(
+                Status.ERR_INVALID_ARGUMENT, "the backend string '%s' maps %s: a process group "
+                "written in Python (concord) serves every device of its group in torch %s, so "
+                "it cannot share one; use \"concord\" (or \"cpu:concord\") and a separate group "
+                "(dist.new_group) for the other backend" % (config(self), " and ".join(others),
+                                                             torch.__version__))
+
     def _run(self, submit, result, finish=None):
         """submit(callback) enqueues and returns a Handle; the Work's future gets `result` after
         finish() ran (on success), or the operation's ConcordError."""
+        if not self._config_checked:
+            self._check_config()
+        if self._refusal is not None:
+            raise self._refusal
         future = torch.futures.Future()
+        work = _Work(self, future)
         holder = {}
         submitted = threading.Event()
 
@@ -146,6 +193,7 @@ class ProcessGroupConcord(dist.ProcessGroup):
                 error = RuntimeError("concord: the operation failed without an error")
             except Exception as e:  # the ConcordError with the library's message
                 error = e
+            self._settle(work, done=True)
             future.set_exception(error)
 
         def callback(status):
@@ -153,22 +201,32 @@ class ProcessGroupConcord(dist.ProcessGroup):
                 try:
                     if finish is not None:
                         finish()
+                    self._settle(work, done=True)
                     future.set_result(result)
                 except Exception as e:
+                    self._settle(work, done=True)
                     future.set_exception(e)
             else:
                 threading.Thread(target=fail, daemon=True).start()
 
-        holder["handle"] = submit(callback)
-        submitted.set()
-        work = _Work(self, future)
         with self._seq_lock:
             self._works.add(work)
+        try:
+            holder["handle"] = submit(callback)
+        except BaseException:
+            self._settle(work, claimed=True, done=True)
+            raise
+        submitted.set()
         return work
 
-    def _release(self, work):
+    def _settle(self, work, claimed=False, done=False):
+        """Drops the group's reference to `work` once it is done and claimed. Done is settled
+        before the future completes, so a waiter that returns finds the work dropped."""
         with self._seq_lock:
-            self._works.discard(work)
+            work.claimed |= claimed
+            work.done |= done
+            if work.claimed and work.done:
+                self._works.discard(work)
 
     # ---- collectives (torch 1.13's ProcessGroup method names and arguments) ----
     def allreduce(self, tensors, opts=None):
@@ -260,6 +318,11 @@ class ProcessGroupConcord(dist.ProcessGroup):
         return self._run(lambda cb: self.comm.alltoall_async(
             flat, splits=[x.numel() for x in inputs], out=buffer, name=self._name("alltoall"),
             callback=cb), outputs, finish)
+
+    # torch >= 2.15 calls these by their new names (same arguments).
+    all_gather_single = _allgather_base
+    reduce_scatter_single = _reduce_scatter_base
+    all_to_all_single = alltoall_base
 
     def barrier(self, opts=None):
         return self._run(lambda cb: self.comm.barrier_async(callback=cb), None)
@@ -354,4 +417,7 @@ def register():
             Status.ERR_UNAVAILABLE, "torch %s is too old for the concord torch.distributed "
             "backend: it lacks torch.distributed.Backend.register_backend (torch 1.13 has it)"
             % torch.__version__)
-    dist.Backend.register_backend(BACKEND, create_process_group)
+    kwargs = {}
+    if "devices" in inspect.signature(dist.Backend.register_backend).parameters:
+        kwargs["devices"] = ["cpu"]  # torch >= 2.0: "concord" and "cpu:concord" map CPU tensors
+    dist.Backend.register_backend(BACKEND, create_process_group, **kwargs)
