@@ -4,19 +4,22 @@
 //              [--no-prefix] [--no-summary] prog args...
 //
 // It runs the job's TCP store server (authenticated with a random token), gives every rank its
-// CONCORD_* environment, forwards each rank's stdout/stderr line by line with a "[R] " prefix, and
-// supervises. When a rank fails (non-zero exit, signal), concordrun names it at once, with how it
-// ended and its last words on stderr (the last error the Concord library logged, the last line);
-// the other ranks then have the grace period (--grace, CONCORD_GRACE_S, 5 s) to see the error in
-// their own calls and exit by themselves (to log it, to save a checkpoint); those still running
-// then get SIGTERM (and SIGCONT, for a stopped one), and SIGKILL 3 s later. A SIGINT/SIGTERM/SIGHUP
-// to concordrun goes to the ranks at once (SIGHUP as SIGTERM), SIGKILL following after the grace
-// period, or at a second signal. It signals only the processes it started (each local rank leads
-// its own process group, so its children are stopped with it). Ranks die with concordrun even when
-// it is SIGKILLed: each has PR_SET_PDEATHSIG, and the lifeline (lifeline.h) kills their process
-// groups. Exit status: 0 when every rank exits 0; 1 when the first rank to fail exited non-zero;
-// 128+S when it was killed by signal S, or when concordrun received signal S; 2 for usage errors.
-// Once every rank has ended (failed or not), concordrun prints the job summary to stderr unless
+// CONCORD_* environment and torchrun's (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
+// MASTER_ADDR, MASTER_PORT: an unmodified torch.distributed script's env:// rendezvous; rank 0's
+// address and a free port of it, or the launcher's own MASTER_ADDR and MASTER_PORT), forwards each
+// rank's stdout/stderr line by line with a "[R] " prefix, and supervises. When a rank fails
+// (non-zero exit, signal), concordrun names it at once, with how it ended and its last words on
+// stderr (the last error the Concord library logged, the last line); the other ranks then have the
+// grace period (--grace, CONCORD_GRACE_S, 5 s) to see the error in their own calls and exit by
+// themselves (to log it, to save a checkpoint); those still running then get SIGTERM (and SIGCONT,
+// for a stopped one), and SIGKILL 3 s later. A SIGINT/SIGTERM/SIGHUP to concordrun goes to the
+// ranks at once (SIGHUP as SIGTERM), SIGKILL following after the grace period, or at a second
+// signal. It signals only the processes it started (each local rank leads its own process group, so
+// its children are stopped with it). Ranks die with concordrun even when it is SIGKILLed: each has
+// PR_SET_PDEATHSIG, and the lifeline (lifeline.h) kills their process groups. Exit status: 0 when
+// every rank exits 0; 1 when the first rank to fail exited non-zero; 128+S when it was killed by
+// signal S, or when concordrun received signal S; 2 for usage errors. Once every rank has ended
+// (failed or not), concordrun prints the job summary to stderr unless
 // --no-summary: each local rank gets CONCORD_SUMMARY_DIR, a private directory concordrun makes,
 // where its engine writes rank-<R>.txt at finalize (tools/run_summary.h); the directory is
 // removed after. Nothing is printed when no rank wrote one.
@@ -240,6 +243,7 @@ class Launcher {
 
  private:
   Status Setup();
+  Status TorchMaster(bool all_local, const std::string& advertise);
   std::vector<std::string> JobEnvironment() const;
   Status Spawn(Rank* r, const std::vector<std::string>& job_env, const sigset_t& child_mask);
   void Emit(Rank& r, Stream* s, bool final);
@@ -269,7 +273,8 @@ class Launcher {
   std::string store_url_;
   std::string token_;
   std::string job_id_;
-  std::string summary_dir_;  // "" when there is no summary
+  std::string summary_dir_;                // "" when there is no summary
+  std::string master_addr_, master_port_;  // torchrun's MASTER_ADDR, MASTER_PORT (TorchMaster)
   Ending ending_ = Ending::kNone;
   Clock::time_point next_step_at_;
   std::string first_failure_;   // "rank 1 (pid 42) exited with code 3", once one failed
@@ -312,6 +317,7 @@ Status Launcher::Setup() {
   CONCORD_ASSIGN_OR_RETURN(server_,
                            TcpStoreServer::Start(all_local ? "127.0.0.1" : "0.0.0.0", 0, token_));
   store_url_ = "tcp://" + net::JoinHostPort(advertise, server_->port());
+  CONCORD_RETURN_IF_ERROR(TorchMaster(all_local, advertise));
   if (o_.summary) {
     StatusOr<std::string> dir = MakeSummaryDir();
     if (!dir.ok()) Message("no job summary: " + dir.status().message());
@@ -320,10 +326,39 @@ Status Launcher::Setup() {
   return Status::Ok();
 }
 
+// torch.distributed's env:// rendezvous (torch's TCPStore, served by rank 0): the launcher's own
+// MASTER_ADDR and MASTER_PORT when both are set; else rank 0's address (what the others reach
+// this host by when rank 0 runs here) and, on this host, a port free now; a remote rank 0 gets
+// torchrun's default port, 29500. Concord itself rendezvouses through CONCORD_STORE, which wins.
+Status Launcher::TorchMaster(bool all_local, const std::string& advertise) {
+  const char* addr = std::getenv("MASTER_ADDR");
+  const char* port = std::getenv("MASTER_PORT");
+  if (addr != nullptr && *addr != '\0' && port != nullptr && *port != '\0') {
+    master_addr_ = addr;
+    master_port_ = port;
+    return Status::Ok();
+  }
+  if (!ranks_.front().local) {
+    master_addr_ = ranks_.front().host;
+    master_port_ = "29500";
+    return Status::Ok();
+  }
+  master_addr_ = advertise;
+  int free_port = 0;
+  StatusOr<net::Fd> probe = net::Listen(all_local ? "127.0.0.1" : "0.0.0.0", 0, &free_port);
+  if (!probe.ok()) return probe.status().WithContext("finding a free port for MASTER_PORT");
+  master_port_ = std::to_string(free_port);
+  return Status::Ok();
+}
+
 std::vector<std::string> Launcher::JobEnvironment() const {
   std::vector<std::string> env = {"CONCORD_SIZE=" + std::to_string(o_.np),
-                                  "CONCORD_STORE=" + store_url_, "CONCORD_TOKEN=" + token_,
-                                  "CONCORD_JOB_ID=" + job_id_};
+                                  "CONCORD_STORE=" + store_url_,
+                                  "CONCORD_TOKEN=" + token_,
+                                  "CONCORD_JOB_ID=" + job_id_,
+                                  "WORLD_SIZE=" + std::to_string(o_.np),
+                                  "MASTER_ADDR=" + master_addr_,
+                                  "MASTER_PORT=" + master_port_};
   if (!o_.iface.empty()) env.push_back("CONCORD_IFACE=" + o_.iface);
   if (!o_.backend.empty()) env.push_back("CONCORD_BACKEND=" + o_.backend);
   if (!o_.timeout.empty()) env.push_back("CONCORD_TIMEOUT_S=" + o_.timeout);
@@ -337,6 +372,9 @@ Status Launcher::Spawn(Rank* r, const std::vector<std::string>& job_env,
   vars.push_back("CONCORD_RANK=" + std::to_string(r->rank));
   vars.push_back("CONCORD_LOCAL_RANK=" + std::to_string(r->local_rank));
   vars.push_back("CONCORD_LOCAL_SIZE=" + std::to_string(r->local_size));
+  vars.push_back("RANK=" + std::to_string(r->rank));
+  vars.push_back("LOCAL_RANK=" + std::to_string(r->local_rank));
+  vars.push_back("LOCAL_WORLD_SIZE=" + std::to_string(r->local_size));
   if (r->local && !summary_dir_.empty()) vars.push_back("CONCORD_SUMMARY_DIR=" + summary_dir_);
 
   std::vector<std::string> args;

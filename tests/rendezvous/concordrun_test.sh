@@ -73,6 +73,17 @@ grep -q "to stderr" "$TMP/out" && fail "stderr lines leaked into stdout"
 [ "$(grep env "$TMP/out" | awk '{print $11, $12}' | sort -u | wc -l)" -eq 1 ] ||
   fail "ranks disagree about CONCORD_STORE or CONCORD_JOB_ID"
 
+echo "== torchrun's variables: rank 0's address and a free port, or concordrun's own"
+launch -np 2 --no-summary sh -c 'echo "torch $RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT"'
+[ "$rc" -eq 0 ] || fail "exit code $rc, expected 0"
+for r in 0 1; do expect_line "$TMP/out" "^\[$r\] torch $r $r 2 2 127\.0\.0\.1 [0-9]+$"; done
+[ "$(grep torch "$TMP/out" | awk '{print $8}' | sort -u | wc -l)" -eq 1 ] ||
+  fail "ranks disagree about MASTER_PORT"
+port=$(grep -m1 torch "$TMP/out" | awk '{print $8}')
+[ "$port" -gt 0 ] && [ "$port" -lt 65536 ] || fail "MASTER_PORT $port"
+MASTER_ADDR=10.9.8.7 MASTER_PORT=4321 launch -np 1 --no-prefix sh -c 'echo "$MASTER_ADDR:$MASTER_PORT"'
+expect_line "$TMP/out" '^10\.9\.8\.7:4321$'
+
 echo "== optional variables are absent unless given; --no-prefix"
 launch -np 1 --no-prefix sh -c 'echo "[${CONCORD_IFACE-unset}] [${CONCORD_BACKEND-unset}] [${CONCORD_TIMEOUT_S-unset}]"'
 [ "$rc" -eq 0 ] || fail "exit code $rc, expected 0"
