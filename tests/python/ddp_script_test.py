@@ -1,9 +1,9 @@
 """An unmodified DDP script (examples/python/ddp_train.py) trained on "concord" ends with the
-parameters it ends with on "gloo", to 1e-5: torchvision's resnet18 at 2 ranks under concordrun
-(its torchrun-style variables give env:// its rendezvous), and the script's small CNN under torch
-2.x's torchrun when a torch 2.x virtual environment is given (python_torch2_backend_np2 makes
-one; tests/python/test_torch_backend.py trains a CNN under concordrun too). About 20 s. Exits 77
-when this Python lacks torch or torchvision.
+parameters it ends with on "gloo", to 1e-5: its small CNN and torchvision's resnet18 at 2 ranks
+under concordrun (its torchrun-style variables give env:// its rendezvous), and resnet18 under
+torch 2.x's torchrun when a torch 2.x virtual environment is there (python_torch2_backend_np2
+makes it, and runs a CNN's DDP under that torchrun itself, in test_torch_backend.py). About 30 s.
+Exits 77 when this Python lacks torch or torchvision.
 
     ddp_script_test.py PYTHON CONCORDRUN [TORCH2_VERSION]
 
@@ -64,7 +64,8 @@ def torch2_python(python, version):
     pyver = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
                            capture_output=True, text=True).stdout.strip()
     venv = os.path.join(cache, "torch-%s-py%s" % (version, pyver))
-    return os.path.join(venv, "bin", "python") if os.path.exists(venv + "/.ready") else None
+    # torch2_test.sh's mark of a finished install (with torchvision).
+    return os.path.join(venv, "bin", "python") if os.path.exists(venv + "/.ready.2") else None
 
 
 def main():
@@ -77,9 +78,10 @@ def main():
         sys.exit(77)
     with tempfile.TemporaryDirectory() as out:
         launch = [concordrun, "-np", "2", "--no-summary", python]
-        gloo = train(launch, "gloo", "resnet18", out)
-        ours = train(launch, "concord", "resnet18", out)
-        compare(python, gloo, ours, "concordrun, resnet18, %d steps" % STEPS)
+        for model in ("cnn", "resnet18"):
+            gloo = train(launch, "gloo", model, out)
+            ours = train(launch, "concord", model, out)
+            compare(python, gloo, ours, "concordrun, %s, %d steps" % (model, STEPS))
         torch2 = torch2_python(python, version) if version else None
         if not torch2:
             print("torchrun: no torch %s environment (python_torch2_backend_np2 makes it): not "
@@ -99,8 +101,8 @@ def main():
         for backend in ("gloo", "concord"):
             launch = [torchrun, "--nnodes", "1", "--nproc-per-node", "2", "--master-addr",
                       "127.0.0.1", "--master-port", str(free_port())]
-            paths[backend] = train(launch, backend, "cnn", out, env)
-        compare(torch2, paths["gloo"], paths["concord"], "torchrun (torch 2.x), cnn, %d steps"
+            paths[backend] = train(launch, backend, "resnet18", out, env)
+        compare(torch2, paths["gloo"], paths["concord"], "torchrun (torch 2.x), resnet18, %d steps"
                 % STEPS, env)
 
 

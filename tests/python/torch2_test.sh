@@ -3,7 +3,7 @@
 # torch VERSION from PyPI (Debian has torch 1.13 only):
 #   torch2_test.sh PYTHON VERSION FILE
 # The environment is made once, in ${CONCORD_CACHE_DIR:-~/.cache/concord}/torch-VERSION-pyX.Y
-# (outside the clone: later runs and clones reuse it; `.ready` marks a complete one, a partial
+# (outside the clone: later runs and clones reuse it; `.ready.N` marks a complete one, a partial
 # one is made again), under a lock, so concurrent runs wait for one install.
 # Exits 77 with "SKIPPED: ..." when it cannot be made: PYTHON has no venv, the cache has less than
 # 6 GB free (10 GB for a VERSION other than 2.9.1), the registry is unreachable, or the disk filled
@@ -25,6 +25,9 @@ fi
 pyver="$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
 cache="${CONCORD_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/concord}"
 venv="$cache/torch-$version-py$pyver"
+# What a finished install leaves; its number grows when the install adds packages (2: torchvision,
+# for tests/python/ddp_script_test.py's resnet18), so that an older venv is made again.
+ready=.ready.2
 mkdir -p "$cache" || skip "cannot create $cache"
 
 install() {
@@ -41,13 +44,13 @@ install() {
   local log="$cache/torch-$version-install.log" start=$SECONDS rc=0
   {
     if [ "$version" = 2.9.1 ]; then
-      "${pip[@]}" --no-deps torch==2.9.1 nvidia-cuda-runtime-cu12==12.8.90 \
+      "${pip[@]}" --no-deps torch==2.9.1 torchvision==0.24.1 nvidia-cuda-runtime-cu12==12.8.90 \
         nvidia-cublas-cu12==12.8.4.1 nvidia-cufft-cu12==11.3.3.83 nvidia-cufile-cu12==1.13.1.3 \
         nvidia-cusparselt-cu12==0.7.1 nvidia-nvshmem-cu12==3.3.20 nvidia-cuda-cupti-cu12==12.8.90 &&
         "${pip[@]}" filelock "typing-extensions>=4.10" "sympy>=1.13.3" "networkx>=2.5.1" jinja2 \
-          "fsspec>=0.8.5" numpy pytest
+          "fsspec>=0.8.5" numpy pytest pillow
     else
-      "${pip[@]}" "torch==$version" numpy pytest
+      "${pip[@]}" "torch==$version" torchvision numpy pytest
     fi
   } >"$log" 2>&1 || rc=$?
   if [ "$rc" != 0 ]; then
@@ -65,14 +68,14 @@ install() {
     echo "torch2_test.sh: installing torch $version failed (above; $log)" >&2
     exit 1
   fi
-  "$venv/bin/python" -c "import torch, torch.distributed, numpy, pytest"
+  "$venv/bin/python" -c "import torch, torch.distributed, torchvision, numpy, pytest"
   echo "torch2_test.sh: installed torch $version into $venv in $((SECONDS - start)) s"
-  touch "$venv/.ready"
+  touch "$venv/$ready"
 }
 
 exec 9>"$cache/torch-$version.lock"
 flock 9
-[ -e "$venv/.ready" ] || install
+[ -e "$venv/$ready" ] || install
 exec 9>&-
 
 # torchrun's static rendezvous on 127.0.0.1 (a free port); its workers get RANK, WORLD_SIZE,
