@@ -3,6 +3,7 @@ reports at enqueue, at completion and at init; mismatches between ranks; a wait'
 (WaitTimeoutError) told apart from an operation that timed out (ConcordTimeoutError); arguments the binding refuses before calling C; compression and device tensors this library
 cannot take; use after finalize."""
 
+import ctypes
 import os
 
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 
 import concord
 from concord import Status
+from fake_cuda import fake_cuda_tensor, no_gpu_backend
 
 
 def test_c_enqueue_errors_carry_status_and_message(comm):
@@ -154,46 +156,29 @@ def test_device_tensors_are_refused_clearly(comm):
         comm.allreduce(torch.zeros(2, dtype=torch.complex64), name="complex")
 
 
-def _fake_cuda_tensor(torch, values):
-    """A CPU tensor that says it is on cuda:0 (device, is_cuda): the binding's decisions for CUDA
-    tensors, shown without a GPU. Its memory is host memory, which nothing here hands to CUDA: the
-    library refuses a CUDA tensor on a communicator without a GPU backend before touching it."""
-    class FakeCuda(torch.Tensor):
-        @property
-        def device(self):
-            return torch.device("cuda", 0)
-
-        @property
-        def is_cuda(self):
-            return True
-
-    return torch.Tensor._make_subclass(FakeCuda, values)
-
-
 def test_cuda_tensors_without_gpu_backend(comm, monkeypatch):
     torch = pytest.importorskip("torch", reason="torch is not installed for this Python "
                                 "(apt-get install python3-torch)")
-    backend = os.environ.get("CONCORD_BACKEND", "gloo")
-    if backend not in ("gloo", "gloo-ibverbs"):
+    if not no_gpu_backend():
         pytest.skip("CONCORD_BACKEND=%s may start a GPU backend, which would take the fake "
-                    "tensor's host memory for device memory" % backend)
+                    "tensor's host memory for device memory" % os.environ["CONCORD_BACKEND"])
     from concord import _lib, device, tensors
     # torch's current stream, as the binding reads it (torch without CUDA has none to read).
     monkeypatch.setattr(tensors, "cuda_stream", lambda index: 0x5000 + index)
-    t = _fake_cuda_tensor(torch, torch.ones(2, 3))
+    t = fake_cuda_tensor(torch, torch.ones(2, 3))
     d = tensors.describe(t, "allreduce input", cuda=True)
     assert (d.device, d.struct.device, d.stream, d.ptr) == (0, 0, 0x5000, t.data_ptr())
     keep = []
     opts = device.options(d, keep)
     assert (opts.stream, opts.ready_event) == (0x5000, None)
-    assert opts.struct_size == _lib.ctypes.sizeof(_lib.DeviceOptsStruct) and opts in keep
+    assert opts.struct_size == ctypes.sizeof(_lib.DeviceOptsStruct) and opts in keep
     # Refused at enqueue, naming the tensor, its device and what is missing; nothing enqueued.
     before = comm.stats()
     for what, call in [("allreduce input", lambda: comm.allreduce_(t, name="cuda.x")),
                        ("allreduce input", lambda: comm.allreduce(t, out=t, name="cuda.x")),
                        ("broadcast input", lambda: comm.broadcast_(t, name="cuda.x")),
                        ("allgather input",
-                        lambda: comm.allgather(t, out=_fake_cuda_tensor(torch, torch.ones(
+                        lambda: comm.allgather(t, out=fake_cuda_tensor(torch, torch.ones(
                             2 * comm.size, 3)), name="cuda.x"))]:
         with pytest.raises(concord.UnavailableError) as e:
             call()
