@@ -3,8 +3,8 @@ every ReduceOp Concord has over every dtype at sizes 0, 1, odd and larger; all_g
 _into_tensor), broadcast from every root, reduce, reduce_scatter (and _tensor), all_to_all (and
 _single, uneven), send/recv, barrier; async works and their futures; a shape that differs between
 ranks and an unsupported op fail with errors naming them; a CUDA tensor (a stand-in that says it
-is on cuda:0; torch built with CUDA) refused by the backend and the DDP hook, naming it; a group whose rank 0 serves Concord's
-store (as under torchrun); "cpu:concord" and a device-mapped string it cannot honour (torch 2.x);
+is on cuda:0; torch built with CUDA) refused by the backend and the DDP hook, naming it; a group
+whose rank 0 serves Concord's store (as under torchrun); "cpu:concord" and a device-mapped string it cannot honour (torch 2.x);
 and DDP training of a small CNN on "concord" equals the same on "gloo" to 1e-5.
 Run on 2 and 3 ranks under concordrun (its CONCORD_STORE; torch's store is a FileStore), and by
 torch2_test.sh on 2 ranks under torch 2.x's torchrun, where the group is made exactly as a
