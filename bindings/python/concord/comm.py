@@ -421,6 +421,15 @@ class Communicator:
         return Handle(self, request, keepalive, finish,
                       on_device.device if on_device is not None else None)
 
+    def _submit_device(self, entry, args, cuda, keep, callback, out):
+        """Enqueues an operation on CUDA tensors through the _ex entry point `entry`: args are
+        the arguments before its device options; cuda is its CUDA tensor (a tensors.Described);
+        wait() gives out."""
+        enqueue = device.entry(lib(), entry)
+        dev = device.options(cuda, keep)
+        return self._submit(lambda fn, ud, req: enqueue(*args, ctypes.byref(dev), fn, ud, req),
+                            callback, keep, lambda _: out, cuda)
+
     @staticmethod
     def _on_device(*described):
         """The first CUDA tensor among the descriptors (None entries skipped), else None."""
@@ -463,14 +472,11 @@ class Communicator:
         keep = [src, dst]
         cuda = self._on_device(src, dst)
         if cuda is not None:
-            enqueue = device.entry(lib(), "concord_allreduce_async_ex")
-            dev = device.options(cuda, keep)
-            return self._submit(
-                lambda fn, ud, req: enqueue(
-                    handle, self._name(name, "allreduce"), ctypes.byref(src.struct),
-                    ctypes.byref(dst.struct) if dst is not None else None, ctypes.byref(opts),
-                    ctypes.byref(dev), fn, ud, req),
-                callback, keep, lambda _: out, cuda)
+            return self._submit_device(
+                "concord_allreduce_async_ex",
+                (handle, self._name(name, "allreduce"), ctypes.byref(src.struct),
+                 ctypes.byref(dst.struct) if dst is not None else None, ctypes.byref(opts)),
+                cuda, keep, callback, out)
         return self._submit(
             lambda fn, ud, req: _LIB.concord_allreduce_async(
                 handle, self._name(name, "allreduce"), ctypes.byref(src.struct),
@@ -506,14 +512,10 @@ class Communicator:
                 raise InvalidArgumentError(
                     1, "allgather of a CUDA tensor (cuda:%d) needs out=, a CUDA tensor of the "
                     "gathered size: the library cannot own device memory" % cuda.device)
-            enqueue = device.entry(lib(), "concord_allgather_async_ex")
-            keep = [src, dst]
-            dev = device.options(cuda, keep)
-            return self._submit(
-                lambda fn, ud, req: enqueue(
-                    handle, self._name(name, "allgather"), ctypes.byref(src.struct), dst.ptr,
-                    dst.nbytes, ctypes.byref(dev), fn, ud, req),
-                callback, keep, lambda _: out, cuda)
+            return self._submit_device(
+                "concord_allgather_async_ex",
+                (handle, self._name(name, "allgather"), ctypes.byref(src.struct), dst.ptr,
+                 dst.nbytes), cuda, [src, dst], callback, out)
 
         def finish(request):
             data, nbytes, first = ctypes.c_void_p(), ctypes.c_size_t(), ctypes.c_int64()
@@ -543,14 +545,10 @@ class Communicator:
         dst = tensors.describe(out, "broadcast output", writable=True, cuda=True)
         cuda = self._on_device(src, dst)
         if cuda is not None:
-            enqueue = device.entry(lib(), "concord_broadcast_async_ex")
-            keep = [src, dst]
-            dev = device.options(cuda, keep)
-            return self._submit(
-                lambda fn, ud, req: enqueue(
-                    handle, self._name(name, "broadcast"), ctypes.byref(src.struct),
-                    ctypes.byref(dst.struct), int(root), ctypes.byref(dev), fn, ud, req),
-                callback, keep, lambda _: out, cuda)
+            return self._submit_device(
+                "concord_broadcast_async_ex",
+                (handle, self._name(name, "broadcast"), ctypes.byref(src.struct),
+                 ctypes.byref(dst.struct), int(root)), cuda, [src, dst], callback, out)
         return self._submit(
             lambda fn, ud, req: lib().concord_broadcast_async(
                 handle, self._name(name, "broadcast"), ctypes.byref(src.struct),
