@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One script for a GPU machine (lent for minutes): builds Concord's CUDA parts, runs the planner's and
 # the engine's device-path CPU tests and the GPU tests (packing kernels, the NCCL backend, the C API
-# with NCCL), measures pack/unpack bandwidth over model workloads against cudaMemcpy
+# with NCCL), the Python binding's CUDA tensors and DDP on CUDA over the torch backend "concord"
+# (tests/python/test_torch_cuda.py, when a torch built with CUDA is found), measures pack/unpack
+# bandwidth over model workloads against cudaMemcpy
 # device-to-device, and runs concord-perf --backend nccl (Concord beside raw ncclAllReduce on the
 # same buffer) with one rank per GPU, writing everything to $OUT/gpu-check.txt (or
 # ./gpu-check-results/gpu-check.txt). Without a usable GPU it says so and exits 0 after building and
@@ -11,7 +13,9 @@
 # Variables: OUT (results directory), BUILD_DIR (default build-gpu), WORKLOADS (workload directory,
 # default perf/workloads in the repository), BENCH_WORKLOADS (default
 # "resnet50 bert_large vgg16"), BENCH_ITERS (default 50), JOBS (build parallelism, default nproc),
-# SKIP_SETUP=1 (do not run scripts/setup.sh), PERF_BYTES (concord-perf sweep, default 4K:256M).
+# SKIP_SETUP=1 (do not run scripts/setup.sh), PERF_BYTES (concord-perf sweep, default 4K:256M),
+# TORCH_PYTHON (a Python whose torch has CUDA; else ~/.cache/concord/torch-*/bin/python, then
+# /usr/bin/python3 are tried, and the torch step is reported NOT RUN when none has CUDA).
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 out="${OUT:-$PWD/gpu-check-results}"
@@ -24,6 +28,7 @@ exec > >(tee -a "$results") 2>&1
 tee_pid=$!
 
 failures=()
+not_run=()
 step() { echo; echo "== $* =="; }
 # run NAME CMD...: runs a step, records a failure by name.
 run() {
@@ -50,6 +55,7 @@ bench_to() {
 finish() {
   step "summary"
   echo "results: $results"
+  [ ${#not_run[@]} -eq 0 ] || echo "!! NOT RUN: ${not_run[*]}"
   local rc=0
   if [ ${#failures[@]} -gt 0 ]; then
     echo "!! gpu-check FAILED steps: ${failures[*]}"
@@ -78,7 +84,7 @@ run "configure (CONCORD_CUDA=ON) in $build" \
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCONCORD_CUDA=ON || finish
 run "build" cmake --build "$build" -j"$jobs" \
   --target pack_plan_test cuda_packer_test pack_bench engine_device_test nccl_backend_test \
-  c_api_test concord-perf concordrun || finish
+  c_api_test concord-perf concordrun concord || finish
 
 run "CPU tests (the pack planner, the engine's device path, the NCCL probe)" \
   ctest --test-dir "$build" -R '^(PackPlanTest|EngineDeviceTest|NcclProbeTest)\.' \
@@ -122,6 +128,45 @@ run "C API with a GPU (CONCORD_BACKEND=nccl starts)" timeout 120 "$build/tests/c
 
 gpus="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')"
 [ "${gpus:-0}" -ge 1 ] || gpus=1
+
+# The Python binding on CUDA tensors and DDP on CUDA over "concord": one rank per GPU (NCCL refuses
+# two ranks of a communicator on one GPU), 1 rank, then 2 when there are two GPUs or more.
+step "Python: CUDA tensors through the binding, the torch backend and DDP"
+torch_python=""
+tried=()
+for py in ${TORCH_PYTHON:-} "$HOME"/.cache/concord/torch-*/bin/python /usr/bin/python3; do
+  [ -x "$py" ] || continue
+  tried+=("$py")
+  if timeout 180 "$py" -c 'import sys, numpy, pytest, torch
+sys.exit(0 if torch.cuda.is_available() else 3)' >/dev/null 2>&1; then
+    torch_python="$py"
+    break
+  fi
+done
+if [ -z "$torch_python" ]; then
+  echo "!! NOT RUN: no Python here has torch with usable CUDA, numpy and pytest (tried:" \
+    "${tried[*]:-none}); set TORCH_PYTHON"
+  not_run+=("tests/python/test_torch_cuda.py (no torch with CUDA)")
+else
+  "$torch_python" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda)'
+  # torch_cuda_test NP: the test file on NP ranks; a skip with a usable GPU is a failure.
+  # shellcheck disable=SC2317  # called through run
+  torch_cuda_test() {
+    local log="$out/torch_cuda_np$1.txt"
+    CONCORD_LIBRARY="$build/libconcord.so" PYTHONPATH="$root/bindings/python" \
+      PYTHONDONTWRITEBYTECODE=1 timeout 300 "$build/tools/concordrun" -np "$1" --backend nccl \
+      "$torch_python" -m pytest -q -rs -p no:cacheprovider "$root/tests/python/test_torch_cuda.py" \
+      2>&1 | tee "$log"
+    local rc=${PIPESTATUS[0]}
+    if [ "$rc" -eq 0 ] && grep -q 'SKIPPED' "$log"; then
+      echo "a GPU is usable but test_torch_cuda.py skipped"
+      return 1
+    fi
+    return "$rc"
+  }
+  run "test_torch_cuda.py, 1 rank" torch_cuda_test 1
+  if [ "$gpus" -ge 2 ]; then run "test_torch_cuda.py, 2 ranks" torch_cuda_test 2; fi
+fi
 perf_log="$out/concord_perf_nccl.txt"
 # shellcheck disable=SC2317  # called through run
 perf_nccl() {

@@ -50,3 +50,16 @@ def test_lib_constants_equal_the_header():
     assert _lib.DEVICE_CPU == c["DEVICE_CPU"]
     assert _lib.MAX_DIMS == c["MAX_DIMS"]
     assert _lib.UNDEFINED == c["UNDEFINED"]
+
+
+def test_device_opts_mirror_the_library():
+    # concord_device_opts_t as the _ex entry points read it: the library's own size (its
+    # struct_size after concord_device_opts_init) is the mirror's.
+    import ctypes
+
+    import concord
+    size = _lib.library_struct_size(concord.lib(), "concord_device_opts_init")
+    assert ctypes.sizeof(_lib.DeviceOptsStruct) == size == 24
+    for name in ("concord_allreduce_async_ex", "concord_allgather_async_ex",
+                 "concord_broadcast_async_ex", "concord_request_wait_stream"):
+        assert getattr(concord.lib(), name).argtypes, name  # declared by _lib.load()

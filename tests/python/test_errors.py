@@ -3,6 +3,7 @@ reports at enqueue, at completion and at init; mismatches between ranks; a wait'
 (WaitTimeoutError) told apart from an operation that timed out (ConcordTimeoutError); arguments the binding refuses before calling C; compression and device tensors this library
 cannot take; use after finalize."""
 
+import ctypes
 import os
 
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 
 import concord
 from concord import Status
+from fake_cuda import fake_cuda_tensor, no_gpu_backend
 
 
 def test_c_enqueue_errors_carry_status_and_message(comm):
@@ -144,12 +146,61 @@ def test_compression_without_library_support(comm):
 def test_device_tensors_are_refused_clearly(comm):
     torch = pytest.importorskip("torch", reason="torch is not installed for this Python "
                                 "(apt-get install python3-torch)")
-    with pytest.raises(concord.UnavailableError, match="CPU memory only"):
+    with pytest.raises(concord.UnavailableError,
+                       match="allreduce input is a meta tensor: Concord takes CPU tensors, and "
+                       "CUDA tensors for allreduce"):
         comm.allreduce(torch.empty(4, device="meta"), name="meta")
     with pytest.raises(concord.InvalidArgumentError, match="requires grad"):
         comm.allreduce_(torch.zeros(2, requires_grad=True), name="leaf")
     with pytest.raises(concord.InvalidArgumentError, match="complex"):
         comm.allreduce(torch.zeros(2, dtype=torch.complex64), name="complex")
+
+
+def test_cuda_tensors_without_gpu_backend(comm, monkeypatch):
+    torch = pytest.importorskip("torch", reason="torch is not installed for this Python "
+                                "(apt-get install python3-torch)")
+    if not no_gpu_backend():
+        pytest.skip("CONCORD_BACKEND=%s may start a GPU backend, which would take the fake "
+                    "tensor's host memory for device memory" % os.environ["CONCORD_BACKEND"])
+    from concord import _lib, device, tensors
+    # torch's current stream, as the binding reads it (torch without CUDA has none to read).
+    monkeypatch.setattr(tensors, "cuda_stream", lambda index: 0x5000 + index)
+    t = fake_cuda_tensor(torch, torch.ones(2, 3))
+    d = tensors.describe(t, "allreduce input", cuda=True)
+    assert (d.device, d.struct.device, d.stream, d.ptr) == (0, 0, 0x5000, t.data_ptr())
+    keep = []
+    opts = device.options(d, keep)
+    assert (opts.stream, opts.ready_event) == (0x5000, None)
+    assert opts.struct_size == ctypes.sizeof(_lib.DeviceOptsStruct) and opts in keep
+    # Refused at enqueue, naming the tensor, its device and what is missing; nothing enqueued.
+    before = comm.stats()
+    for what, call in [("allreduce input", lambda: comm.allreduce_(t, name="cuda.x")),
+                       ("allreduce input", lambda: comm.allreduce(t, out=t, name="cuda.x")),
+                       ("broadcast input", lambda: comm.broadcast_(t, name="cuda.x")),
+                       ("allgather input",
+                        lambda: comm.allgather(t, out=fake_cuda_tensor(torch, torch.ones(
+                            2 * comm.size, 3)), name="cuda.x"))]:
+        with pytest.raises(concord.UnavailableError) as e:
+            call()
+        assert e.value.status == Status.ERR_UNAVAILABLE
+        message = str(e.value)
+        assert message.startswith("ERR_UNAVAILABLE (8): %s is a CUDA tensor (cuda:0, shape "
+                                  % what), message
+        assert "'cuda.x' on CUDA device 0" in message and "GPU backend" in message, message
+    with pytest.raises(concord.InvalidArgumentError, match=r"allgather of a CUDA tensor \(cuda:0"
+                       r"\) needs out="):
+        comm.allgather(t, name="cuda.x")
+    for what, call in [("reducescatter", lambda: comm.reducescatter(t)),
+                       ("alltoall", lambda: comm.alltoall(t)),
+                       ("send", lambda: comm.send(t, 0))]:
+        with pytest.raises(concord.UnavailableError,
+                           match="%s .*is a CUDA tensor \\(cuda:0\\): Concord's %s takes CPU "
+                           "tensors only" % (what, what)):
+            call()
+    after = comm.stats()
+    assert after == before, (before, after)
+    # The names are free: the same name on the CPU goes through.
+    assert comm.allreduce(torch.ones(2, 3), name="cuda.x").tolist() == [[comm.size] * 3] * 2
 
 
 def test_init_error_and_use_after_finalize(comm):

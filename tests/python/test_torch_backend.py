@@ -2,8 +2,9 @@
 every ReduceOp Concord has over every dtype at sizes 0, 1, odd and larger; all_gather (and
 _into_tensor), broadcast from every root, reduce, reduce_scatter (and _tensor), all_to_all (and
 _single, uneven), send/recv, barrier; async works and their futures; a shape that differs between
-ranks and an unsupported op fail with errors naming them; a group whose rank 0 serves Concord's
-store (as under torchrun); "cpu:concord" and a device-mapped string it cannot honour (torch 2.x);
+ranks and an unsupported op fail with errors naming them; a CUDA tensor (a stand-in that says it
+is on cuda:0; torch built with CUDA) refused by the backend and the DDP hook, naming it; a group
+whose rank 0 serves Concord's store (as under torchrun); "cpu:concord" and a device-mapped string it cannot honour (torch 2.x);
 and DDP training of a small CNN on "concord" equals the same on "gloo" to 1e-5.
 Run on 2 and 3 ranks under concordrun (its CONCORD_STORE; torch's store is a FileStore), and by
 torch2_test.sh on 2 ranks under torch 2.x's torchrun, where the group is made exactly as a
@@ -17,6 +18,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed for this Pyt
 import torch.distributed as dist  # noqa: E402
 
 import concord.torch  # noqa: E402,F401  (registers the backend)
+from fake_cuda import fake_cuda_tensor, no_gpu_backend  # noqa: E402
 
 TORCHRUN = "CONCORD_RANK" not in os.environ  # else concordrun's
 RANK = int(os.environ["RANK" if TORCHRUN else "CONCORD_RANK"])
@@ -182,6 +184,63 @@ def test_unsupported_op_and_tensor_are_named():
         dist.all_reduce(torch.ones(2, dtype=torch.bool))
     with pytest.raises(concord.UnavailableError, match="gather is not supported"):
         dist.gather(torch.ones(2), [torch.ones(2) for _ in range(SIZE)] if RANK == 0 else None)
+
+
+@pytest.mark.skipif(torch.version.cuda is None, reason="torch %s is built without CUDA: it makes "
+                    "no CUDA futures, so the backend's CUDA path cannot be entered "
+                    "(tests/python/test_errors.py shows the binding's)" % torch.__version__)
+def test_cuda_tensor_without_gpu_backend_is_named(monkeypatch):
+    # A CPU tensor that says it is on cuda:0 enters the backend's and the hook's CUDA paths (a
+    # future for cuda:0) and is refused by the library, as this group has no GPU backend: the
+    # error names the tensor, its device and what is missing, and nothing is enqueued.
+    if not no_gpu_backend():
+        pytest.skip("CONCORD_BACKEND=%s may start a GPU backend, which would take the fake "
+                    "tensor's host memory for device memory" % os.environ["CONCORD_BACKEND"])
+    from concord import tensors
+    from concord.torch import hooks
+    monkeypatch.setattr(tensors, "cuda_stream", lambda index: 0)  # torch's default stream
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)  # recorded on it: none without a GPU
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: "the default stream")
+    group = dist.distributed_c10d._get_default_group()
+    before = group.comm.stats()
+    t = fake_cuda_tensor(torch, torch.ones(4))
+    missing = r"is a CUDA tensor \(cuda:0, shape \[%s\]\): UNAVAILABLE: tensor '%s' on CUDA " \
+        r"device 0: .*GPU backend"
+    for call, shape, name in [(lambda: group.allreduce([t]), "4", r"torch\.allreduce\.\d+"),
+                              (lambda: group.broadcast([t], dist.BroadcastOptions()), "4",
+                               r"torch\.broadcast\.\d+"),
+                              (lambda: group._allgather_base(
+                                  fake_cuda_tensor(torch, torch.ones(4 * SIZE)), t), "1, 4",
+                               r"torch\.allgather\.\d+"),
+                              (lambda: hooks.allreduce_hook(prefix="cuda")(None, FakeBucket(t)),
+                               "4", r"cuda\.bucket\.0\.v0")]:
+        with pytest.raises(concord.UnavailableError, match=missing % (shape, name)):
+            call()
+    assert group.comm.stats() == before
+    assert FakeEvent.recorded == 4  # the default stream's work is waited for through an event
+
+
+class FakeEvent:
+    """torch.cuda.Event without a GPU: counts records; its handle is never used (refused)."""
+    recorded = 0
+    cuda_event = 0x7000
+
+    def record(self, stream):
+        FakeEvent.recorded += 1
+
+
+class FakeBucket:
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+    def index(self):
+        return 0
+
+    def buffer(self):
+        return self.tensor
+
+    def parameters(self):
+        return [self.tensor]
 
 
 def test_group_whose_rank0_serves_the_store(monkeypatch):

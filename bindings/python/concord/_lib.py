@@ -118,6 +118,16 @@ class TensorStruct(ctypes.Structure):
     ]
 
 
+class DeviceOptsStruct(ctypes.Structure):
+    """concord_device_opts_t, field for field (CUDA handles as void*)."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("stream", ctypes.c_void_p),
+        ("ready_event", ctypes.c_void_p),
+    ]
+
+
 # (name, restype, argtypes) of every entry point the binding calls.
 _SIGNATURES = [
     ("concord_version", None, [ctypes.POINTER(ctypes.c_int)] * 3),
@@ -190,6 +200,23 @@ _SIGNATURES = [
       ctypes.POINTER(ctypes.c_int64)]),
 ]
 
+# Entry points for CUDA tensors: declared when the library has them (a libconcord without them
+# still loads; CUDA tensors are then refused naming the missing function).
+_DEVICE_SIGNATURES = [
+    ("concord_allreduce_async_ex", ctypes.c_int,
+     [c_comm_p, ctypes.c_char_p, ctypes.POINTER(TensorStruct), ctypes.POINTER(TensorStruct),
+      ctypes.POINTER(AllreduceOptsStruct), ctypes.POINTER(DeviceOptsStruct), CALLBACK,
+      ctypes.c_void_p, ctypes.POINTER(c_request_p)]),
+    ("concord_allgather_async_ex", ctypes.c_int,
+     [c_comm_p, ctypes.c_char_p, ctypes.POINTER(TensorStruct), ctypes.c_void_p, ctypes.c_size_t,
+      ctypes.POINTER(DeviceOptsStruct), CALLBACK, ctypes.c_void_p, ctypes.POINTER(c_request_p)]),
+    ("concord_broadcast_async_ex", ctypes.c_int,
+     [c_comm_p, ctypes.c_char_p, ctypes.POINTER(TensorStruct), ctypes.POINTER(TensorStruct),
+      ctypes.c_int, ctypes.POINTER(DeviceOptsStruct), CALLBACK, ctypes.c_void_p,
+      ctypes.POINTER(c_request_p)]),
+    ("concord_request_wait_stream", ctypes.c_int, [c_request_p, ctypes.c_void_p, ctypes.c_double]),
+]
+
 
 def _candidates():
     """Paths to try, in order, each with where it came from (for the error message)."""
@@ -227,6 +254,11 @@ def load():
             fn = getattr(lib, name)
             fn.restype = restype
             fn.argtypes = argtypes
+        for name, restype, argtypes in _DEVICE_SIGNATURES:
+            fn = getattr(lib, name, None)
+            if fn is not None:
+                fn.restype = restype
+                fn.argtypes = argtypes
         lib.concord_path = path
         return lib
     raise OSError("concord: libconcord not found; set CONCORD_LIBRARY to its path, build it "

@@ -21,7 +21,7 @@ import json
 import os
 import threading
 
-from . import _lib, tensors
+from . import _lib, device, tensors
 from .errors import (ConcordError, InvalidArgumentError, Status, UnavailableError,
                      WaitTimeoutError, make_error)
 
@@ -139,13 +139,17 @@ class Handle:
     ConcordError on failure; with a timeout that passes first, WaitTimeoutError, and the operation
     goes on); poll() says whether it finished without blocking. The handle keeps
     its tensors alive until the operation is done; a handle dropped unfinished hands its request
-    and tensors to a list that later submissions and finalize() free once it has finished."""
+    and tensors to a list that later submissions and finalize() free once it has finished.
 
-    def __init__(self, comm, request, keepalive, finish):
+    An operation on CUDA tensors: wait() is torch's Work.wait() for NCCL (see wait());
+    synchronize() blocks the host until the operation finished."""
+
+    def __init__(self, comm, request, keepalive, finish, device_index=None):
         self._comm = comm
         self._request = request
         self._keepalive = keepalive
         self._finish = finish  # builds the result once the request succeeded
+        self._device = device_index  # the CUDA device of an operation on CUDA tensors, else None
         self._result = None
         self._error = None
         self._wire_bytes = 0
@@ -165,7 +169,41 @@ class Handle:
         failed by a deadline of its own. timeout: seconds to wait at most (None: as long as the
         engine's own deadlines allow); when it passes first, raises WaitTimeoutError and the
         operation goes on: wait again, or poll(). Any thread may wait; a second waiter blocks
-        until the first has the result."""
+        until the first has the result.
+
+        On CUDA tensors, as torch's NCCL works: makes torch's current stream of the tensors'
+        device wait on the GPU for the operation (concord_request_wait_stream) and returns the
+        output, blocking the host only until the operation has been launched (timeout bounds
+        that). An error known by then raises; one on the device later is seen by synchronize(),
+        the callback's status and the communicator's next operations. The handle keeps the
+        tensors until the operation has finished."""
+        if self._device is not None:
+            return self._wait_stream(timeout)
+        return self.synchronize(timeout)
+
+    def _wait_stream(self, timeout):
+        with self._lock:
+            if not self._done:
+                L = lib()
+                limit = -1.0 if timeout is None else float(timeout)
+                status = device.wait_stream(L, self._request, self._device, limit)
+                if status == Status.IN_PROGRESS:
+                    raise WaitTimeoutError(timeout)
+                final = L.concord_test(self._request)
+                if final != _lib.IN_PROGRESS:
+                    self._complete(final)
+                elif status != Status.SUCCESS:
+                    message = L.concord_request_error(self._request).decode(errors="replace")
+                    raise make_error(status, message)
+                else:
+                    return self._finish(None)
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def synchronize(self, timeout=None):
+        """Blocks the host until the operation finished and returns its result, as wait() does
+        for CPU tensors (for them the two are the same)."""
         with self._lock:
             if not self._done:
                 L = lib()
@@ -186,7 +224,7 @@ class Handle:
     def wire_bytes(self):
         """Bytes this rank put on the wire for the operation (waits for it first); see
         concord_request_wire_bytes in concord.h."""
-        self.wait()
+        self.synchronize()
         return self._wire_bytes
 
     def _complete(self, status):
@@ -363,7 +401,8 @@ class Communicator:
             _PENDING[key] = (callback, keepalive)
         return _TRAMPOLINE, ctypes.c_void_p(key), key
 
-    def _submit(self, enqueue, callback, keepalive, finish):
+    def _submit(self, enqueue, callback, keepalive, finish, on_device=None):
+        """on_device: the CUDA tensor (a tensors.Described) of an operation on CUDA tensors."""
         if _ORPHANS:
             _sweep_orphans()
         fn, user_data, key = self._callback(callback, keepalive)
@@ -373,8 +412,29 @@ class Communicator:
             if key is not None:
                 with _PENDING_LOCK:
                     _PENDING.pop(key, None)
+            if on_device is not None:
+                message = lib().concord_comm_last_error(self._handle).decode(errors="replace")
+                raise make_error(status, "%s is a CUDA tensor (cuda:%d, shape %s): %s" %
+                                 (on_device.what, on_device.device, list(on_device.shape),
+                                  message))
             self._check(status)
-        return Handle(self, request, keepalive, finish)
+        return Handle(self, request, keepalive, finish,
+                      on_device.device if on_device is not None else None)
+
+    def _submit_device(self, entry, args, cuda, keep, callback, out):
+        """Enqueues an operation on CUDA tensors through the _ex entry point `entry`: args are
+        the arguments before its device options; cuda is its CUDA tensor (a tensors.Described);
+        wait() gives out."""
+        enqueue = device.entry(lib(), entry)
+        dev = device.options(cuda, keep)
+        return self._submit(lambda fn, ud, req: enqueue(*args, ctypes.byref(dev), fn, ud, req),
+                            callback, keep, lambda _: out, cuda)
+
+    @staticmethod
+    def _on_device(*described):
+        """The first CUDA tensor among the descriptors (None entries skipped), else None."""
+        return next((d for d in described if d is not None and d.device != _lib.DEVICE_CPU),
+                    None)
 
     # ---- operations ----
     def allreduce_async(self, tensor, name=None, op="sum", prescale=1.0, postscale=1.0, out=None,
@@ -401,14 +461,22 @@ class Communicator:
                 opts._spec = spec  # the struct points into these bytes
             if len(self._opts_cache) < 64:
                 self._opts_cache[key] = opts
-        src = tensors.describe(tensor, "allreduce input")
+        src = tensors.describe(tensor, "allreduce input", cuda=True)
         if out is None:
             out = tensors.empty_like(tensor)
         # In place (the same tensor) is a NULL output for the C API: one descriptor fewer.
-        dst = None if out is tensor else tensors.describe(out, "allreduce output", writable=True)
+        dst = None if out is tensor else tensors.describe(out, "allreduce output", writable=True,
+                                                          cuda=True)
         if dst is None:
             tensors.check_writable(tensor, "allreduce output")
-        keep = (src, dst)
+        keep = [src, dst]
+        cuda = self._on_device(src, dst)
+        if cuda is not None:
+            return self._submit_device(
+                "concord_allreduce_async_ex",
+                (handle, self._name(name, "allreduce"), ctypes.byref(src.struct),
+                 ctypes.byref(dst.struct) if dst is not None else None, ctypes.byref(opts)),
+                cuda, keep, callback, out)
         return self._submit(
             lambda fn, ud, req: _LIB.concord_allreduce_async(
                 handle, self._name(name, "allreduce"), ctypes.byref(src.struct),
@@ -427,14 +495,27 @@ class Communicator:
     def allgather_async(self, tensor, name=None, out=None, callback=None):
         """Concatenates every rank's tensor along the first dimension (which may differ between
         ranks; the others must agree). out=None: a new tensor of the gathered size; else the result
-        goes into out (at least as large) and wait() returns out[:gathered rows]."""
+        goes into out (at least as large) and wait() returns out[:gathered rows]. CUDA tensors
+        need out= (a CUDA tensor; the library cannot own device memory), and wait() returns out
+        whole: give it the gathered size."""
         handle = self._live()
-        src = tensors.describe(tensor, "allgather input")
+        src = tensors.describe(tensor, "allgather input", cuda=True)
         if len(src.shape) == 0:
             raise InvalidArgumentError(1, "allgather input must have at least one dimension")
-        dst = None if out is None else tensors.describe(out, "allgather output", writable=True)
+        dst = None if out is None else tensors.describe(out, "allgather output", writable=True,
+                                                        cuda=True)
         if dst is not None and dst.dtype != src.dtype:
             raise InvalidArgumentError(1, "allgather output dtype differs from the input's")
+        cuda = self._on_device(src, dst)
+        if cuda is not None:
+            if dst is None:
+                raise InvalidArgumentError(
+                    1, "allgather of a CUDA tensor (cuda:%d) needs out=, a CUDA tensor of the "
+                    "gathered size: the library cannot own device memory" % cuda.device)
+            return self._submit_device(
+                "concord_allgather_async_ex",
+                (handle, self._name(name, "allgather"), ctypes.byref(src.struct), dst.ptr,
+                 dst.nbytes), cuda, [src, dst], callback, out)
 
         def finish(request):
             data, nbytes, first = ctypes.c_void_p(), ctypes.c_size_t(), ctypes.c_int64()
@@ -458,10 +539,16 @@ class Communicator:
     def broadcast_async(self, tensor, root=0, name=None, out=None, callback=None):
         """Every rank receives root's tensor in out (None: a new tensor; out=tensor: in place)."""
         handle = self._live()
-        src = tensors.describe(tensor, "broadcast input")
+        src = tensors.describe(tensor, "broadcast input", cuda=True)
         if out is None:
             out = tensors.empty_like(tensor)
-        dst = tensors.describe(out, "broadcast output", writable=True)
+        dst = tensors.describe(out, "broadcast output", writable=True, cuda=True)
+        cuda = self._on_device(src, dst)
+        if cuda is not None:
+            return self._submit_device(
+                "concord_broadcast_async_ex",
+                (handle, self._name(name, "broadcast"), ctypes.byref(src.struct),
+                 ctypes.byref(dst.struct), int(root)), cuda, [src, dst], callback, out)
         return self._submit(
             lambda fn, ud, req: lib().concord_broadcast_async(
                 handle, self._name(name, "broadcast"), ctypes.byref(src.struct),

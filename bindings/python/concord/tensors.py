@@ -1,10 +1,12 @@
-"""Tensors as the C API sees them: numpy arrays and torch tensors (CPU) turned into concord_tensor_t
+"""Tensors as the C API sees them: numpy arrays and torch tensors turned into concord_tensor_t
 descriptors, and new arrays or tensors of a given dtype and shape for results. numpy and torch are
 imported only when an object of theirs is passed, so neither is required.
 
-CUDA tensors: the C API takes device memory (concord_tensor_t.device) and the producer's stream
-(the _ex entry points' concord_device_opts_t), but this binding does not pass them yet; describe()
-is the one place that would pass data_ptr(), the device and the current stream."""
+CUDA tensors (torch, tensor.is_cuda): describe(..., cuda=True) gives the device memory
+(data_ptr()), the device index and torch's current stream of that device at the call, which the
+Communicator hands to the C API's _ex entry points (concord_device_opts_t). Other devices (meta,
+mps, ...) and CUDA tensors for operations that take CPU memory only are refused here, naming the
+tensor and its device, before anything is enqueued."""
 import ctypes
 import sys
 
@@ -41,30 +43,52 @@ class Described:
     """One tensor's C descriptor. It keeps the object (so its memory) and the shape array alive as
     long as the descriptor is referenced."""
 
-    def __init__(self, obj, ptr, dtype, shape):
+    def __init__(self, obj, ptr, dtype, shape, device=_lib.DEVICE_CPU, stream=None):
         self.obj = obj
         self.dtype = dtype
         self.shape = tuple(int(d) for d in shape)
         self._shape = (ctypes.c_int64 * max(len(self.shape), 1))(*self.shape)
-        self.struct = _lib.TensorStruct(ptr or None, dtype, len(self.shape), self._shape,
-                                        _lib.DEVICE_CPU)
+        self.struct = _lib.TensorStruct(ptr or None, dtype, len(self.shape), self._shape, device)
         self.ptr = ptr
+        self.what = None  # what the tensor is to the operation ("allreduce input"), for errors
+        self.device = device  # DEVICE_CPU, or the CUDA device index
+        self.stream = stream  # CUDA: torch's current stream of the device (cudaStream_t as int)
         self.nbytes = ITEMSIZE[dtype]
         for d in self.shape:
             self.nbytes *= d
 
 
-def describe(obj, what, writable=False):
+def cuda_stream(index):
+    """torch's current stream of CUDA device `index`, as a cudaStream_t (an int; 0 is the legacy
+    default stream). UnavailableError when this torch cannot reach CUDA."""
+    import torch
+    try:
+        return int(torch.cuda.current_stream(index).cuda_stream)
+    except (AssertionError, RuntimeError) as e:  # torch without CUDA, no driver, no device
+        raise UnavailableError(8, "cuda:%d: torch %s cannot reach CUDA to read its current "
+                               "stream: %s" % (index, torch.__version__, e))
+
+
+def describe(obj, what, writable=False, cuda=False):
     """The descriptor of a numpy array or torch tensor; InvalidArgumentError for anything Concord
     cannot take (other types, unsupported dtypes, non-contiguous or read-only memory) and
-    UnavailableError for tensors not in CPU memory, which this binding does not pass yet."""
+    UnavailableError for a torch tensor on a device other than the CPU and CUDA, or a CUDA tensor
+    when `cuda` is False (the operation takes CPU memory only)."""
     if _is_torch(obj):
-        if obj.device.type != "cpu":
+        device = obj.device
+        index, stream = _lib.DEVICE_CPU, None
+        if device.type == "cuda":
+            if not cuda:
+                raise UnavailableError(
+                    8, "%s is a CUDA tensor (%s): Concord's %s takes CPU tensors only (CUDA "
+                    "tensors: allreduce, allgather and broadcast); pass tensor.cpu()" %
+                    (what, device, what.split()[0]))
+            index = device.index if device.index is not None else _current_device()
+            stream = cuda_stream(index)
+        elif device.type != "cpu":
             raise UnavailableError(
-                8, "%s is a %s tensor: this version of the Python binding passes CPU memory only "
-                "and does not pass device tensors yet (libconcord's C API takes CUDA memory and "
-                "streams through its _ex entry points; the binding does not use them yet); "
-                "pass a CPU tensor (tensor.cpu())" % (what, obj.device.type))
+                8, "%s is a %s tensor: Concord takes CPU tensors, and CUDA tensors for "
+                "allreduce, allgather and broadcast; pass tensor.cpu()" % (what, device.type))
         dtype = _TORCH_DTYPES.get(obj.dtype)
         if dtype is None:
             name = str(obj.dtype).replace("torch.", "")
@@ -76,7 +100,9 @@ def describe(obj, what, writable=False):
             raise InvalidArgumentError(1, "%s is not contiguous (call .contiguous())" % what)
         if writable:
             check_writable(obj, what)
-        return Described(obj, obj.data_ptr(), dtype, obj.shape)
+        described = Described(obj, obj.data_ptr(), dtype, obj.shape, index, stream)
+        described.what = what
+        return described
     if _is_numpy(obj):
         name = obj.dtype.name
         if name not in DTYPES:
@@ -92,6 +118,11 @@ def describe(obj, what, writable=False):
                                (what, type(obj).__name__))
 
 
+def _current_device():
+    import torch
+    return torch.cuda.current_device()
+
+
 def check_writable(obj, what):
     """InvalidArgumentError when Concord may not write into obj: a read-only numpy array, or a
     torch leaf that requires grad (writing behind autograd's back)."""
@@ -104,13 +135,14 @@ def check_writable(obj, what):
 
 
 def empty_like(obj, first_dim=None):
-    """A new uninitialised array or tensor like obj, with its first dimension replaced."""
+    """A new uninitialised array or tensor like obj (a torch tensor: on obj's device), with its
+    first dimension replaced."""
     shape = list(obj.shape)
     if first_dim is not None:
         shape = [first_dim] + shape[1:]
     if _is_torch(obj):
         import torch
-        return torch.empty(shape, dtype=obj.dtype)
+        return torch.empty(shape, dtype=obj.dtype, device=obj.device)
     import numpy
     return numpy.empty(shape, dtype=obj.dtype)
 

@@ -4,8 +4,9 @@ DistributedOptimizer(opt) returns an optimizer of opt's own class (isinstance ch
 rate schedulers keep working) that shares opt's parameter groups and state. During backward, a
 hook on each parameter's gradient accumulator enqueues that gradient's allreduce (average over
 ranks, in place) as soon as the gradient is complete, so communication overlaps the rest of the
-backward pass; step() waits for all of them, then runs the wrapped step. CPU tensors (the binding
-does not pass CUDA tensors yet).
+backward pass; step() waits for all of them, then runs the wrapped step. CUDA gradients take the
+binding's CUDA path (the allreduce follows torch's current stream of the backward pass, and
+step()'s wait makes the current stream wait; not yet run on a GPU; compression: CPU only).
 
 concord.torch.hooks (torch_hooks.py): DDP communication hooks (allreduce_hook).
 """

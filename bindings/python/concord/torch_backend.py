@@ -3,7 +3,11 @@
 `import concord.torch` registers it (register()); then
 `torch.distributed.init_process_group("concord", rank=, world_size=, store= / init_method=)` (or
 torchrun's variables) makes a ProcessGroupConcord whose collectives run through Concord's engine.
-CPU tensors only (CUDA tensors raise UnavailableError, from the binding).
+CUDA tensors: all_reduce, reduce, broadcast, all_gather and all_gather_into_tensor go to the
+device backend (NCCL) without a host copy, ordered after torch's current stream; a work's wait()
+makes the current stream wait for the operation (all_gather into a list: the host waits, for the
+copies into the list), its future (for the tensors' device) completes when the operation has. The
+other collectives take CPU tensors (a CUDA tensor raises UnavailableError, from the binding).
 
 One class serves torch 1.13 and 2.x (tested: 1.13, 2.9.1 and 2.15.0), no compiled code: both let a
 backend's creator return a Python subclass of ProcessGroup (torch 2.x's pybind trampoline), which
@@ -75,6 +79,11 @@ def _one(tensors, what):
     return tensors[0].detach()  # parameters require grad; the backend writes behind autograd
 
 
+def _cuda(t):
+    """The torch.device of a CUDA tensor, else None (CPU, and devices the binding refuses)."""
+    return t.device if t.is_cuda else None
+
+
 def _rows(t):
     """t as a 2-d view (1, numel): Concord's gathers and scatters split along dimension 0."""
     return t.detach().reshape(1, t.numel())
@@ -84,10 +93,11 @@ class _Work(dist.Work):
     """One collective's torch Work: wait() returns True or raises the operation's error (torch's
     Work.wait raises too); get_future() is completed with the outputs, as torch's are."""
 
-    def __init__(self, group, future):
+    def __init__(self, group, future, stream_wait=None):
         super().__init__()
         self._group = group
         self._future = future
+        self._stream_wait = stream_wait  # CUDA: makes the current stream wait (the Handle's)
         self.claimed = False  # wait() or get_future() was called (under the group's lock)
         self.done = False  # the operation ended; set before the future completes
 
@@ -97,7 +107,10 @@ class _Work(dist.Work):
 
     def wait(self, timeout=None):
         self._claim()
-        self._future.wait()  # raises the ConcordError of a failed operation
+        if self._stream_wait is not None:
+            self._stream_wait()  # raises the ConcordError of an operation that failed so far
+        else:
+            self._future.wait()  # raises the ConcordError of a failed operation
         return True
 
     def get_future(self):
@@ -126,7 +139,8 @@ class _Work(dist.Work):
 class ProcessGroupConcord(dist.ProcessGroup):
     """A torch.distributed process group over one Concord Communicator (its own engine and
     rendezvous). Calls are matched across ranks by a per-group sequence number, as torch requires
-    every rank to issue a group's collectives in the same order. Not for CUDA tensors."""
+    every rank to issue a group's collectives in the same order. CUDA tensors: see the module
+    doc."""
 
     def __init__(self, comm, rank, size):
         super().__init__(rank, size)
@@ -174,22 +188,37 @@ class ProcessGroupConcord(dist.ProcessGroup):
                 "(dist.new_group) for the other backend" % (config(self), " and ".join(others),
                                                              torch.__version__))
 
-    def _run(self, submit, result, finish=None):
+    def _run(self, submit, result, finish=None, cuda=None):
         """submit(callback) enqueues and returns a Handle; the Work's future gets `result` after
-        finish() ran (on success), or the operation's ConcordError."""
+        finish() ran (on success), or the operation's ConcordError. cuda: the torch.device of an
+        operation on CUDA tensors: its future is for that device; without finish, wait() makes
+        the current stream wait for the operation; finish() (copies) runs on the completing
+        thread once the operation has finished on the GPU, and the host waits for it."""
         if not self._config_checked:
             self._check_config()
         if self._refusal is not None:
             raise self._refusal
-        future = torch.futures.Future()
-        work = _Work(self, future)
+        future = torch.futures.Future(devices=[cuda]) if cuda is not None else \
+            torch.futures.Future()
         holder = {}
+        stream_wait = None
+        if cuda is not None and finish is None:
+            def stream_wait():
+                holder["handle"].wait()
+        work = _Work(self, future, stream_wait)
         submitted = threading.Event()
+        if cuda is not None and finish is not None:
+            copy = finish
+
+            def finish():
+                with torch.cuda.device(cuda):
+                    copy()
+                    torch.cuda.current_stream(cuda).synchronize()
 
         def fail():
             submitted.wait()
             try:
-                holder["handle"].wait()
+                holder["handle"].synchronize()
                 error = RuntimeError("concord: the operation failed without an error")
             except Exception as e:  # the ConcordError with the library's message
                 error = e
@@ -233,19 +262,20 @@ class ProcessGroupConcord(dist.ProcessGroup):
         t = _one(tensors, "allreduce")
         op = _reduce_op(_op_of(opts), "allreduce")
         return self._run(lambda cb: self.comm.allreduce_async(
-            t, out=t, op=op, name=self._name("allreduce"), callback=cb), tensors)
+            t, out=t, op=op, name=self._name("allreduce"), callback=cb), tensors, cuda=_cuda(t))
 
     def reduce(self, tensors, opts=None):
         t = _one(tensors, "reduce")
         op = _reduce_op(_op_of(opts), "reduce")
         out = t if self.rank() == opts.rootRank else torch.empty_like(t)
         return self._run(lambda cb: self.comm.allreduce_async(
-            t, out=out, op=op, name=self._name("reduce"), callback=cb), tensors)
+            t, out=out, op=op, name=self._name("reduce"), callback=cb), tensors, cuda=_cuda(t))
 
     def broadcast(self, tensors, opts=None):
         t = _one(tensors, "broadcast")
         return self._run(lambda cb: self.comm.broadcast_async(
-            t, root=opts.rootRank, out=t, name=self._name("broadcast"), callback=cb), tensors)
+            t, root=opts.rootRank, out=t, name=self._name("broadcast"), callback=cb), tensors,
+            cuda=_cuda(t))
 
     def allgather(self, output_lists, input_tensors, opts=None):
         t = _one(input_tensors, "allgather")
@@ -254,7 +284,7 @@ class ProcessGroupConcord(dist.ProcessGroup):
             raise InvalidArgumentError(
                 Status.ERR_INVALID_ARGUMENT,
                 "allgather: expected one output list of %d tensors" % self.size())
-        buffer = torch.empty((self.size(), t.numel()), dtype=t.dtype)
+        buffer = torch.empty((self.size(), t.numel()), dtype=t.dtype, device=t.device)
 
         def finish():
             for i, o in enumerate(outputs):
@@ -262,13 +292,13 @@ class ProcessGroupConcord(dist.ProcessGroup):
 
         return self._run(lambda cb: self.comm.allgather_async(
             _rows(t), out=buffer, name=self._name("allgather"), callback=cb), output_lists,
-            finish)
+            finish, cuda=_cuda(t))
 
     def _allgather_base(self, output, input, opts=None):
         self._check_total(output, input, "all_gather_into_tensor")
         return self._run(lambda cb: self.comm.allgather_async(
             _rows(input), out=output.detach().reshape(self.size(), input.numel()),
-            name=self._name("allgather"), callback=cb), [output])
+            name=self._name("allgather"), callback=cb), [output], cuda=_cuda(input))
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
         o = _one(outputs, "reduce_scatter")

@@ -14,8 +14,11 @@ with the bucket, averaged over ranks, when the allreduce does (or holds its Conc
 DDP raises from backward()). Buckets are named "<prefix>.bucket.<index>.v<layout>": the same names
 every step, so negotiation hits the response cache and top-k keeps its error-feedback residual per
 bucket; <layout> counts the changes of a bucket's parameters (DDP rebuilds its buckets once, after
-the first step), so a residual never meets a different layout. CPU buckets only while the binding
-passes CPU memory only (a CUDA bucket raises UnavailableError from the hook, naming the bucket).
+the first step), so a residual never meets a different layout. A CUDA bucket goes to the device
+backend (NCCL) in place, after the work queued on torch's current stream (the division
+included); its future is for the bucket's device and completes when the allreduce has finished
+on the GPU. A CUDA bucket on a communicator without a GPU backend raises UnavailableError from the
+hook, naming the bucket and what is missing.
 """
 import itertools
 import threading
@@ -83,7 +86,8 @@ class _AllreduceHook:
         comm = self.communicator(state)
         buffer = bucket.buffer()
         name = self.name(bucket)
-        future = torch.futures.Future()
+        future = (torch.futures.Future(devices=[buffer.device]) if buffer.is_cuda else
+                  torch.futures.Future())
         holder = {}
         submitted = threading.Event()
 
@@ -91,7 +95,7 @@ class _AllreduceHook:
             # A callback may not wait on its own operation: a thread takes the error.
             submitted.wait()
             try:
-                holder["handle"].wait()
+                holder["handle"].synchronize()
                 error = RuntimeError("concord: allreduce %s failed without an error" % name)
             except Exception as e:  # the ConcordError with the library's message
                 error = e
