@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed for this Pyt
 import torch.distributed as dist  # noqa: E402
 
 import concord.torch  # noqa: E402,F401  (registers the backend)
-from fake_cuda import fake_cuda_tensor, no_gpu_backend  # noqa: E402
+from fake_cuda import FakeBucket, fake_cuda_tensor, no_gpu_backend  # noqa: E402
 
 TORCHRUN = "CONCORD_RANK" not in os.environ  # else concordrun's
 RANK = int(os.environ["RANK" if TORCHRUN else "CONCORD_RANK"])
@@ -227,20 +227,6 @@ class FakeEvent:
 
     def record(self, stream):
         FakeEvent.recorded += 1
-
-
-class FakeBucket:
-    def __init__(self, tensor):
-        self.tensor = tensor
-
-    def index(self):
-        return 0
-
-    def buffer(self):
-        return self.tensor
-
-    def parameters(self):
-        return [self.tensor]
 
 
 def test_group_whose_rank0_serves_the_store(monkeypatch):

@@ -18,6 +18,7 @@ import torch.distributed as dist  # noqa: E402
 import concord  # noqa: E402
 import concord.torch  # noqa: E402,F401  (registers the backend)
 from concord.torch import hooks  # noqa: E402
+from fake_cuda import FakeBucket  # noqa: E402
 
 RANK = int(os.environ["CONCORD_RANK"])
 SIZE = int(os.environ["CONCORD_SIZE"])
@@ -198,20 +199,6 @@ def test_failed_allreduce_raises_from_backward(gloo, comm):
     with pytest.raises(RuntimeError, match="ConcordError: ERR_MISMATCH .*ddp.*disagree on "
                        "compression: fp16 on rank 0; bf16 on rank"):
         train(gloo, hooks.allreduce_hook(compression=spec, comm=comm), state=gloo, steps=1)
-
-
-class FakeBucket:
-    def __init__(self, tensor):
-        self.tensor = tensor
-
-    def index(self):
-        return 0
-
-    def buffer(self):
-        return self.tensor
-
-    def parameters(self):
-        return [self.tensor]
 
 
 def test_refusals_name_the_bucket_and_group(gloo, comm):
