@@ -176,6 +176,17 @@ def test_mismatched_shape_fails_naming_it():
     dist.all_reduce(torch.ones(3))  # the group still works
 
 
+def test_a_torch_without_backend_registration_is_named(monkeypatch):
+    # What `import concord.torch` warns (and DistributedOptimizer still works) on a torch older
+    # than 1.13, shown by taking registration away from this one.
+    from concord import torch_backend
+    monkeypatch.delattr(dist.Backend, "register_backend")
+    monkeypatch.setattr(dist.Backend, "_plugins", {}, raising=False)
+    with pytest.raises(concord.UnavailableError, match=r"torch \S+ is too old for the concord "
+                       "torch.distributed backend: it lacks .*register_backend"):
+        torch_backend.register()
+
+
 def test_unsupported_op_and_tensor_are_named():
     for op in ("BAND", "BOR", "BXOR"):
         with pytest.raises(concord.UnavailableError, match="ReduceOp.%s is not supported" % op):
