@@ -14,8 +14,9 @@
 # default perf/workloads in the repository), BENCH_WORKLOADS (default
 # "resnet50 bert_large vgg16"), BENCH_ITERS (default 50), JOBS (build parallelism, default nproc),
 # SKIP_SETUP=1 (do not run scripts/setup.sh), PERF_BYTES (concord-perf sweep, default 4K:256M),
-# TORCH_PYTHON (a Python whose torch has CUDA; else ~/.cache/concord/torch-*/bin/python, then
-# /usr/bin/python3 are tried, and the torch step is reported NOT RUN when none has CUDA).
+# TORCH_PYTHON (a Python whose torch has CUDA; else the python3 on PATH (the lent machines' image
+# keeps its CUDA torch 2.11 there), ~/.cache/concord/torch-*/bin/python, then /usr/bin/python3 are
+# tried, and the torch step is reported NOT RUN when none has CUDA).
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 out="${OUT:-$PWD/gpu-check-results}"
@@ -134,7 +135,9 @@ gpus="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')"
 step "Python: CUDA tensors through the binding, the torch backend and DDP"
 torch_python=""
 tried=()
-for py in ${TORCH_PYTHON:-} "$HOME"/.cache/concord/torch-*/bin/python /usr/bin/python3; do
+# The lent GPU machines' image has its CUDA torch in the python3 first on PATH.
+for py in ${TORCH_PYTHON:-} "$(command -v python3 || true)" "$HOME"/.cache/concord/torch-*/bin/python \
+  /usr/bin/python3; do
   [ -x "$py" ] || continue
   tried+=("$py")
   if timeout 180 "$py" -c 'import sys, numpy, pytest, torch
