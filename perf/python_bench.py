@@ -29,6 +29,8 @@ BUCKET_BYTES = 25 << 20
 
 
 def read_workload(path):
+    """A workload file's float32 tensors as (name, shape) in its order (perf/workloads/README.md);
+    another dtype ends the program, naming it."""
     tensors = []
     for line in open(path):
         line = line.strip()
@@ -36,7 +38,7 @@ def read_workload(path):
             continue
         name, dtype, shape = line.split()
         if dtype != "float32":
-            raise SystemExit("python_bench: only float32 workloads (%s is %s)" % (name, dtype))
+            raise SystemExit("%s: only float32 workloads (%s is %s)" % (path, name, dtype))
         tensors.append((name, [int(d) for d in shape.split("x")]))
     return tensors
 

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 import concord.torch  # noqa: F401  (registers the backend)
+from python_bench import read_workload  # perf/ is this script's directory
 
 FIRST_BUCKET_BYTES = 1 << 20  # torch.distributed's dist._DEFAULT_FIRST_BUCKET_BYTES
 BUCKET_BYTES = 25 << 20  # DDP's bucket_cap_mb default
@@ -37,16 +38,7 @@ class GradientSet(torch.nn.Module):
 
     def __init__(self, path):
         super().__init__()
-        self.shapes = []
-        for line in open(path):
-            line = line.strip()
-            if not line or line.startswith("#"):
-                continue
-            name, dtype, shape = line.split()
-            if dtype != "float32":
-                raise SystemExit("torch_ddp_bench: only float32 workloads (%s is %s)" % (name,
-                                                                                         dtype))
-            self.shapes.append((name, [int(d) for d in shape.split("x")]))
+        self.shapes = read_workload(path)
         for i, (_, shape) in enumerate(reversed(self.shapes)):
             self.register_parameter("p%d" % i, torch.nn.Parameter(torch.zeros(shape)))
 
