@@ -9,8 +9,9 @@
 //   to another with one tag arrive in the order they were sent (FIFO per (peer, tag)); different
 //   tags and peers never wait for each other, and any number may be in flight.
 // - Send() and Recv() are thread-safe, never block on the network, and call `done` exactly once:
-//   on the transport's progress thread, or on the calling thread when the operation completes (or
-//   is refused) at once. `done` must not call back into the transport.
+//   on the transport's progress thread, on the calling thread when the operation completes (or
+//   is refused) at once, or on a thread inside Drive(). `done` must not call back into the
+//   transport.
 // - A send's data must stay valid until its `done`. A send completes once the transport has handed
 //   its bytes on (TCP: written to the socket; MPI: once MPI completes the send).
 // - A recv matches the next message from (peer, tag). When its meta arrives, the transport calls
@@ -65,6 +66,17 @@ class P2pTransport {
                     Done done) = 0;
   virtual void Recv(int peer, int64_t tag, Deadline deadline, Place place, Done done) = 0;
   virtual void Close(const Status& status) = 0;
+  // Progress by the waiter: runs the transport's progress on the calling thread until `finished`
+  // returns true, the deadline passes, nothing is in flight, or the transport closes; `done` of
+  // any operation may run here. It polls without giving up the CPU for `busy_poll` after the last
+  // progress (0 where spinning would take the core from the rank it waits for), then yields. A
+  // transport without it returns at once (its progress thread drives). Not from `done` or `place`.
+  virtual void Drive(const std::function<bool()>& finished, Deadline deadline,
+                     std::chrono::microseconds busy_poll) {
+    (void)finished;
+    (void)deadline;
+    (void)busy_poll;
+  }
   // Whether the calling thread is the transport's progress thread (which must never wait for one
   // of the transport's operations).
   virtual bool OnProgressThread() const = 0;

@@ -62,7 +62,8 @@ Engine::Engine(const Config& config, std::unique_ptr<ControlPlane> control,
       gate_(std::make_shared<WaitGate>(
           [this](RequestState& state, Deadline deadline) { Drive(state, deadline); })),
       p2p_(std::make_unique<PointToPoint>(
-          config.rank, config.size, MillisFromSeconds(config.timeout_s), std::move(p2p),
+          config.rank, config.size, MillisFromSeconds(config.timeout_s), DriveBusyPoll(config),
+          std::move(p2p),
           Status(Code::kUnavailable, "this communicator has no point-to-point transport"))),
       driver_(ProgressDriver::Hooks{[this](Deadline limit, std::chrono::microseconds busy) {
                                       return StepHook(limit, busy);

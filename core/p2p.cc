@@ -29,13 +29,22 @@ struct RecvResult {
 }  // namespace
 
 PointToPoint::PointToPoint(int rank, int size, std::chrono::milliseconds timeout,
+                           std::chrono::microseconds drive_busy_poll,
                            std::unique_ptr<P2pTransport> transport, Status unavailable)
     : rank_(rank),
       size_(size),
       timeout_(timeout),
       unavailable_(std::move(unavailable)),
       transport_(std::move(transport)),
-      gate_(std::make_shared<WaitGate>([](RequestState&, Deadline) {})) {}
+      gate_(std::make_shared<WaitGate>(
+          [this, drive_busy_poll](RequestState& state, Deadline deadline) {
+            // The gate is closed (Close()) before this object goes. Oversubscribed (no busy
+            // poll), a waiter that yields between polls was slower than one asleep while the
+            // progress thread polls (MPI, 2 ranks, 1 KiB: 22-29 us against 10-17 us).
+            if (transport_ && drive_busy_poll.count() > 0) {
+              transport_->Drive([&state] { return state.done(); }, deadline, drive_busy_poll);
+            }
+          })) {}
 
 PointToPoint::~PointToPoint() {
   Close(Status(Code::kNotInitialized, "the communicator was finalized"));
@@ -140,6 +149,8 @@ void PointToPoint::Close(const Status& status) {
     closed_ = status;
   }
   if (transport_) transport_->Close(status);
+  // After the transport: a waiter inside Drive() returns once it is closed.
+  gate_->Close();
 }
 
 }  // namespace concord

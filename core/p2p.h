@@ -20,8 +20,12 @@
 //   fails fails what is in flight with it (kPeerFailure naming it).
 // - Close() (the engine's Shutdown and Fail) completes everything in flight with its status, on
 //   the calling thread, and refuses later operations. Callbacks run on the transport's progress
-//   thread, which must not wait for a request of this communicator (OnProgressThread()).
-// Requests wait through wait_gate(): plainly, on their state (the progress thread drives).
+//   thread (or a waiter driving it), which must not wait for a request of this communicator
+//   (OnProgressThread()).
+// Requests wait through wait_gate(): the waiting thread runs the transport's progress itself
+// where the transport can (P2pTransport::Drive: MPI) and the host has a core for each local rank
+// (drive_busy_poll > 0), so callbacks may run on the waiter, as an engine's do; plainly on their
+// state otherwise (the progress thread drives).
 #pragma once
 
 #include <chrono>
@@ -53,9 +57,11 @@ struct P2pEntry {
 class PointToPoint {
  public:
   // `transport` may be null (this communicator's backend has none): then every operation on a
-  // communicator of more than one rank is refused with `unavailable`.
+  // communicator of more than one rank is refused with `unavailable`. `drive_busy_poll`: how long
+  // a waiter driving the transport polls without yielding (P2pTransport::Drive).
   PointToPoint(int rank, int size, std::chrono::milliseconds timeout,
-               std::unique_ptr<P2pTransport> transport, Status unavailable);
+               std::chrono::microseconds drive_busy_poll, std::unique_ptr<P2pTransport> transport,
+               Status unavailable);
   ~PointToPoint();
   PointToPoint(const PointToPoint&) = delete;
   PointToPoint& operator=(const PointToPoint&) = delete;

@@ -1,14 +1,16 @@
 // The point-to-point transport of MPI jobs (CreateMpiP2pTransport): a duplicate of
 // MPI_COMM_WORLD of its own, so its messages never match the backend's or the control plane's.
-// A message is two (or more) MPI messages from the sender to the peer: its header on MPI tag 2t
-// (u64 dtype | u64 ndim | u64 bytes | kP2pMaxDims x i64 shape) and, when it has bytes, its payload
-// on tag 2t + 1 in pieces of at most kMpiMaxMessageBytes. MPI's non-overtaking rule per (source,
-// tag, communicator) keeps them in order. A recv posts its header's MPI_Irecv only when it is
-// the first of its (peer, tag), and its payload's once the header said where it goes.
+// A message starts with its header on MPI tag 2t (u64 dtype | u64 ndim | u64 bytes | kP2pMaxDims
+// x i64 shape). A payload of at most kEagerBytes follows the header in the same MPI message
+// (eager: one message, and the receiver copies it out of its header buffer); a larger one goes on
+// tag 2t + 1 in pieces of at most kMpiMaxMessageBytes. MPI's non-overtaking rule per (source,
+// tag, communicator) keeps them in order. A recv posts its header's MPI_Irecv (room for an eager
+// payload) only when it is the first of its (peer, tag), and its payload's once the header said
+// where it goes.
 #include <algorithm>
-#include <array>
 #include <atomic>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <list>
 #include <map>
@@ -21,11 +23,16 @@
 namespace concord {
 namespace {
 
-constexpr int kHeadWords = 3 + static_cast<int>(kP2pMaxDims);
-using Head = std::array<uint64_t, kHeadWords>;
+constexpr size_t kHeadWords = 3 + kP2pMaxDims;
+constexpr size_t kHeadBytes = kHeadWords * sizeof(uint64_t);
+// Payloads up to this size travel inside their header's message: with the header, 4 KiB, Open
+// MPI's largest eager message over shared memory (btl_vader_eager_limit; a larger one waits for
+// the receiver's handshake, which made a 4 KiB send/recv twice as slow as two eager messages).
+constexpr uint64_t kEagerBytes = 4096 - kHeadBytes;
+constexpr size_t kWireWords = kHeadWords + (kEagerBytes + 7) / sizeof(uint64_t);
 
 struct SendOp {
-  Head head{};
+  std::vector<uint64_t> wire;  // the header, then an eager payload
   std::vector<MPI_Request> requests;
   Deadline deadline = Deadline::Infinite();
   P2pTransport::Done done;
@@ -42,7 +49,7 @@ struct RecvOp {
 struct RecvQueue {
   std::deque<RecvOp> ops;
   bool head_posted = false;
-  Head head{};
+  std::vector<uint64_t> head = std::vector<uint64_t>(kWireWords);  // the header, eager payload
   MPI_Request head_request = MPI_REQUEST_NULL;
   std::vector<MPI_Request> payload;  // posted once the header arrived
   std::vector<char> drop;            // a refused payload lands here
@@ -53,8 +60,11 @@ using Completions = std::vector<std::pair<P2pTransport::Done, Status>>;
 // Contract: see P2pTransport. Owns its communicator and its progress thread, which tests every
 // pending MPI request (each call under the MpiEnvironment's lock, so SERIALIZED suffices) and
 // completes what finished: it spins while work is pending (yielding the CPU), sleeps on cv_ when
-// there is none. Send() and Recv() post their first MPI calls on the calling thread. mu_ guards
-// the operations; it is taken before the environment's lock and never held while `done` runs.
+// there is none, and stands aside while a waiter drives (Drive(): the waiting thread tests the
+// requests itself, so a blocking send or recv costs no hand-off between threads). Send() and
+// Recv() post their first MPI calls on the calling thread; a send MPI completes at once (an eager
+// one, usually) completes there. mu_ guards the operations; it is taken before the environment's
+// lock and never held while `done` runs.
 class MpiP2pTransport : public P2pTransport {
  public:
   MpiP2pTransport(std::shared_ptr<MpiEnvironment> env, MPI_Comm comm, int rank, int size,
@@ -82,16 +92,30 @@ class MpiP2pTransport : public P2pTransport {
       done(closed_);
       return;
     }
-    SendOp& op = sends_.emplace_back();
+    const bool eager = meta.bytes <= kEagerBytes;
+    auto it = sends_.emplace(sends_.end());
+    SendOp& op = *it;
     op.peer = peer;
     op.deadline = deadline;
     op.done = std::move(done);
-    op.head[0] = static_cast<uint64_t>(meta.dtype);
-    op.head[1] = meta.shape.size();
-    op.head[2] = meta.bytes;
-    std::copy(meta.shape.begin(), meta.shape.end(), op.head.begin() + 3);
-    Status s = Post(op, peer, tag, data, meta.bytes);
-    if (!s.ok()) FailAllLocked(s);
+    op.wire.assign(kHeadWords + (eager ? (meta.bytes + 7) / 8 : 0), 0);
+    op.wire[0] = static_cast<uint64_t>(meta.dtype);
+    op.wire[1] = meta.shape.size();
+    op.wire[2] = meta.bytes;
+    std::copy(meta.shape.begin(), meta.shape.end(), op.wire.begin() + 3);
+    if (eager && meta.bytes > 0) std::memcpy(op.wire.data() + kHeadWords, data, meta.bytes);
+    Status s = Post(op, peer, tag, eager ? nullptr : data, meta.bytes);
+    bool sent = false;
+    if (s.ok()) s = TestAll(op.requests, &sent);
+    if (!s.ok()) {
+      FailAllLocked(s);
+    } else if (sent) {
+      Done finished = std::move(op.done);
+      sends_.erase(it);
+      lock.unlock();
+      finished(Status::Ok());
+      return;
+    }
     cv_.notify_one();
   }
 
@@ -108,6 +132,41 @@ class MpiP2pTransport : public P2pTransport {
       Status s = PostHead(q, peer, tag);
       if (!s.ok()) FailAllLocked(s);
     }
+    cv_.notify_one();
+  }
+
+  void Drive(const std::function<bool()>& finished, Deadline deadline,
+             std::chrono::microseconds busy_poll) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (stop_) return;
+    ++drivers_;
+    Completions out;
+    auto idle_since = Clock::now();
+    while (!stop_ && !deadline.passed()) {
+      const bool progressed = Round(out);
+      for (auto& c : pending_out_) out.push_back(std::move(c));
+      pending_out_.clear();
+      const bool idle = sends_.empty() && recvs_.empty();
+      lock.unlock();
+      for (auto& [done, s] : out) done(s);
+      out.clear();
+      if (finished() || idle) {
+        lock.lock();
+        break;
+      }
+      const auto quiet = Clock::now() - idle_since;
+      if (progressed) {
+        idle_since = Clock::now();
+      } else if (quiet < busy_poll) {
+        // Polls on: a thread that yields here waits a time slice for the core on a busy host.
+      } else if (quiet < std::chrono::milliseconds(2)) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+      lock.lock();
+    }
+    --drivers_;
     cv_.notify_one();
   }
 
@@ -131,12 +190,14 @@ class MpiP2pTransport : public P2pTransport {
   }
 
  private:
+  // Sends the op's wire (header, eager payload) and, when `data` is given, its payload after it.
   Status Post(SendOp& op, int peer, int64_t tag, const void* data, uint64_t bytes) {
     auto lock = env_->Lock();
     op.requests.emplace_back();
-    CONCORD_MPI_CHECK(MPI_Isend(op.head.data(), kHeadWords, MPI_UINT64_T, peer,
+    const int wire_bytes = static_cast<int>(data == nullptr ? kHeadBytes + bytes : kHeadBytes);
+    CONCORD_MPI_CHECK(MPI_Isend(op.wire.data(), wire_bytes, MPI_BYTE, peer,
                                 static_cast<int>(2 * tag), comm_, &op.requests.back()));
-    for (uint64_t at = 0; at < bytes; at += kMpiMaxMessageBytes) {
+    for (uint64_t at = 0; data != nullptr && at < bytes; at += kMpiMaxMessageBytes) {
       const int n = static_cast<int>(std::min<uint64_t>(kMpiMaxMessageBytes, bytes - at));
       op.requests.emplace_back();
       CONCORD_MPI_CHECK(MPI_Isend(static_cast<const char*>(data) + at, n, MPI_BYTE, peer,
@@ -148,8 +209,8 @@ class MpiP2pTransport : public P2pTransport {
   Status PostHead(RecvQueue& q, int peer, int64_t tag) {
     auto lock = env_->Lock();
     q.head_posted = true;
-    CONCORD_MPI_CHECK(MPI_Irecv(q.head.data(), kHeadWords, MPI_UINT64_T, peer,
-                                static_cast<int>(2 * tag), comm_, &q.head_request));
+    CONCORD_MPI_CHECK(MPI_Irecv(q.head.data(), static_cast<int>(kWireWords * sizeof(uint64_t)),
+                                MPI_BYTE, peer, static_cast<int>(2 * tag), comm_, &q.head_request));
     return Status::Ok();
   }
 
@@ -163,18 +224,50 @@ class MpiP2pTransport : public P2pTransport {
     return Status::Ok();
   }
 
-  // A header arrived: check it, ask where the payload goes, post its receives.
-  Status StartPayload(RecvQueue& q, int peer, int64_t tag) {
+  // Tests the header's receive; on arrival *received is the size of its message.
+  Status TestHead(RecvQueue& q, bool* arrived, int* received) {
+    auto lock = env_->Lock();
+    int flag = 0;
+    MPI_Status st;
+    CONCORD_MPI_CHECK(MPI_Test(&q.head_request, &flag, &st));
+    *arrived = flag != 0;
+    if (*arrived) CONCORD_MPI_CHECK(MPI_Get_count(&st, MPI_BYTE, received));
+    return Status::Ok();
+  }
+
+  // A header of `received` bytes (with an eager payload) arrived: check it, ask where the payload
+  // goes, copy an eager one there or post the payload's receives.
+  Status StartPayload(RecvQueue& q, int peer, int64_t tag, int received) {
+    const std::string malformed = "malformed point-to-point header from rank " +
+                                  std::to_string(peer) + " (tag " + std::to_string(tag) + ")";
     P2pMeta meta;
     const uint64_t dtype = q.head[0], ndim = q.head[1];
-    if (!IsValidDType(static_cast<int>(dtype)) || ndim > kP2pMaxDims) {
-      return ProtocolError("malformed point-to-point header from rank " + std::to_string(peer));
+    if (received < static_cast<int>(kHeadBytes) || !IsValidDType(static_cast<int>(dtype)) ||
+        ndim > kP2pMaxDims) {
+      return ProtocolError(malformed);
     }
     meta.dtype = static_cast<DType>(dtype);
     meta.bytes = q.head[2];
-    for (uint64_t i = 0; i < ndim; ++i) meta.shape.push_back(static_cast<int64_t>(q.head[3 + i]));
+    uint64_t elements = 1;
+    for (uint64_t i = 0; i < ndim; ++i) {
+      const auto d = static_cast<int64_t>(q.head[3 + i]);
+      if (d < 0 || __builtin_mul_overflow(elements, static_cast<uint64_t>(d), &elements)) {
+        return ProtocolError(malformed + ": a bad dimension");
+      }
+      meta.shape.push_back(d);
+    }
+    const uint64_t eager = static_cast<uint64_t>(received) - kHeadBytes;
+    if (__builtin_mul_overflow(elements, DTypeSize(meta.dtype), &elements) ||
+        elements != meta.bytes || (meta.bytes <= kEagerBytes) != (eager == meta.bytes)) {
+      return ProtocolError(malformed + ": its size does not match its shape or its message");
+    }
     char* dest = static_cast<char*>(q.ops.front().place(meta));
-    if (dest == nullptr && meta.bytes > 0) {
+    if (meta.bytes <= kEagerBytes) {
+      if (dest != nullptr && meta.bytes > 0)
+        std::memcpy(dest, q.head.data() + kHeadWords, meta.bytes);
+      return Status::Ok();
+    }
+    if (dest == nullptr) {
       q.drop.resize(meta.bytes);
       dest = q.drop.data();
     }
@@ -188,14 +281,16 @@ class MpiP2pTransport : public P2pTransport {
     return Status::Ok();
   }
 
-  // Whether the unmatched header receive could be cancelled (else it has matched meanwhile).
-  bool CancelHead(RecvQueue& q) {
+  // Whether the unmatched header receive could be cancelled (else it has matched meanwhile, and
+  // *received is the size of its message).
+  bool CancelHead(RecvQueue& q, int* received) {
     auto lock = env_->Lock();
     MPI_Cancel(&q.head_request);
     MPI_Status st;
     MPI_Wait(&q.head_request, &st);
     int cancelled = 0;
     MPI_Test_cancelled(&st, &cancelled);
+    if (!cancelled) MPI_Get_count(&st, MPI_BYTE, received);
     return cancelled != 0;
   }
 
@@ -226,15 +321,14 @@ class MpiP2pTransport : public P2pTransport {
       RecvQueue& q = it->second;
       Status s = Status::Ok();
       if (q.payload.empty() && q.head_request != MPI_REQUEST_NULL) {
-        std::vector<MPI_Request> one{q.head_request};
         bool done = false;
-        s = TestAll(one, &done);
-        q.head_request = one[0];
+        int received = 0;
+        s = TestHead(q, &done, &received);
         if (s.ok() && done) {
-          s = StartPayload(q, peer, tag);
+          s = StartPayload(q, peer, tag, received);
           progressed = true;
         } else if (s.ok() && q.ops.front().deadline.passed()) {
-          if (CancelHead(q)) {
+          if (CancelHead(q, &received)) {
             out.emplace_back(
                 std::move(q.ops.front().done),
                 TimeoutError("recv from rank " + std::to_string(peer) + " with tag " +
@@ -243,7 +337,7 @@ class MpiP2pTransport : public P2pTransport {
             q.head_posted = false;
             progressed = true;
           } else {
-            s = StartPayload(q, peer, tag);
+            s = StartPayload(q, peer, tag, received);
           }
         }
       }
@@ -285,7 +379,8 @@ class MpiP2pTransport : public P2pTransport {
     sends_.clear();
     for (auto& [key, q] : recvs_) {
       if (q.head_request != MPI_REQUEST_NULL && q.payload.empty()) {
-        if (!CancelHead(q)) leaked = true;
+        int received = 0;
+        if (!CancelHead(q, &received)) leaked = true;
       } else if (!q.payload.empty()) {
         leaked = true;
       }
@@ -301,7 +396,7 @@ class MpiP2pTransport : public P2pTransport {
     auto idle_since = Clock::now();
     std::unique_lock<std::mutex> lock(mu_);
     while (!stop_) {
-      if (sends_.empty() && recvs_.empty() && pending_out_.empty()) {
+      if (drivers_ > 0 || (sends_.empty() && recvs_.empty() && pending_out_.empty())) {
         cv_.wait(lock);
         idle_since = Clock::now();
         continue;
@@ -335,6 +430,7 @@ class MpiP2pTransport : public P2pTransport {
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
+  int drivers_ = 0;  // threads inside Drive()
   Status closed_;
   std::list<SendOp> sends_;  // stable addresses: MPI holds their headers
   std::map<std::pair<int, int64_t>, RecvQueue> recvs_;
