@@ -13,6 +13,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -41,12 +42,12 @@ using tcp_p2p::kFixedHead;
 
 constexpr size_t kStaging = 256 * 1024;        // reads land here unless a payload is larger
 constexpr uint64_t kMaxSendBuffer = 32 << 20;  // SO_SNDBUF grows up to this (as Gloo's)
-constexpr uint64_t kHoldBytes = 1 << 20;       // a payload this large waits for its recv (Hold)
+constexpr uint64_t kHoldBytes = 1 << 20;       // a payload this large waits for its recv (Place)
 
-// How long a payload of `bytes` without its recv stays in the socket (Hold): about the time
-// copying it out of an unexpected buffer would take (4 GB/s), at least a millisecond.
+// How long a payload of `bytes` without its recv stays in the socket (Place): about the time
+// copying it out of an unexpected buffer would take (4 GB/s), from 1 to 20 ms.
 std::chrono::milliseconds HoldFor(uint64_t bytes) {
-  return std::chrono::milliseconds(std::max<uint64_t>(bytes >> 22, 1));
+  return std::chrono::milliseconds(std::clamp<uint64_t>(bytes >> 22, 1, 20));
 }
 
 void Signal(int fd) {
