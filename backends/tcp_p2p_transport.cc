@@ -42,7 +42,10 @@ using tcp_p2p::kFixedHead;
 
 constexpr size_t kStaging = 256 * 1024;        // reads land here unless a payload is larger
 constexpr uint64_t kMaxSendBuffer = 32 << 20;  // SO_SNDBUF grows up to this (as Gloo's)
-constexpr uint64_t kHoldBytes = 1 << 20;       // a payload this large waits for its recv (Place)
+// A payload this large waits for its recv (Place). A smaller one mostly fits in the sockets'
+// buffers: reading it ahead into an unexpected buffer and copying it costs about what reading it
+// once its recv is posted does.
+constexpr uint64_t kHoldBytes = 4 << 20;
 
 // How long a payload of `bytes` without its recv stays in the socket (Place): about the time
 // copying it out of an unexpected buffer would take (4 GB/s), from 1 to 20 ms.
