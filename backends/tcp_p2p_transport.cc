@@ -2,13 +2,18 @@
 // ranks, driven by one progress thread (see P2pTransport in backends/p2p_transport.h for what
 // every transport promises). The connections' setup and the stream's frames are in
 // backends/tcp_p2p_wire.h. Messages for which no recv is posted yet are kept whole (unexpected
-// messages) until one is; a posted recv's payload is read straight into its destination.
+// messages) until one is; a posted recv's payload is read straight into its destination. A large
+// payload (kHoldBytes) whose recv is not posted yet first waits in the socket for it, a few
+// milliseconds at most (HoldFor), so that a recv posted a moment late still takes it without a
+// copy; what follows it on the link waits that long. A recv posted while its payload is arriving
+// into an unexpected buffer takes over the rest (Adopt).
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -37,6 +42,16 @@ using tcp_p2p::kFixedHead;
 
 constexpr size_t kStaging = 256 * 1024;        // reads land here unless a payload is larger
 constexpr uint64_t kMaxSendBuffer = 32 << 20;  // SO_SNDBUF grows up to this (as Gloo's)
+// A payload this large waits for its recv (Place). A smaller one mostly fits in the sockets'
+// buffers: reading it ahead into an unexpected buffer and copying it costs about what reading it
+// once its recv is posted does.
+constexpr uint64_t kHoldBytes = 4 << 20;
+
+// How long a payload of `bytes` without its recv stays in the socket (Place): about the time
+// copying it out of an unexpected buffer would take (4 GB/s), from 1 to 20 ms.
+std::chrono::milliseconds HoldFor(uint64_t bytes) {
+  return std::chrono::milliseconds(std::clamp<uint64_t>(bytes >> 22, 1, 20));
+}
 
 void Signal(int fd) {
   const uint64_t one = 1;
@@ -88,7 +103,10 @@ struct Link {
   std::vector<unsigned char> in = std::vector<unsigned char>(kStaging);
   size_t in_begin = 0, in_end = 0;
   bool in_payload = false;  // a payload is arriving (else a header is)
+  bool placed = false;      // its destination is decided (else it is held in the socket)
+  Deadline hold_until = Deadline::Infinite();  // until when it may stay held
   int64_t tag = 0;
+  P2pMeta meta;
   char* dest = nullptr;  // where it goes; null: dropped
   uint64_t left = 0;
   std::optional<RecvOp> matched;  // the recv it completes, when one was posted
@@ -148,7 +166,8 @@ class TcpP2pTransport : public P2pTransport {
       l.posted[tag].push_back(RecvOp{deadline, std::move(place), std::move(done)});
       MatchUnexpected(l, tag, out);
       if (!l.failure.ok()) FailPosted(l, out);
-      if (deadline.at() < sleep_until_.at()) Signal(wake_.get());  // the next deadline
+      const bool held = l.in_payload && !l.placed && l.tag == tag;  // Place takes it now
+      if (held || deadline.at() < sleep_until_.at()) Signal(wake_.get());
     }
     Run(out);
   }
@@ -287,13 +306,32 @@ class TcpP2pTransport : public P2pTransport {
     }
   }
 
-  // A header arrived: decides where its payload goes.
-  void StartMessage(Link& l, int64_t tag, const P2pMeta& meta) REQUIRES(mu_) {
+  // A header arrived: its payload follows (Place decides where it goes).
+  void StartMessage(Link& l, int64_t tag, P2pMeta meta) REQUIRES(mu_) {
     l.tag = tag;
     l.left = meta.bytes;
     l.in_payload = true;
+    l.placed = false;
+    l.hold_until = meta.bytes >= kHoldBytes ? Deadline::After(HoldFor(meta.bytes))
+                                            : Deadline::After(std::chrono::milliseconds(0));
+    l.meta = std::move(meta);
+  }
+
+  // Decides where the arriving payload goes: its posted recv's destination (or the drop buffer
+  // when it refuses it), else an unexpected buffer. A large payload without a recv is held in
+  // the socket instead (false: nothing more is read from the link) until its recv is posted or
+  // HoldFor() passes: a recv posted soon after its message arrived (a ping-pong, a pipeline
+  // stage a moment behind) then takes the payload straight into its buffer, copied by no one;
+  // what follows on the link waits that long at most.
+  bool Place(Link& l) REQUIRES(mu_) {
+    if (l.placed) return true;
+    const int64_t tag = l.tag;
+    const P2pMeta& meta = l.meta;
     auto p = l.posted.find(tag);
-    if (p != l.posted.end() && l.unexpected.count(tag) == 0) {
+    const bool ready = p != l.posted.end() && l.unexpected.count(tag) == 0;
+    if (!ready && !l.hold_until.passed()) return false;
+    l.placed = true;
+    if (ready) {
       l.matched = std::move(p->second.front());
       p->second.pop_front();
       if (p->second.empty()) l.posted.erase(p);
@@ -301,7 +339,7 @@ class TcpP2pTransport : public P2pTransport {
       if (l.dest == nullptr && meta.bytes > 0) {
         l.drop.resize(std::min<uint64_t>(meta.bytes, kStaging));
       }
-      return;
+      return true;
     }
     auto& q = l.unexpected[tag];
     Unexpected m;
@@ -317,12 +355,43 @@ class TcpP2pTransport : public P2pTransport {
     q.push_back(std::move(m));
     l.stash = &q.back();
     l.dest = l.stash->payload.get();
+    return true;
+  }
+
+  // A recv posted while its message's payload is arriving into an unexpected buffer takes the
+  // message over: what arrived so far is copied to its destination and the rest is read straight
+  // there. Only for the tag's sole unexpected message (earlier ones would match first).
+  void Adopt(Link& l) REQUIRES(mu_) {
+    if (l.stash == nullptr) return;
+    auto p = l.posted.find(l.tag);
+    if (p == l.posted.end()) return;
+    auto u = l.unexpected.find(l.tag);
+    if (u->second.size() != 1) return;
+    Unexpected& m = u->second.front();
+    l.matched = std::move(p->second.front());
+    p->second.pop_front();
+    if (p->second.empty()) l.posted.erase(p);
+    l.dest = static_cast<char*>(l.matched->place(m.meta));
+    const uint64_t arrived = m.meta.bytes - l.left;
+    if (l.dest != nullptr) {
+      if (arrived > 0) std::memcpy(l.dest, m.payload.get(), arrived);
+      l.dest += arrived;
+    } else {
+      l.drop.resize(std::min<uint64_t>(l.left, kStaging));
+    }
+    if (m.capacity > l.spare_capacity) {
+      l.spare = std::move(m.payload);
+      l.spare_capacity = m.capacity;
+    }
+    l.unexpected.erase(u);
+    l.stash = nullptr;
   }
 
   // Parses what the staging buffer holds; false when the link failed (a malformed header).
   bool Parse(Link& l, Completions& out) REQUIRES(mu_) {
     for (;;) {
       if (l.in_payload) {
+        if (!Place(l)) return true;
         if (l.left != 0 && !TakePayload(l)) return true;
         FinishPayload(l, out);
         continue;
@@ -350,7 +419,12 @@ class TcpP2pTransport : public P2pTransport {
   // Reads what arrived on the link and processes every whole piece of it. Progress thread only:
   // the read side (staging buffer, the message being received) is its own, and read() runs
   // without mu_, so a large payload arriving never holds up a sender on another thread.
-  void ReadLink(Link& l, Completions& out) EXCLUDES(mu_) {
+  // `hangup`: the socket reported an error or hang-up (a held payload is read now, to find out).
+  void ReadLink(Link& l, bool hangup, Completions& out) EXCLUDES(mu_) {
+    if (hangup) {
+      MutexLock lock(mu_);
+      l.hold_until = Deadline::After(std::chrono::milliseconds(0));
+    }
     for (;;) {
       char* to = nullptr;
       size_t want = 0;
@@ -359,6 +433,8 @@ class TcpP2pTransport : public P2pTransport {
       {
         MutexLock lock(mu_);
         if (!l.fd.valid() || !Parse(l, out)) return;
+        if (l.in_payload && !l.placed) return;  // held (Place)
+        if (l.in_payload) Adopt(l);
         // A large payload's rest goes straight to its destination (or the drop buffer).
         direct = l.in_payload && l.in_begin == l.in_end && l.left >= kStaging / 4;
         if (direct) {
@@ -472,7 +548,9 @@ class TcpP2pTransport : public P2pTransport {
           if (!broken.ok()) FailLink(l, broken, out);
           next = next.Earlier(Expire(l, out));
           if (!l.fd.valid()) continue;
-          const short events = static_cast<short>(POLLIN | (sending ? POLLOUT : 0));
+          const bool held = l.in_payload && !l.placed;
+          if (held) next = next.Earlier(l.hold_until);
+          const short events = static_cast<short>((held ? 0 : POLLIN) | (sending ? POLLOUT : 0));
           fds.push_back(pollfd{l.fd.get(), events, 0});
           which.push_back(i);
         }
@@ -503,7 +581,11 @@ class TcpP2pTransport : public P2pTransport {
         }
       }
       for (size_t k = 0; k < which.size(); ++k) {
-        if (fds[k + 1].revents & (POLLIN | POLLHUP | POLLERR)) ReadLink(links_[which[k]], out);
+        // A held link reads once its recv is posted or its hold passes (ReadLink's Place).
+        const bool hangup = (fds[k + 1].revents & (POLLHUP | POLLERR)) != 0;
+        if (hangup || (fds[k + 1].revents & POLLIN) || !(fds[k + 1].events & POLLIN)) {
+          ReadLink(links_[which[k]], hangup, out);
+        }
       }
       Run(out);
     }

@@ -11,7 +11,8 @@
 //   ndim x i64 shape | bytes of payload
 // A receiver that finds anything else (a bad magic, dtype, a size that is not the shape's) fails
 // the link with kProtocol. Messages for which no recv is posted yet are kept whole (unexpected
-// messages) until one is; a posted recv's payload is read straight into its destination.
+// messages) until one is (a large one after waiting a few milliseconds in the socket for its
+// recv); a posted recv's payload is read straight into its destination.
 #pragma once
 
 #include <cstddef>
