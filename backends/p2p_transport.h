@@ -7,7 +7,9 @@
 // Contract (every implementation):
 // - A message is its P2pMeta (dtype, shape, payload bytes) and its payload. Messages from one rank
 //   to another with one tag arrive in the order they were sent (FIFO per (peer, tag)); different
-//   tags and peers never wait for each other, and any number may be in flight.
+//   tags and peers never wait for each other (but for a bounded pause: TCP holds a large payload
+//   whose recv is not posted yet in its socket for up to 20 ms, and what follows it on that link
+//   waits that long), and any number may be in flight.
 // - Send() and Recv() are thread-safe, never block on the network, and call `done` exactly once:
 //   on the transport's progress thread, on the calling thread when the operation completes (or
 //   is refused) at once, or on a thread inside Drive(). `done` must not call back into the
