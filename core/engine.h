@@ -243,7 +243,7 @@ class Engine {
   Status Step(Deadline limit, std::chrono::microseconds busy) REQUIRES(driver_.step_mutex());
   Status HandleMessage(const ControlMessage& message) REQUIRES(driver_.step_mutex());
   // On rank 0: the failure another rank reported (message.h, IsFailureReport), as rank 0 aborts
-  // the job with it.
+  // the job with it: PEER_FAILURE, "rank N failed: <its error>".
   static Status ReportedFailure(const ControlMessage& message);
   Status SubmitNew() REQUIRES(driver_.step_mutex());
   // Gives `m` to the coordinator (rank 0) or sends it to rank 0.

@@ -117,7 +117,8 @@ Status Engine::ReportedFailure(const ControlMessage& message) {
   if (!report->abort || report->abort_code == Code::kOk) {
     return ProtocolError("a response message from " + from + " that is no failure report");
   }
-  return Status(report->abort_code, from + " failed: " + report->abort_reason);
+  // Whatever its own error's code, for this rank another rank failed.
+  return Status(Code::kPeerFailure, from + " failed: " + report->abort_reason);
 }
 
 Status Engine::ExecuteList(const ResponseMessage& list) {
