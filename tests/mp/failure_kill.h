@@ -6,9 +6,10 @@
 //     concord_join (blocking, on a thread of its own, from about when V dies);
 //   running on the backend: the large operations of B bytes (default 16 MiB) that V enqueued too,
 //     in the order given (default reducescatter,alltoall,allgather,broadcast: a reduce-scatter,
-//     an all-to-all, an allgather with B bytes out and a broadcast from a survivor); V dies 3 ms
-//     after a 64 KiB allreduce (a backend one) it enqueued just before them completes, so inside
-//     them (they may succeed, whole, when V finished its part first). Each survivor prints
+//     an all-to-all, an allgather with B bytes out and a broadcast from a survivor), in one group
+//     after a 64 KiB allreduce (a backend one): V dies as that allreduce completes, on lane 0,
+//     while the first large one runs on lane 1 (they may succeed, whole, where V's part was not
+//     needed, e.g. on a broadcast's root). Each survivor prints
 //     "MID_FAILED rank R: ... <the first of them that failed, or none>".
 // Every survivor's requests end with an error naming rank V within the deadline
 // (CONCORD_TIMEOUT_S + 2 s); the send to V may instead succeed when V had taken the whole message
