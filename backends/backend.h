@@ -35,6 +35,10 @@ struct BackendOptions {
   std::string prefix;  // namespace for this communicator's keys in the store (job id + comm id)
   std::chrono::milliseconds timeout{30000};  // every blocking operation's deadline
   std::string algorithm = "auto";            // backend-specific algorithm override, for benchmarks
+  // The number the job knows each of this backend's ranks by, for its errors, when the backend
+  // spans a subset of the communicator (a hierarchical backend's local one): rank_names[r] for
+  // rank r. Empty: its own numbers.
+  std::vector<int> rank_names;
 };
 
 // One buffer of an allreduce over several (Backend::AllreduceSpans).

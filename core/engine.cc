@@ -369,6 +369,15 @@ void Engine::Fail(const Status& failure) {
     // Best effort: peers that still read get the reason; dead ones cost at most a second.
     (void)control_->Drain(Deadline::After(
         std::min(MillisFromSeconds(config_.timeout_s), std::chrono::milliseconds(1000))));
+  } else if (control_) {
+    // Tell rank 0 why before closing (its first sign would be this rank's closed connection): this
+    // rank may have seen the culprit die first, as shared memory does (message.h). Best effort:
+    // the frame leaves before the connection closes, or rank 0 is gone already.
+    ResponseMessage report;
+    report.abort = true;
+    report.abort_code = status.code();
+    report.abort_reason = status.message();
+    (void)control_->Send(0, SerializeResponseMessage(report));
   }
   if (control_) control_->Abandon();
   control_.reset();

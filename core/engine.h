@@ -242,6 +242,9 @@ class Engine {
   // --- engine_negotiation.cc ---
   Status Step(Deadline limit, std::chrono::microseconds busy) REQUIRES(driver_.step_mutex());
   Status HandleMessage(const ControlMessage& message) REQUIRES(driver_.step_mutex());
+  // On rank 0: the failure another rank reported (message.h, IsFailureReport), as rank 0 aborts
+  // the job with it: PEER_FAILURE, "rank N failed: <its error>".
+  static Status ReportedFailure(const ControlMessage& message);
   Status SubmitNew() REQUIRES(driver_.step_mutex());
   // Gives `m` to the coordinator (rank 0) or sends it to rank 0.
   Status SendRequests(RequestMessage m) REQUIRES(driver_.step_mutex());

@@ -113,7 +113,13 @@ Status Engine::ExplainFailure(const Status& failure) {
   while (!deadline.passed() && !driver_.stopping()) {
     StatusOr<bool> got = control_->Receive(&message, deadline);
     if (!got.ok()) return explained(got.status());
-    if (!*got || coordinator_) continue;  // woken, or a request: nothing runs any more
+    if (!*got) continue;  // woken
+    if (coordinator_) {
+      // Another rank that failed first may have said why (it saw the culprit die); requests:
+      // nothing runs any more.
+      if (IsFailureReport(message.bytes)) return explained(ReportedFailure(message));
+      continue;
+    }
     StatusOr<ResponseMessage> response = ParseResponseMessage(message.bytes);
     if (response.ok() && response->abort) {
       return explained(Status(response->abort_code, response->abort_reason));

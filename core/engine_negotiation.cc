@@ -93,6 +93,7 @@ Status Engine::SendRequests(RequestMessage m) {
 
 Status Engine::HandleMessage(const ControlMessage& message) {
   if (coordinator_) {
+    if (IsFailureReport(message.bytes)) return ReportedFailure(message);
     auto parsed = ParseRequestMessage(message.bytes);
     if (!parsed.ok())
       return parsed.status().WithContext("from rank " + std::to_string(message.from));
@@ -107,6 +108,17 @@ Status Engine::HandleMessage(const ControlMessage& message) {
   if (!response.warnings.empty()) metrics_->RecordStallWarnings(response.warnings.size());
   if (response.items.empty()) return Status::Ok();
   return ExecuteList(response);
+}
+
+Status Engine::ReportedFailure(const ControlMessage& message) {
+  const std::string from = "rank " + std::to_string(message.from);
+  StatusOr<ResponseMessage> report = ParseResponseMessage(message.bytes);
+  if (!report.ok()) return report.status().WithContext("failure report from " + from);
+  if (!report->abort || report->abort_code == Code::kOk) {
+    return ProtocolError("a response message from " + from + " that is no failure report");
+  }
+  // Whatever its own error's code, for this rank another rank failed.
+  return Status(Code::kPeerFailure, from + " failed: " + report->abort_reason);
 }
 
 Status Engine::ExecuteList(const ResponseMessage& list) {

@@ -65,8 +65,13 @@ StatusOr<std::unique_ptr<Backend>> Hierarchical(const Config& config, const Host
                                                 const std::string& prefix, int lane,
                                                 Deadline deadline) {
   const std::string tag = "/lane" + std::to_string(lane);
+  // The host's ranks, in rank order: their errors name them so, not by their local ranks.
+  BackendOptions host_options = options;
+  for (int r = 0; r < static_cast<int>(layout.host_of.size()); ++r) {
+    if (layout.host_of[r] == layout.host) host_options.rank_names.push_back(r);
+  }
   StatusOr<std::unique_ptr<Backend>> local =
-      Shm(config, options, store, layout.local_rank, layout.local_size,
+      Shm(config, host_options, store, layout.local_rank, layout.local_size,
           prefix + "/shm/host" + std::to_string(layout.host) + tag);
   if (!local.ok() && local.status().code() != Code::kUnavailable) return local.status();
   const Status agreed =

@@ -258,6 +258,10 @@ Status CheckHeader(Reader& rd, uint8_t tag, const char* what) {
 
 }  // namespace
 
+bool IsFailureReport(const std::string& bytes) {
+  return !bytes.empty() && static_cast<uint8_t>(bytes[0]) == kResponseTag;
+}
+
 std::string SerializeRequestMessage(const RequestMessage& m) {
   size_t expected =
       24 + 8 * m.cached_mask.size() + DataBytes(m.cached_data) + DataBytes(m.request_data);

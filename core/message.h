@@ -68,6 +68,14 @@ struct ResponseMessage {
   std::vector<uint32_t> evictions;
 };
 
+// A failure report: a ResponseMessage that only aborts (abort_code, abort_reason), sent the other
+// way, by a rank that failed to rank 0 just before it closes its connections (Engine::Fail). Rank 0
+// aborts the job with it (PEER_FAILURE, "rank N failed: ..."), so that the culprit such a rank saw
+// die (shared memory sees a killed peer before its connections close) is named, not the reporting
+// rank, whose closed connection would otherwise be the first failure rank 0 sees. Tells one apart
+// from a RequestMessage by its first byte.
+bool IsFailureReport(const std::string& bytes);
+
 std::string SerializeRequestMessage(const RequestMessage& m);
 StatusOr<RequestMessage> ParseRequestMessage(const std::string& bytes);
 std::string SerializeResponseMessage(const ResponseMessage& m);

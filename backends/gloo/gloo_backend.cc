@@ -1,8 +1,6 @@
 #include "backends/gloo/gloo_backend.h"
 
-#include <gloo/allgatherv.h>
 #include <gloo/barrier.h>
-#include <gloo/broadcast.h>
 
 #include <algorithm>
 #include <cstring>
@@ -36,8 +34,10 @@ const uint64_t kSpanSlot = gloo::Slot::build(0x43, 0);
 constexpr size_t kSpanSegmentBytes = size_t{256} << 10;
 // ReduceScatter's messages, on a slot of their own on the same context, in the same segments.
 const uint64_t kReduceScatterSlot = gloo::Slot::build(0x44, 0);
-// Alltoallv's, likewise.
+// Alltoallv's, Allgatherv's and Broadcast's, likewise.
 const uint64_t kAlltoallvSlot = gloo::Slot::build(0x45, 0);
+const uint64_t kAllgathervSlot = gloo::Slot::build(0x46, 0);
+const uint64_t kBroadcastSlot = gloo::Slot::build(0x47, 0);
 // Below this many input bytes a reduce-scatter is latency-bound: it runs as an allreduce (Gloo's
 // algorithm for the size, see AutoAlgorithm) of a copy of the input, of which this rank keeps its
 // block. The ring's size - 1 dependent steps cost more there than the extra bytes: at 4 KiB and 2
@@ -148,8 +148,9 @@ class GlooBackend : public Backend {
 
   const char* name() const override { return "gloo"; }
 
-  // Aborts the waits of Concord's own collectives (span allreduce, reduce-scatter, all-to-all);
-  // Gloo's own ones keep to their errors and timeout (their buffers are out of reach).
+  // Aborts the waits of Concord's own collectives (span allreduce, reduce-scatter, all-to-all,
+  // allgather, broadcast); Gloo's own ones (allreduces of one buffer, barrier) keep to their
+  // errors and timeout (their buffers are out of reach).
   std::function<void()> Interrupter() override {
     return [in_flight = in_flight_] { in_flight->Interrupt(); };
   }
@@ -226,14 +227,10 @@ class GlooBackend : public Backend {
       std::memmove(out, in, mine);
       return Status::Ok();
     }
-    last_algorithm_ = "ring";  // gloo::allgatherv passes every block around the ring
+    last_algorithm_ = "ring";  // every block passes around the ring, as in gloo::allgatherv
     try {
-      gloo::AllgathervOptions options(context_);
-      // Gloo sends from the input buffer; an empty contribution still needs a valid pointer.
-      char empty = 0;
-      options.setInput(mine > 0 ? static_cast<char*>(const_cast<void*>(in)) : &empty, mine);
-      options.setOutput(static_cast<char*>(out), bytes_per_rank);
-      gloo::allgatherv(options);
+      gloo_internal::InterruptibleAllgatherv(context_, in, out, bytes_per_rank, kAllgathervSlot,
+                                             in_flight_.get());
       return Status::Ok();
     } catch (...) {
       return Fail("allgatherv (" + std::to_string(total) + " bytes)");
@@ -248,12 +245,10 @@ class GlooBackend : public Backend {
     if (!failed_.ok()) return failed_;
     last_algorithm_ = "local";
     if (bytes == 0 || size_ == 1) return Status::Ok();
-    last_algorithm_ = "tree";  // gloo::broadcast: a binomial tree from the root
+    last_algorithm_ = "tree";  // a binomial tree from the root, as gloo::broadcast's
     try {
-      gloo::BroadcastOptions options(context_);
-      options.setOutput(static_cast<char*>(data), bytes);
-      options.setRoot(root);
-      gloo::broadcast(options);
+      gloo_internal::InterruptibleBroadcast(context_, data, bytes, root, kBroadcastSlot,
+                                            in_flight_.get());
       return Status::Ok();
     } catch (...) {
       return Fail("broadcast (" + std::to_string(bytes) + " bytes from rank " +
@@ -378,7 +373,8 @@ class GlooBackend : public Backend {
   const AllreduceAlgorithm forced_;
   std::vector<uint8_t> span_scratch_;   // SpanRingAllreduce's and RingReduceScatter's scratch
   std::vector<uint8_t> small_scratch_;  // a small reduce-scatter's input, allreduced
-  // The buffers of the span allreduce, reduce-scatter or all-to-all running, for Interrupter().
+  // The buffers of the span allreduce, reduce-scatter, all-to-all, allgather or broadcast running,
+  // for Interrupter().
   const std::shared_ptr<gloo_internal::InFlight> in_flight_ =
       std::make_shared<gloo_internal::InFlight>();
   Status failed_;

@@ -82,5 +82,63 @@ void InterruptibleAlltoallv(const std::shared_ptr<gloo::Context>& context, const
   for (int i = 0; i < sends; ++i) ThrowIfAborted(input->waitSend(timeout), "alltoallv", "send");
 }
 
+void InterruptibleAllgatherv(const std::shared_ptr<gloo::Context>& context, const void* in,
+                             void* out, const std::vector<size_t>& bytes, uint64_t slot,
+                             InFlight* in_flight) {
+  const int size = context->size;
+  const int rank = context->rank;
+  std::vector<size_t> at(size + 1, 0);
+  for (int r = 0; r < size; ++r) at[r + 1] = at[r] + bytes[r];
+  auto* dst = static_cast<uint8_t*>(out);
+  if (bytes[rank] > 0) std::memmove(dst + at[rank], in, bytes[rank]);
+  if (size == 1 || at[size] == 0) return;
+  auto output = context->createUnboundBuffer(out, at[size]);
+  InFlight::Scope scope(in_flight, {output.get()});
+  const int right = (rank + 1) % size, left = (rank + size - 1) % size;
+  const auto timeout = context->getTimeout();
+  bool sending = false, receiving = false;  // the previous step's messages, when not empty
+  auto await = [&] {
+    if (sending) ThrowIfAborted(output->waitSend(timeout), "allgatherv", "send");
+    if (receiving) ThrowIfAborted(output->waitRecv(timeout), "allgatherv", "receive");
+  };
+  for (int step = 0; step < size - 1; ++step) {
+    // The block received in one step is sent on in the next.
+    await();
+    const int send_block = (rank - step + size) % size;
+    const int recv_block = (rank - step - 1 + size) % size;
+    sending = bytes[send_block] > 0;
+    receiving = bytes[recv_block] > 0;
+    if (sending) output->send(right, slot, at[send_block], bytes[send_block]);
+    if (receiving) output->recv(left, slot, at[recv_block], bytes[recv_block]);
+  }
+  await();
+}
+
+void InterruptibleBroadcast(const std::shared_ptr<gloo::Context>& context, void* data, size_t bytes,
+                            int root, uint64_t slot, InFlight* in_flight) {
+  const int size = context->size;
+  if (size == 1 || bytes == 0) return;
+  auto buffer = context->createUnboundBuffer(data, bytes);
+  InFlight::Scope scope(in_flight, {buffer.get()});
+  const auto timeout = context->getTimeout();
+  // Ranks relative to the root (virtual rank 0). In round i the virtual ranks below 2^i have the
+  // data; each sends it to the one 2^i above it (if there is one). A rank receives once, in the
+  // round of its highest set bit, and sends in every later round.
+  const int vrank = (context->rank - root + size) % size;
+  int sends = 0;
+  for (int step = 1; step < size; step <<= 1) {
+    if (vrank < step) {
+      if (vrank + step < size) {
+        buffer->send((vrank + step + root) % size, slot);
+        ++sends;
+      }
+    } else if (vrank < 2 * step) {
+      buffer->recv((vrank - step + root) % size, slot);
+      ThrowIfAborted(buffer->waitRecv(timeout), "broadcast", "receive");
+    }
+  }
+  for (int i = 0; i < sends; ++i) ThrowIfAborted(buffer->waitSend(timeout), "broadcast", "send");
+}
+
 }  // namespace gloo_internal
 }  // namespace concord

@@ -1,4 +1,5 @@
-// Interrupting a Gloo collective from another thread, and an all-to-all that can be interrupted.
+// Interrupting a Gloo collective from another thread, and an all-to-all, allgather and broadcast
+// that can be interrupted.
 //
 // Why: Gloo fails the operations pending on a pair when its connection breaks, but not a message
 // it is in the middle of sending or receiving (tcp::Pair::signalException skips an unbound
@@ -6,8 +7,9 @@
 // message to a peer that died mid-transfer waits out the whole timeout, although Concord's
 // control plane already knows the peer is gone (seen: every survivor of a 16 MiB all-to-all
 // blocked in UnboundBuffer::waitSend until CONCORD_TIMEOUT_S). Gloo's own collectives keep their
-// buffers to themselves; Concord's own ones (the ring reduce-scatter, the span allreduce and the
-// all-to-all below) register theirs here, so that Interrupt() can abort their waits.
+// buffers to themselves, or (allgatherv, broadcast) take ours but ignore an aborted wait and go on
+// waiting; Concord's own ones (the ring reduce-scatter, the span allreduce and the all-to-all,
+// allgather and broadcast below) register theirs here, so that Interrupt() can abort their waits.
 #pragma once
 
 #include <gloo/context.h>
@@ -61,6 +63,21 @@ void InterruptibleAlltoallv(const std::shared_ptr<gloo::Context>& context, const
                             const std::vector<size_t>& send_bytes, void* out,
                             const std::vector<size_t>& recv_bytes, uint64_t slot,
                             InFlight* in_flight);
+
+// Allgather of bytes, as gloo::allgatherv and with its ring (at step i each rank passes block
+// rank - i to rank + 1 and receives block rank - i - 1 from rank - 1): out receives bytes[r] from
+// each rank r, in rank order; in is this rank's bytes[rank] (it may be their place in out). Every
+// message on `slot` of `context`, the buffer in `in_flight` (may be null). Blocks; throws Gloo's
+// exceptions on failure or timeout (the context's, per wait).
+void InterruptibleAllgatherv(const std::shared_ptr<gloo::Context>& context, const void* in,
+                             void* out, const std::vector<size_t>& bytes, uint64_t slot,
+                             InFlight* in_flight);
+
+// Broadcast of `bytes` bytes of `data` from `root`, in place, as gloo::broadcast and with its
+// binomial tree (in round i the ranks that have the data send it to the ranks 2^i further from the
+// root). Messages, buffers and failures as InterruptibleAllgatherv's.
+void InterruptibleBroadcast(const std::shared_ptr<gloo::Context>& context, void* data, size_t bytes,
+                            int root, uint64_t slot, InFlight* in_flight);
 
 }  // namespace gloo_internal
 }  // namespace concord

@@ -112,7 +112,8 @@ class ShmBackend : public Backend {
         segment_(std::move(segment)),
         half_bytes_(segment_->half_bytes()),
         direct_threshold_(direct_threshold),
-        barrier_(segment_.get(), rank_, options.timeout, !Oversubscribed(size_)) {}
+        barrier_(segment_.get(), rank_, options.timeout, !Oversubscribed(size_),
+                 options.rank_names) {}
 
   // Collective, once, before any other call: whether every rank can read every other's memory
   // (shm_direct.h). A rank that cannot is no error: all then keep to the segment.

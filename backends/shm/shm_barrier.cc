@@ -43,14 +43,21 @@ void FutexWakeAll(std::atomic<uint32_t>* word) {
 
 }  // namespace
 
-ShmBarrier::ShmBarrier(ShmSegment* segment, int rank, std::chrono::milliseconds timeout, bool spin)
+ShmBarrier::ShmBarrier(ShmSegment* segment, int rank, std::chrono::milliseconds timeout, bool spin,
+                       std::vector<int> rank_names)
     : segment_(segment),
       header_(segment->header()),
       rank_(rank),
       size_(segment->size()),
       timeout_(timeout),
       spin_(spin),
+      rank_names_(std::move(rank_names)),
       round_(segment->rank_block(rank)->arrived.load(std::memory_order_relaxed)) {}
+
+std::string ShmBarrier::RankName(int r) const {
+  const bool named = r >= 0 && static_cast<size_t>(r) < rank_names_.size();
+  return "rank " + std::to_string(named ? rank_names_[r] : r);
+}
 
 bool ShmBarrier::AllArrived(uint64_t round) const {
   for (int r = 0; r < size_; ++r) {
@@ -74,15 +81,14 @@ Status ShmBarrier::Check(uint64_t round, const Deadline& deadline) {
   if (aborted_by >= 0 && aborted_by != rank_) {
     const int dead = header_->dead_rank.load();
     if (dead >= 0) {
-      return Status(Code::kPeerFailure, "rank " + std::to_string(dead) +
-                                            " exited during a shared-memory collective (found by "
-                                            "rank " +
-                                            std::to_string(aborted_by) + ")");
+      return Status(Code::kPeerFailure, RankName(dead) +
+                                            " exited during a shared-memory collective (found by " +
+                                            RankName(aborted_by) + ")");
     }
     // It gave up (interrupted, or timed out) without knowing who failed: the engine asks its
     // control plane (a backend error is explained there).
     return Status(Code::kBackendError,
-                  "rank " + std::to_string(aborted_by) + " abandoned the shared-memory collective");
+                  RankName(aborted_by) + " abandoned the shared-memory collective");
   }
   if (interrupted_->load()) {
     return Abort(
@@ -96,16 +102,16 @@ Status ShmBarrier::Check(uint64_t round, const Deadline& deadline) {
     // after that, still has not arrived failed this round (its last store precedes its exit).
     if (ProcessStartTicks(block->pid) != block->start_ticks &&
         block->arrived.load(std::memory_order_acquire) < round) {
-      return Abort(r, Status(Code::kPeerFailure, "rank " + std::to_string(r) + " (pid " +
-                                                     std::to_string(block->pid) +
-                                                     ") exited during a shared-memory collective"));
+      return Abort(r,
+                   Status(Code::kPeerFailure, RankName(r) + " (pid " + std::to_string(block->pid) +
+                                                  ") exited during a shared-memory collective"));
     }
   }
   if (deadline.passed()) {
     std::string missing;
     for (int r = 0; r < size_; ++r) {
       if (segment_->rank_block(r)->arrived.load() < round) {
-        missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+        missing += (missing.empty() ? "" : ", ") + RankName(r).substr(5);
       }
     }
     return Abort(-1, Status(Code::kTimeout, "shared-memory collective: rank(s) " + missing +

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backends/shm/shm_segment.h"
 #include "base/clock.h"
@@ -28,7 +29,9 @@ namespace shm_internal {
 // flag, which any thread may set at any time (it is shared, and outlives the barrier).
 class ShmBarrier {
  public:
-  ShmBarrier(ShmSegment* segment, int rank, std::chrono::milliseconds timeout, bool spin);
+  // Errors name rank r as rank_names[r] (BackendOptions::rank_names; empty: r).
+  ShmBarrier(ShmSegment* segment, int rank, std::chrono::milliseconds timeout, bool spin,
+             std::vector<int> rank_names);
 
   // Arrives at the next round and waits for every rank to reach it. kPeerFailure naming the rank
   // that died (or the rank that aborted), kTimeout when a rank stays away longer than the timeout,
@@ -47,6 +50,8 @@ class ShmBarrier {
   Status WaitAll(uint64_t round);
   // The first error among: abort flag, interrupt, a waited-for rank gone, the deadline.
   Status Check(uint64_t round, const Deadline& deadline);
+  // "rank N": rank r's name in errors.
+  std::string RankName(int r) const;
 
   ShmSegment* const segment_;
   SegmentHeader* const header_;
@@ -54,6 +59,7 @@ class ShmBarrier {
   const int size_;
   const std::chrono::milliseconds timeout_;
   const bool spin_;
+  const std::vector<int> rank_names_;
   uint64_t round_ = 0;
   std::shared_ptr<std::atomic<bool>> interrupted_ = std::make_shared<std::atomic<bool>>(false);
 };

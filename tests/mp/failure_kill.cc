@@ -31,9 +31,15 @@ struct Op {
   // whole): then it succeeds; it must still finish.
   bool may_succeed = false;
   // A large operation the victim took part in: it may succeed when the victim did its part before
-  // dying, but then its result must be exact (every rank gives ones).
+  // dying, but then its result must be exact (every rank gives ones): `want` in every element of
+  // the out buffer, of the request's output (`request_floats` of them), or of the in buffer (a
+  // broadcast, in place).
   bool mid = false;
-  double ended = 0;  // seconds after the death was noticed (set by Await)
+  enum class Result { kOut, kRequest, kInPlace } result = Result::kOut;
+  float want = 1.0f;
+  size_t request_floats = 0;
+  double ended = 0;     // seconds after the death was noticed (set by Await)
+  bool failed = false;  // it ended with an error (set by Await)
 };
 
 concord_tensor_t In(Op& op) {
@@ -72,22 +78,27 @@ Op Allreduce(concord_comm_t comm, const std::string& name, int64_t n, concord_ca
   return op;
 }
 
-Op Allgather(concord_comm_t comm, const std::string& name) {
+// Allgather of `rows` rows of 2 floats from each rank; the request owns the result.
+Op Allgather(concord_comm_t comm, const std::string& name, int64_t rows) {
   Op op;
   op.what = "allgather '" + name + "'";
-  op.in.assign(128, 1.0f);
-  op.in_shape = {64, 2};
+  op.in.assign(static_cast<size_t>(rows * 2), 1.0f);
+  op.in_shape = {rows, 2};
+  op.result = Op::Result::kRequest;
+  op.request_floats = op.in.size() * static_cast<size_t>(g_size);
   concord_tensor_t t = In(op);
   Check(comm, op,
         concord_allgather_async(comm, name.c_str(), &t, nullptr, 0, nullptr, nullptr, &op.req));
   return op;
 }
 
-Op Broadcast(concord_comm_t comm, const std::string& name, int root) {
+// Broadcast of `n` floats, in place: the root gives ones, the others start from zeros.
+Op Broadcast(concord_comm_t comm, const std::string& name, int root, int64_t n) {
   Op op;
   op.what = "broadcast '" + name + "' (root " + std::to_string(root) + ")";
-  op.in.assign(1024, 1.0f);
-  op.in_shape = {1024};
+  op.in.assign(static_cast<size_t>(n), g_rank == root ? 1.0f : 0.0f);
+  op.in_shape = {n};
+  op.result = Op::Result::kInPlace;
   concord_tensor_t t = In(op);
   Check(comm, op,
         concord_broadcast_async(comm, name.c_str(), &t, nullptr, root, nullptr, nullptr, &op.req));
@@ -113,6 +124,7 @@ Op Reducescatter(concord_comm_t comm, const std::string& name, int64_t rows, int
   }
   op.out.assign(static_cast<size_t>(mine * width), 0.0f);
   op.out_shape = {mine, width};
+  op.want = static_cast<float>(g_size);  // the sum of ones
   concord_tensor_t t = In(op), u = Out(op);
   Check(comm, op,
         concord_reducescatter_async(comm, name.c_str(), &t, &u, &o, nullptr, nullptr, &op.req));
@@ -126,6 +138,8 @@ Op Alltoall(concord_comm_t comm, const std::string& name, int64_t rows, bool une
   op.what = "alltoall '" + name + "'";
   op.in.assign(static_cast<size_t>(rows), 1.0f);
   op.in_shape = {rows};
+  op.result = Op::Result::kRequest;
+  op.request_floats = static_cast<size_t>(rows);
   concord_alltoall_opts_t o;
   concord_alltoall_opts_init(&o);
   if (uneven) {
@@ -171,9 +185,9 @@ std::vector<Op> EveryOp(concord_comm_t comm, const std::string& prefix, int vict
   const int64_t tri = g_size * (g_size + 1) / 2;
   std::vector<Op> ops;
   ops.push_back(Allreduce(comm, prefix + "allreduce", 1024, nullptr));
-  ops.push_back(Allgather(comm, prefix + "allgather"));
-  ops.push_back(Broadcast(comm, prefix + "broadcast.root_victim", victim));
-  ops.push_back(Broadcast(comm, prefix + "broadcast.root_survivor", (victim + 1) % g_size));
+  ops.push_back(Allgather(comm, prefix + "allgather", 64));
+  ops.push_back(Broadcast(comm, prefix + "broadcast.root_victim", victim, 1024));
+  ops.push_back(Broadcast(comm, prefix + "broadcast.root_survivor", (victim + 1) % g_size, 1024));
   ops.push_back(Reducescatter(comm, prefix + "reducescatter.even", 64 * g_size, 4, false));
   ops.push_back(Reducescatter(comm, prefix + "reducescatter.uneven", tri, 4, true));
   ops.push_back(Alltoall(comm, prefix + "alltoall.even", 64 * g_size, false));
@@ -185,24 +199,22 @@ std::vector<Op> EveryOp(concord_comm_t comm, const std::string& prefix, int vict
 
 // A large operation that succeeded: the victim's part arrived whole.
 void CheckExact(Op& op) {
-  const float* got = op.out.data();
-  size_t n = op.out.size();
-  float want = static_cast<float>(g_size);  // reduce-scatter: the sum of ones
-  if (op.out.empty()) {                     // all-to-all: the request owns the ones it received
+  const float* got = op.result == Op::Result::kInPlace ? op.in.data() : op.out.data();
+  size_t n = op.result == Op::Result::kInPlace ? op.in.size() : op.out.size();
+  if (op.result == Op::Result::kRequest) {
     void* data = nullptr;
     size_t bytes = 0;
     CHECKF(concord_request_output(op.req, &data, &bytes, nullptr) == CONCORD_SUCCESS &&
-               bytes == op.in.size() * sizeof(float),
+               bytes == op.request_floats * sizeof(float),
            "%s: %zu bytes received, want %zu", op.what.c_str(), bytes,
-           op.in.size() * sizeof(float));
+           op.request_floats * sizeof(float));
     got = static_cast<const float*>(data);
     n = bytes / sizeof(float);
-    want = 1.0f;
   }
   for (size_t i = 0; i < n; ++i) {
-    if (got[i] != want) {
-      CHECKF(got[i] == want, "%s succeeded with [%zu] = %g, want %g", op.what.c_str(), i, got[i],
-             want);
+    if (got[i] != op.want) {
+      CHECKF(got[i] == op.want, "%s succeeded with [%zu] = %g, want %g", op.what.c_str(), i, got[i],
+             op.want);
       return;
     }
   }
@@ -213,6 +225,7 @@ void Await(Op& op, double t0) {
   if (op.req == nullptr) return;
   const concord_status_t s = concord_wait(op.req, 60);
   op.ended = mp::Now() - t0;
+  op.failed = s != CONCORD_SUCCESS;
   const bool finished = concord_test(op.req) != CONCORD_IN_PROGRESS;
   CHECKF(finished, "%s still running 60 s after the victim died", op.what.c_str());
   if (finished) {
@@ -229,15 +242,13 @@ void Await(Op& op, double t0) {
   op.req = nullptr;
 }
 
-// The victim's last act: as the allreduce enqueued before the large operations completes, it
-// starts a thread that kills the process 3 ms later, while they run.
-void DieSoon(concord_request_t, concord_status_t, void*) {
-  std::thread([] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(3));
-    std::printf("VICTIM rank %d kills itself\n", g_rank);
-    std::fflush(stdout);
-    ::raise(SIGKILL);
-  }).detach();
+// The victim's last act: as the allreduce that runs with the large operations completes (on lane
+// 0, while the first large one runs on lane 1), it kills the process. (A thread that killed it
+// 3 ms later let it finish a 64 MiB broadcast first, now and then, on the loaded machine.)
+void Die(concord_request_t, concord_status_t, void*) {
+  std::printf("VICTIM rank %d kills itself\n", g_rank);
+  std::fflush(stdout);
+  ::raise(SIGKILL);
 }
 
 void GoodAllreduce(concord_comm_t comm) {
@@ -264,9 +275,46 @@ std::string SharedMemoryOf(pid_t pid) {
   return names;
 }
 
+// Every rank's pid, in rank order.
+std::vector<int32_t> Pids(concord_comm_t comm) {
+  int32_t mine = static_cast<int32_t>(::getpid());
+  int64_t shape[1] = {1};
+  concord_tensor_t t = CpuTensor(&mine, CONCORD_INT32, 1, shape);
+  std::vector<int32_t> all(static_cast<size_t>(g_size), 0);
+  concord_request_t req = nullptr;
+  concord_status_t s = concord_allgather_async(
+      comm, "pids", &t, all.data(), all.size() * sizeof(int32_t), nullptr, nullptr, &req);
+  if (s == CONCORD_SUCCESS) {
+    s = concord_wait(req, 60);
+    concord_request_free(req);
+  }
+  CHECKF(s == CONCORD_SUCCESS, "allgather of the pids: %s: %s", concord_status_string(s),
+         concord_comm_last_error(comm));
+  return all;
+}
+
+// A large operation of kind `kind` ("reducescatter", "alltoall", "allgather" or "broadcast")
+// named "mid.<kind>", of about `bytes` bytes (an allgather's output; a broadcast's root is rank
+// size - 1, or 0 when that is the victim), which the victim takes part in.
+Op Mid(concord_comm_t comm, const std::string& kind, int64_t bytes) {
+  const int64_t rows = std::max<int64_t>(1, bytes / 4 / g_size) * g_size;
+  Op op;
+  if (kind == "reducescatter") {
+    op = Reducescatter(comm, "mid.reducescatter", rows, 1, false);
+  } else if (kind == "alltoall") {
+    op = Alltoall(comm, "mid.alltoall", rows, false);
+  } else if (kind == "allgather") {
+    op = Allgather(comm, "mid.allgather", std::max<int64_t>(1, rows / g_size / 2));
+  } else {
+    op = Broadcast(comm, "mid.broadcast", g_victim == g_size - 1 ? 0 : g_size - 1, rows);
+  }
+  op.mid = true;
+  return op;
+}
+
 }  // namespace
 
-int Kill(int victim, int64_t mid_bytes) {
+int Kill(int victim, int64_t mid_bytes, const std::vector<std::string>& mid_ops) {
   // The survivors observe the failure themselves: concordrun gives them its grace period first,
   // but mpirun (--backend mpi) SIGTERMs them; they ignore that (SIGKILL follows).
   ::signal(SIGTERM, SIG_IGN);
@@ -277,6 +325,7 @@ int Kill(int victim, int64_t mid_bytes) {
     return 2;
   }
   for (int step = 0; step < 3; ++step) GoodAllreduce(comm);
+  const std::vector<int32_t> pids = Pids(comm);
   CHECKF(concord_barrier(comm) == CONCORD_SUCCESS, "barrier: %s", concord_comm_last_error(comm));
   if (CheckFailures()) return 1;
   // Pending in negotiation: names the victim never submits, a recv from it and a send to it
@@ -287,21 +336,19 @@ int Kill(int victim, int64_t mid_bytes) {
     ops.push_back(Send(comm, victim, 12, 2 << 20));
     ops.back().may_succeed = true;
   }
-  // Running on the backend: a large reduce-scatter and all-to-all everyone enqueues, and a 64 KiB
-  // allreduce (above the inline threshold: it runs on the backend). The victim enqueues the
-  // allreduce first and dies 3 ms after it completes, inside the large ones (or before or after
-  // one of them, on a loaded machine: then it ends like a pending one, or succeeds whole). The
-  // survivors enqueue it last, so it completes only once each has enqueued everything.
-  const int64_t rows = std::max<int64_t>(1, mid_bytes / 4 / g_size) * g_size;
-  Op go;
-  if (g_rank == victim) go = Allreduce(comm, "mid.go", 16384, DieSoon);
-  ops.push_back(Reducescatter(comm, "mid.reducescatter", rows, 1, false));
-  ops.back().mid = true;
-  ops.push_back(Alltoall(comm, "mid.alltoall", rows, false));
-  ops.back().mid = true;
-  if (g_rank != victim) go = Allreduce(comm, "mid.go", 16384, nullptr);
+  // Running on the backend: a 64 KiB allreduce (above the inline threshold: it runs on the
+  // backend), then the large operations (mid_ops, in that order), as one group: negotiated
+  // together once every rank enqueued it (and everything above), and spread over the lanes in that
+  // order (the allreduce on lane 0, the first large one on lane 1, at once: CONCORD_LANES is 2).
+  // The victim dies as the allreduce completes, inside the first large one.
+  CHECKF(concord_group_start(comm) == CONCORD_SUCCESS, "group_start: %s",
+         concord_comm_last_error(comm));
+  Op go = Allreduce(comm, "mid.go", 16384, g_rank == victim ? Die : nullptr);
+  for (const std::string& kind : mid_ops) ops.push_back(Mid(comm, kind, mid_bytes));
+  CHECKF(concord_group_end(comm) == CONCORD_SUCCESS, "group_end: %s",
+         concord_comm_last_error(comm));
   if (g_rank == victim) {
-    concord_wait(go.req, 60);  // the callback's thread kills this process 3 ms after it returns
+    concord_wait(go.req, 60);  // the callback kills this process
     std::this_thread::sleep_for(std::chrono::seconds(60));
     std::fprintf(stderr, "rank %d: the victim outlived its callback\n", g_rank);
     return 1;
@@ -320,18 +367,24 @@ int Kill(int victim, int64_t mid_bytes) {
     join_result = line;
   });
   // The victim's allreduce may complete before this rank's (its last exchange can come earlier):
-  // mid.go then fails here, naming the victim, like everything else in flight.
+  // mid.go then fails here, naming the victim, like everything else in flight. The victim dies
+  // within milliseconds of this: the times below count from here.
+  const double t0 = mp::Now();
   const concord_status_t gs = concord_wait(go.req, 60);
   const std::string go_error = concord_request_error(go.req);
   CHECKF(gs == CONCORD_SUCCESS || mp::Contains(go_error, "rank " + std::to_string(victim)),
          "mid.go: %s: %s", concord_status_string(gs), go_error.c_str());
   concord_request_free(go.req);
-  const double t0 = mp::Now();
   double detect = 0;
+  std::string first_failed = "none";  // the first large operation that failed: the victim's last
   for (Op& op : ops) {
+    const bool mid = op.mid;
     Await(op, t0);
     detect = std::max(detect, op.ended);
+    if (mid && op.failed && first_failed == "none") first_failed = op.what;
   }
+  std::printf("MID_FAILED rank %d: the first large operation to fail: %s\n", g_rank,
+              first_failed.c_str());
   joiner.join();
   std::printf("%s\n", join_result.c_str());
   double limit = 10;
@@ -350,9 +403,11 @@ int Kill(int victim, int64_t mid_bytes) {
   const double fin = mp::Now() - t2;
   CHECKF(fs == CONCORD_SUCCESS, "finalize: %s", concord_status_string(fs));
   CHECKF(fin < 5.0, "finalize took %.2f s", fin);
-  // Rank 0 created the job's shared-memory segments (named after its pid): none may remain.
-  if (g_rank == 0) {
-    const std::string leftover = SharedMemoryOf(::getpid());
+  // Each host's first rank created its shared-memory segments (named after its pid; the victim
+  // may be one): nothing of any rank may remain. The first survivor looks.
+  if (g_rank == (victim == 0 ? 1 : 0)) {
+    std::string leftover;
+    for (const int32_t pid : pids) leftover += SharedMemoryOf(pid);
     CHECKF(leftover.empty(), "left in /dev/shm: %s", leftover.c_str());
   }
   if (CheckFailures() == 0) {

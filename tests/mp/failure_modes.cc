@@ -6,14 +6,18 @@
 //                                         request fails with CONCORD_ERR_MISMATCH, the error text
 //                                         names the tensor, the field and the ranks; later
 //                                         operations (the same names, corrected) still work.
-//   mp_failure_modes --mode kill --victim V [--mid-bytes B]
+//   mp_failure_modes --mode kill --victim V [--mid-bytes B] [--mid-ops K,...]
 //                                         rank V SIGKILLs itself while the others have every kind
 //                                         of operation in flight (failure_kill.h says what is
 //                                         checked).
+//   --hosts-interleaved N                 (any mode) the ranks pretend to run on N hosts, rank r
+//                                         on host r % N (CONCORD_HOST_ID), so that the
+//                                         hierarchical backend runs (CONCORD_HIERARCHICAL).
 //   mp_failure_modes --mode auth          rank 1 first calls concord_init with a wrong
 //                                         CONCORD_TOKEN: CONCORD_ERR_AUTH with a clear message,
 //                                         quickly; then with the right one it joins and an
 //                                         allreduce succeeds on every rank.
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -254,6 +258,7 @@ int main(int argc, char** argv) {
   std::string mode;
   int victim = 1;
   int64_t mid_bytes = 16 << 20;
+  std::vector<std::string> mid_ops = {"reducescatter", "alltoall", "allgather", "broadcast"};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--mode" && i + 1 < argc) {
@@ -262,14 +267,35 @@ int main(int argc, char** argv) {
       victim = std::atoi(argv[++i]);
     } else if (a == "--mid-bytes" && i + 1 < argc) {
       mid_bytes = std::atoll(argv[++i]);
+    } else if (a == "--mid-ops" && i + 1 < argc) {
+      mid_ops.clear();
+      std::stringstream list(argv[++i]);
+      for (std::string kind; std::getline(list, kind, ',');) {
+        if (kind != "reducescatter" && kind != "alltoall" && kind != "allgather" &&
+            kind != "broadcast") {
+          mode = "?";
+        }
+        mid_ops.push_back(kind);
+      }
+    } else if (a == "--hosts-interleaved" && i + 1 < argc) {
+      const int hosts = std::atoi(argv[++i]);
+      const char* r = std::getenv("CONCORD_RANK");
+      if (hosts < 1 || r == nullptr) {
+        std::fprintf(stderr, "--hosts-interleaved needs N >= 1 and CONCORD_RANK (concordrun)\n");
+        return 2;
+      }
+      setenv("CONCORD_HOST_ID",
+             ("failure-modes-host-" + std::to_string(std::atoi(r) % hosts)).c_str(), 1);
     } else {
       mode = "?";
     }
   }
   if (mode == "mismatch") return Mismatch();
-  if (mode == "kill") return Kill(victim, mid_bytes);
+  if (mode == "kill") return Kill(victim, mid_bytes, mid_ops);
   if (mode == "auth") return Auth();
-  std::fprintf(stderr, "usage: %s --mode mismatch|kill [--victim R] [--mid-bytes B]|auth\n",
+  std::fprintf(stderr,
+               "usage: %s --mode mismatch|kill [--victim R] [--mid-bytes B] [--mid-ops "
+               "reducescatter,alltoall,allgather,broadcast]|auth [--hosts-interleaved N]\n",
                argv[0]);
   return 2;
 }
