@@ -19,9 +19,13 @@ int UsableCpus() {
   return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
-// How long a driving waiter polls without sleeping (see Engine::kDriveBusyPoll).
+// How long a driving waiter polls without sleeping (see Engine::kDriveBusyPoll). A process bound
+// to one CPU of several (mpirun binds each of 2 ranks to a core of its own) polls on its own
+// core; any other shares its CPUs with the other local ranks.
 std::chrono::microseconds DriveBusyPoll(const Config& config) {
-  const bool oversubscribed = config.local_size > UsableCpus();
+  const int usable = UsableCpus();
+  const bool bound = usable == 1 && std::thread::hardware_concurrency() > 1;
+  const bool oversubscribed = !bound && config.local_size > usable;
   return oversubscribed ? std::chrono::microseconds(0) : Engine::kDriveBusyPoll;
 }
 
