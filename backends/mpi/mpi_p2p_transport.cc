@@ -241,13 +241,16 @@ class MpiP2pTransport : public P2pTransport {
   // A header of `received` bytes (with an eager payload) arrived: check it, ask where the payload
   // goes, copy an eager one there or post the payload's receives.
   Status StartPayload(RecvQueue& q, int peer, int64_t tag, int received) {
-    const std::string malformed = "malformed point-to-point header from rank " +
-                                  std::to_string(peer) + " (tag " + std::to_string(tag) + ")";
+    // Built only for an error: this runs for every message.
+    auto malformed = [&](const char* why) {
+      return ProtocolError("malformed point-to-point header from rank " + std::to_string(peer) +
+                           " (tag " + std::to_string(tag) + ")" + why);
+    };
     P2pMeta meta;
     const uint64_t dtype = q.head[0], ndim = q.head[1];
     if (received < static_cast<int>(kHeadBytes) || !IsValidDType(static_cast<int>(dtype)) ||
         ndim > kP2pMaxDims) {
-      return ProtocolError(malformed);
+      return malformed("");
     }
     meta.dtype = static_cast<DType>(dtype);
     meta.bytes = q.head[2];
@@ -255,14 +258,14 @@ class MpiP2pTransport : public P2pTransport {
     for (uint64_t i = 0; i < ndim; ++i) {
       const auto d = static_cast<int64_t>(q.head[3 + i]);
       if (d < 0 || __builtin_mul_overflow(elements, static_cast<uint64_t>(d), &elements)) {
-        return ProtocolError(malformed + ": a bad dimension");
+        return malformed(": a bad dimension");
       }
       meta.shape.push_back(d);
     }
     const uint64_t eager = static_cast<uint64_t>(received) - kHeadBytes;
     if (__builtin_mul_overflow(elements, DTypeSize(meta.dtype), &elements) ||
         elements != meta.bytes || (meta.bytes <= kEagerBytes) != (eager == meta.bytes)) {
-      return ProtocolError(malformed + ": its size does not match its shape or its message");
+      return malformed(": its size does not match its shape or its message");
     }
     char* dest = static_cast<char*>(q.ops.front().place(meta));
     if (meta.bytes <= kEagerBytes) {
