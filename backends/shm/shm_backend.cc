@@ -18,6 +18,7 @@ using shm_internal::ReadRemote;
 using shm_internal::RemoteSpan;
 using shm_internal::ShmBarrier;
 using shm_internal::ShmSegment;
+using shm_internal::WriteRemote;
 
 size_t Clamp(size_t total, size_t from, size_t window) {
   return from >= total ? 0 : std::min(window, total - from);
@@ -115,21 +116,22 @@ class ShmBackend : public Backend {
         barrier_(segment_.get(), rank_, options.timeout, !Oversubscribed(size_),
                  options.rank_names) {}
 
-  // Collective, once, before any other call: whether every rank can read every other's memory
-  // (shm_direct.h). A rank that cannot is no error: all then keep to the segment.
+  // Collective, once, before any other call: whether every rank can read and write every other's
+  // memory (shm_direct.h). A rank that cannot is no error: all then keep to the segment.
   Status ProbeDirectReads() {
     if (size_ == 1 || direct_threshold_ == SIZE_MAX) return Status::Ok();
-    const uint64_t probe = 0xC0C0'0000'0000'0000ull + rank_;
+    uint64_t probe = 0xC0C0'0000'0000'0000ull + rank_;  // read by every peer, and written back
     const RemoteSpan mine{reinterpret_cast<uint64_t>(&probe), sizeof(probe)};
     shm_internal::WriteSpans({mine}, Half(rank_), half_bytes_);
     CONCORD_RETURN_IF_ERROR(Sync());
     uint64_t readable = 1;
     for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      const std::vector<RemoteSpan> theirs_at = shm_internal::ParseSpans(Half(r), half_bytes_);
       uint64_t theirs = 0;
-      if (r != rank_ && (!ReadRemote(r, Pid(r), shm_internal::ParseSpans(Half(r), half_bytes_), 0,
-                                     sizeof(theirs), &theirs)
-                              .ok() ||
-                         theirs != 0xC0C0'0000'0000'0000ull + r)) {
+      if (!ReadRemote(r, Pid(r), theirs_at, 0, sizeof(theirs), &theirs).ok() ||
+          theirs != 0xC0C0'0000'0000'0000ull + r ||
+          !WriteRemote(r, Pid(r), theirs_at, 0, sizeof(theirs), &theirs).ok()) {
         readable = 0;
       }
     }
@@ -149,7 +151,7 @@ class ShmBackend : public Backend {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   bool ReducesInRankOrder() const override { return true; }
-  // "direct" for an allreduce that read the peers' memory (process_vm_readv), "segment" for every
+  // "direct" for an allreduce on the peers' memory (process_vm_readv/writev), "segment" for every
   // collective through the shared segment.
   const char* LastAlgorithm() const override { return last_algorithm_; }
 
@@ -341,10 +343,11 @@ class ShmBackend : public Backend {
 
   pid_t Pid(int r) const { return segment_->rank_block(r)->pid; }
 
-  // Allreduce reading the peers' buffers in place: each rank publishes its spans, folds its slice
-  // of every rank's data (rank order) into its own buffer, then reads the others' reduced slices.
-  // Three barriers: spans published, slices reduced, every read done (the caller may then reuse
-  // the buffer).
+  // Allreduce on the peers' buffers in place: each rank publishes its spans, then folds its slice
+  // of every rank's data (rank order) into its own buffer piece by piece and writes each reduced
+  // piece, still in cache, into every peer's buffer. Rank r's slice of a peer's buffer is read and
+  // written by rank r alone, so the pieces need no ordering among ranks. Two barriers: spans
+  // published, every write done (the caller may then reuse the buffer, which holds the result).
   Status DirectAllreduce(const SpanBytes& bytes, size_t count, DType dtype, ReduceOp op) {
     const size_t element = DTypeSize(dtype);
     shm_internal::WriteSpans(bytes.Remote(), Half(rank_), half_bytes_);
@@ -361,19 +364,13 @@ class ShmBackend : public Backend {
     const size_t begin = mine_slice.first, end = mine_slice.second;
     bytes.ForEach(begin, end - begin, [&](uint8_t* own, size_t at, size_t n) {
       for (size_t k = 0; k < n && status.ok(); k += kFoldPieceBytes) {
-        status = FoldPiece(begin + at + k, std::min(kFoldPieceBytes, n - k), own + k, dtype, op);
+        const size_t offset = begin + at + k, piece = std::min(kFoldPieceBytes, n - k);
+        status = FoldPiece(offset, piece, own + k, dtype, op);
+        for (int r = 0; r < size_ && status.ok(); ++r) {
+          if (r != rank_) status = Write(r, offset, piece, own + k);
+        }
       }
     });
-    if (!status.ok()) return Fail(status);
-    CONCORD_RETURN_IF_ERROR(Sync());
-    for (int r = 0; r < size_ && status.ok(); ++r) {
-      if (r == rank_) continue;
-      const std::pair<size_t, size_t> slice = Slice(count, r, element);
-      const size_t b = slice.first, e = slice.second;
-      bytes.ForEach(b, e - b, [&](uint8_t* p, size_t at, size_t n) {
-        if (status.ok()) status = Read(r, b + at, n, p);
-      });
-    }
     if (!status.ok()) return Fail(status);
     return Sync();
   }
@@ -404,18 +401,24 @@ class ShmBackend : public Backend {
     return status;
   }
 
+  Status Write(int r, size_t offset, size_t bytes, const void* from) {
+    Status status = WriteRemote(r, Pid(r), peers_[r], offset, bytes, from);
+    if (status.code() == Code::kPeerFailure) dead_ = r;
+    return status;
+  }
+
   const int rank_;
   const int size_;
   const std::unique_ptr<ShmSegment> segment_;
   const size_t half_bytes_;
-  // Messages at least this large read the peers' memory directly, when direct_ (every rank can).
+  // Allreduces at least this large use the peers' memory directly, when direct_ (every rank can).
   const size_t direct_threshold_;
   ShmBarrier barrier_;
   int half_ = 0;  // the half the next chunk uses: the same on every rank
   Status failed_;
   bool direct_ = false;
   const char* last_algorithm_ = "segment";      // LastAlgorithm(): only allreduces change it
-  int dead_ = -1;                               // a peer a direct read found gone
+  int dead_ = -1;                               // a peer a direct read or write found gone
   std::vector<std::vector<RemoteSpan>> peers_;  // the buffers the peers published
   std::vector<uint8_t> acc_, tmp_;              // a direct fold's pieces
 };

@@ -10,13 +10,12 @@ namespace concord {
 namespace shm_internal {
 namespace {
 
-constexpr size_t kMaxIov = 64;  // remote pieces per process_vm_readv call
+constexpr size_t kMaxIov = 64;  // remote pieces per process_vm_readv/writev call
 
-}  // namespace
-
-Status ReadRemote(int rank, pid_t pid, const std::vector<RemoteSpan>& spans, size_t offset,
-                  size_t bytes, void* into) {
-  auto* out = static_cast<uint8_t*>(into);
+// Moves bytes [offset, offset + bytes) of the concatenation of `spans` in process `pid` from
+// (`write` false) or to (`write` true) `local`.
+Status TransferRemote(int rank, pid_t pid, const std::vector<RemoteSpan>& spans, size_t offset,
+                      size_t bytes, uint8_t* local_bytes, bool write) {
   size_t done = 0;
   while (done < bytes) {
     // The remote pieces of [offset + done, offset + bytes), up to kMaxIov of them.
@@ -34,23 +33,39 @@ Status ReadRemote(int rank, pid_t pid, const std::vector<RemoteSpan>& spans, siz
       }
       start = end;
     }
+    const char* what = write ? "writing into" : "reading";
     if (want == 0) {
-      return Status(Code::kBackendError, "reading rank " + std::to_string(rank) +
+      return Status(Code::kBackendError, std::string(what) + " rank " + std::to_string(rank) +
                                              "'s buffer: bytes beyond the " +
                                              std::to_string(start) + " it published");
     }
-    iovec local{out + done, want};
-    const ssize_t n = ::process_vm_readv(pid, &local, 1, remote, pieces, 0);
+    iovec local{local_bytes + done, want};
+    const ssize_t n = write ? ::process_vm_writev(pid, &local, 1, remote, pieces, 0)
+                            : ::process_vm_readv(pid, &local, 1, remote, pieces, 0);
     if (n <= 0) {
       const int err = n < 0 ? errno : EIO;
       if (err == EINTR) continue;
       return Status(err == ESRCH ? Code::kPeerFailure : Code::kBackendError,
-                    "reading rank " + std::to_string(rank) + "'s memory (pid " +
+                    std::string(what) + " rank " + std::to_string(rank) + "'s memory (pid " +
                         std::to_string(pid) + "): " + std::strerror(err));
     }
     done += static_cast<size_t>(n);
   }
   return Status::Ok();
+}
+
+}  // namespace
+
+Status ReadRemote(int rank, pid_t pid, const std::vector<RemoteSpan>& spans, size_t offset,
+                  size_t bytes, void* into) {
+  return TransferRemote(rank, pid, spans, offset, bytes, static_cast<uint8_t*>(into), false);
+}
+
+Status WriteRemote(int rank, pid_t pid, const std::vector<RemoteSpan>& spans, size_t offset,
+                   size_t bytes, const void* from) {
+  // process_vm_writev only reads the local iovec's memory.
+  return TransferRemote(rank, pid, spans, offset, bytes,
+                        const_cast<uint8_t*>(static_cast<const uint8_t*>(from)), true);
 }
 
 bool WriteSpans(const std::vector<RemoteSpan>& spans, void* out, size_t capacity) {

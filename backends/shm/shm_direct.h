@@ -1,8 +1,9 @@
-// Reading a peer process's memory directly (cross-memory attach, process_vm_readv): the
+// Reading and writing a peer process's memory directly (cross-memory attach, process_vm_readv and
+// process_vm_writev, which the kernel allows on the same ptrace check): the
 // shared-memory backend's path for large messages, where copying every byte into the segment and
 // out again would double the memory traffic. Needs ptrace access to the peer (the same user, and
 // Yama's ptrace_scope or a container's seccomp profile allowing it): ShmBackend probes it at
-// set-up and keeps to the segment where any rank cannot read every other.
+// set-up and keeps to the segment where any rank cannot read and write every other.
 #pragma once
 
 #include <sys/types.h>
@@ -28,6 +29,10 @@ struct RemoteSpan {
 // any other failure.
 Status ReadRemote(int rank, pid_t pid, const std::vector<RemoteSpan>& spans, size_t offset,
                   size_t bytes, void* into);
+// Writes `from` into bytes [offset, offset + bytes) of the concatenation of `spans`; errors as
+// ReadRemote's.
+Status WriteRemote(int rank, pid_t pid, const std::vector<RemoteSpan>& spans, size_t offset,
+                   size_t bytes, const void* from);
 
 // Writes a span list into `out` (at most `capacity` bytes) as a count and pairs; false when it
 // does not fit. ParseSpans reads one back (the peer's, from its half of the segment, `capacity`
