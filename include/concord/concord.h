@@ -475,8 +475,9 @@ CONCORD_API void concord_reduce_opts_init(concord_reduce_opts_t* opts);
  * is NULL on the root while the tensor has elements, is INVALID_ARGUMENT at enqueue. A joined
  * rank (concord_join) contributes the identity, as to an allreduce; a reduce whose root has
  * joined fails. Small reduces fuse with each other (whatever their roots) and run as one
- * allreduce of the fusion buffer; larger ones run alone as the backend's reduce (on Gloo, shared
- * memory and the hierarchical backend an allreduce into scratch memory on the other ranks).
+ * allreduce of the fusion buffer; larger ones run alone as the backend's reduce (MPI:
+ * MPI_Ireduce; Gloo, shared memory and the hierarchical backend: an allreduce into scratch memory
+ * on the other ranks).
  */
 CONCORD_API concord_status_t concord_reduce_async(concord_comm_t comm, const char* name,
                                                   const concord_tensor_t* input,
@@ -497,7 +498,9 @@ CONCORD_API concord_status_t concord_reduce(concord_comm_t comm, const char* nam
  * takes part). On every other rank output and output_capacity are ignored (NULL is fine) and
  * concord_request_output reports nothing (NULL, 0 bytes, first dimension 0). A root outside
  * [0, size) or a scalar input is INVALID_ARGUMENT at enqueue. A joined rank contributes no rows;
- * a gather whose root has joined fails.
+ * a gather whose root has joined fails. Small gathers complete through rank 0 during negotiation
+ * like allgathers; larger ones run as MPI_Igatherv on MPI, elsewhere as an allgather into scratch
+ * memory on the other ranks.
  */
 CONCORD_API concord_status_t concord_gather_async(concord_comm_t comm, const char* name,
                                                   const concord_tensor_t* input, void* output,
