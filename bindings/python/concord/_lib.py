@@ -147,6 +147,7 @@ _SIGNATURES = [
     ("concord_allreduce_opts_init", None, [ctypes.c_void_p]),
     ("concord_compression_check", ctypes.c_int, [ctypes.c_char_p, ctypes.c_int]),
     ("concord_reducescatter_opts_init", None, [ctypes.c_void_p]),
+    ("concord_reduce_opts_init", None, [ctypes.c_void_p]),
     ("concord_init", ctypes.c_int, [ctypes.POINTER(c_comm_p)]),
     ("concord_init_config", ctypes.c_int,
      [ctypes.POINTER(ConfigStruct), ctypes.POINTER(c_comm_p)]),
