@@ -228,8 +228,10 @@ class MpiBackend : public Backend {
       MPI_Request request;
       {
         auto lock = env_->Lock();
-        const int rc = MPI_Ireduce(in_place ? MPI_IN_PLACE : src + done * esize, dst + done * esize,
-                                   n, MpiType(dtype), mpi_op, root, comm_, &request);
+        // The receive buffer matters on the root only (elsewhere none: no aliasing of in).
+        const int rc = MPI_Ireduce(in_place ? MPI_IN_PLACE : src + done * esize,
+                                   rank_ == root ? dst + done * esize : nullptr, n, MpiType(dtype),
+                                   mpi_op, root, comm_, &request);
         if (rc != MPI_SUCCESS) return Fail(MpiError(rc, "MPI_Ireduce", __FILE__, __LINE__));
       }
       CONCORD_RETURN_IF_ERROR(Wait(&request, "reduce of " + std::to_string(count) + " x " +
