@@ -6,9 +6,10 @@
 // as zeros), of at most kMaxOps operations:
 //   u8 op, then its arguments: allreduce, allgather, broadcast, reducescatter, alltoall, reduce,
 //   gather (blocking or async, with fuzzed names, tensor descriptors, options structs and their
-//   struct_size, callbacks, request out-pointers), barrier, group_start/group_end, end_step, the request calls (wait, test,
-//   error, output, wire_bytes, wait_stream, free), init_config with a fuzzed concord_config_t
-//   (finalized at once when it succeeds), and calls on a NULL communicator or request.
+//   struct_size, callbacks, request out-pointers), barrier, group_start/group_end, end_step, the
+//   request calls (wait, test, error, output, wire_bytes, wait_stream, free), init_config with a
+//   fuzzed concord_config_t (finalized at once when it succeeds), and calls on a NULL
+//   communicator or request.
 // Arguments are honest where the API cannot check them: a tensor's data is allocated for the
 // elements its shape describes (NULL beyond kMaxBytes, which the API must refuse), an allgather's
 // output for the capacity given, and each options struct for the struct_size it claims (at most
