@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
@@ -97,6 +98,25 @@ class Backend {
 
   // Broadcasts bytes from root's data into every other rank's data.
   virtual Status Broadcast(void* data, size_t bytes, int root) = 0;
+
+  // Reduce to a root: in holds this rank's count elements; root's out receives their reduction
+  // over every rank (in == out allowed: in place). On the other ranks out is scratch of count
+  // elements the backend may write (its contents afterwards are unspecified). kAverage is reduced
+  // as a sum (the caller divides); half types combine in float; count may be 0. Where
+  // ReducesInRankOrder() is true it folds in rank order too. The default copies in into out and
+  // runs Allreduce on out on every rank.
+  virtual Status Reduce(const void* in, void* out, size_t count, DType dtype, ReduceOp op,
+                        int /*root*/) {
+    if (in != out && count > 0) std::memcpy(out, in, count * DTypeSize(dtype));
+    return Allreduce(out, count, dtype, op);
+  }
+
+  // Gather to a root: as Allgatherv, but only root's out must receive the result; on the other
+  // ranks out is scratch of the same size the backend may write. The default runs Allgatherv.
+  virtual Status Gatherv(const void* in, void* out, const std::vector<size_t>& bytes_per_rank,
+                         int /*root*/) {
+    return Allgatherv(in, out, bytes_per_rank);
+  }
 
   virtual Status Barrier() = 0;
 

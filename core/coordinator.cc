@@ -102,9 +102,10 @@ Status Coordinator::Add(int rank, RequestMessage message, Clock::time_point now)
                              "' with a shape too large to exist");
       }
     }
-    if (request.op == OpType::kAllgather && request.shape.empty()) {
-      return ProtocolError("rank " + std::to_string(rank) + " sent an allgather of a scalar ('" +
-                           request.name + "')");
+    if (GathersRows(request.op) && request.shape.empty()) {
+      return ProtocolError("rank " + std::to_string(rank) + " sent a" +
+                           (request.op == OpType::kGather ? " gather" : "n allgather") +
+                           " of a scalar ('" + request.name + "')");
     }
     CONCORD_RETURN_IF_ERROR(CheckSplits(rank, request));
     auto [it, inserted] = pending_.try_emplace(request.name);
@@ -192,7 +193,7 @@ std::optional<std::string> Coordinator::CombineInline(
     if (!d) return {};
   }
   std::string out = std::move(*data[0]);
-  if (request.op == OpType::kAllgather || request.op == OpType::kAlltoall) {
+  if (GathersRows(request.op) || request.op == OpType::kAlltoall) {
     for (int r = 1; r < size_; ++r) out += *data[r];  // each rank's input, in rank order
     return out;
   }
@@ -263,7 +264,7 @@ Response Coordinator::Validate(const Pending& p) const {
   const TensorRequest& first = *p.by_rank[ranks.front()];
   Response response;
   response.request = first;
-  const bool allgather = first.op == OpType::kAllgather;
+  const bool allgather = GathersRows(first.op);
   const bool alltoall = first.op == OpType::kAlltoall;
   // Allgather and alltoall: each rank's first dimension (and alltoall's splits) are its own; a
   // joined rank contributes no rows (and sends none: point 8).
@@ -324,7 +325,7 @@ Response Coordinator::Validate(const Pending& p) const {
   } else if (first.op != OpType::kBarrier) {
     check("shape", [](const TensorRequest& r) { return ShapeString(r.shape, 0); });
   }
-  if (first.op == OpType::kAllreduce || first.op == OpType::kReducescatter) {
+  if (ReducesWhole(first.op) || first.op == OpType::kReducescatter) {
     check("reduce op", [](const TensorRequest& r) { return ReduceOpName(r.reduce_op); });
     check("prescale", [](const TensorRequest& r) { return ExactDouble(r.prescale); });
     check("postscale", [](const TensorRequest& r) { return ExactDouble(r.postscale); });
@@ -337,7 +338,7 @@ Response Coordinator::Validate(const Pending& p) const {
   if (first.op == OpType::kReducescatter) {
     check("the splits", [](const TensorRequest& r) { return ShapeString(r.splits, 0); });
   }
-  if (first.op == OpType::kBroadcast) {
+  if (HasRoot(first.op)) {
     check("root", [](const TensorRequest& r) { return std::to_string(r.root); });
   }
   check("group", [](const TensorRequest& r) {
@@ -392,10 +393,11 @@ void Coordinator::ApplyJoined(const Pending& p, Response& response) {
     why =
         "it is on CUDA devices, and a joined rank has no device buffer for it (join covers CPU "
         "tensors)";
-  } else if (q.op == OpType::kBroadcast && joined_[q.root]) {
+  } else if (HasRoot(q.op) && joined_[q.root]) {
     why = "its root, rank " + std::to_string(q.root) + ", has joined";
   } else if (q.op == OpType::kReducescatter || q.op == OpType::kAlltoall) {
-    why = std::string("join covers allreduce, allgather, broadcast and barrier, not ") +
+    why = std::string(
+              "join covers allreduce, reduce, allgather, gather, broadcast and barrier, not ") +
           OpTypeName(q.op);
   }
   if (why.empty()) return;

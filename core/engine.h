@@ -305,6 +305,12 @@ class Engine {
   Status RunAllreduceFused(Lane& lane, const FusionBatch& batch, const Responses& responses,
                            Entries& entries) const;
   Status RunAllgather(Lane& lane, const Response& r, std::optional<QueueEntry>& entry);
+  // A reduce that runs alone (Backend::Reduce; through the rank-order fold when deterministic):
+  // the root's output gets the reduction, the others reduce into the lane's scratch.
+  Status RunReduce(Lane& lane, const Response& r, std::optional<QueueEntry>& entry);
+  // A gather (Backend::Gatherv): the root's result goes where an allgather's would, the others'
+  // into the lane's scratch; their requests report no output.
+  Status RunGather(Lane& lane, const Response& r, std::optional<QueueEntry>& entry);
   Status RunBroadcast(Lane& lane, const Response& r, std::optional<QueueEntry>& entry) const;
   Status RunBarrier(Lane& lane, const Response& r, std::optional<QueueEntry>& entry);
   // This rank's error when its allgather output cannot hold the result (it still takes part).

@@ -31,7 +31,8 @@ Status Engine::CheckDevice(QueueEntry& e) const {
     return Status::Ok();
   }
   const std::string who = "tensor '" + r.name + "' on CUDA device " + std::to_string(r.device);
-  if (r.op == OpType::kReducescatter || r.op == OpType::kAlltoall) {
+  if (r.op == OpType::kReducescatter || r.op == OpType::kAlltoall || r.op == OpType::kReduce ||
+      r.op == OpType::kGather) {
     return Status(Code::kUnavailable,
                   who + ": " + OpTypeName(r.op) + " runs on CPU tensors only (no device path yet)");
   }
@@ -104,6 +105,8 @@ Status Engine::LaunchDevice(const FusionBatch& batch, const Responses& responses
     case OpType::kBarrier:
     case OpType::kReducescatter:
     case OpType::kAlltoall:
+    case OpType::kReduce:
+    case OpType::kGather:
       return Internal(std::string("a ") + OpTypeName(q.op) + " was planned as a device collective");
   }
   // Launched while the timeline was on: the launch slice is written, its completion follows.

@@ -1,6 +1,7 @@
 // The engine's CPU operations, each run on one lane (its backend and buffers) by the stepping
-// thread or that lane's worker: a fused batch of allreduces through the lane's fusion buffer, a
-// share of a span group of direct allreduces in place, an allgather, a broadcast and a barrier.
+// thread or that lane's worker: a fused batch of allreduces (or of reduces) through the lane's
+// fusion buffer, a share of a span group of direct allreduces in place, a direct reduce, an
+// allgather, a gather, a broadcast and a barrier.
 //
 // Each completes the entries it finishes with Finish() and returns OK; on a backend error it
 // returns the error and completes nothing (Execute() completes every entry still held). A
@@ -83,7 +84,9 @@ void Engine::TraceBatch(const Lane& lane, const FusionBatch& batch, const Respon
   const TensorRequest& q = responses[batch.members.front()]->request;
   std::string members = MembersJson(batch, responses);
   if (!q.compression.empty()) members += ",\"compression\":" + JsonQuote(q.compression);
-  const char* name = q.op == OpType::kReducescatter ? "fused reducescatter" : "fused allreduce";
+  const char* name = q.op == OpType::kReducescatter ? "fused reducescatter"
+                     : q.op == OpType::kReduce      ? "fused reduce"
+                                                    : "fused allreduce";
   timeline_->Slice(Timeline::kLaneTrack + LaneIndex(lane), name, start, Clock::now(), batch.bytes,
                    nullptr, std::move(members));
 }
@@ -124,6 +127,10 @@ Status Engine::RunBatch(Lane& lane, const FusionBatch& batch, const Responses& r
       return RunReducescatter(lane, r, entries[i]);
     case OpType::kAlltoall:
       return RunAlltoall(lane, r, entries[i]);
+    case OpType::kReduce:
+      return RunReduce(lane, r, entries[i]);
+    case OpType::kGather:
+      return RunGather(lane, r, entries[i]);
     case OpType::kAllreduce:
       break;
   }
@@ -195,7 +202,10 @@ Status Engine::RunAllreduceFused(Lane& lane, const FusionBatch& batch, const Res
   for (size_t i : batch.members) {
     QueueEntry& e = *entries[i];
     const size_t n = static_cast<size_t>(e.request.NumElements());
-    CopyScaled(e.output, buffer + offset, n, q.dtype, post);
+    // A reduce's result is its root's alone (fused reduces may have different roots).
+    if (q.op != OpType::kReduce || e.request.root == config_.rank) {
+      CopyScaled(e.output, buffer + offset, n, q.dtype, post);
+    }
     offset += n * elem;
     e.state->AddWireBytes(
         compression::WireBytesPerRank(compression::Exchange::kAllreduce, n * elem, config_.size));
@@ -209,8 +219,8 @@ StatusOr<std::vector<size_t>> Engine::AllgatherBytes(const Response& r, size_t* 
                                                      int64_t* first_dim) const {
   const TensorRequest& q = r.request;
   if (r.first_dims.size() != static_cast<size_t>(config_.size)) {
-    return ProtocolError("allgather response for tensor '" + q.name + "' has " +
-                         std::to_string(r.first_dims.size()) + " first dimensions for " +
+    return ProtocolError(std::string(OpTypeName(q.op)) + " response for tensor '" + q.name +
+                         "' has " + std::to_string(r.first_dims.size()) + " first dimensions for " +
                          std::to_string(config_.size) + " ranks");
   }
   size_t row = DTypeSize(q.dtype);
@@ -222,7 +232,8 @@ StatusOr<std::vector<size_t>> Engine::AllgatherBytes(const Response& r, size_t* 
   for (int rk = 0; rk < config_.size; ++rk) {
     if (__builtin_mul_overflow(static_cast<size_t>(r.first_dims[rk]), row, &bytes[rk]) ||
         bytes[rk] > kMaxBytes || (*total += bytes[rk]) > kMaxBytes) {
-      return ProtocolError("allgather response for tensor '" + q.name + "' is too large");
+      return ProtocolError(std::string(OpTypeName(q.op)) + " response for tensor '" + q.name +
+                           "' is too large");
     }
     *first_dim += r.first_dims[rk];
   }
@@ -241,6 +252,48 @@ Status Engine::RunAllgather(Lane& lane, const Response& r, std::optional<QueueEn
   // A ring allgather: each rank forwards (n - 1) / n of the result.
   if (config_.size > 1) e.state->AddWireBytes(total * (config_.size - 1) / config_.size);
   if (local.ok()) {
+    out.data = dst;
+    out.bytes = total;
+    out.first_dim = first;
+  }
+  Finish(entry, local);
+  return Status::Ok();
+}
+
+Status Engine::RunReduce(Lane& lane, const Response& r, std::optional<QueueEntry>& entry) {
+  QueueEntry& e = *entry;
+  const TensorRequest& q = r.request;
+  const size_t n = static_cast<size_t>(q.NumElements());
+  const bool root = config_.rank == q.root;
+  void* out = root ? e.output : lane.fusion.Get(q.NumBytes(), fusion_.threshold);
+  const void* in = e.input;
+  if (q.prescale != 1.0) {  // into the output (the input is the caller's), reduced in place there
+    CopyScaled(out, e.input, n, q.dtype, q.prescale);
+    in = out;
+  }
+  CONCORD_RETURN_IF_ERROR(Reductions(lane).Reduce(in, out, n, q.dtype, q.reduce_op, q.root));
+  if (root) FinishAllreduce(q, r.Contributors(config_.size), out, n);
+  // Estimated as an allreduce's (what the default Backend::Reduce runs).
+  e.state->AddWireBytes(
+      compression::WireBytesPerRank(compression::Exchange::kAllreduce, q.NumBytes(), config_.size));
+  Finish(entry, Status::Ok());
+  return Status::Ok();
+}
+
+Status Engine::RunGather(Lane& lane, const Response& r, std::optional<QueueEntry>& entry) {
+  QueueEntry& e = *entry;
+  const int root = r.request.root;
+  size_t total = 0;
+  int64_t first = 0;
+  CONCORD_ASSIGN_OR_RETURN(std::vector<size_t> bytes, AllgatherBytes(r, &total, &first));
+  Status local = Status::Ok();  // the root's own error, reported after taking part
+  void* dst = config_.rank == root ? ResultBuffer(lane, e, total, "gather", &local)
+                                   : lane.fusion.Get(total, fusion_.threshold);
+  CONCORD_RETURN_IF_ERROR(lane.backend->Gatherv(e.input, dst, bytes, root));
+  // Estimated as an allgather's (what the default Backend::Gatherv runs).
+  if (config_.size > 1) e.state->AddWireBytes(total * (config_.size - 1) / config_.size);
+  if (config_.rank == root && local.ok()) {
+    RequestState::Output& out = e.state->output();
     out.data = dst;
     out.bytes = total;
     out.first_dim = first;

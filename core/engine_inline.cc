@@ -8,8 +8,10 @@
 //
 //   op             sends               rank 0 sends back        each rank takes
 //   allreduce      input (prescaled)   the reduction            all of it
+//   reduce         input (prescaled)   the reduction            the root: all of it
 //   reducescatter  input (prescaled)   the reduction            its rows
 //   allgather      input               every input, rank order  all of it
+//   gather         input               every input, rank order  the root: all of it
 //   alltoall       input               every input, rank order  what each rank sent to it
 //   broadcast      the root only       the root's input         all of it
 //
@@ -36,10 +38,12 @@ std::optional<std::string> Engine::InlineData(const TensorRequest& r, const void
   bool scaled = false;
   switch (r.op) {
     case OpType::kAllreduce:
+    case OpType::kReduce:
     case OpType::kReducescatter:
       scaled = r.prescale != 1.0;
       break;
     case OpType::kAllgather:
+    case OpType::kGather:
     case OpType::kAlltoall:
       limit /= static_cast<size_t>(config_.size);
       break;
@@ -79,6 +83,14 @@ Status Engine::CompleteInline(const Response& r, const std::string& data,
       }
       break;
     }
+    case OpType::kReduce: {
+      if (data.size() != q.NumBytes()) return malformed("not the tensor's size");
+      if (config_.rank != q.root) break;  // the others discard it
+      if (!data.empty()) std::memcpy(e.output, data.data(), data.size());
+      FinishAllreduce(q, r.Contributors(config_.size), e.output,
+                      static_cast<size_t>(q.NumElements()));
+      break;
+    }
     case OpType::kReducescatter: {
       if (data.size() != q.NumBytes() || q.splits.size() != n) {
         return malformed("not the tensor's size");
@@ -99,12 +111,14 @@ Status Engine::CompleteInline(const Response& r, const std::string& data,
       FinishAllreduce(q, r.Contributors(config_.size), e.output, bytes / DTypeSize(q.dtype));
       break;
     }
-    case OpType::kAllgather: {
+    case OpType::kAllgather:
+    case OpType::kGather: {
       size_t total = 0;
       int64_t first = 0;
       CONCORD_RETURN_IF_ERROR(AllgatherBytes(r, &total, &first).status());
       if (data.size() != total) return malformed("not the sum of the ranks' sizes");
-      void* dst = ResultOutput(e, total, "allgather", &local);
+      if (q.op == OpType::kGather && config_.rank != q.root) break;  // the others discard it
+      void* dst = ResultOutput(e, total, OpTypeName(q.op), &local);
       if (!local.ok()) break;
       if (total > 0) std::memcpy(dst, data.data(), total);
       RequestState::Output& out = e.state->output();

@@ -97,6 +97,7 @@ StatusOr<QueueEntry> Engine::JoinedEntry(const Response& r) {
   auto& owned = e.state->output().owned;
   switch (e.request.op) {
     case OpType::kAllreduce:
+    case OpType::kReduce:  // never its root: the coordinator refuses a reduce whose root joined
       owned.resize(e.request.NumBytes());
       FillIdentity(owned.data(), n, e.request.dtype, e.request.reduce_op, e.request.prescale);
       CONCORD_RETURN_IF_ERROR(AttachCompressor(e));
@@ -105,6 +106,7 @@ StatusOr<QueueEntry> Engine::JoinedEntry(const Response& r) {
       owned.resize(e.request.NumBytes());
       break;
     case OpType::kAllgather:  // no rows of its own; the gathered rows go to the state
+    case OpType::kGather:
     case OpType::kBarrier:
       return e;
     case OpType::kReducescatter:  // refused by the coordinator while a rank is joined

@@ -27,6 +27,13 @@ Status CheckSplits(const QueueEntry& e, int world_size, int rank) {
   return Status::Ok();
 }
 
+// A broadcast's, reduce's or gather's root: one of the ranks.
+Status CheckRoot(const TensorRequest& r, int world_size) {
+  if (r.root >= 0 && r.root < world_size) return Status::Ok();
+  return InvalidArgument("tensor '" + r.name + "': root " + std::to_string(r.root) +
+                         " is outside [0, " + std::to_string(world_size) + ")");
+}
+
 // The checks that depend on the operation.
 Status ValidateOp(const QueueEntry& e, int64_t elements, int world_size, int rank) {
   const TensorRequest& r = e.request;
@@ -44,14 +51,27 @@ Status ValidateOp(const QueueEntry& e, int64_t elements, int world_size, int ran
         return fail("prescale and postscale apply to floating-point dtypes only");
       }
       return Status::Ok();
+    case OpType::kReduce:
+      CONCORD_RETURN_IF_ERROR(CheckRoot(r, world_size));
+      // Only the root writes an output; the others' is ignored (NULL).
+      if (rank == r.root && elements > 0 && e.output == nullptr) {
+        return fail("output data is NULL on the root");
+      }
+      if (!std::isfinite(r.prescale) || !std::isfinite(r.postscale)) {
+        return fail("scale factors must be finite");
+      }
+      if (!IsFloatingPoint(r.dtype) && (r.prescale != 1.0 || r.postscale != 1.0)) {
+        return fail("prescale and postscale apply to floating-point dtypes only");
+      }
+      return Status::Ok();
     case OpType::kAllgather:
       if (r.shape.empty()) return fail("allgather needs at least one dimension");
       return Status::Ok();
+    case OpType::kGather:
+      if (r.shape.empty()) return fail("gather needs at least one dimension");
+      return CheckRoot(r, world_size);
     case OpType::kBroadcast:
-      if (r.root < 0 || r.root >= world_size) {
-        return fail("root " + std::to_string(r.root) + " is outside [0, " +
-                    std::to_string(world_size) + ")");
-      }
+      CONCORD_RETURN_IF_ERROR(CheckRoot(r, world_size));
       if (elements > 0 && e.output == nullptr) return fail("output data is NULL");
       return Status::Ok();
     case OpType::kBarrier:

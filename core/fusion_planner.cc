@@ -5,7 +5,7 @@ namespace {
 
 bool Fusable(const Response& r, const FusionOptions& o) {
   const OpType op = r.request.op;
-  if (r.error != Code::kOk || (op != OpType::kAllreduce && op != OpType::kReducescatter)) {
+  if (r.error != Code::kOk || (!ReducesWhole(op) && op != OpType::kReducescatter)) {
     return false;
   }
   // A compressed tensor is encoded into the fusion buffer whatever its size: no copy to save.

@@ -56,6 +56,20 @@ Status MeteredBackend::Broadcast(void* data, size_t bytes, int root) {
   return Record("broadcast", bytes, start, backend_->Broadcast(data, bytes, root));
 }
 
+Status MeteredBackend::Reduce(const void* in, void* out, size_t count, DType dtype, ReduceOp op,
+                              int root) {
+  const auto start = Clock::now();
+  return Record("reduce", count * DTypeSize(dtype), start,
+                backend_->Reduce(in, out, count, dtype, op, root));
+}
+
+Status MeteredBackend::Gatherv(const void* in, void* out, const std::vector<size_t>& bytes_per_rank,
+                               int root) {
+  const auto start = Clock::now();
+  return Record("gather", Sum(bytes_per_rank), start,
+                backend_->Gatherv(in, out, bytes_per_rank, root));
+}
+
 Status MeteredBackend::Barrier() {
   const auto start = Clock::now();
   return Record("barrier", 0, start, backend_->Barrier());

@@ -36,6 +36,10 @@ class MeteredBackend : public Backend {
   Status AllreduceSpans(const std::vector<AllreduceSpan>& spans, DType dtype, ReduceOp op) override;
   Status Allgatherv(const void* in, void* out, const std::vector<size_t>& bytes_per_rank) override;
   Status Broadcast(void* data, size_t bytes, int root) override;
+  Status Reduce(const void* in, void* out, size_t count, DType dtype, ReduceOp op,
+                int root) override;
+  Status Gatherv(const void* in, void* out, const std::vector<size_t>& bytes_per_rank,
+                 int root) override;
   Status Barrier() override;
   Status ReduceScatter(const void* in, void* out, const std::vector<size_t>& counts, DType dtype,
                        ReduceOp op) override;

@@ -20,6 +20,13 @@ bool LaneReductions::FoldsHere(ReduceOp op) const {
   return fold_here_ && !(lane_.backend->size() == 2 && commutes);
 }
 
+Status LaneReductions::Reduce(const void* in, void* out, size_t count, DType dtype, ReduceOp op,
+                              int root) {
+  if (!FoldsHere(op)) return lane_.backend->Reduce(in, out, count, dtype, op, root);
+  if (in != out && count > 0) std::memcpy(out, in, count * DTypeSize(dtype));
+  return Allreduce(out, count, dtype, op);
+}
+
 Status LaneReductions::Allreduce(void* data, size_t count, DType dtype, ReduceOp op) {
   if (!FoldsHere(op)) return lane_.backend->Allreduce(data, count, dtype, op);
   // In pieces of at most piece_bytes_, which bounds the scratch buffer (any cut gives the same

@@ -51,6 +51,9 @@ class LaneReductions {
   Status AllreduceSpans(const std::vector<AllreduceSpan>& spans, DType dtype, ReduceOp op);
   Status ReduceScatter(const void* in, void* out, const std::vector<size_t>& counts, DType dtype,
                        ReduceOp op);
+  // As Backend::Reduce: when folded here, the copy of in into out and Allreduce above on every
+  // rank (a reduce is an allreduce whose result only the root keeps).
+  Status Reduce(const void* in, void* out, size_t count, DType dtype, ReduceOp op, int root);
 
  private:
   // One piece of Allreduce: the reduce-scatter into scratch, then the allgather into `data`.

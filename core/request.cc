@@ -19,6 +19,10 @@ const char* OpTypeName(OpType op) {
       return "reducescatter";
     case OpType::kAlltoall:
       return "alltoall";
+    case OpType::kReduce:
+      return "reduce";
+    case OpType::kGather:
+      return "gather";
   }
   return "unknown";
 }
@@ -50,8 +54,8 @@ namespace {
 // `rank`'s own request must be compared with instead of rank 0's.
 bool PerRank(const Response& r, int rank) {
   const OpType op = r.request.op;
-  return (op == OpType::kAllgather || op == OpType::kAlltoall) && !r.request.shape.empty() &&
-         rank >= 0 && static_cast<size_t>(rank) < r.first_dims.size();
+  return (GathersRows(op) || op == OpType::kAlltoall) && !r.request.shape.empty() && rank >= 0 &&
+         static_cast<size_t>(rank) < r.first_dims.size();
 }
 
 // Rank `rank`'s row of an alltoall response's splits; empty when the response has none for it.

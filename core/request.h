@@ -18,10 +18,26 @@ enum class OpType : uint8_t {
   kBroadcast = 2,
   kBarrier = 3,
   kReducescatter = 4,
-  kAlltoall = 5
+  kAlltoall = 5,
+  kReduce = 6,  // an allreduce whose result only `root` keeps
+  kGather = 7   // an allgather whose result only `root` keeps
 };
-constexpr int kNumOpTypes = 6;
+constexpr int kNumOpTypes = 8;
 const char* OpTypeName(OpType op);
+// Allreduce and reduce: every rank's whole tensor is reduced elementwise (same op, scales,
+// joined-rank identity, fusion and inline rules; a reduce's non-roots discard the result).
+inline bool ReducesWhole(OpType op) {
+  return op == OpType::kAllreduce || op == OpType::kReduce;
+}
+// Allgather and gather: every rank's first-dimension block, concatenated in rank order (each
+// rank's first dimension its own, carried in Response::first_dims).
+inline bool GathersRows(OpType op) {
+  return op == OpType::kAllgather || op == OpType::kGather;
+}
+// The operations with a root: broadcast, reduce, gather (TensorRequest::root is negotiated).
+inline bool HasRoot(OpType op) {
+  return op == OpType::kBroadcast || op == OpType::kReduce || op == OpType::kGather;
+}
 constexpr int32_t kDeviceTensor = 0;  // TensorRequest::device of a negotiated CUDA tensor
 // The most dimensions a tensor has: the C API's limit, checked at enqueue and on the wire.
 constexpr size_t kMaxDims = CONCORD_MAX_DIMS;
@@ -35,9 +51,9 @@ struct TensorRequest {
   std::string name;
   OpType op = OpType::kAllreduce;
   DType dtype = DType::kFloat32;
-  std::vector<int64_t> shape;  // for allgather and alltoall, shape[0] may differ between ranks
+  std::vector<int64_t> shape;  // for (all)gather and alltoall, shape[0] may differ between ranks
   ReduceOp reduce_op = ReduceOp::kSum;
-  int32_t root = 0;
+  int32_t root = 0;  // broadcast, reduce, gather
   double prescale = 1.0;
   double postscale = 1.0;
   // -1: CPU. A CUDA tensor is negotiated as kDeviceTensor: each rank's tensors are on its own GPU
@@ -59,7 +75,7 @@ struct TensorRequest {
 };
 
 // The coordinator's answer for one name, identical on every rank. `request` is rank 0's request;
-// for allgather and alltoall, first_dims[r] is rank r's first dimension; for alltoall,
+// for allgather, gather and alltoall, first_dims[r] is rank r's first dimension; for alltoall,
 // splits[r * size + d] is what rank r sends to rank d (rank r's request.splits, so what rank d
 // receives from every rank is column d). A non-OK `error` means the operation must not run: every
 // rank that submitted the name completes it with that error.

@@ -98,7 +98,7 @@ class MpiBackend : public Backend {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   // The MPI call that ran it (the MPI library picks the algorithm): "MPI_Iallreduce", ...; a
-  // reduce-scatter is one MPI_Ireduce per rank.
+  // reduce-scatter is one MPI_Ireduce per rank; a gather past one call's size an allgatherv.
   const char* LastAlgorithm() const override { return last_algorithm_; }
 
   Status Allreduce(void* data, size_t count, DType dtype, ReduceOp op) override {
@@ -195,6 +195,89 @@ class MpiBackend : public Backend {
                                                  " bytes from rank " + std::to_string(root)));
     }
     return Status::Ok();
+  }
+
+  // MPI_Ireduce to the root, in pieces of at most max_message_bytes_ (in place on the root).
+  Status Reduce(const void* in, void* out, size_t count, DType dtype, ReduceOp op,
+                int root) override {
+    last_algorithm_ = "MPI_Ireduce";
+    if (!IsValidDType(static_cast<int>(dtype)) || OpIndex(op) < 0) {
+      return InvalidArgument("mpi reduce: invalid dtype or reduce op");
+    }
+    if (root < 0 || root >= size_) {
+      return InvalidArgument("mpi reduce: root " + std::to_string(root) + " out of range");
+    }
+    if (count > 0 && (in == nullptr || out == nullptr)) {
+      return InvalidArgument("mpi reduce: null buffer");
+    }
+    if (!failed_.ok()) return failed_;
+    const size_t esize = DTypeSize(dtype);
+    if (count == 0) return Status::Ok();
+    if (size_ == 1) {
+      if (in != out) std::memmove(out, in, count * esize);
+      return Status::Ok();
+    }
+    const MPI_Op mpi_op = OpFor(dtype, op);
+    const size_t per_call =
+        std::max<size_t>(1, std::min<size_t>(max_message_bytes_ / esize, INT_MAX));
+    const auto* src = static_cast<const char*>(in);
+    auto* dst = static_cast<char*>(out);
+    const bool in_place = rank_ == root && in == out;
+    for (size_t done = 0; done < count; done += per_call) {
+      const int n = static_cast<int>(std::min(per_call, count - done));
+      MPI_Request request;
+      {
+        auto lock = env_->Lock();
+        // The receive buffer matters on the root only (elsewhere none: no aliasing of in).
+        const int rc = MPI_Ireduce(in_place ? MPI_IN_PLACE : src + done * esize,
+                                   rank_ == root ? dst + done * esize : nullptr, n, MpiType(dtype),
+                                   mpi_op, root, comm_, &request);
+        if (rc != MPI_SUCCESS) return Fail(MpiError(rc, "MPI_Ireduce", __FILE__, __LINE__));
+      }
+      CONCORD_RETURN_IF_ERROR(Wait(&request, "reduce of " + std::to_string(count) + " x " +
+                                                 DTypeName(dtype) + " (" + ReduceOpName(op) +
+                                                 ") to rank " + std::to_string(root)));
+    }
+    return Status::Ok();
+  }
+
+  // MPI_Igatherv to the root; past one call's size, Allgatherv (out is full-size everywhere).
+  Status Gatherv(const void* in, void* out, const std::vector<size_t>& bytes_per_rank,
+                 int root) override {
+    if (bytes_per_rank.size() != static_cast<size_t>(size_) || root < 0 || root >= size_) {
+      return InvalidArgument("mpi gatherv: " + std::to_string(bytes_per_rank.size()) +
+                             " sizes for " + std::to_string(size_) + " ranks, root " +
+                             std::to_string(root));
+    }
+    const size_t total = std::accumulate(bytes_per_rank.begin(), bytes_per_rank.end(), size_t{0});
+    if (size_ == 1 || total > max_message_bytes_ || total > static_cast<size_t>(INT_MAX)) {
+      return Allgatherv(in, out, bytes_per_rank);
+    }
+    last_algorithm_ = "MPI_Igatherv";
+    const size_t mine = bytes_per_rank[rank_];
+    if ((mine > 0 && in == nullptr) || (total > 0 && out == nullptr)) {
+      return InvalidArgument("mpi gatherv: null buffer");
+    }
+    if (!failed_.ok()) return failed_;
+    if (total == 0) return Status::Ok();
+    std::vector<int> counts(size_), displs(size_);
+    int offset = 0;
+    for (int r = 0; r < size_; ++r) {
+      counts[r] = static_cast<int>(bytes_per_rank[r]);
+      displs[r] = offset;
+      offset += counts[r];
+    }
+    auto* dst = static_cast<char*>(out);
+    const void* send = rank_ == root && in == dst + displs[rank_] ? MPI_IN_PLACE : in;
+    MPI_Request request;
+    {
+      auto lock = env_->Lock();
+      const int rc = MPI_Igatherv(send, counts[rank_], MPI_BYTE, dst, counts.data(), displs.data(),
+                                  MPI_BYTE, root, comm_, &request);
+      if (rc != MPI_SUCCESS) return Fail(MpiError(rc, "MPI_Igatherv", __FILE__, __LINE__));
+    }
+    return Wait(&request,
+                "gatherv of " + std::to_string(total) + " bytes to rank " + std::to_string(root));
   }
 
   Status Barrier() override {

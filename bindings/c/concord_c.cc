@@ -1115,6 +1115,96 @@ concord_status_t concord_alltoall(concord_comm_t comm, const char* name,
   return Record(comm, s);
 }
 
+// ---- reduce and gather to a root ----
+
+void concord_reduce_opts_init(concord_reduce_opts_t* opts) {
+  if (opts == nullptr) return;
+  std::memset(opts, 0, sizeof(*opts));
+  opts->struct_size = sizeof(*opts);
+  opts->op = CONCORD_SUM;
+  opts->prescale = 1.0;
+  opts->postscale = 1.0;
+}
+
+concord_status_t concord_reduce_async(concord_comm_t comm, const char* name,
+                                      const concord_tensor_t* input, const concord_tensor_t* output,
+                                      int root, const concord_reduce_opts_t* opts,
+                                      concord_callback_t callback, void* user_data,
+                                      concord_request_t* request) {
+  return Guard(comm, [&]() -> Status {
+    CONCORD_RETURN_IF_ERROR(CheckComm(comm));
+    concord::QueueEntry e;
+    CONCORD_RETURN_IF_ERROR(ToRequest(name, input, concord::OpType::kReduce, &e.request));
+    concord_reduce_opts_t o;
+    concord_reduce_opts_init(&o);
+    CONCORD_RETURN_IF_ERROR(
+        CopyOpts(opts, offsetof(concord_reduce_opts_t, postscale) + sizeof(double), "reduce", &o));
+    const int reduce_op = EnumValue(o.op);
+    if (!concord::IsValidReduceOp(reduce_op)) {
+      return concord::InvalidArgument("tensor '" + e.request.name + "': unknown reduce op " +
+                                      std::to_string(reduce_op));
+    }
+    e.request.reduce_op = static_cast<concord::ReduceOp>(reduce_op);
+    e.request.prescale = o.prescale;
+    e.request.postscale = o.postscale;
+    e.request.root = root;
+    if (root == comm->engine->config().rank) {
+      CONCORD_RETURN_IF_ERROR(SetBuffers(input, output, &e));
+    } else {
+      e.input = input->data;  // the output of a rank other than the root is ignored
+    }
+    return Submit(comm, std::move(e), callback, user_data, request);
+  });
+}
+
+concord_status_t concord_reduce(concord_comm_t comm, const char* name,
+                                const concord_tensor_t* input, const concord_tensor_t* output,
+                                int root, const concord_reduce_opts_t* opts) {
+  concord_request_t r = nullptr;
+  BlockingCall blocking;
+  return WaitAndFree(
+      comm, concord_reduce_async(comm, name, input, output, root, opts, nullptr, nullptr, &r), &r);
+}
+
+concord_status_t concord_gather_async(concord_comm_t comm, const char* name,
+                                      const concord_tensor_t* input, void* output,
+                                      size_t output_capacity, int root, concord_callback_t callback,
+                                      void* user_data, concord_request_t* request) {
+  return Guard(comm, [&]() -> Status {
+    CONCORD_RETURN_IF_ERROR(CheckComm(comm));
+    concord::QueueEntry e;
+    CONCORD_RETURN_IF_ERROR(ToRequest(name, input, concord::OpType::kGather, &e.request));
+    e.request.root = root;
+    e.input = input->data;
+    if (root == comm->engine->config().rank) {  // the others' output is ignored
+      e.output = output;
+      e.output_capacity = output == nullptr ? 0 : output_capacity;
+    }
+    return Submit(comm, std::move(e), callback, user_data, request);
+  });
+}
+
+concord_status_t concord_gather(concord_comm_t comm, const char* name,
+                                const concord_tensor_t* input, void* output, size_t output_capacity,
+                                int root) {
+  concord_request_t r = nullptr;
+  BlockingCall blocking;
+  const concord_status_t checked = Guard(comm, [&]() -> Status {
+    CONCORD_RETURN_IF_ERROR(CheckComm(comm));
+    if (output == nullptr && root == comm->engine->config().rank) {
+      return concord::InvalidArgument(
+          "concord_gather: the output is NULL on the root (a blocking call keeps no result; use "
+          "concord_gather_async to let the request own it)");
+    }
+    return Status::Ok();
+  });
+  if (checked != CONCORD_SUCCESS) return checked;
+  return WaitAndFree(
+      comm,
+      concord_gather_async(comm, name, input, output, output_capacity, root, nullptr, nullptr, &r),
+      &r);
+}
+
 concord_status_t concord_request_received_splits(concord_request_t request, int64_t* splits,
                                                  int n) {
   if (request == nullptr || splits == nullptr) return CONCORD_ERR_INVALID_ARGUMENT;

@@ -453,12 +453,73 @@ CONCORD_API concord_status_t concord_alltoall(concord_comm_t comm, const char* n
 CONCORD_API concord_status_t concord_request_received_splits(concord_request_t request,
                                                              int64_t* splits, int n);
 
+/* ---- reduce and gather to a root (CPU tensors; a CUDA tensor is UNAVAILABLE) ---- */
+/** Options of a reduce. Initialise with concord_reduce_opts_init; fields may only be appended
+ *  (struct_size tells which exist). */
+typedef struct concord_reduce_opts {
+  size_t struct_size;
+  concord_reduce_op_t op; /**< default CONCORD_SUM */
+  double prescale;        /**< multiplies the input first (floating dtypes only); default 1 */
+  double postscale;       /**< multiplies the result (floating dtypes only); default 1 */
+} concord_reduce_opts_t;
+
+CONCORD_API void concord_reduce_opts_init(concord_reduce_opts_t* opts);
+
+/**
+ * Reduce to a root, as MPI_Reduce: every rank's input is reduced (opts->op, with the scales;
+ * NULL opts: a sum) and only rank `root` receives the result, in output (NULL or output->data ==
+ * input->data: in place), which must have the input's dtype, device and number of elements. On
+ * every other rank `output` is ignored (it may be NULL) and left untouched; the input is only
+ * read. Every rank must give the same root, dtype, shape, op and scales, else every rank fails
+ * with MISMATCH naming the field and the ranks. A root outside [0, size), or an output whose data
+ * is NULL on the root while the tensor has elements, is INVALID_ARGUMENT at enqueue. A joined
+ * rank (concord_join) contributes the identity, as to an allreduce; a reduce whose root has
+ * joined fails. Small reduces fuse with each other (whatever their roots) and run as one
+ * allreduce of the fusion buffer; larger ones run alone as the backend's reduce (MPI:
+ * MPI_Ireduce; Gloo, shared memory and the hierarchical backend: an allreduce into scratch memory
+ * on the other ranks).
+ */
+CONCORD_API concord_status_t concord_reduce_async(concord_comm_t comm, const char* name,
+                                                  const concord_tensor_t* input,
+                                                  const concord_tensor_t* output, int root,
+                                                  const concord_reduce_opts_t* opts,
+                                                  concord_callback_t callback, void* user_data,
+                                                  concord_request_t* request);
+CONCORD_API concord_status_t concord_reduce(concord_comm_t comm, const char* name,
+                                            const concord_tensor_t* input,
+                                            const concord_tensor_t* output, int root,
+                                            const concord_reduce_opts_t* opts);
+/**
+ * Gather to a root along the first dimension, as an allgather whose result only rank `root`
+ * receives: every rank's rows in rank order (first dimensions may differ between ranks; the other
+ * dimensions, the dtype and the root must agree, else MISMATCH). On the root, output is a buffer
+ * of output_capacity bytes, or NULL to let the request own the result (concord_request_output);
+ * a result larger than output_capacity fails the root's request with INVALID_ARGUMENT (it still
+ * takes part). On every other rank output and output_capacity are ignored (NULL is fine) and
+ * concord_request_output reports nothing (NULL, 0 bytes, first dimension 0). A root outside
+ * [0, size) or a scalar input is INVALID_ARGUMENT at enqueue. A joined rank contributes no rows;
+ * a gather whose root has joined fails. Small gathers complete through rank 0 during negotiation
+ * like allgathers; larger ones run as MPI_Igatherv on MPI, elsewhere as an allgather into scratch
+ * memory on the other ranks.
+ */
+CONCORD_API concord_status_t concord_gather_async(concord_comm_t comm, const char* name,
+                                                  const concord_tensor_t* input, void* output,
+                                                  size_t output_capacity, int root,
+                                                  concord_callback_t callback, void* user_data,
+                                                  concord_request_t* request);
+/** Blocking gather: on the root, output must not be NULL (nothing would hold the result:
+ *  INVALID_ARGUMENT); elsewhere it is ignored. */
+CONCORD_API concord_status_t concord_gather(concord_comm_t comm, const char* name,
+                                            const concord_tensor_t* input, void* output,
+                                            size_t output_capacity, int root);
+
 /**
  * This rank has run out of data (uneven epochs): until every rank has called concord_join, it
  * takes part in the operations the other ranks submit without a tensor of its own, as Horovod's
- * join: an allreduce gets the reduction's identity from it (zeros for sum and average, and an
- * average divides by the ranks that contributed), an allgather no rows, a broadcast's data is
- * received and dropped, barriers complete; a broadcast whose root has joined, and operations on
+ * join: an allreduce or reduce gets the reduction's identity from it (zeros for sum and average,
+ * and an average divides by the ranks that contributed), an allgather or gather no rows, a
+ * broadcast's data is received and dropped, barriers complete; a broadcast, reduce or gather
+ * whose root has joined, and operations on
  * CUDA tensors, fail with INVALID_ARGUMENT on the ranks that submitted them. Blocks until every
  * rank has joined and stores the last rank to join in *last_rank (may be NULL). Not from a
  * completion callback, nor inside a group (INVALID_ARGUMENT); a failure of the job ends it with
@@ -555,8 +616,8 @@ CONCORD_API concord_status_t concord_test(concord_request_t request);
  *  Valid until the next call of it on this request, or until the request is freed. */
 CONCORD_API const char* concord_request_error(concord_request_t request);
 /**
- * Result of an allgather or alltoall: data (owned by the request when no output buffer was
- * given), its size in bytes and its first dimension. Any out-pointer may be NULL.
+ * Result of an allgather, a gather (on its root) or an alltoall: data (owned by the request when no
+ * output buffer was given), its size in bytes and its first dimension. Any out-pointer may be NULL.
  */
 CONCORD_API concord_status_t concord_request_output(concord_request_t request, void** data,
                                                     size_t* bytes, int64_t* first_dim);

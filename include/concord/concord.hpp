@@ -203,7 +203,8 @@ class Future {
                          : concord_request_error(request_));
     return true;
   }
-  /// An allgather's result: its bytes (a copy) and its first dimension.
+  /// An allgather's, gather's (on its root: empty elsewhere) or alltoall's result: its bytes (a
+  /// copy) and its first dimension.
   std::vector<uint8_t> output(int64_t* first_dim = nullptr) {
     wait();
     void* data = nullptr;
@@ -405,6 +406,41 @@ class Communicator {
                      ReduceOp op = ReduceOp::kSum, const std::vector<int64_t>& recv_splits = {},
                      const std::string& compression = "") {
     reducescatter_async(name, in, out, op, recv_splits, 1.0, 1.0, nullptr, compression).wait();
+  }
+
+  /// Reduce to `root` (CPU tensors): only the root's `out` (absent: in place) receives the
+  /// reduction; on the other ranks `out` is ignored and untouched. prescale and postscale as in
+  /// allreduce_async.
+  Future reduce_async(const std::string& name, const TensorView& in, int root,
+                      ReduceOp op = ReduceOp::kSum, const TensorView* out = nullptr,
+                      double prescale = 1.0, double postscale = 1.0, Callback callback = nullptr) {
+    concord_reduce_opts_t o;
+    concord_reduce_opts_init(&o);
+    o.op = static_cast<concord_reduce_op_t>(op);
+    o.prescale = prescale;
+    o.postscale = postscale;
+    const concord_tensor_t ct = in.c_tensor();
+    concord_tensor_t co;
+    if (out) co = out->c_tensor();
+    return Enqueue(std::move(callback), [&](concord_callback_t cb, void* ud, concord_request_t* r) {
+      return concord_reduce_async(comm_, name.c_str(), &ct, out ? &co : nullptr, root, &o, cb, ud,
+                                  r);
+    });
+  }
+  void reduce(const std::string& name, const TensorView& in, int root, ReduceOp op = ReduceOp::kSum,
+              const TensorView* out = nullptr) {
+    reduce_async(name, in, root, op, out).wait();
+  }
+
+  /// Gather to `root` along the first dimension (CPU tensors; it may differ between ranks): on
+  /// the root as allgather_async (out == nullptr: the Future owns the result); elsewhere `out` is
+  /// ignored and Future::output is empty.
+  Future gather_async(const std::string& name, const TensorView& in, int root, void* out = nullptr,
+                      size_t out_capacity = 0, Callback callback = nullptr) {
+    const concord_tensor_t ct = in.c_tensor();
+    return Enqueue(std::move(callback), [&](concord_callback_t cb, void* ud, concord_request_t* r) {
+      return concord_gather_async(comm_, name.c_str(), &ct, out, out_capacity, root, cb, ud, r);
+    });
   }
 
   /// All-to-all along the first dimension: splits[d] rows to rank d (empty: the even split). With

@@ -570,6 +570,30 @@ static void TestInvalidArguments(concord_comm_t comm) {
   CHECK_STATUS(concord_broadcast(comm, "b.root", &t, NULL, 5), CONCORD_ERR_INVALID_ARGUMENT);
   CHECK(r == (concord_request_t)0x1);
 
+  /* Reduce and gather: a bad root, a NULL output on the root, a scalar gather; a blocking
+   * gather needs an output on its root. */
+  CHECK_STATUS(concord_reduce_async(comm, "rd.root", &t, NULL, 1, NULL, NULL, NULL, &r),
+               CONCORD_ERR_INVALID_ARGUMENT);
+  CheckLastError(comm, "root 1 is outside [0, 1)");
+  CHECK_STATUS(concord_reduce(comm, "rd.root", &t, NULL, -1, NULL), CONCORD_ERR_INVALID_ARGUMENT);
+  CheckLastError(comm, "root");
+  bad = t;
+  bad.data = NULL;
+  CHECK_STATUS(concord_reduce_async(comm, "rd.null", &t, &bad, 0, NULL, NULL, NULL, &r),
+               CONCORD_ERR_INVALID_ARGUMENT);
+  CheckLastError(comm, "output data is NULL on the root");
+  CHECK_STATUS(concord_gather_async(comm, "ga.root", &t, NULL, 0, 2, NULL, NULL, &r),
+               CONCORD_ERR_INVALID_ARGUMENT);
+  CheckLastError(comm, "root 2");
+  CHECK_STATUS(concord_gather(comm, "ga.null", &t, NULL, 0, 0), CONCORD_ERR_INVALID_ARGUMENT);
+  CheckLastError(comm, "output is NULL on the root");
+  bad = t;
+  bad.ndim = 0;
+  CHECK_STATUS(concord_gather_async(comm, "ga.scalar", &bad, NULL, 0, 0, NULL, NULL, &r),
+               CONCORD_ERR_INVALID_ARGUMENT);
+  CheckLastError(comm, "dimension");
+  CHECK(r == (concord_request_t)0x1);
+
   /* Allgather of a scalar (no first dimension). */
   bad = t;
   bad.ndim = 0;
@@ -773,6 +797,16 @@ static void TestBlockingAndAllgather(concord_comm_t comm) {
   memset(h2, 0, sizeof(h2));
   CHECK_STATUS(concord_broadcast(comm, "bcast.out", &th, &th2, 0), CONCORD_SUCCESS);
   CHECK(memcmp(h, h2, sizeof(h)) == 0);
+
+  /* Reduce and gather on one rank: the input itself, in place and out of place. */
+  memset(h2, 0, sizeof(h2));
+  CHECK_STATUS(concord_reduce(comm, "reduce.out", &th, &th2, 0, NULL), CONCORD_SUCCESS);
+  CHECK(memcmp(h, h2, sizeof(h)) == 0);
+  CHECK_STATUS(concord_reduce(comm, "reduce.in", &th, NULL, 0, NULL), CONCORD_SUCCESS);
+  CHECK(h[4] == 0x4500);
+  memset(out, 0, sizeof(out));
+  CHECK_STATUS(concord_gather(comm, "gather.root", &t, out, 6, 0), CONCORD_SUCCESS);
+  CHECK(memcmp(in, out, 6) == 0);
 
   /* Into a caller buffer: exact capacity, then too small. */
   memset(out, 0, sizeof(out));

@@ -168,6 +168,45 @@ TEST(CppApiTest, ReducescatterAndAlltoallWithReceivedSplits) {
   });
 }
 
+TEST(CppApiTest, ReduceAndGatherToEveryRoot) {
+  RunRanks(3, [](concord::Communicator& comm) {
+    const int r = comm.rank();
+    for (int root = 0; root < 3; ++root) {
+      // Reduce out of place (the others' output untouched), then in place with a max.
+      std::vector<float> in(5, static_cast<float>(r + 1)), out(5, -1.0f);
+      concord::TensorView out_view(out.data(), concord::DataType::kFloat32, {5});
+      comm.reduce("rd" + std::to_string(root),
+                  concord::TensorView(in.data(), concord::DataType::kFloat32, {5}), root,
+                  concord::ReduceOp::kSum, &out_view);
+      for (float x : out) ASSERT_EQ(x, r == root ? 6.0f : -1.0f);
+      for (float x : in) ASSERT_EQ(x, static_cast<float>(r + 1));
+      concord::Future f =
+          comm.reduce_async("rd.max" + std::to_string(root),
+                            concord::TensorView(in.data(), concord::DataType::kFloat32, {5}), root,
+                            concord::ReduceOp::kMax);
+      f.wait();
+      for (float x : in) ASSERT_EQ(x, r == root ? 3.0f : static_cast<float>(r + 1));
+      // Gather of r + 1 rows of 2: the root owns the result, the others get none.
+      std::vector<int32_t> mine((r + 1) * 2, r);
+      concord::Future g = comm.gather_async(
+          "ga" + std::to_string(root),
+          concord::TensorView(mine.data(), concord::DataType::kInt32, {r + 1, 2}), root);
+      int64_t first = -1;
+      const std::vector<uint8_t> bytes = g.output(&first);
+      if (r != root) {
+        ASSERT_TRUE(bytes.empty());
+        ASSERT_EQ(first, 0);
+        continue;
+      }
+      ASSERT_EQ(first, 1 + 2 + 3);
+      ASSERT_EQ(bytes.size(), 6 * 2 * sizeof(int32_t));
+      const auto* v = reinterpret_cast<const int32_t*>(bytes.data());
+      const int expected[] = {0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2};
+      for (int i = 0; i < 12; ++i) ASSERT_EQ(v[i], expected[i]);
+    }
+  });
+}
+
 TEST(CppApiTest, BroadcastAndBarrier) {
   RunRanks(3, [](concord::Communicator& comm) {
     for (int root = 0; root < 3; ++root) {

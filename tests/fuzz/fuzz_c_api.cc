@@ -4,11 +4,12 @@
 // input and replaced every kInputsPerComm inputs (its compression residuals and cache grow with
 // the names it sees). Each input is a little program, read front to back (bytes past the end read
 // as zeros), of at most kMaxOps operations:
-//   u8 op, then its arguments: allreduce, allgather, broadcast (blocking or async, with fuzzed
-//   names, tensor descriptors, options structs and their struct_size, callbacks, request
-//   out-pointers), barrier, group_start/group_end, end_step, the request calls (wait, test,
-//   error, output, wire_bytes, wait_stream, free), init_config with a fuzzed concord_config_t
-//   (finalized at once when it succeeds), and calls on a NULL communicator or request.
+//   u8 op, then its arguments: allreduce, allgather, broadcast, reducescatter, alltoall, reduce,
+//   gather (blocking or async, with fuzzed names, tensor descriptors, options structs and their
+//   struct_size, callbacks, request out-pointers), barrier, group_start/group_end, end_step, the
+//   request calls (wait, test, error, output, wire_bytes, wait_stream, free), init_config with a
+//   fuzzed concord_config_t (finalized at once when it succeeds), and calls on a NULL
+//   communicator or request.
 // Arguments are honest where the API cannot check them: a tensor's data is allocated for the
 // elements its shape describes (NULL beyond kMaxBytes, which the API must refuse), an allgather's
 // output for the capacity given, and each options struct for the struct_size it claims (at most
@@ -323,6 +324,33 @@ void Collective(Program& p, int which) {
                    : concord_alltoall_async(g->comm, name, &input.t, output, capacity, &o, callback,
                                             &callbacks, out);
     }
+  } else if (which == 6 || which == 7) {
+    static const int kRoots[] = {0, 0, 1, -1, INT_MAX};
+    const int root = in.Pick(kRoots);
+    if (which == 6) {
+      Tensor output;
+      const bool in_place = in.U8() & 1;
+      if (!in_place) MakeTensor(in, p.buffers, &output, &input);
+      concord_reduce_opts_t o;
+      concord_reduce_opts_init(&o);
+      static const size_t kStructSizes[] = {sizeof(o), 0, 8, 16};
+      o.struct_size = in.Pick(kStructSizes);
+      o.op = static_cast<concord_reduce_op_t>(in.U8() % 7);
+      static const double kScales[] = {1.0, 0.5, HUGE_VAL, NAN};
+      o.prescale = in.Pick(kScales);
+      const concord_reduce_opts_t* opts = (in.U8() & 1) ? nullptr : &o;
+      const concord_tensor_t* t = in_place ? nullptr : &output.t;
+      s = blocking ? concord_reduce(g->comm, name, &input.t, t, root, opts)
+                   : concord_reduce_async(g->comm, name, &input.t, t, root, opts, callback,
+                                          &callbacks, out);
+    } else {
+      static const size_t kCapacities[] = {0, 1, 8, 1024, kMaxBytes};
+      const size_t capacity = in.Pick(kCapacities) % (kMaxBytes + 1);
+      void* output = (in.U8() & 1) ? nullptr : p.buffers.Get(capacity);
+      s = blocking ? concord_gather(g->comm, name, &input.t, output, capacity, root)
+                   : concord_gather_async(g->comm, name, &input.t, output, capacity, root, callback,
+                                          &callbacks, out);
+    }
   } else {
     s = blocking ? concord_barrier(g->comm)
                  : concord_barrier_async(g->comm, callback, &callbacks, out);
@@ -509,7 +537,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         Collective(p, 2);
         break;
       case 4:
-        Collective(p, 3 + p.in.U8() % 3);  // a barrier, a reducescatter or an alltoall
+        // A barrier, a reducescatter, an alltoall, a reduce or a gather.
+        Collective(p, 3 + p.in.U8() % 5);
         break;
       case 5: {
         const concord_status_t s = Valid(concord_group_start(g->comm));

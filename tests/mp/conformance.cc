@@ -7,11 +7,13 @@
 // prescale/postscale on floating types; allgather with first dimensions differing by rank, into
 // a caller buffer and into library-owned output, with size-0 contributions; broadcast from every
 // root, in place and out of place; barrier; reducescatter and alltoall, with their error cases,
-// in conformance_exchange.cc) x every dtype x sizes {0, 1, 7, 4099, 1<<20}, blocking
-// and asynchronous (wait, test-polling, callbacks), grouped submission, several steps (so the
-// response cache serves the repeated names). Each result is checked against a value computed
-// here. Inputs are small integers, so results are exact (half types get a tolerance where the
-// average divides). Prints one summary line; exits non-zero on any mismatch.
+// in conformance_exchange.cc; reduce to a root, every op, in place and out of place, and gather
+// to a root as allgather's variants, the roots in turn, other ranks' outputs checked untouched) x
+// every dtype x sizes {0, 1, 7, 4099, 1<<20}, blocking and asynchronous (wait, test-polling,
+// callbacks), grouped submission, several steps (so the response cache serves the repeated names).
+// Each result is checked against a value computed here. Inputs are small integers, so results are
+// exact (half types get a tolerance where the average divides). Prints one summary line; exits
+// non-zero on any mismatch.
 //
 // The failure modes live in failure_modes.cc.
 #include <atomic>
@@ -80,7 +82,7 @@ double Val(Values kind, concord_dtype_t t, int r, int64_t i, int step, int salt)
   return 0;
 }
 
-enum class Kind { kAllreduce, kAllgather, kBroadcast, kBarrier };
+enum class Kind { kAllreduce, kAllgather, kBroadcast, kBarrier, kReduce, kGather };
 enum Mode { kAsyncWait = 0, kAsyncTest = 1, kBlocking = 2 };
 
 void Callback(concord_request_t, concord_status_t status, void*) {
@@ -99,7 +101,7 @@ struct Case {
   // allreduce
   concord_reduce_op_t op = CONCORD_SUM;
   double pre = 1, post = 1;
-  // broadcast
+  // broadcast, reduce, gather
   int root = 0;
   // allgather: first dims of every rank, the trailing dimension
   std::vector<int64_t> first_dims;
@@ -113,7 +115,7 @@ struct Case {
   concord_status_t status = CONCORD_SUCCESS;
 
   Values values() const {
-    if (kind != Kind::kAllreduce) return Values::kAny;
+    if (kind != Kind::kAllreduce && kind != Kind::kReduce) return Values::kAny;
     if (op == CONCORD_MIN || op == CONCORD_MAX) return Values::kMinMax;
     if (op == CONCORD_PRODUCT) return Values::kProduct;
     return Values::kSum;
@@ -173,6 +175,31 @@ void Submit(concord_comm_t comm, Case& c) {
     case Kind::kBarrier:
       s = async ? concord_barrier_async(comm, cb, nullptr, rq) : concord_barrier(comm);
       break;
+    case Kind::kReduce: {
+      concord_reduce_opts_t o;
+      concord_reduce_opts_init(&o);
+      o.op = c.op;
+      o.prescale = c.pre;
+      o.postscale = c.post;
+      // Other ranks give their output too when out of place: it must stay untouched.
+      const concord_tensor_t* outp = c.in_place ? nullptr : &out;
+      s = async ? concord_reduce_async(comm, c.name.c_str(), &in, outp, c.root, &o, cb, nullptr, rq)
+                : concord_reduce(comm, c.name.c_str(), &in, outp, c.root, &o);
+      break;
+    }
+    case Kind::kGather: {
+      // Only the root has an output (NULL elsewhere, or a buffer that must stay untouched).
+      void* dst = c.owned ? nullptr : (c.out.empty() ? nullptr : c.out.data());
+      if (!c.owned && dst == nullptr) {
+        static unsigned char dummy[8];
+        dst = dummy;
+      }
+      if (g_rank != c.root && c.salt % 2 == 0) dst = nullptr;
+      s = async ? concord_gather_async(comm, c.name.c_str(), &in, dst, c.capacity, c.root, cb,
+                                       nullptr, rq)
+                : concord_gather(comm, c.name.c_str(), &in, dst, c.capacity, c.root);
+      break;
+    }
   }
   if (async && s == CONCORD_SUCCESS) ++g_async_submitted;
   if (s != CONCORD_SUCCESS) {
@@ -204,6 +231,28 @@ void CheckAllreduce(const Case& c) {
               static_cast<long long>(i));
         return;
       }
+    }
+  }
+}
+
+// A reduce: the root's result as an allreduce's; elsewhere the input and any output untouched.
+void CheckReduce(const Case& c) {
+  if (g_rank == c.root) {
+    CheckAllreduce(c);
+    return;
+  }
+  for (int64_t i = 0; i < c.n; ++i) {
+    ++g_checks;
+    if (LoadElement(c.dt, c.in.data(), i) != Val(c.values(), c.dt, g_rank, i, c.step, c.salt)) {
+      FAILF("%s [%lld]: the input of a rank other than the root was modified", c.name.c_str(),
+            static_cast<long long>(i));
+      return;
+    }
+  }
+  for (unsigned char b : c.out) {
+    if (b != 0xAB) {
+      FAILF("%s: the output of a rank other than the root was written", c.name.c_str());
+      return;
     }
   }
 }
@@ -268,6 +317,29 @@ void CheckAllgather(const Case& c) {
   }
 }
 
+// A gather: the root's result as an allgather's; elsewhere no output and the buffer untouched.
+void CheckGather(const Case& c) {
+  if (g_rank == c.root) {
+    CheckAllgather(c);
+    return;
+  }
+  void* data = nullptr;
+  size_t bytes = 1;
+  int64_t first = -1;
+  ++g_checks;
+  if (c.req && (concord_request_output(c.req, &data, &bytes, &first) != CONCORD_SUCCESS ||
+                data != nullptr || bytes != 0 || first != 0)) {
+    FAILF("%s: a rank other than the root has output (%p, %zu bytes, first dim %lld)",
+          c.name.c_str(), data, bytes, static_cast<long long>(first));
+  }
+  for (unsigned char b : c.out) {
+    if (b != 0xEE) {
+      FAILF("%s: the output of a rank other than the root was written", c.name.c_str());
+      return;
+    }
+  }
+}
+
 // Waits for every submitted request of the batch, checks every result, frees the requests.
 void Finish(std::vector<std::unique_ptr<Case>>& batch) {
   for (auto& cp : batch) {
@@ -307,6 +379,12 @@ void Finish(std::vector<std::unique_ptr<Case>>& batch) {
         CheckBroadcast(c);
         break;
       case Kind::kBarrier:
+        break;
+      case Kind::kReduce:
+        CheckReduce(c);
+        break;
+      case Kind::kGather:
+        CheckGather(c);
         break;
     }
     if (c.req) concord_request_free(c.req);
@@ -445,6 +523,79 @@ void AllgatherCases(Runner& run, concord_dtype_t dt, int64_t n, int step, bool l
   }
 }
 
+// Every op in place and out of place (scaled on floating types, out of place), to a root that
+// moves with the op; the large size runs sum and max only.
+void ReduceCases(Runner& run, concord_dtype_t dt, int64_t n, int step, bool large) {
+  for (concord_reduce_op_t op : kOps) {
+    if (large && op != CONCORD_SUM && op != CONCORD_MAX) continue;
+    for (int place = 0; place < 2; ++place) {
+      auto c = std::make_unique<Case>();
+      c->kind = Kind::kReduce;
+      c->dt = dt;
+      c->n = n;
+      c->step = step;
+      c->salt = 70 + static_cast<int>(op) * 3 + place;
+      c->op = op;
+      c->root = (static_cast<int>(op) + place + step) % g_size;
+      c->in_place = place == 0;
+      if (IsFloat(dt) && place == 1) {
+        c->pre = 0.5;
+        c->post = 4.0;
+      }
+      c->mode = run.NextMode(true);
+      c->ndim = 1;
+      c->shape[0] = n;
+      c->name = Name(
+          "rd", dt, n,
+          std::string(OpName(op)) + ".root" + std::to_string(c->root) + (place ? ".out" : ".in"));
+      Fill(*c);
+      if (!c->in_place) c->out.assign(c->in.size(), 0xAB);
+      run.Add(std::move(c));
+    }
+  }
+}
+
+// Allgather's variants (first dims n + rank; alternating 0 and n; [rank, 3]), to every root in
+// turn (the large size: variant 0 to the last rank), into the root's buffer or the request.
+void GatherCases(Runner& run, concord_dtype_t dt, int64_t n, int step, bool large) {
+  for (int variant = 0; variant < 3; ++variant) {
+    if (large && variant != 0) continue;
+    for (int owned = 0; owned < 2; ++owned) {
+      auto c = std::make_unique<Case>();
+      c->kind = Kind::kGather;
+      c->dt = dt;
+      c->step = step;
+      c->salt = 90 + variant * 2 + owned;
+      c->root = large ? g_size - 1 : (variant + owned + step) % g_size;
+      c->owned = owned == 1;
+      c->mode = run.NextMode(!c->owned || g_rank != c->root);
+      c->first_dims.resize(g_size);
+      for (int r = 0; r < g_size; ++r) {
+        c->first_dims[r] = variant == 0   ? (n == 0 ? 0 : n + r)
+                           : variant == 1 ? (r % 2 == 0 ? 0 : n)
+                                          : r;
+      }
+      c->cols = variant == 2 ? 3 : 1;
+      c->ndim = variant == 2 ? 2 : 1;
+      c->shape[0] = c->first_dims[g_rank];
+      c->shape[1] = c->cols;
+      c->n = c->first_dims[g_rank] * c->cols;
+      c->name = Name("ga", dt, n,
+                     "v" + std::to_string(variant) + ".root" + std::to_string(c->root) +
+                         (c->owned ? ".owned" : ".buf"));
+      Fill(*c);
+      if (!c->owned) {
+        int64_t total = 0;
+        for (int64_t d : c->first_dims) total += d;
+        c->capacity =
+            static_cast<size_t>(total * c->cols) * ElementSize(dt) + (variant == 1 ? 16 : 0);
+        c->out.assign(c->capacity, 0xEE);
+      }
+      run.Add(std::move(c));
+    }
+  }
+}
+
 void BarrierCase(Runner& run, bool blocking) {
   auto c = std::make_unique<Case>();
   c->kind = Kind::kBarrier;
@@ -512,7 +663,7 @@ int Run(int argc, char** argv) {
   int64_t min_size = 0, max_size = int64_t{1} << 20;
   int steps = 3;
   // Which families to run (for narrowing down a failure); x: reducescatter and alltoall.
-  std::string ops = "ar,bc,ag,grp,x";
+  std::string ops = "ar,bc,ag,grp,x,rd,ga";
   bool split = false;  // run on sub-communicators of the job (concord_comm_split)
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -542,10 +693,11 @@ int Run(int argc, char** argv) {
       const int host = interleaved ? std::atoi(r) % hosts : std::atoi(r) * hosts / std::atoi(n);
       setenv("CONCORD_HOST_ID", ("conformance-host-" + std::to_string(host)).c_str(), 1);
     } else {
-      std::fprintf(stderr,
-                   "usage: %s [--min-size N] [--max-size N] [--steps S] [--ops ar,bc,ag,grp,x] "
-                   "[--split] [--hosts K | --hosts-interleaved K]\n",
-                   argv[0]);
+      std::fprintf(
+          stderr,
+          "usage: %s [--min-size N] [--max-size N] [--steps S] [--ops ar,bc,ag,grp,x,rd,ga] "
+          "[--split] [--hosts K | --hosts-interleaved K]\n",
+          argv[0]);
       return 2;
     }
   }
@@ -596,6 +748,14 @@ int Run(int argc, char** argv) {
       if (large) run.Flush();
       for (concord_dtype_t dt : kDTypes) {
         if (Has(ops, "ag")) AllgatherCases(run, dt, n, step, large);
+      }
+      if (large) run.Flush();
+      for (concord_dtype_t dt : kDTypes) {
+        if (Has(ops, "rd")) ReduceCases(run, dt, n, step, large);
+        if (large) run.Flush();
+      }
+      for (concord_dtype_t dt : kDTypes) {
+        if (Has(ops, "ga")) GatherCases(run, dt, n, step, large);
       }
       BarrierCase(run, false);
       run.Flush();

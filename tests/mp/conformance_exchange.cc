@@ -547,11 +547,123 @@ void RunErrors(concord_comm_t comm, int rank, int size, Counts* counts) {
   }
 }
 
+// Reduce and gather to a root: refusals at enqueue on one rank, then mismatches on every rank.
+void RunRootErrors(concord_comm_t comm, int rank, int size, Counts* counts) {
+  std::vector<float> in(4, 1.0f);
+  int64_t shape[1] = {4};
+  concord_tensor_t t = CpuTensor(in.data(), CONCORD_FLOAT32, 1, shape);
+  concord_tensor_t null_out = CpuTensor(nullptr, CONCORD_FLOAT32, 1, shape);
+  concord_request_t req = nullptr;
+  const concord_status_t kBad = CONCORD_ERR_INVALID_ARGUMENT;
+  ExpectError(
+      comm, "reduce root out of range",
+      concord_reduce_async(comm, "e.rd", &t, nullptr, size, nullptr, nullptr, nullptr, &req),
+      nullptr, kBad, {"'e.rd'", "root " + std::to_string(size), "outside"}, counts);
+  ExpectError(comm, "reduce negative root",
+              concord_reduce_async(comm, "e.rd", &t, nullptr, -1, nullptr, nullptr, nullptr, &req),
+              nullptr, kBad, {"'e.rd'", "root -1"}, counts);
+  ExpectError(
+      comm, "reduce NULL output data on the root",
+      concord_reduce_async(comm, "e.rd", &t, &null_out, rank, nullptr, nullptr, nullptr, &req),
+      nullptr, kBad, {"'e.rd'", "output data is NULL"}, counts);
+  concord_reduce_opts_t ro;
+  concord_reduce_opts_init(&ro);
+  ro.op = static_cast<concord_reduce_op_t>(99);
+  ExpectError(comm, "reduce unknown op",
+              concord_reduce_async(comm, "e.rd", &t, nullptr, 0, &ro, nullptr, nullptr, &req),
+              nullptr, kBad, {"'e.rd'", "unknown reduce op"}, counts);
+  ro.struct_size = 4;
+  ExpectError(comm, "reduce opts struct_size",
+              concord_reduce_async(comm, "e.rd", &t, nullptr, 0, &ro, nullptr, nullptr, &req),
+              nullptr, kBad, {"struct_size"}, counts);
+  concord_tensor_t ti = t;
+  ti.dtype = CONCORD_INT32;
+  concord_reduce_opts_init(&ro);
+  ro.prescale = 2;
+  ExpectError(comm, "reduce scaled int32",
+              concord_reduce_async(comm, "e.rd", &ti, nullptr, 0, &ro, nullptr, nullptr, &req),
+              nullptr, kBad, {"'e.rd'", "floating-point"}, counts);
+  ExpectError(comm, "gather root out of range",
+              concord_gather_async(comm, "e.ga", &t, nullptr, 0, size + 3, nullptr, nullptr, &req),
+              nullptr, kBad, {"'e.ga'", "root " + std::to_string(size + 3)}, counts);
+  concord_tensor_t scalar = CpuTensor(in.data(), CONCORD_FLOAT32, 0, shape);
+  ExpectError(comm, "gather scalar",
+              concord_gather_async(comm, "e.ga", &scalar, nullptr, 0, 0, nullptr, nullptr, &req),
+              nullptr, kBad, {"'e.ga'", "at least one dimension"}, counts);
+  ExpectError(comm, "blocking gather without output on the root",
+              concord_gather(comm, "e.ga", &t, nullptr, 0, rank), nullptr, kBad,
+              {"output is NULL on the root"}, counts);
+  concord_tensor_t cuda = t;
+  cuda.device = 0;
+  ExpectError(
+      comm, "reduce of a CUDA tensor",
+      concord_reduce_async(comm, "e.rd", &cuda, nullptr, 0, nullptr, nullptr, nullptr, &req),
+      nullptr, CONCORD_ERR_UNAVAILABLE, {"CPU tensors only"}, counts);
+  ExpectError(comm, "gather of a CUDA tensor",
+              concord_gather_async(comm, "e.ga", &cuda, nullptr, 0, 0, nullptr, nullptr, &req),
+              nullptr, CONCORD_ERR_UNAVAILABLE, {"CPU tensors only"}, counts);
+  if (size < 2) return;
+
+  // Mismatches: every rank fails, the error names the tensor, the field and the ranks.
+  const std::string one = "on rank 1";
+  concord_status_t s = concord_reduce_async(comm, "m.rd.root", &t, nullptr, rank == 1 ? 1 : 0,
+                                            nullptr, nullptr, nullptr, &req);
+  ExpectError(comm, "reduce root mismatch", s, s == CONCORD_SUCCESS ? req : nullptr,
+              CONCORD_ERR_MISMATCH, {"'m.rd.root'", "root", one}, counts);
+  concord_reduce_opts_init(&ro);
+  ro.op = rank == 1 ? CONCORD_MAX : CONCORD_SUM;
+  s = concord_reduce_async(comm, "m.rd.op", &t, nullptr, 0, &ro, nullptr, nullptr, &req);
+  ExpectError(comm, "reduce op mismatch", s, s == CONCORD_SUCCESS ? req : nullptr,
+              CONCORD_ERR_MISMATCH, {"'m.rd.op'", "reduce op", one}, counts);
+  concord_tensor_t typed = t;
+  typed.dtype = rank == 1 ? CONCORD_INT32 : CONCORD_FLOAT32;
+  s = concord_reduce_async(comm, "m.rd.dtype", &typed, nullptr, 0, nullptr, nullptr, nullptr, &req);
+  ExpectError(comm, "reduce dtype mismatch", s, s == CONCORD_SUCCESS ? req : nullptr,
+              CONCORD_ERR_MISMATCH, {"'m.rd.dtype'", "dtype", one}, counts);
+  // A reduce on some ranks, an allreduce of the same name on the others.
+  s = rank == 1
+          ? concord_allreduce_async(comm, "m.rd.kind", &t, nullptr, nullptr, nullptr, nullptr, &req)
+          : concord_reduce_async(comm, "m.rd.kind", &t, nullptr, 0, nullptr, nullptr, nullptr,
+                                 &req);
+  ExpectError(comm, "reduce against allreduce", s, s == CONCORD_SUCCESS ? req : nullptr,
+              CONCORD_ERR_MISMATCH, {"'m.rd.kind'", "operation", "allreduce on rank 1"}, counts);
+  s = concord_gather_async(comm, "m.ga.root", &t, nullptr, 0, rank == 1 ? 1 : 0, nullptr, nullptr,
+                           &req);
+  ExpectError(comm, "gather root mismatch", s, s == CONCORD_SUCCESS ? req : nullptr,
+              CONCORD_ERR_MISMATCH, {"'m.ga.root'", "root", one}, counts);
+  s = concord_gather_async(comm, "m.ga.dtype", &typed, nullptr, 0, 0, nullptr, nullptr, &req);
+  ExpectError(comm, "gather dtype mismatch", s, s == CONCORD_SUCCESS ? req : nullptr,
+              CONCORD_ERR_MISMATCH, {"'m.ga.dtype'", "dtype", one}, counts);
+  // The root's output is one byte short: it fails, the others complete.
+  std::vector<float> out(4 * size);
+  const size_t need = out.size() * sizeof(float);
+  s = concord_gather_async(comm, "m.ga.small", &t, out.data(), need - 1, 0, nullptr, nullptr, &req);
+  if (rank == 0) {
+    ExpectError(comm, "gather small output", s, s == CONCORD_SUCCESS ? req : nullptr, kBad,
+                {"'m.ga.small'", "bytes"}, counts);
+  } else {
+    ++counts->checks;
+    const concord_status_t done = s == CONCORD_SUCCESS ? concord_wait(req, 120) : s;
+    if (done != CONCORD_SUCCESS)
+      FAILF("gather small output on the root: this rank got %s", concord_status_string(done));
+    if (s == CONCORD_SUCCESS) concord_request_free(req);
+  }
+  // The engine goes on: the same name, now agreed.
+  ++counts->checks;
+  in.assign(4, 1.0f);
+  s = concord_reduce(comm, "m.rd.root", &t, nullptr, size - 1, nullptr);
+  const float want = rank == size - 1 ? static_cast<float>(size) : 1.0f;
+  if (s != CONCORD_SUCCESS || in[0] != want) {
+    FAILF("reduce after the mismatches: %s, %g (want %g)", concord_status_string(s), in[0], want);
+  }
+}
+
 }  // namespace
 
 void RunErrorCases(concord_comm_t comm, int rank, int size, Counts* counts) {
   CheckSetContext("rank %d", rank);
   RunErrors(comm, rank, size, counts);
+  RunRootErrors(comm, rank, size, counts);
   counts->failures = CheckFailures();
 }
 

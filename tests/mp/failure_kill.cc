@@ -153,6 +153,35 @@ Op Alltoall(concord_comm_t comm, const std::string& name, int64_t rows, bool une
   return op;
 }
 
+// Reduce of `n` floats to `root`, out of place (the sum of ones on the root).
+Op Reduce(concord_comm_t comm, const std::string& name, int root, int64_t n) {
+  Op op;
+  op.what = "reduce '" + name + "' (root " + std::to_string(root) + ")";
+  op.in.assign(static_cast<size_t>(n), 1.0f);
+  op.in_shape = {n};
+  op.out.assign(static_cast<size_t>(n), 0.0f);
+  op.out_shape = {n};
+  op.want = static_cast<float>(g_size);
+  concord_tensor_t t = In(op), u = Out(op);
+  Check(comm, op,
+        concord_reduce_async(comm, name.c_str(), &t, &u, root, nullptr, nullptr, nullptr, &op.req));
+  return op;
+}
+
+// Gather of `rows` rows of 2 floats from each rank to `root`; the root's request owns the result.
+Op Gather(concord_comm_t comm, const std::string& name, int root, int64_t rows) {
+  Op op;
+  op.what = "gather '" + name + "' (root " + std::to_string(root) + ")";
+  op.in.assign(static_cast<size_t>(rows * 2), 1.0f);
+  op.in_shape = {rows, 2};
+  op.result = Op::Result::kRequest;
+  op.request_floats = g_rank == root ? op.in.size() * static_cast<size_t>(g_size) : 0;
+  concord_tensor_t t = In(op);
+  Check(comm, op,
+        concord_gather_async(comm, name.c_str(), &t, nullptr, 0, root, nullptr, nullptr, &op.req));
+  return op;
+}
+
 Op Barrier(concord_comm_t comm) {
   Op op;
   op.what = "barrier";
@@ -192,6 +221,9 @@ std::vector<Op> EveryOp(concord_comm_t comm, const std::string& prefix, int vict
   ops.push_back(Reducescatter(comm, prefix + "reducescatter.uneven", tri, 4, true));
   ops.push_back(Alltoall(comm, prefix + "alltoall.even", 64 * g_size, false));
   ops.push_back(Alltoall(comm, prefix + "alltoallv", tri, true));
+  ops.push_back(Reduce(comm, prefix + "reduce.root_victim", victim, 1024));
+  ops.push_back(Reduce(comm, prefix + "reduce.root_survivor", (victim + 1) % g_size, 1024));
+  ops.push_back(Gather(comm, prefix + "gather.root_survivor", (victim + 1) % g_size, 64));
   ops.push_back(Barrier(comm));
   ops.push_back(Recv(comm, victim, 11));
   return ops;

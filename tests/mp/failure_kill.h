@@ -2,8 +2,9 @@
 // steps rank V SIGKILLs itself while the others have one operation of every kind in flight:
 //   pending in negotiation (names V never submits): an allreduce, an allgather, a broadcast from
 //     V and one from a survivor, an even and an uneven reduce-scatter, an even all-to-all and an
-//     alltoallv, a barrier; and with V itself: a recv from V and an 8 MiB send to V; and a
-//     concord_join (blocking, on a thread of its own, from about when V dies);
+//     alltoallv, a reduce to V and one to a survivor, a gather to a survivor, a barrier; and with V
+//     itself: a recv from V and an 8 MiB send to V; and a concord_join (blocking, on a thread of
+//     its own, from about when V dies);
 //   running on the backend: the large operations of B bytes (default 16 MiB) that V enqueued too,
 //     in the order given (default reducescatter,alltoall,allgather,broadcast: a reduce-scatter,
 //     an all-to-all, an allgather with B bytes out and a broadcast from a survivor), in one group

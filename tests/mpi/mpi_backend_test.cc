@@ -189,6 +189,62 @@ TEST(MpiBackendTest, BroadcastFromEveryRoot) {
   }
 }
 
+// Reduce and gather to every root, in place and not, in one call and in 16-byte pieces (a gather
+// past one call is an allgatherv): the root's output has the result, and nothing past it.
+TEST(MpiBackendTest, ReduceAndGathervToEveryRoot) {
+  for (size_t max_bytes : {kMpiMaxMessageBytes, size_t{16}}) {
+    auto b = MakeBackend(max_bytes);
+    ASSERT_NE(b, nullptr);
+    for (int root = 0; root < b->size(); ++root) {
+      for (DType dtype : {DType::kInt32, DType::kFloat16, DType::kFloat64}) {
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kProduct}) {
+          for (size_t count : {size_t{0}, size_t{1}, size_t{4099}}) {
+            for (bool in_place : {false, true}) {
+              const size_t esize = DTypeSize(dtype);
+              std::vector<uint8_t> in(count * esize + 1), out(count * esize + 1, 0xee);
+              uint8_t* mine = in_place ? out.data() : in.data();
+              for (size_t i = 0; i < count; ++i) StoreElement(dtype, mine, i, Value(b->rank(), i));
+              const Status s = b->Reduce(count ? mine : nullptr, count ? out.data() : nullptr,
+                                         count, dtype, op, root);
+              ASSERT_TRUE(s.ok()) << s.ToString();
+              if (b->rank() != root) continue;
+              for (size_t i = 0; i < count; ++i) {
+                const double want =
+                    ReduceOverRanks(op, b->size(), [&](int r) { return Value(r, i); });
+                ASSERT_EQ(LoadElement(dtype, out.data(), i), want)
+                    << DTypeName(dtype) << " " << ReduceOpName(op) << " root " << root << " [" << i
+                    << "]";
+              }
+              EXPECT_EQ(out[count * esize], 0xee) << "wrote past the output";
+            }
+          }
+        }
+      }
+      std::vector<size_t> bytes(b->size());
+      size_t total = 0, offset = 0;
+      for (int r = 0; r < b->size(); ++r) total += bytes[r] = r == 1 ? 0 : 5 + (r * 37) % 50;
+      for (int r = 0; r < b->rank(); ++r) offset += bytes[r];
+      for (bool in_place : {false, true}) {
+        std::vector<uint8_t> out(total + 1, 0xee), in(bytes[b->rank()] + 1);
+        uint8_t* mine = in_place ? out.data() + offset : in.data();
+        for (size_t i = 0; i < bytes[b->rank()]; ++i) {
+          mine[i] = static_cast<uint8_t>(b->rank() * 50 + i);
+        }
+        const Status s = b->Gatherv(mine, out.data(), bytes, root);
+        ASSERT_TRUE(s.ok()) << s.ToString();
+        if (b->rank() != root) continue;
+        size_t at = 0;
+        for (int r = 0; r < b->size(); ++r) {
+          for (size_t i = 0; i < bytes[r]; ++i, ++at) {
+            ASSERT_EQ(out[at], static_cast<uint8_t>(r * 50 + i)) << "from rank " << r;
+          }
+        }
+        EXPECT_EQ(out[total], 0xee) << "wrote past the output";
+      }
+    }
+  }
+}
+
 TEST(MpiBackendTest, BarrierAndBadArguments) {
   auto b = MakeBackend();
   ASSERT_NE(b, nullptr);

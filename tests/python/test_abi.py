@@ -63,3 +63,15 @@ def test_device_opts_mirror_the_library():
     for name in ("concord_allreduce_async_ex", "concord_allgather_async_ex",
                  "concord_broadcast_async_ex", "concord_request_wait_stream"):
         assert getattr(concord.lib(), name).argtypes, name  # declared by _lib.load()
+
+
+def test_option_structs_mirror_the_library():
+    # Each options struct the binding fills has the library's size (its struct_size after _init).
+    import ctypes
+
+    import concord
+    for init, mirror in (("concord_allreduce_opts_init", _lib.AllreduceOptsStruct),
+                         ("concord_reducescatter_opts_init", _lib.ReducescatterOptsStruct),
+                         ("concord_alltoall_opts_init", _lib.AlltoallOptsStruct),
+                         ("concord_reduce_opts_init", _lib.ReduceOptsStruct)):
+        assert ctypes.sizeof(mirror) == _lib.library_struct_size(concord.lib(), init), init

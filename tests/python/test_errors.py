@@ -53,6 +53,24 @@ def test_broadcast_root_out_of_range(comm):
     assert "root" in e.value.message
 
 
+def test_reduce_and_gather_roots(comm):
+    """A root out of range is refused at enqueue; ranks that disagree on the root all fail with
+    MISMATCH naming the tensor and the field."""
+    for call in (comm.reduce, comm.gather):
+        with pytest.raises(concord.InvalidArgumentError, match="root"):
+            call(np.zeros(2, np.int64), root=comm.size, name="bad_root." + call.__name__)
+    if comm.size < 2:
+        return
+    for call in (comm.reduce, comm.gather):
+        name = "root_mismatch." + call.__name__
+        with pytest.raises(concord.ConcordError) as e:
+            call(np.ones(3, np.float32), root=comm.rank % 2, name=name)
+        assert e.value.status == Status.ERR_MISMATCH
+        assert name in e.value.message and "root" in e.value.message
+    got = comm.reduce(np.ones(3, np.float32), root=0, name="root_agreed")  # still usable
+    assert (got is not None) == (comm.rank == 0)
+
+
 def test_wait_timeout_then_completion(comm):
     """A wait whose limit passes raises WaitTimeoutError (not a ConcordError: nothing failed), and
     the handle can be waited on again."""

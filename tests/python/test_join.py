@@ -1,5 +1,7 @@
 """concord.Communicator.join from Python: uneven epochs where rank r runs 2 + r steps, then joins;
-each step's average over the ranks still stepping, and the last rank to join."""
+each step's average over the ranks still stepping (an allreduce and a reduce to the last rank,
+which steps longest), the rows of the ranks still stepping (an allgather and a gather to it), and
+the last rank to join."""
 import numpy as np
 
 
@@ -13,6 +15,16 @@ def test_uneven_epochs_end_with_join(comm):
         assert np.allclose(out, want), (step, out[0], want)
         rows = comm.allgather(np.full((comm.rank + 1, 2), comm.rank, dtype=np.int64), name="rows")
         assert [int(v) for v in rows[:, 0]] == [r for r in stepping for _ in range(r + 1)]
+        # To the last rank, which has not joined: a joined rank contributes the identity / no rows.
+        last = comm.size - 1
+        got = comm.reduce(x, root=last, name="red", op="max")
+        assert (got is None) == (comm.rank != last)
+        if got is not None:
+            assert np.all(got == max(r + step for r in stepping)), (step, got[0])
+        rows = comm.gather(np.full((comm.rank + 1, 2), comm.rank, dtype=np.int64), root=last,
+                           name="gath")
+        if comm.rank == last:
+            assert [int(v) for v in rows[:, 0]] == [r for r in stepping for _ in range(r + 1)]
         comm.end_step()
     assert comm.join() == comm.size - 1
     # A second epoch, even: every rank contributes again.

@@ -1,8 +1,8 @@
 """Every operation and dtype through numpy and torch against expected values, at 1 to 4 ranks:
 allreduce (each reduce op, prescale and postscale, in place and out of place, async with poll and
 callback), allgather (first dimensions differing between ranks; request-owned and caller-owned
-output), broadcast from every root, barrier, groups, reducescatter (even and given splits) and
-alltoall (uneven splits, received splits). Sizes 0, 1, 7, 4099 and 1 Mi elements."""
+output), broadcast from every root, barrier, groups, reducescatter (even and given splits),
+alltoall (uneven splits, received splits), reduce and gather to every root. Sizes 0, 1, 7, 4099 and 1 Mi elements."""
 import threading
 
 import numpy as np
@@ -241,6 +241,85 @@ def test_broadcast_from_every_root(comm, frame):
         y = frame.make([comm.rank] * 5, dtype)
         assert comm.broadcast_(y, root=comm.size - 1, name="bc_." + dtype) is y
         np.testing.assert_array_equal(frame.read(y), [comm.size - 1] * 5)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_reduce_every_dtype_size_and_root(comm, frame, op):
+    """Only the root gets the reduction; the others get None and their out is left alone.
+    Sizes past the inline threshold (4099 x 8 bytes) and the direct threshold (1 Mi) included."""
+    for dtype in dtypes_of(frame):
+        for n in SIZES + ([1 << 16] if op in ("sum", "max") else []):
+            root = (n + len(dtype)) % comm.size
+            x = frame.make(rank_values(n, comm.rank, op), dtype)
+            before = frame.read(x).copy()
+            out = frame.make(np.full(n, 42), dtype)
+            got = comm.reduce(x, root=root, op=op, out=out,
+                              name="red.%s.%s.%s.%d" % (frame.kind, op, dtype, n))
+            np.testing.assert_array_equal(frame.read(x), before)
+            if comm.rank == root:
+                assert got is out
+                np.testing.assert_allclose(frame.read(got), expected_allreduce(n, comm.size, op,
+                                                                               dtype),
+                                           rtol=RTOL.get(dtype, 0), err_msg="%s %s n=%d" % (
+                                               dtype, op, n))
+            else:
+                assert got is None
+                np.testing.assert_array_equal(frame.read(out), np.full(n, 42))
+
+
+def test_reduce_in_place_scaled_and_async(comm, frame):
+    for dtype in sorted(FLOATS & set(dtypes_of(frame))):
+        for root in range(comm.size):
+            x = frame.make(rank_values(7, comm.rank, "sum"), dtype)
+            before = frame.read(x).copy()
+            handle = comm.reduce_async(x, root=root, out=x, prescale=0.5, postscale=4.0,
+                                       name="red_.%s.%s.%d" % (frame.kind, dtype, root))
+            got = handle.wait()
+            if comm.rank == root:
+                assert got is x
+                np.testing.assert_allclose(frame.read(x), 2.0 * expected_allreduce(
+                    7, comm.size, "sum", dtype), rtol=RTOL[dtype])
+            else:
+                assert got is None
+                np.testing.assert_array_equal(frame.read(x), before)
+
+
+def test_gather_differing_first_dims_every_root(comm, frame):
+    for dtype in dtypes_of(frame):
+        for root in range(comm.size):
+            for cols in (1, 3):
+                mine = np.array([[10 * comm.rank + (j % 10)] * cols
+                                 for j in range(rows_of(comm.rank))])
+                x = frame.make(mine.reshape(rows_of(comm.rank), cols), dtype)
+                expected = np.concatenate(
+                    [np.array([[10 * r + (j % 10)] * cols
+                               for j in range(rows_of(r))]).reshape(-1, cols)
+                     for r in range(comm.size)])
+                name = "ga.%s.%s.%d.%d" % (frame.kind, dtype, cols, root)
+                got = comm.gather(x, root=root, name=name)
+                if comm.rank == root:
+                    assert tuple(got.shape) == expected.shape
+                    np.testing.assert_array_equal(frame.read(got), expected)
+                else:
+                    assert got is None
+                # Into a caller's buffer, larger than needed; untouched on the other ranks.
+                buf = frame.make(np.full((expected.shape[0] + 2, cols), 7), dtype)
+                got = comm.gather_async(x, root=root, name=name + ".out", out=buf).wait()
+                if comm.rank == root:
+                    np.testing.assert_array_equal(frame.read(got), expected)
+                else:
+                    assert got is None
+                    np.testing.assert_array_equal(frame.read(buf), np.full(buf.shape, 7))
+
+
+def test_gather_large(comm):
+    """Past the inline threshold and the direct threshold: the backend's gather."""
+    x = np.arange(1 << 16, dtype=np.float32) + comm.rank
+    got = comm.gather(x, root=comm.size - 1, name="ga.large")
+    if comm.rank == comm.size - 1:
+        np.testing.assert_array_equal(
+            got, np.concatenate([np.arange(1 << 16, dtype=np.float32) + r
+                                 for r in range(comm.size)]))
 
 
 def test_scalar_tensor(comm, frame):

@@ -1,6 +1,7 @@
 """The torch.distributed backend "concord" (concord/torch_backend.py), torch's own test patterns:
 every ReduceOp Concord has over every dtype at sizes 0, 1, odd and larger; all_gather (and
-_into_tensor), broadcast from every root, reduce, reduce_scatter (and _tensor), all_to_all (and
+_into_tensor), broadcast from every root, reduce (every op, dtype, size, root) and gather (and
+gather_object) to every root, reduce_scatter (and _tensor), all_to_all (and
 _single, uneven), send/recv, barrier; async works and their futures; a shape that differs between
 ranks and an unsupported op fail with errors naming them; a CUDA tensor (a stand-in that says it
 is on cuda:0; torch built with CUDA) refused by the backend and the DDP hook, naming it; a group
@@ -117,6 +118,36 @@ def test_broadcast_from_every_root_and_reduce():
               torch.int32)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_reduce_every_op_dtype_size_and_root(dtype):
+    """Concord's reduce: the root's tensor gets the result, the others' are left alone."""
+    for op in OPS:
+        for n in SIZES:
+            root = (n + OPS.index(op)) % SIZE
+            t = values(RANK, n, dtype)
+            work = dist.reduce(t, dst=root, op=getattr(dist.ReduceOp, op), async_op=True)
+            assert work.wait() is True
+            close(t, expected(op, n, dtype) if RANK == root else values(RANK, n, dtype), dtype)
+
+
+def test_gather_to_every_root():
+    for dtype in (torch.float32, torch.int64, torch.bfloat16):
+        for root in range(SIZE):
+            for n in (0, 1, 4099):
+                x = values(RANK, n, dtype).reshape(n, 1)
+                outs = [torch.full((n, 1), -1, dtype=dtype) for _ in range(SIZE)]
+                work = dist.gather(x, outs if RANK == root else None, dst=root, async_op=True)
+                assert work.wait() is True
+                for r in range(SIZE):
+                    close(outs[r], values(r, n, dtype).reshape(n, 1) if RANK == root
+                          else torch.full((n, 1), -1, dtype=dtype), dtype)
+    # torch.distributed.gather_object is gather over pickled bytes.
+    objects = [None] * SIZE if RANK == 0 else None
+    dist.gather_object({"rank": RANK, "pad": "x" * RANK}, objects, dst=0)
+    if RANK == 0:
+        assert objects == [{"rank": r, "pad": "x" * r} for r in range(SIZE)]
+
+
 def test_reduce_scatter_and_tensor():
     for n in (0, 1, 3):
         chunks = [values(RANK + r, n, torch.float32) for r in range(SIZE)]
@@ -193,8 +224,8 @@ def test_unsupported_op_and_tensor_are_named():
             dist.all_reduce(torch.ones(2, dtype=torch.int32), op=getattr(dist.ReduceOp, op))
     with pytest.raises(concord.InvalidArgumentError, match="dtype torch.bool"):
         dist.all_reduce(torch.ones(2, dtype=torch.bool))
-    with pytest.raises(concord.UnavailableError, match="gather is not supported"):
-        dist.gather(torch.ones(2), [torch.ones(2) for _ in range(SIZE)] if RANK == 0 else None)
+    with pytest.raises(concord.UnavailableError, match="scatter is not supported"):
+        dist.scatter(torch.ones(2), [torch.ones(2) for _ in range(SIZE)] if RANK == 0 else None)
 
 
 @pytest.mark.skipif(torch.version.cuda is None, reason="torch %s is built without CUDA: it makes "

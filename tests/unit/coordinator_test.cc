@@ -350,6 +350,13 @@ void MakeAllgather(TensorRequest& r) {
 void MakeBroadcast(TensorRequest& r) {
   r.op = OpType::kBroadcast;
 }
+void MakeReduce(TensorRequest& r) {
+  r.op = OpType::kReduce;
+}
+void MakeGather(TensorRequest& r) {
+  r.op = OpType::kGather;
+  r.shape = {2, 3};
+}
 
 INSTANTIATE_TEST_SUITE_P(
     Fields, CoordinatorMismatchTest,
@@ -376,6 +383,32 @@ INSTANTIATE_TEST_SUITE_P(
                      MakeBroadcast,
                      [](TensorRequest& r) { r.root = 2; },
                      {"root", "0 on ranks 0, 2", "2 on rank 1"}},
+        MismatchCase{"reduce_root",
+                     MakeReduce,
+                     [](TensorRequest& r) { r.root = 2; },
+                     {"root", "0 on ranks 0, 2", "2 on rank 1"}},
+        MismatchCase{"reduce_reduce_op",
+                     MakeReduce,
+                     [](TensorRequest& r) { r.reduce_op = ReduceOp::kMin; },
+                     {"reduce op", "sum on ranks 0, 2", "min on rank 1"}},
+        MismatchCase{"reduce_postscale",
+                     MakeReduce,
+                     [](TensorRequest& r) { r.postscale = 2; },
+                     {"postscale"}},
+        MismatchCase{"reduce_against_allreduce",
+                     MakeReduce,
+                     [](TensorRequest& r) { r.op = OpType::kAllreduce; },
+                     {"operation", "reduce on ranks 0, 2", "allreduce on rank 1"}},
+        MismatchCase{"gather_root",
+                     MakeGather,
+                     [](TensorRequest& r) { r.root = 1; },
+                     {"root", "0 on ranks 0, 2", "1 on rank 1"}},
+        MismatchCase{"gather_trailing",
+                     MakeGather,
+                     [](TensorRequest& r) {
+                       r.shape = {2, 4};
+                     },
+                     {"shape after the first dimension", "[3] on ranks 0, 2", "[4] on rank 1"}},
         MismatchCase{
             "prescale", NoChange, [](TensorRequest& r) { r.prescale = 0.5; }, {"prescale"}},
         // Values that print alike with six decimals must still be told apart.
@@ -405,6 +438,25 @@ INSTANTIATE_TEST_SUITE_P(
                      },
                      {"group", "no group"}}),
     [](const ::testing::TestParamInfo<MismatchCase>& info) { return info.param.label; });
+
+TEST_F(CoordinatorTest, GatherFirstDimsMayDifferAndTheResponseCarriesThem) {
+  Start(3);
+  const std::vector<int64_t> dims = {2, 0, 5};
+  for (int r = 0; r < 3; ++r) {
+    TensorRequest q = Req("g");
+    MakeGather(q);
+    q.root = 2;
+    q.shape[0] = dims[r];
+    Add(r, Full({q}));
+  }
+  ResponseMessage m = Take();
+  ASSERT_EQ(m.items.size(), 1u);
+  const Response& resp = m.items[0].response;
+  EXPECT_EQ(resp.error, Code::kOk) << resp.error_message;
+  EXPECT_EQ(resp.first_dims, dims);
+  EXPECT_EQ(resp.request.root, 2);
+  EXPECT_EQ(resp.RequestOf(1).shape, (std::vector<int64_t>{0, 3}));
+}
 
 TEST_F(CoordinatorTest, AllgatherFirstDimsMayDiffer) {
   Start(3);

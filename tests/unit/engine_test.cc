@@ -326,6 +326,43 @@ TEST_P(EngineRanksTest, GroupIsFusedIntoOneBatch) {
   });
 }
 
+// Small reduces to different roots fuse into one batch (one allreduce of the fusion buffer), and
+// a large one runs alone (Backend::Reduce): only each root's output is written.
+TEST_P(EngineRanksTest, ReducesToDifferentRootsFuseAndOnlyRootsGetResults) {
+  const int size = GetParam();
+  Job job(size, [](Config& c) { c.inline_threshold_bytes = 0; });
+  RunRanks(size, [&](int rank) {
+    Engine& e = job[rank];
+    const uint64_t batches = e.stats().batches.load();
+    const uint64_t fused = e.stats().fused_tensors.load();
+    const std::vector<int64_t> counts = {5, 6, 7, int64_t{1} << 18};
+    std::vector<std::vector<float>> in, out;
+    for (size_t k = 0; k < counts.size(); ++k) {
+      in.emplace_back(counts[k], static_cast<float>(rank + k));
+      out.emplace_back(counts[k], -1.0f);
+    }
+    ASSERT_TRUE(e.GroupStart().ok());
+    std::vector<std::shared_ptr<RequestState>> states;
+    for (size_t k = 0; k < counts.size(); ++k) {
+      TensorRequest r =
+          Request("rd." + std::to_string(k), OpType::kReduce, DType::kFloat32, {counts[k]});
+      r.root = static_cast<int>(k) % size;
+      states.push_back(Submit(e, Entry(r, in[k].data(), out[k].data())));
+    }
+    ASSERT_TRUE(e.GroupEnd().ok());
+    for (size_t k = 0; k < counts.size(); ++k) {
+      Status s = Await(states[k]);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      const bool root = static_cast<int>(k) % size == rank;
+      const float want = root ? static_cast<float>(size * (size - 1) / 2 + size * k) : -1.0f;
+      for (float v : out[k]) ASSERT_EQ(v, want) << "tensor " << k << " rank " << rank;
+      for (float v : in[k]) ASSERT_EQ(v, static_cast<float>(rank + k));
+    }
+    EXPECT_EQ(e.stats().batches.load() - batches, 2u);
+    EXPECT_EQ(e.stats().fused_tensors.load() - fused, 3u);
+  });
+}
+
 // The direct allreduces of one list run as one group cut into shares over every lane, and each
 // result is still right. The test backend runs a share's buffers one by one (the default
 // Backend::AllreduceSpans), so each piece counts as one collective.

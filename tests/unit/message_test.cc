@@ -113,7 +113,7 @@ INSTANTIATE_TEST_SUITE_P(
     AllEnums, RequestRoundTrip,
     ::testing::Combine(::testing::Values(OpType::kAllreduce, OpType::kAllgather, OpType::kBroadcast,
                                          OpType::kBarrier, OpType::kReducescatter,
-                                         OpType::kAlltoall),
+                                         OpType::kAlltoall, OpType::kReduce, OpType::kGather),
                        ::testing::Values(DType::kUint8, DType::kInt8, DType::kInt32, DType::kInt64,
                                          DType::kFloat16, DType::kBFloat16, DType::kFloat32,
                                          DType::kFloat64),

@@ -86,6 +86,17 @@ class ReducescatterOptsStruct(ctypes.Structure):
     ]
 
 
+class ReduceOptsStruct(ctypes.Structure):
+    """concord_reduce_opts_t, field for field."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("op", ctypes.c_int),
+        ("prescale", ctypes.c_double),
+        ("postscale", ctypes.c_double),
+    ]
+
+
 class AlltoallOptsStruct(ctypes.Structure):
     """concord_alltoall_opts_t, field for field."""
 
@@ -136,6 +147,7 @@ _SIGNATURES = [
     ("concord_allreduce_opts_init", None, [ctypes.c_void_p]),
     ("concord_compression_check", ctypes.c_int, [ctypes.c_char_p, ctypes.c_int]),
     ("concord_reducescatter_opts_init", None, [ctypes.c_void_p]),
+    ("concord_reduce_opts_init", None, [ctypes.c_void_p]),
     ("concord_init", ctypes.c_int, [ctypes.POINTER(c_comm_p)]),
     ("concord_init_config", ctypes.c_int,
      [ctypes.POINTER(ConfigStruct), ctypes.POINTER(c_comm_p)]),
@@ -188,6 +200,13 @@ _SIGNATURES = [
       ctypes.POINTER(c_request_p)]),
     ("concord_request_received_splits", ctypes.c_int,
      [c_request_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_int]),
+    ("concord_reduce_async", ctypes.c_int,
+     [c_comm_p, ctypes.c_char_p, ctypes.POINTER(TensorStruct), ctypes.POINTER(TensorStruct),
+      ctypes.c_int, ctypes.POINTER(ReduceOptsStruct), CALLBACK, ctypes.c_void_p,
+      ctypes.POINTER(c_request_p)]),
+    ("concord_gather_async", ctypes.c_int,
+     [c_comm_p, ctypes.c_char_p, ctypes.POINTER(TensorStruct), ctypes.c_void_p, ctypes.c_size_t,
+      ctypes.c_int, CALLBACK, ctypes.c_void_p, ctypes.POINTER(c_request_p)]),
     # point to point
     ("concord_send_async", ctypes.c_int,
      [c_comm_p, ctypes.POINTER(TensorStruct), ctypes.c_int, ctypes.c_int64, CALLBACK,

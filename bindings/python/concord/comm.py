@@ -613,6 +613,77 @@ class Communicator:
         """Blocking reducescatter_async(...).wait()."""
         return self.reducescatter_async(tensor, **kwargs).wait()
 
+    def reduce_async(self, tensor, root=0, name=None, op="sum", prescale=1.0, postscale=1.0,
+                     out=None, callback=None):
+        """Reduces tensor over all ranks (op, prescale and postscale as in allreduce_async) into
+        out on rank root only (None: a new tensor; out=tensor: in place). Every rank gives the
+        same root. CPU tensors only. Returns a Handle whose wait() gives out on the root and None
+        on the other ranks, whose out (ignored) is left untouched."""
+        handle = self._live()
+        src = tensors.describe(tensor, "reduce input")
+        is_root = int(root) == self.rank
+        if is_root and out is None:
+            out = tensors.empty_like(tensor)
+        dst = None
+        if is_root and out is not tensor:
+            dst = tensors.describe(out, "reduce output", writable=True)
+        elif is_root:
+            tensors.check_writable(tensor, "reduce output")
+        opts = _lib.ReduceOptsStruct()
+        opts.struct_size = ctypes.sizeof(opts)
+        opts.op = _reduce_op(op)
+        opts.prescale = float(prescale)
+        opts.postscale = float(postscale)
+        result = out if is_root else None
+        return self._submit(
+            lambda fn, ud, req: lib().concord_reduce_async(
+                handle, self._name(name, "reduce"), ctypes.byref(src.struct),
+                ctypes.byref(dst.struct) if dst is not None else None, int(root),
+                ctypes.byref(opts), fn, ud, req),
+            callback, (src, dst), lambda _: result)
+
+    def reduce(self, tensor, root=0, **kwargs):
+        """Blocking reduce_async(...).wait(): the reduction on the root, None elsewhere."""
+        return self.reduce_async(tensor, root=root, **kwargs).wait()
+
+    def gather_async(self, tensor, root=0, name=None, out=None, callback=None):
+        """Concatenates every rank's tensor along the first dimension (which may differ between
+        ranks; the others must agree) on rank root only, as allgather_async there (out=None: a
+        new tensor of the gathered size; else out, at least as large, cut to the gathered rows).
+        CPU tensors only. On the other ranks out is ignored and wait() returns None."""
+        handle = self._live()
+        src = tensors.describe(tensor, "gather input")
+        if len(src.shape) == 0:
+            raise InvalidArgumentError(1, "gather input must have at least one dimension")
+        is_root = int(root) == self.rank
+        dst = None
+        if is_root and out is not None:
+            dst = tensors.describe(out, "gather output", writable=True)
+            if dst.dtype != src.dtype:
+                raise InvalidArgumentError(1, "gather output dtype differs from the input's")
+
+        def finish(request):
+            if not is_root:
+                return None
+            data, nbytes, first = ctypes.c_void_p(), ctypes.c_size_t(), ctypes.c_int64()
+            self._check(lib().concord_request_output(request, ctypes.byref(data),
+                                                     ctypes.byref(nbytes), ctypes.byref(first)))
+            if out is not None:
+                return out[:first.value]
+            result = tensors.empty_like(tensor, first.value)
+            tensors.copy_from_address(result, data.value, nbytes.value)
+            return result
+
+        return self._submit(
+            lambda fn, ud, req: lib().concord_gather_async(
+                handle, self._name(name, "gather"), ctypes.byref(src.struct),
+                dst.ptr if dst else None, dst.nbytes if dst else 0, int(root), fn, ud, req),
+            callback, (src, dst), finish)
+
+    def gather(self, tensor, root=0, **kwargs):
+        """Blocking gather_async(...).wait(): the gathered tensor on the root, None elsewhere."""
+        return self.gather_async(tensor, root=root, **kwargs).wait()
+
     def alltoall_async(self, tensor, splits=None, name=None, out=None, callback=None):
         """Sends splits[d] rows (along the first dimension) of tensor to each rank d, in rank order
         (None: the even split; the first dimension must divide by the number of ranks), and

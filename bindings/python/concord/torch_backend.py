@@ -3,8 +3,8 @@
 `import concord.torch` registers it (register()); then
 `torch.distributed.init_process_group("concord", rank=, world_size=, store= / init_method=)` (or
 torchrun's variables) makes a ProcessGroupConcord whose collectives run through Concord's engine.
-CUDA tensors: all_reduce, reduce, broadcast, all_gather and all_gather_into_tensor go to the
-device backend (NCCL) without a host copy, ordered after torch's current stream; a work's wait()
+CUDA tensors: all_reduce, reduce (as an allreduce), broadcast, all_gather and
+all_gather_into_tensor go to the device backend (NCCL) without a host copy, ordered after torch's current stream; a work's wait()
 makes the current stream wait for the operation (all_gather into a list: the host waits, for the
 copies into the list), its future (for the tensors' device) completes when the operation has. The
 other collectives take CPU tensors (a CUDA tensor raises UnavailableError, from the binding).
@@ -265,11 +265,18 @@ class ProcessGroupConcord(dist.ProcessGroup):
             t, out=t, op=op, name=self._name("allreduce"), callback=cb), tensors, cuda=_cuda(t))
 
     def reduce(self, tensors, opts=None):
+        """Concord's reduce (the root's tensor gets the result, the others' are left alone); a
+        CUDA tensor, which Concord's reduce does not take, is allreduced on the device backend
+        into a scratch tensor on the other ranks."""
         t = _one(tensors, "reduce")
         op = _reduce_op(_op_of(opts), "reduce")
-        out = t if self.rank() == opts.rootRank else torch.empty_like(t)
-        return self._run(lambda cb: self.comm.allreduce_async(
-            t, out=out, op=op, name=self._name("reduce"), callback=cb), tensors, cuda=_cuda(t))
+        if t.is_cuda:
+            out = t if self.rank() == opts.rootRank else torch.empty_like(t)
+            return self._run(lambda cb: self.comm.allreduce_async(
+                t, out=out, op=op, name=self._name("reduce"), callback=cb), tensors,
+                cuda=_cuda(t))
+        return self._run(lambda cb: self.comm.reduce_async(
+            t, root=opts.rootRank, out=t, op=op, name=self._name("reduce"), callback=cb), tensors)
 
     def broadcast(self, tensors, opts=None):
         t = _one(tensors, "broadcast")
@@ -374,10 +381,31 @@ class ProcessGroupConcord(dist.ProcessGroup):
     def _unsupported(self, what):
         raise UnavailableError(
             Status.ERR_UNAVAILABLE, "%s is not supported by the concord backend (Concord has "
-            "allreduce, allgather, broadcast, reducescatter, alltoall, send/recv, barrier)" % what)
+            "allreduce, reduce, allgather, gather, broadcast, reducescatter, alltoall, send/recv, "
+            "barrier)" % what)
 
-    def gather(self, *args, **kwargs):
-        self._unsupported("gather")
+    def gather(self, output_lists, input_tensors, opts=None):
+        """Concord's gather (CPU tensors): on the root, output_lists is one list of size()
+        tensors of the input's number of elements; the other ranks' is ignored (torch passes
+        an empty one)."""
+        t = _one(input_tensors, "gather")
+        root = opts.rootRank
+        buffer, finish = None, None
+        if self.rank() == root:
+            if len(output_lists) != 1 or len(output_lists[0]) != self.size():
+                raise InvalidArgumentError(
+                    Status.ERR_INVALID_ARGUMENT,
+                    "gather: expected one output list of %d tensors on the root" % self.size())
+            outputs = output_lists[0]
+            buffer = torch.empty((self.size(), t.numel()), dtype=t.dtype)
+
+            def finish():
+                for i, o in enumerate(outputs):
+                    o.detach().copy_(buffer[i].view(o.shape))
+
+        return self._run(lambda cb: self.comm.gather_async(
+            _rows(t), root=root, out=buffer, name=self._name("gather"), callback=cb),
+            output_lists, finish)
 
     def scatter(self, *args, **kwargs):
         self._unsupported("scatter")
