@@ -375,6 +375,18 @@ class Communicator:
         return _Timeline(self, os.fspath(path))
 
     # ---- plumbing ----
+    def _rows_output(self, request, tensor, out):
+        """A finished allgather's or gather's result: `out` cut to the rows received, or a new
+        tensor like `tensor` holding the request's owned output."""
+        data, nbytes, first = ctypes.c_void_p(), ctypes.c_size_t(), ctypes.c_int64()
+        self._check(lib().concord_request_output(request, ctypes.byref(data),
+                                                 ctypes.byref(nbytes), ctypes.byref(first)))
+        if out is not None:
+            return out[:first.value]
+        result = tensors.empty_like(tensor, first.value)
+        tensors.copy_from_address(result, data.value, nbytes.value)
+        return result
+
     def _check(self, status):
         if status != Status.SUCCESS:
             message = lib().concord_comm_last_error(self._handle).decode(errors="replace")
@@ -518,14 +530,7 @@ class Communicator:
                  dst.nbytes), cuda, [src, dst], callback, out)
 
         def finish(request):
-            data, nbytes, first = ctypes.c_void_p(), ctypes.c_size_t(), ctypes.c_int64()
-            self._check(lib().concord_request_output(request, ctypes.byref(data),
-                                                     ctypes.byref(nbytes), ctypes.byref(first)))
-            if out is not None:
-                return out[:first.value]
-            result = tensors.empty_like(tensor, first.value)
-            tensors.copy_from_address(result, data.value, nbytes.value)
-            return result
+            return self._rows_output(request, tensor, out)
 
         return self._submit(
             lambda fn, ud, req: lib().concord_allgather_async(
@@ -665,14 +670,7 @@ class Communicator:
         def finish(request):
             if not is_root:
                 return None
-            data, nbytes, first = ctypes.c_void_p(), ctypes.c_size_t(), ctypes.c_int64()
-            self._check(lib().concord_request_output(request, ctypes.byref(data),
-                                                     ctypes.byref(nbytes), ctypes.byref(first)))
-            if out is not None:
-                return out[:first.value]
-            result = tensors.empty_like(tensor, first.value)
-            tensors.copy_from_address(result, data.value, nbytes.value)
-            return result
+            return self._rows_output(request, tensor, out)
 
         return self._submit(
             lambda fn, ud, req: lib().concord_gather_async(
