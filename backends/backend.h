@@ -127,6 +127,25 @@ class Backend {
   virtual Status ReduceScatter(const void* in, void* out, const std::vector<size_t>& counts,
                                DType dtype, ReduceOp op) = 0;
 
+  // Whether OrderedReduceScatter and OrderedAllreduce are this backend's own (see there); false,
+  // the default: it has none, and the engine's deterministic mode builds them from Alltoallv and
+  // Allgatherv.
+  virtual bool HasOrderedReductions() const { return false; }
+
+  // ReduceScatter and Allreduce whose every element is the left fold over ranks that
+  // ReducesInRankOrder() describes, for the engine's deterministic mode on a backend whose own
+  // reductions do not fold so: ones that overlap the fold with the transfers. Called only where
+  // HasOrderedReductions() is true; the defaults refuse (kInternal).
+  virtual Status OrderedReduceScatter(const void* /*in*/, void* /*out*/,
+                                      const std::vector<size_t>& /*counts*/, DType /*dtype*/,
+                                      ReduceOp /*op*/) {
+    return Status(Code::kInternal, std::string(name()) + " has no ordered reduce-scatter");
+  }
+  virtual Status OrderedAllreduce(void* /*data*/, size_t /*count*/, DType /*dtype*/,
+                                  ReduceOp /*op*/) {
+    return Status(Code::kInternal, std::string(name()) + " has no ordered allreduce");
+  }
+
   // All-to-all of bytes: in holds send_bytes[d] bytes for every rank d, in rank order; out
   // receives recv_bytes[s] bytes from every rank s, in rank order. recv_bytes[s] equals what rank
   // s passes as send_bytes[rank()] (any may be 0); in and out do not overlap.

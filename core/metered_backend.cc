@@ -82,6 +82,20 @@ Status MeteredBackend::ReduceScatter(const void* in, void* out, const std::vecto
                 backend_->ReduceScatter(in, out, counts, dtype, op));
 }
 
+Status MeteredBackend::OrderedReduceScatter(const void* in, void* out,
+                                            const std::vector<size_t>& counts, DType dtype,
+                                            ReduceOp op) {
+  const auto start = Clock::now();
+  return Record("reducescatter", Sum(counts) * DTypeSize(dtype), start,
+                backend_->OrderedReduceScatter(in, out, counts, dtype, op));
+}
+
+Status MeteredBackend::OrderedAllreduce(void* data, size_t count, DType dtype, ReduceOp op) {
+  const auto start = Clock::now();
+  return Record("allreduce", count * DTypeSize(dtype), start,
+                backend_->OrderedAllreduce(data, count, dtype, op));
+}
+
 Status MeteredBackend::Alltoallv(const void* in, const std::vector<size_t>& send_bytes, void* out,
                                  const std::vector<size_t>& recv_bytes) {
   const auto start = Clock::now();

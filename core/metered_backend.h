@@ -30,6 +30,7 @@ class MeteredBackend : public Backend {
   int rank() const override { return backend_->rank(); }
   int size() const override { return backend_->size(); }
   bool ReducesInRankOrder() const override { return backend_->ReducesInRankOrder(); }
+  bool HasOrderedReductions() const override { return backend_->HasOrderedReductions(); }
   const char* LastAlgorithm() const override { return backend_->LastAlgorithm(); }
 
   Status Allreduce(void* data, size_t count, DType dtype, ReduceOp op) override;
@@ -43,6 +44,9 @@ class MeteredBackend : public Backend {
   Status Barrier() override;
   Status ReduceScatter(const void* in, void* out, const std::vector<size_t>& counts, DType dtype,
                        ReduceOp op) override;
+  Status OrderedReduceScatter(const void* in, void* out, const std::vector<size_t>& counts,
+                              DType dtype, ReduceOp op) override;
+  Status OrderedAllreduce(void* data, size_t count, DType dtype, ReduceOp op) override;
   Status Alltoallv(const void* in, const std::vector<size_t>& send_bytes, void* out,
                    const std::vector<size_t>& recv_bytes) override;
 

@@ -41,6 +41,10 @@ Status LaneReductions::Allreduce(void* data, size_t count, DType dtype, ReduceOp
 }
 
 Status LaneReductions::AllreducePiece(void* data, size_t count, DType dtype, ReduceOp op) {
+  // The backend's own, which overlaps the fold and the allgather with the transfers.
+  if (lane_.backend->HasOrderedReductions()) {
+    return lane_.backend->OrderedAllreduce(data, count, dtype, op);
+  }
   // Nearly equal slices, the first count % n one element longer; any cut gives the same bits.
   const size_t n = static_cast<size_t>(lane_.backend->size());
   const size_t esize = DTypeSize(dtype);
@@ -65,6 +69,10 @@ Status LaneReductions::AllreduceSpans(const std::vector<AllreduceSpan>& spans, D
 Status LaneReductions::ReduceScatter(const void* in, void* out, const std::vector<size_t>& counts,
                                      DType dtype, ReduceOp op) {
   if (!FoldsHere(op)) return lane_.backend->ReduceScatter(in, out, counts, dtype, op);
+  // The backend's own, which overlaps the fold with the transfers.
+  if (lane_.backend->HasOrderedReductions()) {
+    return lane_.backend->OrderedReduceScatter(in, out, counts, dtype, op);
+  }
   return FoldSlice(in, out, counts, dtype, op).status();
 }
 

@@ -10,7 +10,9 @@
 // the same way) and lanes.
 //
 // A backend whose reductions already fold so (Backend::ReducesInRankOrder) is called directly.
-// For the others, the reductions are built here from the backend's Alltoallv and Allgatherv:
+// One with ordered reductions of its own (Backend::HasOrderedReductions: Gloo, whose fold overlaps
+// the transfers) runs those. For the others, the reductions are built here from the backend's
+// Alltoallv and Allgatherv:
 //  - reduce-scatter: slice owner r receives every rank's slice r (one Alltoallv), in rank order,
 //    and folds them in rank order;
 //  - allreduce: the same reduce-scatter with nearly equal slices, then an Allgatherv of the

@@ -13,6 +13,7 @@
 #include "backends/gloo/gloo_allreduce.h"
 #include "backends/gloo/gloo_context.h"
 #include "backends/gloo/in_flight.h"
+#include "backends/gloo/ordered_reductions.h"
 #include "backends/gloo/ring_reduce_scatter.h"
 #include "backends/gloo/span_allreduce.h"
 
@@ -32,6 +33,9 @@ constexpr size_t kMaxCachedBytes = size_t{1} << 30;
 // two runs each, noise about 10%); 256 KiB still pipelines a group of two 300 KB tensors.
 const uint64_t kSpanSlot = gloo::Slot::build(0x43, 0);
 constexpr size_t kSpanSegmentBytes = size_t{256} << 10;
+// The ordered reductions' largest segment, and the bound on their scratch (OrderedSetup).
+constexpr size_t kOrderedSegmentBytes = size_t{4} << 20;
+constexpr size_t kOrderedScratchBytes = size_t{32} << 20;
 // ReduceScatter's messages, on a slot of their own on the same context, in the same segments.
 const uint64_t kReduceScatterSlot = gloo::Slot::build(0x44, 0);
 // Alltoallv's, Allgatherv's and Broadcast's, likewise.
@@ -158,8 +162,9 @@ class GlooBackend : public Backend {
   int size() const override { return size_; }
   // Allreduces: the Gloo algorithm's name (AllreduceAlgorithmName: "allreduce" is the
   // function-style one), "span_ring" for several buffers; allgathers "ring", broadcasts "tree",
-  // reduce-scatters "ring" or, when small, "allreduce:" and the allreduce's; all-to-alls
-  // "pairwise"; "local" with one rank or no data. Barriers: nullptr.
+  // reduce-scatters "ring" or, when small, "allreduce:" and the allreduce's; reductions folded in
+  // rank order (OrderedAllreduce, OrderedReduceScatter) "ordered"; all-to-alls "pairwise"; "local"
+  // with one rank or no data. Barriers: nullptr.
   const char* LastAlgorithm() const override { return last_algorithm_; }
 
   Status Allreduce(void* data, size_t count, DType dtype, ReduceOp op) override {
@@ -271,23 +276,9 @@ class GlooBackend : public Backend {
 
   Status ReduceScatter(const void* in, void* out, const std::vector<size_t>& counts, DType dtype,
                        ReduceOp op) override {
-    if (!IsValidDType(static_cast<int>(dtype)) || !IsValidReduceOp(static_cast<int>(op))) {
-      return InvalidArgument("gloo reduce-scatter: invalid dtype or reduce op");
-    }
-    if (counts.size() != static_cast<size_t>(size_)) {
-      return InvalidArgument("gloo reduce-scatter: " + std::to_string(counts.size()) +
-                             " counts for " + std::to_string(size_) + " ranks");
-    }
-    const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
-    if ((total > 0 && in == nullptr) || (counts[rank_] > 0 && out == nullptr)) {
-      return InvalidArgument("gloo reduce-scatter: null buffer");
-    }
-    if (!failed_.ok()) return failed_;
-    last_algorithm_ = "local";
-    if (size_ == 1) {  // no context: the block is the input
-      if (total > 0) std::memcpy(out, in, total * DTypeSize(dtype));
-      return Status::Ok();
-    }
+    CONCORD_RETURN_IF_ERROR(CheckReduceScatter(in, out, counts, dtype, op));
+    if (size_ == 1) return Status::Ok();
+    const size_t total = Total(counts);
     const size_t esize = DTypeSize(dtype);
     if (total * esize < kSmallReduceScatterBytes) {
       if (total == 0) return Status::Ok();
@@ -309,6 +300,40 @@ class GlooBackend : public Backend {
       return Status::Ok();
     } catch (...) {
       return Fail("reduce-scatter (" + std::to_string(total) + " x " + DTypeName(dtype) + ", " +
+                  ReduceOpName(op) + ")");
+    }
+  }
+
+  bool HasOrderedReductions() const override { return true; }
+
+  Status OrderedReduceScatter(const void* in, void* out, const std::vector<size_t>& counts,
+                              DType dtype, ReduceOp op) override {
+    CONCORD_RETURN_IF_ERROR(CheckReduceScatter(in, out, counts, dtype, op));
+    if (size_ == 1 || Total(counts) == 0) return Status::Ok();
+    last_algorithm_ = "ordered";
+    try {
+      gloo_internal::OrderedReduceScatter(context_, in, out, counts, dtype, op, OrderedSetup());
+      return Status::Ok();
+    } catch (...) {
+      return Fail("ordered reduce-scatter (" + std::to_string(Total(counts)) + " x " +
+                  DTypeName(dtype) + ", " + ReduceOpName(op) + ")");
+    }
+  }
+
+  Status OrderedAllreduce(void* data, size_t count, DType dtype, ReduceOp op) override {
+    if (!IsValidDType(static_cast<int>(dtype)) || !IsValidReduceOp(static_cast<int>(op))) {
+      return InvalidArgument("gloo allreduce: invalid dtype or reduce op");
+    }
+    if (count > 0 && data == nullptr) return InvalidArgument("gloo allreduce: data is null");
+    if (!failed_.ok()) return failed_;
+    last_algorithm_ = "local";
+    if (count == 0 || size_ == 1) return Status::Ok();
+    last_algorithm_ = "ordered";
+    try {
+      gloo_internal::OrderedAllreduce(context_, data, count, dtype, op, OrderedSetup());
+      return Status::Ok();
+    } catch (...) {
+      return Fail("ordered allreduce (" + std::to_string(count) + " x " + DTypeName(dtype) + ", " +
                   ReduceOpName(op) + ")");
     }
   }
@@ -355,6 +380,46 @@ class GlooBackend : public Backend {
       return AllreduceAlgorithm::kHalvingDoubling;
     }
     return AllreduceAlgorithm::kFunction;
+  }
+
+  // The ordered reductions' slots, segments (as the span ring's) and scratch.
+  gloo_internal::OrderedRun OrderedSetup() {
+    gloo_internal::OrderedRun run;
+    run.fold_slot = kReduceScatterSlot;
+    run.gather_slot = kAllgathervSlot;
+    // Large segments, as Gloo's own allreduce (1 MiB there): over TCP each segment waits for its
+    // receiver, and 256 KiB ones cost deterministic mode 15-25% over the default at 3 and 4 ranks
+    // (4 MiB: 0-15%; docs/performance.md). The scratch, two segments per peer, stays <= 32 MiB.
+    run.segment_bytes = std::clamp(kOrderedScratchBytes / (2 * static_cast<size_t>(size_ - 1)),
+                                   kSpanSegmentBytes, kOrderedSegmentBytes);
+    run.scratch = &span_scratch_;
+    run.in_flight = in_flight_.get();
+    return run;
+  }
+
+  static size_t Total(const std::vector<size_t>& counts) {
+    return std::accumulate(counts.begin(), counts.end(), size_t{0});
+  }
+
+  // A reduce-scatter's arguments, and the failure of an earlier call; with one rank (no context)
+  // the reduce-scatter itself: the block is the input. Sets last_algorithm_ "local".
+  Status CheckReduceScatter(const void* in, void* out, const std::vector<size_t>& counts,
+                            DType dtype, ReduceOp op) {
+    if (!IsValidDType(static_cast<int>(dtype)) || !IsValidReduceOp(static_cast<int>(op))) {
+      return InvalidArgument("gloo reduce-scatter: invalid dtype or reduce op");
+    }
+    if (counts.size() != static_cast<size_t>(size_)) {
+      return InvalidArgument("gloo reduce-scatter: " + std::to_string(counts.size()) +
+                             " counts for " + std::to_string(size_) + " ranks");
+    }
+    const size_t total = Total(counts);
+    if ((total > 0 && in == nullptr) || (counts[rank_] > 0 && out == nullptr)) {
+      return InvalidArgument("gloo reduce-scatter: null buffer");
+    }
+    if (!failed_.ok()) return failed_;
+    last_algorithm_ = "local";
+    if (size_ == 1 && total > 0) std::memcpy(out, in, total * DTypeSize(dtype));
+    return Status::Ok();
   }
 
   // Records the exception in flight as this backend's permanent failure and returns it.
