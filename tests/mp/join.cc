@@ -1,12 +1,14 @@
 // concord_join under a launcher: uneven epochs. Rank r runs 3 + 2r steps, then joins; each step
 // runs, on the ranks still stepping, an allreduce of every dtype and reduction (one group of
 // small ones, fused; some compressed; some scaled), an allgather and a broadcast from the last
-// rank, and a barrier. Every result is checked against the ranks still stepping (a joined rank
-// contributes the identity, an average divides by the others), join returns the last rank to
-// join, a broadcast from a joined root fails naming it, a second epoch joins afresh, and a third
+// rank, a barrier, and a reduce and a gather to the last rank. Every result is checked against the
+// ranks still stepping (a joined rank contributes the identity, an average divides by the others,
+// a gather has no rows of it), join returns the last rank to join, a broadcast, reduce or gather
+// to a joined root fails naming it, a second epoch joins afresh, and a third
 // join that the last rank skips (it finalizes) fails on the others, naming it.
 //   mp_join            (then grep "join: rank .* PASS")
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -200,6 +202,69 @@ void GatherAndBroadcast(int step) {
          concord_comm_last_error(g_comm));
 }
 
+// Reduce and gather to the last rank: joined ranks contribute the identity and no rows. To the
+// first rank once it joined: refused on the ranks still stepping, naming it.
+void RootedOps(int step) {
+  const int root = g_size - 1;
+  // Reduce: rank r gives r + 1 in 5 float64 elements (fused) and 40000 int64 ones (320 KB, above
+  // the direct threshold: alone, the backend's reduce); the root
+  // gets the sum over the ranks still stepping.
+  for (int64_t count : {int64_t{5}, int64_t{40000}}) {
+    const concord_dtype_t dt = count == 5 ? CONCORD_FLOAT64 : CONCORD_INT64;
+    std::vector<double> in(static_cast<size_t>(count));
+    std::vector<int64_t> in64(static_cast<size_t>(count), g_rank + 1);
+    for (double& x : in) x = g_rank + 1;
+    void* data = dt == CONCORD_FLOAT64 ? static_cast<void*>(in.data()) : in64.data();
+    std::vector<uint8_t> out(static_cast<size_t>(count) * 8, 0xee);
+    int64_t shape[1] = {count};
+    concord_tensor_t t = CpuTensor(data, dt, 1, shape);
+    concord_tensor_t o = CpuTensor(out.data(), dt, 1, shape);
+    const std::string name = "reduce." + std::to_string(count);
+    CHECKF(concord_reduce(g_comm, name.c_str(), &t, g_rank == root ? &o : nullptr, root, nullptr) ==
+               CONCORD_SUCCESS,
+           "%s: %s", name.c_str(), concord_comm_last_error(g_comm));
+    if (g_rank == root) {
+      double want = 0;
+      for (int r : Stepping(step)) want += r + 1;
+      for (int64_t i = 0; i < count; ++i) {
+        const double got = LoadElement(dt, out.data(), static_cast<size_t>(i));
+        CHECKF(got == want, "step %d %s[%lld]: %g, want %g", step, name.c_str(),
+               static_cast<long long>(i), got, want);
+      }
+    }
+  }
+  // Gather: rank r gives r + 1 rows of its rank; the root gets the stepping ranks' rows.
+  std::vector<int32_t> mine(static_cast<size_t>(g_rank + 1), g_rank);
+  int64_t shape[1] = {g_rank + 1};
+  concord_tensor_t t = CpuTensor(mine.data(), CONCORD_INT32, 1, shape);
+  std::vector<int32_t> out(64, -1);
+  CHECKF(concord_gather(g_comm, "gather.root", &t, g_rank == root ? out.data() : nullptr,
+                        g_rank == root ? out.size() * 4 : 0, root) == CONCORD_SUCCESS,
+         "gather: %s", concord_comm_last_error(g_comm));
+  if (g_rank == root) {
+    size_t k = 0;
+    for (int r : Stepping(step)) {
+      for (int j = 0; j <= r; ++j, ++k) {
+        CHECKF(out[k] == r, "step %d gather row %zu: %d, want %d", step, k, out[k], r);
+      }
+    }
+    CHECKF(out[k] == -1, "step %d gather wrote %zu+ rows, want %zu", step, k + 1, k);
+  }
+  if (g_size > 1 && step >= StepsOf(0)) {
+    int32_t one = 1;
+    int64_t one_shape[1] = {1};
+    concord_tensor_t same = CpuTensor(&one, CONCORD_INT32, 1, one_shape);
+    concord_status_t s = concord_reduce(g_comm, "reduce.joined", &same, nullptr, 0, nullptr);
+    std::string err = concord_comm_last_error(g_comm);
+    CHECKF(s == CONCORD_ERR_INVALID_ARGUMENT && mp::Contains(err, "rank 0, has joined"),
+           "reduce to joined rank 0: %s: %s", concord_status_string(s), err.c_str());
+    s = concord_gather(g_comm, "gather.joined", &t, nullptr, 0, 0);
+    err = concord_comm_last_error(g_comm);
+    CHECKF(s == CONCORD_ERR_INVALID_ARGUMENT && mp::Contains(err, "rank 0, has joined"),
+           "gather to joined rank 0: %s: %s", concord_status_string(s), err.c_str());
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -213,6 +278,7 @@ int main() {
         Compressed(step);
         Direct(step);
         GatherAndBroadcast(step);
+        RootedOps(step);
       } else {
         float x = 1;
         int64_t shape[1] = {1};
