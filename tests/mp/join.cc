@@ -207,8 +207,8 @@ void GatherAndBroadcast(int step) {
 void RootedOps(int step) {
   const int root = g_size - 1;
   // Reduce: rank r gives r + 1 in 5 float64 elements (fused) and 40000 int64 ones (320 KB, above
-  // the direct threshold: alone, the backend's reduce); the root
-  // gets the sum over the ranks still stepping.
+  // the direct threshold: alone, the backend's reduce); the root gets the sum over the ranks
+  // still stepping.
   for (int64_t count : {int64_t{5}, int64_t{40000}}) {
     const concord_dtype_t dt = count == 5 ? CONCORD_FLOAT64 : CONCORD_INT64;
     std::vector<double> in(static_cast<size_t>(count));
