@@ -168,12 +168,7 @@ class GlooBackend : public Backend {
   const char* LastAlgorithm() const override { return last_algorithm_; }
 
   Status Allreduce(void* data, size_t count, DType dtype, ReduceOp op) override {
-    if (!IsValidDType(static_cast<int>(dtype)) || !IsValidReduceOp(static_cast<int>(op))) {
-      return InvalidArgument("gloo allreduce: invalid dtype or reduce op");
-    }
-    if (count > 0 && data == nullptr) return InvalidArgument("gloo allreduce: data is null");
-    if (!failed_.ok()) return failed_;
-    last_algorithm_ = "local";
+    CONCORD_RETURN_IF_ERROR(CheckAllreduce(data, count, dtype, op));
     if (count == 0 || size_ == 1) return Status::Ok();
     const AllreduceAlgorithm algorithm = Choose(count, dtype);
     last_algorithm_ = gloo_internal::AllreduceAlgorithmName(algorithm);
@@ -321,12 +316,7 @@ class GlooBackend : public Backend {
   }
 
   Status OrderedAllreduce(void* data, size_t count, DType dtype, ReduceOp op) override {
-    if (!IsValidDType(static_cast<int>(dtype)) || !IsValidReduceOp(static_cast<int>(op))) {
-      return InvalidArgument("gloo allreduce: invalid dtype or reduce op");
-    }
-    if (count > 0 && data == nullptr) return InvalidArgument("gloo allreduce: data is null");
-    if (!failed_.ok()) return failed_;
-    last_algorithm_ = "local";
+    CONCORD_RETURN_IF_ERROR(CheckAllreduce(data, count, dtype, op));
     if (count == 0 || size_ == 1) return Status::Ok();
     last_algorithm_ = "ordered";
     try {
@@ -399,6 +389,17 @@ class GlooBackend : public Backend {
 
   static size_t Total(const std::vector<size_t>& counts) {
     return std::accumulate(counts.begin(), counts.end(), size_t{0});
+  }
+
+  // An allreduce's arguments, and the failure of an earlier call. Sets last_algorithm_ "local".
+  Status CheckAllreduce(const void* data, size_t count, DType dtype, ReduceOp op) {
+    if (!IsValidDType(static_cast<int>(dtype)) || !IsValidReduceOp(static_cast<int>(op))) {
+      return InvalidArgument("gloo allreduce: invalid dtype or reduce op");
+    }
+    if (count > 0 && data == nullptr) return InvalidArgument("gloo allreduce: data is null");
+    if (!failed_.ok()) return failed_;
+    last_algorithm_ = "local";
+    return Status::Ok();
   }
 
   // A reduce-scatter's arguments, and the failure of an earlier call; with one rank (no context)
