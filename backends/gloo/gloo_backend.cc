@@ -1,6 +1,6 @@
 #include "backends/gloo/gloo_backend.h"
 
-#include <gloo/barrier.h>
+#include <gloo/types.h>
 
 #include <algorithm>
 #include <cstring>
@@ -38,10 +38,11 @@ constexpr size_t kOrderedSegmentBytes = size_t{4} << 20;
 constexpr size_t kOrderedScratchBytes = size_t{32} << 20;
 // ReduceScatter's messages, on a slot of their own on the same context, in the same segments.
 const uint64_t kReduceScatterSlot = gloo::Slot::build(0x44, 0);
-// Alltoallv's, Allgatherv's and Broadcast's, likewise.
+// Alltoallv's, Allgatherv's, Broadcast's and Barrier's, likewise.
 const uint64_t kAlltoallvSlot = gloo::Slot::build(0x45, 0);
 const uint64_t kAllgathervSlot = gloo::Slot::build(0x46, 0);
 const uint64_t kBroadcastSlot = gloo::Slot::build(0x47, 0);
+const uint64_t kBarrierSlot = gloo::Slot::build(0x48, 0);
 // Below this many input bytes a reduce-scatter is latency-bound: it runs as an allreduce (Gloo's
 // algorithm for the size, see AutoAlgorithm) of a copy of the input, of which this rank keeps its
 // block. The ring's size - 1 dependent steps cost more there than the extra bytes: at 4 KiB and 2
@@ -152,9 +153,9 @@ class GlooBackend : public Backend {
 
   const char* name() const override { return "gloo"; }
 
-  // Aborts the waits of Concord's own collectives (span allreduce, reduce-scatter, all-to-all,
-  // allgather, broadcast); Gloo's own ones (allreduces of one buffer, barrier) keep to their
-  // errors and timeout (their buffers are out of reach).
+  // Aborts the waits of Concord's own collectives (span allreduce, reduce-scatter, ordered
+  // reductions, all-to-all, allgather, broadcast, barrier); Gloo's own ones (allreduces of one
+  // buffer) keep to their errors and timeout (their buffers are out of reach).
   std::function<void()> Interrupter() override {
     return [in_flight = in_flight_] { in_flight->Interrupt(); };
   }
@@ -261,8 +262,7 @@ class GlooBackend : public Backend {
     last_algorithm_ = nullptr;
     if (size_ == 1) return Status::Ok();
     try {
-      gloo::BarrierOptions options(context_);
-      gloo::barrier(options);
+      gloo_internal::InterruptibleBarrier(context_, kBarrierSlot, in_flight_.get());
       return Status::Ok();
     } catch (...) {
       return Fail("barrier");

@@ -140,5 +140,29 @@ void InterruptibleBroadcast(const std::shared_ptr<gloo::Context>& context, void*
   for (int i = 0; i < sends; ++i) ThrowIfAborted(buffer->waitSend(timeout), "broadcast", "send");
 }
 
+void InterruptibleBarrier(const std::shared_ptr<gloo::Context>& context, uint64_t slot,
+                          InFlight* in_flight) {
+  const int size = context->size;
+  if (size == 1) return;
+  const int rank = context->rank;
+  // A byte each way per round (the contents are never read): one buffer for the sends, one for
+  // the receives, so that a round waits for its own receive.
+  char token[2] = {0, 0};
+  auto out = context->createUnboundBuffer(&token[0], 1);
+  auto in = context->createUnboundBuffer(&token[1], 1);
+  InFlight::Scope scope(in_flight, {out.get(), in.get()});
+  const auto timeout = context->getTimeout();
+  // Dissemination: in round k every rank tells rank + 2^k it arrived and hears from rank - 2^k;
+  // after ceil(log2(size)) rounds each has heard, through others, from every rank.
+  int sends = 0;
+  for (int step = 1; step < size; step <<= 1) {
+    out->send((rank + step) % size, slot);
+    ++sends;
+    in->recv((rank - step + size) % size, slot);
+    ThrowIfAborted(in->waitRecv(timeout), "barrier", "receive");
+  }
+  for (int i = 0; i < sends; ++i) ThrowIfAborted(out->waitSend(timeout), "barrier", "send");
+}
+
 }  // namespace gloo_internal
 }  // namespace concord

@@ -1,5 +1,5 @@
-// Interrupting a Gloo collective from another thread, and an all-to-all, allgather and broadcast
-// that can be interrupted.
+// Interrupting a Gloo collective from another thread, and an all-to-all, allgather, broadcast
+// and barrier that can be interrupted.
 //
 // Why: Gloo fails the operations pending on a pair when its connection breaks, but not a message
 // it is in the middle of sending or receiving (tcp::Pair::signalException skips an unbound
@@ -8,8 +8,9 @@
 // control plane already knows the peer is gone (seen: every survivor of a 16 MiB all-to-all
 // blocked in UnboundBuffer::waitSend until CONCORD_TIMEOUT_S). Gloo's own collectives keep their
 // buffers to themselves, or (allgatherv, broadcast) take ours but ignore an aborted wait and go on
-// waiting; Concord's own ones (the ring reduce-scatter, the span allreduce and the all-to-all,
-// allgather and broadcast below) register theirs here, so that Interrupt() can abort their waits.
+// waiting; Concord's own ones (the ring reduce-scatter, the span allreduce, the ordered
+// reductions and the all-to-all, allgather, broadcast and barrier below) register theirs here, so
+// that Interrupt() can abort their waits.
 #pragma once
 
 #include <gloo/context.h>
@@ -78,6 +79,13 @@ void InterruptibleAllgatherv(const std::shared_ptr<gloo::Context>& context, cons
 // root). Messages, buffers and failures as InterruptibleAllgatherv's.
 void InterruptibleBroadcast(const std::shared_ptr<gloo::Context>& context, void* data, size_t bytes,
                             int root, uint64_t slot, InFlight* in_flight);
+
+// Barrier among the context's ranks, as gloo::barrier (a dissemination barrier: in round k each
+// rank sends a byte to rank + 2^k and receives one from rank - 2^k), with every message on `slot`
+// and its buffers in `in_flight` (may be null). Blocks; throws Gloo's exceptions on failure or
+// timeout (the context's, per wait).
+void InterruptibleBarrier(const std::shared_ptr<gloo::Context>& context, uint64_t slot,
+                          InFlight* in_flight);
 
 }  // namespace gloo_internal
 }  // namespace concord

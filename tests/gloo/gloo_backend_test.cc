@@ -332,12 +332,13 @@ TEST(GlooBackendTest, PeerGoneFailsWithinTimeout) {
 // A rank that never enters a collective stands for one that died in the middle of a message
 // (Gloo fails what is pending on a broken connection, but not a message it is sending or
 // receiving: see backends/gloo/in_flight.h). Interrupter(), called from another thread, ends the
-// others' span allreduce, reduce-scatter, all-to-all, allgather or broadcast (from the absent
-// rank) at once with an error saying why, not at the 20 s timeout, and the backend refuses later
-// calls.
+// others' span allreduce, reduce-scatter, all-to-all, allgather, broadcast (from the absent
+// rank), barrier or ordered reductions (deterministic mode) at once with an error saying why, not
+// at the 20 s timeout, and the backend refuses later calls.
 TEST(GlooBackendTest, InterrupterEndsACollectiveWaitingForAPeer) {
   for (const std::string op :
-       {"allreduce of", "reduce-scatter", "alltoallv", "allgatherv", "broadcast"}) {
+       {"allreduce of", "reduce-scatter", "alltoallv", "allgatherv", "broadcast", "barrier",
+        "ordered reduce-scatter", "ordered allreduce"}) {
     HashStore store;
     const std::string prefix = testing_gloo::UniquePrefix();
     std::vector<std::function<void()>> interrupters(3);
@@ -375,8 +376,16 @@ TEST(GlooBackendTest, InterrupterEndsACollectiveWaitingForAPeer) {
       } else if (op == "allgatherv") {
         status = (*backend)->Allgatherv(in.data(), out.data(),
                                         std::vector<size_t>(3, third * sizeof(float)));
-      } else {
+      } else if (op == "broadcast") {
         status = (*backend)->Broadcast(in.data(), in.size() * sizeof(float), 2);
+      } else if (op == "barrier") {
+        status = (*backend)->Barrier();
+      } else if (op == "ordered reduce-scatter") {
+        status = (*backend)->OrderedReduceScatter(in.data(), out.data(), {third, third, third},
+                                                  DType::kFloat32, ReduceOp::kSum);
+      } else {
+        status =
+            (*backend)->OrderedAllreduce(in.data(), in.size(), DType::kFloat32, ReduceOp::kSum);
       }
       EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5)) << op;
       EXPECT_EQ(status.code(), Code::kBackendError) << status.ToString();
