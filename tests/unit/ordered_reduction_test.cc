@@ -7,8 +7,10 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <random>
 
 #include "tests/common/ranks.h"
@@ -140,6 +142,71 @@ TEST(OrderedReductionSwitchTest, OnlyDeterministicModeFoldsInCore) {
         LaneReductions(lane, true, kCap).Allreduce(x, 10, DType::kFloat32, ReduceOp::kSum).ok());
   });
   EXPECT_EQ(world->CollectivesOn(0), 3u);  // an all-to-all and an allgather
+}
+
+// A backend with ordered reductions of its own (as Gloo's): the in-process one, whose reductions
+// fold in rank order already, counting the ordered calls it gets.
+class OrderedCounting : public Backend {
+ public:
+  OrderedCounting(std::unique_ptr<Backend> inner, std::atomic<int>* ordered)
+      : inner_(std::move(inner)), ordered_(ordered) {}
+  const char* name() const override { return "ordered-counting"; }
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  bool HasOrderedReductions() const override { return true; }
+  Status OrderedReduceScatter(const void* in, void* out, const std::vector<size_t>& counts,
+                              DType dtype, ReduceOp op) override {
+    ordered_->fetch_add(1);
+    return inner_->ReduceScatter(in, out, counts, dtype, op);
+  }
+  Status OrderedAllreduce(void* data, size_t count, DType dtype, ReduceOp op) override {
+    ordered_->fetch_add(1);
+    return inner_->Allreduce(data, count, dtype, op);
+  }
+  Status Allreduce(void* data, size_t count, DType dtype, ReduceOp op) override {
+    return inner_->Allreduce(data, count, dtype, op);
+  }
+  Status Allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) override {
+    return inner_->Allgatherv(in, out, bytes);
+  }
+  Status Broadcast(void* data, size_t bytes, int root) override {
+    return inner_->Broadcast(data, bytes, root);
+  }
+  Status Barrier() override { return inner_->Barrier(); }
+  Status ReduceScatter(const void* in, void* out, const std::vector<size_t>& counts, DType dtype,
+                       ReduceOp op) override {
+    return inner_->ReduceScatter(in, out, counts, dtype, op);
+  }
+  Status Alltoallv(const void* in, const std::vector<size_t>& send_bytes, void* out,
+                   const std::vector<size_t>& recv_bytes) override {
+    return inner_->Alltoallv(in, send_bytes, out, recv_bytes);
+  }
+
+ private:
+  std::unique_ptr<Backend> inner_;
+  std::atomic<int>* ordered_;
+};
+
+// Deterministic mode runs a backend's own ordered reductions where it has them (one call each,
+// whatever the piece size: the backend bounds its own scratch), and never without the mode.
+TEST(OrderedReductionSwitchTest, ABackendsOwnOrderedReductionsRunInDeterministicModeOnly) {
+  for (bool deterministic : {false, true}) {
+    auto world = std::make_shared<InProcWorld>(kRanks, std::chrono::seconds(20));
+    std::atomic<int> ordered{0};
+    RunRanks(kRanks, [&](int rank) {
+      Lane lane;
+      lane.backend = std::make_unique<OrderedCounting>(world->MakeBackend(rank), &ordered);
+      LaneReductions reductions(lane, deterministic, kCap);
+      float x[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+      ASSERT_TRUE(reductions.Allreduce(x, 10, DType::kFloat32, ReduceOp::kSum).ok());
+      EXPECT_EQ(x[9], 30.0f);
+      float in[6] = {1, 1, 2, 2, 3, 3}, out[2] = {};
+      ASSERT_TRUE(
+          reductions.ReduceScatter(in, out, {2, 2, 2}, DType::kFloat32, ReduceOp::kMax).ok());
+      EXPECT_EQ(out[0], static_cast<float>(rank + 1));
+    });
+    EXPECT_EQ(ordered.load(), deterministic ? 2 * kRanks : 0) << deterministic;
+  }
 }
 
 }  // namespace
