@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "compression/registry.h"
+#include "core/entry_validation.h"
 #include "core/message.h"
 #include "rendezvous/tcp_store_wire.h"
 
@@ -39,6 +40,62 @@ TensorRequest MakeRequest(const std::string& name, OpType op, DType dtype,
   r.dtype = dtype;
   r.shape = std::move(shape);
   return r;
+}
+
+// The operations that carry splits, a root or joined ranks: reducescatter, alltoall, reduce,
+// gather and a join, as requests (with inline data) and as the responses that answer them.
+void Sharded(const std::string& dir) {
+  RequestMessage m;
+  m.step = 3;
+  m.cache_generation = 2;
+  TensorRequest rs = MakeRequest("shard/grad", OpType::kReducescatter, DType::kBFloat16, {5, 3});
+  rs.reduce_op = ReduceOp::kAverage;
+  rs.splits = {3, 2};
+  rs.postscale = 0.25;
+  rs.compression = "fp16";
+  m.requests.push_back(rs);
+  TensorRequest a2a = MakeRequest("moe/tokens", OpType::kAlltoall, DType::kFloat16, {4, 8});
+  a2a.splits = {0, 1, 3};
+  m.requests.push_back(a2a);
+  TensorRequest reduce = MakeRequest("loss", OpType::kReduce, DType::kFloat64, {1});
+  reduce.reduce_op = ReduceOp::kMax;
+  reduce.root = 2;
+  m.requests.push_back(reduce);
+  TensorRequest gather = MakeRequest("metrics", OpType::kGather, DType::kInt32, {2, 2});
+  gather.root = 1;
+  gather.group = "eval#1";
+  gather.group_size = 2;
+  m.requests.push_back(gather);
+  m.requests.push_back(MakeRequest(JoinName(1), OpType::kBarrier, DType::kUint8, {}));
+  Write(dir, "request-sharded", SerializeRequestMessage(m));
+  m.request_data[2] = std::string(8, '\6');  // the reduce's float64 and the gather's rows
+  m.request_data[3] = std::string(16, '\7');
+  Write(dir, "request-sharded-inline", SerializeRequestMessage(m));
+
+  ResponseMessage r;
+  ResponseItem scatter;
+  scatter.response.request = rs;
+  scatter.response.joined = {2};
+  scatter.last_rank = 0;
+  scatter.last_wait_us = 40;
+  r.items.push_back(scatter);
+  ResponseItem exchange;
+  exchange.response.request = a2a;
+  exchange.response.first_dims = {4, 2, 6};
+  exchange.response.splits = {0, 1, 3, 2, 0, 0, 1, 1, 4};
+  r.items.push_back(exchange);
+  ResponseItem gathered;
+  gathered.response.request = gather;
+  gathered.response.first_dims = {2, 0, 1};
+  gathered.response.joined = {1};
+  gathered.data = std::string(24, '\7');
+  r.items.push_back(gathered);
+  ResponseItem joined;
+  joined.response.request = m.requests[4];
+  joined.response.joined = {1, 0, 2};
+  r.items.push_back(joined);
+  r.evictions = {1, 4};
+  Write(dir, "response-sharded", SerializeResponseMessage(r));
 }
 
 void Messages(const std::string& dir) {
@@ -93,6 +150,7 @@ void Messages(const std::string& dir) {
   abort.abort_code = Code::kPeerFailure;
   abort.abort_reason = "rank 3 exited";
   Write(dir, "response-abort", SerializeResponseMessage(abort));
+  Sharded(dir);
 }
 
 void TcpStore(const std::string& dir) {
