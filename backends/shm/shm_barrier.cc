@@ -14,8 +14,14 @@ namespace shm_internal {
 namespace {
 
 // How long a waiter polls before it sleeps, and each sleep: short enough that an interrupt or a
-// dead peer is seen promptly, long enough to cost nothing.
-constexpr int kSpinPolls = 4000;
+// dead peer is seen promptly, long enough to cost nothing. Past the first kSpinBeforeYield a poll
+// that finds a rank missing yields the core, as the control plane's busy receive does: when the
+// scheduler has put two ranks' waiting threads on one core, a pure spin holds the core from the
+// rank it waits for. 1 MiB allreduces, 2 ranks on 2 cores, whole runs in that state: 540-710 us
+// with 4000 pure polls (100 us or more), 290-450 us yielding; 145-205 us either way otherwise.
+constexpr auto kSpinBeforeYield = std::chrono::microseconds(10);
+constexpr auto kSpinLimit = std::chrono::microseconds(100);
+constexpr int kPollsPerClockRead = 16;
 constexpr long kSleepSliceNs = 2'000'000;
 // Liveness of the ranks still awaited is read from /proc every this many slices.
 constexpr int kSlicesPerLivenessCheck = 5;
@@ -135,9 +141,14 @@ Status ShmBarrier::Sync() {
 
 Status ShmBarrier::WaitAll(uint64_t round) {
   if (spin_) {
-    for (int i = 0; i < kSpinPolls; ++i) {
+    const auto start = Clock::now();
+    for (int i = 1;; ++i) {
       if (AllArrived(round)) return Status::Ok();
       CpuRelax();
+      if (i % kPollsPerClockRead != 0) continue;
+      const auto spun = Clock::now() - start;
+      if (spun >= kSpinLimit) break;
+      if (spun >= kSpinBeforeYield) std::this_thread::yield();
     }
   } else {
     for (int i = 0; i < 4; ++i) {

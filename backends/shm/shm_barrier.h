@@ -3,12 +3,13 @@
 // Protocol: every rank counts the barrier rounds it has reached in its own RankBlock::arrived.
 // Arrive(t) publishes t (release) and bumps the header's futex word; Wait(t) returns once every
 // rank's counter is at least t (acquire), so whatever a rank wrote before arriving is visible to
-// every rank after its wait. A waiter spins briefly (a peer usually arrives within microseconds),
-// then sleeps on the futex word in short slices, checking between slices: this rank's interrupt
-// flag (the engine's control plane found a peer failed), the header's abort flag (another rank
-// found the group broken), the liveness of the ranks it waits for (pid and start time: a rank
-// killed with SIGKILL is seen within a slice), and its deadline. The first rank to find the group
-// broken sets the abort flag, naming the dead rank, so that every other rank fails at once.
+// every rank after its wait. A waiter spins briefly (a peer usually arrives within microseconds;
+// past 10 us it yields the core between polls: its peer may wait to run there), then sleeps on
+// the futex word in short slices, checking between slices: this rank's interrupt flag (the engine's
+// control plane found a peer failed), the header's abort flag (another rank found the group
+// broken), the liveness of the ranks it waits for (pid and start time: a rank killed with SIGKILL
+// is seen within a slice), and its deadline. The first rank to find the group broken sets the abort
+// flag, naming the dead rank, so that every other rank fails at once.
 #pragma once
 
 #include <atomic>
