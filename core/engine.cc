@@ -67,7 +67,7 @@ Engine::Engine(const Config& config, std::unique_ptr<ControlPlane> control,
           [this](RequestState& state, Deadline deadline) { Drive(state, deadline); })),
       p2p_(std::make_unique<PointToPoint>(
           config.rank, config.size, MillisFromSeconds(config.timeout_s), DriveBusyPoll(config),
-          std::move(p2p),
+          std::move(p2p), result_buffers_,
           Status(Code::kUnavailable, "this communicator has no point-to-point transport"))),
       driver_(ProgressDriver::Hooks{[this](Deadline limit, std::chrono::microseconds busy) {
                                       return StepHook(limit, busy);
@@ -240,7 +240,7 @@ StatusOr<std::string> Engine::ExchangeInternal(const std::string& tag, const std
                     " bytes, expected " +
                     std::to_string(bytes.size() * static_cast<size_t>(config_.size)));
   }
-  return std::string(owned.begin(), owned.end());
+  return std::string(reinterpret_cast<const char*>(owned.data()), owned.size());
 }
 
 Status Engine::Shutdown() {

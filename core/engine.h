@@ -377,6 +377,8 @@ class Engine {
   std::shared_ptr<void> keep_alive_;
   FusionOptions fusion_;
   EngineStats stats_;
+  // Memory of the results requests own (shared with them: a request may outlive the engine).
+  const std::shared_ptr<ResultBuffers> result_buffers_ = std::make_shared<ResultBuffers>();
   // Before the lanes: their backends record into it.
   const std::shared_ptr<Metrics> metrics_ = std::make_shared<Metrics>();
   const std::shared_ptr<Timeline> timeline_ = std::make_shared<Timeline>(

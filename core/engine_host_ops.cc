@@ -54,7 +54,7 @@ Status Engine::OutputTooSmall(const std::string& name, size_t needed, size_t cap
 void* Engine::ResultOutput(QueueEntry& e, size_t total, const char* op, Status* local) const {
   if (e.output == nullptr) {
     auto& owned = e.state->output().owned;
-    owned.resize(total);
+    owned = result_buffers_->Take(total);
     return owned.data();
   }
   if (total <= e.output_capacity) return e.output;

@@ -98,12 +98,12 @@ StatusOr<QueueEntry> Engine::JoinedEntry(const Response& r) {
   switch (e.request.op) {
     case OpType::kAllreduce:
     case OpType::kReduce:  // never its root: the coordinator refuses a reduce whose root joined
-      owned.resize(e.request.NumBytes());
+      owned = result_buffers_->Take(e.request.NumBytes());
       FillIdentity(owned.data(), n, e.request.dtype, e.request.reduce_op, e.request.prescale);
       CONCORD_RETURN_IF_ERROR(AttachCompressor(e));
       break;
     case OpType::kBroadcast:
-      owned.resize(e.request.NumBytes());
+      owned = result_buffers_->Take(e.request.NumBytes());
       break;
     case OpType::kAllgather:  // no rows of its own; the gathered rows go to the state
     case OpType::kGather:

@@ -30,12 +30,14 @@ struct RecvResult {
 
 PointToPoint::PointToPoint(int rank, int size, std::chrono::milliseconds timeout,
                            std::chrono::microseconds drive_busy_poll,
-                           std::unique_ptr<P2pTransport> transport, Status unavailable)
+                           std::unique_ptr<P2pTransport> transport,
+                           std::shared_ptr<ResultBuffers> result_buffers, Status unavailable)
     : rank_(rank),
       size_(size),
       timeout_(timeout),
       unavailable_(std::move(unavailable)),
       transport_(std::move(transport)),
+      result_buffers_(std::move(result_buffers)),
       gate_(std::make_shared<WaitGate>(
           [this, drive_busy_poll](RequestState& state, Deadline deadline) {
             // The gate is closed (Close()) before this object goes. Oversubscribed (no busy
@@ -115,7 +117,8 @@ Status PointToPoint::Submit(P2pEntry e) {
   RequestState* out = state.get();
   const int peer = e.peer;
   const int64_t tag = e.tag;
-  auto place = [e = std::move(e), result, out](const P2pMeta& meta) -> void* {
+  auto place = [e = std::move(e), result, out,
+                buffers = result_buffers_](const P2pMeta& meta) -> void* {
     RequestState::Output& o = out->output();
     if (e.expect && (meta.dtype != e.dtype || meta.shape != e.shape)) {
       result->mismatch =
@@ -131,7 +134,7 @@ Status PointToPoint::Submit(P2pEntry e) {
     if (e.expect) {
       o.data = e.data;
     } else {
-      o.owned.resize(meta.bytes);
+      o.owned = buffers->Take(meta.bytes);
       o.data = o.owned.data();
     }
     return o.data;

@@ -59,9 +59,10 @@ class PointToPoint {
   // `transport` may be null (this communicator's backend has none): then every operation on a
   // communicator of more than one rank is refused with `unavailable`. `drive_busy_poll`: how long
   // a waiter driving the transport polls without yielding (P2pTransport::Drive).
+  // `result_buffers`: where a recv that takes the sender's shape gets its result's memory.
   PointToPoint(int rank, int size, std::chrono::milliseconds timeout,
                std::chrono::microseconds drive_busy_poll, std::unique_ptr<P2pTransport> transport,
-               Status unavailable);
+               std::shared_ptr<ResultBuffers> result_buffers, Status unavailable);
   ~PointToPoint();
   PointToPoint(const PointToPoint&) = delete;
   PointToPoint& operator=(const PointToPoint&) = delete;
@@ -82,6 +83,7 @@ class PointToPoint {
   const std::chrono::milliseconds timeout_;
   const Status unavailable_;
   std::unique_ptr<P2pTransport> transport_;  // fixed after construction; closed by Close()
+  const std::shared_ptr<ResultBuffers> result_buffers_;  // what a recv of the sender's shape owns
   Mutex mu_;
   Status closed_ GUARDED_BY(mu_);
   std::shared_ptr<WaitGate> gate_;

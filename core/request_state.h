@@ -16,6 +16,7 @@
 #include "base/mutex.h"
 #include "base/status.h"
 #include "core/metrics.h"
+#include "core/result_buffers.h"
 #include "core/timeline.h"
 
 namespace concord {
@@ -38,13 +39,15 @@ class RequestState {
 
   // Result of an allgather, an alltoall or a recv, set by the engine before Complete() (by the
   // thread that completes it; read after completion). `owned` holds the data when the caller gave
-  // no output buffer; `splits` (alltoall) the rows received from each rank; a recv also sets the
-  // received shape and dtype.
+  // no output buffer (a block of the engine's ResultBuffers, unwritten until the operation
+  // writes it whole);
+  // `splits` (alltoall) the rows received from each rank; a recv also sets the received shape
+  // and dtype.
   struct Output {
     void* data = nullptr;
     size_t bytes = 0;
     int64_t first_dim = 0;
-    std::vector<uint8_t> owned;
+    ResultBuffers::Block owned;
     std::vector<int64_t> splits;
     std::vector<int64_t> shape;
     DType dtype = DType::kUint8;

@@ -29,9 +29,9 @@ std::vector<std::unique_ptr<PointToPoint>> Ranks(int n,
   auto transports = TcpP2pMesh(n);
   std::vector<std::unique_ptr<PointToPoint>> ranks;
   for (int r = 0; r < static_cast<int>(transports.size()); ++r) {
-    ranks.push_back(std::make_unique<PointToPoint>(r, n, timeout, std::chrono::microseconds(50),
-                                                   std::move(transports[r]),
-                                                   Status(Code::kUnavailable, "none")));
+    ranks.push_back(std::make_unique<PointToPoint>(
+        r, n, timeout, std::chrono::microseconds(50), std::move(transports[r]),
+        std::make_shared<ResultBuffers>(), Status(Code::kUnavailable, "none")));
   }
   return ranks;
 }
@@ -240,7 +240,7 @@ TEST(P2pTest, CloseCompletesWhatIsInFlightAndRefusesLater) {
 
 TEST(P2pTest, SubmitRefusesBadArgumentsAndCompletesNothing) {
   PointToPoint none(1, 3, milliseconds(1000), std::chrono::microseconds(0), nullptr,
-                    Status(Code::kUnavailable, "no transport"));
+                    std::make_shared<ResultBuffers>(), Status(Code::kUnavailable, "no transport"));
   Op x = Message(4, 0);
   auto refused = [&](P2pEntry e, Code code, const char* says) {
     const Status s = none.Submit(std::move(e));
