@@ -826,6 +826,40 @@ static void TestBlockingAndAllgather(concord_comm_t comm) {
   CHECK_STATUS(concord_request_output(r, NULL, NULL, NULL), CONCORD_SUCCESS);
   concord_request_free(r);
 
+  /* Owned results of 128 KiB: a live request's memory is never another's; a freed request's is
+   * taken again by the next result that fits (the engine's ResultBuffers). */
+  {
+    enum { kRows = 32768 };
+    static float big[kRows];
+    int64_t big_rows[1] = {kRows};
+    concord_tensor_t tb = CpuTensor(big, CONCORD_FLOAT32, 1, big_rows);
+    concord_request_t r2 = NULL;
+    void* first_data = NULL;
+    void* second_data = NULL;
+    for (i = 0; i < kRows; ++i) big[i] = (float)i;
+    CHECK_STATUS(concord_allgather_async(comm, "gather.big", &tb, NULL, 0, NULL, NULL, &r),
+                 CONCORD_SUCCESS);
+    CHECK_STATUS(concord_wait(r, 10), CONCORD_SUCCESS);
+    CHECK_STATUS(concord_request_output(r, &first_data, &bytes, &first), CONCORD_SUCCESS);
+    CHECK(bytes == sizeof(big) && memcmp(first_data, big, sizeof(big)) == 0);
+    big[7] = -1.0f;
+    CHECK_STATUS(concord_allgather_async(comm, "gather.big", &tb, NULL, 0, NULL, NULL, &r2),
+                 CONCORD_SUCCESS);
+    CHECK_STATUS(concord_wait(r2, 10), CONCORD_SUCCESS);
+    CHECK_STATUS(concord_request_output(r2, &second_data, &bytes, &first), CONCORD_SUCCESS);
+    CHECK(second_data != first_data && memcmp(second_data, big, sizeof(big)) == 0);
+    CHECK(((float*)first_data)[7] == 7.0f); /* the first result is untouched */
+    concord_request_free(r);
+    concord_request_free(r2);
+    big[7] = 7.0f;
+    CHECK_STATUS(concord_allgather_async(comm, "gather.big", &tb, NULL, 0, NULL, NULL, &r),
+                 CONCORD_SUCCESS);
+    CHECK_STATUS(concord_wait(r, 10), CONCORD_SUCCESS);
+    CHECK_STATUS(concord_request_output(r, &data, &bytes, &first), CONCORD_SUCCESS);
+    CHECK((data == first_data || data == second_data) && memcmp(data, big, sizeof(big)) == 0);
+    concord_request_free(r);
+  }
+
   /* A caller buffer: the output points at it. */
   CHECK_STATUS(concord_allgather_async(comm, "gather.buf", &t, out, sizeof(out), NULL, NULL, &r),
                CONCORD_SUCCESS);
