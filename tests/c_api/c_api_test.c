@@ -775,6 +775,18 @@ static void TestDetach(concord_comm_t comm) {
   CHECK_STATUS(concord_allreduce(comm, "detach.0", &t, NULL, NULL), CONCORD_SUCCESS);
 }
 
+/* An allgather that succeeds, waited for; its request, with its output in data, bytes, first. */
+static concord_request_t AllgatherDone(concord_comm_t comm, const char* name,
+                                       const concord_tensor_t* t, void* out, size_t capacity,
+                                       void** data, size_t* bytes, int64_t* first) {
+  concord_request_t r = NULL;
+  CHECK_STATUS(concord_allgather_async(comm, name, t, out, capacity, NULL, NULL, &r),
+               CONCORD_SUCCESS);
+  CHECK_STATUS(concord_wait(r, 10), CONCORD_SUCCESS);
+  CHECK_STATUS(concord_request_output(r, data, bytes, first), CONCORD_SUCCESS);
+  return r;
+}
+
 static void TestBlockingAndAllgather(concord_comm_t comm) {
   int64_t rows[2] = {3, 2};
   int64_t shape1[1] = {5};
@@ -816,10 +828,7 @@ static void TestBlockingAndAllgather(concord_comm_t comm) {
   CheckLastError(comm, "gather");
 
   /* Into the request's own memory. */
-  CHECK_STATUS(concord_allgather_async(comm, "gather.owned", &t, NULL, 0, NULL, NULL, &r),
-               CONCORD_SUCCESS);
-  CHECK_STATUS(concord_wait(r, 10), CONCORD_SUCCESS);
-  CHECK_STATUS(concord_request_output(r, &data, &bytes, &first), CONCORD_SUCCESS);
+  r = AllgatherDone(comm, "gather.owned", &t, NULL, 0, &data, &bytes, &first);
   CHECK(bytes == 6);
   CHECK(first == 3);
   CHECK(data != NULL && data != (void*)in && memcmp(data, in, 6) == 0);
@@ -837,43 +846,28 @@ static void TestBlockingAndAllgather(concord_comm_t comm) {
     void* first_data = NULL;
     void* second_data = NULL;
     for (i = 0; i < kRows; ++i) big[i] = (float)i;
-    CHECK_STATUS(concord_allgather_async(comm, "gather.big", &tb, NULL, 0, NULL, NULL, &r),
-                 CONCORD_SUCCESS);
-    CHECK_STATUS(concord_wait(r, 10), CONCORD_SUCCESS);
-    CHECK_STATUS(concord_request_output(r, &first_data, &bytes, &first), CONCORD_SUCCESS);
+    r = AllgatherDone(comm, "gather.big", &tb, NULL, 0, &first_data, &bytes, &first);
     CHECK(bytes == sizeof(big) && memcmp(first_data, big, sizeof(big)) == 0);
     big[7] = -1.0f;
-    CHECK_STATUS(concord_allgather_async(comm, "gather.big", &tb, NULL, 0, NULL, NULL, &r2),
-                 CONCORD_SUCCESS);
-    CHECK_STATUS(concord_wait(r2, 10), CONCORD_SUCCESS);
-    CHECK_STATUS(concord_request_output(r2, &second_data, &bytes, &first), CONCORD_SUCCESS);
+    r2 = AllgatherDone(comm, "gather.big", &tb, NULL, 0, &second_data, &bytes, &first);
     CHECK(second_data != first_data && memcmp(second_data, big, sizeof(big)) == 0);
     CHECK(((float*)first_data)[7] == 7.0f); /* the first result is untouched */
     concord_request_free(r);
     concord_request_free(r2);
     big[7] = 7.0f;
-    CHECK_STATUS(concord_allgather_async(comm, "gather.big", &tb, NULL, 0, NULL, NULL, &r),
-                 CONCORD_SUCCESS);
-    CHECK_STATUS(concord_wait(r, 10), CONCORD_SUCCESS);
-    CHECK_STATUS(concord_request_output(r, &data, &bytes, &first), CONCORD_SUCCESS);
+    r = AllgatherDone(comm, "gather.big", &tb, NULL, 0, &data, &bytes, &first);
     CHECK((data == first_data || data == second_data) && memcmp(data, big, sizeof(big)) == 0);
     concord_request_free(r);
   }
 
   /* A caller buffer: the output points at it. */
-  CHECK_STATUS(concord_allgather_async(comm, "gather.buf", &t, out, sizeof(out), NULL, NULL, &r),
-               CONCORD_SUCCESS);
-  CHECK_STATUS(concord_wait(r, 10), CONCORD_SUCCESS);
-  CHECK_STATUS(concord_request_output(r, &data, &bytes, &first), CONCORD_SUCCESS);
+  r = AllgatherDone(comm, "gather.buf", &t, out, sizeof(out), &data, &bytes, &first);
   CHECK(data == (void*)out && bytes == 6 && first == 3);
   concord_request_free(r);
 
   /* A size-0 contribution. */
   rows[0] = 0;
-  CHECK_STATUS(concord_allgather_async(comm, "gather.empty", &t, NULL, 0, NULL, NULL, &r),
-               CONCORD_SUCCESS);
-  CHECK_STATUS(concord_wait(r, 10), CONCORD_SUCCESS);
-  CHECK_STATUS(concord_request_output(r, &data, &bytes, &first), CONCORD_SUCCESS);
+  r = AllgatherDone(comm, "gather.empty", &t, NULL, 0, &data, &bytes, &first);
   CHECK(bytes == 0 && first == 0);
   concord_request_free(r);
 
