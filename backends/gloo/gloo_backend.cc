@@ -155,7 +155,8 @@ class GlooBackend : public Backend {
 
   // Aborts the waits of Concord's own collectives (span allreduce, reduce-scatter, ordered
   // reductions, all-to-all, allgather, broadcast, barrier); Gloo's own ones (allreduces of one
-  // buffer) keep to their errors and timeout (their buffers are out of reach).
+  // buffer) keep to their errors and timeout (their buffers are out of reach): a dead peer's
+  // connections resetting fails them promptly (mp_kill_rank1_noshm_allreduce_np3).
   std::function<void()> Interrupter() override {
     return [in_flight = in_flight_] { in_flight->Interrupt(); };
   }

@@ -325,7 +325,8 @@ std::vector<int32_t> Pids(concord_comm_t comm) {
   return all;
 }
 
-// A large operation of kind `kind` ("reducescatter", "alltoall", "allgather" or "broadcast")
+// A large operation of kind `kind` ("reducescatter", "alltoall", "allgather", "broadcast" or
+// "allreduce")
 // named "mid.<kind>", of about `bytes` bytes (an allgather's output; a broadcast's root is rank
 // size - 1, or 0 when that is the victim), which the victim takes part in.
 Op Mid(concord_comm_t comm, const std::string& kind, int64_t bytes) {
@@ -337,6 +338,8 @@ Op Mid(concord_comm_t comm, const std::string& kind, int64_t bytes) {
     op = Alltoall(comm, "mid.alltoall", rows, false);
   } else if (kind == "allgather") {
     op = Allgather(comm, "mid.allgather", std::max<int64_t>(1, rows / g_size / 2));
+  } else if (kind == "allreduce") {
+    op = Allreduce(comm, "mid.allreduce", rows, nullptr);
   } else {
     op = Broadcast(comm, "mid.broadcast", g_victim == g_size - 1 ? 0 : g_size - 1, rows);
   }

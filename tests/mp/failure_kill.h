@@ -10,7 +10,10 @@
 //     an all-to-all, an allgather with B bytes out and a broadcast from a survivor), in one group
 //     after a 64 KiB allreduce (a backend one): V dies as that allreduce completes, on lane 0,
 //     while the first large one runs on lane 1 (they may succeed, whole, where V's part was not
-//     needed, e.g. on a broadcast's root). Each survivor prints
+//     needed, e.g. on a broadcast's root). `allreduce` (not in the default) is a large allreduce
+//     of B bytes, which the lanes share: the small one runs after one share, so V dies while the
+//     other share may still run, or after both (then the survivors' large allreduce succeeds).
+//     Each survivor prints
 //     "MID_FAILED rank R: ... <the first of them that failed, or none>".
 // Every survivor's requests end with an error naming rank V within the deadline
 // (CONCORD_TIMEOUT_S + 2 s); the send to V may instead succeed when V had taken the whole message

@@ -272,7 +272,7 @@ int main(int argc, char** argv) {
       std::stringstream list(argv[++i]);
       for (std::string kind; std::getline(list, kind, ',');) {
         if (kind != "reducescatter" && kind != "alltoall" && kind != "allgather" &&
-            kind != "broadcast") {
+            kind != "broadcast" && kind != "allreduce") {
           mode = "?";
         }
         mid_ops.push_back(kind);
@@ -295,7 +295,7 @@ int main(int argc, char** argv) {
   if (mode == "auth") return Auth();
   std::fprintf(stderr,
                "usage: %s --mode mismatch|kill [--victim R] [--mid-bytes B] [--mid-ops "
-               "reducescatter,alltoall,allgather,broadcast]|auth [--hosts-interleaved N]\n",
+               "reducescatter,alltoall,allgather,broadcast,allreduce]|auth [--hosts-interleaved N]\n",
                argv[0]);
   return 2;
 }
