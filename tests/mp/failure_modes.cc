@@ -293,9 +293,10 @@ int main(int argc, char** argv) {
   if (mode == "mismatch") return Mismatch();
   if (mode == "kill") return Kill(victim, mid_bytes, mid_ops);
   if (mode == "auth") return Auth();
-  std::fprintf(stderr,
-               "usage: %s --mode mismatch|kill [--victim R] [--mid-bytes B] [--mid-ops "
-               "reducescatter,alltoall,allgather,broadcast,allreduce]|auth [--hosts-interleaved N]\n",
-               argv[0]);
+  std::fprintf(
+      stderr,
+      "usage: %s --mode mismatch|kill [--victim R] [--mid-bytes B] [--mid-ops "
+      "reducescatter,alltoall,allgather,broadcast,allreduce]|auth [--hosts-interleaved N]\n",
+      argv[0]);
   return 2;
 }
