@@ -187,6 +187,34 @@ def test_allgather_differing_first_dims(comm, frame):
             np.testing.assert_array_equal(frame.read(got), expected)
 
 
+def test_owned_results_view_the_requests_memory(comm, frame):
+    """A result the request owns (no out=) views the request's memory, no copy: it stays intact
+    while later results come and go and after finalize, and once it is gone its memory is taken
+    by the next result of its size (the communicator keeps it: core/result_buffers.h)."""
+    import gc
+    c = comm.split(0, comm.rank)  # a communicator of its own, to finalize
+    address = (lambda t: t.data_ptr()) if frame.kind == "torch" else (lambda a: a.ctypes.data)
+    n = 1 << 16  # 256 KiB of float32 per rank: large enough to be kept
+    gathered = [frame.make(np.full(n, 10 * r + 1), "float32") for r in range(c.size)]
+    first = c.allgather(gathered[c.rank], name="owned.view")
+    second = c.allgather(frame.make(np.full(n, 7), "float32"), name="owned.view")
+    assert address(first) != address(second)
+    np.testing.assert_array_equal(frame.read(first), np.concatenate(
+        [frame.read(g) for g in gathered]))
+    first_address = address(first)
+    del first
+    gc.collect()
+    third = c.allgather(frame.make(np.full(n, 3), "float32"), name="owned.view")
+    assert address(third) == first_address
+    np.testing.assert_array_equal(frame.read(third), np.full(n * c.size, 3))
+    received, _ = c.alltoall(frame.make(np.full(n * c.size, c.rank), "float32"), name="owned.a2a")
+    c.finalize()
+    np.testing.assert_array_equal(frame.read(second), np.full(n * c.size, 7))
+    np.testing.assert_array_equal(frame.read(received), np.repeat(np.arange(c.size), n))
+    del second, third, received  # their requests are freed after the communicator
+    gc.collect()
+
+
 def test_reducescatter_even_and_given_splits(comm, frame):
     for dtype in dtypes_of(frame):
         for n in (0, 1, 7):

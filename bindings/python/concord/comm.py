@@ -130,6 +130,45 @@ def _on_complete(request, status, user_data):
         traceback.print_exc()
 
 
+class _RequestMemory:
+    """Owns a finished request whose result memory an array or tensor views (tensors.view_address):
+    frees the request when the last view goes."""
+
+    def __init__(self, request):
+        self._request = request
+
+    def disown(self):
+        """Gives the request back (to Handle._complete, which frees it): no view was made."""
+        self._request = None
+
+    def __del__(self):
+        if self._request is not None:
+            L = _LIB if _LIB is not None else lib()
+            L.concord_request_free(self._request)
+            self._request = None
+
+
+class _Adopted:
+    """What a finish function returns when its result views memory its request owns (_viewed):
+    Handle._complete then leaves the request to that result instead of freeing it."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+def _viewed(request, address, nbytes, dtype, shape, torch_like):
+    """The result the request owns (nbytes at address) as a new array or tensor that views it, or
+    (no bytes) a new empty one; None: no view was made and the request stays the caller's."""
+    if not nbytes:
+        return None
+    owner = _RequestMemory(request)
+    try:
+        return tensors.view_address(address, nbytes, dtype, shape, owner, torch_like)
+    except BaseException:
+        owner.disown()
+        raise
+
+
 _TRAMPOLINE = _lib.CALLBACK(_on_complete)
 _NO_CALLBACK = ctypes.cast(None, _lib.CALLBACK)
 
@@ -229,19 +268,24 @@ class Handle:
 
     def _complete(self, status):
         L = lib()
+        adopted = False
         try:
             if status == Status.SUCCESS:
                 count = ctypes.c_uint64(0)
                 if L.concord_request_wire_bytes(self._request, ctypes.byref(count)) == 0:
                     self._wire_bytes = count.value
                 self._result = self._finish(self._request)
+                if isinstance(self._result, _Adopted):
+                    adopted = True
+                    self._result = self._result.value
             else:
                 message = L.concord_request_error(self._request).decode(errors="replace")
                 self._error = make_error(status, message)
         except ConcordError as e:
             self._error = e
         finally:
-            L.concord_request_free(self._request)
+            if not adopted:
+                L.concord_request_free(self._request)
             self._request = None
             self._keepalive = None
             self._done = True
@@ -375,17 +419,23 @@ class Communicator:
         return _Timeline(self, os.fspath(path))
 
     # ---- plumbing ----
-    def _rows_output(self, request, tensor, out):
-        """A finished allgather's or gather's result: `out` cut to the rows received, or a new
-        tensor like `tensor` holding the request's owned output."""
+    def _rows_output(self, request, tensor, dtype, out):
+        """A finished allgather's or gather's result: `out` cut to the rows received, or a tensor
+        like `tensor` over the request's owned output (_Adopted)."""
         data, nbytes, first = ctypes.c_void_p(), ctypes.c_size_t(), ctypes.c_int64()
         self._check(lib().concord_request_output(request, ctypes.byref(data),
                                                  ctypes.byref(nbytes), ctypes.byref(first)))
         if out is not None:
             return out[:first.value]
-        result = tensors.empty_like(tensor, first.value)
-        tensors.copy_from_address(result, data.value, nbytes.value)
-        return result
+        return self._owned_like(request, tensor, dtype, first.value, data.value, nbytes.value)
+
+    @staticmethod
+    def _owned_like(request, tensor, dtype, first_dim, address, nbytes):
+        """A result like `tensor` (a concord_dtype_t dtype; its first dimension first_dim) over
+        the request's owned output, _Adopted; with no bytes, a new empty one."""
+        shape = [first_dim] + list(tensor.shape[1:])
+        view = _viewed(request, address, nbytes, dtype, shape, tensors.is_torch(tensor))
+        return tensors.empty_like(tensor, first_dim) if view is None else _Adopted(view)
 
     def _check(self, status):
         if status != Status.SUCCESS:
@@ -530,7 +580,7 @@ class Communicator:
                  dst.nbytes), cuda, [src, dst], callback, out)
 
         def finish(request):
-            return self._rows_output(request, tensor, out)
+            return self._rows_output(request, tensor, src.dtype, out)
 
         return self._submit(
             lambda fn, ud, req: lib().concord_allgather_async(
@@ -670,7 +720,7 @@ class Communicator:
         def finish(request):
             if not is_root:
                 return None
-            return self._rows_output(request, tensor, out)
+            return self._rows_output(request, tensor, src.dtype, out)
 
         return self._submit(
             lambda fn, ud, req: lib().concord_gather_async(
@@ -712,8 +762,10 @@ class Communicator:
             self._check(L.concord_request_received_splits(request, received, self.size))
             if out is not None:
                 return out[:first.value], list(received)
-            result = tensors.empty_like(tensor, first.value)
-            tensors.copy_from_address(result, data.value, nbytes.value)
+            result = self._owned_like(request, tensor, src.dtype, first.value, data.value,
+                                      nbytes.value)
+            if isinstance(result, _Adopted):
+                return _Adopted((result.value, list(received)))
             return result, list(received)
 
         return self._submit(
@@ -772,9 +824,10 @@ class Communicator:
                                                  ctypes.byref(nbytes), None))
             self._check(L.concord_request_output_shape(request, ctypes.byref(dtype),
                                                        ctypes.byref(ndim), shape))
-            result = tensors.empty(dtype.value, shape[:ndim.value])
-            tensors.copy_from_address(result, data.value, nbytes.value)
-            return result
+            view = _viewed(request, data.value, nbytes.value, dtype.value, shape[:ndim.value],
+                           False)
+            return tensors.empty(dtype.value, shape[:ndim.value]) if view is None else \
+                _Adopted(view)
 
         return self._submit(
             lambda fn, ud, req: lib().concord_recv_async(

@@ -169,7 +169,26 @@ def is_torch(obj):
     return _is_torch(obj)
 
 
-def copy_from_address(obj, address, nbytes):
-    """Copies nbytes from a C address into obj's (contiguous, CPU) memory."""
-    if nbytes:
-        ctypes.memmove(obj.data_ptr() if _is_torch(obj) else obj.ctypes.data, address, nbytes)
+class _Memory:
+    """numpy's view of C memory (its array interface), holding `owner`, what keeps that memory
+    alive, for as long as an array or tensor made from it exists."""
+
+    def __init__(self, address, nbytes, owner):
+        self.__array_interface__ = {"data": (address, False), "shape": (nbytes,),
+                                    "typestr": "|u1", "version": 3}
+        self.owner = owner
+
+
+def view_address(address, nbytes, dtype, shape, owner, torch_like=False):
+    """An array (a CPU torch tensor when torch_like) of a concord_dtype_t and shape over the
+    nbytes of C memory at address, without a copy: it holds `owner`, which keeps that memory
+    alive, until its last view goes. Raises as empty() does for a dtype numpy cannot hold."""
+    import numpy
+    raw = numpy.asarray(_Memory(address, nbytes, owner))
+    name = next(n for n, code in DTYPES.items() if code == dtype)
+    if torch_like:
+        import torch
+        same_size = {1: numpy.uint8, 2: numpy.int16, 4: numpy.int32, 8: numpy.int64}
+        ints = raw.view(same_size[ITEMSIZE[dtype]]).reshape(list(shape))
+        return torch.from_numpy(ints).view(getattr(torch, name))
+    return raw.view(empty(dtype, [0]).dtype).reshape(list(shape))
