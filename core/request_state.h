@@ -39,10 +39,9 @@ class RequestState {
 
   // Result of an allgather, an alltoall or a recv, set by the engine before Complete() (by the
   // thread that completes it; read after completion). `owned` holds the data when the caller gave
-  // no output buffer (a block of the engine's ResultBuffers, unwritten until the operation
-  // writes it whole);
-  // `splits` (alltoall) the rows received from each rank; a recv also sets the received shape
-  // and dtype.
+  // no output buffer (a block of the engine's ResultBuffers, unwritten until the operation writes
+  // it whole); `splits` (alltoall) the rows received from each rank; a recv also sets the
+  // received shape and dtype.
   struct Output {
     void* data = nullptr;
     size_t bytes = 0;

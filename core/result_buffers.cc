@@ -22,7 +22,11 @@ ResultBuffers::Block& ResultBuffers::Block::operator=(Block&& other) noexcept {
 void ResultBuffers::Block::Release() {
   if (!memory_) return;
   if (std::shared_ptr<ResultBuffers> pool = pool_.lock()) {
-    pool->Keep(std::move(memory_), capacity_);
+    try {
+      pool->Keep(std::move(memory_), capacity_);
+    } catch (...) {
+      // Out of memory for the list: the block is freed instead (Keep's argument owned it).
+    }
   }
   memory_.reset();
   capacity_ = size_ = 0;

@@ -58,7 +58,7 @@ class ResultBuffers : public std::enable_shared_from_this<ResultBuffers> {
   // else new memory. Empty (null data) for 0 bytes.
   Block Take(size_t bytes) EXCLUDES(mu_);
 
-  // Blocks kept now and their bytes (for tests and metrics).
+  // Blocks kept now and their bytes (for tests).
   size_t kept() const EXCLUDES(mu_);
   size_t kept_bytes() const EXCLUDES(mu_);
 

@@ -142,10 +142,9 @@ class _RequestMemory:
         self._request = None
 
     def __del__(self):
-        if self._request is not None:
-            L = _LIB if _LIB is not None else lib()
-            L.concord_request_free(self._request)
-            self._request = None
+        request, self._request = self._request, None
+        if request is not None and _LIB is not None:  # None: the interpreter is shutting down
+            _LIB.concord_request_free(request)
 
 
 class _Adopted:
@@ -556,7 +555,8 @@ class Communicator:
 
     def allgather_async(self, tensor, name=None, out=None, callback=None):
         """Concatenates every rank's tensor along the first dimension (which may differ between
-        ranks; the others must agree). out=None: a new tensor of the gathered size; else the result
+        ranks; the others must agree). out=None: a new tensor of the gathered size (it views
+        memory the communicator lends until the tensor is gone: no copy); else the result
         goes into out (at least as large) and wait() returns out[:gathered rows]. CUDA tensors
         need out= (a CUDA tensor; the library cannot own device memory), and wait() returns out
         whole: give it the gathered size."""
@@ -737,8 +737,9 @@ class Communicator:
         (None: the even split; the first dimension must divide by the number of ranks), and
         receives what every rank sends this one, in rank order. The receive counts come from the
         other ranks (they may differ per call, as a mixture of experts routes). wait() returns
-        (output, received_splits): out=None: a new tensor of the received rows; else out (at least
-        as large) cut to them; received_splits[s] rows came from rank s."""
+        (output, received_splits): out=None: a new tensor of the received rows (a view of memory
+        the communicator lends, as allgather's); else out (at least as large) cut to them;
+        received_splits[s] rows came from rank s."""
         handle = self._live()
         src = tensors.describe(tensor, "alltoall input")
         if len(src.shape) == 0:
@@ -806,8 +807,8 @@ class Communicator:
     def recv_async(self, peer, tag=0, like=None, out=None, callback=None):
         """Receives the next message from rank peer with tag. out: into out (its dtype and shape
         must be the sender's, else ConcordError with status ERR_MISMATCH naming both); like: into a new tensor like it (the
-        same check); neither: a new numpy array of the sender's dtype and shape. wait() returns
-        the tensor."""
+        same check); neither: a new numpy array of the sender's dtype and shape (a view of memory
+        the communicator lends, as allgather's). wait() returns the tensor."""
         handle = self._live()
         if out is None and like is not None:
             out = tensors.empty_like(like)
