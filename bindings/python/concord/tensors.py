@@ -169,26 +169,15 @@ def is_torch(obj):
     return _is_torch(obj)
 
 
-class _Memory:
-    """numpy's view of C memory (its array interface), holding `owner`, what keeps that memory
-    alive, for as long as an array or tensor made from it exists."""
-
-    def __init__(self, address, nbytes, owner):
-        self.__array_interface__ = {"data": (address, False), "shape": (nbytes,),
-                                    "typestr": "|u1", "version": 3}
-        self.owner = owner
-
-
 def view_address(address, nbytes, dtype, shape, owner, torch_like=False):
     """An array (a CPU torch tensor when torch_like) of a concord_dtype_t and shape over the
     nbytes of C memory at address, without a copy: it holds `owner`, which keeps that memory
     alive, until its last view goes. Raises as empty() does for a dtype numpy cannot hold."""
-    import numpy
-    raw = numpy.asarray(_Memory(address, nbytes, owner))
-    name = next(n for n, code in DTYPES.items() if code == dtype)
+    memory = (ctypes.c_char * nbytes).from_address(address)
+    memory.owner = owner  # numpy and torch keep the buffer object, so its owner, alive
     if torch_like:
         import torch
-        same_size = {1: numpy.uint8, 2: numpy.int16, 4: numpy.int32, 8: numpy.int64}
-        ints = raw.view(same_size[ITEMSIZE[dtype]]).reshape(list(shape))
-        return torch.from_numpy(ints).view(getattr(torch, name))
-    return raw.view(empty(dtype, [0]).dtype).reshape(list(shape))
+        name = next(n for n, code in DTYPES.items() if code == dtype)
+        return torch.frombuffer(memory, dtype=getattr(torch, name)).reshape(list(shape))
+    import numpy
+    return numpy.frombuffer(memory, dtype=empty(dtype, [0]).dtype).reshape(list(shape))
