@@ -326,9 +326,8 @@ std::vector<int32_t> Pids(concord_comm_t comm) {
 }
 
 // A large operation of kind `kind` ("reducescatter", "alltoall", "allgather", "broadcast" or
-// "allreduce")
-// named "mid.<kind>", of about `bytes` bytes (an allgather's output; a broadcast's root is rank
-// size - 1, or 0 when that is the victim), which the victim takes part in.
+// "allreduce") named "mid.<kind>", of about `bytes` bytes (an allgather's output; a broadcast's
+// root is rank size - 1, or 0 when that is the victim), which the victim takes part in.
 Op Mid(concord_comm_t comm, const std::string& kind, int64_t bytes) {
   const int64_t rows = std::max<int64_t>(1, bytes / 4 / g_size) * g_size;
   Op op;
