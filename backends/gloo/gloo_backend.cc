@@ -28,15 +28,27 @@ constexpr size_t kMaxCachedAllreduces = 256;
 constexpr size_t kMaxCachedBytes = size_t{1} << 30;
 
 // AllreduceSpans' messages: a slot of its own on the function-style context (Gloo's collectives
-// use prefixes 0x01-0x08 there), and its pipeline's segment. ResNet-50's direct tensors (42 of
-// them, 101 MB) ran in 50-59 ms a step with 64 KiB, 256 KiB and 1 MiB segments alike (2 ranks,
-// two runs each, noise about 10%); 256 KiB still pipelines a group of two 300 KB tensors.
+// use prefixes 0x01-0x08 there).
 const uint64_t kSpanSlot = gloo::Slot::build(0x43, 0);
-constexpr size_t kSpanSegmentBytes = size_t{256} << 10;
+// The segments of the span ring and the ring reduce-scatter (RingSegmentBytes).
+constexpr size_t kRingSegmentMinBytes = size_t{256} << 10;
+constexpr size_t kRingSegmentMaxBytes = size_t{4} << 20;
 // The ordered reductions' largest segment, and the bound on their scratch (OrderedSetup).
 constexpr size_t kOrderedSegmentBytes = size_t{4} << 20;
 constexpr size_t kOrderedScratchBytes = size_t{32} << 20;
-// ReduceScatter's messages, on a slot of their own on the same context, in the same segments.
+
+// The segment of a ring step that passes blocks of `block_bytes`: half a block, as Gloo's own ring
+// cuts them (two segments per block, one on the wire while the other is reduced), within
+// [kRingSegmentMinBytes, kRingSegmentMaxBytes]. Over TCP a segment is sent only once its receiver
+// has posted it, so each one costs a notification's round trip: fixed 256 KiB segments made 4-64
+// MiB reduce-scatters 28-44% slower with ranks bound to cores, and a 4-rank allreduce of four
+// 2 MiB tensors 18% slower (docs/performance.md). The bound keeps the scratch (two segments) at
+// 8 MiB.
+size_t RingSegmentBytes(size_t block_bytes) {
+  return std::clamp(block_bytes / 2, kRingSegmentMinBytes, kRingSegmentMaxBytes);
+}
+
+// ReduceScatter's messages, on a slot of their own on the same context.
 const uint64_t kReduceScatterSlot = gloo::Slot::build(0x44, 0);
 // Alltoallv's, Allgatherv's, Broadcast's and Barrier's, likewise.
 const uint64_t kAlltoallvSlot = gloo::Slot::build(0x45, 0);
@@ -202,8 +214,10 @@ class GlooBackend : public Backend {
     if (only != nullptr) return Allreduce(only->data, only->count, dtype, op);
     last_algorithm_ = "span_ring";
     try {
-      gloo_internal::SpanRingAllreduce(context_, spans, dtype, op, kSpanSlot, kSpanSegmentBytes,
-                                       &span_scratch_, in_flight_.get());
+      const size_t block_bytes = total / static_cast<size_t>(size_) * DTypeSize(dtype);
+      gloo_internal::SpanRingAllreduce(context_, spans, dtype, op, kSpanSlot,
+                                       RingSegmentBytes(block_bytes), &span_scratch_,
+                                       in_flight_.get());
       return Status::Ok();
     } catch (...) {
       return Fail("allreduce of " + std::to_string(spans.size()) + " buffers (" +
@@ -291,8 +305,10 @@ class GlooBackend : public Backend {
     }
     last_algorithm_ = "ring";
     try {
+      const size_t largest = *std::max_element(counts.begin(), counts.end());
       gloo_internal::RingReduceScatter(context_, in, out, counts, dtype, op, kReduceScatterSlot,
-                                       kSpanSegmentBytes, &span_scratch_, in_flight_.get());
+                                       RingSegmentBytes(largest * esize), &span_scratch_,
+                                       in_flight_.get());
       return Status::Ok();
     } catch (...) {
       return Fail("reduce-scatter (" + std::to_string(total) + " x " + DTypeName(dtype) + ", " +
@@ -382,7 +398,7 @@ class GlooBackend : public Backend {
     // receiver, and 256 KiB ones cost deterministic mode 15-25% over the default at 3 and 4 ranks
     // (4 MiB: 0-15%; docs/performance.md). The scratch, two segments per peer, stays <= 32 MiB.
     run.segment_bytes = std::clamp(kOrderedScratchBytes / (2 * static_cast<size_t>(size_ - 1)),
-                                   kSpanSegmentBytes, kOrderedSegmentBytes);
+                                   kRingSegmentMinBytes, kOrderedSegmentBytes);
     run.scratch = &span_scratch_;
     run.in_flight = in_flight_.get();
     return run;

@@ -171,35 +171,58 @@ TEST(GlooBackendTest, AllgathervDifferingAndZeroSizes) {
   }
 }
 
+// Runs one reduce-scatter of `counts` on `backend` and checks this rank's block, and that nothing
+// past it was written.
+void CheckReduceScatter(Backend& backend, DType dtype, ReduceOp op,
+                        const std::vector<size_t>& counts) {
+  const int rank = backend.rank();
+  const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+  size_t first = 0;
+  for (int k = 0; k < rank; ++k) first += counts[k];
+  std::vector<unsigned char> in(total * DTypeSize(dtype));
+  for (size_t i = 0; i < total; ++i) StoreElement(dtype, in.data(), i, Input(dtype, op, rank, i));
+  std::vector<unsigned char> out((counts[rank] + 1) * DTypeSize(dtype), 0xee);
+  const Status status = backend.ReduceScatter(in.data(), out.data(), counts, dtype, op);
+  ASSERT_TRUE(status.ok()) << status.ToString();
+  for (size_t i = 0; i < counts[rank]; ++i) {
+    ASSERT_EQ(LoadElement(dtype, out.data(), i), Expected(dtype, op, backend.size(), first + i))
+        << backend.size() << " ranks, " << DTypeName(dtype) << " " << ReduceOpName(op) << " [" << i
+        << "]";
+  }
+  ASSERT_EQ(out[counts[rank] * DTypeSize(dtype)], 0xee) << "wrote past the output";
+}
+
 // Uneven blocks, one empty, every dtype and op: small (an allreduce underneath) and large (the
 // ring, with one block longer than its 256 KiB segments).
 TEST(GlooBackendTest, ReduceScatterUnevenBlocks) {
   for (int size = 1; size <= 4; ++size) {
     RunRanks(size, "auto", [&](Backend& backend) {
-      const int rank = backend.rank();
       for (DType dtype : kAllDTypes) {
         for (ReduceOp op : kAllReduceOps) {
           for (const bool large : {false, true}) {
             std::vector<size_t> counts(size);
             for (int k = 0; k < size; ++k) counts[k] = k == 1 ? 0 : 7 * k + 3;
             if (large) counts[size - 1] = (size_t{300} << 10) / DTypeSize(dtype) + 1;
-            const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
-            size_t first = 0;
-            for (int k = 0; k < rank; ++k) first += counts[k];
-            std::vector<unsigned char> in(total * DTypeSize(dtype));
-            for (size_t i = 0; i < total; ++i) {
-              StoreElement(dtype, in.data(), i, Input(dtype, op, rank, i));
-            }
-            std::vector<unsigned char> out((counts[rank] + 1) * DTypeSize(dtype), 0xee);
-            const Status status = backend.ReduceScatter(in.data(), out.data(), counts, dtype, op);
-            ASSERT_TRUE(status.ok()) << status.ToString();
-            for (size_t i = 0; i < counts[rank]; ++i) {
-              ASSERT_EQ(LoadElement(dtype, out.data(), i), Expected(dtype, op, size, first + i))
-                  << size << " ranks, " << DTypeName(dtype) << " " << ReduceOpName(op) << " [" << i
-                  << "]";
-            }
-            ASSERT_EQ(out[counts[rank] * DTypeSize(dtype)], 0xee) << "wrote past the output";
+            CheckReduceScatter(backend, dtype, op, counts);
           }
+        }
+      }
+    });
+  }
+}
+
+// Blocks of a few MB, which the ring cuts into halves larger than 256 KiB (RingSegmentBytes): the
+// last segment of an odd block is a single element, and the blocks differ in length.
+TEST(GlooBackendTest, ReduceScatterLargeBlocksInHalves) {
+  for (int size = 2; size <= 4; ++size) {
+    RunRanks(size, "auto", [&](Backend& backend) {
+      for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kInt64}) {
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
+          std::vector<size_t> counts(size);
+          for (int k = 0; k < size; ++k) {
+            counts[k] = (size_t{1300} << 10) * (k + 1) / DTypeSize(dtype) + 1;
+          }
+          CheckReduceScatter(backend, dtype, op, counts);
         }
       }
     });

@@ -78,8 +78,8 @@ TEST_P(SpanAllreduceTest, EveryDTypeOpAndLayout) {
 
 TEST_P(SpanAllreduceTest, LargeBuffersSpanManySegments) {
   const int size = GetParam();
-  // 4.8 MB of float32: several of the backend's 1 MiB segments per block, buffer boundaries
-  // inside segments.
+  // 4.8 MB of float32: blocks of 1.2-2.4 MB, which the backend cuts into halves
+  // (RingSegmentBytes), buffer boundaries inside segments.
   const std::vector<size_t> counts = {300001, 17, 600000, 299999, 1};
   RunRanks(size, "auto", [&](Backend& backend) {
     for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
