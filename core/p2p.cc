@@ -57,31 +57,31 @@ bool PointToPoint::OnProgressThread() const {
 }
 
 Status PointToPoint::Check(const P2pEntry& e) const {
-  const std::string what = What(e) + ": ";
+  auto what = [&e] { return What(e) + ": "; };  // built only for an error: this runs per message
   if (e.peer < 0 || e.peer >= size_) {
-    return InvalidArgument(what + "the peer is not a rank of this communicator (size " +
+    return InvalidArgument(what() + "the peer is not a rank of this communicator (size " +
                            std::to_string(size_) + ")");
   }
-  if (e.peer == rank_) return InvalidArgument(what + "the peer is this rank");
-  if (e.tag < 0) return InvalidArgument(what + "the tag is negative");
-  if (!e.state) return InvalidArgument(what + "no request state");
+  if (e.peer == rank_) return InvalidArgument(what() + "the peer is this rank");
+  if (e.tag < 0) return InvalidArgument(what() + "the tag is negative");
+  if (!e.state) return InvalidArgument(what() + "no request state");
   if (!e.send && !e.expect) return Status::Ok();
   if (e.shape.size() > kMaxDims) {
-    return InvalidArgument(what + "more than " + std::to_string(kMaxDims) + " dimensions");
+    return InvalidArgument(what() + "more than " + std::to_string(kMaxDims) + " dimensions");
   }
   int64_t n = 1;
   for (int64_t d : e.shape) {
     if (d < 0 || __builtin_mul_overflow(n, d, &n) || n > kMaxTensorSize) {
-      return InvalidArgument(what + "a dimension is negative or the shape is too large");
+      return InvalidArgument(what() + "a dimension is negative or the shape is too large");
     }
   }
   if (n > 0 && e.data == nullptr) {
-    return InvalidArgument(what + "data is NULL but the tensor has " + std::to_string(n) +
+    return InvalidArgument(what() + "data is NULL but the tensor has " + std::to_string(n) +
                            " elements");
   }
   if (e.device >= 0) {
     return Status(Code::kUnavailable,
-                  what +
+                  what() +
                       "point-to-point operations on CUDA tensors are not available in this "
                       "build; copy the tensor to host memory");
   }

@@ -346,19 +346,24 @@ Status SubmitP2p(concord_comm_t comm, bool send, const concord_tensor_t* t, int 
   e.peer = peer;
   e.tag = tag;
   e.expect = t != nullptr;
-  const std::string what = std::string(send ? "send to" : "recv from") + " rank " +
-                           std::to_string(peer) + " with tag " + std::to_string(tag) + ": ";
-  if (send && t == nullptr) return concord::InvalidArgument(what + "the tensor is NULL");
+  // Built only for an error: this runs for every message.
+  auto what = [&] {
+    return std::string(send ? "send to" : "recv from") + " rank " + std::to_string(peer) +
+           " with tag " + std::to_string(tag) + ": ";
+  };
+  if (send && t == nullptr) return concord::InvalidArgument(what() + "the tensor is NULL");
   if (t != nullptr) {
     const int dtype = EnumValue(t->dtype);
     if (!concord::IsValidDType(dtype)) {
-      return concord::InvalidArgument(what + "unknown dtype " + std::to_string(dtype));
+      return concord::InvalidArgument(what() + "unknown dtype " + std::to_string(dtype));
     }
     if (t->ndim < 0 || t->ndim > CONCORD_MAX_DIMS) {
-      return concord::InvalidArgument(what + "ndim " + std::to_string(t->ndim) +
+      return concord::InvalidArgument(what() + "ndim " + std::to_string(t->ndim) +
                                       " is outside [0, " + std::to_string(CONCORD_MAX_DIMS) + "]");
     }
-    if (t->ndim > 0 && t->shape == nullptr) return concord::InvalidArgument(what + "shape is NULL");
+    if (t->ndim > 0 && t->shape == nullptr) {
+      return concord::InvalidArgument(what() + "shape is NULL");
+    }
     e.dtype = static_cast<concord::DType>(dtype);
     e.shape.assign(t->shape, t->shape + t->ndim);
     e.device = t->device;
