@@ -325,9 +325,9 @@ std::vector<int32_t> Pids(concord_comm_t comm) {
   return all;
 }
 
-// A large operation of kind `kind` ("reducescatter", "alltoall", "allgather", "broadcast" or
-// "allreduce") named "mid.<kind>", of about `bytes` bytes (an allgather's output; a broadcast's
-// root is rank size - 1, or 0 when that is the victim), which the victim takes part in.
+// A large operation of kind `kind` (one of kMidOpKinds) named "mid.<kind>", of about `bytes` bytes
+// (an allgather's output; a broadcast's root is rank size - 1, or 0 when that is the victim), which
+// the victim takes part in.
 Op Mid(concord_comm_t comm, const std::string& kind, int64_t bytes) {
   const int64_t rows = std::max<int64_t>(1, bytes / 4 / g_size) * g_size;
   Op op;
@@ -352,6 +352,8 @@ int Kill(int victim, int64_t mid_bytes, const std::vector<std::string>& mid_ops)
   // The survivors observe the failure themselves: concordrun gives them its grace period first,
   // but mpirun (--backend mpi) SIGTERMs them; they ignore that (SIGKILL follows).
   ::signal(SIGTERM, SIG_IGN);
+  // The large operations' placement below assumes two lanes, whatever the caller's environment.
+  ::setenv("CONCORD_LANES", "2", 1);
   concord_comm_t comm = mp::InitOrExit(&g_rank, &g_size);
   g_victim = victim;
   if (victim < 0 || victim >= g_size || g_size < 2) {
@@ -373,7 +375,8 @@ int Kill(int victim, int64_t mid_bytes, const std::vector<std::string>& mid_ops)
   // Running on the backend: a 64 KiB allreduce (above the inline threshold: it runs on the
   // backend), then the large operations (mid_ops, in that order), as one group: negotiated
   // together once every rank enqueued it (and everything above), and spread over the lanes in that
-  // order (the allreduce on lane 0, the first large one on lane 1, at once: CONCORD_LANES is 2).
+  // order (the allreduce on lane 0, the first large one on lane 1, at once: CONCORD_LANES is 2, set
+  // above).
   // The victim dies as the allreduce completes, inside the first large one.
   CHECKF(concord_group_start(comm) == CONCORD_SUCCESS, "group_start: %s",
          concord_comm_last_error(comm));

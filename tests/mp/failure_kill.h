@@ -28,4 +28,8 @@
 #include <string>
 #include <vector>
 
+// The kinds of large operation Kill can run (--mid-ops): every kind but "allreduce" by default.
+inline const std::vector<std::string> kMidOpKinds = {"reducescatter", "alltoall", "allgather",
+                                                     "broadcast", "allreduce"};
+
 int Kill(int victim, int64_t mid_bytes, const std::vector<std::string>& mid_ops);

@@ -17,6 +17,7 @@
 //                                         CONCORD_TOKEN: CONCORD_ERR_AUTH with a clear message,
 //                                         quickly; then with the right one it joins and an
 //                                         allreduce succeeds on every rank.
+#include <algorithm>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -258,7 +259,7 @@ int main(int argc, char** argv) {
   std::string mode;
   int victim = 1;
   int64_t mid_bytes = 16 << 20;
-  std::vector<std::string> mid_ops = {"reducescatter", "alltoall", "allgather", "broadcast"};
+  std::vector<std::string> mid_ops(kMidOpKinds.begin(), kMidOpKinds.end() - 1);  // no allreduce
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--mode" && i + 1 < argc) {
@@ -271,8 +272,7 @@ int main(int argc, char** argv) {
       mid_ops.clear();
       std::stringstream list(argv[++i]);
       for (std::string kind; std::getline(list, kind, ',');) {
-        if (kind != "reducescatter" && kind != "alltoall" && kind != "allgather" &&
-            kind != "broadcast" && kind != "allreduce") {
+        if (std::find(kMidOpKinds.begin(), kMidOpKinds.end(), kind) == kMidOpKinds.end()) {
           mode = "?";
         }
         mid_ops.push_back(kind);
@@ -293,10 +293,11 @@ int main(int argc, char** argv) {
   if (mode == "mismatch") return Mismatch();
   if (mode == "kill") return Kill(victim, mid_bytes, mid_ops);
   if (mode == "auth") return Auth();
-  std::fprintf(
-      stderr,
-      "usage: %s --mode mismatch|kill [--victim R] [--mid-bytes B] [--mid-ops "
-      "reducescatter,alltoall,allgather,broadcast,allreduce]|auth [--hosts-interleaved N]\n",
-      argv[0]);
+  std::string kinds;
+  for (const std::string& kind : kMidOpKinds) kinds += (kinds.empty() ? "" : ",") + kind;
+  std::fprintf(stderr,
+               "usage: %s --mode mismatch|kill [--victim R] [--mid-bytes B] [--mid-ops %s]|auth "
+               "[--hosts-interleaved N]\n",
+               argv[0], kinds.c_str());
   return 2;
 }
