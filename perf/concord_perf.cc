@@ -317,7 +317,7 @@ double TimeRawGloo(concord_comm_t comm, Store* store, const Options& o, int rank
   ro.count = count;
   ro.iterations = o.iters;
   ro.warmup = o.warmup;
-  const bool exchange = o.op == "reducescatter" || o.op == "alltoall";
+  const bool exchange = o.op != "allreduce";
   auto times = exchange ? RunRawGlooExchange(ro, store) : RunRawGlooAllreduce(ro, store);
   double median = -1;
   if (!times.ok()) {
@@ -377,8 +377,9 @@ double TimeRawMpi(concord_comm_t comm, int rank, float* buffer, size_t count, in
 }
 
 #ifdef CONCORD_PERF_MPI
-// Median seconds per raw MPI_Reduce_scatter_block or MPI_Alltoallv (o.op) of `count` floats in
-// all (max over ranks), on the sweep's buffers; -1 when MPI cannot run it here.
+// Median seconds per raw MPI_Reduce_scatter_block, MPI_Alltoallv, MPI_Allgather or MPI_Bcast
+// (o.op) of `count` floats in all (max over ranks), on the sweep's buffers; -1 when MPI cannot
+// run it here.
 double TimeRawMpiExchange(concord_comm_t comm, const Options& o, int rank, int size,
                           const Buffers& b, size_t count) {
   const std::string tag = "perf.raw.mpi." + o.op + "." + std::to_string(count);
@@ -386,9 +387,16 @@ double TimeRawMpiExchange(concord_comm_t comm, const Options& o, int rank, int s
   const auto* in = static_cast<const float*>(b.in);
   auto* out = static_cast<float*>(b.out);
   const size_t block = count / size;
-  const double median = o.op == "reducescatter"
-                            ? TimeRawMpiReduceScatterBlock(in, out, block, o.warmup, o.iters)
-                            : TimeRawMpiAlltoallv(in, out, block, o.warmup, o.iters);
+  double median = 0;
+  if (o.op == "reducescatter") {
+    median = TimeRawMpiReduceScatterBlock(in, out, block, o.warmup, o.iters);
+  } else if (o.op == "alltoall") {
+    median = TimeRawMpiAlltoallv(in, out, block, o.warmup, o.iters);
+  } else if (o.op == "allgather") {
+    median = TimeRawMpiAllgather(in, out, block, o.warmup, o.iters);
+  } else {
+    median = TimeRawMpiBcast(static_cast<float*>(b.in), count, o.warmup, o.iters);
+  }
   return MaxAcrossRanks(comm, median, tag);
 }
 #else
@@ -476,8 +484,11 @@ int RunSweep(concord_comm_t comm, const Options& o, int rank, int size, Store* s
              const Buffers& b, std::vector<Row>* rows) {
   const bool float_sum =
       o.op == "allreduce" && o.dtype == DType::kFloat32 && o.redop == ReduceOp::kSum;
-  const bool exchange = (o.op == "reducescatter" || o.op == "alltoall") &&
-                        o.dtype == DType::kFloat32 && o.redop == ReduceOp::kSum && size > 1;
+  // The other collectives' raw rows: Gloo's own and MPI's reduce-scatter, all-to-all, allgather
+  // and broadcast (float32; a reduce-scatter sums).
+  const bool moves_only = o.op == "alltoall" || o.op == "allgather" || o.op == "broadcast";
+  const bool exchange = (moves_only || o.op == "reducescatter") && o.dtype == DType::kFloat32 &&
+                        (moves_only || o.redop == ReduceOp::kSum) && size > 1;
   const bool raw = o.raw && store != nullptr && (float_sum || exchange);
   const bool raw_mpi = o.raw && o.backend == "mpi" && (float_sum || exchange);
   const bool sendrecv_raw = o.raw && o.op == "sendrecv" && o.dtype == DType::kFloat32;
@@ -506,6 +517,8 @@ int RunSweep(concord_comm_t comm, const Options& o, int rank, int size, Store* s
     if (raw_mpi) {
       const char* what = o.op == "reducescatter" ? "raw MPI_Reduce_scatter_block"
                          : o.op == "alltoall"    ? "raw MPI_Alltoallv"
+                         : o.op == "allgather"   ? "raw MPI_Allgather"
+                         : o.op == "broadcast"   ? "raw MPI_Bcast"
                                                  : "raw MPI_Allreduce";
       const double t = exchange ? TimeRawMpiExchange(comm, o, rank, size, b, rounded / 4)
                                 : TimeRawMpi(comm, rank, static_cast<float*>(b.in), rounded / 4,
@@ -558,7 +571,8 @@ int RunSweep(concord_comm_t comm, const Options& o, int rank, int size, Store* s
       double best = 0;
       const std::vector<std::string> exchange_algos =
           o.op == "reducescatter" ? std::vector<std::string>{"reduce_scatter_hd"}
-                                  : std::vector<std::string>{"alltoall", "alltoallv"};
+          : o.op == "alltoall"    ? std::vector<std::string>{"alltoall", "alltoallv"}
+                                  : std::vector<std::string>{o.op};
       for (const auto& algo : exchange ? exchange_algos : o.raw_algos) {
         const double t = TimeRawGloo(comm, store, o, rank, size, algo, rounded / 4, "sweep");
         if (t < 0) continue;

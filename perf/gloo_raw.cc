@@ -1,6 +1,7 @@
 #include "perf/gloo_raw.h"
 
 #include <gloo/algorithm.h>
+#include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/allreduce_bcube.h>
 #include <gloo/allreduce_halving_doubling.h>
@@ -9,6 +10,7 @@
 #include <gloo/alltoall.h>
 #include <gloo/alltoallv.h>
 #include <gloo/barrier.h>
+#include <gloo/broadcast.h>
 #include <gloo/reduce_scatter.h>
 
 #include <algorithm>
@@ -97,6 +99,18 @@ std::vector<double> TimeExchange(const std::shared_ptr<gloo::Context>& context,
                                                      static_cast<int>(in.size()), recv);
     return TimeLoop(context, warmup, iterations, [&] { object.run(); });
   }
+  if (algorithm == "allgather") {
+    gloo::AllgatherOptions options(context);
+    options.setInput(in.data(), block);
+    options.setOutput(out.data(), out.size());
+    return TimeLoop(context, warmup, iterations, [&] { gloo::allgather(options); });
+  }
+  if (algorithm == "broadcast") {
+    gloo::BroadcastOptions options(context);
+    options.setOutput(in.data(), in.size());
+    options.setRoot(0);
+    return TimeLoop(context, warmup, iterations, [&] { gloo::broadcast(options); });
+  }
   if (algorithm == "alltoall") {
     gloo::AlltoallOptions options(context);
     options.setInput(in.data(), in.size());
@@ -114,7 +128,8 @@ std::vector<double> TimeExchange(const std::shared_ptr<gloo::Context>& context,
 
 StatusOr<std::vector<double>> RunRawGlooExchange(const RawGlooOptions& options, Store* store) {
   const std::string& algo = options.algorithm;
-  if (algo != "reduce_scatter_hd" && algo != "alltoall" && algo != "alltoallv") {
+  if (algo != "reduce_scatter_hd" && algo != "alltoall" && algo != "alltoallv" &&
+      algo != "allgather" && algo != "broadcast") {
     return InvalidArgument("raw gloo: no exchange algorithm '" + algo + "'");
   }
   if (options.size < 2 || options.count == 0 || options.count % options.size != 0 ||

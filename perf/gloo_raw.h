@@ -33,11 +33,12 @@ struct RawGlooOptions {
 // or Gloo failure) come back as a Status. Thread-safe for distinct prefixes.
 StatusOr<std::vector<double>> RunRawGlooAllreduce(const RawGlooOptions& options, Store* store);
 
-// The same for Gloo's own reduce-scatter and all-to-all of options.count float32 elements (a
-// multiple of the ranks, split evenly): algorithm "reduce_scatter_hd"
-// (ReduceScatterHalvingDoubling, sum, built once, in place), "alltoall" (gloo::alltoall) or
-// "alltoallv" (gloo::alltoallv with every rank's counts), their options built once over persistent
-// buffers.
+// The same for Gloo's own reduce-scatter, all-to-all, allgather and broadcast of options.count
+// float32 elements (a multiple of the ranks, split evenly): algorithm "reduce_scatter_hd"
+// (ReduceScatterHalvingDoubling, sum, built once, in place), "alltoall" (gloo::alltoall),
+// "alltoallv" (gloo::alltoallv with every rank's counts), "allgather" (gloo::allgather: count /
+// size from each rank, count in all) or "broadcast" (gloo::broadcast of count from rank 0), their
+// options built once over persistent buffers.
 StatusOr<std::vector<double>> RunRawGlooExchange(const RawGlooOptions& options, Store* store);
 
 // The same for point to point: ranks in pairs (rank ^ 1) exchange count floats each way with

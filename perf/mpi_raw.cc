@@ -76,4 +76,15 @@ double TimeRawMpiAlltoallv(const float* in, float* out, size_t block, int warmup
   });
 }
 
+double TimeRawMpiAllgather(const float* in, float* out, size_t block, int warmup, int iters) {
+  const int n = static_cast<int>(std::min<size_t>(block, INT_MAX));
+  return TimeMpi(warmup, iters,
+                 [&] { MPI_Allgather(in, n, MPI_FLOAT, out, n, MPI_FLOAT, MPI_COMM_WORLD); });
+}
+
+double TimeRawMpiBcast(float* buffer, size_t count, int warmup, int iters) {
+  const int n = static_cast<int>(std::min<size_t>(count, INT_MAX));
+  return TimeMpi(warmup, iters, [&] { MPI_Bcast(buffer, n, MPI_FLOAT, 0, MPI_COMM_WORLD); });
+}
+
 }  // namespace concord

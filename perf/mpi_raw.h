@@ -21,6 +21,10 @@ double TimeRawMpiAllreduce(float* buffer, size_t count, int warmup, int iters);
 double TimeRawMpiReduceScatterBlock(const float* in, float* out, size_t block, int warmup,
                                     int iters);
 double TimeRawMpiAlltoallv(const float* in, float* out, size_t block, int warmup, int iters);
+// The same for MPI_Allgather (`block` floats from every rank into size x `block` in `out`) and
+// MPI_Bcast (`count` floats from rank 0), over MPI_COMM_WORLD.
+double TimeRawMpiAllgather(const float* in, float* out, size_t block, int warmup, int iters);
+double TimeRawMpiBcast(float* buffer, size_t count, int warmup, int iters);
 // The same for MPI_Sendrecv of `bytes` between pairs of ranks (rank ^ 1) over MPI_COMM_WORLD.
 double TimeRawMpiSendrecv(const void* send, void* recv, size_t bytes, int warmup, int iters);
 
