@@ -15,7 +15,8 @@
 //   is refused) at once, or on a thread inside Drive(). `done` must not call back into the
 //   transport.
 // - A send's data must stay valid until its `done`. A send completes once the transport has handed
-//   its bytes on (TCP: written to the socket; MPI: once MPI completes the send).
+//   its bytes on (TCP: written to the socket, or read by a same-host receiver from the sender's
+//   memory; MPI: once MPI completes the send).
 // - A recv matches the next message from (peer, tag). When its meta arrives, the transport calls
 //   `place(meta)` (on the progress thread, or on the thread posting the recv when the message is
 //   already there; under the transport's lock: it must not block or call back)
@@ -82,6 +83,18 @@ class P2pTransport {
   // Whether the calling thread is the transport's progress thread (which must never wait for one
   // of the transport's operations).
   virtual bool OnProgressThread() const = 0;
+  // Whether this rank reads large payloads from `peer` straight from its memory (same host), for
+  // logs and tests.
+  virtual bool ReadsDirectly(int /*peer*/) const { return false; }
+};
+
+// Same-host direct reads for the TCP transport: a payload of at least min_bytes between ranks
+// whose host_identity (ShmHostIdentity) is equal and who can read each other's memory
+// (process_vm_readv; probed at setup) is read by the receiver from the sender's buffer instead of
+// travelling the socket. An empty host_identity: never.
+struct P2pDirectReads {
+  std::string host_identity;
+  uint64_t min_bytes = UINT64_MAX;
 };
 
 struct BackendOptions;
@@ -89,8 +102,9 @@ class Store;
 
 // The TCP transport of Gloo jobs (backends/tcp_p2p_transport.cc: setup and wire format).
 // Collective: every rank of options.size calls it with the same prefix (the communicator's, plus
-// "/p2p"); options.timeout bounds the setup.
-StatusOr<std::unique_ptr<P2pTransport>> CreateTcpP2pTransport(const BackendOptions& options,
-                                                              Store* store);
+// "/p2p") and the same `direct` (its host_identity each rank's own); options.timeout bounds the
+// setup.
+StatusOr<std::unique_ptr<P2pTransport>> CreateTcpP2pTransport(
+    const BackendOptions& options, Store* store, const P2pDirectReads& direct = P2pDirectReads());
 
 }  // namespace concord

@@ -17,32 +17,50 @@ uint64_t LoadU64(const unsigned char* p) {
 
 }  // namespace
 
-std::string EncodeHead(int64_t tag, const P2pMeta& meta) {
+std::string EncodeHead(int64_t tag, const P2pMeta& meta, const DirectSource* direct) {
   std::string h;
-  h.reserve(kFixedHead + 8 * meta.shape.size());
+  h.reserve(kFixedHead + 8 * meta.shape.size() + 16);
   net::PutU32(&h, kMessageMagic);
   net::PutU32(&h, static_cast<uint32_t>(meta.shape.size()));
   PutI64(&h, tag);
   net::PutU32(&h, static_cast<uint32_t>(meta.dtype));
-  net::PutU32(&h, 0);
+  net::PutU32(&h, direct != nullptr ? kDirectRead : 0);
   net::PutU64(&h, meta.bytes);
   for (int64_t d : meta.shape) PutI64(&h, d);
+  if (direct != nullptr) {
+    net::PutU64(&h, direct->data);
+    net::PutU64(&h, direct->state);
+  }
   return h;
 }
 
-Status DecodeFixed(const unsigned char* p, int64_t* tag, P2pMeta* meta, size_t* head_size) {
+std::string EncodeReceipt() {
+  std::string r;
+  net::PutU32(&r, kReceiptMagic);
+  r.resize(kFixedHead, '\0');
+  return r;
+}
+
+Status DecodeFixed(const unsigned char* p, int64_t* tag, P2pMeta* meta, uint32_t* flags,
+                   size_t* head_size) {
   const uint32_t ndim = net::LoadU32(p + 4);
   const uint32_t dtype = net::LoadU32(p + 16);
+  *flags = net::LoadU32(p + 20);
   if (net::LoadU32(p) != kMessageMagic || ndim > kP2pMaxDims ||
-      !IsValidDType(static_cast<int>(dtype))) {
+      !IsValidDType(static_cast<int>(dtype)) || (*flags & ~kDirectRead) != 0) {
     return ProtocolError("malformed point-to-point message header");
   }
   *tag = static_cast<int64_t>(LoadU64(p + 8));
   meta->dtype = static_cast<DType>(dtype);
   meta->bytes = LoadU64(p + 24);
   meta->shape.assign(ndim, 0);
-  *head_size = kFixedHead + 8 * size_t{ndim};
+  *head_size = kFixedHead + 8 * size_t{ndim} + ((*flags & kDirectRead) != 0 ? 16 : 0);
   return Status::Ok();
+}
+
+DirectSource DecodeDirect(const unsigned char* head, size_t ndim) {
+  const unsigned char* at = head + kFixedHead + 8 * ndim;
+  return DirectSource{LoadU64(at), LoadU64(at + 8)};
 }
 
 Status CheckShape(P2pMeta* meta, const unsigned char* shape) {

@@ -7,12 +7,18 @@
 // acceptor answers u32 'CP2A' once the nonce and rank check out, and closes the connection if not.
 //
 // Stream, in both directions: messages of
-//   u32 magic 'CP2M' | u32 ndim (<= kP2pMaxDims) | i64 tag | i32 dtype | u32 zero | u64 bytes |
+//   u32 magic 'CP2M' | u32 ndim (<= kP2pMaxDims) | i64 tag | i32 dtype | u32 flags | u64 bytes |
 //   ndim x i64 shape | bytes of payload
-// A receiver that finds anything else (a bad magic, dtype, a size that is not the shape's) fails
-// the link with kProtocol. Messages for which no recv is posted yet are kept whole (unexpected
-// messages) until one is (a large one after waiting a few milliseconds in the socket for its
-// recv); a posted recv's payload is read straight into its destination.
+// or, with flags kDirectRead (to a peer on the same host that can read the sender's memory), no
+// payload but two u64 after the shape: the payload's address in the sender and the address of the
+// sender's state word for the link (kLinkOpen while it is). The receiver reads the payload from
+// there (process_vm_readv), then the state word, and answers with a receipt, 32 bytes:
+//   u32 magic 'CP2R' | 28 zero bytes
+// which completes the send (receipts come back in the order of their messages). A receiver that
+// finds anything else (a bad magic, dtype or flag, a size that is not the shape's, a receipt
+// nothing waits for) fails the link with kProtocol. Messages for which no recv is posted yet are
+// kept whole (unexpected messages) until one is (a large one after waiting a few milliseconds in
+// the socket for its recv); a posted recv's payload is read straight into its destination.
 #pragma once
 
 #include <cstddef>
@@ -28,14 +34,30 @@ namespace concord {
 namespace tcp_p2p {
 
 constexpr uint32_t kMessageMagic = 0x4D325043;  // "CP2M" on the wire
-constexpr size_t kFixedHead = 32;               // a message's header without its shape
+constexpr uint32_t kReceiptMagic = 0x52325043;  // "CP2R"
+constexpr size_t kFixedHead = 32;               // a message's header without its shape; a receipt
+constexpr uint32_t kDirectRead = 1;             // flags: the receiver reads the payload itself
+// A link's state word while the link is open (anything else: closed or failed).
+constexpr uint64_t kLinkOpen = 0x4F50454E4C494E4Bull;
 
-// A message's header (its shape included) for `tag` and `meta`.
-std::string EncodeHead(int64_t tag, const P2pMeta& meta);
-// A message's header from `p` (at least kFixedHead bytes): tag, dtype, ndim and bytes (the
-// shape's entries are filled by CheckShape); *head_size becomes the header's whole size.
-// kProtocol for a bad magic, ndim or dtype.
-Status DecodeFixed(const unsigned char* p, int64_t* tag, P2pMeta* meta, size_t* head_size);
+// Where a directly read payload is in the sender.
+struct DirectSource {
+  uint64_t data = 0;   // the payload's address
+  uint64_t state = 0;  // the link's state word's address
+};
+
+// A message's header (its shape included) for `tag` and `meta`; with `direct`, for a payload the
+// receiver reads from there.
+std::string EncodeHead(int64_t tag, const P2pMeta& meta, const DirectSource* direct = nullptr);
+// A receipt for one directly read message.
+std::string EncodeReceipt();
+// A message's header from `p` (at least kFixedHead bytes): tag, dtype, ndim, bytes and flags (the
+// shape's entries are filled by CheckShape, the direct source by DecodeDirect); *head_size
+// becomes the header's whole size. kProtocol for a bad magic, ndim, dtype or flag.
+Status DecodeFixed(const unsigned char* p, int64_t* tag, P2pMeta* meta, uint32_t* flags,
+                   size_t* head_size);
+// The direct source after a header's shape of `ndim` entries.
+DirectSource DecodeDirect(const unsigned char* head, size_t ndim);
 // Reads meta->shape from `shape` (ndim entries) and checks that its elements times the dtype's
 // size are meta->bytes (kProtocol otherwise).
 Status CheckShape(P2pMeta* meta, const unsigned char* shape);

@@ -280,7 +280,14 @@ StatusOr<std::unique_ptr<Engine>> StartOnStore(const Config& config,
   if (config.size > 1) {
     BackendOptions p2p_options = bo;
     p2p_options.prefix = prefix + "/p2p";
-    auto made = CreateTcpP2pTransport(p2p_options, rv->store.get());
+    // Large messages between ranks of one host are read from the sender's memory, as the
+    // shared-memory allreduces' (CONCORD_SHM, CONCORD_SHM_DIRECT_THRESHOLD).
+    P2pDirectReads direct;
+    if (config.shm != "off" && config.shm_direct_threshold_bytes >= 0) {
+      direct.host_identity = ShmHostIdentity(config.host_id);
+      direct.min_bytes = static_cast<uint64_t>(config.shm_direct_threshold_bytes);
+    }
+    auto made = CreateTcpP2pTransport(p2p_options, rv->store.get(), direct);
     if (!made.ok()) return made.status().WithContext("connecting the point-to-point transport");
     p2p = std::move(*made);
   }

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <future>
 #include <memory>
@@ -23,12 +24,17 @@ namespace {
 
 using std::chrono::milliseconds;
 
+// Every test runs twice: payloads on the sockets, and payloads of 1000 bytes or more read from
+// the sender's memory (same host).
+class P2pTest : public ::testing::TestWithParam<bool> {};
+
 // A rank: its PointToPoint over its transport.
-std::vector<std::unique_ptr<PointToPoint>> Ranks(int n,
+std::vector<std::unique_ptr<PointToPoint>> Ranks(int n, bool direct,
                                                  milliseconds timeout = milliseconds(10000)) {
-  auto transports = TcpP2pMesh(n);
+  auto transports = TcpP2pMesh(n, direct);
   std::vector<std::unique_ptr<PointToPoint>> ranks;
   for (int r = 0; r < static_cast<int>(transports.size()); ++r) {
+    EXPECT_EQ(transports[r]->ReadsDirectly((r + 1) % n), direct) << "rank " << r;
     ranks.push_back(std::make_unique<PointToPoint>(
         r, n, timeout, std::chrono::microseconds(50), std::move(transports[r]),
         std::make_shared<ResultBuffers>(), Status(Code::kUnavailable, "none")));
@@ -67,8 +73,8 @@ Status Await(Op& op) {
   return op.state->status();
 }
 
-TEST(P2pTest, FifoPerTagWithRecvsEarlyAndLateAndTagsIndependent) {
-  auto ranks = Ranks(2);
+TEST_P(P2pTest, FifoPerTagWithRecvsEarlyAndLateAndTagsIndependent) {
+  auto ranks = Ranks(2, GetParam());
   ASSERT_EQ(ranks.size(), 2u);
   constexpr int kPer = 40;
   // Early: rank 1 posts half its recvs on tag 7 before anything is sent.
@@ -108,8 +114,8 @@ TEST(P2pTest, FifoPerTagWithRecvsEarlyAndLateAndTagsIndependent) {
   for (auto& s : sends) EXPECT_TRUE(Await(s).ok());
 }
 
-TEST(P2pTest, MismatchDropsTheMessageAndTheNextArrivesIntact) {
-  auto ranks = Ranks(2);
+TEST_P(P2pTest, MismatchDropsTheMessageAndTheNextArrivesIntact) {
+  auto ranks = Ranks(2, GetParam());
   ASSERT_EQ(ranks.size(), 2u);
   Op a = Message(300000, 1), b = Message(6, 50);
   ASSERT_TRUE(ranks[0]->Submit(Entry(true, 1, 3, a)).ok());
@@ -148,8 +154,8 @@ bool Holds(const int32_t* got, int64_t n, int32_t first) {
 // few milliseconds, then go to unexpected buffers: a tag behind one still arrives, and recvs
 // posted before, during and after the wait (into the caller's buffer or an owned one) all get
 // their message intact, in order.
-TEST(P2pTest, LargeMessagesWithoutTheirRecvWaitThenTagsBehindStillArrive) {
-  auto ranks = Ranks(2);
+TEST_P(P2pTest, LargeMessagesWithoutTheirRecvWaitThenTagsBehindStillArrive) {
+  auto ranks = Ranks(2, GetParam());
   ASSERT_EQ(ranks.size(), 2u);
   constexpr int64_t kLarge = int64_t{4} << 20;
   Op a = Message(kLarge, 1), small = Message(3, 7), b = Message(kLarge, 2);
@@ -194,8 +200,8 @@ TEST(P2pTest, LargeMessagesWithoutTheirRecvWaitThenTagsBehindStillArrive) {
   for (Op* s : {&a, &small, &b}) EXPECT_TRUE(Await(*s).ok());
 }
 
-TEST(P2pTest, RecvWithoutSenderTimesOutThenPeerCloseFailsNamingIt) {
-  auto ranks = Ranks(3, milliseconds(300));
+TEST_P(P2pTest, RecvWithoutSenderTimesOutThenPeerCloseFailsNamingIt) {
+  auto ranks = Ranks(3, GetParam(), milliseconds(300));
   ASSERT_EQ(ranks.size(), 3u);
   Op late;
   late.n = 4;
@@ -223,8 +229,8 @@ TEST(P2pTest, RecvWithoutSenderTimesOutThenPeerCloseFailsNamingIt) {
   EXPECT_EQ(got.data, one.data);
 }
 
-TEST(P2pTest, CloseCompletesWhatIsInFlightAndRefusesLater) {
-  auto ranks = Ranks(2);
+TEST_P(P2pTest, CloseCompletesWhatIsInFlightAndRefusesLater) {
+  auto ranks = Ranks(2, GetParam());
   ASSERT_EQ(ranks.size(), 2u);
   Op r;
   r.n = 2;
@@ -238,7 +244,7 @@ TEST(P2pTest, CloseCompletesWhatIsInFlightAndRefusesLater) {
   EXPECT_EQ(r.state->complete_calls(), 1);
 }
 
-TEST(P2pTest, SubmitRefusesBadArgumentsAndCompletesNothing) {
+TEST(P2pSubmitTest, RefusesBadArgumentsAndCompletesNothing) {
   PointToPoint none(1, 3, milliseconds(1000), std::chrono::microseconds(0), nullptr,
                     std::make_shared<ResultBuffers>(), Status(Code::kUnavailable, "no transport"));
   Op x = Message(4, 0);
@@ -263,6 +269,40 @@ TEST(P2pTest, SubmitRefusesBadArgumentsAndCompletesNothing) {
   refused(Entry(true, 0, 0, x), Code::kUnavailable, "no transport");
   EXPECT_FALSE(x.state->done());
 }
+
+// A direct send withdrawn (its sender closed) before its receiver read it: the receiver gets the
+// message intact (read before the close) or fails naming the sender, never the bytes the sender
+// wrote into its buffer after the close.
+TEST_P(P2pTest, ASendWithdrawnByItsSenderNeverArrivesChanged) {
+  for (int round = 0; round < 6; ++round) {
+    auto ranks = Ranks(2, GetParam());
+    ASSERT_EQ(ranks.size(), 2u);
+    constexpr int64_t kLarge = int64_t{4} << 20;
+    Op sent = Message(kLarge, 5);
+    ASSERT_TRUE(ranks[0]->Submit(Entry(true, 1, 4, sent)).ok());
+    std::this_thread::sleep_for(milliseconds(round));
+    ranks[0]->Close(Status(Code::kNotInitialized, "finalized"));
+    const Status s = Await(sent);
+    EXPECT_TRUE(s.ok() || s.code() == Code::kNotInitialized) << s.ToString();
+    std::fill(sent.data.begin(), sent.data.end(), -7);  // the buffer is the caller's again
+    Op got;
+    got.n = kLarge;
+    got.data.assign(kLarge, -1);
+    ASSERT_TRUE(ranks[1]->Submit(Entry(false, 0, 4, got)).ok());
+    const Status r = Await(got);
+    if (r.ok()) {
+      EXPECT_TRUE(Holds(got.data.data(), kLarge, 5)) << "round " << round;
+    } else {
+      EXPECT_EQ(r.code(), Code::kPeerFailure) << r.ToString();
+      EXPECT_NE(r.message().find("rank 0"), std::string::npos) << r.ToString();
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Payloads, P2pTest, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? std::string("DirectReads") : std::string("Sockets");
+                         });
 
 }  // namespace
 }  // namespace concord

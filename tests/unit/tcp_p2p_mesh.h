@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdint>
 #include <future>
 #include <memory>
 #include <vector>
@@ -14,17 +15,22 @@
 
 namespace concord {
 
-inline std::vector<std::unique_ptr<P2pTransport>> TcpP2pMesh(int n) {
+// `direct`: payloads of at least `direct_min_bytes` are read from the sender's memory (all ranks
+// share this process, so they share a host).
+inline std::vector<std::unique_ptr<P2pTransport>> TcpP2pMesh(int n, bool direct = false,
+                                                             uint64_t direct_min_bytes = 1000) {
   HashStore store;  // needed only while the transports connect
   std::vector<std::future<StatusOr<std::unique_ptr<P2pTransport>>>> made;
   for (int r = 0; r < n; ++r) {
-    made.push_back(std::async(std::launch::async, [&store, r, n] {
+    made.push_back(std::async(std::launch::async, [&store, r, n, direct, direct_min_bytes] {
       BackendOptions o;
       o.rank = r;
       o.size = n;
       o.prefix = "test/p2p";
       o.timeout = std::chrono::milliseconds(10000);
-      return CreateTcpP2pTransport(o, &store);
+      P2pDirectReads reads;
+      if (direct) reads = P2pDirectReads{"test-host", direct_min_bytes};
+      return CreateTcpP2pTransport(o, &store, reads);
     }));
   }
   std::vector<std::unique_ptr<P2pTransport>> out;
