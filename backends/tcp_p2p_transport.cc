@@ -181,16 +181,16 @@ class TcpP2pTransport : public P2pTransport {
       } else if (l.peer_reads && meta.bytes >= direct_min_bytes_) {
         const DirectSource source{reinterpret_cast<uint64_t>(data),
                                   reinterpret_cast<uint64_t>(l.state.get())};
-        l.sends.push_back(SendOp{EncodeHead(tag, meta, &source), static_cast<const char*>(data), 0,
-                                 0, deadline, std::move(done), /*direct=*/true});
-        if (l.sends.size() == 1) Flush(l, out);
-        if (!l.sends.empty()) Signal(wake_.get());
+        Queue(l,
+              SendOp{EncodeHead(tag, meta, &source), static_cast<const char*>(data), 0, 0, deadline,
+                     std::move(done), /*direct=*/true},
+              out);
       } else {
         GrowSendBuffer(l, meta.bytes);
-        l.sends.push_back(SendOp{EncodeHead(tag, meta), static_cast<const char*>(data), meta.bytes,
-                                 0, deadline, std::move(done)});
-        if (l.sends.size() == 1) Flush(l, out);
-        if (!l.sends.empty()) Signal(wake_.get());
+        Queue(l,
+              SendOp{EncodeHead(tag, meta), static_cast<const char*>(data), meta.bytes, 0, deadline,
+                     std::move(done)},
+              out);
       }
     }
     Run(out);
@@ -243,6 +243,14 @@ class TcpP2pTransport : public P2pTransport {
     if (want <= l.send_buffer || !l.fd.valid()) return;
     ::setsockopt(l.fd.get(), SOL_SOCKET, SO_SNDBUF, &want, sizeof(want));
     l.send_buffer = want;  // the kernel may give less (net.core.wmem_max): asked once per size
+  }
+
+  // Queues `op` on the link: written at once when nothing is queued before it, else (and for
+  // what the socket did not take) by the progress thread, which is woken. Holding *l.send_mu.
+  void Queue(Link& l, SendOp op, Completions& out) {
+    l.sends.push_back(std::move(op));
+    if (l.sends.size() == 1) Flush(l, out);
+    if (!l.sends.empty()) Signal(wake_.get());
   }
 
   // Writes what the socket takes of the queued sends; completes those written. A write error
@@ -494,9 +502,8 @@ class TcpP2pTransport : public P2pTransport {
     FinishPayload(l, out);
     MutexLock send_lock(*l.send_mu);
     if (!l.send_failure.ok()) return true;
-    l.sends.push_back(
-        SendOp{EncodeReceipt(), nullptr, 0, 0, Deadline::Infinite(), [](const Status&) {}});
-    if (l.sends.size() == 1) Flush(l, out);
+    Queue(l, SendOp{EncodeReceipt(), nullptr, 0, 0, Deadline::Infinite(), [](const Status&) {}},
+          out);
     return true;
   }
 
