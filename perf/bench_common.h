@@ -1,10 +1,12 @@
-// What the perf tools share: failing on a library error, medians, and the slowest rank's figure.
+// What the perf tools share: failing on a library error, medians and percentiles, and the slowest
+// rank's figure.
 #pragma once
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "concord/concord.h"
@@ -20,12 +22,19 @@ inline void CheckOrExit(const char* tool, concord_comm_t comm, concord_status_t 
   std::exit(1);
 }
 
-// The median (the mean of the middle two for an even count); 0 for none.
-inline double Median(std::vector<double> v) {
+// The p-th percentile (0 <= p <= 100), interpolated linearly between the two nearest values; 0
+// for none. p = 50 is the median (the mean of the middle two for an even count).
+inline double Percentile(std::vector<double> v, double p) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+  const double at = (static_cast<double>(v.size()) - 1) * std::clamp(p, 0.0, 100.0) / 100;
+  const size_t below = static_cast<size_t>(at);
+  if (below + 1 >= v.size()) return v.back();
+  return v[below] + (v[below + 1] - v[below]) * (at - static_cast<double>(below));
+}
+
+inline double Median(std::vector<double> v) {
+  return Percentile(std::move(v), 50);
 }
 
 // The maximum of a per-rank value across ranks (an allreduce named `name`).

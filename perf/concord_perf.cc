@@ -12,9 +12,10 @@
 // and reused, so Gloo is at its best), or with --backend mpi one raw MPI_Allreduce row (in place,
 // on the buffer the Concord row used). Ranks line up with a barrier, then run --iters operations
 // back to back, each timed on its own; a row's time is the median of each rank's times, reduced
-// with max across ranks
-// (the median, not the mean, because a shared 2-core machine adds scheduler stalls of several ms to
-// a few iterations of either side at random). algbw = bytes / time; busbw = algbw x 2(n-1)/n
+// with max across ranks (the median, not the mean, because a shared 2-core machine adds scheduler
+// stalls of several ms to a few iterations of either side at random). --percentile P takes each
+// rank's P-th percentile instead, for both sides: a tail the median hides (one iteration in ten
+// ten times slower) shows at 90. algbw = bytes / time; busbw = algbw x 2(n-1)/n
 // (allreduce), x (n-1)/n (allgather), x 1 (broadcast). A workload row times whole steps the same
 // way.
 //
@@ -58,6 +59,7 @@ struct Options {
   size_t min_bytes = 4096, max_bytes = size_t{64} << 20;
   double factor = 2;
   int iters = 20, warmup = 5;
+  double percentile = 50;  // of each rank's per-iteration times: a row's time (50: the median)
   std::string workload;
   int steps = 10;
   int rounds = 3;
@@ -88,7 +90,8 @@ struct Row {
       "         [--op allreduce|allgather|broadcast|reducescatter|alltoall|sendrecv]\n"
       "         [--dtype float32]\n"
       "         [--redop sum|average|min|max|product] [--bytes MIN:MAX] [--factor F]\n"
-      "         [--iters N] [--warmup N] [--workload FILE [--steps N] [--rounds N]]\n"
+      "         [--iters N] [--warmup N] [--percentile P]\n"
+      "         [--workload FILE [--steps N] [--rounds N]]\n"
       "         [--no-raw] [--raw-algos a,b,...] [--json FILE] [--backend gloo|mpi|nccl]\n"
       "         [--compression SPEC ...] (workload mode; repeat for several)\n"
       "         [--comm world|split:K|group:r,r,...] (Concord rows on sub-communicators)\n",
@@ -172,16 +175,20 @@ Options ParseOptions(int argc, char** argv) {
       for (std::string algo; std::getline(ss, algo, ',');) o.raw_algos.push_back(algo);
     } else if (a == "--backend") {
       o.backend = next();
-      if (o.backend != "gloo" && o.backend != "mpi") Usage("--backend must be gloo or mpi");
+      if (o.backend != "gloo" && o.backend != "mpi" && o.backend != "nccl")
+        Usage("--backend must be gloo, mpi or nccl");
+    } else if (a == "--percentile") {
+      const std::string v = next();
+      char* end = nullptr;
+      o.percentile = std::strtod(v.c_str(), &end);
+      if (end == v.c_str() || *end != '\0' || !(o.percentile >= 1 && o.percentile <= 99))
+        Usage("--percentile must be a number from 1 to 99");
     } else if (a == "--json") {
       o.json = next();
     } else if (a == "--comm") {
       o.comm = next();
       if (o.comm != "world" && o.comm.rfind("split:", 0) != 0 && o.comm.rfind("group:", 0) != 0)
         Usage("--comm must be world, split:K or group:r,r,...");
-    } else if (a == "--backend") {
-      o.backend = next();
-      if (o.backend != "gloo" && o.backend != "nccl") Usage("bad --backend (gloo or nccl)");
     } else {
       Usage("unknown argument '" + a + "'");
     }
@@ -191,12 +198,21 @@ Options ParseOptions(int argc, char** argv) {
   return o;
 }
 
+// How a row's time reads: nothing for the median, else ", time: 90th percentile of iterations".
+std::string StatName(const Options& o) {
+  if (o.percentile == 50) return "";
+  char s[64];
+  std::snprintf(s, sizeof(s), ", time: %gth percentile of iterations", o.percentile);
+  return s;
+}
+
 // Aborts the benchmark with the library's message.
 void Check(concord_comm_t comm, concord_status_t s, const std::string& what) {
   bench::CheckOrExit("concord-perf", comm, s, what);
 }
 
 using bench::Median;
+using bench::Percentile;
 
 double Now() {
   return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
@@ -301,7 +317,7 @@ double TimeConcordOp(concord_comm_t comm, const Options& o, int size, size_t byt
     Check(comm, s, o.op);
     if (i >= o.warmup) times.push_back(Now() - t0);
   }
-  return MaxAcrossRanks(comm, Median(times), name + ".time");
+  return MaxAcrossRanks(comm, Percentile(times, o.percentile), name + ".time");
 }
 
 // Median seconds per raw Gloo allreduce of `count` floats with one algorithm (max over ranks);
@@ -324,7 +340,7 @@ double TimeRawGloo(concord_comm_t comm, Store* store, const Options& o, int rank
     std::fprintf(stderr, "concord-perf: raw gloo %s failed on rank %d: %s\n", algo.c_str(), rank,
                  times.status().ToString().c_str());
   } else {
-    median = Median(*times);
+    median = Percentile(*times, o.percentile);
   }
   return MaxAcrossRanks(comm, median, "perf.raw." + tag + "." + algo + "." + std::to_string(count));
 }
@@ -346,7 +362,7 @@ double TimeRawGlooSendRecv(concord_comm_t comm, Store* store, const Options& o, 
     std::fprintf(stderr, "concord-perf: raw gloo send/recv failed on rank %d: %s\n", rank,
                  times.status().ToString().c_str());
   } else {
-    median = Median(*times);
+    median = Percentile(*times, o.percentile);
   }
   return MaxAcrossRanks(comm, median, "perf.raw_p2p." + std::to_string(count));
 }
@@ -354,12 +370,12 @@ double TimeRawGlooSendRecv(concord_comm_t comm, Store* store, const Options& o, 
 // Median seconds per raw in-place MPI_Allreduce of `count` floats in `buffer` (max over ranks);
 // -1 when this build or this MPI cannot run it (the reason is printed once, on rank 0).
 double TimeRawMpi(concord_comm_t comm, int rank, float* buffer, size_t count, int warmup, int iters,
-                  const std::string& tag) {
+                  double percentile, const std::string& tag) {
 #ifdef CONCORD_PERF_MPI
   const std::string why = RawMpiUnavailableReason();
   if (why.empty()) {
-    const double median = TimeRawMpiAllreduce(buffer, count, warmup, iters);
-    return MaxAcrossRanks(comm, median, "perf.raw.mpi." + tag + "." + std::to_string(count));
+    const double t = Percentile(TimeRawMpiAllreduce(buffer, count, warmup, iters), percentile);
+    return MaxAcrossRanks(comm, t, "perf.raw.mpi." + tag + "." + std::to_string(count));
   }
 #else
   (void)comm;
@@ -367,6 +383,7 @@ double TimeRawMpi(concord_comm_t comm, int rank, float* buffer, size_t count, in
   (void)count;
   (void)warmup;
   (void)iters;
+  (void)percentile;
   (void)tag;
   const std::string why = "concord-perf was built without MPI";
 #endif
@@ -383,37 +400,38 @@ double TimeRawMpi(concord_comm_t comm, int rank, float* buffer, size_t count, in
 double TimeRawMpiExchange(concord_comm_t comm, const Options& o, int rank, int size,
                           const Buffers& b, size_t count) {
   const std::string tag = "perf.raw.mpi." + o.op + "." + std::to_string(count);
-  if (!RawMpiUnavailableReason().empty()) return TimeRawMpi(comm, rank, nullptr, 0, 0, 0, tag);
+  if (!RawMpiUnavailableReason().empty()) return TimeRawMpi(comm, rank, nullptr, 0, 0, 0, 0, tag);
   const auto* in = static_cast<const float*>(b.in);
   auto* out = static_cast<float*>(b.out);
   const size_t block = count / size;
-  double median = 0;
+  std::vector<double> times;
   if (o.op == "reducescatter") {
-    median = TimeRawMpiReduceScatterBlock(in, out, block, o.warmup, o.iters);
+    times = TimeRawMpiReduceScatterBlock(in, out, block, o.warmup, o.iters);
   } else if (o.op == "alltoall") {
-    median = TimeRawMpiAlltoallv(in, out, block, o.warmup, o.iters);
+    times = TimeRawMpiAlltoallv(in, out, block, o.warmup, o.iters);
   } else if (o.op == "allgather") {
-    median = TimeRawMpiAllgather(in, out, block, o.warmup, o.iters);
+    times = TimeRawMpiAllgather(in, out, block, o.warmup, o.iters);
   } else {
-    median = TimeRawMpiBcast(static_cast<float*>(b.in), count, o.warmup, o.iters);
+    times = TimeRawMpiBcast(static_cast<float*>(b.in), count, o.warmup, o.iters);
   }
-  return MaxAcrossRanks(comm, median, tag);
+  return MaxAcrossRanks(comm, Percentile(times, o.percentile), tag);
 }
 #else
 double TimeRawMpiExchange(concord_comm_t comm, const Options&, int rank, int, const Buffers&,
                           size_t) {
-  return TimeRawMpi(comm, rank, nullptr, 0, 0, 0, "perf.raw.mpi.exchange");
+  return TimeRawMpi(comm, rank, nullptr, 0, 0, 0, 0, "perf.raw.mpi.exchange");
 }
 #endif
 
 // Median seconds per raw MPI_Sendrecv of `bytes` between rank pairs (max over ranks); -1 when
 // this build or this MPI cannot run it.
 double TimeRawMpiP2p(concord_comm_t comm, const void* send, void* recv, size_t bytes, int warmup,
-                     int iters) {
+                     int iters, double percentile) {
 #ifdef CONCORD_PERF_MPI
   if (RawMpiUnavailableReason().empty()) {
-    return MaxAcrossRanks(comm, TimeRawMpiSendrecv(send, recv, bytes, warmup, iters),
-                          "perf.raw.sendrecv." + std::to_string(bytes));
+    return MaxAcrossRanks(
+        comm, Percentile(TimeRawMpiSendrecv(send, recv, bytes, warmup, iters), percentile),
+        "perf.raw.sendrecv." + std::to_string(bytes));
   }
 #else
   (void)comm;
@@ -422,6 +440,7 @@ double TimeRawMpiP2p(concord_comm_t comm, const void* send, void* recv, size_t b
   (void)bytes;
   (void)warmup;
   (void)iters;
+  (void)percentile;
 #endif
   return -1;
 }
@@ -445,7 +464,7 @@ double TimeRawNccl(concord_comm_t comm, Store* store, const Options& o, int rank
     std::fprintf(stderr, "concord-perf: raw nccl failed on rank %d: %s\n", rank,
                  times.status().ToString().c_str());
   } else {
-    median = Median(*times);
+    median = Percentile(*times, o.percentile);
   }
   return MaxAcrossRanks(comm, median, "perf.raw_nccl." + std::to_string(count));
 }
@@ -501,9 +520,9 @@ int RunSweep(concord_comm_t comm, const Options& o, int rank, int size, Store* s
     const std::string where = b.device == CONCORD_DEVICE_CPU
                                   ? std::string("CPU buffers")
                                   : "CUDA device " + std::to_string(b.device) + " buffers";
-    std::printf("# concord-perf %s, %s, %s, %d ranks, %d iterations after %d warm-up, %s, %s\n",
+    std::printf("# concord-perf %s, %s, %s, %d ranks, %d iterations after %d warm-up, %s, %s%s\n",
                 o.op.c_str(), DTypeName(o.dtype), ReduceOpName(o.redop), size, o.iters, o.warmup,
-                where.c_str(), o.backend.c_str());
+                where.c_str(), o.backend.c_str(), StatName(o).c_str());
     std::printf("%12s  %-26s %12s %10s %10s\n", "bytes", "implementation", "time(us)",
                 "algbw(GB/s)", "busbw(GB/s)");
   }
@@ -522,7 +541,7 @@ int RunSweep(concord_comm_t comm, const Options& o, int rank, int size, Store* s
                                                  : "raw MPI_Allreduce";
       const double t = exchange ? TimeRawMpiExchange(comm, o, rank, size, b, rounded / 4)
                                 : TimeRawMpi(comm, rank, static_cast<float*>(b.in), rounded / 4,
-                                             o.warmup, o.iters, "sweep");
+                                             o.warmup, o.iters, o.percentile, "sweep");
       if (t > 0) {
         Row r = MakeRow(o.op, what, size, rounded, t);
         rows->push_back(r);
@@ -552,7 +571,7 @@ int RunSweep(concord_comm_t comm, const Options& o, int rank, int size, Store* s
       std::string impl;
       if (o.backend == "mpi") {
         impl = "raw MPI_Sendrecv";
-        t = TimeRawMpiP2p(comm, b.in, b.out, rounded, o.warmup, o.iters);
+        t = TimeRawMpiP2p(comm, b.in, b.out, rounded, o.warmup, o.iters, o.percentile);
       } else if (o.backend == "gloo" && store != nullptr) {
         impl = "raw gloo pair send/recv";
         t = TimeRawGlooSendRecv(comm, store, o, rank, size, rounded / 4);
@@ -651,10 +670,11 @@ int RunWorkload(concord_comm_t comm, const Options& o, int rank, int size, Store
       const double t = step_once(nullptr, &wire);
       if (step >= warmup) step_times.push_back(t);
     }
-    concord_rounds.push_back(MaxAcrossRanks(comm, Median(step_times), "perf.workload.time"));
+    concord_rounds.push_back(
+        MaxAcrossRanks(comm, Percentile(step_times, o.percentile), "perf.workload.time"));
     if (raw_mpi) {
       const double t = TimeRawMpi(comm, rank, raw_mpi_buffer.data(), raw_mpi_buffer.size(), 1,
-                                  o.steps, "workload" + std::to_string(round));
+                                  o.steps, o.percentile, "workload" + std::to_string(round));
       if (t > 0) {
         raw_mpi_rounds.push_back(t);
         ratios.push_back(concord_rounds.back() / t);

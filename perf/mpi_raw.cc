@@ -21,9 +21,10 @@ std::string RawMpiUnavailableReason() {
 
 namespace {
 
-// The median of warmup + iters runs of `run`, each timed on its own, after one MPI_Barrier.
+// The seconds of each of `iters` runs of `run` after `warmup` more, each timed on its own, after
+// one MPI_Barrier.
 template <typename Run>
-double TimeMpi(int warmup, int iters, Run run) {
+std::vector<double> TimeMpi(int warmup, int iters, Run run) {
   std::vector<double> times;
   MPI_Barrier(MPI_COMM_WORLD);
   for (int i = 0; i < warmup + iters; ++i) {
@@ -31,15 +32,13 @@ double TimeMpi(int warmup, int iters, Run run) {
     run();
     if (i >= warmup) times.push_back(MPI_Wtime() - t0);
   }
-  if (times.empty()) return 0;
-  std::sort(times.begin(), times.end());
-  const size_t m = times.size();
-  return m % 2 ? times[m / 2] : (times[m / 2 - 1] + times[m / 2]) / 2;
+  return times;
 }
 
 }  // namespace
 
-double TimeRawMpiSendrecv(const void* send, void* recv, size_t bytes, int warmup, int iters) {
+std::vector<double> TimeRawMpiSendrecv(const void* send, void* recv, size_t bytes, int warmup,
+                                       int iters) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   const int peer = rank ^ 1;
@@ -50,21 +49,22 @@ double TimeRawMpiSendrecv(const void* send, void* recv, size_t bytes, int warmup
   });
 }
 
-double TimeRawMpiAllreduce(float* buffer, size_t count, int warmup, int iters) {
+std::vector<double> TimeRawMpiAllreduce(float* buffer, size_t count, int warmup, int iters) {
   const int n = static_cast<int>(std::min<size_t>(count, INT_MAX));
   return TimeMpi(warmup, iters, [&] {
     MPI_Allreduce(MPI_IN_PLACE, buffer, n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
   });
 }
 
-double TimeRawMpiReduceScatterBlock(const float* in, float* out, size_t block, int warmup,
-                                    int iters) {
+std::vector<double> TimeRawMpiReduceScatterBlock(const float* in, float* out, size_t block,
+                                                 int warmup, int iters) {
   const int n = static_cast<int>(std::min<size_t>(block, INT_MAX));
   return TimeMpi(warmup, iters,
                  [&] { MPI_Reduce_scatter_block(in, out, n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); });
 }
 
-double TimeRawMpiAlltoallv(const float* in, float* out, size_t block, int warmup, int iters) {
+std::vector<double> TimeRawMpiAlltoallv(const float* in, float* out, size_t block, int warmup,
+                                        int iters) {
   int size = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   const int n = static_cast<int>(std::min<size_t>(block, INT_MAX / std::max(size, 1)));
@@ -76,13 +76,14 @@ double TimeRawMpiAlltoallv(const float* in, float* out, size_t block, int warmup
   });
 }
 
-double TimeRawMpiAllgather(const float* in, float* out, size_t block, int warmup, int iters) {
+std::vector<double> TimeRawMpiAllgather(const float* in, float* out, size_t block, int warmup,
+                                        int iters) {
   const int n = static_cast<int>(std::min<size_t>(block, INT_MAX));
   return TimeMpi(warmup, iters,
                  [&] { MPI_Allgather(in, n, MPI_FLOAT, out, n, MPI_FLOAT, MPI_COMM_WORLD); });
 }
 
-double TimeRawMpiBcast(float* buffer, size_t count, int warmup, int iters) {
+std::vector<double> TimeRawMpiBcast(float* buffer, size_t count, int warmup, int iters) {
   const int n = static_cast<int>(std::min<size_t>(count, INT_MAX));
   return TimeMpi(warmup, iters, [&] { MPI_Bcast(buffer, n, MPI_FLOAT, 0, MPI_COMM_WORLD); });
 }

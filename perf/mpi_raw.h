@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 namespace concord {
 
@@ -12,20 +13,24 @@ namespace concord {
 std::string RawMpiUnavailableReason();
 
 // Runs warmup + iters in-place MPI_Allreduce (float32 sum) of `count` floats in `buffer` over
-// MPI_COMM_WORLD after one MPI_Barrier, each timed on its own; returns this rank's median seconds.
-double TimeRawMpiAllreduce(float* buffer, size_t count, int warmup, int iters);
+// MPI_COMM_WORLD after one MPI_Barrier, each timed on its own; returns this rank's seconds for each
+// of the `iters`.
+std::vector<double> TimeRawMpiAllreduce(float* buffer, size_t count, int warmup, int iters);
 
 // The same for MPI_Reduce_scatter_block (float32 sum: `in` holds size x `block` floats, `out`
 // receives `block`) and MPI_Alltoallv (float32, `block` floats to and from every rank, the
 // counts and displacements an uneven alltoall passes), over MPI_COMM_WORLD.
-double TimeRawMpiReduceScatterBlock(const float* in, float* out, size_t block, int warmup,
-                                    int iters);
-double TimeRawMpiAlltoallv(const float* in, float* out, size_t block, int warmup, int iters);
+std::vector<double> TimeRawMpiReduceScatterBlock(const float* in, float* out, size_t block,
+                                                 int warmup, int iters);
+std::vector<double> TimeRawMpiAlltoallv(const float* in, float* out, size_t block, int warmup,
+                                        int iters);
 // The same for MPI_Allgather (`block` floats from every rank into size x `block` in `out`) and
 // MPI_Bcast (`count` floats from rank 0), over MPI_COMM_WORLD.
-double TimeRawMpiAllgather(const float* in, float* out, size_t block, int warmup, int iters);
-double TimeRawMpiBcast(float* buffer, size_t count, int warmup, int iters);
+std::vector<double> TimeRawMpiAllgather(const float* in, float* out, size_t block, int warmup,
+                                        int iters);
+std::vector<double> TimeRawMpiBcast(float* buffer, size_t count, int warmup, int iters);
 // The same for MPI_Sendrecv of `bytes` between pairs of ranks (rank ^ 1) over MPI_COMM_WORLD.
-double TimeRawMpiSendrecv(const void* send, void* recv, size_t bytes, int warmup, int iters);
+std::vector<double> TimeRawMpiSendrecv(const void* send, void* recv, size_t bytes, int warmup,
+                                       int iters);
 
 }  // namespace concord

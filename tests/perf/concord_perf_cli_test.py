@@ -1,0 +1,45 @@
+"""concord-perf's command line, on one rank: every backend it documents is taken (--backend nccl
+was once refused by a second, stale parse of --backend, so perf/gpu-check.sh could not run it),
+--percentile P changes the statistic and says so, and bad values are refused with exit 2.
+
+Usage: concord_perf_cli_test.py PATH_TO_CONCORD_PERF
+"""
+import subprocess
+import sys
+
+PERF = sys.argv[1]
+
+
+def run(*args):
+    p = subprocess.run([PERF, *args], capture_output=True, text=True, timeout=60)
+    return p.returncode, p.stdout + p.stderr
+
+
+def check(ok, what, out):
+    if not ok:
+        print(f"FAIL: {what}\n{out}")
+        sys.exit(1)
+    print(f"ok: {what}")
+
+
+rc, out = run("--backend", "nccl", "--bytes", "4K", "--iters", "1", "--warmup", "0")
+check("must be" not in out and "usage:" not in out, "--backend nccl is taken", out)
+check((rc == 0 and ("no usable GPU" in out or " concord " in out))
+      or (rc == 1 and "this build has no NCCL backend" in out),
+      "--backend nccl runs, skips without a GPU, or says the build lacks NCCL", out)
+
+rc, out = run("--bytes", "4K", "--iters", "5", "--warmup", "0", "--no-raw")
+check(rc == 0 and "percentile" not in out and " concord " in out, "the median by default", out)
+
+rc, out = run("--bytes", "4K", "--iters", "5", "--warmup", "0", "--no-raw", "--percentile", "90")
+check(rc == 0 and "time: 90th percentile of iterations" in out and " concord " in out,
+      "--percentile 90 runs and says so", out)
+
+for bad in ("0", "100", "x", "50x"):
+    rc, out = run("--percentile", bad)
+    check(rc == 2 and "--percentile must be a number from 1 to 99" in out,
+          f"--percentile {bad} refused", out)
+
+rc, out = run("--backend", "tcp")
+check(rc == 2 and "--backend must be gloo, mpi or nccl" in out, "--backend tcp refused", out)
+print("PASS")
