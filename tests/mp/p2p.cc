@@ -15,8 +15,11 @@
 // Prints "p2p: rank R PASS" and the time taken; exits non-zero on any failure.
 #include <signal.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "mp_common.h"
@@ -218,6 +221,57 @@ void ManyInFlight(concord_comm_t comm) {
   }
 }
 
+// Sends and recvs that no thread waits for, after waits have driven the transport (MPI's progress
+// thread then stands by rather than being woken per operation): they complete all the same, each
+// callback once, in well under the communicator's timeout.
+std::atomic<int> g_undriven_done{0};
+std::atomic<int> g_undriven_failed{0};
+
+void OnUndriven(concord_request_t, concord_status_t status, void*) {
+  if (status != CONCORD_SUCCESS) g_undriven_failed.fetch_add(1);
+  g_undriven_done.fetch_add(1);
+}
+
+void Undriven(concord_comm_t comm) {
+  const int kMessages = 8;
+  const int64_t n = 1000;
+  const int64_t shape[1] = {n};
+  const int to = (g_rank + 1) % g_size, from = (g_rank + g_size - 1) % g_size;
+  std::vector<std::vector<unsigned char>> out, in(kMessages, std::vector<unsigned char>(4 * n));
+  std::vector<concord_request_t> reqs;
+  for (int k = 0; k < kMessages; ++k) {
+    concord_tensor_t r = CpuTensor(in[k].data(), CONCORD_FLOAT32, 1, shape);
+    reqs.emplace_back();
+    CHECKF(concord_recv_async(comm, &r, from, 300, OnUndriven, nullptr, &reqs.back()) ==
+               CONCORD_SUCCESS,
+           "undriven: recv");
+    out.push_back(Make(CONCORD_FLOAT32, n, g_rank, 40 + k));
+  }
+  for (int k = 0; k < kMessages; ++k) {
+    concord_tensor_t t = CpuTensor(out[k].data(), CONCORD_FLOAT32, 1, shape);
+    reqs.emplace_back();
+    CHECKF(
+        concord_send_async(comm, &t, to, 300, OnUndriven, nullptr, &reqs.back()) == CONCORD_SUCCESS,
+        "undriven: send");
+  }
+  const double start = mp::Now();
+  while (g_undriven_done.load() < 2 * kMessages && mp::Now() - start < 10) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  CHECKF(g_undriven_done.load() == 2 * kMessages,
+         "undriven: %d of %d operations completed in 10 s with no thread waiting",
+         g_undriven_done.load(), 2 * kMessages);
+  CHECKF(g_undriven_failed.load() == 0, "undriven: %d operations failed", g_undriven_failed.load());
+  if (g_undriven_done.load() == 2 * kMessages) {
+    for (int k = 0; k < kMessages; ++k)
+      Same(CONCORD_FLOAT32, in[k].data(), n, from, 40 + k, "undriven");
+  }
+  for (auto& r : reqs) {
+    if (r) Wait(r, "undriven");  // done already: the wait returns at once
+    concord_request_free(r);
+  }
+}
+
 // Rank 0 sends float32 [2, 3] twice and float32 [6] once on one tag; rank 1 expects int32 [6],
 // then float32 [6], then takes whatever comes.
 void Mismatch(concord_comm_t comm) {
@@ -356,6 +410,7 @@ int All(int64_t large) {
   ManyInFlight(comm);
   Mismatch(comm);
   LeftBehindSends(comm);
+  if (g_size > 1) Undriven(comm);
   // A recv nobody sends for, still in flight at finalize: completed with an error.
   std::vector<float> never(4);
   const int64_t s4[1] = {4};
