@@ -278,7 +278,10 @@ concord_status_t SendRecvOnce(concord_comm_t comm, const concord_tensor_t& t, vo
   return s != CONCORD_SUCCESS ? s : rs;
 }
 
-// Benchmarks one Concord op at one size; returns the median seconds per op (max over ranks).
+// Every timing below takes the --percentile (the median by default) of each rank's times per
+// iteration, then the maximum across ranks.
+
+// Benchmarks one Concord op at one size; returns the seconds per op (max over ranks).
 double TimeConcordOp(concord_comm_t comm, const Options& o, int size, size_t bytes,
                      const Buffers& b) {
   const size_t elem = DTypeSize(o.dtype);
@@ -320,7 +323,7 @@ double TimeConcordOp(concord_comm_t comm, const Options& o, int size, size_t byt
   return MaxAcrossRanks(comm, Percentile(times, o.percentile), name + ".time");
 }
 
-// Median seconds per raw Gloo allreduce of `count` floats with one algorithm (max over ranks);
+// Seconds per raw Gloo allreduce of `count` floats with one algorithm (max over ranks);
 // -1 when it could not run.
 double TimeRawGloo(concord_comm_t comm, Store* store, const Options& o, int rank, int size,
                    const std::string& algo, size_t count, const std::string& tag) {
@@ -335,17 +338,17 @@ double TimeRawGloo(concord_comm_t comm, Store* store, const Options& o, int rank
   ro.warmup = o.warmup;
   const bool exchange = o.op != "allreduce";
   auto times = exchange ? RunRawGlooExchange(ro, store) : RunRawGlooAllreduce(ro, store);
-  double median = -1;
+  double t = -1;
   if (!times.ok()) {
     std::fprintf(stderr, "concord-perf: raw gloo %s failed on rank %d: %s\n", algo.c_str(), rank,
                  times.status().ToString().c_str());
   } else {
-    median = Percentile(*times, o.percentile);
+    t = Percentile(*times, o.percentile);
   }
-  return MaxAcrossRanks(comm, median, "perf.raw." + tag + "." + algo + "." + std::to_string(count));
+  return MaxAcrossRanks(comm, t, "perf.raw." + tag + "." + algo + "." + std::to_string(count));
 }
 
-// Median seconds per raw Gloo pair exchange of `count` floats (max over ranks); -1 when it failed.
+// Seconds per raw Gloo pair exchange of `count` floats (max over ranks); -1 when it failed.
 double TimeRawGlooSendRecv(concord_comm_t comm, Store* store, const Options& o, int rank, int size,
                            size_t count) {
   RawGlooOptions ro;
@@ -357,17 +360,17 @@ double TimeRawGlooSendRecv(concord_comm_t comm, Store* store, const Options& o, 
   ro.iterations = o.iters;
   ro.warmup = o.warmup;
   auto times = RunRawGlooSendRecv(ro, store);
-  double median = -1;
+  double t = -1;
   if (!times.ok()) {
     std::fprintf(stderr, "concord-perf: raw gloo send/recv failed on rank %d: %s\n", rank,
                  times.status().ToString().c_str());
   } else {
-    median = Percentile(*times, o.percentile);
+    t = Percentile(*times, o.percentile);
   }
-  return MaxAcrossRanks(comm, median, "perf.raw_p2p." + std::to_string(count));
+  return MaxAcrossRanks(comm, t, "perf.raw_p2p." + std::to_string(count));
 }
 
-// Median seconds per raw in-place MPI_Allreduce of `count` floats in `buffer` (max over ranks);
+// Seconds per raw in-place MPI_Allreduce of `count` floats in `buffer` (max over ranks);
 // -1 when this build or this MPI cannot run it (the reason is printed once, on rank 0).
 double TimeRawMpi(concord_comm_t comm, int rank, float* buffer, size_t count, int warmup, int iters,
                   double percentile, const std::string& tag) {
@@ -394,7 +397,7 @@ double TimeRawMpi(concord_comm_t comm, int rank, float* buffer, size_t count, in
 }
 
 #ifdef CONCORD_PERF_MPI
-// Median seconds per raw MPI_Reduce_scatter_block, MPI_Alltoallv, MPI_Allgather or MPI_Bcast
+// Seconds per raw MPI_Reduce_scatter_block, MPI_Alltoallv, MPI_Allgather or MPI_Bcast
 // (o.op) of `count` floats in all (max over ranks), on the sweep's buffers; -1 when MPI cannot
 // run it here.
 double TimeRawMpiExchange(concord_comm_t comm, const Options& o, int rank, int size,
@@ -423,7 +426,7 @@ double TimeRawMpiExchange(concord_comm_t comm, const Options&, int rank, int, co
 }
 #endif
 
-// Median seconds per raw MPI_Sendrecv of `bytes` between rank pairs (max over ranks); -1 when
+// Seconds per raw MPI_Sendrecv of `bytes` between rank pairs (max over ranks); -1 when
 // this build or this MPI cannot run it.
 double TimeRawMpiP2p(concord_comm_t comm, const void* send, void* recv, size_t bytes, int warmup,
                      int iters, double percentile) {
@@ -446,7 +449,7 @@ double TimeRawMpiP2p(concord_comm_t comm, const void* send, void* recv, size_t b
 }
 
 #ifdef CONCORD_PERF_NCCL
-// Median seconds per raw ncclAllReduce of `count` floats on the sweep's device buffer (max over
+// Seconds per raw ncclAllReduce of `count` floats on the sweep's device buffer (max over
 // ranks); -1 when it could not run.
 double TimeRawNccl(concord_comm_t comm, Store* store, const Options& o, int rank, int size,
                    const Buffers& b, size_t count) {
@@ -459,18 +462,18 @@ double TimeRawNccl(concord_comm_t comm, Store* store, const Options& o, int rank
   ro.iterations = o.iters;
   ro.warmup = o.warmup;
   auto times = RunRawNcclAllreduce(ro, b.in, store);
-  double median = -1;
+  double t = -1;
   if (!times.ok()) {
     std::fprintf(stderr, "concord-perf: raw nccl failed on rank %d: %s\n", rank,
                  times.status().ToString().c_str());
   } else {
-    median = Percentile(*times, o.percentile);
+    t = Percentile(*times, o.percentile);
   }
-  return MaxAcrossRanks(comm, median, "perf.raw_nccl." + std::to_string(count));
+  return MaxAcrossRanks(comm, t, "perf.raw_nccl." + std::to_string(count));
 }
 #endif
 
-void WriteJson(const std::string& path, const std::vector<Row>& rows) {
+void WriteJson(const std::string& path, const std::vector<Row>& rows, double percentile) {
   std::ofstream f(path);
   f << "[\n";
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -478,8 +481,8 @@ void WriteJson(const std::string& path, const std::vector<Row>& rows) {
     f << "  {\"op\": \"" << r.op << "\", \"implementation\": \"" << r.impl << "\", \"backend\": \""
       << r.backend << "\", \"ranks\": " << r.ranks << ", \"bytes\": " << r.bytes
       << ", \"workload\": \"" << r.workload << "\", \"time_us\": " << r.seconds * 1e6
-      << ", \"algbw_gbps\": " << r.algbw << ", \"busbw_gbps\": " << r.busbw << "}"
-      << (i + 1 < rows.size() ? "," : "") << "\n";
+      << ", \"percentile\": " << percentile << ", \"algbw_gbps\": " << r.algbw
+      << ", \"busbw_gbps\": " << r.busbw << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
   }
   f << "]\n";
   if (!f) std::fprintf(stderr, "concord-perf: could not write %s\n", path.c_str());
@@ -863,7 +866,7 @@ int main(int argc, char** argv) {
   const int rc = o.workload.empty() ? RunSweep(comm, o, rank, size, store.get(), b, &rows)
                                     : RunWorkload(comm, o, rank, size, store.get(), &rows);
   for (Row& r : rows) r.backend = o.backend;
-  if (rc == 0 && rank == 0 && !o.json.empty()) WriteJson(o.json, rows);
+  if (rc == 0 && rank == 0 && !o.json.empty()) WriteJson(o.json, rows, o.percentile);
   if (comm != world) concord_finalize(comm);
   concord_finalize(world);
   return rc;

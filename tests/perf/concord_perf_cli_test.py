@@ -1,11 +1,15 @@
 """concord-perf's command line, on one rank: every backend it documents is taken (--backend nccl
 was once refused by a second, stale parse of --backend, so perf/gpu-check.sh could not run it),
---percentile P changes the statistic and says so, and bad values are refused with exit 2.
+--percentile P changes the statistic and says so (also in --json), and bad values are refused
+with exit 2.
 
 Usage: concord_perf_cli_test.py PATH_TO_CONCORD_PERF
 """
+import json
+import os
 import subprocess
 import sys
+import tempfile
 
 PERF = sys.argv[1]
 
@@ -31,9 +35,16 @@ check((rc == 0 and ("no usable GPU" in out or " concord " in out))
 rc, out = run("--bytes", "4K", "--iters", "5", "--warmup", "0", "--no-raw")
 check(rc == 0 and "percentile" not in out and " concord " in out, "the median by default", out)
 
-rc, out = run("--bytes", "4K", "--iters", "5", "--warmup", "0", "--no-raw", "--percentile", "90")
-check(rc == 0 and "time: 90th percentile of iterations" in out and " concord " in out,
-      "--percentile 90 runs and says so", out)
+with tempfile.TemporaryDirectory() as tmp:
+    path = os.path.join(tmp, "rows.json")
+    rc, out = run("--bytes", "4K", "--iters", "5", "--warmup", "0", "--no-raw", "--percentile",
+                  "90", "--json", path)
+    check(rc == 0 and "time: 90th percentile of iterations" in out and " concord " in out,
+          "--percentile 90 runs and says so", out)
+    with open(path) as f:
+        rows = json.load(f)
+    check(len(rows) == 1 and rows[0]["percentile"] == 90 and rows[0]["time_us"] > 0,
+          "--json records the percentile", json.dumps(rows))
 
 for bad in ("0", "100", "x", "50x"):
     rc, out = run("--percentile", bad)
