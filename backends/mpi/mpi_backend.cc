@@ -2,6 +2,8 @@
 
 #include <climits>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <numeric>
 #include <thread>
 
@@ -52,7 +54,8 @@ int OpIndex(ReduceOp op) {
 }
 
 // Contract: see CreateMpiBackend. Owns its communicator and the half-type MPI_Ops; used by one
-// thread at a time (the engine's). The first failure is sticky. After a timeout the pending
+// thread at a time (the engine's); Interrupter()'s callable is for any thread. The first failure
+// is sticky. After a timeout or an interrupt the pending
 // request and the communicator are deliberately leaked (MPI could still write into the buffer
 // if the missing peer ever arrived, and freeing either could block).
 class MpiBackend : public Backend {
@@ -95,6 +98,12 @@ class MpiBackend : public Backend {
   }
 
   const char* name() const override { return "mpi"; }
+
+  // Ends the current and every later wait for a request (WaitForRequest) with an error.
+  std::function<void()> Interrupter() override {
+    std::shared_ptr<std::atomic<bool>> flag = interrupted_;
+    return [flag] { flag->store(true); };
+  }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   // The MPI call that ran it (the MPI library picks the algorithm): "MPI_Iallreduce", ...; a
@@ -306,7 +315,8 @@ class MpiBackend : public Backend {
   }
 
   Status Wait(MPI_Request* request, const std::string& what) {
-    const Status s = WaitForRequest(*env_, request, Deadline::After(timeout_), "mpi " + what);
+    const Status s = WaitForRequest(*env_, request, Deadline::After(timeout_), "mpi " + what,
+                                    interrupted_.get());
     return s.ok() ? s : Fail(s);
   }
 
@@ -325,6 +335,9 @@ class MpiBackend : public Backend {
                             {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL}};
   Status failed_;
   const char* last_algorithm_ = nullptr;  // LastAlgorithm()
+  // Set by Interrupter()'s callable, from any thread; shared so that it outlives the backend.
+  const std::shared_ptr<std::atomic<bool>> interrupted_ =
+      std::make_shared<std::atomic<bool>>(false);
 };
 
 Status MpiBackend::ReduceScatter(const void* in, void* out, const std::vector<size_t>& counts,
@@ -470,17 +483,16 @@ Status MpiBackend::Alltoallv(const void* in, const std::vector<size_t>& send_byt
     for (MPI_Datatype& t : made) MPI_Type_free(&t);
   }
   if (status.ok()) {
-    status = WaitForRequest(*env_, &request, Deadline::After(timeout_),
-                            "mpi alltoallv (" + std::to_string(sent) + " bytes out, " +
-                                std::to_string(received) + " in)");
+    return Wait(&request, "alltoallv (" + std::to_string(sent) + " bytes out, " +
+                              std::to_string(received) + " in)");
   }
-  return status.ok() ? status : Fail(status);
+  return Fail(status);
 }
 
 }  // namespace
 
 Status WaitForRequest(MpiEnvironment& env, MPI_Request* request, Deadline deadline,
-                      const std::string& what) {
+                      const std::string& what, const std::atomic<bool>* interrupted) {
   // Busy polling, as MPI's own blocking calls do: with Open MPI's shared-memory transport the
   // transfer progresses only inside MPI calls. Past kBusy it yields between polls, so threads
   // that share the core (MPI's own, under a real-time policy too) still run.
@@ -495,6 +507,11 @@ Status WaitForRequest(MpiEnvironment& env, MPI_Request* request, Deadline deadli
       if (rc != MPI_SUCCESS) return MpiError(rc, "MPI_Test", __FILE__, __LINE__).WithContext(what);
     }
     if (done) return Status::Ok();
+    if (interrupted != nullptr && interrupted->load(std::memory_order_relaxed)) {
+      env.MarkAbandoned();
+      return Status(Code::kBackendError,
+                    what + " interrupted: the control plane found a peer failed");
+    }
     if (deadline.passed()) {
       env.MarkAbandoned();
       return TimeoutError(what +

@@ -4,6 +4,7 @@
 
 #include <mpi.h>
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -20,10 +21,11 @@ namespace concord {
 constexpr size_t kMpiMaxMessageBytes = size_t{1} << 30;
 
 // Polls MPI_Test on *request, holding env's lock for each test, until it completes (OK, or the
-// error MPI reports) or the deadline passes: then kTimeout naming `what`, the request stays
+// error MPI reports), the deadline passes (kTimeout naming `what`) or `interrupted` (when given)
+// becomes true (kBackendError: a peer failed). In either of the last two cases the request stays
 // pending (MPI cannot cancel a collective) and env is marked abandoned.
 Status WaitForRequest(MpiEnvironment& env, MPI_Request* request, Deadline deadline,
-                      const std::string& what);
+                      const std::string& what, const std::atomic<bool>* interrupted = nullptr);
 
 // A private duplicate of `base` (MPI_Comm_idup, waited for until the deadline) with
 // MPI_ERRORS_RETURN. Collective over base.
@@ -38,8 +40,10 @@ StatusOr<MPI_Comm> CreateGroupComm(MpiEnvironment& env, const std::vector<int>& 
 // A Backend over its own duplicate of MPI_COMM_WORLD: allreduce is MPI_Iallreduce (half types
 // through user-defined MPI_Ops that combine in float), allgatherv MPI_Iallgatherv (one MPI_Ibcast
 // per rank when a count or displacement would not fit MPI's int), broadcast MPI_Ibcast, barrier
-// MPI_Ibarrier; each polled until `timeout`. Calls move at most max_message_bytes at a time (tests
-// lower it to exercise the splitting). Collective over `base` (a sub-communicator's group).
+// MPI_Ibarrier; each polled until `timeout` or until its Interrupter() is called (the engine
+// calls it when its control plane finds a peer failed). Calls move at most max_message_bytes at a
+// time (tests lower it to exercise the splitting). Collective over `base` (a sub-communicator's
+// group).
 StatusOr<std::unique_ptr<Backend>> CreateMpiBackend(std::shared_ptr<MpiEnvironment> env,
                                                     std::chrono::milliseconds timeout,
                                                     size_t max_message_bytes = kMpiMaxMessageBytes,

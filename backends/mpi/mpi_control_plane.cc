@@ -2,6 +2,7 @@
 #include <climits>
 #include <cstdio>
 #include <deque>
+#include <functional>
 #include <list>
 #include <thread>
 #include <vector>
@@ -47,7 +48,8 @@ constexpr int kProbesPerTimeout = 16;
 // takes it, at most a sixteenth of the timeout after it arrived, so a frozen peer is failed
 // between 3/4 and 1 1/16 timeouts after it froze, and a rank busy elsewhere (a long collective, a
 // slow callback) is never silent: its thread keeps beating. A failure the thread finds wakes a
-// napping Receive().
+// napping Receive() and calls the failure listener (the engine's: it interrupts the backend's
+// collective, which would otherwise wait for the dead peer until its own deadline).
 //
 // MPI and threads. The liveness thread calls MPI (MPI_Isend, MPI_Test, MPI_Improbe, MPI_Mrecv) on
 // this plane's communicator while the engine's threads call it on others (the backend's
@@ -190,6 +192,17 @@ class MpiControlPlane : public ControlPlane {
   // communicators.
   void Abandon() override { env_->MarkAbandoned(); }
 
+  void SetFailureListener(std::function<void()> listener) override EXCLUDES(mu_) {
+    {
+      MutexLock lock(mu_);
+      if (failure_.ok()) {
+        failure_listener_ = std::move(listener);
+        return;
+      }
+    }
+    if (listener) listener();
+  }
+
   void Wake() override EXCLUDES(wake_mu_) {
     {
       MutexLock lock(wake_mu_);
@@ -326,6 +339,7 @@ class MpiControlPlane : public ControlPlane {
     for (;;) {
       bool news = false;
       Clock::time_point next;
+      std::function<void()> failed_now;
       {
         MutexLock lock(mu_);
         if (stopping_) return;
@@ -333,8 +347,11 @@ class MpiControlPlane : public ControlPlane {
         const bool failed_before = !failure_.ok();
         next = Beat();
         news = inbox_.size() != inbox_before || failed_before != !failure_.ok();
+        if (!failed_before && !failure_.ok()) failed_now = std::move(failure_listener_);
       }
       if (news) Notify();
+      // Outside the lock: the listener interrupts the caller's collective, which may then call in.
+      if (failed_now) failed_now();
       MutexLock lock(mu_);
       if (stopping_) return;
       // Just past the moment due, so that the round finds it due.
@@ -365,7 +382,9 @@ class MpiControlPlane : public ControlPlane {
   std::vector<Clock::time_point> last_beat_ GUARDED_BY(mu_);
   std::list<Outgoing> sends_ GUARDED_BY(mu_);  // a list: MPI holds pointers into the bytes
   std::deque<ControlMessage> inbox_ GUARDED_BY(mu_);
-  Status failure_ GUARDED_BY(mu_);            // the first failure: Receive() returns it
+  Status failure_ GUARDED_BY(mu_);  // the first failure: Receive() returns it
+  // SetFailureListener's: called (once) by the liveness thread when it finds the first failure.
+  std::function<void()> failure_listener_ GUARDED_BY(mu_);
   std::vector<bool> failed_ GUARDED_BY(mu_);  // per rank: Send() returns the failure
   bool stopping_ GUARDED_BY(mu_) = false;
 

@@ -7,15 +7,21 @@
 //                                     prints "TIMEOUT_OK". The request is abandoned, so MPI is
 //                                     not finalized and mpirun ends the job non-zero (checked by
 //                                     the test's driver).
+//   mpi_backend_test --interrupt-case rank 0's allreduce, never joined, is ended by the backend's
+//                                     Interrupter() long before its deadline; prints
+//                                     "INTERRUPT_OK" (MPI unfinalized, as above).
 #include "backends/mpi/mpi_backend.h"
 
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -390,8 +396,9 @@ bool IsStopped(pid_t pid) {
 }
 
 // Liveness apart from progress: rank 1 freezes itself (SIGSTOP, so its plane's thread stops too)
-// and rank 0, listening, must fail it within the liveness timeout, then resumes it (SIGCONT).
-// Ranks 2 and up never call Receive(): their planes' threads alone keep them alive meanwhile.
+// and rank 0, listening, must fail it within the liveness timeout, call its failure listener once,
+// then resume it (SIGCONT). Ranks 2 and up never call Receive(): their planes' threads alone keep
+// them alive meanwhile.
 TEST(MpiControlPlaneTest, FrozenPeerIsAPeerFailure) {
   constexpr auto kLiveness = std::chrono::milliseconds(300);
   auto c = MakeControl(kLiveness);
@@ -402,6 +409,8 @@ TEST(MpiControlPlaneTest, FrozenPeerIsAPeerFailure) {
     EXPECT_EQ(ReceiveOne(*c).bytes, "freeze");  // rank 0 has the pid: it will resume this rank
     ::raise(SIGSTOP);
   } else if (c->rank() == 0) {
+    auto listened = std::make_shared<std::atomic<int>>(0);
+    c->SetFailureListener([listened] { listened->fetch_add(1); });
     const ControlMessage hello = ReceiveOne(*c);
     ASSERT_EQ(hello.from, 1);
     const pid_t pid = static_cast<pid_t>(std::stol(hello.bytes));
@@ -434,6 +443,15 @@ TEST(MpiControlPlaneTest, FrozenPeerIsAPeerFailure) {
     EXPECT_GE(took, kLiveness * 3 / 4 - std::chrono::milliseconds(30));
     EXPECT_LE(took, kLiveness * 17 / 16 + std::chrono::milliseconds(300));
     EXPECT_EQ(c->Send(1, "x").code(), Code::kPeerFailure) << "the failure is sticky";
+    // The listener runs on the plane's thread just after it wakes Receive().
+    const Deadline listener_deadline = Deadline::After(std::chrono::seconds(2));
+    while (listened->load() == 0 && !listener_deadline.passed()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_EQ(listened->load(), 1) << "the failure listener is called once, on the failure";
+    int late = 0;
+    c->SetFailureListener([&late] { ++late; });
+    EXPECT_EQ(late, 1) << "a listener set after the failure is called at once";
   } else {
     std::this_thread::sleep_for(6 * kLiveness);  // never listens
   }
@@ -465,11 +483,48 @@ int TimeoutCase() {
   return ok ? 0 : 1;
 }
 
+// Rank 0 runs an allreduce the others never join, with a 30 s deadline, and another thread calls
+// the backend's Interrupter() 200 ms in (as the engine's failure listener does): the wait must end
+// then with kBackendError, and stay failed. Prints "INTERRUPT_OK"; MPI is left unfinalized, as
+// after a timeout.
+int InterruptCase() {
+  auto env = MpiEnvironment::Acquire();
+  if (!env.ok()) return 3;
+  auto b = CreateMpiBackend(*env, std::chrono::seconds(30));
+  if (!b.ok()) return 3;
+  Backend& backend = **b;
+  if (backend.rank() != 0) {
+    std::this_thread::sleep_for(std::chrono::seconds(2));  // never joins
+    return 0;
+  }
+  std::function<void()> interrupt = backend.Interrupter();
+  if (!interrupt) return 3;
+  std::thread interrupter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    interrupt();
+  });
+  float x[4] = {1, 2, 3, 4};
+  const auto t0 = std::chrono::steady_clock::now();
+  const Status s = backend.Allreduce(x, 4, DType::kFloat32, ReduceOp::kSum);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  interrupter.join();
+  const Status again = backend.Barrier();
+  const bool ok = s.code() == Code::kBackendError &&
+                  s.message().find("allreduce") != std::string::npos &&
+                  s.message().find("interrupted") != std::string::npos && took >= 0.2 &&
+                  took < 2.0 && again.message() == s.message() && (*env)->abandoned();
+  std::printf("%s rank 0: %s after %.3f s; then %s\n", ok ? "INTERRUPT_OK" : "INTERRUPT_FAIL",
+              s.ToString().c_str(), took, again.ToString().c_str());
+  std::fflush(stdout);
+  return ok ? 0 : 1;
+}
+
 }  // namespace
 }  // namespace concord
 
 int main(int argc, char** argv) {
   if (argc == 2 && std::strcmp(argv[1], "--timeout-case") == 0) return concord::TimeoutCase();
+  if (argc == 2 && std::strcmp(argv[1], "--interrupt-case") == 0) return concord::InterruptCase();
   ::testing::InitGoogleTest(&argc, argv);
   auto env = concord::MpiEnvironment::Acquire();
   if (!env.ok()) {
