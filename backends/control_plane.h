@@ -73,7 +73,8 @@ class ControlPlane {
 
   // The job failed (the engine's failure path calls it before destroying the plane): nothing
   // the plane holds may wait for its peers any more, since some may be dead or cut off. The MPI
-  // plane then keeps the process from MPI_Finalize, which would wait for every process.
+  // plane then keeps the process from MPI_Finalize, which would wait for every process, and tells
+  // its peers that this rank failed (a TCP plane's peers see its connections close).
   virtual void Abandon() {}
 };
 

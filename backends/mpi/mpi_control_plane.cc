@@ -15,6 +15,9 @@ namespace {
 
 constexpr int kTagData = 1;
 constexpr int kTagHeartbeat = 2;
+// An abandoned plane's last message to its star peers, empty: this rank failed and its plane is
+// closing (as a TCP plane's closed connection says).
+constexpr int kTagClosing = 3;
 // Receive() first polls without sleeping for kSpin, busily for the first kBusy and then yielding
 // the CPU between polls: a reply in a negotiation round trip usually comes within that, and a
 // sleeping thread's wake-up costs tens of microseconds here (a yield costs a system call). Then it
@@ -23,7 +26,7 @@ constexpr auto kBusy = std::chrono::microseconds(20);
 constexpr auto kSpin = std::chrono::microseconds(200);
 constexpr auto kFirstNap = std::chrono::microseconds(20);
 constexpr auto kMaxNap = std::chrono::microseconds(1000);
-// How long the destructor waits for queued sends before abandoning them.
+// How long the destructor waits for queued sends to peers not failed before abandoning them.
 constexpr auto kCloseGrace = std::chrono::seconds(1);
 // The liveness thread takes at most this many messages per round, so a flood cannot keep it (and
 // mu_) busy indefinitely; the rest wait for the next round or for Receive().
@@ -44,12 +47,13 @@ constexpr int kProbesPerTimeout = 16;
 // caller does: it sends a heartbeat (tag 2, empty) to each star peer every quarter of the liveness
 // timeout, probes for messages every sixteenth of it (taking data messages into the inbox that
 // Receive() empties first, in order), and fails a peer (kPeerFailure, sticky) when no message from
-// it has been seen for the timeout. A message is seen when a probe (the thread's or Receive()'s)
-// takes it, at most a sixteenth of the timeout after it arrived, so a frozen peer is failed
-// between 3/4 and 1 1/16 timeouts after it froze, and a rank busy elsewhere (a long collective, a
-// slow callback) is never silent: its thread keeps beating. A failure the thread finds wakes a
-// napping Receive() and calls the failure listener (the engine's: it interrupts the backend's
-// collective, which would otherwise wait for the dead peer until its own deadline).
+// it has been seen for the timeout, or at once when it says it failed (an abandoned plane's notice
+// on tag 3). A message is seen when a probe (the thread's or Receive()'s) takes it, at most a
+// sixteenth of the timeout after it arrived, so a frozen peer is failed between 3/4 and 1 1/16
+// timeouts after it froze, and a rank busy elsewhere (a long collective, a slow callback) is never
+// silent: its thread keeps beating. A failure the thread finds wakes a napping Receive() and calls
+// the failure listener (the engine's: it interrupts the backend's collective, which would otherwise
+// wait for the dead peer until its own deadline).
 //
 // MPI and threads. The liveness thread calls MPI (MPI_Isend, MPI_Test, MPI_Improbe, MPI_Mrecv) on
 // this plane's communicator while the engine's threads call it on others (the backend's
@@ -81,7 +85,8 @@ class MpiControlPlane : public ControlPlane {
         last_heard_(size, Clock::now()),
         // As if beaten a timeout ago: the first round sends every heartbeat at once.
         last_beat_(size, Clock::now() - liveness_timeout),
-        failed_(size, false) {
+        failed_(size, false),
+        closed_(size, false) {
     if (size_ > 1) liveness_thread_ = std::thread([this] { LivenessLoop(); });
   }
 
@@ -95,8 +100,14 @@ class MpiControlPlane : public ControlPlane {
       liveness_thread_.join();
     }
     MutexLock lock(mu_);  // uncontended now
+    if (abandoned_) TellClosing();
+    // Sends to failed peers are not waited for: a dead one never takes them.
+    const auto waited_for = [this]() REQUIRES(mu_) {
+      return std::any_of(sends_.begin(), sends_.end(),
+                         [this](const Outgoing& s) REQUIRES(mu_) { return !failed_[s.to]; });
+    };
     const Deadline grace = Deadline::After(kCloseGrace);
-    while (!sends_.empty() && !grace.passed()) {
+    while (waited_for() && !grace.passed()) {
       Reap();
       if (!sends_.empty()) std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
@@ -128,7 +139,11 @@ class MpiControlPlane : public ControlPlane {
     MutexLock lock(mu_);
     // A failed peer's failure is returned, but the bytes still go, best effort: rank 0's abort
     // reaches every rank, and one declared silent that was only frozen learns it when it wakes.
-    // (A send to a dead peer that never completes is abandoned by the destructor.)
+    // (A send to a dead peer that never completes is abandoned by the destructor.) Nothing goes to
+    // a peer that said it closes: it may have exited, and Open MPI's TCP transport, reconnecting
+    // to a process that is gone, can stall the calling thread for good (its error report waits on
+    // the event loop that the same MPI call runs).
+    if (closed_[to]) return failure_;
     CONCORD_RETURN_IF_ERROR(Post(to, kTagData, std::move(bytes)));
     Reap();
     return failed_[to] ? failure_ : Status::Ok();
@@ -190,7 +205,13 @@ class MpiControlPlane : public ControlPlane {
   // Open MPI's MPI_Finalize waits for every process (a PMIx fence): with a peer dead or cut off
   // it would never return, so after a failure the process neither finalizes MPI nor frees
   // communicators.
-  void Abandon() override { env_->MarkAbandoned(); }
+  // Marks the process as not to finalize MPI and the plane as failed: the destructor then tells
+  // the star peers (see TellClosing). No MPI call here.
+  void Abandon() override EXCLUDES(mu_) {
+    env_->MarkAbandoned();
+    MutexLock lock(mu_);
+    abandoned_ = true;
+  }
 
   void SetFailureListener(std::function<void()> listener) override EXCLUDES(mu_) {
     {
@@ -263,6 +284,20 @@ class MpiControlPlane : public ControlPlane {
     return Status::Ok();
   }
 
+  // The abandoned plane's last message to each star peer (kTagClosing), after whatever the caller
+  // sent: each fails this rank at its next probe and calls its failure listener, so a peer inside
+  // a collective with this rank learns now, not at its deadline or a timeout of silence later, as
+  // the closed connections of a TCP plane tell their peers. Failed peers too: one that was only
+  // frozen learns it when it resumes, although the messages it then takes make this rank look
+  // alive (the destructor does not wait for sends to failed peers). Not peers that said they
+  // close: see Send().
+  void TellClosing() REQUIRES(mu_) {
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_ || (rank_ != 0 && r != 0) || closed_[r]) continue;
+      (void)Post(r, kTagClosing, std::string());
+    }
+  }
+
   // Completes finished sends; a failed one fails its peer (failure_, which callers read).
   void Reap() REQUIRES(mu_) {
     for (auto it = sends_.begin(); it != sends_.end();) {
@@ -296,19 +331,29 @@ class MpiControlPlane : public ControlPlane {
     const int from = status.MPI_SOURCE;
     last_heard_[from] = Clock::now();
     if (status.MPI_TAG == kTagData) inbox_.push_back(ControlMessage{from, std::move(bytes)});
+    if (status.MPI_TAG == kTagClosing) {
+      closed_[from] = true;
+      (void)FailPeer(from, Status(Code::kPeerFailure, "rank " + std::to_string(from) +
+                                                          " failed and closed its control plane "
+                                                          "(MPI control plane)"));
+    }
     return true;
   }
 
   // One round of the liveness thread: takes what arrived, completes sends, fails peers silent for
   // the timeout and sends due heartbeats. Returns when the next round is due.
   Clock::time_point Beat() REQUIRES(mu_) {
-    for (int taken = 0; taken < kMaxTakenPerRound; ++taken) {
+    // Until two probes in a row find nothing: Open MPI's MPI_Improbe may pull a message that
+    // arrived while nobody called MPI into its queues and still answer "none", leaving it to the
+    // next probe (a round later, without the second look: a notice that came 0.3 s before a round
+    // was taken a round after it).
+    for (int taken = 0, empty = 0; taken < kMaxTakenPerRound && empty < 2; ++taken) {
       StatusOr<bool> got = TakeOne();
       if (!got.ok()) {
         if (failure_.ok()) failure_ = got.status();
         break;
       }
-      if (!*got) break;
+      empty = *got ? 0 : empty + 1;
     }
     Reap();
     const auto now = Clock::now();
@@ -386,7 +431,9 @@ class MpiControlPlane : public ControlPlane {
   // SetFailureListener's: called (once) by the liveness thread when it finds the first failure.
   std::function<void()> failure_listener_ GUARDED_BY(mu_);
   std::vector<bool> failed_ GUARDED_BY(mu_);  // per rank: Send() returns the failure
+  std::vector<bool> closed_ GUARDED_BY(mu_);  // per rank: said it closes (kTagClosing)
   bool stopping_ GUARDED_BY(mu_) = false;
+  bool abandoned_ GUARDED_BY(mu_) = false;  // Abandon(): the destructor tells the peers
 
   Mutex wake_mu_;
   CondVar wake_cv_;

@@ -10,6 +10,9 @@
 //   mpi_backend_test --interrupt-case rank 0's allreduce, never joined, is ended by the backend's
 //                                     Interrupter() long before its deadline; prints
 //                                     "INTERRUPT_OK" (MPI unfinalized, as above).
+//   mpi_backend_test --closing-case   np 3: a failed rank's control plane tells its star peers
+//                                     (Abandon), who fail it and call their failure listeners
+//                                     at once; prints "CLOSING_OK" on ranks 0 and 2.
 #include "backends/mpi/mpi_backend.h"
 
 #include <gtest/gtest.h>
@@ -519,12 +522,60 @@ int InterruptCase() {
   return ok ? 0 : 1;
 }
 
+// A failed rank's plane tells its star peers (Abandon()), np 3, liveness 16 s, so the liveness
+// threads probe every second, all starting together: rank 1 abandons its plane 0.2 s in; rank 0
+// must fail it and call its failure listener at its next probe (1 s in; a probe that leaves the
+// notice to the round after would take 2 s), then abandon its own; rank 2 must then fail rank 0
+// the same way (1 or 2 s in; late, 3 s). Ranks 0 and 2 print "CLOSING_OK"; MPI is left
+// unfinalized (abandoned), so mpirun ends the job non-zero.
+int ClosingCase() {
+  auto env = MpiEnvironment::Acquire();
+  if (!env.ok()) return 3;
+  auto made = CreateMpiControlPlane(*env, std::chrono::seconds(16));
+  if (!made.ok() || (*made)->size() != 3) return 3;
+  std::unique_ptr<ControlPlane> plane = std::move(*made);
+  const int rank = plane->rank();
+  if (rank == 1) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    plane->Abandon();
+    plane.reset();
+    std::this_thread::sleep_for(std::chrono::seconds(3));  // a failed rank that lingers
+    return 0;
+  }
+  auto listened = std::make_shared<std::atomic<int>>(0);
+  plane->SetFailureListener([listened] { listened->fetch_add(1); });
+  const auto t0 = std::chrono::steady_clock::now();
+  const Deadline deadline = Deadline::After(std::chrono::seconds(4));
+  while (listened->load() == 0 && !deadline.passed()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ControlMessage m;
+  const StatusOr<bool> got = plane->Receive(&m, Deadline::After(std::chrono::milliseconds(100)));
+  const int culprit = rank == 0 ? 1 : 0;
+  const std::string named = "rank " + std::to_string(culprit) + " failed and closed";
+  const bool ok = listened->load() == 1 && took < (rank == 0 ? 1.8 : 2.8) && !got.ok() &&
+                  got.status().code() == Code::kPeerFailure &&
+                  got.status().message().find(named) != std::string::npos;
+  std::printf("%s rank %d: listener called %d time(s) after %.3f s; %s\n",
+              ok ? "CLOSING_OK" : "CLOSING_FAIL", rank, listened->load(), took,
+              got.ok() ? "no failure" : got.status().ToString().c_str());
+  std::fflush(stdout);
+  if (rank == 0) {
+    plane->Abandon();  // rank 0 fails in turn, as the engine's failure path does
+    plane.reset();
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  return ok ? 0 : 1;
+}
+
 }  // namespace
 }  // namespace concord
 
 int main(int argc, char** argv) {
   if (argc == 2 && std::strcmp(argv[1], "--timeout-case") == 0) return concord::TimeoutCase();
   if (argc == 2 && std::strcmp(argv[1], "--interrupt-case") == 0) return concord::InterruptCase();
+  if (argc == 2 && std::strcmp(argv[1], "--closing-case") == 0) return concord::ClosingCase();
   ::testing::InitGoogleTest(&argc, argv);
   auto env = concord::MpiEnvironment::Acquire();
   if (!env.ok()) {
