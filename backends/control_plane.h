@@ -71,9 +71,10 @@ class ControlPlane {
   // without a thread of their own never call it (the default).
   virtual void SetFailureListener(std::function<void()> /*listener*/) {}
 
-  // The job failed (the engine's failure path calls it before destroying the plane): nothing
-  // the plane holds may wait for its peers any more, since some may be dead or cut off. The MPI
-  // plane then keeps the process from MPI_Finalize, which would wait for every process, and tells
+  // The job failed (the engine's failure path calls it, then hands the plane to another thread
+  // for its last messages and its destruction): nothing the plane holds may wait for its peers
+  // any more, since some may be dead or cut off. Quick, and no MPI call. The MPI plane then keeps
+  // the process from MPI_Finalize, which would wait for every process, and its destruction tells
   // its peers that this rank failed (a TCP plane's peers see its connections close).
   virtual void Abandon() {}
 };

@@ -277,12 +277,21 @@ Status Engine::Shutdown() {
     }
   }
   driver_.Stop();
+  std::shared_ptr<PlaneTeardown> teardown;
   {
     // The driver has stopped: the coordinator's last figures, for the summary.
     MutexLock step(driver_.step_mutex());
     if (coordinator_ && config_.size > 1) {
       metrics_->SetStragglers(coordinator_->straggler_totals());
     }
+    teardown = teardown_;
+  }
+  // After a failure: the other ranks should get this rank's last words before the process ends.
+  if (teardown && !teardown->WaitFor(kTeardownWait)) {
+    Log(LogLevel::kWarning,
+        "the control plane's teardown after the failure did not end within " +
+            FormatSeconds(std::chrono::duration<double>(kTeardownWait).count()) +
+            " (stalled inside the transport); left to itself");
   }
   // Waiters driving notice the stop within a slice; later ones wait plainly.
   gate_->Close();
@@ -362,29 +371,37 @@ void Engine::Fail(const Status& failure) {
     if (failure_.ok()) failure_ = status;
     control_wake_ = nullptr;
   }
-  // Close the connections now, so the other ranks see this rank go and fail too.
-  if (config_.rank == 0 && control_) {
-    ResponseMessage abort;
-    abort.abort = true;
-    abort.abort_code = status.code();
-    abort.abort_reason = "rank 0 aborted the job: " + status.message();
-    const std::string bytes = SerializeResponseMessage(abort);
-    for (int r = 1; r < config_.size; ++r) (void)control_->Send(r, bytes);
-    // Best effort: peers that still read get the reason; dead ones cost at most a second.
-    (void)control_->Drain(Deadline::After(
-        std::min(MillisFromSeconds(config_.timeout_s), std::chrono::milliseconds(1000))));
-  } else if (control_) {
-    // Tell rank 0 why before closing (its first sign would be this rank's closed connection): this
-    // rank may have seen the culprit die first, as shared memory does (message.h). Best effort:
-    // the frame leaves before the connection closes, or rank 0 is gone already.
-    ResponseMessage report;
-    report.abort = true;
-    report.abort_code = status.code();
-    report.abort_reason = status.message();
-    (void)control_->Send(0, SerializeResponseMessage(report));
+  // The control plane's last words and its teardown (closing its connections, so the other ranks
+  // see this rank go and fail too) run on a thread of their own (core/plane_teardown.h): over MPI
+  // they can stall for good, and this thread is often the application's. Abandon() first, which
+  // calls no MPI: the MPI backends then free nothing either.
+  if (control_) {
+    control_->Abandon();
+    std::vector<std::pair<int, std::string>> last_words;
+    std::chrono::milliseconds drain(0);
+    if (config_.rank == 0) {
+      ResponseMessage abort;
+      abort.abort = true;
+      abort.abort_code = status.code();
+      abort.abort_reason = "rank 0 aborted the job: " + status.message();
+      const std::string bytes = SerializeResponseMessage(abort);
+      for (int r = 1; r < config_.size; ++r) last_words.emplace_back(r, bytes);
+      // Best effort: peers that still read get the reason; dead ones cost at most a second.
+      drain = std::min(MillisFromSeconds(config_.timeout_s), std::chrono::milliseconds(1000));
+    } else if (!read_rank0_abort_.load()) {
+      // Tell rank 0 why before closing (its first sign would be this rank's closed connection):
+      // this rank may have seen the culprit die first, as shared memory does (message.h). Best
+      // effort: the frame leaves before the connection closes, or rank 0 is gone already. Not
+      // when rank 0 aborted the job: it knows, and it may have exited (over MPI, a message to a
+      // process that exited is what stalls).
+      ResponseMessage report;
+      report.abort = true;
+      report.abort_code = status.code();
+      report.abort_reason = status.message();
+      last_words.emplace_back(0, SerializeResponseMessage(report));
+    }
+    teardown_ = PlaneTeardown::Start(std::move(control_), std::move(last_words), drain);
   }
-  if (control_) control_->Abandon();
-  control_.reset();
   for (auto& lane : lanes_) lane.backend.reset();
   // Device work in flight fails now (its communicator is aborted), not at its deadline.
   if (device_.backend) device_.backend->Abort(status);

@@ -61,6 +61,7 @@
 #include "core/metrics_server.h"
 #include "core/ordered_reduction.h"
 #include "core/p2p.h"
+#include "core/plane_teardown.h"
 #include "core/progress_driver.h"
 #include "core/response_cache.h"
 #include "core/tensor_queue.h"
@@ -206,6 +207,10 @@ class Engine {
   // Inline data rank 0 may receive for one tensor from all ranks together: at scale the
   // inline threshold shrinks to this divided by (size - 1).
   static constexpr size_t kInlineBudgetBytes = size_t{1} << 20;
+  // How long Shutdown() waits for a failed engine's control-plane teardown (rank 0's abort and
+  // drain take at most a second, the MPI plane's pending sends another): past it, the teardown
+  // has stalled inside MPI and is left to itself.
+  static constexpr std::chrono::milliseconds kTeardownWait{2500};
 
  private:
   // The entries of one response list, index for index with its responses, taken out of the queue
@@ -404,6 +409,10 @@ class Engine {
   std::vector<QueueEntry> group_entries_ GUARDED_BY(group_mu_);
   std::atomic<uint64_t> barrier_seq_{0};
   std::atomic<uint64_t> join_seq_{0};
+  // This rank read rank 0's abort (stepping thread): Fail() sends rank 0 no report then.
+  std::atomic<bool> read_rank0_abort_{false};
+  // Fail()'s control-plane teardown, which Shutdown() waits for at most kTeardownWait.
+  std::shared_ptr<PlaneTeardown> teardown_ GUARDED_BY(driver_.step_mutex());
 
   mutable Mutex failure_mu_;
   Status failure_ GUARDED_BY(failure_mu_);

@@ -122,6 +122,7 @@ Status Engine::ExplainFailure(const Status& failure) {
     }
     StatusOr<ResponseMessage> response = ParseResponseMessage(message.bytes);
     if (response.ok() && response->abort) {
+      read_rank0_abort_.store(true);
       return explained(Status(response->abort_code, response->abort_reason));
     }
   }

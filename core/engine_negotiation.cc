@@ -103,7 +103,10 @@ Status Engine::HandleMessage(const ControlMessage& message) {
     return ProtocolError("negotiation message from rank " + std::to_string(message.from));
   }
   CONCORD_ASSIGN_OR_RETURN(ResponseMessage response, ParseResponseMessage(message.bytes));
-  if (response.abort) return Status(response.abort_code, response.abort_reason);
+  if (response.abort) {
+    read_rank0_abort_.store(true);
+    return Status(response.abort_code, response.abort_reason);
+  }
   for (const auto& warning : response.warnings) Log(LogLevel::kWarning, "stall: " + warning);
   if (!response.warnings.empty()) metrics_->RecordStallWarnings(response.warnings.size());
   if (response.items.empty()) return Status::Ok();

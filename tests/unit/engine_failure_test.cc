@@ -5,8 +5,12 @@
 // with two different statuses, of which only the first would count.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/unit/engine_test_util.h"
@@ -195,6 +199,111 @@ INSTANTIATE_TEST_SUITE_P(VictimAndCollective, EngineFailureTest,
                                             ::testing::Values("Allreduce", "AllreduceSpans",
                                                               "Allgatherv", "Broadcast",
                                                               "Barrier")));
+
+// A control plane whose sends stall once it is abandoned, until released: as an MPI call can stall
+// for good inside Open MPI after a peer exited (core/plane_teardown.h). Everything else is the
+// wrapped plane's.
+class StallingControlPlane : public ControlPlane {
+ public:
+  struct Gate {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool released = false;
+    bool stalled = false;    // a send is (or was) stalled
+    bool destroyed = false;  // the plane is gone (its teardown ended)
+  };
+  StallingControlPlane(std::unique_ptr<ControlPlane> inner, std::shared_ptr<Gate> gate)
+      : inner_(std::move(inner)), gate_(std::move(gate)) {}
+  ~StallingControlPlane() override {
+    inner_.reset();
+    std::lock_guard<std::mutex> lock(gate_->mu);
+    gate_->destroyed = true;
+    gate_->cv.notify_all();
+  }
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  Status Send(int to, std::string bytes) override {
+    if (abandoned_) {
+      std::unique_lock<std::mutex> lock(gate_->mu);
+      gate_->stalled = true;
+      gate_->cv.notify_all();
+      gate_->cv.wait(lock, [this] { return gate_->released; });
+    }
+    return inner_->Send(to, std::move(bytes));
+  }
+  StatusOr<bool> Receive(ControlMessage* out, Deadline deadline) override {
+    return inner_->Receive(out, deadline);
+  }
+  Status Drain(Deadline deadline) override { return inner_->Drain(deadline); }
+  void Wake() override { inner_->Wake(); }
+  void SetFailureListener(std::function<void()> listener) override {
+    inner_->SetFailureListener(std::move(listener));
+  }
+  void Abandon() override {
+    abandoned_ = true;  // the engine's failing thread; sends come later, on the teardown thread
+    inner_->Abandon();
+  }
+
+ private:
+  std::unique_ptr<ControlPlane> inner_;
+  std::shared_ptr<Gate> gate_;
+  std::atomic<bool> abandoned_{false};
+};
+
+// Rank 0 fails (rank 1 dies) and its control plane's teardown stalls in its first send, the
+// abort to rank 1: rank 0's request still completes at once with the failure, and Shutdown()
+// returns after waiting for the teardown at most Engine::kTeardownWait. Released afterwards, the
+// teardown ends on its own.
+TEST(EngineFailureTeardownTest, AStalledTeardownDelaysNoRequestAndBoundsShutdown) {
+  auto world = std::make_shared<InProcWorld>(2, milliseconds(3000));
+  auto gate = std::make_shared<StallingControlPlane::Gate>();
+  std::vector<std::unique_ptr<Engine>> engines;
+  for (int r = 0; r < 2; ++r) {
+    Config c;
+    c.rank = r;
+    c.size = 2;
+    c.log_level = 0;
+    c.timeout_s = 2;
+    ASSERT_TRUE(c.Finalize().ok());
+    std::vector<std::unique_ptr<Backend>> lanes;
+    for (int l = 0; l < c.lanes; ++l) lanes.push_back(world->MakeBackend(r, l));
+    std::unique_ptr<ControlPlane> plane = world->MakeControlPlane(r);
+    if (r == 0) plane = std::make_unique<StallingControlPlane>(std::move(plane), gate);
+    engines.push_back(std::make_unique<Engine>(c, std::move(plane), std::move(lanes), world));
+  }
+  std::vector<float> data(16, 1.0f);
+  auto state = engine_testing::Submit(
+      *engines[0], Entry(Request("pending", OpType::kAllreduce, DType::kFloat32, {16}), data.data(),
+                         data.data()));
+  const auto start = Clock::now();
+  world->Kill(1);
+  const Status s = Await(state, milliseconds(5000));
+  const auto completed = Clock::now() - start;
+  EXPECT_EQ(s.code(), Code::kPeerFailure) << s.ToString();
+  EXPECT_LT(completed, milliseconds(1500)) << "the request waited for the stalled teardown";
+  {
+    std::unique_lock<std::mutex> lock(gate->mu);
+    ASSERT_TRUE(gate->cv.wait_for(lock, std::chrono::seconds(5), [&] { return gate->stalled; }))
+        << "the teardown never sent rank 0's abort";
+  }
+  const auto shutdown_start = Clock::now();
+  (void)engines[0]->Shutdown();
+  const auto shutdown_took = Clock::now() - shutdown_start;
+  EXPECT_GE(shutdown_took, Engine::kTeardownWait - milliseconds(50));
+  EXPECT_LT(shutdown_took, Engine::kTeardownWait + milliseconds(1500));
+  {
+    std::lock_guard<std::mutex> lock(gate->mu);
+    gate->released = true;
+  }
+  gate->cv.notify_all();
+  {
+    // Released, the teardown sends, drains (at most a second) and destroys the plane.
+    std::unique_lock<std::mutex> lock(gate->mu);
+    EXPECT_TRUE(gate->cv.wait_for(lock, std::chrono::seconds(5), [&] { return gate->destroyed; }))
+        << "the released teardown did not end";
+  }
+  engines.clear();
+}
 
 }  // namespace
 }  // namespace concord
