@@ -129,6 +129,8 @@ void Engine::Finish(std::optional<QueueEntry>& entry, const Status& status) {
 }
 
 Status Engine::Enqueue(QueueEntry entry, bool then_wait) {
+  // Once failure() says so, every enqueue does (Fail() closes the queue a moment later).
+  CONCORD_RETURN_IF_ERROR(failure());
   CONCORD_RETURN_IF_ERROR(NormalizeSplits(&entry.request, config_.size));
   CONCORD_RETURN_IF_ERROR(ValidateEntry(entry, config_.size, config_.rank));
   CONCORD_RETURN_IF_ERROR(CheckDevice(entry));
