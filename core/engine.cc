@@ -374,9 +374,9 @@ void Engine::Fail(const Status& failure) {
     control_wake_ = nullptr;
   }
   // The control plane's last words and its teardown (closing its connections, so the other ranks
-  // see this rank go and fail too) run on a thread of their own (core/plane_teardown.h): over MPI
-  // they can stall for good, and this thread is often the application's. Abandon() first, which
-  // calls no MPI: the MPI backends then free nothing either.
+  // see this rank go and fail too) run on a thread of their own (core/plane_teardown.h), waited
+  // for at most kTeardownWait: over MPI they can stall for good, and this thread is often the
+  // application's. Abandon() first, which calls no MPI: the MPI backends then free nothing either.
   if (control_) {
     control_->Abandon();
     std::vector<std::pair<int, std::string>> last_words;
@@ -403,6 +403,7 @@ void Engine::Fail(const Status& failure) {
       last_words.emplace_back(0, SerializeResponseMessage(report));
     }
     teardown_ = PlaneTeardown::Start(std::move(control_), std::move(last_words), drain);
+    (void)teardown_->WaitFor(kTeardownWait);
   }
   for (auto& lane : lanes_) lane.backend.reset();
   // Device work in flight fails now (its communicator is aborted), not at its deadline.

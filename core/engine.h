@@ -207,10 +207,12 @@ class Engine {
   // Inline data rank 0 may receive for one tensor from all ranks together: at scale the
   // inline threshold shrinks to this divided by (size - 1).
   static constexpr size_t kInlineBudgetBytes = size_t{1} << 20;
-  // How long Shutdown() waits for a failed engine's control-plane teardown (rank 0's abort and
-  // drain take at most a second, the MPI plane's pending sends another): past it, the teardown
-  // has stalled inside MPI and is left to itself.
-  static constexpr std::chrono::milliseconds kTeardownWait{2500};
+  // How long Fail() waits for its control-plane teardown before it completes the requests (so
+  // that, as a rule, the other ranks have this rank's last words before the application learns
+  // of the failure and perhaps exits), and how long Shutdown() waits for it again: rank 0's abort
+  // and drain take at most a second, an MPI plane's sends to live peers another. Past both, the
+  // teardown has stalled inside MPI and is left to itself.
+  static constexpr std::chrono::milliseconds kTeardownWait{1000};
 
  private:
   // The entries of one response list, index for index with its responses, taken out of the queue
@@ -411,7 +413,7 @@ class Engine {
   std::atomic<uint64_t> join_seq_{0};
   // This rank read rank 0's abort (stepping thread): Fail() sends rank 0 no report then.
   std::atomic<bool> read_rank0_abort_{false};
-  // Fail()'s control-plane teardown, which Shutdown() waits for at most kTeardownWait.
+  // Fail()'s control-plane teardown, which Fail() and Shutdown() wait for at most kTeardownWait.
   std::shared_ptr<PlaneTeardown> teardown_ GUARDED_BY(driver_.step_mutex());
 
   mutable Mutex failure_mu_;

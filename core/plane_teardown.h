@@ -4,8 +4,8 @@
 // Why a thread: the stepping thread that fails is often the application's, waiting for a request,
 // and over MPI any call made after a peer exited can stall for good inside Open MPI (its TCP
 // transport reconnects to the process that is gone, the connect fails, and the error report it
-// prints waits on the event loop that the same MPI call is running). The engine completes its
-// requests without waiting for this, and waits for it only at Shutdown(), for at most a bound.
+// prints waits on the event loop that the same MPI call is running). The engine waits for it for
+// at most a bound before it completes its requests, and as long again at Shutdown().
 //
 // Contract: Start() takes the plane, which nobody else may use any more; the thread owns
 // everything it touches (nothing of the engine), so it may outlive the engine when it stalls: it
