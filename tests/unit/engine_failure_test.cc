@@ -78,6 +78,16 @@ class FailingBackend : public Backend {
   bool failed_ = false;
 };
 
+// A quiet rank's Config for the jobs below (Finalize() is the caller's).
+Config RankConfig(int rank, int size, double timeout_s) {
+  Config c;
+  c.rank = rank;
+  c.size = size;
+  c.log_level = 0;
+  c.timeout_s = timeout_s;
+  return c;
+}
+
 // A job whose `victim` rank fails the first collective named `fail` on each of its lanes. An
 // injected failure has no culprit to find: the victim waits out its attribution window (timeout_s
 // + 1 s: Engine::ExplainFailure) and its peers their blocked collective (the world's timeout)
@@ -87,12 +97,8 @@ class FailingJob {
   FailingJob(int size, int victim, const std::string& fail)
       : world_(std::make_shared<InProcWorld>(size, milliseconds(3000))) {
     for (int r = 0; r < size; ++r) {
-      Config c;
-      c.rank = r;
-      c.size = size;
-      c.log_level = 0;
+      Config c = RankConfig(r, size, 3);
       c.lanes = 2;
-      c.timeout_s = 3;
       EXPECT_TRUE(c.Finalize().ok());
       std::vector<std::unique_ptr<Backend>> lanes;
       for (int l = 0; l < c.lanes; ++l) {
@@ -259,11 +265,7 @@ TEST(EngineFailureTeardownTest, AStalledTeardownDelaysNoRequestAndBoundsShutdown
   auto gate = std::make_shared<StallingControlPlane::Gate>();
   std::vector<std::unique_ptr<Engine>> engines;
   for (int r = 0; r < 2; ++r) {
-    Config c;
-    c.rank = r;
-    c.size = 2;
-    c.log_level = 0;
-    c.timeout_s = 2;
+    Config c = RankConfig(r, 2, 2);
     ASSERT_TRUE(c.Finalize().ok());
     std::vector<std::unique_ptr<Backend>> lanes;
     for (int l = 0; l < c.lanes; ++l) lanes.push_back(world->MakeBackend(r, l));
