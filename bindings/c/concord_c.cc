@@ -187,14 +187,26 @@ Status SetBuffers(const concord_tensor_t* input, const concord_tensor_t* output,
   return Status::Ok();
 }
 
+// Checks the struct_size of a versioned options struct `Opts` (fields are only ever appended):
+// at least `smallest`, the fields every version has, and a multiple of the struct's alignment, as
+// the sizeof of every version is. A size that ends inside a field would have half a pointer or
+// number copied (a NULL compression spec read as a wild pointer), so it is refused, not rounded.
+template <typename Opts>
+Status CheckOptsSize(size_t struct_size, size_t smallest, const std::string& what) {
+  if (struct_size >= smallest && struct_size % alignof(Opts) == 0) return Status::Ok();
+  const std::string why =
+      struct_size < smallest ? "too small" : "not a multiple of " + std::to_string(alignof(Opts));
+  return concord::InvalidArgument(what + ": struct_size " + std::to_string(struct_size) + " is " +
+                                  why + ", not the size of any version; set it with its _init " +
+                                  "(this library's is " + std::to_string(sizeof(Opts)) + " bytes)");
+}
+
 // Copies the caller's device options into the entry (the engine checks them against the tensor).
 Status SetDeviceOptions(const concord_device_opts_t* opts, concord::QueueEntry* e) {
   if (opts == nullptr) return Status::Ok();
-  if (opts->struct_size < offsetof(concord_device_opts_t, ready_event) + sizeof(void*)) {
-    return concord::InvalidArgument("tensor '" + e->request.name +
-                                    "': device options: struct_size is too small; use "
-                                    "concord_device_opts_init");
-  }
+  CONCORD_RETURN_IF_ERROR(CheckOptsSize<concord_device_opts_t>(
+      opts->struct_size, offsetof(concord_device_opts_t, ready_event) + sizeof(void*),
+      "tensor '" + e->request.name + "': device options"));
   e->ready_stream = opts->stream;
   e->ready_event = opts->ready_event;
   return Status::Ok();
@@ -272,12 +284,15 @@ Status CheckConfigHeader(const concord_config_t& user) {
   const std::string init = "; prepare the config with concord_config_init() before setting fields";
   if (user.struct_size == 0)
     return concord::InvalidArgument("concord_config_t.struct_size is 0" + init);
-  if (user.struct_size < kSmallest || user.struct_size > kLargest) {
+  // Every version's size is a multiple of the alignment: another would cut a field in two.
+  if (user.struct_size < kSmallest || user.struct_size > kLargest ||
+      user.struct_size % alignof(concord_config_t) != 0) {
     return concord::InvalidArgument(
         "concord_config_t.struct_size is " + std::to_string(user.struct_size) +
         ", not the size of any concord_config_t (this library's is " +
         std::to_string(sizeof(concord_config_t)) + " bytes, and any is at least " +
-        std::to_string(kSmallest) + ")" + init);
+        std::to_string(kSmallest) + " and a multiple of " +
+        std::to_string(alignof(concord_config_t)) + ")" + init);
   }
   if (user.version <= 0) {
     return concord::InvalidArgument("concord_config_t.version is " + std::to_string(user.version) +
@@ -610,10 +625,13 @@ concord_status_t concord_comm_stats(concord_comm_t comm, concord_stats_t* stats)
     CONCORD_RETURN_IF_ERROR(CheckComm(comm));
     if (stats == nullptr) return concord::InvalidArgument("concord_comm_stats: stats is NULL");
     constexpr size_t kFirst = offsetof(concord_stats_t, responses_cached);
-    if (stats->struct_size < kFirst + sizeof(uint64_t)) {
+    if (stats->struct_size < kFirst + sizeof(uint64_t) ||
+        stats->struct_size % alignof(concord_stats_t) != 0) {
       return concord::InvalidArgument("concord_comm_stats: struct_size " +
                                       std::to_string(stats->struct_size) +
-                                      " is too small; set it to sizeof(concord_stats_t)");
+                                      " is not the size of any concord_stats_t (at least " +
+                                      std::to_string(kFirst + sizeof(uint64_t)) +
+                                      " and a multiple of 8); set it to sizeof(concord_stats_t)");
     }
     const concord::EngineStats& e = comm->engine->stats();
     concord_stats_t all;
@@ -626,7 +644,7 @@ concord_status_t concord_comm_stats(concord_comm_t comm, concord_stats_t* stats)
     all.inline_reductions = e.inline_reductions.load(std::memory_order_relaxed);
     all.device_launches = e.device_launches.load(std::memory_order_relaxed);
     all.cache_evictions = e.cache_evictions.load(std::memory_order_relaxed);
-    // The fields the caller's struct has: a whole number of counters after struct_size.
+    // The fields the caller's struct has: the counters after struct_size that it covers.
     const size_t fields = (std::min(stats->struct_size, sizeof(all)) - kFirst) / sizeof(uint64_t);
     std::memcpy(reinterpret_cast<char*>(stats) + kFirst,
                 reinterpret_cast<const char*>(&all) + kFirst, fields * sizeof(uint64_t));
@@ -664,11 +682,9 @@ concord_status_t concord_allreduce_async_ex(concord_comm_t comm, const char* nam
     concord_allreduce_opts_t o;
     concord_allreduce_opts_init(&o);
     if (opts != nullptr) {
-      if (opts->struct_size < offsetof(concord_allreduce_opts_t, compression)) {
-        return concord::InvalidArgument(
-            "allreduce options: struct_size is too small; use "
-            "concord_allreduce_opts_init");
-      }
+      CONCORD_RETURN_IF_ERROR(CheckOptsSize<concord_allreduce_opts_t>(
+          opts->struct_size, offsetof(concord_allreduce_opts_t, compression),
+          "tensor '" + e.request.name + "': allreduce options"));
       // Fields a newer caller added are ignored; fields an older caller lacks keep defaults.
       std::memcpy(&o, opts, std::min(opts->struct_size, sizeof(o)));
       o.struct_size = sizeof(o);
@@ -968,10 +984,8 @@ namespace {
 template <typename Opts>
 Status CopyOpts(const Opts* opts, size_t smallest, const char* what, Opts* o) {
   if (opts == nullptr) return Status::Ok();
-  if (opts->struct_size < smallest) {
-    return concord::InvalidArgument(std::string(what) +
-                                    " options: struct_size is too small; use its _opts_init");
-  }
+  CONCORD_RETURN_IF_ERROR(
+      CheckOptsSize<Opts>(opts->struct_size, smallest, std::string(what) + " options"));
   // Fields a newer caller added are ignored; fields an older caller lacks keep defaults.
   std::memcpy(o, opts, std::min(opts->struct_size, sizeof(*o)));
   o->struct_size = sizeof(*o);

@@ -10,6 +10,12 @@
  * Callbacks run on whichever thread completes the request, which may be a thread waiting in
  * concord_wait (see concord_callback_t): they must not wait on requests of their communicator.
  *
+ * Versioned structs (the config, the options, concord_stats_t): set struct_size with their _init
+ * (or sizeof). Fields are only ever appended, so the library reads the fields the caller's
+ * struct_size covers and keeps defaults for the rest; a struct_size that is no version's size
+ * (smaller than the first fields, or not a multiple of 8, which would end inside a field) is
+ * INVALID_ARGUMENT.
+ *
  * Memory: an enqueue copies the name, the tensor descriptors and their shape arrays, and the
  * option structs (the compression spec too), so all of them may be reused or freed as soon as the
  * call returns. The data itself (input, output, an allgather's buffer) belongs to the operation

@@ -248,6 +248,9 @@ static void TestBadConfigValues(void) {
        "concord_config_t.struct_size is 4, not the size of any concord_config_t"},
       {offsetof(concord_config_t, struct_size), 'z', 1e9, NULL,
        "concord_config_t.struct_size is 1000000000, not the size of any concord_config_t"},
+      /* ends inside the store pointer: half of it would be read */
+      {offsetof(concord_config_t, struct_size), 'z', offsetof(concord_config_t, store) + 4, NULL,
+       "not the size of any concord_config_t (this library's is"},
       {offsetof(concord_config_t, version), 'i', 0, NULL,
        "concord_config_t.version is 0, not a Concord version"},
       {offsetof(concord_config_t, timeout_s), 'd', 0, NULL,
@@ -419,8 +422,9 @@ static void TestGetters(concord_comm_t comm) {
   CHECK_STATUS(concord_comm_local_size(comm, NULL), CONCORD_ERR_INVALID_ARGUMENT);
 }
 
-/* The counters: refused without room for one; an older caller's smaller struct gets only the
- * fields it has; a repeated name is served by the response cache. */
+/* The counters: refused without room for one or with a size that ends inside one; an older
+ * caller's smaller struct gets only the fields it has; a repeated name is served by the response
+ * cache. */
 static void TestStats(concord_comm_t comm) {
   concord_stats_t s, before;
   float x[2] = {1, 2};
@@ -433,6 +437,9 @@ static void TestStats(concord_comm_t comm) {
   s.struct_size = sizeof(size_t);
   CHECK_STATUS(concord_comm_stats(comm, &s), CONCORD_ERR_INVALID_ARGUMENT);
   CheckLastError(comm, "struct_size");
+  s.struct_size = offsetof(concord_stats_t, responses_full) + 4; /* ends inside a counter */
+  CHECK_STATUS(concord_comm_stats(comm, &s), CONCORD_ERR_INVALID_ARGUMENT);
+  CheckLastError(comm, "not the size of any concord_stats_t");
   CHECK_STATUS(concord_comm_stats(NULL, &s), CONCORD_ERR_NOT_INITIALIZED);
   memset(&before, 0, sizeof(before));
   before.struct_size = sizeof(before);
@@ -541,6 +548,21 @@ static void TestInvalidArguments(concord_comm_t comm) {
   concord_allreduce_opts_init(&o);
   o.struct_size = 1;
   BadAllreduce(comm, "t.opts", &t, NULL, &o, CONCORD_ERR_INVALID_ARGUMENT, "struct_size");
+  /* A struct_size that ends inside a field (half of the compression pointer) is no version's
+   * size: refused, never half-copied into a wild pointer. */
+  concord_allreduce_opts_init(&o);
+  o.compression = "fp16";
+  o.struct_size = offsetof(concord_allreduce_opts_t, compression) + 4;
+  BadAllreduce(comm, "t.opts", &t, NULL, &o, CONCORD_ERR_INVALID_ARGUMENT, "not a multiple of 8");
+  {
+    concord_reducescatter_opts_t rs;
+    concord_reducescatter_opts_init(&rs);
+    rs.compression = "fp16";
+    rs.struct_size = offsetof(concord_reducescatter_opts_t, compression) + 4;
+    CHECK_STATUS(concord_reducescatter(comm, "t.rs.opts", &t, &t, &rs),
+                 CONCORD_ERR_INVALID_ARGUMENT);
+    CheckLastError(comm, "reducescatter options: struct_size");
+  }
   concord_allreduce_opts_init(&o);
   o.prescale = 2.0;
   BadAllreduce(comm, "t.intscale", &ti, NULL, &o, CONCORD_ERR_INVALID_ARGUMENT, "scale");

@@ -223,8 +223,11 @@ struct Program {
 
 // The options an allreduce gets: NULL, or a struct allocated at the size it claims.
 const concord_allreduce_opts_t* AllreduceOpts(Program& p) {
-  static const size_t kSizes[] = {sizeof(concord_allreduce_opts_t), 0, 8,
+  static const size_t kSizes[] = {sizeof(concord_allreduce_opts_t),
+                                  0,
+                                  8,
                                   offsetof(concord_allreduce_opts_t, compression),
+                                  offsetof(concord_allreduce_opts_t, compression) + 4,
                                   sizeof(concord_allreduce_opts_t) + 64};
   static const int kOps[] = {0, 1, 2, 3, 4, 5, -1, INT_MAX};
   static const double kScales[] = {1.0, 0.5, -2.0, 0.0, NAN, INFINITY, 1e308, 5e-324};
@@ -304,6 +307,11 @@ void Collective(Program& p, int which) {
       MakeTensor(in, p.buffers, &output, &input);
       concord_reducescatter_opts_t o;
       concord_reducescatter_opts_init(&o);
+      static const size_t kStructSizes[] = {
+          sizeof(o), 0, 8, offsetof(concord_reducescatter_opts_t, compression),
+          offsetof(concord_reducescatter_opts_t, compression) + 4};
+      o.struct_size = in.Pick(kStructSizes);
+      o.compression = Spec(in, p.strings);
       o.op = static_cast<concord_reduce_op_t>(in.U8() % 7);
       o.recv_splits = sp;
       o.nsplits = nsplits;
