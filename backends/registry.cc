@@ -63,7 +63,7 @@ StatusOr<MpiTransports> CreateMpiTransports(std::chrono::milliseconds timeout,
   }();
   if (base != MPI_COMM_WORLD) {
     auto lock = env->Lock();
-    MPI_Comm_free(&base);
+    if (lock) MPI_Comm_free(&base);
   }
   if (made.ok()) made->keep_alive = std::move(env);
   return made;

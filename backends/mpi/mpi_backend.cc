@@ -72,6 +72,7 @@ class MpiBackend : public Backend {
   ~MpiBackend() override {
     if (env_->abandoned()) return;
     auto lock = env_->Lock();
+    if (!lock) return;
     for (auto& per_type : half_ops_) {
       for (MPI_Op& op : per_type) {
         if (op != MPI_OP_NULL) MPI_Op_free(&op);
@@ -88,7 +89,7 @@ class MpiBackend : public Backend {
         {HalfReduce<DType::kBFloat16, ReduceOp::kSum>, HalfReduce<DType::kBFloat16, ReduceOp::kMin>,
          HalfReduce<DType::kBFloat16, ReduceOp::kMax>,
          HalfReduce<DType::kBFloat16, ReduceOp::kProduct>}};
-    auto lock = env_->Lock();
+    CONCORD_MPI_LOCK_OR_RETURN(lock, *env_);
     for (int t = 0; t < 2; ++t) {
       for (int o = 0; o < 4; ++o) {
         CONCORD_MPI_CHECK(MPI_Op_create(fns[t][o], 1, &half_ops_[t][o]));
@@ -128,6 +129,7 @@ class MpiBackend : public Backend {
       MPI_Request request;
       {
         auto lock = env_->Lock();
+        if (!lock) return Fail(env_->StalledError());
         const int rc = MPI_Iallreduce(MPI_IN_PLACE, bytes + done * esize, n, MpiType(dtype), mpi_op,
                                       comm_, &request);
         if (rc != MPI_SUCCESS) return Fail(MpiError(rc, "MPI_Iallreduce", __FILE__, __LINE__));
@@ -175,6 +177,7 @@ class MpiBackend : public Backend {
     MPI_Request request;
     {
       auto lock = env_->Lock();
+      if (!lock) return Fail(env_->StalledError());
       const int rc = MPI_Iallgatherv(send, counts[rank_], MPI_BYTE, dst, counts.data(),
                                      displs.data(), MPI_BYTE, comm_, &request);
       if (rc != MPI_SUCCESS) return Fail(MpiError(rc, "MPI_Iallgatherv", __FILE__, __LINE__));
@@ -197,6 +200,7 @@ class MpiBackend : public Backend {
       MPI_Request request;
       {
         auto lock = env_->Lock();
+        if (!lock) return Fail(env_->StalledError());
         const int rc = MPI_Ibcast(p + done, n, MPI_BYTE, root, comm_, &request);
         if (rc != MPI_SUCCESS) return Fail(MpiError(rc, "MPI_Ibcast", __FILE__, __LINE__));
       }
@@ -237,6 +241,7 @@ class MpiBackend : public Backend {
       MPI_Request request;
       {
         auto lock = env_->Lock();
+        if (!lock) return Fail(env_->StalledError());
         // The receive buffer matters on the root only (elsewhere none: no aliasing of in).
         const int rc = MPI_Ireduce(in_place ? MPI_IN_PLACE : src + done * esize,
                                    rank_ == root ? dst + done * esize : nullptr, n, MpiType(dtype),
@@ -281,6 +286,7 @@ class MpiBackend : public Backend {
     MPI_Request request;
     {
       auto lock = env_->Lock();
+      if (!lock) return Fail(env_->StalledError());
       const int rc = MPI_Igatherv(send, counts[rank_], MPI_BYTE, dst, counts.data(), displs.data(),
                                   MPI_BYTE, root, comm_, &request);
       if (rc != MPI_SUCCESS) return Fail(MpiError(rc, "MPI_Igatherv", __FILE__, __LINE__));
@@ -296,6 +302,7 @@ class MpiBackend : public Backend {
     MPI_Request request;
     {
       auto lock = env_->Lock();
+      if (!lock) return Fail(env_->StalledError());
       const int rc = MPI_Ibarrier(comm_, &request);
       if (rc != MPI_SUCCESS) return Fail(MpiError(rc, "MPI_Ibarrier", __FILE__, __LINE__));
     }
@@ -373,6 +380,7 @@ Status MpiBackend::ReduceScatter(const void* in, void* out, const std::vector<si
     MPI_Request request;
     {
       auto lock = env_->Lock();
+      if (!lock) return Fail(env_->StalledError());
       const int rc =
           MPI_Ireduce_scatter(in, out, recv_counts.data(), type, mpi_op, comm_, &request);
       if (rc != MPI_SUCCESS) return Fail(MpiError(rc, "MPI_Ireduce_scatter", __FILE__, __LINE__));
@@ -389,6 +397,7 @@ Status MpiBackend::ReduceScatter(const void* in, void* out, const std::vector<si
       MPI_Request request;
       {
         auto lock = env_->Lock();
+        if (!lock) return Fail(env_->StalledError());
         const int rc =
             MPI_Ireduce(src + (offset + done) * esize, dst, n, type, mpi_op, root, comm_, &request);
         if (rc != MPI_SUCCESS) return Fail(MpiError(rc, "MPI_Ireduce", __FILE__, __LINE__));
@@ -446,6 +455,7 @@ Status MpiBackend::Alltoallv(const void* in, const std::vector<size_t>& send_byt
   Status status = Status::Ok();
   {
     auto lock = env_->Lock();
+    if (!lock) return Fail(env_->StalledError());
     auto describe = [&](size_t offset, size_t bytes, int* count, int* displ, MPI_Datatype* type) {
       if (bytes <= piece && offset + bytes <= static_cast<size_t>(INT_MAX)) {
         *count = static_cast<int>(bytes);
@@ -470,6 +480,7 @@ Status MpiBackend::Alltoallv(const void* in, const std::vector<size_t>& send_byt
   MPI_Request request = MPI_REQUEST_NULL;
   if (status.ok()) {
     auto lock = env_->Lock();
+    if (!lock) return Fail(env_->StalledError());  // the datatypes are left to MPI
     // Buffers need valid addresses even when empty.
     static char empty = 0;
     const int rc = MPI_Ialltoallw(sent > 0 ? in : &empty, scounts.data(), sdispls.data(),
@@ -480,6 +491,7 @@ Status MpiBackend::Alltoallv(const void* in, const std::vector<size_t>& send_byt
   {
     // Freed at once: MPI keeps a datatype a pending operation uses until it completes.
     auto lock = env_->Lock();
+    if (!lock) return Fail(env_->StalledError());
     for (MPI_Datatype& t : made) MPI_Type_free(&t);
   }
   if (status.ok()) {
@@ -503,6 +515,7 @@ Status WaitForRequest(MpiEnvironment& env, MPI_Request* request, Deadline deadli
     MPI_Status status;
     {
       auto lock = env.Lock();
+      if (!lock) return env.StalledError().WithContext(what);
       const int rc = MPI_Test(request, &done, &status);
       if (rc != MPI_SUCCESS) return MpiError(rc, "MPI_Test", __FILE__, __LINE__).WithContext(what);
     }
@@ -526,21 +539,21 @@ StatusOr<MPI_Comm> Duplicate(MpiEnvironment& env, MPI_Comm base, Deadline deadli
   MPI_Comm comm = MPI_COMM_NULL;
   MPI_Request request;
   {
-    auto lock = env.Lock();
+    CONCORD_MPI_LOCK_OR_RETURN(lock, env);
     CONCORD_MPI_CHECK(MPI_Comm_idup(base, &comm, &request));
   }
   CONCORD_RETURN_IF_ERROR(WaitForRequest(
       env, &request, deadline,
       base == MPI_COMM_WORLD ? "duplicating MPI_COMM_WORLD (MPI_Comm_idup)"
                              : "duplicating a sub-communicator's group (MPI_Comm_idup)"));
-  auto lock = env.Lock();
+  CONCORD_MPI_LOCK_OR_RETURN(lock, env);
   CONCORD_MPI_CHECK(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
   return comm;
 }
 
 StatusOr<MPI_Comm> CreateGroupComm(MpiEnvironment& env, const std::vector<int>& world_ranks,
                                    int tag) {
-  auto lock = env.Lock();
+  CONCORD_MPI_LOCK_OR_RETURN(lock, env);
   MPI_Group world = MPI_GROUP_NULL, members = MPI_GROUP_NULL;
   CONCORD_MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &world));
   const int rc =
@@ -561,7 +574,7 @@ StatusOr<std::unique_ptr<Backend>> CreateMpiBackend(std::shared_ptr<MpiEnvironme
   CONCORD_ASSIGN_OR_RETURN(MPI_Comm comm, Duplicate(*env, base, Deadline::After(timeout)));
   int rank = 0, size = 0;
   {
-    auto lock = env->Lock();
+    CONCORD_MPI_LOCK_OR_RETURN(lock, *env);
     CONCORD_MPI_CHECK(MPI_Comm_rank(comm, &rank));
     CONCORD_MPI_CHECK(MPI_Comm_size(comm, &size));
   }

@@ -275,6 +275,10 @@ class MpiControlPlane : public ControlPlane {
     s.to = to;
     s.bytes = std::move(bytes);
     auto lock = env_->Lock();
+    if (!lock) {
+      sends_.pop_back();
+      return env_->StalledError();
+    }
     const int rc = MPI_Isend(s.bytes.data(), static_cast<int>(s.bytes.size()), MPI_BYTE, to, tag,
                              comm_, &s.request);
     if (rc != MPI_SUCCESS) {
@@ -305,6 +309,7 @@ class MpiControlPlane : public ControlPlane {
       int rc;
       {
         auto lock = env_->Lock();
+        if (!lock) return;  // left pending, as MPI keeps them
         rc = MPI_Test(&it->request, &done, MPI_STATUS_IGNORE);
       }
       if (rc != MPI_SUCCESS) {
@@ -321,7 +326,7 @@ class MpiControlPlane : public ControlPlane {
     int flag = 0;
     MPI_Message message;
     MPI_Status status;
-    auto lock = env_->Lock();
+    CONCORD_MPI_LOCK_OR_RETURN(lock, *env_);
     CONCORD_MPI_CHECK(MPI_Improbe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &flag, &message, &status));
     if (!flag) return false;
     int count = 0;
@@ -451,7 +456,7 @@ StatusOr<std::unique_ptr<ControlPlane>> CreateMpiControlPlane(
   CONCORD_ASSIGN_OR_RETURN(MPI_Comm comm, Duplicate(*env, base, Deadline::After(liveness_timeout)));
   int rank = 0, size = 0;
   {
-    auto lock = env->Lock();
+    CONCORD_MPI_LOCK_OR_RETURN(lock, *env);
     CONCORD_MPI_CHECK(MPI_Comm_rank(comm, &rank));
     CONCORD_MPI_CHECK(MPI_Comm_size(comm, &size));
   }

@@ -121,8 +121,26 @@ MpiEnvironment::~MpiEnvironment() {
   if (owned_ && !abandoned_) MPI_Finalize();
 }
 
-std::unique_lock<std::mutex> MpiEnvironment::Lock() {
-  return std::unique_lock<std::mutex>(mu_);
+std::unique_lock<std::timed_mutex> MpiEnvironment::Lock() {
+  std::unique_lock<std::timed_mutex> lock(mu_, std::try_to_lock);
+  if (lock.owns_lock()) return lock;  // the common case reads no clock
+  constexpr auto kSlice = std::chrono::milliseconds(10);
+  const auto since = std::chrono::steady_clock::now();
+  while (!stalled_ && !lock.try_lock_for(kSlice)) {
+    if (abandoned_ && std::chrono::steady_clock::now() - since >= kAbandonedLockWait) {
+      stalled_ = true;  // later calls give up at once: a failure path makes many
+      break;
+    }
+  }
+  return lock;
+}
+
+Status MpiEnvironment::StalledError() const {
+  return Status(Code::kBackendError,
+                "gave up waiting for MPI: after a failure, another thread's MPI call has not "
+                "returned for " +
+                    std::to_string(kAbandonedLockWait.count()) +
+                    " ms (MPI may be stuck on a peer that exited)");
 }
 
 }  // namespace concord

@@ -5,6 +5,7 @@
 #include <mpi.h>
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -20,6 +21,12 @@
       return ::concord::MpiError(concord_mpi_rc_, #call, __FILE__, __LINE__); \
     }                                                                         \
   } while (0)
+
+// Takes the environment's lock (MpiEnvironment::Lock) as `lock`, or returns its StalledError when
+// it gave up. For functions that return Status (or StatusOr).
+#define CONCORD_MPI_LOCK_OR_RETURN(lock, env) \
+  auto lock = (env).Lock();                   \
+  if (!lock.owns_lock()) return (env).StalledError()
 
 namespace concord {
 
@@ -55,8 +62,16 @@ class MpiEnvironment {
   int thread_level() const { return thread_level_; }
   bool initialised_by_concord() const { return owned_; }
 
-  // Hold around every MPI call (one call at a time: never across a wait).
-  std::unique_lock<std::mutex> Lock();
+  // Hold around every MPI call (one call at a time: never across a wait). Waits as long as it
+  // takes while the environment is in use. Once it is abandoned (a failure), waits at most
+  // kAbandonedLockWait and then gives up, and every later call that finds the lock taken gives up
+  // at once: the lock returned is not owned (check it; call no MPI then, StalledError() is the
+  // error). A thread stuck for good inside MPI (Open MPI can stall in
+  // a call when a peer has exited) must not take down with it the threads queued behind it, and
+  // the joins and waits of the engine's failure path that wait for those.
+  std::unique_lock<std::timed_mutex> Lock();
+  Status StalledError() const;
+  static constexpr std::chrono::milliseconds kAbandonedLockWait{500};
 
   // A request was left pending (a collective passed its deadline; MPI cannot cancel it), or a
   // peer failed (dead, frozen or cut off: Open MPI's MPI_Finalize would wait for it forever). MPI
@@ -70,8 +85,9 @@ class MpiEnvironment {
 
   const int thread_level_;
   const bool owned_;
-  std::mutex mu_;
+  std::timed_mutex mu_;
   std::atomic<bool> abandoned_{false};
+  std::atomic<bool> stalled_{false};  // a Lock() gave up (see Lock())
 };
 
 // "MPI_THREAD_SERIALIZED", ...

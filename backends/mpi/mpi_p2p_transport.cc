@@ -212,7 +212,7 @@ class MpiP2pTransport : public P2pTransport {
  private:
   // Sends the op's wire (header, eager payload) and, when `data` is given, its payload after it.
   Status Post(SendOp& op, int peer, int64_t tag, const void* data, uint64_t bytes) {
-    auto lock = env_->Lock();
+    CONCORD_MPI_LOCK_OR_RETURN(lock, *env_);
     op.requests.emplace_back();
     const int wire_bytes = static_cast<int>(data == nullptr ? kHeadBytes + bytes : kHeadBytes);
     CONCORD_MPI_CHECK(MPI_Isend(op.wire.data(), wire_bytes, MPI_BYTE, peer,
@@ -227,7 +227,7 @@ class MpiP2pTransport : public P2pTransport {
   }
 
   Status PostHead(RecvQueue& q, int peer, int64_t tag) {
-    auto lock = env_->Lock();
+    CONCORD_MPI_LOCK_OR_RETURN(lock, *env_);
     q.head_posted = true;
     CONCORD_MPI_CHECK(MPI_Irecv(q.head.data(), static_cast<int>(kWireWords * sizeof(uint64_t)),
                                 MPI_BYTE, peer, static_cast<int>(2 * tag), comm_, &q.head_request));
@@ -236,7 +236,7 @@ class MpiP2pTransport : public P2pTransport {
 
   // Tests requests; *all_done says whether every one completed.
   Status TestAll(std::vector<MPI_Request>& requests, bool* all_done) {
-    auto lock = env_->Lock();
+    CONCORD_MPI_LOCK_OR_RETURN(lock, *env_);
     int flag = 0;
     CONCORD_MPI_CHECK(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &flag,
                                   MPI_STATUSES_IGNORE));
@@ -246,7 +246,7 @@ class MpiP2pTransport : public P2pTransport {
 
   // Tests the header's receive; on arrival *received is the size of its message.
   Status TestHead(RecvQueue& q, bool* arrived, int* received) {
-    auto lock = env_->Lock();
+    CONCORD_MPI_LOCK_OR_RETURN(lock, *env_);
     int flag = 0;
     MPI_Status st;
     CONCORD_MPI_CHECK(MPI_Test(&q.head_request, &flag, &st));
@@ -294,7 +294,7 @@ class MpiP2pTransport : public P2pTransport {
       q.drop.resize(meta.bytes);
       dest = q.drop.data();
     }
-    auto lock = env_->Lock();
+    CONCORD_MPI_LOCK_OR_RETURN(lock, *env_);
     for (uint64_t at = 0; at < meta.bytes; at += kMpiMaxMessageBytes) {
       const int n = static_cast<int>(std::min<uint64_t>(kMpiMaxMessageBytes, meta.bytes - at));
       q.payload.emplace_back();
@@ -304,17 +304,19 @@ class MpiP2pTransport : public P2pTransport {
     return Status::Ok();
   }
 
-  // Whether the unmatched header receive could be cancelled (else it has matched meanwhile, and
-  // *received is the size of its message).
-  bool CancelHead(RecvQueue& q, int* received) {
-    auto lock = env_->Lock();
+  // Cancels the unmatched header receive: *cancelled says whether it was (else it matched
+  // meanwhile, and *received is the size of its message). Fails only when MPI is stalled: the
+  // receive is then left to MPI.
+  Status CancelHead(RecvQueue& q, bool* cancelled, int* received) {
+    CONCORD_MPI_LOCK_OR_RETURN(lock, *env_);
     MPI_Cancel(&q.head_request);
     MPI_Status st;
     MPI_Wait(&q.head_request, &st);
-    int cancelled = 0;
-    MPI_Test_cancelled(&st, &cancelled);
-    if (!cancelled) MPI_Get_count(&st, MPI_BYTE, received);
-    return cancelled != 0;
+    int flag = 0;
+    MPI_Test_cancelled(&st, &flag);
+    *cancelled = flag != 0;
+    if (!*cancelled) MPI_Get_count(&st, MPI_BYTE, received);
+    return Status::Ok();
   }
 
   // One pass over everything pending, its deadlines read against `now`; returns whether anything
@@ -352,7 +354,9 @@ class MpiP2pTransport : public P2pTransport {
           s = StartPayload(q, peer, tag, received);
           progressed = true;
         } else if (s.ok() && now >= q.ops.front().deadline.at()) {
-          if (CancelHead(q, &received)) {
+          bool cancelled = false;
+          s = CancelHead(q, &cancelled, &received);
+          if (s.ok() && cancelled) {
             out.emplace_back(
                 std::move(q.ops.front().done),
                 TimeoutError("recv from rank " + std::to_string(peer) + " with tag " +
@@ -360,7 +364,7 @@ class MpiP2pTransport : public P2pTransport {
             q.ops.pop_front();
             q.head_posted = false;
             progressed = true;
-          } else {
+          } else if (s.ok()) {
             s = StartPayload(q, peer, tag, received);
           }
         }
@@ -457,7 +461,8 @@ class MpiP2pTransport : public P2pTransport {
     for (auto& [key, q] : recvs_) {
       if (q.head_request != MPI_REQUEST_NULL && q.payload.empty()) {
         int received = 0;
-        if (!CancelHead(q, &received)) leaked = true;
+        bool cancelled = false;
+        if (!CancelHead(q, &cancelled, &received).ok() || !cancelled) leaked = true;
       } else if (!q.payload.empty()) {
         leaked = true;
       }
@@ -554,7 +559,7 @@ StatusOr<std::unique_ptr<P2pTransport>> CreateMpiP2pTransport(std::shared_ptr<Mp
   int rank = 0, size = 0, flag = 0;
   int* tag_ub = nullptr;
   {
-    auto lock = env->Lock();
+    CONCORD_MPI_LOCK_OR_RETURN(lock, *env);
     CONCORD_MPI_CHECK(MPI_Comm_rank(comm, &rank));
     CONCORD_MPI_CHECK(MPI_Comm_size(comm, &size));
     CONCORD_MPI_CHECK(MPI_Comm_get_attr(comm, MPI_TAG_UB, &tag_ub, &flag));

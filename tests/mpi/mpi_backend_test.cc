@@ -13,6 +13,10 @@
 //   mpi_backend_test --closing-case   np 3: a failed rank's control plane tells its star peers
 //                                     (Abandon), who fail it and call their failure listeners
 //                                     at once; prints "CLOSING_OK" on ranks 0 and 2.
+//   mpi_backend_test --stalled-case   np 2: after a failure, a thread that never leaves MPI (as
+//                                     Open MPI can stall) holds the environment's lock; rank 0's
+//                                     collective and point-to-point transport give up on it
+//                                     instead of waiting forever; prints "STALLED_OK".
 #include "backends/mpi/mpi_backend.h"
 
 #include <gtest/gtest.h>
@@ -569,6 +573,65 @@ int ClosingCase() {
   return ok ? 0 : 1;
 }
 
+// After a failure (the environment abandoned, as the engine's plane teardown leaves it), a thread
+// stuck for good inside MPI holds the environment's lock: on rank 0 a recv already posted, a
+// collective must end with an error after kAbandonedLockWait (it waited forever behind it), and
+// then the recv and the transport's Close() at once (each later wait gives up at once: a failure
+// path that waited that long for each MPI call would add up). Rank 1 only lingers.
+int StalledCase() {
+  auto env = MpiEnvironment::Acquire();
+  if (!env.ok()) return 3;
+  auto b = CreateMpiBackend(*env, std::chrono::seconds(30));
+  auto t = CreateMpiP2pTransport(*env, std::chrono::seconds(30));
+  if (!b.ok() || !t.ok()) return 3;
+  if ((*b)->rank() != 0) {
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    return 0;
+  }
+  P2pTransport& transport = **t;
+  auto recv_done = std::make_shared<std::atomic<int>>(0);
+  auto recv_status = std::make_shared<Status>();
+  char sink[8];
+  transport.Recv(
+      1, 7, Deadline::After(std::chrono::seconds(30)), [&sink](const P2pMeta&) { return sink; },
+      [recv_done, recv_status](const Status& s) {
+        *recv_status = s;
+        recv_done->fetch_add(1);
+      });
+  (*env)->MarkAbandoned();
+  std::atomic<bool> release{false};
+  std::atomic<bool> holding{false};
+  std::thread stuck([&] {
+    auto lock = (*env)->Lock();
+    holding = true;
+    while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  });
+  while (!holding) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  auto seconds_since = [](std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  auto t0 = std::chrono::steady_clock::now();
+  float x[4] = {1, 2, 3, 4};
+  const Status collective = (*b)->Allreduce(x, 4, DType::kFloat32, ReduceOp::kSum);
+  const double collective_took = seconds_since(t0);
+  t0 = std::chrono::steady_clock::now();
+  transport.Close(Status(Code::kPeerFailure, "rank 1 failed"));
+  const double close_took = seconds_since(t0);
+  release = true;
+  stuck.join();
+  const bool ok = collective.code() == Code::kBackendError &&
+                  collective.message().find("gave up waiting for MPI") != std::string::npos &&
+                  collective_took < 2.0 && close_took < 0.25 && recv_done->load() == 1 &&
+                  !recv_status->ok();
+  std::printf(
+      "%s rank 0: allreduce %s after %.3f s; Close() took %.3f s; the recv ended %d "
+      "time(s): %s\n",
+      ok ? "STALLED_OK" : "STALLED_FAIL", collective.ToString().c_str(), collective_took,
+      close_took, recv_done->load(), recv_status->ToString().c_str());
+  std::fflush(stdout);
+  return ok ? 0 : 1;
+}
+
 }  // namespace
 }  // namespace concord
 
@@ -576,6 +639,7 @@ int main(int argc, char** argv) {
   if (argc == 2 && std::strcmp(argv[1], "--timeout-case") == 0) return concord::TimeoutCase();
   if (argc == 2 && std::strcmp(argv[1], "--interrupt-case") == 0) return concord::InterruptCase();
   if (argc == 2 && std::strcmp(argv[1], "--closing-case") == 0) return concord::ClosingCase();
+  if (argc == 2 && std::strcmp(argv[1], "--stalled-case") == 0) return concord::StalledCase();
   ::testing::InitGoogleTest(&argc, argv);
   auto env = concord::MpiEnvironment::Acquire();
   if (!env.ok()) {
