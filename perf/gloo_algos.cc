@@ -2,7 +2,6 @@
 // ranks as threads over loopback, through Concord's Gloo backend (algorithm forced) and raw
 // (perf/gloo_raw), and prints median milliseconds per size. The backend's "auto" table comes from
 // this. Usage: gloo_algos [ranks (2)] [iterations (10)] [max MiB (64)]
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -12,16 +11,14 @@
 
 #include "backends/gloo/gloo_backend.h"
 #include "base/clock.h"
+#include "perf/bench_common.h"
 #include "perf/gloo_raw.h"
 #include "rendezvous/hash_store.h"
 
 namespace concord {
 namespace {
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
+using bench::Median;
 
 // Median seconds on rank 0 of `iterations` backend allreduces of `count` floats.
 StatusOr<double> TimeBackend(int size, const std::string& algorithm, size_t count, int iterations,
