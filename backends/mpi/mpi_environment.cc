@@ -121,18 +121,32 @@ MpiEnvironment::~MpiEnvironment() {
   if (owned_ && !abandoned_) MPI_Finalize();
 }
 
-std::unique_lock<std::timed_mutex> MpiEnvironment::Lock() {
-  std::unique_lock<std::timed_mutex> lock(mu_, std::try_to_lock);
-  if (lock.owns_lock()) return lock;  // the common case reads no clock
-  constexpr auto kSlice = std::chrono::milliseconds(10);
-  const auto since = std::chrono::steady_clock::now();
-  while (!stalled_ && !lock.try_lock_for(kSlice)) {
-    if (abandoned_ && std::chrono::steady_clock::now() - since >= kAbandonedLockWait) {
-      stalled_ = true;  // later calls give up at once: a failure path makes many
-      break;
+MpiEnvironment::CallLock MpiEnvironment::Lock() {
+  std::unique_lock<std::mutex> lock(call_mu_);
+  if (held_) {
+    ++waiters_;
+    const auto since = std::chrono::steady_clock::now();
+    while (held_ && !stalled_) {
+      call_free_.wait_for(lock, std::chrono::milliseconds(10));
+      if (held_ && abandoned_ && std::chrono::steady_clock::now() - since >= kAbandonedLockWait) {
+        stalled_ = true;  // later calls give up at once: a failure path makes many
+      }
     }
+    --waiters_;
+    if (held_) return CallLock();
   }
-  return lock;
+  held_ = true;
+  return CallLock(this);
+}
+
+void MpiEnvironment::Unlock() {
+  bool wake = false;
+  {
+    std::lock_guard<std::mutex> lock(call_mu_);
+    held_ = false;
+    wake = waiters_ > 0;
+  }
+  if (wake) call_free_.notify_one();
 }
 
 Status MpiEnvironment::StalledError() const {

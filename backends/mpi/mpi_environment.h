@@ -6,9 +6,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "base/status.h"
 
@@ -62,14 +64,34 @@ class MpiEnvironment {
   int thread_level() const { return thread_level_; }
   bool initialised_by_concord() const { return owned_; }
 
+  // The right to call MPI, held by one Concord thread at a time (Lock()); released when destroyed.
+  // Not owned when Lock() gave up: then call no MPI.
+  class [[nodiscard]] CallLock {
+   public:
+    CallLock() = default;
+    CallLock(CallLock&& other) noexcept : env_(std::exchange(other.env_, nullptr)) {}
+    CallLock& operator=(CallLock&&) = delete;
+    ~CallLock() {
+      if (env_ != nullptr) env_->Unlock();
+    }
+    bool owns_lock() const { return env_ != nullptr; }
+    explicit operator bool() const { return owns_lock(); }
+
+   private:
+    friend class MpiEnvironment;
+    explicit CallLock(MpiEnvironment* env) : env_(env) {}
+    MpiEnvironment* env_ = nullptr;
+  };
+
   // Hold around every MPI call (one call at a time: never across a wait). Waits as long as it
   // takes while the environment is in use. Once it is abandoned (a failure), waits at most
   // kAbandonedLockWait and then gives up, and every later call that finds the lock taken gives up
   // at once: the lock returned is not owned (check it; call no MPI then, StalledError() is the
-  // error). A thread stuck for good inside MPI (Open MPI can stall in
-  // a call when a peer has exited) must not take down with it the threads queued behind it, and
-  // the joins and waits of the engine's failure path that wait for those.
-  std::unique_lock<std::timed_mutex> Lock();
+  // error). A thread stuck for good inside MPI (Open MPI can stall in a call when a peer has
+  // exited) must not take down with it the threads queued behind it, and the joins and waits of
+  // the engine's failure path that wait for those. (A mutex and a condition variable, not a
+  // timed mutex: ThreadSanitizer does not see pthread_mutex_clocklock.)
+  CallLock Lock();
   Status StalledError() const;
   static constexpr std::chrono::milliseconds kAbandonedLockWait{500};
 
@@ -83,11 +105,16 @@ class MpiEnvironment {
  private:
   MpiEnvironment(int thread_level, bool owned) : thread_level_(thread_level), owned_(owned) {}
 
+  void Unlock();
+
   const int thread_level_;
   const bool owned_;
-  std::timed_mutex mu_;
+  std::mutex call_mu_;  // guards held_, waiters_ and stalled_
+  std::condition_variable call_free_;
+  bool held_ = false;     // a thread holds the CallLock
+  int waiters_ = 0;       // threads waiting in Lock()
+  bool stalled_ = false;  // a Lock() gave up (see Lock())
   std::atomic<bool> abandoned_{false};
-  std::atomic<bool> stalled_{false};  // a Lock() gave up (see Lock())
 };
 
 // "MPI_THREAD_SERIALIZED", ...
