@@ -122,31 +122,36 @@ MpiEnvironment::~MpiEnvironment() {
 }
 
 MpiEnvironment::CallLock MpiEnvironment::Lock() {
+  bool free = false;
+  if (held_.compare_exchange_strong(free, true)) return CallLock(this);
   std::unique_lock<std::mutex> lock(call_mu_);
-  if (held_) {
-    ++waiters_;
-    const auto since = std::chrono::steady_clock::now();
-    while (held_ && !stalled_) {
-      call_free_.wait_for(lock, std::chrono::milliseconds(10));
-      if (held_ && abandoned_ && std::chrono::steady_clock::now() - since >= kAbandonedLockWait) {
-        stalled_ = true;  // later calls give up at once: a failure path makes many
-      }
+  ++waiters_;
+  const auto since = std::chrono::steady_clock::now();
+  bool taken = false;
+  for (;;) {
+    free = false;
+    if (held_.compare_exchange_strong(free, true)) {
+      taken = true;
+      break;
     }
-    --waiters_;
-    if (held_) return CallLock();
+    if (stalled_) break;
+    call_free_.wait_for(lock, std::chrono::milliseconds(10));
+    if (abandoned_ && std::chrono::steady_clock::now() - since >= kAbandonedLockWait) {
+      free = false;
+      taken = held_.compare_exchange_strong(free, true);
+      if (!taken) stalled_ = true;  // later calls give up at once: a failure path makes many
+      break;
+    }
   }
-  held_ = true;
-  return CallLock(this);
+  --waiters_;
+  return taken ? CallLock(this) : CallLock();
 }
 
 void MpiEnvironment::Unlock() {
-  bool wake = false;
-  {
-    std::lock_guard<std::mutex> lock(call_mu_);
-    held_ = false;
-    wake = waiters_ > 0;
-  }
-  if (wake) call_free_.notify_one();
+  held_.store(false);
+  if (waiters_.load() == 0) return;
+  { std::lock_guard<std::mutex> lock(call_mu_); }  // a counted waiter is waiting, or sees held_
+  call_free_.notify_one();
 }
 
 Status MpiEnvironment::StalledError() const {

@@ -109,11 +109,15 @@ class MpiEnvironment {
 
   const int thread_level_;
   const bool owned_;
-  std::mutex call_mu_;  // guards held_, waiters_ and stalled_
+  // The call lock: held_ taken by compare-exchange (uncontended, no other atomic operation); a
+  // thread that finds it held waits on call_free_ under call_mu_, counted in waiters_, which
+  // Unlock() reads after clearing held_ (both sequentially consistent: a waiter either sees held_
+  // cleared or is counted, and then woken under call_mu_).
+  std::atomic<bool> held_{false};
+  std::atomic<int> waiters_{0};
+  std::mutex call_mu_;
   std::condition_variable call_free_;
-  bool held_ = false;     // a thread holds the CallLock
-  int waiters_ = 0;       // threads waiting in Lock()
-  bool stalled_ = false;  // a Lock() gave up (see Lock())
+  bool stalled_ = false;  // a Lock() gave up (see Lock()); guarded by call_mu_
   std::atomic<bool> abandoned_{false};
 };
 
