@@ -39,7 +39,7 @@ Status MpiError(int mpi_code, const char* call, const char* file, int line);
 // communicator's backend and control plane hold a shared_ptr to it (so does the engine's
 // keep_alive), and it goes away with the last of them. Acquire() is thread-safe. MPI's state is
 // per process, so this is the one object Concord finds through a process-wide registry (a
-// weak_ptr in Acquire()); it owns nothing but MPI's lifetime and a mutex.
+// weak_ptr in Acquire()); it owns nothing but MPI's lifetime and the lock of its calls.
 //
 // Thread level: Concord calls MPI from each communicator's stepping thread, its control plane's
 // liveness thread, and the thread that creates or destroys a communicator, never from the main
