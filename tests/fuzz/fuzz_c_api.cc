@@ -196,11 +196,21 @@ struct Comm {
 };
 Comm* g = nullptr;
 
+void FinalizeComm() {
+  if (g == nullptr) return;
+  Valid(concord_finalize(g->comm));
+  delete g;
+  g = nullptr;
+}
+
 void ReplaceComm() {
-  if (g != nullptr) {
-    Valid(concord_finalize(g->comm));
-    delete g;
+  if (g == nullptr) {
+    // libFuzzer ends with exit(): the communicator's engine thread is then stopped and joined
+    // before LeakSanitizer looks (its checker was registered earlier, so it runs after this),
+    // instead of running while the heap is scanned.
+    std::atexit(FinalizeComm);
   }
+  FinalizeComm();
   g = new Comm;
   concord_config_t c;
   concord_config_init(&c);
