@@ -233,8 +233,12 @@ std::map<uint32_t, std::string> ReadData(Reader& rd) {
   const uint32_t n = rd.Count(8);
   for (uint32_t i = 0; i < n && rd.ok(); ++i) {
     const uint32_t key = rd.U32();
-    if (!data.emplace(key, rd.Str()).second)
-      rd.Fail("inline data for key " + std::to_string(key) + " twice");
+    // Keys in increasing order, as WriteData writes them: one encoding per message.
+    if (!data.empty() && key <= data.rbegin()->first) {
+      rd.Fail("inline data for key " + std::to_string(key) + " after key " +
+              std::to_string(data.rbegin()->first) + " (keys must increase)");
+    }
+    data.emplace_hint(data.end(), key, rd.Str());
   }
   return data;
 }

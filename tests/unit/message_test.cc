@@ -171,6 +171,33 @@ TEST(MessageTest, InlineDataForNothingOrOfTheWrongSizeIsRejected) {
   expect_rejected(m, "op");
 }
 
+// Inline data is keyed in increasing order, as the serializer writes it: keys out of order or
+// repeated would parse into a message that serializes to other bytes (fuzz_messages found it).
+TEST(MessageTest, InlineDataKeysOutOfOrderOrRepeatedAreRejected) {
+  RequestMessage m;
+  m.cached_mask = {0xff};
+  m.cached_data[0] = "";
+  m.cached_data[2] = "";
+  const std::string good = SerializeRequestMessage(m);
+  ASSERT_TRUE(ParseRequestMessage(good).ok());
+  // The two entries (key u32, empty string: length u32) end the data section before the
+  // request data's count; swap their keys, then repeat one.
+  const size_t second_key = good.size() - 4 - 8;
+  const size_t first_key = second_key - 8;
+  for (const auto& [a, b] : {std::pair<char, char>{2, 0}, std::pair<char, char>{2, 2}}) {
+    std::string bytes = good;
+    ASSERT_EQ(bytes[first_key], 0);
+    ASSERT_EQ(bytes[second_key], 2);
+    bytes[first_key] = a;
+    bytes[second_key] = b;
+    auto parsed = ParseRequestMessage(bytes);
+    ASSERT_FALSE(parsed.ok()) << int{a} << "," << int{b};
+    EXPECT_EQ(parsed.status().code(), Code::kProtocolError);
+    EXPECT_NE(parsed.status().message().find("keys must increase"), std::string::npos)
+        << parsed.status().message();
+  }
+}
+
 TEST(MessageTest, ResponseItemsRoundTrip) {
   const ResponseMessage m = SampleResponseMessage();
   auto parsed = ParseResponseMessage(SerializeResponseMessage(m));
