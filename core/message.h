@@ -7,8 +7,9 @@
 //                    responses, each with its inline result when it was completed inline), or an
 //                    abort that fails the job on every rank; and the response-cache entries every
 //                    rank evicts once it executed the list (response_cache.h).
-// Little-endian, length-prefixed, versioned. Parse() never trusts its input: any truncation,
-// unknown tag, oversized count or invalid enum value gives kProtocolError, never a crash.
+// Little-endian, length-prefixed, versioned; one encoding per message (keyed entries in increasing
+// key order). Parse() never trusts its input: any truncation, unknown tag, oversized count,
+// invalid enum value or keys out of order gives kProtocolError, never a crash.
 #pragma once
 
 #include <cstdint>
