@@ -29,7 +29,7 @@ namespace concord {
 namespace gloo_internal {
 
 // Where the messages of one call go (calls on one context must not overlap) and the caller's
-// scratch area (grown as needed: two segments per peer and one more; reusable across calls).
+// scratch area (grown as needed: two segments per peer and a 16 KiB chunk; reusable across calls).
 struct OrderedRun {
   uint64_t fold_slot = 0;    // the blocks sent to their owners
   uint64_t gather_slot = 0;  // the folded segments (allreduce only)
