@@ -19,7 +19,8 @@ void Await(bool completed, const char* what) {
 // The fold goes through a cache-resident chunk of this many bytes (after the receive segments in
 // the scratch area), so that it reads every rank's values once and writes its result once, in
 // place where the result replaces this rank's own values. Folding whole 4 MiB segments into a
-// spare one (one pass per rank) and copying that into place took 4-5% more CPU time.
+// spare one (one pass per rank) and copying that into place cost about 4% of the CPU time of a
+// 64 MiB allreduce at 3 ranks over TCP (perf diff: the copy 2.9%, the extra pass 1.5%).
 constexpr size_t kFoldChunkBytes = size_t{16} << 10;
 
 // The reduce-scatter both calls share: sends every peer its block of `in`, receives this rank's
