@@ -19,6 +19,12 @@
 // (allreduce), x (n-1)/n (allgather), x 1 (broadcast). A workload row times whole steps the same
 // way.
 //
+// --versus-deterministic adds a second communicator initialised with deterministic = 1 (its own
+// job id, so it rendezvouses apart) and times each size on both, iterations alternating (A B, then
+// B A), so that the noise of a shared machine falls on both modes alike; it prints the
+// deterministic row and the ratio of the two. Separate jobs per mode, alternated
+// (perf/deterministic_overhead.sh), differ by 5-10 points from batch to batch on this machine.
+//
 // With --backend nccl the sweep's tensors are in GPU memory (device: local rank modulo the GPUs),
 // Concord runs with CONCORD_BACKEND=nccl, and the raw row is ncclAllReduce on the same device
 // buffer through a communicator of its own. Without a usable GPU the run is skipped, saying why
@@ -72,6 +78,7 @@ struct Options {
   // The communicator the rows run on: "world", "split:K" (sub-communicators of K consecutive
   // ranks, running side by side) or "group:r,r,..." (one of those ranks; the others idle).
   std::string comm = "world";
+  bool versus_deterministic = false;  // also time every size on a deterministic communicator
 };
 
 struct Row {
@@ -189,12 +196,20 @@ Options ParseOptions(int argc, char** argv) {
       o.comm = next();
       if (o.comm != "world" && o.comm.rfind("split:", 0) != 0 && o.comm.rfind("group:", 0) != 0)
         Usage("--comm must be world, split:K or group:r,r,...");
+    } else if (a == "--versus-deterministic") {
+      o.versus_deterministic = true;
     } else {
       Usage("unknown argument '" + a + "'");
     }
   }
   if (o.backend == "nccl" && !o.workload.empty())
     Usage("--workload is not supported with --backend nccl (it uses CPU buffers)");
+  if (o.versus_deterministic && (o.backend == "nccl" || !o.workload.empty() || o.comm != "world" ||
+                                 (o.op != "allreduce" && o.op != "reducescatter"))) {
+    Usage(
+        "--versus-deterministic takes --op allreduce or reducescatter on CPU buffers, the world "
+        "communicator and no --workload");
+  }
   return o;
 }
 
@@ -281,46 +296,56 @@ concord_status_t SendRecvOnce(concord_comm_t comm, const concord_tensor_t& t, vo
 // Every timing below takes the --percentile (the median by default) of each rank's times per
 // iteration, then the maximum across ranks.
 
-// Benchmarks one Concord op at one size; returns the seconds per op (max over ranks).
-double TimeConcordOp(concord_comm_t comm, const Options& o, int size, size_t bytes,
-                     const Buffers& b) {
-  const size_t elem = DTypeSize(o.dtype);
-  const std::string name = "perf." + o.op + "." + std::to_string(bytes);
-  int64_t count = static_cast<int64_t>(bytes / elem);
+// One Concord op of `bytes` on comm, waited for.
+concord_status_t RunConcordOp(concord_comm_t comm, const Options& o, int size, size_t bytes,
+                              const Buffers& b, const std::string& name) {
+  const int64_t count = static_cast<int64_t>(bytes / DTypeSize(o.dtype));
   int64_t per_rank = o.op == "allgather" ? count / size : count;
   concord_tensor_t t{b.in, static_cast<concord_dtype_t>(o.dtype), 1, &per_rank, b.device};
   concord_allreduce_opts_t ao;
   concord_allreduce_opts_init(&ao);
   ao.op = static_cast<concord_reduce_op_t>(o.redop);
-  std::vector<double> times;
-  for (int i = 0; i < o.warmup + o.iters; ++i) {
-    if (i == 0 || i == o.warmup) Check(comm, concord_barrier(comm), "barrier");
-    const double t0 = Now();
-    concord_status_t s;
-    if (o.op == "allreduce") {
-      s = concord_allreduce(comm, name.c_str(), &t, nullptr, &ao);
-    } else if (o.op == "allgather") {
-      s = concord_allgather(comm, name.c_str(), &t, b.out, b.capacity);
-    } else if (o.op == "reducescatter") {
-      // `bytes` is the input; each rank receives its 1/size share.
-      int64_t share = count / size;
-      concord_tensor_t out{b.out, static_cast<concord_dtype_t>(o.dtype), 1, &share, b.device};
-      concord_reducescatter_opts_t ro;
-      concord_reducescatter_opts_init(&ro);
-      ro.op = ao.op;
-      s = concord_reducescatter(comm, name.c_str(), &t, &out, &ro);
-    } else if (o.op == "alltoall") {
-      // `bytes` is each rank's input, 1/size of it to every rank (the even split).
-      s = concord_alltoall(comm, name.c_str(), &t, b.out, b.capacity, nullptr, nullptr, 0);
-    } else if (o.op == "sendrecv") {
-      s = SendRecvOnce(comm, t, b.out);
-    } else {
-      s = concord_broadcast(comm, name.c_str(), &t, nullptr, 0);
-    }
-    Check(comm, s, o.op);
-    if (i >= o.warmup) times.push_back(Now() - t0);
+  if (o.op == "allreduce") return concord_allreduce(comm, name.c_str(), &t, nullptr, &ao);
+  if (o.op == "allgather") return concord_allgather(comm, name.c_str(), &t, b.out, b.capacity);
+  if (o.op == "reducescatter") {
+    // `bytes` is the input; each rank receives its 1/size share.
+    int64_t share = count / size;
+    concord_tensor_t out{b.out, static_cast<concord_dtype_t>(o.dtype), 1, &share, b.device};
+    concord_reducescatter_opts_t ro;
+    concord_reducescatter_opts_init(&ro);
+    ro.op = ao.op;
+    return concord_reducescatter(comm, name.c_str(), &t, &out, &ro);
   }
-  return MaxAcrossRanks(comm, Percentile(times, o.percentile), name + ".time");
+  if (o.op == "alltoall") {
+    // `bytes` is each rank's input, 1/size of it to every rank (the even split).
+    return concord_alltoall(comm, name.c_str(), &t, b.out, b.capacity, nullptr, nullptr, 0);
+  }
+  if (o.op == "sendrecv") return SendRecvOnce(comm, t, b.out);
+  return concord_broadcast(comm, name.c_str(), &t, nullptr, 0);
+}
+
+// Benchmarks one Concord op at one size on each of `comms` (communicators of the same ranks),
+// iterations alternating between them, the order of each round reversed in the next; returns
+// each one's seconds per op (max over ranks).
+std::vector<double> TimeConcordOp(const std::vector<concord_comm_t>& comms, const Options& o,
+                                  int size, size_t bytes, const Buffers& b) {
+  const std::string name = "perf." + o.op + "." + std::to_string(bytes);
+  std::vector<std::vector<double>> times(comms.size());
+  for (int i = 0; i < o.warmup + o.iters; ++i) {
+    for (size_t k = 0; k < comms.size(); ++k) {
+      const size_t c = i % 2 == 0 ? k : comms.size() - 1 - k;
+      if (i == 0 || i == o.warmup) Check(comms[c], concord_barrier(comms[c]), "barrier");
+      const double t0 = Now();
+      Check(comms[c], RunConcordOp(comms[c], o, size, bytes, b, name), o.op);
+      if (i >= o.warmup) times[c].push_back(Now() - t0);
+    }
+  }
+  std::vector<double> seconds;
+  for (size_t c = 0; c < comms.size(); ++c) {
+    seconds.push_back(MaxAcrossRanks(comms[0], Percentile(times[c], o.percentile),
+                                     name + ".time." + std::to_string(c)));
+  }
+  return seconds;
 }
 
 // Seconds per raw Gloo allreduce of `count` floats with one algorithm (max over ranks);
@@ -502,8 +527,10 @@ std::unique_ptr<Store> OpenRawStore(int size) {
   return std::move(*store);
 }
 
-int RunSweep(concord_comm_t comm, const Options& o, int rank, int size, Store* store,
-             const Buffers& b, std::vector<Row>* rows) {
+// `deterministic`: null, or a communicator of the same ranks in deterministic mode
+// (--versus-deterministic) whose rows run beside Concord's.
+int RunSweep(concord_comm_t comm, concord_comm_t deterministic, const Options& o, int rank,
+             int size, Store* store, const Buffers& b, std::vector<Row>* rows) {
   const bool float_sum =
       o.op == "allreduce" && o.dtype == DType::kFloat32 && o.redop == ReduceOp::kSum;
   // The other collectives' raw rows: Gloo's own and MPI's reduce-scatter, all-to-all, allgather
@@ -532,10 +559,21 @@ int RunSweep(concord_comm_t comm, const Options& o, int rank, int size, Store* s
   const size_t elem = DTypeSize(o.dtype);
   for (size_t bytes = o.min_bytes; bytes <= o.max_bytes;) {
     const size_t rounded = bytes / (elem * size) * (elem * size);
-    Row concord_row = MakeRow(o.op, "concord", size, rounded,
-                              TimeConcordOp(comm, o, size, rounded, b), o.backend);
+    std::vector<concord_comm_t> comms = {comm};
+    if (deterministic != nullptr) comms.push_back(deterministic);
+    const std::vector<double> seconds = TimeConcordOp(comms, o, size, rounded, b);
+    Row concord_row = MakeRow(o.op, "concord", size, rounded, seconds[0], o.backend);
     rows->push_back(concord_row);
     if (rank == 0) PrintRow(concord_row);
+    if (deterministic != nullptr) {
+      Row r = MakeRow(o.op, "concord deterministic", size, rounded, seconds[1], o.backend);
+      rows->push_back(r);
+      if (rank == 0) {
+        PrintRow(r);
+        std::printf("%12s  deterministic/default: time x%.3f (%+.1f%%)\n", "",
+                    seconds[1] / seconds[0], 100 * (seconds[1] / seconds[0] - 1));
+      }
+    }
     if (raw_mpi) {
       const char* what = o.op == "reducescatter" ? "raw MPI_Reduce_scatter_block"
                          : o.op == "alltoall"    ? "raw MPI_Alltoallv"
@@ -790,6 +828,33 @@ concord_comm_t SubCommunicator(concord_comm_t world, const Options& o) {
   return sub;
 }
 
+// --versus-deterministic: a second world communicator in deterministic mode, under a job id of
+// its own so that its rendezvous does not meet the first's. Exits when it cannot be made.
+concord_comm_t DeterministicTwin(const Options& o) {
+  std::string job = "default";
+  // The variables concord_init reads the job id from (README, Configuration), in its order.
+  for (const char* name :
+       {"CONCORD_JOB_ID", "TORCHELASTIC_RUN_ID", "OMPI_MCA_ess_base_jobid", "SLURM_JOB_ID"}) {
+    if (const char* v = std::getenv(name); v != nullptr && *v != '\0') {
+      job = v;
+      break;
+    }
+  }
+  job += ".deterministic";
+  concord_config_t config;
+  concord_config_init(&config);
+  config.backend = o.backend.c_str();
+  config.job_id = job.c_str();
+  config.deterministic = 1;
+  concord_comm_t twin = nullptr;
+  if (concord_init_config(&config, &twin) != CONCORD_SUCCESS) {
+    std::fprintf(stderr, "concord-perf: --versus-deterministic: init failed: %s\n",
+                 concord_comm_last_error(nullptr));
+    std::exit(1);
+  }
+  return twin;
+}
+
 }  // namespace concord
 
 int main(int argc, char** argv) {
@@ -863,10 +928,13 @@ int main(int argc, char** argv) {
     b.in = host_in.data();
     b.out = host_out.data();
   }
-  const int rc = o.workload.empty() ? RunSweep(comm, o, rank, size, store.get(), b, &rows)
-                                    : RunWorkload(comm, o, rank, size, store.get(), &rows);
+  concord_comm_t deterministic = o.versus_deterministic ? DeterministicTwin(o) : nullptr;
+  const int rc = o.workload.empty()
+                     ? RunSweep(comm, deterministic, o, rank, size, store.get(), b, &rows)
+                     : RunWorkload(comm, o, rank, size, store.get(), &rows);
   for (Row& r : rows) r.backend = o.backend;
   if (rc == 0 && rank == 0 && !o.json.empty()) WriteJson(o.json, rows, o.percentile);
+  if (deterministic != nullptr) concord_finalize(deterministic);
   if (comm != world) concord_finalize(comm);
   concord_finalize(world);
   return rc;

@@ -1,7 +1,8 @@
 """concord-perf's command line, on one rank: every backend it documents is taken (--backend nccl
 was once refused by a second, stale parse of --backend, so perf/gpu-check.sh could not run it),
---percentile P changes the statistic and says so (also in --json), and bad values are refused
-with exit 2.
+--percentile P changes the statistic and says so (also in --json), --versus-deterministic adds
+the deterministic communicator's row and the ratio (and refuses what it cannot time), and bad
+values are refused with exit 2.
 
 Usage: concord_perf_cli_test.py PATH_TO_CONCORD_PERF
 """
@@ -45,6 +46,24 @@ with tempfile.TemporaryDirectory() as tmp:
         rows = json.load(f)
     check(len(rows) == 1 and rows[0]["percentile"] == 90 and rows[0]["time_us"] > 0,
           "--json records the percentile", json.dumps(rows))
+
+with tempfile.TemporaryDirectory() as tmp:
+    path = os.path.join(tmp, "rows.json")
+    rc, out = run("--op", "reducescatter", "--bytes", "4K:64K", "--factor", "16", "--iters", "3",
+                  "--warmup", "0", "--no-raw", "--versus-deterministic", "--json", path)
+    check(rc == 0 and out.count(" concord deterministic ") == 2
+          and out.count("deterministic/default: time x") == 2,
+          "--versus-deterministic times both communicators at every size", out)
+    with open(path) as f:
+        impls = [r["implementation"] for r in json.load(f)]
+    check(impls == ["concord", "concord deterministic"] * 2,
+          "--json has both rows per size", json.dumps(impls))
+
+for bad in (["--op", "sendrecv"], ["--workload", "w.txt"], ["--comm", "split:1"],
+            ["--backend", "nccl"]):
+    rc, out = run("--versus-deterministic", *bad)
+    check(rc == 2 and "--versus-deterministic takes" in out,
+          f"--versus-deterministic with {' '.join(bad)} refused", out)
 
 for bad in ("0", "100", "x", "50x"):
     rc, out = run("--percentile", bad)
