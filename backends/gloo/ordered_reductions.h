@@ -47,8 +47,8 @@ void OrderedReduceScatter(const std::shared_ptr<gloo::Context>& context, const v
                           const std::vector<size_t>& counts, DType dtype, ReduceOp op,
                           const OrderedRun& run);
 
-// In-place allreduce of count elements as that fold (blocks of nearly equal size), every rank
-// ending with the same bits. Otherwise as OrderedReduceScatter.
+// In-place allreduce of count elements as that fold (blocks of whole cache lines, the last taking
+// what is left), every rank ending with the same bits. Otherwise as OrderedReduceScatter.
 void OrderedAllreduce(const std::shared_ptr<gloo::Context>& context, void* data, size_t count,
                       DType dtype, ReduceOp op, const OrderedRun& run);
 

@@ -150,8 +150,9 @@ TEST(OrderedReductionsTest, AllreduceGivesEveryRankTheRankOrderFold) {
         size, [&](const std::shared_ptr<gloo_internal::GlooContext>& context, int rank) {
           std::vector<uint8_t> scratch;
           // (segment bytes, count): segments of an element or a few, and of more than a block.
+          // Blocks are whole cache lines: 40 4-byte elements at 4 ranks leave rank 3 none.
           const std::vector<std::pair<size_t, size_t>> cases = {
-              {4, 0}, {4, 1}, {4, 3}, {4, 37}, {24, 37}, {1000, 1}, {1000, 4099}};
+              {4, 0}, {4, 1}, {4, 3}, {4, 37}, {24, 37}, {8, 40}, {1000, 1}, {1000, 4099}};
           for (const auto& [segment_bytes, count] : cases) {
             for (DType dtype : harness::kAllDTypes) {
               for (ReduceOp op : harness::kAllReduceOps) {
