@@ -880,6 +880,8 @@ int main(int argc, char** argv) {
   concord_config_t config;
   concord_config_init(&config);
   config.backend = o.backend.c_str();
+  // Beside its deterministic twin, the default mode whatever CONCORD_DETERMINISTIC says.
+  if (o.versus_deterministic) config.deterministic = 0;
   if (concord_init_config(&config, &comm) != CONCORD_SUCCESS) {
     std::fprintf(stderr, "concord-perf: init failed: %s\n", concord_comm_last_error(nullptr));
     return 1;
