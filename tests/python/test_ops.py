@@ -155,7 +155,7 @@ def test_handle_waited_from_two_threads(comm):
 def test_dropped_handles_inside_a_group(comm):
     """Handles dropped before their group is submitted: no blocking, the engine's buffers stay
     alive, and later submissions free the finished requests."""
-    from concord import comm as comm_module
+    from concord import handle as handle_module
     done = threading.Event()
     with comm.group():
         comm.allreduce_async(np.full(5000, comm.rank + 1.0), name="dropped.0")
@@ -163,7 +163,7 @@ def test_dropped_handles_inside_a_group(comm):
     assert done.wait(30)
     comm.barrier()  # the dropped allreduce finished before this barrier
     comm.barrier()  # this submission swept it
-    assert not comm_module._ORPHANS
+    assert not handle_module._ORPHANS
 
 
 def rows_of(rank):

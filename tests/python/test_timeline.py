@@ -153,7 +153,7 @@ def test_a_path_that_cannot_be_written_is_an_error_naming_it(world):
     with pytest.raises(concord.ConcordError) as e:
         world.timeline("/nonexistent-dir/t").__enter__()
     assert "/nonexistent-dir/t.rank%d: No such file or directory" % world.rank in e.value.message
-    from concord.comm import lib as load
+    from concord.handle import lib as load
     lib = load()
     assert lib.concord_timeline_start(world._live(), None) == Status.ERR_INVALID_ARGUMENT
     assert "path is NULL or empty" in lib.concord_comm_last_error(world._live()).decode()

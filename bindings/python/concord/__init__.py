@@ -18,9 +18,11 @@ backend "concord", concord.torch_backend; concord.torch.hooks: DDP communication
 import enum
 
 from ._lib import UNDEFINED
-from .comm import Communicator, Handle, check_compression, compression_supported, lib
+from .comm import Communicator
+from .compression import check_compression, compression_supported
 from .errors import (ConcordError, ConcordTimeoutError, InvalidArgumentError, Status,
                      UnavailableError, WaitTimeoutError)
+from .handle import Handle, lib
 
 __all__ = [
     "Communicator", "Handle", "ConcordError", "ConcordTimeoutError", "InvalidArgumentError",

@@ -14,7 +14,7 @@ import io
 
 import torch
 
-from . import comm as _comm
+from .compression import _check_compression
 from .errors import InvalidArgumentError, UnavailableError
 
 
@@ -138,7 +138,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     sub-communicator (Communicator.split or create_group), as Horovod's process sets: gradients
     are averaged over its ranks only (the same as comm=)."""
     comm = _communicator(comm, process_set)
-    _comm._check_compression(compression)  # an old library: fail at construction, not in backward
+    _check_compression(compression)  # an old library: fail at construction, not in backward
     cls = type(optimizer.__class__.__name__, (_DistributedMixin, optimizer.__class__), {})
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)  # the same param_groups, state and defaults

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from . import comm as _comm
+from .compression import check_compression
 from .errors import ConcordError, InvalidArgumentError, Status, make_error
 
 _PREFIXES = itertools.count()
@@ -135,7 +136,7 @@ def allreduce_hook(compression=None, comm=None, prefix=None):
     the group's must have the group's ranks. prefix: the buckets' names begin with it (default
     "ddp.<n>", n counting the hooks made in this process: make them in the same order on every
     rank, or name them)."""
-    _comm.check_compression(compression)
+    check_compression(compression)
     if comm is not None and not isinstance(comm, _comm.Communicator):
         raise InvalidArgumentError(Status.ERR_INVALID_ARGUMENT,
                                    "comm must be a concord.Communicator, got %r" % (comm,))

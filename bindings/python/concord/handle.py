@@ -1,0 +1,243 @@
+"""Handle: one enqueued operation, and what handles need underneath comm.py (which imports this
+module, never the reverse): the loaded library, completion callbacks, and the requests of handles
+dropped unfinished.
+
+lib() loads libconcord once per process, on first use, from any thread. Ownership: a Handle owns
+its request and the tensors the engine uses (keepalive) until the operation finishes; then
+_complete frees the request, unless the result views memory the request owns (_viewed returns it
+wrapped in _Adopted): then the request is the result's (_RequestMemory) and is freed when the
+last view goes. A Handle dropped unfinished hands its request and tensors to _ORPHANS, and
+_sweep_orphans (comm.py calls it at each submission and at finalize) frees those that have
+finished. _PENDING holds each callback, with its operation's tensors, under the key handed to C
+as user_data: Communicator._callback adds it, and _on_complete pops it on whichever thread
+completes the operation (the submission pops it when the enqueue fails).
+
+Threading: lib(), _PENDING (under _PENDING_LOCK) and _ORPHANS (under _ORPHANS_LOCK) may be used
+from any thread. A Handle may be waited on and polled from many threads: its lock lets one thread
+complete it and free the request while the others block until the result is there.
+"""
+import ctypes
+import itertools
+import threading
+
+from . import _lib, device, tensors
+from .errors import ConcordError, Status, WaitTimeoutError, make_error
+
+_LIB = None
+_LIB_LOCK = threading.Lock()
+
+
+def lib():
+    """The loaded libconcord (loaded on first use)."""
+    global _LIB
+    if _LIB is not None:
+        return _LIB
+    with _LIB_LOCK:
+        if _LIB is None:
+            _LIB = _lib.load()
+        return _LIB
+
+
+# Completion callbacks: one C trampoline for the whole process; user_data is a key into _PENDING,
+# which holds the Python callable (and its handle's buffers) until the engine calls back.
+_PENDING = {}
+_PENDING_LOCK = threading.Lock()
+_KEYS = itertools.count(1)
+
+
+def _on_complete(request, status, user_data):
+    with _PENDING_LOCK:
+        entry = _PENDING.pop(user_data, None)
+    if entry is None:
+        return
+    fn, _keepalive = entry
+    try:
+        fn(Status(status) if status in Status._value2member_map_ else status)
+    except Exception:  # an exception cannot cross into C: report it as Python would
+        import traceback
+        traceback.print_exc()
+
+
+class _RequestMemory:
+    """Owns a finished request whose result memory an array or tensor views (tensors.view_address):
+    frees the request when the last view goes."""
+
+    def __init__(self, request):
+        self._request = request
+
+    def disown(self):
+        """Gives the request back (to Handle._complete, which frees it): no view was made."""
+        self._request = None
+
+    def __del__(self):
+        request, self._request = self._request, None
+        if request is not None and _LIB is not None:  # None: the interpreter is shutting down
+            _LIB.concord_request_free(request)
+
+
+class _Adopted:
+    """What a finish function returns when its result views memory its request owns (_viewed):
+    Handle._complete then leaves the request to that result instead of freeing it."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+def _viewed(request, address, nbytes, dtype, shape, torch_like):
+    """The result the request owns (nbytes at address) as a new array or tensor that views it, or
+    (no bytes) a new empty one; None: no view was made and the request stays the caller's."""
+    if not nbytes:
+        return None
+    owner = _RequestMemory(request)
+    try:
+        return tensors.view_address(address, nbytes, dtype, shape, owner, torch_like)
+    except BaseException:
+        owner.disown()
+        raise
+
+
+_TRAMPOLINE = _lib.CALLBACK(_on_complete)
+_NO_CALLBACK = ctypes.cast(None, _lib.CALLBACK)
+
+
+class Handle:
+    """One enqueued operation. wait() blocks until it finishes and returns its result (raising
+    ConcordError on failure; with a timeout that passes first, WaitTimeoutError, and the operation
+    goes on); poll() says whether it finished without blocking. The handle keeps
+    its tensors alive until the operation is done; a handle dropped unfinished hands its request
+    and tensors to a list that later submissions and finalize() free once it has finished.
+
+    An operation on CUDA tensors: wait() is torch's Work.wait() for NCCL (see wait());
+    synchronize() blocks the host until the operation finished."""
+
+    def __init__(self, comm, request, keepalive, finish, device_index=None):
+        self._comm = comm
+        self._request = request
+        self._keepalive = keepalive
+        self._finish = finish  # builds the result once the request succeeded
+        self._device = device_index  # the CUDA device of an operation on CUDA tensors, else None
+        self._result = None
+        self._error = None
+        self._wire_bytes = 0
+        self._done = False
+        self._lock = threading.Lock()  # one thread completes and frees the request
+
+    def poll(self):
+        """True once the operation finished (successfully or not); never blocks."""
+        with self._lock:
+            if self._done:
+                return True
+            return lib().concord_test(self._request) != _lib.IN_PROGRESS
+
+    def wait(self, timeout=None):
+        """Blocks until done and returns the result: the output tensor, or None for a barrier;
+        raises ConcordError (by status) when the operation failed, ConcordTimeoutError when it
+        failed by a deadline of its own. timeout: seconds to wait at most (None: as long as the
+        engine's own deadlines allow); when it passes first, raises WaitTimeoutError and the
+        operation goes on: wait again, or poll(). Any thread may wait; a second waiter blocks
+        until the first has the result.
+
+        On CUDA tensors, as torch's NCCL works: makes torch's current stream of the tensors'
+        device wait on the GPU for the operation (concord_request_wait_stream) and returns the
+        output, blocking the host only until the operation has been launched (timeout bounds
+        that). An error known by then raises; one on the device later is seen by synchronize(),
+        the callback's status and the communicator's next operations. The handle keeps the
+        tensors until the operation has finished."""
+        if self._device is not None:
+            return self._wait_stream(timeout)
+        return self.synchronize(timeout)
+
+    def _wait_stream(self, timeout):
+        with self._lock:
+            if not self._done:
+                L = lib()
+                limit = -1.0 if timeout is None else float(timeout)
+                status = device.wait_stream(L, self._request, self._device, limit)
+                if status == Status.IN_PROGRESS:
+                    raise WaitTimeoutError(timeout)
+                final = L.concord_test(self._request)
+                if final != _lib.IN_PROGRESS:
+                    self._complete(final)
+                elif status != Status.SUCCESS:
+                    message = L.concord_request_error(self._request).decode(errors="replace")
+                    raise make_error(status, message)
+                else:
+                    return self._finish(None)
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def synchronize(self, timeout=None):
+        """Blocks the host until the operation finished and returns its result, as wait() does
+        for CPU tensors (for them the two are the same)."""
+        with self._lock:
+            if not self._done:
+                L = lib()
+                limit = -1.0 if timeout is None else float(timeout)
+                status = L.concord_wait(self._request, limit)
+                if status == Status.IN_PROGRESS:
+                    raise WaitTimeoutError(timeout)
+                if status == Status.ERR_TIMEOUT and \
+                        L.concord_test(self._request) == _lib.IN_PROGRESS:
+                    # A libconcord older than IN_PROGRESS from concord_wait said TIMEOUT for its
+                    # own limit: the request still runs.
+                    raise WaitTimeoutError(timeout)
+                self._complete(status)
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def wire_bytes(self):
+        """Bytes this rank put on the wire for the operation (waits for it first); see
+        concord_request_wire_bytes in concord.h."""
+        self.synchronize()
+        return self._wire_bytes
+
+    def _complete(self, status):
+        L = lib()
+        adopted = False
+        try:
+            if status == Status.SUCCESS:
+                count = ctypes.c_uint64(0)
+                if L.concord_request_wire_bytes(self._request, ctypes.byref(count)) == 0:
+                    self._wire_bytes = count.value
+                self._result = self._finish(self._request)
+                if isinstance(self._result, _Adopted):
+                    adopted = True
+                    self._result = self._result.value
+            else:
+                message = L.concord_request_error(self._request).decode(errors="replace")
+                self._error = make_error(status, message)
+        except ConcordError as e:
+            self._error = e
+        finally:
+            if not adopted:
+                L.concord_request_free(self._request)
+            self._request = None
+            self._keepalive = None
+            self._done = True
+
+    def __del__(self):
+        # Never block here (inside a group the request may not even be submitted yet): an
+        # unfinished request is parked with its tensors until it finishes.
+        if not self._done and self._request is not None:
+            with _ORPHANS_LOCK:
+                _ORPHANS.append((self._request, self._keepalive))
+
+
+# Requests whose Handle was dropped before they finished, with the tensors the engine still uses.
+# Each new submission and each finalize frees those that have finished.
+_ORPHANS = []
+_ORPHANS_LOCK = threading.Lock()
+
+
+def _sweep_orphans():
+    with _ORPHANS_LOCK:
+        L = lib()
+        running = []
+        for request, keepalive in _ORPHANS:
+            if L.concord_test(request) == _lib.IN_PROGRESS:
+                running.append((request, keepalive))
+            else:
+                L.concord_request_free(request)
+        _ORPHANS[:] = running
