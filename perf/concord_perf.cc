@@ -829,7 +829,8 @@ concord_comm_t SubCommunicator(concord_comm_t world, const Options& o) {
 }
 
 // --versus-deterministic: a second world communicator in deterministic mode, under a job id of
-// its own so that its rendezvous does not meet the first's. Exits when it cannot be made.
+// its own so that its rendezvous does not meet the first's; null (saying why) when it cannot be
+// made.
 concord_comm_t DeterministicTwin(const Options& o) {
   std::string job = "default";
   // The variables concord_init reads the job id from (README, Configuration), in its order.
@@ -850,7 +851,7 @@ concord_comm_t DeterministicTwin(const Options& o) {
   if (concord_init_config(&config, &twin) != CONCORD_SUCCESS) {
     std::fprintf(stderr, "concord-perf: --versus-deterministic: init failed: %s\n",
                  concord_comm_last_error(nullptr));
-    std::exit(1);
+    return nullptr;
   }
   return twin;
 }
@@ -931,6 +932,11 @@ int main(int argc, char** argv) {
     b.out = host_out.data();
   }
   concord_comm_t deterministic = o.versus_deterministic ? DeterministicTwin(o) : nullptr;
+  if (o.versus_deterministic && deterministic == nullptr) {
+    if (comm != world) concord_finalize(comm);
+    concord_finalize(world);
+    return 1;
+  }
   const int rc = o.workload.empty()
                      ? RunSweep(comm, deterministic, o, rank, size, store.get(), b, &rows)
                      : RunWorkload(comm, o, rank, size, store.get(), &rows);
