@@ -36,6 +36,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -829,19 +830,14 @@ concord_comm_t SubCommunicator(concord_comm_t world, const Options& o) {
 }
 
 // --versus-deterministic: a second world communicator in deterministic mode, under a job id of
-// its own so that its rendezvous does not meet the first's; null (saying why) when it cannot be
-// made.
-concord_comm_t DeterministicTwin(const Options& o) {
-  std::string job = "default";
-  // The variables concord_init reads the job id from (README, Configuration), in its order.
-  for (const char* name :
-       {"CONCORD_JOB_ID", "TORCHELASTIC_RUN_ID", "OMPI_MCA_ess_base_jobid", "SLURM_JOB_ID"}) {
-    if (const char* v = std::getenv(name); v != nullptr && *v != '\0') {
-      job = v;
-      break;
-    }
-  }
-  job += ".deterministic";
+// its own (rank 0's random token, broadcast on `world`) so that its rendezvous does not meet the
+// first's; null (saying why) when it cannot be made.
+concord_comm_t DeterministicTwin(concord_comm_t world, const Options& o) {
+  int64_t token = static_cast<int64_t>(std::random_device{}() & 0x7fffffff);
+  int64_t one = 1;
+  concord_tensor_t t{&token, CONCORD_INT64, 1, &one, CONCORD_DEVICE_CPU};
+  Check(world, concord_broadcast(world, "perf.twin.token", &t, nullptr, 0), "broadcast");
+  const std::string job = "concord-perf.deterministic." + std::to_string(token);
   concord_config_t config;
   concord_config_init(&config);
   config.backend = o.backend.c_str();
@@ -931,7 +927,7 @@ int main(int argc, char** argv) {
     b.in = host_in.data();
     b.out = host_out.data();
   }
-  concord_comm_t deterministic = o.versus_deterministic ? DeterministicTwin(o) : nullptr;
+  concord_comm_t deterministic = o.versus_deterministic ? DeterministicTwin(world, o) : nullptr;
   if (o.versus_deterministic && deterministic == nullptr) {
     if (comm != world) concord_finalize(comm);
     concord_finalize(world);
