@@ -48,22 +48,41 @@ struct DeviceTensor {
   void* ready_event = nullptr;   // the collective waits for this event
 };
 
-enum class DeviceOpKind { kAllreduce, kAllgatherv, kBroadcast };
+enum class DeviceOpKind {
+  kAllreduce,
+  kAllgatherv,
+  kBroadcast,
+  kReducescatter,
+  kAlltoallv,
+  kReduce,
+  kGatherv,
+};
 
 struct DeviceCollective {
   DeviceOpKind kind = DeviceOpKind::kAllreduce;
   int device = 0;
   DType dtype = DType::kFloat32;
-  // Allreduce: out = postscale * reduce(prescale * in); kAverage divides the sum by the number of
-  // ranks (integers truncate toward zero). Several tensors (same dtype, op and scales) are fused:
-  // they travel as one message through the backend's fusion buffer.
+  // Allreduce, reducescatter, reduce: out = postscale * reduce(prescale * in); kAverage divides
+  // the sum by the number of ranks (integers truncate toward zero). Several allreduced tensors
+  // (same dtype, op and scales) are fused: they travel as one message through the backend's
+  // fusion buffer.
   ReduceOp op = ReduceOp::kSum;
   double prescale = 1.0;
   double postscale = 1.0;
-  int root = 0;  // broadcast
-  // Allgatherv: rank r contributes bytes_per_rank[r] bytes; tensors[0].output receives them all in
-  // rank order (a null output: the backend gathers into scratch memory and drops the result).
+  int root = 0;  // broadcast, reduce, gatherv
+  // Allgatherv, gatherv: rank r contributes bytes_per_rank[r] bytes; tensors[0].output receives
+  // them all in rank order (gatherv: on the root only). A null output: the backend receives into
+  // scratch memory and drops the result. Alltoallv: this rank sends bytes_per_rank[r] bytes of
+  // its input (rank order) to rank r, and receives recv_bytes_per_rank[r] from rank r into its
+  // output (rank order; a null output: into scratch, dropped).
   std::vector<size_t> bytes_per_rank;
+  std::vector<size_t> recv_bytes_per_rank;
+  // Reducescatter: the input holds sum(counts_per_rank) elements, rank r's block after those of
+  // ranks 0 .. r-1; this rank's output receives its block of the reduction (counts_per_rank[rank]
+  // elements). Every rank gives the same counts. An output that overlaps the input is allowed.
+  std::vector<size_t> counts_per_rank;
+  // Reduce: tensors[0].count elements; the root's output receives the reduction, the others'
+  // output is not written (it may be null).
   std::vector<DeviceTensor> tensors;  // allreduce: 1 or more; the other kinds: exactly 1
   Deadline deadline = Deadline::Infinite();
 };

@@ -51,6 +51,43 @@ StatusOr<ncclDataType_t> NcclType(DType dtype) {
                                         " is not supported by NCCL " + cuda::NcclVersion());
 }
 
+constexpr size_t kStagingAlignment = 256;
+
+size_t AlignUp(size_t n) {
+  return (n + kStagingAlignment - 1) / kStagingAlignment * kStagingAlignment;
+}
+
+bool Overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+  const auto x = reinterpret_cast<uintptr_t>(a);
+  const auto y = reinterpret_cast<uintptr_t>(b);
+  return a_bytes > 0 && b_bytes > 0 && x < y + b_bytes && y < x + a_bytes;
+}
+
+// Collects the first failure of the calls issued between ncclGroupStart and ncclGroupEnd (which
+// must run whatever happened, so the group is closed).
+class GroupCalls {
+ public:
+  explicit GroupCalls(ncclComm_t comm) : comm_(comm) {}
+  void Check(ncclResult_t result, const char* call) {
+    if (issued_.ok() && result != ncclSuccess && result != ncclInProgress) {
+      issued_ = nccl::NcclError(result, call, __FILE__, __LINE__, comm_);
+    }
+  }
+  bool ok() const { return issued_.ok(); }
+  Status End() {
+    const ncclResult_t ended = ncclGroupEnd();
+    CONCORD_RETURN_IF_ERROR(issued_);
+    if (ended != ncclSuccess && ended != ncclInProgress) {
+      return nccl::NcclError(ended, "ncclGroupEnd", __FILE__, __LINE__, comm_);
+    }
+    return Status::Ok();
+  }
+
+ private:
+  ncclComm_t comm_;
+  Status issued_;
+};
+
 // The completion of one launch: a CUDA event recorded on the backend's stream after it.
 class NcclEvent : public DeviceEvent {
  public:
@@ -96,11 +133,24 @@ class NcclBackend : public DeviceBackend {
     std::vector<cuda::DeviceBuffer> retired;  // fusion buffers outgrown before this launch
   };
 
+  // Refuses a malformed collective before anything of it is enqueued (the communicator stays).
+  Status Validate(const DeviceCollective& c) const;
   // Waits (holding comm_mu_) until the non-blocking communicator has accepted what was issued.
   Status WaitComm(Deadline deadline);
   Status Enqueue(const DeviceCollective& c);
   Status EnqueueAllreduce(const DeviceCollective& c);
   Status EnqueueAllgatherv(const DeviceCollective& c);
+  Status EnqueueReducescatter(const DeviceCollective& c);
+  Status EnqueueAlltoallv(const DeviceCollective& c);
+  Status EnqueueReduce(const DeviceCollective& c);
+  Status EnqueueGatherv(const DeviceCollective& c);
+  // NCCL's reduction for c.op; *post is c.postscale, with the division folded in for an average
+  // on an NCCL without ncclAvg.
+  StatusOr<ncclRedOp_t> RedOp(const DeviceCollective& c, double* post) const;
+  // dst = src * scale, `count` elements, on stream_ (the packer; dst is fusion-buffer memory).
+  Status ScaledCopy(const void* src, void* dst, size_t count, DType dtype, double scale);
+  // dst = src * scale, `count` elements, on stream_ (src is fusion-buffer memory).
+  Status ScaledCopyOut(const void* src, void* dst, size_t count, DType dtype, double scale);
   // The fusion buffer, at least `bytes` long (an outgrown one is retired, freed after the launch).
   StatusOr<void*> Buffer(size_t bytes);
   void CompletionLoop();
@@ -167,6 +217,53 @@ Status NcclBackend::CheckDevice(int device) const {
   return Status::Ok();
 }
 
+Status NcclBackend::Validate(const DeviceCollective& c) const {
+  if (c.device != device_) return CheckDevice(c.device);
+  if (c.tensors.empty() || (c.kind != DeviceOpKind::kAllreduce && c.tensors.size() != 1)) {
+    return InvalidArgument("nccl: a collective needs one tensor (an allreduce at least one)");
+  }
+  const auto ranks = static_cast<size_t>(size_);
+  const bool rooted = c.kind == DeviceOpKind::kBroadcast || c.kind == DeviceOpKind::kReduce ||
+                      c.kind == DeviceOpKind::kGatherv;
+  if (rooted && (c.root < 0 || c.root >= size_)) {
+    return InvalidArgument("nccl: root " + std::to_string(c.root) + " is not a rank of " +
+                           std::to_string(size_));
+  }
+  const DeviceTensor& t = c.tensors[0];
+  switch (c.kind) {
+    case DeviceOpKind::kAllreduce:
+    case DeviceOpKind::kBroadcast:
+      break;
+    case DeviceOpKind::kAllgatherv:
+    case DeviceOpKind::kGatherv:
+      if (c.bytes_per_rank.size() != ranks) {
+        return InvalidArgument("nccl: a gather needs one byte count per rank");
+      }
+      break;
+    case DeviceOpKind::kAlltoallv:
+      if (c.bytes_per_rank.size() != ranks || c.recv_bytes_per_rank.size() != ranks) {
+        return InvalidArgument("nccl: an alltoallv needs send and receive byte counts per rank");
+      }
+      break;
+    case DeviceOpKind::kReducescatter: {
+      size_t total = 0;
+      for (size_t n : c.counts_per_rank) total += n;
+      if (c.counts_per_rank.size() != ranks || total != t.count) {
+        return InvalidArgument(
+            "nccl: a reducescatter needs one count per rank, adding up to the "
+            "input's elements");
+      }
+      break;
+    }
+    case DeviceOpKind::kReduce:
+      if (rank_ == c.root && t.count > 0 && t.output == nullptr) {
+        return InvalidArgument("nccl: the reduce root has no output");
+      }
+      break;
+  }
+  return Status::Ok();
+}
+
 Status NcclBackend::WaitComm(Deadline deadline) {
   for (;;) {
     ncclResult_t state = ncclSuccess;
@@ -200,10 +297,7 @@ StatusOr<std::shared_ptr<DeviceEvent>> NcclBackend::Launch(const DeviceCollectiv
     std::lock_guard<std::mutex> lock(mu_);
     if (!aborted_.ok()) return aborted_;
   }
-  if (c.device != device_) return CheckDevice(c.device);
-  if (c.tensors.empty() || (c.kind != DeviceOpKind::kAllreduce && c.tensors.size() != 1)) {
-    return InvalidArgument("nccl: a collective needs one tensor (an allreduce at least one)");
-  }
+  CONCORD_RETURN_IF_ERROR(Validate(c));
   cuda::DeviceGuard guard;
   CONCORD_CUDA_CHECK(guard.Set(device_));
   // The producers' work first: the backend's stream waits for each ready event and stream.
@@ -262,12 +356,22 @@ Status NcclBackend::Enqueue(const DeviceCollective& c) {
     case DeviceOpKind::kAllgatherv:
       CONCORD_RETURN_IF_ERROR(EnqueueAllgatherv(c));
       break;
+    case DeviceOpKind::kReducescatter:
+      CONCORD_RETURN_IF_ERROR(EnqueueReducescatter(c));
+      break;
+    case DeviceOpKind::kAlltoallv:
+      CONCORD_RETURN_IF_ERROR(EnqueueAlltoallv(c));
+      break;
+    case DeviceOpKind::kReduce:
+      CONCORD_RETURN_IF_ERROR(EnqueueReduce(c));
+      break;
+    case DeviceOpKind::kGatherv:
+      CONCORD_RETURN_IF_ERROR(EnqueueGatherv(c));
+      break;
     case DeviceOpKind::kBroadcast: {
       const DeviceTensor& t = c.tensors[0];
       const size_t bytes = t.count * DTypeSize(c.dtype);
       if (bytes == 0) return Status::Ok();
-      if (c.root < 0 || c.root >= size_)
-        return InvalidArgument("nccl: broadcast root out of range");
       CONCORD_NCCL_CHECK(
           ncclBroadcast(t.input, t.output, bytes, ncclUint8, c.root, comm_, stream_));
       break;
@@ -276,10 +380,9 @@ Status NcclBackend::Enqueue(const DeviceCollective& c) {
   return WaitComm(c.deadline);
 }
 
-Status NcclBackend::EnqueueAllreduce(const DeviceCollective& c) {
-  CONCORD_ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(c.dtype));
+StatusOr<ncclRedOp_t> NcclBackend::RedOp(const DeviceCollective& c, double* post) const {
   ncclRedOp_t op = ncclSum;
-  double post = c.postscale;
+  *post = c.postscale;
   switch (c.op) {
     case ReduceOp::kSum:
       op = ncclSum;
@@ -294,6 +397,10 @@ Status NcclBackend::EnqueueAllreduce(const DeviceCollective& c) {
       op = ncclProd;
       break;
     case ReduceOp::kAverage:
+      // One rank: the average is the sum. NCCL 2.28.9's one-rank ncclAvg out of place left the
+      // last of 4099 float64 elements unwritten on an H200 (nccl_exchange_test, layout 4); its
+      // ncclSum there is a plain copy.
+      if (size_ == 1) break;
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
       op = ncclAvg;  // integers: the sum divided by the ranks, truncated
 #else
@@ -303,10 +410,17 @@ Status NcclBackend::EnqueueAllreduce(const DeviceCollective& c) {
                       "NCCL " +
                           cuda::NcclVersion());
       }
-      post /= size_;
+      *post /= size_;
 #endif
       break;
   }
+  return op;
+}
+
+Status NcclBackend::EnqueueAllreduce(const DeviceCollective& c) {
+  CONCORD_ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(c.dtype));
+  double post = 1.0;
+  CONCORD_ASSIGN_OR_RETURN(ncclRedOp_t op, RedOp(c, &post));
   size_t elements = 0;
   for (const DeviceTensor& t : c.tensors) elements += t.count;
   if (elements == 0) return Status::Ok();
@@ -333,9 +447,6 @@ Status NcclBackend::EnqueueAllreduce(const DeviceCollective& c) {
 }
 
 Status NcclBackend::EnqueueAllgatherv(const DeviceCollective& c) {
-  if (c.bytes_per_rank.size() != static_cast<size_t>(size_)) {
-    return InvalidArgument("nccl: allgatherv needs one byte count per rank");
-  }
   size_t total = 0;
   for (size_t b : c.bytes_per_rank) total += b;
   if (total == 0) return Status::Ok();
@@ -353,26 +464,199 @@ Status NcclBackend::EnqueueAllgatherv(const DeviceCollective& c) {
   }
   // Different sizes: one broadcast per contributing rank, issued as one group.
   CONCORD_NCCL_CHECK(ncclGroupStart());
+  GroupCalls calls(comm_);
   size_t offset = 0;
-  Status issued = Status::Ok();
-  for (int r = 0; r < size_ && issued.ok(); ++r) {
+  for (int r = 0; r < size_ && calls.ok(); ++r) {
     const size_t bytes = c.bytes_per_rank[r];
     if (bytes > 0) {
       const void* send = r == rank_ ? t.input : out + offset;
-      const ncclResult_t result =
-          ncclBroadcast(send, out + offset, bytes, ncclUint8, r, comm_, stream_);
-      if (result != ncclSuccess && result != ncclInProgress) {
-        issued = nccl::NcclError(result, "ncclBroadcast", __FILE__, __LINE__, comm_);
-      }
+      calls.Check(ncclBroadcast(send, out + offset, bytes, ncclUint8, r, comm_, stream_),
+                  "ncclBroadcast");
     }
     offset += bytes;
   }
-  const ncclResult_t ended = ncclGroupEnd();
-  CONCORD_RETURN_IF_ERROR(issued);
-  if (ended != ncclSuccess && ended != ncclInProgress) {
-    return nccl::NcclError(ended, "ncclGroupEnd", __FILE__, __LINE__, comm_);
+  return calls.End();
+}
+
+Status NcclBackend::ScaledCopy(const void* src, void* dst, size_t count, DType dtype,
+                               double scale) {
+  CONCORD_ASSIGN_OR_RETURN(cuda::PackPlan plan,
+                           cuda::PlanPack({cuda::PackTensor{src, dtype, count}}));
+  return packer_->Pack(plan, dst, plan.total_bytes, scale, stream_);
+}
+
+Status NcclBackend::ScaledCopyOut(const void* src, void* dst, size_t count, DType dtype,
+                                  double scale) {
+  CONCORD_ASSIGN_OR_RETURN(cuda::PackPlan plan,
+                           cuda::PlanPack({cuda::PackTensor{dst, dtype, count}}));
+  return packer_->Unpack(plan, src, plan.total_bytes, scale, stream_);
+}
+
+Status NcclBackend::EnqueueReducescatter(const DeviceCollective& c) {
+  CONCORD_ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(c.dtype));
+  double post = 1.0;
+  CONCORD_ASSIGN_OR_RETURN(ncclRedOp_t op, RedOp(c, &post));
+  const size_t esize = DTypeSize(c.dtype);
+  std::vector<size_t> first(size_);  // elements before each rank's block
+  size_t total = 0;
+  for (int r = 0; r < size_; ++r) {
+    first[r] = total;
+    total += c.counts_per_rank[r];
   }
+  if (total == 0) return Status::Ok();
+  const DeviceTensor& t = c.tensors[0];
+  const size_t mine = c.counts_per_rank[rank_];
+  const bool equal = std::all_of(c.counts_per_rank.begin(), c.counts_per_rank.end(),
+                                 [&](size_t n) { return n == c.counts_per_rank[0]; });
+  // NCCL allows one overlap: its in-place layout (the output is this rank's block of the input).
+  const bool nccl_in_place =
+      equal && t.output == static_cast<const uint8_t*>(t.input) + first[rank_] * esize;
+  const bool stage_in = c.prescale != 1.0 ||
+                        (!nccl_in_place && Overlap(t.input, total * esize, t.output, mine * esize));
+  const bool stage_out = post != 1.0 && mine > 0;
+  const size_t in_part = stage_in ? AlignUp(total * esize) : 0;
+  const void* send = t.input;
+  void* recv = t.output;
+  if (stage_in || stage_out) {
+    CONCORD_ASSIGN_OR_RETURN(void* buffer, Buffer(in_part + (stage_out ? mine * esize : 0)));
+    if (stage_in) {
+      CONCORD_RETURN_IF_ERROR(ScaledCopy(t.input, buffer, total, c.dtype, c.prescale));
+      send = buffer;
+    }
+    if (stage_out) recv = static_cast<uint8_t*>(buffer) + in_part;
+  }
+  if (equal) {
+    CONCORD_NCCL_CHECK(ncclReduceScatter(send, recv, mine, type, op, comm_, stream_));
+  } else {
+    // Uneven blocks: one reduce to each rank, as one group.
+    CONCORD_NCCL_CHECK(ncclGroupStart());
+    GroupCalls calls(comm_);
+    for (int r = 0; r < size_ && calls.ok(); ++r) {
+      if (c.counts_per_rank[r] == 0) continue;
+      const void* block = static_cast<const uint8_t*>(send) + first[r] * esize;
+      // Only the root's receive buffer is written: the others pass their block (never written).
+      void* into = r == rank_ ? recv : const_cast<void*>(block);
+      calls.Check(ncclReduce(block, into, c.counts_per_rank[r], type, op, r, comm_, stream_),
+                  "ncclReduce");
+    }
+    CONCORD_RETURN_IF_ERROR(calls.End());
+  }
+  if (stage_out) return ScaledCopyOut(recv, t.output, mine, c.dtype, post);
   return Status::Ok();
+}
+
+Status NcclBackend::EnqueueAlltoallv(const DeviceCollective& c) {
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 7, 0)
+  return Status(Code::kUnavailable,
+                "alltoall needs ncclSend/ncclRecv (NCCL 2.7); this is NCCL " + cuda::NcclVersion());
+#else
+  size_t sent = 0, received = 0;
+  for (int r = 0; r < size_; ++r) {
+    sent += c.bytes_per_rank[r];
+    received += c.recv_bytes_per_rank[r];
+  }
+  if (sent == 0 && received == 0) return Status::Ok();
+  const DeviceTensor& t = c.tensors[0];
+  const auto* in = static_cast<const uint8_t*>(t.input);
+  auto* out = static_cast<uint8_t*>(t.output);
+  // Receives could overwrite input not yet sent: an overlapping input is sent from a copy.
+  const bool copy_in = out != nullptr && Overlap(in, sent, out, received);
+  const size_t in_part = copy_in ? AlignUp(sent) : 0;
+  if (copy_in || out == nullptr) {
+    CONCORD_ASSIGN_OR_RETURN(void* buffer, Buffer(in_part + (out == nullptr ? received : 0)));
+    auto* staging = static_cast<uint8_t*>(buffer);
+    if (copy_in) {
+      CONCORD_CUDA_CHECK(cudaMemcpyAsync(staging, in, sent, cudaMemcpyDeviceToDevice, stream_));
+      in = staging;
+    }
+    if (out == nullptr) out = staging + in_part;
+  }
+  CONCORD_NCCL_CHECK(ncclGroupStart());
+  GroupCalls calls(comm_);
+  size_t send_at = 0, recv_at = 0;
+  for (int r = 0; r < size_ && calls.ok(); ++r) {
+    if (c.bytes_per_rank[r] > 0) {
+      calls.Check(ncclSend(in + send_at, c.bytes_per_rank[r], ncclUint8, r, comm_, stream_),
+                  "ncclSend");
+    }
+    if (c.recv_bytes_per_rank[r] > 0) {
+      calls.Check(ncclRecv(out + recv_at, c.recv_bytes_per_rank[r], ncclUint8, r, comm_, stream_),
+                  "ncclRecv");
+    }
+    send_at += c.bytes_per_rank[r];
+    recv_at += c.recv_bytes_per_rank[r];
+  }
+  return calls.End();
+#endif
+}
+
+Status NcclBackend::EnqueueReduce(const DeviceCollective& c) {
+  CONCORD_ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(c.dtype));
+  double post = 1.0;
+  CONCORD_ASSIGN_OR_RETURN(ncclRedOp_t op, RedOp(c, &post));
+  const DeviceTensor& t = c.tensors[0];
+  const size_t n = t.count;
+  if (n == 0) return Status::Ok();
+  const size_t bytes = n * DTypeSize(c.dtype);
+  const bool root = rank_ == c.root;
+  const bool stage_in = c.prescale != 1.0 ||
+                        (root && t.output != t.input && Overlap(t.input, bytes, t.output, bytes));
+  const bool stage_out = root && post != 1.0;
+  const size_t in_part = stage_in ? AlignUp(bytes) : 0;
+  const void* send = t.input;
+  void* recv = root ? t.output : const_cast<void*>(t.input);  // a non-root's is never written
+  if (stage_in || stage_out) {
+    CONCORD_ASSIGN_OR_RETURN(void* buffer, Buffer(in_part + (stage_out ? bytes : 0)));
+    if (stage_in) {
+      CONCORD_RETURN_IF_ERROR(ScaledCopy(t.input, buffer, n, c.dtype, c.prescale));
+      send = buffer;
+      if (!root) recv = buffer;
+    }
+    if (stage_out) recv = static_cast<uint8_t*>(buffer) + in_part;
+  }
+  CONCORD_NCCL_CHECK(ncclReduce(send, recv, n, type, op, c.root, comm_, stream_));
+  if (stage_out) return ScaledCopyOut(recv, t.output, n, c.dtype, post);
+  return Status::Ok();
+}
+
+Status NcclBackend::EnqueueGatherv(const DeviceCollective& c) {
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 7, 0)
+  return Status(Code::kUnavailable,
+                "gather needs ncclSend/ncclRecv (NCCL 2.7); this is NCCL " + cuda::NcclVersion());
+#else
+  size_t total = 0;
+  std::vector<size_t> at(size_);
+  for (int r = 0; r < size_; ++r) {
+    at[r] = total;
+    total += c.bytes_per_rank[r];
+  }
+  if (total == 0) return Status::Ok();
+  const DeviceTensor& t = c.tensors[0];
+  if (rank_ != c.root) {
+    if (c.bytes_per_rank[rank_] == 0) return Status::Ok();
+    CONCORD_NCCL_CHECK(
+        ncclSend(t.input, c.bytes_per_rank[rank_], ncclUint8, c.root, comm_, stream_));
+    return Status::Ok();
+  }
+  auto* out = static_cast<uint8_t*>(t.output);
+  if (out == nullptr) {
+    CONCORD_ASSIGN_OR_RETURN(void* scratch, Buffer(total));
+    out = static_cast<uint8_t*>(scratch);
+  }
+  // The root's own rows first, on the same stream: the receives come after them.
+  if (c.bytes_per_rank[rank_] > 0 && out + at[rank_] != t.input) {
+    CONCORD_CUDA_CHECK(cudaMemcpyAsync(out + at[rank_], t.input, c.bytes_per_rank[rank_],
+                                       cudaMemcpyDeviceToDevice, stream_));
+  }
+  CONCORD_NCCL_CHECK(ncclGroupStart());
+  GroupCalls calls(comm_);
+  for (int r = 0; r < size_ && calls.ok(); ++r) {
+    if (r == rank_ || c.bytes_per_rank[r] == 0) continue;
+    calls.Check(ncclRecv(out + at[r], c.bytes_per_rank[r], ncclUint8, r, comm_, stream_),
+                "ncclRecv");
+  }
+  return calls.End();
+#endif
 }
 
 void NcclBackend::Abort(const Status& status) {

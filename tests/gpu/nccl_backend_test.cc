@@ -15,9 +15,8 @@
 #include <vector>
 
 #include "backends/cuda/cuda_device.h"
-#include "rendezvous/hash_store.h"
-#include "tests/common/ranks.h"
 #include "tests/common/tensors.h"
+#include "tests/gpu/nccl_ranks.h"
 
 namespace concord {
 namespace {
@@ -25,6 +24,8 @@ namespace {
 using harness::kAllDTypes;
 using harness::LoadElement;
 using harness::StoreElement;
+using nccl_testing::Completion;
+using nccl_testing::NcclBackendTest;
 using std::chrono::milliseconds;
 
 TEST(NcclProbeTest, NamesTheDeviceOrSaysWhyNot) {
@@ -41,60 +42,6 @@ TEST(NcclProbeTest, NamesTheDeviceOrSaysWhyNot) {
         << device.status().message();
   }
 }
-
-// Completion of one launch, waited for by the test thread.
-struct Completion {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  Status status;
-  DeviceBackend::Done Callback() {
-    return [this](const Status& s) {
-      std::lock_guard<std::mutex> lock(mu);
-      status = s;
-      done = true;
-      cv.notify_all();
-    };
-  }
-  Status Wait(milliseconds limit = milliseconds(60000)) {
-    std::unique_lock<std::mutex> lock(mu);
-    if (!cv.wait_for(lock, limit, [&] { return done; })) return TimeoutError("no completion");
-    return status;
-  }
-};
-
-class NcclBackendTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    StatusOr<int> count = cuda::DeviceCount();
-    if (!count.ok()) {
-      GTEST_SKIP() << "no usable CUDA device: " << count.status().message() << "; NCCL "
-                   << cuda::NcclVersion();
-    }
-    ranks_ = std::min(*count, 4);  // NCCL wants one GPU per rank of a communicator
-  }
-
-  // Starts one backend per rank (device = rank) and runs fn(rank, backend) on a thread each.
-  void OnRanks(const std::function<void(int, DeviceBackend&)>& fn, int ranks = 0,
-               milliseconds timeout = milliseconds(30000)) {
-    ranks = ranks > 0 ? ranks : ranks_;
-    HashStore store;
-    harness::RunRanks(ranks, [&](int r) {
-      BackendOptions o;
-      o.rank = r;
-      o.size = ranks;
-      o.prefix = "test/" + std::to_string(prefix_);
-      o.timeout = timeout;
-      auto backend = CreateNcclBackend(r, o, &store);
-      ASSERT_TRUE(backend.ok()) << backend.status().ToString();
-      fn(r, **backend);
-    });
-    ++prefix_;
-  }
-
-  int ranks_ = 1;
-  int prefix_ = 0;
-};
 
 // Every dtype x op x size, one tensor direct, and all sizes of a dtype fused in one launch with
 // prescale 0.5 and postscale 4 (floating types).
@@ -157,6 +104,43 @@ TEST_F(NcclBackendTest, AllreduceEveryDTypeOpAndSize) {
                   << " n=" << counts[k] << " element " << i;
             }
           }
+        }
+      }
+    }
+  });
+}
+
+// An out-of-place average writes every element, the last of an odd count too (NCCL 2.28.9's
+// one-rank ncclAvg out of place left the last float64 of 4099 unwritten: the backend sums there).
+TEST_F(NcclBackendTest, AllreduceAverageOutOfPlaceWritesEveryElement) {
+  OnRanks([&](int rank, DeviceBackend& backend) {
+    for (DType dtype : {DType::kFloat64, DType::kFloat32, DType::kInt64}) {
+      for (size_t n : {size_t{1}, size_t{4099}, size_t{1000003}}) {
+        const size_t bytes = n * DTypeSize(dtype);
+        std::vector<uint8_t> h(bytes);
+        for (size_t i = 0; i < n; ++i) StoreElement(dtype, h.data(), i, 2.0 * (i % 5 + rank));
+        auto in = cuda::DeviceBuffer::Allocate(rank, bytes);
+        auto out = cuda::DeviceBuffer::Allocate(rank, bytes);
+        ASSERT_TRUE(in.ok() && out.ok());
+        ASSERT_TRUE(in->CopyFromHost(0, h.data(), bytes).ok());
+        ASSERT_TRUE(out->Fill(0xAB).ok());
+        DeviceCollective c;
+        c.kind = DeviceOpKind::kAllreduce;
+        c.device = rank;
+        c.dtype = dtype;
+        c.op = ReduceOp::kAverage;
+        c.deadline = Deadline::After(milliseconds(30000));
+        c.tensors.push_back(DeviceTensor{in->data(), out->data(), n, nullptr, nullptr});
+        Completion done;
+        ASSERT_TRUE(backend.Launch(c, done.Callback()).ok());
+        ASSERT_TRUE(done.Wait().ok()) << done.status.ToString();
+        std::vector<uint8_t> got(bytes);
+        ASSERT_TRUE(out->CopyToHost(got.data(), 0, bytes).ok());
+        for (size_t i : {size_t{0}, n / 2, n - 1}) {
+          const double want = harness::ExpectedAllreduce(
+              ReduceOp::kAverage, dtype, ranks_, [&](int r) { return 2.0 * (i % 5 + r); });
+          EXPECT_NEAR(LoadElement(dtype, got.data(), i), want, 1e-6)
+              << DTypeName(dtype) << " n=" << n << " element " << i;
         }
       }
     }

@@ -31,11 +31,15 @@ bool EventSet(void* event) {
 
 bool SameShape(const DeviceCollective& a, const DeviceCollective& b) {
   if (a.kind != b.kind || a.dtype != b.dtype || a.op != b.op || a.prescale != b.prescale ||
-      a.postscale != b.postscale || a.root != b.root || a.bytes_per_rank != b.bytes_per_rank ||
+      a.postscale != b.postscale || a.root != b.root || a.counts_per_rank != b.counts_per_rank ||
       a.tensors.size() != b.tensors.size()) {
     return false;
   }
-  if (a.kind == DeviceOpKind::kAllgatherv) return true;  // counts are per rank
+  // An alltoallv's byte counts are each rank's own (Compute() checks that they pair up).
+  if (a.kind == DeviceOpKind::kAlltoallv) return true;
+  if (a.bytes_per_rank != b.bytes_per_rank) return false;
+  // Gathers: counts are per rank.
+  if (a.kind == DeviceOpKind::kAllgatherv || a.kind == DeviceOpKind::kGatherv) return true;
   for (size_t t = 0; t < a.tensors.size(); ++t) {
     if (a.tensors[t].count != b.tensors[t].count) return false;
   }
@@ -77,9 +81,20 @@ class InProcDeviceBackend : public DeviceBackend {
     if (c.tensors.empty() || (c.kind != DeviceOpKind::kAllreduce && c.tensors.size() != 1)) {
       return InvalidArgument("inproc-device: wrong number of tensors");
     }
-    if (c.kind == DeviceOpKind::kAllgatherv &&
-        c.bytes_per_rank.size() != static_cast<size_t>(world_->size_)) {
-      return InvalidArgument("inproc-device: allgatherv needs one byte count per rank");
+    const auto ranks = static_cast<size_t>(world_->size_);
+    const bool gathers = c.kind == DeviceOpKind::kAllgatherv || c.kind == DeviceOpKind::kGatherv;
+    if ((gathers || c.kind == DeviceOpKind::kAlltoallv) && c.bytes_per_rank.size() != ranks) {
+      return InvalidArgument("inproc-device: one byte count per rank is needed");
+    }
+    if (c.kind == DeviceOpKind::kAlltoallv && c.recv_bytes_per_rank.size() != ranks) {
+      return InvalidArgument("inproc-device: alltoallv needs one receive count per rank");
+    }
+    if (c.kind == DeviceOpKind::kReducescatter) {
+      size_t total = 0;
+      for (size_t n : c.counts_per_rank) total += n;
+      if (c.counts_per_rank.size() != ranks || total != c.tensors[0].count) {
+        return InvalidArgument("inproc-device: reducescatter counts do not cover the input");
+      }
     }
     auto finished = std::make_shared<std::atomic<bool>>(false);
     std::lock_guard<std::mutex> lock(world_->mu_);
@@ -187,15 +202,35 @@ bool InProcDeviceWorld::Compute(const std::vector<Pending*>& fronts) {
   }
   const DeviceCollective& c0 = *all[0];
   const size_t elem = DTypeSize(c0.dtype);
-  if (c0.kind == DeviceOpKind::kAllgatherv) {
+  if (c0.kind == DeviceOpKind::kAllgatherv || c0.kind == DeviceOpKind::kGatherv) {
     std::vector<uint8_t> gathered;
     for (int r = 0; r < size_; ++r) {
       const auto* in = static_cast<const uint8_t*>(all[r]->tensors[0].input);
       gathered.insert(gathered.end(), in, in + c0.bytes_per_rank[r]);
     }
-    for (const auto* c : all) {
-      if (c->tensors[0].output != nullptr && !gathered.empty()) {
-        std::memcpy(c->tensors[0].output, gathered.data(), gathered.size());
+    for (int r = 0; r < size_; ++r) {
+      if (c0.kind == DeviceOpKind::kGatherv && r != c0.root) continue;
+      void* out = all[r]->tensors[0].output;
+      if (out != nullptr && !gathered.empty()) std::memcpy(out, gathered.data(), gathered.size());
+    }
+    return true;
+  }
+  if (c0.kind == DeviceOpKind::kAlltoallv) {
+    // Rank s's block for rank r, copied first (an output may overlap its input).
+    std::vector<std::vector<uint8_t>> received(size_);
+    for (int r = 0; r < size_; ++r) {
+      for (int s = 0; s < size_; ++s) {
+        if (all[s]->bytes_per_rank[r] != all[r]->recv_bytes_per_rank[s]) return false;
+        size_t at = 0;
+        for (int d = 0; d < r; ++d) at += all[s]->bytes_per_rank[d];
+        const auto* in = static_cast<const uint8_t*>(all[s]->tensors[0].input) + at;
+        received[r].insert(received[r].end(), in, in + all[s]->bytes_per_rank[r]);
+      }
+    }
+    for (int r = 0; r < size_; ++r) {
+      void* out = all[r]->tensors[0].output;
+      if (out != nullptr && !received[r].empty()) {
+        std::memcpy(out, received[r].data(), received[r].size());
       }
     }
     return true;
@@ -226,7 +261,18 @@ bool InProcDeviceWorld::Compute(const std::vector<Pending*>& fronts) {
         }
       }
     }
-    for (const auto* c : all) CopyScaled(c->tensors[t].output, acc.data(), n, c0.dtype, post);
+    for (int r = 0; r < size_; ++r) {
+      auto* out = static_cast<uint8_t*>(all[r]->tensors[t].output);
+      if (c0.kind == DeviceOpKind::kAllreduce) {
+        CopyScaled(out, acc.data(), n, c0.dtype, post);
+      } else if (c0.kind == DeviceOpKind::kReduce && r == c0.root) {
+        CopyScaled(out, acc.data(), n, c0.dtype, post);
+      } else if (c0.kind == DeviceOpKind::kReducescatter && c0.counts_per_rank[r] > 0) {
+        size_t first = 0;
+        for (int d = 0; d < r; ++d) first += c0.counts_per_rank[d];
+        CopyScaled(out, acc.data() + first * elem, c0.counts_per_rank[r], c0.dtype, post);
+      }
+    }
   }
   return true;
 }
