@@ -31,13 +31,10 @@ Status Engine::CheckDevice(QueueEntry& e) const {
     return Status::Ok();
   }
   const std::string who = "tensor '" + r.name + "' on CUDA device " + std::to_string(r.device);
-  if (r.op == OpType::kReducescatter || r.op == OpType::kAlltoall || r.op == OpType::kReduce ||
-      r.op == OpType::kGather) {
-    return Status(Code::kUnavailable,
-                  who + ": " + OpTypeName(r.op) + " runs on CPU tensors only (no device path yet)");
-  }
   // NCCL's reductions do not fold in rank order (core/ordered_reduction.h).
-  if (r.op == OpType::kAllreduce && config_.deterministic) {
+  const bool reduces =
+      r.op == OpType::kAllreduce || r.op == OpType::kReducescatter || r.op == OpType::kReduce;
+  if (reduces && config_.deterministic) {
     return Status(Code::kUnavailable, who +
                                           ": deterministic mode (CONCORD_DETERMINISTIC=1) covers "
                                           "CPU tensors only: reduce a copy in host memory");
@@ -47,10 +44,13 @@ Status Engine::CheckDevice(QueueEntry& e) const {
   }
   Status usable = device_.backend->CheckDevice(r.device);
   if (!usable.ok()) return Status(usable.code(), who + ": " + usable.message());
-  if (r.op == OpType::kAllgather && e.output == nullptr) {
-    return InvalidArgument(who +
-                           ": an allgather of a device tensor needs an output buffer on "
-                           "the device (the result cannot be owned by the request)");
+  // The result of these cannot be owned by the request (that memory is the host's). A reduce's
+  // root without an output is refused for every tensor (entry_validation.cc).
+  const bool root = r.root == config_.rank;
+  if (e.output == nullptr && (r.op == OpType::kAllgather || r.op == OpType::kAlltoall ||
+                              (r.op == OpType::kGather && root))) {
+    return InvalidArgument(who + ": " + OpTypeName(r.op) +
+                           " of a device tensor needs an output buffer on the device");
   }
   // Every rank's tensors are on its own GPU: ranks negotiate the kind, not the id.
   r.device = kDeviceTensor;
@@ -102,11 +102,61 @@ Status Engine::LaunchDevice(const FusionBatch& batch, const Responses& responses
       }
       break;
     }
-    case OpType::kBarrier:
-    case OpType::kReducescatter:
-    case OpType::kAlltoall:
+    case OpType::kReducescatter: {
+      c.kind = DeviceOpKind::kReducescatter;
+      c.op = q.reduce_op;
+      c.prescale = q.prescale;
+      c.postscale = q.postscale;
+      const size_t row = RowBytes(q) / DTypeSize(q.dtype);  // elements per row
+      for (int64_t rows : q.splits) c.counts_per_rank.push_back(static_cast<size_t>(rows) * row);
+      break;
+    }
     case OpType::kReduce:
-    case OpType::kGather:
+      c.kind = DeviceOpKind::kReduce;
+      c.op = q.reduce_op;
+      c.prescale = q.prescale;
+      c.postscale = q.postscale;
+      c.root = q.root;
+      if (config_.rank != q.root) c.tensors[0].output = nullptr;  // never written
+      break;
+    case OpType::kAlltoall: {
+      c.kind = DeviceOpKind::kAlltoallv;
+      QueueEntry& e = *entries[batch.members.front()];
+      std::vector<int64_t> received;
+      size_t total = 0;
+      CONCORD_ASSIGN_OR_RETURN(c.recv_bytes_per_rank, AlltoallReceives(r, &received, &total));
+      const size_t row = RowBytes(q);
+      for (int64_t rows : e.request.splits)
+        c.bytes_per_rank.push_back(static_cast<size_t>(rows) * row);
+      if (total > e.output_capacity) {
+        local = OutputTooSmall(q.name, total, e.output_capacity, "alltoall");
+        c.tensors[0].output = nullptr;  // the backend receives into scratch memory
+      } else {
+        SetAlltoallOutput(e, e.output, total, std::move(received));
+      }
+      break;
+    }
+    case OpType::kGather: {
+      c.kind = DeviceOpKind::kGatherv;
+      c.root = q.root;
+      QueueEntry& e = *entries[batch.members.front()];
+      size_t total = 0;
+      int64_t first = 0;
+      CONCORD_ASSIGN_OR_RETURN(c.bytes_per_rank, AllgatherBytes(r, &total, &first));
+      if (config_.rank != q.root) {
+        c.tensors[0].output = nullptr;  // never written
+      } else if (total > e.output_capacity) {
+        local = OutputTooSmall(q.name, total, e.output_capacity, "gather");
+        c.tensors[0].output = nullptr;  // the backend gathers into scratch memory
+      } else {
+        RequestState::Output& out = e.state->output();
+        out.data = e.output;
+        out.bytes = total;
+        out.first_dim = first;
+      }
+      break;
+    }
+    case OpType::kBarrier:
       return Internal(std::string("a ") + OpTypeName(q.op) + " was planned as a device collective");
   }
   // Launched while the timeline was on: the launch slice is written, its completion follows.

@@ -5,9 +5,10 @@ namespace {
 
 bool Fusable(const Response& r, const FusionOptions& o) {
   const OpType op = r.request.op;
-  if (r.error != Code::kOk || (!ReducesWhole(op) && op != OpType::kReducescatter)) {
-    return false;
-  }
+  // Device tensors fuse into allreduces only: the device backend runs the other kinds one tensor
+  // at a time.
+  if (r.request.device != -1 && op != OpType::kAllreduce) return false;
+  if (r.error != Code::kOk || (!ReducesWhole(op) && op != OpType::kReducescatter)) return false;
   // A compressed tensor is encoded into the fusion buffer whatever its size: no copy to save.
   if (!r.request.compression.empty()) return true;
   return o.threshold > 0 && r.request.NumBytes() < o.direct_bytes &&

@@ -398,6 +398,20 @@ Status SubmitP2p(concord_comm_t comm, bool send, const concord_tensor_t* t, int 
   return Status::Ok();
 }
 
+// Whether a request's output description (data, bytes, first dimension, received splits) can be
+// read: once it finished successfully (else its error, or IN_PROGRESS), or, for an operation on
+// CUDA tensors, once it was launched on the device: the engine set it before the launch, and the
+// caller orders its device work after the operation with concord_request_wait_stream.
+concord_status_t OutputReady(concord_request_t request) {
+  if (request->state->done()) return ToC(request->state->status());
+  if (request->device && request->state->WaitLaunched(concord::Deadline::After(
+                                                          std::chrono::milliseconds(0)))
+                             .ok()) {
+    return CONCORD_SUCCESS;
+  }
+  return CONCORD_IN_PROGRESS;
+}
+
 }  // namespace
 
 extern "C" {
@@ -874,9 +888,8 @@ const char* concord_request_error(concord_request_t request) {
 concord_status_t concord_request_output(concord_request_t request, void** data, size_t* bytes,
                                         int64_t* first_dim) {
   if (request == nullptr) return CONCORD_ERR_INVALID_ARGUMENT;
-  if (!request->state->done()) return CONCORD_IN_PROGRESS;
-  const Status s = request->state->status();
-  if (!s.ok()) return ToC(s);
+  const concord_status_t ready = OutputReady(request);
+  if (ready != CONCORD_SUCCESS) return ready;
   const auto& out = request->state->output();
   if (data) *data = out.data;
   if (bytes) *bytes = out.bytes;
@@ -1016,6 +1029,17 @@ concord_status_t concord_reducescatter_async(concord_comm_t comm, const char* na
                                              const concord_reducescatter_opts_t* opts,
                                              concord_callback_t callback, void* user_data,
                                              concord_request_t* request) {
+  return concord_reducescatter_async_ex(comm, name, input, output, opts, nullptr, callback,
+                                        user_data, request);
+}
+
+concord_status_t concord_reducescatter_async_ex(concord_comm_t comm, const char* name,
+                                                const concord_tensor_t* input,
+                                                const concord_tensor_t* output,
+                                                const concord_reducescatter_opts_t* opts,
+                                                const concord_device_opts_t* device_opts,
+                                                concord_callback_t callback, void* user_data,
+                                                concord_request_t* request) {
   return Guard(comm, [&]() -> Status {
     CONCORD_RETURN_IF_ERROR(CheckComm(comm));
     concord::QueueEntry e;
@@ -1061,6 +1085,7 @@ concord_status_t concord_reducescatter_async(concord_comm_t comm, const char* na
     e.input = input->data;
     e.output = output->data;
     e.output_capacity = concord::RowBytes(e.request) * static_cast<size_t>(want[0]);
+    CONCORD_RETURN_IF_ERROR(SetDeviceOptions(device_opts, &e));
     return Submit(comm, std::move(e), callback, user_data, request);
   });
 }
@@ -1080,6 +1105,17 @@ concord_status_t concord_alltoall_async(concord_comm_t comm, const char* name,
                                         size_t output_capacity, const concord_alltoall_opts_t* opts,
                                         concord_callback_t callback, void* user_data,
                                         concord_request_t* request) {
+  return concord_alltoall_async_ex(comm, name, input, output, output_capacity, opts, nullptr,
+                                   callback, user_data, request);
+}
+
+concord_status_t concord_alltoall_async_ex(concord_comm_t comm, const char* name,
+                                           const concord_tensor_t* input, void* output,
+                                           size_t output_capacity,
+                                           const concord_alltoall_opts_t* opts,
+                                           const concord_device_opts_t* device_opts,
+                                           concord_callback_t callback, void* user_data,
+                                           concord_request_t* request) {
   return Guard(comm, [&]() -> Status {
     CONCORD_RETURN_IF_ERROR(CheckComm(comm));
     concord::QueueEntry e;
@@ -1096,6 +1132,7 @@ concord_status_t concord_alltoall_async(concord_comm_t comm, const char* name,
     e.input = input->data;
     e.output = output;
     e.output_capacity = output == nullptr ? 0 : output_capacity;
+    CONCORD_RETURN_IF_ERROR(SetDeviceOptions(device_opts, &e));
     return Submit(comm, std::move(e), callback, user_data, request);
   });
 }
@@ -1150,6 +1187,17 @@ concord_status_t concord_reduce_async(concord_comm_t comm, const char* name,
                                       int root, const concord_reduce_opts_t* opts,
                                       concord_callback_t callback, void* user_data,
                                       concord_request_t* request) {
+  return concord_reduce_async_ex(comm, name, input, output, root, opts, nullptr, callback,
+                                 user_data, request);
+}
+
+concord_status_t concord_reduce_async_ex(concord_comm_t comm, const char* name,
+                                         const concord_tensor_t* input,
+                                         const concord_tensor_t* output, int root,
+                                         const concord_reduce_opts_t* opts,
+                                         const concord_device_opts_t* device_opts,
+                                         concord_callback_t callback, void* user_data,
+                                         concord_request_t* request) {
   return Guard(comm, [&]() -> Status {
     CONCORD_RETURN_IF_ERROR(CheckComm(comm));
     concord::QueueEntry e;
@@ -1172,6 +1220,7 @@ concord_status_t concord_reduce_async(concord_comm_t comm, const char* name,
     } else {
       e.input = input->data;  // the output of a rank other than the root is ignored
     }
+    CONCORD_RETURN_IF_ERROR(SetDeviceOptions(device_opts, &e));
     return Submit(comm, std::move(e), callback, user_data, request);
   });
 }
@@ -1189,6 +1238,16 @@ concord_status_t concord_gather_async(concord_comm_t comm, const char* name,
                                       const concord_tensor_t* input, void* output,
                                       size_t output_capacity, int root, concord_callback_t callback,
                                       void* user_data, concord_request_t* request) {
+  return concord_gather_async_ex(comm, name, input, output, output_capacity, root, nullptr,
+                                 callback, user_data, request);
+}
+
+concord_status_t concord_gather_async_ex(concord_comm_t comm, const char* name,
+                                         const concord_tensor_t* input, void* output,
+                                         size_t output_capacity, int root,
+                                         const concord_device_opts_t* device_opts,
+                                         concord_callback_t callback, void* user_data,
+                                         concord_request_t* request) {
   return Guard(comm, [&]() -> Status {
     CONCORD_RETURN_IF_ERROR(CheckComm(comm));
     concord::QueueEntry e;
@@ -1199,6 +1258,7 @@ concord_status_t concord_gather_async(concord_comm_t comm, const char* name,
       e.output = output;
       e.output_capacity = output == nullptr ? 0 : output_capacity;
     }
+    CONCORD_RETURN_IF_ERROR(SetDeviceOptions(device_opts, &e));
     return Submit(comm, std::move(e), callback, user_data, request);
   });
 }
@@ -1227,9 +1287,8 @@ concord_status_t concord_gather(concord_comm_t comm, const char* name,
 concord_status_t concord_request_received_splits(concord_request_t request, int64_t* splits,
                                                  int n) {
   if (request == nullptr || splits == nullptr) return CONCORD_ERR_INVALID_ARGUMENT;
-  if (!request->state->done()) return CONCORD_IN_PROGRESS;
-  const Status s = request->state->status();
-  if (!s.ok()) return ToC(s);
+  const concord_status_t ready = OutputReady(request);
+  if (ready != CONCORD_SUCCESS) return ready;
   const std::vector<int64_t>& got = request->state->output().splits;
   if (got.empty() || n != static_cast<int>(got.size())) {
     return RecordOnRequest(

@@ -377,7 +377,7 @@ CONCORD_API concord_status_t concord_broadcast_async_ex(
 CONCORD_API concord_status_t concord_barrier_async(concord_comm_t comm, concord_callback_t callback,
                                                    void* user_data, concord_request_t* request);
 
-/* ---- reduce-scatter and all-to-all (CPU tensors; a CUDA tensor is UNAVAILABLE) ---- */
+/* ---- reduce-scatter and all-to-all (CUDA tensors too: the _ex forms below) ---- */
 /** Options of a reduce-scatter. Initialise with concord_reducescatter_opts_init; fields may only
  *  be appended (struct_size tells which exist). */
 typedef struct concord_reducescatter_opts {
@@ -454,12 +454,13 @@ CONCORD_API concord_status_t concord_alltoall(concord_comm_t comm, const char* n
                                               const concord_alltoall_opts_t* opts,
                                               int64_t* received_splits, int nreceived);
 /** The rows a finished all-to-all received from each rank: n must be the number of ranks
- *  (INVALID_ARGUMENT otherwise, or for another operation); IN_PROGRESS while it runs; its error
- *  when it failed. */
+ *  (INVALID_ARGUMENT otherwise, or for another operation); IN_PROGRESS while it runs (on CUDA
+ *  tensors: until it was launched on the device, as concord_request_output); its error when it
+ *  failed. */
 CONCORD_API concord_status_t concord_request_received_splits(concord_request_t request,
                                                              int64_t* splits, int n);
 
-/* ---- reduce and gather to a root (CPU tensors; a CUDA tensor is UNAVAILABLE) ---- */
+/* ---- reduce and gather to a root (CUDA tensors too: the _ex forms below) ---- */
 /** Options of a reduce. Initialise with concord_reduce_opts_init; fields may only be appended
  *  (struct_size tells which exist). */
 typedef struct concord_reduce_opts {
@@ -518,6 +519,41 @@ CONCORD_API concord_status_t concord_gather_async(concord_comm_t comm, const cha
 CONCORD_API concord_status_t concord_gather(concord_comm_t comm, const char* name,
                                             const concord_tensor_t* input, void* output,
                                             size_t output_capacity, int root);
+
+/**
+ * Reduce-scatter, all-to-all, reduce and gather with device options (device_opts may be NULL), as
+ * concord_allreduce_async_ex: CUDA tensors go to the GPU backend and run asynchronously (NCCL:
+ * ncclReduceScatter, or one ncclReduce per rank when the splits are uneven; ncclSend and
+ * ncclRecv pairs; ncclReduce; ncclSend and ncclRecv to the root). A CUDA all-to-all, and a CUDA
+ * gather on its root, need an output buffer on the device (the request cannot own device
+ * memory): INVALID_ARGUMENT at enqueue. Compression and deterministic mode cover CPU tensors only
+ * (UNAVAILABLE). The plain forms take CUDA tensors too, without waiting for any stream.
+ */
+CONCORD_API concord_status_t concord_reducescatter_async_ex(
+    concord_comm_t comm, const char* name, const concord_tensor_t* input,
+    const concord_tensor_t* output, const concord_reducescatter_opts_t* opts,
+    const concord_device_opts_t* device_opts, concord_callback_t callback, void* user_data,
+    concord_request_t* request);
+CONCORD_API concord_status_t concord_alltoall_async_ex(concord_comm_t comm, const char* name,
+                                                       const concord_tensor_t* input, void* output,
+                                                       size_t output_capacity,
+                                                       const concord_alltoall_opts_t* opts,
+                                                       const concord_device_opts_t* device_opts,
+                                                       concord_callback_t callback, void* user_data,
+                                                       concord_request_t* request);
+CONCORD_API concord_status_t concord_reduce_async_ex(concord_comm_t comm, const char* name,
+                                                     const concord_tensor_t* input,
+                                                     const concord_tensor_t* output, int root,
+                                                     const concord_reduce_opts_t* opts,
+                                                     const concord_device_opts_t* device_opts,
+                                                     concord_callback_t callback, void* user_data,
+                                                     concord_request_t* request);
+CONCORD_API concord_status_t concord_gather_async_ex(concord_comm_t comm, const char* name,
+                                                     const concord_tensor_t* input, void* output,
+                                                     size_t output_capacity, int root,
+                                                     const concord_device_opts_t* device_opts,
+                                                     concord_callback_t callback, void* user_data,
+                                                     concord_request_t* request);
 
 /**
  * This rank has run out of data (uneven epochs): until every rank has called concord_join, it
@@ -624,6 +660,9 @@ CONCORD_API const char* concord_request_error(concord_request_t request);
 /**
  * Result of an allgather, a gather (on its root) or an alltoall: data (owned by the request when no
  * output buffer was given), its size in bytes and its first dimension. Any out-pointer may be NULL.
+ * IN_PROGRESS while running, except for an operation on CUDA tensors, whose result is described
+ * once it has been launched on the device (concord_request_wait_stream returned): the data is
+ * then ready for device work ordered after it. The request's error once it failed.
  */
 CONCORD_API concord_status_t concord_request_output(concord_request_t request, void** data,
                                                     size_t* bytes, int64_t* first_dim);

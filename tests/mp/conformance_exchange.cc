@@ -481,9 +481,9 @@ void RunErrors(concord_comm_t comm, int rank, int size, Counts* counts) {
   concord_tensor_t cuda = t;
   cuda.device = 0;
   ExpectError(
-      comm, "a2a of a CUDA tensor",
+      comm, "a2a of a CUDA tensor without a GPU backend",
       concord_alltoall_async(comm, "e.a2a", &cuda, nullptr, 0, nullptr, nullptr, nullptr, &req),
-      nullptr, CONCORD_ERR_UNAVAILABLE, {"CPU tensors only"}, counts);
+      nullptr, CONCORD_ERR_UNAVAILABLE, {"'e.a2a' on CUDA device 0"}, counts);
   if (size < 2) return;
 
   // Mismatches: every rank fails, the error names the tensor, the field and the ranks.
@@ -595,13 +595,15 @@ void RunRootErrors(concord_comm_t comm, int rank, int size, Counts* counts) {
               {"output is NULL on the root"}, counts);
   concord_tensor_t cuda = t;
   cuda.device = 0;
-  ExpectError(
-      comm, "reduce of a CUDA tensor",
-      concord_reduce_async(comm, "e.rd", &cuda, nullptr, 0, nullptr, nullptr, nullptr, &req),
-      nullptr, CONCORD_ERR_UNAVAILABLE, {"CPU tensors only"}, counts);
-  ExpectError(comm, "gather of a CUDA tensor",
-              concord_gather_async(comm, "e.ga", &cuda, nullptr, 0, 0, nullptr, nullptr, &req),
-              nullptr, CONCORD_ERR_UNAVAILABLE, {"CPU tensors only"}, counts);
+  ExpectError(comm, "reduce of a CUDA tensor without a GPU backend",
+              concord_reduce_async(comm, "e.rd", &cuda, &cuda, 0, nullptr, nullptr, nullptr, &req),
+              nullptr, CONCORD_ERR_UNAVAILABLE, {"'e.rd' on CUDA device 0"}, counts);
+  concord_device_opts_t no_wait;
+  concord_device_opts_init(&no_wait);
+  ExpectError(comm, "gather of a CUDA tensor without a GPU backend",
+              concord_gather_async_ex(comm, "e.ga", &cuda, in.data(), in.size() * sizeof(in[0]), 0,
+                                      &no_wait, nullptr, nullptr, &req),
+              nullptr, CONCORD_ERR_UNAVAILABLE, {"'e.ga' on CUDA device 0"}, counts);
   if (size < 2) return;
 
   // Mismatches: every rank fails, the error names the tensor, the field and the ranks.

@@ -15,6 +15,7 @@
 
 #include "core/engine.h"
 #include "tests/common/tensors.h"
+#include "tests/unit/device_job.h"
 #include "tests/unit/engine_test_util.h"
 #include "tests/unit/inproc_device.h"
 #include "tests/unit/inproc_transport.h"
@@ -23,6 +24,9 @@
 namespace concord {
 namespace {
 
+using device_testing::DeviceJob;
+using device_testing::kGpu;
+using device_testing::Request;
 using engine_testing::Await;
 using engine_testing::Entry;
 using engine_testing::Submit;
@@ -35,44 +39,6 @@ using std::chrono::milliseconds;
 using timeline_testing::Named;
 using timeline_testing::ReadSlices;
 using timeline_testing::SliceEvent;
-
-constexpr int kGpu = 1;  // the fake device every rank's tensors live on (devices 0 and 1 exist)
-
-// A job whose engines have a CPU world and, unless `with_device` is false, a fake device world
-// (collectives complete `delay` after the last rank launched them).
-class DeviceJob {
- public:
-  DeviceJob(int size, milliseconds delay, const std::function<void(Config&)>& tweak = nullptr,
-            bool with_device = true)
-      : devices_(std::make_shared<InProcDeviceWorld>(size, delay)),
-        job_(size, tweak, milliseconds(20000), [this, with_device](int r) {
-          DevicePlane plane;
-          if (with_device) {
-            plane.backend = devices_->MakeBackend(r, kGpu);
-            plane.unavailable = Status::Ok();
-          } else {
-            plane.unavailable = Status(Code::kUnavailable, "no GPU here (test)");
-          }
-          return plane;
-        }) {}
-  int size() const { return job_.size(); }
-  Engine& operator[](int rank) { return job_[rank]; }
-  InProcWorld& world() { return job_.world(); }
-  InProcDeviceWorld& devices() { return *devices_; }
-
- private:
-  // Declared first: the device world outlives the engines, which the job destroys.
-  std::shared_ptr<InProcDeviceWorld> devices_;
-  engine_testing::Job job_;
-};
-
-// engine_testing::Request on a device (the GPU unless told).
-TensorRequest Request(const std::string& name, OpType op, DType dtype, std::vector<int64_t> shape,
-                      int device = kGpu) {
-  TensorRequest r = engine_testing::Request(name, op, dtype, std::move(shape));
-  r.device = device;
-  return r;
-}
 
 // Every dtype x sizes {0, 1, 7, 4099, 300000}, sum and average, in place and out of place (with
 // prescale 0.5 and postscale 4 on floating types), all in one group: the small ones fuse.
