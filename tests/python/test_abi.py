@@ -61,7 +61,9 @@ def test_device_opts_mirror_the_library():
     size = _lib.library_struct_size(concord.lib(), "concord_device_opts_init")
     assert ctypes.sizeof(_lib.DeviceOptsStruct) == size == 24
     for name in ("concord_allreduce_async_ex", "concord_allgather_async_ex",
-                 "concord_broadcast_async_ex", "concord_request_wait_stream"):
+                 "concord_broadcast_async_ex", "concord_reducescatter_async_ex",
+                 "concord_alltoall_async_ex", "concord_reduce_async_ex", "concord_gather_async_ex",
+                 "concord_request_wait_stream"):
         assert getattr(concord.lib(), name).argtypes, name  # declared by _lib.load()
 
 

@@ -166,7 +166,7 @@ def test_device_tensors_are_refused_clearly(comm):
                                 "(apt-get install python3-torch)")
     with pytest.raises(concord.UnavailableError,
                        match="allreduce input is a meta tensor: Concord takes CPU tensors, and "
-                       "CUDA tensors for allreduce"):
+                       "CUDA tensors for its collectives"):
         comm.allreduce(torch.empty(4, device="meta"), name="meta")
     with pytest.raises(concord.InvalidArgumentError, match="requires grad"):
         comm.allreduce_(torch.zeros(2, requires_grad=True), name="leaf")
@@ -192,12 +192,25 @@ def test_cuda_tensors_without_gpu_backend(comm, monkeypatch):
     assert opts.struct_size == ctypes.sizeof(_lib.DeviceOptsStruct) and opts in keep
     # Refused at enqueue, naming the tensor, its device and what is missing; nothing enqueued.
     before = comm.stats()
+
+    def fake(rows):
+        return fake_cuda_tensor(torch, torch.ones(rows, 3))
+
+    mine = 2 // comm.size + (1 if comm.rank < 2 % comm.size else 0)
     for what, call in [("allreduce input", lambda: comm.allreduce_(t, name="cuda.x")),
                        ("allreduce input", lambda: comm.allreduce(t, out=t, name="cuda.x")),
                        ("broadcast input", lambda: comm.broadcast_(t, name="cuda.x")),
                        ("allgather input",
-                        lambda: comm.allgather(t, out=fake_cuda_tensor(torch, torch.ones(
-                            2 * comm.size, 3)), name="cuda.x"))]:
+                        lambda: comm.allgather(t, out=fake(2 * comm.size), name="cuda.x")),
+                       ("reducescatter input",
+                        lambda: comm.reducescatter(t, out=fake(mine), name="cuda.x")),
+                       ("alltoall input",
+                        lambda: comm.alltoall(fake(2 * comm.size), out=fake(2 * comm.size),
+                                              name="cuda.x")),
+                       ("reduce input", lambda: comm.reduce(t, root=comm.rank, name="cuda.x",
+                                                            out=fake(2))),
+                       ("gather input", lambda: comm.gather(t, root=comm.rank, name="cuda.x",
+                                                            out=fake(2 * comm.size)))]:
         with pytest.raises(concord.UnavailableError) as e:
             call()
         assert e.value.status == Status.ERR_UNAVAILABLE
@@ -205,16 +218,16 @@ def test_cuda_tensors_without_gpu_backend(comm, monkeypatch):
         assert message.startswith("ERR_UNAVAILABLE (8): %s is a CUDA tensor (cuda:0, shape "
                                   % what), message
         assert "'cuda.x' on CUDA device 0" in message and "GPU backend" in message, message
-    with pytest.raises(concord.InvalidArgumentError, match=r"allgather of a CUDA tensor \(cuda:0"
-                       r"\) needs out="):
-        comm.allgather(t, name="cuda.x")
-    for what, call in [("reducescatter", lambda: comm.reducescatter(t)),
-                       ("alltoall", lambda: comm.alltoall(t)),
-                       ("send", lambda: comm.send(t, 0))]:
-        with pytest.raises(concord.UnavailableError,
-                           match="%s .*is a CUDA tensor \\(cuda:0\\): Concord's %s takes CPU "
-                           "tensors only" % (what, what)):
+    for what, call in [("allgather", lambda: comm.allgather(t, name="cuda.x")),
+                       ("alltoall", lambda: comm.alltoall(fake(2 * comm.size), name="cuda.x")),
+                       ("gather", lambda: comm.gather(t, root=comm.rank, name="cuda.x"))]:
+        with pytest.raises(concord.InvalidArgumentError,
+                           match=r"%s of a CUDA tensor \(cuda:0\) needs out=" % what):
             call()
+    with pytest.raises(concord.UnavailableError,
+                       match="send tensor is a CUDA tensor \\(cuda:0\\): Concord's send takes "
+                       "CPU tensors only"):
+        comm.send(t, 0)
     after = comm.stats()
     assert after == before, (before, after)
     # The names are free: the same name on the CPU goes through.

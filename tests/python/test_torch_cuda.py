@@ -1,9 +1,10 @@
-"""CUDA tensors from Python on a GPU: the binding's allreduce, allgather and broadcast on CUDA
-tensors (device memory straight to the device backend, NCCL: no host copy; ordered after torch's
-current stream, the default one and a side stream; wait() makes the current stream wait), the
-refusals that remain on a GPU, and the torch.distributed backend "concord" on CUDA: its
-collectives, async works on a side stream, and DDP on CUDA (default hook and Concord's
-allreduce_hook) equal to one process on the union of the ranks' batches.
+"""CUDA tensors from Python on a GPU: the binding's collectives on CUDA tensors (allreduce,
+allgather, broadcast, reducescatter, alltoall, reduce, gather: device memory straight to the
+device backend, NCCL: no host copy; ordered after torch's current stream, the default one and a
+side stream; wait() makes the current stream wait), the refusals that remain on a GPU, and the
+torch.distributed backend "concord" on CUDA: its collectives, async works on a side stream, and
+DDP on CUDA (default hook and Concord's allreduce_hook) equal to one process on the union of the
+ranks' batches.
 
 Run by perf/gpu-check.sh under concordrun --backend nccl, one rank per GPU (NCCL refuses two
 ranks of one communicator on one GPU): 1 rank with one GPU, 2 with two or more. Skipped, saying
@@ -94,14 +95,61 @@ def test_synchronize_and_callback(comm):
     assert handle.poll() and handle.wire_bytes() >= 0
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32], ids=str)
+def test_reducescatter_alltoall_reduce_gather(comm, dtype):
+    before = launches(comm)
+    rows = 2 * SIZE + 1  # uneven: the first ranks get one row more
+    x = (torch.arange(rows * 3, device=DEVICE).reshape(rows, 3) + RANK).to(dtype)
+    mine = rows // SIZE + (1 if RANK < rows % SIZE else 0)
+    first = sum(rows // SIZE + (1 if r < rows % SIZE else 0) for r in range(RANK))
+    out = comm.reducescatter(x, name="cuda.rs.%s" % dtype)
+    assert out.is_cuda and out.shape == (mine, 3)
+    want = sum((torch.arange(rows * 3).reshape(rows, 3) + r) for r in range(SIZE))
+    assert torch.equal(out.cpu(), want[first:first + mine].to(dtype))
+
+    # alltoall: rank s sends s + d + 1 rows of 2 to rank d.
+    sends = [RANK + d + 1 for d in range(SIZE)]
+    src = torch.cat([torch.full((n, 2), RANK * 10 + d, dtype=dtype, device=DEVICE)
+                     for d, n in enumerate(sends)])
+    recvs = [s + RANK + 1 for s in range(SIZE)]
+    got, received = comm.alltoall(src, splits=sends, name="cuda.a2a.%s" % dtype,
+                                  out=torch.empty(sum(recvs), 2, dtype=dtype, device=DEVICE))
+    assert received == recvs and got.is_cuda
+    assert torch.equal(got.cpu(), torch.cat([torch.full((n, 2), s * 10 + RANK, dtype=dtype)
+                                             for s, n in enumerate(recvs)]))
+
+    for root in range(SIZE):
+        y = torch.full((4099,), RANK + 1, dtype=dtype, device=DEVICE)
+        reduced = comm.reduce(y, root=root, name="cuda.rd.%s.%d" % (dtype, root))
+        if RANK == root:
+            assert reduced.is_cuda and torch.equal(
+                reduced.cpu(), torch.full((4099,), SIZE * (SIZE + 1) // 2, dtype=dtype))
+        else:
+            assert reduced is None
+        g = torch.full((RANK + 1, 2), RANK, dtype=dtype, device=DEVICE)
+        total = SIZE * (SIZE + 1) // 2
+        buf = torch.empty(total, 2, dtype=dtype, device=DEVICE) if RANK == root else None
+        gathered = comm.gather(g, root=root, out=buf, name="cuda.ga.%s.%d" % (dtype, root))
+        if RANK == root:
+            assert torch.equal(gathered.cpu(), torch.cat(
+                [torch.full((r + 1, 2), r, dtype=dtype) for r in range(SIZE)]))
+    assert launches(comm) >= before + 2 + 2 * SIZE
+
+
 def test_refusals_on_a_gpu(comm):
     x = torch.ones(4, 2, device=DEVICE)
     with pytest.raises(concord.InvalidArgumentError, match="needs out="):
         comm.allgather(x, name="cuda.refused")
-    with pytest.raises(concord.UnavailableError, match="reducescatter takes CPU tensors only"):
-        comm.reducescatter(x)
+    with pytest.raises(concord.InvalidArgumentError, match="alltoall of a CUDA tensor.*needs out="):
+        comm.alltoall(x, name="cuda.a2a.refused")
+    with pytest.raises(concord.InvalidArgumentError, match="gather of a CUDA tensor.*needs out="):
+        comm.gather(x, root=RANK, name="cuda.ga.refused")
     with pytest.raises(concord.UnavailableError, match="compression"):
         comm.allreduce(x, out=x, name="cuda.fp16", compression="fp16")
+    with pytest.raises(concord.UnavailableError, match="compression"):
+        comm.reducescatter(x, name="cuda.rs.fp16", compression="fp16")
+    with pytest.raises(concord.UnavailableError, match="send tensor.*CPU tensors only"):
+        comm.send(x, RANK, 1)
     assert comm.allreduce(x, out=x, name="cuda.after").cpu().eq(SIZE).all()
 
 
@@ -136,7 +184,26 @@ def test_backend_collectives_on_cuda(group):
     b = torch.full((5,), float(RANK), device=DEVICE)
     dist.broadcast(b, src=0)
     assert b.cpu().tolist() == [0.0] * 5
-    assert group.comm.stats()["device_launches"] > 0
+    before = group.comm.stats()["device_launches"]
+    big = torch.arange(SIZE * 6, dtype=torch.float32, device=DEVICE) + RANK
+    shard = torch.empty(6, device=DEVICE)
+    dist.reduce_scatter_tensor(shard, big)
+    want = sum(torch.arange(SIZE * 6, dtype=torch.float32) + r for r in range(SIZE))
+    assert torch.equal(shard.cpu(), want[RANK * 6:(RANK + 1) * 6])
+    ins = torch.arange(SIZE * 2, dtype=torch.float32, device=DEVICE) + 100 * RANK
+    outs = torch.empty(SIZE * 2, device=DEVICE)
+    dist.all_to_all_single(outs, ins)
+    assert outs.cpu().tolist() == [float(100 * s + 2 * RANK + j) for s in range(SIZE)
+                                   for j in range(2)]
+    r = torch.full((3,), float(RANK + 1), device=DEVICE)
+    dist.reduce(r, dst=0)
+    assert r.cpu().tolist() == ([float(SIZE * (SIZE + 1) // 2)] * 3 if RANK == 0 else
+                                [float(RANK + 1)] * 3)
+    gathered = [torch.empty(2, device=DEVICE) for _ in range(SIZE)] if RANK == 0 else None
+    dist.gather(torch.full((2,), float(RANK), device=DEVICE), gathered, dst=0)
+    if RANK == 0:
+        assert [g.cpu().tolist() for g in gathered] == [[float(q)] * 2 for q in range(SIZE)]
+    assert group.comm.stats()["device_launches"] >= before + 4
 
 
 def train(model, batches, steps):

@@ -208,14 +208,31 @@ class Communicator:
         return Handle(self, request, keepalive, finish,
                       on_device.device if on_device is not None else None)
 
-    def _submit_device(self, entry, args, cuda, keep, callback, out):
+    def _submit_device(self, entry, args, cuda, keep, callback, finish):
         """Enqueues an operation on CUDA tensors through the _ex entry point `entry`: args are
         the arguments before its device options; cuda is its CUDA tensor (a tensors.Described);
-        wait() gives out."""
+        wait() gives finish(request)."""
         enqueue = device.entry(lib(), entry)
         dev = device.options(cuda, keep)
         return self._submit(lambda fn, ud, req: enqueue(*args, ctypes.byref(dev), fn, ud, req),
-                            callback, keep, lambda _: out, cuda)
+                            callback, keep, finish, cuda)
+
+    def _submit_either(self, entry, args, keep, callback, finish):
+        """Enqueues through the C entry point `entry` (args: those before its callback), or its
+        _ex form when the tensors' descriptors (keep[:2]: input, output) hold a CUDA tensor;
+        keep: what must live as long as the operation."""
+        cuda = self._on_device(*keep[:2])
+        if cuda is not None:
+            return self._submit_device(entry + "_ex", args, cuda, list(keep), callback, finish)
+        return self._submit(lambda fn, ud, req: getattr(lib(), entry)(*args, fn, ud, req),
+                            callback, keep, finish)
+
+    @staticmethod
+    def _device_output_needed(op, cuda, dst):
+        if cuda is not None and dst is None:
+            raise InvalidArgumentError(
+                1, "%s of a CUDA tensor (cuda:%d) needs out=, a CUDA tensor large enough for the "
+                "result: the library cannot own device memory" % (op, cuda.device))
 
     @staticmethod
     def _on_device(*described):
@@ -263,7 +280,7 @@ class Communicator:
                 "concord_allreduce_async_ex",
                 (handle, self._name(name, "allreduce"), ctypes.byref(src.struct),
                  ctypes.byref(dst.struct) if dst is not None else None, ctypes.byref(opts)),
-                cuda, keep, callback, out)
+                cuda, keep, callback, lambda _: out)
         return self._submit(
             lambda fn, ud, req: lib().concord_allreduce_async(
                 handle, self._name(name, "allreduce"), ctypes.byref(src.struct),
@@ -303,7 +320,7 @@ class Communicator:
             return self._submit_device(
                 "concord_allgather_async_ex",
                 (handle, self._name(name, "allgather"), ctypes.byref(src.struct), dst.ptr,
-                 dst.nbytes), cuda, [src, dst], callback, out)
+                 dst.nbytes), cuda, [src, dst], callback, lambda _: out)
 
         def finish(request):
             return self._rows_output(request, tensor, src.dtype, out)
@@ -329,7 +346,8 @@ class Communicator:
             return self._submit_device(
                 "concord_broadcast_async_ex",
                 (handle, self._name(name, "broadcast"), ctypes.byref(src.struct),
-                 ctypes.byref(dst.struct), int(root)), cuda, [src, dst], callback, out)
+                 ctypes.byref(dst.struct), int(root)), cuda, [src, dst], callback,
+                lambda _: out)
         return self._submit(
             lambda fn, ud, req: lib().concord_broadcast_async(
                 handle, self._name(name, "broadcast"), ctypes.byref(src.struct),
@@ -363,7 +381,7 @@ class Communicator:
         None or "none" for none (the communicator's default compression is allreduce's only).
         Returns a Handle whose wait() gives out."""
         handle = self._live()
-        src = tensors.describe(tensor, "reducescatter input")
+        src = tensors.describe(tensor, "reducescatter input", cuda=True)
         if len(src.shape) == 0:
             raise InvalidArgumentError(1, "reducescatter input must have at least one dimension")
         counts = self._splits(recv_splits, "reducescatter")
@@ -372,7 +390,7 @@ class Communicator:
                 n // self.size + (1 if self.rank < n % self.size else 0))
         if out is None:
             out = tensors.empty_like(tensor, rows)
-        dst = tensors.describe(out, "reducescatter output", writable=True)
+        dst = tensors.describe(out, "reducescatter output", writable=True, cuda=True)
         opts = _lib.ReducescatterOptsStruct()
         opts.struct_size = ctypes.sizeof(opts)
         opts.op = _reduce_op(op)
@@ -384,11 +402,11 @@ class Communicator:
         spec = _check_compression(compression, "reducescatter")
         if spec is not None:
             opts.compression = spec
-        return self._submit(
-            lambda fn, ud, req: lib().concord_reducescatter_async(
-                handle, self._name(name, "reducescatter"), ctypes.byref(src.struct),
-                ctypes.byref(dst.struct), ctypes.byref(opts), fn, ud, req),
-            callback, (src, dst, counts), lambda _: out)
+        return self._submit_either(
+            "concord_reducescatter_async",
+            (handle, self._name(name, "reducescatter"), ctypes.byref(src.struct),
+             ctypes.byref(dst.struct), ctypes.byref(opts)),
+            (src, dst, counts, opts), callback, lambda _: out)
 
     def reducescatter(self, tensor, **kwargs):
         """Blocking reducescatter_async(...).wait()."""
@@ -398,16 +416,16 @@ class Communicator:
                      out=None, callback=None):
         """Reduces tensor over all ranks (op, prescale and postscale as in allreduce_async) into
         out on rank root only (None: a new tensor; out=tensor: in place). Every rank gives the
-        same root. CPU tensors only. Returns a Handle whose wait() gives out on the root and None
-        on the other ranks, whose out (ignored) is left untouched."""
+        same root. Returns a Handle whose wait() gives out on the root and None on the other
+        ranks, whose out (ignored) is left untouched."""
         handle = self._live()
-        src = tensors.describe(tensor, "reduce input")
+        src = tensors.describe(tensor, "reduce input", cuda=True)
         is_root = int(root) == self.rank
         if is_root and out is None:
             out = tensors.empty_like(tensor)
         dst = None
         if is_root and out is not tensor:
-            dst = tensors.describe(out, "reduce output", writable=True)
+            dst = tensors.describe(out, "reduce output", writable=True, cuda=True)
         elif is_root:
             tensors.check_writable(tensor, "reduce output")
         opts = _lib.ReduceOptsStruct()
@@ -416,12 +434,12 @@ class Communicator:
         opts.prescale = float(prescale)
         opts.postscale = float(postscale)
         result = out if is_root else None
-        return self._submit(
-            lambda fn, ud, req: lib().concord_reduce_async(
-                handle, self._name(name, "reduce"), ctypes.byref(src.struct),
-                ctypes.byref(dst.struct) if dst is not None else None, int(root),
-                ctypes.byref(opts), fn, ud, req),
-            callback, (src, dst), lambda _: result)
+        return self._submit_either(
+            "concord_reduce_async",
+            (handle, self._name(name, "reduce"), ctypes.byref(src.struct),
+             ctypes.byref(dst.struct) if dst is not None else None, int(root),
+             ctypes.byref(opts)),
+            (src, dst, opts), callback, lambda _: result)
 
     def reduce(self, tensor, root=0, **kwargs):
         """Blocking reduce_async(...).wait(): the reduction on the root, None elsewhere."""
@@ -431,28 +449,31 @@ class Communicator:
         """Concatenates every rank's tensor along the first dimension (which may differ between
         ranks; the others must agree) on rank root only, as allgather_async there (out=None: a
         new tensor of the gathered size; else out, at least as large, cut to the gathered rows).
-        CPU tensors only. On the other ranks out is ignored and wait() returns None."""
+        A CUDA tensor needs out= on the root (the library cannot own device memory). On the
+        other ranks out is ignored and wait() returns None."""
         handle = self._live()
-        src = tensors.describe(tensor, "gather input")
+        src = tensors.describe(tensor, "gather input", cuda=True)
         if len(src.shape) == 0:
             raise InvalidArgumentError(1, "gather input must have at least one dimension")
         is_root = int(root) == self.rank
         dst = None
         if is_root and out is not None:
-            dst = tensors.describe(out, "gather output", writable=True)
+            dst = tensors.describe(out, "gather output", writable=True, cuda=True)
             if dst.dtype != src.dtype:
                 raise InvalidArgumentError(1, "gather output dtype differs from the input's")
+        if is_root:
+            self._device_output_needed("gather", self._on_device(src), dst)
 
         def finish(request):
             if not is_root:
                 return None
             return self._rows_output(request, tensor, src.dtype, out)
 
-        return self._submit(
-            lambda fn, ud, req: lib().concord_gather_async(
-                handle, self._name(name, "gather"), ctypes.byref(src.struct),
-                dst.ptr if dst else None, dst.nbytes if dst else 0, int(root), fn, ud, req),
-            callback, (src, dst), finish)
+        return self._submit_either(
+            "concord_gather_async",
+            (handle, self._name(name, "gather"), ctypes.byref(src.struct),
+             dst.ptr if dst else None, dst.nbytes if dst else 0, int(root)),
+            (src, dst), callback, finish)
 
     def gather(self, tensor, root=0, **kwargs):
         """Blocking gather_async(...).wait(): the gathered tensor on the root, None elsewhere."""
@@ -465,15 +486,18 @@ class Communicator:
         other ranks (they may differ per call, as a mixture of experts routes). wait() returns
         (output, received_splits): out=None: a new tensor of the received rows (a view of memory
         the communicator lends, as allgather's); else out (at least as large) cut to them;
-        received_splits[s] rows came from rank s."""
+        received_splits[s] rows came from rank s. A CUDA tensor needs out= (the library cannot
+        own device memory)."""
         handle = self._live()
-        src = tensors.describe(tensor, "alltoall input")
+        src = tensors.describe(tensor, "alltoall input", cuda=True)
         if len(src.shape) == 0:
             raise InvalidArgumentError(1, "alltoall input must have at least one dimension")
         counts = self._splits(splits, "alltoall")
-        dst = None if out is None else tensors.describe(out, "alltoall output", writable=True)
+        dst = None if out is None else tensors.describe(out, "alltoall output", writable=True,
+                                                        cuda=True)
         if dst is not None and dst.dtype != src.dtype:
             raise InvalidArgumentError(1, "alltoall output dtype differs from the input's")
+        self._device_output_needed("alltoall", self._on_device(src), dst)
         opts = _lib.AlltoallOptsStruct()
         opts.struct_size = ctypes.sizeof(opts)
         if counts is not None:
@@ -495,12 +519,11 @@ class Communicator:
                 return _Adopted((result.value, list(received)))
             return result, list(received)
 
-        return self._submit(
-            lambda fn, ud, req: lib().concord_alltoall_async(
-                handle, self._name(name, "alltoall"), ctypes.byref(src.struct),
-                dst.ptr if dst else None, dst.nbytes if dst else 0, ctypes.byref(opts), fn, ud,
-                req),
-            callback, (src, dst, counts), finish)
+        return self._submit_either(
+            "concord_alltoall_async",
+            (handle, self._name(name, "alltoall"), ctypes.byref(src.struct),
+             dst.ptr if dst else None, dst.nbytes if dst else 0, ctypes.byref(opts)),
+            (src, dst, counts, opts), callback, finish)
 
     def alltoall(self, tensor, splits=None, **kwargs):
         """Blocking alltoall_async(...).wait(): (output, received_splits)."""

@@ -161,8 +161,8 @@ class Handle:
                 elif status != Status.SUCCESS:
                     message = L.concord_request_error(self._request).decode(errors="replace")
                     raise make_error(status, message)
-                else:
-                    return self._finish(None)
+                else:  # launched on the device: its output is described (concord_request_output)
+                    return self._finish(self._request)
         if self._error is not None:
             raise self._error
         return self._result

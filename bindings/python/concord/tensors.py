@@ -81,14 +81,14 @@ def describe(obj, what, writable=False, cuda=False):
             if not cuda:
                 raise UnavailableError(
                     8, "%s is a CUDA tensor (%s): Concord's %s takes CPU tensors only (CUDA "
-                    "tensors: allreduce, allgather and broadcast); pass tensor.cpu()" %
+                    "tensors: the collectives, not send and recv); pass tensor.cpu()" %
                     (what, device, what.split()[0]))
             index = device.index if device.index is not None else _current_device()
             stream = cuda_stream(index)
         elif device.type != "cpu":
             raise UnavailableError(
-                8, "%s is a %s tensor: Concord takes CPU tensors, and CUDA tensors for "
-                "allreduce, allgather and broadcast; pass tensor.cpu()" % (what, device.type))
+                8, "%s is a %s tensor: Concord takes CPU tensors, and CUDA tensors for its "
+                "collectives; pass tensor.cpu()" % (what, device.type))
         dtype = _TORCH_DTYPES.get(obj.dtype)
         if dtype is None:
             name = str(obj.dtype).replace("torch.", "")

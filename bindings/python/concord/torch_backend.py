@@ -3,11 +3,13 @@
 `import concord.torch` registers it (register()); then
 `torch.distributed.init_process_group("concord", rank=, world_size=, store= / init_method=)` (or
 torchrun's variables) makes a ProcessGroupConcord whose collectives run through Concord's engine.
-CUDA tensors: all_reduce, reduce (as an allreduce), broadcast, all_gather and
-all_gather_into_tensor go to the device backend (NCCL) without a host copy, ordered after torch's current stream; a work's wait()
-makes the current stream wait for the operation (all_gather into a list: the host waits, for the
-copies into the list), its future (for the tensors' device) completes when the operation has. The
-other collectives take CPU tensors (a CUDA tensor raises UnavailableError, from the binding).
+CUDA tensors: every collective (all_reduce, reduce, broadcast, all_gather,
+all_gather_into_tensor, gather, reduce_scatter, reduce_scatter_tensor, all_to_all,
+all_to_all_single) goes to the device backend (NCCL) without a host copy, ordered after torch's
+current stream; a work's wait() makes the current stream wait for the operation (into a list of
+tensors: the host waits, for the copies into the list), its future (for the tensors' device)
+completes when the operation has. send and recv take CPU tensors (a CUDA tensor raises
+UnavailableError, from the binding).
 
 One class serves torch 1.13 and 2.x (tested: 1.13, 2.9.1 and 2.15.0), no compiled code: both let a
 backend's creator return a Python subclass of ProcessGroup (torch 2.x's pybind trampoline), which
@@ -265,18 +267,12 @@ class ProcessGroupConcord(dist.ProcessGroup):
             t, out=t, op=op, name=self._name("allreduce"), callback=cb), tensors, cuda=_cuda(t))
 
     def reduce(self, tensors, opts=None):
-        """Concord's reduce (the root's tensor gets the result, the others' are left alone); a
-        CUDA tensor, which Concord's reduce does not take, is allreduced on the device backend
-        into a scratch tensor on the other ranks."""
+        """Concord's reduce: the root's tensor gets the result, the others' are left alone."""
         t = _one(tensors, "reduce")
         op = _reduce_op(_op_of(opts), "reduce")
-        if t.is_cuda:
-            out = t if self.rank() == opts.rootRank else torch.empty_like(t)
-            return self._run(lambda cb: self.comm.allreduce_async(
-                t, out=out, op=op, name=self._name("reduce"), callback=cb), tensors,
-                cuda=_cuda(t))
         return self._run(lambda cb: self.comm.reduce_async(
-            t, root=opts.rootRank, out=t, op=op, name=self._name("reduce"), callback=cb), tensors)
+            t, root=opts.rootRank, out=t, op=op, name=self._name("reduce"), callback=cb), tensors,
+            cuda=_cuda(t))
 
     def broadcast(self, tensors, opts=None):
         t = _one(tensors, "broadcast")
@@ -317,14 +313,15 @@ class ProcessGroupConcord(dist.ProcessGroup):
         op = _reduce_op(_op_of(opts), "reduce_scatter")
         stacked = torch.cat([_rows(x) for x in inputs])
         return self._run(lambda cb: self.comm.reducescatter_async(
-            stacked, out=_rows(o), op=op, name=self._name("reducescatter"), callback=cb), outputs)
+            stacked, out=_rows(o), op=op, name=self._name("reducescatter"), callback=cb), outputs,
+            cuda=_cuda(o))
 
     def _reduce_scatter_base(self, output, input, opts=None):
         self._check_total(input, output, "reduce_scatter_tensor")
         op = _reduce_op(_op_of(opts), "reduce_scatter_tensor")
         return self._run(lambda cb: self.comm.reducescatter_async(
             input.detach().reshape(self.size(), output.numel()), out=_rows(output), op=op,
-            name=self._name("reducescatter"), callback=cb), [output])
+            name=self._name("reducescatter"), callback=cb), [output], cuda=_cuda(output))
 
     def alltoall_base(self, output, input, output_splits, input_splits,
                       opts=None):
@@ -335,7 +332,7 @@ class ProcessGroupConcord(dist.ProcessGroup):
                 "%d, the output has %d rows" % (sum(output_splits), output.shape[0]))
         return self._run(lambda cb: self.comm.alltoall_async(
             input.detach(), splits=splits, out=output.detach(), name=self._name("alltoall"),
-            callback=cb), [output])
+            callback=cb), [output], cuda=_cuda(input))
 
     def alltoall(self, outputs, inputs, opts=None):
         if len(inputs) != self.size() or len(outputs) != self.size():
@@ -344,7 +341,7 @@ class ProcessGroupConcord(dist.ProcessGroup):
                 "all_to_all: expected %d input and %d output tensors" % (self.size(),
                                                                          self.size()))
         flat = torch.cat([x.detach().reshape(-1) for x in inputs])
-        buffer = torch.empty(sum(o.numel() for o in outputs), dtype=flat.dtype)
+        buffer = torch.empty(sum(o.numel() for o in outputs), dtype=flat.dtype, device=flat.device)
 
         def finish():
             at = 0
@@ -354,7 +351,7 @@ class ProcessGroupConcord(dist.ProcessGroup):
 
         return self._run(lambda cb: self.comm.alltoall_async(
             flat, splits=[x.numel() for x in inputs], out=buffer, name=self._name("alltoall"),
-            callback=cb), outputs, finish)
+            callback=cb), outputs, finish, cuda=_cuda(flat))
 
     # torch >= 2.15 calls these by their new names (same arguments).
     all_gather_single = _allgather_base
@@ -385,7 +382,7 @@ class ProcessGroupConcord(dist.ProcessGroup):
             "barrier)" % what)
 
     def gather(self, output_lists, input_tensors, opts=None):
-        """Concord's gather (CPU tensors): on the root, output_lists is one list of size()
+        """Concord's gather: on the root, output_lists is one list of size()
         tensors of the input's number of elements; the other ranks' is ignored (torch passes
         an empty one)."""
         t = _one(input_tensors, "gather")
@@ -397,7 +394,7 @@ class ProcessGroupConcord(dist.ProcessGroup):
                     Status.ERR_INVALID_ARGUMENT,
                     "gather: expected one output list of %d tensors on the root" % self.size())
             outputs = output_lists[0]
-            buffer = torch.empty((self.size(), t.numel()), dtype=t.dtype)
+            buffer = torch.empty((self.size(), t.numel()), dtype=t.dtype, device=t.device)
 
             def finish():
                 for i, o in enumerate(outputs):
@@ -405,7 +402,7 @@ class ProcessGroupConcord(dist.ProcessGroup):
 
         return self._run(lambda cb: self.comm.gather_async(
             _rows(t), root=root, out=buffer, name=self._name("gather"), callback=cb),
-            output_lists, finish)
+            output_lists, finish, cuda=_cuda(t))
 
     def scatter(self, *args, **kwargs):
         self._unsupported("scatter")
