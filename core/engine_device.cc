@@ -85,14 +85,19 @@ Status Engine::LaunchDevice(const FusionBatch& batch, const Responses& responses
       c.kind = DeviceOpKind::kBroadcast;
       c.root = q.root;
       break;
-    case OpType::kAllgather: {
-      c.kind = DeviceOpKind::kAllgatherv;
+    case OpType::kAllgather:
+    case OpType::kGather: {
+      const bool gather = q.op == OpType::kGather;
+      c.kind = gather ? DeviceOpKind::kGatherv : DeviceOpKind::kAllgatherv;
+      c.root = q.root;
       QueueEntry& e = *entries[batch.members.front()];
       size_t total = 0;
       int64_t first = 0;
       CONCORD_ASSIGN_OR_RETURN(c.bytes_per_rank, AllgatherBytes(r, &total, &first));
-      if (total > e.output_capacity) {
-        local = OutputTooSmall(q.name, total, e.output_capacity);
+      if (gather && config_.rank != q.root) {
+        c.tensors[0].output = nullptr;  // never written
+      } else if (total > e.output_capacity) {
+        local = OutputTooSmall(q.name, total, e.output_capacity, OpTypeName(q.op));
         c.tensors[0].output = nullptr;  // the backend gathers into scratch memory
       } else {
         RequestState::Output& out = e.state->output();
@@ -133,26 +138,6 @@ Status Engine::LaunchDevice(const FusionBatch& batch, const Responses& responses
         c.tensors[0].output = nullptr;  // the backend receives into scratch memory
       } else {
         SetAlltoallOutput(e, e.output, total, std::move(received));
-      }
-      break;
-    }
-    case OpType::kGather: {
-      c.kind = DeviceOpKind::kGatherv;
-      c.root = q.root;
-      QueueEntry& e = *entries[batch.members.front()];
-      size_t total = 0;
-      int64_t first = 0;
-      CONCORD_ASSIGN_OR_RETURN(c.bytes_per_rank, AllgatherBytes(r, &total, &first));
-      if (config_.rank != q.root) {
-        c.tensors[0].output = nullptr;  // never written
-      } else if (total > e.output_capacity) {
-        local = OutputTooSmall(q.name, total, e.output_capacity, "gather");
-        c.tensors[0].output = nullptr;  // the backend gathers into scratch memory
-      } else {
-        RequestState::Output& out = e.state->output();
-        out.data = e.output;
-        out.bytes = total;
-        out.first_dim = first;
       }
       break;
     }
