@@ -404,9 +404,8 @@ Status SubmitP2p(concord_comm_t comm, bool send, const concord_tensor_t* t, int 
 // caller orders its device work after the operation with concord_request_wait_stream.
 concord_status_t OutputReady(concord_request_t request) {
   if (request->state->done()) return ToC(request->state->status());
-  if (request->device && request->state->WaitLaunched(concord::Deadline::After(
-                                                          std::chrono::milliseconds(0)))
-                             .ok()) {
+  if (request->device &&
+      request->state->WaitLaunched(concord::Deadline::After(std::chrono::milliseconds(0))).ok()) {
     return CONCORD_SUCCESS;
   }
   return CONCORD_IN_PROGRESS;

@@ -137,8 +137,8 @@ TEST_F(NcclBackendTest, AllreduceAverageOutOfPlaceWritesEveryElement) {
         std::vector<uint8_t> got(bytes);
         ASSERT_TRUE(out->CopyToHost(got.data(), 0, bytes).ok());
         for (size_t i : {size_t{0}, n / 2, n - 1}) {
-          const double want = harness::ExpectedAllreduce(
-              ReduceOp::kAverage, dtype, ranks_, [&](int r) { return 2.0 * (i % 5 + r); });
+          const double want = harness::ExpectedAllreduce(ReduceOp::kAverage, dtype, ranks_,
+                                                         [&](int r) { return 2.0 * (i % 5 + r); });
           EXPECT_NEAR(LoadElement(dtype, got.data(), i), want, 1e-6)
               << DTypeName(dtype) << " n=" << n << " element " << i;
         }

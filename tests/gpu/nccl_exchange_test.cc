@@ -105,9 +105,8 @@ TEST_F(NcclExchangeTest, ReducescatterEveryDTypeSizeAndLayout) {
                                                       : 1e-5 * std::max(1.0, std::fabs(want));
             const double have = LoadElement(dtype, got.data(), i);
             if (std::fabs(have - want) > tol && ++wrong <= 3) {
-              ADD_FAILURE() << DTypeName(dtype) << " n=" << n << " layout " << layout
-                            << " element " << i << " of " << mine << ": got " << have
-                            << ", want " << want;
+              ADD_FAILURE() << DTypeName(dtype) << " n=" << n << " layout " << layout << " element "
+                            << i << " of " << mine << ": got " << have << ", want " << want;
             }
           }
           EXPECT_EQ(wrong, 0u) << DTypeName(dtype) << " n=" << n << " layout " << layout;
