@@ -13,9 +13,9 @@
 # Variables: OUT (results directory), BUILD_DIR (default build-gpu), WORKLOADS (workload directory,
 # default perf/workloads in the repository), BENCH_WORKLOADS (default
 # "resnet50 bert_large vgg16"), BENCH_ITERS (default 50), JOBS (build parallelism, default nproc),
-# SKIP_SETUP=1 (do not run scripts/setup.sh), SKIP_BUILD=1 (use the build already in BUILD_DIR, made
-# on a machine that has the dependencies: the lent GPU machines reach no package registry, so they
-# get a build made elsewhere, at the same absolute path, with the libraries it needs), PERF_BYTES (concord-perf sweep, default 4K:256M),
+# SKIP_SETUP=1 (do not run scripts/setup.sh), SKIP_BUILD=1 (use the build already in BUILD_DIR,
+# made on a machine that has the dependencies: perf/gpu-bundle.sh, for GPU machines that reach no
+# package registry), PERF_BYTES (concord-perf sweep, default 4K:256M),
 # TORCH_PYTHON (a Python whose torch has CUDA; else the python3 on PATH (the lent machines' image
 # keeps its CUDA torch 2.11 there), ~/.cache/concord/torch-*/bin/python, then /usr/bin/python3 are
 # tried, and the torch step is reported NOT RUN when none has CUDA).
