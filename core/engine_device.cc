@@ -65,6 +65,12 @@ Status Engine::LaunchDevice(const FusionBatch& batch, const Responses& responses
   c.device = device_.backend->device();
   c.dtype = q.dtype;
   c.deadline = TimeoutFromNow();
+  // The negotiated reduction and root (every rank has the same); the kinds without them ignore
+  // them.
+  c.op = q.reduce_op;
+  c.prescale = q.prescale;
+  c.postscale = q.postscale;
+  c.root = q.root;
   std::vector<std::shared_ptr<RequestState>> states;
   for (size_t i : batch.members) {
     const QueueEntry& e = *entries[i];
@@ -77,19 +83,14 @@ Status Engine::LaunchDevice(const FusionBatch& batch, const Responses& responses
   switch (q.op) {
     case OpType::kAllreduce:
       c.kind = DeviceOpKind::kAllreduce;
-      c.op = q.reduce_op;
-      c.prescale = q.prescale;
-      c.postscale = q.postscale;
       break;
     case OpType::kBroadcast:
       c.kind = DeviceOpKind::kBroadcast;
-      c.root = q.root;
       break;
     case OpType::kAllgather:
     case OpType::kGather: {
       const bool gather = q.op == OpType::kGather;
       c.kind = gather ? DeviceOpKind::kGatherv : DeviceOpKind::kAllgatherv;
-      c.root = q.root;
       QueueEntry& e = *entries[batch.members.front()];
       size_t total = 0;
       int64_t first = 0;
@@ -109,19 +110,12 @@ Status Engine::LaunchDevice(const FusionBatch& batch, const Responses& responses
     }
     case OpType::kReducescatter: {
       c.kind = DeviceOpKind::kReducescatter;
-      c.op = q.reduce_op;
-      c.prescale = q.prescale;
-      c.postscale = q.postscale;
       const size_t row = RowBytes(q) / DTypeSize(q.dtype);  // elements per row
       for (int64_t rows : q.splits) c.counts_per_rank.push_back(static_cast<size_t>(rows) * row);
       break;
     }
     case OpType::kReduce:
       c.kind = DeviceOpKind::kReduce;
-      c.op = q.reduce_op;
-      c.prescale = q.prescale;
-      c.postscale = q.postscale;
-      c.root = q.root;
       if (config_.rank != q.root) c.tensors[0].output = nullptr;  // never written
       break;
     case OpType::kAlltoall: {

@@ -312,11 +312,8 @@ class Communicator:
         if dst is not None and dst.dtype != src.dtype:
             raise InvalidArgumentError(1, "allgather output dtype differs from the input's")
         cuda = self._on_device(src, dst)
+        self._device_output_needed("allgather", cuda, dst)
         if cuda is not None:
-            if dst is None:
-                raise InvalidArgumentError(
-                    1, "allgather of a CUDA tensor (cuda:%d) needs out=, a CUDA tensor of the "
-                    "gathered size: the library cannot own device memory" % cuda.device)
             return self._submit_device(
                 "concord_allgather_async_ex",
                 (handle, self._name(name, "allgather"), ctypes.byref(src.struct), dst.ptr,
