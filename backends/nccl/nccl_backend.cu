@@ -136,6 +136,10 @@ class NcclBackend : public DeviceBackend {
   // Refuses a malformed collective before anything of it is enqueued (the communicator stays).
   Status Validate(const DeviceCollective& c) const;
   // Waits (holding comm_mu_) until the non-blocking communicator has accepted what was issued.
+  // An NCCL call may return ncclInProgress before its work is on the stream: our own kernels that
+  // read what it writes (unpacking, scaled copies out of the fusion buffer) are queued only after
+  // this, or they would run first (seen on an H200 at 2 ranks: every fused or scaled result was
+  // this rank's own input).
   Status WaitComm(Deadline deadline);
   Status Enqueue(const DeviceCollective& c);
   Status EnqueueAllreduce(const DeviceCollective& c);
@@ -443,6 +447,7 @@ Status NcclBackend::EnqueueAllreduce(const DeviceCollective& c) {
   // The padding between slots is reduced too, and never read back.
   CONCORD_NCCL_CHECK(ncclAllReduce(buffer, buffer, in_plan.total_bytes / DTypeSize(c.dtype), type,
                                    op, comm_, stream_));
+  CONCORD_RETURN_IF_ERROR(WaitComm(c.deadline));
   return packer_->Unpack(out_plan, buffer, fusion_.size(), post, stream_);
 }
 
@@ -541,8 +546,9 @@ Status NcclBackend::EnqueueReducescatter(const DeviceCollective& c) {
     }
     CONCORD_RETURN_IF_ERROR(calls.End());
   }
-  if (stage_out) return ScaledCopyOut(recv, t.output, mine, c.dtype, post);
-  return Status::Ok();
+  if (!stage_out) return Status::Ok();
+  CONCORD_RETURN_IF_ERROR(WaitComm(c.deadline));
+  return ScaledCopyOut(recv, t.output, mine, c.dtype, post);
 }
 
 Status NcclBackend::EnqueueAlltoallv(const DeviceCollective& c) {
@@ -615,8 +621,9 @@ Status NcclBackend::EnqueueReduce(const DeviceCollective& c) {
     if (stage_out) recv = static_cast<uint8_t*>(buffer) + in_part;
   }
   CONCORD_NCCL_CHECK(ncclReduce(send, recv, n, type, op, c.root, comm_, stream_));
-  if (stage_out) return ScaledCopyOut(recv, t.output, n, c.dtype, post);
-  return Status::Ok();
+  if (!stage_out) return Status::Ok();
+  CONCORD_RETURN_IF_ERROR(WaitComm(c.deadline));
+  return ScaledCopyOut(recv, t.output, n, c.dtype, post);
 }
 
 Status NcclBackend::EnqueueGatherv(const DeviceCollective& c) {
