@@ -2,6 +2,7 @@
 //
 // Run under concordrun with any number of ranks:
 //   concordrun -np 4 ./mp_conformance [--min-size N] [--max-size N] [--steps S] [--ops LIST]
+//                                     [--split] [--device cuda]
 //
 // Every op (allreduce sum/average/min/max/product, in place and out of place, with
 // prescale/postscale on floating types; allgather with first dimensions differing by rank, into
@@ -15,6 +16,12 @@
 // exact (half types get a tolerance where the average divides). Prints one summary line; exits
 // non-zero on any mismatch.
 //
+// --device cuda runs the same cases on CUDA tensors (the GPU backend: CONCORD_BACKEND=nccl): each
+// case's buffers are copied to the rank's GPU before it is submitted and back once it completed,
+// and checked as on the CPU. Outputs the request would own are refused for device tensors, so
+// those variants give a device buffer instead (conformance_exchange.cc checks the refusals), and
+// compression, which covers CPU tensors only, is left out.
+//
 // The failure modes live in failure_modes.cc.
 #include <atomic>
 #include <memory>
@@ -23,6 +30,7 @@
 #include <vector>
 
 #include "conformance_exchange.h"
+#include "device_memory.h"
 #include "mp_common.h"
 #include "tests/common/check.h"
 #include "tests/common/tensors.h"
@@ -38,6 +46,7 @@ long g_checks = 0, g_cases = 0;
 std::atomic<long> g_callbacks{0}, g_callback_errors{0};
 long g_async_submitted = 0;
 bool g_trace = std::getenv("CONFORMANCE_TRACE") != nullptr;  // print every submission
+int g_device = CONCORD_DEVICE_CPU;  // where the tensors live (--device cuda: this rank's GPU)
 
 const concord_dtype_t kDTypes[] = {CONCORD_UINT8,   CONCORD_INT8,    CONCORD_INT32,
                                    CONCORD_INT64,   CONCORD_FLOAT16, CONCORD_BFLOAT16,
@@ -61,6 +70,12 @@ const char* OpName(concord_reduce_op_t op) {
 }
 
 enum class Values { kSum, kMinMax, kProduct, kAny };
+
+// The name suffix of an allgather's or gather's output variant: the caller's buffer, or output the
+// request owns, which device tensors cannot have: there the variant is a second buffer case.
+const char* OutputVariant(bool owned_variant, bool owned) {
+  return !owned_variant ? ".buf" : owned ? ".owned" : ".buf2";
+}
 
 // The input of rank r at index i: a small integer, exactly representable in every dtype.
 double Val(Values kind, concord_dtype_t t, int r, int64_t i, int step, int salt) {
@@ -111,6 +126,7 @@ struct Case {
   int64_t shape[2] = {0, 0};
   int ndim = 1;
   std::vector<unsigned char> in, out;
+  mp::DeviceBuffer device_in, device_out;  // --device cuda: the copies the operation works on
   concord_request_t req = nullptr;
   concord_status_t status = CONCORD_SUCCESS;
 
@@ -136,8 +152,17 @@ void Submit(concord_comm_t comm, Case& c) {
   ++g_cases;
   if (g_trace)
     std::fprintf(stderr, "rank %d: submit %s (mode %d)\n", g_rank, c.name.c_str(), c.mode);
-  concord_tensor_t in = CpuTensor(c.in.empty() ? nullptr : c.in.data(), c.dt, c.ndim, c.shape);
-  concord_tensor_t out = CpuTensor(c.out.empty() ? nullptr : c.out.data(), c.dt, c.ndim, c.shape);
+  void* in_data = c.in.empty() ? nullptr : c.in.data();
+  void* out_data = c.out.empty() ? nullptr : c.out.data();
+  if (g_device != CONCORD_DEVICE_CPU) {
+    c.device_in = mp::DeviceBuffer(c.in);
+    c.device_out = mp::DeviceBuffer(c.out);
+    in_data = c.device_in.data();
+    out_data = c.device_out.data();
+  }
+  concord_tensor_t in = CpuTensor(in_data, c.dt, c.ndim, c.shape);
+  concord_tensor_t out = CpuTensor(out_data, c.dt, c.ndim, c.shape);
+  in.device = out.device = g_device;
   const bool async = c.mode != kBlocking;
   concord_request_t* rq = async ? &c.req : nullptr;
   concord_callback_t cb = async ? Callback : nullptr;
@@ -155,7 +180,7 @@ void Submit(concord_comm_t comm, Case& c) {
       break;
     }
     case Kind::kAllgather: {
-      void* dst = c.owned ? nullptr : (c.out.empty() ? nullptr : c.out.data());
+      void* dst = c.owned ? nullptr : out_data;
       if (!c.owned && dst == nullptr) {
         // A zero-byte result into a caller buffer: give a valid (unused) pointer.
         static unsigned char dummy[8];
@@ -189,7 +214,7 @@ void Submit(concord_comm_t comm, Case& c) {
     }
     case Kind::kGather: {
       // Only the root has an output (NULL elsewhere, or a buffer that must stay untouched).
-      void* dst = c.owned ? nullptr : (c.out.empty() ? nullptr : c.out.data());
+      void* dst = c.owned ? nullptr : out_data;
       if (!c.owned && dst == nullptr) {
         static unsigned char dummy[8];
         dst = dummy;
@@ -291,17 +316,17 @@ void CheckAllgather(const Case& c) {
             static_cast<long long>(first), bytes, static_cast<long long>(want_first), want_bytes);
       return;
     }
-    if (!c.owned && want_bytes > 0 && data != c.out.data()) {
-      FAILF("%s: output data %p is not the caller's buffer %p", c.name.c_str(), data,
-            static_cast<const void*>(c.out.data()));
+    const void* buffer = g_device == CONCORD_DEVICE_CPU ? c.out.data() : c.device_out.data();
+    if (!c.owned && want_bytes > 0 && data != buffer) {
+      FAILF("%s: output data %p is not the caller's buffer %p", c.name.c_str(), data, buffer);
     }
     if (c.owned && want_bytes > 0 && data == nullptr) {
       FAILF("%s: library-owned output is NULL", c.name.c_str());
       return;
     }
-  } else {
-    data = const_cast<unsigned char*>(c.out.data());
   }
+  // The caller's buffer, or its copy from the device.
+  if (!c.req || g_device != CONCORD_DEVICE_CPU) data = const_cast<unsigned char*>(c.out.data());
   size_t k = 0;
   for (int r = 0; r < g_size; ++r) {
     const int64_t elems = c.first_dims[r] * c.cols;
@@ -367,6 +392,10 @@ void Finish(std::vector<std::unique_ptr<Case>>& batch) {
       if (concord_request_error(c.req)[0] != '\0') {
         FAILF("%s: success with error text '%s'", c.name.c_str(), concord_request_error(c.req));
       }
+    }
+    if (g_device != CONCORD_DEVICE_CPU) {
+      c.device_in.CopyTo(&c.in);
+      c.device_out.CopyTo(&c.out);
     }
     switch (c.kind) {
       case Kind::kAllreduce:
@@ -495,7 +524,7 @@ void AllgatherCases(Runner& run, concord_dtype_t dt, int64_t n, int step, bool l
       c->dt = dt;
       c->step = step;
       c->salt = 50 + variant;
-      c->owned = owned == 1;
+      c->owned = owned == 1 && g_device == CONCORD_DEVICE_CPU;
       c->mode = run.NextMode(!c->owned);  // a blocking call cannot hand back owned output
       c->first_dims.resize(g_size);
       for (int r = 0; r < g_size; ++r) {
@@ -508,7 +537,8 @@ void AllgatherCases(Runner& run, concord_dtype_t dt, int64_t n, int step, bool l
       c->shape[0] = c->first_dims[g_rank];
       c->shape[1] = c->cols;
       c->n = c->first_dims[g_rank] * c->cols;
-      c->name = Name("ag", dt, n, "v" + std::to_string(variant) + (c->owned ? ".owned" : ".buf"));
+      c->name =
+          Name("ag", dt, n, "v" + std::to_string(variant) + OutputVariant(owned == 1, c->owned));
       Fill(*c);
       if (!c->owned) {
         int64_t total = 0;
@@ -567,7 +597,7 @@ void GatherCases(Runner& run, concord_dtype_t dt, int64_t n, int step, bool larg
       c->step = step;
       c->salt = 90 + variant * 2 + owned;
       c->root = large ? g_size - 1 : (variant + owned + step) % g_size;
-      c->owned = owned == 1;
+      c->owned = owned == 1 && g_device == CONCORD_DEVICE_CPU;
       c->mode = run.NextMode(!c->owned || g_rank != c->root);
       c->first_dims.resize(g_size);
       for (int r = 0; r < g_size; ++r) {
@@ -582,7 +612,7 @@ void GatherCases(Runner& run, concord_dtype_t dt, int64_t n, int step, bool larg
       c->n = c->first_dims[g_rank] * c->cols;
       c->name = Name("ga", dt, n,
                      "v" + std::to_string(variant) + ".root" + std::to_string(c->root) +
-                         (c->owned ? ".owned" : ".buf"));
+                         OutputVariant(owned == 1, c->owned));
       Fill(*c);
       if (!c->owned) {
         int64_t total = 0;
@@ -631,13 +661,21 @@ void GroupCases(Runner& run, int step) {
       }
     } else if (k % 12 == 7) {
       c->kind = Kind::kAllgather;
-      c->owned = true;
+      c->owned = g_device == CONCORD_DEVICE_CPU;
       c->first_dims.resize(g_size);
-      for (int r = 0; r < g_size; ++r) c->first_dims[r] = (c->n + r) % 5;
+      int64_t total = 0;
+      for (int r = 0; r < g_size; ++r) {
+        c->first_dims[r] = (c->n + r) % 5;
+        total += c->first_dims[r];
+      }
       c->n = c->first_dims[g_rank];
       c->shape[0] = c->n;
       c->name = "grp.ag." + std::to_string(k);
       Fill(*c);
+      if (!c->owned) {
+        c->capacity = static_cast<size_t>(total) * ElementSize(c->dt);
+        c->out.assign(c->capacity, 0xEE);
+      }
     } else {
       c->kind = Kind::kAllreduce;
       c->op = (k % 3 == 0) ? CONCORD_SUM : (k % 3 == 1 ? CONCORD_MAX : CONCORD_AVERAGE);
@@ -664,7 +702,8 @@ int Run(int argc, char** argv) {
   int steps = 3;
   // Which families to run (for narrowing down a failure); x: reducescatter and alltoall.
   std::string ops = "ar,bc,ag,grp,x,rd,ga";
-  bool split = false;  // run on sub-communicators of the job (concord_comm_split)
+  bool split = false;   // run on sub-communicators of the job (concord_comm_split)
+  bool device = false;  // CUDA tensors
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--min-size" && i + 1 < argc) {
@@ -677,6 +716,9 @@ int Run(int argc, char** argv) {
       steps = std::atoi(argv[++i]);
     } else if (a == "--split") {
       split = true;
+    } else if (a == "--device" && i + 1 < argc && std::string(argv[i + 1]) == "cuda") {
+      ++i;
+      device = true;
     } else if ((a == "--hosts" || a == "--hosts-interleaved") && i + 1 < argc) {
       // Pretend the ranks run on K hosts (CONCORD_HOST_ID), so that the hierarchical backend runs
       // (its local levels share this machine's memory): consecutive ranks on one host, or
@@ -696,12 +738,22 @@ int Run(int argc, char** argv) {
       std::fprintf(
           stderr,
           "usage: %s [--min-size N] [--max-size N] [--steps S] [--ops ar,bc,ag,grp,x,rd,ga] "
-          "[--split] [--hosts K | --hosts-interleaved K]\n",
+          "[--split] [--hosts K | --hosts-interleaved K] [--device cuda]\n",
           argv[0]);
       return 2;
     }
   }
   const double t0 = mp::Now();
+  if (device) {
+    // Before init: the engine's NCCL communicator starts on the GPU current here.
+    const char* local = std::getenv("CONCORD_LOCAL_RANK");
+    std::string why;
+    g_device = mp::DeviceForRank(local != nullptr ? std::atoi(local) : 0, &why);
+    if (g_device == CONCORD_DEVICE_CPU) {
+      std::fprintf(stderr, "--device cuda: no GPU: %s\n", why.c_str());
+      return 2;
+    }
+  }
   concord_comm_t comm = nullptr;
   concord_status_t s = concord_init(&comm);
   if (s != CONCORD_SUCCESS) {
@@ -759,9 +811,13 @@ int Run(int argc, char** argv) {
       }
       BarrierCase(run, false);
       run.Flush();
-      if (Has(ops, "x")) mp_exchange::RunCases(comm, g_rank, g_size, n, step, large, &exchange);
+      if (Has(ops, "x")) {
+        mp_exchange::RunCases(comm, g_rank, g_size, g_device, n, step, large, &exchange);
+      }
     }
-    if (Has(ops, "x") && step == 0) mp_exchange::RunErrorCases(comm, g_rank, g_size, &exchange);
+    if (Has(ops, "x") && step == 0) {
+      mp_exchange::RunErrorCases(comm, g_rank, g_size, g_device, &exchange);
+    }
     if (Has(ops, "grp")) GroupCases(run, step);
     BarrierCase(run, true);
     run.Flush();

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "device_memory.h"
 #include "mp_common.h"
 #include "tests/common/check.h"
 #include "tests/common/tensors.h"
@@ -65,7 +66,8 @@ struct Case {
   bool inplace = false;     // reducescatter: the output is the start of the input buffer
   int64_t in_shape[2] = {0, 0}, out_shape[2] = {0, 0};
   std::vector<unsigned char> in, out;
-  std::vector<int64_t> received;  // blocking alltoall's received splits
+  mp::DeviceBuffer device_in, device_out;  // on a CUDA device: the copies the operation works on
+  std::vector<int64_t> received;           // blocking alltoall's received splits
   concord_request_t req = nullptr;
   bool submitted = false;
 };
@@ -88,11 +90,20 @@ std::vector<int64_t> WeightedSplit(int64_t n, int size) {
   return s;
 }
 
-void Submit(concord_comm_t comm, Case& c, int rank, int size, Counts* counts) {
+void Submit(concord_comm_t comm, Case& c, int rank, int size, int device, Counts* counts) {
   ++counts->cases;
   const bool async = c.mode != kBlocking;
   concord_callback_t cb = c.mode == kCallback ? Callback : nullptr;
-  concord_tensor_t in = CpuTensor(c.in.empty() ? nullptr : c.in.data(), c.dt, c.ndim, c.in_shape);
+  void* in_data = c.in.empty() ? nullptr : c.in.data();
+  void* out_data = c.out.empty() ? nullptr : c.out.data();
+  if (device != CONCORD_DEVICE_CPU) {
+    c.device_in = mp::DeviceBuffer(c.in);
+    c.device_out = mp::DeviceBuffer(c.out);
+    in_data = c.device_in.data();
+    out_data = c.device_out.data();
+  }
+  concord_tensor_t in = CpuTensor(in_data, c.dt, c.ndim, c.in_shape);
+  in.device = device;
   concord_status_t s;
   if (!c.alltoall) {
     concord_reducescatter_opts_t o;
@@ -105,8 +116,8 @@ void Submit(concord_comm_t comm, Case& c, int rank, int size, Counts* counts) {
       o.recv_splits = c.splits.data();
       o.nsplits = size;
     }
-    void* dst = c.inplace ? c.in.data() : c.out.empty() ? nullptr : c.out.data();
-    concord_tensor_t out = CpuTensor(dst, c.dt, c.ndim, c.out_shape);
+    concord_tensor_t out = CpuTensor(c.inplace ? in_data : out_data, c.dt, c.ndim, c.out_shape);
+    out.device = device;
     s = async
             ? concord_reducescatter_async(comm, c.name.c_str(), &in, &out, &o, cb, nullptr, &c.req)
             : concord_reducescatter(comm, c.name.c_str(), &in, &out, &o);
@@ -119,7 +130,7 @@ void Submit(concord_comm_t comm, Case& c, int rank, int size, Counts* counts) {
     }
     // A zero-byte result into a caller buffer: give a valid (unused) pointer.
     static unsigned char dummy[8];
-    void* dst = c.owned ? nullptr : (c.out.empty() ? dummy : c.out.data());
+    void* dst = c.owned ? nullptr : (out_data == nullptr ? dummy : out_data);
     if (async) {
       s = concord_alltoall_async(comm, c.name.c_str(), &in, dst, c.out.size(), &o, cb, nullptr,
                                  &c.req);
@@ -159,7 +170,7 @@ void CheckReducescatter(const Case& c, int rank, int size, Counts* counts) {
   }
 }
 
-void CheckAlltoall(const Case& c, int rank, int size, Counts* counts) {
+void CheckAlltoall(const Case& c, int rank, int size, int device, Counts* counts) {
   const void* data = c.out.data();
   std::vector<int64_t> received = c.received;
   int64_t want_rows = 0;
@@ -182,10 +193,11 @@ void CheckAlltoall(const Case& c, int rank, int size, Counts* counts) {
             static_cast<long long>(first), want_bytes, static_cast<long long>(want_rows));
       return;
     }
-    if (!c.owned && want_bytes > 0 && got != c.out.data()) {
+    const void* buffer = device == CONCORD_DEVICE_CPU ? c.out.data() : c.device_out.data();
+    if (!c.owned && want_bytes > 0 && got != buffer) {
       FAILF("%s: output is not the caller's buffer", c.name.c_str());
     }
-    data = got;
+    if (device == CONCORD_DEVICE_CPU) data = got;  // else the buffer's copy from the device
   }
   size_t k = 0;
   for (int s = 0; s < size; ++s) {
@@ -209,7 +221,8 @@ void CheckAlltoall(const Case& c, int rank, int size, Counts* counts) {
   }
 }
 
-void Finish(std::vector<std::unique_ptr<Case>>& batch, int rank, int size, Counts* counts) {
+void Finish(std::vector<std::unique_ptr<Case>>& batch, int rank, int size, int device,
+            Counts* counts) {
   for (auto& cp : batch) {
     Case& c = *cp;
     if (!c.submitted) continue;
@@ -222,8 +235,12 @@ void Finish(std::vector<std::unique_ptr<Case>>& batch, int rank, int size, Count
         continue;
       }
     }
+    if (device != CONCORD_DEVICE_CPU) {
+      c.device_in.CopyTo(&c.in);
+      c.device_out.CopyTo(&c.out);
+    }
     if (c.alltoall) {
-      CheckAlltoall(c, rank, size, counts);
+      CheckAlltoall(c, rank, size, device, counts);
     } else {
       CheckReducescatter(c, rank, size, counts);
     }
@@ -243,7 +260,7 @@ const char* OpName(concord_reduce_op_t op) {
 
 }  // namespace
 
-void RunCases(concord_comm_t comm, int rank, int size, int64_t n, int step, bool large,
+void RunCases(concord_comm_t comm, int rank, int size, int device, int64_t n, int step, bool large,
               Counts* counts) {
   CheckSetContext("rank %d", rank);
   long mode = 0;
@@ -283,7 +300,7 @@ void RunCases(concord_comm_t comm, int rank, int size, int64_t n, int step, bool
           StoreElement(dt, c->in.data(), i, Val(op, true, dt, rank, i, step, c->salt));
         }
         c->out.assign(static_cast<size_t>(splits[rank] * c->cols) * es, 0xAB);
-        Submit(comm, *c, rank, size, counts);
+        Submit(comm, *c, rank, size, device, counts);
         batch.push_back(std::move(c));
       }
     }
@@ -303,13 +320,14 @@ void RunCases(concord_comm_t comm, int rank, int size, int64_t n, int step, bool
       for (int64_t i = 0; i < n; ++i) {
         StoreElement(dt, c->in.data(), i, Val(c->op, true, dt, rank, i, step, c->salt));
       }
-      Submit(comm, *c, rank, size, counts);
+      Submit(comm, *c, rank, size, device, counts);
       batch.push_back(std::move(c));
     }
     // Compressed reducescatters of the floating types that take them: fp16 of a weighted split,
     // scaled, and a bf16 average of the even split (not at the large size: the packed path is
     // size-independent, and the 16-bit ring is the float16 cases').
-    const bool compressible = !large && (dt == CONCORD_FLOAT32 || dt == CONCORD_FLOAT64);
+    const bool compressible =
+        !large && device == CONCORD_DEVICE_CPU && (dt == CONCORD_FLOAT32 || dt == CONCORD_FLOAT64);
     for (int variant = 0; variant < 2 && compressible; ++variant) {
       auto c = std::make_unique<Case>();
       c->dt = dt;
@@ -332,7 +350,7 @@ void RunCases(concord_comm_t comm, int rank, int size, int64_t n, int step, bool
         StoreElement(dt, c->in.data(), i, Val(c->op, true, dt, rank, i, step, c->salt));
       }
       c->out.assign(static_cast<size_t>(splits[rank]) * es, 0xAB);
-      Submit(comm, *c, rank, size, counts);
+      Submit(comm, *c, rank, size, device, counts);
       batch.push_back(std::move(c));
     }
     // Alltoall: the even split (n rows to each rank; large: n in all, split as evenly as may
@@ -344,7 +362,7 @@ void RunCases(concord_comm_t comm, int rank, int size, int64_t n, int step, bool
       c->dt = dt;
       c->step = step;
       c->salt = 20 + variant;
-      c->owned = variant == 2;
+      c->owned = variant == 2 && device == CONCORD_DEVICE_CPU;
       c->mode = static_cast<Mode>(mode++ % (c->owned ? 2 : 3));  // blocking keeps no output
       c->cols = variant == 0 ? 1 : 2;
       c->ndim = variant == 0 ? 1 : 2;
@@ -362,8 +380,10 @@ void RunCases(concord_comm_t comm, int rank, int size, int64_t n, int step, bool
       for (int s = 0; s < size; ++s) incoming += c->rows[s][rank];
       c->in_shape[0] = mine;
       c->in_shape[1] = c->cols;
-      c->name =
-          Name("a2a", dt, n, variant == 0 ? "even" : (c->owned ? "uneven.owned" : "uneven.buf"));
+      c->name = Name("a2a", dt, n,
+                     variant == 0   ? "even"
+                     : variant == 1 ? "uneven.buf"
+                                    : (c->owned ? "uneven.owned" : "uneven.buf2"));
       c->in.assign(static_cast<size_t>(mine * c->cols) * es, 0);
       for (int64_t i = 0; i < mine * c->cols; ++i) {
         StoreElement(dt, c->in.data(), i, Val(CONCORD_SUM, false, dt, rank, i, step, c->salt));
@@ -372,10 +392,10 @@ void RunCases(concord_comm_t comm, int rank, int size, int64_t n, int step, bool
         // Exact capacity, or a little more for the uneven split.
         c->out.assign(static_cast<size_t>(incoming * c->cols) * es + (variant == 1 ? 8 : 0), 0xCD);
       }
-      Submit(comm, *c, rank, size, counts);
+      Submit(comm, *c, rank, size, device, counts);
       batch.push_back(std::move(c));
     }
-    Finish(batch, rank, size, counts);
+    Finish(batch, rank, size, device, counts);
   }
   // Every callback ran once, before its wait returned.
   ++counts->checks;
@@ -410,7 +430,7 @@ void ExpectError(concord_comm_t comm, const char* what, concord_status_t got, co
   }
 }
 
-void RunErrors(concord_comm_t comm, int rank, int size, Counts* counts) {
+void RunErrors(concord_comm_t comm, int rank, int size, int device, Counts* counts) {
   std::vector<float> in(4 * size * 2, 1.0f), out(4 * size * 2, 0.0f);
   int64_t shape[2] = {4 * size, 1}, out_shape[2] = {4, 1};
   concord_tensor_t t = CpuTensor(in.data(), CONCORD_FLOAT32, 1, shape);
@@ -478,12 +498,14 @@ void RunErrors(concord_comm_t comm, int rank, int size, Counts* counts) {
   ExpectError(comm, "blocking a2a without output",
               concord_alltoall(comm, "e.a2a", &t, nullptr, 0, nullptr, nullptr, 0), nullptr, kBad,
               {"output is NULL"}, counts);
-  concord_tensor_t cuda = t;
-  cuda.device = 0;
-  ExpectError(
-      comm, "a2a of a CUDA tensor without a GPU backend",
-      concord_alltoall_async(comm, "e.a2a", &cuda, nullptr, 0, nullptr, nullptr, nullptr, &req),
-      nullptr, CONCORD_ERR_UNAVAILABLE, {"'e.a2a' on CUDA device 0"}, counts);
+  if (device == CONCORD_DEVICE_CPU) {
+    concord_tensor_t cuda = t;
+    cuda.device = 0;
+    ExpectError(
+        comm, "a2a of a CUDA tensor without a GPU backend",
+        concord_alltoall_async(comm, "e.a2a", &cuda, nullptr, 0, nullptr, nullptr, nullptr, &req),
+        nullptr, CONCORD_ERR_UNAVAILABLE, {"'e.a2a' on CUDA device 0"}, counts);
+  }
   if (size < 2) return;
 
   // Mismatches: every rank fails, the error names the tensor, the field and the ranks.
@@ -548,7 +570,7 @@ void RunErrors(concord_comm_t comm, int rank, int size, Counts* counts) {
 }
 
 // Reduce and gather to a root: refusals at enqueue on one rank, then mismatches on every rank.
-void RunRootErrors(concord_comm_t comm, int rank, int size, Counts* counts) {
+void RunRootErrors(concord_comm_t comm, int rank, int size, int device, Counts* counts) {
   std::vector<float> in(4, 1.0f);
   int64_t shape[1] = {4};
   concord_tensor_t t = CpuTensor(in.data(), CONCORD_FLOAT32, 1, shape);
@@ -593,17 +615,20 @@ void RunRootErrors(concord_comm_t comm, int rank, int size, Counts* counts) {
   ExpectError(comm, "blocking gather without output on the root",
               concord_gather(comm, "e.ga", &t, nullptr, 0, rank), nullptr, kBad,
               {"output is NULL on the root"}, counts);
-  concord_tensor_t cuda = t;
-  cuda.device = 0;
-  ExpectError(comm, "reduce of a CUDA tensor without a GPU backend",
-              concord_reduce_async(comm, "e.rd", &cuda, &cuda, 0, nullptr, nullptr, nullptr, &req),
-              nullptr, CONCORD_ERR_UNAVAILABLE, {"'e.rd' on CUDA device 0"}, counts);
-  concord_device_opts_t no_wait;
-  concord_device_opts_init(&no_wait);
-  ExpectError(comm, "gather of a CUDA tensor without a GPU backend",
-              concord_gather_async_ex(comm, "e.ga", &cuda, in.data(), in.size() * sizeof(in[0]), 0,
-                                      &no_wait, nullptr, nullptr, &req),
-              nullptr, CONCORD_ERR_UNAVAILABLE, {"'e.ga' on CUDA device 0"}, counts);
+  if (device == CONCORD_DEVICE_CPU) {
+    concord_tensor_t cuda = t;
+    cuda.device = 0;
+    ExpectError(
+        comm, "reduce of a CUDA tensor without a GPU backend",
+        concord_reduce_async(comm, "e.rd", &cuda, &cuda, 0, nullptr, nullptr, nullptr, &req),
+        nullptr, CONCORD_ERR_UNAVAILABLE, {"'e.rd' on CUDA device 0"}, counts);
+    concord_device_opts_t no_wait;
+    concord_device_opts_init(&no_wait);
+    ExpectError(comm, "gather of a CUDA tensor without a GPU backend",
+                concord_gather_async_ex(comm, "e.ga", &cuda, in.data(), in.size() * sizeof(in[0]),
+                                        0, &no_wait, nullptr, nullptr, &req),
+                nullptr, CONCORD_ERR_UNAVAILABLE, {"'e.ga' on CUDA device 0"}, counts);
+  }
   if (size < 2) return;
 
   // Mismatches: every rank fails, the error names the tensor, the field and the ranks.
@@ -660,12 +685,37 @@ void RunRootErrors(concord_comm_t comm, int rank, int size, Counts* counts) {
   }
 }
 
+// Device tensors whose result the request would own (host memory) are refused at enqueue, on
+// this rank alone: an allgather, an alltoall, and a gather on its root, without an output buffer.
+void RunDeviceRefusals(concord_comm_t comm, int rank, int size, int device, Counts* counts) {
+  // One row per rank: the even alltoall split exists, so the missing output is the one error.
+  const mp::DeviceBuffer rows(std::vector<unsigned char>(size * sizeof(float), 0));
+  int64_t shape[1] = {size};
+  concord_tensor_t t = CpuTensor(rows.data(), CONCORD_FLOAT32, 1, shape);
+  t.device = device;
+  const std::string where = "on CUDA device " + std::to_string(device);
+  const std::string why = "needs an output buffer on the device";
+  const concord_status_t kBad = CONCORD_ERR_INVALID_ARGUMENT;
+  concord_request_t req = nullptr;
+  ExpectError(comm, "allgather of a CUDA tensor without output",
+              concord_allgather_async(comm, "e.ag", &t, nullptr, 0, nullptr, nullptr, &req),
+              nullptr, kBad, {"'e.ag' " + where, why}, counts);
+  ExpectError(
+      comm, "alltoall of a CUDA tensor without output",
+      concord_alltoall_async(comm, "e.a2a", &t, nullptr, 0, nullptr, nullptr, nullptr, &req),
+      nullptr, kBad, {"'e.a2a' " + where, why}, counts);
+  ExpectError(comm, "gather of a CUDA tensor without output on its root",
+              concord_gather_async(comm, "e.ga", &t, nullptr, 0, rank, nullptr, nullptr, &req),
+              nullptr, kBad, {"'e.ga' " + where, why}, counts);
+}
+
 }  // namespace
 
-void RunErrorCases(concord_comm_t comm, int rank, int size, Counts* counts) {
+void RunErrorCases(concord_comm_t comm, int rank, int size, int device, Counts* counts) {
   CheckSetContext("rank %d", rank);
-  RunErrors(comm, rank, size, counts);
-  RunRootErrors(comm, rank, size, counts);
+  RunErrors(comm, rank, size, device, counts);
+  RunRootErrors(comm, rank, size, device, counts);
+  if (device != CONCORD_DEVICE_CPU) RunDeviceRefusals(comm, rank, size, device, counts);
   counts->failures = CheckFailures();
 }
 
