@@ -10,6 +10,9 @@
 #   perf/gpu-bundle.sh run       # there, in a copy of the repository with build-gpu and
 #                                # .gpu-libs: perf/gpu-check.sh on that build (results in $OUT or
 #                                # ./gpu-check-results)
+#   perf/gpu-bundle.sh exec CMD  # there: CMD with the same libraries and BUILD pointing at the
+#                                # build and SOURCE at the repository (one step of the check, or
+#                                # an experiment)
 #
 # The build's absolute path is in its CMake and CTest files: `run` links that path to the copy
 # when the copy lives elsewhere and the path is free. Libraries the GPU machine has already are
@@ -20,7 +23,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${BUILD_DIR:-$root/build-gpu}"
 libs="$root/.gpu-libs"
 targets=(pack_plan_test cuda_packer_test pack_bench engine_device_test nccl_backend_test
-  nccl_exchange_test c_api_test concord-perf concordrun concord)
+  nccl_exchange_test c_api_test mp_conformance concord-perf concordrun concord)
 
 prepare() {
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCONCORD_CUDA=ON \
@@ -37,7 +40,9 @@ prepare() {
   echo "gpu-bundle: $build and $libs ($(cd "$libs" && echo *)) are ready to carry"
 }
 
-run() {
+# environment: checks the carried build, links its path, puts the libraries on LD_LIBRARY_PATH
+# and sets BUILD and SOURCE to the build's and the repository's paths as the build knows them.
+environment() {
   if [ ! -d "$build" ] || [ ! -d "$libs" ]; then
     echo "gpu-bundle: $build or $libs is missing: run 'perf/gpu-bundle.sh prepare' first" >&2
     exit 2
@@ -66,14 +71,22 @@ run() {
   [ -f "$nccl/libnccl.so.2" ] || nccl="$(dirname "$(find / -name libnccl.so.2 2>/dev/null | head -1)")"
   export LD_LIBRARY_PATH="$extra:$nccl:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
   echo "gpu-bundle: libraries carried in: $(cd "$extra" && echo *); NCCL from $nccl"
-  SKIP_SETUP=1 SKIP_BUILD=1 BUILD_DIR="$built_at/$rel" "$built_at/perf/gpu-check.sh"
+  export BUILD="$built_at/$rel" SOURCE="$built_at"
 }
 
 case "${1:-}" in
   prepare) prepare ;;
-  run) run ;;
+  run)
+    environment
+    SKIP_SETUP=1 SKIP_BUILD=1 BUILD_DIR="$BUILD" "$SOURCE/perf/gpu-check.sh"
+    ;;
+  exec)
+    shift
+    environment
+    "$@"
+    ;;
   *)
-    echo "usage: perf/gpu-bundle.sh prepare|run" >&2
+    echo "usage: perf/gpu-bundle.sh prepare | run | exec CMD..." >&2
     exit 2
     ;;
 esac

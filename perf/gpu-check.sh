@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # One script for a GPU machine (lent for minutes): builds Concord's CUDA parts, runs the planner's and
 # the engine's device-path CPU tests and the GPU tests (packing kernels, the NCCL backend, the C API
-# with NCCL), the Python binding's CUDA tensors and DDP on CUDA over the torch backend "concord"
-# (tests/python/test_torch_cuda.py, when a torch built with CUDA is found), measures pack/unpack
-# bandwidth over model workloads against cudaMemcpy
-# device-to-device, and runs concord-perf --backend nccl (Concord beside raw ncclAllReduce on the
-# same buffer) with one rank per GPU, writing everything to $OUT/gpu-check.txt (or
+# with NCCL), the conformance suite on CUDA tensors at 1 to 4 ranks (also on split communicators),
+# the Python binding's CUDA tensors and DDP on CUDA over the torch backend "concord"
+# (tests/python/test_torch_cuda.py at 1 and 2 ranks, when a torch built with CUDA is found),
+# measures pack/unpack bandwidth over model workloads against cudaMemcpy device-to-device, and runs
+# concord-perf --backend nccl (Concord beside raw ncclAllReduce on the same buffer) with one rank
+# per GPU. With fewer GPUs than ranks, ranks share a GPU as pretend hosts
+# (perf/nccl-pretend-host.sh). Everything is written to $OUT/gpu-check.txt (or
 # ./gpu-check-results/gpu-check.txt). Without a usable GPU it says so and exits 0 after building and
 # running the CPU tests. Any failed step is reported loudly and makes the exit status 1, but the
 # steps after it still run where they can, and the results file keeps what was gathered.
@@ -91,7 +93,7 @@ else
     cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCONCORD_CUDA=ON || finish
   run "build" cmake --build "$build" -j"$jobs" \
     --target pack_plan_test cuda_packer_test pack_bench engine_device_test nccl_backend_test \
-    nccl_exchange_test c_api_test concord-perf concordrun concord || finish
+    nccl_exchange_test c_api_test mp_conformance concord-perf concordrun concord || finish
 fi
 
 run "CPU tests (the pack planner, the engine's device path, the NCCL probe)" \
@@ -139,8 +141,39 @@ run "C API with a GPU (CONCORD_BACKEND=nccl starts)" timeout 120 "$build/tests/c
 gpus="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')"
 [ "${gpus:-0}" -ge 1 ] || gpus=1
 
-# The Python binding on CUDA tensors and DDP on CUDA over "concord": one rank per GPU (NCCL refuses
-# two ranks of a communicator on one GPU), 1 rank, then 2 when there are two GPUs or more.
+# Multi-rank steps run one rank per GPU; with fewer GPUs than ranks, each rank is a pretend host of
+# its own (perf/nccl-pretend-host.sh: NCCL refuses two ranks of a communicator on one GPU of one
+# host), which checks results, not speed. launch NP CMD...: CMD on NP ranks, for at most 300 s.
+# shellcheck disable=SC2317  # called through run
+launch() {
+  local np="$1" share=()
+  shift
+  [ "$gpus" -ge "$np" ] || share=("$root/perf/nccl-pretend-host.sh")
+  timeout 300 "$build/tools/concordrun" -np "$np" --backend nccl "${share[@]}" "$@"
+}
+
+# The conformance suite (tests/mp/conformance.cc) on CUDA tensors: every op x dtype x size, as on
+# the CPU. conformance_cuda NAME NP ARGS...: a step passes when every rank says PASS.
+# shellcheck disable=SC2317  # called through run
+conformance_cuda() {
+  local log="$out/conformance_cuda_$1.txt" np="$2"
+  shift 2
+  CONCORD_TIMEOUT_S=120 launch "$np" "$build/tests/mp/mp_conformance" --device cuda "$@" \
+    >"$log" 2>&1
+  local rc=$?
+  grep -E 'conformance: rank|FAIL|rror' "$log" | head -40
+  [ "$rc" -eq 0 ] && [ "$(grep -c 'conformance: rank .* PASS' "$log")" -eq "$np" ]
+}
+run "conformance on CUDA, 1 rank (every size)" conformance_cuda np1 1
+run "conformance on CUDA, 2 ranks (sizes to 4099)" conformance_cuda np2 2 --max-size 4099 --steps 2
+run "conformance on CUDA, 2 ranks (1 Mi elements)" conformance_cuda np2_large 2 --min-size 1048576 \
+  --steps 1
+run "conformance on CUDA, 3 ranks (sizes to 7)" conformance_cuda np3 3 --max-size 7 --steps 1
+run "conformance on CUDA, 4 ranks (sizes to 7)" conformance_cuda np4 4 --max-size 7 --steps 1
+run "conformance on CUDA, split communicators of 4 ranks (sizes to 7)" conformance_cuda np4_split \
+  4 --max-size 7 --steps 1 --split
+
+# The Python binding on CUDA tensors and DDP on CUDA over "concord", 1 rank and 2.
 step "Python: CUDA tensors through the binding, the torch backend and DDP"
 torch_python=""
 tried=()
@@ -166,7 +199,7 @@ else
   torch_cuda_test() {
     local log="$out/torch_cuda_np$1.txt"
     CONCORD_LIBRARY="$build/libconcord.so" PYTHONPATH="$root/bindings/python" \
-      PYTHONDONTWRITEBYTECODE=1 timeout 300 "$build/tools/concordrun" -np "$1" --backend nccl \
+      PYTHONDONTWRITEBYTECODE=1 launch "$1" \
       "$torch_python" -m pytest -q -rs -p no:cacheprovider "$root/tests/python/test_torch_cuda.py" \
       2>&1 | tee "$log"
     local rc=${PIPESTATUS[0]}
@@ -177,7 +210,7 @@ else
     return "$rc"
   }
   run "test_torch_cuda.py, 1 rank" torch_cuda_test 1
-  if [ "$gpus" -ge 2 ]; then run "test_torch_cuda.py, 2 ranks" torch_cuda_test 2; fi
+  run "test_torch_cuda.py, 2 ranks" torch_cuda_test 2
 fi
 perf_log="$out/concord_perf_nccl.txt"
 # shellcheck disable=SC2317  # called through run
