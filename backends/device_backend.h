@@ -19,6 +19,10 @@
 // - When Launch() fails, `done` is never called and nothing was enqueued that could still run.
 // - The returned DeviceEvent lets a consumer order its own device work after the collective
 //   without blocking the host; it stays usable after the backend is gone.
+// - CopyLocal() moves bytes between this rank's device and host memory for the point-to-point
+//   operations on device tensors (core/p2p.h), which travel through host memory: on a stream of
+//   its own, never behind a collective (a send must not wait for a collective its peer joins only
+//   after receiving it), synchronously. It is local (no peer takes part) and thread-safe.
 // - Drain() blocks until every launched collective has completed (its `done` has returned, for
 //   those the device finished), and returns the abort status once the backend was aborted. Abort()
 //   may be called from any thread; the destructor aborts what is still in flight and joins the
@@ -110,6 +114,11 @@ class DeviceBackend {
 
   virtual StatusOr<std::shared_ptr<DeviceEvent>> Launch(const DeviceCollective& collective,
                                                         Done done) = 0;
+  // Copies `bytes` from src to dst (one of them device memory of device(), the other host
+  // memory) once the work queued so far on ready_stream and ready_event (each may be null) has
+  // run, and returns when the bytes have arrived or the copy failed.
+  virtual Status CopyLocal(void* dst, const void* src, size_t bytes, void* ready_stream,
+                           void* ready_event) = 0;
   // Waits until every launched collective has completed; kTimeout when the deadline passes first.
   virtual Status Drain(Deadline deadline) = 0;
   // Fails every collective in flight with `status`, aborts the communicator. Thread-safe.

@@ -68,7 +68,9 @@ Engine::Engine(const Config& config, std::unique_ptr<ControlPlane> control,
       p2p_(std::make_unique<PointToPoint>(
           config.rank, config.size, MillisFromSeconds(config.timeout_s), DriveBusyPoll(config),
           std::move(p2p), result_buffers_,
-          Status(Code::kUnavailable, "this communicator has no point-to-point transport"))),
+          Status(Code::kUnavailable, "this communicator has no point-to-point transport"),
+          // p2p_ is made before device_ takes the plane over; the backend object stays the same.
+          device.backend.get(), device.unavailable)),
       driver_(ProgressDriver::Hooks{[this](Deadline limit, std::chrono::microseconds busy) {
                                       return StepHook(limit, busy);
                                     },

@@ -1,5 +1,8 @@
 #include "core/p2p.h"
 
+#include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -24,6 +27,7 @@ std::string What(const P2pEntry& e) {
 // What a recv learns when its message's header arrives, shared with its completion.
 struct RecvResult {
   Status mismatch;
+  std::shared_ptr<uint8_t[]> staging;  // a CUDA tensor's message, in host memory
 };
 
 }  // namespace
@@ -31,13 +35,16 @@ struct RecvResult {
 PointToPoint::PointToPoint(int rank, int size, std::chrono::milliseconds timeout,
                            std::chrono::microseconds drive_busy_poll,
                            std::unique_ptr<P2pTransport> transport,
-                           std::shared_ptr<ResultBuffers> result_buffers, Status unavailable)
+                           std::shared_ptr<ResultBuffers> result_buffers, Status unavailable,
+                           DeviceBackend* device, Status device_unavailable)
     : rank_(rank),
       size_(size),
       timeout_(timeout),
       unavailable_(std::move(unavailable)),
       transport_(std::move(transport)),
       result_buffers_(std::move(result_buffers)),
+      device_(device),
+      device_unavailable_(std::move(device_unavailable)),
       gate_(std::make_shared<WaitGate>(
           [this, drive_busy_poll](RequestState& state, Deadline deadline) {
             // The gate is closed (Close()) before this object goes. Oversubscribed (no busy
@@ -65,7 +72,12 @@ Status PointToPoint::Check(const P2pEntry& e) const {
   if (e.peer == rank_) return InvalidArgument(what() + "the peer is this rank");
   if (e.tag < 0) return InvalidArgument(what() + "the tag is negative");
   if (!e.state) return InvalidArgument(what() + "no request state");
-  if (!e.send && !e.expect) return Status::Ok();
+  if (!e.send && !e.expect) {
+    if (e.ready_stream != nullptr || e.ready_event != nullptr) {
+      return InvalidArgument(what() + "a ready stream or event was given without a tensor");
+    }
+    return Status::Ok();
+  }
   if (e.shape.size() > kMaxDims) {
     return InvalidArgument(what() + "more than " + std::to_string(kMaxDims) + " dimensions");
   }
@@ -79,13 +91,16 @@ Status PointToPoint::Check(const P2pEntry& e) const {
     return InvalidArgument(what() + "data is NULL but the tensor has " + std::to_string(n) +
                            " elements");
   }
-  if (e.device >= 0) {
-    return Status(Code::kUnavailable,
-                  what() +
-                      "point-to-point operations on CUDA tensors are not available in this "
-                      "build; copy the tensor to host memory");
+  if (e.device < 0) {
+    if (e.ready_stream != nullptr || e.ready_event != nullptr) {
+      return InvalidArgument(what() + "a ready stream or event was given for a CPU tensor");
+    }
+    return Status::Ok();
   }
-  return Status::Ok();
+  Status usable = device_ != nullptr ? device_->CheckDevice(e.device) : device_unavailable_;
+  if (usable.ok()) return usable;
+  return Status(usable.code(),
+                what() + "CUDA device " + std::to_string(e.device) + ": " + usable.message());
 }
 
 Status PointToPoint::Submit(P2pEntry e) {
@@ -108,15 +123,34 @@ Status PointToPoint::Submit(P2pEntry e) {
     meta.bytes = 1;
     for (int64_t d : e.shape) meta.bytes *= static_cast<uint64_t>(d);
     meta.bytes *= DTypeSize(e.dtype);
+    const void* payload = e.data;
+    std::shared_ptr<uint8_t[]> staging;  // a CUDA tensor's bytes, until the send completes
+    if (e.device >= 0 && meta.bytes > 0) {
+      staging.reset(new uint8_t[meta.bytes]);
+      Status copied =
+          device_->CopyLocal(staging.get(), e.data, meta.bytes, e.ready_stream, e.ready_event);
+      if (!copied.ok()) return copied.WithContext(What(e) + ": copying the CUDA tensor out");
+      payload = staging.get();
+    }
     state->AddWireBytes(meta.bytes);
-    transport_->Send(e.peer, e.tag, meta, e.data, deadline,
-                     [state](const Status& s) { state->Complete(s); });
+    transport_->Send(e.peer, e.tag, meta, payload, deadline,
+                     [state, staging](const Status& s) { state->Complete(s); });
     return Status::Ok();
   }
   auto result = std::make_shared<RecvResult>();
   RequestState* out = state.get();
   const int peer = e.peer;
   const int64_t tag = e.tag;
+  // A CUDA recv's copy in: to its tensor, after its producers.
+  std::function<Status()> copy_in;
+  if (e.device >= 0) {
+    copy_in = [device = device_, result, out, stream = e.ready_stream, event = e.ready_event] {
+      const RequestState::Output& o = out->output();
+      if (o.bytes == 0) return Status::Ok();
+      return device->CopyLocal(o.data, result->staging.get(), o.bytes, stream, event)
+          .WithContext("copying the message to the CUDA tensor");
+    };
+  }
   auto place = [e = std::move(e), result, out,
                 buffers = result_buffers_](const P2pMeta& meta) -> void* {
     RequestState::Output& o = out->output();
@@ -131,6 +165,12 @@ Status PointToPoint::Submit(P2pEntry e) {
     o.dtype = meta.dtype;
     o.bytes = meta.bytes;
     o.first_dim = meta.shape.empty() ? 1 : meta.shape[0];
+    if (e.device >= 0) {  // lands in host memory; the completion copies it to the device
+      o.data = e.data;
+      if (meta.bytes == 0) return o.data;
+      result->staging.reset(new uint8_t[meta.bytes]);
+      return result->staging.get();
+    }
     if (e.expect) {
       o.data = e.data;
     } else {
@@ -139,9 +179,13 @@ Status PointToPoint::Submit(P2pEntry e) {
     }
     return o.data;
   };
-  transport_->Recv(peer, tag, deadline, std::move(place), [state, result](const Status& s) {
-    state->Complete(s.ok() ? result->mismatch : s);
-  });
+  transport_->Recv(peer, tag, deadline, std::move(place),
+                   [state, result, copy_in = std::move(copy_in)](const Status& s) {
+                     Status r = s.ok() ? result->mismatch : s;
+                     if (r.ok() && copy_in) r = copy_in();
+                     result->staging.reset();
+                     state->Complete(r);
+                   });
   return Status::Ok();
 }
 

@@ -6,9 +6,15 @@
 // Contract. One PointToPoint per communicator, owned by its engine (no process globals). Submit()
 // is thread-safe and never blocks on the network: it refuses a bad operation at once with
 // kInvalidArgument (peer out of range or this rank, negative tag or above the transport's largest,
-// NULL data with elements, a bad shape or dtype) or kUnavailable (a CUDA tensor; a communicator
-// without a transport), completing nothing; otherwise the transport's progress thread (or the
-// submitting thread, when it completes at once) completes the request exactly once.
+// NULL data with elements, a bad shape or dtype, a CUDA tensor on another device, a ready stream
+// or event for a CPU tensor) or kUnavailable (a CUDA tensor without a device backend; a
+// communicator without a transport), completing nothing; otherwise the transport's progress thread
+// (or the submitting thread, when it completes at once) completes the request exactly once.
+// - CUDA tensors travel through host memory (DeviceBackend::CopyLocal, on a stream of its own):
+//   a send copies its tensor out before Submit() returns, after the work queued on its ready
+//   stream and event; a recv copies the message in, after its ready stream and event, before it
+//   completes (on the progress thread). The network never sees device memory, so any transport
+//   carries them; a recv of a CUDA tensor names its tensor (it cannot own device memory).
 // - A send reads its data until it completes. Messages between two ranks with one tag arrive in
 //   order (FIFO per (peer, tag)); tags and peers are independent; any number may be in flight.
 // - A recv that names a tensor (expected dtype and shape, and its buffer) completes with kMismatch
@@ -33,6 +39,7 @@
 #include <memory>
 #include <vector>
 
+#include "backends/device_backend.h"
 #include "backends/p2p_transport.h"
 #include "base/mutex.h"
 #include "core/request_state.h"
@@ -51,6 +58,10 @@ struct P2pEntry {
   std::vector<int64_t> shape;
   int device = -1;  // -1: CPU
   void* data = nullptr;
+  // CUDA tensors only: the copy waits for the work queued so far on this cudaStream_t and for
+  // this recorded cudaEvent_t (either may be null).
+  void* ready_stream = nullptr;
+  void* ready_event = nullptr;
   std::shared_ptr<RequestState> state;
 };
 
@@ -60,9 +71,13 @@ class PointToPoint {
   // communicator of more than one rank is refused with `unavailable`. `drive_busy_poll`: how long
   // a waiter driving the transport polls without yielding (P2pTransport::Drive).
   // `result_buffers`: where a recv that takes the sender's shape gets its result's memory.
+  // `device`: the communicator's device backend, which must outlive Close(), or null; then CUDA
+  // tensors are refused with `device_unavailable`.
   PointToPoint(int rank, int size, std::chrono::milliseconds timeout,
                std::chrono::microseconds drive_busy_poll, std::unique_ptr<P2pTransport> transport,
-               std::shared_ptr<ResultBuffers> result_buffers, Status unavailable);
+               std::shared_ptr<ResultBuffers> result_buffers, Status unavailable,
+               DeviceBackend* device = nullptr,
+               Status device_unavailable = Status(Code::kUnavailable, "no GPU backend"));
   ~PointToPoint();
   PointToPoint(const PointToPoint&) = delete;
   PointToPoint& operator=(const PointToPoint&) = delete;
@@ -84,6 +99,8 @@ class PointToPoint {
   const Status unavailable_;
   std::unique_ptr<P2pTransport> transport_;  // fixed after construction; closed by Close()
   const std::shared_ptr<ResultBuffers> result_buffers_;  // what a recv of the sender's shape owns
+  DeviceBackend* const device_;                          // null: CUDA tensors are refused
+  const Status device_unavailable_;
   Mutex mu_;
   Status closed_ GUARDED_BY(mu_);
   std::shared_ptr<WaitGate> gate_;

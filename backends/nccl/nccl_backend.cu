@@ -88,6 +88,23 @@ class GroupCalls {
   Status issued_;
 };
 
+// Makes `stream` wait, on the device, for the work queued so far on ready_stream and for
+// ready_event (either may be null).
+Status WaitReady(cudaStream_t stream, void* ready_stream, void* ready_event) {
+  if (ready_event != nullptr) {
+    CONCORD_CUDA_CHECK(cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(ready_event), 0));
+  }
+  if (ready_stream == nullptr) return Status::Ok();
+  cudaEvent_t produced;
+  CONCORD_CUDA_CHECK(cudaEventCreateWithFlags(&produced, cudaEventDisableTiming));
+  const cudaError_t recorded = cudaEventRecord(produced, static_cast<cudaStream_t>(ready_stream));
+  const cudaError_t waited =
+      recorded == cudaSuccess ? cudaStreamWaitEvent(stream, produced, 0) : recorded;
+  cudaEventDestroy(produced);  // released once the wait is satisfied
+  CONCORD_CUDA_CHECK(waited);
+  return Status::Ok();
+}
+
 // The completion of one launch: a CUDA event recorded on the backend's stream after it.
 class NcclEvent : public DeviceEvent {
  public:
@@ -122,6 +139,8 @@ class NcclBackend : public DeviceBackend {
   int device() const override { return device_; }
   Status CheckDevice(int device) const override;
   StatusOr<std::shared_ptr<DeviceEvent>> Launch(const DeviceCollective& c, Done done) override;
+  Status CopyLocal(void* dst, const void* src, size_t bytes, void* ready_stream,
+                   void* ready_event) override;
   Status Drain(Deadline deadline) override;
   void Abort(const Status& status) override;
 
@@ -167,6 +186,9 @@ class NcclBackend : public DeviceBackend {
   ncclComm_t comm_ = nullptr;
   bool comm_aborted_ = false;
   cudaStream_t stream_ = nullptr;
+  // CopyLocal's stream: point-to-point staging never waits behind a collective on stream_.
+  std::mutex copy_mu_;
+  cudaStream_t copy_stream_ = nullptr;
   std::unique_ptr<cuda::CudaPacker> packer_;
   cuda::DeviceBuffer fusion_;
   std::vector<cuda::DeviceBuffer> retired_;  // launching thread only
@@ -192,6 +214,7 @@ Status NcclBackend::Start(const ncclUniqueId& id) {
     if (!ready.ok()) return ready.WithContext("ncclCommInitRankConfig");
   }
   CONCORD_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  CONCORD_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
   CONCORD_ASSIGN_OR_RETURN(packer_, cuda::CudaPacker::Create(device_));
   completion_ = std::thread([this] { CompletionLoop(); });
   return Status::Ok();
@@ -211,6 +234,7 @@ NcclBackend::~NcclBackend() {
   if (guard.Set(device_) != cudaSuccess) return;
   packer_.reset();
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  if (copy_stream_ != nullptr) cudaStreamDestroy(copy_stream_);
 }
 
 Status NcclBackend::CheckDevice(int device) const {
@@ -306,24 +330,15 @@ StatusOr<std::shared_ptr<DeviceEvent>> NcclBackend::Launch(const DeviceCollectiv
   CONCORD_CUDA_CHECK(guard.Set(device_));
   // The producers' work first: the backend's stream waits for each ready event and stream.
   std::vector<void*> seen;
+  auto first = [&seen](void* handle) {
+    if (handle == nullptr || std::find(seen.begin(), seen.end(), handle) != seen.end()) {
+      return static_cast<void*>(nullptr);
+    }
+    seen.push_back(handle);
+    return handle;
+  };
   for (const DeviceTensor& t : c.tensors) {
-    if (t.ready_event != nullptr &&
-        std::find(seen.begin(), seen.end(), t.ready_event) == seen.end()) {
-      CONCORD_CUDA_CHECK(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(t.ready_event), 0));
-      seen.push_back(t.ready_event);
-    }
-    if (t.ready_stream != nullptr &&
-        std::find(seen.begin(), seen.end(), t.ready_stream) == seen.end()) {
-      cudaEvent_t produced;
-      CONCORD_CUDA_CHECK(cudaEventCreateWithFlags(&produced, cudaEventDisableTiming));
-      const cudaError_t recorded =
-          cudaEventRecord(produced, static_cast<cudaStream_t>(t.ready_stream));
-      const cudaError_t waited =
-          recorded == cudaSuccess ? cudaStreamWaitEvent(stream_, produced, 0) : recorded;
-      cudaEventDestroy(produced);  // released once the wait is satisfied
-      CONCORD_CUDA_CHECK(waited);
-      seen.push_back(t.ready_stream);
-    }
+    CONCORD_RETURN_IF_ERROR(WaitReady(stream_, first(t.ready_stream), first(t.ready_event)));
   }
   Status enqueued = Enqueue(c);
   cudaEvent_t finished = nullptr;
@@ -688,6 +703,18 @@ void NcclBackend::Abort(const Status& status) {
   }
   cv_.notify_all();
   for (Pending& p : failed) p.done(aborted_);
+}
+
+Status NcclBackend::CopyLocal(void* dst, const void* src, size_t bytes, void* ready_stream,
+                              void* ready_event) {
+  if (bytes == 0) return Status::Ok();
+  cuda::DeviceGuard guard;
+  CONCORD_CUDA_CHECK(guard.Set(device_));
+  std::lock_guard<std::mutex> lock(copy_mu_);
+  CONCORD_RETURN_IF_ERROR(WaitReady(copy_stream_, ready_stream, ready_event));
+  CONCORD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, copy_stream_));
+  CONCORD_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
+  return Status::Ok();
 }
 
 Status NcclBackend::Drain(Deadline deadline) {

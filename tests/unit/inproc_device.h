@@ -62,6 +62,8 @@ class InProcDeviceWorld {
   void Stall(int rank);
   // Collectives completed successfully (counted once per collective, not per rank).
   uint64_t completed();
+  // CopyLocal() calls of every rank so far.
+  uint64_t copies() const { return copies_.load(); }
 
  private:
   friend class InProcDeviceBackend;
@@ -93,6 +95,7 @@ class InProcDeviceWorld {
   std::vector<RankState> ranks_;
   uint64_t completed_ = 0;
   int delivering_ = 0;  // the worker is calling callbacks that Break() took (outside mu_)
+  std::atomic<uint64_t> copies_{0};
   bool stop_ = false;
   std::thread worker_;
 };
