@@ -201,15 +201,23 @@ Status CheckOptsSize(size_t struct_size, size_t smallest, const std::string& wha
                                   "(this library's is " + std::to_string(sizeof(Opts)) + " bytes)");
 }
 
-// Copies the caller's device options into the entry (the engine checks them against the tensor).
-Status SetDeviceOptions(const concord_device_opts_t* opts, concord::QueueEntry* e) {
+// Reads the caller's device options (NULL: none) into *stream and *event; `what` names the
+// operation in an error.
+Status ReadDeviceOptions(const concord_device_opts_t* opts, const std::string& what, void** stream,
+                         void** event) {
   if (opts == nullptr) return Status::Ok();
   CONCORD_RETURN_IF_ERROR(CheckOptsSize<concord_device_opts_t>(
       opts->struct_size, offsetof(concord_device_opts_t, ready_event) + sizeof(void*),
-      "tensor '" + e->request.name + "': device options"));
-  e->ready_stream = opts->stream;
-  e->ready_event = opts->ready_event;
+      what + ": device options"));
+  *stream = opts->stream;
+  *event = opts->ready_event;
   return Status::Ok();
+}
+
+// Copies the caller's device options into the entry (the engine checks them against the tensor).
+Status SetDeviceOptions(const concord_device_opts_t* opts, concord::QueueEntry* e) {
+  return ReadDeviceOptions(opts, "tensor '" + e->request.name + "'", &e->ready_stream,
+                           &e->ready_event);
 }
 
 // Set while a blocking call (concord_allreduce, ...) enqueues: its thread waits for the request
@@ -353,7 +361,8 @@ Status MergeConfig(const concord_config_t& c, concord::Config* config) {
 
 // A send or recv (core/p2p.h): checked and handed to the transport, never negotiated.
 Status SubmitP2p(concord_comm_t comm, bool send, const concord_tensor_t* t, int peer, int64_t tag,
-                 concord_callback_t callback, void* user_data, concord_request_t* request) {
+                 const concord_device_opts_t* device_opts, concord_callback_t callback,
+                 void* user_data, concord_request_t* request) {
   CONCORD_RETURN_IF_ERROR(CheckComm(comm));
   if (request == nullptr) return concord::InvalidArgument("the request out-pointer is NULL");
   concord::P2pEntry e;
@@ -362,10 +371,11 @@ Status SubmitP2p(concord_comm_t comm, bool send, const concord_tensor_t* t, int 
   e.tag = tag;
   e.expect = t != nullptr;
   // Built only for an error: this runs for every message.
-  auto what = [&] {
+  auto named = [&] {
     return std::string(send ? "send to" : "recv from") + " rank " + std::to_string(peer) +
-           " with tag " + std::to_string(tag) + ": ";
+           " with tag " + std::to_string(tag);
   };
+  auto what = [&] { return named() + ": "; };
   if (send && t == nullptr) return concord::InvalidArgument(what() + "the tensor is NULL");
   if (t != nullptr) {
     const int dtype = EnumValue(t->dtype);
@@ -383,6 +393,10 @@ Status SubmitP2p(concord_comm_t comm, bool send, const concord_tensor_t* t, int 
     e.shape.assign(t->shape, t->shape + t->ndim);
     e.device = t->device;
     e.data = t->data;
+  }
+  if (device_opts != nullptr) {
+    CONCORD_RETURN_IF_ERROR(
+        ReadDeviceOptions(device_opts, named(), &e.ready_stream, &e.ready_event));
   }
   concord_request* req = NewRequest(callback, user_data);
   req->device = e.device != CONCORD_DEVICE_CPU;
@@ -808,15 +822,32 @@ concord_status_t concord_end_step(concord_comm_t comm) {
 concord_status_t concord_send_async(concord_comm_t comm, const concord_tensor_t* tensor, int peer,
                                     int64_t tag, concord_callback_t callback, void* user_data,
                                     concord_request_t* request) {
-  return Guard(
-      comm, [&] { return SubmitP2p(comm, true, tensor, peer, tag, callback, user_data, request); });
+  return concord_send_async_ex(comm, tensor, peer, tag, nullptr, callback, user_data, request);
+}
+
+concord_status_t concord_send_async_ex(concord_comm_t comm, const concord_tensor_t* tensor,
+                                       int peer, int64_t tag,
+                                       const concord_device_opts_t* device_opts,
+                                       concord_callback_t callback, void* user_data,
+                                       concord_request_t* request) {
+  return Guard(comm, [&] {
+    return SubmitP2p(comm, true, tensor, peer, tag, device_opts, callback, user_data, request);
+  });
 }
 
 concord_status_t concord_recv_async(concord_comm_t comm, const concord_tensor_t* expected, int peer,
                                     int64_t tag, concord_callback_t callback, void* user_data,
                                     concord_request_t* request) {
+  return concord_recv_async_ex(comm, expected, peer, tag, nullptr, callback, user_data, request);
+}
+
+concord_status_t concord_recv_async_ex(concord_comm_t comm, const concord_tensor_t* expected,
+                                       int peer, int64_t tag,
+                                       const concord_device_opts_t* device_opts,
+                                       concord_callback_t callback, void* user_data,
+                                       concord_request_t* request) {
   return Guard(comm, [&] {
-    return SubmitP2p(comm, false, expected, peer, tag, callback, user_data, request);
+    return SubmitP2p(comm, false, expected, peer, tag, device_opts, callback, user_data, request);
   });
 }
 

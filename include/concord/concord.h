@@ -596,7 +596,7 @@ CONCORD_API concord_status_t concord_end_step(concord_comm_t comm);
 
 /* ---- point to point (pipeline stages) ---- */
 /**
- * Sends `tensor` (a CPU tensor) to rank `peer` with `tag` (>= 0; at most (MPI_TAG_UB - 1) / 2 on
+ * Sends `tensor` to rank `peer` with `tag` (>= 0; at most (MPI_TAG_UB - 1) / 2 on
  * the MPI backend, 2^30 - 1 with Open MPI; any int64 on Gloo). Point to point is not negotiated:
  * the message (a header with dtype and shape, then the bytes) goes straight to the peer on
  * connections of its own, and no other rank takes part. Messages from one rank to another with
@@ -605,8 +605,11 @@ CONCORD_API concord_status_t concord_end_step(concord_comm_t comm);
  * (on Gloo it completes once its bytes are written to the socket; on MPI once MPI completes the
  * send, which for large messages is when the peer receives them). Refused with INVALID_ARGUMENT
  * (nothing is sent) for a peer outside the communicator or this rank, a negative tag, NULL data
- * with elements; UNAVAILABLE for a CUDA tensor. A peer that fails completes it with PEER_FAILURE
- * naming the peer; one that does not take the bytes within CONCORD_TIMEOUT_S with TIMEOUT.
+ * with elements. A peer that fails completes it with PEER_FAILURE naming the peer; one that does
+ * not take the bytes within CONCORD_TIMEOUT_S with TIMEOUT. A CUDA tensor (with a GPU backend:
+ * CONCORD_BACKEND auto or nccl; else UNAVAILABLE) travels through host memory: the send copies it
+ * out before returning (after the work on the _ex form's ready stream and event), the recv copies
+ * the message in before it completes; either end may be a CPU or a CUDA tensor.
  * Callbacks of sends and recvs run on the communicator's point-to-point thread (or on the calling
  * thread when the operation completes at once); they must not wait for requests of this
  * communicator. concord_finalize completes those still in flight with NOT_INITIALIZED.
@@ -615,10 +618,10 @@ CONCORD_API concord_status_t concord_send_async(concord_comm_t comm, const conco
                                                 int peer, int64_t tag, concord_callback_t callback,
                                                 void* user_data, concord_request_t* request);
 /**
- * Receives the next message from rank `peer` with `tag`. With `expected` (a CPU tensor) the
- * message lands in expected->data, and must have its dtype and shape: otherwise the request fails
- * with MISMATCH naming both, the message is consumed and dropped, and the next one on (peer, tag)
- * is received intact. With `expected` NULL the recv takes the sender's dtype and shape; the
+ * Receives the next message from rank `peer` with `tag`. With `expected` (a CPU or CUDA tensor)
+ * the message lands in expected->data, and must have its dtype and shape: otherwise the request
+ * fails with MISMATCH naming both, the message is consumed and dropped, and the next one on (peer,
+ * tag) is received intact. With `expected` NULL the recv takes the sender's dtype and shape; the
  * request owns the bytes (concord_request_output: data, bytes, first dimension;
  * concord_request_output_shape: dtype and shape). A message that does not arrive within
  * CONCORD_TIMEOUT_S fails with TIMEOUT; a peer that fails, with PEER_FAILURE naming it. Argument
@@ -628,6 +631,23 @@ CONCORD_API concord_status_t concord_recv_async(concord_comm_t comm,
                                                 const concord_tensor_t* expected, int peer,
                                                 int64_t tag, concord_callback_t callback,
                                                 void* user_data, concord_request_t* request);
+/**
+ * The same with device options (device_opts may be NULL) for a CUDA tensor: the copy out of (send)
+ * or into (recv) the tensor waits for the work queued so far on device_opts->stream and for
+ * device_opts->ready_event. Giving either for a CPU tensor is an INVALID_ARGUMENT.
+ */
+CONCORD_API concord_status_t concord_send_async_ex(concord_comm_t comm,
+                                                   const concord_tensor_t* tensor, int peer,
+                                                   int64_t tag,
+                                                   const concord_device_opts_t* device_opts,
+                                                   concord_callback_t callback, void* user_data,
+                                                   concord_request_t* request);
+CONCORD_API concord_status_t concord_recv_async_ex(concord_comm_t comm,
+                                                   const concord_tensor_t* expected, int peer,
+                                                   int64_t tag,
+                                                   const concord_device_opts_t* device_opts,
+                                                   concord_callback_t callback, void* user_data,
+                                                   concord_request_t* request);
 /** Blocking: enqueue, wait, free. concord_recv needs `expected` (there is no request to own it). */
 CONCORD_API concord_status_t concord_send(concord_comm_t comm, const concord_tensor_t* tensor,
                                           int peer, int64_t tag);

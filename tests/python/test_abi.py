@@ -63,7 +63,7 @@ def test_device_opts_mirror_the_library():
     for name in ("concord_allreduce_async_ex", "concord_allgather_async_ex",
                  "concord_broadcast_async_ex", "concord_reducescatter_async_ex",
                  "concord_alltoall_async_ex", "concord_reduce_async_ex", "concord_gather_async_ex",
-                 "concord_request_wait_stream"):
+                 "concord_send_async_ex", "concord_recv_async_ex", "concord_request_wait_stream"):
         assert getattr(concord.lib(), name).argtypes, name  # declared by _lib.load()
 
 

@@ -165,8 +165,8 @@ def test_device_tensors_are_refused_clearly(comm):
     torch = pytest.importorskip("torch", reason="torch is not installed for this Python "
                                 "(apt-get install python3-torch)")
     with pytest.raises(concord.UnavailableError,
-                       match="allreduce input is a meta tensor: Concord takes CPU tensors, and "
-                       "CUDA tensors for its collectives"):
+                       match="allreduce input is a meta tensor: Concord takes CPU and CUDA "
+                       "tensors"):
         comm.allreduce(torch.empty(4, device="meta"), name="meta")
     with pytest.raises(concord.InvalidArgumentError, match="requires grad"):
         comm.allreduce_(torch.zeros(2, requires_grad=True), name="leaf")
@@ -184,7 +184,7 @@ def test_cuda_tensors_without_gpu_backend(comm, monkeypatch):
     # torch's current stream, as the binding reads it (torch without CUDA has none to read).
     monkeypatch.setattr(tensors, "cuda_stream", lambda index: 0x5000 + index)
     t = fake_cuda_tensor(torch, torch.ones(2, 3))
-    d = tensors.describe(t, "allreduce input", cuda=True)
+    d = tensors.describe(t, "allreduce input")
     assert (d.device, d.struct.device, d.stream, d.ptr) == (0, 0, 0x5000, t.data_ptr())
     keep = []
     opts = device.options(d, keep)
@@ -224,10 +224,17 @@ def test_cuda_tensors_without_gpu_backend(comm, monkeypatch):
         with pytest.raises(concord.InvalidArgumentError,
                            match=r"%s of a CUDA tensor \(cuda:0\) needs out=" % what):
             call()
-    with pytest.raises(concord.UnavailableError,
-                       match="send tensor is a CUDA tensor \\(cuda:0\\): Concord's send takes "
-                       "CPU tensors only"):
-        comm.send(t, 0)
+    if comm.size > 1:  # send and recv of CUDA tensors need a GPU backend as well
+        other = (comm.rank + 1) % comm.size
+        for what, call in [("send tensor", lambda: comm.send(t, other, tag=3)),
+                           ("recv output", lambda: comm.recv(other, tag=3, out=t))]:
+            with pytest.raises(concord.UnavailableError) as e:
+                call()
+            message = str(e.value)
+            assert message.startswith("ERR_UNAVAILABLE (8): %s is a CUDA tensor (cuda:0, shape "
+                                      % what), message
+            assert "rank %d with tag 3: CUDA device 0" % other in message, message
+            assert "GPU backend" in message, message
     after = comm.stats()
     assert after == before, (before, after)
     # The names are free: the same name on the CPU goes through.

@@ -1,13 +1,14 @@
 """CUDA tensors from Python on a GPU: the binding's collectives on CUDA tensors (allreduce,
 allgather, broadcast, reducescatter, alltoall, reduce, gather: device memory straight to the
 device backend, NCCL: no host copy; ordered after torch's current stream, the default one and a
-side stream; wait() makes the current stream wait), the refusals that remain on a GPU, and the
-torch.distributed backend "concord" on CUDA: its collectives, async works on a side stream, and
+side stream; wait() makes the current stream wait), send and recv of CUDA tensors (through host
+memory), the refusals that remain on a GPU, and the torch.distributed backend "concord" on CUDA:
+its collectives and send/recv, async works on a side stream, and
 DDP on CUDA (default hook and Concord's allreduce_hook) equal to one process on the union of the
 ranks' batches.
 
-Run by perf/gpu-check.sh under concordrun --backend nccl, one rank per GPU (NCCL refuses two
-ranks of one communicator on one GPU): 1 rank with one GPU, 2 with two or more. Skipped, saying
+Run by perf/gpu-check.sh under concordrun --backend nccl at 1 and 2 ranks (one rank per GPU, or
+ranks sharing one GPU as pretend NCCL hosts: perf/nccl-pretend-host.sh). Skipped, saying
 why, when torch has no CUDA or no GPU is usable; a communicator without a GPU backend on a GPU
 machine fails (it is what is tested)."""
 import os
@@ -148,9 +149,42 @@ def test_refusals_on_a_gpu(comm):
         comm.allreduce(x, out=x, name="cuda.fp16", compression="fp16")
     with pytest.raises(concord.UnavailableError, match="compression"):
         comm.reducescatter(x, name="cuda.rs.fp16", compression="fp16")
-    with pytest.raises(concord.UnavailableError, match="send tensor.*CPU tensors only"):
+    with pytest.raises(concord.InvalidArgumentError, match="send to rank %d .*this rank" % RANK):
         comm.send(x, RANK, 1)
     assert comm.allreduce(x, out=x, name="cuda.after").cpu().eq(SIZE).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64,
+                                   torch.uint8], ids=str)
+def test_send_recv_of_cuda_tensors(comm, dtype):
+    """Through host memory, in a ring: CUDA to CUDA after the default stream's work, CUDA to
+    CPU, CPU to CUDA, and a recv on a side stream (one rank: a rank cannot send to itself)."""
+    if SIZE == 1:
+        with pytest.raises(concord.InvalidArgumentError, match="this rank"):
+            comm.send(torch.ones(2, device=DEVICE, dtype=dtype), 0, 1)
+        return
+    nxt, prv = (RANK + 1) % SIZE, (RANK - 1) % SIZE
+
+    def message(rank, n):
+        return (torch.arange(n) % 100 + rank).to(dtype)
+
+    t = torch.zeros(N, dtype=dtype, device=DEVICE)
+    t.add_(message(RANK, N).to(DEVICE))  # queued on the default stream: the send must see it
+    handle = comm.send_async(t, nxt, tag=11)
+    got = comm.recv(prv, tag=11, like=t)
+    assert got.is_cuda and torch.equal(got.cpu(), message(prv, N))
+    handle.wait()
+    comm.send(t[:4099], nxt, tag=12)  # CUDA to CPU
+    host = comm.recv(prv, tag=12, out=torch.empty(4099, dtype=dtype))
+    assert torch.equal(host, message(prv, 4099))
+    comm.send(message(RANK, 7), nxt, tag=13)  # CPU to CUDA, on a side stream
+    side = torch.cuda.Stream(DEVICE)
+    with torch.cuda.stream(side):
+        box = torch.full((7,), 3, dtype=dtype, device=DEVICE)  # the copy in waits for this
+        comm.recv(prv, tag=13, out=box)
+        box.add_(1)
+    side.synchronize()
+    assert torch.equal(box.cpu(), message(prv, 7) + 1)
 
 
 @pytest.fixture(scope="module")
@@ -204,6 +238,13 @@ def test_backend_collectives_on_cuda(group):
     if RANK == 0:
         assert [g.cpu().tolist() for g in gathered] == [[float(q)] * 2 for q in range(SIZE)]
     assert group.comm.stats()["device_launches"] >= before + 4
+    if SIZE > 1:  # send and recv through host memory
+        msg = torch.full((7,), float(RANK), device=DEVICE)
+        box = torch.empty(7, device=DEVICE)
+        works = [dist.isend(msg, (RANK + 1) % SIZE), dist.irecv(box, (RANK - 1) % SIZE)]
+        for w in works:
+            w.wait()
+        assert box.cpu().tolist() == [float((RANK - 1) % SIZE)] * 7
 
 
 def train(model, batches, steps):

@@ -249,6 +249,12 @@ _DEVICE_SIGNATURES = [
      [c_comm_p, ctypes.c_char_p, ctypes.POINTER(TensorStruct), ctypes.c_void_p, ctypes.c_size_t,
       ctypes.c_int, ctypes.POINTER(DeviceOptsStruct), CALLBACK, ctypes.c_void_p,
       ctypes.POINTER(c_request_p)]),
+    ("concord_send_async_ex", ctypes.c_int,
+     [c_comm_p, ctypes.POINTER(TensorStruct), ctypes.c_int, ctypes.c_int64,
+      ctypes.POINTER(DeviceOptsStruct), CALLBACK, ctypes.c_void_p, ctypes.POINTER(c_request_p)]),
+    ("concord_recv_async_ex", ctypes.c_int,
+     [c_comm_p, ctypes.POINTER(TensorStruct), ctypes.c_int, ctypes.c_int64,
+      ctypes.POINTER(DeviceOptsStruct), CALLBACK, ctypes.c_void_p, ctypes.POINTER(c_request_p)]),
     ("concord_request_wait_stream", ctypes.c_int, [c_request_p, ctypes.c_void_p, ctypes.c_double]),
 ]
 

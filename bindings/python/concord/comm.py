@@ -265,12 +265,11 @@ class Communicator:
                 opts._spec = spec  # the struct points into these bytes
             if len(self._opts_cache) < 64:
                 self._opts_cache[key] = opts
-        src = tensors.describe(tensor, "allreduce input", cuda=True)
+        src = tensors.describe(tensor, "allreduce input")
         if out is None:
             out = tensors.empty_like(tensor)
         # In place (the same tensor) is a NULL output for the C API: one descriptor fewer.
-        dst = None if out is tensor else tensors.describe(out, "allreduce output", writable=True,
-                                                          cuda=True)
+        dst = None if out is tensor else tensors.describe(out, "allreduce output", writable=True)
         if dst is None:
             tensors.check_writable(tensor, "allreduce output")
         keep = [src, dst]
@@ -304,11 +303,10 @@ class Communicator:
         need out= (a CUDA tensor; the library cannot own device memory), and wait() returns out
         whole: give it the gathered size."""
         handle = self._live()
-        src = tensors.describe(tensor, "allgather input", cuda=True)
+        src = tensors.describe(tensor, "allgather input")
         if len(src.shape) == 0:
             raise InvalidArgumentError(1, "allgather input must have at least one dimension")
-        dst = None if out is None else tensors.describe(out, "allgather output", writable=True,
-                                                        cuda=True)
+        dst = None if out is None else tensors.describe(out, "allgather output", writable=True)
         if dst is not None and dst.dtype != src.dtype:
             raise InvalidArgumentError(1, "allgather output dtype differs from the input's")
         cuda = self._on_device(src, dst)
@@ -334,10 +332,10 @@ class Communicator:
     def broadcast_async(self, tensor, root=0, name=None, out=None, callback=None):
         """Every rank receives root's tensor in out (None: a new tensor; out=tensor: in place)."""
         handle = self._live()
-        src = tensors.describe(tensor, "broadcast input", cuda=True)
+        src = tensors.describe(tensor, "broadcast input")
         if out is None:
             out = tensors.empty_like(tensor)
-        dst = tensors.describe(out, "broadcast output", writable=True, cuda=True)
+        dst = tensors.describe(out, "broadcast output", writable=True)
         cuda = self._on_device(src, dst)
         if cuda is not None:
             return self._submit_device(
@@ -378,7 +376,7 @@ class Communicator:
         None or "none" for none (the communicator's default compression is allreduce's only).
         Returns a Handle whose wait() gives out."""
         handle = self._live()
-        src = tensors.describe(tensor, "reducescatter input", cuda=True)
+        src = tensors.describe(tensor, "reducescatter input")
         if len(src.shape) == 0:
             raise InvalidArgumentError(1, "reducescatter input must have at least one dimension")
         counts = self._splits(recv_splits, "reducescatter")
@@ -387,7 +385,7 @@ class Communicator:
                 n // self.size + (1 if self.rank < n % self.size else 0))
         if out is None:
             out = tensors.empty_like(tensor, rows)
-        dst = tensors.describe(out, "reducescatter output", writable=True, cuda=True)
+        dst = tensors.describe(out, "reducescatter output", writable=True)
         opts = _lib.ReducescatterOptsStruct()
         opts.struct_size = ctypes.sizeof(opts)
         opts.op = _reduce_op(op)
@@ -416,13 +414,13 @@ class Communicator:
         same root. Returns a Handle whose wait() gives out on the root and None on the other
         ranks, whose out (ignored) is left untouched."""
         handle = self._live()
-        src = tensors.describe(tensor, "reduce input", cuda=True)
+        src = tensors.describe(tensor, "reduce input")
         is_root = int(root) == self.rank
         if is_root and out is None:
             out = tensors.empty_like(tensor)
         dst = None
         if is_root and out is not tensor:
-            dst = tensors.describe(out, "reduce output", writable=True, cuda=True)
+            dst = tensors.describe(out, "reduce output", writable=True)
         elif is_root:
             tensors.check_writable(tensor, "reduce output")
         opts = _lib.ReduceOptsStruct()
@@ -449,13 +447,13 @@ class Communicator:
         A CUDA tensor needs out= on the root (the library cannot own device memory). On the
         other ranks out is ignored and wait() returns None."""
         handle = self._live()
-        src = tensors.describe(tensor, "gather input", cuda=True)
+        src = tensors.describe(tensor, "gather input")
         if len(src.shape) == 0:
             raise InvalidArgumentError(1, "gather input must have at least one dimension")
         is_root = int(root) == self.rank
         dst = None
         if is_root and out is not None:
-            dst = tensors.describe(out, "gather output", writable=True, cuda=True)
+            dst = tensors.describe(out, "gather output", writable=True)
             if dst.dtype != src.dtype:
                 raise InvalidArgumentError(1, "gather output dtype differs from the input's")
         if is_root:
@@ -486,12 +484,11 @@ class Communicator:
         received_splits[s] rows came from rank s. A CUDA tensor needs out= (the library cannot
         own device memory)."""
         handle = self._live()
-        src = tensors.describe(tensor, "alltoall input", cuda=True)
+        src = tensors.describe(tensor, "alltoall input")
         if len(src.shape) == 0:
             raise InvalidArgumentError(1, "alltoall input must have at least one dimension")
         counts = self._splits(splits, "alltoall")
-        dst = None if out is None else tensors.describe(out, "alltoall output", writable=True,
-                                                        cuda=True)
+        dst = None if out is None else tensors.describe(out, "alltoall output", writable=True)
         if dst is not None and dst.dtype != src.dtype:
             raise InvalidArgumentError(1, "alltoall output dtype differs from the input's")
         self._device_output_needed("alltoall", self._on_device(src), dst)
@@ -539,22 +536,24 @@ class Communicator:
     def send_async(self, tensor, peer, tag=0, callback=None):
         """Sends tensor to rank peer with tag (>= 0). Messages from this rank to peer with one tag
         arrive in order; nothing else waits for them. The tensor is kept alive (and must not be
-        written) until the handle finishes; wait() returns None."""
+        written) until the handle finishes; wait() returns None. A CUDA tensor is copied to host
+        memory (after the work queued on torch's current stream) before this returns."""
         handle = self._live()
         src = tensors.describe(tensor, "send tensor")
-        return self._submit(
-            lambda fn, ud, req: lib().concord_send_async(
-                handle, ctypes.byref(src.struct), int(peer), int(tag), fn, ud, req),
-            callback, src, lambda _: None)
+        return self._submit_either(
+            "concord_send_async", (handle, ctypes.byref(src.struct), int(peer), int(tag)),
+            (src, None), callback, lambda _: None)
 
     def send(self, tensor, peer, tag=0):
         self.send_async(tensor, peer, tag).wait()
 
     def recv_async(self, peer, tag=0, like=None, out=None, callback=None):
         """Receives the next message from rank peer with tag. out: into out (its dtype and shape
-        must be the sender's, else ConcordError with status ERR_MISMATCH naming both); like: into a new tensor like it (the
-        same check); neither: a new numpy array of the sender's dtype and shape (a view of memory
-        the communicator lends, as allgather's). wait() returns the tensor."""
+        must be the sender's, else ConcordError with status ERR_MISMATCH naming both); like: into a
+        new tensor like it (the same check); neither: a new numpy array of the sender's dtype and
+        shape (a view of memory the communicator lends, as allgather's). wait() returns the
+        tensor. A CUDA out (or like) gets the message copied in after the work queued on torch's
+        current stream."""
         handle = self._live()
         if out is None and like is not None:
             out = tensors.empty_like(like)
@@ -576,11 +575,10 @@ class Communicator:
             return tensors.empty(dtype.value, shape[:ndim.value]) if view is None else \
                 _Adopted(view)
 
-        return self._submit(
-            lambda fn, ud, req: lib().concord_recv_async(
-                handle, ctypes.byref(dst.struct) if dst is not None else None, int(peer),
-                int(tag), fn, ud, req),
-            callback, dst, finish)
+        return self._submit_either(
+            "concord_recv_async",
+            (handle, ctypes.byref(dst.struct) if dst is not None else None, int(peer), int(tag)),
+            (dst, None), callback, finish)
 
     def recv(self, peer, tag=0, like=None, out=None):
         return self.recv_async(peer, tag, like=like, out=out).wait()

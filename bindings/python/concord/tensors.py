@@ -2,11 +2,10 @@
 descriptors, and new arrays or tensors of a given dtype and shape for results. numpy and torch are
 imported only when an object of theirs is passed, so neither is required.
 
-CUDA tensors (torch, tensor.is_cuda): describe(..., cuda=True) gives the device memory
-(data_ptr()), the device index and torch's current stream of that device at the call, which the
-Communicator hands to the C API's _ex entry points (concord_device_opts_t). Other devices (meta,
-mps, ...) and CUDA tensors for operations that take CPU memory only are refused here, naming the
-tensor and its device, before anything is enqueued."""
+CUDA tensors (torch, tensor.is_cuda): describe() gives the device memory (data_ptr()), the device
+index and torch's current stream of that device at the call, which the Communicator hands to the
+C API's _ex entry points (concord_device_opts_t). Other devices (meta, mps, ...) are refused here,
+naming the tensor and its device, before anything is enqueued."""
 import ctypes
 import sys
 
@@ -69,26 +68,20 @@ def cuda_stream(index):
                                "stream: %s" % (index, torch.__version__, e))
 
 
-def describe(obj, what, writable=False, cuda=False):
+def describe(obj, what, writable=False):
     """The descriptor of a numpy array or torch tensor; InvalidArgumentError for anything Concord
     cannot take (other types, unsupported dtypes, non-contiguous or read-only memory) and
-    UnavailableError for a torch tensor on a device other than the CPU and CUDA, or a CUDA tensor
-    when `cuda` is False (the operation takes CPU memory only)."""
+    UnavailableError for a torch tensor on a device other than the CPU and CUDA."""
     if _is_torch(obj):
         device = obj.device
         index, stream = _lib.DEVICE_CPU, None
         if device.type == "cuda":
-            if not cuda:
-                raise UnavailableError(
-                    8, "%s is a CUDA tensor (%s): Concord's %s takes CPU tensors only (CUDA "
-                    "tensors: the collectives, not send and recv); pass tensor.cpu()" %
-                    (what, device, what.split()[0]))
             index = device.index if device.index is not None else _current_device()
             stream = cuda_stream(index)
         elif device.type != "cpu":
             raise UnavailableError(
-                8, "%s is a %s tensor: Concord takes CPU tensors, and CUDA tensors for its "
-                "collectives; pass tensor.cpu()" % (what, device.type))
+                8, "%s is a %s tensor: Concord takes CPU and CUDA tensors; pass tensor.cpu()" %
+                (what, device.type))
         dtype = _TORCH_DTYPES.get(obj.dtype)
         if dtype is None:
             name = str(obj.dtype).replace("torch.", "")

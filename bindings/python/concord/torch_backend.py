@@ -8,8 +8,8 @@ all_gather_into_tensor, gather, reduce_scatter, reduce_scatter_tensor, all_to_al
 all_to_all_single) goes to the device backend (NCCL) without a host copy, ordered after torch's
 current stream; a work's wait() makes the current stream wait for the operation (into a list of
 tensors: the host waits, for the copies into the list), its future (for the tensors' device)
-completes when the operation has. send and recv take CPU tensors (a CUDA tensor raises
-UnavailableError, from the binding).
+completes when the operation has. send and recv take CUDA tensors too: they travel through host
+memory (the binding's send and recv), the send's copy after torch's current stream.
 
 One class serves torch 1.13 and 2.x (tested: 1.13, 2.9.1 and 2.15.0), no compiled code: both let a
 backend's creator return a Python subclass of ProcessGroup (torch 2.x's pybind trampoline), which
@@ -363,11 +363,13 @@ class ProcessGroupConcord(dist.ProcessGroup):
 
     def send(self, tensors, dst, tag=0):
         t = _one(tensors, "send")
-        return self._run(lambda cb: self.comm.send_async(t, dst, tag, callback=cb), tensors)
+        return self._run(lambda cb: self.comm.send_async(t, dst, tag, callback=cb), tensors,
+                         cuda=_cuda(t))
 
     def recv(self, tensors, src, tag=0):
         t = _one(tensors, "recv")
-        return self._run(lambda cb: self.comm.recv_async(src, tag, out=t, callback=cb), tensors)
+        return self._run(lambda cb: self.comm.recv_async(src, tag, out=t, callback=cb), tensors,
+                         cuda=_cuda(t))
 
     def _check_total(self, big, small, what):
         if big.numel() != small.numel() * self.size():
