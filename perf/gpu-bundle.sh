@@ -23,7 +23,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${BUILD_DIR:-$root/build-gpu}"
 libs="$root/.gpu-libs"
 targets=(pack_plan_test cuda_packer_test pack_bench engine_device_test nccl_backend_test
-  nccl_exchange_test c_api_test mp_conformance concord-perf concordrun concord)
+  nccl_exchange_test c_api_test mp_conformance mp_p2p concord-perf concordrun concord)
 
 prepare() {
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCONCORD_CUDA=ON \

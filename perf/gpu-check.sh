@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One script for a GPU machine (lent for minutes): builds Concord's CUDA parts, runs the planner's and
 # the engine's device-path CPU tests and the GPU tests (packing kernels, the NCCL backend, the C API
-# with NCCL), the conformance suite on CUDA tensors at 1 to 4 ranks (also on split communicators),
+# with NCCL), the conformance suite on CUDA tensors at 1 to 4 ranks (also on split communicators)
+# and point to point on CUDA tensors at 2 and 3 ranks,
 # the Python binding's CUDA tensors and DDP on CUDA over the torch backend "concord"
 # (tests/python/test_torch_cuda.py at 1 and 2 ranks, when a torch built with CUDA is found),
 # measures pack/unpack bandwidth over model workloads against cudaMemcpy device-to-device, and runs
@@ -93,7 +94,7 @@ else
     cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCONCORD_CUDA=ON || finish
   run "build" cmake --build "$build" -j"$jobs" \
     --target pack_plan_test cuda_packer_test pack_bench engine_device_test nccl_backend_test \
-    nccl_exchange_test c_api_test mp_conformance concord-perf concordrun concord || finish
+    nccl_exchange_test c_api_test mp_conformance mp_p2p concord-perf concordrun concord || finish
 fi
 
 run "CPU tests (the pack planner, the engine's device path, the NCCL probe)" \
@@ -152,26 +153,32 @@ launch() {
   timeout 300 "$build/tools/concordrun" -np "$np" --backend nccl "${share[@]}" "$@"
 }
 
-# The conformance suite (tests/mp/conformance.cc) on CUDA tensors: every op x dtype x size, as on
-# the CPU. conformance_cuda NAME NP ARGS...: a step passes when every rank says PASS.
+# The multi-process suites on CUDA tensors, checked as on the CPU: the conformance suite
+# (tests/mp/conformance.cc: every collective x dtype x size) and point to point (tests/mp/p2p.cc).
+# mp_cuda LOG NP TEST ARGS...: tests/mp/TEST --device cuda on NP ranks; passes when every rank
+# prints its PASS line.
 # shellcheck disable=SC2317  # called through run
-conformance_cuda() {
-  local log="$out/conformance_cuda_$1.txt" np="$2"
-  shift 2
-  CONCORD_TIMEOUT_S=120 launch "$np" "$build/tests/mp/mp_conformance" --device cuda "$@" \
-    >"$log" 2>&1
+mp_cuda() {
+  local log="$out/$1.txt" np="$2" test="$3"
+  shift 3
+  CONCORD_TIMEOUT_S=120 launch "$np" "$build/tests/mp/$test" --device cuda "$@" >"$log" 2>&1
   local rc=$?
-  grep -E 'conformance: rank|FAIL|rror' "$log" | head -40
-  [ "$rc" -eq 0 ] && [ "$(grep -c 'conformance: rank .* PASS' "$log")" -eq "$np" ]
+  grep -E ': rank [0-9]+ of [0-9]+:|FAIL|rror' "$log" | head -40
+  [ "$rc" -eq 0 ] && [ "$(grep -cE ': rank [0-9]+ of [0-9]+: .*PASS' "$log")" -eq "$np" ]
 }
-run "conformance on CUDA, 1 rank (every size)" conformance_cuda np1 1
-run "conformance on CUDA, 2 ranks (sizes to 4099)" conformance_cuda np2 2 --max-size 4099 --steps 2
-run "conformance on CUDA, 2 ranks (1 Mi elements)" conformance_cuda np2_large 2 --min-size 1048576 \
-  --steps 1
-run "conformance on CUDA, 3 ranks (sizes to 7)" conformance_cuda np3 3 --max-size 7 --steps 1
-run "conformance on CUDA, 4 ranks (sizes to 7)" conformance_cuda np4 4 --max-size 7 --steps 1
-run "conformance on CUDA, split communicators of 4 ranks (sizes to 7)" conformance_cuda np4_split \
-  4 --max-size 7 --steps 1 --split
+run "conformance on CUDA, 1 rank (every size)" mp_cuda conformance_cuda_np1 1 mp_conformance
+run "conformance on CUDA, 2 ranks (sizes to 4099)" mp_cuda conformance_cuda_np2 2 mp_conformance \
+  --max-size 4099 --steps 2
+run "conformance on CUDA, 2 ranks (1 Mi elements)" mp_cuda conformance_cuda_np2_large 2 \
+  mp_conformance --min-size 1048576 --steps 1
+run "conformance on CUDA, 3 ranks (sizes to 7)" mp_cuda conformance_cuda_np3 3 mp_conformance \
+  --max-size 7 --steps 1
+run "conformance on CUDA, 4 ranks (sizes to 7)" mp_cuda conformance_cuda_np4 4 mp_conformance \
+  --max-size 7 --steps 1
+run "conformance on CUDA, split communicators of 4 ranks (sizes to 7)" mp_cuda \
+  conformance_cuda_np4_split 4 mp_conformance --max-size 7 --steps 1 --split
+run "point to point on CUDA, 2 ranks" mp_cuda p2p_cuda_np2 2 mp_p2p
+run "point to point on CUDA, 3 ranks" mp_cuda p2p_cuda_np3 3 mp_p2p --large 65537
 
 # The Python binding on CUDA tensors and DDP on CUDA over "concord", 1 rank and 2.
 step "Python: CUDA tensors through the binding, the torch backend and DDP"

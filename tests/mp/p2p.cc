@@ -1,6 +1,7 @@
 // Point-to-point sends and recvs across real processes, through the C API only.
 //
-//   concordrun -np N ./mp_p2p [--large ELEMENTS]          every case below, N = 2..4
+//   concordrun -np N ./mp_p2p [--large ELEMENTS] [--device cuda]
+//                                                         every case below, N = 2..4
 //   concordrun -np 2 ./mp_p2p --mode kill                 rank 1 dies with traffic in flight
 //   concordrun -np 2 ./mp_p2p --mode kill-receiving --large ELEMENTS
 //                                                         rank 1 dies while its message is read
@@ -15,6 +16,10 @@
 // arguments refused at enqueue; sends left unreceived by finalized splits that must not reach the
 // splits after them; sends and recvs with callbacks that no thread waits for; finalize with a
 // recv in flight (completes with an error).
+// --device cuda (a GPU backend: concordrun --backend nccl): the ring's ends on the rank's GPU or in
+// host memory, in turn (sender and receiver each; a recv that takes the sender's shape stays on
+// the host), the mismatches received into device buffers (left untouched), and a tensor on a
+// device the communicator does not use refused.
 // Prints "p2p: rank R PASS" and the time taken; exits non-zero on any failure.
 #include <signal.h>
 
@@ -25,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "device_memory.h"
 #include "mp_common.h"
 #include "tests/common/check.h"
 #include "tests/common/tensors.h"
@@ -35,6 +41,7 @@ using concord::harness::LoadElement;
 using concord::harness::StoreElement;
 
 int g_rank = 0, g_size = 1;
+int g_device = CONCORD_DEVICE_CPU;  // --device cuda: this rank's GPU
 
 const concord_dtype_t kDTypes[] = {CONCORD_UINT8,   CONCORD_INT8,    CONCORD_INT32,
                                    CONCORD_INT64,   CONCORD_FLOAT16, CONCORD_BFLOAT16,
@@ -82,6 +89,21 @@ void Ring(concord_comm_t comm, int64_t large) {
       std::vector<unsigned char> in(out.size());
       concord_tensor_t send = CpuTensor(out.empty() ? nullptr : out.data(), t, 2, shape);
       concord_tensor_t recv = CpuTensor(in.empty() ? nullptr : in.data(), t, 2, shape);
+      // --device cuda: the send's end on the GPU two times in three, the named recv's every
+      // other time, so that every pairing of device and host ends comes up.
+      mp::DeviceBuffer device_out, device_in;
+      const bool send_on_device = g_device != CONCORD_DEVICE_CPU && salt % 3 != 0;
+      const bool recv_on_device = g_device != CONCORD_DEVICE_CPU && !owned && salt % 4 == 1;
+      if (send_on_device) {
+        device_out = mp::DeviceBuffer(out);
+        send.data = device_out.data();
+        send.device = g_device;
+      }
+      if (recv_on_device) {
+        device_in = mp::DeviceBuffer(in);
+        recv.data = device_in.data();
+        recv.device = g_device;
+      }
       concord_request_t rr = nullptr, sr = nullptr;
       const std::string what = std::string("ring ") + mp::DTypeName(t) + " n=" + std::to_string(n);
       CHECKF(concord_recv_async(comm, owned ? nullptr : &recv, prev, salt, nullptr, nullptr, &rr) ==
@@ -107,7 +129,11 @@ void Ring(concord_comm_t comm, int64_t large) {
                static_cast<int>(got_t), ndim, static_cast<long long>(got_shape[0]),
                static_cast<long long>(got_shape[1]), bytes);
         if (!owned)
-          CHECKF(n == 0 || data == in.data(), "%s: output is not the caller's", what.c_str());
+          CHECKF(n == 0 || data == recv.data, "%s: output is not the caller's", what.c_str());
+        if (recv_on_device) {
+          device_in.CopyTo(&in);
+          data = in.data();
+        }
         if (bytes == out.size()) Same(t, data, n, prev, salt, what.c_str());
       }
       concord_request_free(rr);
@@ -294,11 +320,25 @@ void Mismatch(concord_comm_t comm) {
     std::vector<float> f6(6, -7.0f);
     concord_tensor_t ti = CpuTensor(i6.data(), CONCORD_INT32, 1, s6);
     concord_tensor_t tf = CpuTensor(f6.data(), CONCORD_FLOAT32, 1, s6);
+    // --device cuda: the refused messages are for device buffers.
+    std::vector<unsigned char> i6_bytes(6 * sizeof(int32_t));
+    std::memcpy(i6_bytes.data(), i6.data(), i6_bytes.size());
+    mp::DeviceBuffer device_i6;
+    if (g_device != CONCORD_DEVICE_CPU) {
+      device_i6 = mp::DeviceBuffer(i6_bytes);
+      ti.data = device_i6.data();
+      ti.device = tf.device = g_device;
+      tf.data = ti.data;  // the same 24 bytes: the shape mismatch is refused before any write
+    }
     concord_status_t s = concord_recv(comm, &ti, 0, 77);
     const std::string e1 = concord_comm_last_error(comm);
     CHECKF(s == CONCORD_ERR_MISMATCH && mp::Contains(e1, "float32 [2, 3]") &&
                mp::Contains(e1, "int32 [6]") && mp::Contains(e1, "rank 0"),
            "dtype mismatch: %s: %s", concord_status_string(s), e1.c_str());
+    if (g_device != CONCORD_DEVICE_CPU) {
+      device_i6.CopyTo(&i6_bytes);
+      std::memcpy(i6.data(), i6_bytes.data(), i6_bytes.size());
+    }
     CHECKF(i6[0] == -7, "a refused message was written into the buffer");
     s = concord_recv(comm, &tf, 0, 77);
     const std::string e2 = concord_comm_last_error(comm);
@@ -323,7 +363,9 @@ void BadArguments(concord_comm_t comm) {
   concord_tensor_t t = CpuTensor(x, CONCORD_FLOAT32, 1, s4);
   concord_tensor_t null_data = CpuTensor(nullptr, CONCORD_FLOAT32, 1, s4);
   concord_tensor_t cuda = t;
-  cuda.device = 0;
+  // Without a GPU backend any CUDA tensor is refused (UNAVAILABLE); with one, one on a device the
+  // communicator does not use (INVALID_ARGUMENT).
+  cuda.device = g_device == CONCORD_DEVICE_CPU ? 0 : g_device + 1;
   const int other = (g_rank + 1) % g_size;
   struct Bad {
     const char* what;
@@ -348,7 +390,8 @@ void BadArguments(concord_comm_t comm) {
       {"blocking recv without tensor", concord_recv(comm, nullptr, other, 0),
        CONCORD_ERR_INVALID_ARGUMENT, "NULL"},
       {"CUDA tensor", concord_send_async(comm, &cuda, other, 0, nullptr, nullptr, &r),
-       CONCORD_ERR_UNAVAILABLE, "CUDA"},
+       g_device == CONCORD_DEVICE_CPU ? CONCORD_ERR_UNAVAILABLE : CONCORD_ERR_INVALID_ARGUMENT,
+       "CUDA"},
   };
   for (const Bad& b : bad) {
     CHECKF(b.got == b.want, "%s: %s, want %s", b.what, concord_status_string(b.got),
@@ -400,8 +443,18 @@ void LeftBehindSends(concord_comm_t comm) {
   }
 }
 
-int All(int64_t large) {
+int All(int64_t large, bool device) {
   const double t0 = mp::Now();
+  if (device) {
+    // Before init: the engine's NCCL communicator starts on the GPU current here.
+    const char* local = std::getenv("CONCORD_LOCAL_RANK");
+    std::string why;
+    g_device = mp::DeviceForRank(local != nullptr ? std::atoi(local) : 0, &why);
+    if (g_device == CONCORD_DEVICE_CPU) {
+      std::fprintf(stderr, "--device cuda: no GPU: %s\n", why.c_str());
+      return 2;
+    }
+  }
   concord_comm_t comm = mp::InitOrExit(&g_rank, &g_size);
   if (g_size < 2) {
     std::fprintf(stderr, "mp_p2p needs 2+ ranks\n");
@@ -533,19 +586,25 @@ int KillWhileReceiving(int64_t n) {
 int main(int argc, char** argv) {
   std::string mode = "all";
   int64_t large = 1 << 20;
+  bool device = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--mode" && i + 1 < argc) {
       mode = argv[++i];
     } else if (a == "--large" && i + 1 < argc) {
       large = std::atoll(argv[++i]);
+    } else if (a == "--device" && i + 1 < argc && std::string(argv[i + 1]) == "cuda") {
+      ++i;
+      device = true;
     } else {
       mode = "?";
     }
   }
-  if (mode == "all") return All(large);
+  if (mode == "all") return All(large, device);
   if (mode == "kill") return Kill();
   if (mode == "kill-receiving") return KillWhileReceiving(large);
-  std::fprintf(stderr, "usage: %s [--mode all|kill|kill-receiving] [--large ELEMENTS]\n", argv[0]);
+  std::fprintf(stderr,
+               "usage: %s [--mode all|kill|kill-receiving] [--large ELEMENTS] [--device cuda]\n",
+               argv[0]);
   return 2;
 }
