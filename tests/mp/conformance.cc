@@ -744,16 +744,7 @@ int Run(int argc, char** argv) {
     }
   }
   const double t0 = mp::Now();
-  if (device) {
-    // Before init: the engine's NCCL communicator starts on the GPU current here.
-    const char* local = std::getenv("CONCORD_LOCAL_RANK");
-    std::string why;
-    g_device = mp::DeviceForRank(local != nullptr ? std::atoi(local) : 0, &why);
-    if (g_device == CONCORD_DEVICE_CPU) {
-      std::fprintf(stderr, "--device cuda: no GPU: %s\n", why.c_str());
-      return 2;
-    }
-  }
+  if (device) g_device = mp::DeviceOrExit();  // before init (see DeviceOrExit)
   concord_comm_t comm = nullptr;
   concord_status_t s = concord_init(&comm);
   if (s != CONCORD_SUCCESS) {

@@ -1,5 +1,6 @@
 #include "device_memory.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <utility>
@@ -23,14 +24,16 @@ void Check(cudaError_t e, const char* call, const char* file, int line) {
 
 }  // namespace
 
-int DeviceForRank(int local_rank, std::string* why) {
+int DeviceOrExit() {
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess || count == 0) {
-    *why = e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device";
-    return -1;
+    std::fprintf(stderr, "--device cuda: no GPU: %s\n",
+                 e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device");
+    std::exit(2);
   }
-  const int device = (local_rank < 0 ? 0 : local_rank) % count;
+  const char* local = std::getenv("CONCORD_LOCAL_RANK");
+  const int device = (local != nullptr ? std::max(std::atoi(local), 0) : 0) % count;
   MP_CUDA_CHECK(cudaSetDevice(device));
   return device;
 }
@@ -55,9 +58,9 @@ void DeviceBuffer::CopyTo(std::vector<unsigned char>* host) const {
 
 #else  // no CUDA in this build
 
-int DeviceForRank(int, std::string* why) {
-  *why = "mp_conformance was built without CUDA (CONCORD_CUDA=OFF)";
-  return -1;
+int DeviceOrExit() {
+  std::fprintf(stderr, "--device cuda: this test was built without CUDA (CONCORD_CUDA=OFF)\n");
+  std::exit(2);
 }
 
 DeviceBuffer::DeviceBuffer(const std::vector<unsigned char>& host) : size_(host.size()) {

@@ -1,20 +1,21 @@
-// Device memory for the conformance suite's CUDA mode (mp_conformance --device cuda): the GPU a
-// rank's communicator uses, and buffers on it filled from and read back into host vectors. With
-// CONCORD_CUDA off the suite is built without CUDA: DeviceForRank says so and no buffer may be
+// Device memory for the multi-process suites' CUDA mode (mp_conformance and mp_p2p --device
+// cuda): the GPU a rank's communicator uses, and buffers on it filled from and read back into host
+// vectors. With
+// CONCORD_CUDA off the suite is built without CUDA: DeviceOrExit says so and no buffer may be
 // made. A CUDA error ends the process (exit 1) with the call, file and line: the suite cannot go on
 // without its buffers.
 #ifndef CONCORD_TESTS_MP_DEVICE_MEMORY_H_
 #define CONCORD_TESTS_MP_DEVICE_MEMORY_H_
 
 #include <cstddef>
-#include <string>
 #include <vector>
 
 namespace mp {
 
-// The CUDA device the engine gives this rank (local_rank modulo the devices), made current for
-// this thread; -1 and *why when there is none or this build has no CUDA.
-int DeviceForRank(int local_rank, std::string* why);
+// The CUDA device the engine gives this rank (CONCORD_LOCAL_RANK modulo the devices), made
+// current for this thread: call it before concord_init, whose NCCL communicator starts on the
+// current device. Exits 2 saying why when there is none or this build has no CUDA.
+int DeviceOrExit();
 
 // One allocation on the current device holding a copy of a host vector (none for an empty one:
 // data() is NULL). Owns it; move-only; not thread-safe. Copies have reached their destination

@@ -445,16 +445,7 @@ void LeftBehindSends(concord_comm_t comm) {
 
 int All(int64_t large, bool device) {
   const double t0 = mp::Now();
-  if (device) {
-    // Before init: the engine's NCCL communicator starts on the GPU current here.
-    const char* local = std::getenv("CONCORD_LOCAL_RANK");
-    std::string why;
-    g_device = mp::DeviceForRank(local != nullptr ? std::atoi(local) : 0, &why);
-    if (g_device == CONCORD_DEVICE_CPU) {
-      std::fprintf(stderr, "--device cuda: no GPU: %s\n", why.c_str());
-      return 2;
-    }
-  }
+  if (device) g_device = mp::DeviceOrExit();  // before init (see DeviceOrExit)
   concord_comm_t comm = mp::InitOrExit(&g_rank, &g_size);
   if (g_size < 2) {
     std::fprintf(stderr, "mp_p2p needs 2+ ranks\n");
