@@ -94,8 +94,8 @@ Op Empty(DType dtype, int64_t n) {
 
 void ExpectValues(const Op& op, DType dtype, int64_t n, int salt, const std::string& what) {
   for (int64_t i = 0; i < n; ++i) {
-    ASSERT_EQ(harness::LoadElement(dtype, op.bytes.data(), i), Value(i, salt)) << what << " [" << i
-                                                                              << "]";
+    ASSERT_EQ(harness::LoadElement(dtype, op.bytes.data(), i), Value(i, salt))
+        << what << " [" << i << "]";
   }
 }
 
@@ -123,8 +123,9 @@ void EveryDtypeAndSize(int n) {
         }
         for (int to = 1; to < n; ++to) {
           sends.push_back(Filled(dtype, count, salt));
-          ASSERT_TRUE(
-              job.ranks[0]->Submit(Entry(true, to, 5, dtype, count, sends.back(), send_device)).ok());
+          ASSERT_TRUE(job.ranks[0]
+                          ->Submit(Entry(true, to, 5, dtype, count, sends.back(), send_device))
+                          .ok());
         }
         for (int k = 0; k < n - 1; ++k) {
           ASSERT_TRUE(Await(recvs[k]).ok()) << what << ": " << recvs[k].state->status().ToString();
@@ -155,14 +156,15 @@ TEST(P2pDeviceTest, FifoPerTagWithDeviceAndHostMessagesInterleaved) {
   sends.reserve(kMessages);
   for (int j = 0; j < kMessages; ++j) {
     sends.push_back(Filled(DType::kInt32, 100 + j, j));
-    ASSERT_TRUE(
-        job.ranks[0]->Submit(Entry(true, 1, 9, DType::kInt32, 100 + j, sends.back(), j % 3 == 0))
-            .ok());
+    ASSERT_TRUE(job.ranks[0]
+                    ->Submit(Entry(true, 1, 9, DType::kInt32, 100 + j, sends.back(), j % 3 == 0))
+                    .ok());
   }
   for (int j = 0; j < kMessages; ++j) {
     recvs[j] = Empty(DType::kInt32, 100 + j);
-    ASSERT_TRUE(
-        job.ranks[1]->Submit(Entry(false, 0, 9, DType::kInt32, 100 + j, recvs[j], j % 2 == 0)).ok());
+    ASSERT_TRUE(job.ranks[1]
+                    ->Submit(Entry(false, 0, 9, DType::kInt32, 100 + j, recvs[j], j % 2 == 0))
+                    .ok());
   }
   for (int j = 0; j < kMessages; ++j) {
     ASSERT_TRUE(Await(recvs[j]).ok()) << j << ": " << recvs[j].state->status().ToString();
