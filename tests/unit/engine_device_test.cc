@@ -440,5 +440,51 @@ TEST(EngineDeviceTest, DeterministicModeRefusesDeviceAllreduces) {
   EXPECT_EQ(out, data);
 }
 
+// Point to point of device tensors through the engine's PointToPoint, which the engine gives its
+// device backend for the copies through host memory (tests/unit/p2p_device_test covers the
+// component itself): device to device, device to host, host to device, and a device the engine
+// does not use refused; without a device backend, refused naming why.
+TEST(EngineDeviceTest, SendAndRecvOfDeviceTensorsCopyThroughTheDeviceBackend) {
+  DeviceJob job(2, milliseconds(0), nullptr, /*with_device=*/true, /*with_p2p=*/true);
+  auto entry = [](bool send, int peer, std::vector<float>& data, int device) {
+    P2pEntry e;
+    e.send = send;
+    e.peer = peer;
+    e.tag = 4;
+    e.dtype = DType::kFloat32;
+    e.shape = {static_cast<int64_t>(data.size())};
+    e.device = device;
+    e.data = data.data();
+    e.state = std::make_shared<RequestState>();
+    return e;
+  };
+  const int kPlacements[][2] = {{kGpu, kGpu}, {kGpu, -1}, {-1, kGpu}};
+  for (const auto& placement : kPlacements) {
+    std::vector<float> sent(1001), got(1001, -1.0f);
+    for (size_t i = 0; i < sent.size(); ++i) sent[i] = static_cast<float>(i) + 0.5f;
+    P2pEntry recv = entry(false, 0, got, placement[1]);
+    P2pEntry send = entry(true, 1, sent, placement[0]);
+    auto received = recv.state, done = send.state;
+    ASSERT_TRUE(job[1].SubmitP2p(std::move(recv)).ok());
+    ASSERT_TRUE(job[0].SubmitP2p(std::move(send)).ok());
+    ASSERT_TRUE(Await(done).ok());
+    ASSERT_TRUE(Await(received).ok()) << received->status().ToString();
+    EXPECT_EQ(got, sent) << placement[0] << " to " << placement[1];
+  }
+  EXPECT_EQ(job.devices().copies(), 4u);  // one per device end
+  std::vector<float> data(4);
+  const Status elsewhere = job[0].SubmitP2p(entry(true, 1, data, 0));
+  EXPECT_EQ(elsewhere.code(), Code::kInvalidArgument) << elsewhere.ToString();
+  EXPECT_NE(elsewhere.message().find("send to rank 1 with tag 4: CUDA device 0: "),
+            std::string::npos)
+      << elsewhere.ToString();
+
+  DeviceJob cpu_only(2, milliseconds(0), nullptr, /*with_device=*/false, /*with_p2p=*/true);
+  const Status none = cpu_only[1].SubmitP2p(entry(false, 0, data, kGpu));
+  EXPECT_EQ(none.code(), Code::kUnavailable) << none.ToString();
+  EXPECT_NE(none.message().find("CUDA device 1: no GPU here (test)"), std::string::npos)
+      << none.ToString();
+}
+
 }  // namespace
 }  // namespace concord

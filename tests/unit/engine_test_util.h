@@ -26,9 +26,11 @@ using std::chrono::milliseconds;
 // like a rank dying.
 class Job {
  public:
+  // `p2p`: each rank's point-to-point transport (none without it).
   explicit Job(int size, const std::function<void(Config&)>& tweak = nullptr,
                milliseconds backend_timeout = milliseconds(20000),
-               const std::function<DevicePlane(int rank)>& device = nullptr)
+               const std::function<DevicePlane(int rank)>& device = nullptr,
+               const std::function<std::unique_ptr<P2pTransport>(int rank)>& p2p = nullptr)
       : world_(std::make_shared<InProcWorld>(size, backend_timeout)) {
     for (int r = 0; r < size; ++r) {
       Config c;
@@ -40,7 +42,8 @@ class Job {
       std::vector<std::unique_ptr<Backend>> lanes;
       for (int lane = 0; lane < c.lanes; ++lane) lanes.push_back(world_->MakeBackend(r, lane));
       engines_.push_back(std::make_unique<Engine>(c, world_->MakeControlPlane(r), std::move(lanes),
-                                                  world_, device ? device(r) : DevicePlane()));
+                                                  world_, device ? device(r) : DevicePlane(),
+                                                  p2p ? p2p(r) : nullptr));
     }
   }
   ~Job() {
