@@ -27,7 +27,7 @@ std::string What(const P2pEntry& e) {
 // What a recv learns when its message's header arrives, shared with its completion.
 struct RecvResult {
   Status mismatch;
-  std::shared_ptr<uint8_t[]> staging;  // a CUDA tensor's message, in host memory
+  ResultBuffers::Block staging;  // a CUDA tensor's message, in host memory
 };
 
 }  // namespace
@@ -124,13 +124,14 @@ Status PointToPoint::Submit(P2pEntry e) {
     for (int64_t d : e.shape) meta.bytes *= static_cast<uint64_t>(d);
     meta.bytes *= DTypeSize(e.dtype);
     const void* payload = e.data;
-    std::shared_ptr<uint8_t[]> staging;  // a CUDA tensor's bytes, until the send completes
+    // A CUDA tensor's bytes, in a pooled block (kept for reuse) until the send completes.
+    std::shared_ptr<ResultBuffers::Block> staging;
     if (e.device >= 0 && meta.bytes > 0) {
-      staging.reset(new uint8_t[meta.bytes]);
+      staging = std::make_shared<ResultBuffers::Block>(result_buffers_->Take(meta.bytes));
       Status copied =
-          device_->CopyLocal(staging.get(), e.data, meta.bytes, e.ready_stream, e.ready_event);
+          device_->CopyLocal(staging->data(), e.data, meta.bytes, e.ready_stream, e.ready_event);
       if (!copied.ok()) return copied.WithContext(What(e) + ": copying the CUDA tensor out");
-      payload = staging.get();
+      payload = staging->data();
     }
     state->AddWireBytes(meta.bytes);
     transport_->Send(e.peer, e.tag, meta, payload, deadline,
@@ -147,7 +148,7 @@ Status PointToPoint::Submit(P2pEntry e) {
     copy_in = [device = device_, result, out, stream = e.ready_stream, event = e.ready_event] {
       const RequestState::Output& o = out->output();
       if (o.bytes == 0) return Status::Ok();
-      return device->CopyLocal(o.data, result->staging.get(), o.bytes, stream, event)
+      return device->CopyLocal(o.data, result->staging.data(), o.bytes, stream, event)
           .WithContext("copying the message to the CUDA tensor");
     };
   }
@@ -168,8 +169,8 @@ Status PointToPoint::Submit(P2pEntry e) {
     if (e.device >= 0) {  // lands in host memory; the completion copies it to the device
       o.data = e.data;
       if (meta.bytes == 0) return o.data;
-      result->staging.reset(new uint8_t[meta.bytes]);
-      return result->staging.get();
+      result->staging = buffers->Take(meta.bytes);
+      return result->staging.data();
     }
     if (e.expect) {
       o.data = e.data;
@@ -183,7 +184,7 @@ Status PointToPoint::Submit(P2pEntry e) {
                    [state, result, copy_in = std::move(copy_in)](const Status& s) {
                      Status r = s.ok() ? result->mismatch : s;
                      if (r.ok() && copy_in) r = copy_in();
-                     result->staging.reset();
+                     result->staging = ResultBuffers::Block();  // back to the pool
                      state->Complete(r);
                    });
   return Status::Ok();

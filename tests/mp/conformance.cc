@@ -152,14 +152,8 @@ void Submit(concord_comm_t comm, Case& c) {
   ++g_cases;
   if (g_trace)
     std::fprintf(stderr, "rank %d: submit %s (mode %d)\n", g_rank, c.name.c_str(), c.mode);
-  void* in_data = c.in.empty() ? nullptr : c.in.data();
-  void* out_data = c.out.empty() ? nullptr : c.out.data();
-  if (g_device != CONCORD_DEVICE_CPU) {
-    c.device_in = mp::DeviceBuffer(c.in);
-    c.device_out = mp::DeviceBuffer(c.out);
-    in_data = c.device_in.data();
-    out_data = c.device_out.data();
-  }
+  void* in_data = mp::Place(c.in, g_device, &c.device_in);
+  void* out_data = mp::Place(c.out, g_device, &c.device_out);
   concord_tensor_t in = CpuTensor(in_data, c.dt, c.ndim, c.shape);
   concord_tensor_t out = CpuTensor(out_data, c.dt, c.ndim, c.shape);
   in.device = out.device = g_device;

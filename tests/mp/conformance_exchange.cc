@@ -94,14 +94,8 @@ void Submit(concord_comm_t comm, Case& c, int rank, int size, int device, Counts
   ++counts->cases;
   const bool async = c.mode != kBlocking;
   concord_callback_t cb = c.mode == kCallback ? Callback : nullptr;
-  void* in_data = c.in.empty() ? nullptr : c.in.data();
-  void* out_data = c.out.empty() ? nullptr : c.out.data();
-  if (device != CONCORD_DEVICE_CPU) {
-    c.device_in = mp::DeviceBuffer(c.in);
-    c.device_out = mp::DeviceBuffer(c.out);
-    in_data = c.device_in.data();
-    out_data = c.device_out.data();
-  }
+  void* in_data = mp::Place(c.in, device, &c.device_in);
+  void* out_data = mp::Place(c.out, device, &c.device_out);
   concord_tensor_t in = CpuTensor(in_data, c.dt, c.ndim, c.in_shape);
   in.device = device;
   concord_status_t s;

@@ -77,6 +77,12 @@ void DeviceBuffer::CopyTo(std::vector<unsigned char>* host) const {
 
 #endif
 
+void* Place(std::vector<unsigned char>& host, int device, DeviceBuffer* copy) {
+  if (device < 0) return host.empty() ? nullptr : host.data();
+  *copy = DeviceBuffer(host);
+  return copy->data();
+}
+
 DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
     : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
 

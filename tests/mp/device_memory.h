@@ -39,6 +39,10 @@ class DeviceBuffer {
   size_t size_ = 0;
 };
 
+// Where an operation on `device` (-1: the CPU) finds `host`'s bytes: host's own memory (NULL when
+// empty), or a copy of them on the device, made into *copy.
+void* Place(std::vector<unsigned char>& host, int device, DeviceBuffer* copy);
+
 }  // namespace mp
 
 #endif  // CONCORD_TESTS_MP_DEVICE_MEMORY_H_
