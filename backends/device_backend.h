@@ -8,7 +8,9 @@
 //   collectives in the same order (the coordinator guarantees it). It checks the collective, makes
 //   its work wait for each tensor's ready stream or ready event, enqueues it on the backend's own
 //   stream(s) and returns without waiting for the device. It blocks the host only while the library
-//   accepts the launch, and never past the collective's deadline.
+//   accepts the launch, and never past the collective's deadline. A backend may start its
+//   communicator in its first Launch() (NCCL does), which then also waits for every peer's first
+//   launch; a failure to start fails that Launch() and aborts the backend.
 // - When Launch() succeeds, `done` is called exactly once, later, on the backend's completion
 //   thread (never inside Launch()), when the collective has finished on the device (its outputs
 //   may be read) or has failed; collectives that Abort() fails complete on the thread calling
@@ -131,8 +133,9 @@ std::vector<std::string> BuiltDeviceBackends();
 // kUnavailable saying why it cannot run here (not built; no usable GPU, with CUDA's error string).
 // Local: talks to no peer.
 StatusOr<int> ProbeDeviceBackend(const std::string& name, int local_rank);
-// Starts device backend `name` on `device`. Collective: every rank calls it with the same name
-// and options.prefix, and blocks at most options.timeout.
+// Creates device backend `name` on `device`. Every rank calls it with the same name and
+// options.prefix; it may talk to its peers then or only at the first Launch() (NCCL), through
+// `store`, which must outlive the backend. Blocks at most options.timeout.
 StatusOr<std::unique_ptr<DeviceBackend>> CreateDeviceBackend(const std::string& name, int device,
                                                              const BackendOptions& options,
                                                              Store* store);

@@ -13,8 +13,9 @@ namespace concord {
 // start: not built, no usable GPU on some rank); "auto" starts it when it is built and every rank
 // has a usable GPU, and otherwise starts none, keeping the reason for the CUDA tensors' errors;
 // any other name starts none. Every rank first publishes in the store whether it can start it, so
-// all ranks make the same choice. Collective; blocks at most until `deadline`. `options` are the
-// CPU backend's (the device backend uses its own key prefix under options.prefix).
+// all ranks make the same choice; the NCCL communicator itself starts at the first CUDA
+// collective (backends/nccl/nccl_backend.h). Collective; blocks at most until `deadline`. `options`
+// are the CPU backend's (the device backend uses its own key prefix under options.prefix).
 StatusOr<DevicePlane> StartDevicePlane(const Config& config, const BackendOptions& options,
                                        Store* store, Deadline deadline);
 

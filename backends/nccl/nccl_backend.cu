@@ -126,12 +126,20 @@ class NcclEvent : public DeviceEvent {
 
 class NcclBackend : public DeviceBackend {
  public:
-  NcclBackend(int rank, int size, int device, std::chrono::milliseconds timeout)
-      : rank_(rank), size_(size), device_(device), timeout_(timeout) {}
+  // `store` outlives the backend; rank 0 puts the NCCL unique id under `id_key` there.
+  NcclBackend(int rank, int size, int device, std::chrono::milliseconds timeout, Store* store,
+              std::string id_key)
+      : rank_(rank),
+        size_(size),
+        device_(device),
+        timeout_(timeout),
+        store_(store),
+        id_key_(std::move(id_key)) {}
   ~NcclBackend() override;
 
-  // Creates the communicator, the stream, the packer, and starts the completion thread.
-  Status Start(const ncclUniqueId& id);
+  // Creates the streams and the packer, and starts the completion thread. Talks to no peer: the
+  // communicator starts at the first Launch() (Connect()).
+  Status Start();
 
   const char* name() const override { return "nccl"; }
   int rank() const override { return rank_; }
@@ -154,6 +162,13 @@ class NcclBackend : public DeviceBackend {
 
   // Refuses a malformed collective before anything of it is enqueued (the communicator stays).
   Status Validate(const DeviceCollective& c) const;
+  // Starts the communicator, from the first Launch(): rank 0 makes the NCCL unique id and puts it
+  // in the store, every rank reads it and starts the non-blocking communicator, waiting for the
+  // peers until `deadline`. Collective, as Launch() is (every rank's first launch is the same
+  // collective). Abort() interrupts it. Until it runs, the backend holds no NCCL resources, so a
+  // communicator that never carries a CUDA collective (most sub-communicators) costs no NCCL
+  // start-up, no bootstrap thread and no GPU memory for NCCL.
+  Status Connect(Deadline deadline);
   // Waits (holding comm_mu_) until the non-blocking communicator has accepted what was issued.
   // An NCCL call may return ncclInProgress before its work is on the stream: our own kernels that
   // read what it writes (unpacking, scaled copies out of the fusion buffer) are queued only after
@@ -180,8 +195,12 @@ class NcclBackend : public DeviceBackend {
 
   const int rank_, size_, device_;
   const std::chrono::milliseconds timeout_;
+  Store* const store_;
+  const std::string id_key_;
+  bool connected_ = false;  // the launching thread's: Connect() succeeded
   // comm_ is used by the launching thread and the completion thread: comm_mu_ serialises every
-  // call on it, so ncclCommAbort never frees it under another call.
+  // call on it, so ncclCommAbort never frees it under another call. comm_aborted_ is also set by
+  // an Abort() before the communicator exists, so that it is never started after.
   std::mutex comm_mu_;
   ncclComm_t comm_ = nullptr;
   bool comm_aborted_ = false;
@@ -202,22 +221,62 @@ class NcclBackend : public DeviceBackend {
   std::thread completion_;
 };
 
-Status NcclBackend::Start(const ncclUniqueId& id) {
+Status NcclBackend::Start() {
   cuda::DeviceGuard guard;
   CONCORD_CUDA_CHECK(guard.Set(device_));
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;
-  {
-    std::lock_guard<std::mutex> lock(comm_mu_);
-    CONCORD_NCCL_CHECK(ncclCommInitRankConfig(&comm_, size_, id, rank_, &config));
-    Status ready = WaitComm(Deadline::After(timeout_));
-    if (!ready.ok()) return ready.WithContext("ncclCommInitRankConfig");
-  }
   CONCORD_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   CONCORD_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
   CONCORD_ASSIGN_OR_RETURN(packer_, cuda::CudaPacker::Create(device_));
   completion_ = std::thread([this] { CompletionLoop(); });
   return Status::Ok();
+}
+
+Status NcclBackend::Connect(Deadline deadline) {
+  ncclUniqueId id;
+  if (rank_ == 0) {
+    CONCORD_NCCL_CHECK(ncclGetUniqueId(&id));
+    CONCORD_RETURN_IF_ERROR(
+        store_->Set(id_key_, std::string(reinterpret_cast<const char*>(&id), sizeof(id))));
+  } else {
+    auto bytes = store_->Get(id_key_, deadline);
+    if (!bytes.ok()) {
+      return bytes.status().WithContext(
+          "waiting for rank 0's NCCL unique id (rank 0 had not "
+          "launched this CUDA collective)");
+    }
+    if (bytes->size() != sizeof(id)) {
+      return ProtocolError("the NCCL unique id in the store has " + std::to_string(bytes->size()) +
+                           " bytes, not " + std::to_string(sizeof(id)));
+    }
+    std::memcpy(&id, bytes->data(), sizeof(id));
+  }
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  {
+    std::lock_guard<std::mutex> lock(comm_mu_);
+    if (comm_aborted_) return Status(Code::kBackendError, "the NCCL backend was aborted");
+    CONCORD_NCCL_CHECK(ncclCommInitRankConfig(&comm_, size_, id, rank_, &config));
+  }
+  // Polled without holding comm_mu_ in between, so an Abort() from another thread ends the wait.
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(comm_mu_);
+      if (comm_aborted_) return Status(Code::kBackendError, "the NCCL backend was aborted");
+      ncclResult_t state = ncclSuccess;
+      CONCORD_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
+      if (state == ncclSuccess) return Status::Ok();
+      if (state != ncclInProgress) {
+        return nccl::NcclError(state, "ncclCommInitRankConfig", __FILE__, __LINE__, comm_);
+      }
+    }
+    if (deadline.passed()) {
+      return TimeoutError("the NCCL communicator of " + std::to_string(size_) +
+                          " ranks did not start by the deadline: a peer did not launch this "
+                          "CUDA collective [NCCL " +
+                          cuda::NcclVersion() + "]");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
 }
 
 NcclBackend::~NcclBackend() {
@@ -328,6 +387,16 @@ StatusOr<std::shared_ptr<DeviceEvent>> NcclBackend::Launch(const DeviceCollectiv
   CONCORD_RETURN_IF_ERROR(Validate(c));
   cuda::DeviceGuard guard;
   CONCORD_CUDA_CHECK(guard.Set(device_));
+  if (!connected_) {
+    Status connected = Connect(c.deadline);
+    if (!connected.ok()) {
+      connected =
+          connected.WithContext("starting NCCL at this communicator's first CUDA collective");
+      Abort(connected);  // nothing was enqueued; later launches fail with this
+      return connected;
+    }
+    connected_ = true;
+  }
   // The producers' work first: the backend's stream waits for each ready event and stream.
   std::vector<void*> seen;
   auto first = [&seen](void* handle) {
@@ -695,11 +764,9 @@ void NcclBackend::Abort(const Status& status) {
   }
   {
     std::lock_guard<std::mutex> lock(comm_mu_);
-    if (comm_ != nullptr && !comm_aborted_) {
-      // Frees the communicator and stops its kernels, so a peer that never comes cannot hang us.
-      ncclCommAbort(comm_);
-      comm_aborted_ = true;
-    }
+    // Frees the communicator and stops its kernels, so a peer that never comes cannot hang us.
+    if (comm_ != nullptr && !comm_aborted_) ncclCommAbort(comm_);
+    comm_aborted_ = true;
   }
   cv_.notify_all();
   for (Pending& p : failed) p.done(aborted_);
@@ -797,23 +864,10 @@ StatusOr<int> ProbeNcclDevice(int local_rank) {
 StatusOr<std::unique_ptr<DeviceBackend>> CreateNcclBackend(int device,
                                                            const BackendOptions& options,
                                                            Store* store) {
-  const Deadline deadline = Deadline::After(options.timeout);
-  const std::string key = options.prefix + "/nccl_unique_id";
-  ncclUniqueId id;
-  if (options.rank == 0) {
-    CONCORD_NCCL_CHECK(ncclGetUniqueId(&id));
-    CONCORD_RETURN_IF_ERROR(
-        store->Set(key, std::string(reinterpret_cast<const char*>(&id), sizeof(id))));
-  } else {
-    CONCORD_ASSIGN_OR_RETURN(std::string bytes, store->Get(key, deadline));
-    if (bytes.size() != sizeof(id)) {
-      return ProtocolError("the NCCL unique id in the store has " + std::to_string(bytes.size()) +
-                           " bytes, not " + std::to_string(sizeof(id)));
-    }
-    std::memcpy(&id, bytes.data(), sizeof(id));
-  }
-  auto backend = std::make_unique<NcclBackend>(options.rank, options.size, device, options.timeout);
-  CONCORD_RETURN_IF_ERROR(backend->Start(id));
+  if (store == nullptr) return InvalidArgument("the nccl backend needs a rendezvous store");
+  auto backend = std::make_unique<NcclBackend>(options.rank, options.size, device, options.timeout,
+                                               store, options.prefix + "/nccl_unique_id");
+  CONCORD_RETURN_IF_ERROR(backend->Start());
   return std::unique_ptr<DeviceBackend>(std::move(backend));
 }
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backends/cuda/cuda_device.h"
+#include "rendezvous/hash_store.h"
 #include "tests/common/tensors.h"
 #include "tests/gpu/nccl_ranks.h"
 
@@ -201,23 +202,63 @@ TEST_F(NcclBackendTest, AllgathervBroadcastAndStreamWait) {
   });
 }
 
-// A peer that never launches: the other rank's collective fails with kTimeout soon after its
-// deadline (the communicator is aborted), and later launches are refused.
+// Rank 0 of two, alone (one GPU is enough): creating the backend talks to no peer (the NCCL
+// communicator starts at the first launch), so it succeeds at once and its copies work; the
+// first collective then fails by its deadline, naming the peer that did not launch, and aborts
+// the backend: later launches are refused.
+TEST_F(NcclBackendTest, CreationTalksToNoPeerAndTheFirstLaunchWaitsForThem) {
+  HashStore store;
+  BackendOptions o;
+  o.rank = 0;
+  o.size = 2;
+  o.prefix = "alone";
+  o.timeout = milliseconds(2000);
+  const auto created = Clock::now();
+  auto backend = CreateNcclBackend(0, o, &store);
+  ASSERT_TRUE(backend.ok()) << backend.status().ToString();
+  EXPECT_LT(Clock::now() - created, std::chrono::seconds(2)) << "creation waited for the peer";
+  auto b = cuda::DeviceBuffer::Allocate(0, 4096);
+  ASSERT_TRUE(b.ok());
+  std::vector<float> host(1024, 1.5f), back(1024, 0.0f);
+  ASSERT_TRUE((*backend)->CopyLocal(b->data(), host.data(), 4096, nullptr, nullptr).ok());
+  ASSERT_TRUE((*backend)->CopyLocal(back.data(), b->data(), 4096, nullptr, nullptr).ok());
+  EXPECT_EQ(back, host);
+
+  DeviceCollective c;
+  c.device = 0;
+  c.tensors.push_back(DeviceTensor{b->data(), b->data(), 1024, nullptr, nullptr});
+  c.deadline = Deadline::After(milliseconds(2000));
+  const auto start = Clock::now();
+  Completion done;
+  auto launched = (*backend)->Launch(c, done.Callback());
+  const Status s = launched.ok() ? done.Wait(milliseconds(20000)) : launched.status();
+  EXPECT_NE(s.code(), Code::kOk) << "a collective without its peer succeeded";
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(10));
+  EXPECT_FALSE((*backend)->Launch(c, [](const Status&) {}).ok());
+}
+
+// After a first collective together (the communicator started), a peer that never launches the
+// second: the other rank's collective fails with kTimeout soon after its deadline (the
+// communicator is aborted), and later launches are refused.
 TEST_F(NcclBackendTest, PeerThatNeverArrivesTimesOut) {
   if (ranks_ < 2) GTEST_SKIP() << "needs two GPUs (NCCL takes one GPU per rank)";
   OnRanks(
       [&](int rank, DeviceBackend& backend) {
-        if (rank == 1) return;  // never arrives; its backend is destroyed (aborted) at once
         auto b = cuda::DeviceBuffer::Allocate(rank, 4096);
         ASSERT_TRUE(b.ok());
         DeviceCollective c;
         c.device = rank;
         c.tensors.push_back(DeviceTensor{b->data(), b->data(), 1024, nullptr, nullptr});
+        c.deadline = Deadline::After(milliseconds(4000));
+        Completion first;
+        ASSERT_TRUE(backend.Launch(c, first.Callback()).ok());
+        ASSERT_TRUE(first.Wait().ok());
+        if (rank == 1) return;  // never arrives; its backend is destroyed (aborted) at once
         c.deadline = Deadline::After(milliseconds(2000));
         Completion done;
         const auto start = Clock::now();
-        ASSERT_TRUE(backend.Launch(c, done.Callback()).ok());
-        const Status s = done.Wait(milliseconds(20000));
+        auto launched = backend.Launch(c, done.Callback());
+        const Status s = launched.ok() ? done.Wait(milliseconds(20000)) : launched.status();
         EXPECT_NE(s.code(), Code::kOk) << "a collective without its peer succeeded";
         EXPECT_LT(Clock::now() - start, std::chrono::seconds(10));
         EXPECT_FALSE(backend.Launch(c, [](const Status&) {}).ok());
