@@ -220,8 +220,9 @@ StatusOr<Communicator> CreateMpiCommunicator(Config config, std::chrono::millise
   Communicator comm;
   comm.origin = std::make_shared<CommOrigin>();
   for (int r = 0; r < t.size; ++r) comm.origin->mpi_world_ranks.push_back(r);
-  comm.engine = std::make_unique<Engine>(config, std::move(t.control), std::move(lanes),
-                                         std::move(t.keep_alive), DevicePlane(), std::move(t.p2p));
+  comm.engine =
+      std::make_unique<Engine>(config, std::move(t.control), std::move(lanes),
+                               std::move(t.keep_alive), MpiDevicePlane(config), std::move(t.p2p));
   comm.engine->ServeMetrics(std::move(metrics));
   if (timeline) {
     const std::optional<ClockOffset> clock = comm.engine->MeasureClockOffset();
@@ -368,8 +369,8 @@ StatusOr<Communicator> StartSubCommunicator(const Config& config, const CommOrig
     std::vector<std::unique_ptr<Backend>> lanes;
     lanes.push_back(std::move(transports->backend));
     comm.engine = std::make_unique<Engine>(config, std::move(transports->control), std::move(lanes),
-                                           std::move(transports->keep_alive), DevicePlane(),
-                                           std::move(transports->p2p));
+                                           std::move(transports->keep_alive),
+                                           MpiDevicePlane(config), std::move(transports->p2p));
   }
   origin->mpi_world_ranks = std::move(mpi_world_ranks);
   comm.origin = std::move(origin);

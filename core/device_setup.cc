@@ -6,20 +6,38 @@
 
 namespace concord {
 
+namespace {
+
+// No device backend: `why` when this build has one, else that it has none.
+DevicePlane NoDeviceBackend(const std::string& why) {
+  DevicePlane plane;
+  plane.unavailable = Status(Code::kUnavailable,
+                             BuiltDeviceBackends().empty()
+                                 ? "this Concord was built without a GPU backend (CUDA and NCCL "
+                                   "were not found at configure time)"
+                                 : why);
+  return plane;
+}
+
+}  // namespace
+
+DevicePlane MpiDevicePlane(const Config& config) {
+  return NoDeviceBackend(
+      "CONCORD_BACKEND=" + config.backend +
+      (config.backend == "mpi" ? "" : " chose mpi (the job was started by mpirun)") +
+      ": an MPI communicator carries CPU tensors only and starts no GPU backend; for CUDA "
+      "tensors set CONCORD_BACKEND=nccl (CPU tensors on Gloo, CUDA tensors on NCCL; it runs "
+      "under mpirun too)");
+}
+
 StatusOr<DevicePlane> StartDevicePlane(const Config& config, const BackendOptions& options,
                                        Store* store, Deadline deadline) {
-  DevicePlane plane;
   const bool required = config.backend == "nccl";
   if (!required && config.backend != "auto") {
-    plane.unavailable = Status(
-        Code::kUnavailable,
-        BuiltDeviceBackends().empty()
-            ? "this Concord was built without a GPU backend (CUDA and NCCL were not found at "
-              "configure time)"
-            : "CONCORD_BACKEND=" + config.backend +
-                  " starts no GPU backend (CUDA tensors need auto or nccl)");
-    return plane;
+    return NoDeviceBackend("CONCORD_BACKEND=" + config.backend +
+                           " starts no GPU backend (CUDA tensors need auto or nccl)");
   }
+  DevicePlane plane;
   // Each rank says whether it can start NCCL ("ok" or why not); all ranks read every answer.
   StatusOr<int> device = ProbeDeviceBackend("nccl", config.local_rank);
   const std::string prefix = options.prefix + "/device";

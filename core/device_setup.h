@@ -19,4 +19,8 @@ namespace concord {
 StatusOr<DevicePlane> StartDevicePlane(const Config& config, const BackendOptions& options,
                                        Store* store, Deadline deadline);
 
+// The device side of an MPI communicator (CONCORD_BACKEND=mpi, or auto under mpirun; world or
+// sub-communicator): none, with the reason CUDA tensors are refused and what to set instead.
+DevicePlane MpiDevicePlane(const Config& config);
+
 }  // namespace concord

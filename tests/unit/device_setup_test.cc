@@ -58,6 +58,25 @@ TEST_F(DeviceSetupTest, GlooStartsNoDeviceBackend) {
   }
 }
 
+// Runs on every machine: an MPI communicator never has a device backend, and says what to set.
+TEST(MpiDevicePlaneTest, SaysWhyAndWhatToSetInstead) {
+  for (const char* backend : {"mpi", "auto"}) {
+    Config c;
+    c.backend = backend;
+    const DevicePlane plane = MpiDevicePlane(c);
+    EXPECT_EQ(plane.backend, nullptr);
+    EXPECT_EQ(plane.unavailable.code(), Code::kUnavailable);
+    const std::string& m = plane.unavailable.message();
+    if (BuiltDeviceBackends().empty()) {
+      EXPECT_NE(m.find("built without a GPU backend"), std::string::npos) << m;
+      continue;
+    }
+    EXPECT_NE(m.find(std::string("CONCORD_BACKEND=") + backend), std::string::npos) << m;
+    EXPECT_NE(m.find("set CONCORD_BACKEND=nccl"), std::string::npos) << m;
+    EXPECT_EQ(m.find("chose mpi") != std::string::npos, std::string(backend) == "auto") << m;
+  }
+}
+
 TEST_F(DeviceSetupTest, AutoStartsWithoutOneAndKeepsTheReason) {
   for (auto& r : StartOnRanks(3, "auto")) {
     ASSERT_TRUE(r.ok()) << r.status().ToString();
