@@ -49,9 +49,12 @@ namespace concord {
 struct DeviceTensor {
   const void* input = nullptr;
   void* output = nullptr;
-  size_t count = 0;              // elements (allgatherv: this rank's bytes are bytes_per_rank)
-  void* ready_stream = nullptr;  // the collective waits for the work queued on it so far
-  void* ready_event = nullptr;   // the collective waits for this event
+  size_t count = 0;  // elements (allgatherv: this rank's bytes are bytes_per_rank)
+  // The collective waits for the work queued so far on ready_stream and for ready_event; with
+  // neither, for the legacy default stream (CUDA's NULL stream: stream 0's kernels, a pageable
+  // cudaMemcpy still in flight, and so every blocking stream's work so far). CopyLocal alike.
+  void* ready_stream = nullptr;
+  void* ready_event = nullptr;
 };
 
 enum class DeviceOpKind {

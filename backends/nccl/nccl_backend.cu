@@ -88,6 +88,15 @@ class GroupCalls {
   Status issued_;
 };
 
+// The stream a tensor's work waits for: its ready stream; with neither a stream nor an event, the
+// legacy default stream, which is what a NULL cudaStream_t means to CUDA (a kernel launched on
+// stream 0, a pageable cudaMemcpy that returned before its bytes arrived, and through the legacy
+// stream's implicit synchronization every blocking stream's work so far).
+void* ReadyStream(void* ready_stream, void* ready_event) {
+  return ready_stream == nullptr && ready_event == nullptr ? static_cast<void*>(cudaStreamLegacy)
+                                                           : ready_stream;
+}
+
 // Makes `stream` wait, on the device, for the work queued so far on ready_stream and for
 // ready_event (either may be null).
 Status WaitReady(cudaStream_t stream, void* ready_stream, void* ready_event) {
@@ -407,7 +416,8 @@ StatusOr<std::shared_ptr<DeviceEvent>> NcclBackend::Launch(const DeviceCollectiv
     return handle;
   };
   for (const DeviceTensor& t : c.tensors) {
-    CONCORD_RETURN_IF_ERROR(WaitReady(stream_, first(t.ready_stream), first(t.ready_event)));
+    CONCORD_RETURN_IF_ERROR(WaitReady(stream_, first(ReadyStream(t.ready_stream, t.ready_event)),
+                                      first(t.ready_event)));
   }
   Status enqueued = Enqueue(c);
   cudaEvent_t finished = nullptr;
@@ -778,7 +788,8 @@ Status NcclBackend::CopyLocal(void* dst, const void* src, size_t bytes, void* re
   cuda::DeviceGuard guard;
   CONCORD_CUDA_CHECK(guard.Set(device_));
   std::lock_guard<std::mutex> lock(copy_mu_);
-  CONCORD_RETURN_IF_ERROR(WaitReady(copy_stream_, ready_stream, ready_event));
+  CONCORD_RETURN_IF_ERROR(
+      WaitReady(copy_stream_, ReadyStream(ready_stream, ready_event), ready_event));
   CONCORD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, copy_stream_));
   CONCORD_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
   return Status::Ok();

@@ -205,10 +205,14 @@ typedef struct concord_tensor {
 typedef struct concord_device_opts {
   size_t struct_size;
   /** cudaStream_t: the operation reads the tensor only after the work queued on this stream so
-   *  far (e.g. the producer's kernels) has run; NULL: no wait. The caller's thread is not blocked.
+   *  far (e.g. the producer's kernels) has run. The caller's thread is not blocked. With neither
+   *  a stream nor an event (both NULL, NULL options, or the plain forms), the operation waits for
+   *  the legacy default stream, as CUDA reads a NULL stream: the kernels and copies queued so far
+   *  on stream 0 (a cudaMemcpy from pageable memory may return before its bytes arrive) and, by
+   *  its implicit synchronization, on every blocking stream; not on non-blocking streams.
    */
   void* stream;
-  /** cudaEvent_t, already recorded: the operation waits for it too; NULL: no wait. */
+  /** cudaEvent_t, already recorded: the operation waits for it too; NULL: no event. */
   void* ready_event;
 } concord_device_opts_t;
 
@@ -527,7 +531,8 @@ CONCORD_API concord_status_t concord_gather(concord_comm_t comm, const char* nam
  * ncclRecv pairs; ncclReduce; ncclSend and ncclRecv to the root). A CUDA all-to-all, and a CUDA
  * gather on its root, need an output buffer on the device (the request cannot own device
  * memory): INVALID_ARGUMENT at enqueue. Compression and deterministic mode cover CPU tensors only
- * (UNAVAILABLE). The plain forms take CUDA tensors too, without waiting for any stream.
+ * (UNAVAILABLE). The plain forms take CUDA tensors too, ordered after the legacy default stream
+ * (concord_device_opts_t).
  */
 CONCORD_API concord_status_t concord_reducescatter_async_ex(
     concord_comm_t comm, const char* name, const concord_tensor_t* input,

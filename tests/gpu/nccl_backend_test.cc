@@ -202,6 +202,47 @@ TEST_F(NcclBackendTest, AllgathervBroadcastAndStreamWait) {
   });
 }
 
+// A collective and a copy given neither a ready stream nor an event wait for the legacy default
+// stream: a 1 GiB device-to-device copy queued on stream 0 right before them has reached the end
+// of its destination when they read it (without the wait they would read the zeros it replaces).
+TEST_F(NcclBackendTest, NoReadyStreamOrEventWaitsForTheLegacyDefaultStream) {
+  OnRanks([&](int rank, DeviceBackend& backend) {
+    constexpr size_t kBytes = size_t{1} << 30;
+    constexpr size_t kCount = 1024;  // int32 elements read at the end of the copy
+    auto src = cuda::DeviceBuffer::Allocate(rank, kBytes);
+    auto dst = cuda::DeviceBuffer::Allocate(rank, kBytes);
+    auto out = cuda::DeviceBuffer::Allocate(rank, kCount * sizeof(int32_t));
+    ASSERT_TRUE(src.ok() && dst.ok() && out.ok());
+    ASSERT_TRUE(src->Fill(0x01).ok());
+    DeviceCollective c;
+    c.device = rank;
+    c.dtype = DType::kInt32;
+    c.tensors.push_back(DeviceTensor{out->data(), out->data(), kCount, nullptr, nullptr});
+    Completion started;  // the communicator starts here, not in the timed part below
+    ASSERT_TRUE(backend.Launch(c, started.Callback()).ok());
+    ASSERT_TRUE(started.Wait().ok()) << started.status.ToString();
+    auto* tail = static_cast<char*>(dst->data()) + kBytes - kCount * sizeof(int32_t);
+
+    ASSERT_TRUE(dst->Fill(0).ok());
+    ASSERT_TRUE(cuda::CopyDeviceToDevice(dst->data(), src->data(), kBytes, nullptr).ok());
+    c.tensors[0] = DeviceTensor{tail, out->data(), kCount, nullptr, nullptr};
+    Completion done;
+    ASSERT_TRUE(backend.Launch(c, done.Callback()).ok());
+    ASSERT_TRUE(done.Wait().ok()) << done.status.ToString();
+    std::vector<int32_t> got(kCount);
+    ASSERT_TRUE(out->CopyToHost(got.data(), 0, kCount * sizeof(int32_t)).ok());
+    EXPECT_EQ(got, std::vector<int32_t>(kCount, 0x01010101 * ranks_));
+
+    ASSERT_TRUE(dst->Fill(0).ok());
+    ASSERT_TRUE(cuda::CopyDeviceToDevice(dst->data(), src->data(), kBytes, nullptr).ok());
+    std::vector<int32_t> copied(kCount);
+    ASSERT_TRUE(
+        backend.CopyLocal(copied.data(), tail, kCount * sizeof(int32_t), nullptr, nullptr).ok());
+    EXPECT_EQ(copied, std::vector<int32_t>(kCount, 0x01010101));
+    EXPECT_TRUE(cuda::SynchronizeStream(nullptr).ok());
+  });
+}
+
 // Rank 0 of two, alone (one GPU is enough): creating the backend talks to no peer (the NCCL
 // communicator starts at the first launch), so it succeeds at once and its copies work; the
 // first collective then fails by its deadline, naming the peer that did not launch, and aborts

@@ -4,10 +4,12 @@ that order an operation after torch's current stream, and torch's Work.wait() fo
 is passed.
 
 The legacy default stream (cudaStream_t 0, torch's default) needs care on both sides: the C API
-reads a NULL stream as "no stream", and Concord's device backend runs on a non-blocking stream,
-which the legacy stream does not order. Ordering after it goes through an event recorded on it
-(ready_event); a wait for it goes through a per-device relay stream that waits for the operation
-and on which the default stream then waits (torch's Stream.wait_stream). Neither blocks the host.
+reads a NULL stream as "no stream" (it orders after the legacy stream only when given neither a
+stream nor an event), and Concord's device backend runs on a non-blocking stream, which the legacy
+stream does not order. Ordering after it goes through an event recorded on it (ready_event), which
+says so explicitly; a wait for it goes through a per-device relay stream that waits for the
+operation and on which the default stream then waits (torch's Stream.wait_stream). Neither blocks
+the host.
 """
 import ctypes
 import threading
