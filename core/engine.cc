@@ -64,7 +64,8 @@ Engine::Engine(const Config& config, std::unique_ptr<ControlPlane> control,
       // Push() calls it outside the queue's lock; the driver outlives the queue's use.
       queue_([this] { driver_.Wake(); }),
       gate_(std::make_shared<WaitGate>(
-          [this](RequestState& state, Deadline deadline) { Drive(state, deadline); })),
+          [this](RequestState& state, Deadline deadline) { Drive(state, deadline); },
+          [this](const RequestState& state) { return CheckWait(state); })),
       p2p_(std::make_unique<PointToPoint>(
           config.rank, config.size, MillisFromSeconds(config.timeout_s), DriveBusyPoll(config),
           std::move(p2p), result_buffers_,
@@ -353,6 +354,19 @@ void Engine::HaltHook(const Status& status) {
 void Engine::InterruptReceive() {
   MutexLock lock(failure_mu_);
   if (control_wake_) control_wake_->Wake();
+}
+
+Status Engine::CheckWait(const RequestState& state) {
+  MutexLock lock(group_mu_);
+  if (!group_open_ || group_owner_ != std::this_thread::get_id()) return Status::Ok();
+  for (const auto& e : group_entries_) {
+    if (e.state.get() != &state) continue;
+    return InvalidArgument("'" + e.request.name +
+                           "' is in the group this thread has open: the group is submitted by "
+                           "this thread's group_end, so waiting for it first would never end; "
+                           "end the group, then wait");
+  }
+  return Status::Ok();
 }
 
 void Engine::Drive(RequestState& state, Deadline deadline) {

@@ -132,8 +132,13 @@ class Engine {
 
   // Waits until `state` (a request of this engine) completes or the deadline passes, driving
   // progress meanwhile (progress by the waiter, unless config.waiter_progress is off or this is
-  // one of the engine's own threads); returns whether it completed.
-  bool Wait(RequestState& state, Deadline deadline) { return gate_->Wait(state, deadline); }
+  // one of the engine's own threads); returns whether it completed. A request that the calling
+  // thread's open group still holds is never waited for without a limit: the wait is refused
+  // (INVALID_ARGUMENT, through wait_gate(); here: false), since only that thread submits the group.
+  bool Wait(RequestState& state, Deadline deadline) {
+    StatusOr<bool> completed = gate_->Wait(state, deadline);
+    return completed.ok() && *completed;
+  }
   // What request handles keep to wait through this engine; usable after the engine is gone.
   std::shared_ptr<WaitGate> wait_gate() const { return gate_; }
 
@@ -230,6 +235,8 @@ class Engine {
   void InterruptReceive() EXCLUDES(failure_mu_);
   // Runs the waiter's steps (WaitGate's drive function), where it may (see Wait()).
   void Drive(RequestState& state, Deadline deadline);
+  // WaitGate's check function: refuses a wait for a request the calling thread's open group holds.
+  Status CheckWait(const RequestState& state) EXCLUDES(group_mu_);
   // A sub-communicator's failure names its members' parent ranks (Config::membership).
   Status WithMembership(const Status& status) const;
   // Fails the engine (see the class comment); on the stepping thread, which halts.

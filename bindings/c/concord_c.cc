@@ -272,8 +272,10 @@ concord_status_t WaitAndFree(concord_comm_t comm, concord_status_t enqueued,
                              const concord_request_t* request_out) {
   if (enqueued != CONCORD_SUCCESS) return enqueued;
   concord_request_t request = *request_out;
-  request->gate->Wait(*request->state, concord::Deadline::Infinite());
-  Status s = request->state->status();
+  // A blocking call is refused inside its thread's group at enqueue, so no wait is refused here.
+  const concord::StatusOr<bool> waited =
+      request->gate->Wait(*request->state, concord::Deadline::Infinite());
+  Status s = waited.ok() ? request->state->status() : waited.status();
   concord_request_free(request);
   return Record(comm, s);
 }
@@ -888,9 +890,12 @@ concord_status_t concord_wait(concord_request_t request, double timeout_s) {
                               ? concord::Deadline::Infinite()
                               : concord::Deadline::After(std::chrono::milliseconds(
                                     static_cast<int64_t>(std::min(timeout_s, 1e9) * 1000.0)));
+    const concord::StatusOr<bool> completed = request->gate->Wait(*request->state, deadline);
+    // Refused (the request is in this thread's open group): it still runs once the group ends.
+    if (!completed.ok()) return RecordOnRequest(request, completed.status());
     // The limit passed: the request still runs and may be waited on again. (TIMEOUT is only ever
     // the operation's own failure.)
-    if (!request->gate->Wait(*request->state, deadline)) return CONCORD_IN_PROGRESS;
+    if (!*completed) return CONCORD_IN_PROGRESS;
     return ToC(request->state->status());
   } catch (...) {
     return RecordOnRequest(request, CurrentException("concord_wait"));
@@ -944,6 +949,8 @@ concord_status_t concord_request_wait_stream(concord_request_t request, void* st
                               ? concord::Deadline::Infinite()
                               : concord::Deadline::After(std::chrono::milliseconds(
                                     static_cast<int64_t>(std::min(timeout_s, 1e9) * 1000.0)));
+    const Status refused = request->gate->CheckWait(*request->state, deadline);
+    if (!refused.ok()) return RecordOnRequest(request, refused);
     auto launched = request->state->WaitLaunched(deadline);
     // Its only error: the limit passed before the launch. The request still runs, as in
     // concord_wait, and the stream may be made to wait for it by a later call.
@@ -1191,8 +1198,8 @@ concord_status_t concord_alltoall(concord_comm_t comm, const char* name,
   const concord_status_t enqueued = concord_alltoall_async(
       comm, name, input, output, output_capacity, opts, nullptr, nullptr, &r);
   if (enqueued != CONCORD_SUCCESS) return enqueued;
-  r->gate->Wait(*r->state, concord::Deadline::Infinite());
-  const Status s = r->state->status();
+  const concord::StatusOr<bool> waited = r->gate->Wait(*r->state, concord::Deadline::Infinite());
+  const Status s = waited.ok() ? r->state->status() : waited.status();
   if (s.ok() && received_splits != nullptr) {
     const std::vector<int64_t>& got = r->state->output().splits;
     std::copy(got.begin(), got.end(), received_splits);

@@ -583,7 +583,9 @@ CONCORD_API concord_status_t concord_join(concord_comm_t comm, int* last_rank);
  * (the stall warning names them; CONCORD_STALL_SHUTDOWN_S fails the job with TIMEOUT). When
  * group_end fails (a name already in flight, a failed communicator), every member completes with
  * that error. A blocking call (concord_allreduce, concord_barrier, ...) inside a group is refused
- * with INVALID_ARGUMENT, since it would wait for a member that runs only at group_end.
+ * with INVALID_ARGUMENT, since it would wait for a member that runs only at group_end; so is a
+ * concord_wait or concord_request_wait_stream without a limit, from the thread that opened the
+ * group, for a member before group_end (the request is untouched: wait for it after group_end).
  */
 CONCORD_API concord_status_t concord_group_start(concord_comm_t comm);
 CONCORD_API concord_status_t concord_group_end(concord_comm_t comm);
@@ -674,7 +676,10 @@ CONCORD_API concord_status_t concord_request_output_shape(concord_request_t requ
  *  nothing is recorded on it, and it may be waited on again. CONCORD_ERR_TIMEOUT is always the
  *  operation's own failure (a deadline of the engine: CONCORD_TIMEOUT_S, the stall shutdown),
  *  never the limit of this call. Meanwhile the calling thread runs the engine's negotiation and
- *  collectives itself, unless CONCORD_WAITER_PROGRESS=0. */
+ *  collectives itself, unless CONCORD_WAITER_PROGRESS=0. Without a limit, INVALID_ARGUMENT at once,
+ *  recorded on the request (concord_request_error), when the request is a member of a group this
+ *  thread has open: only this thread's concord_group_end submits it, so the wait could never end
+ *  (a limited wait returns IN_PROGRESS at its limit). */
 CONCORD_API concord_status_t concord_wait(concord_request_t request, double timeout_s);
 /** CONCORD_IN_PROGRESS while running, else the request's final status. Never blocks. */
 CONCORD_API concord_status_t concord_test(concord_request_t request);

@@ -645,6 +645,11 @@ static void TestInvalidArguments(concord_comm_t comm) {
   CHECK_STATUS(concord_group_end(comm), CONCORD_SUCCESS); /* an empty group */
 }
 
+/* Waits 50 ms for the request given, from a thread other than the group's. */
+static void* WaitBriefly(void* request) {
+  return (void*)(intptr_t)concord_wait((concord_request_t)request, 0.05);
+}
+
 static void TestInFlightName(concord_comm_t comm) {
   float x[2] = {1, 2}, y[2] = {3, 4};
   int64_t shape[1] = {2};
@@ -661,6 +666,19 @@ static void TestInFlightName(concord_comm_t comm) {
                CONCORD_ERR_INVALID_ARGUMENT);
   CheckLastError(comm, "dup");
   CHECK(r2 == (concord_request_t)0x1);
+  CHECK(concord_test(r1) == CONCORD_IN_PROGRESS);
+  CHECK(c1.calls == 0);
+  /* Waiting for a member from the thread whose group holds it would never end: refused at once,
+   * the request untouched. Another thread may wait (group_end may come meanwhile). */
+  CHECK_STATUS(concord_wait(r1, -1), CONCORD_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(concord_request_error(r1), "'dup' is in the group this thread has open") != NULL);
+  {
+    pthread_t other;
+    void* waited = NULL;
+    CHECK(pthread_create(&other, NULL, WaitBriefly, r1) == 0);
+    CHECK(pthread_join(other, &waited) == 0);
+    CHECK((concord_status_t)(intptr_t)waited == CONCORD_IN_PROGRESS);
+  }
   CHECK(concord_test(r1) == CONCORD_IN_PROGRESS);
   CHECK(c1.calls == 0);
   CHECK_STATUS(concord_group_end(comm), CONCORD_SUCCESS);

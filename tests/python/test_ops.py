@@ -166,6 +166,55 @@ def test_dropped_handles_inside_a_group(comm):
     assert not handle_module._ORPHANS
 
 
+def test_waiting_inside_the_own_group_is_refused_not_a_hang(comm):
+    """A blocking call inside this thread's group, or a wait without a limit for a member before
+    the group ends, would never end: each raises InvalidArgumentError at once (it hung before); a
+    limited wait times out; the members run once the group ends."""
+    x = np.full(7, comm.rank + 1.0)
+    with comm.group():
+        handle = comm.allreduce_async(x, out=x, name="held.member")
+        for blocking in (lambda: comm.allreduce(np.ones(3), name="held.blocking"),
+                         lambda: comm.broadcast(np.ones(3), name="held.bcast"), comm.barrier):
+            with pytest.raises(concord.InvalidArgumentError, match="blocking call inside a group"):
+                blocking()
+        with pytest.raises(concord.InvalidArgumentError,
+                           match="'held.member' is in the group this thread has open"):
+            handle.wait()
+        with pytest.raises(concord.WaitTimeoutError):
+            handle.wait(timeout=0.01)
+        # Blocking allgather: submitted to the group, then its wait is refused; it runs at the end.
+        with pytest.raises(concord.InvalidArgumentError, match="in the group this thread has open"):
+            comm.allgather(np.ones(2), name="held.gather")
+    assert handle.wait(30) is x
+    np.testing.assert_array_equal(x, comm.size * (comm.size + 1) / 2)
+
+
+def test_blocking_calls_give_what_their_async_forms_give(comm):
+    """allreduce, broadcast and barrier run as one blocking C call on CPU tensors without a
+    callback; with a callback they go through the async form. Both give the same results."""
+    for size in (0, 1, 1001):
+        x = np.arange(size, dtype=np.float32) + comm.rank
+        want = np.arange(size, dtype=np.float32) * comm.size + sum(range(comm.size))
+        np.testing.assert_array_equal(comm.allreduce(x, name="blocking.%d" % size), want)
+        np.testing.assert_array_equal(comm.allreduce(x, op="max", name="blocking.max"),
+                                      np.arange(size, dtype=np.float32) + comm.size - 1)
+        seen = []
+        np.testing.assert_array_equal(
+            comm.allreduce(x, name="blocking.cb", callback=lambda status: seen.append(status)),
+            want)
+        assert seen == [concord.Status.SUCCESS]
+        y = x.copy()
+        assert comm.allreduce_(y, name="blocking.inplace") is y
+        np.testing.assert_array_equal(y, want)
+        root = comm.size - 1
+        np.testing.assert_array_equal(comm.broadcast(x, root=root, name="blocking.bcast"),
+                                      np.arange(size, dtype=np.float32) + root)
+        assert comm.broadcast_(y, root=0, name="blocking.bcast_") is y
+    comm.barrier()
+    with pytest.raises(concord.InvalidArgumentError, match="dtype"):
+        comm.allreduce(np.ones(2, dtype=np.complex64), name="blocking.bad")
+
+
 def rows_of(rank):
     return rank + 1 if rank % 2 == 0 else 0  # odd ranks contribute no rows at all
 

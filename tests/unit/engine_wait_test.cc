@@ -219,7 +219,8 @@ TEST(EngineWaitLifetimeTest, GateOutlivesTheEngine) {
     pending = Submit(job[1], Entry(Request("never", OpType::kAllreduce, DType::kFloat32, {4}),
                                    data.data(), data.data()));
   }
-  ASSERT_TRUE(gate->Wait(*pending, Deadline::After(milliseconds(1000))));
+  const StatusOr<bool> completed = gate->Wait(*pending, Deadline::After(milliseconds(1000)));
+  ASSERT_TRUE(completed.ok() && *completed);
   // Rank 1's finalize completes it (kNotInitialized), unless rank 0's finalize reached the
   // coordinator first: then it failed at once, naming rank 0 (kPeerFailure).
   const Code code = pending->status().code();

@@ -177,11 +177,16 @@ class Handle:
                 status = L.concord_wait(self._request, limit)
                 if status == Status.IN_PROGRESS:
                     raise WaitTimeoutError(timeout)
-                if status == Status.ERR_TIMEOUT and \
+                if status != Status.SUCCESS and \
                         L.concord_test(self._request) == _lib.IN_PROGRESS:
-                    # A libconcord older than IN_PROGRESS from concord_wait said TIMEOUT for its
-                    # own limit: the request still runs.
-                    raise WaitTimeoutError(timeout)
+                    if status == Status.ERR_TIMEOUT:
+                        # A libconcord older than IN_PROGRESS from concord_wait said TIMEOUT for
+                        # its own limit: the request still runs.
+                        raise WaitTimeoutError(timeout)
+                    # The wait itself was refused (the request is in this thread's open group):
+                    # the request still runs, and keeps its tensors.
+                    message = L.concord_request_error(self._request).decode(errors="replace")
+                    raise make_error(status, message)
                 self._complete(status)
         if self._error is not None:
             raise self._error
