@@ -128,6 +128,13 @@ def test_python_side_refusals(comm):
         comm.allreduce(np.zeros(3, np.int16), name="int16")
     with pytest.raises(concord.InvalidArgumentError, match="not C-contiguous"):
         comm.allreduce(np.zeros((4, 4), np.float32)[:, 1], name="strided")
+    # Named float32 and int64, but their bytes are swapped: they would be misread, not reduced.
+    for swapped in (">f4", ">i8") if np.little_endian else ("<f4", "<i8"):
+        with pytest.raises(concord.InvalidArgumentError, match="non-native byte order"):
+            comm.allreduce(np.ones(3, dtype=swapped), name="swapped")
+    # The native form of the same dtype is still taken after the refusal (dtypes are cached).
+    np.testing.assert_array_equal(comm.allreduce(np.ones(3, np.float32), name="native"),
+                                  np.full(3, comm.size, np.float32))
     with pytest.raises(concord.InvalidArgumentError, match="numpy arrays and torch tensors"):
         comm.allreduce([1.0, 2.0], name="list")
     with pytest.raises(concord.InvalidArgumentError, match="unknown reduce op"):

@@ -25,6 +25,7 @@ DTYPES = {
     "float64": 7,
 }
 _TORCH_DTYPES = {}  # torch.dtype -> concord_dtype_t, filled as dtypes are seen
+_NUMPY_DTYPES = {}  # numpy.dtype -> concord_dtype_t, filled as dtypes are seen (dtype.name is slow)
 ITEMSIZE = {0: 1, 1: 1, 2: 4, 3: 8, 4: 2, 5: 2, 6: 4, 7: 8}
 
 
@@ -97,16 +98,23 @@ def describe(obj, what, writable=False):
         described.what = what
         return described
     if _is_numpy(obj):
-        name = obj.dtype.name
-        if name not in DTYPES:
-            raise InvalidArgumentError(1, "%s has dtype %s; Concord takes %s" %
-                                       (what, name, ", ".join(DTYPES)))
+        dtype = _NUMPY_DTYPES.get(obj.dtype)
+        if dtype is None:
+            name = obj.dtype.name
+            if name not in DTYPES:
+                raise InvalidArgumentError(1, "%s has dtype %s; Concord takes %s" %
+                                           (what, name, ", ".join(DTYPES)))
+            if not obj.dtype.isnative:  # '>f4' is named float32 too: its bytes would be misread
+                raise InvalidArgumentError(
+                    1, "%s has dtype %s in non-native byte order (%s); convert it with "
+                    "arr.astype(arr.dtype.newbyteorder('='))" % (what, name, obj.dtype.str))
+            dtype = _NUMPY_DTYPES[obj.dtype] = DTYPES[name]
         if not obj.flags.c_contiguous:
             raise InvalidArgumentError(
                 1, "%s is not C-contiguous (use numpy.ascontiguousarray)" % what)
         if writable:
             check_writable(obj, what)
-        return Described(obj, obj.ctypes.data, DTYPES[name], obj.shape)
+        return Described(obj, obj.ctypes.data, dtype, obj.shape)
     raise InvalidArgumentError(1, "%s is a %s; Concord takes numpy arrays and torch tensors" %
                                (what, type(obj).__name__))
 
