@@ -91,6 +91,12 @@ struct TypeOf<double> {
 inline void Check(concord_status_t s, const std::string& message) {
   if (s != CONCORD_SUCCESS) throw Error(s, message.empty() ? concord_status_string(s) : message);
 }
+// Check() with `comm`'s last error on this thread (NULL: concord_init's), read only once the call
+// has failed: as an argument beside the call it could be read first (the order in which a
+// function's arguments are evaluated is unspecified), giving an earlier error's text or none.
+inline void CheckComm(concord_status_t s, concord_comm_t comm) {
+  if (s != CONCORD_SUCCESS) Check(s, concord_comm_last_error(comm));
+}
 }  // namespace detail
 
 /// A non-owning view of contiguous row-major memory: pointer, dtype, shape and device.
@@ -252,9 +258,9 @@ using Callback = std::function<void(concord_status_t status)>;
 class Communicator {
  public:
   /// From the environment (CONCORD_*, torchrun's, Slurm's or Open MPI's variables).
-  Communicator() { detail::Check(concord_init(&comm_), concord_comm_last_error(nullptr)); }
+  Communicator() { detail::CheckComm(concord_init(&comm_), nullptr); }
   explicit Communicator(const concord_config_t& config) {
-    detail::Check(concord_init_config(&config, &comm_), concord_comm_last_error(nullptr));
+    detail::CheckComm(concord_init_config(&config, &comm_), nullptr);
   }
   Communicator(Communicator&& o) noexcept : comm_(std::exchange(o.comm_, nullptr)) {}
   Communicator& operator=(Communicator&& o) noexcept {
@@ -272,14 +278,14 @@ class Communicator {
   /// communicator; empty for a rank of color CONCORD_UNDEFINED or outside the list.
   std::optional<Communicator> split(int color, int key = 0) {
     concord_comm_t sub = nullptr;
-    detail::Check(concord_comm_split(comm_, color, key, &sub), concord_comm_last_error(comm_));
+    detail::CheckComm(concord_comm_split(comm_, color, key, &sub), comm_);
     return Adopt(sub);
   }
   std::optional<Communicator> create_group(const std::vector<int>& ranks) {
     concord_comm_t sub = nullptr;
-    detail::Check(
+    detail::CheckComm(
         concord_comm_create_group(comm_, ranks.data(), static_cast<int>(ranks.size()), &sub),
-        concord_comm_last_error(comm_));
+        comm_);
     return Adopt(sub);
   }
 
@@ -287,7 +293,7 @@ class Communicator {
   /// joined, then returns the last rank to join.
   int join() {
     int last = -1;
-    detail::Check(concord_join(comm_, &last), concord_comm_last_error(comm_));
+    detail::CheckComm(concord_join(comm_, &last), comm_);
     return last;
   }
 
@@ -299,19 +305,19 @@ class Communicator {
   concord_stats_t stats() const {
     concord_stats_t s{};
     s.struct_size = sizeof(s);
-    detail::Check(concord_comm_stats(comm_, &s), concord_comm_last_error(comm_));
+    detail::CheckComm(concord_comm_stats(comm_, &s), comm_);
     return s;
   }
 
   /// The communicator's metrics as JSON (concord_comm_metrics).
   std::string metrics() const {
     size_t length = 0;
-    detail::Check(concord_comm_metrics(comm_, nullptr, 0, &length), concord_comm_last_error(comm_));
+    detail::CheckComm(concord_comm_metrics(comm_, nullptr, 0, &length), comm_);
     for (;;) {
       std::string json(length + 4096, '\0');
       const concord_status_t s = concord_comm_metrics(comm_, &json[0], json.size(), &length);
       if (s == CONCORD_ERR_INVALID_ARGUMENT && length + 1 > json.size()) continue;  // it grew
-      detail::Check(s, concord_comm_last_error(comm_));
+      detail::CheckComm(s, comm_);
       json.resize(length);
       return json;
     }
@@ -325,12 +331,7 @@ class Communicator {
                          ReduceOp op = ReduceOp::kSum, const TensorView* out = nullptr,
                          double prescale = 1.0, double postscale = 1.0, Callback callback = nullptr,
                          const std::string& compression = "", const DeviceOptions& device = {}) {
-    concord_allreduce_opts_t o;
-    concord_allreduce_opts_init(&o);
-    o.op = static_cast<concord_reduce_op_t>(op);
-    o.prescale = prescale;
-    o.postscale = postscale;
-    if (!compression.empty()) o.compression = compression.c_str();
+    const concord_allreduce_opts_t o = AllreduceOpts(op, prescale, postscale, compression);
     const concord_tensor_t ct = in.c_tensor();
     concord_tensor_t co;
     if (out) co = out->c_tensor();
@@ -340,10 +341,16 @@ class Communicator {
                                         ud, r);
     });
   }
+  /// Blocking: this thread runs the operation itself (concord_allreduce), with no hand-off to the
+  /// engine's thread, unlike allreduce_async(...).wait(). CUDA tensors: after the legacy stream.
   void allreduce(const std::string& name, const TensorView& in, ReduceOp op = ReduceOp::kSum,
                  const TensorView* out = nullptr, double prescale = 1.0, double postscale = 1.0,
                  const std::string& compression = "") {
-    allreduce_async(name, in, op, out, prescale, postscale, nullptr, compression).wait();
+    const concord_allreduce_opts_t o = AllreduceOpts(op, prescale, postscale, compression);
+    const concord_tensor_t ct = in.c_tensor();
+    concord_tensor_t co;
+    if (out) co = out->c_tensor();
+    detail::CheckComm(concord_allreduce(comm_, name.c_str(), &ct, out ? &co : nullptr, &o), comm_);
   }
 
   /// Allgather along the first dimension (it may differ between ranks). With out == nullptr the
@@ -371,11 +378,13 @@ class Communicator {
                                         ud, r);
     });
   }
+  /// Blocking, in place (concord_broadcast), as allreduce().
   void broadcast(const std::string& name, const TensorView& in, int root) {
-    broadcast_async(name, in, root).wait();
+    const concord_tensor_t ct = in.c_tensor();
+    detail::CheckComm(concord_broadcast(comm_, name.c_str(), &ct, nullptr, root), comm_);
   }
 
-  void barrier() { detail::Check(concord_barrier(comm_), concord_comm_last_error(comm_)); }
+  void barrier() { detail::CheckComm(concord_barrier(comm_), comm_); }
 
   /// Reduce-scatter along the first dimension into `out` ([recv_splits[rank], in's other dims];
   /// CPU tensors). Empty recv_splits: the even split (the first n % size ranks get one more row);
@@ -487,14 +496,14 @@ class Communicator {
 
   /// Ends this rank's training step (see concord_end_step): a tensor a rank skips in a step then
   /// fails with a mismatch instead of being reduced with another step's.
-  void end_step() { detail::Check(concord_end_step(comm_), concord_comm_last_error(comm_)); }
+  void end_step() { detail::CheckComm(concord_end_step(comm_), comm_); }
 
   /// Operations enqueued by this thread inside the group are negotiated and fused as one unit.
   /// Every rank must enqueue the same members in the same order (see concord_group_start).
   class Group {
    public:
     explicit Group(Communicator& c) : c_(c) {
-      detail::Check(concord_group_start(c_.comm_), concord_comm_last_error(c_.comm_));
+      detail::CheckComm(concord_group_start(c_.comm_), c_.comm_);
     }
     ~Group() noexcept(false) {
       const concord_status_t s = concord_group_end(c_.comm_);
@@ -521,8 +530,20 @@ class Communicator {
 
   int Get(concord_status_t (*fn)(concord_comm_t, int*)) const {
     int v = -1;
-    detail::Check(fn(comm_, &v), concord_comm_last_error(comm_));
+    detail::CheckComm(fn(comm_, &v), comm_);
     return v;
+  }
+
+  // The C options of an allreduce; `compression` must outlive their use.
+  static concord_allreduce_opts_t AllreduceOpts(ReduceOp op, double prescale, double postscale,
+                                                const std::string& compression) {
+    concord_allreduce_opts_t o;
+    concord_allreduce_opts_init(&o);
+    o.op = static_cast<concord_reduce_op_t>(op);
+    o.prescale = prescale;
+    o.postscale = postscale;
+    if (!compression.empty()) o.compression = compression.c_str();
+    return o;
   }
 
   // Calls submit with a C trampoline for callback (if any); the heap-held callback is freed after
@@ -547,7 +568,7 @@ class Communicator {
     } else {
       s = submit(nullptr, nullptr, &r);
     }
-    detail::Check(s, concord_comm_last_error(comm_));
+    detail::CheckComm(s, comm_);
     return Future(r);
   }
 

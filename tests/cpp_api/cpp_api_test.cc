@@ -113,6 +113,23 @@ TEST(CppApiTest, FuturesCallbacksAndGroups) {
               if (s == CONCORD_SUCCESS) ++callbacks;
             }));
       }
+      // Waiting here would wait for the group's end, which only this thread reaches: refused.
+      std::vector<int64_t> other(3, 1);
+      auto expect_refused = [](const std::function<void()>& wait, const char* says) {
+        try {
+          wait();
+          ADD_FAILURE() << "a wait inside the own group was not refused";
+        } catch (const concord::Error& e) {
+          EXPECT_EQ(e.status(), CONCORD_ERR_INVALID_ARGUMENT);
+          EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+        }
+      };
+      expect_refused([&] { comm.allreduce("blocking", concord::TensorView(other)); },
+                     "blocking call inside a group");
+      expect_refused([&] { comm.broadcast("blocking.b", concord::TensorView(other), 0); },
+                     "blocking call inside a group");
+      expect_refused([&] { comm.barrier(); }, "blocking call inside a group");
+      expect_refused([&] { futures[0].wait(); }, "'g0' is in the group this thread has open");
     }
     for (auto& f : futures) f.wait();
     EXPECT_EQ(callbacks.load(), 20);
