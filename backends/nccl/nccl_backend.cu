@@ -184,6 +184,9 @@ class NcclBackend : public DeviceBackend {
   // this, or they would run first (seen on an H200 at 2 ranks: every fused or scaled result was
   // this rank's own input).
   Status WaitComm(Deadline deadline);
+  // Whether the communicator has accepted what was issued (holding comm_mu_): true; false while
+  // NCCL is still at it; or NCCL's asynchronous error, reported as `call`'s.
+  StatusOr<bool> CommReady(const char* call);
   Status Enqueue(const DeviceCollective& c);
   Status EnqueueAllreduce(const DeviceCollective& c);
   Status EnqueueAllgatherv(const DeviceCollective& c);
@@ -271,12 +274,8 @@ Status NcclBackend::Connect(Deadline deadline) {
     {
       std::lock_guard<std::mutex> lock(comm_mu_);
       if (comm_aborted_) return Status(Code::kBackendError, "the NCCL backend was aborted");
-      ncclResult_t state = ncclSuccess;
-      CONCORD_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
-      if (state == ncclSuccess) return Status::Ok();
-      if (state != ncclInProgress) {
-        return nccl::NcclError(state, "ncclCommInitRankConfig", __FILE__, __LINE__, comm_);
-      }
+      CONCORD_ASSIGN_OR_RETURN(const bool ready, CommReady("ncclCommInitRankConfig"));
+      if (ready) return Status::Ok();
     }
     if (deadline.passed()) {
       return TimeoutError("the NCCL communicator of " + std::to_string(size_) +
@@ -360,14 +359,18 @@ Status NcclBackend::Validate(const DeviceCollective& c) const {
   return Status::Ok();
 }
 
+StatusOr<bool> NcclBackend::CommReady(const char* call) {
+  ncclResult_t state = ncclSuccess;
+  CONCORD_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
+  if (state == ncclSuccess) return true;
+  if (state == ncclInProgress) return false;
+  return nccl::NcclError(state, call, __FILE__, __LINE__, comm_);
+}
+
 Status NcclBackend::WaitComm(Deadline deadline) {
   for (;;) {
-    ncclResult_t state = ncclSuccess;
-    CONCORD_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
-    if (state == ncclSuccess) return Status::Ok();
-    if (state != ncclInProgress) {
-      return nccl::NcclError(state, "ncclCommGetAsyncError", __FILE__, __LINE__, comm_);
-    }
+    CONCORD_ASSIGN_OR_RETURN(const bool ready, CommReady("ncclCommGetAsyncError"));
+    if (ready) return Status::Ok();
     if (deadline.passed()) {
       return TimeoutError("NCCL did not accept the operation within " +
                           std::to_string(timeout_.count()) + " ms [NCCL " + cuda::NcclVersion() +
