@@ -641,7 +641,8 @@ CONCORD_API concord_status_t concord_recv_async(concord_comm_t comm,
 /**
  * The same with device options (device_opts may be NULL) for a CUDA tensor: the copy out of (send)
  * or into (recv) the tensor waits for the work queued so far on device_opts->stream and for
- * device_opts->ready_event. Giving either for a CPU tensor is an INVALID_ARGUMENT.
+ * device_opts->ready_event; with neither (and in the plain forms), for the legacy default stream,
+ * as concord_device_opts_t says. Giving either for a CPU tensor is an INVALID_ARGUMENT.
  */
 CONCORD_API concord_status_t concord_send_async_ex(concord_comm_t comm,
                                                    const concord_tensor_t* tensor, int peer,
