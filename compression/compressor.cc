@@ -12,18 +12,33 @@ const char* ExchangeName(Exchange exchange) {
 StatusOr<float*> CompressionState::Residual(std::string_view name, size_t count) {
   auto it = residuals_.find(name);
   if (it == residuals_.end()) {
-    it = residuals_.emplace(std::string(name), std::vector<float>(count, 0.0f)).first;
-  } else if (it->second.size() != count) {
+    if (residuals_.size() >= max_residuals_) EvictLeastRecentlyUsed();
+    it = residuals_.emplace(std::string(name), Kept{std::vector<float>(count, 0.0f), 0}).first;
+  } else if (it->second.values.size() != count) {
     return InvalidArgument("compression state of tensor '" + std::string(name) + "' holds " +
-                           std::to_string(it->second.size()) + " elements, now given " +
+                           std::to_string(it->second.values.size()) + " elements, now given " +
                            std::to_string(count) + " (erase its state to reset it)");
   }
-  return it->second.data();
+  it->second.last_use = ++use_clock_;
+  return it->second.values.data();
+}
+
+// A scan: evictions happen once per new name beyond the bound, next to a top-k selection over the
+// tensor, which costs far more than visiting max_residuals entries.
+void CompressionState::EvictLeastRecentlyUsed() {
+  auto oldest = residuals_.begin();
+  for (auto it = residuals_.begin(); it != residuals_.end(); ++it) {
+    if (it->second.last_use < oldest->second.last_use) oldest = it;
+  }
+  if (oldest == residuals_.end()) return;
+  last_evicted_ = oldest->first;
+  residuals_.erase(oldest);
+  ++evictions_;
 }
 
 const std::vector<float>* CompressionState::FindResidual(std::string_view name) const {
   auto it = residuals_.find(name);
-  return it == residuals_.end() ? nullptr : &it->second;
+  return it == residuals_.end() ? nullptr : &it->second.values;
 }
 
 void CompressionState::Erase(std::string_view name) {
@@ -40,7 +55,7 @@ void CompressionState::Clear() {
 
 size_t CompressionState::residual_bytes() const {
   size_t total = 0;
-  for (const auto& [name, residual] : residuals_) total += residual.size() * sizeof(float);
+  for (const auto& [name, kept] : residuals_) total += kept.values.size() * sizeof(float);
   return total;
 }
 

@@ -44,20 +44,34 @@ constexpr size_t kEncodedAlignment = 8;
 // Per-tensor state of compressors, kept by tensor name across steps: the error-feedback residual
 // (float32, one per element) and selection scratch space shared by all tensors. One object per
 // communicator, owned by its engine; never a process global. Not thread-safe: one thread at a time
-// (the engine holds a lock around it, since lanes encode concurrently). Memory grows with the
-// tensors seen; Erase/Clear release it.
+// (the engine holds a lock around it, since lanes encode concurrently).
+//
+// Memory is bounded by name: at most `max_residuals` names keep a residual. A new name beyond that
+// evicts the least recently used one (its error feedback starts again from zero if it returns), so
+// names used once (unnamed operations, a name per call) cannot make the state grow without end;
+// evictions() counts them. Erase/Clear release memory too.
 class CompressionState {
  public:
-  // The residual of `name`, zero-filled the first time; it stays valid until Erase/Clear (other
-  // names may be added meanwhile). A later call with a different count is an InvalidArgument error
-  // naming the tensor (its residual would be meaningless); Erase(name) first to reset it.
+  static constexpr size_t kDefaultMaxResiduals = 1024;
+  explicit CompressionState(size_t max_residuals = kDefaultMaxResiduals)
+      : max_residuals_(max_residuals < 1 ? 1 : max_residuals) {}
+
+  // The residual of `name`, zero-filled the first time (evicting the least recently used name
+  // when max_residuals names hold one); it stays valid until the next Residual call for another
+  // name, Erase or Clear. A later call with a different count is an InvalidArgument error naming
+  // the tensor (its residual would be meaningless); Erase(name) first to reset it.
   StatusOr<float*> Residual(std::string_view name, size_t count);
-  // The residual of `name`, or nullptr if none was created (for inspection and tests).
+  // The residual of `name`, or nullptr if none is kept (for inspection and tests).
   const std::vector<float>* FindResidual(std::string_view name) const;
   void Erase(std::string_view name);
   void Clear();
   size_t num_tensors() const { return residuals_.size(); }
   size_t residual_bytes() const;
+  size_t max_residuals() const { return max_residuals_; }
+  // Residuals evicted to make room for a new name, since construction.
+  uint64_t evictions() const { return evictions_; }
+  // The name whose residual was evicted last ("" if none was).
+  const std::string& last_evicted() const { return last_evicted_; }
 
   // Scratch for top-k selection, reused across calls (grows to the largest need, never shrinks
   // until Clear).
@@ -66,7 +80,17 @@ class CompressionState {
   std::vector<uint32_t>& order_scratch() { return order_scratch_; }
 
  private:
-  std::map<std::string, std::vector<float>, std::less<>> residuals_;  // lookup without a copy
+  struct Kept {
+    std::vector<float> values;
+    uint64_t last_use = 0;  // use_clock_ at the last Residual call for this name
+  };
+  void EvictLeastRecentlyUsed();
+
+  size_t max_residuals_;
+  uint64_t use_clock_ = 0;
+  uint64_t evictions_ = 0;
+  std::string last_evicted_;
+  std::map<std::string, Kept, std::less<>> residuals_;  // lookup without a copy
   std::vector<uint32_t> index_scratch_;
   std::vector<uint32_t> key_scratch_;
   std::vector<uint32_t> order_scratch_;

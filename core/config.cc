@@ -166,6 +166,7 @@ StatusOr<Config> Config::FromEnvironment() {
   CONCORD_RETURN_IF_ERROR(env.Double("CONCORD_CYCLE_TIME_MS", "cycle_time_ms", &c.cycle_time_ms));
   CONCORD_RETURN_IF_ERROR(env.Double("CONCORD_TIMEOUT_S", "timeout_s", &c.timeout_s));
   CONCORD_RETURN_IF_ERROR(env.Int({"CONCORD_CACHE_CAPACITY"}, "cache_capacity", &c.cache_capacity));
+  CONCORD_RETURN_IF_ERROR(env.Int({"CONCORD_TOPK_RESIDUALS"}, "topk_residuals", &c.topk_residuals));
   CONCORD_RETURN_IF_ERROR(env.Int({"CONCORD_LANES"}, "lanes", &c.lanes));
   int waiter_progress = c.waiter_progress ? 1 : 0;
   CONCORD_RETURN_IF_ERROR(
@@ -303,6 +304,10 @@ Status Config::Finalize() {
   if (cache_capacity < 0) {
     return refuse("cache_capacity", std::to_string(cache_capacity),
                   "the response cache capacity must be >= 0 entries (0 disables the cache)");
+  }
+  if (topk_residuals < 1) {
+    return refuse("topk_residuals", std::to_string(topk_residuals),
+                  "top-k keeps the residuals of at least 1 tensor name");
   }
   if (lanes < 1 || lanes > kMaxLanes) {
     return refuse("lanes", std::to_string(lanes),

@@ -59,6 +59,9 @@ struct Config {
   int64_t hierarchical_threshold_bytes = int64_t{256} << 10;
   // The compressor of allreduces that do not name one ("none", "fp16", "topk:density=0.01", ...).
   std::string compression = "none";
+  // Top-k's error feedback keeps a residual per tensor name, for at most this many names (the
+  // least recently compressed one makes room for a new one): names used once cannot grow memory.
+  int topk_residuals = 1024;
   int64_t fusion_threshold_bytes = int64_t{64} << 20;
   // Allreduces at least this large are not fused: they run in place, saving two copies.
   int64_t direct_threshold_bytes = int64_t{256} << 10;

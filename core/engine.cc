@@ -313,7 +313,8 @@ Status Engine::Shutdown() {
           std::to_string(stats_.fused_tensors.load()) + " tensors through the fusion buffer, " +
           std::to_string(stats_.inline_reductions.load()) + " reduced inline, " +
           std::to_string(stats_.device_launches.load()) + " device launches, " +
-          std::to_string(stats_.cache_evictions.load()) + " cache evictions");
+          std::to_string(stats_.cache_evictions.load()) + " cache evictions, " +
+          std::to_string(stats_.topk_residual_evictions.load()) + " top-k residuals evicted");
   const Status closed(Code::kNotInitialized, "the communicator was finalized");
   std::vector<QueueEntry> left = queue_.Close(closed);
   {

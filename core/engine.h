@@ -72,14 +72,15 @@ namespace concord {
 
 // Counters for tests and benchmarks; read with relaxed atomics from any thread.
 struct EngineStats {
-  std::atomic<uint64_t> responses_cached{0};   // executed through the cache bit fast path
-  std::atomic<uint64_t> responses_full{0};     // executed from full responses (incl. errors)
-  std::atomic<uint64_t> response_lists{0};     // response messages executed
-  std::atomic<uint64_t> batches{0};            // collectives run
-  std::atomic<uint64_t> fused_tensors{0};      // tensors that went through the fusion buffer
-  std::atomic<uint64_t> inline_reductions{0};  // operations the coordinator completed inline
-  std::atomic<uint64_t> device_launches{0};    // collectives handed to the device backend
-  std::atomic<uint64_t> cache_evictions{0};    // response-cache entries evicted
+  std::atomic<uint64_t> responses_cached{0};         // executed through the cache bit fast path
+  std::atomic<uint64_t> responses_full{0};           // executed from full responses (incl. errors)
+  std::atomic<uint64_t> response_lists{0};           // response messages executed
+  std::atomic<uint64_t> batches{0};                  // collectives run
+  std::atomic<uint64_t> fused_tensors{0};            // tensors that went through the fusion buffer
+  std::atomic<uint64_t> inline_reductions{0};        // operations the coordinator completed inline
+  std::atomic<uint64_t> device_launches{0};          // collectives handed to the device backend
+  std::atomic<uint64_t> cache_evictions{0};          // response-cache entries evicted
+  std::atomic<uint64_t> topk_residual_evictions{0};  // top-k residuals dropped (topk_residuals)
 };
 
 class Engine;
@@ -373,6 +374,9 @@ class Engine {
   // the encoded bytes, decode into the outputs.
   Status RunCompressed(Lane& lane, const FusionBatch& batch, const Responses& responses,
                        Entries& entries) EXCLUDES(compression_mu_);
+  // Counts the top-k residuals evicted since compression_state_'s count was `*counted` (and
+  // updates it), and warns once per communicator that their names lost error feedback.
+  void NoteResidualEvictions(uint64_t* counted) REQUIRES(compression_mu_);
   // The compressor for `spec` (shared, created once per spec), or the registry's error.
   StatusOr<std::shared_ptr<const compression::Compressor>> CompressorFor(const std::string& spec)
       EXCLUDES(compression_mu_);
@@ -410,7 +414,9 @@ class Engine {
   Mutex compression_mu_;
   std::map<std::string, std::shared_ptr<const compression::Compressor>> compressors_
       GUARDED_BY(compression_mu_);
-  compression::CompressionState compression_state_ GUARDED_BY(compression_mu_);
+  compression::CompressionState compression_state_ GUARDED_BY(compression_mu_){
+      static_cast<size_t>(config_.topk_residuals)};
+  bool residual_eviction_logged_ GUARDED_BY(compression_mu_) = false;
 
   Mutex group_mu_;
   std::thread::id group_owner_ GUARDED_BY(group_mu_);

@@ -26,6 +26,24 @@ size_t AlignUp(size_t n, size_t to) {
 
 }  // namespace
 
+void Engine::NoteResidualEvictions(uint64_t* counted) {
+  const uint64_t now = compression_state_.evictions();
+  if (now == *counted) return;
+  stats_.topk_residual_evictions.fetch_add(now - *counted, std::memory_order_relaxed);
+  *counted = now;
+  if (residual_eviction_logged_) return;
+  residual_eviction_logged_ = true;
+  Log(LogLevel::kWarning,
+      "top-k: " + std::to_string(compression_state_.max_residuals()) +
+          " tensor names already kept an error-feedback residual, so the least recently "
+          "compressed one ('" +
+          compression_state_.last_evicted() +
+          "') was dropped, and it starts from zero if it comes back. Names used once "
+          "(allreduces without a name, a new name per call) cannot keep error feedback: give "
+          "repeating tensors fixed names, or raise CONCORD_TOPK_RESIDUALS (each eviction is "
+          "counted: concord_comm_stats' topk_residual_evictions). Said once per communicator");
+}
+
 StatusOr<std::shared_ptr<const compression::Compressor>> Engine::CompressorFor(
     const std::string& spec) {
   MutexLock lock(compression_mu_);
@@ -116,6 +134,7 @@ Status Engine::RunCompressed(Lane& lane, const FusionBatch& batch, const Respons
   {
     // One CompressionState per communicator: its residuals and scratch are not thread-safe.
     MutexLock lock(compression_mu_);
+    uint64_t evictions = compression_state_.evictions();
     for (size_t k = 0; k < batch.members.size(); ++k) {
       const QueueEntry& e = *entries[batch.members[k]];
       compression::EncodeInput in;
@@ -125,6 +144,7 @@ Status Engine::RunCompressed(Lane& lane, const FusionBatch& batch, const Respons
       in.data = e.input;
       in.scale = scale;
       Status s = compressor.Encode(in, buffer + offsets[k], &compression_state_);
+      NoteResidualEvictions(&evictions);
       if (!s.ok()) return s.WithContext("encoding tensor '" + e.request.name + "'");
     }
   }

@@ -28,7 +28,8 @@ MetricsContext Engine::MetricsContextNow() const {
                 {"fused_tensors", load(stats_.fused_tensors)},
                 {"inline_reductions", load(stats_.inline_reductions)},
                 {"device_launches", load(stats_.device_launches)},
-                {"cache_evictions", load(stats_.cache_evictions)}};
+                {"cache_evictions", load(stats_.cache_evictions)},
+                {"topk_residual_evictions", load(stats_.topk_residual_evictions)}};
   return c;
 }
 

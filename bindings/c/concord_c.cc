@@ -673,6 +673,7 @@ concord_status_t concord_comm_stats(concord_comm_t comm, concord_stats_t* stats)
     all.inline_reductions = e.inline_reductions.load(std::memory_order_relaxed);
     all.device_launches = e.device_launches.load(std::memory_order_relaxed);
     all.cache_evictions = e.cache_evictions.load(std::memory_order_relaxed);
+    all.topk_residual_evictions = e.topk_residual_evictions.load(std::memory_order_relaxed);
     // The fields the caller's struct has: the counters after struct_size that it covers.
     const size_t fields = (std::min(stats->struct_size, sizeof(all)) - kFirst) / sizeof(uint64_t);
     std::memcpy(reinterpret_cast<char*>(stats) + kFirst,

@@ -233,6 +233,9 @@ typedef struct concord_stats {
   /** response-cache entries evicted to make room (CONCORD_CACHE_CAPACITY); the same on every
    *  rank */
   uint64_t cache_evictions;
+  /** top-k residuals dropped because CONCORD_TOPK_RESIDUALS names already held one (the least
+   *  recently compressed name lost its error feedback); this rank's count */
+  uint64_t topk_residual_evictions;
 } concord_stats_t;
 
 /* ---- library and communicator ---- */

@@ -292,6 +292,36 @@ TEST(CompressionStateTest, KeepsResidualsByName) {
   EXPECT_EQ(state.num_tensors(), 0u);
 }
 
+TEST(CompressionStateTest, KeepsAtMostMaxResidualsEvictingTheLeastRecentlyUsed) {
+  CompressionState state(3);
+  EXPECT_EQ(state.max_residuals(), 3u);
+  (*state.Residual("a", 4))[0] = 1.0f;
+  ASSERT_TRUE(state.Residual("b", 4).ok());
+  ASSERT_TRUE(state.Residual("c", 4).ok());
+  ASSERT_TRUE(state.Residual("a", 4).ok());  // "b" is now the least recently used
+  EXPECT_EQ(state.evictions(), 0u);
+  ASSERT_TRUE(state.Residual("d", 4).ok());
+  EXPECT_EQ(state.evictions(), 1u);
+  EXPECT_EQ(state.last_evicted(), "b");
+  EXPECT_EQ(state.FindResidual("b"), nullptr);
+  ASSERT_NE(state.FindResidual("a"), nullptr);
+  EXPECT_EQ((*state.FindResidual("a"))[0], 1.0f);
+  EXPECT_EQ(state.num_tensors(), 3u);
+  // Names used once each: memory stays at three residuals.
+  for (int i = 0; i < 1000; ++i) ASSERT_TRUE(state.Residual("once." + std::to_string(i), 4).ok());
+  EXPECT_EQ(state.num_tensors(), 3u);
+  EXPECT_EQ(state.residual_bytes(), 3 * 4 * sizeof(float));
+  EXPECT_EQ(state.evictions(), 1001u);
+  // An evicted name comes back from zero.
+  EXPECT_EQ((*state.Residual("a", 4))[0], 0.0f);
+  // A bound of 0 keeps one residual (the one being encoded).
+  CompressionState one(0);
+  EXPECT_EQ(one.max_residuals(), 1u);
+  ASSERT_TRUE(one.Residual("x", 2).ok());
+  ASSERT_TRUE(one.Residual("y", 2).ok());
+  EXPECT_EQ(one.num_tensors(), 1u);
+}
+
 }  // namespace
 }  // namespace compression
 }  // namespace concord

@@ -63,6 +63,38 @@ def test_topk_error_feedback(comm):
     np.testing.assert_array_equal(out, want)
 
 
+def test_topk_without_a_name_is_refused(comm):
+    # Its residual would sit under a name never used again: error feedback lost, memory kept.
+    with pytest.raises(concord.InvalidArgumentError, match="without a name: top-k keeps"):
+        comm.allreduce(np.ones(8, np.float32), compression="topk:density=0.5")
+    comm.allreduce(np.ones(8, np.float32), compression="fp16")  # casts keep no state
+
+
+def test_topk_residuals_are_bounded_by_name(comm):
+    # CONCORD_TOPK_RESIDUALS (1024) names keep a residual; each new one beyond evicts the least
+    # recently compressed. "topk.kept" is used between the one-off names, so it stays.
+    spec = "topk:density=0.125,method=exact"  # one element of 8 sent per call
+    before = comm.stats()["topk_residual_evictions"]
+    sent = np.zeros(8, np.float32)
+    sent[7] = 8 * comm.size
+    out = comm.allreduce(np.arange(1, 9, dtype=np.float32), name="topk.kept", compression=spec)
+    np.testing.assert_array_equal(out, sent)
+    for i in range(1100):
+        comm.allreduce(np.ones(8, np.float32), name="topk.once.%d" % i, compression=spec)
+        if i % 500 == 0:  # a zero gradient: the largest residual left goes (7, then 6, then 5)
+            out = comm.allreduce(np.zeros(8, np.float32), name="topk.kept", compression=spec)
+            sent[:] = 0
+            sent[6 - i // 500] = (7 - i // 500) * comm.size
+            np.testing.assert_array_equal(out, sent)
+    out = comm.allreduce(np.zeros(8, np.float32), name="topk.kept", compression=spec)
+    sent[:] = 0
+    sent[3] = 4 * comm.size  # its residual survived 1100 other names
+    np.testing.assert_array_equal(out, sent)
+    # 1101 new names: at least 77 evictions, more by the names earlier tests left.
+    evicted = comm.stats()["topk_residual_evictions"] - before
+    assert 1101 - 1024 <= evicted <= 1101 - 1024 + 16
+
+
 def test_topk_full_density_is_exact(comm):
     x = values(comm, 1000)
     out = comm.allreduce(x, name="topk.full", compression="topk:density=1")

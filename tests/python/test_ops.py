@@ -108,7 +108,7 @@ def test_stats_count_cache_hits(comm):
     before = comm.stats()
     assert set(before) == {"responses_cached", "responses_full", "response_lists", "collectives",
                            "fused_tensors", "inline_reductions", "device_launches",
-                           "cache_evictions"}
+                           "cache_evictions", "topk_residual_evictions"}
     for _ in range(3):
         comm.allreduce(np.ones(4, np.float32), name="stats.repeated")
     after = comm.stats()

@@ -113,7 +113,8 @@ class StatsStruct(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t)] + [
         (name, ctypes.c_uint64)
         for name in ("responses_cached", "responses_full", "response_lists", "collectives",
-                     "fused_tensors", "inline_reductions", "device_launches", "cache_evictions")
+                     "fused_tensors", "inline_reductions", "device_launches", "cache_evictions",
+                     "topk_residual_evictions")
     ]
 
 

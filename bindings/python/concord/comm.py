@@ -255,8 +255,9 @@ class Communicator:
         and postscale the result (floating-point dtypes). compression: None (the communicator's
         default, CONCORD_COMPRESSION), "none", or a spec such as "fp16", "bf16",
         "topk:density=0.01" (README, Compression); every rank must give the same, and a spec the
-        library cannot parse raises InvalidArgumentError naming the problem. Returns a Handle
-        whose wait() gives out."""
+        library cannot parse raises InvalidArgumentError naming the problem. A top-k spec needs a
+        name (its error feedback is kept per name; an unnamed call gets a new name each time).
+        Returns a Handle whose wait() gives out."""
         return self._allreduce(tensor, name, op, prescale, postscale, out, compression, callback,
                                blocking=False)
 
@@ -275,6 +276,12 @@ class Communicator:
     def _allreduce(self, tensor, name, op, prescale, postscale, out, compression, callback,
                    blocking):
         handle = self._live()
+        if name is None and isinstance(compression, str) and compression.strip().startswith("topk"):
+            raise InvalidArgumentError(
+                Status.ERR_INVALID_ARGUMENT, "compression=%r without a name: top-k keeps its "
+                "error feedback per tensor name, and an allreduce without name= gets a new name "
+                "each call, so what it does not send would never come back; give the tensor a "
+                "name it keeps every step" % compression)
         key = (op, prescale, postscale, compression)
         opts = self._opts_cache.get(key)
         if opts is None:  # built once per distinct choice: the C side copies it at enqueue
