@@ -134,26 +134,35 @@ void Engine::Finish(std::optional<QueueEntry>& entry, const Status& status) {
 Status Engine::Enqueue(QueueEntry entry, bool then_wait) {
   // Once failure() says so, every enqueue does (Fail() closes the queue a moment later).
   CONCORD_RETURN_IF_ERROR(failure());
+  const bool barrier = entry.request.op == OpType::kBarrier;
+  if (then_wait) {
+    // Its members run at group_end, which this thread would never reach (found by
+    // tests/fuzz/fuzz_c_api: concord_barrier between group_start and group_end hung). Refused
+    // before a barrier takes its sequence number, which would then differ between ranks.
+    MutexLock lock(group_mu_);
+    if (group_open_ && group_owner_ == std::this_thread::get_id()) {
+      return InvalidArgument(
+          (barrier && entry.request.name.empty() ? std::string("a barrier")
+                                                 : "'" + entry.request.name + "'") +
+          ": a blocking call inside a group would wait for itself; use the _async call and wait "
+          "after concord_group_end");
+    }
+  }
+  // A barrier named by nobody takes the next number (the same on every rank: ranks call
+  // barriers in the same order); nothing below refuses one on a working communicator.
+  if (barrier && entry.request.name.empty()) entry.request.name = NextBarrierName();
   CONCORD_RETURN_IF_ERROR(NormalizeSplits(&entry.request, config_.size));
   CONCORD_RETURN_IF_ERROR(ValidateEntry(entry, config_.size, config_.rank));
   CONCORD_RETURN_IF_ERROR(CheckDevice(entry));
   CONCORD_RETURN_IF_ERROR(AttachCompressor(entry));
   entry.step = step_.load(std::memory_order_relaxed);
-  const bool carries_data = entry.request.op != OpType::kBarrier;
   entry.state->Meter(metrics_, OpTypeName(entry.request.op), entry.request.dtype,
-                     carries_data ? static_cast<uint64_t>(entry.request.NumBytes()) : 0,
-                     Clock::now());
+                     barrier ? 0 : static_cast<uint64_t>(entry.request.NumBytes()), Clock::now());
   if (timeline_->on()) entry.state->Trace(timeline_, entry.request.name);
   {
     MutexLock lock(group_mu_);
+    // then_wait was refused above if this thread has a group open (only it can close it).
     if (group_open_ && group_owner_ == std::this_thread::get_id()) {
-      // Its members run at group_end, which this thread would never reach (found by
-      // tests/fuzz/fuzz_c_api: concord_barrier between group_start and group_end hung).
-      if (then_wait) {
-        return InvalidArgument("'" + entry.request.name +
-                               "': a blocking call inside a group would wait for itself; use the "
-                               "_async call and wait after concord_group_end");
-      }
       for (const auto& e : group_entries_) {
         if (e.request.name == entry.request.name) {
           return InvalidArgument("tensor '" + entry.request.name + "' appears twice in one group");
@@ -432,7 +441,7 @@ void Engine::Fail(const Status& failure) {
 bool Engine::OnEngineThread() const {
   const std::thread::id self = std::this_thread::get_id();
   if (driver_.RunsSteps(self) || self == device_thread_id_.load() ||
-      self == finalizing_thread_.load() || p2p_->OnProgressThread()) {
+      self == finalizing_thread_.load() || p2p_->OnOwnThread()) {
     return true;
   }
   for (const auto& lane : lanes_) {

@@ -123,7 +123,8 @@ class Engine {
   // a usable device backend; nothing is queued) and queues it, or holds it when this thread has a
   // group open. A CUDA tensor's request is negotiated with device kDeviceTensor. `then_wait`
   // promises that this thread calls Wait() on it next (a blocking call): with waiter progress the
-  // engine thread is then left alone, since the waiter runs the step itself.
+  // engine thread is then left alone, since the waiter runs the step itself. A barrier without a
+  // name gets the next NextBarrierName() once nothing can refuse it.
   Status Enqueue(QueueEntry entry, bool then_wait = false) EXCLUDES(group_mu_);
   // Opens a group for the calling thread; GroupEnd() queues its entries atomically. When the queue
   // refuses them (a name already in flight, the engine failed), every member completes with the

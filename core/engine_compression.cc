@@ -85,6 +85,18 @@ Status Engine::AttachCompressor(QueueEntry& entry) {
     return Status(Code::kUnavailable, "tensor '" + r.name + "': compression '" + r.compression +
                                           "' runs on CPU tensors only in this version");
   }
+  // Compressors read and write whole elements and refuse a misaligned buffer: refuse it here,
+  // where nothing has happened yet, not at execution, where it would fail the communicator.
+  const size_t esize = DTypeSize(r.dtype);
+  for (const void* buffer : {entry.input, static_cast<const void*>(entry.output)}) {
+    if (buffer != nullptr && r.NumElements() > 0 &&
+        reinterpret_cast<uintptr_t>(buffer) % esize != 0) {
+      return InvalidArgument("tensor '" + r.name + "': compression '" + r.compression +
+                             "' needs its " + (buffer == entry.input ? "input" : "output") +
+                             " aligned to its element size (" + std::to_string(esize) + " bytes, " +
+                             DTypeName(r.dtype) + ")");
+    }
+  }
   entry.compressor = std::move(*compressor);
   return Status::Ok();
 }

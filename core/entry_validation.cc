@@ -98,17 +98,24 @@ Status ValidateSplits(const TensorRequest& r, int world_size) {
     return InvalidArgument("tensor '" + r.name + "': " + OpTypeName(r.op) + " " + what);
   };
   if (r.shape.empty()) return fail("needs at least one dimension");
+  if (r.shape[0] < 0) {
+    return fail("has a negative first dimension (" + std::to_string(r.shape[0]) + ")");
+  }
   if (r.splits.size() != static_cast<size_t>(world_size)) {
     return fail("needs one split per rank: " + std::to_string(r.splits.size()) + " given for " +
                 std::to_string(world_size) + " ranks");
   }
+  // Summed exactly, as the coordinator sums them: a sum that only fitted here would end the
+  // communicator there.
   int64_t sum = 0;
   for (size_t i = 0; i < r.splits.size(); ++i) {
     if (r.splits[i] < 0) {
       return fail("split " + std::to_string(i) + " is negative (" + std::to_string(r.splits[i]) +
                   ")");
     }
-    sum += std::min(r.splits[i], kMaxTensorSize);
+    if (__builtin_add_overflow(sum, r.splits[i], &sum)) {
+      return fail("splits overflow a 64-bit sum");
+    }
   }
   if (sum != r.shape[0]) {
     return fail("splits sum to " + std::to_string(sum) + ", the first dimension is " +

@@ -59,8 +59,23 @@ PointToPoint::~PointToPoint() {
   Close(Status(Code::kNotInitialized, "the communicator was finalized"));
 }
 
-bool PointToPoint::OnProgressThread() const {
-  return transport_ && transport_->OnProgressThread();
+namespace {
+
+// The PointToPoint whose completion this thread is running: a callback run inline by Submit on
+// the caller's thread is as much the communicator's as one on the progress thread.
+thread_local const PointToPoint* t_completing = nullptr;
+
+void CompleteFor(const PointToPoint* self, RequestState& state, const Status& status) {
+  const PointToPoint* outer = t_completing;
+  t_completing = self;
+  state.Complete(status);
+  t_completing = outer;
+}
+
+}  // namespace
+
+bool PointToPoint::OnOwnThread() const {
+  return t_completing == this || (transport_ && transport_->OnProgressThread());
 }
 
 Status PointToPoint::Check(const P2pEntry& e) const {
@@ -135,7 +150,7 @@ Status PointToPoint::Submit(P2pEntry e) {
     }
     state->AddWireBytes(meta.bytes);
     transport_->Send(e.peer, e.tag, meta, payload, deadline,
-                     [state, staging](const Status& s) { state->Complete(s); });
+                     [this, state, staging](const Status& s) { CompleteFor(this, *state, s); });
     return Status::Ok();
   }
   auto result = std::make_shared<RecvResult>();
@@ -181,11 +196,11 @@ Status PointToPoint::Submit(P2pEntry e) {
     return o.data;
   };
   transport_->Recv(peer, tag, deadline, std::move(place),
-                   [state, result, copy_in = std::move(copy_in)](const Status& s) {
+                   [this, state, result, copy_in = std::move(copy_in)](const Status& s) {
                      Status r = s.ok() ? result->mismatch : s;
                      if (r.ok() && copy_in) r = copy_in();
                      result->staging = ResultBuffers::Block();  // back to the pool
-                     state->Complete(r);
+                     CompleteFor(this, *state, r);
                    });
   return Status::Ok();
 }

@@ -26,8 +26,9 @@
 //   fails fails what is in flight with it (kPeerFailure naming it).
 // - Close() (the engine's Shutdown and Fail) completes everything in flight with its status, on
 //   the calling thread, and refuses later operations. Callbacks run on the transport's progress
-//   thread (or a waiter driving it), which must not wait for a request of this communicator
-//   (OnProgressThread()).
+//   thread, a waiter driving it, or the submitting thread itself (an operation that completes
+//   at once), none of which may wait for a request of this communicator or finalize it
+//   (OnOwnThread()).
 // Requests wait through wait_gate(): the waiting thread runs the transport's progress itself
 // where the transport can (P2pTransport::Drive: MPI) and the host has a core for each local rank
 // (drive_busy_poll > 0), so callbacks may run on the waiter, as an engine's do; plainly on their
@@ -84,7 +85,9 @@ class PointToPoint {
 
   Status Submit(P2pEntry entry) EXCLUDES(mu_);
   void Close(const Status& status) EXCLUDES(mu_);
-  bool OnProgressThread() const;
+  // Whether the calling thread is the transport's progress thread or is running one of this
+  // object's completions (a user callback).
+  bool OnOwnThread() const;
   std::shared_ptr<WaitGate> wait_gate() const { return gate_; }
   // The transport (null when none), for the clock sync at init (core/clock_sync.h), which runs on
   // it before any operation can be submitted.

@@ -791,8 +791,7 @@ concord_status_t concord_barrier_async(concord_comm_t comm, concord_callback_t c
   return Guard(comm, [&]() -> Status {
     CONCORD_RETURN_IF_ERROR(CheckComm(comm));
     if (request == nullptr) return concord::InvalidArgument("the request out-pointer is NULL");
-    concord::QueueEntry e;
-    e.request.name = comm->engine->NextBarrierName();
+    concord::QueueEntry e;  // no name: the engine numbers it once nothing can refuse it
     e.request.op = concord::OpType::kBarrier;
     e.request.dtype = concord::DType::kUint8;
     return Submit(comm, std::move(e), callback, user_data, request);
@@ -885,7 +884,10 @@ concord_status_t concord_request_output_shape(concord_request_t request, concord
 }
 
 concord_status_t concord_wait(concord_request_t request, double timeout_s) {
-  if (request == nullptr || std::isnan(timeout_s)) return CONCORD_ERR_INVALID_ARGUMENT;
+  if (request == nullptr) return CONCORD_ERR_INVALID_ARGUMENT;
+  if (std::isnan(timeout_s)) {
+    return RecordOnRequest(request, concord::InvalidArgument("concord_wait: the limit is NaN"));
+  }
   try {
     const auto deadline = timeout_s < 0
                               ? concord::Deadline::Infinite()
@@ -942,8 +944,14 @@ concord_status_t concord_request_wire_bytes(concord_request_t request, uint64_t*
 
 concord_status_t concord_request_wait_stream(concord_request_t request, void* stream,
                                              double timeout_s) {
-  if (request == nullptr || stream == nullptr || std::isnan(timeout_s) || !request->device) {
-    return CONCORD_ERR_INVALID_ARGUMENT;
+  if (request == nullptr) return CONCORD_ERR_INVALID_ARGUMENT;
+  if (stream == nullptr || std::isnan(timeout_s) || !request->device) {
+    return RecordOnRequest(
+        request,
+        concord::InvalidArgument(
+            stream == nullptr       ? "concord_request_wait_stream: the stream is NULL"
+            : std::isnan(timeout_s) ? "concord_request_wait_stream: the limit is NaN"
+                                    : "concord_request_wait_stream: not a CUDA operation"));
   }
   try {
     const auto deadline = timeout_s < 0
@@ -1048,9 +1056,12 @@ Status CopyOpts(const Opts* opts, size_t smallest, const char* what, Opts* o) {
 Status SetSplits(concord_comm_t comm, const int64_t* splits, int nsplits,
                  concord::TensorRequest* r) {
   if (splits != nullptr) {
-    if (nsplits < 0 || nsplits > (1 << 20)) {
-      return concord::InvalidArgument("tensor '" + r->name + "': nsplits " +
-                                      std::to_string(nsplits) + " is not a number of ranks");
+    // nsplits 0 too: only a NULL pointer asks for the even split.
+    if (nsplits < 1 || nsplits > (1 << 20)) {
+      return concord::InvalidArgument(
+          "tensor '" + r->name + "': nsplits " + std::to_string(nsplits) +
+          " is not a number of ranks (splits are given: one per rank; NULL splits for the "
+          "even split)");
     }
     r->splits.assign(splits, splits + nsplits);
   }

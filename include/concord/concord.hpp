@@ -395,26 +395,23 @@ class Communicator {
                              const std::vector<int64_t>& recv_splits = {}, double prescale = 1.0,
                              double postscale = 1.0, Callback callback = nullptr,
                              const std::string& compression = "") {
-    concord_reducescatter_opts_t o;
-    concord_reducescatter_opts_init(&o);
-    o.op = static_cast<concord_reduce_op_t>(op);
-    o.prescale = prescale;
-    o.postscale = postscale;
-    if (!compression.empty()) o.compression = compression.c_str();
-    if (!recv_splits.empty()) {
-      o.recv_splits = recv_splits.data();
-      o.nsplits = static_cast<int>(recv_splits.size());
-    }
+    const concord_reducescatter_opts_t o =
+        ReducescatterOpts(op, prescale, postscale, recv_splits, compression);
     const concord_tensor_t ct = in.c_tensor();
     const concord_tensor_t co = out.c_tensor();
     return Enqueue(std::move(callback), [&](concord_callback_t cb, void* ud, concord_request_t* r) {
       return concord_reducescatter_async(comm_, name.c_str(), &ct, &co, &o, cb, ud, r);
     });
   }
+  /// Blocking (concord_reducescatter), as allreduce(): refused inside this thread's group.
   void reducescatter(const std::string& name, const TensorView& in, const TensorView& out,
                      ReduceOp op = ReduceOp::kSum, const std::vector<int64_t>& recv_splits = {},
                      const std::string& compression = "") {
-    reducescatter_async(name, in, out, op, recv_splits, 1.0, 1.0, nullptr, compression).wait();
+    const concord_reducescatter_opts_t o =
+        ReducescatterOpts(op, 1.0, 1.0, recv_splits, compression);
+    const concord_tensor_t ct = in.c_tensor();
+    const concord_tensor_t co = out.c_tensor();
+    detail::CheckComm(concord_reducescatter(comm_, name.c_str(), &ct, &co, &o), comm_);
   }
 
   /// Reduce to `root` (CPU tensors): only the root's `out` (absent: in place) receives the
@@ -423,11 +420,7 @@ class Communicator {
   Future reduce_async(const std::string& name, const TensorView& in, int root,
                       ReduceOp op = ReduceOp::kSum, const TensorView* out = nullptr,
                       double prescale = 1.0, double postscale = 1.0, Callback callback = nullptr) {
-    concord_reduce_opts_t o;
-    concord_reduce_opts_init(&o);
-    o.op = static_cast<concord_reduce_op_t>(op);
-    o.prescale = prescale;
-    o.postscale = postscale;
+    const concord_reduce_opts_t o = ReduceOpts(op, prescale, postscale);
     const concord_tensor_t ct = in.c_tensor();
     concord_tensor_t co;
     if (out) co = out->c_tensor();
@@ -436,9 +429,15 @@ class Communicator {
                                   r);
     });
   }
+  /// Blocking (concord_reduce), as allreduce().
   void reduce(const std::string& name, const TensorView& in, int root, ReduceOp op = ReduceOp::kSum,
               const TensorView* out = nullptr) {
-    reduce_async(name, in, root, op, out).wait();
+    const concord_reduce_opts_t o = ReduceOpts(op, 1.0, 1.0);
+    const concord_tensor_t ct = in.c_tensor();
+    concord_tensor_t co;
+    if (out) co = out->c_tensor();
+    detail::CheckComm(concord_reduce(comm_, name.c_str(), &ct, out ? &co : nullptr, root, &o),
+                      comm_);
   }
 
   /// Gather to `root` along the first dimension (CPU tensors; it may differ between ranks): on
@@ -489,9 +488,14 @@ class Communicator {
       return concord_recv_async(comm_, expected ? &ct : nullptr, peer, tag, cb, ud, r);
     });
   }
-  void send(const TensorView& in, int peer, int64_t tag) { send_async(in, peer, tag).wait(); }
+  /// Blocking (concord_send, concord_recv).
+  void send(const TensorView& in, int peer, int64_t tag) {
+    const concord_tensor_t ct = in.c_tensor();
+    detail::CheckComm(concord_send(comm_, &ct, peer, tag), comm_);
+  }
   void recv(const TensorView& expected, int peer, int64_t tag) {
-    recv_async(&expected, peer, tag).wait();
+    const concord_tensor_t ct = expected.c_tensor();
+    detail::CheckComm(concord_recv(comm_, &ct, peer, tag), comm_);
   }
 
   /// Ends this rank's training step (see concord_end_step): a tensor a rank skips in a step then
@@ -543,6 +547,32 @@ class Communicator {
     o.prescale = prescale;
     o.postscale = postscale;
     if (!compression.empty()) o.compression = compression.c_str();
+    return o;
+  }
+
+  // `recv_splits` (and `compression`) must outlive the struct: it points into them.
+  static concord_reducescatter_opts_t ReducescatterOpts(ReduceOp op, double prescale,
+                                                        double postscale,
+                                                        const std::vector<int64_t>& recv_splits,
+                                                        const std::string& compression) {
+    concord_reducescatter_opts_t o;
+    concord_reducescatter_opts_init(&o);
+    o.op = static_cast<concord_reduce_op_t>(op);
+    o.prescale = prescale;
+    o.postscale = postscale;
+    if (!compression.empty()) o.compression = compression.c_str();
+    if (!recv_splits.empty()) {
+      o.recv_splits = recv_splits.data();
+      o.nsplits = static_cast<int>(recv_splits.size());
+    }
+    return o;
+  }
+  static concord_reduce_opts_t ReduceOpts(ReduceOp op, double prescale, double postscale) {
+    concord_reduce_opts_t o;
+    concord_reduce_opts_init(&o);
+    o.op = static_cast<concord_reduce_op_t>(op);
+    o.prescale = prescale;
+    o.postscale = postscale;
     return o;
   }
 

@@ -718,6 +718,7 @@ static void TestWaitLimit(concord_comm_t comm) {
   CHECK(c.calls == 1 && c.last == CONCORD_SUCCESS);
   CHECK(x[0] == 1 && x[2] == 3);
   CHECK_STATUS(concord_wait(r, NAN), CONCORD_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(concord_request_error(r), "NaN") != NULL); /* says why */
   concord_request_free(r);
 }
 
@@ -1123,6 +1124,7 @@ static void TestDeviceOptions(concord_comm_t comm) {
   CHECK_STATUS(concord_wait(r, -1), CONCORD_SUCCESS);
   /* A CPU request has no device completion to wait for. */
   CHECK_STATUS(concord_request_wait_stream(r, &fake_stream, 1.0), CONCORD_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(concord_request_error(r), "not a CUDA operation") != NULL);
   concord_request_free(r);
   r = (concord_request_t)0x1;
   CHECK_STATUS(concord_broadcast_async_ex(comm, "d.empty", &t, NULL, 0, &d, NULL, NULL, &r),

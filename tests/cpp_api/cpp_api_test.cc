@@ -129,6 +129,18 @@ TEST(CppApiTest, FuturesCallbacksAndGroups) {
       expect_refused([&] { comm.broadcast("blocking.b", concord::TensorView(other), 0); },
                      "blocking call inside a group");
       expect_refused([&] { comm.barrier(); }, "blocking call inside a group");
+      {
+        // Refused at enqueue, so nothing stays queued on buffers that go out of scope here (they
+        // were once submitted and then waited for, which left them in the group).
+        std::vector<float> in(4, 1.0f), out(2, 0.0f);
+        expect_refused([&] { comm.reduce("blocking.r", concord::TensorView(in), 0); },
+                       "blocking call inside a group");
+        expect_refused(
+            [&] {
+              comm.reducescatter("blocking.rs", concord::TensorView(in), concord::TensorView(out));
+            },
+            "blocking call inside a group");
+      }
       expect_refused([&] { futures[0].wait(); }, "'g0' is in the group this thread has open");
     }
     for (auto& f : futures) f.wait();
@@ -136,6 +148,23 @@ TEST(CppApiTest, FuturesCallbacksAndGroups) {
     for (const auto& t : tensors) {
       for (int64_t x : t) ASSERT_EQ(x, 2);
     }
+  });
+}
+
+// A barrier refused inside one rank's group takes no barrier number there: the ranks' next
+// barriers still meet (they used to wait for each other's different numbers until the stall
+// shutdown).
+TEST(CppApiTest, BarrierRefusedInOneRanksGroupLeavesLaterBarriersMatched) {
+  RunRanks(2, [](concord::Communicator& comm) {
+    if (comm.rank() == 0) {
+      concord::Communicator::Group group(comm);
+      EXPECT_THROW(comm.barrier(), concord::Error);
+    }
+    concord_request_t r = nullptr;
+    ASSERT_EQ(concord_barrier_async(comm.native(), nullptr, nullptr, &r), CONCORD_SUCCESS);
+    EXPECT_EQ(concord_wait(r, 10.0), CONCORD_SUCCESS) << concord_request_error(r);
+    concord_request_free(r);
+    comm.barrier();
   });
 }
 

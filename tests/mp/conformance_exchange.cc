@@ -450,6 +450,16 @@ void RunErrors(concord_comm_t comm, int rank, int size, int device, Counts* coun
   ExpectError(comm, "a2a splits sum",
               concord_alltoall_async(comm, "e.a2a", &t, nullptr, 0, &a2a, nullptr, nullptr, &req),
               nullptr, kBad, {"'e.a2a'", "sum to"}, counts);
+  a2a.splits = splits.data();  // given, but nsplits left 0: not the even split
+  a2a.nsplits = 0;
+  ExpectError(comm, "a2a nsplits 0",
+              concord_alltoall_async(comm, "e.a2a", &t, nullptr, 0, &a2a, nullptr, nullptr, &req),
+              nullptr, kBad, {"nsplits 0"}, counts);
+  rs.recv_splits = splits.data();
+  rs.nsplits = 0;
+  ExpectError(comm, "rs nsplits 0",
+              concord_reducescatter_async(comm, "e.rs", &t, &o, &rs, nullptr, nullptr, &req),
+              nullptr, kBad, {"nsplits 0"}, counts);
   std::vector<int64_t> one_more = splits;
   one_more.push_back(0);
   a2a.splits = one_more.data();

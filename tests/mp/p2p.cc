@@ -403,6 +403,45 @@ void BadArguments(concord_comm_t comm) {
          concord_comm_last_error(comm));
 }
 
+// concord_finalize from a send's callback is refused, wherever the callback runs: a small send
+// usually completes inside concord_send_async, on the calling thread, which once finalized the
+// communicator under the running call. On a sub-communicator of ranks 0 and 1.
+struct FinalizeInCallback {
+  concord_comm_t comm = nullptr;
+  std::atomic<int> finalize_status{-100};
+};
+void OnSentFinalize(concord_request_t, concord_status_t, void* user_data) {
+  auto* f = static_cast<FinalizeInCallback*>(user_data);
+  f->finalize_status.store(static_cast<int>(concord_finalize(f->comm)));
+}
+void FinalizeFromCallback(concord_comm_t comm) {
+  FinalizeInCallback f;
+  CHECKF(
+      concord_comm_split(comm, g_rank < 2 ? 0 : CONCORD_UNDEFINED, 0, &f.comm) == CONCORD_SUCCESS,
+      "split: %s", concord_comm_last_error(comm));
+  if (f.comm == nullptr) return;
+  float x[4] = {1, 2, 3, 4};
+  const int64_t s4[1] = {4};
+  concord_tensor_t t = CpuTensor(x, CONCORD_FLOAT32, 1, s4);
+  concord_request_t r = nullptr;
+  if (g_rank == 1) CHECKF(concord_recv_async(f.comm, &t, 0, 8, nullptr, nullptr, &r) == 0, "recv");
+  CHECKF(concord_barrier(f.comm) == CONCORD_SUCCESS, "barrier");
+  if (g_rank == 0) {
+    CHECKF(concord_send_async(f.comm, &t, 1, 8, OnSentFinalize, &f, &r) == CONCORD_SUCCESS,
+           "send: %s", concord_comm_last_error(f.comm));
+  }
+  CHECKF(r != nullptr && concord_wait(r, 30.0) == CONCORD_SUCCESS, "p2p: %s",
+         r ? concord_request_error(r) : "no request");
+  concord_request_free(r);
+  if (g_rank == 0) {
+    CHECKF(f.finalize_status.load() == CONCORD_ERR_INVALID_ARGUMENT,
+           "finalize inside the send's callback returned %d, want INVALID_ARGUMENT",
+           f.finalize_status.load());
+  }
+  CHECKF(concord_finalize(f.comm) == CONCORD_SUCCESS, "finalize: %s",
+         concord_comm_last_error(nullptr));
+}
+
 // Sends nobody receives, left behind by communicators that are then finalized, never reach the
 // communicators created after them: each round, every rank sends to the next on a split that it
 // finalizes without a recv, then a new split's ring must carry its own message (under MPI a freed
@@ -457,6 +496,7 @@ int All(int64_t large, bool device) {
   ManyInFlight(comm);
   Mismatch(comm);
   LeftBehindSends(comm);
+  FinalizeFromCallback(comm);
   if (g_size > 1) Undriven(comm);
   // A recv nobody sends for, still in flight at finalize: completed with an error.
   std::vector<float> never(4);

@@ -288,6 +288,17 @@ TEST(EngineCompressionErrors, BadSpecsAndDTypesAreRefusedAtEnqueue) {
     EXPECT_EQ(s.code(), Code::kInvalidArgument) << c.request.compression << ": " << s.ToString();
     EXPECT_NE(s.message().find(c.says), std::string::npos) << s.message();
   }
+  // A misaligned buffer is refused at enqueue (compressors take whole elements); at execution it
+  // would have failed the communicator, and the next operation below would fail too.
+  std::vector<float> backing(9, 1.0f);
+  auto* odd = reinterpret_cast<float*>(reinterpret_cast<char*>(backing.data()) + 2);
+  for (const char* spec : {"fp16", "topk:density=0.5"}) {
+    Status s = job[0].Enqueue(Entry(Compressed("f", 8, spec), odd, odd));
+    EXPECT_EQ(s.code(), Code::kInvalidArgument) << spec << ": " << s.ToString();
+    EXPECT_NE(s.message().find("aligned to its element size"), std::string::npos) << s.message();
+    s = job[0].Enqueue(Entry(Compressed("f", 8, spec), floats.data(), odd));
+    EXPECT_NE(s.message().find("its output aligned"), std::string::npos) << s.message();
+  }
   // "none" is no compression at all, and works for any dtype.
   Status s = Await(
       Submit(job[0], Entry(Compressed("e", 8, "none", DType::kInt32), ints.data(), ints.data())));

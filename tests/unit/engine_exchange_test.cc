@@ -359,6 +359,14 @@ TEST(ExchangeValidateTest, BadSplitsAreRefusedAtEnqueue) {
       refused(r, 32, "negative");
       r.splits = {4};
       refused(r, 32, "one split per rank");
+      // Summed exactly, as the coordinator sums them (it used to fail the communicator for
+      // splits each clamped here to the largest tensor size).
+      r.splits = {int64_t{1} << 62, int64_t{1} << 62};
+      refused(r, 32, "overflow");
+      r.shape = {int64_t{1} << 50, 0};
+      r.splits = {int64_t{1} << 60, 0};
+      refused(r, 0, "sum to 1152921504606846976");
+      r.shape = {4, 2};
       TensorRequest scalar = Request("t", op, DType::kFloat32, {});
       scalar.splits = {0, 0};
       refused(scalar, 32, "at least one dimension");
