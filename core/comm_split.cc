@@ -43,6 +43,8 @@ std::string RankList(const std::vector<int>& ranks) {
 StatusOr<Communicator> Split(Engine& engine, CommOrigin& origin, SplitArgs mine, const char* what,
                              const Status& local_error) {
   const Config& pc = engine.config();
+  // Refused before taking a number: a refusal on one rank must not shift its later splits.
+  if (Status s = engine.CheckExchangeInternal(); !s.ok()) return s.WithContext(what);
   const uint64_t seq = origin.splits.fetch_add(1);
   mine.host = HostDigest();
   std::string bytes(sizeof(SplitArgs), '\0');

@@ -224,10 +224,16 @@ std::string Engine::NextBarrierName() {
   return BarrierName(barrier_seq_++);
 }
 
-StatusOr<std::string> Engine::ExchangeInternal(const std::string& tag, const std::string& bytes) {
+Status Engine::CheckExchangeInternal() const {
   if (OnEngineThread()) {
-    return InvalidArgument("'" + tag + "' cannot run from the communicator's own threads");
+    return InvalidArgument(
+        "cannot run from the communicator's own threads (a completion callback)");
   }
+  return Status::Ok();
+}
+
+StatusOr<std::string> Engine::ExchangeInternal(const std::string& tag, const std::string& bytes) {
+  if (Status s = CheckExchangeInternal(); !s.ok()) return s.WithContext("'" + tag + "'");
   // The input must live as long as the operation, which may outlive this call (a timeout).
   auto input = std::make_shared<const std::string>(bytes);
   auto state = std::make_shared<RequestState>([input](const Status&) {});

@@ -165,6 +165,9 @@ class Engine {
   // saying that not every rank took part; the operation then stays in flight until the engine
   // fails or stops). Not from the engine's own threads.
   StatusOr<std::string> ExchangeInternal(const std::string& tag, const std::string& bytes);
+  // ExchangeInternal's refusal on this thread (a completion callback's), before any argument is
+  // made: a caller numbering its exchanges takes no number for a refused one.
+  Status CheckExchangeInternal() const;
 
   // Ends this rank's current step: operations enqueued afterwards belong to the next one. When
   // every rank marks its steps, a name submitted in different steps on different ranks fails with

@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -112,6 +113,18 @@ void Hammer(concord_comm_t c, const std::vector<int>& members, const char* what)
 }
 
 // Every rank of `parent` fails the call alike; `want` must be in the others' error.
+// A split from a completion callback is refused; it must not take a split number on that rank
+// alone (the ranks' later splits would then never meet).
+struct SplitInCallback {
+  concord_comm_t parent = nullptr;
+  std::atomic<int> status{-100};
+};
+void OnDoneSplit(concord_request_t, concord_status_t, void* user_data) {
+  auto* c = static_cast<SplitInCallback*>(user_data);
+  concord_comm_t sub = nullptr;
+  c->status.store(static_cast<int>(concord_comm_split(c->parent, 0, 0, &sub)));
+}
+
 void ExpectRefused(concord_status_t s, concord_comm_t parent, concord_comm_t sub, bool culprit,
                    const std::string& want, const char* what) {
   const std::string err = concord_comm_last_error(parent);
@@ -204,6 +217,26 @@ int Semantics() {
     float got = 0;
     CHECKF(Allreduce(world, "after.refusals", &got) == CONCORD_SUCCESS && got == SumOver(everyone),
            "the parent after refused splits: %g", got);
+  }
+
+  if (g_size >= 2) {
+    SplitInCallback in_callback;
+    in_callback.parent = world;
+    float v[3] = {1, 2, 3};
+    int64_t shape[1] = {3};
+    concord_tensor_t t = CpuTensor(v, CONCORD_FLOAT32, 1, shape);
+    concord_request_t r = nullptr;
+    const bool culprit = g_rank == g_size - 1;
+    CHECKF(concord_allreduce_async(world, "split.in.callback", &t, nullptr, nullptr,
+                                   culprit ? OnDoneSplit : nullptr, &in_callback,
+                                   &r) == CONCORD_SUCCESS,
+           "allreduce");
+    CHECKF(concord_wait(r, 30.0) == CONCORD_SUCCESS, "allreduce: %s", concord_request_error(r));
+    concord_request_free(r);
+    if (culprit) {
+      CHECKF(in_callback.status.load() == CONCORD_ERR_INVALID_ARGUMENT,
+             "split from a callback returned %d", in_callback.status.load());
+    }
   }
 
   // A rank that never calls split: the others' call fails after the timeout, no hang; finalize
