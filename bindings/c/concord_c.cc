@@ -685,7 +685,9 @@ concord_status_t concord_comm_stats(concord_comm_t comm, concord_stats_t* stats)
 const char* concord_comm_last_error(concord_comm_t comm) {
   if (comm == nullptr) return init_error.c_str();
   concord::MutexLock lock(comm->mu);
-  return comm->last_error[std::this_thread::get_id()].c_str();
+  // Looked up, not inserted: a thread that only asks adds no entry (threads come and go).
+  const auto it = comm->last_error.find(std::this_thread::get_id());
+  return it == comm->last_error.end() ? "" : it->second.c_str();
 }
 
 concord_status_t concord_allreduce_async(concord_comm_t comm, const char* name,
@@ -1335,7 +1337,11 @@ concord_status_t concord_gather(concord_comm_t comm, const char* name,
 
 concord_status_t concord_request_received_splits(concord_request_t request, int64_t* splits,
                                                  int n) {
-  if (request == nullptr || splits == nullptr) return CONCORD_ERR_INVALID_ARGUMENT;
+  if (request == nullptr) return CONCORD_ERR_INVALID_ARGUMENT;
+  if (splits == nullptr) {
+    return RecordOnRequest(
+        request, concord::InvalidArgument("concord_request_received_splits: splits is NULL"));
+  }
   const concord_status_t ready = OutputReady(request);
   if (ready != CONCORD_SUCCESS) return ready;
   const std::vector<int64_t>& got = request->state->output().splits;
