@@ -180,10 +180,11 @@ typedef struct concord_allreduce_opts {
   /** Gradient compression, a spec such as "none", "fp16", "bf16", "topk:density=0.01" or
    *  "topk:density=0.001,method=exact,values=fp16" (README, Compression); every rank must give
    *  the same (else MISMATCH). NULL (the default): CONCORD_COMPRESSION or
-   *  concord_config_t.compression; "" is "none". A spec that does not parse, or a dtype the
-   *  compressor does not take, fails the enqueue with INVALID_ARGUMENT naming the problem; CPU
-   *  tensors only (UNAVAILABLE for a CUDA tensor). Older callers whose struct ends before this
-   *  field get the default. */
+   *  concord_config_t.compression; "" is "none". A spec that does not parse, a dtype the
+   *  compressor does not take, or an input or output not aligned to the element size fails the
+   *  enqueue with INVALID_ARGUMENT naming the problem; CPU tensors only (UNAVAILABLE for a CUDA
+   *  tensor). Top-k keeps error feedback per name (README, Compression). Older callers whose
+   *  struct ends before this field get the default. */
   const char* compression;
 } concord_allreduce_opts_t;
 
@@ -395,7 +396,8 @@ typedef struct concord_reducescatter_opts {
   /** Rows of the first dimension each rank receives, in rank order: nsplits (the number of
    *  ranks) counts, none negative, summing to the first dimension, the same on every rank (else
    *  MISMATCH). NULL (the default): the even split, rank r receives n / size rows and the first
-   *  n % size ranks one more (Horovod's rule). */
+   *  n % size ranks one more (Horovod's rule). Given with nsplits other than the number of ranks
+   *  (0 too): INVALID_ARGUMENT. */
   const int64_t* recv_splits;
   int nsplits;
   /** A summable compressor spec, "fp16" or "bf16" (float32 and float64 tensors): the input is
@@ -411,7 +413,7 @@ typedef struct concord_alltoall_opts {
   /** Rows of the first dimension this rank sends to each rank, in rank order: nsplits (the
    *  number of ranks) counts, none negative, summing to the first dimension; they may differ
    *  between ranks (alltoallv). NULL (the default): n / size rows to every rank (size must divide
-   *  n). */
+   *  n). Given with nsplits other than the number of ranks (0 too): INVALID_ARGUMENT. */
   const int64_t* splits;
   int nsplits;
 } concord_alltoall_opts_t;
