@@ -97,7 +97,7 @@ def test_broadcast_optimizer_state(comm):
 def test_optimizer_misuse_is_refused(comm):
     model = make_model(seed=3)
     opt = ctorch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), comm=comm)
-    opt.step()  # no gradients anywhere: nothing to reduce, nothing to wait for
+    opt.step()  # no gradients anywhere: zeros are reduced (as Horovod), SGD leaves p alone
     x, y = batch(0, 1)
     loss_of(model, x, y).backward()
     with pytest.raises(concord.InvalidArgumentError, match="in flight"):
@@ -117,3 +117,40 @@ def test_optimizer_misuse_is_refused(comm):
             ctorch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                         compression="fp16", comm=comm)
 
+
+def test_parameter_without_gradient_on_some_ranks(comm):
+    """A parameter that takes no part in some ranks' forward pass (a branch only rank 0 takes)
+    gets zeros there, reduced with the others' gradients, as Horovod's: every rank steps (the
+    others waited in step() for a gradient these ranks never submitted), and every rank gets the
+    same average."""
+    torch.manual_seed(5)
+    a, b = torch.nn.Linear(2, 1, bias=False), torch.nn.Linear(2, 1, bias=False)
+    opt = ctorch.DistributedOptimizer(
+        torch.optim.SGD(list(a.parameters()) + list(b.parameters()), lr=0.1),
+        named_parameters=[("a", a.weight), ("b", b.weight)], comm=comm)
+    before = b.weight.detach().clone()
+    for step in range(2):
+        opt.zero_grad(set_to_none=True)
+        x = torch.ones(1, 2)
+        loss = a(x).sum() + (b(x).sum() if comm.rank == 0 else 0)
+        loss.backward()
+        assert (b.weight.grad is None) == (comm.rank != 0)
+        opt.step()
+        torch.testing.assert_close(b.weight.grad, torch.full((1, 2), 1.0 / comm.size))
+        torch.testing.assert_close(a.weight.grad, torch.ones(1, 2))
+    torch.testing.assert_close(b.weight.detach(), before - 2 * 0.1 / comm.size)
+    for name, p in (("a", a.weight), ("b", b.weight)):
+        root = comm.broadcast(p.detach(), root=0, name="unused.check." + name)
+        assert torch.equal(root, p.detach()), name
+
+
+def test_sparse_gradient_is_refused_naming_it(comm):
+    """An Embedding with sparse=True gives a sparse gradient, which Concord cannot reduce: the
+    backward pass raises InvalidArgumentError naming the gradient and its layout."""
+    emb = torch.nn.Embedding(4, 2, sparse=True)
+    opt = ctorch.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=0.1),
+                                      named_parameters=emb.named_parameters(), comm=comm)
+    with pytest.raises(concord.InvalidArgumentError,
+                       match="the gradient grad.weight is a torch.sparse_coo tensor"):
+        emb(torch.tensor([1, 2])).sum().backward()
+    assert not opt._concord_handles

@@ -5,6 +5,7 @@ cannot take; use after finalize."""
 
 import ctypes
 import os
+import re
 
 import numpy as np
 import pytest
@@ -143,6 +144,65 @@ def test_python_side_refusals(comm):
     frozen.flags.writeable = False
     with pytest.raises(concord.InvalidArgumentError, match="read-only"):
         comm.allreduce_(frozen, name="frozen")
+
+
+def test_names_sparse_tensors_and_negative_splits_refused_on_every_rank(comm):
+    """A name that is not text, a sparse tensor and a negative split of this rank's own rows are
+    refused with InvalidArgumentError on every rank, before anything is made or enqueued."""
+    torch = pytest.importorskip("torch", reason="torch is not installed for this Python "
+                                "(apt-get install python3-torch)")
+    x = np.ones(4, np.float32)
+    with pytest.raises(concord.InvalidArgumentError, match="name must be a str .*not int 5"):
+        comm.allreduce(x, name=5)  # was bytes(5): five NUL bytes, read by C as an empty name
+    with pytest.raises(concord.InvalidArgumentError, match="contains a NUL"):
+        comm.allreduce(x, name="a\0b")
+    sparse = torch.sparse_coo_tensor([[0, 1]], [1.0, 2.0], (4,))
+    with pytest.raises(concord.InvalidArgumentError,
+                       match="allreduce input has layout torch.sparse_coo: .*to_dense"):
+        comm.allreduce(sparse, name="sparse")
+    with pytest.raises(concord.InvalidArgumentError, match="broadcast output has layout"):
+        comm.broadcast(torch.ones(4), out=sparse, name="sparse.out")
+    bad = [5] * comm.size
+    bad[comm.rank] = -1  # every rank's own split is the negative one
+    for rows in (np.ones((4, 2), np.float32), torch.ones(4, 2)):
+        with pytest.raises(concord.InvalidArgumentError,
+                           match="reducescatter split %d is negative" % comm.rank):
+            comm.reducescatter(rows, recv_splits=bad, name="rs.negative")
+    # Nothing was enqueued: the names are free and the communicator works.
+    assert comm.allreduce(x, name="sparse").tolist() == [comm.size] * 4
+
+
+def test_out_with_other_dimensions_is_refused(comm):
+    """allgather, gather and alltoall return out cut to the rows received: an out whose
+    dimensions after the first differ from the input's is refused naming both shapes (it gave a
+    truncated result of another shape), through numpy and torch."""
+    torch = pytest.importorskip("torch", reason="torch is not installed for this Python "
+                                "(apt-get install python3-torch)")
+    for make in (lambda shape: np.full(shape, -1, np.float32),
+                 lambda shape: torch.full(shape, -1.0)):
+        x = make((2, 3))
+        for shape in [(12,), (3, 4), (2 * comm.size, 3, 1), (2 * comm.size, 1)]:
+            out = make(shape)
+            with pytest.raises(concord.InvalidArgumentError,
+                               match=r"allgather output has shape %s, the input \[2, 3\]: .*"
+                               r"dimensions after the first \(\[3\]\)" %
+                               re.escape(str(list(shape)))):
+                comm.allgather(x, out=out, name="ag.dims")
+            # root=comm.rank: every rank is the root of its own call, refused before enqueue
+            with pytest.raises(concord.InvalidArgumentError,
+                               match=r"gather output has shape %s" % re.escape(str(list(shape)))):
+                comm.gather(x, root=comm.rank, out=out, name="ga.dims")
+            assert (np.asarray(out) == -1).all()  # untouched
+        y = make((2 * comm.size, 2))
+        with pytest.raises(concord.InvalidArgumentError,
+                           match=r"alltoall output has shape \[%d, 3\], the input \[%d, 2\]"
+                           % (2 * comm.size, 2 * comm.size)):
+            comm.alltoall(y, out=make((2 * comm.size, 3)), name="a2a.dims")
+        # The same calls with the input's trailing dimensions go through.
+        got = comm.allgather(x, out=make((2 * comm.size + 1, 3)), name="ag.dims")
+        assert tuple(got.shape) == (2 * comm.size, 3)
+        got, received = comm.alltoall(y, out=make((2 * comm.size, 2)), name="a2a.dims")
+        assert tuple(got.shape) == (2 * comm.size, 2) and received == [2] * comm.size
 
 
 def test_struct_field_probe():
@@ -293,5 +353,6 @@ def test_init_error_and_use_after_finalize(comm):
     with pytest.raises(concord.ConcordError) as e:
         second.allreduce(np.ones(2, np.float32), name="after")
     assert e.value.status == Status.ERR_NOT_INITIALIZED
-    with pytest.raises(concord.ConcordError, match="already called"):
+    with pytest.raises(concord.InvalidArgumentError, match="already called") as e:
         concord.init()
+    assert e.value.status == Status.ERR_INVALID_ARGUMENT

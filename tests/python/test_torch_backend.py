@@ -179,6 +179,94 @@ def test_all_to_all_single_uneven_and_list():
         close(outs[s], torch.full((3,), 10 * s + RANK), torch.int64)
 
 
+def test_non_contiguous_outputs_are_filled():
+    # As gloo does: a reshape of such an output is a copy, which the result used to go into.
+    chunks = [torch.full((2, 2), float(RANK + r)) for r in range(SIZE)]
+    want = sum(float(RANK + r) for r in range(SIZE))  # this rank's chunk, summed over ranks
+    out = torch.full((2, 2), -1.0).t()
+    assert not out.is_contiguous()
+    dist.reduce_scatter_tensor(out, torch.cat([c.reshape(-1) for c in chunks]))
+    close(out, torch.full((2, 2), want), torch.float32)
+    out = torch.full((2, 2), -1.0).t()
+    dist.reduce_scatter(out, chunks)
+    close(out, torch.full((2, 2), want), torch.float32)
+    base = torch.full((8,), -1.0)
+    dist.reduce_scatter(base[::2], [c.reshape(-1) for c in chunks])  # a strided 1-d view
+    close(base, torch.tensor([want, -1.0] * 4), torch.float32)
+    out = torch.full((4, SIZE), -1.0).t()  # (SIZE, 4), non-contiguous
+    dist.all_gather_into_tensor(out, torch.full((4,), float(RANK + 1)))
+    close(out, torch.arange(1.0, SIZE + 1).repeat_interleave(4).reshape(SIZE, 4), torch.float32)
+    out = torch.full((2, SIZE), -1.0).t()  # all_to_all_single: one row of 2 from each rank
+    dist.all_to_all_single(out, torch.arange(2.0 * SIZE).reshape(SIZE, 2) + 100 * RANK)
+    close(out, torch.stack([torch.tensor([2.0 * RANK, 2.0 * RANK + 1]) + 100 * s
+                            for s in range(SIZE)]), torch.float32)
+
+
+def test_all_to_all_sizes_checked_against_what_was_sent():
+    # Every rank sends 2 rows to every rank; rank 0 alone claims other output_split_sizes: it
+    # fails naming both, the others get their rows.
+    x = torch.arange(2.0 * SIZE) + 100 * RANK
+    out = torch.full((2 * SIZE,), -1.0)
+    claimed = [1, 3] + [2] * (SIZE - 2) if RANK == 0 else [2] * SIZE
+    if RANK == 0:
+        with pytest.raises(concord.ConcordError, match=r"rank 0 expected \[1, 3%s\] rows .* "
+                           r"sent it \[2, 2%s\]" % (", 2" * (SIZE - 2), ", 2" * (SIZE - 2))) as e:
+            dist.all_to_all_single(out, x, output_split_sizes=claimed)
+        assert e.value.status == concord.Status.ERR_MISMATCH
+    else:
+        dist.all_to_all_single(out, x, output_split_sizes=claimed)
+        close(out, torch.cat([torch.tensor([2.0 * RANK, 2.0 * RANK + 1]) + 100 * s
+                              for s in range(SIZE)]), torch.float32)
+    # The even split of a larger output: 3 rows expected from each rank, 2 came (async too).
+    work = dist.all_to_all_single(torch.full((3 * SIZE,), -1.0), x, async_op=True)
+    with pytest.raises(concord.ConcordError, match=r"expected \[3(, 3)*\] rows"):
+        work.wait()
+    with pytest.raises(concord.InvalidArgumentError, match="7 rows do not divide"):
+        dist.all_to_all_single(torch.empty(7 if SIZE != 7 else 8), x)
+    with pytest.raises(concord.InvalidArgumentError, match="1 output_split_sizes for %d" % SIZE):
+        dist.all_to_all_single(torch.empty(2 * SIZE), x, output_split_sizes=[2 * SIZE])
+    # The list form: ranks 0 and 1 send 1 and 3 elements to ranks 0 and 1 (3 and 1 the other
+    # way), 2 to the others; everyone expects 2 from each rank, so ranks 0 and 1 fail and their
+    # outputs are left alone.
+    sizes = [2] * SIZE
+    if RANK < 2:
+        sizes[:2] = [1, 3] if RANK == 0 else [3, 1]
+    outs = [torch.full((2,), -1.0) for _ in range(SIZE)]
+    ins = [torch.full((n,), 10.0 * RANK + d) for d, n in enumerate(sizes)]
+    if RANK in (0, 1):
+        with pytest.raises(concord.ConcordError, match=r"all_to_all .*rank %d expected \[2(, 2)*"
+                           r"\] elements" % RANK):
+            dist.all_to_all(outs, ins)
+        assert all(torch.equal(o, torch.full((2,), -1.0)) for o in outs)
+    else:
+        dist.all_to_all(outs, ins)
+        for s in range(SIZE):
+            close(outs[s], torch.full((2,), 10.0 * s + RANK), torch.float32)
+    dist.all_reduce(torch.ones(3))  # the group still works
+
+
+def test_works_never_waited_for_are_let_go():
+    # A work dist's functions return is the caller's: once done the group keeps nothing of it
+    # (500 unwaited all_reduces held 500 works and their tensors).
+    import time
+    group = dist.distributed_c10d._get_default_group()
+    ts = [torch.full((100,), float(RANK + i)) for i in range(50)]
+    for t in ts:
+        dist.all_reduce(t, async_op=True)
+    for _ in range(10):
+        if RANK == 0:
+            dist.isend(torch.ones(4), 1 % SIZE)
+        if RANK == 1 % SIZE:
+            dist.irecv(torch.empty(4), 0)
+    dist.barrier()
+    deadline = time.monotonic() + 30
+    while group._works and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not group._works
+    for i, t in enumerate(ts):  # and every one of them completed
+        close(t, torch.full((100,), float(sum(r + i for r in range(SIZE)))), torch.float32)
+
+
 def test_send_recv_ring_and_barrier():
     for dtype in (torch.float16, torch.int64):
         x = values(RANK, 9, dtype)

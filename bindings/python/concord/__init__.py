@@ -53,7 +53,8 @@ def init(**config):
     it; an error if one exists already."""
     global _default
     if _default is not None:
-        raise ConcordError(Status.ERR_INVALID_ARGUMENT, "concord.init() was already called")
+        raise InvalidArgumentError(Status.ERR_INVALID_ARGUMENT,
+                                   "concord.init() was already called")
     _default = Communicator(**config)
     return _default
 

@@ -174,7 +174,17 @@ class Communicator:
 
     def _name(self, name, kind):
         if name is not None:
-            return name.encode() if isinstance(name, str) else bytes(name)
+            if isinstance(name, str):
+                encoded = name.encode()
+            elif isinstance(name, (bytes, bytearray)):
+                encoded = bytes(name)
+            else:
+                raise InvalidArgumentError(1, "the tensor name must be a str (or bytes), not %s "
+                                              "%r" % (type(name).__name__, name))
+            if b"\0" in encoded:  # C would read the name only up to it
+                raise InvalidArgumentError(1, "the tensor name %r contains a NUL character" %
+                                           (name,))
+            return encoded
         with self._counter_lock:
             n = self._counters.get(kind, 0)
             self._counters[kind] = n + 1
@@ -233,6 +243,19 @@ class Communicator:
             return self._submit_device(entry + "_ex", args, cuda, list(keep), callback, finish)
         return self._submit(lambda fn, ud, req: getattr(lib(), entry)(*args, fn, ud, req),
                             callback, keep, finish)
+
+    @staticmethod
+    def _check_rows_output(op, src, dst):
+        """Refuses an out= that cannot hold the result as rows of the input's: another dtype, or
+        other dimensions after the first (wait() returns out cut to the rows received, which
+        would give a result of another shape)."""
+        if dst.dtype != src.dtype:
+            raise InvalidArgumentError(1, "%s output dtype differs from the input's" % op)
+        if len(dst.shape) != len(src.shape) or dst.shape[1:] != src.shape[1:]:
+            raise InvalidArgumentError(
+                1, "%s output has shape %s, the input %s: out must have the input's dimensions "
+                "after the first (%s) and room for the rows received" %
+                (op, list(dst.shape), list(src.shape), list(src.shape[1:])))
 
     @staticmethod
     def _device_output_needed(op, cuda, dst):
@@ -328,7 +351,8 @@ class Communicator:
         """Concatenates every rank's tensor along the first dimension (which may differ between
         ranks; the others must agree). out=None: a new tensor of the gathered size (it views
         memory the communicator lends until the tensor is gone: no copy); else the result
-        goes into out (at least as large) and wait() returns out[:gathered rows]. CUDA tensors
+        goes into out (at least as large, with the input's dtype and dimensions after the first,
+        else InvalidArgumentError) and wait() returns out[:gathered rows]. CUDA tensors
         need out= (a CUDA tensor; the library cannot own device memory), and wait() returns out
         whole: give it the gathered size."""
         handle = self._live()
@@ -336,8 +360,8 @@ class Communicator:
         if len(src.shape) == 0:
             raise InvalidArgumentError(1, "allgather input must have at least one dimension")
         dst = None if out is None else tensors.describe(out, "allgather output", writable=True)
-        if dst is not None and dst.dtype != src.dtype:
-            raise InvalidArgumentError(1, "allgather output dtype differs from the input's")
+        if dst is not None:
+            self._check_rows_output("allgather", src, dst)
         cuda = self._on_device(src, dst)
         self._device_output_needed("allgather", cuda, dst)
         if cuda is not None:
@@ -404,6 +428,9 @@ class Communicator:
         if len(counts) != self.size:
             raise InvalidArgumentError(1, "%s: %d splits for %d ranks" %
                                        (what, len(counts), self.size))
+        for i, c in enumerate(counts):
+            if c < 0:  # refused here, on every rank, before an output of c rows is made
+                raise InvalidArgumentError(1, "%s split %d is negative (%d)" % (what, i, c))
         return (ctypes.c_int64 * max(len(counts), 1))(*counts)
 
     def reducescatter_async(self, tensor, name=None, op="sum", prescale=1.0, postscale=1.0,
@@ -483,7 +510,8 @@ class Communicator:
     def gather_async(self, tensor, root=0, name=None, out=None, callback=None):
         """Concatenates every rank's tensor along the first dimension (which may differ between
         ranks; the others must agree) on rank root only, as allgather_async there (out=None: a
-        new tensor of the gathered size; else out, at least as large, cut to the gathered rows).
+        new tensor of the gathered size; else out, at least as large, with the input's dtype and
+        dimensions after the first, cut to the gathered rows).
         A CUDA tensor needs out= on the root (the library cannot own device memory). On the
         other ranks out is ignored and wait() returns None."""
         handle = self._live()
@@ -494,8 +522,7 @@ class Communicator:
         dst = None
         if is_root and out is not None:
             dst = tensors.describe(out, "gather output", writable=True)
-            if dst.dtype != src.dtype:
-                raise InvalidArgumentError(1, "gather output dtype differs from the input's")
+            self._check_rows_output("gather", src, dst)
         if is_root:
             self._device_output_needed("gather", self._on_device(src), dst)
 
@@ -520,7 +547,8 @@ class Communicator:
         receives what every rank sends this one, in rank order. The receive counts come from the
         other ranks (they may differ per call, as a mixture of experts routes). wait() returns
         (output, received_splits): out=None: a new tensor of the received rows (a view of memory
-        the communicator lends, as allgather's); else out (at least as large) cut to them;
+        the communicator lends, as allgather's); else out (at least as large, with the input's
+        dtype and dimensions after the first) cut to them;
         received_splits[s] rows came from rank s. A CUDA tensor needs out= (the library cannot
         own device memory)."""
         handle = self._live()
@@ -529,8 +557,8 @@ class Communicator:
             raise InvalidArgumentError(1, "alltoall input must have at least one dimension")
         counts = self._splits(splits, "alltoall")
         dst = None if out is None else tensors.describe(out, "alltoall output", writable=True)
-        if dst is not None and dst.dtype != src.dtype:
-            raise InvalidArgumentError(1, "alltoall output dtype differs from the input's")
+        if dst is not None:
+            self._check_rows_output("alltoall", src, dst)
         self._device_output_needed("alltoall", self._on_device(src), dst)
         opts = _lib.AlltoallOptsStruct()
         opts.struct_size = ctypes.sizeof(opts)

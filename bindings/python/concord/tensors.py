@@ -71,8 +71,8 @@ def cuda_stream(index):
 
 def describe(obj, what, writable=False):
     """The descriptor of a numpy array or torch tensor; InvalidArgumentError for anything Concord
-    cannot take (other types, unsupported dtypes, non-contiguous or read-only memory) and
-    UnavailableError for a torch tensor on a device other than the CPU and CUDA."""
+    cannot take (other types, unsupported dtypes, sparse layouts, non-contiguous or read-only
+    memory) and UnavailableError for a torch tensor on a device other than the CPU and CUDA."""
     if _is_torch(obj):
         device = obj.device
         index, stream = _lib.DEVICE_CPU, None
@@ -90,6 +90,11 @@ def describe(obj, what, writable=False):
                 raise InvalidArgumentError(1, "%s has dtype %s; Concord takes %s" %
                                            (what, obj.dtype, ", ".join(DTYPES)))
             dtype = _TORCH_DTYPES[obj.dtype] = DTYPES[name]
+        if obj.layout != sys.modules["torch"].strided:
+            # A sparse (or mkldnn) tensor has no one block of memory Concord could read.
+            raise InvalidArgumentError(
+                1, "%s has layout %s: Concord takes dense tensors (torch.strided); pass "
+                "tensor.to_dense()" % (what, obj.layout))
         if not obj.is_contiguous():
             raise InvalidArgumentError(1, "%s is not contiguous (call .contiguous())" % what)
         if writable:

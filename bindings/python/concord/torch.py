@@ -84,7 +84,16 @@ class _DistributedMixin:
         return hook
 
     def _concord_enqueue(self, p):
+        if p.grad is None:
+            # No gradient on this rank (the parameter took no part in its forward pass): zeros
+            # take part instead, as Horovod's, so every rank submits the same gradients.
+            p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
         grad = p.grad
+        if grad.layout != torch.strided:
+            raise InvalidArgumentError(
+                1, "the gradient %s is a %s tensor: DistributedOptimizer reduces dense "
+                "gradients (an Embedding with sparse=True gives sparse ones; use sparse=False)"
+                % (self._concord_names[id(p)], grad.layout))
         self._concord_handles[id(p)] = self._concord.allreduce_async(
             grad, out=grad, name=self._concord_names[id(p)], op=self._concord_op,
             prescale=1.0 / self._concord_passes, compression=self._concord_compression)
@@ -92,9 +101,11 @@ class _DistributedMixin:
     def synchronize(self):
         """Enqueues the gradients whose hooks have not fired yet (e.g. fewer backward passes than
         backward_passes_per_step), in parameter order, waits for every allreduce, and ends the
-        step (Communicator.end_step)."""
+        step (Communicator.end_step). A parameter without a gradient on this rank (unused in its
+        forward pass, as a branch other ranks took) gets zeros, reduced with the others' (as
+        Horovod's), so that every rank submits every gradient."""
         for p in self._concord_params:
-            if id(p) not in self._concord_handles and p.grad is not None:
+            if id(p) not in self._concord_handles:
                 self._concord_enqueue(p)
         handles, self._concord_handles = self._concord_handles, {}
         try:

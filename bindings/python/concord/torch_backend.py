@@ -26,7 +26,12 @@ operation) copies results where torch wants them and completes the future; a fai
 a short thread that waits for the operation's Handle (a callback may not wait) and sets the
 future's exception to the ConcordError with the library's message. torch 1.13's C++ side (DDP's
 reducer) holds a Python Work only as its C++ base, which forgets the Python object: the group
-keeps each _Work alive until it is done and wait() or get_future() was called on it.
+keeps each _Work that torch's C++ side may hold alive until it is done and wait() or get_future()
+was called on it. A _Work returned to Python code by torch.distributed's functions
+(dist.all_reduce(..., async_op=True), isend, ...) is its caller's: the group drops it once done,
+waited for or not. all_to_all and all_to_all_single check the rows each rank sent against the
+output sizes once the operation is over (a callback may not read them): a daemon thread of the
+module's (_Deferred) completes those works.
 
 Rendezvous: rank 0 of the group chooses a job id and a token and puts them in torch's store; with
 CONCORD_STORE set (concordrun) every rank joins that store under the new job id, otherwise rank 0
@@ -36,15 +41,18 @@ serves Concord's store on a free port of its address (MASTER_ADDR, else CONCORD_
 import inspect
 import json
 import os
+import queue
 import socket
+import sys
 import threading
+import traceback
 import uuid
 
 import torch
 import torch.distributed as dist
 
 from . import comm as _comm
-from .errors import InvalidArgumentError, Status, UnavailableError
+from .errors import InvalidArgumentError, Status, UnavailableError, make_error
 
 BACKEND = "concord"
 # torch's ReduceOp names -> Concord's reduce ops. BAND, BOR, BXOR and PREMUL_SUM have no Concord
@@ -87,8 +95,65 @@ def _cuda(t):
 
 
 def _rows(t):
-    """t as a 2-d view (1, numel): Concord's gathers and scatters split along dimension 0."""
-    return t.detach().reshape(1, t.numel())
+    """t as a contiguous 2-d (1, numel) input (a view when t is contiguous, else a copy):
+    Concord's gathers and scatters split along dimension 0."""
+    return t.detach().reshape(1, t.numel()).contiguous()
+
+
+def _into(output, shape):
+    """Where a collective writes `output`, seen as `shape` (as many elements), and what copies it
+    into output afterwards: output itself (a view) and None when output is contiguous, else a new
+    contiguous tensor and a function that copies it into output (gloo fills a non-contiguous
+    output too; a reshape would copy it, and the result would never reach the caller)."""
+    out = output.detach()
+    if out.is_contiguous():
+        return out.view(shape), None
+    buffer = torch.empty(shape, dtype=out.dtype, device=out.device)
+    return buffer, lambda: out.copy_(buffer.view(out.shape))
+
+
+# The file of torch.distributed's functions (dist.all_reduce, ...): a collective called from there
+# returns its Work to Python code (see the module doc). Not all_reduce.__code__'s: torch 2.x wraps
+# the functions in decorators of another file.
+_C10D_FILE = dist.distributed_c10d.__file__
+
+
+def _returned_to_python(depth):
+    """Whether the frame `depth` levels up (the caller of a collective method) is one of
+    torch.distributed's functions: they call the group from Python and keep its Work in Python.
+    Anything else (torch's C++ side, DDP's reducer) may hold the Work as its C++ base only."""
+    try:
+        return sys._getframe(depth + 1).f_code.co_filename == _C10D_FILE
+    except ValueError:  # no Python frame there: called from C++ on a thread of its own
+        return False
+
+
+class _Deferred:
+    """One daemon thread (per process) that completes the works a completion callback cannot:
+    those that read their operation's result (received splits), which a callback may not wait
+    for. Each item runs in order; what it raises is printed, as a callback's is."""
+
+    _lock = threading.Lock()
+    _queue = None
+    _pid = None
+
+    @classmethod
+    def run(cls, fn):
+        with cls._lock:
+            if cls._queue is None or cls._pid != os.getpid():  # none yet, or a forked child
+                cls._queue, cls._pid = queue.SimpleQueue(), os.getpid()
+                threading.Thread(target=cls._serve, args=(cls._queue,), daemon=True,
+                                 name="concord-torch-completion").start()
+            cls._queue.put(fn)
+
+    @staticmethod
+    def _serve(items):
+        while True:
+            fn = items.get()
+            try:
+                fn()
+            except Exception:
+                traceback.print_exc()
 
 
 class _Work(dist.Work):
@@ -190,12 +255,16 @@ class ProcessGroupConcord(dist.ProcessGroup):
                 "(dist.new_group) for the other backend" % (config(self), " and ".join(others),
                                                              torch.__version__))
 
-    def _run(self, submit, result, finish=None, cuda=None):
+    def _run(self, submit, result, finish=None, cuda=None, verify=None):
         """submit(callback) enqueues and returns a Handle; the Work's future gets `result` after
         finish() ran (on success), or the operation's ConcordError. cuda: the torch.device of an
         operation on CUDA tensors: its future is for that device; without finish, wait() makes
         the current stream wait for the operation; finish() (copies) runs on the completing
-        thread once the operation has finished on the GPU, and the host waits for it."""
+        thread once the operation has finished on the GPU, and the host waits for it.
+        verify(value): called with the Handle's result once the operation succeeded, before
+        finish(); what it raises fails the work (the work is completed on _Deferred's thread).
+        Called by the collective methods only (it looks at their caller's frame)."""
+        from_python = _returned_to_python(2)
         if not self._config_checked:
             self._check_config()
         if self._refusal is not None:
@@ -206,8 +275,12 @@ class ProcessGroupConcord(dist.ProcessGroup):
         stream_wait = None
         if cuda is not None and finish is None:
             def stream_wait():
-                holder["handle"].wait()
+                value = holder["handle"].wait()
+                if verify is not None:
+                    verify(value)
         work = _Work(self, future, stream_wait)
+        # Returned to Python: the caller holds the work, or dropped it (then nobody needs it).
+        work.claimed = from_python
         submitted = threading.Event()
         if cuda is not None and finish is not None:
             copy = finish
@@ -227,16 +300,25 @@ class ProcessGroupConcord(dist.ProcessGroup):
             self._settle(work, done=True)
             future.set_exception(error)
 
+        def succeed():
+            try:
+                if verify is not None:
+                    submitted.wait()
+                    verify(holder["handle"].synchronize())  # over: it does not block
+                if finish is not None:
+                    finish()
+                self._settle(work, done=True)
+                future.set_result(result)
+            except Exception as e:
+                self._settle(work, done=True)
+                future.set_exception(e)
+
         def callback(status):
             if status == Status.SUCCESS:
-                try:
-                    if finish is not None:
-                        finish()
-                    self._settle(work, done=True)
-                    future.set_result(result)
-                except Exception as e:
-                    self._settle(work, done=True)
-                    future.set_exception(e)
+                if verify is not None:
+                    _Deferred.run(succeed)  # the result is readable once the callback returned
+                else:
+                    succeed()
             else:
                 threading.Thread(target=fail, daemon=True).start()
 
@@ -299,9 +381,10 @@ class ProcessGroupConcord(dist.ProcessGroup):
 
     def _allgather_base(self, output, input, opts=None):
         self._check_total(output, input, "all_gather_into_tensor")
+        target, finish = _into(output, (self.size(), input.numel()))
         return self._run(lambda cb: self.comm.allgather_async(
-            _rows(input), out=output.detach().reshape(self.size(), input.numel()),
-            name=self._name("allgather"), callback=cb), [output], cuda=_cuda(input))
+            _rows(input), out=target, name=self._name("allgather"), callback=cb), [output],
+            finish, cuda=_cuda(input))
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
         o = _one(outputs, "reduce_scatter")
@@ -312,27 +395,55 @@ class ProcessGroupConcord(dist.ProcessGroup):
                 "reduce_scatter: expected one input list of %d tensors" % self.size())
         op = _reduce_op(_op_of(opts), "reduce_scatter")
         stacked = torch.cat([_rows(x) for x in inputs])
+        target, finish = _into(o, (1, o.numel()))
         return self._run(lambda cb: self.comm.reducescatter_async(
-            stacked, out=_rows(o), op=op, name=self._name("reducescatter"), callback=cb), outputs,
-            cuda=_cuda(o))
+            stacked, out=target, op=op, name=self._name("reducescatter"), callback=cb), outputs,
+            finish, cuda=_cuda(o))
 
     def _reduce_scatter_base(self, output, input, opts=None):
         self._check_total(input, output, "reduce_scatter_tensor")
         op = _reduce_op(_op_of(opts), "reduce_scatter_tensor")
+        target, finish = _into(output, (1, output.numel()))
         return self._run(lambda cb: self.comm.reducescatter_async(
-            input.detach().reshape(self.size(), output.numel()), out=_rows(output), op=op,
-            name=self._name("reducescatter"), callback=cb), [output], cuda=_cuda(output))
+            input.detach().reshape(self.size(), output.numel()).contiguous(), out=target, op=op,
+            name=self._name("reducescatter"), callback=cb), [output], finish,
+            cuda=_cuda(output))
 
     def alltoall_base(self, output, input, output_splits, input_splits,
                       opts=None):
+        """all_to_all_single: a rank whose output_split_sizes (or even split of the output) are
+        not the rows the ranks sent it fails with ConcordError (status MISMATCH) naming both."""
         splits = list(input_splits) if len(input_splits) else None
-        if len(output_splits) and sum(output_splits) != output.shape[0]:
+        if output.dim() == 0:
             raise InvalidArgumentError(
-                Status.ERR_INVALID_ARGUMENT, "all_to_all_single: output_split_sizes add up to "
-                "%d, the output has %d rows" % (sum(output_splits), output.shape[0]))
+                Status.ERR_INVALID_ARGUMENT, "all_to_all_single: the output has no dimension")
+        rows = output.shape[0]
+        if len(output_splits):
+            expected = [int(n) for n in output_splits]
+            if len(expected) != self.size():
+                raise InvalidArgumentError(
+                    Status.ERR_INVALID_ARGUMENT, "all_to_all_single: %d output_split_sizes for "
+                    "%d ranks" % (len(expected), self.size()))
+            if sum(expected) != rows:
+                raise InvalidArgumentError(
+                    Status.ERR_INVALID_ARGUMENT, "all_to_all_single: output_split_sizes add up "
+                    "to %d, the output has %d rows" % (sum(expected), rows))
+        elif rows % self.size():
+            raise InvalidArgumentError(
+                Status.ERR_INVALID_ARGUMENT, "all_to_all_single: the output's %d rows do not "
+                "divide among %d ranks; give output_split_sizes" % (rows, self.size()))
+        else:
+            expected = [rows // self.size()] * self.size()
+        name = self._name("alltoall")
+        source = input.detach().contiguous()
+        target, finish = _into(output, output.shape)
+
+        def verify(value):
+            self._check_received(name, "all_to_all_single", "rows", expected, value[1])
+
         return self._run(lambda cb: self.comm.alltoall_async(
-            input.detach(), splits=splits, out=output.detach(), name=self._name("alltoall"),
-            callback=cb), [output], cuda=_cuda(input))
+            source, splits=splits, out=target, name=name, callback=cb), [output], finish,
+            cuda=_cuda(input), verify=verify)
 
     def alltoall(self, outputs, inputs, opts=None):
         if len(inputs) != self.size() or len(outputs) != self.size():
@@ -341,7 +452,12 @@ class ProcessGroupConcord(dist.ProcessGroup):
                 "all_to_all: expected %d input and %d output tensors" % (self.size(),
                                                                          self.size()))
         flat = torch.cat([x.detach().reshape(-1) for x in inputs])
-        buffer = torch.empty(sum(o.numel() for o in outputs), dtype=flat.dtype, device=flat.device)
+        expected = [o.numel() for o in outputs]
+        buffer = torch.empty(sum(expected), dtype=flat.dtype, device=flat.device)
+        name = self._name("alltoall")
+
+        def verify(value):  # before finish: the outputs are left alone on a mismatch
+            self._check_received(name, "all_to_all", "elements", expected, value[1])
 
         def finish():
             at = 0
@@ -350,8 +466,16 @@ class ProcessGroupConcord(dist.ProcessGroup):
                 at += o.numel()
 
         return self._run(lambda cb: self.comm.alltoall_async(
-            flat, splits=[x.numel() for x in inputs], out=buffer, name=self._name("alltoall"),
-            callback=cb), outputs, finish, cuda=_cuda(flat))
+            flat, splits=[x.numel() for x in inputs], out=buffer, name=name, callback=cb),
+            outputs, finish, cuda=_cuda(flat), verify=verify)
+
+    def _check_received(self, name, what, unit, expected, received):
+        """Raises MISMATCH when an all-to-all brought this rank other sizes than its outputs'."""
+        if list(received) != list(expected):
+            raise make_error(
+                Status.ERR_MISMATCH, "%s '%s': rank %d expected %s %s from ranks 0..%d (its "
+                "output sizes), the ranks sent it %s" % (what, name, self.rank(), expected, unit,
+                                                          self.size() - 1, list(received)))
 
     # torch >= 2.15 calls these by their new names (same arguments).
     all_gather_single = _allgather_base
