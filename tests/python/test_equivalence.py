@@ -80,6 +80,20 @@ def test_data_parallel_equals_single_process_on_union(comm, passes):
         assert torch.equal(root, p.detach()), name
 
 
+def test_broadcast_parameters_sends_bool_and_integer_buffers(comm):
+    # A state_dict holds more than float parameters: a bool mask, BatchNorm's int64 counter.
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+    model.register_buffer("mask", torch.tensor([comm.rank == 0, True, comm.rank != 0]))
+    with torch.no_grad():
+        model[1].num_batches_tracked.fill_(7 + comm.rank)
+        model[0].weight.fill_(comm.rank)
+    ctorch.broadcast_parameters(model.state_dict(), root_rank=0, comm=comm)
+    assert model.mask.dtype == torch.bool
+    assert model.mask.tolist() == [True, True, False]
+    assert int(model[1].num_batches_tracked) == 7
+    assert torch.equal(model[0].weight, torch.zeros(2, 3))
+
+
 def test_broadcast_optimizer_state(comm):
     model = make_model(seed=7)
     opt = torch.optim.Adam(model.parameters(), lr=0.01 * (comm.rank + 1))

@@ -427,3 +427,44 @@ def test_module_level_api_and_unnamed_ops(comm):
     b = concord.allreduce(np.ones(2, np.int64))
     assert list(a) == [comm.size] * 4 and list(b) == [comm.size] * 2
     concord.barrier()
+
+
+def test_bool_tensors_move_as_bytes_and_are_not_reduced(comm, frame):
+    # torch's gloo moves bool tensors; models keep bool buffers (masks) that
+    # broadcast_parameters must send. They travel as uint8 and come back as bool.
+    r, n = comm.rank, comm.size
+
+    def flags(values):
+        values = np.asarray(values, dtype=bool)
+        return values if frame.torch is None else frame.torch.from_numpy(values)
+
+    def as_numpy(t):
+        return np.asarray(t) if frame.torch is None else t.numpy()
+
+    mine = flags([(r + i) % 2 == 0 for i in range(3)])
+    got = comm.allgather(mine, name="bool.allgather")
+    assert str(got.dtype) in ("bool", "torch.bool")
+    want = [(s + i) % 2 == 0 for s in range(n) for i in range(3)]
+    np.testing.assert_array_equal(as_numpy(got), want)
+    into = flags([False] * (3 * n))
+    assert comm.allgather(mine, name="bool.allgather.out", out=into) is not None
+    np.testing.assert_array_equal(as_numpy(into), want)
+
+    b = flags([r == 0, True, r != 0])
+    comm.broadcast_(b, root=0, name="bool.broadcast")
+    np.testing.assert_array_equal(as_numpy(b), [True, True, False])
+
+    out, received = comm.alltoall(flags([r % 2 == 0] * n), name="bool.alltoall")
+    assert str(out.dtype) in ("bool", "torch.bool")
+    np.testing.assert_array_equal(as_numpy(out), [s % 2 == 0 for s in range(n)])
+    assert list(received) == [1] * n
+
+    if n > 1:
+        right, left = (r + 1) % n, (r - 1) % n
+        sent = comm.send_async(flags([True, r % 2 == 1]), right, tag=5)
+        back = comm.recv(left, tag=5, like=flags([False, False]))
+        sent.wait()
+        np.testing.assert_array_equal(as_numpy(back), [True, left % 2 == 1])
+
+    with pytest.raises(concord.InvalidArgumentError, match="bool: Concord moves.*reduces none"):
+        comm.allreduce(mine, name="bool.allreduce")

@@ -160,7 +160,9 @@ class Communicator:
         the request's owned output, _Adopted; with no bytes, a new empty one."""
         shape = [first_dim] + list(tensor.shape[1:])
         view = _viewed(request, address, nbytes, dtype, shape, tensors.is_torch(tensor))
-        return tensors.empty_like(tensor, first_dim) if view is None else _Adopted(view)
+        if view is None:
+            return tensors.empty_like(tensor, first_dim)
+        return _Adopted(tensors.like_dtype(view, tensor))  # a bool tensor travelled as uint8
 
     def _check(self, status):
         if status != Status.SUCCESS:
@@ -356,10 +358,11 @@ class Communicator:
         need out= (a CUDA tensor; the library cannot own device memory), and wait() returns out
         whole: give it the gathered size."""
         handle = self._live()
-        src = tensors.describe(tensor, "allgather input")
+        src = tensors.describe(tensor, "allgather input", as_bytes=True)
         if len(src.shape) == 0:
             raise InvalidArgumentError(1, "allgather input must have at least one dimension")
-        dst = None if out is None else tensors.describe(out, "allgather output", writable=True)
+        dst = None if out is None else tensors.describe(out, "allgather output", writable=True,
+                                                         as_bytes=True)
         if dst is not None:
             self._check_rows_output("allgather", src, dst)
         cuda = self._on_device(src, dst)
@@ -397,10 +400,10 @@ class Communicator:
 
     def _broadcast(self, tensor, root, name, out, callback, blocking):
         handle = self._live()
-        src = tensors.describe(tensor, "broadcast input")
+        src = tensors.describe(tensor, "broadcast input", as_bytes=True)
         if out is None:
             out = tensors.empty_like(tensor)
-        dst = tensors.describe(out, "broadcast output", writable=True)
+        dst = tensors.describe(out, "broadcast output", writable=True, as_bytes=True)
         nm = self._name(name, "broadcast")
         cuda = self._on_device(src, dst)
         if cuda is not None:
@@ -515,13 +518,13 @@ class Communicator:
         A CUDA tensor needs out= on the root (the library cannot own device memory). On the
         other ranks out is ignored and wait() returns None."""
         handle = self._live()
-        src = tensors.describe(tensor, "gather input")
+        src = tensors.describe(tensor, "gather input", as_bytes=True)
         if len(src.shape) == 0:
             raise InvalidArgumentError(1, "gather input must have at least one dimension")
         is_root = int(root) == self.rank
         dst = None
         if is_root and out is not None:
-            dst = tensors.describe(out, "gather output", writable=True)
+            dst = tensors.describe(out, "gather output", writable=True, as_bytes=True)
             self._check_rows_output("gather", src, dst)
         if is_root:
             self._device_output_needed("gather", self._on_device(src), dst)
@@ -552,11 +555,12 @@ class Communicator:
         received_splits[s] rows came from rank s. A CUDA tensor needs out= (the library cannot
         own device memory)."""
         handle = self._live()
-        src = tensors.describe(tensor, "alltoall input")
+        src = tensors.describe(tensor, "alltoall input", as_bytes=True)
         if len(src.shape) == 0:
             raise InvalidArgumentError(1, "alltoall input must have at least one dimension")
         counts = self._splits(splits, "alltoall")
-        dst = None if out is None else tensors.describe(out, "alltoall output", writable=True)
+        dst = None if out is None else tensors.describe(out, "alltoall output", writable=True,
+                                                         as_bytes=True)
         if dst is not None:
             self._check_rows_output("alltoall", src, dst)
         self._device_output_needed("alltoall", self._on_device(src), dst)
@@ -608,7 +612,7 @@ class Communicator:
         written) until the handle finishes; wait() returns None. A CUDA tensor is copied to host
         memory (after the work queued on torch's current stream) before this returns."""
         handle = self._live()
-        src = tensors.describe(tensor, "send tensor")
+        src = tensors.describe(tensor, "send tensor", as_bytes=True)
         return self._submit_either(
             "concord_send_async", (handle, ctypes.byref(src.struct), int(peer), int(tag)),
             (src, None), callback, lambda _: None)
@@ -626,7 +630,8 @@ class Communicator:
         handle = self._live()
         if out is None and like is not None:
             out = tensors.empty_like(like)
-        dst = None if out is None else tensors.describe(out, "recv output", writable=True)
+        dst = None if out is None else tensors.describe(out, "recv output", writable=True,
+                                                         as_bytes=True)
 
         def finish(request):
             if out is not None:

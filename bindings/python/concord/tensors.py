@@ -69,10 +69,23 @@ def cuda_stream(index):
                                "stream: %s" % (index, torch.__version__, e))
 
 
-def describe(obj, what, writable=False):
+def _is_bool(obj):
+    return str(obj.dtype) in ("torch.bool", "bool")
+
+
+def describe(obj, what, writable=False, as_bytes=False):
     """The descriptor of a numpy array or torch tensor; InvalidArgumentError for anything Concord
     cannot take (other types, unsupported dtypes, sparse layouts, non-contiguous or read-only
-    memory) and UnavailableError for a torch tensor on a device other than the CPU and CUDA."""
+    memory) and UnavailableError for a torch tensor on a device other than the CPU and CUDA.
+    as_bytes: the operation only moves bytes (broadcast, gathers, all-to-all, send/recv), so a
+    bool tensor goes as uint8 (one byte an element either way); elsewhere bool is refused."""
+    if (_is_torch(obj) or _is_numpy(obj)) and _is_bool(obj):
+        if not as_bytes:
+            raise InvalidArgumentError(
+                1, "%s has dtype %s: Concord moves bool tensors (as bytes) in broadcast, "
+                "allgather, gather, alltoall and send/recv, but reduces none; cast it to uint8 "
+                "first" % (what, obj.dtype))
+        obj = obj.view(sys.modules["torch"].uint8 if _is_torch(obj) else "uint8")
     if _is_torch(obj):
         device = obj.device
         index, stream = _lib.DEVICE_CPU, None
@@ -122,6 +135,14 @@ def describe(obj, what, writable=False):
         return Described(obj, obj.ctypes.data, dtype, obj.shape)
     raise InvalidArgumentError(1, "%s is a %s; Concord takes numpy arrays and torch tensors" %
                                (what, type(obj).__name__))
+
+
+def like_dtype(result, like):
+    """result (uint8, as a bool tensor travelled: describe's as_bytes) viewed as bool when `like`
+    is bool; else result itself."""
+    if _is_bool(like) and not _is_bool(result):
+        return result.view(sys.modules["torch"].bool if _is_torch(result) else "bool")
+    return result
 
 
 def _current_device():
