@@ -30,7 +30,9 @@
 // buffer through a communicator of its own. Without a usable GPU the run is skipped, saying why
 // (exit 0).
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -100,11 +102,41 @@ struct Row {
       "         [--redop sum|average|min|max|product] [--bytes MIN:MAX] [--factor F]\n"
       "         [--iters N] [--warmup N] [--percentile P]\n"
       "         [--workload FILE [--steps N] [--rounds N]]\n"
-      "         [--no-raw] [--raw-algos a,b,...] [--json FILE] [--backend gloo|mpi|nccl]\n"
+      "         [--no-raw] [--raw-algos a,b,...] [--json FILE]\n"
+      "         [--backend gloo|gloo-ibverbs|mpi|nccl] (default: CONCORD_BACKEND, else gloo)\n"
       "         [--compression SPEC ...] (workload mode; repeat for several)\n"
       "         [--comm world|split:K|group:r,r,...] (Concord rows on sub-communicators)\n",
       why.c_str());
   std::exit(2);
+}
+
+// The whole of `v` as an integer in [min, max], else a usage error naming `flag` (atoi read
+// "1e3" as 1 and "5abc" as 5).
+long long ParseInteger(const std::string& flag, const std::string& v, long long min,
+                       long long max) {
+  errno = 0;
+  char* end = nullptr;
+  const long long x = std::strtoll(v.c_str(), &end, 10);
+  if (v.empty() || end == v.c_str() || *end != '\0' || errno != 0 || x < min || x > max) {
+    Usage(flag + " takes an integer from " + std::to_string(min) + " to " + std::to_string(max) +
+          ", not '" + v + "'");
+  }
+  return x;
+}
+
+// --comm split:K: {K}; group:r,r,...: the ranks; world: none. A usage error for a bad number.
+std::vector<int> SubCommunicatorRanks(const std::string& comm) {
+  std::vector<int> numbers;
+  if (comm.rfind("split:", 0) == 0) {
+    numbers.push_back(static_cast<int>(ParseInteger("--comm split:K", comm.substr(6), 1, 1 << 20)));
+  } else if (comm.rfind("group:", 0) == 0) {
+    std::stringstream ss(comm.substr(6));
+    for (std::string r; std::getline(ss, r, ',');) {
+      numbers.push_back(static_cast<int>(ParseInteger("--comm group:", r, 0, 1 << 20)));
+    }
+    if (numbers.empty()) Usage("--comm group: needs ranks");
+  }
+  return numbers;
 }
 
 size_t ParseBytes(const std::string& s) {
@@ -120,12 +152,14 @@ size_t ParseBytes(const std::string& s) {
     mult = 1024.0 * 1024 * 1024;
   else if (!suffix.empty())
     Usage("bad size '" + s + "'");
-  if (end == s.c_str() || !(v >= 0)) Usage("bad size '" + s + "'");
+  // At most 1 PiB: beyond, the cast to size_t is undefined ("1e20" and "inf" ran 0-byte rows).
+  if (end == s.c_str() || !(v >= 0) || !(v * mult <= 1e15)) Usage("bad size '" + s + "'");
   return static_cast<size_t>(v * mult);
 }
 
 Options ParseOptions(int argc, char** argv) {
   Options o;
+  bool backend_given = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -157,22 +191,21 @@ Options ParseOptions(int argc, char** argv) {
       o.max_bytes = colon == std::string::npos ? o.min_bytes : ParseBytes(v.substr(colon + 1));
       if (o.max_bytes < o.min_bytes) Usage("--bytes MIN:MAX with MAX < MIN");
     } else if (a == "--factor") {
-      o.factor = std::atof(next().c_str());
-      if (!(o.factor > 1)) Usage("--factor must be > 1");
+      const std::string v = next();
+      char* end = nullptr;
+      o.factor = std::strtod(v.c_str(), &end);
+      if (end == v.c_str() || *end != '\0' || !(o.factor > 1) || !std::isfinite(o.factor))
+        Usage("--factor must be a number > 1, not '" + v + "'");
     } else if (a == "--iters") {
-      o.iters = std::atoi(next().c_str());
-      if (o.iters < 1) Usage("--iters must be >= 1");
+      o.iters = static_cast<int>(ParseInteger(a, next(), 1, 100000000));
     } else if (a == "--warmup") {
-      o.warmup = std::atoi(next().c_str());
-      if (o.warmup < 0) Usage("--warmup must be >= 0");
+      o.warmup = static_cast<int>(ParseInteger(a, next(), 0, 100000000));
     } else if (a == "--workload") {
       o.workload = next();
     } else if (a == "--steps") {
-      o.steps = std::atoi(next().c_str());
-      if (o.steps < 1) Usage("--steps must be >= 1");
+      o.steps = static_cast<int>(ParseInteger(a, next(), 1, 1000000));
     } else if (a == "--rounds") {
-      o.rounds = std::atoi(next().c_str());
-      if (o.rounds < 1) Usage("--rounds must be >= 1");
+      o.rounds = static_cast<int>(ParseInteger(a, next(), 1, 1000000));
     } else if (a == "--compression") {
       o.compressions.push_back(next());
     } else if (a == "--no-raw") {
@@ -183,8 +216,10 @@ Options ParseOptions(int argc, char** argv) {
       for (std::string algo; std::getline(ss, algo, ',');) o.raw_algos.push_back(algo);
     } else if (a == "--backend") {
       o.backend = next();
-      if (o.backend != "gloo" && o.backend != "mpi" && o.backend != "nccl")
-        Usage("--backend must be gloo, mpi or nccl");
+      backend_given = true;
+      if (o.backend != "gloo" && o.backend != "gloo-ibverbs" && o.backend != "mpi" &&
+          o.backend != "nccl")
+        Usage("--backend must be gloo, gloo-ibverbs, mpi or nccl");
     } else if (a == "--percentile") {
       const std::string v = next();
       char* end = nullptr;
@@ -197,11 +232,27 @@ Options ParseOptions(int argc, char** argv) {
       o.comm = next();
       if (o.comm != "world" && o.comm.rfind("split:", 0) != 0 && o.comm.rfind("group:", 0) != 0)
         Usage("--comm must be world, split:K or group:r,r,...");
+      SubCommunicatorRanks(o.comm);  // refuses a bad K or rank before any rank starts
     } else if (a == "--versus-deterministic") {
       o.versus_deterministic = true;
     } else {
       Usage("unknown argument '" + a + "'");
     }
+  }
+  // The environment's backend (concordrun --backend, concord-fabric real --backend) is the one
+  // measured unless --backend says otherwise; a conflict is refused rather than measuring
+  // another backend than the job asked for (the library reads CONCORD_BACKEND too).
+  if (const char* env = std::getenv("CONCORD_BACKEND"); env != nullptr && *env != '\0') {
+    const std::string e = env;
+    if (e != "gloo" && e != "gloo-ibverbs" && e != "mpi" && e != "nccl") {
+      Usage("CONCORD_BACKEND=" + e + ": concord-perf measures gloo, gloo-ibverbs, mpi or nccl " +
+            "(unset it, or set one of those)");
+    }
+    if (backend_given && e != o.backend) {
+      Usage("--backend " + o.backend + " but CONCORD_BACKEND=" + e + " (concordrun --backend " +
+            "sets it): give the same, or only one");
+    }
+    o.backend = e;
   }
   if (o.backend == "nccl" && !o.workload.empty())
     Usage("--workload is not supported with --backend nccl (it uses CPU buffers)");
@@ -499,19 +550,41 @@ double TimeRawNccl(concord_comm_t comm, Store* store, const Options& o, int rank
 }
 #endif
 
-void WriteJson(const std::string& path, const std::vector<Row>& rows, double percentile) {
+// `s` as a JSON string literal (a workload file's name may hold quotes or backslashes).
+std::string JsonString(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20) {
+      char escaped[8];
+      std::snprintf(escaped, sizeof(escaped), "\\u%04x", c);
+      out += escaped;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + "\"";
+}
+
+// Whether the file was written whole.
+bool WriteJson(const std::string& path, const std::vector<Row>& rows, double percentile) {
   std::ofstream f(path);
   f << "[\n";
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
-    f << "  {\"op\": \"" << r.op << "\", \"implementation\": \"" << r.impl << "\", \"backend\": \""
-      << r.backend << "\", \"ranks\": " << r.ranks << ", \"bytes\": " << r.bytes
-      << ", \"workload\": \"" << r.workload << "\", \"time_us\": " << r.seconds * 1e6
-      << ", \"percentile\": " << percentile << ", \"algbw_gbps\": " << r.algbw
-      << ", \"busbw_gbps\": " << r.busbw << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
+    f << "  {\"op\": " << JsonString(r.op) << ", \"implementation\": " << JsonString(r.impl)
+      << ", \"backend\": " << JsonString(r.backend) << ", \"ranks\": " << r.ranks
+      << ", \"bytes\": " << r.bytes << ", \"workload\": " << JsonString(r.workload)
+      << ", \"time_us\": " << r.seconds * 1e6 << ", \"percentile\": " << percentile
+      << ", \"algbw_gbps\": " << r.algbw << ", \"busbw_gbps\": " << r.busbw << "}"
+      << (i + 1 < rows.size() ? "," : "") << "\n";
   }
   f << "]\n";
+  f.close();
   if (!f) std::fprintf(stderr, "concord-perf: could not write %s\n", path.c_str());
+  return static_cast<bool>(f);
 }
 
 std::unique_ptr<Store> OpenRawStore(int size) {
@@ -803,19 +876,15 @@ int RunWorkload(concord_comm_t comm, const Options& o, int rank, int size, Store
 }  // namespace
 // --comm split:K or group:...: the sub-communicator of this rank (timing its creation), or null.
 concord_comm_t SubCommunicator(concord_comm_t world, const Options& o) {
+  const std::vector<int> ranks = SubCommunicatorRanks(o.comm);
   int rank = 0;
   concord_comm_rank(world, &rank);
   concord_comm_t sub = nullptr;
   const auto t0 = std::chrono::steady_clock::now();
   concord_status_t s;
   if (o.comm.rfind("split:", 0) == 0) {
-    const int k = std::atoi(o.comm.c_str() + 6);
-    if (k < 1) Usage("--comm split:K needs K >= 1");
-    s = concord_comm_split(world, rank / k, rank, &sub);
+    s = concord_comm_split(world, rank / ranks.front(), rank, &sub);
   } else {
-    std::vector<int> ranks;
-    std::stringstream ss(o.comm.substr(6));
-    for (std::string r; std::getline(ss, r, ',');) ranks.push_back(std::atoi(r.c_str()));
     s = concord_comm_create_group(world, ranks.data(), static_cast<int>(ranks.size()), &sub);
   }
   Check(world, s, "--comm " + o.comm);
@@ -885,9 +954,13 @@ int main(int argc, char** argv) {
   }
   concord_comm_t world = comm;
   const bool on_world = o.comm == "world";
+  int world_rank = 0;
+  concord_comm_rank(world, &world_rank);
   if (!on_world) {
     comm = SubCommunicator(world, o);
-    if (comm == nullptr) {  // not a member: idle until the others finalize
+    if (comm == nullptr) {  // not a member: idle until the members are done (a barrier waits
+      // without the timeout that finalize's barrier has, however long the sweep)
+      Check(world, concord_barrier(world), "the closing barrier");
       concord_finalize(world);
       return 0;
     }
@@ -897,8 +970,13 @@ int main(int argc, char** argv) {
   concord_comm_size(comm, &size);
   concord_comm_local_rank(comm, &local_rank);
   // Raw rows rendezvous among the whole job: on sub-communicators only Concord's rows run.
-  std::unique_ptr<Store> store =
-      o.raw && on_world && o.backend != "mpi" ? OpenRawStore(size) : nullptr;
+  // Gloo's raw rows run over TCP: beside gloo-ibverbs they would measure another transport.
+  if (o.raw && o.backend == "gloo-ibverbs" && rank == 0) {
+    std::printf("# --backend gloo-ibverbs: Concord rows only (the raw Gloo rows use TCP)\n");
+  }
+  std::unique_ptr<Store> store = o.raw && on_world && (o.backend == "gloo" || o.backend == "nccl")
+                                     ? OpenRawStore(size)
+                                     : nullptr;
   std::vector<Row> rows;
   Buffers b;
   b.capacity = std::max(o.max_bytes, DTypeSize(o.dtype));
@@ -937,9 +1015,15 @@ int main(int argc, char** argv) {
                      ? RunSweep(comm, deterministic, o, rank, size, store.get(), b, &rows)
                      : RunWorkload(comm, o, rank, size, store.get(), &rows);
   for (Row& r : rows) r.backend = o.backend;
-  if (rc == 0 && rank == 0 && !o.json.empty()) WriteJson(o.json, rows, o.percentile);
+  // One file per job: world rank 0's (with --comm split:K, the rows of its sub-communicator;
+  // each group's rank 0 prints its own table).
+  const bool written =
+      rc != 0 || world_rank != 0 || o.json.empty() || WriteJson(o.json, rows, o.percentile);
   if (deterministic != nullptr) concord_finalize(deterministic);
-  if (comm != world) concord_finalize(comm);
+  if (comm != world) {
+    concord_finalize(comm);
+    Check(world, concord_barrier(world), "the closing barrier");
+  }
   concord_finalize(world);
-  return rc;
+  return rc != 0 ? rc : written ? 0 : 1;
 }

@@ -11,7 +11,7 @@ namespace concord {
 namespace {
 
 // The longest --grace (a day, as CONCORD_TIMEOUT_S).
-constexpr double kMaxGraceSeconds = 86400;
+constexpr double kMaxSeconds = 86400;
 
 const char kUsage[] =
     "usage: concordrun -np N [-H host:slots,...] [--iface IF] [--backend NAME] [--timeout S]\n"
@@ -59,7 +59,7 @@ bool ParseSeconds(const std::string& text, bool zero_ok, double max, double* sec
 
 double ParseGrace(const std::string& where, const std::string& text) {
   double s = 0;
-  if (!ParseSeconds(text, true, kMaxGraceSeconds, &s)) {
+  if (!ParseSeconds(text, true, kMaxSeconds, &s)) {
     UsageError(where + " must be a number of seconds from 0 to 86400, not '" + text + "'");
   }
   return s;
@@ -88,10 +88,7 @@ std::vector<HostSlots> ParseHosts(const std::string& list) {
 
 Options ParseArgs(int argc, char** argv) {
   Options o;
-  if (const char* grace = std::getenv("CONCORD_GRACE_S"); grace != nullptr && *grace != '\0') {
-    o.grace_s = ParseGrace("CONCORD_GRACE_S", grace);
-  }
-  bool have_np = false;
+  bool have_np = false, have_grace = false;
   int i = 1;
   auto value = [&](const std::string& flag) -> std::string {
     if (i + 1 >= argc) UsageError(flag + " needs a value");
@@ -119,11 +116,14 @@ Options ParseArgs(int argc, char** argv) {
     } else if (a == "--timeout") {
       o.timeout = value(a);
       double ignored = 0;
-      if (!ParseSeconds(o.timeout, false, HUGE_VAL, &ignored)) {
-        UsageError("--timeout must be a positive number of seconds, not '" + o.timeout + "'");
+      // The library's range (CONCORD_TIMEOUT_S): refused here, not by every rank after launch.
+      if (!ParseSeconds(o.timeout, false, kMaxSeconds, &ignored)) {
+        UsageError("--timeout must be a number of seconds above 0 and at most 86400, not '" +
+                   o.timeout + "'");
       }
     } else if (a == "--grace") {
       o.grace_s = ParseGrace("--grace", value(a));
+      have_grace = true;
     } else if (a == "--no-prefix") {
       o.prefix = false;
     } else if (a == "--no-summary") {
@@ -136,6 +136,11 @@ Options ParseArgs(int argc, char** argv) {
     }
   }
   for (; i < argc; ++i) o.command.push_back(argv[i]);
+  // --grace wins over the variable, which is then not even read.
+  if (const char* grace = std::getenv("CONCORD_GRACE_S");
+      !have_grace && grace != nullptr && *grace != '\0') {
+    o.grace_s = ParseGrace("CONCORD_GRACE_S", grace);
+  }
   if (!have_np) UsageError("-np is required");
   if (o.command.empty()) UsageError("no program to run");
   if (!o.hosts.empty()) {

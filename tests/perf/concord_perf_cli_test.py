@@ -71,5 +71,45 @@ for bad in ("0", "100", "x", "50x"):
           f"--percentile {bad} refused", out)
 
 rc, out = run("--backend", "tcp")
-check(rc == 2 and "--backend must be gloo, mpi or nccl" in out, "--backend tcp refused", out)
+check(rc == 2 and "--backend must be gloo, gloo-ibverbs, mpi or nccl" in out, "--backend tcp refused",
+      out)
+
+# Numbers are read whole (atoi once ran "--iters 1e3" as 1 iteration, "--bytes inf" as 0 bytes).
+for bad in (["--iters", "1e3"], ["--iters", "5abc"], ["--iters", "99999999999"],
+            ["--warmup", "-1"], ["--factor", "2abc"], ["--bytes", "1e20"], ["--bytes", "inf"],
+            ["--comm", "split:2abc"], ["--comm", "group:0,x"], ["--steps", "0"]):
+    rc, out = run(*bad)
+    check(rc == 2 and "usage:" in out, f"{' '.join(bad)} refused", out)
+
+
+def run_env(env, *args):
+    p = subprocess.run([PERF, *args], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, **env})
+    return p.returncode, p.stdout + p.stderr
+
+
+# The environment's backend is the one measured (concordrun --backend sets it), or refused.
+rc, out = run_env({"CONCORD_BACKEND": "auto"}, "--bytes", "4K", "--iters", "1")
+check(rc == 2 and "CONCORD_BACKEND=auto" in out, "CONCORD_BACKEND it cannot run", out)
+# gloo-ibverbs (concord-fabric real --fabric ib) is measured, not silently replaced by TCP: here,
+# without an RDMA device, init says so.
+rc, out = run_env({"CONCORD_BACKEND": "gloo-ibverbs"}, "--bytes", "4K", "--iters", "1")
+check(rc == 1 and "gloo-ibverbs" in out and "init failed" in out, "gloo-ibverbs is taken", out)
+rc, out = run_env({"CONCORD_BACKEND": "mpi"}, "--backend", "gloo", "--bytes", "4K")
+check(rc == 2 and "--backend gloo but CONCORD_BACKEND=mpi" in out, "a conflict refused", out)
+
+with tempfile.TemporaryDirectory() as tmp:
+    # A workload named with a quote still gives valid JSON; a file that cannot be written fails.
+    workload = os.path.join(tmp, 'my"net.txt')
+    with open(workload, "w") as f:
+        f.write("fc.weight float32 10x20\nfc.bias float32 10\n")
+    path = os.path.join(tmp, "w.json")
+    rc, out = run("--workload", workload, "--steps", "1", "--rounds", "1", "--no-raw",
+                  "--json", path)
+    with open(path) as f:
+        rows = json.load(f)
+    check(rc == 0 and rows and rows[0]["workload"] == 'my"net', "JSON strings escaped", out)
+    rc, out = run("--bytes", "4K", "--iters", "1", "--no-raw", "--json",
+                  os.path.join(tmp, "missing", "x.json"))
+    check(rc == 1 and "could not write" in out, "an unwritable --json fails the run", out)
 print("PASS")

@@ -192,7 +192,7 @@ echo "== usage errors exit 2"
 for args in "-np 0 true" "-np x true" "-np 2" "true" "-np 2 -H localhost:0 true" \
   "-np 3 -H localhost:1,127.0.0.1:1 true" "-np 1 --bogus true" "-np 1 --timeout -1 true" \
   "-np 1 -H :2 true" "-np" "-np 1 --grace -1 true" "-np 1 --grace x true" \
-  "-np 1 --grace 1e9 true"; do
+  "-np 1 --grace 1e9 true" "-np 1 --timeout inf true" "-np 1 --timeout 100000 true"; do
   # shellcheck disable=SC2086  # the words are meant to split
   launch $args
   [ "$rc" -eq 2 ] || fail "'concordrun $args' exited $rc, expected 2"
@@ -203,6 +203,11 @@ CONCORD_GRACE_S=soon launch -np 1 true
 [ "$rc" -eq 2 ] || fail "CONCORD_GRACE_S=soon: exit code $rc, expected 2"
 expect_line "$TMP/err" \
   "^concordrun: CONCORD_GRACE_S must be a number of seconds from 0 to 86400, not 'soon'$"
+# --grace wins over the variable, and --help needs neither.
+CONCORD_GRACE_S=soon launch -np 1 --grace 1 true
+[ "$rc" -eq 0 ] || fail "CONCORD_GRACE_S=soon with --grace 1: exit code $rc, expected 0"
+CONCORD_GRACE_S=soon launch --help
+[ "$rc" -eq 0 ] || fail "CONCORD_GRACE_S=soon --help: exit code $rc, expected 0"
 
 echo "== -H with local names assigns local ranks per host"
 launch -np 3 -H localhost:2,127.0.0.1:2 sh -c 'echo "lr $CONCORD_LOCAL_RANK $CONCORD_LOCAL_SIZE"'
