@@ -250,6 +250,7 @@ class Launcher {
   bool ReadStream(Rank& r, Stream* s);
   void Supervise(int sigfd);
   void Reap();
+  void StopLeftovers();
   void RankFailed(Rank& r, int status);
   void Escalate();
   void Signalled(int sig);
@@ -454,8 +455,11 @@ Status Launcher::Spawn(Rank* r, const std::vector<std::string>& job_env,
   return Status::Ok();
 }
 
+// Writes the complete lines of `partial` with the rank's prefix (and an unfinished one at the end
+// or when too long). With --no-prefix ReadStream already wrote the bytes as they came (none added,
+// none held back for a newline), and what `partial` keeps only feeds stderr's last words.
 void Launcher::Emit(Rank& r, Stream* s, bool final) {
-  const std::string prefix = o_.prefix ? "[" + std::to_string(r.rank) + "] " : std::string();
+  const std::string prefix = "[" + std::to_string(r.rank) + "] ";
   const bool note = s->to == STDERR_FILENO;
   std::string lines;
   size_t start = 0;
@@ -463,14 +467,16 @@ void Launcher::Emit(Rank& r, Stream* s, bool final) {
     const size_t nl = s->partial.find('\n', start);
     if (nl == std::string::npos) break;
     if (note) s->last.Note(std::string_view(s->partial).substr(start, nl - start));
-    lines += prefix;
-    lines.append(s->partial, start, nl + 1 - start);
+    if (o_.prefix) {
+      lines += prefix;
+      lines.append(s->partial, start, nl + 1 - start);
+    }
     start = nl + 1;
   }
   s->partial.erase(0, start);
   if (!s->partial.empty() && (final || s->partial.size() >= kMaxLine)) {
     if (note) s->last.Note(s->partial);
-    lines += prefix + s->partial + "\n";
+    if (o_.prefix) lines += prefix + s->partial + "\n";
     s->partial.clear();
   }
   if (!lines.empty()) WriteOut(s->to, lines);
@@ -481,7 +487,8 @@ bool Launcher::ReadStream(Rank& r, Stream* s) {
   char buf[65536];
   const ssize_t n = ::read(s->fd, buf, sizeof(buf));
   if (n > 0) {
-    s->partial.append(buf, static_cast<size_t>(n));
+    if (!o_.prefix) WriteOut(s->to, std::string(buf, static_cast<size_t>(n)));
+    if (o_.prefix || s->to == STDERR_FILENO) s->partial.append(buf, static_cast<size_t>(n));
     Emit(r, s, false);
     return true;
   }
@@ -526,6 +533,21 @@ void Launcher::Stop(int sig, Clock::duration kill_after) {
 void Launcher::Kill() {
   SignalRunning(SIGKILL);
   ending_ = Ending::kKilled;
+}
+
+// The job is over, every rank reaped: what they started in their process groups and left running
+// (a background `cmd &`) is killed, as the lifeline would if concordrun died, and said.
+void Launcher::StopLeftovers() {
+  std::string left;
+  for (Rank& r : ranks_) {
+    if (r.running || ::kill(-r.pid, 0) != 0) continue;  // no process left in its group
+    if (::kill(-r.pid, SIGKILL) == 0) left += (left.empty() ? "" : ", ") + std::to_string(r.rank);
+  }
+  if (!left.empty()) {
+    Message("killed what rank(s) " + left +
+            " left running in their process groups after the job ended (start a process that "
+            "must outlive the job with setsid)");
+  }
 }
 
 void Launcher::Reap() {
@@ -731,6 +753,7 @@ int Launcher::Run() {
   }
   Supervise(sigfd.get());
   CloseStreams();
+  StopLeftovers();
   lifeline_->Release();
   Summarize();
   // The first failure again, below what the other ranks said after it.

@@ -89,6 +89,29 @@ launch -np 1 --no-prefix sh -c 'echo "[${CONCORD_IFACE-unset}] [${CONCORD_BACKEN
 [ "$rc" -eq 0 ] || fail "exit code $rc, expected 0"
 expect_line "$TMP/out" '^\[unset\] \[unset\] \[unset\]$'
 
+echo "== what a rank leaves running in its process group ends with the job, said on stderr"
+launch -np 2 --no-summary sh -c 'sleep 97 & echo "left $!"'
+[ "$rc" -eq 0 ] || fail "exit code $rc, expected 0"
+expect_line "$TMP/err" "^concordrun: killed what rank\\(s\\) 0, 1 left running"
+for pid in $(sed -n 's/^\[[01]\] left //p' "$TMP/out"); do
+  i=0  # SIGKILL is delivered, and the orphan reaped, a moment later
+  while [ -n "$(ps -o stat= -p "$pid" 2>/dev/null | grep -v Z)" ] && [ "$i" -lt 40 ]; do
+    sleep 0.05
+    i=$((i + 1))
+  done
+  if [ -n "$(ps -o stat= -p "$pid" 2>/dev/null | grep -v Z)" ]; then
+    kill "$pid"
+    fail "rank's background process $pid outlived the job"
+  fi
+done
+
+echo "== --no-prefix passes the bytes through as they are (no newline added, binary intact)"
+head -c 300000 /dev/urandom >"$TMP/bytes"
+printf 'no newline at the end' >>"$TMP/bytes"
+launch -np 1 --no-prefix --no-summary cat "$TMP/bytes"
+[ "$rc" -eq 0 ] || fail "exit code $rc, expected 0"
+cmp -s "$TMP/bytes" "$TMP/out" || fail "--no-prefix changed the output ($(wc -c <"$TMP/out") bytes)"
+
 echo "== ranks reach each other through the store and a TCP control plane"
 launch -np 3 "$PROBE"
 [ "$rc" -eq 0 ] || { fail "probe job exit code $rc"; cat "$TMP/err" >&2; }
