@@ -390,9 +390,26 @@ Status Launcher::Spawn(Rank* r, const std::vector<std::string>& job_env,
     env.insert(env.end(), vars.begin(), vars.end());
     args = o_.command;
   } else {
-    // ssh joins its arguments with spaces for the remote shell, so every word is quoted.
-    for (char** e = environ; *e != nullptr; ++e) env.push_back(*e);
+    // ssh joins its arguments with spaces for the remote shell, so every word is quoted. The
+    // remote shell starts from sshd's environment: the job's settings (CONCORD_*, which must
+    // agree across ranks) and -x's go along, the job's own variables last (they win).
+    std::vector<std::string> remote;
+    for (char** e = environ; *e != nullptr; ++e) {
+      env.push_back(*e);
+      const std::string v = *e;
+      if (v.rfind("CONCORD_", 0) == 0 && v.rfind("CONCORD_SUMMARY_DIR=", 0) != 0) {
+        remote.push_back(v);
+      }
+    }
+    for (const std::string& x : o_.exports) {
+      if (x.find('=') != std::string::npos) {
+        remote.push_back(x);
+      } else if (const char* value = std::getenv(x.c_str()); value != nullptr) {
+        remote.push_back(x + "=" + value);
+      }
+    }
     args = {"ssh", "-T", "-o", "BatchMode=yes", r->host, "env"};
+    for (const std::string& v : remote) args.push_back(ShellQuote(v));
     for (const std::string& v : vars) args.push_back(ShellQuote(v));
     for (const std::string& a : o_.command) args.push_back(ShellQuote(a));
   }

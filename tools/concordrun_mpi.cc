@@ -41,6 +41,7 @@ int ExecMpirun(const Options& o) {
     args.insert(args.end(), {"-x", "CONCORD_IFACE=" + o.iface, "--mca", "btl_tcp_if_include",
                              o.iface, "--mca", "oob_tcp_if_include", o.iface});
   }
+  for (const std::string& x : o.exports) args.insert(args.end(), {"-x", x});  // as mpirun's -x
   args.insert(args.end(), o.command.begin(), o.command.end());
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());

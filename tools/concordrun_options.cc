@@ -15,7 +15,8 @@ constexpr double kMaxSeconds = 86400;
 
 const char kUsage[] =
     "usage: concordrun -np N [-H host:slots,...] [--iface IF] [--backend NAME] [--timeout S]\n"
-    "                  [--grace S] [--no-prefix] [--no-summary] prog [args...]\n"
+    "                  [--grace S] [--no-prefix] [--no-summary] [-x NAME[=VALUE]]...\n"
+    "                  prog [args...]\n"
     "  -np N            number of ranks (>= 1)\n"
     "  -H LIST          hosts and their slots, e.g. node1:4,node2:4 (default: N local ranks);\n"
     "                   ranks fill the hosts in order; remote hosts are reached with ssh\n"
@@ -28,7 +29,9 @@ const char kUsage[] =
     "                   by themselves, then get SIGTERM, and SIGKILL 3 s later; a SIGINT or\n"
     "                   SIGTERM to concordrun goes to the ranks at once, SIGKILL S seconds later\n"
     "                   (default: CONCORD_GRACE_S, else 5; with mpi, mpirun's kill timeout)\n"
-    "  --no-prefix      do not prefix output lines with \"[rank] \"\n"
+    "  --no-prefix      pass the ranks' output through as it is (no \"[rank] \" prefixes)\n"
+    "  -x NAME[=VALUE]  give remote ranks NAME (from this environment, or VALUE); they get the\n"
+    "                   CONCORD_* variables of this environment anyway, local ranks all of it\n"
     "  --no-summary     do not print the job summary at the end (per rank: time in\n"
     "                   collectives, bytes, slowest phase, straggler share; ranks on this\n"
     "                   host write it at finalize into CONCORD_SUMMARY_DIR; not with mpi)\n";
@@ -124,6 +127,15 @@ Options ParseArgs(int argc, char** argv) {
     } else if (a == "--grace") {
       o.grace_s = ParseGrace("--grace", value(a));
       have_grace = true;
+    } else if (a == "-x") {
+      const std::string v = value(a);
+      const std::string name = v.substr(0, v.find('='));
+      if (name.empty() ||
+          name.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                                 "0123456789_") != std::string::npos) {
+        UsageError("-x takes NAME or NAME=VALUE with a variable name, not '" + v + "'");
+      }
+      o.exports.push_back(v);
     } else if (a == "--no-prefix") {
       o.prefix = false;
     } else if (a == "--no-summary") {

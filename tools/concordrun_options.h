@@ -24,6 +24,9 @@ struct Options {
   bool prefix = true;
   // Print the job summary at the end (tools/run_summary.h); --no-summary turns it off.
   bool summary = true;
+  // -x NAME or -x NAME=VALUE: more variables for remote ranks (which get the CONCORD_* ones of
+  // concordrun's environment anyway; local ranks inherit all of it).
+  std::vector<std::string> exports;
   std::vector<std::string> command;
 };
 

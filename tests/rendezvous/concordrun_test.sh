@@ -89,6 +89,25 @@ launch -np 1 --no-prefix sh -c 'echo "[${CONCORD_IFACE-unset}] [${CONCORD_BACKEN
 [ "$rc" -eq 0 ] || fail "exit code $rc, expected 0"
 expect_line "$TMP/out" '^\[unset\] \[unset\] \[unset\]$'
 
+echo "== remote ranks get the CONCORD_* variables and -x's; sshd's environment is otherwise bare"
+mkdir -p "$TMP/fakessh"
+cat >"$TMP/fakessh/ssh" <<'SSH'
+#!/bin/sh
+# ssh to "another host", here: drops the options and the host, runs the command in a bare
+# environment, as sshd would
+while [ $# -gt 0 ]; do case "$1" in -T) shift ;; -o) shift 2 ;; *) break ;; esac; done
+shift
+exec env -i PATH=/usr/bin:/bin sh -c "$*"
+SSH
+chmod +x "$TMP/fakessh/ssh"
+PATH="$TMP/fakessh:$PATH" CONCORD_LANES=1 FOO=bar BAZ=no launch -np 2 -H localhost:1,otherhost:1 \
+  -x FOO -x QUX=a\ b sh -c 'echo "lanes=$CONCORD_LANES foo=$FOO baz=${BAZ-unset} qux=$QUX"'
+[ "$rc" -eq 0 ] || fail "exit code $rc, expected 0"
+expect_line "$TMP/out" '^\[0\] lanes=1 foo=bar baz=no qux=$'
+expect_line "$TMP/out" '^\[1\] lanes=1 foo=bar baz=unset qux=a b$'
+launch -np 1 -x 'no-name=1' true
+[ "$rc" -eq 2 ] || fail "-x with a bad name: exit code $rc, expected 2"
+
 echo "== what a rank leaves running in its process group ends with the job, said on stderr"
 launch -np 2 --no-summary sh -c 'sleep 97 & echo "left $!"'
 [ "$rc" -eq 0 ] || fail "exit code $rc, expected 0"
