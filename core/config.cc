@@ -1,6 +1,7 @@
 #include "core/config.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -38,7 +39,8 @@ class EnvironmentReader {
     errno = 0;
     char* end = nullptr;
     const long long x = std::strtoll(v.c_str(), &end, 10);
-    if (end == v.c_str() || *end != '\0') {
+    // strtoll skips leading blanks: " 5" is refused as "5 " is.
+    if (end == v.c_str() || *end != '\0' || std::isspace(static_cast<unsigned char>(v[0]))) {
       return InvalidArgument("environment variable " + which + "='" + v + "' is not an integer");
     }
     if (errno == ERANGE) {
@@ -62,16 +64,21 @@ class EnvironmentReader {
     return Status::Ok();
   }
 
-  // A finite decimal number (strtod's syntax).
+  // A finite decimal number (strtod's decimal syntax: no hexadecimal, no blanks).
   Status Double(const char* name, const char* member, double* out) {
     std::string v, which;
     if (!FirstSet({name}, &v, &which)) return Status::Ok();
     errno = 0;
     char* end = nullptr;
     const double x = std::strtod(v.c_str(), &end);
-    if (errno != 0 || end == v.c_str() || *end != '\0' || !std::isfinite(x)) {
+    if (end == v.c_str() || *end != '\0' || std::isspace(static_cast<unsigned char>(v[0])) ||
+        v.find_first_of("xX") != std::string::npos) {
       return InvalidArgument("environment variable " + which + "='" + v +
-                             "' is not a finite number");
+                             "' is not a finite number (decimal, without blanks)");
+    }
+    if (errno == ERANGE || !std::isfinite(x)) {
+      return InvalidArgument("environment variable " + which + "='" + v +
+                             "' is not a finite number in a double's range");
     }
     *out = x;
     config_->sources[member] = which;
@@ -242,7 +249,8 @@ Status Config::Finalize() {
                   "the rank on this host must be in [0, " + std::to_string(local_size) +
                       ") (the local size, from " + SourceOf("local_size") + ")");
   }
-  if (master_port != -1 && (master_port < 1 || master_port > 65534)) {
+  // Only read without a store (bootstrap.cc): under concordrun torchrun's variables are unused.
+  if (master_port != -1 && store.empty() && (master_port < 1 || master_port > 65534)) {
     return refuse("master_port", std::to_string(master_port),
                   "must be in [1, 65534] (Concord's store is served on MASTER_PORT + 1)");
   }

@@ -78,6 +78,8 @@ std::vector<HostSlots> ParseHosts(const std::string& list) {
     const size_t colon = item.rfind(':');
     h.host = colon == std::string::npos ? item : item.substr(0, colon);
     if (h.host.empty()) UsageError("-H: empty host name in '" + list + "'");
+    // ssh would take it for an option.
+    if (h.host[0] == '-') UsageError("-H: '" + h.host + "' is not a host name");
     if (colon != std::string::npos && !ParsePositiveInt(item.substr(colon + 1), &h.slots)) {
       UsageError("-H: slots must be an integer >= 1 in '" + item + "'");
     }
@@ -115,7 +117,11 @@ Options ParseArgs(int argc, char** argv) {
       if (o.iface.empty()) UsageError("--iface must not be empty");
     } else if (a == "--backend") {
       o.backend = value(a);
-      if (o.backend.empty()) UsageError("--backend must not be empty");
+      if (o.backend != "gloo" && o.backend != "gloo-ibverbs" && o.backend != "mpi" &&
+          o.backend != "nccl" && o.backend != "auto") {
+        UsageError("--backend must be gloo, gloo-ibverbs, mpi, nccl or auto, not '" + o.backend +
+                   "'");
+      }
     } else if (a == "--timeout") {
       o.timeout = value(a);
       double ignored = 0;

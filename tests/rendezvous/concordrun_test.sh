@@ -234,7 +234,8 @@ echo "== usage errors exit 2"
 for args in "-np 0 true" "-np x true" "-np 2" "true" "-np 2 -H localhost:0 true" \
   "-np 3 -H localhost:1,127.0.0.1:1 true" "-np 1 --bogus true" "-np 1 --timeout -1 true" \
   "-np 1 -H :2 true" "-np" "-np 1 --grace -1 true" "-np 1 --grace x true" \
-  "-np 1 --grace 1e9 true" "-np 1 --timeout inf true" "-np 1 --timeout 100000 true"; do
+  "-np 1 --grace 1e9 true" "-np 1 --timeout inf true" "-np 1 --timeout 100000 true" \
+  "-np 1 --backend tcp true" "-np 1 -H -oProxyCommand=x:1 true"; do
   # shellcheck disable=SC2086  # the words are meant to split
   launch $args
   [ "$rc" -eq 2 ] || fail "'concordrun $args' exited $rc, expected 2"

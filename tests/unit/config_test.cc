@@ -226,6 +226,11 @@ TEST_F(ConfigTest, EveryBadVariableIsRefusedNamingItsValueAndWhatIsAccepted) {
       {"CONCORD_TIMEOUT_S", "soon", {"CONCORD_TIMEOUT_S='soon'", "not a finite number"}},
       {"CONCORD_TIMEOUT_S", "inf", {"CONCORD_TIMEOUT_S='inf'", "not a finite number"}},
       {"CONCORD_TIMEOUT_S", "nan", {"CONCORD_TIMEOUT_S='nan'", "not a finite number"}},
+      // strtod's hexadecimal and leading blanks are not taken; an underflow is out of range.
+      {"CONCORD_TIMEOUT_S", "0x10", {"CONCORD_TIMEOUT_S='0x10'", "not a finite number (decimal"}},
+      {"CONCORD_TIMEOUT_S", " 5", {"CONCORD_TIMEOUT_S=' 5'", "not a finite number (decimal"}},
+      {"CONCORD_TIMEOUT_S", "1e-400", {"CONCORD_TIMEOUT_S='1e-400'", "in a double's range"}},
+      {"CONCORD_LANES", " 2", {"CONCORD_LANES=' 2'", "not an integer"}},
       {"MASTER_PORT",
        "99999999999999999999",
        {"MASTER_PORT='99999999999999999999'", "out of range for a 64-bit integer"}},
@@ -306,6 +311,17 @@ TEST_F(ConfigTest, GoodValuesAtTheEdgesAreTaken) {
     const Status s = ReadAndFinalize();
     EXPECT_TRUE(s.ok()) << name << "=" << value << ": " << s.ToString();
   }
+}
+
+// MASTER_PORT is only read to derive a store: with CONCORD_STORE given (concordrun), a value
+// torchrun would refuse is not Concord's business.
+TEST_F(ConfigTest, MasterPortIsCheckedOnlyWhenItMakesTheStore) {
+  Set("MASTER_ADDR", "127.0.0.1");
+  Set("MASTER_PORT", "65535");
+  EXPECT_EQ(ReadAndFinalize().code(), Code::kInvalidArgument);
+  Set("CONCORD_STORE", "tcp://127.0.0.1:4000");
+  const Status s = ReadAndFinalize();
+  EXPECT_TRUE(s.ok()) << s.ToString();
 }
 
 TEST_F(ConfigTest, RanksOutsideTheWorldNameTheirSources) {
