@@ -108,14 +108,16 @@ Status ParseMetricsEndpoint(const std::string& text, Config* c) {
   const size_t colon = text.rfind(':');
   std::string address = colon == std::string::npos ? "" : text.substr(0, colon);
   const std::string port = colon == std::string::npos ? text : text.substr(colon + 1);
-  if (address.size() >= 2 && address.front() == '[' && address.back() == ']') {
-    address = address.substr(1, address.size() - 2);
-  }
+  // An IPv6 address needs its brackets ("::1:0" would read as address "::1", port 0).
+  const bool bracketed = address.size() >= 2 && address.front() == '[' && address.back() == ']';
+  if (bracketed) address = address.substr(1, address.size() - 2);
   char* end = nullptr;
   errno = 0;
   const long value = port.empty() ? -1 : std::strtol(port.c_str(), &end, 10);
-  if (port.empty() || *end != '\0' || errno != 0 || value < 0 || value > 65535 ||
-      (colon != std::string::npos && address.empty())) {
+  // Digits only: strtol would take "-0", "+9400" and " 9400".
+  if (port.empty() || port.find_first_not_of("0123456789") != std::string::npos || *end != '\0' ||
+      errno != 0 || value < 0 || value > 65535 || (colon != std::string::npos && address.empty()) ||
+      (!bracketed && address.find(':') != std::string::npos)) {
     return InvalidArgument("CONCORD_METRICS_PORT = '" + text +
                            "': expected a port in [0, 65535], optionally after an address to "
                            "bind (\"9400\", \"0.0.0.0:9400\")");

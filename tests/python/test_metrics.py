@@ -247,7 +247,8 @@ def test_a_metrics_port_in_use_is_an_error_naming_it():
     assert "in use" in e.value.message
 
 
-@pytest.mark.parametrize("value", ["70000", "http", "127.0.0.1:", ":9400", "-1"])
+@pytest.mark.parametrize("value", ["70000", "http", "127.0.0.1:", ":9400", "-1", "-0", "+9400",
+                                   " 9400", "::1:0"])
 def test_a_malformed_metrics_port_is_an_invalid_argument(value):
     with pytest.raises(concord.ConcordError) as e:
         with_env({"CONCORD_METRICS_PORT": value}, concord.Communicator)
