@@ -160,6 +160,16 @@ def test_a_path_that_cannot_be_written_is_an_error_naming_it(world):
     assert lib.concord_timeline_stop(None) == Status.ERR_NOT_INITIALIZED  # as every call
 
 
+def test_the_tool_names_a_file_it_cannot_read_or_write(tmp_path):
+    rc, out = run_tool("merge", str(tmp_path / "out.json"), "/nonexistent-dir/t.rank0")
+    assert rc == 1 and "merge: /nonexistent-dir/t.rank0: No such file" in out, out
+    assert "Traceback" not in out
+    rc, out = run_tool("check", "/nonexistent-dir/trace.json")
+    assert rc == 1 and "check: /nonexistent-dir/trace.json: No such file" in out, out
+    rc, out = run_tool("merge", str(tmp_path / "out.json"), "a.rank0", "a.rank0")
+    assert rc == 2 and "given twice" in out, out
+
+
 def test_a_full_disk_warns_and_training_goes_on(world, shared_dir, capfd):
     base = os.path.join(shared_dir, "full")
     os.symlink("/dev/full", base + ".rank%d" % world.rank)
