@@ -11,6 +11,10 @@
 namespace concord {
 namespace {
 
+// The engine whose refused group this thread is completing in GroupEnd: the members' callbacks
+// run here, on the caller's thread, and must not finalize the communicator under the call.
+thread_local const Engine* t_completing_group = nullptr;
+
 // The CPUs this process may run on (its affinity mask), at least 1.
 int UsableCpus() {
   cpu_set_t set;
@@ -148,9 +152,6 @@ Status Engine::Enqueue(QueueEntry entry, bool then_wait) {
           "after concord_group_end");
     }
   }
-  // A barrier named by nobody takes the next number (the same on every rank: ranks call
-  // barriers in the same order); nothing below refuses one on a working communicator.
-  if (barrier && entry.request.name.empty()) entry.request.name = NextBarrierName();
   CONCORD_RETURN_IF_ERROR(NormalizeSplits(&entry.request, config_.size));
   CONCORD_RETURN_IF_ERROR(ValidateEntry(entry, config_.size, config_.rank));
   CONCORD_RETURN_IF_ERROR(CheckDevice(entry));
@@ -158,13 +159,18 @@ Status Engine::Enqueue(QueueEntry entry, bool then_wait) {
   entry.step = step_.load(std::memory_order_relaxed);
   entry.state->Meter(metrics_, OpTypeName(entry.request.op), entry.request.dtype,
                      barrier ? 0 : static_cast<uint64_t>(entry.request.NumBytes()), Clock::now());
-  if (timeline_->on()) entry.state->Trace(timeline_, entry.request.name);
+  if (timeline_->on()) {
+    // An unnamed barrier's number comes later (TensorQueue::Push): its track is all barriers'.
+    entry.state->Trace(timeline_, entry.request.name.empty()
+                                      ? std::string(kReservedPrefix) + ".barrier"
+                                      : entry.request.name);
+  }
   {
     MutexLock lock(group_mu_);
     // then_wait was refused above if this thread has a group open (only it can close it).
     if (group_open_ && group_owner_ == std::this_thread::get_id()) {
       for (const auto& e : group_entries_) {
-        if (e.request.name == entry.request.name) {
+        if (!entry.request.name.empty() && e.request.name == entry.request.name) {
           return InvalidArgument("tensor '" + entry.request.name + "' appears twice in one group");
         }
       }
@@ -215,13 +221,16 @@ Status Engine::GroupEnd() {
   for (const auto& e : entries) states.push_back(e.state);
   Status s = queue_.Push(std::move(entries));
   if (!s.ok()) {
+    const Engine* outer = t_completing_group;
+    t_completing_group = this;
     for (auto& state : states) state->Complete(s);
+    t_completing_group = outer;
   }
   return s;
 }
 
 std::string Engine::NextBarrierName() {
-  return BarrierName(barrier_seq_++);
+  return queue_.NextBarrierName();
 }
 
 Status Engine::CheckExchangeInternal() const {
@@ -446,7 +455,7 @@ void Engine::Fail(const Status& failure) {
 
 bool Engine::OnEngineThread() const {
   const std::thread::id self = std::this_thread::get_id();
-  if (driver_.RunsSteps(self) || self == device_thread_id_.load() ||
+  if (t_completing_group == this || driver_.RunsSteps(self) || self == device_thread_id_.load() ||
       self == finalizing_thread_.load() || p2p_->OnOwnThread()) {
     return true;
   }

@@ -124,7 +124,8 @@ class Engine {
   // group open. A CUDA tensor's request is negotiated with device kDeviceTensor. `then_wait`
   // promises that this thread calls Wait() on it next (a blocking call): with waiter progress the
   // engine thread is then left alone, since the waiter runs the step itself. A barrier without a
-  // name gets the next NextBarrierName() once nothing can refuse it.
+  // name is numbered by the queue when it accepts it (TensorQueue::Push), so a refusal here or
+  // of its group takes no number.
   Status Enqueue(QueueEntry entry, bool then_wait = false) EXCLUDES(group_mu_);
   // Opens a group for the calling thread; GroupEnd() queues its entries atomically. When the queue
   // refuses them (a name already in flight, the engine failed), every member completes with the
@@ -426,7 +427,6 @@ class Engine {
   std::thread::id group_owner_ GUARDED_BY(group_mu_);
   bool group_open_ GUARDED_BY(group_mu_) = false;
   std::vector<QueueEntry> group_entries_ GUARDED_BY(group_mu_);
-  std::atomic<uint64_t> barrier_seq_{0};
   std::atomic<uint64_t> join_seq_{0};
   // This rank read rank 0's abort (stepping thread): Fail() sends rank 0 no report then.
   std::atomic<bool> read_rank0_abort_{false};

@@ -163,7 +163,10 @@ bool IsJoinName(const std::string& name) {
 
 Status ValidateEntry(const QueueEntry& e, int world_size, int rank) {
   const TensorRequest& r = e.request;
-  if (r.name.empty()) return InvalidArgument("the tensor name is empty");
+  // A barrier without a name is numbered when the queue accepts it (TensorQueue::Push).
+  if (r.name.empty() && r.op != OpType::kBarrier) {
+    return InvalidArgument("the tensor name is empty");
+  }
   if (r.name.compare(0, std::strlen(kReservedPrefix), kReservedPrefix) == 0 &&
       r.op != OpType::kBarrier) {
     return InvalidArgument("tensor names starting with '" + std::string(kReservedPrefix) +

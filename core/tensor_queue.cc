@@ -3,6 +3,8 @@
 #include <string_view>
 #include <unordered_set>
 
+#include "core/entry_validation.h"
+
 namespace concord {
 
 Status TensorQueue::Push(std::vector<QueueEntry> entries, bool wake) {
@@ -12,6 +14,7 @@ Status TensorQueue::Push(std::vector<QueueEntry> entries, bool wake) {
     std::unordered_set<std::string_view> names;  // a group's names (one entry needs no set)
     for (const auto& e : entries) {
       const std::string& name = e.request.name;
+      if (name.empty() && e.request.op == OpType::kBarrier) continue;  // numbered below
       if (table_.count(name) != 0) {
         return InvalidArgument("tensor '" + name +
                                "' is already in flight; wait for it before enqueuing it again");
@@ -23,6 +26,9 @@ Status TensorQueue::Push(std::vector<QueueEntry> entries, bool wake) {
     if (entries.empty()) return Status::Ok();
     if (!oldest_fresh_) oldest_fresh_ = Clock::now();
     for (auto& e : entries) {
+      if (e.request.name.empty() && e.request.op == OpType::kBarrier) {
+        e.request.name = BarrierName(barrier_seq_++);
+      }
       fresh_.push_back(e.request.name);
       std::string name = e.request.name;
       table_.emplace(std::move(name), std::move(e));
@@ -30,6 +36,11 @@ Status TensorQueue::Push(std::vector<QueueEntry> entries, bool wake) {
   }
   if (wake) wake_();
   return Status::Ok();
+}
+
+std::string TensorQueue::NextBarrierName() {
+  MutexLock lock(mu_);
+  return BarrierName(barrier_seq_++);
 }
 
 std::vector<TensorQueue::Fresh> TensorQueue::PopNew() {

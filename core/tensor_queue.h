@@ -45,8 +45,13 @@ class TensorQueue {
 
   // Adds all entries or none: kInvalidArgument when a name is already in flight or repeats in
   // `entries`; `closed` status once the queue was closed. Calls the wake function unless `wake`
-  // is false (the caller makes sure the engine steps).
+  // is false (the caller makes sure the engine steps). A barrier without a name gets the next
+  // NextBarrierName() once it is accepted, so a refused push (or a refused group) takes no
+  // number: barrier numbers are the ranks' only way to match barriers, so they must advance
+  // alike on every rank.
   Status Push(std::vector<QueueEntry> entries, bool wake = true);
+  // "__concord.barrier.<N>", N counting from 0 for this queue (named barriers and Push's alike).
+  std::string NextBarrierName();
 
   // A request pushed since the last PopNew(), with its input (valid while it is in flight).
   struct Fresh {
@@ -78,6 +83,7 @@ class TensorQueue {
   std::vector<std::string> fresh_ GUARDED_BY(mu_);
   std::optional<Clock::time_point> oldest_fresh_ GUARDED_BY(mu_);
   Status closed_ GUARDED_BY(mu_);
+  uint64_t barrier_seq_ GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace concord

@@ -168,6 +168,51 @@ TEST(CppApiTest, BarrierRefusedInOneRanksGroupLeavesLaterBarriersMatched) {
   });
 }
 
+// The same for a barrier in a group that group_end refuses (a member already in flight on this
+// rank only): the barrier was numbered at its enqueue, so later barriers never met. The refused
+// members' callbacks run inside concord_group_end: finalize from there is refused too (it once
+// freed the communicator under the call).
+struct FinalizeFromCallback {
+  concord_comm_t comm = nullptr;
+  concord_status_t status = CONCORD_SUCCESS;
+};
+void FinalizeInCallback(concord_request_t, concord_status_t, void* user_data) {
+  auto* f = static_cast<FinalizeFromCallback*>(user_data);
+  f->status = concord_finalize(f->comm);
+}
+
+TEST(CppApiTest, BarrierInARefusedGroupLeavesLaterBarriersMatched) {
+  RunRanks(2, [](concord::Communicator& comm) {
+    std::vector<float> v(4, 1.0f);
+    concord::Future busy;
+    if (comm.rank() == 0) {
+      busy = comm.allreduce_async("busy", concord::TensorView(v));  // rank 1 submits it later
+      ASSERT_EQ(concord_group_start(comm.native()), CONCORD_SUCCESS);
+      concord_request_t again = nullptr, in_group = nullptr;
+      std::vector<float> w(4, 1.0f);
+      concord::TensorView wv(w);
+      const concord_tensor_t wt = wv.c_tensor();
+      ASSERT_EQ(concord_allreduce_async(comm.native(), "busy", &wt, nullptr, nullptr, nullptr,
+                                        nullptr, &again),
+                CONCORD_SUCCESS);
+      FinalizeFromCallback f{comm.native()};
+      ASSERT_EQ(concord_barrier_async(comm.native(), FinalizeInCallback, &f, &in_group),
+                CONCORD_SUCCESS);
+      EXPECT_EQ(concord_group_end(comm.native()), CONCORD_ERR_INVALID_ARGUMENT);
+      EXPECT_EQ(f.status, CONCORD_ERR_INVALID_ARGUMENT);
+      EXPECT_EQ(concord_wait(in_group, 10.0), CONCORD_ERR_INVALID_ARGUMENT);
+      concord_request_free(again);
+      concord_request_free(in_group);
+    }
+    concord_request_t r = nullptr;
+    ASSERT_EQ(concord_barrier_async(comm.native(), nullptr, nullptr, &r), CONCORD_SUCCESS);
+    EXPECT_EQ(concord_wait(r, 10.0), CONCORD_SUCCESS) << concord_request_error(r);
+    concord_request_free(r);
+    if (comm.rank() == 1) comm.allreduce("busy", concord::TensorView(v));
+    if (comm.rank() == 0) busy.wait();
+  });
+}
+
 TEST(CppApiTest, AllgatherOwnedOutputWithDifferentFirstDims) {
   RunRanks(3, [](concord::Communicator& comm) {
     const int r = comm.rank();
