@@ -120,6 +120,9 @@ struct Rank {
   int local_size = 1;
   pid_t pid = -1;
   bool running = false;
+  // Reaped while processes it started were left in its group (which keeps the group's number
+  // from being reused): StopLeftovers ends them.
+  bool left_group = false;
   Stream out;
   Stream err;
 };
@@ -378,6 +381,10 @@ Status Launcher::Spawn(Rank* r, const std::vector<std::string>& job_env,
   vars.push_back("LOCAL_WORLD_SIZE=" + std::to_string(r->local_size));
   if (r->local && !summary_dir_.empty()) vars.push_back("CONCORD_SUMMARY_DIR=" + summary_dir_);
 
+  // -x NAME=VALUE goes to every rank (local ones inherit NAME anyway); the job's variables win.
+  for (const std::string& x : o_.exports) {
+    if (x.find('=') != std::string::npos) vars.insert(vars.begin(), x);
+  }
   std::vector<std::string> args;
   std::vector<std::string> env;
   if (r->local) {
@@ -392,19 +399,23 @@ Status Launcher::Spawn(Rank* r, const std::vector<std::string>& job_env,
   } else {
     // ssh joins its arguments with spaces for the remote shell, so every word is quoted. The
     // remote shell starts from sshd's environment: the job's settings (CONCORD_*, which must
-    // agree across ranks) and -x's go along, the job's own variables last (they win).
+    // agree across ranks; not those that describe this host or this launcher) and -x NAME's go
+    // along, then the job's own variables (they win).
+    static const std::set<std::string> kThisHostOnly = {
+        "CONCORD_HOST",         "CONCORD_HOST_ID", "CONCORD_IFACE",
+        "CONCORD_METRICS_PORT", "CONCORD_LIBRARY", "CONCORD_BUILD_DIR",
+        "CONCORD_MPIRUN",       "CONCORD_GRACE_S", "CONCORD_SUMMARY_DIR"};
     std::vector<std::string> remote;
     for (char** e = environ; *e != nullptr; ++e) {
       env.push_back(*e);
       const std::string v = *e;
-      if (v.rfind("CONCORD_", 0) == 0 && v.rfind("CONCORD_SUMMARY_DIR=", 0) != 0) {
+      if (v.rfind("CONCORD_", 0) == 0 && kThisHostOnly.count(v.substr(0, v.find('='))) == 0) {
         remote.push_back(v);
       }
     }
     for (const std::string& x : o_.exports) {
-      if (x.find('=') != std::string::npos) {
-        remote.push_back(x);
-      } else if (const char* value = std::getenv(x.c_str()); value != nullptr) {
+      if (x.find('=') != std::string::npos) continue;  // in vars already
+      if (const char* value = std::getenv(x.c_str()); value != nullptr) {
         remote.push_back(x + "=" + value);
       }
     }
@@ -557,7 +568,9 @@ void Launcher::Kill() {
 void Launcher::StopLeftovers() {
   std::string left;
   for (Rank& r : ranks_) {
-    if (r.running || ::kill(-r.pid, 0) != 0) continue;  // no process left in its group
+    // Never started (pid -1: kill(1, ...)), or its group was empty when it was reaped (its
+    // number may belong to another group by now).
+    if (r.running || r.pid <= 0 || !r.left_group) continue;
     if (::kill(-r.pid, SIGKILL) == 0) left += (left.empty() ? "" : ", ") + std::to_string(r.rank);
   }
   if (!left.empty()) {
@@ -574,7 +587,11 @@ void Launcher::Reap() {
     if (::waitpid(r.pid, &status, WNOHANG) != r.pid) continue;
     r.running = false;
     // A group with no process left is forgotten, since its number may be reused.
-    if (::kill(-r.pid, 0) != 0 && errno == ESRCH) lifeline_->Forget(r.pid);
+    if (::kill(-r.pid, 0) != 0 && errno == ESRCH) {
+      lifeline_->Forget(r.pid);
+    } else {
+      r.left_group = true;
+    }
     // Its output is in the pipes now (unless its children still write): forwarded first, it
     // comes before what concordrun says about the rank, and its last words are known.
     for (Stream* st : {&r.out, &r.err}) {

@@ -30,8 +30,9 @@ const char kUsage[] =
     "                   SIGTERM to concordrun goes to the ranks at once, SIGKILL S seconds later\n"
     "                   (default: CONCORD_GRACE_S, else 5; with mpi, mpirun's kill timeout)\n"
     "  --no-prefix      pass the ranks' output through as it is (no \"[rank] \" prefixes)\n"
-    "  -x NAME[=VALUE]  give remote ranks NAME (from this environment, or VALUE); they get the\n"
-    "                   CONCORD_* variables of this environment anyway, local ranks all of it\n"
+    "  -x NAME[=VALUE]  NAME=VALUE for every rank; NAME: this environment's NAME for remote\n"
+    "                   ranks too (local ranks inherit this environment; remote ones get its\n"
+    "                   CONCORD_* variables but those of this host: HOST, HOST_ID, IFACE, ...)\n"
     "  --no-summary     do not print the job summary at the end (per rank: time in\n"
     "                   collectives, bytes, slowest phase, straggler share; ranks on this\n"
     "                   host write it at finalize into CONCORD_SUMMARY_DIR; not with mpi)\n";

@@ -100,11 +100,13 @@ shift
 exec env -i PATH=/usr/bin:/bin sh -c "$*"
 SSH
 chmod +x "$TMP/fakessh/ssh"
-PATH="$TMP/fakessh:$PATH" CONCORD_LANES=1 FOO=bar BAZ=no launch -np 2 -H localhost:1,otherhost:1 \
-  -x FOO -x QUX=a\ b sh -c 'echo "lanes=$CONCORD_LANES foo=$FOO baz=${BAZ-unset} qux=$QUX"'
+PATH="$TMP/fakessh:$PATH" CONCORD_LANES=1 CONCORD_HOST=10.1.2.3 FOO=bar BAZ=no \
+  launch -np 2 -H localhost:1,otherhost:1 -x FOO -x QUX=a\ b \
+  sh -c 'echo "lanes=$CONCORD_LANES host=${CONCORD_HOST-unset} foo=$FOO baz=${BAZ-unset} qux=$QUX"'
 [ "$rc" -eq 0 ] || fail "exit code $rc, expected 0"
-expect_line "$TMP/out" '^\[0\] lanes=1 foo=bar baz=no qux=$'
-expect_line "$TMP/out" '^\[1\] lanes=1 foo=bar baz=unset qux=a b$'
+expect_line "$TMP/out" '^\[0\] lanes=1 host=10.1.2.3 foo=bar baz=no qux=a b$'
+# CONCORD_HOST describes the launcher's host: not for the others.
+expect_line "$TMP/out" '^\[1\] lanes=1 host=unset foo=bar baz=unset qux=a b$'
 launch -np 1 -x 'no-name=1' true
 [ "$rc" -eq 2 ] || fail "-x with a bad name: exit code $rc, expected 2"
 
