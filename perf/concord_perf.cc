@@ -244,15 +244,19 @@ Options ParseOptions(int argc, char** argv) {
   // another backend than the job asked for (the library reads CONCORD_BACKEND too).
   if (const char* env = std::getenv("CONCORD_BACKEND"); env != nullptr && *env != '\0') {
     const std::string e = env;
-    if (e != "gloo" && e != "gloo-ibverbs" && e != "mpi" && e != "nccl") {
+    if (e != "gloo" && e != "gloo-ibverbs" && e != "mpi" && e != "nccl" && e != "auto") {
       Usage("CONCORD_BACKEND=" + e + ": concord-perf measures gloo, gloo-ibverbs, mpi or nccl " +
             "(unset it, or set one of those)");
     }
-    if (backend_given && e != o.backend) {
+    if (e == "auto" && !backend_given) {
+      Usage("CONCORD_BACKEND=auto: concord-perf measures one backend; give --backend gloo, " +
+            std::string("gloo-ibverbs, mpi or nccl"));
+    }
+    if (backend_given && e != o.backend && e != "auto") {
       Usage("--backend " + o.backend + " but CONCORD_BACKEND=" + e + " (concordrun --backend " +
             "sets it): give the same, or only one");
     }
-    o.backend = e;
+    if (e != "auto") o.backend = e;  // auto with --backend: --backend says which
   }
   if (o.backend == "nccl" && !o.workload.empty())
     Usage("--workload is not supported with --backend nccl (it uses CPU buffers)");
@@ -959,7 +963,7 @@ int main(int argc, char** argv) {
   if (!on_world) {
     comm = SubCommunicator(world, o);
     if (comm == nullptr) {  // not a member: idle until the members are done (a barrier waits
-      // without the timeout that finalize's barrier has, however long the sweep)
+      // past finalize's timeout, up to the stall shutdown: CONCORD_STALL_SHUTDOWN_S, 600 s)
       Check(world, concord_barrier(world), "the closing barrier");
       concord_finalize(world);
       return 0;
@@ -1015,10 +1019,11 @@ int main(int argc, char** argv) {
                      ? RunSweep(comm, deterministic, o, rank, size, store.get(), b, &rows)
                      : RunWorkload(comm, o, rank, size, store.get(), &rows);
   for (Row& r : rows) r.backend = o.backend;
-  // One file per job: world rank 0's (with --comm split:K, the rows of its sub-communicator;
-  // each group's rank 0 prints its own table).
+  // One file per job: world rank 0's; with --comm split:K the rows of its sub-communicator (each
+  // group's rank 0 prints its own table), with group:... the group's rank 0's.
+  const bool writer = on_world || o.comm.rfind("split:", 0) == 0 ? world_rank == 0 : rank == 0;
   const bool written =
-      rc != 0 || world_rank != 0 || o.json.empty() || WriteJson(o.json, rows, o.percentile);
+      rc != 0 || !writer || o.json.empty() || WriteJson(o.json, rows, o.percentile);
   if (deterministic != nullptr) concord_finalize(deterministic);
   if (comm != world) {
     concord_finalize(comm);

@@ -90,7 +90,10 @@ def run_env(env, *args):
 
 # The environment's backend is the one measured (concordrun --backend sets it), or refused.
 rc, out = run_env({"CONCORD_BACKEND": "auto"}, "--bytes", "4K", "--iters", "1")
-check(rc == 2 and "CONCORD_BACKEND=auto" in out, "CONCORD_BACKEND it cannot run", out)
+check(rc == 2 and "CONCORD_BACKEND=auto" in out, "CONCORD_BACKEND=auto alone: which one?", out)
+rc, out = run_env({"CONCORD_BACKEND": "auto"}, "--backend", "gloo", "--bytes", "4K", "--iters",
+                  "1", "--no-raw")
+check(rc == 0 and " concord " in out, "CONCORD_BACKEND=auto with --backend gloo", out)
 # gloo-ibverbs (concord-fabric real --fabric ib) is measured, not silently replaced by TCP: here,
 # without an RDMA device, init says so.
 rc, out = run_env({"CONCORD_BACKEND": "gloo-ibverbs"}, "--bytes", "4K", "--iters", "1")
