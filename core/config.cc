@@ -149,8 +149,12 @@ StatusOr<Config> Config::FromEnvironment() {
   env.String({"CONCORD_TOKEN"}, "token", &c.token);
   env.String({"CONCORD_JOB_ID", "TORCHELASTIC_RUN_ID", "OMPI_MCA_ess_base_jobid", "SLURM_JOB_ID"},
              "job_id", &c.job_id);
-  env.String({"MASTER_ADDR"}, "master_addr", &c.master_addr);
-  CONCORD_RETURN_IF_ERROR(env.Int({"MASTER_PORT"}, "master_port", &c.master_port));
+  // torchrun's rendezvous, read only where it would make the store: under concordrun (which sets
+  // CONCORD_STORE) they are torch's business, whatever they hold.
+  if (c.store.empty()) {
+    env.String({"MASTER_ADDR"}, "master_addr", &c.master_addr);
+    CONCORD_RETURN_IF_ERROR(env.Int({"MASTER_PORT"}, "master_port", &c.master_port));
+  }
   env.String({"CONCORD_IFACE"}, "iface", &c.iface);
   env.String({"CONCORD_HOST"}, "host", &c.host);
   env.String({"CONCORD_BACKEND"}, "backend", &c.backend);
@@ -251,7 +255,7 @@ Status Config::Finalize() {
                   "the rank on this host must be in [0, " + std::to_string(local_size) +
                       ") (the local size, from " + SourceOf("local_size") + ")");
   }
-  // Only read without a store (bootstrap.cc): under concordrun torchrun's variables are unused.
+  // Only used without a store (bootstrap.cc): under concordrun torchrun's variables are unused.
   if (master_port != -1 && store.empty() && (master_port < 1 || master_port > 65534)) {
     return refuse("master_port", std::to_string(master_port),
                   "must be in [1, 65534] (Concord's store is served on MASTER_PORT + 1)");

@@ -30,8 +30,9 @@ keeps each _Work that torch's C++ side may hold alive until it is done and wait(
 was called on it. A _Work returned to Python code by torch.distributed's functions
 (dist.all_reduce(..., async_op=True), isend, ...) is its caller's: the group drops it once done,
 waited for or not. all_to_all and all_to_all_single check the rows each rank sent against the
-output sizes once the operation is over (a callback may not read them): a daemon thread of the
-module's (_Deferred) completes those works.
+output sizes once the operation is over (a callback may not read them): a short daemon thread
+per operation completes those works (its future's callbacks then run there, and may wait for
+other works).
 
 Rendezvous: rank 0 of the group chooses a job id and a token and puts them in torch's store; with
 CONCORD_STORE set (concordrun) every rank joins that store under the new job id, otherwise rank 0
@@ -41,11 +42,9 @@ serves Concord's store on a free port of its address (MASTER_ADDR, else CONCORD_
 import inspect
 import json
 import os
-import queue
 import socket
 import sys
 import threading
-import traceback
 import uuid
 
 import torch
@@ -126,34 +125,6 @@ def _returned_to_python(depth):
         return sys._getframe(depth + 1).f_code.co_filename == _C10D_FILE
     except ValueError:  # no Python frame there: called from C++ on a thread of its own
         return False
-
-
-class _Deferred:
-    """One daemon thread (per process) that completes the works a completion callback cannot:
-    those that read their operation's result (received splits), which a callback may not wait
-    for. Each item runs in order; what it raises is printed, as a callback's is."""
-
-    _lock = threading.Lock()
-    _queue = None
-    _pid = None
-
-    @classmethod
-    def run(cls, fn):
-        with cls._lock:
-            if cls._queue is None or cls._pid != os.getpid():  # none yet, or a forked child
-                cls._queue, cls._pid = queue.SimpleQueue(), os.getpid()
-                threading.Thread(target=cls._serve, args=(cls._queue,), daemon=True,
-                                 name="concord-torch-completion").start()
-            cls._queue.put(fn)
-
-    @staticmethod
-    def _serve(items):
-        while True:
-            fn = items.get()
-            try:
-                fn()
-            except Exception:
-                traceback.print_exc()
 
 
 class _Work(dist.Work):
@@ -262,7 +233,7 @@ class ProcessGroupConcord(dist.ProcessGroup):
         the current stream wait for the operation; finish() (copies) runs on the completing
         thread once the operation has finished on the GPU, and the host waits for it.
         verify(value): called with the Handle's result once the operation succeeded, before
-        finish(); what it raises fails the work (the work is completed on _Deferred's thread).
+        finish(); what it raises fails the work (the work is completed on a thread of its own).
         Called by the collective methods only (it looks at their caller's frame)."""
         from_python = _returned_to_python(2)
         if not self._config_checked:
@@ -316,7 +287,8 @@ class ProcessGroupConcord(dist.ProcessGroup):
         def callback(status):
             if status == Status.SUCCESS:
                 if verify is not None:
-                    _Deferred.run(succeed)  # the result is readable once the callback returned
+                    # The result is readable once the callback returned.
+                    threading.Thread(target=succeed, daemon=True).start()
                 else:
                     succeed()
             else:
