@@ -89,6 +89,20 @@ def test_all_reduce_async_work_and_future():
     close(chained.wait(), 2 * expected("SUM", SIZES[-1], torch.float32), torch.float32)
 
 
+def test_work_wait_with_a_timeout_raises_and_the_work_goes_on():
+    import datetime
+    import time
+    t = values(RANK, 5, torch.float32)
+    if RANK != 0:
+        time.sleep(0.5)  # rank 0's limit passes first
+    work = dist.all_reduce(t, async_op=True)
+    if RANK == 0:
+        with pytest.raises(concord.WaitTimeoutError):
+            work.wait(timeout=datetime.timedelta(milliseconds=100))
+    assert work.wait(timeout=datetime.timedelta(seconds=30)) is True
+    close(t, expected("SUM", 5, torch.float32), torch.float32)
+
+
 def test_all_gather_and_into_tensor():
     for dtype in (torch.float32, torch.int64, torch.bfloat16):
         for n in (0, 1, 5):

@@ -45,13 +45,15 @@ import os
 import socket
 import sys
 import threading
+import time
 import uuid
 
 import torch
 import torch.distributed as dist
 
 from . import comm as _comm
-from .errors import InvalidArgumentError, Status, UnavailableError, make_error
+from .errors import (InvalidArgumentError, Status, UnavailableError, WaitTimeoutError,
+                     make_error)
 
 BACKEND = "concord"
 # torch's ReduceOp names -> Concord's reduce ops. BAND, BOR, BXOR and PREMUL_SUM have no Concord
@@ -144,7 +146,18 @@ class _Work(dist.Work):
         self._group._settle(self, claimed=True)
 
     def wait(self, timeout=None):
+        """Waits for the operation (and its copies); raises its ConcordError if it failed. With a
+        timeout (torch's timedelta; zero or None: none) that passes first, raises
+        concord.WaitTimeoutError (a TimeoutError: the operation goes on; wait again)."""
         self._claim()
+        seconds = None if timeout is None else timeout.total_seconds()
+        if seconds:
+            deadline = time.monotonic() + seconds
+            while not self._future.done():  # torch's futures have no wait with a limit
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise WaitTimeoutError(seconds)
+                time.sleep(min(left, 0.001))
         if self._stream_wait is not None:
             self._stream_wait()  # raises the ConcordError of an operation that failed so far
         else:
