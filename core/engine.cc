@@ -209,12 +209,9 @@ Status Engine::GroupEnd() {
     group_entries_.clear();
   }
   if (entries.empty()) return Status::Ok();
-  // Ranks agree on a group by its first member's name and its size; the coordinator checks both.
-  const std::string group = entries.front().request.name + "#" + std::to_string(entries.size());
-  for (auto& e : entries) {
-    e.request.group = group;
-    e.request.group_size = static_cast<int32_t>(entries.size());
-  }
+  // Ranks agree on a group by its first member's name and its size (the queue names it, once an
+  // unnamed barrier among them has its number); the coordinator checks both.
+  for (auto& e : entries) e.request.group_size = static_cast<int32_t>(entries.size());
   // The members' handles exist since their Enqueue(): a refused group must still complete them.
   std::vector<std::shared_ptr<RequestState>> states;
   states.reserve(entries.size());

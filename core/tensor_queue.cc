@@ -29,6 +29,14 @@ Status TensorQueue::Push(std::vector<QueueEntry> entries, bool wake) {
       if (e.request.name.empty() && e.request.op == OpType::kBarrier) {
         e.request.name = BarrierName(barrier_seq_++);
       }
+    }
+    // A group (Engine::GroupEnd) is known by its first member's name and its size.
+    if (entries.front().request.group_size > 0 && entries.front().request.group.empty()) {
+      const std::string group =
+          entries.front().request.name + "#" + std::to_string(entries.front().request.group_size);
+      for (auto& e : entries) e.request.group = group;
+    }
+    for (auto& e : entries) {
       fresh_.push_back(e.request.name);
       std::string name = e.request.name;
       table_.emplace(std::move(name), std::move(e));

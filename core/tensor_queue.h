@@ -48,7 +48,8 @@ class TensorQueue {
   // is false (the caller makes sure the engine steps). A barrier without a name gets the next
   // NextBarrierName() once it is accepted, so a refused push (or a refused group) takes no
   // number: barrier numbers are the ranks' only way to match barriers, so they must advance
-  // alike on every rank.
+  // alike on every rank. Entries with a group_size and no group are one group, named then by its
+  // first member's name and its size.
   Status Push(std::vector<QueueEntry> entries, bool wake = true);
   // "__concord.barrier.<N>", N counting from 0 for this queue (named barriers and Push's alike).
   std::string NextBarrierName();

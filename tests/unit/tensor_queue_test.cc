@@ -33,6 +33,31 @@ std::vector<std::string> Names(const std::vector<TensorQueue::Fresh>& requests) 
   return out;
 }
 
+// Unnamed barriers take their numbers when accepted: a refused push (here: a member already in
+// flight) takes none, so the next barrier is still number 0 on this rank, as on the others. A
+// group is named by its first member's name (a barrier's number) and its size.
+TEST(TensorQueueTest, BarriersAreNumberedOnlyWhenAcceptedAndNameTheirGroup) {
+  TensorQueue queue([] {});
+  ASSERT_TRUE(queue.Push(Entries({"busy"})).ok());
+  auto group = [](const std::string& other) {
+    QueueEntry barrier = Entry("");
+    barrier.request.op = OpType::kBarrier;
+    std::vector<QueueEntry> g;
+    g.push_back(std::move(barrier));
+    g.push_back(Entry(other));
+    for (auto& e : g) e.request.group_size = 2;
+    return g;
+  };
+  EXPECT_EQ(queue.Push(group("busy")).code(), Code::kInvalidArgument);
+  ASSERT_TRUE(queue.Push(group("free")).ok());
+  const auto fresh = queue.PopNew();
+  ASSERT_EQ(fresh.size(), 3u);
+  EXPECT_EQ(fresh[1].request.name, "__concord.barrier.0");
+  EXPECT_EQ(fresh[1].request.group, "__concord.barrier.0#2");
+  EXPECT_EQ(fresh[2].request.group, "__concord.barrier.0#2");
+  EXPECT_EQ(queue.NextBarrierName(), "__concord.barrier.1");
+}
+
 TEST(TensorQueueTest, PushPopKeepsOrder) {
   TensorQueue queue([] {});
   EXPECT_FALSE(queue.OldestNew().has_value());
