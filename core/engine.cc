@@ -142,7 +142,7 @@ Status Engine::Enqueue(QueueEntry entry, bool then_wait) {
   if (then_wait) {
     // Its members run at group_end, which this thread would never reach (found by
     // tests/fuzz/fuzz_c_api: concord_barrier between group_start and group_end hung). Refused
-    // before a barrier takes its sequence number, which would then differ between ranks.
+    // before anything else is looked at.
     MutexLock lock(group_mu_);
     if (group_open_ && group_owner_ == std::this_thread::get_id()) {
       return InvalidArgument(

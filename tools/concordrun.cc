@@ -381,9 +381,13 @@ Status Launcher::Spawn(Rank* r, const std::vector<std::string>& job_env,
   vars.push_back("LOCAL_WORLD_SIZE=" + std::to_string(r->local_size));
   if (r->local && !summary_dir_.empty()) vars.push_back("CONCORD_SUMMARY_DIR=" + summary_dir_);
 
-  // -x NAME=VALUE goes to every rank (local ones inherit NAME anyway); the job's variables win.
+  // -x NAME=VALUE goes to every rank (local ones inherit NAME anyway), unless it names one of
+  // the job's variables, which win (an environment with a name twice is read either way).
+  std::set<std::string> job_names;
+  for (const std::string& v : vars) job_names.insert(v.substr(0, v.find('=')));
   for (const std::string& x : o_.exports) {
-    if (x.find('=') != std::string::npos) vars.insert(vars.begin(), x);
+    const size_t eq = x.find('=');
+    if (eq != std::string::npos && job_names.insert(x.substr(0, eq)).second) vars.push_back(x);
   }
   std::vector<std::string> args;
   std::vector<std::string> env;
