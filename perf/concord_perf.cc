@@ -81,6 +81,7 @@ struct Options {
   // The communicator the rows run on: "world", "split:K" (sub-communicators of K consecutive
   // ranks, running side by side) or "group:r,r,..." (one of those ranks; the others idle).
   std::string comm = "world";
+  std::vector<int> comm_ranks;        // split:K: {K}; group:...: its ranks (parsed with --comm)
   bool versus_deterministic = false;  // also time every size on a deterministic communicator
 };
 
@@ -232,7 +233,7 @@ Options ParseOptions(int argc, char** argv) {
       o.comm = next();
       if (o.comm != "world" && o.comm.rfind("split:", 0) != 0 && o.comm.rfind("group:", 0) != 0)
         Usage("--comm must be world, split:K or group:r,r,...");
-      SubCommunicatorRanks(o.comm);  // refuses a bad K or rank before any rank starts
+      o.comm_ranks = SubCommunicatorRanks(o.comm);  // a bad K or rank: before any rank starts
     } else if (a == "--versus-deterministic") {
       o.versus_deterministic = true;
     } else {
@@ -880,7 +881,7 @@ int RunWorkload(concord_comm_t comm, const Options& o, int rank, int size, Store
 }  // namespace
 // --comm split:K or group:...: the sub-communicator of this rank (timing its creation), or null.
 concord_comm_t SubCommunicator(concord_comm_t world, const Options& o) {
-  const std::vector<int> ranks = SubCommunicatorRanks(o.comm);
+  const std::vector<int>& ranks = o.comm_ranks;
   int rank = 0;
   concord_comm_rank(world, &rank);
   concord_comm_t sub = nullptr;
