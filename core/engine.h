@@ -209,8 +209,10 @@ class Engine {
 
   // A group of direct allreduces is split over the lanes when each share gets this many bytes.
   static constexpr size_t kMinShareBytes = size_t{1} << 20;
-  // A driving waiter polls for messages without sleeping this long in each step: its thread
-  // would only sleep otherwise, and a sleeping thread's wake-up costs tens of microseconds.
+  // A driving waiter, or the engine thread while requests are in flight, polls for messages
+  // without sleeping this long in each step: its thread would only sleep otherwise, and a
+  // sleeping thread's wake-up costs tens of microseconds (4 KiB allreduces nobody drove took
+  // 73-97 us with an engine thread that slept in every step, 16 us polling).
   // Not when this host runs more ranks than this process may use CPUs: there the spinning
   // waiter takes the core from the rank it waits for (measured with 4 ranks on 2 cores: 4 KiB
   // Gloo allreduces took 253 us polling, 139 us without), as Open MPI yields when oversubscribed.

@@ -4,7 +4,9 @@
 // submit new requests, coordinate on rank 0, execute ready response lists). One thread at a time
 // runs a step, holding step_mu_. Two kinds of thread run them:
 //  - the engine thread (started by Start()), which blocks in the control plane's receive while
-//    there is nothing to do;
+//    there is nothing to do; while requests are in flight (Hooks::busy) each of its steps first
+//    polls for messages without sleeping, for drive_busy_poll like a waiter's, so an operation
+//    nobody waits for (submitted now, waited for later) is not slowed by a wake-up per message;
 //  - waiters: a thread that waits for its own request (Drive(): progress by the waiter) runs the
 //    steps itself, so a blocking operation costs no hand-off between threads.
 // The hand-off between them, over park_mu_ and park_cv_:
@@ -54,8 +56,9 @@ class ProgressDriver {
     std::function<bool()> busy;
   };
 
-  // `drive_busy_poll`: how long a driving waiter polls for messages without sleeping in each of
-  // its steps (0 where spinning would take the core from the rank it waits for).
+  // `drive_busy_poll`: how long a driving waiter, or the engine thread while requests are in
+  // flight, polls for messages without sleeping in each of its steps (0 where spinning would take
+  // the core from the rank it waits for).
   ProgressDriver(Hooks hooks, std::chrono::microseconds drive_busy_poll);
   ~ProgressDriver();
   ProgressDriver(const ProgressDriver&) = delete;

@@ -23,7 +23,10 @@ using std::chrono::milliseconds;
 class FakeSteps {
  public:
   ProgressDriver::Hooks Hooks() {
-    return ProgressDriver::Hooks{[this](Deadline limit, microseconds) { return Step(limit); },
+    return ProgressDriver::Hooks{[this](Deadline limit, microseconds busy_poll) {
+                                   RecordBusyPoll(busy_poll);
+                                   return Step(limit);
+                                 },
                                  [this](const Status& s) {
                                    halted_with = s.code();  // before the count the test waits for
                                    halted_calls.fetch_add(1);
@@ -68,6 +71,16 @@ class FakeSteps {
     cv_.notify_all();
   }
 
+  // The busy poll of the steps begun so far, in order.
+  void RecordBusyPoll(microseconds busy_poll) {
+    std::lock_guard<std::mutex> lock(mu_);
+    busy_polls_.push_back(busy_poll);
+  }
+  std::vector<microseconds> BusyPolls() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return busy_polls_;
+  }
+
   // Steps run by `id` so far.
   int StepsBy(std::thread::id id) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -95,6 +108,7 @@ class FakeSteps {
   std::condition_variable cv_;
   bool interrupted_ = false;
   std::vector<std::thread::id> steppers_;
+  std::vector<microseconds> busy_polls_;
   std::function<void()> on_step_;
 };
 
@@ -121,6 +135,25 @@ TEST(ProgressDriverTest, EngineThreadStepsOnWakeAndStops) {
   driver.Stop();
   EXPECT_TRUE(driver.stopping());
   EXPECT_EQ(fake.halted_calls.load(), 0);
+}
+
+TEST(ProgressDriverTest, EngineThreadPollsOnlyWhileRequestsAreInFlight) {
+  FakeSteps fake;
+  fake.busy = false;
+  ProgressDriver driver(fake.Hooks(), microseconds(50));
+  driver.Start();
+  ASSERT_TRUE(Eventually([&] { return fake.BusyPolls().size() == 1; }));
+  fake.busy = true;
+  driver.Wake();  // ends the first step; the next begins with a request in flight
+  ASSERT_TRUE(Eventually([&] { return fake.BusyPolls().size() == 2; }));
+  fake.busy = false;
+  driver.Wake();
+  ASSERT_TRUE(Eventually([&] { return fake.BusyPolls().size() == 3; }));
+  driver.Stop();
+  const std::vector<microseconds> polls = fake.BusyPolls();
+  EXPECT_EQ(polls[0], microseconds(0));
+  EXPECT_EQ(polls[1], microseconds(50));
+  EXPECT_EQ(polls[2], microseconds(0));
 }
 
 TEST(ProgressDriverTest, WaiterRunsTheStepsItself) {
