@@ -19,7 +19,7 @@ void Log(const Config& config, LogLevel level, const std::string& message) {
 }
 
 // Every rank says whether its part of a lane's set-up worked; all learn whether all did (the
-// first failure's rank and message), so that they fall back or fail together.
+// first failure's message, which names its rank), so that they fall back or fail together.
 Status AgreeAcrossRanks(const Config& config, Store* store, const std::string& key,
                         const Status& mine, Deadline deadline) {
   CONCORD_RETURN_IF_ERROR(
@@ -27,9 +27,8 @@ Status AgreeAcrossRanks(const Config& config, Store* store, const std::string& k
   for (int r = 0; r < config.size; ++r) {
     CONCORD_ASSIGN_OR_RETURN(std::string theirs,
                              store->Get(key + "/" + std::to_string(r), deadline));
-    if (theirs != "ok") {
-      return Status(Code::kUnavailable, "rank " + std::to_string(r) + ": " + theirs.substr(1));
-    }
+    // The message names the rank (ShmSegment::Open's do).
+    if (theirs != "ok") return Status(Code::kUnavailable, theirs.substr(1));
   }
   return Status::Ok();
 }
@@ -79,12 +78,13 @@ StatusOr<std::unique_ptr<Backend>> Hierarchical(const Config& config, const Host
   if (agreed.code() != Code::kUnavailable && !agreed.ok()) return agreed;
   CONCORD_ASSIGN_OR_RETURN(std::unique_ptr<Backend> flat, Flat(config, options, store, lane));
   if (!agreed.ok()) {
-    if (config.hierarchical == "on") {
-      return agreed.WithContext("CONCORD_HIERARCHICAL = on needs shared memory on every host");
+    if (config.hierarchical == "on" || config.shm == "on") {
+      const char* setting = config.hierarchical == "on" ? "hierarchical" : "shm";
+      return agreed.WithContext(config.SourceOf(setting) +
+                                " = on needs shared memory on every host");
     }
     Log(config, LogLevel::kWarning,
-        "lane " + std::to_string(lane) + " is flat: shared memory is unavailable on " +
-            agreed.message());
+        "lane " + std::to_string(lane) + " is flat: " + agreed.message());
     return flat;
   }
   BackendOptions cross = options;

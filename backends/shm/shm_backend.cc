@@ -127,6 +127,11 @@ class ShmBackend : public Backend {
     uint64_t readable = 1;
     for (int r = 0; r < size_; ++r) {
       if (r == rank_) continue;
+      // A pid of another pid namespace names another process here, or none.
+      if (!segment_->process(r).Observable()) {
+        readable = 0;
+        continue;
+      }
       const std::vector<RemoteSpan> theirs_at = shm_internal::ParseSpans(Half(r), half_bytes_);
       uint64_t theirs = 0;
       if (!ReadRemote(r, Pid(r), theirs_at, 0, sizeof(theirs), &theirs).ok() ||
@@ -431,7 +436,7 @@ StatusOr<std::unique_ptr<Backend>> CreateShmBackend(const BackendOptions& option
   const size_t half_bytes = std::max(buffer_bytes / 2, (options.size + 1) * kCacheLine);
   CONCORD_ASSIGN_OR_RETURN(std::unique_ptr<ShmSegment> segment,
                            ShmSegment::Open(options.rank, options.size, half_bytes, options.prefix,
-                                            store, options.timeout));
+                                            store, options.timeout, options.rank_names));
   auto backend = std::make_unique<ShmBackend>(options, std::move(segment), direct_threshold);
   CONCORD_RETURN_IF_ERROR(backend->ProbeDirectReads());
   return std::unique_ptr<Backend>(std::move(backend));

@@ -58,7 +58,9 @@ ShmBarrier::ShmBarrier(ShmSegment* segment, int rank, std::chrono::milliseconds 
       timeout_(timeout),
       spin_(spin),
       rank_names_(std::move(rank_names)),
-      round_(segment->rank_block(rank)->arrived.load(std::memory_order_relaxed)) {}
+      round_(segment->rank_block(rank)->arrived.load(std::memory_order_relaxed)) {
+  for (int r = 0; r < size_; ++r) observable_.push_back(segment->process(r).Observable());
+}
 
 std::string ShmBarrier::RankName(int r) const {
   const bool named = r >= 0 && static_cast<size_t>(r) < rank_names_.size();
@@ -106,7 +108,9 @@ Status ShmBarrier::Check(uint64_t round, const Deadline& deadline) {
     // A rank may arrive, find everyone there, return and exit between the load above and the
     // look at /proc: it is gone but it did its part. Only a rank that is gone and, read again
     // after that, still has not arrived failed this round (its last store precedes its exit).
-    if (ProcessStartTicks(block->pid) != block->start_ticks &&
+    // A rank in another pid namespace is not looked for by its pid (its pid means another
+    // process here): its exit reaches this rank through the interrupt or the deadline.
+    if (observable_[r] && ProcessStartTicks(block->pid) != block->start_ticks &&
         block->arrived.load(std::memory_order_acquire) < round) {
       return Abort(r,
                    Status(Code::kPeerFailure, RankName(r) + " (pid " + std::to_string(block->pid) +

@@ -8,8 +8,10 @@
 // the futex word in short slices, checking between slices: this rank's interrupt flag (the engine's
 // control plane found a peer failed), the header's abort flag (another rank found the group
 // broken), the liveness of the ranks it waits for (pid and start time: a rank killed with SIGKILL
-// is seen within a slice), and its deadline. The first rank to find the group broken sets the abort
-// flag, naming the dead rank, so that every other rank fails at once.
+// is seen within a slice; not for a rank in another pid namespace, which CONCORD_HOST_ID may put
+// on this host: its exit comes through the interrupt or the deadline), and its deadline. The first
+// rank to find the group broken sets the abort flag, naming the dead rank, so that every other rank
+// fails at once.
 #pragma once
 
 #include <atomic>
@@ -62,6 +64,7 @@ class ShmBarrier {
   const bool spin_;
   const std::vector<int> rank_names_;
   uint64_t round_ = 0;
+  std::vector<bool> observable_;  // whether rank r's exit shows in this rank's /proc
   std::shared_ptr<std::atomic<bool>> interrupted_ = std::make_shared<std::atomic<bool>>(false);
 };
 

@@ -7,9 +7,11 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <new>
+#include <optional>
 #include <random>
 #include <sstream>
 
@@ -21,7 +23,7 @@ namespace shm_internal {
 namespace {
 
 constexpr uint32_t kMagic = 0x434e4344;  // "CNCD"
-constexpr uint32_t kLayoutVersion = 1;
+constexpr uint32_t kLayoutVersion = 2;
 constexpr size_t kPage = 4096;
 // A value under a key that reports a failure instead of a name or "ok".
 constexpr char kFailed = '!';
@@ -46,6 +48,27 @@ std::string Namespace(const char* name) {
   const std::string link = std::string("/proc/self/ns/") + name;
   const ssize_t n = ::readlink(link.c_str(), target, sizeof(target) - 1);
   return n > 0 ? std::string(target, static_cast<size_t>(n)) : std::string(name) + ":?";
+}
+
+// The inode of this process's pid namespace ("pid:[4026531836]"), or 0 when unknown.
+uint64_t PidNamespace() {
+  const std::string link = Namespace("pid");
+  const size_t open = link.find('[');
+  return open == std::string::npos ? 0 : std::strtoull(link.c_str() + open + 1, nullptr, 10);
+}
+
+// "pid start_ticks pid_namespace": a rank's identity under its set-up key.
+std::string Encode(const ProcessIdentity& process) {
+  return std::to_string(process.pid) + " " + std::to_string(process.start_ticks) + " " +
+         std::to_string(process.pid_namespace);
+}
+
+// The identity Encode wrote, or one that is never Observable() when the text is not one.
+ProcessIdentity Decode(const std::string& text) {
+  ProcessIdentity process;
+  std::istringstream fields(text);
+  if (!(fields >> process.pid >> process.start_ticks >> process.pid_namespace)) return {};
+  return process;
 }
 
 // A name no other segment on this host has: this process, a per-process counter and randomness.
@@ -146,6 +169,32 @@ uint64_t ProcessStartTicks(int pid) {
   return ticks;
 }
 
+ProcessIdentity ProcessIdentity::Self() {
+  ProcessIdentity self;
+  self.pid = static_cast<int32_t>(::getpid());
+  self.start_ticks = ProcessStartTicks(self.pid);
+  self.pid_namespace = PidNamespace();
+  return self;
+}
+
+bool ProcessIdentity::Observable() const {
+  static const uint64_t mine = PidNamespace();
+  return pid > 0 && start_ticks != 0 && pid_namespace != 0 && pid_namespace == mine;
+}
+
+bool ProcessIdentity::Gone() const {
+  return ProcessStartTicks(pid) != start_ticks;
+}
+
+ProcessIdentity ShmSegment::process(int r) const {
+  const RankBlock* block = rank_block(r);
+  ProcessIdentity process;
+  process.pid = block->pid;
+  process.start_ticks = block->start_ticks;
+  process.pid_namespace = block->pid_namespace;
+  return process;
+}
+
 size_t ShmSegment::BlocksOffset() {
   return RoundUp(sizeof(SegmentHeader), kCacheLine);
 }
@@ -168,22 +217,56 @@ ShmSegment::~ShmSegment() {
 
 StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Open(int rank, int size, size_t half_bytes,
                                                        const std::string& key_prefix, Store* store,
-                                                       std::chrono::milliseconds timeout) {
+                                                       std::chrono::milliseconds timeout,
+                                                       const std::vector<int>& rank_names) {
   half_bytes = RoundUp(half_bytes, kPage);
   const size_t bytes = DataOffset(size) + 2 * size_t(size) * half_bytes;
   const Deadline deadline = Deadline::After(timeout);
-  const std::string name_key = key_prefix + "/name";
+  auto key = [&](const char* what, int r) {
+    return key_prefix + "/" + what + "/" + std::to_string(r);
+  };
+  auto rank_name = [&](int r) {
+    const bool named = static_cast<size_t>(r) < rank_names.size();
+    return "rank " + std::to_string(named ? rank_names[r] : r);
+  };
 
-  // Rank 0 names the segment (or says why there is none); the others map that name.
+  // Waits for rank r's key `k`, looking every kSetupCheck whether r still runs.
+  std::vector<std::optional<ProcessIdentity>> peers(size);
+  auto await = [&](const std::string& k, int r) -> StatusOr<std::string> {
+    for (;;) {
+      StatusOr<std::string> value =
+          store->Get(k, deadline.Earlier(Deadline::After(ShmSegment::kSetupCheck)));
+      if (value.ok() || value.status().code() != Code::kTimeout || deadline.passed()) return value;
+      if (!peers[r]) {
+        StatusOr<std::string> said =
+            store->Get(key("process", r), Deadline::After(std::chrono::milliseconds(0)));
+        if (said.ok()) peers[r] = Decode(*said);
+      }
+      if (peers[r] && peers[r]->Observable() && peers[r]->Gone()) {
+        return Status(Code::kPeerFailure, rank_name(r) + " (pid " + std::to_string(peers[r]->pid) +
+                                              ") exited while shared memory was set up");
+      }
+    }
+  };
+
+  const ProcessIdentity self = ProcessIdentity::Self();
+  CONCORD_RETURN_IF_ERROR(store->Set(key("process", rank), Encode(self)));
+  // Rank 0 names the segment (or says why there is none) once every rank is known to be here;
+  // the others map that name.
   std::string name;
   StatusOr<uint8_t*> base = Status(Code::kUnavailable, "");
   if (rank == 0) {
+    for (int r = 1; r < size; ++r) CONCORD_RETURN_IF_ERROR(await(key("process", r), r).status());
     name = NewName();
     base = Create(name, bytes, size, half_bytes);
-    CONCORD_RETURN_IF_ERROR(
-        store->Set(name_key, base.ok() ? name : kFailed + base.status().message()));
+    if (Status s =
+            store->Set(key_prefix + "/name", base.ok() ? name : kFailed + base.status().message());
+        !s.ok()) {
+      if (base.ok()) ::shm_unlink(name.c_str());
+      return s;
+    }
   } else {
-    CONCORD_ASSIGN_OR_RETURN(name, store->Get(name_key, deadline));
+    CONCORD_ASSIGN_OR_RETURN(name, await(key_prefix + "/name", 0));
     if (!name.empty() && name[0] == kFailed) {
       base = Status(Code::kUnavailable, "rank 0 could not create it: " + name.substr(1));
       name.clear();
@@ -193,8 +276,9 @@ StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Open(int rank, int size, size_
   }
   if (base.ok()) {
     auto* block = reinterpret_cast<RankBlock*>(*base + BlocksOffset()) + rank;
-    block->pid = static_cast<int32_t>(::getpid());
-    block->start_ticks = ProcessStartTicks(block->pid);
+    block->pid = self.pid;
+    block->start_ticks = self.start_ticks;
+    block->pid_namespace = self.pid_namespace;
     std::atomic_thread_fence(std::memory_order_seq_cst);
   }
   std::unique_ptr<ShmSegment> segment;
@@ -202,16 +286,15 @@ StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Open(int rank, int size, size_
 
   // Every rank says whether it mapped the segment and learns whether all did; then nobody will
   // open the name again, so each rank unlinks it (the first one succeeds), whatever happens next.
-  Status agreed = store->Set(key_prefix + "/attach/" + std::to_string(rank),
-                             base.ok() ? "ok" : kFailed + base.status().message());
+  Status agreed =
+      store->Set(key("attach", rank), base.ok() ? "ok" : kFailed + base.status().message());
   for (int r = 0; agreed.ok() && r < size; ++r) {
-    StatusOr<std::string> attached =
-        store->Get(key_prefix + "/attach/" + std::to_string(r), deadline);
+    StatusOr<std::string> attached = await(key("attach", r), r);
     if (!attached.ok()) {
       agreed = attached.status();
     } else if (*attached != "ok") {
-      agreed = Status(Code::kUnavailable, "shared memory is unavailable on rank " +
-                                              std::to_string(r) + ": " + attached->substr(1));
+      agreed = Status(Code::kUnavailable, "shared memory is unavailable on " + rank_name(r) + ": " +
+                                              attached->substr(1));
     }
   }
   if (!name.empty()) ::shm_unlink(name.c_str());

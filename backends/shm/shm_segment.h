@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "base/status.h"
 
@@ -50,7 +51,23 @@ struct alignas(kCacheLine) SegmentHeader {
 struct alignas(kCacheLine) RankBlock {
   std::atomic<uint64_t> arrived{0};  // the last barrier round this rank reached
   int32_t pid = 0;
-  uint64_t start_ticks = 0;  // the process's start time (/proc/<pid>/stat), against pid reuse
+  uint64_t start_ticks = 0;    // the process's start time (/proc/<pid>/stat), against pid reuse
+  uint64_t pid_namespace = 0;  // the pid's namespace: another one's pids mean nothing here
+};
+
+// A process as the other ranks look for it: its pid, start time and pid namespace.
+struct ProcessIdentity {
+  int32_t pid = 0;
+  uint64_t start_ticks = 0;
+  uint64_t pid_namespace = 0;
+  // This process's.
+  static ProcessIdentity Self();
+  // Whether this process can tell by its pid if `this` still runs: both are in one pid
+  // namespace (ranks that CONCORD_HOST_ID puts together may not be).
+  bool Observable() const;
+  // Whether it is gone (no such process, a zombie, or another process with its pid). Only
+  // meaningful when Observable().
+  bool Gone() const;
 };
 
 // This host as the shared memory sees it: the boot id and the mount, IPC, network and pid
@@ -66,13 +83,20 @@ uint64_t ProcessStartTicks(int pid);
 // unmapped in the destructor. Not thread-safe by itself: the atomics inside are the protocol.
 class ShmSegment {
  public:
-  // Collective over the `size` ranks of a lane under `key_prefix` in `store`: rank 0 creates the
-  // segment, all map it, all unlink it. Every rank gets the same outcome: the mapping, or
-  // kUnavailable naming the rank and reason when any rank could not create or map it (the caller
-  // may fall back to another transport), or a timeout or store error.
+  // Collective over the `size` ranks of a lane under `key_prefix` in `store`: every rank says
+  // which process it is, rank 0 creates the segment once all did (so a rank that died before set-up
+  // leaves no name behind), all map it, all unlink it. Every rank gets the same outcome: the
+  // mapping, or kUnavailable naming the rank and reason when any rank could not create or map it
+  // (the caller may fall back to another transport), or a timeout or store error. A rank that
+  // exits during the set-up is found by its pid within kSetupCheck where that is observable
+  // (kPeerFailure naming it; the name is unlinked at once), else at the timeout. Errors name rank
+  // r as rank_names[r] (empty: r).
   static StatusOr<std::unique_ptr<ShmSegment>> Open(int rank, int size, size_t half_bytes,
                                                     const std::string& key_prefix, Store* store,
-                                                    std::chrono::milliseconds timeout);
+                                                    std::chrono::milliseconds timeout,
+                                                    const std::vector<int>& rank_names = {});
+  // How often a rank waiting for the others' set-up looks at whether they still run.
+  static constexpr std::chrono::milliseconds kSetupCheck{50};
   ~ShmSegment();
   ShmSegment(const ShmSegment&) = delete;
   ShmSegment& operator=(const ShmSegment&) = delete;
@@ -82,6 +106,8 @@ class ShmSegment {
   // Rank r's data half h (0 or 1), half_bytes() long.
   uint8_t* half(int r, int h) const { return base_ + data_ + (2 * size_t(r) + h) * half_bytes_; }
   size_t half_bytes() const { return half_bytes_; }
+  // The process of rank r, as it said when it mapped the segment.
+  ProcessIdentity process(int r) const;
   int size() const { return size_; }
 
  private:

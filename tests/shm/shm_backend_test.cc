@@ -1,12 +1,14 @@
 // Tests of the shared-memory backend (backends/shm) with ranks as threads over one in-memory
 // store, through the segment and through direct reads: every collective, dtype and op at sizes 0,
 // 1, odd and several chunks, each result compared bit for bit with the rank-order fold it promises
-// (Backend::ReducesInRankOrder); a peer that never comes (timeout), an interrupt, and a peer
-// process killed with SIGKILL in the middle of collectives (named at once; nothing left in
-// /dev/shm).
+// (Backend::ReducesInRankOrder); a peer that never comes (timeout), an interrupt, a peer process
+// killed with SIGKILL in the middle of collectives or exiting during the set-up (named at once;
+// nothing left in /dev/shm), and a peer in another pid namespace (never taken for dead).
 #include <dirent.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,6 +25,7 @@
 #include "base/dtype.h"
 #include "rendezvous/file_store.h"
 #include "rendezvous/hash_store.h"
+#include "rendezvous/store.h"
 #include "tests/common/ranks.h"
 #include "tests/common/tensors.h"
 #include "tests/gloo/gloo_test_util.h"
@@ -347,6 +350,140 @@ TEST(ShmBackendFailureTest, APeerKilledMidCollectiveIsNamedAndLeavesNothingBehin
     EXPECT_TRUE(SegmentsOf(::getpid()).empty());
     std::system(("rm -rf " + std::string(dir)).c_str());
   }
+}
+
+// A store whose every Get of the segment's name ends this process at once: a rank that dies
+// after it said it is here and before it maps the segment.
+class DiesBeforeMappingStore : public Store {
+ public:
+  explicit DiesBeforeMappingStore(Store* inner) : inner_(inner) {}
+  Status Set(const std::string& key, const std::string& value) override {
+    return inner_->Set(key, value);
+  }
+  StatusOr<std::string> Get(const std::string& key, Deadline deadline) override {
+    const std::string name = "/name";
+    if (key.size() >= name.size() &&
+        key.compare(key.size() - name.size(), name.size(), name) == 0) {
+      ::_exit(3);
+    }
+    return inner_->Get(key, deadline);
+  }
+  Status Wait(const std::vector<std::string>& keys, Deadline deadline) override {
+    return inner_->Wait(keys, deadline);
+  }
+  StatusOr<int64_t> Add(const std::string& key, int64_t delta) override {
+    return inner_->Add(key, delta);
+  }
+
+ private:
+  Store* const inner_;
+};
+
+// Rank 1 (a child process) exits during the set-up, after rank 0 created the segment: rank 0 fails
+// naming it long before its 20 s timeout, and the segment's name is gone at once.
+TEST(ShmBackendFailureTest, APeerThatExitsDuringSetUpIsNamedAndLeavesNothingBehind) {
+  char dir[] = "/tmp/concord-shm-test-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  auto store = FileStore::Create(dir);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  const std::string prefix = UniquePrefix();
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    DiesBeforeMappingStore dying(store->get());
+    (void)CreateShmBackend(Options(1, 2, prefix, kTimeout), &dying, kBufferBytes, 0);
+    ::_exit(4);  // not reached: the store ends the process first
+  }
+  const auto start = std::chrono::steady_clock::now();
+  auto backend = CreateShmBackend(Options(0, 2, prefix, kTimeout), store->get(), kBufferBytes, 0);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  ASSERT_FALSE(backend.ok());
+  EXPECT_EQ(backend.status().code(), Code::kPeerFailure) << backend.status().ToString();
+  EXPECT_NE(backend.status().message().find("rank 1 (pid " + std::to_string(child) +
+                                            ") exited while shared memory was set up"),
+            std::string::npos)
+      << backend.status().ToString();
+  EXPECT_TRUE(SegmentsOf(::getpid()).empty()) << "the segment's name outlived a failed set-up";
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 3) << status;
+  std::system(("rm -rf " + std::string(dir)).c_str());
+}
+
+// Rank 1 runs in pid and mount namespaces of its own, with its own /proc (as ranks that
+// CONCORD_HOST_ID puts on one host may): its pid names another process in rank 0's namespace,
+// and rank 0's pid none in its. Neither may take the other for dead while it is late; the
+// collectives stay exact (through the segment: direct reads need the peer's pid).
+TEST(ShmBackendFailureTest, APeerInAnotherPidNamespaceIsNotTakenForDead) {
+  char dir[] = "/tmp/concord-shm-test-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  auto store = FileStore::Create(dir);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  const std::string prefix = UniquePrefix();
+  constexpr int kRounds = 4;
+  constexpr size_t kCount = 100003;
+  int pipe_fds[2];
+  ASSERT_EQ(::pipe(pipe_fds), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(pipe_fds[0]);
+    const char no = 'n';
+    // The next child is the first process of a new pid namespace (pid 1 there).
+    if (::unshare(CLONE_NEWPID | CLONE_NEWNS) != 0) {
+      (void)!::write(pipe_fds[1], &no, 1);
+      ::_exit(0);
+    }
+    const pid_t rank1 = ::fork();
+    if (rank1 < 0) ::_exit(5);
+    if (rank1 == 0) {
+      // Its own /proc, seen by nobody else: mounts here stay in this mount namespace.
+      if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+          ::mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) != 0) {
+        (void)!::write(pipe_fds[1], &no, 1);
+        ::_exit(0);
+      }
+      const char yes = 'y';
+      (void)!::write(pipe_fds[1], &yes, 1);
+      auto backend =
+          CreateShmBackend(Options(1, 2, prefix, kTimeout), store->get(), kBufferBytes, 0);
+      if (!backend.ok()) ::_exit(3);
+      for (int round = 0; round < kRounds; ++round) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));  // rank 0 waits meanwhile
+        std::vector<float> data(kCount, 2.0f);
+        if (!(*backend)->Allreduce(data.data(), kCount, DType::kFloat32, ReduceOp::kSum).ok() ||
+            data[kCount - 1] != 3.0f) {
+          ::_exit(4);
+        }
+      }
+      ::_exit(0);
+    }
+    int status = 0;
+    if (::waitpid(rank1, &status, 0) != rank1) ::_exit(6);
+    ::_exit(WIFEXITED(status) ? WEXITSTATUS(status) : 7);
+  }
+  ::close(pipe_fds[1]);
+  char verdict = 'n';
+  ASSERT_EQ(::read(pipe_fds[0], &verdict, 1), 1);
+  ::close(pipe_fds[0]);
+  if (verdict != 'y') {
+    ASSERT_EQ(::waitpid(child, nullptr, 0), child);
+    std::system(("rm -rf " + std::string(dir)).c_str());
+    GTEST_SKIP() << "new pid and mount namespaces are not permitted here (CAP_SYS_ADMIN)";
+  }
+  auto backend = CreateShmBackend(Options(0, 2, prefix, kTimeout), store->get(), kBufferBytes, 0);
+  ASSERT_TRUE(backend.ok()) << backend.status().ToString();
+  for (int round = 0; round < kRounds; ++round) {
+    std::vector<float> data(kCount, 1.0f);
+    const Status s = (*backend)->Allreduce(data.data(), kCount, DType::kFloat32, ReduceOp::kSum);
+    ASSERT_TRUE(s.ok()) << "round " << round << ": " << s.ToString();
+    EXPECT_EQ(data[0], 3.0f);
+    EXPECT_EQ(data[kCount - 1], 3.0f);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  std::system(("rm -rf " + std::string(dir)).c_str());
 }
 
 TEST(ShmHostIdentityTest, StableAndOverridable) {
