@@ -12,6 +12,7 @@
 // that came later (the device runs them one after another, in launch order), to its completion as
 // the completion thread saw it: the device's time on it as the host sees it, never overlapping.
 #include <algorithm>
+#include <cstdint>
 
 #include "base/json.h"
 #include "core/engine.h"
@@ -51,6 +52,18 @@ Status Engine::CheckDevice(QueueEntry& e) const {
                               (r.op == OpType::kGather && root))) {
     return InvalidArgument(who + ": " + OpTypeName(r.op) +
                            " of a device tensor needs an output buffer on the device");
+  }
+  // The device backend sends and receives an alltoall's blocks at once: an output that is (or
+  // crosses) the input would take blocks in place of rows not yet sent. (On the host the engine
+  // reads such an input from a copy.)
+  const auto in_at = reinterpret_cast<uintptr_t>(e.input);
+  const auto out_at = reinterpret_cast<uintptr_t>(e.output);
+  if (r.op == OpType::kAlltoall && e.output != nullptr && r.NumBytes() > 0 &&
+      e.output_capacity > 0 && in_at < out_at + e.output_capacity &&
+      out_at < in_at + r.NumBytes()) {
+    return InvalidArgument(who +
+                           ": an alltoall of device tensors needs an output that does not "
+                           "overlap its input");
   }
   // Every rank's tensors are on its own GPU: ranks negotiate the kind, not the id.
   r.device = kDeviceTensor;

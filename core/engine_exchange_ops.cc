@@ -22,7 +22,7 @@
 // bytes, the tensors' own; encoded, what travels), around the backend's reduce-scatter; a
 // reducescatter alone that copies its input first shows that copy as "pack".
 // Packing copies the input first, so an output overlapping its input is fine on this path; a
-// reducescatter alone copies its input first when its output overlaps it.
+// reducescatter or alltoall alone copies its input first when its output overlaps it.
 #include <cstdint>
 #include <cstring>
 
@@ -225,7 +225,19 @@ Status Engine::RunAlltoall(Lane& lane, const Response& r, std::optional<QueueEnt
   }
   Status local = Status::Ok();  // this rank's own error, reported after taking part
   void* dst = ResultBuffer(lane, e, total, "alltoall", &local);
-  CONCORD_RETURN_IF_ERROR(lane.backend->Alltoallv(e.input, send, dst, recv));
+  // The backend's buffers must not overlap: a block arriving into an output that is (or crosses)
+  // the input, as in place, would overwrite rows not yet sent. The input is read from a copy
+  // then (dst is the caller's output: scratch memory never overlaps the input).
+  const void* in = e.input;
+  const size_t in_bytes = e.request.NumBytes();
+  const auto in_at = reinterpret_cast<uintptr_t>(e.input);
+  const auto out_at = reinterpret_cast<uintptr_t>(dst);
+  if (in_bytes > 0 && total > 0 && in_at < out_at + total && out_at < in_at + in_bytes) {
+    uint8_t* copy = lane.fusion.Get(in_bytes, fusion_.threshold);
+    std::memcpy(copy, e.input, in_bytes);
+    in = copy;
+  }
+  CONCORD_RETURN_IF_ERROR(lane.backend->Alltoallv(in, send, dst, recv));
   e.state->AddWireBytes(sent);
   if (local.ok()) SetAlltoallOutput(e, dst, total, std::move(received));
   Finish(entry, local);

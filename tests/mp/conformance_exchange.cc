@@ -63,7 +63,7 @@ struct Case {
   bool even = false;
   bool owned = false;
   std::string compression;  // reducescatter: "fp16" or "bf16", empty for none
-  bool inplace = false;     // reducescatter: the output is the start of the input buffer
+  bool inplace = false;     // the output is the start of the input buffer (alltoall: the buffer)
   int64_t in_shape[2] = {0, 0}, out_shape[2] = {0, 0};
   std::vector<unsigned char> in, out;
   mp::DeviceBuffer device_in, device_out;  // on a CUDA device: the copies the operation works on
@@ -124,14 +124,14 @@ void Submit(concord_comm_t comm, Case& c, int rank, int size, int device, Counts
     }
     // A zero-byte result into a caller buffer: give a valid (unused) pointer.
     static unsigned char dummy[8];
-    void* dst = c.owned ? nullptr : (out_data == nullptr ? dummy : out_data);
+    void* target = c.inplace ? in_data : out_data;
+    void* dst = c.owned ? nullptr : (target == nullptr ? dummy : target);
+    const size_t capacity = c.inplace ? c.in.size() : c.out.size();
     if (async) {
-      s = concord_alltoall_async(comm, c.name.c_str(), &in, dst, c.out.size(), &o, cb, nullptr,
-                                 &c.req);
+      s = concord_alltoall_async(comm, c.name.c_str(), &in, dst, capacity, &o, cb, nullptr, &c.req);
     } else {
       c.received.assign(size, -1);
-      s = concord_alltoall(comm, c.name.c_str(), &in, dst, c.out.size(), &o, c.received.data(),
-                           size);
+      s = concord_alltoall(comm, c.name.c_str(), &in, dst, capacity, &o, c.received.data(), size);
     }
   }
   c.submitted = s == CONCORD_SUCCESS;
@@ -165,7 +165,7 @@ void CheckReducescatter(const Case& c, int rank, int size, Counts* counts) {
 }
 
 void CheckAlltoall(const Case& c, int rank, int size, int device, Counts* counts) {
-  const void* data = c.out.data();
+  const void* data = c.inplace ? c.in.data() : c.out.data();
   std::vector<int64_t> received = c.received;
   int64_t want_rows = 0;
   for (int s = 0; s < size; ++s) want_rows += c.rows[s][rank];
@@ -187,7 +187,9 @@ void CheckAlltoall(const Case& c, int rank, int size, int device, Counts* counts
             static_cast<long long>(first), want_bytes, static_cast<long long>(want_rows));
       return;
     }
-    const void* buffer = device == CONCORD_DEVICE_CPU ? c.out.data() : c.device_out.data();
+    const void* buffer = device != CONCORD_DEVICE_CPU ? c.device_out.data()
+                         : c.inplace                  ? c.in.data()
+                                                      : c.out.data();
     if (!c.owned && want_bytes > 0 && got != buffer) {
       FAILF("%s: output is not the caller's buffer", c.name.c_str());
     }
@@ -385,6 +387,28 @@ void RunCases(concord_comm_t comm, int rank, int size, int device, int64_t n, in
       if (!c->owned) {
         // Exact capacity, or a little more for the uneven split.
         c->out.assign(static_cast<size_t>(incoming * c->cols) * es + (variant == 1 ? 8 : 0), 0xCD);
+      }
+      Submit(comm, *c, rank, size, device, counts);
+      batch.push_back(std::move(c));
+    }
+    // In place on the host: the output is the input buffer (every rank sends and gets the same
+    // number of rows); the engine sends from a copy, else arriving blocks would overwrite rows
+    // not yet sent. (Device tensors are refused so: mp_conformance's error cases.)
+    if (device == CONCORD_DEVICE_CPU) {
+      auto c = std::make_unique<Case>();
+      c->alltoall = true;
+      c->inplace = true;
+      c->dt = dt;
+      c->step = step;
+      c->salt = 23;
+      c->mode = static_cast<Mode>(mode++ % 3);
+      c->rows.assign(size, std::vector<int64_t>(size, large ? n / size : n));
+      const int64_t mine = size * c->rows[0][0];
+      c->in_shape[0] = mine;
+      c->name = Name("a2a", dt, n, "inplace");
+      c->in.assign(static_cast<size_t>(mine) * es, 0);
+      for (int64_t i = 0; i < mine; ++i) {
+        StoreElement(dt, c->in.data(), i, Val(CONCORD_SUM, false, dt, rank, i, step, c->salt));
       }
       Submit(comm, *c, rank, size, device, counts);
       batch.push_back(std::move(c));

@@ -255,7 +255,8 @@ TEST_P(DeviceExchangeTest, OutputTooSmallFailsOnlyThatRank) {
 INSTANTIATE_TEST_SUITE_P(Ranks, DeviceExchangeTest, ::testing::Values(1, 2, 3, 4));
 
 // Refused at enqueue, with the reason: an alltoall or a gather's root without an output (device
-// memory cannot be owned by the request), a reduce's root without one (as on the CPU); a
+// memory cannot be owned by the request), a reduce's root without one (as on the CPU); an
+// alltoall whose output overlaps its input; a
 // reduce-scatter or reduce in deterministic mode (NCCL does not reduce in rank order). Nothing is
 // lost: the next one runs.
 TEST(DeviceExchangeRefusalTest, RefusedAtEnqueueWithTheReason) {
@@ -281,6 +282,14 @@ TEST(DeviceExchangeRefusalTest, RefusedAtEnqueueWithTheReason) {
     Status s = deterministic[0].Enqueue(Entry(r, data.data(), out.data(), 16));
     EXPECT_EQ(s.code(), Code::kUnavailable) << s.ToString();
     EXPECT_NE(s.message().find("deterministic mode"), std::string::npos) << s.message();
+  }
+  // An alltoall whose output is, or crosses, its input (the device sends and receives at once).
+  for (float* output : {data.data(), data.data() + 2}) {
+    Status s = job[0].Enqueue(Entry(a, data.data(), output, 16));
+    EXPECT_EQ(s.code(), Code::kInvalidArgument) << s.ToString();
+    EXPECT_NE(s.message().find("needs an output that does not overlap its input"),
+              std::string::npos)
+        << s.message();
   }
   std::vector<float> out(4);
   Status s = Await(Submit(job[0], Entry(a, data.data(), out.data(), 16)));
