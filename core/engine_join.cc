@@ -17,9 +17,11 @@ void FillTyped(void* data, size_t n, T value) {
 }
 
 // x such that op(x, y) == y for every y. Before the reduction the engine multiplies inputs by
-// the prescale factor (floating types only), so the stand-in is that identity divided by it.
+// the prescale factor (floating types only), so the stand-in is that identity divided by it; a
+// prescale of 0 makes every contribution 0, so 0 stands in (infinity times 0 is NaN).
 template <typename T>
 T Identity(ReduceOp op, double prescale) {
+  if (prescale == 0) return op == ReduceOp::kProduct ? T(1) : T(0);
   using L = std::numeric_limits<T>;
   const T high = L::has_infinity ? L::infinity() : L::max();
   const T low = L::has_infinity ? -L::infinity() : L::lowest();
@@ -28,7 +30,7 @@ T Identity(ReduceOp op, double prescale) {
     case ReduceOp::kAverage:
       return T(0);
     case ReduceOp::kProduct:
-      return prescale != 0 ? static_cast<T>(1.0 / prescale) : T(1);
+      return static_cast<T>(1.0 / prescale);
     case ReduceOp::kMin:
       return prescale < 0 ? low : high;
     case ReduceOp::kMax:

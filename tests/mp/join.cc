@@ -89,16 +89,18 @@ void Allreduces(int step) {
   CHECKF(concord_group_start(g_comm) == CONCORD_SUCCESS, "group_start");
   for (concord_dtype_t dt : kDTypes) {
     for (concord_reduce_op_t op : kOps) {
-      for (int scaled = 0; scaled < (IsFloat(dt) ? 2 : 1); ++scaled) {
+      // Floating types also scaled: the joined ranks' stand-in is the identity before the
+      // prescale (a prescale of 0 makes every contribution 0; a negative one swaps min and max).
+      static const char* const kScalings[] = {"", ".scaled", ".prescale0", ".negative"};
+      static const double kPre[] = {1, 2, 0, -1}, kPost[] = {1, 0.5, 1, 2};
+      for (int scaled = 0; scaled < (IsFloat(dt) ? 4 : 1); ++scaled) {
         Pending p;
         p.op = op;
         p.dt = dt;
-        if (scaled) {
-          p.pre = 2;
-          p.post = 0.5;
-        }
-        p.name = std::string("ar.") + mp::DTypeName(dt) + "." + std::to_string(op) +
-                 (scaled ? ".scaled" : "");
+        p.pre = kPre[scaled];
+        p.post = kPost[scaled];
+        p.name =
+            std::string("ar.") + mp::DTypeName(dt) + "." + std::to_string(op) + kScalings[scaled];
         p.data.assign(kN * ElementSize(dt), 0);
         for (int i = 0; i < kN; ++i) StoreElement(dt, p.data.data(), i, Value(g_rank, step, i));
         all.push_back(std::move(p));
