@@ -50,7 +50,15 @@ StatusOr<Communicator> Split(Engine& engine, CommOrigin& origin, SplitArgs mine,
   std::string bytes(sizeof(SplitArgs), '\0');
   std::memcpy(bytes.data(), &mine, sizeof(SplitArgs));
   auto gathered = engine.ExchangeInternal("split." + std::to_string(seq), bytes);
-  if (!gathered.ok()) return gathered.status().WithContext(what);
+  if (!gathered.ok()) {
+    // Refused (queued on no rank, or refused on every rank that called it: a rank has joined):
+    // the number is given back, so the next split has it on every rank.
+    if (gathered.status().code() == Code::kInvalidArgument) {
+      uint64_t next = seq + 1;
+      origin.splits.compare_exchange_strong(next, seq);
+    }
+    return gathered.status().WithContext(what);
+  }
   std::vector<SplitArgs> all(static_cast<size_t>(pc.size));
   std::memcpy(all.data(), gathered->data(), gathered->size());
 

@@ -395,6 +395,8 @@ void Coordinator::ApplyJoined(const Pending& p, Response& response) {
         "tensors)";
   } else if (HasRoot(q.op) && joined_[q.root]) {
     why = "its root, rank " + std::to_string(q.root) + ", has joined";
+  } else if (IsInternalExchangeName(q.name, q.op)) {
+    why = "a split of the communicator needs every rank, and a joined rank takes part in none";
   } else if (q.op == OpType::kReducescatter || q.op == OpType::kAlltoall) {
     why = std::string(
               "join covers allreduce, reduce, allgather, gather, broadcast and barrier, not ") +

@@ -161,6 +161,11 @@ bool IsJoinName(const std::string& name) {
   return name.compare(0, prefix.size(), prefix) == 0;
 }
 
+bool IsInternalExchangeName(const std::string& name, OpType op) {
+  return op == OpType::kAllgather &&
+         name.compare(0, std::strlen(kReservedPrefix), kReservedPrefix) == 0;
+}
+
 Status ValidateEntry(const QueueEntry& e, int world_size, int rank) {
   const TensorRequest& r = e.request;
   // A barrier without a name is numbered when the queue accepts it (TensorQueue::Push).

@@ -18,6 +18,9 @@ std::string BarrierName(uint64_t seq);
 // The barrier of a rank's `seq`th concord_join, and whether a name is one.
 std::string JoinName(uint64_t seq);
 bool IsJoinName(const std::string& name);
+// Whether a name is one of the engine's internal exchanges (Engine::ExchangeInternal: the
+// allgathers of concord_comm_split), which need every rank's own part.
+bool IsInternalExchangeName(const std::string& name, OpType op);
 
 // Checks one request as the C API receives it: name, dtype, shape, op-specific fields and
 // pointers (a reducescatter's output must hold `rank`'s share). kInvalidArgument naming the

@@ -571,9 +571,10 @@ CONCORD_API concord_status_t concord_gather_async_ex(concord_comm_t comm, const 
  * join: an allreduce or reduce gets the reduction's identity from it (zeros for sum and average,
  * and an average divides by the ranks that contributed), an allgather or gather no rows, a
  * broadcast's data is received and dropped, barriers complete; a broadcast, reduce or gather
- * whose root has joined, and operations on
- * CUDA tensors, fail with INVALID_ARGUMENT on the ranks that submitted them. Blocks until every
- * rank has joined and stores the last rank to join in *last_rank (may be NULL). Not from a
+ * whose root has joined, a reduce-scatter or all-to-all, operations on CUDA tensors, and
+ * concord_comm_split or concord_comm_create_group (they need every rank; the refused one leaves
+ * later splits matched) fail with INVALID_ARGUMENT on the ranks that called them. Blocks until
+ * every rank has joined and stores the last rank to join in *last_rank (may be NULL). Not from a
  * completion callback, nor inside a group (INVALID_ARGUMENT); a failure of the job ends it with
  * that error. Joined ranks' operations are negotiated in full (not through the response cache).
  */

@@ -4,7 +4,8 @@
 // rank, a barrier, and a reduce and a gather to the last rank. Every result is checked against the
 // ranks still stepping (a joined rank contributes the identity, an average divides by the others,
 // a gather has no rows of it), join returns the last rank to join, a broadcast, reduce or gather
-// to a joined root fails naming it, a second epoch joins afresh, and a third
+// to a joined root fails naming it, so does a split while a rank has joined (the next split, after
+// the join, works), a second epoch joins afresh, and a third
 // join that the last rank skips (it finalizes) fails on the others, naming it.
 //   mp_join            (then grep "join: rank .* PASS")
 #include <cmath>
@@ -264,7 +265,36 @@ void RootedOps(int step) {
     err = concord_comm_last_error(g_comm);
     CHECKF(s == CONCORD_ERR_INVALID_ARGUMENT && mp::Contains(err, "rank 0, has joined"),
            "gather to joined rank 0: %s: %s", concord_status_string(s), err.c_str());
+    // A split needs every rank: refused while one has joined (and the next split still matches:
+    // SplitAfterJoin).
+    concord_comm_t sub = nullptr;
+    s = concord_comm_split(g_comm, 0, g_rank, &sub);
+    err = concord_comm_last_error(g_comm);
+    CHECKF(s == CONCORD_ERR_INVALID_ARGUMENT && sub == nullptr &&
+               mp::Contains(err, "joined (concord_join): a split of the communicator"),
+           "split while rank 0 has joined: %s: %s", concord_status_string(s), err.c_str());
   }
+}
+
+// Once every rank has joined: a split over all ranks (keys reversed) works, whatever splits the
+// ranks still stepping had refused while others had joined.
+void SplitAfterJoin() {
+  concord_comm_t sub = nullptr;
+  concord_status_t s = concord_comm_split(g_comm, 7, g_size - 1 - g_rank, &sub);
+  CHECKF(s == CONCORD_SUCCESS && sub != nullptr, "split after join: %s: %s",
+         concord_status_string(s), concord_comm_last_error(g_comm));
+  if (s != CONCORD_SUCCESS) return;
+  int sub_rank = -1;
+  concord_comm_rank(sub, &sub_rank);
+  CHECKF(sub_rank == g_size - 1 - g_rank, "split after join: rank %d, want %d", sub_rank,
+         g_size - 1 - g_rank);
+  float x = static_cast<float>(g_rank);
+  int64_t shape[1] = {1};
+  concord_tensor_t t = CpuTensor(&x, CONCORD_FLOAT32, 1, shape);
+  CHECKF(concord_allreduce(sub, "after.join", &t, nullptr, nullptr) == CONCORD_SUCCESS &&
+             x == static_cast<float>(g_size * (g_size - 1) / 2),
+         "allreduce on the split after join: %g: %s", x, concord_comm_last_error(sub));
+  CHECKF(concord_finalize(sub) == CONCORD_SUCCESS, "finalize the split after join");
 }
 
 }  // namespace
@@ -295,6 +325,7 @@ int main() {
     const concord_status_t s = concord_join(g_comm, &last);
     CHECKF(s == CONCORD_SUCCESS, "join: %s", concord_comm_last_error(g_comm));
     if (epoch == 0) CHECKF(last == g_size - 1, "join returned %d, want %d", last, g_size - 1);
+    if (epoch == 0) SplitAfterJoin();
     if (epoch == 1) CHECKF(last >= 0 && last < g_size, "second join returned %d", last);
   }
   // A rank that finalizes instead of joining ends the others' join with an error naming it.
