@@ -306,23 +306,42 @@ void TcpStoreServer::Flush(Client* c) {
 
 // ---- client ----
 
+TcpStore::TcpStore(std::string host, int port, std::string token,
+                   std::chrono::milliseconds op_timeout)
+    : host_(std::move(host)),
+      port_(port),
+      token_(std::move(token)),
+      where_("TCP store at " + net::JoinHostPort(host_, port_)),
+      op_timeout_(op_timeout) {}
+
 StatusOr<std::unique_ptr<TcpStore>> TcpStore::Connect(const std::string& host, int port,
                                                       const std::string& token, Deadline deadline,
                                                       std::chrono::milliseconds op_timeout) {
-  const std::string where = "TCP store at " + net::JoinHostPort(host, port);
-  StatusOr<net::Fd> fd = net::Connect(host, port, deadline);
-  if (!fd.ok()) return fd.status().WithContext(where);
-  std::unique_ptr<TcpStore> store(new TcpStore(std::move(*fd), where, op_timeout));
-  StatusOr<std::string> hello = store->Call(kHello, token, deadline, deadline);
-  if (!hello.ok()) {
-    if (hello.status().code() == Code::kAuthFailed) {
-      return Status(Code::kAuthFailed,
-                    where + " refused this job's token: " + hello.status().message() +
-                        " (is CONCORD_TOKEN from the same launcher?)");
-    }
-    return hello.status();
-  }
+  std::unique_ptr<TcpStore> store(new TcpStore(host, port, token, op_timeout));
+  CONCORD_ASSIGN_OR_RETURN(net::Fd fd, store->Open(deadline));
+  MutexLock lock(store->mu_);
+  store->idle_.push_back(std::move(fd));
+  store->open_ = 1;
   return store;
+}
+
+StatusOr<net::Fd> TcpStore::Open(Deadline deadline) const {
+  StatusOr<net::Fd> fd = net::Connect(host_, port_, deadline);
+  if (!fd.ok()) return fd.status().WithContext(where_);
+  std::string payload;
+  bool in_sync = false;
+  const Status hello = Exchange(fd->get(), kHello, token_, deadline, deadline, &payload, &in_sync);
+  if (hello.code() == Code::kAuthFailed) {
+    return Status(Code::kAuthFailed, where_ + " refused this job's token: " + hello.message() +
+                                         " (is CONCORD_TOKEN from the same launcher?)");
+  }
+  if (!hello.ok()) return hello;
+  return std::move(*fd);
+}
+
+int TcpStore::connections() const {
+  MutexLock lock(mu_);
+  return open_;
 }
 
 StatusOr<std::string> TcpStore::Call(uint8_t type, const std::string& body, Deadline write_deadline,
@@ -331,28 +350,43 @@ StatusOr<std::string> TcpStore::Call(uint8_t type, const std::string& body, Dead
     return InvalidArgument("store: request of " + std::to_string(body.size()) +
                            " bytes exceeds the limit of " + std::to_string(kTcpStoreMaxFrame));
   }
-  MutexLock lock(mu_);
-  if (!broken_.ok()) return broken_;
+  net::Fd fd;
+  {
+    MutexLock lock(mu_);
+    if (!idle_.empty()) {
+      fd = std::move(idle_.back());
+      idle_.pop_back();
+    }
+  }
+  if (!fd.valid()) {
+    CONCORD_ASSIGN_OR_RETURN(fd, Open(write_deadline));
+    MutexLock lock(mu_);
+    ++open_;
+  }
   std::string payload;
   bool in_sync = false;
-  Status s = CallLocked(type, body, write_deadline, reply_deadline, &payload, &in_sync);
-  if (!in_sync) {
-    // The stream position is unknown (partial write, lost reply): no later call can trust it.
-    broken_ = s;
-    fd_.Reset();
+  Status s = Exchange(fd.get(), type, body, write_deadline, reply_deadline, &payload, &in_sync);
+  {
+    MutexLock lock(mu_);
+    if (in_sync) {
+      idle_.push_back(std::move(fd));
+    } else {
+      // The stream position is unknown (partial write, lost reply): the connection is closed.
+      --open_;
+    }
   }
   if (!s.ok()) return s;
   return payload;
 }
 
-Status TcpStore::CallLocked(uint8_t type, const std::string& body, Deadline write_deadline,
-                            Deadline reply_deadline, std::string* payload, bool* in_sync) {
+Status TcpStore::Exchange(int fd, uint8_t type, const std::string& body, Deadline write_deadline,
+                          Deadline reply_deadline, std::string* payload, bool* in_sync) const {
   *in_sync = false;
   const std::string request = store_wire::Frame(type, body);
-  Status s = net::WriteAll(fd_.get(), request.data(), request.size(), write_deadline, where_);
+  Status s = net::WriteAll(fd, request.data(), request.size(), write_deadline, where_);
   if (!s.ok()) return s;
   unsigned char header[kHeaderSize];
-  s = net::ReadFull(fd_.get(), header, sizeof(header), reply_deadline, where_);
+  s = net::ReadFull(fd, header, sizeof(header), reply_deadline, where_);
   if (!s.ok()) return s;
   uint8_t reply_type = 0;
   uint32_t length = 0;
@@ -362,7 +396,7 @@ Status TcpStore::CallLocked(uint8_t type, const std::string& body, Deadline writ
     return ProtocolError(where_ + ": unexpected reply type " + std::to_string(reply_type));
   }
   std::string reply(length, '\0');
-  s = net::ReadFull(fd_.get(), &reply[0], length, reply_deadline, where_);
+  s = net::ReadFull(fd, &reply[0], length, reply_deadline, where_);
   if (!s.ok()) return s;
   Status carried;
   s = store_wire::ParseReply(reply.data(), reply.size(), &carried, payload);

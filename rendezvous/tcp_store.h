@@ -83,11 +83,14 @@ class TcpStoreServer {
   std::thread thread_;
 };
 
-// Contract: one connection to a TcpStoreServer, owned by this object and shared by all callers
-// through a mutex (calls are serialised; a Get blocked in the server delays other calls on this
-// object, so give each thread its own TcpStore if that matters). Set and Add wait at most
-// op_timeout; Get and Wait use the caller's deadline (the server answers kTimeout then). After an
-// I/O error or a lost reply the connection is unusable and every later call returns that error.
+// Contract: a client of a TcpStoreServer, thread-safe. Each call runs on a connection of its own
+// (requests and replies share a connection, and a Get or Wait may wait in the server): one left
+// idle by an earlier call, or a new one, connected and authenticated like the first. So a Get
+// that waits for a key never delays another thread's calls (two threads that each wait for a key
+// the other's peer sets, as when sub-communicators start at once, would deadlock otherwise). Set
+// and Add wait at most op_timeout; Get and Wait use the caller's deadline (the server answers
+// kTimeout then). A connection that failed (an I/O error, a lost reply) is closed; the next call
+// opens another, or says why it cannot (the server is gone).
 class TcpStore : public Store {
  public:
   // Connects and authenticates. A wrong token gives kAuthFailed; no server gives kSystemError.
@@ -100,23 +103,29 @@ class TcpStore : public Store {
   Status Wait(const std::vector<std::string>& keys, Deadline deadline) override;
   StatusOr<int64_t> Add(const std::string& key, int64_t delta) override;
 
+  // Connections open now (for tests): the idle ones and those a call is using.
+  int connections() const EXCLUDES(mu_);
+
  private:
-  TcpStore(net::Fd fd, std::string where, std::chrono::milliseconds op_timeout)
-      : fd_(std::move(fd)), where_(std::move(where)), op_timeout_(op_timeout) {}
+  TcpStore(std::string host, int port, std::string token, std::chrono::milliseconds op_timeout);
+  // A new connection, authenticated by `deadline`.
+  StatusOr<net::Fd> Open(Deadline deadline) const;
   // Sends one request and returns the OK reply's payload, or the reply's error. The request must
   // be written by write_deadline and answered by reply_deadline.
   StatusOr<std::string> Call(uint8_t type, const std::string& body, Deadline write_deadline,
                              Deadline reply_deadline) EXCLUDES(mu_);
-  // The exchange itself. *in_sync tells whether the connection is still usable.
-  Status CallLocked(uint8_t type, const std::string& body, Deadline write_deadline,
-                    Deadline reply_deadline, std::string* payload, bool* in_sync) REQUIRES(mu_);
+  // The exchange itself on `fd`. *in_sync tells whether the connection is still usable.
+  Status Exchange(int fd, uint8_t type, const std::string& body, Deadline write_deadline,
+                  Deadline reply_deadline, std::string* payload, bool* in_sync) const;
 
-  // One call at a time: requests and replies share the connection.
-  Mutex mu_;
-  net::Fd fd_ GUARDED_BY(mu_);
-  Status broken_ GUARDED_BY(mu_);  // sticky: set on the first I/O or protocol error
+  const std::string host_;
+  const int port_;
+  const std::string token_;
   const std::string where_;
   const std::chrono::milliseconds op_timeout_;
+  mutable Mutex mu_;
+  std::vector<net::Fd> idle_ GUARDED_BY(mu_);  // connections no call uses now
+  int open_ GUARDED_BY(mu_) = 0;               // idle ones and those in use
 };
 
 }  // namespace concord

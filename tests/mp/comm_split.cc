@@ -1,5 +1,6 @@
 // Sub-communicators (concord_comm_split, concord_comm_create_group), run by a launcher:
 //   mp_comm_split --mode semantics   order by key, overlapping sets used from threads at once,
+//                                    two communicators split at once from two threads,
 //                                    nesting, CONCORD_UNDEFINED, bad arguments on one rank
 //                                    failing every rank, finalize in any order; prints what a
 //                                    sub-communicator costs (time, threads, fds, memory)
@@ -176,6 +177,31 @@ int Semantics() {
     a.join();
     b.join();
   }
+
+  // Two communicators split at once, each from its own thread: the world (keys reversed) and a
+  // copy of it. Each split's start waits in the store for its peers' keys, which must not hold up
+  // the other's (Gloo), nor its MPI communicator's creation the other's (MPI).
+  concord_comm_t copy = nullptr;
+  CHECKF(concord_comm_split(world, 0, 0, &copy) == CONCORD_SUCCESS, "copy: %s",
+         concord_comm_last_error(world));
+  for (int round = 0; round < 3 && copy != nullptr; ++round) {
+    concord_comm_t from_world = nullptr, from_copy = nullptr;
+    concord_status_t sw = CONCORD_SUCCESS, sc = CONCORD_SUCCESS;
+    std::thread other([&] { sc = concord_comm_split(copy, 0, g_rank, &from_copy); });
+    sw = concord_comm_split(world, 0, -g_rank, &from_world);
+    other.join();
+    CHECKF(sw == CONCORD_SUCCESS, "round %d: world split at once: %s", round,
+           concord_comm_last_error(world));
+    CHECKF(sc == CONCORD_SUCCESS, "round %d: copy split at once: %s", round,
+           concord_comm_last_error(copy));
+    const std::vector<int> reversed(everyone.rbegin(), everyone.rend());
+    std::thread check([&] { ExpectMembers(from_copy, everyone, "at.once.copy"); });
+    ExpectMembers(from_world, reversed, "at.once.world");
+    check.join();
+    if (from_world != nullptr) concord_finalize(from_world);
+    if (from_copy != nullptr) concord_finalize(from_copy);
+  }
+  if (copy != nullptr) concord_finalize(copy);
 
   // Nested: the parity communicator split again (one color, same order).
   concord_comm_t nested = nullptr;

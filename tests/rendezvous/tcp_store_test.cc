@@ -196,6 +196,25 @@ TEST_F(TcpStoreTest, ParkedGetsAreAnsweredWithoutPolling) {
   for (auto& t : threads) t.join();
 }
 
+// One client, two threads: a Get that waits in the server for a key does not hold up the other
+// thread's calls (each call has a connection of its own; an idle one is reused).
+TEST_F(TcpStoreTest, AWaitingGetDoesNotDelayOtherThreads) {
+  auto c = Client();
+  std::thread waiter(
+      [&] { EXPECT_EQ(*c->Get("late", Deadline::After(milliseconds(10000))), "v"); });
+  std::this_thread::sleep_for(milliseconds(50));  // lets the Get park first (either order passes)
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE(c->Set("k" + std::to_string(i), "x").ok());
+    EXPECT_EQ(*c->Get("k" + std::to_string(i), Soon()), "x");
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(2000));
+  EXPECT_EQ(c->connections(), 2);  // the waiting Get's and one reused by the ten calls
+  ASSERT_TRUE(c->Set("late", "v").ok());
+  waiter.join();
+  EXPECT_EQ(c->connections(), 2);
+}
+
 TEST_F(TcpStoreTest, ServerGoneGivesAnError) {
   auto c = Client();
   std::thread t([&] {
