@@ -53,7 +53,15 @@ struct SendOp {
   Deadline deadline = Deadline::Infinite();
   P2pTransport::Done done;
   int peer = -1;
+  int64_t tag = 0;
 };
+
+// Why a timed-out message closes the transport (every operation fails with that error): MPI
+// cannot withdraw a message it has started to send or receive, and would still read or write the
+// caller's buffer, which the error gives back; so MPI is left alone from then on.
+constexpr const char* kClosedByTimeout =
+    " (MPI cannot withdraw a message it started, so point-to-point on this communicator is "
+    "closed: every pending and later send and recv fails with this error)";
 
 struct RecvOp {
   Deadline deadline;
@@ -115,6 +123,7 @@ class MpiP2pTransport : public P2pTransport {
     const auto it = NewSend();
     SendOp& op = *it;
     op.peer = peer;
+    op.tag = tag;
     op.deadline = deadline;
     op.done = std::move(done);
     // Only the header is zeroed: an eager payload is copied over the rest.
@@ -339,8 +348,9 @@ class MpiP2pTransport : public P2pTransport {
         RetireSend(it++);
         progressed = true;
       } else if (now >= it->deadline.at()) {
-        FailAllLocked(TimeoutError("send to rank " + std::to_string(it->peer) +
-                                   ": not received within the timeout"));
+        FailAllLocked(TimeoutError("send to rank " + std::to_string(it->peer) + " with tag " +
+                                   std::to_string(it->tag) + ": not received within the timeout" +
+                                   kClosedByTimeout));
         return true;
       } else {
         ++it;
@@ -384,8 +394,9 @@ class MpiP2pTransport : public P2pTransport {
           q.head_posted = false;
           progressed = true;
         } else if (s.ok() && now >= q.ops.front().deadline.at()) {
-          s = TimeoutError("recv from rank " + std::to_string(peer) +
-                           ": a message was still in transit at the timeout");
+          s = TimeoutError("recv from rank " + std::to_string(peer) + " with tag " +
+                           std::to_string(tag) + ": a message was still in transit at the timeout" +
+                           kClosedByTimeout);
         }
       }
       if (s.ok() && !q.head_posted && !q.ops.empty()) s = PostHead(q, peer, tag);

@@ -619,7 +619,11 @@ CONCORD_API concord_status_t concord_end_step(concord_comm_t comm);
  * send, which for large messages is when the peer receives them). Refused with INVALID_ARGUMENT
  * (nothing is sent) for a peer outside the communicator or this rank, a negative tag, NULL data
  * with elements. A peer that fails completes it with PEER_FAILURE naming the peer; one that does
- * not take the bytes within CONCORD_TIMEOUT_S with TIMEOUT. A CUDA tensor (with a GPU backend:
+ * not take the bytes within CONCORD_TIMEOUT_S with TIMEOUT. On MPI such a timeout (or a message
+ * still arriving at a recv's timeout) closes point to point on the communicator: MPI cannot
+ * withdraw a message it started, and would still read or write the buffer, so every pending and
+ * later send and recv fails with that error (on Gloo such a failure stays with that peer's
+ * operations). A CUDA tensor (with a GPU backend:
  * CONCORD_BACKEND auto or nccl; else UNAVAILABLE) travels through host memory: the send copies it
  * out before returning (after the work on the _ex form's ready stream and event), the recv copies
  * the message in before it completes; either end may be a CPU or a CUDA tensor.
