@@ -15,7 +15,12 @@ if [[ "${1:-}" == "--wrap-rank0" ]]; then
 fi
 [[ $# -gt 0 ]] || { echo "launcher_kill_test.sh: no launcher" >&2; exit 2; }
 out="$(mktemp "${TMPDIR:-/tmp}/concord-launcher-kill.XXXXXX")"
-trap 'rm -f "$out"' EXIT
+# Open MPI's shared-memory segments, which ranks killed with their launcher leave behind: in a
+# directory of this test's own (as run_expect.sh does), removed afterwards.
+mpi_shm="$(mktemp -d /dev/shm/launcher-kill-mpi.XXXXXX 2>/dev/null ||
+  mktemp -d "${TMPDIR:-/tmp}/launcher-kill-mpi.XXXXXX")"
+export OMPI_MCA_btl_vader_backing_directory="$mpi_shm"
+trap 'rm -f "$out"; rm -rf "$mpi_shm"' EXIT
 
 if [[ $wrap -eq 1 ]]; then
   launch=()

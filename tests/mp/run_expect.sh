@@ -31,7 +31,12 @@ done
 [[ $# -gt 0 ]] || { echo "run_expect.sh: no command" >&2; exit 2; }
 
 out="$(mktemp "${TMPDIR:-/tmp}/concord-run-expect.XXXXXX")"
-trap 'rm -f "$out"' EXIT
+# Open MPI's shared-memory transport (vader) leaves its segments behind when a rank is killed:
+# they go to a directory of this run's own (on tmpfs where it can), removed afterwards.
+mpi_shm="$(mktemp -d /dev/shm/run-expect-mpi.XXXXXX 2>/dev/null ||
+  mktemp -d "${TMPDIR:-/tmp}/run-expect-mpi.XXXXXX")"
+export OMPI_MCA_btl_vader_backing_directory="$mpi_shm"
+trap 'rm -f "$out"; rm -rf "$mpi_shm"' EXIT
 
 start=$(date +%s.%N)
 set +e
