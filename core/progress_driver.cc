@@ -59,6 +59,13 @@ void ProgressDriver::Run() {
     // waiter does: an operation nobody drives then costs no wake-up of this thread per message.
     const auto busy = hooks_.busy() ? drive_busy_poll_ : std::chrono::microseconds(0);
     MutexLock step(step_mu_);
+    {
+      // A waiter that came while this thread was on its way here drives now. Its interrupt may
+      // have ended its own step instead (it took step_mu_ first), so a step here could wait for
+      // messages without limit while the waiter waits for step_mu_: park again instead.
+      MutexLock lock(park_mu_);
+      if (drivers_ > 0) continue;
+    }
     if (halted_ || !StepHolding(limit, busy).ok()) return;
   }
 }

@@ -13,7 +13,9 @@
 //  - drive: a waiter counts itself in drivers_ and, when the engine thread is inside a step,
 //    interrupts its receive (Hooks::interrupt); the engine thread finishes that step and parks
 //    (waits on park_cv_) while drivers_ > 0. Waiters take turns at step_mu_, each stepping for at
-//    most kDriveSlice before it looks at its own request and deadline again.
+//    most kDriveSlice before it looks at its own request and deadline again. An engine thread
+//    that left its park looks at drivers_ again once it holds step_mu_, and parks instead of
+//    stepping when a waiter came meanwhile (whose interrupt its own step may have taken).
 //  - rest: when the last waiter leaves with nothing in flight (Hooks::busy), the engine thread
 //    rests: instead of blocking in receive it steps without waiting every kRestPoll, doubling up
 //    to kMaxRestPoll while nothing happens, so the next waiter finds step_mu_ free. Wake() (new

@@ -156,6 +156,63 @@ TEST(ProgressDriverTest, EngineThreadPollsOnlyWhileRequestsAreInFlight) {
   EXPECT_EQ(polls[2], microseconds(0));
 }
 
+// The engine thread has left its park but not yet taken the step lock when a waiter comes: the
+// waiter's interrupt ends the waiter's own first step, not the engine thread's. The engine thread
+// must then park again rather than start a step that waits for messages without limit (the
+// waiter would wait for the step lock for good: mp_comm_split hung so, 2 runs in 12).
+TEST(ProgressDriverTest, EngineThreadOnItsWayToAStepYieldsToAWaiterThatCameMeanwhile) {
+  FakeSteps fake;
+  std::mutex gate_mu;
+  std::condition_variable gate_cv;
+  bool gate_open = false;
+  std::atomic<bool> engine_at_gate{false};
+  std::atomic<std::thread::id> engine_id{};
+  ProgressDriver::Hooks hooks = fake.Hooks();
+  // The engine thread calls `busy` after leaving its park, before the step lock: it waits there
+  // (its first time) until the waiter below has interrupted and stepped.
+  hooks.busy = [&] {
+    if (engine_id.load() == std::thread::id()) {
+      engine_id = std::this_thread::get_id();
+      engine_at_gate = true;
+      std::unique_lock<std::mutex> lock(gate_mu);
+      gate_cv.wait(lock, [&] { return gate_open; });
+    }
+    return true;
+  };
+  ProgressDriver driver(std::move(hooks), microseconds(0));
+  driver.Start();
+  ASSERT_TRUE(Eventually([&] { return engine_at_gate.load(); }));
+  RequestState state;
+  std::atomic<int> waiter_steps{0};
+  const std::thread::id main_id = std::this_thread::get_id();
+  std::atomic<std::thread::id> waiter_id{};
+  fake.OnStep([&] {
+    if (std::this_thread::get_id() != waiter_id.load()) return;
+    if (waiter_steps.fetch_add(1) + 1 == 1) {
+      {
+        std::lock_guard<std::mutex> lock(gate_mu);
+        gate_open = true;  // the engine thread goes for the step lock now
+      }
+      gate_cv.notify_all();
+      std::this_thread::sleep_for(milliseconds(20));  // lets it queue for the lock
+    }
+    if (waiter_steps.load() == 20) state.Complete(Status::Ok());
+  });
+  std::atomic<bool> returned{false};
+  std::thread waiter([&] {
+    waiter_id = std::this_thread::get_id();
+    driver.Drive(state, Deadline::After(milliseconds(20000)));
+    returned = true;
+  });
+  EXPECT_TRUE(Eventually([&] { return returned.load(); }))
+      << "the waiter is stuck after " << waiter_steps.load() << " steps";
+  EXPECT_TRUE(state.done());
+  fake.OnStep(nullptr);
+  driver.Stop();  // also ends a stuck engine step, so the waiter returns
+  waiter.join();
+  EXPECT_NE(engine_id.load(), main_id);
+}
+
 TEST(ProgressDriverTest, WaiterRunsTheStepsItself) {
   FakeSteps fake;
   ProgressDriver driver(fake.Hooks(), microseconds(0));
