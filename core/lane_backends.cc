@@ -76,13 +76,14 @@ StatusOr<std::unique_ptr<Backend>> Hierarchical(const Config& config, const Host
   const Status agreed =
       AgreeAcrossRanks(config, store, prefix + "/hier" + tag, local.status(), deadline);
   if (agreed.code() != Code::kUnavailable && !agreed.ok()) return agreed;
+  // Refused on every rank alike, before any rank starts the flat backend (whose connections a
+  // rank that gave up would leave the others waiting for).
+  if (!agreed.ok() && (config.hierarchical == "on" || config.shm == "on")) {
+    const char* setting = config.hierarchical == "on" ? "hierarchical" : "shm";
+    return agreed.WithContext(config.SourceOf(setting) + " = on needs shared memory on every host");
+  }
   CONCORD_ASSIGN_OR_RETURN(std::unique_ptr<Backend> flat, Flat(config, options, store, lane));
   if (!agreed.ok()) {
-    if (config.hierarchical == "on" || config.shm == "on") {
-      const char* setting = config.hierarchical == "on" ? "hierarchical" : "shm";
-      return agreed.WithContext(config.SourceOf(setting) +
-                                " = on needs shared memory on every host");
-    }
     Log(config, LogLevel::kWarning,
         "lane " + std::to_string(lane) + " is flat: " + agreed.message());
     return flat;
