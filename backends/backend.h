@@ -40,6 +40,11 @@ struct BackendOptions {
   // spans a subset of the communicator (a hierarchical backend's local one): rank_names[r] for
   // rank r. Empty: its own numbers.
   std::vector<int> rank_names;
+  // When set: a set-up that waits for peers to connect (the point-to-point mesh) calls it every
+  // kGiveUpCheck, and a failure it returns ends the wait with that error (a sub-communicator
+  // whose parent failed: a member died). Gloo's own connections wait out the timeout.
+  std::function<Status()> give_up;
+  static constexpr std::chrono::milliseconds kGiveUpCheck{100};
 };
 
 // One buffer of an allreduce over several (Backend::AllreduceSpans).

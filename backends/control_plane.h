@@ -90,6 +90,11 @@ struct TcpControlPlaneOptions {
   // A peer silent for this long is declared failed; heartbeats go out at a quarter of it, from
   // the plane's own thread.
   std::chrono::milliseconds liveness_timeout{30000};
+  // When set: rank 0 calls it every kGiveUpCheck while it waits for the others to connect, and a
+  // failure it returns ends the wait with that error (a sub-communicator whose parent failed: a
+  // member died, and its connection will never come).
+  std::function<Status()> give_up;
+  static constexpr std::chrono::milliseconds kGiveUpCheck{100};
 };
 
 // A star of TCP connections: rank 0 listens (its address goes into the store under prefix), every

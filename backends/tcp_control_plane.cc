@@ -552,10 +552,14 @@ StatusOr<std::vector<std::unique_ptr<TcpControlPlane::Peer>>> AcceptRanks(
                           std::to_string(o.size - 1) + " ranks connected to rank 0 within " +
                           Seconds(o.connect_timeout) + " (missing: " + missing + ")");
     }
+    if (o.give_up) CONCORD_RETURN_IF_ERROR(o.give_up());
     std::vector<pollfd> fds;
     fds.push_back({listener.get(), POLLIN, 0});
     for (const Pending& p : pending) fds.push_back({p.fd.get(), POLLIN, 0});
-    const int rc = ::poll(fds.data(), fds.size(), deadline.PollTimeoutMs());
+    const Deadline slice =
+        o.give_up ? deadline.Earlier(Deadline::After(TcpControlPlaneOptions::kGiveUpCheck))
+                  : deadline;
+    const int rc = ::poll(fds.data(), fds.size(), slice.PollTimeoutMs());
     if (rc < 0 && errno != EINTR) return ErrnoError("control plane: poll", errno);
     if (rc <= 0) continue;
     for (size_t i = 0; i < pending.size(); ++i) {

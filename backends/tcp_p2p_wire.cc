@@ -123,8 +123,13 @@ StatusOr<std::vector<net::Fd>> ConnectMesh(const BackendOptions& o, Store* store
       links[peer] = std::move(fd);
     }
     for (int accepted = 0; accepted < o.size - 1 - o.rank;) {
+      if (o.give_up) CONCORD_RETURN_IF_ERROR(o.give_up());
       pollfd pfd{listener.get(), POLLIN, 0};
-      if (::poll(&pfd, 1, deadline.PollTimeoutMs()) == 0) {
+      const Deadline slice =
+          o.give_up ? deadline.Earlier(Deadline::After(BackendOptions::kGiveUpCheck)) : deadline;
+      const int rc = ::poll(&pfd, 1, slice.PollTimeoutMs());
+      if (rc == 0 && !deadline.passed()) continue;
+      if (rc == 0) {
         return TimeoutError(
             "point-to-point setup: " + std::to_string(o.size - 1 - o.rank - accepted) +
             " higher rank(s) did not connect within the timeout");

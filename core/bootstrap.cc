@@ -8,11 +8,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "base/mutex.h"
 #include "core/device_setup.h"
 #include "core/lane_backends.h"
 #include "rendezvous/hash_store.h"
@@ -28,6 +30,53 @@ struct Rendezvous {
 };
 
 namespace {
+
+// A sub-communicator's view of its parent's store while it starts: Get and Wait wait in slices of
+// kParentCheck and, between them, fail with the parent's failure once there is one (a member that
+// died fails the parent at once; its keys would never come). Set and Add pass through. Contract:
+// thread-safe as the store it wraps; `parent_failure` is called until StopWatching(), never after.
+class ParentWatchedStore : public Store {
+ public:
+  ParentWatchedStore(std::shared_ptr<Rendezvous> parent, std::function<Status()> parent_failure)
+      : parent_(std::move(parent)), parent_failure_(std::move(parent_failure)) {}
+
+  void StopWatching() EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    parent_failure_ = nullptr;
+  }
+
+  Status Set(const std::string& key, const std::string& value) override {
+    return parent_->store->Set(key, value);
+  }
+  StatusOr<std::string> Get(const std::string& key, Deadline deadline) override {
+    for (;;) {
+      StatusOr<std::string> value =
+          parent_->store->Get(key, deadline.Earlier(Deadline::After(kParentCheck)));
+      if (value.ok() || value.status().code() != Code::kTimeout || deadline.passed()) return value;
+      CONCORD_RETURN_IF_ERROR(ParentFailure());
+    }
+  }
+  Status Wait(const std::vector<std::string>& keys, Deadline deadline) override {
+    for (;;) {
+      Status s = parent_->store->Wait(keys, deadline.Earlier(Deadline::After(kParentCheck)));
+      if (s.ok() || s.code() != Code::kTimeout || deadline.passed()) return s;
+      CONCORD_RETURN_IF_ERROR(ParentFailure());
+    }
+  }
+  StatusOr<int64_t> Add(const std::string& key, int64_t delta) override {
+    return parent_->store->Add(key, delta);
+  }
+
+ private:
+  Status ParentFailure() EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    return parent_failure_ ? parent_failure_() : Status::Ok();
+  }
+
+  const std::shared_ptr<Rendezvous> parent_;  // kept: the engine outlives the split's call
+  Mutex mu_;
+  std::function<Status()> parent_failure_ GUARDED_BY(mu_);
+};
 
 // CONCORD_TIMELINE's file for this rank, opened before any peer is involved, so that a path that
 // cannot be written fails this rank's init alone, at once; none when it is not set.
@@ -243,10 +292,13 @@ void IgnoreSigpipeUnlessHandled() {
 }
 
 // The transports of a communicator on the rendezvous store `rv` under `prefix`, and its engine.
-// `host` is the address its control plane advertises.
+// `host` is the address its control plane advertises. `parent_failed` (a sub-communicator's;
+// empty for a world) ends the waits for the others' control-plane and point-to-point
+// connections with the failure it returns.
 StatusOr<std::unique_ptr<Engine>> StartOnStore(const Config& config,
                                                const std::shared_ptr<Rendezvous>& rv,
-                                               const std::string& prefix, const std::string& host) {
+                                               const std::string& prefix, const std::string& host,
+                                               const std::function<Status()>& parent_failed = {}) {
   const std::string backend_name = config.ResolvedBackend();
   const auto timeout = MillisFromSeconds(config.timeout_s);
   const Deadline deadline = Deadline::After(timeout);
@@ -259,6 +311,7 @@ StatusOr<std::unique_ptr<Engine>> StartOnStore(const Config& config,
   cp.prefix = prefix;
   cp.connect_timeout = timeout;
   cp.liveness_timeout = timeout;
+  cp.give_up = parent_failed;
   auto control = CreateTcpControlPlane(cp, rv->store.get());
   if (!control.ok()) return control.status().WithContext("connecting the control plane");
 
@@ -270,6 +323,7 @@ StatusOr<std::unique_ptr<Engine>> StartOnStore(const Config& config,
   bo.prefix = prefix + "/" + backend_name;
   bo.timeout = timeout;
   bo.algorithm = config.gloo_algorithm;
+  bo.give_up = parent_failed;
   CONCORD_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Backend>> lanes,
                            CreateLaneBackends(config, bo, rv->store.get(), prefix, deadline));
   // CUDA tensors: the device backend CONCORD_BACKEND asks for (core/device_setup.h).
@@ -353,15 +407,38 @@ StatusOr<std::unique_ptr<Engine>> CreateEngine(Config config) {
 
 StatusOr<Communicator> StartSubCommunicator(const Config& config, const CommOrigin& parent,
                                             const std::string& prefix,
-                                            std::vector<int> mpi_world_ranks, int mpi_tag) {
+                                            std::vector<int> mpi_world_ranks, int mpi_tag,
+                                            const std::function<Status()>& parent_failure) {
   auto origin = std::make_shared<CommOrigin>();
   origin->prefix = prefix;
   origin->host = parent.host;
   origin->rendezvous = parent.rendezvous;
   Communicator comm;
   if (parent.rendezvous) {
-    CONCORD_ASSIGN_OR_RETURN(comm.engine,
-                             StartOnStore(config, parent.rendezvous, prefix, parent.host));
+    // The sub-communicator's engine keeps this rendezvous (the parent's store, watched while it
+    // starts) for its life; the watch ends with this call, as the parent may go before it.
+    auto parent_failed = [&parent_failure]() -> Status {
+      const Status failed = parent_failure();
+      if (failed.ok()) return failed;
+      return Status(failed.code(),
+                    "the parent communicator failed while this one started: " + failed.message());
+    };
+    auto watched = std::make_shared<Rendezvous>();
+    auto store = std::make_unique<ParentWatchedStore>(parent.rendezvous, parent_failed);
+    ParentWatchedStore* watch = store.get();
+    watched->store = std::move(store);
+    auto started = StartOnStore(config, watched, prefix, parent.host, parent_failed);
+    // A start that broke because a member died (a connection reset, a timeout) says so: the
+    // parent learns of the death within moments, through its own connections.
+    for (int i = 0; !started.ok() && i < 5; ++i) {
+      if (Status failed = parent_failed(); !failed.ok()) {
+        started = failed;
+      } else {
+        std::this_thread::sleep_for(kParentCheck);
+      }
+    }
+    watch->StopWatching();
+    CONCORD_ASSIGN_OR_RETURN(comm.engine, std::move(started));
   } else {
     auto transports =
         CreateMpiTransports(MillisFromSeconds(config.timeout_s), mpi_world_ranks, mpi_tag);

@@ -6,6 +6,8 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -43,9 +45,14 @@ StatusOr<std::unique_ptr<Engine>> CreateEngine(Config config);
 // Starts the communicator of a split (core/comm_split.h): `config` is the parent's, with this
 // rank's rank, size and local rank among the members. On the parent's store under `prefix`, or,
 // on MPI, over the MPI_COMM_WORLD ranks `mpi_world_ranks` (MPI_Comm_create_group with
-// `mpi_tag`). Collective over the members only.
+// `mpi_tag`). Collective over the members only. On the store, its waits for the other members'
+// keys look at `parent_failure` (called only during this call) every kParentCheck: once the
+// parent has failed (a member died), the start fails with that error, naming the rank, instead
+// of waiting out the timeout.
 StatusOr<Communicator> StartSubCommunicator(const Config& config, const CommOrigin& parent,
                                             const std::string& prefix,
-                                            std::vector<int> mpi_world_ranks, int mpi_tag);
+                                            std::vector<int> mpi_world_ranks, int mpi_tag,
+                                            const std::function<Status()>& parent_failure);
+inline constexpr std::chrono::milliseconds kParentCheck{100};
 
 }  // namespace concord

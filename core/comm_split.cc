@@ -111,8 +111,9 @@ StatusOr<Communicator> Split(Engine& engine, CommOrigin& origin, SplitArgs mine,
   }
   const std::string prefix =
       origin.prefix + "/split" + std::to_string(seq) + "/" + std::to_string(mine.color);
-  auto sub = StartSubCommunicator(config, origin, prefix, std::move(world_ranks),
-                                  static_cast<int>(seq % 32768));
+  auto sub =
+      StartSubCommunicator(config, origin, prefix, std::move(world_ranks),
+                           static_cast<int>(seq % 32768), [&engine] { return engine.failure(); });
   if (!sub.ok()) return sub.status().WithContext(std::string(what) + " (" + name + ")");
   return sub;
 }

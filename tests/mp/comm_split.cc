@@ -7,6 +7,9 @@
 //   mp_comm_split --mode kill        4 ranks; parent rank 3 SIGKILLs itself: the communicators
 //                                    it belongs to fail naming it by parent rank, the one without
 //                                    it ({0, 1}) keeps working
+//   mp_comm_split --mode kill-starting --delay-ms D
+//                                    3 ranks; parent rank 2 SIGKILLs itself D ms into a split:
+//                                    the others fail within 5 s (timeout 10 s) naming it
 #include <dirent.h>
 #include <signal.h>
 #include <unistd.h>
@@ -266,7 +269,9 @@ int Semantics() {
   }
 
   // A rank that never calls split: the others' call fails after the timeout, no hang; finalize
-  // then ends what is left (a communicator of its own, with a short timeout).
+  // then ends what is left (a communicator of its own, with a short timeout). The late rank waits
+  // in a barrier of the world until the others' split has failed (sleeping past their timeout
+  // raced with a slow init on a loaded machine: its finalize came first).
   if (g_size >= 2) {
     concord_config_t config;
     concord_config_init(&config);
@@ -274,9 +279,7 @@ int Semantics() {
     concord_comm_t brief = nullptr;
     CHECKF(concord_init_config(&config, &brief) == CONCORD_SUCCESS, "init: %s",
            concord_comm_last_error(nullptr));
-    if (g_rank == g_size - 1) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // past the others' timeout
-    } else if (brief != nullptr) {
+    if (g_rank != g_size - 1 && brief != nullptr) {
       concord_comm_t sub = nullptr;
       const double t2 = mp::Now();
       s = concord_comm_split(brief, 0, 0, &sub);
@@ -285,6 +288,8 @@ int Semantics() {
              "split without rank %d: %s: %s", g_size - 1, concord_status_string(s), err.c_str());
       CHECKF(mp::Now() - t2 < 10, "split without a rank took %.1f s", mp::Now() - t2);
     }
+    CHECKF(concord_barrier(world) == CONCORD_SUCCESS, "barrier after the split without rank %d",
+           g_size - 1);
     concord_finalize(brief);  // the late rank's finalize ends what waited for it
   }
 
@@ -374,15 +379,66 @@ int Kill() {
   return CheckFailures() == 0 ? 0 : 1;
 }
 
+// 3 ranks; parent rank 2 SIGKILLs itself `delay_ms` into a split of the world: before the
+// split's exchange, while the sub-communicator starts, or after. The others' split, or an
+// operation on the new communicator, fails well within the 10 s timeout, naming rank 2: the
+// start's waits for the members' keys look at the parent's failure.
+int KillWhileStarting(int delay_ms) {
+  ::signal(SIGTERM, SIG_IGN);  // observe the failure; concordrun's grace comes first
+  concord_comm_t world = mp::InitOrExit(&g_rank, &g_size);
+  if (g_size != 3) {
+    std::fprintf(stderr, "kill-starting mode needs 3 ranks\n");
+    return 2;
+  }
+  const int kVictim = 2;
+  CHECKF(concord_barrier(world) == CONCORD_SUCCESS, "barrier: %s", concord_comm_last_error(world));
+  if (g_rank == kVictim) {
+    std::printf("VICTIM rank %d kills itself %d ms into the split\n", g_rank, delay_ms);
+    std::fflush(stdout);
+    std::thread([delay_ms] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+      ::raise(SIGKILL);
+    }).detach();
+  }
+  const double t0 = mp::Now();
+  concord_comm_t sub = nullptr;
+  concord_status_t s = concord_comm_split(world, 0, 0, &sub);
+  std::string err = s == CONCORD_SUCCESS ? "" : concord_comm_last_error(world);
+  const char* failed = "the split";
+  // Started whole (the victim died later): allreduces on it until one fails.
+  for (int i = 0; s == CONCORD_SUCCESS && mp::Now() - t0 < 5.0; ++i) {
+    failed = "an allreduce on it";
+    s = Allreduce(sub, "after.start." + std::to_string(i), nullptr, &err);
+  }
+  const double took = mp::Now() - t0;
+  if (g_rank == kVictim) {
+    std::this_thread::sleep_for(std::chrono::seconds(30));  // its killer comes first
+    return 1;
+  }
+  CHECKF(s != CONCORD_SUCCESS, "the split and 5 s of allreduces on it succeeded without rank 2");
+  CHECKF(took < 5.0, "%s failed only after %.2f s: %s", failed, took, err.c_str());
+  CHECKF(mp::Contains(err, "rank 2 "), "%s: error '%s' does not name rank 2", failed, err.c_str());
+  if (sub != nullptr) concord_finalize(sub);
+  concord_finalize(world);
+  if (CheckFailures() == 0) {
+    std::printf("SURVIVOR_OK rank %d: %s failed after %.2f s: %s\n", g_rank, failed, took,
+                err.c_str());
+  }
+  return CheckFailures() == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string mode;
+  int delay_ms = 0;
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--mode" && i + 1 < argc) mode = argv[++i];
+    if (std::string(argv[i]) == "--delay-ms" && i + 1 < argc) delay_ms = std::atoi(argv[++i]);
   }
   if (mode == "semantics") return Semantics();
   if (mode == "kill") return Kill();
-  std::fprintf(stderr, "usage: %s --mode semantics|kill\n", argv[0]);
+  if (mode == "kill-starting") return KillWhileStarting(delay_ms);
+  std::fprintf(stderr, "usage: %s --mode semantics|kill|kill-starting [--delay-ms D]\n", argv[0]);
   return 2;
 }
