@@ -31,19 +31,38 @@ struct Rendezvous {
 
 namespace {
 
-// A sub-communicator's view of its parent's store while it starts: Get and Wait wait in slices of
-// kParentCheck and, between them, fail with the parent's failure once there is one (a member that
-// died fails the parent at once; its keys would never come). Set and Add pass through. Contract:
-// thread-safe as the store it wraps; `parent_failure` is called until StopWatching(), never after.
+// The parent's failure as a sub-communicator's start sees it: the parent engine's failure,
+// explained, until Stop() (the parent may go before the sub-communicator, which keeps copies of
+// this watch in its store and options). Thread-safe.
+class ParentWatch {
+ public:
+  explicit ParentWatch(std::function<Status()> failure) : failure_(std::move(failure)) {}
+  Status Failed() EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    if (!failure_) return Status::Ok();
+    const Status failed = failure_();
+    if (failed.ok()) return failed;
+    return Status(failed.code(),
+                  "the parent communicator failed while this one started: " + failed.message());
+  }
+  void Stop() EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    failure_ = nullptr;
+  }
+
+ private:
+  Mutex mu_;
+  std::function<Status()> failure_ GUARDED_BY(mu_);
+};
+
+// A sub-communicator's view of its parent's store: Get and Wait wait in slices of kParentCheck
+// and, between them, fail with the parent's failure while the watch runs (a member that died
+// fails the parent at once; its keys would never come). Set and Add pass through. Thread-safe as
+// the store it wraps.
 class ParentWatchedStore : public Store {
  public:
-  ParentWatchedStore(std::shared_ptr<Rendezvous> parent, std::function<Status()> parent_failure)
-      : parent_(std::move(parent)), parent_failure_(std::move(parent_failure)) {}
-
-  void StopWatching() EXCLUDES(mu_) {
-    MutexLock lock(mu_);
-    parent_failure_ = nullptr;
-  }
+  ParentWatchedStore(std::shared_ptr<Rendezvous> parent, std::shared_ptr<ParentWatch> watch)
+      : parent_(std::move(parent)), watch_(std::move(watch)) {}
 
   Status Set(const std::string& key, const std::string& value) override {
     return parent_->store->Set(key, value);
@@ -53,14 +72,14 @@ class ParentWatchedStore : public Store {
       StatusOr<std::string> value =
           parent_->store->Get(key, deadline.Earlier(Deadline::After(kParentCheck)));
       if (value.ok() || value.status().code() != Code::kTimeout || deadline.passed()) return value;
-      CONCORD_RETURN_IF_ERROR(ParentFailure());
+      CONCORD_RETURN_IF_ERROR(watch_->Failed());
     }
   }
   Status Wait(const std::vector<std::string>& keys, Deadline deadline) override {
     for (;;) {
       Status s = parent_->store->Wait(keys, deadline.Earlier(Deadline::After(kParentCheck)));
       if (s.ok() || s.code() != Code::kTimeout || deadline.passed()) return s;
-      CONCORD_RETURN_IF_ERROR(ParentFailure());
+      CONCORD_RETURN_IF_ERROR(watch_->Failed());
     }
   }
   StatusOr<int64_t> Add(const std::string& key, int64_t delta) override {
@@ -68,14 +87,8 @@ class ParentWatchedStore : public Store {
   }
 
  private:
-  Status ParentFailure() EXCLUDES(mu_) {
-    MutexLock lock(mu_);
-    return parent_failure_ ? parent_failure_() : Status::Ok();
-  }
-
   const std::shared_ptr<Rendezvous> parent_;  // kept: the engine outlives the split's call
-  Mutex mu_;
-  std::function<Status()> parent_failure_ GUARDED_BY(mu_);
+  const std::shared_ptr<ParentWatch> watch_;
 };
 
 // CONCORD_TIMELINE's file for this rank, opened before any peer is involved, so that a path that
@@ -417,27 +430,21 @@ StatusOr<Communicator> StartSubCommunicator(const Config& config, const CommOrig
   if (parent.rendezvous) {
     // The sub-communicator's engine keeps this rendezvous (the parent's store, watched while it
     // starts) for its life; the watch ends with this call, as the parent may go before it.
-    auto parent_failed = [&parent_failure]() -> Status {
-      const Status failed = parent_failure();
-      if (failed.ok()) return failed;
-      return Status(failed.code(),
-                    "the parent communicator failed while this one started: " + failed.message());
-    };
+    auto watch = std::make_shared<ParentWatch>(parent_failure);
     auto watched = std::make_shared<Rendezvous>();
-    auto store = std::make_unique<ParentWatchedStore>(parent.rendezvous, parent_failed);
-    ParentWatchedStore* watch = store.get();
-    watched->store = std::move(store);
-    auto started = StartOnStore(config, watched, prefix, parent.host, parent_failed);
+    watched->store = std::make_unique<ParentWatchedStore>(parent.rendezvous, watch);
+    auto started =
+        StartOnStore(config, watched, prefix, parent.host, [watch] { return watch->Failed(); });
     // A start that broke because a member died (a connection reset, a timeout) says so: the
     // parent learns of the death within moments, through its own connections.
     for (int i = 0; !started.ok() && i < 5; ++i) {
-      if (Status failed = parent_failed(); !failed.ok()) {
+      if (Status failed = watch->Failed(); !failed.ok()) {
         started = failed;
-      } else {
-        std::this_thread::sleep_for(kParentCheck);
+        break;
       }
+      std::this_thread::sleep_for(kParentCheck);
     }
-    watch->StopWatching();
+    watch->Stop();
     CONCORD_ASSIGN_OR_RETURN(comm.engine, std::move(started));
   } else {
     auto transports =
