@@ -553,34 +553,16 @@ StatusOr<MPI_Comm> Duplicate(MpiEnvironment& env, MPI_Comm base, Deadline deadli
 
 StatusOr<MPI_Comm> CreateGroupComm(MpiEnvironment& env, const std::vector<int>& world_ranks,
                                    int tag) {
-  MPI_Group members = MPI_GROUP_NULL;
-  {
-    CONCORD_MPI_LOCK_OR_RETURN(lock, env);
-    MPI_Group world = MPI_GROUP_NULL;
-    CONCORD_MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &world));
-    const int rc =
-        MPI_Group_incl(world, static_cast<int>(world_ranks.size()), world_ranks.data(), &members);
-    MPI_Group_free(&world);
-    CONCORD_MPI_CHECK(rc);
-  }
-  // MPI_Comm_create_group blocks until every member calls it, and has no non-blocking form.
-  // Under MPI_THREAD_MULTIPLE it runs without the call lock: two threads creating communicators
-  // of overlapping members at once (in different orders on different ranks) would otherwise each
-  // hold a rank's lock while waiting for the other's, for good, and with them every other
-  // communicator of both ranks. Under SERIALIZED MPI allows no two such calls at once anyway.
+  CONCORD_MPI_LOCK_OR_RETURN(lock, env);
+  MPI_Group world = MPI_GROUP_NULL, members = MPI_GROUP_NULL;
+  CONCORD_MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &world));
+  const int rc =
+      MPI_Group_incl(world, static_cast<int>(world_ranks.size()), world_ranks.data(), &members);
+  MPI_Group_free(&world);
+  CONCORD_MPI_CHECK(rc);
   MPI_Comm comm = MPI_COMM_NULL;
-  int created = MPI_SUCCESS;
-  if (env.thread_level() == MPI_THREAD_MULTIPLE) {
-    { CONCORD_MPI_LOCK_OR_RETURN(lock, env); }  // not after MPI was abandoned
-    created = MPI_Comm_create_group(MPI_COMM_WORLD, members, tag, &comm);
-  } else {
-    CONCORD_MPI_LOCK_OR_RETURN(lock, env);
-    created = MPI_Comm_create_group(MPI_COMM_WORLD, members, tag, &comm);
-  }
-  {
-    CONCORD_MPI_LOCK_OR_RETURN(lock, env);
-    MPI_Group_free(&members);
-  }
+  const int created = MPI_Comm_create_group(MPI_COMM_WORLD, members, tag, &comm);
+  MPI_Group_free(&members);
   CONCORD_MPI_CHECK(created);
   return comm;
 }

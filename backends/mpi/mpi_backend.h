@@ -34,8 +34,6 @@ StatusOr<MPI_Comm> Duplicate(MpiEnvironment& env, MPI_Comm base, Deadline deadli
 // A communicator of the MPI_COMM_WORLD ranks `world_ranks`, in that order (MPI_Comm_create_group
 // with `tag`), for a sub-communicator's transports to duplicate; the caller frees it. Collective
 // over those ranks only. MPI gives it no deadline: every member has just agreed to create it.
-// Under MPI_THREAD_MULTIPLE the blocking call runs without the environment's lock, so that
-// communicators created at once from several threads cannot deadlock.
 StatusOr<MPI_Comm> CreateGroupComm(MpiEnvironment& env, const std::vector<int>& world_ranks,
                                    int tag);
 

@@ -52,10 +52,11 @@ Status MpiError(int mpi_code, const char* call, const char* file, int line);
 // hand-offs between Open MPI's processes, and reports two unlocked threads reusing a transport
 // fragment as a race). Concord holds it for one non-blocking call at a time (a collective is
 // waited for by polling MPI_Test), so a thread never waits long for it; the one blocking call,
-// MPI_Comm_create_group (a sub-communicator's start), runs without it under MULTIPLE
-// (CreateGroupComm). Under SERIALIZED the application must not call MPI itself while a Concord
-// communicator exists (with MULTIPLE it may), nor start sub-communicators from several threads
-// at once.
+// MPI_Comm_create_group (a sub-communicator's start), holds it too, so sub-communicators of one
+// process must be started from one thread at a time (two at once, in different orders on
+// different ranks, would each hold a rank's lock waiting for the other). Under SERIALIZED the
+// application must not call MPI itself while a Concord communicator exists (with MULTIPLE it
+// may).
 class MpiEnvironment {
  public:
   static StatusOr<std::shared_ptr<MpiEnvironment>> Acquire();
