@@ -44,7 +44,7 @@ struct BackendOptions {
   // kGiveUpCheck, and a failure it returns ends the wait with that error (a sub-communicator
   // whose parent failed: a member died). Gloo's own connections wait out the timeout.
   std::function<Status()> give_up;
-  static constexpr std::chrono::milliseconds kGiveUpCheck{100};
+  static constexpr std::chrono::milliseconds kGiveUpCheck = TcpControlPlaneOptions::kGiveUpCheck;
 };
 
 // One buffer of an allreduce over several (Backend::AllreduceSpans).

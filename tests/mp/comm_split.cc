@@ -332,13 +332,20 @@ int Semantics() {
   return CheckFailures() == 0 ? 0 : 1;
 }
 
-int Kill() {
-  ::signal(SIGTERM, SIG_IGN);  // observe the failure; concordrun's grace comes first
+// The world of a kill mode, which needs `ranks` ranks (else nullptr, saying so). SIGTERM is
+// ignored: the survivors observe the failure; concordrun's grace comes first.
+concord_comm_t InitForKill(int ranks, const char* mode) {
+  ::signal(SIGTERM, SIG_IGN);
   concord_comm_t world = mp::InitOrExit(&g_rank, &g_size);
-  if (g_size != 4) {
-    std::fprintf(stderr, "kill mode needs 4 ranks\n");
-    return 2;
-  }
+  if (g_size == ranks) return world;
+  std::fprintf(stderr, "%s mode needs %d ranks\n", mode, ranks);
+  concord_finalize(world);
+  return nullptr;
+}
+
+int Kill() {
+  concord_comm_t world = InitForKill(4, "kill");
+  if (world == nullptr) return 2;
   const int kVictim = 3;
   concord_comm_t pair = nullptr, trio = nullptr;  // pairs {0,1} {2,3}; trio {1,2,3}
   CHECKF(concord_comm_split(world, g_rank / 2, 0, &pair) == CONCORD_SUCCESS, "split: %s",
@@ -388,12 +395,8 @@ int Kill() {
 // operation on the new communicator, fails well within the 10 s timeout, naming rank 2: the
 // start's waits for the members' keys look at the parent's failure.
 int KillWhileStarting(int delay_ms) {
-  ::signal(SIGTERM, SIG_IGN);  // observe the failure; concordrun's grace comes first
-  concord_comm_t world = mp::InitOrExit(&g_rank, &g_size);
-  if (g_size != 3) {
-    std::fprintf(stderr, "kill-starting mode needs 3 ranks\n");
-    return 2;
-  }
+  concord_comm_t world = InitForKill(3, "kill-starting");
+  if (world == nullptr) return 2;
   const int kVictim = 2;
   CHECKF(concord_barrier(world) == CONCORD_SUCCESS, "barrier: %s", concord_comm_last_error(world));
   if (g_rank == kVictim) {
