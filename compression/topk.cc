@@ -171,13 +171,63 @@ void TrimToK(const float* acc, const uint32_t* cand, size_t c, size_t k,
   stats->kth_key = kth;
 }
 
+// The k-th largest key of acc (1 <= k <= n), when it lies in `bucket` of the first histogram
+// (keys >> kHistogramShift) with `above` keys in the buckets over it: each pass histograms the next
+// 10 bits of the keys that share the prefix found so far. Sets *greater to the count of larger
+// keys, *equal to the count of keys equal to it.
+uint32_t RefineKthKey(const float* acc, size_t n, size_t k, uint32_t bucket, size_t above,
+                      size_t* greater, size_t* equal) {
+  constexpr int kRefineBits = 10;
+  uint32_t prefix = bucket;
+  int shift = kHistogramShift;
+  size_t in_prefix = 0;
+  while (shift > 0) {
+    const int bits = std::min(shift, kRefineBits);
+    const int low = shift - bits;
+    uint32_t hist[size_t{1} << kRefineBits] = {};
+    for (size_t i = 0; i < n; ++i) {
+      const uint32_t key = MagnitudeKey(acc[i]);
+      if ((key >> shift) == prefix) ++hist[(key >> low) & ((1u << bits) - 1)];
+    }
+    uint32_t b = (1u << bits) - 1;
+    while (above + hist[b] < k) above += hist[b--];
+    in_prefix = hist[b];
+    prefix = (prefix << bits) | b;
+    shift = low;
+  }
+  *greater = above;
+  *equal = in_prefix;
+  return prefix;
+}
+
 // Exact selection over acc once hist describes it: the bucket of the k-th key, then its elements.
+// When that bucket holds many more than k keys (zeros, when fewer than k elements are not; a run
+// of equal values), the k-th key is found by refining instead, and the selection taken in one pass
+// with no scratch: no collecting and trimming of most of the tensor.
 void SelectFromHistogram(float* acc, size_t n, size_t k, const uint32_t* hist,
                          CompressionState* scratch, uint32_t* selected, TopkStats* stats) {
   size_t above = 0;
   size_t bucket = kBuckets - 1;
   while (above + hist[bucket] < k) above += hist[bucket--];
   const size_t count = above + hist[bucket];
+  if (count > CandidateCap(k)) {
+    size_t greater = 0, equal = 0;
+    const uint32_t kth =
+        RefineKthKey(acc, n, k, static_cast<uint32_t>(bucket), above, &greater, &equal);
+    // Keys above the k-th, then the lowest indices holding it, as TrimToK takes them.
+    size_t equal_wanted = k - greater;
+    size_t out = 0;
+    for (size_t i = 0; i < n && out < k; ++i) {
+      const uint32_t key = MagnitudeKey(acc[i]);
+      if (key > kth || (key == kth && equal_wanted > 0)) {
+        if (key == kth) --equal_wanted;
+        selected[out++] = static_cast<uint32_t>(i);
+      }
+    }
+    stats->candidates = greater + equal;
+    stats->kth_key = kth;
+    return;
+  }
   std::vector<uint32_t>& cand = scratch->index_scratch();
   if (cand.size() < count) cand.resize(count);
   AccumulateAndCollect(nullptr, 1.0f, acc, n, static_cast<uint32_t>(bucket << kHistogramShift),
@@ -364,7 +414,11 @@ const char* TopkMethodName(TopkMethod method) {
 
 size_t TopkCount(double density, size_t n) {
   if (n == 0) return 0;
-  const double k = std::ceil(density * static_cast<double>(n));
+  // density * n is rounded: 0.07 * 100 is 7.000000000000001. A product that close above an
+  // integer (within a few units in the last place) stands for that integer.
+  const double exact = density * static_cast<double>(n);
+  double k = std::ceil(exact);
+  if (k - 1.0 >= exact * (1.0 - 4 * std::numeric_limits<double>::epsilon())) k -= 1.0;
   if (!(k >= 1.0)) return 1;
   if (k >= static_cast<double>(n)) return n;
   return static_cast<size_t>(k);

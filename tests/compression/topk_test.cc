@@ -56,6 +56,12 @@ TEST(TopkTest, CountIsCeilingAtLeastOne) {
   EXPECT_EQ(TopkCount(0.001, 25557032), 25558u);
   EXPECT_EQ(TopkCount(1.0, 17), 17u);
   EXPECT_EQ(TopkCount(1e-12, 17), 1u);
+  // k = ceil(D n) of the decimal D: 0.07 * 100 is 7.000000000000001 in doubles, and still k = 7.
+  EXPECT_EQ(TopkCount(0.07, 100), 7u);
+  EXPECT_EQ(TopkCount(0.14, 100), 14u);
+  EXPECT_EQ(TopkCount(0.17, 10000), 1700u);
+  EXPECT_EQ(TopkCount(0.55, 100), 55u);
+  EXPECT_EQ(TopkCount(0.0700001, 100), 8u);
 }
 
 TEST(TopkTest, BothMethodsMatchTheReference) {
@@ -99,6 +105,40 @@ TEST(TopkTest, TiesSpecialsAndZerosAreDeterministic) {
   TopkStats stats;
   EXPECT_EQ(Select(sparse, 2000, TopkMethod::kSampled, &stats), want);
   EXPECT_TRUE(stats.exact_fallback);  // every sampled threshold passes too many zeros
+}
+
+// When the k-th key's bucket holds most of the tensor (zeros when fewer than k elements are not;
+// values that differ only in low mantissa bits), the selection still matches the reference and
+// keeps its scratch near k, not near n (it used to collect and trim the whole bucket: 3-4 times
+// the tensor's memory, and 20 times slower).
+TEST(TopkTest, CrowdedKthBucketMatchesTheReferenceWithScratchNearK) {
+  const size_t n = 1 << 20;
+  std::vector<float> zeros(n, 0.0f);
+  for (size_t i = 0; i < n; i += 4099) zeros[i] = static_cast<float>(i % 7) - 3.0f;
+  std::vector<float> close(n);  // one first-level bucket: 1 + a few ulps apart
+  for (size_t i = 0; i < n; ++i) {
+    close[i] = 1.0f + static_cast<float>((i * 2654435761u) % 1000) * 1e-7f;
+  }
+  for (const std::vector<float>* v : {&zeros, &close}) {
+    for (size_t k : {size_t{1}, size_t{1000}, size_t{50000}}) {
+      const std::vector<uint32_t> want = BruteTopk(*v, k);
+      for (TopkMethod m : {TopkMethod::kExact, TopkMethod::kSampled}) {
+        CompressionState state;
+        std::vector<float> acc = *v;
+        std::vector<uint32_t> got(k);
+        TopkStats stats;
+        ASSERT_TRUE(
+            SelectTopk(nullptr, 1.0f, acc.data(), n, k, m, &state, got.data(), &stats).ok());
+        EXPECT_EQ(got, want) << k << " " << TopkMethodName(m);
+        uint32_t kth = std::numeric_limits<uint32_t>::max();
+        for (uint32_t i : want) kth = std::min(kth, MagnitudeKey((*v)[i]));
+        EXPECT_EQ(stats.kth_key, kth) << k << " " << TopkMethodName(m);
+        EXPECT_GE(stats.candidates, k);
+        EXPECT_LE(state.index_scratch().capacity(), 2 * k + 64) << k << " " << TopkMethodName(m);
+        EXPECT_LE(state.order_scratch().capacity(), 2 * k + 64) << k << " " << TopkMethodName(m);
+      }
+    }
+  }
 }
 
 TEST(TopkTest, SampledThresholdIsCloseAndCandidatesBounded) {
