@@ -45,6 +45,10 @@ bool IsValidReduceOp(int value);
 size_t DTypeSize(DType dtype);
 const char* DTypeName(DType dtype);
 const char* ReduceOpName(ReduceOp op);
+// The reduction that runs on the wire for `op`: an average is a sum, divided before or after.
+inline ReduceOp WireReduceOp(ReduceOp op) {
+  return op == ReduceOp::kAverage ? ReduceOp::kSum : op;
+}
 bool IsFloatingPoint(DType dtype);
 bool IsHalfPrecision(DType dtype);  // float16 or bfloat16
 

@@ -9,15 +9,16 @@ const char* ExchangeName(Exchange exchange) {
   return exchange == Exchange::kAllreduce ? "allreduce" : "allgather";
 }
 
-StatusOr<float*> CompressionState::Residual(std::string_view name, size_t count) {
+float* CompressionState::Residual(std::string_view name, size_t count) {
   auto it = residuals_.find(name);
   if (it == residuals_.end()) {
     if (residuals_.size() >= max_residuals_) EvictLeastRecentlyUsed();
     it = residuals_.emplace(std::string(name), Kept{std::vector<float>(count, 0.0f), 0}).first;
   } else if (it->second.values.size() != count) {
-    return InvalidArgument("compression state of tensor '" + std::string(name) + "' holds " +
-                           std::to_string(it->second.values.size()) + " elements, now given " +
-                           std::to_string(count) + " (erase its state to reset it)");
+    it->second.values.assign(count, 0.0f);
+    it->second.values.shrink_to_fit();
+    last_reset_ = it->first;
+    ++resets_;
   }
   it->second.last_use = ++use_clock_;
   return it->second.values.data();

@@ -58,9 +58,9 @@ class CompressionState {
 
   // The residual of `name`, zero-filled the first time (evicting the least recently used name
   // when max_residuals names hold one); it stays valid until the next Residual call for another
-  // name, Erase or Clear. A later call with a different count is an InvalidArgument error naming
-  // the tensor (its residual would be meaningless); Erase(name) first to reset it.
-  StatusOr<float*> Residual(std::string_view name, size_t count);
+  // name, Erase or Clear. A later call with a different count starts the name again from zeros
+  // (the old residual belongs to another shape, and would be meaningless): resets() counts those.
+  float* Residual(std::string_view name, size_t count);
   // The residual of `name`, or nullptr if none is kept (for inspection and tests).
   const std::vector<float>* FindResidual(std::string_view name) const;
   void Erase(std::string_view name);
@@ -72,6 +72,10 @@ class CompressionState {
   uint64_t evictions() const { return evictions_; }
   // The name whose residual was evicted last ("" if none was).
   const std::string& last_evicted() const { return last_evicted_; }
+  // Residuals started again because their name came with another element count, and the last
+  // such name ("" if none).
+  uint64_t resets() const { return resets_; }
+  const std::string& last_reset() const { return last_reset_; }
 
   // Scratch for top-k selection, reused across calls (grows to the largest need, never shrinks
   // until Clear).
@@ -90,6 +94,8 @@ class CompressionState {
   uint64_t use_clock_ = 0;
   uint64_t evictions_ = 0;
   std::string last_evicted_;
+  uint64_t resets_ = 0;
+  std::string last_reset_;
   std::map<std::string, Kept, std::less<>> residuals_;  // lookup without a copy
   std::vector<uint32_t> index_scratch_;
   std::vector<uint32_t> key_scratch_;
@@ -119,6 +125,11 @@ class Compressor {
   virtual Exchange exchange() const = 0;
   // OK when this compressor accepts tensors of `dtype`; else InvalidArgument saying which it takes.
   virtual Status CheckDType(DType dtype) const = 0;
+  // OK when this compressor takes a tensor of `count` elements (any count, unless it says so).
+  virtual Status CheckCount(size_t count) const {
+    (void)count;
+    return Status::Ok();
+  }
   // kAllreduce only: the element type the encoded buffer is summed as (it holds `count` of them).
   virtual DType reduce_dtype(DType dtype) const = 0;
   // Exact encoded size of `count` elements of `dtype` (a CheckDType-accepted dtype).

@@ -331,7 +331,7 @@ class TopkCompressor final : public Compressor {
     CONCORD_RETURN_IF_ERROR(CheckDenseBuffer(in.data, in.dtype, in.count, "topk: input"));
     CONCORD_RETURN_IF_ERROR(
         CheckEncodedBuffer(out, EncodedBytes(in.dtype, in.count), "topk: output"));
-    CONCORD_ASSIGN_OR_RETURN(float* residual, state->Residual(in.name, in.count));
+    float* residual = state->Residual(in.name, in.count);
     const size_t k = TopkCount(options_.density, in.count);
     auto* indices = static_cast<uint32_t*>(out);
     CONCORD_RETURN_IF_ERROR(SelectTopk(static_cast<const float*>(in.data),
@@ -387,7 +387,7 @@ class TopkCompressor final : public Compressor {
  private:
   size_t value_bytes() const { return options_.fp16_values ? 2 : 4; }
 
-  static Status CheckCount(size_t count) {
+  Status CheckCount(size_t count) const override {
     if (count > std::numeric_limits<uint32_t>::max()) {
       return InvalidArgument("topk compression takes tensors of at most 2^32 - 1 elements, not " +
                              std::to_string(count));

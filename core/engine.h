@@ -382,7 +382,8 @@ class Engine {
   Status RunCompressed(Lane& lane, const FusionBatch& batch, const Responses& responses,
                        Entries& entries) EXCLUDES(compression_mu_);
   // Counts the top-k residuals evicted since compression_state_'s count was `*counted` (and
-  // updates it), and warns once per communicator that their names lost error feedback.
+  // updates it), and warns once per communicator that their names lost error feedback; warns
+  // once too when a name's residual started again because the name came with another shape.
   void NoteResidualEvictions(uint64_t* counted) REQUIRES(compression_mu_);
   // The compressor for `spec` (shared, created once per spec), or the registry's error.
   StatusOr<std::shared_ptr<const compression::Compressor>> CompressorFor(const std::string& spec)
@@ -424,6 +425,7 @@ class Engine {
   compression::CompressionState compression_state_ GUARDED_BY(compression_mu_){
       static_cast<size_t>(config_.topk_residuals)};
   bool residual_eviction_logged_ GUARDED_BY(compression_mu_) = false;
+  bool residual_reset_logged_ GUARDED_BY(compression_mu_) = false;
 
   Mutex group_mu_;
   std::thread::id group_owner_ GUARDED_BY(group_mu_);

@@ -27,6 +27,13 @@ size_t AlignUp(size_t n, size_t to) {
 }  // namespace
 
 void Engine::NoteResidualEvictions(uint64_t* counted) {
+  if (compression_state_.resets() > 0 && !residual_reset_logged_) {
+    residual_reset_logged_ = true;
+    Log(LogLevel::kWarning, "top-k: tensor '" + compression_state_.last_reset() +
+                                "' came with another element count than before under the same "
+                                "name, so its error-feedback residual started again from zero. "
+                                "Said once per communicator");
+  }
   const uint64_t now = compression_state_.evictions();
   if (now == *counted) return;
   stats_.topk_residual_evictions.fetch_add(now - *counted, std::memory_order_relaxed);
@@ -77,9 +84,20 @@ Status Engine::AttachCompressor(QueueEntry& entry) {
     return Status::Ok();
   }
   // A reduce-scatter reduces the encoded blocks on the wire: only a summable encoding fits.
-  if (reducescatter && (*compressor)->exchange() != compression::Exchange::kAllreduce) {
+  const bool summable = (*compressor)->exchange() == compression::Exchange::kAllreduce;
+  if (reducescatter && !summable) {
     return InvalidArgument("tensor '" + r.name + "': reducescatter takes a summable compression " +
                            "(fp16, bf16), not '" + r.compression + "'");
+  }
+  // The casts reduce their 16-bit values with the tensor's own operation; top-k adds every rank's
+  // share, so a min, max or product would come back as a sum.
+  if (!summable && r.reduce_op != ReduceOp::kSum && r.reduce_op != ReduceOp::kAverage) {
+    return InvalidArgument("tensor '" + r.name + "': compression '" + r.compression +
+                           "' adds the ranks' shares, so it takes sum and average only, not " +
+                           ReduceOpName(r.reduce_op) + " (fp16 and bf16 take every reduction)");
+  }
+  if (Status s = (*compressor)->CheckCount(static_cast<size_t>(r.NumElements())); !s.ok()) {
+    return s.WithContext("tensor '" + r.name + "'");
   }
   if (r.device != -1) {
     return Status(Code::kUnavailable, "tensor '" + r.name + "': compression '" + r.compression +
@@ -169,7 +187,7 @@ Status Engine::RunCompressed(Lane& lane, const FusionBatch& batch, const Respons
   Status s;
   if (summed) {
     const DType rd = compressor.reduce_dtype(q.dtype);
-    s = Reductions(lane).Allreduce(buffer, total / DTypeSize(rd), rd, ReduceOp::kSum);
+    s = Reductions(lane).Allreduce(buffer, total / DTypeSize(rd), rd, WireReduceOp(q.reduce_op));
   } else {
     uint8_t* gathered = lane.gather.Get(total * config_.size,
                                         fusion_.threshold * static_cast<size_t>(config_.size));

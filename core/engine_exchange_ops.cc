@@ -153,7 +153,7 @@ Status Engine::RunReducescatterPacked(Lane& lane, const FusionBatch& batch,
                      nullptr, compressor ? "\"encoded\":" + std::to_string(sent) : std::string());
   }
   CONCORD_RETURN_IF_ERROR(Reductions(lane).ReduceScatter(
-      buffer, recv, counts, wire, compressor ? ReduceOp::kSum : q.reduce_op));
+      buffer, recv, counts, wire, compressor ? WireReduceOp(q.reduce_op) : q.reduce_op));
   const Clock::time_point reduced = traced ? Clock::now() : Clock::time_point();
   uint64_t mine = 0;  // this rank's blocks, as the tensors' dtype
   for (size_t k = 0; k < members; ++k) {

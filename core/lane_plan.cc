@@ -18,8 +18,7 @@ std::vector<SpanGroup> GroupDirectAllreduces(const std::vector<FusionBatch>& pla
     const size_t i = plan[b].members.front();
     const Response& r = *responses[i];
     if (!Spans(plan[b], r)) continue;
-    const ReduceOp op =
-        r.request.reduce_op == ReduceOp::kAverage ? ReduceOp::kSum : r.request.reduce_op;
+    const ReduceOp op = WireReduceOp(r.request.reduce_op);
     auto group = std::find_if(groups.begin(), groups.end(), [&](const SpanGroup& g) {
       return g.dtype == r.request.dtype && g.op == op;
     });

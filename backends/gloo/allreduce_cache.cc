@@ -24,7 +24,7 @@ AllreduceCache::AllreduceCache(std::shared_ptr<GlooContext> object_context,
 void AllreduceCache::Run(AllreduceAlgorithm algorithm, void* data, size_t count, DType dtype,
                          ReduceOp op) {
   // Average reduces as a sum: share the entry.
-  const ReduceOp key_op = op == ReduceOp::kAverage ? ReduceOp::kSum : op;
+  const ReduceOp key_op = WireReduceOp(op);
   if (algorithm == AllreduceAlgorithm::kFunction) return RunFunction(data, count, dtype, key_op);
   const size_t bytes = count * DTypeSize(dtype);
   Entry& entry = Lookup(Key{algorithm, count, dtype, key_op}, bytes);

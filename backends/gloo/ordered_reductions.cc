@@ -37,7 +37,7 @@ class OrderedFold {
         rank_(context->rank),
         element_(DTypeSize(dtype)),
         dtype_(dtype),
-        reduce_(op == ReduceOp::kAverage ? ReduceOp::kSum : op),
+        reduce_(WireReduceOp(op)),
         counts_(counts),
         begin_(size_ + 1, 0),
         src_(static_cast<const uint8_t*>(in)),

@@ -28,7 +28,7 @@ void RingReduceScatter(const std::shared_ptr<gloo::Context>& context, const void
     return;
   }
   if (begin[size] == 0) return;
-  const ReduceOp reduce = op == ReduceOp::kAverage ? ReduceOp::kSum : op;
+  const ReduceOp reduce = WireReduceOp(op);
   const auto timeout = context->getTimeout();
   const int right = (rank + 1) % size;
   const int left = (rank + size - 1) % size;

@@ -99,7 +99,7 @@ void SpanRingAllreduce(const std::shared_ptr<gloo::Context>& context,
   const Layout layout(*context, spans, element);
   const size_t n = layout.total();
   if (n == 0 || size == 1) return;
-  const ReduceOp reduce = op == ReduceOp::kAverage ? ReduceOp::kSum : op;
+  const ReduceOp reduce = WireReduceOp(op);
   const auto timeout = context->getTimeout();
   const int right = (rank + 1) % size;
   const int left = (rank + size - 1) % size;

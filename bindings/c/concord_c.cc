@@ -729,7 +729,15 @@ concord_status_t concord_allreduce_async_ex(concord_comm_t comm, const char* nam
     e.request.reduce_op = static_cast<concord::ReduceOp>(reduce_op);
     e.request.prescale = o.prescale;
     e.request.postscale = o.postscale;
-    e.request.compression = o.compression ? o.compression : comm->engine->config().compression;
+    // The communicator's default compresses sums and averages (gradients) only: a min, max or
+    // product keeps its exact values unless the call asks for compression itself.
+    const bool gradient = e.request.reduce_op == concord::ReduceOp::kSum ||
+                          e.request.reduce_op == concord::ReduceOp::kAverage;
+    if (o.compression != nullptr) {
+      e.request.compression = o.compression;
+    } else if (gradient) {
+      e.request.compression = comm->engine->config().compression;
+    }
     CONCORD_RETURN_IF_ERROR(SetBuffers(input, output, &e));
     CONCORD_RETURN_IF_ERROR(SetDeviceOptions(device_opts, &e));
     return Submit(comm, std::move(e), callback, user_data, request);

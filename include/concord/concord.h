@@ -159,8 +159,8 @@ typedef struct concord_config {
   /** "gloo", "gloo-ibverbs", "mpi", "nccl" or "auto" (README, Configuration);
    *  NULL: CONCORD_BACKEND or "gloo" */
   const char* backend;
-  /** the compression of allreduces that name none, a spec as in concord_allreduce_opts_t (parsed
-   *  at init); NULL: CONCORD_COMPRESSION or "none" */
+  /** the compression of sum and average allreduces that name none, a spec as in
+   *  concord_allreduce_opts_t (parsed at init); NULL: CONCORD_COMPRESSION or "none" */
   const char* compression;
   /** -1: environment (CONCORD_WAITER_PROGRESS) or 1; 1: a thread waiting for a request runs the
    *  engine's work itself; 0: only the engine's thread does */
@@ -179,12 +179,14 @@ typedef struct concord_allreduce_opts {
   double postscale;       /**< multiplies the result; default 1 */
   /** Gradient compression, a spec such as "none", "fp16", "bf16", "topk:density=0.01" or
    *  "topk:density=0.001,method=exact,values=fp16" (README, Compression); every rank must give
-   *  the same (else MISMATCH). NULL (the default): CONCORD_COMPRESSION or
-   *  concord_config_t.compression; "" is "none". A spec that does not parse, a dtype the
-   *  compressor does not take, or an input or output not aligned to the element size fails the
-   *  enqueue with INVALID_ARGUMENT naming the problem; CPU tensors only (UNAVAILABLE for a CUDA
-   *  tensor). Top-k keeps error feedback per name (README, Compression). Older callers whose
-   *  struct ends before this field get the default. */
+   *  the same (else MISMATCH). NULL (the default): for a sum or an average, CONCORD_COMPRESSION
+   *  or concord_config_t.compression; for min, max and product none. "" is "none". fp16 and bf16
+   *  reduce their 16-bit values with op; top-k adds the ranks' shares, so it takes sum and
+   *  average only. A spec that does not parse, a dtype the compressor does not take, top-k with
+   *  another op, or an input or output not aligned to the element size fails the enqueue with
+   *  INVALID_ARGUMENT naming the problem; CPU tensors only (UNAVAILABLE for a CUDA tensor).
+   *  Top-k keeps error feedback per name (README, Compression). Older callers whose struct ends
+   *  before this field get the default. */
   const char* compression;
 } concord_allreduce_opts_t;
 
@@ -401,9 +403,10 @@ typedef struct concord_reducescatter_opts {
   const int64_t* recv_splits;
   int nsplits;
   /** A summable compressor spec, "fp16" or "bf16" (float32 and float64 tensors): the input is
-   *  cast down, reduced in 16 bits on the wire and cast back into output; the same on every rank
-   *  (else MISMATCH). NULL or "none" (the default): none; CONCORD_COMPRESSION does not apply to
-   *  reduce-scatter. Top-k, an unknown spec or another dtype: INVALID_ARGUMENT at enqueue. */
+   *  cast down, reduced in 16 bits (with op) on the wire and cast back into output; the same on
+   * every rank (else MISMATCH). NULL or "none" (the default): none; CONCORD_COMPRESSION does not
+   * apply to reduce-scatter. Top-k, an unknown spec or another dtype: INVALID_ARGUMENT at enqueue.
+   */
   const char* compression;
 } concord_reducescatter_opts_t;
 

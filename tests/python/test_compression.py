@@ -153,3 +153,43 @@ def test_cast_reducescatter(comm, spec):
     np.testing.assert_array_equal(out, expected_sum(comm, n)[first:first + len(out)])
     with pytest.raises(concord.InvalidArgumentError, match="summable"):
         comm.reducescatter(x, name="rs.topk", compression="topk:density=0.5")
+
+
+def rank_values(r):
+    """Rank r's input to the reductions below: 1/3 + r is exact in no half-precision format."""
+    return np.array([1 + r, -2 * (r + 1), 3, 0.5 * (r + 1), 1 / 3 + r], np.float32)
+
+
+def test_default_compression_leaves_min_max_and_product_exact(comm):
+    # A communicator's default (CONCORD_COMPRESSION, concord_config_t.compression) compresses
+    # gradients: sums and averages. A max of the loss or a min of a flag keeps its exact values
+    # (top-k used to return the sum instead).
+    with concord.Communicator(compression="topk:density=0.5") as c:
+        every = np.stack([rank_values(r) for r in range(c.size)])
+        x = rank_values(c.rank)
+        np.testing.assert_array_equal(c.allreduce(x, name="default.max", op="max"), every.max(0))
+        np.testing.assert_array_equal(c.allreduce(x, name="default.min", op="min"), every.min(0))
+        np.testing.assert_allclose(c.allreduce(x, name="default.product", op="product"),
+                                   every.prod(0, dtype=np.float64), rtol=1e-6)
+        # A sum does take the default: density 0.5 of 5 elements sends 3, the rest stays behind.
+        summed = c.allreduce(x, name="default.sum")
+        assert np.count_nonzero(summed) == 3
+
+
+@pytest.mark.parametrize("spec", ["fp16", "bf16"])
+def test_casts_reduce_with_the_operation(comm, spec):
+    every = np.stack([rank_values(r) for r in range(comm.size)])[:, :4]  # exact in 16 bits
+    x = rank_values(comm.rank)[:4]
+    for op, want in (("max", every.max(0)), ("min", every.min(0)), ("product", every.prod(0))):
+        out = comm.allreduce(x, name="cast.%s.%s" % (op, spec), op=op, compression=spec)
+        np.testing.assert_array_equal(out, want.astype(np.float32))
+        out = comm.reducescatter(np.tile(x, (comm.size, 1)), name="rs.%s.%s" % (op, spec), op=op,
+                                 compression=spec)
+        np.testing.assert_array_equal(out, want.astype(np.float32)[None, :])
+
+
+@pytest.mark.parametrize("op", ["min", "max", "product"])
+def test_topk_takes_sum_and_average_only(comm, op):
+    with pytest.raises(concord.InvalidArgumentError, match="sum and average only, not " + op):
+        comm.allreduce(np.ones(8, np.float32), name="topk." + op, op=op,
+                       compression="topk:density=0.5")

@@ -110,8 +110,9 @@ void RunGroupAndCheck(Engine& engine, std::vector<Tensor>& xs, int rank, int siz
 
 class ReducescatterTest : public ::testing::TestWithParam<int> {};
 
-// fp16 and bf16 on float32 and float64, sum (prescaled and postscaled) and average, uneven
-// splits with sizes 0, 1 and odd, in one group: compressed reducescatters fuse whatever their
+// fp16 and bf16 on float32 and float64, sum (prescaled and postscaled), average, min and max
+// (reduced in 16 bits with that operation; they used to come back as sums), uneven splits with
+// sizes 0, 1 and odd, in one group: compressed reducescatters fuse whatever their
 // size, so this is one backend reduce-scatter per (spec, dtype, op).
 TEST_P(ReducescatterTest, CompressedMatchesTheDenseResult) {
   const int size = GetParam();
@@ -119,7 +120,7 @@ TEST_P(ReducescatterTest, CompressedMatchesTheDenseResult) {
   const int64_t kRows[] = {0, 1, 2 * size + 1, 101};
   for (const char* spec : {"fp16", "bf16"}) {
     for (DType dtype : {DType::kFloat32, DType::kFloat64}) {
-      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage}) {
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin, ReduceOp::kMax}) {
         const uint64_t before = job.world().CollectivesOn(0) + job.world().CollectivesOn(1);
         RunRanks(size, [&](int rank) {
           std::vector<Tensor> xs;

@@ -278,9 +278,10 @@ class Communicator:
         """Reduces tensor over all ranks into out (None: a new tensor; out=tensor: in place).
         op: "sum", "average", "min", "max", "product" (or a ReduceOp). prescale multiplies the input
         and postscale the result (floating-point dtypes). compression: None (the communicator's
-        default, CONCORD_COMPRESSION), "none", or a spec such as "fp16", "bf16",
-        "topk:density=0.01" (README, Compression); every rank must give the same, and a spec the
-        library cannot parse raises InvalidArgumentError naming the problem. A top-k spec needs a
+        default, CONCORD_COMPRESSION, for sum and average; none for min, max and product),
+        "none", or a spec such as "fp16", "bf16", "topk:density=0.01" (README, Compression;
+        fp16 and bf16 reduce with op, top-k takes sum and average only); every rank must give the
+        same, and a spec the library cannot take raises InvalidArgumentError naming the problem. A top-k spec needs a
         name (its error feedback is kept per name; an unnamed call gets a new name each time).
         Returns a Handle whose wait() gives out."""
         return self._allreduce(tensor, name, op, prescale, postscale, out, compression, callback,
