@@ -270,6 +270,12 @@ void SelectSampled(const float* grad, float scale, float* acc, size_t n, size_t 
   size_t rank = std::min(sample, static_cast<size_t>(std::ceil(hits + 3.0 * std::sqrt(hits))) + 1);
   uint32_t threshold = SampleKeyAtRank(&keys, rank);
   stats->estimated_key = threshold;
+  // A threshold of 0 passes every element (the sample holds fewer nonzeros than it aims at: a
+  // sparse or zero gradient), and so would every correction: select exactly at once.
+  if (threshold == 0) {
+    stats->exact_fallback = true;
+    return SelectExact(grad, scale, acc, n, k, scratch, selected, stats);
+  }
 
   const size_t cap = CandidateCap(k);
   std::vector<uint32_t>& cand = scratch->index_scratch();
@@ -278,14 +284,15 @@ void SelectSampled(const float* grad, float scale, float* acc, size_t n, size_t 
   size_t count = AccumulateAndCollect(grad, scale, acc, n, threshold, cand.data(), cap, path);
   while (count < k || count > cap) {
     const size_t next = count < k ? std::min(sample, 2 * rank) : std::max<size_t>(1, rank / 2);
-    if (stats->rescans == kMaxRescans || next == rank) {
+    const uint32_t next_threshold = SampleKeyAtRank(&keys, next);
+    if (stats->rescans == kMaxRescans || next == rank || next_threshold == 0) {
       stats->exact_fallback = true;
       uint32_t hist[kBuckets];
       AccumulateHistogram(nullptr, 1.0f, acc, n, hist);
       return SelectFromHistogram(acc, n, k, hist, scratch, selected, stats);
     }
     rank = next;
-    threshold = SampleKeyAtRank(&keys, rank);
+    threshold = next_threshold;
     count = AccumulateAndCollect(nullptr, 1.0f, acc, n, threshold, cand.data(), cap, path);
     ++stats->rescans;
   }

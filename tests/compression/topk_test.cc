@@ -105,6 +105,9 @@ TEST(TopkTest, TiesSpecialsAndZerosAreDeterministic) {
   TopkStats stats;
   EXPECT_EQ(Select(sparse, 2000, TopkMethod::kSampled, &stats), want);
   EXPECT_TRUE(stats.exact_fallback);  // every sampled threshold passes too many zeros
+  // ... so it goes exact at once: no corrective pass that takes every element (4 passes cost a
+  // 32M-element zero gradient 2 s against 0.3 s now).
+  EXPECT_EQ(stats.rescans, 0);
 }
 
 // When the k-th key's bucket holds most of the tensor (zeros when fewer than k elements are not;
