@@ -192,9 +192,10 @@ class Engine {
   // Serves `endpoint` with this engine's Prometheus text until Shutdown().
   void ServeMetrics(MetricsEndpoint endpoint);
   // The timeline (core/timeline.h): starts writing into `file` (kInvalidArgument when one is
-  // already on), or into `path`.rank<R> (also kInvalidArgument naming the path and the system's
-  // reason when it cannot be written); Stop writes the rest and closes it (a failed write only
-  // warns). Shutdown() stops it. Thread-safe. `clock`: this rank's clock offset from rank 0's,
+  // already on), or into TimelineFileName(`path`, rank, Config::membership): `path`.rank<R>, on a
+  // sub-communicator `path`.comm<H>.rank<R> (also kInvalidArgument naming the path and the
+  // system's reason when it cannot be written); Stop writes the rest and closes it (a failed write
+  // only warns). Shutdown() stops it. Thread-safe. `clock`: this rank's clock offset from rank 0's,
   // recorded in the file (none: the merge aligns the ranks on their system clocks).
   Status StartTimeline(TimelineFile file, std::optional<ClockOffset> clock = std::nullopt) {
     return timeline_->Start(std::move(file), clock);

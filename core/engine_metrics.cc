@@ -92,7 +92,8 @@ Status Engine::StartTimeline(const std::string& path) {
     return InvalidArgument("a timeline is already being written to " + timeline_->path() +
                            "; stop it before starting another");
   }
-  CONCORD_ASSIGN_OR_RETURN(TimelineFile file, OpenTimelineFile(path, config_.rank, "timeline"));
+  CONCORD_ASSIGN_OR_RETURN(TimelineFile file,
+                           OpenTimelineFile(path, config_.rank, "timeline", config_.membership));
   return timeline_->Start(std::move(file));
 }
 

@@ -1,5 +1,10 @@
 #include "core/timeline.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <charconv>
 #include <chrono>
@@ -42,22 +47,57 @@ std::string TrackName(int track) {
 
 }  // namespace
 
-StatusOr<TimelineFile> OpenTimelineFile(const std::string& path, int rank,
-                                        const std::string& source) {
-  TimelineFile f;
-  f.path = path + ".rank" + std::to_string(rank);
-  f.file.reset(std::fopen(f.path.c_str(), "w"));
-  if (f.file == nullptr) {
-    const int error = errno;
-    return InvalidArgument(source + " = " + path + ": cannot write the timeline file " + f.path +
-                           ": " + std::strerror(error) + " (errno " + std::to_string(error) + ")");
+std::string TimelineFileName(const std::string& path, int rank, const std::string& membership) {
+  std::string name = path;
+  if (!membership.empty()) {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a: alike in every build and process
+    for (const char c : membership) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+    char digest[9];
+    std::snprintf(digest, sizeof(digest), "%08" PRIx32, static_cast<uint32_t>(h ^ (h >> 32)));
+    name += ".comm" + std::string(digest);
   }
+  return name + ".rank" + std::to_string(rank);
+}
+
+StatusOr<TimelineFile> OpenTimelineFile(const std::string& path, int rank,
+                                        const std::string& source, const std::string& membership) {
+  TimelineFile f;
+  f.path = TimelineFileName(path, rank, membership);
+  f.membership = membership;
+  const auto refused = [&](const std::string& why) {
+    return InvalidArgument(source + " = " + path + ": cannot write the timeline file " + f.path +
+                           ": " + why);
+  };
+  const auto system_error = [](int error) {
+    return std::string(std::strerror(error)) + " (errno " + std::to_string(error) + ")";
+  };
+  const int fd = ::open(f.path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0666);
+  if (fd < 0) return refused(system_error(errno));
+  const auto fail = [&](const std::string& why) {
+    ::close(fd);
+    return refused(why);
+  };
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return fail(system_error(errno));
+  // A regular file is locked before it is truncated: one that another timeline writes is refused,
+  // not cut short (a file system without locks, ENOLCK, is not checked). A device (/dev/null) is
+  // neither locked nor truncated.
+  if (S_ISREG(st.st_mode)) {
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
+      return fail(
+          "another timeline is writing it (a communicator of this or another process was "
+          "given the same path)");
+    }
+    if (::ftruncate(fd, 0) != 0) return fail(system_error(errno));
+  }
+  f.file.reset(::fdopen(fd, "w"));
+  if (f.file == nullptr) return fail(system_error(errno));
   std::setvbuf(f.file.get(), nullptr, _IOFBF, kFileBuffer);
   return f;
 }
 
-Timeline::Timeline(int rank, int size, Warn warn)
-    : rank_(rank), size_(size), warn_(std::move(warn)) {}
+Timeline::Timeline(int rank, int size, Warn warn, size_t max_pending)
+    : rank_(rank), size_(size), warn_(std::move(warn)), max_pending_(max_pending) {}
 
 Timeline::~Timeline() {
   Stop();
@@ -69,6 +109,9 @@ Status Timeline::Start(TimelineFile file, std::optional<ClockOffset> clock) {
     return InvalidArgument("a timeline is already being written to " + path() +
                            "; stop it before starting another");
   }
+  // A writer still joinable has returned (or is returning) after a failed write, which closed the
+  // file and warned.
+  if (writer_.joinable()) writer_.join();
   const auto wall = std::chrono::system_clock::now();
   const auto steady = Clock::now();
   const int64_t start_us =
@@ -82,6 +125,10 @@ Status Timeline::Start(TimelineFile file, std::optional<ClockOffset> clock) {
     std::fprintf(file.file.get(),
                  ",\"concord_clock_offset_us\":%.3f,\"concord_clock_error_us\":%.3f",
                  clock->offset_us, clock->error_us);
+  }
+  if (!file.membership.empty()) {
+    std::fprintf(file.file.get(), ",\"concord_communicator\":%s",
+                 JsonQuote(file.membership).c_str());
   }
   std::fputs("}}", file.file.get());
   {
@@ -119,33 +166,34 @@ std::string Timeline::path() const {
   return path_;
 }
 
-void Timeline::Append(Event e) {
-  if (pending_.size() >= kMaxPending) {
+bool Timeline::Append(Event e) {
+  if (pending_.size() >= max_pending_) {
     ++dropped_;
-    return;
+    return false;
   }
   pending_.push_back(std::move(e));
+  return true;
 }
 
 void Timeline::NameTrack(int track) {
   if (track < 0 || track >= kTensorTrack || named_tracks_[track]) return;
-  named_tracks_[track] = true;
   Event e;
   e.track = track;
   e.args = JsonQuote(TrackName(track));
-  Append(std::move(e));
+  named_tracks_[track] = Append(std::move(e));
 }
 
 Timeline::TensorInfo& Timeline::TensorTrack(const std::string& name) {
   auto [it, added] = tensors_.try_emplace(name);
-  if (added) {
-    it->second.track = kTensorTrack + static_cast<int>(tensors_.size()) - 1;
+  TensorInfo& tensor = it->second;
+  if (added) tensor.track = kTensorTrack + static_cast<int>(tensors_.size()) - 1;
+  if (!tensor.named) {
     Event e;
-    e.track = it->second.track;
+    e.track = tensor.track;
     e.args = JsonQuote(name);
-    Append(std::move(e));
+    tensor.named = Append(std::move(e));
   }
-  return it->second;
+  return tensor;
 }
 
 void Timeline::Tensor(const std::string& name, const char* op, uint64_t bytes,
@@ -172,14 +220,16 @@ void Timeline::Tensor(const std::string& name, const char* op, uint64_t bytes,
   e.name = "execute";
   e.begin_ns = e.end_ns;
   e.end_ns = Since(phases.completed);
-  if (tensor.op != op || tensor.bytes != bytes) {  // op names are literals
+  const bool changed = tensor.op != op || tensor.bytes != bytes;  // op names are literals
+  if (changed) {
     e.detail = op;
     e.detail_key = "op";
     e.bytes = bytes;
+  }
+  if (Append(e) && changed) {
     tensor.op = op;
     tensor.bytes = bytes;
   }
-  Append(e);
   const int64_t called_back = Since(phases.called_back);
   if (called_back - e.end_ns < kShortestCallbackNs) return;
   e.name = "callback";
@@ -286,19 +336,22 @@ Status Timeline::Flush(bool last) {
     if (last) std::swap(dropped, dropped_);
   }
   FILE* f = file_.file.get();
-  bool ok = Write(f, events);
-  if (last) ok = std::fputs("\n]}\n", f) >= 0 && ok;
-  ok = std::fflush(f) == 0 && ok;
-  const int error = errno;
-  if (ok && !last) return Status::Ok();
+  int error = 0;  // the first failure's errno
+  const auto check = [&error](bool done) {
+    if (!done && error == 0) error = errno;
+  };
+  check(Write(f, events));
+  if (last) check(std::fputs("\n]}\n", f) >= 0);
+  check(std::fflush(f) == 0);
+  if (error == 0 && !last) return Status::Ok();
   const std::string path = file_.path;
-  if (last) ok = file_.file.release() != nullptr && std::fclose(f) == 0 && ok;
+  if (last) check(std::fclose(file_.file.release()) == 0);  // a close can fail too (NFS)
   file_.file.reset();
   if (dropped > 0) {
     warn_("timeline: " + std::to_string(dropped) + " events were dropped: " + path +
           " could not be written as fast as they came");
   }
-  if (ok) return Status::Ok();
+  if (error == 0) return Status::Ok();
   on_.store(false, std::memory_order_relaxed);
   const Status failed =
       Status(Code::kSystemError, "timeline: writing " + path + " failed: " + std::strerror(error) +

@@ -3,8 +3,9 @@
 //
 // Started by CONCORD_TIMELINE=path (a world communicator, from init to finalize) or
 // concord_timeline_start(comm, path) (any communicator, until concord_timeline_stop); each rank
-// writes `path.rank<R>`, a complete trace of its own (pid = the rank). `perf/concord-timeline
-// merge` puts the ranks' files into one, aligning their clocks.
+// writes a complete trace of its own (pid = the rank): `path.rank<R>` on a world communicator,
+// `path.comm<H>.rank<R>` on a sub-communicator (TimelineFileName). `perf/concord-timeline merge`
+// puts one communicator's files into one, aligning their clocks.
 //
 // What is recorded (tracks are the trace's threads, within the rank's process):
 //  - per tensor (a track named after it): "negotiate" (enqueue until the coordinator's response
@@ -28,17 +29,19 @@
 //    recorded by the device backend's completion thread;
 //  - the engine (track "engine"): each response list it executed ("cycle", args: responses).
 // Timestamps are microseconds since the timeline started on the steady clock; the process_name
-// metadata event of the rank carries that start on the system clock (args.concord_start_us) and
-// the rank and size, which the merge uses. A timeline started at init (CONCORD_TIMELINE) on more
-// than one rank also carries this rank's system clock minus rank 0's, measured then
-// (core/clock_sync.h), and the bound on its error (args.concord_clock_offset_us and
-// concord_clock_error_us): the merge aligns the ranks on rank 0's clock with them. Without them
-// (one rank, no point-to-point transport, a failed measurement, a timeline started at run time:
-// concord_timeline_start is not collective) the merge trusts the system clocks.
+// metadata event of the rank carries that start on the system clock (args.concord_start_us), the
+// rank and size, which the merge uses, and on a sub-communicator its Config::membership
+// (args.concord_communicator), by which the merge refuses files of different communicators. A
+// timeline started at init (CONCORD_TIMELINE) on more than one rank also carries this rank's system
+// clock minus rank 0's, measured then (core/clock_sync.h), and the bound on its error
+// (args.concord_clock_offset_us and concord_clock_error_us): the merge aligns the ranks on rank 0's
+// clock with them. Without them (one rank, no point-to-point transport, a failed measurement, a
+// timeline started at run time: concord_timeline_start is not collective) the merge trusts the
+// system clocks.
 //
 // Cost: off, each hook is one relaxed atomic load. On, a hook appends a small event under a
 // mutex; a writer thread formats and writes them every 100 ms. A write that fails logs one
-// warning and turns the timeline off: training continues.
+// warning and turns the timeline off: training continues, and another timeline can be started.
 //
 // Contract: owned by the engine, shared (shared_ptr) with its lanes' backends and the requests it
 // records, which may complete after the engine is gone. Every method is thread-safe.
@@ -62,15 +65,26 @@
 
 namespace concord {
 
-// A rank's timeline file, opened (created or truncated) but not yet written.
+// A rank's timeline file, opened (created or truncated) but not yet written; a regular file is
+// locked (flock) until it is closed.
 struct TimelineFile {
   std::string path;
   std::unique_ptr<FILE, int (*)(FILE*)> file{nullptr, &std::fclose};
+  std::string membership;  // the sub-communicator's Config::membership; empty for a world one
 };
-// The file rank `rank` writes for `path` ("path.rank<R>"); kInvalidArgument naming `source` (what
-// gave the path), the file and the system's reason when it cannot be opened for writing.
+// The file rank `rank` of a communicator writes for `path`: "path.rank<R>" on a world communicator
+// (`membership` empty); on a sub-communicator "path.comm<H>.rank<R>", H being 8 hex digits of a
+// digest of its Config::membership, which its members share and which names its split, color and
+// parent ranks: the members of one sub-communicator share a prefix, and the processes of a job
+// get names of their own (sub-ranks repeat the world's ranks and the other sub-communicators').
+std::string TimelineFileName(const std::string& path, int rank, const std::string& membership);
+// Opens TimelineFileName(path, rank, membership); kInvalidArgument naming `source` (what gave the
+// path), the file and the system's reason when it cannot be opened for writing, or when another
+// timeline (of this process or another) is writing it: the second opener fails, the first file is
+// left alone.
 StatusOr<TimelineFile> OpenTimelineFile(const std::string& path, int rank,
-                                        const std::string& source);
+                                        const std::string& source,
+                                        const std::string& membership = {});
 
 // One operation's phase boundaries on its tensor, as its RequestState saw them.
 struct TensorPhases {
@@ -92,19 +106,22 @@ class Timeline {
   static constexpr int kTensorTrack = 100;
   // What an event carries when it has no bytes.
   static constexpr uint64_t kNoBytes = ~uint64_t{0};
-  // Events waiting for the writer beyond this are dropped (a stalled file costs memory no more),
-  // and counted in a warning.
+  // Events waiting for the writer beyond this (by default) are dropped (a stalled file costs
+  // memory no more), and counted in a warning. A track whose name was dropped is named again with
+  // its next event, and an execute whose op and bytes were dropped has them written on the next.
   static constexpr size_t kMaxPending = size_t{1} << 20;
   // Shorter callbacks are not written (see the file comment).
   static constexpr int64_t kShortestCallbackNs = 1000;
 
-  Timeline(int rank, int size, Warn warn);
+  // `max_pending`: kMaxPending but in tests.
+  Timeline(int rank, int size, Warn warn, size_t max_pending = kMaxPending);
   ~Timeline();
   Timeline(const Timeline&) = delete;
   Timeline& operator=(const Timeline&) = delete;
 
-  // Starts writing into `file`; kInvalidArgument when a timeline is already on. `clock`: this
-  // rank's clock offset from rank 0's, recorded in the process_name metadata (none: not recorded).
+  // Starts writing into `file`; kInvalidArgument when a timeline is already on (one that turned
+  // itself off after a failed write is not). `clock`: this rank's clock offset from rank 0's,
+  // recorded in the process_name metadata (none: not recorded).
   Status Start(TimelineFile file, std::optional<ClockOffset> clock = std::nullopt)
       EXCLUDES(control_mu_, write_mu_, mu_);
   // Writes what is left and closes the file (nothing when off). A failed write or close only warns,
@@ -124,9 +141,11 @@ class Timeline {
       EXCLUDES(mu_);
 
  private:
-  // Per tensor: its track, and the op and bytes its last execute event carried.
+  // Per tensor: its track, whether the track's name is in the file (pending or written), and the
+  // op and bytes its last execute event carried.
   struct TensorInfo {
     int track = 0;
+    bool named = false;
     const char* op = nullptr;
     uint64_t bytes = kNoBytes;
   };
@@ -141,12 +160,13 @@ class Timeline {
     uint32_t last_wait_us = 0;
     std::string args;
   };
-  // Tensor `name`'s record, naming its track in the trace the first time.
+  // Tensor `name`'s record, naming its track in the trace until that is not dropped.
   TensorInfo& TensorTrack(const std::string& name) REQUIRES(mu_);
-  // Names track `track` (the engine's or a lane's) in the trace the first time.
+  // Names track `track` (the engine's or a lane's) in the trace until that is not dropped.
   void NameTrack(int track) REQUIRES(mu_);
   int64_t Since(Clock::time_point t) const REQUIRES(mu_) { return (t - start_).count(); }
-  void Append(Event e) REQUIRES(mu_);
+  // Queues `e` for the writer; false when it was dropped (max_pending_ reached).
+  bool Append(Event e) REQUIRES(mu_);
   void WriterLoop() EXCLUDES(mu_);
   // Writes `events` (formatted by hand: printf's float formatting was most of the writer's time,
   // which it takes from the ranks' cores); false (and errno set) when the file refused them.
@@ -157,6 +177,7 @@ class Timeline {
 
   const int rank_, size_;
   const Warn warn_;
+  const size_t max_pending_;
   std::atomic<bool> on_{false};
   mutable Mutex mu_;
   CondVar wake_;
@@ -169,8 +190,9 @@ class Timeline {
   std::vector<Event> pending_ GUARDED_BY(mu_);
   std::unordered_map<std::string, TensorInfo> tensors_ GUARDED_BY(mu_);
   std::vector<bool> named_tracks_ GUARDED_BY(mu_);
-  uint64_t dropped_ GUARDED_BY(mu_) = 0;  // events beyond kMaxPending, not written
+  uint64_t dropped_ GUARDED_BY(mu_) = 0;  // events beyond max_pending_, not written
   bool stopping_ GUARDED_BY(mu_) = false;
+  // Joinable from Start() to Stop(), also once it has returned after a failed write.
   std::thread writer_ GUARDED_BY(control_mu_);
 };
 

@@ -3,9 +3,13 @@ a short mixed workload traced from init to finalize, the ranks' files merged and
 perf/concord-timeline (valid JSON, each tensor's phases in order, fused batches with their
 members, one pid per rank); a run-time timeline covers what runs inside it only; compressed
 batches show encode and decode, backend collectives their algorithm; a path that
-cannot be written is an error naming it; a disk that fills up only warns."""
+cannot be written is an error naming it; a disk that fills up only warns, and another timeline
+starts after it; tensor names that are not UTF-8 leave the files valid JSON; sub-communicators
+write their own files, apart from each other's and the world's."""
+import glob
 import json
 import os
+import time
 
 import numpy as np
 import pytest
@@ -173,11 +177,107 @@ def test_the_tool_names_a_file_it_cannot_read_or_write(tmp_path):
 def test_a_full_disk_warns_and_training_goes_on(world, shared_dir, capfd):
     base = os.path.join(shared_dir, "full")
     os.symlink("/dev/full", base + ".rank%d" % world.rank)
+    warning = "timeline: writing %s.rank%d failed: No space left on device" % (base, world.rank)
+    err = ""
     with world.timeline(base):
         for k in range(20):
             out = world.allreduce(np.ones(1000, np.float32), name="tl.full")
             assert float(out[0]) == world.size
+        for _ in range(1000):  # until the writer thread (every 100 ms) has found the disk full
+            err += capfd.readouterr().err
+            if warning in err:
+                break
+            time.sleep(0.01)
+        assert warning in err, err
+        # Turned off, not stopped: another timeline starts (as after CONCORD_TIMELINE's), and works.
+        with world.timeline(base + "2"):
+            world.allreduce(np.ones(4, np.float32), name="tl.again")
     world.allreduce(np.ones(4, np.float32), name="tl.after")
-    err = capfd.readouterr().err
-    assert "timeline: writing %s.rank%d failed: No space left on device" % (base, world.rank) \
-        in err, err
+    rc, out = run_tool("check", base + "2.rank%d" % world.rank, "--expect", "tl.again")
+    assert rc == 0, out
+
+
+def test_names_that_are_not_utf8_leave_the_file_valid(world, shared_dir):
+    base = os.path.join(shared_dir, "names")
+    names = [b"tl.bad\xff\xfe", "tl.utf8 \u00e9 \U0001f600", 'tl.q"\\\n\x01']
+    with world.timeline(base):
+        for n in names:
+            world.allreduce(np.ones(8, np.float32), name=n)
+    path = base + ".rank%d" % world.rank
+    with open(path, "rb") as f:
+        events = json.loads(f.read().decode("utf-8"))["traceEvents"]  # strict: valid UTF-8
+    tracks = {e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    assert {"tl.bad\ufffd\ufffd", names[1], names[2]} <= tracks, tracks
+    rc, out = run_tool("check", path, "--expect", *names[1:])
+    assert rc == 0, out
+
+
+def test_the_tool_reads_a_file_that_is_not_utf8(tmp_path):
+    """A file an older Concord wrote with a name's bytes as they were: merged, names as U+FFFD."""
+    path = str(tmp_path / "old.rank0")
+    with open(path, "wb") as f:
+        f.write(b'{"traceEvents":[\n{"ph":"M","pid":0,"tid":0,"name":"process_name","args":'
+                b'{"name":"rank 0","concord_rank":0,"concord_size":1,"concord_start_us":1}},\n'
+                b'{"ph":"M","pid":0,"tid":100,"name":"thread_name","args":{"name":"bad\xff"}}'
+                b'\n]}\n')
+    merged = str(tmp_path / "merged.json")
+    rc, out = run_tool("merge", merged, path)
+    assert rc == 0 and "Traceback" not in out, out
+    with open(merged, encoding="utf-8") as f:
+        assert json.load(f)["traceEvents"][1]["args"]["name"] == "bad\ufffd"
+    rc, out = run_tool("check", path)
+    assert rc == 1 and "does not parse as a trace" in out and "Traceback" not in out, out
+
+
+def test_sub_communicators_write_their_own_files(world, shared_dir):
+    """Sub-communicators' ranks repeat the world's and each other's numbers: each writes
+    PATH.comm<H>.rank<R>, H its communicator's, which the merge takes one communicator at a time."""
+    if world.size < 2:
+        pytest.skip("needs 2 ranks or more")
+    base = os.path.join(shared_dir, "split")
+    alone = world.split(color=world.rank)  # one per rank, each its rank 0
+    both = world.split(color=0)  # every rank, ranks as here
+    with world.timeline(base), alone.timeline(base), both.timeline(base):
+        world.allreduce(np.ones(8, np.float32), name="tl.world")
+        for _ in range(3):
+            alone.allreduce(np.ones(8, np.float32), name="tl.alone%d" % world.rank)
+            both.allreduce(np.ones(8, np.float32), name="tl.both")
+    alone.finalize()
+    both.finalize()
+    world.barrier()
+    if world.rank != 0:
+        return
+    assert sorted(glob.glob(base + ".rank*")) == [base + ".rank%d" % r for r in range(world.size)]
+    subs = sorted(glob.glob(base + ".comm*.rank*"))
+    assert len(subs) == 2 * world.size, subs
+    by_comm = {}
+    for path in subs:
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]  # each whole: none was shared
+        comm = next(e["args"] for e in events if e.get("name") == "process_name")
+        by_comm.setdefault(path[:path.rindex(".rank")], []).append((path, comm, events))
+    assert len(by_comm) == world.size + 1, sorted(by_comm)
+    both_files = None
+    for files in by_comm.values():
+        names = {e["args"]["name"] for _, _, events in files for e in events
+                 if e.get("name") == "thread_name" and e["tid"] >= 100}
+        if len(files) == world.size:  # `both`: merged into one trace of its ranks
+            both_files = files
+            assert names == {"tl.both"}, names
+            assert {c["concord_communicator"] for _, c, _ in files} == \
+                {files[0][1]["concord_communicator"]}
+            merged = os.path.join(shared_dir, "split.json")
+            rc, out = run_tool("merge", merged, *(p for p, _, _ in files))
+            assert rc == 0, out
+            rc, out = run_tool("check", merged, "--ranks", str(world.size), "--expect", "tl.both")
+            assert rc == 0, out
+        else:
+            assert len(files) == 1 and files[0][1]["concord_size"] == 1, files
+            assert len(names) == 1 and names <= {"tl.alone%d" % r for r in range(world.size)}
+    # Files of different communicators are not merged.
+    mixed = os.path.join(shared_dir, "mixed.json")
+    one = next(p for p, _, _ in both_files if p.endswith(".rank1"))  # `both`'s rank 1
+    rc, out = run_tool("merge", mixed, base + ".rank0", one)
+    assert rc == 1 and "the files are of different communicators" in out, out
+    rc, out = run_tool("merge", mixed, base + ".rank0", base + ".rank1", one)
+    assert rc == 1 and "are both rank 1" in out, out

@@ -1,12 +1,15 @@
 // The timeline recorder and writer (core/timeline.h) on its own: what a file holds and in which
-// order, fused batches with their members, names escaped, and its errors: a path that cannot be
-// opened, a second start, a write that fails later (the disk is full: /dev/full).
+// order, fused batches with their members, names escaped (JsonQuote: valid UTF-8 whatever the
+// bytes), the files' names (a sub-communicator's apart from the world's), events dropped past the
+// queue's limit, and its errors: a path that cannot be opened, or that another timeline writes, a
+// second start, a write that fails later (the disk is full: /dev/full) and a start after it.
 #include "core/timeline.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -184,6 +187,168 @@ TEST(TimelineTest, AFailedWriteWarnsAndTurnsItOff) {
                              " the timeline is off, training goes on"),
             std::string::npos)
       << warnings[0];
+  std::remove((base + ".rank0").c_str());
+}
+
+// A timeline that turned itself off after a failed write can be followed by another, which works
+// (the failed one's writer thread had returned unjoined: starting another terminated the process).
+TEST(TimelineTest, StartsAgainAfterAFailedWrite) {
+  const std::string full = TempPath("full_again");
+  const std::string good = TempPath("good_again");
+  ASSERT_EQ(::symlink("/dev/full", (full + ".rank0").c_str()), 0);
+  std::vector<std::string> warnings;
+  Timeline t(0, 1, [&](const std::string& m) { warnings.push_back(m); });
+  auto file = OpenTimelineFile(full, 0, "timeline");
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  ASSERT_TRUE(t.Start(std::move(*file)).ok());
+  const auto t0 = Clock::now();
+  for (int i = 0; i < 400 && t.on(); ++i) {
+    t.Tensor("x", "allreduce", 4, At(t0, 0, 0, 0, 0, 0));
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_FALSE(t.on());
+  auto again = OpenTimelineFile(good, 0, "timeline");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  ASSERT_TRUE(t.Start(std::move(*again)).ok());
+  EXPECT_TRUE(t.on());
+  const auto t1 = Clock::now();
+  t.Tensor("y", "allreduce", 4, At(t1, 0, 1, 2, 3, 3));
+  t.Stop();
+  ASSERT_EQ(warnings.size(), 1u);  // the first timeline's failure only
+  const std::string text = Read(good + ".rank0");
+  EXPECT_EQ(text.rfind("{\"traceEvents\":[\n", 0), 0u);
+  EXPECT_EQ(text.substr(text.size() - 4), "\n]}\n");
+  Find(text, "\"tid\":100,\"name\":\"thread_name\",\"args\":{\"name\":\"y\"}}");
+  Find(text, "\"dur\":1.0,\"name\":\"execute\",\"args\":{\"op\":\"allreduce\",\"bytes\":4}}");
+  std::remove((full + ".rank0").c_str());
+  std::remove((good + ".rank0").c_str());
+}
+
+// Names are any bytes (a tensor's, a host's): the JSON text keeps well-formed UTF-8 as it is and
+// replaces every other byte with U+FFFD, so that a file stays valid JSON (which is UTF-8).
+TEST(JsonQuoteTest, KeepsUtf8AndReplacesEveryInvalidByte) {
+  EXPECT_EQ(JsonQuote("q\"b\\n\n\x01"), "\"q\\\"b\\\\n\\u000a\\u0001\"");
+  // 2, 3 and 4 bytes, DEL, and the highest of each length.
+  const std::string valid =
+      "utf8 \xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80 \x7f \xdf\xbf \xef\xbf\xbf "
+      "\xf4\x8f\xbf\xbf";
+  EXPECT_EQ(JsonQuote(valid), "\"" + valid + "\"");
+  const std::string r = "\xef\xbf\xbd";  // U+FFFD
+  EXPECT_EQ(JsonQuote("bad\xff\xfe!"), "\"bad" + r + r + "!\"");
+  EXPECT_EQ(JsonQuote("\x80"), "\"" + r + "\"");                          // a lone continuation
+  EXPECT_EQ(JsonQuote("\xc0\xaf"), "\"" + r + r + "\"");                  // overlong '/'
+  EXPECT_EQ(JsonQuote("\xe0\x80\xaf"), "\"" + r + r + r + "\"");          // overlong '/'
+  EXPECT_EQ(JsonQuote("\xf0\x80\x80\xaf"), "\"" + r + r + r + r + "\"");  // overlong '/'
+  EXPECT_EQ(JsonQuote("\xed\xa0\x80"), "\"" + r + r + r + "\"");          // a surrogate
+  EXPECT_EQ(JsonQuote("\xf4\x90\x80\x80"), "\"" + r + r + r + r + "\"");  // past U+10FFFF
+  EXPECT_EQ(JsonQuote("\xe2\x82"), "\"" + r + r + "\"");                  // cut short at the end
+  EXPECT_EQ(JsonQuote("\xe2\x82x"), "\"" + r + r + "x\"");                // cut short
+  EXPECT_EQ(JsonQuote("a\xc3\"b"), "\"a" + r + "\\\"b\"");                // cut short by a quote
+}
+
+// Each communicator's rank writes its own file: a sub-communicator's ranks, whose numbers repeat
+// those of the world and of the other sub-communicators, write under a name of their communicator
+// (its membership); a file another timeline writes is refused, and left whole.
+TEST(TimelineTest, FilesAreNamedPerCommunicatorAndNeverShared) {
+  const std::string base = TempPath("names");
+  const std::string a =
+      "sub-communicator (split 0, color 0) of 1 ranks: its ranks 0..0 are parent "
+      "ranks 0";
+  const std::string b =
+      "sub-communicator (split 0, color 1) of 1 ranks: its ranks 0..0 are parent "
+      "ranks 1";
+  EXPECT_EQ(TimelineFileName(base, 3, ""), base + ".rank3");
+  const std::string name_a = TimelineFileName(base, 0, a);
+  EXPECT_EQ(name_a, TimelineFileName(base, 0, a));  // alike on every member
+  EXPECT_EQ(name_a.rfind(base + ".comm", 0), 0u) << name_a;
+  EXPECT_EQ(name_a.size(), base.size() + std::string(".comm12345678.rank0").size()) << name_a;
+  EXPECT_EQ(TimelineFileName(base, 1, a), name_a.substr(0, name_a.size() - 1) + "1");
+  EXPECT_NE(TimelineFileName(base, 0, b), name_a);
+
+  Timeline world(0, 2, [](const std::string&) {});
+  Timeline sub(0, 1, [](const std::string&) {});
+  auto world_file = OpenTimelineFile(base, 0, "timeline");
+  auto sub_file = OpenTimelineFile(base, 0, "timeline", a);
+  ASSERT_TRUE(world_file.ok() && sub_file.ok());
+  EXPECT_EQ(sub_file->path, name_a);
+  ASSERT_TRUE(world.Start(std::move(*world_file)).ok());
+  ASSERT_TRUE(sub.Start(std::move(*sub_file)).ok());
+  const auto t0 = Clock::now();
+  world.Tensor("w", "allreduce", 4, At(t0, 0, 1, 2, 3, 3));
+  sub.Tensor("s", "allreduce", 4, At(t0, 0, 1, 2, 3, 3));
+  // The same file again (as a second process given the same name would): refused, nothing lost.
+  auto shared = OpenTimelineFile(base, 0, "timeline", a);
+  ASSERT_FALSE(shared.ok());
+  EXPECT_EQ(shared.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(shared.status().message().find("timeline = " + base +
+                                           ": cannot write the timeline "
+                                           "file " +
+                                           name_a + ": another timeline is writing it"),
+            std::string::npos)
+      << shared.status().message();
+  world.Stop();
+  sub.Stop();
+  const std::string world_text = Read(base + ".rank0");
+  const std::string sub_text = Read(name_a);
+  Find(world_text, "\"args\":{\"name\":\"w\"}}");
+  EXPECT_EQ(world_text.find("concord_communicator"), std::string::npos);
+  Find(sub_text, "\"concord_size\":1,");
+  Find(sub_text, "\"concord_communicator\":\"" + a + "\"}}");
+  Find(sub_text, "\"args\":{\"name\":\"s\"}}");
+  EXPECT_EQ(sub_text.substr(sub_text.size() - 4), "\n]}\n");
+  // Once closed, the file can be written again (truncated: a new trace).
+  auto reopened = OpenTimelineFile(base, 0, "timeline", a);
+  ASSERT_TRUE(reopened.ok()) << reopened.status().ToString();
+  reopened->file.reset();
+  EXPECT_EQ(Read(name_a), "");
+  std::remove((base + ".rank0").c_str());
+  std::remove(name_a.c_str());
+}
+
+// Events past the queue's limit are dropped; a track whose name was among them is named with its
+// next event (not left nameless for the rest of the trace), and an execute whose op and bytes
+// were dropped has them written on its tensor's next.
+TEST(TimelineTest, ATrackWhoseNameWasDroppedIsNamedWithItsNextEvent) {
+  std::vector<std::string> warnings;
+  Timeline t(
+      0, 1, [&](const std::string& m) { warnings.push_back(m); }, /*max_pending=*/6);
+  const std::string base = TempPath("dropped");
+  auto file = OpenTimelineFile(base, 0, "timeline");
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  const auto started = Clock::now();
+  ASSERT_TRUE(t.Start(std::move(*file)).ok());
+  const auto t0 = Clock::now();
+  // Before the writer's first write (100 ms after the start): the queue holds 6 events.
+  t.Tensor("first", "allreduce", 4, At(t0, 0, 1, 2, 3, 3));  // its track's name and 3 phases
+  t.Slice(Timeline::kEngineTrack, "cycle", t0, t0 + microseconds(1));  // the track's name and it
+  t.Tensor("second", "allreduce", 8, At(t0, 4, 5, 6, 7, 7));           // dropped, name and phases
+  t.Slice(Timeline::kLaneTrack, "allreduce", t0, t0 + microseconds(1), 8, "gloo");  // dropped
+  if (Clock::now() - started >= std::chrono::milliseconds(90)) {
+    t.Stop();
+    std::remove((base + ".rank0").c_str());
+    GTEST_SKIP() << "this machine took 90 ms to queue 12 events: the writer may have run between";
+  }
+  // Until the writer has taken the queue (and written it).
+  for (int i = 0; i < 1000 && Read(base + ".rank0").find("\"cycle\"") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  t.Tensor("second", "allreduce", 8, At(t0, 10, 11, 12, 13, 13));
+  t.Slice(Timeline::kLaneTrack, "allreduce", t0 + microseconds(10), t0 + microseconds(11), 8,
+          "gloo");
+  t.Stop();
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("timeline: 6 events were dropped"), std::string::npos) << warnings[0];
+  const std::string text = Read(base + ".rank0");
+  Find(text, "\"tid\":101,\"name\":\"thread_name\",\"args\":{\"name\":\"second\"}}");
+  // Its second operation's phases only, the execute with its op and bytes.
+  size_t phases = 0;
+  for (size_t at = text.find("\"tid\":101,\"ts\":"); at != std::string::npos;
+       at = text.find("\"tid\":101,\"ts\":", at + 1)) {
+    ++phases;
+  }
+  EXPECT_EQ(phases, 3u) << text;
+  Find(text, "\"dur\":1.0,\"name\":\"execute\",\"args\":{\"op\":\"allreduce\",\"bytes\":8}}");
+  Find(text, "\"tid\":1,\"name\":\"thread_name\",\"args\":{\"name\":\"lane 0\"}}");
   std::remove((base + ".rank0").c_str());
 }
 
