@@ -1,8 +1,11 @@
-// What the perf tools share: failing on a library error, medians and percentiles, and the slowest
-// rank's figure.
+// What the perf tools share: failing on a library error, reading integer options, medians and
+// percentiles, and the slowest rank's figure.
 #pragma once
 
+#include <errno.h>
+
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -20,6 +23,23 @@ inline void CheckOrExit(const char* tool, concord_comm_t comm, concord_status_t 
   std::fprintf(stderr, "%s: %s failed: %s (%s)\n", tool, what.c_str(), concord_status_string(s),
                concord_comm_last_error(comm));
   std::exit(1);
+}
+
+// The value `text` of option `flag` as an integer: the whole of it, decimal, from min to max (atoi
+// read "1e3" as 1 and "5abc" as 5; strtoll alone skips leading blanks). Anything else is a usage
+// error: `usage`, which must not return, gets "FLAG takes an integer from MIN to MAX, not 'TEXT'".
+template <typename UsageError>
+long long ParseInteger(const std::string& flag, const std::string& text, long long min,
+                       long long max, UsageError&& usage) {
+  errno = 0;
+  char* end = nullptr;
+  const long long x = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0])) || *end != '\0' ||
+      errno != 0 || x < min || x > max) {
+    usage(flag + " takes an integer from " + std::to_string(min) + " to " + std::to_string(max) +
+          ", not '" + text + "'");
+  }
+  return x;
 }
 
 // The p-th percentile (0 <= p <= 100), interpolated linearly between the two nearest values; 0

@@ -8,13 +8,14 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/metered_backend.h"
 #include "core/request_state.h"
+#include "perf/bench_common.h"
 
 namespace concord {
 namespace {
@@ -53,16 +54,23 @@ double NanosPerCall(const std::function<void()>& call, int iters, int rounds) {
   return per_call[per_call.size() / 2];
 }
 
+[[noreturn]] void Usage(const std::string& why) {
+  std::fprintf(stderr, "metrics_bench: %s\nusage: metrics_bench [--iters N] [--rounds N]\n",
+               why.c_str());
+  std::exit(2);
+}
+
 int Main(int argc, char** argv) {
   int iters = 200000, rounds = 9;
   for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--iters") == 0 && i + 1 < argc) {
-      iters = std::max(1, std::atoi(argv[++i]));
-    } else if (std::strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) {
-      rounds = std::max(1, std::atoi(argv[++i]));
+    const std::string a = argv[i];
+    if ((a == "--iters" || a == "--rounds") && i + 1 >= argc) Usage(a + " needs a value");
+    if (a == "--iters") {
+      iters = static_cast<int>(bench::ParseInteger(a, argv[++i], 1, 1000000000, Usage));
+    } else if (a == "--rounds") {
+      rounds = static_cast<int>(bench::ParseInteger(a, argv[++i], 1, 1000000, Usage));
     } else {
-      std::fprintf(stderr, "usage: metrics_bench [--iters N] [--rounds N]\n");
-      return 2;
+      Usage("unknown argument '" + a + "'");
     }
   }
   auto metrics = std::make_shared<Metrics>();

@@ -65,17 +65,16 @@ int main(int argc, char** argv) {
     } else if (a == "--timeline") {
       timeline = next();
     } else if (a == "--steps") {
-      steps = std::atoi(next().c_str());
+      steps = static_cast<int>(bench::ParseInteger(a, next(), 1, 1000000, Usage));
     } else if (a == "--rounds") {
-      rounds = std::atoi(next().c_str());
+      rounds = static_cast<int>(bench::ParseInteger(a, next(), 1, 1000000, Usage));
     } else if (a == "--warmup") {
-      warmup = std::atoi(next().c_str());
+      warmup = static_cast<int>(bench::ParseInteger(a, next(), 0, 1000000, Usage));
     } else {
       Usage("unknown argument '" + a + "'");
     }
   }
   if (workload_path.empty() || timeline.empty()) Usage("--workload and --timeline are needed");
-  if (steps < 1 || rounds < 1 || warmup < 0) Usage("--steps, --rounds >= 1, --warmup >= 0");
   auto loaded = concord::LoadWorkload(workload_path);
   if (!loaded.ok()) Usage(loaded.status().ToString());
   const concord::Workload& w = *loaded;

@@ -24,6 +24,13 @@
 // where its engine writes rank-<R>.txt at finalize (tools/run_summary.h); the directory is
 // removed after. Nothing is printed when no rank wrote one.
 //
+// A stalled reader of concordrun's output never stalls the supervision: concordrun's stdout and
+// stderr are OutputSinks (output_sink.h), which never block; a rank whose sink has over 4 MiB
+// queued is not read until it drains (its own writes then wait), so no output is lost. After the
+// job, concordrun waits for its readers to take the rest (after a stop signal, kDrainPeriod at
+// most). SIGTSTP (Ctrl-Z), SIGTTIN and SIGTTOU stop the whole job: SIGSTOP to the ranks' process
+// groups, then concordrun itself; continued, it continues them.
+//
 // With --backend mpi, concordrun does none of that itself: it execs mpirun (CONCORD_MPIRUN, else
 // the mpirun found at build time, else "mpirun" on PATH) with -np, the hosts of -H,
 // --oversubscribe when there are more ranks than CPUs here, --tag-output unless --no-prefix, the
@@ -39,6 +46,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -57,6 +65,7 @@
 #include "rendezvous/tcp_store.h"
 #include "tools/concordrun_options.h"
 #include "tools/lifeline.h"
+#include "tools/output_sink.h"
 #include "tools/run_summary.h"
 
 extern char** environ;
@@ -200,29 +209,6 @@ std::string ShellQuote(const std::string& s) {
   return out + "'";
 }
 
-// Writes all bytes, retrying on EINTR; output errors (a closed terminal) are ignored on purpose:
-// supervising the ranks matters more than their output.
-void WriteOut(int fd, const std::string& data) {
-  size_t done = 0;
-  while (done < data.size()) {
-    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
-    if (n > 0) {
-      done += static_cast<size_t>(n);
-    } else if (n < 0 && errno == EINTR) {
-      continue;
-    } else if (n < 0 && errno == EAGAIN) {
-      pollfd p{fd, POLLOUT, 0};
-      ::poll(&p, 1, 100);
-    } else {
-      return;
-    }
-  }
-}
-
-void Message(const std::string& text) {
-  WriteOut(STDERR_FILENO, "concordrun: " + text + "\n");
-}
-
 Deadline Until(Clock::time_point t) {
   return Deadline::After(std::chrono::duration_cast<std::chrono::milliseconds>(t - Clock::now()) +
                          std::chrono::milliseconds(1));
@@ -241,7 +227,7 @@ std::vector<char*> CArray(std::vector<std::string>& strings) {
 // rank has ended. One per process, on the main thread (which the ranks' PR_SET_PDEATHSIG needs).
 class Launcher {
  public:
-  explicit Launcher(Options options) : o_(std::move(options)) {}
+  explicit Launcher(Options options);
   int Run();
 
  private:
@@ -249,14 +235,22 @@ class Launcher {
   Status TorchMaster(bool all_local, const std::string& advertise);
   std::vector<std::string> JobEnvironment() const;
   Status Spawn(Rank* r, const std::vector<std::string>& job_env, const sigset_t& child_mask);
+  // concordrun's output: a line of its own on stderr; the sink of STDOUT_FILENO or STDERR_FILENO.
+  void Message(const std::string& text);
+  OutputSink& Sink(int fd) { return fd == STDERR_FILENO && stderr_ ? *stderr_ : *stdout_; }
+  std::vector<OutputSink*> PendingSinks() const;
+  bool Throttled(const Stream& s) { return Sink(s.to).full(); }
   void Emit(Rank& r, Stream* s, bool final);
   bool ReadStream(Rank& r, Stream* s);
   void Supervise(int sigfd);
+  void FlushOutput(int sigfd);
+  int StartFailed(const std::string& why, int sigfd);
   void Reap();
   void StopLeftovers();
   void RankFailed(Rank& r, int status);
   void Escalate();
   void Signalled(int sig);
+  void Suspend(int sig);
   void Stop(int sig, Clock::duration kill_after);
   Clock::duration Grace() const {
     return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o_.grace_s));
@@ -271,6 +265,8 @@ class Launcher {
   void Summarize();
 
   Options o_;
+  std::unique_ptr<OutputSink> stdout_;
+  std::unique_ptr<OutputSink> stderr_;  // null when stderr goes where stdout goes (2>&1)
   std::vector<Rank> ranks_;
   std::unique_ptr<Lifeline> lifeline_;
   std::unique_ptr<TcpStoreServer> server_;
@@ -281,11 +277,40 @@ class Launcher {
   std::string master_addr_, master_port_;  // torchrun's MASTER_ADDR, MASTER_PORT (TorchMaster)
   Ending ending_ = Ending::kNone;
   Clock::time_point next_step_at_;
-  std::string first_failure_;   // "rank 1 (pid 42) exited with code 3", once one failed
-  std::string first_words_;     // its LastWords::Describe()
-  bool others_ran_on_ = false;  // some ranks still ran when the first failed
+  std::string first_failure_;    // "rank 1 (pid 42) exited with code 3", once one failed
+  std::string first_words_;      // its LastWords::Describe()
+  bool others_ran_on_ = false;   // some ranks still ran when the first failed
+  bool stop_requested_ = false;  // concordrun got SIGINT, SIGTERM or SIGHUP
   int exit_code_ = 0;
 };
+
+// Whether two descriptors write to the same pipe, terminal or file.
+bool SameDestination(int a, int b) {
+  struct stat sa, sb;
+  return ::fstat(a, &sa) == 0 && ::fstat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
+         sa.st_ino == sb.st_ino;
+}
+
+// One sink for stdout and stderr when they are one destination, so that what concordrun writes
+// there keeps its order.
+Launcher::Launcher(Options options)
+    : o_(std::move(options)), stdout_(std::make_unique<OutputSink>(STDOUT_FILENO)) {
+  if (!SameDestination(STDOUT_FILENO, STDERR_FILENO)) {
+    stderr_ = std::make_unique<OutputSink>(STDERR_FILENO);
+  }
+}
+
+void Launcher::Message(const std::string& text) {
+  Sink(STDERR_FILENO).Write("concordrun: " + text + "\n");
+}
+
+std::vector<OutputSink*> Launcher::PendingSinks() const {
+  std::vector<OutputSink*> pending;
+  for (OutputSink* sink : {stdout_.get(), stderr_.get()}) {
+    if (sink != nullptr && sink->pending()) pending.push_back(sink);
+  }
+  return pending;
+}
 
 Status Launcher::Setup() {
   if (o_.hosts.empty()) o_.hosts.push_back({"localhost", o_.np});
@@ -511,7 +536,7 @@ void Launcher::Emit(Rank& r, Stream* s, bool final) {
     if (o_.prefix) lines += prefix + s->partial + "\n";
     s->partial.clear();
   }
-  if (!lines.empty()) WriteOut(s->to, lines);
+  if (!lines.empty()) Sink(s->to).Write(lines);
 }
 
 // Forwards what one read gets; returns whether it got anything.
@@ -519,7 +544,7 @@ bool Launcher::ReadStream(Rank& r, Stream* s) {
   char buf[65536];
   const ssize_t n = ::read(s->fd, buf, sizeof(buf));
   if (n > 0) {
-    if (!o_.prefix) WriteOut(s->to, std::string(buf, static_cast<size_t>(n)));
+    if (!o_.prefix) Sink(s->to).Write(std::string_view(buf, static_cast<size_t>(n)));
     if (o_.prefix || s->to == STDERR_FILENO) s->partial.append(buf, static_cast<size_t>(n));
     Emit(r, s, false);
     return true;
@@ -648,8 +673,9 @@ void Launcher::Escalate() {
 }
 
 // SIGINT, SIGTERM or SIGHUP to concordrun: forwarded (SIGHUP as SIGTERM), SIGKILL after the grace
-// period; a second one: SIGKILL now.
+// period; a second one: SIGKILL now. Output nobody reads is then waited for only briefly.
 void Launcher::Signalled(int sig) {
+  stop_requested_ = true;
   if (ending_ == Ending::kNone || ending_ == Ending::kGrace) {
     Message("received " + SignalName(sig) + "; stopping the ranks");
     if (exit_code_ == 0) exit_code_ = 128 + sig;
@@ -658,6 +684,34 @@ void Launcher::Signalled(int sig) {
     Message("received " + SignalName(sig) + " again; killing the ranks");
     Kill();
   }
+}
+
+// Stops this process with `sig`, one of the signals concordrun blocks and reads from its signalfd
+// (whose default action is to stop): raised, then unblocked for a moment, which delivers it.
+// Returns once the process is continued (SIGCONT), or at once when the kernel discards the signal
+// (an orphaned process group is not stopped by SIGTSTP, SIGTTIN or SIGTTOU).
+void StopThisProcess(int sig) {
+  sigset_t one;
+  sigemptyset(&one);
+  sigaddset(&one, sig);
+  ::raise(sig);
+  ::pthread_sigmask(SIG_UNBLOCK, &one, nullptr);
+  ::pthread_sigmask(SIG_BLOCK, &one, nullptr);
+}
+
+// SIGTSTP (Ctrl-Z), SIGTTIN or SIGTTOU: the job stops as a whole, as under mpirun. The ranks lead
+// process groups of their own, which the terminal's Ctrl-Z does not reach: they get SIGSTOP, then
+// concordrun stops itself with `sig`; continued (fg, bg, SIGCONT), it continues them. The pending
+// step of a failed job's ending (SIGTERM after the grace period, SIGKILL) moves on by the time
+// the job was stopped, so that the ranks lose none of their time.
+void Launcher::Suspend(int sig) {
+  SignalRunning(SIGSTOP);
+  const Clock::time_point stopped_at = Clock::now();
+  StopThisProcess(sig);
+  if (ending_ == Ending::kGrace || ending_ == Ending::kTerminated) {
+    next_step_at_ += Clock::now() - stopped_at;
+  }
+  SignalRunning(SIGCONT);
 }
 
 bool Launcher::AnyRunning() const {
@@ -691,38 +745,70 @@ void Launcher::Summarize() {
   if (summary_dir_.empty()) return;
   std::vector<std::string> remote_hosts;
   for (const Rank& r : ranks_) remote_hosts.push_back(r.local ? std::string() : r.host);
-  WriteOut(STDERR_FILENO, SummarizeJob(summary_dir_, remote_hosts));
+  Sink(STDERR_FILENO).Write(SummarizeJob(summary_dir_, remote_hosts));
   const Status removed = RemoveSummaryDir(summary_dir_);
   if (!removed.ok()) Message("cannot remove the summary directory: " + removed.message());
 }
 
+// The signals waiting on the signalfd, SIGCHLD left out (children are reaped by polling waitpid).
+std::vector<int> ReadSignals(int sigfd) {
+  std::vector<int> signals;
+  signalfd_siginfo info;
+  while (::read(sigfd, &info, sizeof(info)) == static_cast<ssize_t>(sizeof(info))) {
+    if (info.ssi_signo != SIGCHLD) signals.push_back(static_cast<int>(info.ssi_signo));
+  }
+  return signals;
+}
+
+bool IsJobControl(int sig) {
+  return sig == SIGTSTP || sig == SIGTTIN || sig == SIGTTOU;
+}
+
 // Forwards output, reaps ranks and handles signals until every rank has ended and its output is
-// drained.
+// drained. Nothing here waits for concordrun's own readers: its output goes out through
+// OutputSinks, written when poll() says they have room. A rank whose output finds its sink full
+// (a reader that stalls) is not read until the sink has room again, which holds the rank up in its
+// own writes; the supervision goes on. After the last rank has ended, the pipes are read for
+// kDrainPeriod more (for what the ranks' children write), a period that starts over while a sink
+// is full, unless concordrun was told to stop.
 void Launcher::Supervise(int sigfd) {
   Clock::time_point drain_until = Clock::time_point::max();
   std::vector<pollfd> fds;
+  std::vector<OutputSink*> sinks;
   std::vector<Stream*> streams;
   std::vector<Rank*> owners;
   for (;;) {
     Reap();
-    if (!AnyRunning()) {
-      if (drain_until == Clock::time_point::max()) drain_until = Clock::now() + kDrainPeriod;
-      if (!AnyStreamOpen() || Clock::now() >= drain_until) return;
-    }
-    Escalate();
-
     fds.clear();
+    sinks.clear();
     streams.clear();
     owners.clear();
     fds.push_back({sigfd, POLLIN, 0});
+    for (OutputSink* sink : PendingSinks()) {
+      fds.push_back({sink->fd(), POLLOUT, 0});
+      sinks.push_back(sink);
+    }
+    bool throttled = false;
     for (Rank& r : ranks_) {
       for (Stream* st : {&r.out, &r.err}) {
         if (st->fd < 0) continue;
+        if (Throttled(*st)) {
+          throttled = true;
+          continue;
+        }
         fds.push_back({st->fd, POLLIN, 0});
         streams.push_back(st);
         owners.push_back(&r);
       }
     }
+    if (!AnyRunning()) {
+      if (drain_until == Clock::time_point::max() || (throttled && !stop_requested_)) {
+        drain_until = Clock::now() + kDrainPeriod;
+      }
+      if (!AnyStreamOpen() || Clock::now() >= drain_until) return;
+    }
+    Escalate();
+
     Deadline wake = Deadline::Infinite();
     if (AnyRunning() && (ending_ == Ending::kGrace || ending_ == Ending::kTerminated)) {
       wake = Until(next_step_at_);
@@ -736,16 +822,56 @@ void Launcher::Supervise(int sigfd) {
       continue;
     }
     if (rc <= 0) continue;
-    for (size_t i = 1; i < fds.size(); ++i) {
-      if (fds[i].revents != 0) ReadStream(*owners[i - 1], streams[i - 1]);
+    for (size_t i = 0; i < sinks.size(); ++i) {
+      if (fds[1 + i].revents != 0) sinks[i]->Flush();
+    }
+    for (size_t i = 0; i < streams.size(); ++i) {
+      if (fds[1 + sinks.size() + i].revents != 0) ReadStream(*owners[i], streams[i]);
     }
     if (fds[0].revents & POLLIN) {
-      signalfd_siginfo info;
-      while (::read(sigfd, &info, sizeof(info)) == static_cast<ssize_t>(sizeof(info))) {
-        const int sig = static_cast<int>(info.ssi_signo);
-        if (sig != SIGCHLD) Signalled(sig);  // children are reaped at the top of the loop
+      for (int sig : ReadSignals(sigfd)) {
+        if (IsJobControl(sig)) {
+          Suspend(sig);
+        } else {
+          Signalled(sig);
+        }
       }
     }
+  }
+}
+
+// After the job: waits until concordrun's output is written, for as long as its readers take
+// their time (as any program writing to a pipe would); once concordrun was told to stop, for
+// kDrainPeriod at most. A SIGINT, SIGTERM or SIGHUP now gives up at once (exit status 128 + the
+// signal if the job had succeeded). What is given up is said on stderr, when stderr still takes it.
+void Launcher::FlushOutput(int sigfd) {
+  const Deadline give_up = stop_requested_ ? Deadline::After(kDrainPeriod) : Deadline::Infinite();
+  std::vector<pollfd> fds;
+  for (std::vector<OutputSink*> sinks = PendingSinks(); !sinks.empty(); sinks = PendingSinks()) {
+    fds.assign(1, {sigfd, POLLIN, 0});
+    for (OutputSink* sink : sinks) fds.push_back({sink->fd(), POLLOUT, 0});
+    const int rc = ::poll(fds.data(), fds.size(), give_up.PollTimeoutMs());
+    bool stop = (rc < 0 && errno != EINTR) || give_up.passed();
+    for (size_t i = 0; rc > 0 && i < sinks.size(); ++i) {
+      if (fds[1 + i].revents != 0) sinks[i]->Flush();
+    }
+    std::vector<int> signals;
+    if (rc > 0 && (fds[0].revents & POLLIN)) signals = ReadSignals(sigfd);
+    for (int sig : signals) {
+      if (IsJobControl(sig)) {
+        Suspend(sig);
+      } else {
+        if (exit_code_ == 0) exit_code_ = 128 + sig;
+        stop = true;
+      }
+    }
+    if (!stop) continue;
+    size_t dropped = 0;
+    for (OutputSink* sink : PendingSinks()) dropped += sink->Abandon();
+    if (dropped > 0) {
+      Message("gave up on " + std::to_string(dropped) + " bytes of output that were not read");
+    }
+    return;
   }
 }
 
@@ -753,8 +879,7 @@ int Launcher::Run() {
   // First, while this process has one thread: the lifeline is a fork that goes on running.
   StatusOr<std::unique_ptr<Lifeline>> lifeline = Lifeline::Start();
   if (!lifeline.ok()) {
-    Message("cannot start the job: " + lifeline.status().ToString());
-    return 1;
+    return StartFailed("cannot start the job: " + lifeline.status().ToString(), -1);
   }
   lifeline_ = std::move(lifeline.value());
   // Signals arrive through a signalfd; they are blocked in every thread, including the store
@@ -766,18 +891,20 @@ int Launcher::Run() {
   sigaddset(&handled, SIGINT);
   sigaddset(&handled, SIGTERM);
   sigaddset(&handled, SIGHUP);
+  // Ctrl-Z and its kin stop the whole job (Suspend), unless they were ignored when concordrun
+  // started (then they stay ignored).
+  for (int sig : {SIGTSTP, SIGTTIN, SIGTTOU}) {
+    struct sigaction current;
+    if (::sigaction(sig, nullptr, &current) == 0 && current.sa_handler != SIG_IGN) {
+      sigaddset(&handled, sig);
+    }
+  }
   ::sigprocmask(SIG_BLOCK, &handled, &original);
   ::signal(SIGPIPE, SIG_IGN);
   net::Fd sigfd(::signalfd(-1, &handled, SFD_CLOEXEC | SFD_NONBLOCK));
-  if (!sigfd.valid()) {
-    Message(ErrnoError("signalfd", errno).message());
-    return 1;
-  }
+  if (!sigfd.valid()) return StartFailed(ErrnoError("signalfd", errno).message(), -1);
   Status s = Setup();
-  if (!s.ok()) {
-    Message("cannot start the job: " + s.ToString());
-    return 1;
-  }
+  if (!s.ok()) return StartFailed("cannot start the job: " + s.ToString(), sigfd.get());
   const std::vector<std::string> job_env = JobEnvironment();
   for (Rank& r : ranks_) {
     s = Spawn(&r, job_env, original);
@@ -796,7 +923,16 @@ int Launcher::Run() {
   Summarize();
   // The first failure again, below what the other ranks said after it.
   if (others_ran_on_) Message("the job failed: " + first_failure_ + " first" + first_words_);
+  FlushOutput(sigfd.get());
   return exit_code_;
+}
+
+// Says why the job could not start, once stderr takes it; returns the exit status, 1. `sigfd` is
+// the signalfd, or -1 before there is one.
+int Launcher::StartFailed(const std::string& why, int sigfd) {
+  Message(why);
+  FlushOutput(sigfd);
+  return 1;
 }
 
 }  // namespace

@@ -1,6 +1,9 @@
 #include "tools/concordrun_options.h"
 
+#include <errno.h>
+
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -52,11 +55,18 @@ bool ParsePositiveInt(const std::string& text, int* value) {
   return true;
 }
 
-// A number of seconds: decimal, > 0 (or >= 0 when zero is allowed), at most `max`.
+// A number of seconds as the library reads CONCORD_TIMEOUT_S (core/config.cc), so that concordrun
+// refuses what every rank would: strtod's decimal syntax, without hexadecimal or leading blanks,
+// finite and in a double's range; > 0 (or >= 0 when zero is allowed), at most `max`.
 bool ParseSeconds(const std::string& text, bool zero_ok, double max, double* seconds) {
+  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0])) ||
+      text.find_first_of("xX") != std::string::npos) {
+    return false;
+  }
+  errno = 0;
   char* end = nullptr;
   const double s = std::strtod(text.c_str(), &end);
-  if (text.empty() || *end != '\0' || !(zero_ok ? s >= 0 : s > 0) || !(s <= max)) return false;
+  if (*end != '\0' || errno == ERANGE || !(zero_ok ? s >= 0 : s > 0) || !(s <= max)) return false;
   *seconds = s;
   return true;
 }

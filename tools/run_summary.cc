@@ -64,18 +64,20 @@ bool ParseRank(const std::string& text, int* rank) {
   return true;
 }
 
-// "98.8 MB", "1.23 GB" (decimal units), "512 B".
+// "98.8 MB", "1.23 GB" (decimal units, three significant digits), "512 B". A value that rounds to
+// 1000 of a unit is written in the next ("1 MB", never "1e+03 KB").
 std::string HumanBytes(uint64_t bytes) {
   static const char* const kUnits[] = {"B", "KB", "MB", "GB", "TB", "PB"};
+  constexpr size_t kLastUnit = sizeof(kUnits) / sizeof(kUnits[0]) - 1;
   double v = static_cast<double>(bytes);
-  size_t unit = 0;
-  while (v >= 1000 && unit + 1 < sizeof(kUnits) / sizeof(kUnits[0])) {
+  char number[32];
+  for (size_t unit = 0;; ++unit) {
+    std::snprintf(number, sizeof(number), unit == 0 ? "%.0f" : "%.3g", v);
+    if (unit == kLastUnit || std::strtod(number, nullptr) < 1000) {
+      return std::string(number) + " " + kUnits[unit];
+    }
     v /= 1000;
-    ++unit;
   }
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), unit == 0 ? "%.0f %s" : "%.3g %s", v, kUnits[unit]);
-  return buf;
 }
 
 std::string Format(const char* format, ...) __attribute__((format(printf, 1, 2)));
@@ -86,6 +88,15 @@ std::string Format(const char* format, ...) {
   std::vsnprintf(buf, sizeof(buf), format, args);
   va_end(args);
   return buf;
+}
+
+// A time per operation: "0.971 ms", "20 ms", "1.5 s" (three significant digits, or whole seconds
+// from 1000 s on; never "1e+03 ms").
+std::string PerOp(double seconds) {
+  const std::string ms = Format("%.3g", seconds * 1000);
+  if (std::strtod(ms.c_str(), nullptr) < 1000) return ms + " ms";
+  const std::string s = Format("%.3g", seconds);
+  return (std::strtod(s.c_str(), nullptr) < 1000 ? s : Format("%.0f", seconds)) + " s";
 }
 
 std::string Percent(double share) {
@@ -128,7 +139,7 @@ std::string RankLine(const RankReport& r, const std::string& last) {
   std::string phase = "-";
   if (slowest != nullptr) {
     phase = slowest->name.substr(0, 14) + " ";
-    phase += s.ops == 0 ? "-" : Format("%.3g ms", slowest->seconds * 1000 / s.ops);
+    phase += s.ops == 0 ? "-" : PerOp(slowest->seconds / static_cast<double>(s.ops));
   }
   const std::string of_wall =
       s.wall_s > 0 ? Format("%.1f%%", 100 * s.collective_s / s.wall_s) : std::string("-");

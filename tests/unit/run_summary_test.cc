@@ -195,6 +195,31 @@ TEST(RunSummaryTest, OneLinePerRankWithRankZerosStragglerShares) {
             "41.2 s for it in total");
 }
 
+// A value that rounds to 1000 of its unit at three significant digits is written in the next one.
+TEST(RunSummaryTest, SizesAndTimesThatRoundTo1000TakeTheNextUnit) {
+  // Rank 0 moved `bytes`; its slowest phase took `collective_s` over 100 operations.
+  const auto row = [](uint64_t bytes, double collective_s) {
+    const std::string table = FormatJobSummary(
+        {Report(0, "rank 0\nhost h\nwall_s 1000\nops 100\nbytes " + std::to_string(bytes) +
+                       "\nerrors 0\ncollective_s 1\nphase collective " +
+                       std::to_string(collective_s) + "\n")});
+    return Lines(table).at(0) + "\n" + RowOf(table, 0);
+  };
+  EXPECT_NE(row(999600, 1).find(" 1 MB moved in 100 operations"), std::string::npos)
+      << row(999600, 1);
+  EXPECT_NE(row(999600, 1).find("   1 MB       100 "), std::string::npos) << row(999600, 1);
+  EXPECT_NE(row(999499, 1).find(" 999 KB       100 "), std::string::npos) << row(999499, 1);
+  EXPECT_NE(row(999999999, 1).find("   1 GB       100 "), std::string::npos);
+  EXPECT_NE(row(999, 1).find("  999 B       100 "), std::string::npos) << row(999, 1);
+  EXPECT_NE(row(1000, 1).find("   1 KB       100 "), std::string::npos) << row(1000, 1);
+  // 999.7 ms per operation: 1 s; 1500 ms: 1.5 s; 15 minutes: whole seconds.
+  EXPECT_NE(row(1, 99.97).find("collective 1 s "), std::string::npos) << row(1, 99.97);
+  EXPECT_NE(row(1, 150).find("collective 1.5 s "), std::string::npos) << row(1, 150);
+  EXPECT_NE(row(1, 99.94).find("collective 999 ms "), std::string::npos) << row(1, 99.94);
+  EXPECT_NE(row(1, 90000).find("collective 900 s "), std::string::npos) << row(1, 90000);
+  EXPECT_NE(row(1, 120000).find("collective 1200 s "), std::string::npos) << row(1, 120000);
+}
+
 TEST(RunSummaryTest, WithoutStragglerLinesTheSharesAreUnknown) {
   // Rank 0's file missing: nobody knows who was last.
   const std::string table = FormatJobSummary({Missing(0), Report(1, File(1, 2))});
