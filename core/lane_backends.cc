@@ -58,11 +58,12 @@ StatusOr<std::unique_ptr<Backend>> Shm(const Config& config, const BackendOption
 }
 
 // Lane `lane` of a communicator whose hosts each run layout.local_size ranks: the
-// hierarchical backend, or (auto) the flat one when shared memory fails on any host.
+// hierarchical backend, or (auto) the flat one when shared memory fails on any host (then
+// *fell_back is set).
 StatusOr<std::unique_ptr<Backend>> Hierarchical(const Config& config, const HostLayout& layout,
                                                 const BackendOptions& options, Store* store,
                                                 const std::string& prefix, int lane,
-                                                Deadline deadline) {
+                                                Deadline deadline, bool* fell_back) {
   const std::string tag = "/lane" + std::to_string(lane);
   // The host's ranks, in rank order: their errors name them so, not by their local ranks.
   BackendOptions host_options = options;
@@ -86,6 +87,7 @@ StatusOr<std::unique_ptr<Backend>> Hierarchical(const Config& config, const Host
   if (!agreed.ok()) {
     Log(config, LogLevel::kWarning,
         "lane " + std::to_string(lane) + " is flat: " + agreed.message());
+    *fell_back = true;
     return flat;
   }
   BackendOptions cross = options;
@@ -154,31 +156,16 @@ StatusOr<std::vector<std::unique_ptr<Backend>>> CreateLaneBackends(const Config&
                            " = on, but the ranks are not spread evenly, more than one per host, "
                            "over several hosts (or CONCORD_SHM = off)");
   }
-  if (one_host) {
-    Log(config, LogLevel::kInfo,
-        "collectives use shared memory: all " + std::to_string(config.size) +
-            " ranks are on this host");
-  } else if (hierarchical) {
-    Log(config, LogLevel::kInfo,
-        "allreduces, allgathers (all ranks' bytes together) and broadcasts of " +
-            std::to_string(config.hierarchical_threshold_bytes) +
-            " bytes and more are hierarchical: " + std::to_string(layout.hosts) + " hosts x " +
-            std::to_string(layout.local_size) + " ranks (shared memory within a host, " +
-            config.ResolvedBackend() +
-            " across hosts); smaller ones, reduce-scatters, all-to-alls and barriers run flat "
-            "on " +
-            config.ResolvedBackend());
-  } else if (config.size > 1) {
-    Log(config, LogLevel::kInfo, "collectives run flat on " + config.ResolvedBackend());
-  }
   std::vector<std::unique_ptr<Backend>> lanes;
+  int flat_lanes = 0;  // lanes that fell back to the flat backend (each logged a warning)
   for (int lane = 0; lane < config.lanes; ++lane) {
     BackendOptions lane_options = options;
     if (lane > 0) lane_options.prefix += "/lane" + std::to_string(lane);
     std::unique_ptr<Backend> backend;
+    bool fell_back = false;
     if (hierarchical) {
-      CONCORD_ASSIGN_OR_RETURN(
-          backend, Hierarchical(config, layout, lane_options, store, prefix, lane, deadline));
+      CONCORD_ASSIGN_OR_RETURN(backend, Hierarchical(config, layout, lane_options, store, prefix,
+                                                     lane, deadline, &fell_back));
     } else if (one_host) {
       auto made = Shm(config, lane_options, store, config.rank, config.size,
                       prefix + "/shm/lane" + std::to_string(lane));
@@ -192,12 +179,33 @@ StatusOr<std::vector<std::unique_ptr<Backend>>> CreateLaneBackends(const Config&
         Log(config, LogLevel::kWarning,
             "lane " + std::to_string(lane) + " uses the " + config.ResolvedBackend() +
                 " backend: " + made.status().message());
+        fell_back = true;
       }
     }
     if (!backend) {
       CONCORD_ASSIGN_OR_RETURN(backend, Flat(config, lane_options, store, lane));
     }
+    if (fell_back) ++flat_lanes;
     lanes.push_back(std::move(backend));
+  }
+  // Said once the lanes are up, so it tells what was built (every rank agreed on it); a lane that
+  // fell back said so itself.
+  if (one_host && flat_lanes == 0) {
+    Log(config, LogLevel::kInfo,
+        "collectives use shared memory: all " + std::to_string(config.size) +
+            " ranks are on this host");
+  } else if (hierarchical && flat_lanes == 0) {
+    Log(config, LogLevel::kInfo,
+        "allreduces, allgathers (all ranks' bytes together) and broadcasts of " +
+            std::to_string(config.hierarchical_threshold_bytes) +
+            " bytes and more are hierarchical: " + std::to_string(layout.hosts) + " hosts x " +
+            std::to_string(layout.local_size) + " ranks (shared memory within a host, " +
+            config.ResolvedBackend() +
+            " across hosts); smaller ones, reduce-scatters, all-to-alls and barriers run flat "
+            "on " +
+            config.ResolvedBackend());
+  } else if (!one_host && !hierarchical && config.size > 1) {
+    Log(config, LogLevel::kInfo, "collectives run flat on " + config.ResolvedBackend());
   }
   return lanes;
 }
