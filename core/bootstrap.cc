@@ -49,6 +49,10 @@ class ParentWatch {
     MutexLock lock(mu_);
     failure_ = nullptr;
   }
+  bool Watching() EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    return static_cast<bool>(failure_);
+  }
 
  private:
   Mutex mu_;
@@ -57,8 +61,8 @@ class ParentWatch {
 
 // A sub-communicator's view of its parent's store: Get and Wait wait in slices of kParentCheck
 // and, between them, fail with the parent's failure while the watch runs (a member that died
-// fails the parent at once; its keys would never come). Set and Add pass through. Thread-safe as
-// the store it wraps.
+// fails the parent at once; its keys would never come). Set and Add pass through, and so do Get and
+// Wait once the watch has stopped (the start is over). Thread-safe as the store it wraps.
 class ParentWatchedStore : public Store {
  public:
   ParentWatchedStore(std::shared_ptr<Rendezvous> parent, std::shared_ptr<ParentWatch> watch)
@@ -68,6 +72,7 @@ class ParentWatchedStore : public Store {
     return parent_->store->Set(key, value);
   }
   StatusOr<std::string> Get(const std::string& key, Deadline deadline) override {
+    if (!watch_->Watching()) return parent_->store->Get(key, deadline);
     for (;;) {
       StatusOr<std::string> value =
           parent_->store->Get(key, deadline.Earlier(Deadline::After(kParentCheck)));
@@ -76,6 +81,7 @@ class ParentWatchedStore : public Store {
     }
   }
   Status Wait(const std::vector<std::string>& keys, Deadline deadline) override {
+    if (!watch_->Watching()) return parent_->store->Wait(keys, deadline);
     for (;;) {
       Status s = parent_->store->Wait(keys, deadline.Earlier(Deadline::After(kParentCheck)));
       if (s.ok() || s.code() != Code::kTimeout || deadline.passed()) return s;
