@@ -357,6 +357,11 @@ class Scenario:
         events = os.path.join(workdir, "events")
         os.mkdir(events)
         env = dict(self.env(), FAULT_RANK_EVENTS_DIR=events)
+        if self.backend == "mpi":
+            # Open MPI's session directory and shared-memory segments, which a failed job leaves
+            # behind (about 8 MiB each), go into this scenario's directory, removed after it.
+            env.update(OMPI_MCA_orte_tmpdir_base=workdir,
+                       OMPI_MCA_btl_vader_backing_directory=workdir)
         job.watch_events(events)
         go_file = os.path.join(workdir, "link-down")
         driver = self.driver_args(go_file)

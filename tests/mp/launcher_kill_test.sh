@@ -20,6 +20,8 @@ out="$(mktemp "${TMPDIR:-/tmp}/concord-launcher-kill.XXXXXX")"
 mpi_shm="$(mktemp -d /dev/shm/launcher-kill-mpi.XXXXXX 2>/dev/null ||
   mktemp -d "${TMPDIR:-/tmp}/launcher-kill-mpi.XXXXXX")"
 export OMPI_MCA_btl_vader_backing_directory="$mpi_shm"
+# So does its session directory (mpirun leaves ~8 MiB of PMIx segments in /tmp when a job fails).
+export OMPI_MCA_orte_tmpdir_base="$mpi_shm"
 trap 'rm -f "$out"; rm -rf "$mpi_shm"' EXIT
 
 if [[ $wrap -eq 1 ]]; then
