@@ -172,6 +172,11 @@ Status ValidateEntry(const QueueEntry& e, int world_size, int rank) {
   if (r.name.empty() && r.op != OpType::kBarrier) {
     return InvalidArgument("the tensor name is empty");
   }
+  if (r.name.size() > kMaxNameBytes) {
+    return InvalidArgument("the tensor name '" + r.name.substr(0, 64) + "...' is " +
+                           std::to_string(r.name.size()) + " bytes long; names take at most " +
+                           std::to_string(kMaxNameBytes) + " bytes");
+  }
   if (r.name.compare(0, std::strlen(kReservedPrefix), kReservedPrefix) == 0 &&
       r.op != OpType::kBarrier) {
     return InvalidArgument("tensor names starting with '" + std::string(kReservedPrefix) +

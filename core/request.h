@@ -45,6 +45,10 @@ constexpr size_t kMaxDims = CONCORD_MAX_DIMS;
 // (an allgather's) more bytes. Beyond any memory, and small enough that such a size times a dtype
 // size, or a sum of a few, never overflows 64 bits.
 constexpr int64_t kMaxTensorSize = int64_t{1} << 50;
+// The longest tensor name, in bytes, checked at enqueue: a name travels in the control plane's
+// messages (whose strings are at most 1 MiB, core/message.cc) and is quoted in errors and stall
+// warnings, more than once in some.
+constexpr size_t kMaxNameBytes = 64 << 10;
 
 // One rank's request for one tensor name. Every field but `name` is checked across ranks.
 struct TensorRequest {
