@@ -22,7 +22,7 @@ struct MetricsContext {
   std::vector<std::pair<std::string, uint64_t>> counters;
 };
 
-// One JSON object (docs/observability.md describes every field).
+// One JSON object (README.md's "Metrics" section describes every field).
 std::string MetricsToJson(const Metrics::Snapshot& s, const MetricsContext& c);
 // Every series labelled rank="R"; histograms with cumulative buckets, _sum and _count.
 std::string MetricsToPrometheus(const Metrics::Snapshot& s, const MetricsContext& c);
