@@ -173,7 +173,11 @@ Status Engine::RunCompressed(Lane& lane, const FusionBatch& batch, const Respons
       in.count = static_cast<size_t>(e.request.NumElements());
       in.data = e.input;
       in.scale = scale;
-      Status s = compressor.Encode(in, buffer + offsets[k], &compression_state_);
+      // A joined rank's stand-in sends the identity (zeros): not the residual its name keeps,
+      // which is its own gradients' and would land in an average that divides by the others.
+      compression::CompressionState stand_in_state(1);
+      Status s = compressor.Encode(in, buffer + offsets[k],
+                                   e.stand_in ? &stand_in_state : &compression_state_);
       NoteResidualEvictions(&evictions);
       if (!s.ok()) return s.WithContext("encoding tensor '" + e.request.name + "'");
     }

@@ -94,6 +94,7 @@ StatusOr<QueueEntry> Engine::JoinedEntry(const Response& r) {
   QueueEntry e;
   e.request = r.RequestOf(config_.rank);
   e.state = std::make_shared<RequestState>();
+  e.stand_in = true;
   const size_t n = static_cast<size_t>(e.request.NumElements());
   // The stand-in's data lives in its own state, as long as the entry.
   auto& owned = e.state->output().owned;

@@ -149,6 +149,20 @@ void Compressed(int step) {
          "fp16 average: %s", concord_comm_last_error(g_comm));
   const double want = Expected(CONCORD_AVERAGE, CONCORD_FLOAT32, step, 0, 1, 1);
   CHECKF(std::fabs(v[999] - want) < 1e-2, "step %d fp16 average %g, want %g", step, v[999], want);
+  // Top-k keeps 4 of 8: elements 0-3 (1000 + Value) are sent every step, 4-7 (1 each step) stay
+  // behind in each rank's residual. A joined rank's stand-in sends zeros, not its residual.
+  std::vector<float> g(8);
+  for (int i = 0; i < 8; ++i) g[i] = i < 4 ? 1000 + static_cast<float>(Value(g_rank, step, 0)) : 1;
+  int64_t gshape[1] = {8};
+  concord_tensor_t gt = CpuTensor(g.data(), CONCORD_FLOAT32, 1, gshape);
+  o.compression = "topk:density=0.5,method=exact";
+  CHECKF(concord_allreduce(g_comm, "topk.average", &gt, nullptr, &o) == CONCORD_SUCCESS,
+         "topk average: %s", concord_comm_last_error(g_comm));
+  for (int i = 0; i < 8; ++i) {
+    const double sent = i < 4 ? 1000 + want : 0;
+    CHECKF(std::fabs(g[i] - sent) < 1e-2, "step %d topk average [%d] %g, want %g", step, i, g[i],
+           sent);
+  }
 }
 
 // Large enough to skip fusion (CONCORD_DIRECT_THRESHOLD): in place, split over the lanes.
