@@ -7,13 +7,16 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
 namespace concord {
 namespace {
 
-constexpr int kBacklog = 16;
+// Connections the kernel completes before accept() takes them: a burst as large as the server's
+// table, so that none of it waits for a SYN retry.
+constexpr int kBacklog = static_cast<int>(MetricsServer::kMaxConnections);
 // After accept() ran out of descriptors or memory, how long before the next try.
 constexpr std::chrono::milliseconds kResourcePause{100};
 // After refusing an oversized request: how long, and how many of the bytes the client still
@@ -85,7 +88,125 @@ bool IsToken(const std::string& s) {
   return true;
 }
 
+// The path of a request target: origin-form ("/metrics?x") less its query; absolute-form
+// ("http://host:port/metrics?x", RFC 9112 3.2.2) also less its scheme and authority, an empty path
+// there being "/". Any other form comes back as it is, less its query.
+std::string TargetPath(const std::string& target) {
+  std::string path = target.substr(0, target.find('?'));
+  const size_t scheme_end = path.find("://");
+  if (path.empty() || path.front() == '/' || scheme_end == std::string::npos) return path;
+  const size_t path_start = path.find('/', scheme_end + 3);
+  return path_start == std::string::npos ? "/" : path.substr(path_start);
+}
+
+bool Transient(int e) {
+  return e == EINTR || e == EAGAIN || e == EWOULDBLOCK;
+}
+
 }  // namespace
+
+// One accepted client, through its phases: its request head arriving (up to kMaxRequestHead),
+// the response leaving, and after a 431 a short linger that drops what the client still sends.
+// Each phase has its own deadline; the server closes the connection when it passes. Owned and
+// used by the server thread alone.
+class MetricsServer::Connection {
+ public:
+  enum class Phase { kReading, kSending, kLingering, kClosed };
+  // What a read in kReading found.
+  enum class Head { kIncomplete, kComplete, kTooLarge };
+
+  Connection(net::Fd fd, Deadline deadline) : fd_(std::move(fd)), deadline_(deadline) {}
+
+  int fd() const { return fd_.get(); }
+  Phase phase() const { return phase_; }
+  // Still waiting for its request head: what makes room when the server is full.
+  bool waiting() const { return phase_ == Phase::kReading; }
+  bool closed() const { return phase_ == Phase::kClosed; }
+  Deadline deadline() const { return deadline_; }
+  // What poll() waits for in this phase.
+  short events() const { return phase_ == Phase::kSending ? POLLOUT : POLLIN; }
+  // The complete request head, once ReadHead() said kComplete.
+  const std::string& head() const { return head_; }
+
+  // Closes the socket without a word more; the server drops the connection.
+  void Close() {
+    fd_.Reset();
+    phase_ = Phase::kClosed;
+  }
+
+  // Reads what arrived of the request head (kReading); closes when the client hung up.
+  Head ReadHead() {
+    char buf[4096];
+    const ssize_t n = ::recv(fd_.get(), buf, sizeof(buf), 0);
+    if (n < 0 && Transient(errno)) return Head::kIncomplete;
+    if (n <= 0) {  // the client hung up before a whole request, or the connection broke
+      Close();
+      return Head::kIncomplete;
+    }
+    head_.append(buf, static_cast<size_t>(n));
+    const size_t end = HeadEnd(head_);
+    if (end != std::string::npos && end <= kMaxRequestHead) {
+      head_.resize(end);
+      return Head::kComplete;
+    }
+    return head_.size() > kMaxRequestHead ? Head::kTooLarge : Head::kIncomplete;
+  }
+
+  // Starts sending `response`, abandoned at `deadline`; with `linger`, what the client still sends
+  // afterwards is read and dropped briefly before the connection closes.
+  void StartResponse(std::string response, Deadline deadline, bool linger) {
+    head_.clear();
+    response_ = std::move(response);
+    deadline_ = deadline;
+    linger_ = linger;
+    phase_ = Phase::kSending;
+    SendMore();  // most responses fit the socket's buffer at once
+  }
+
+  // Sends what the socket takes (kSending); once all is out, half-closes and lingers or closes.
+  void SendMore() {
+    while (sent_ < response_.size()) {
+      const ssize_t n =
+          ::send(fd_.get(), response_.data() + sent_, response_.size() - sent_, MSG_NOSIGNAL);
+      if (n < 0 && Transient(errno)) {
+        if (errno == EINTR) continue;
+        return;  // poll() says when the socket takes more
+      }
+      if (n <= 0) {  // the client went away: nothing to tell anyone
+        Close();
+        return;
+      }
+      sent_ += static_cast<size_t>(n);
+    }
+    ::shutdown(fd_.get(), SHUT_WR);
+    if (!linger_) {
+      Close();
+      return;
+    }
+    response_.clear();
+    deadline_ = Deadline::After(kLinger);
+    phase_ = Phase::kLingering;
+  }
+
+  // Reads and drops what the client still sends (kLingering), up to kLingerBytes.
+  void Drain() {
+    char buf[4096];
+    const ssize_t n = ::recv(fd_.get(), buf, sizeof(buf), 0);
+    if (n < 0 && Transient(errno)) return;
+    if (n > 0) lingered_ += static_cast<size_t>(n);
+    if (n <= 0 || lingered_ >= kLingerBytes) Close();
+  }
+
+ private:
+  net::Fd fd_;
+  Phase phase_ = Phase::kReading;
+  Deadline deadline_;
+  std::string head_;      // kReading: the request head so far
+  std::string response_;  // kSending: the whole response, of which sent_ bytes are out
+  size_t sent_ = 0;
+  bool linger_ = false;  // after the response, linger (a refused oversized request)
+  size_t lingered_ = 0;  // kLingering: bytes read and dropped
+};
 
 MetricsServer::MetricsServer(net::Fd listen_fd, net::Fd wake_fd, int port, std::string address,
                              std::function<std::string()> render,
@@ -168,95 +289,101 @@ void MetricsServer::Off(const std::string& why) {
   if (warn_) warn_("metrics endpoint " + address_ + ": " + why + "; the metrics endpoint is off");
 }
 
-MetricsServer::Wait MetricsServer::WaitFor(int fd, short events, Deadline deadline) {
-  for (;;) {
-    if (stop_.load()) return Wait::kStop;
-    pollfd fds[2] = {{wake_fd_.get(), POLLIN, 0}, {fd, events, 0}};
-    const int rc = ::poll(fds, 2, deadline.PollTimeoutMs());
-    if (stop_.load()) return Wait::kStop;
-    if (rc > 0 && fds[1].revents != 0) return Wait::kReady;
-    if (rc == 0 || deadline.passed()) return Wait::kTimeout;
-    // rc < 0 (EINTR; any other error shows again in the read or write that follows) or only
-    // the eventfd fired, which stop_ answers.
-    if (rc < 0 && errno != EINTR) return Wait::kReady;
-  }
-}
-
 void MetricsServer::Loop() {
+  std::vector<Connection> connections;  // in the order they were accepted, the oldest first
+  std::vector<pollfd> fds;
   while (!stop_.load()) {
-    pollfd fds[2] = {{wake_fd_.get(), POLLIN, 0}, {listen_fd_.get(), POLLIN, 0}};
-    const int rc = ::poll(fds, 2, -1);
+    if (accept_paused_until_ && accept_paused_until_->passed()) accept_paused_until_.reset();
+    const bool room =
+        connections.size() < kMaxConnections ||
+        std::any_of(connections.begin(), connections.end(), std::mem_fn(&Connection::waiting));
+    const bool accepting = room && !accept_paused_until_;
+    // poll() skips a negative descriptor: the listening socket while not accepting.
+    fds.assign({{wake_fd_.get(), POLLIN, 0}, {accepting ? listen_fd_.get() : -1, POLLIN, 0}});
+    Deadline wake_at = accept_paused_until_.value_or(Deadline::Infinite());
+    for (const Connection& c : connections) {
+      fds.push_back({c.fd(), c.events(), 0});
+      wake_at = wake_at.Earlier(c.deadline());
+    }
+    const int rc = ::poll(fds.data(), fds.size(), wake_at.PollTimeoutMs());
     if (stop_.load()) return;
     if (rc < 0) {
       if (errno == EINTR) continue;
       Off(ErrnoError("poll", errno).message());
       return;
     }
-    if (fds[1].revents & POLLNVAL) {
+    for (size_t i = 0; i < connections.size(); ++i) Serve(connections[i], fds[i + 2].revents);
+    connections.erase(
+        std::remove_if(connections.begin(), connections.end(), std::mem_fn(&Connection::closed)),
+        connections.end());
+    const short listen_events = fds[1].revents;
+    if (listen_events & POLLNVAL) {
       Off("the listening socket is gone");
       return;
     }
-    if (fds[1].revents == 0) continue;
-    net::Fd client(::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
-    if (client.valid()) {
-      Serve(std::move(client));
-      continue;
-    }
-    const int e = errno;
-    // A listening socket in error (POLLERR, POLLHUP) would wake poll() at once forever: whatever
-    // accept() said, that is the end.
-    const bool broken = (fds[1].revents & (POLLERR | POLLHUP)) != 0;
-    if (!broken && ConnectionError(e)) continue;
-    if (!broken && ResourceError(e)) {
-      // Not the listening socket's fault: try again after a pause, which the destructor cuts.
-      pollfd wake{wake_fd_.get(), POLLIN, 0};
-      ::poll(&wake, 1, static_cast<int>(kResourcePause.count()));
-      continue;
-    }
-    Off(ErrnoError("accept", e).message());
-    return;
+    if (listen_events != 0 && !Accept(connections, listen_events)) return;
   }
 }
 
-void MetricsServer::Serve(net::Fd client) {
-  const Deadline deadline = Deadline::After(client_deadline_);
-  std::string head;
-  char buf[4096];
-  size_t end = std::string::npos;
-  for (;;) {
-    if (WaitFor(client.get(), POLLIN, deadline) != Wait::kReady) return;
-    const ssize_t n = ::recv(client.get(), buf, sizeof(buf), 0);
-    if (n == 0) return;  // the client hung up before a whole request
-    if (n < 0) {
-      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
-      return;
-    }
-    head.append(buf, static_cast<size_t>(n));
-    end = HeadEnd(head);
-    if (end != std::string::npos && end <= kMaxRequestHead) break;
-    if (head.size() > kMaxRequestHead) {
-      Send(client.get(),
-           Plain("431 Request Header Fields Too Large", "request head over 8 KiB", true), deadline);
-      Linger(client.get());
-      return;
-    }
+bool MetricsServer::Accept(std::vector<Connection>& connections, short listen_events) {
+  const bool full = connections.size() >= kMaxConnections;
+  // When full, the oldest connection still waiting for its request makes room; without one (every
+  // open connection is being answered) the new one waits in the kernel's backlog.
+  const auto oldest_waiting =
+      std::find_if(connections.begin(), connections.end(), std::mem_fn(&Connection::waiting));
+  if (full && oldest_waiting == connections.end()) return true;
+  net::Fd client(::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+  if (client.valid()) {
+    if (full) connections.erase(oldest_waiting);
+    connections.emplace_back(std::move(client), Deadline::After(client_deadline_));
+    return true;
   }
-  head.resize(end);
-  Send(client.get(), Respond(head), Deadline::After(client_deadline_));
+  const int e = errno;
+  // A listening socket in error (POLLERR, POLLHUP) would wake poll() at once forever: whatever
+  // accept() said, that is the end.
+  const bool broken = (listen_events & (POLLERR | POLLHUP)) != 0;
+  if (!broken && ConnectionError(e)) return true;
+  if (!broken && ResourceError(e)) {
+    // Not the listening socket's fault: try again after a pause, serving the others meanwhile.
+    accept_paused_until_ = Deadline::After(kResourcePause);
+    return true;
+  }
+  Off(ErrnoError("accept", e).message());
+  return false;
 }
 
-void MetricsServer::Linger(int fd) {
-  const Deadline deadline = Deadline::After(kLinger);
-  char buf[4096];
-  for (size_t taken = 0; taken < kLingerBytes;) {
-    if (WaitFor(fd, POLLIN, deadline) != Wait::kReady) return;
-    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
-    if (n == 0) return;
-    if (n < 0) {
-      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
-      return;
+void MetricsServer::Serve(Connection& connection, short revents) {
+  if (revents != 0) {
+    switch (connection.phase()) {
+      case Connection::Phase::kReading:
+        switch (connection.ReadHead()) {
+          case Connection::Head::kComplete:
+            connection.StartResponse(Respond(connection.head()), Deadline::After(client_deadline_),
+                                     /*linger=*/false);
+            break;
+          case Connection::Head::kTooLarge:
+            connection.StartResponse(
+                Plain("431 Request Header Fields Too Large", "request head over 8 KiB", true),
+                Deadline::After(client_deadline_), /*linger=*/true);
+            break;
+          case Connection::Head::kIncomplete:
+            break;
+        }
+        break;
+      case Connection::Phase::kSending:
+        connection.SendMore();
+        break;
+      case Connection::Phase::kLingering:
+        connection.Drain();
+        break;
+      case Connection::Phase::kClosed:
+        break;
     }
-    taken += static_cast<size_t>(n);
+  }
+  // Past its deadline: a request never completed is closed without an answer, a response not
+  // taken is abandoned, a linger ends.
+  if (!connection.closed() && connection.deadline().passed()) {
+    connection.Close();
   }
 }
 
@@ -278,26 +405,11 @@ std::string MetricsServer::Respond(const std::string& head) {
   if (method != "GET" && !head_only) {
     return Plain("405 Method Not Allowed", "only GET and HEAD", true, "Allow: GET, HEAD\r\n");
   }
-  const std::string path = target.substr(0, target.find('?'));
+  const std::string path = TargetPath(target);
   if (path != "/metrics" && path != "/") {
     return Plain("404 Not Found", "not found: the metrics are at /metrics", !head_only);
   }
   return Response("200 OK", "text/plain; version=0.0.4; charset=utf-8", render_(), !head_only);
-}
-
-void MetricsServer::Send(int fd, const std::string& response, Deadline deadline) {
-  size_t done = 0;
-  while (done < response.size()) {
-    const ssize_t n = ::send(fd, response.data() + done, response.size() - done, MSG_NOSIGNAL);
-    if (n > 0) {
-      done += static_cast<size_t>(n);
-    } else if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) {
-      if (WaitFor(fd, POLLOUT, deadline) != Wait::kReady) return;
-    } else {
-      return;  // the client went away: nothing to tell anyone
-    }
-  }
-  ::shutdown(fd, SHUT_WR);
 }
 
 }  // namespace concord

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -53,6 +54,20 @@ std::string Exchange(int port, const std::string& request) {
   EXPECT_EQ(::send(fd.get(), request.data(), request.size(), MSG_NOSIGNAL),
             static_cast<ssize_t>(request.size()));
   return ReadAll(fd.get());
+}
+
+// True when the server closed fd within `limit` without sending anything.
+bool ClosedWithoutAnswer(int fd, milliseconds limit) {
+  pollfd p{fd, POLLIN, 0};
+  if (::poll(&p, 1, static_cast<int>(limit.count())) != 1) return false;
+  char c;
+  return ::recv(fd, &c, 1, MSG_DONTWAIT) == 0;
+}
+
+// True when fd is open with nothing to read: the server neither answered nor closed it.
+bool StillOpen(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, 0) == 0;
 }
 
 std::string StatusLine(const std::string& response) {
@@ -131,21 +146,88 @@ TEST(MetricsServerTest, AnswersWhatItDoesNotServeWithAnError) {
   EXPECT_EQ(Body(Exchange(port, "GET /metrics HTTP/1.1\r\n\r\n")), "x\n");
 }
 
-TEST(MetricsServerTest, AnIdleClientHoldsOthersUpOnlyUntilItsDeadline) {
+TEST(MetricsServerTest, AcceptsAbsoluteFormTargets) {
+  auto server = StartOrDie([] { return std::string("ok\n"); });
+  ASSERT_NE(server, nullptr);
+  const int port = server->port();
+  const std::string authority = "127.0.0.1:" + std::to_string(port);
+  const std::vector<std::string> targets = {"http://" + authority + "/metrics",
+                                            "http://" + authority + "/", "http://" + authority,
+                                            "http://x/metrics?name=y"};
+  for (const std::string& target : targets) {
+    const std::string r = Exchange(port, "GET " + target + " HTTP/1.1\r\nHost: x\r\n\r\n");
+    EXPECT_EQ(StatusLine(r), "HTTP/1.1 200 OK") << target;
+    EXPECT_EQ(Body(r), "ok\n") << target;
+  }
+  EXPECT_EQ(StatusLine(Exchange(port, "GET http://" + authority + "/other HTTP/1.1\r\n\r\n")),
+            "HTTP/1.1 404 Not Found");
+}
+
+TEST(MetricsServerTest, IdleClientsDoNotDelayAScrape) {
+  auto server = StartOrDie([] { return std::string("ok\n"); }, milliseconds(2000));
+  ASSERT_NE(server, nullptr);
+  std::vector<net::Fd> idle;
+  for (int i = 0; i < 4; ++i) {
+    idle.push_back(Connect(server->port()));
+    ASSERT_TRUE(idle.back().valid());
+  }
+  ASSERT_EQ(::send(idle[0].get(), "GET /met", 8, MSG_NOSIGNAL), 8);  // one of them half a request
+  const auto t0 = Clock::now();
+  EXPECT_EQ(Body(Exchange(server->port(), "GET /metrics HTTP/1.1\r\n\r\n")), "ok\n");
+  EXPECT_LT(Clock::now() - t0, milliseconds(1000));
+  for (const net::Fd& fd : idle) EXPECT_TRUE(StillOpen(fd.get()));
+}
+
+TEST(MetricsServerTest, AClientWithoutAWholeRequestIsClosedAtItsDeadline) {
   auto server = StartOrDie([] { return std::string("ok\n"); }, milliseconds(300));
   ASSERT_NE(server, nullptr);
+  const auto t0 = Clock::now();
   net::Fd idle = Connect(server->port());
   ASSERT_TRUE(idle.valid());
   net::Fd partial = Connect(server->port());
   ASSERT_TRUE(partial.valid());
   ASSERT_EQ(::send(partial.get(), "GET /met", 8, MSG_NOSIGNAL), 8);
+  EXPECT_TRUE(ClosedWithoutAnswer(idle.get(), milliseconds(2000)));
+  EXPECT_TRUE(ClosedWithoutAnswer(partial.get(), milliseconds(2000)));
+  const auto elapsed = Clock::now() - t0;
+  EXPECT_GE(elapsed, milliseconds(250));
+  EXPECT_LT(elapsed, milliseconds(1500));
+}
+
+TEST(MetricsServerTest, ASlowReaderIsAbandonedAtItsDeadlineWithoutDelayingOthers) {
+  const std::string big(16 << 20, 'x');  // more than the loopback socket buffers hold
+  const milliseconds deadline(1500);
+  auto server = StartOrDie([&] { return big; }, deadline);
+  ASSERT_NE(server, nullptr);
+  net::Fd slow = Connect(server->port());
+  ASSERT_TRUE(slow.valid());
+  const std::string request = "GET /metrics HTTP/1.1\r\n\r\n";
+  ASSERT_EQ(::send(slow.get(), request.data(), request.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(request.size()));
+  const auto t0 = Clock::now();
+  std::this_thread::sleep_for(milliseconds(50));  // the server now waits for slow to take more
+  EXPECT_EQ(Body(Exchange(server->port(), request)).size(), big.size());
+  EXPECT_LT(Clock::now() - t0, milliseconds(1000));
+  std::this_thread::sleep_until(t0 + deadline + milliseconds(300));  // past slow's deadline
+  const std::string cut = ReadAll(slow.get());
+  EXPECT_EQ(StatusLine(cut), "HTTP/1.1 200 OK");
+  EXPECT_LT(cut.size(), big.size());
+}
+
+TEST(MetricsServerTest, WhenFullTheOldestWaitingConnectionMakesRoom) {
+  auto server = StartOrDie([] { return std::string("ok\n"); }, milliseconds(10000));
+  ASSERT_NE(server, nullptr);
+  std::vector<net::Fd> idle;
+  for (size_t i = 0; i < MetricsServer::kMaxConnections; ++i) {
+    idle.push_back(Connect(server->port()));
+    ASSERT_TRUE(idle.back().valid()) << i;
+  }
   const auto t0 = Clock::now();
   EXPECT_EQ(Body(Exchange(server->port(), "GET /metrics HTTP/1.1\r\n\r\n")), "ok\n");
-  // Two deadlines at most (the idle client's and the partial one's), not the 5 s client timeout.
-  EXPECT_LT(Clock::now() - t0, milliseconds(1500));
-  // Both were closed without an answer.
-  EXPECT_EQ(ReadAll(idle.get()), "");
-  EXPECT_EQ(ReadAll(partial.get()), "");
+  EXPECT_LT(Clock::now() - t0, milliseconds(1000));
+  // The scrape's connection closed the oldest idle one; the others are still open.
+  EXPECT_TRUE(ClosedWithoutAnswer(idle[0].get(), milliseconds(1000)));
+  for (size_t i = 1; i < idle.size(); ++i) EXPECT_TRUE(StillOpen(idle[i].get())) << i;
 }
 
 TEST(MetricsServerTest, DestructionIsPromptWhileAClientIsConnected) {
