@@ -17,6 +17,7 @@
 #include "base/mutex.h"
 #include "core/device_setup.h"
 #include "core/lane_backends.h"
+#include "rendezvous/file_store.h"
 #include "rendezvous/hash_store.h"
 #include "rendezvous/store_factory.h"
 #include "rendezvous/tcp_store.h"
@@ -137,8 +138,10 @@ bool IsLoopback(const std::string& host) {
 StatusOr<std::unique_ptr<Rendezvous>> OpenRendezvous(const Config& c, Deadline deadline,
                                                      std::string* store_host) {
   auto rv = std::make_unique<Rendezvous>();
+  // The store's Set and Add (which take no deadline) wait as long as the job's other waits.
+  const std::chrono::milliseconds op_timeout = MillisFromSeconds(c.timeout_s);
   if (!c.store.empty()) {
-    CONCORD_ASSIGN_OR_RETURN(rv->store, OpenStore(c.store, c.token, deadline));
+    CONCORD_ASSIGN_OR_RETURN(rv->store, OpenStore(c.store, c.token, deadline, op_timeout));
     if (c.store.rfind("tcp://", 0) == 0) {
       std::string host;
       int port = 0;
@@ -165,7 +168,7 @@ StatusOr<std::unique_ptr<Rendezvous>> OpenRendezvous(const Config& c, Deadline d
     }
     // Rank 0 may not be listening yet: retry a refused connection until the deadline.
     for (;;) {
-      auto store = TcpStore::Connect(c.master_addr, port, token, deadline);
+      auto store = TcpStore::Connect(c.master_addr, port, token, deadline, op_timeout);
       if (store.ok()) {
         rv->store = std::move(*store);
         break;
@@ -179,9 +182,11 @@ StatusOr<std::unique_ptr<Rendezvous>> OpenRendezvous(const Config& c, Deadline d
     return rv;
   }
   if (c.local_size == c.size && c.job_id != "default") {
-    // mpirun or srun on one host: a file store private to this job.
+    // mpirun or srun on one host: a file store private to this job, at a path anyone could
+    // guess, so one another user made first is refused.
     const std::string dir = "/tmp/concord-" + std::to_string(getuid()) + "-" + c.job_id;
-    CONCORD_ASSIGN_OR_RETURN(rv->store, OpenStore("file://" + dir, c.token, deadline));
+    CONCORD_ASSIGN_OR_RETURN(rv->store,
+                             FileStore::Create(dir, op_timeout, FileStore::Access::kPrivate));
     return rv;
   }
   return InvalidArgument(

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <thread>
 
 #include "rendezvous/net.h"
@@ -40,6 +41,30 @@ Status MakeDir(const std::string& path) {
   return ErrnoError("file store: mkdir " + path, errno);
 }
 
+// kInvalidArgument unless dir is a directory itself (not a symlink to one), owned by this
+// process's effective user, that neither its group nor others may write.
+Status CheckPrivate(const std::string& dir) {
+  struct stat st;
+  if (::lstat(dir.c_str(), &st) != 0) return ErrnoError("file store: lstat " + dir, errno);
+  const std::string refused = "file store: refusing directory '" + dir + "': ";
+  const std::string advice =
+      " (another user may have made it to read or forge this job's keys; "
+      "remove it, or set CONCORD_STORE)";
+  if (S_ISLNK(st.st_mode)) return InvalidArgument(refused + "it is a symbolic link" + advice);
+  if (!S_ISDIR(st.st_mode)) return InvalidArgument(refused + "it is not a directory");
+  if (st.st_uid != ::geteuid()) {
+    return InvalidArgument(refused + "it belongs to user " + std::to_string(st.st_uid) +
+                           ", not to this user (" + std::to_string(::geteuid()) + ")" + advice);
+  }
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    return InvalidArgument(refused + "its group or others may write to it (mode " + mode + ")" +
+                           advice);
+  }
+  return Status::Ok();
+}
+
 // Sleeps a little (growing from 1 ms to 20 ms), never past the deadline.
 void Backoff(std::chrono::milliseconds* delay, Deadline deadline) {
   auto until = Clock::now() + *delay;
@@ -51,7 +76,8 @@ void Backoff(std::chrono::milliseconds* delay, Deadline deadline) {
 }  // namespace
 
 StatusOr<std::unique_ptr<FileStore>> FileStore::Create(const std::string& dir,
-                                                       std::chrono::milliseconds lock_timeout) {
+                                                       std::chrono::milliseconds lock_timeout,
+                                                       Access access) {
   if (dir.empty() || dir[0] != '/') {
     return InvalidArgument("file store: directory '" + dir + "' is not an absolute path");
   }
@@ -59,11 +85,14 @@ StatusOr<std::unique_ptr<FileStore>> FileStore::Create(const std::string& dir,
     CONCORD_RETURN_IF_ERROR(MakeDir(dir.substr(0, pos)));
   }
   CONCORD_RETURN_IF_ERROR(MakeDir(dir));
+  std::string clean = dir;
+  while (clean.size() > 1 && clean.back() == '/') clean.pop_back();
+  // After mkdir: whether this call made the directory or found it, it is checked the same way
+  // (without the trailing '/', which would make lstat follow a symlink).
+  if (access == Access::kPrivate) CONCORD_RETURN_IF_ERROR(CheckPrivate(clean));
   struct stat st;
   if (::stat(dir.c_str(), &st) != 0) return ErrnoError("file store: stat " + dir, errno);
   if (!S_ISDIR(st.st_mode)) return InvalidArgument("file store: '" + dir + "' is not a directory");
-  std::string clean = dir;
-  while (clean.size() > 1 && clean.back() == '/') clean.pop_back();
   return std::unique_ptr<FileStore>(new FileStore(clean, lock_timeout));
 }
 

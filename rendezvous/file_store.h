@@ -19,9 +19,23 @@ namespace concord {
 // beyond the path.
 class FileStore : public Store {
  public:
-  // Creates dir (and its parents) when missing. dir must be absolute.
+  // What Create requires of the directory. Whoever can write to it can forge any rank's keys.
+  enum class Access {
+    // A directory the user named (CONCORD_STORE=file://...): used as it is, since one shared by
+    // the job's hosts or by a group of users may rightly be group-writable or owned by another
+    // user. Keeping it private to the job is the user's part.
+    kAsGiven,
+    // A directory at a predictable path in a directory everyone can write (Concord's own
+    // /tmp/concord-UID-JOBID), which another user could have made first: it must be a directory
+    // itself (not a symlink), owned by this process's effective user, with no group or other write
+    // permission; otherwise kInvalidArgument names it and says why.
+    kPrivate,
+  };
+
+  // Creates dir (and its parents) when missing, with mode 0700. dir must be absolute.
   static StatusOr<std::unique_ptr<FileStore>> Create(
-      const std::string& dir, std::chrono::milliseconds lock_timeout = std::chrono::seconds(30));
+      const std::string& dir, std::chrono::milliseconds lock_timeout = std::chrono::seconds(30),
+      Access access = Access::kAsGiven);
 
   Status Set(const std::string& key, const std::string& value) override;
   StatusOr<std::string> Get(const std::string& key, Deadline deadline) override;

@@ -7,7 +7,8 @@
 namespace concord {
 
 StatusOr<std::unique_ptr<Store>> OpenStore(const std::string& url, const std::string& token,
-                                           Deadline deadline) {
+                                           Deadline deadline,
+                                           std::chrono::milliseconds op_timeout) {
   static const std::string kTcp = "tcp://";
   static const std::string kFile = "file://";
   if (url.compare(0, kTcp.size(), kTcp) == 0) {
@@ -16,7 +17,7 @@ StatusOr<std::unique_ptr<Store>> OpenStore(const std::string& url, const std::st
     Status s = net::SplitHostPort(url.substr(kTcp.size()), &host, &port);
     if (!s.ok()) return s.WithContext("store URL '" + url + "'");
     CONCORD_ASSIGN_OR_RETURN(std::unique_ptr<TcpStore> store,
-                             TcpStore::Connect(host, port, token, deadline));
+                             TcpStore::Connect(host, port, token, deadline, op_timeout));
     return std::unique_ptr<Store>(std::move(store));
   }
   if (url.compare(0, kFile.size(), kFile) == 0) {
@@ -25,7 +26,7 @@ StatusOr<std::unique_ptr<Store>> OpenStore(const std::string& url, const std::st
       return InvalidArgument("store URL '" + url +
                              "': a file store needs an absolute path, as in file:///tmp/job");
     }
-    CONCORD_ASSIGN_OR_RETURN(std::unique_ptr<FileStore> store, FileStore::Create(dir));
+    CONCORD_ASSIGN_OR_RETURN(std::unique_ptr<FileStore> store, FileStore::Create(dir, op_timeout));
     return std::unique_ptr<Store>(std::move(store));
   }
   return InvalidArgument("store URL '" + url +

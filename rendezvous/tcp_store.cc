@@ -23,6 +23,10 @@ using store_wire::kSet;
 using store_wire::kWait;
 
 constexpr auto kAuthTimeout = std::chrono::seconds(10);
+// How long accepting pauses when the server cannot take a connection (or take one more).
+constexpr auto kAcceptPause = std::chrono::milliseconds(100);
+// The most an unauthenticated client may have sent and the server not yet handled: one HELLO.
+constexpr size_t kMaxUnauthenticatedInput = kHeaderSize + kTcpStoreMaxToken;
 // How long a client waits for a GET/WAIT reply beyond the deadline it sent (the server answers
 // kTimeout at that deadline; this covers the trip back).
 constexpr auto kReplyGrace = std::chrono::seconds(5);
@@ -60,7 +64,7 @@ struct TcpStoreServer::Client {
   bool authed = false;
   bool closing = false;  // drop once `out` is flushed
   bool dead = false;     // drop now
-  Clock::time_point auth_deadline;
+  Clock::time_point accepted_at;
   bool parked = false;  // a GET or WAIT waits for keys
   uint8_t parked_type = 0;
   std::vector<std::string> parked_keys;
@@ -80,6 +84,10 @@ StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(const std::strin
                                                                 const std::string& token) {
   if (port < 0 || port > 65535) return InvalidArgument("store server: port out of range");
   if (token.empty()) return InvalidArgument("store server: the token must not be empty");
+  if (token.size() > kTcpStoreMaxToken) {
+    return InvalidArgument("store server: the token is " + std::to_string(token.size()) +
+                           " bytes, more than the limit of " + std::to_string(kTcpStoreMaxToken));
+  }
   int bound = 0;
   CONCORD_ASSIGN_OR_RETURN(net::Fd listen_fd, net::Listen(bind_host, port, &bound));
   net::Fd wake(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
@@ -104,8 +112,12 @@ void TcpStoreServer::Loop() {
   while (!stop_.load()) {
     fds.clear();
     fds.push_back({wake_fd_.get(), POLLIN, 0});
-    fds.push_back({listen_fd_.get(), POLLIN, 0});
-    int timeout = -1;  // poll's "forever"
+    // poll() skips a negative descriptor: so the listener is left out while accepting pauses.
+    const auto paused_for =
+        std::chrono::ceil<std::chrono::milliseconds>(accept_paused_until_ - Clock::now());
+    const bool accepting = paused_for.count() <= 0;
+    fds.push_back({accepting ? listen_fd_.get() : -1, POLLIN, 0});
+    int timeout = accepting ? -1 : static_cast<int>(paused_for.count());  // -1: poll's "forever"
     bool any_unauthed = false;
     for (const auto& c : clients_) {
       short events = c->closing ? 0 : POLLIN;
@@ -146,7 +158,7 @@ void TcpStoreServer::Loop() {
     const auto now = Clock::now();
     for (auto& c : clients_) {
       if (c->dead) continue;
-      if (!c->authed && !c->closing && now >= c->auth_deadline) c->dead = true;
+      if (!c->authed && !c->closing && now - c->accepted_at >= kAuthTimeout) c->dead = true;
       if (c->parked && c->parked_deadline.passed() && TryAnswerParked(c.get(), /*expired=*/true)) {
         HandleFrames(c.get());
       }
@@ -159,20 +171,44 @@ void TcpStoreServer::Loop() {
 }
 
 void TcpStoreServer::AcceptAll() {
+  size_t unauthenticated =
+      std::count_if(clients_.begin(), clients_.end(),
+                    [](const std::unique_ptr<Client>& c) { return !c->authed && !c->dead; });
+  size_t oldest = 0;  // clients_ is in accept order: no unauthenticated client comes before this
   for (;;) {
+    const auto now = Clock::now();
+    if (unauthenticated >= kMaxUnauthenticated) {
+      while (clients_[oldest]->authed || clients_[oldest]->dead) ++oldest;
+      if (now - clients_[oldest]->accepted_at < kUnauthenticatedGrace) return PauseAccepting();
+      clients_[oldest]->dead = true;
+      --unauthenticated;
+    }
     StatusOr<net::Fd> fd = net::Accept(listen_fd_.get());
-    if (!fd.ok() || !fd->valid()) return;
+    // An error here is the listener's (EMFILE, ENFILE, ENOBUFS): the connection stays queued.
+    if (!fd.ok()) return PauseAccepting();
+    if (!fd->valid()) return;
     auto c = std::make_unique<Client>();
     c->fd = std::move(*fd);
-    c->auth_deadline = Clock::now() + kAuthTimeout;
+    c->accepted_at = now;
     clients_.push_back(std::move(c));
+    ++unauthenticated;
   }
+}
+
+void TcpStoreServer::PauseAccepting() {
+  accept_paused_until_ = Clock::now() + kAcceptPause;
 }
 
 bool TcpStoreServer::ReadFrom(Client* c) {
   char buf[65536];
   for (;;) {
-    const ssize_t n = ::recv(c->fd.get(), buf, sizeof(buf), 0);
+    size_t room = sizeof(buf);
+    if (!c->authed) {
+      // HandleFrames authenticates (or refuses) a full buffer before anything more is read.
+      room = std::min(room, kMaxUnauthenticatedInput - c->in.size());
+      if (room == 0) return true;
+    }
+    const ssize_t n = ::recv(c->fd.get(), buf, room, 0);
     if (n > 0) {
       c->in.append(buf, static_cast<size_t>(n));
       // A parked client may pipeline, but never more than one maximal frame beyond what we hold.
@@ -198,6 +234,16 @@ void TcpStoreServer::HandleFrames(Client* c) {
       Fail(c, frame.code(), frame.message());
       break;
     }
+    const bool have_header = c->in.size() - pos >= kHeaderSize;  // then type and length are set
+    if (!c->authed && have_header && (type != kHello || length > kTcpStoreMaxToken)) {
+      // Refused from the header alone, so an unauthenticated client never makes us buffer a body.
+      Fail(c, Code::kAuthFailed,
+           type != kHello
+               ? "the first request must present the job's token"
+               : "the token presented is " + std::to_string(length) +
+                     " bytes, more than the limit of " + std::to_string(kTcpStoreMaxToken));
+      break;
+    }
     if (consumed == 0) break;  // the rest has not arrived yet
     HandleRequest(c, type, body, length);
     pos += consumed;
@@ -206,10 +252,8 @@ void TcpStoreServer::HandleFrames(Client* c) {
 }
 
 void TcpStoreServer::HandleRequest(Client* c, uint8_t type, const char* body, size_t size) {
-  if (!c->authed) {
-    if (type != kHello) {
-      Fail(c, Code::kAuthFailed, "the first request must present the job's token");
-    } else if (!net::ConstantTimeEquals(std::string(body, size), token_)) {
+  if (!c->authed) {  // HandleFrames passes only a HELLO here
+    if (!net::ConstantTimeEquals(std::string(body, size), token_)) {
       Fail(c, Code::kAuthFailed, "wrong token (this store belongs to another job)");
     } else {
       c->authed = true;
@@ -317,6 +361,10 @@ TcpStore::TcpStore(std::string host, int port, std::string token,
 StatusOr<std::unique_ptr<TcpStore>> TcpStore::Connect(const std::string& host, int port,
                                                       const std::string& token, Deadline deadline,
                                                       std::chrono::milliseconds op_timeout) {
+  if (token.size() > kTcpStoreMaxToken) {
+    return InvalidArgument("store: the token (CONCORD_TOKEN) is " + std::to_string(token.size()) +
+                           " bytes, more than the limit of " + std::to_string(kTcpStoreMaxToken));
+  }
   std::unique_ptr<TcpStore> store(new TcpStore(host, port, token, op_timeout));
   CONCORD_ASSIGN_OR_RETURN(net::Fd fd, store->Open(deadline));
   MutexLock lock(store->mu_);

@@ -5,8 +5,9 @@
 // Every message is one frame:
 //   u32 magic 'CSTR' (0x52545343) | u8 version (1) | u8 type | u16 flags (0) | u32 body length
 // followed by the body, at most kTcpStoreMaxFrame bytes. Requests (client -> server):
-//   HELLO (1): the token bytes. Must be the first frame; anything else, or a wrong token, is
-//              answered with AUTH_FAILED and the connection is closed.
+//   HELLO (1): the token bytes, at most kTcpStoreMaxToken. Must be the first frame; anything
+//              else (refused from its header, before any body is read), a longer one or a wrong
+//              token is answered with AUTH_FAILED and the connection is closed.
 //   SET   (2): bytes key, bytes value            ("bytes" = u32 length + the bytes)
 //   GET   (3): u64 timeout_ms (all ones: none), bytes key
 //   WAIT  (4): u64 timeout_ms, u32 count, count x bytes key
@@ -39,11 +40,23 @@ namespace concord {
 // Contract: owns the listening socket, every client connection, the key-value map and one thread
 // that serves them all with poll(); the map lives only in that thread, so no locks. Start returns
 // once the socket listens. The destructor stops the thread and closes every connection (blocked
-// clients then see kPeerFailure). port() and address() are thread-safe. A client that has not
-// authenticated within 10 s is dropped.
+// clients then see kPeerFailure). port() and address() are thread-safe.
+//
+// Unauthenticated clients (anyone who can reach the port) cost little: one buffers at most a
+// HELLO frame; one that has not authenticated within 10 s is dropped; at most
+// kMaxUnauthenticated are held, and when they fill that, the oldest is dropped to make room once
+// it has had kUnauthenticatedGrace to send its HELLO (a real client sends it at once), while
+// until then new connections wait in the listen queue (not refused, so a burst of real clients
+// larger than the cap is only delayed). When accept() fails (out of descriptors: EMFILE,
+// ENFILE) the connection also waits in the queue and accepting pauses for 100 ms instead of
+// polling the still-readable listener in a loop; the server has no log, so this is silent.
 class TcpStoreServer {
  public:
-  // Listens on bind_host ("" = 127.0.0.1) and port (0 = ephemeral) and starts serving.
+  static constexpr size_t kMaxUnauthenticated = 256;
+  static constexpr std::chrono::milliseconds kUnauthenticatedGrace{1000};
+
+  // Listens on bind_host ("" = 127.0.0.1) and port (0 = ephemeral) and starts serving. The token
+  // must be 1 to kTcpStoreMaxToken bytes.
   static StatusOr<std::unique_ptr<TcpStoreServer>> Start(const std::string& bind_host, int port,
                                                          const std::string& token);
   ~TcpStoreServer();
@@ -59,7 +72,10 @@ class TcpStoreServer {
   TcpStoreServer(net::Fd listen_fd, net::Fd wake_fd, int port, std::string address,
                  std::string token);
   void Loop();
+  // Accepts pending connections, within the unauthenticated cap; may pause accepting.
   void AcceptAll();
+  // Stops polling the listener for 100 ms (pending connections wait in its queue).
+  void PauseAccepting();
   // Reads what is available; false when the client must be dropped now.
   bool ReadFrom(Client* c);
   // Handles complete frames in c's buffer until it parks, closes or runs out of bytes.
@@ -78,7 +94,8 @@ class TcpStoreServer {
   const std::string token_;
   std::atomic<bool> stop_{false};
   // Owned by the server thread only.
-  std::vector<std::unique_ptr<Client>> clients_;
+  std::vector<std::unique_ptr<Client>> clients_;  // in the order they were accepted
+  Clock::time_point accept_paused_until_;         // the listener is not polled before this
   std::map<std::string, std::string> values_;
   std::thread thread_;
 };
@@ -93,7 +110,8 @@ class TcpStoreServer {
 // opens another, or says why it cannot (the server is gone).
 class TcpStore : public Store {
  public:
-  // Connects and authenticates. A wrong token gives kAuthFailed; no server gives kSystemError.
+  // Connects and authenticates. A wrong token gives kAuthFailed; no server gives kSystemError; a
+  // token longer than kTcpStoreMaxToken gives kInvalidArgument.
   static StatusOr<std::unique_ptr<TcpStore>> Connect(
       const std::string& host, int port, const std::string& token, Deadline deadline,
       std::chrono::milliseconds op_timeout = std::chrono::seconds(60));

@@ -14,6 +14,9 @@
 namespace concord {
 
 constexpr uint32_t kTcpStoreMaxFrame = 64u << 20;
+// The longest token (HELLO body): until a client has presented the token the server accepts no
+// larger frame, so an unauthenticated connection never costs it more than this.
+constexpr uint32_t kTcpStoreMaxToken = 1024;
 
 namespace store_wire {
 

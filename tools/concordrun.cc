@@ -45,6 +45,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -56,6 +57,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -281,6 +283,8 @@ class Launcher {
   std::string first_words_;      // its LastWords::Describe()
   bool others_ran_on_ = false;   // some ranks still ran when the first failed
   bool stop_requested_ = false;  // concordrun got SIGINT, SIGTERM or SIGHUP
+
+  std::optional<rlimit> ranks_nofile_;  // the descriptor limit concordrun started with, if raised
   int exit_code_ = 0;
 };
 
@@ -482,6 +486,7 @@ Status Launcher::Spawn(Rank* r, const std::vector<std::string>& job_env,
     ::dup2(err[1], STDERR_FILENO);
     ::signal(SIGPIPE, SIG_DFL);
     ::sigprocmask(SIG_SETMASK, &child_mask, nullptr);
+    if (ranks_nofile_) ::setrlimit(RLIMIT_NOFILE, &*ranks_nofile_);
     ::execvpe(argv[0], argv.data(), envp.data());
     const int e = errno;
     ssize_t ignored = ::write(STDERR_FILENO, exec_failed.data(), exec_failed.size());
@@ -901,6 +906,14 @@ int Launcher::Run() {
   }
   ::sigprocmask(SIG_BLOCK, &handled, &original);
   ::signal(SIGPIPE, SIG_IGN);
+  // The store server holds a descriptor for each connection of each rank: concordrun raises its
+  // own soft limit to the hard one (best effort); the ranks get the limit it started with.
+  rlimit started;
+  if (::getrlimit(RLIMIT_NOFILE, &started) == 0 && started.rlim_cur < started.rlim_max) {
+    rlimit raised = started;
+    raised.rlim_cur = raised.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) ranks_nofile_ = started;
+  }
   net::Fd sigfd(::signalfd(-1, &handled, SFD_CLOEXEC | SFD_NONBLOCK));
   if (!sigfd.valid()) return StartFailed(ErrnoError("signalfd", errno).message(), -1);
   Status s = Setup();

@@ -2,6 +2,7 @@
 // TcpStoreServer on 127.0.0.1), plus the URL factory.
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -16,6 +17,7 @@
 #include "rendezvous/hash_store.h"
 #include "rendezvous/store_factory.h"
 #include "rendezvous/tcp_store.h"
+#include "tests/rendezvous/hello_only_server.h"
 
 namespace concord {
 namespace {
@@ -241,6 +243,68 @@ TEST(FileStoreTest, TwoStoresOverOneDirectoryShareKeys) {
   EXPECT_EQ(*(*b)->Get("k", Deadline::After(milliseconds(100))), "v");
   const std::string cmd = "rm -rf '" + dir + "'";
   EXPECT_EQ(::system(cmd.c_str()), 0);
+}
+
+// Access::kPrivate (Concord's own /tmp/concord-UID-JOBID) takes only a directory of this user's
+// that nobody else may write; kAsGiven (a directory the user named) takes it as it is.
+TEST(FileStoreTest, PrivateAccessRefusesDirectoriesOthersControl) {
+  const auto kPrivate = FileStore::Access::kPrivate;
+  const milliseconds lock_timeout(1000);
+  const std::string dir = MakeTempDir();
+  const std::string fresh = dir + "/fresh";
+  auto made = FileStore::Create(fresh, lock_timeout, kPrivate);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  EXPECT_TRUE(FileStore::Create(dir, lock_timeout, kPrivate).ok());
+  EXPECT_TRUE(FileStore::Create(dir + "/", lock_timeout, kPrivate).ok());
+
+  auto expect_refused = [&](const std::string& path, const std::string& why) {
+    auto s = FileStore::Create(path, lock_timeout, kPrivate);
+    EXPECT_EQ(s.status().code(), Code::kInvalidArgument) << path << ": " << s.status().ToString();
+    EXPECT_NE(s.status().message().find("'" + path + "'"), std::string::npos)
+        << s.status().message();
+    EXPECT_NE(s.status().message().find(why), std::string::npos) << s.status().message();
+    EXPECT_TRUE(FileStore::Create(path, lock_timeout, FileStore::Access::kAsGiven).ok()) << path;
+  };
+  ASSERT_EQ(::chmod(fresh.c_str(), 0777), 0);
+  expect_refused(fresh, "mode 0777");
+  ASSERT_EQ(::chmod(fresh.c_str(), 0720), 0);
+  expect_refused(fresh, "mode 0720");
+  ASSERT_EQ(::chmod(fresh.c_str(), 0700), 0);
+  const std::string link = dir + "/link";
+  ASSERT_EQ(::symlink(fresh.c_str(), link.c_str()), 0);
+  expect_refused(link, "symbolic link");
+  if (::geteuid() == 0) {  // only root can give a directory away
+    const std::string foreign = dir + "/foreign";
+    ASSERT_EQ(::mkdir(foreign.c_str(), 0700), 0);
+    ASSERT_EQ(::chown(foreign.c_str(), 65534, 65534), 0);
+    expect_refused(foreign, "belongs to user 65534");
+  }
+  const std::string cmd = "rm -rf '" + dir + "'";
+  EXPECT_EQ(::system(cmd.c_str()), 0);
+}
+
+// OpenStore's op_timeout bounds a Set on a server that never answers it.
+TEST(StoreFactoryTest, SetWaitsAtMostTheOpTimeout) {
+  harness::HelloOnlyServer server;
+  const int port = server.port();
+  std::atomic<bool> stop{false};
+  std::thread serving([&] {
+    while (!stop.load()) {
+      server.Serve();
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+  });
+  auto store = OpenStore("tcp://127.0.0.1:" + std::to_string(port), "tok",
+                         Deadline::After(milliseconds(3000)), milliseconds(300));
+  EXPECT_TRUE(store.ok()) << store.status().ToString();
+  if (store.ok()) {
+    const auto start = std::chrono::steady_clock::now();
+    EXPECT_EQ((*store)->Set("k", "v").code(), Code::kTimeout);
+    EXPECT_EQ((*store)->Add("n", 1).status().code(), Code::kTimeout);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(3000));
+  }
+  stop.store(true);
+  serving.join();
 }
 
 TEST(StoreFactoryTest, OpensTcpAndFileStores) {

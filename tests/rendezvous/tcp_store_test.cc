@@ -2,7 +2,12 @@
 #include "rendezvous/tcp_store.h"
 
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -239,8 +244,129 @@ TEST_F(TcpStoreTest, SilentUnauthenticatedClientDoesNotBlockOthers) {
   ExpectServing();
 }
 
+// Before it has presented the token a client may send one HELLO no longer than a token, and the
+// server refuses anything else from its header alone, without waiting for (and buffering) a body.
+TEST_F(TcpStoreTest, UnauthenticatedLargeFramesAreRefusedAtTheirHeader) {
+  {
+    net::Fd fd = Raw();
+    const std::string hello = Header(kMagic, 1, /*HELLO*/ 1, kTcpStoreMaxFrame);
+    const std::string some_body(64 << 10, 'x');
+    ASSERT_TRUE(net::WriteAll(fd.get(), hello.data(), hello.size(), Soon(), "server").ok());
+    // The server may close while this is in flight: only its closing matters.
+    (void)net::WriteAll(fd.get(), some_body.data(), some_body.size(), Soon(), "server");
+    EXPECT_TRUE(ServerCloses(fd.get()));
+  }
+  {
+    net::Fd fd = Raw();
+    const std::string set = Header(kMagic, 1, /*SET*/ 2, 1 << 20);
+    ASSERT_TRUE(net::WriteAll(fd.get(), set.data(), set.size(), Soon(), "server").ok());
+    EXPECT_TRUE(ServerCloses(fd.get()));
+  }
+  ExpectServing();
+}
+
+// Silent connections are capped: when they fill the cap, a new client waits until the oldest has
+// had its grace period, then the oldest is dropped and the new client is served.
+TEST_F(TcpStoreTest, UnauthenticatedConnectionsAreCapped) {
+  std::vector<net::Fd> silent;
+  for (size_t i = 0; i < TcpStoreServer::kMaxUnauthenticated; ++i) silent.push_back(Raw());
+  ExpectServing();
+  EXPECT_TRUE(ServerCloses(silent.front().get()));
+  char byte;
+  EXPECT_EQ(::recv(silent.back().get(), &byte, 1, MSG_DONTWAIT), -1) << "the newest was dropped";
+  EXPECT_EQ(errno, EAGAIN);
+}
+
+// CPU time this process has used.
+std::chrono::milliseconds ProcessCpuTime() {
+  timespec t;
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return milliseconds(t.tv_sec * 1000 + t.tv_nsec / 1000000);
+}
+
+// Exit codes of the child in AcceptResumesAfterRunningOutOfDescriptors.
+enum DescriptorChildExit {
+  kChildOk = 0,
+  kChildSetupFailed = 1,
+  kChildSpun = 2,
+  kChildNotServed = 3
+};
+
+// In a forked child (RLIMIT_NOFILE is per process): with no descriptor left, a connection waits in
+// the listen queue while the server neither spins nor gives up; once descriptors are free again it
+// is accepted and served.
+DescriptorChildExit RunOutOfDescriptors() {
+  auto server = TcpStoreServer::Start("127.0.0.1", 0, "the-token");
+  if (!server.ok()) return kChildSetupFailed;
+  // The client's socket exists before the limit; connect() takes no new descriptor.
+  net::Fd client(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  rlimit saved;
+  if (!client.valid() || ::getrlimit(RLIMIT_NOFILE, &saved) != 0) return kChildSetupFailed;
+  const int lowest_free = ::dup(0);
+  if (lowest_free < 0) return kChildSetupFailed;
+  ::close(lowest_free);
+  rlimit none_left = saved;
+  none_left.rlim_cur = static_cast<rlim_t>(lowest_free);
+  if (::setrlimit(RLIMIT_NOFILE, &none_left) != 0) return kChildSetupFailed;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>((*server)->port()));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(client.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return kChildSetupFailed;
+  }
+  const auto cpu_before = ProcessCpuTime();
+  std::this_thread::sleep_for(milliseconds(1000));
+  // A server polling a listener it cannot accept from burns a whole core; one that waits, little.
+  if (ProcessCpuTime() - cpu_before > milliseconds(200)) return kChildSpun;
+  if (::setrlimit(RLIMIT_NOFILE, &saved) != 0) return kChildSetupFailed;
+  if (!net::SetNonBlocking(client.get()).ok()) return kChildSetupFailed;
+  const std::string hello = Header(kMagic, 1, /*HELLO*/ 1, 9) + "the-token";
+  unsigned char reply[13];
+  if (!net::WriteAll(client.get(), hello.data(), hello.size(), Soon(), "server").ok() ||
+      !net::ReadFull(client.get(), reply, sizeof(reply), Soon(), "server").ok() ||
+      reply[12] != static_cast<unsigned char>(Code::kOk)) {
+    return kChildNotServed;
+  }
+  return kChildOk;
+}
+
+TEST(TcpStoreServerTest, AcceptResumesAfterRunningOutOfDescriptors) {
+  const pid_t pid = ::fork();  // this process runs no other thread now
+  ASSERT_GE(pid, 0);
+  if (pid == 0) ::_exit(RunOutOfDescriptors());
+  int status = 0;
+  const Deadline deadline = Deadline::After(milliseconds(15000));
+  while (::waitpid(pid, &status, WNOHANG) == 0) {
+    if (deadline.passed()) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      FAIL() << "the child did not finish within 15 s";
+    }
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  ASSERT_TRUE(WIFEXITED(status)) << "status " << status;
+  EXPECT_EQ(WEXITSTATUS(status), kChildOk)
+      << "1: setup failed, 2: the server spun, 3: the waiting connection was not served";
+}
+
 TEST(TcpStoreServerTest, RejectsEmptyToken) {
   EXPECT_EQ(TcpStoreServer::Start("127.0.0.1", 0, "").status().code(), Code::kInvalidArgument);
+}
+
+// A token fits in the one HELLO an unauthenticated client may send.
+TEST(TcpStoreServerTest, TokensAreLimitedInLength) {
+  const std::string longest(kTcpStoreMaxToken, 't');
+  const std::string too_long(kTcpStoreMaxToken + 1, 't');
+  EXPECT_EQ(TcpStoreServer::Start("127.0.0.1", 0, too_long).status().code(),
+            Code::kInvalidArgument);
+  auto server = TcpStoreServer::Start("127.0.0.1", 0, longest);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  auto store = TcpStore::Connect("127.0.0.1", (*server)->port(), longest, Soon());
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  EXPECT_TRUE((*store)->Set("k", "v").ok());
+  EXPECT_EQ(TcpStore::Connect("127.0.0.1", (*server)->port(), too_long, Soon()).status().code(),
+            Code::kInvalidArgument);
 }
 
 TEST(NetTest, ConstantTimeEquals) {

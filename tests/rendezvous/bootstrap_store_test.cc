@@ -1,0 +1,156 @@
+// How concord_init opens its rendezvous store: the store's Set and Add follow CONCORD_TIMEOUT_S,
+// and the one-host file store refuses a directory at its predictable path that is not private to
+// this user. Each init runs in a forked child (it reads the environment and may wait), watched
+// by the parent, which is killed after 15 s so that no test hangs.
+#include <concord/concord.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <string>
+#include <thread>
+
+#include "base/clock.h"
+#include "tests/rendezvous/hello_only_server.h"
+
+namespace concord {
+namespace {
+
+using std::chrono::milliseconds;
+
+// What a forked concord_init returned, and how long it took.
+struct InitResult {
+  int code = -1;  // the concord_status_t, or -1 when the child did not exit normally in time
+  std::string error;
+  milliseconds elapsed{0};
+};
+
+// Runs concord_init in a child whose environment is exactly `env`; while it runs, the parent calls
+// serve() every 20 ms or so (it must not block). The child is killed after 15 s.
+InitResult InitInChild(const std::map<std::string, std::string>& env,
+                       const std::function<void()>& serve) {
+  int pipe_fds[2];
+  EXPECT_EQ(::pipe(pipe_fds), 0);
+  const auto start = Clock::now();
+  const pid_t pid = ::fork();  // this process runs no other thread now
+  EXPECT_GE(pid, 0);
+  if (pid == 0) {
+    ::close(pipe_fds[0]);
+    ::clearenv();
+    for (const auto& [name, value] : env) ::setenv(name.c_str(), value.c_str(), 1);
+    concord_comm_t comm;
+    const concord_status_t s = concord_init(&comm);
+    const std::string error = s == CONCORD_SUCCESS ? "" : concord_comm_last_error(nullptr);
+    ssize_t ignored = ::write(pipe_fds[1], error.data(), error.size());
+    (void)ignored;
+    ::_exit(static_cast<int>(s));
+  }
+  ::close(pipe_fds[1]);
+  InitResult result;
+  int status = 0;
+  const Deadline deadline = Deadline::After(milliseconds(15000));
+  while (::waitpid(pid, &status, WNOHANG) == 0) {
+    if (deadline.passed()) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      ::close(pipe_fds[0]);
+      ADD_FAILURE() << "concord_init did not return within 15 s";
+      return result;
+    }
+    serve();
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  result.elapsed = std::chrono::duration_cast<milliseconds>(Clock::now() - start);
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(pipe_fds[0], buf, sizeof(buf))) > 0) result.error.append(buf, n);
+  ::close(pipe_fds[0]);
+  if (WIFEXITED(status)) result.code = WEXITSTATUS(status);
+  return result;
+}
+
+// The store's Set (rank 1's first request) gives up after CONCORD_TIMEOUT_S, not after a fixed
+// minute.
+TEST(BootstrapStoreTest, StoreRequestsFollowConcordTimeout) {
+  harness::HelloOnlyServer server;
+  const InitResult r =
+      InitInChild({{"CONCORD_STORE", "tcp://127.0.0.1:" + std::to_string(server.port())},
+                   {"CONCORD_TOKEN", "x"},
+                   {"CONCORD_RANK", "1"},
+                   {"CONCORD_SIZE", "2"},
+                   {"CONCORD_TIMEOUT_S", "1"}},
+                  [&] { server.Serve(); });
+  EXPECT_EQ(r.code, CONCORD_ERR_TIMEOUT) << r.error;
+  EXPECT_LT(r.elapsed, milliseconds(6000)) << r.error;
+}
+
+// The settings of a one-host job started by a launcher that gives no store (as mpirun): its
+// ranks meet in a file store at /tmp/concord-UID-JOBID. Rank 1 never comes: init ends with
+// TIMEOUT after a second unless the store itself is refused.
+std::map<std::string, std::string> OneHostJob(const std::string& job_id) {
+  return {{"CONCORD_RANK", "0"},
+          {"CONCORD_SIZE", "2"},
+          {"CONCORD_LOCAL_SIZE", "2"},
+          {"CONCORD_JOB_ID", job_id},
+          {"CONCORD_TIMEOUT_S", "1"}};
+}
+
+std::string OneHostStoreDir(const std::string& job_id) {
+  return "/tmp/concord-" + std::to_string(::getuid()) + "-" + job_id;
+}
+
+void RemoveTree(const std::string& path) {
+  const std::string cmd = "rm -rf '" + path + "'";
+  EXPECT_EQ(::system(cmd.c_str()), 0);
+}
+
+TEST(BootstrapStoreTest, OneHostFileStoreIsCreatedPrivate) {
+  const std::string job_id = "bootstrap-store-test-" + std::to_string(::getpid()) + "-fresh";
+  const std::string dir = OneHostStoreDir(job_id);
+  RemoveTree(dir);
+  const InitResult r = InitInChild(OneHostJob(job_id), [] {});
+  EXPECT_EQ(r.code, CONCORD_ERR_TIMEOUT) << r.error;
+  struct stat st;
+  ASSERT_EQ(::lstat(dir.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISDIR(st.st_mode));
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  RemoveTree(dir);
+}
+
+// Someone else could have made the directory first, at the predictable path: init refuses it,
+// naming it, rather than meeting the other ranks (and trusting their keys) there.
+TEST(BootstrapStoreTest, OneHostFileStoreRefusesADirectoryOthersCanWrite) {
+  const std::string job_id = "bootstrap-store-test-" + std::to_string(::getpid()) + "-open";
+  const std::string dir = OneHostStoreDir(job_id);
+  RemoveTree(dir);
+  ASSERT_EQ(::mkdir(dir.c_str(), 0700), 0);
+  ASSERT_EQ(::chmod(dir.c_str(), 0777), 0);
+  const InitResult r = InitInChild(OneHostJob(job_id), [] {});
+  EXPECT_EQ(r.code, CONCORD_ERR_INVALID_ARGUMENT) << r.error;
+  EXPECT_NE(r.error.find(dir), std::string::npos) << r.error;
+  RemoveTree(dir);
+}
+
+TEST(BootstrapStoreTest, OneHostFileStoreRefusesASymlink) {
+  const std::string job_id = "bootstrap-store-test-" + std::to_string(::getpid()) + "-link";
+  const std::string dir = OneHostStoreDir(job_id);
+  const std::string target = dir + "-target";
+  RemoveTree(dir);
+  RemoveTree(target);
+  ASSERT_EQ(::mkdir(target.c_str(), 0700), 0);
+  ASSERT_EQ(::symlink(target.c_str(), dir.c_str()), 0);
+  const InitResult r = InitInChild(OneHostJob(job_id), [] {});
+  EXPECT_EQ(r.code, CONCORD_ERR_INVALID_ARGUMENT) << r.error;
+  EXPECT_NE(r.error.find(dir), std::string::npos) << r.error;
+  RemoveTree(dir);
+  RemoveTree(target);
+}
+
+}  // namespace
+}  // namespace concord
