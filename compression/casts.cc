@@ -61,6 +61,9 @@ class CastCompressor final : public Compressor {
         spec() + " compression takes float32 or float64 tensors, not " +
         (IsValidDType(static_cast<int>(dtype)) ? DTypeName(dtype) : "an invalid dtype"));
   }
+  // float16 and bfloat16 tensors are 2 bytes an element already: casting bfloat16 to float16 (or
+  // back) would only lose range or precision.
+  bool passes_through(DType dtype) const override { return IsHalfPrecision(dtype); }
   DType reduce_dtype(DType) const override {
     return format_ == HalfFormat::kFloat16 ? DType::kFloat16 : DType::kBFloat16;
   }

@@ -125,6 +125,12 @@ class Compressor {
   virtual Exchange exchange() const = 0;
   // OK when this compressor accepts tensors of `dtype`; else InvalidArgument saying which it takes.
   virtual Status CheckDType(DType dtype) const = 0;
+  // Whether a tensor of `dtype` travels as it is, uncompressed: nothing to gain (a cast given a
+  // tensor already 16-bit floating point). CheckDType need not accept such a dtype.
+  virtual bool passes_through(DType dtype) const {
+    (void)dtype;
+    return false;
+  }
   // OK when this compressor takes a tensor of `count` elements (any count, unless it says so).
   virtual Status CheckCount(size_t count) const {
     (void)count;

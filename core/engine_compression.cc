@@ -74,9 +74,19 @@ Status Engine::AttachCompressor(QueueEntry& entry) {
   }
   auto compressor = CompressorFor(r.compression);
   if (!compressor.ok()) return compressor.status().WithContext("tensor '" + r.name + "'");
-  if (Status s = (*compressor)->CheckDType(r.dtype); !s.ok()) {
-    return s.WithContext("tensor '" + r.name + "'");
+  // Every rank decides alike: the dtype is negotiated (a difference is a mismatch anyway).
+  if ((*compressor)->passes_through(r.dtype)) {
+    r.compression.clear();
+    return Status::Ok();
   }
+  const Status dtype_taken = (*compressor)->CheckDType(r.dtype);
+  // The communicator's default applies where its compressor can: not to an integer allreduce
+  // under CONCORD_COMPRESSION=fp16, nor to a CUDA tensor (compressors run on the CPU).
+  if (entry.compression_by_default && (!dtype_taken.ok() || r.device != -1)) {
+    r.compression.clear();
+    return Status::Ok();
+  }
+  if (!dtype_taken.ok()) return dtype_taken.WithContext("tensor '" + r.name + "'");
   // Ranks compare the canonical spec (an alias of "none" is no compression too).
   r.compression = (*compressor)->spec();
   if (r.compression == "none") {

@@ -37,6 +37,9 @@ struct QueueEntry {
   uint64_t step = 0;
   // request.compression's compressor (set by Engine::Enqueue; null when uncompressed).
   std::shared_ptr<const compression::Compressor> compressor;
+  // request.compression is the communicator's default (CONCORD_COMPRESSION), not the caller's:
+  // a dtype its compressor does not take travels uncompressed instead of being refused.
+  bool compression_by_default = false;
   // A joined rank's stand-in (Engine::JoinedEntry): it contributes the identity, so its compressor
   // encodes without the rank's state (no residual of its own goes into the others' reduction).
   bool stand_in = false;

@@ -514,7 +514,10 @@ concord_status_t concord_compression_check(const char* spec, int dtype) {
     if (spec == nullptr || *spec == '\0') return Status::Ok();  // "none"
     auto compressor = concord::compression::CreateCompressor(spec);
     Status s = compressor.status();
-    if (s.ok() && dtype != -1) s = (*compressor)->CheckDType(static_cast<concord::DType>(dtype));
+    const auto type = static_cast<concord::DType>(dtype);
+    if (s.ok() && dtype != -1 && !(*compressor)->passes_through(type)) {
+      s = (*compressor)->CheckDType(type);
+    }
     return s.ok() ? s : s.WithContext(std::string("compression '") + spec + "'");
   });
 }
@@ -737,6 +740,7 @@ concord_status_t concord_allreduce_async_ex(concord_comm_t comm, const char* nam
       e.request.compression = o.compression;
     } else if (gradient) {
       e.request.compression = comm->engine->config().compression;
+      e.compression_by_default = true;
     }
     CONCORD_RETURN_IF_ERROR(SetBuffers(input, output, &e));
     CONCORD_RETURN_IF_ERROR(SetDeviceOptions(device_opts, &e));

@@ -180,13 +180,14 @@ typedef struct concord_allreduce_opts {
   /** Gradient compression, a spec such as "none", "fp16", "bf16", "topk:density=0.01" or
    *  "topk:density=0.001,method=exact,values=fp16" (README, Compression); every rank must give
    *  the same (else MISMATCH). NULL (the default): for a sum or an average, CONCORD_COMPRESSION
-   *  or concord_config_t.compression; for min, max and product none. "" is "none". fp16 and bf16
-   *  reduce their 16-bit values with op; top-k adds the ranks' shares, so it takes sum and
-   *  average only. A spec that does not parse, a dtype the compressor does not take, top-k with
-   *  another op, or an input or output not aligned to the element size fails the enqueue with
-   *  INVALID_ARGUMENT naming the problem; CPU tensors only (UNAVAILABLE for a CUDA tensor).
-   *  Top-k keeps error feedback per name (README, Compression). Older callers whose struct ends
-   *  before this field get the default. */
+   *  or concord_config_t.compression where its compressor takes the tensor (a dtype it does not
+   *  take, or a CUDA tensor, travels uncompressed); for min, max and product none. "" is "none".
+   *  fp16 and bf16 reduce their 16-bit values with op, and send a float16 or bfloat16 tensor as it
+   *  is; top-k adds the ranks' shares, so it takes sum and average only. A spec that does not
+   * parse, a dtype the compressor does not take, top-k with another op, or an input or output not
+   * aligned to the element size fails the enqueue with INVALID_ARGUMENT naming the problem; CPU
+   * tensors only (UNAVAILABLE for a CUDA tensor). Top-k keeps error feedback per name (README,
+   * Compression). Older callers whose struct ends before this field get the default. */
   const char* compression;
 } concord_allreduce_opts_t;
 

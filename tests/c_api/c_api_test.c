@@ -97,6 +97,10 @@ static void TestCompressionCheck(void) {
   CHECK_STATUS(concord_compression_check(NULL, -1), CONCORD_SUCCESS);
   CHECK_STATUS(concord_compression_check("", CONCORD_INT32), CONCORD_SUCCESS);
   CHECK_STATUS(concord_compression_check("fp16", CONCORD_FLOAT64), CONCORD_SUCCESS);
+  /* A 16-bit floating tensor travels as it is under a cast. */
+  CHECK_STATUS(concord_compression_check("fp16", CONCORD_BFLOAT16), CONCORD_SUCCESS);
+  CHECK_STATUS(concord_compression_check("bf16", CONCORD_FLOAT16), CONCORD_SUCCESS);
+  CHECK_STATUS(concord_compression_check("fp16", CONCORD_INT8), CONCORD_ERR_INVALID_ARGUMENT);
   CHECK_STATUS(concord_compression_check("topk:density=0.01", -1), CONCORD_SUCCESS);
   CHECK_STATUS(concord_compression_check("fp17", -1), CONCORD_ERR_INVALID_ARGUMENT);
   CheckLastError(NULL, "compression 'fp17': unknown compressor 'fp17'");

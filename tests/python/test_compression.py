@@ -139,6 +139,27 @@ def test_dtype_the_compressor_refuses(comm):
         comm.allreduce(np.ones(8, np.int32), name="int.fp16", compression="fp16")
 
 
+@pytest.mark.parametrize("spec", ["fp16", "bf16"])
+def test_half_tensors_travel_as_they_are_under_a_cast(comm, spec):
+    # Nothing to gain (2 bytes an element already), and a cast to the other 16-bit format would
+    # only lose range or precision: DistributedOptimizer(compression="fp16") on a float16 model.
+    concord.check_compression(spec, "float16")
+    x = (np.arange(5) + 2048 + comm.rank).astype(np.float16)  # exact in float16, not in bfloat16
+    out = comm.allreduce(x, name="half.%s" % spec, op="max", compression=spec)
+    np.testing.assert_array_equal(out, (np.arange(5) + 2048 + comm.size - 1).astype(np.float16))
+
+
+def test_default_compression_passes_what_it_cannot_take(comm):
+    # CONCORD_COMPRESSION=fp16 compresses the float gradients; a step counter's int32 allreduce
+    # travels uncompressed (asked for explicitly, as above, it is refused).
+    with concord.Communicator(compression="fp16") as c:
+        out = c.allreduce(np.full(3, 7 + c.rank, np.int32), name="default.int")
+        assert out.tolist() == [sum(7 + r for r in range(c.size))] * 3
+        third = c.allreduce(np.full(3, 1 / 3, np.float32), name="default.float")
+        assert third[0] != np.float32(c.size / 3)  # compressed: rounded to fp16 on the way
+        np.testing.assert_allclose(third, c.size / 3, rtol=2.0**-10)
+
+
 def test_spec_must_be_a_string(comm):
     with pytest.raises(concord.InvalidArgumentError, match="spec string"):
         comm.allreduce(np.ones(8, np.float32), name="bad.type", compression=16)
