@@ -17,7 +17,10 @@
 //     every rank sent its input for an operation that is ready, the coordinator reduces them in
 //     rank order and the response carries the result: the operation costs no backend collective,
 //     and every rank receives identical bytes. If any rank sent no input (its threshold differs),
-//     the operation runs on the backend as usual.
+//     the operation runs on the backend as usual. So a message stays far below the control
+//     plane's frame limit, it carries at most Engine::kInlineMessageBudgetBytes of inline data: a
+//     rank sends the requests past it without their input, and rank 0 drops the inline results
+//     past it from its response list (every rank then runs those on the backend).
 //  3. Ready operations leave in the order they became ready (cached ones by bit), members of a
 //     group only all together, as one ResponseMessage that rank 0 sends to every rank and executes
 //     itself. Every rank executes the same list in the same order, so the collectives match, and
@@ -33,7 +36,8 @@
 //     ranks and the last tensor each of them submitted. Past the stall shutdown time, if one is
 //     set, the job fails on every rank with kTimeout naming the tensor and the missing ranks (a
 //     job that lost a tensor cannot stay in step; failing once, clearly, beats failing every
-//     step after).
+//     step after). The finalize barrier is warned about, never shut down for: each finalizing
+//     rank's own timeout bounds its wait.
 //  5. Steps. An application that marks its steps (Engine::EndStep) sends each request with its
 //     step number. A name submitted in different steps on different ranks (a rank skipped it in
 //     a step, or submitted it twice) would mix the steps' data: the submissions of the older

@@ -16,6 +16,23 @@ using coordinator_internal::RankList;
 using coordinator_internal::Seconds;
 using coordinator_internal::TestBit;
 
+namespace {
+
+// A join waits for the others' whole epoch (point 8): no stall warning, no stall shutdown.
+bool ExemptFromStallWarning(const std::string& name) {
+  return IsJoinName(name);
+}
+
+// The names the stall shutdown never fails the job for: joins, and the finalize barrier (a rank
+// that finalized early waits for it at most its own timeout, and the others' operations already
+// fail at once). CheckStallShutdown and NextStallCheck both ask this, so no check is scheduled
+// for a shutdown that will not come.
+bool ExemptFromStallShutdown(const std::string& name) {
+  return ExemptFromStallWarning(name) || name == FinalizeName();
+}
+
+}  // namespace
+
 void Coordinator::Steps::Set(int rank, int size, uint64_t step) {
   if (!any) {
     any = true;
@@ -154,14 +171,12 @@ void Coordinator::FailWaitingForFinalized(std::vector<ResponseItem>* errors) {
 
 Status Coordinator::CheckStallShutdown(Clock::time_point now) const {
   if (stall_.shutdown.count() <= 0) return Status::Ok();
-  // The operation that has waited longest, if it waited too long. The finalize barrier is left
-  // out: a rank that finalized early waits for it at most its own timeout, and the others'
-  // operations already fail at once.
+  // The operation that has waited longest, if it waited too long (ExemptFromStallShutdown aside).
   const std::string* name = nullptr;
   std::vector<bool> present;
   Clock::time_point oldest = now - stall_.shutdown;
   for (const auto& [n, p] : pending_) {
-    if (p.first_seen <= oldest && n != FinalizeName() && !IsJoinName(n)) {
+    if (p.first_seen <= oldest && !ExemptFromStallShutdown(n)) {
       oldest = p.first_seen;
       name = &n;
       present = PresentFor(p);
@@ -205,7 +220,7 @@ std::vector<std::string> Coordinator::StallWarnings(Clock::time_point now) {
                        " submitted it. A rank skipped it, is slow, or submits a different name");
   };
   for (auto& [name, p] : pending_) {
-    if (p.warned || now - p.first_seen < stall_.warning || IsJoinName(name)) continue;
+    if (p.warned || now - p.first_seen < stall_.warning || ExemptFromStallWarning(name)) continue;
     p.warned = true;
     warn(name, PresentFor(p));
   }
@@ -219,20 +234,22 @@ std::vector<std::string> Coordinator::StallWarnings(Clock::time_point now) {
 
 std::optional<Clock::time_point> Coordinator::NextStallCheck() const {
   std::optional<Clock::time_point> next;
-  auto consider = [&](Clock::time_point first_seen, bool warned) {
-    if (!warned) {
+  // `warn`: a warning is still to come; `shut_down`: the stall shutdown applies.
+  auto consider = [&](Clock::time_point first_seen, bool warn, bool shut_down) {
+    if (warn) {
       const auto t = first_seen + stall_.warning;
       if (!next || t < *next) next = t;
     }
-    if (stall_.shutdown.count() > 0) {
+    if (shut_down && stall_.shutdown.count() > 0) {
       const auto t = first_seen + stall_.shutdown;
       if (!next || t < *next) next = t;
     }
   };
   for (const auto& [name, p] : pending_) {
-    if (!IsJoinName(name)) consider(p.first_seen, p.warned);
+    consider(p.first_seen, !p.warned && !ExemptFromStallWarning(name),
+             !ExemptFromStallShutdown(name));
   }
-  for (const auto& [bit, w] : bit_waits_) consider(w.first_seen, w.warned);
+  for (const auto& [bit, w] : bit_waits_) consider(w.first_seen, !w.warned, true);
   return next;
 }
 

@@ -185,6 +185,11 @@ class Engine {
   // The error that failed the engine (OK while healthy).
   Status failure() const EXCLUDES(failure_mu_);
   const EngineStats& stats() const { return stats_; }
+  // For tests: the inline data one negotiation message carries at most, instead of
+  // kInlineMessageBudgetBytes. Thread-safe; applies to the messages of later steps.
+  void SetInlineMessageBudget(size_t bytes) {
+    inline_message_budget_.store(bytes, std::memory_order_relaxed);
+  }
   // The communicator's metrics (core/metrics.h) as JSON, and as Prometheus text
   // (core/metrics_render.h); thread-safe.
   std::string MetricsJson() const;
@@ -221,6 +226,10 @@ class Engine {
   // Inline data rank 0 may receive for one tensor from all ranks together: at scale the
   // inline threshold shrinks to this divided by (size - 1).
   static constexpr size_t kInlineBudgetBytes = size_t{1} << 20;
+  // Inline data one negotiation message carries at most, a rank's requests or rank 0's response
+  // list (coordinator.h, point 2): the operations past it go without and run on the backend. Far
+  // below the control plane's frame limit (1 GiB), however many small operations one step sends.
+  static constexpr size_t kInlineMessageBudgetBytes = size_t{64} << 20;
   // How long Fail() waits for its control-plane teardown before it completes the requests (so
   // that, as a rule, the other ranks have this rank's last words before the application learns
   // of the failure and perhaps exits), and how long Shutdown() waits for it again: rank 0's abort
@@ -272,6 +281,9 @@ class Engine {
   // Gives `m` to the coordinator (rank 0) or sends it to rank 0.
   Status SendRequests(RequestMessage m) REQUIRES(driver_.step_mutex());
   Status Coordinate() REQUIRES(driver_.step_mutex());
+  // On rank 0: drops the inline results of `list` past the inline message budget (in list
+  // order); every rank then runs those operations on the backend (coordinator.h, point 2).
+  void DropInlinePastBudget(ResponseMessage& list) const;
   // Executes a response list, then applies it to the response cache and sends again in full
   // what this rank sent as bits that the list evicted.
   Status ExecuteList(const ResponseMessage& list) REQUIRES(driver_.step_mutex());
@@ -433,6 +445,7 @@ class Engine {
   bool group_open_ GUARDED_BY(group_mu_) = false;
   std::vector<QueueEntry> group_entries_ GUARDED_BY(group_mu_);
   std::atomic<uint64_t> join_seq_{0};
+  std::atomic<size_t> inline_message_budget_{kInlineMessageBudgetBytes};
   // This rank read rank 0's abort (stepping thread): Fail() sends rank 0 no report then.
   std::atomic<bool> read_rank0_abort_{false};
   // Fail()'s control-plane teardown, which Fail() and Shutdown() wait for at most kTeardownWait.

@@ -65,14 +65,21 @@ Status Engine::SubmitNew() {
   RequestMessage m;
   m.step = fresh.front().step;
   m.cache_generation = cache_.generation();
+  // Past the budget, requests go without their input and run on the backend (coordinator.h,
+  // point 2): the message stays far below the control plane's frame limit.
+  const size_t budget = inline_message_budget_.load(std::memory_order_relaxed);
+  size_t inline_bytes = 0;  // in `m`
   for (auto& [request, input, step] : fresh) {
     if (step != m.step) {
       CONCORD_RETURN_IF_ERROR(SendRequests(std::move(m)));
       m = RequestMessage();
       m.step = step;
       m.cache_generation = cache_.generation();
+      inline_bytes = 0;
     }
-    std::optional<std::string> data = InlineData(request, input);
+    std::optional<std::string> data;
+    if (request.NumBytes() <= budget - inline_bytes) data = InlineData(request, input);
+    if (data) inline_bytes += data->size();
     if (auto bit = cache_.Lookup(request, config_.rank)) {
       cache_.MarkSent(*bit);
       if (*bit / 64 >= m.cached_mask.size()) m.cached_mask.resize(*bit / 64 + 1, 0);
@@ -142,9 +149,23 @@ Status Engine::ExecuteList(const ResponseMessage& list) {
   return Status::Ok();
 }
 
+void Engine::DropInlinePastBudget(ResponseMessage& list) const {
+  const size_t budget = inline_message_budget_.load(std::memory_order_relaxed);
+  size_t inline_bytes = 0;
+  for (ResponseItem& item : list.items) {
+    if (!item.data) continue;
+    if (item.data->size() <= budget - inline_bytes) {
+      inline_bytes += item.data->size();
+    } else {
+      item.data.reset();
+    }
+  }
+}
+
 Status Engine::Coordinate() {
   const auto now = Clock::now();
   CONCORD_ASSIGN_OR_RETURN(ResponseMessage ready, coordinator_->TakeReady(now));
+  DropInlinePastBudget(ready);
   // Warnings go to every rank, so each rank's log says whom it waits for.
   ready.warnings = coordinator_->StallWarnings(now);
   for (const auto& warning : ready.warnings) Log(LogLevel::kWarning, "stall: " + warning);

@@ -806,6 +806,24 @@ TEST_F(CoordinatorTest, FinalizeBarrierWarningSaysWhoFinalized) {
   EXPECT_TRUE(coordinator_->TakeReady(t0_ + milliseconds(1000)).ok());
 }
 
+TEST_F(CoordinatorTest, NextStallCheckSchedulesNoShutdownForTheFinalizeBarrier) {
+  StallOptions stall;
+  stall.warning = milliseconds(100);
+  stall.shutdown = milliseconds(200);
+  Start(2, stall);
+  TensorRequest bye = Req(FinalizeName());
+  bye.op = OpType::kBarrier;
+  bye.shape.clear();
+  Add(1, Full({bye}));
+  // The warning is due; the shutdown, which never fails the job for this barrier, is not: a
+  // check scheduled for it would stay in the past, and rank 0's engine would poll without rest.
+  EXPECT_EQ(coordinator_->NextStallCheck(), t0_ + milliseconds(100));
+  EXPECT_EQ(coordinator_->StallWarnings(t0_ + milliseconds(100)).size(), 1u);
+  EXPECT_FALSE(coordinator_->NextStallCheck().has_value());
+  EXPECT_TRUE(coordinator_->TakeReady(t0_ + milliseconds(1000)).ok());
+  EXPECT_FALSE(coordinator_->NextStallCheck().has_value());
+}
+
 TEST_F(CoordinatorTest, NextStallCheck) {
   StallOptions stall;
   stall.warning = milliseconds(100);
