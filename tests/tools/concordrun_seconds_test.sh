@@ -6,12 +6,8 @@
 # Usage: concordrun_seconds_test.sh path/to/concordrun
 set -u
 RUN=$1
-failures=0
-
-fail() {
-  echo "FAIL: $*" >&2
-  failures=$((failures + 1))
-}
+# shellcheck source=tests/tools/test_lib.sh
+. "$(dirname "$0")/test_lib.sh"
 
 # refused FLAG VALUE: concordrun exits 2, naming FLAG, and runs nothing.
 refused() {

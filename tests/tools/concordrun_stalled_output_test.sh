@@ -19,23 +19,8 @@ cleanup() {
   rm -rf "$TMP"
 }
 trap cleanup EXIT
-failures=0
-
-fail() {
-  echo "FAIL: $*" >&2
-  failures=$((failures + 1))
-}
-
-# wait_for SECONDS COMMAND...: runs COMMAND every 0.05 s until it succeeds (0) or SECONDS pass (1).
-wait_for() {
-  local tries=$(($1 * 20))
-  shift
-  for ((i = 0; i < tries; i++)); do
-    "$@" && return 0
-    sleep 0.05
-  done
-  return 1
-}
+# shellcheck source=tests/tools/test_lib.sh
+. "$(dirname "$0")/test_lib.sh"
 
 gone() { ! kill -0 "$1" 2>/dev/null; }
 # The rank pids ("pid N" lines) in concordrun's stderr, $TMP/err.

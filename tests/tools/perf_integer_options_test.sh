@@ -5,12 +5,8 @@
 set -u
 METRICS_BENCH=$1
 TIMELINE_BENCH=$2
-failures=0
-
-fail() {
-  echo "FAIL: $*" >&2
-  failures=$((failures + 1))
-}
+# shellcheck source=tests/tools/test_lib.sh
+. "$(dirname "$0")/test_lib.sh"
 
 # refused FLAG PROGRAM ARGS...: PROGRAM exits 2 saying "FLAG takes an integer".
 refused() {
