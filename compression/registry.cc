@@ -74,8 +74,12 @@ StatusOr<std::unique_ptr<Compressor>> MakeTopk(const Params& params) {
       errno = 0;
       char* end = nullptr;
       options.density = std::strtod(value.c_str(), &end);
-      if (end != value.c_str() + value.size() || errno != 0 || !std::isfinite(options.density)) {
+      if (end != value.c_str() + value.size() || value.empty()) {
         return InvalidArgument("topk: density '" + value + "' is not a number");
+      }
+      // Past a double's range (1e-400, 1e999): a number, but no density.
+      if (errno == ERANGE || !std::isfinite(options.density)) {
+        return InvalidArgument("topk: density '" + value + "' is not in (0, 1]");
       }
       have_density = true;
     } else if (key == "method") {

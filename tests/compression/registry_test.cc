@@ -73,6 +73,11 @@ TEST(RegistryTest, RefusesBadTopkParameters) {
     EXPECT_NE(error, "") << d;
     EXPECT_NE(error.find("density"), std::string::npos) << d << ": " << error;
   }
+  // Numbers past a double's range are numbers, only not densities.
+  for (const char* d : {"1e-400", "1e999", "inf"}) {
+    EXPECT_NE(ErrorOf(std::string("topk:density=") + d).find("is not in (0, 1]"), std::string::npos)
+        << d;
+  }
   EXPECT_NE(ErrorOf("topk:density=0.01,method=fast").find("method 'fast'"), std::string::npos);
   EXPECT_NE(ErrorOf("topk:density=0.01,values=int8").find("values 'int8'"), std::string::npos);
   EXPECT_NE(ErrorOf("topk:density=0.01,ratio=2").find("unknown parameter 'ratio'"),
