@@ -434,18 +434,8 @@ Status Launcher::Spawn(Rank* r, const std::vector<std::string>& job_env,
     // remote shell starts from sshd's environment: the job's settings (CONCORD_*, which must
     // agree across ranks; not those that describe this host or this launcher) and -x NAME's go
     // along, then the job's own variables (they win).
-    static const std::set<std::string> kThisHostOnly = {
-        "CONCORD_HOST",         "CONCORD_HOST_ID", "CONCORD_IFACE",
-        "CONCORD_METRICS_PORT", "CONCORD_LIBRARY", "CONCORD_BUILD_DIR",
-        "CONCORD_MPIRUN",       "CONCORD_GRACE_S", "CONCORD_SUMMARY_DIR"};
-    std::vector<std::string> remote;
-    for (char** e = environ; *e != nullptr; ++e) {
-      env.push_back(*e);
-      const std::string v = *e;
-      if (v.rfind("CONCORD_", 0) == 0 && kThisHostOnly.count(v.substr(0, v.find('='))) == 0) {
-        remote.push_back(v);
-      }
-    }
+    for (char** e = environ; *e != nullptr; ++e) env.push_back(*e);
+    std::vector<std::string> remote = JobSettings(environ);
     for (const std::string& x : o_.exports) {
       if (x.find('=') != std::string::npos) continue;  // in vars already
       if (const char* value = std::getenv(x.c_str()); value != nullptr) {

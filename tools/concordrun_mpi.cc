@@ -41,6 +41,12 @@ int ExecMpirun(const Options& o) {
     args.insert(args.end(), {"-x", "CONCORD_IFACE=" + o.iface, "--mca", "btl_tcp_if_include",
                              o.iface, "--mca", "oob_tcp_if_include", o.iface});
   }
+  // The job's settings reach every rank, on any host, as they do over ssh; those set above win.
+  for (const std::string& v : JobSettings(environ)) {
+    const std::string name = v.substr(0, v.find('='));
+    if (name == "CONCORD_BACKEND" || (name == "CONCORD_TIMEOUT_S" && !o.timeout.empty())) continue;
+    args.insert(args.end(), {"-x", name});
+  }
   for (const std::string& x : o.exports) args.insert(args.end(), {"-x", x});  // as mpirun's -x
   args.insert(args.end(), o.command.begin(), o.command.end());
   std::vector<char*> argv;

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <set>
 
 #include "rendezvous/net.h"
 
@@ -181,6 +182,21 @@ Options ParseArgs(int argc, char** argv) {
     }
   }
   return o;
+}
+
+std::vector<std::string> JobSettings(char** environ) {
+  static const std::set<std::string> kThisHostOnly = {
+      "CONCORD_HOST",         "CONCORD_HOST_ID", "CONCORD_IFACE",
+      "CONCORD_METRICS_PORT", "CONCORD_LIBRARY", "CONCORD_BUILD_DIR",
+      "CONCORD_MPIRUN",       "CONCORD_GRACE_S", "CONCORD_SUMMARY_DIR"};
+  std::vector<std::string> settings;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string v = *e;
+    if (v.rfind("CONCORD_", 0) == 0 && kThisHostOnly.count(v.substr(0, v.find('='))) == 0) {
+      settings.push_back(v);
+    }
+  }
+  return settings;
 }
 
 }  // namespace concord

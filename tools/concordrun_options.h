@@ -34,8 +34,15 @@ struct Options {
 // the error and the usage to stderr and exits 2; on --help prints the usage and exits 0.
 Options ParseArgs(int argc, char** argv);
 
-// --backend mpi: replaces this process with mpirun (concordrun_mpi.cc). Returns only if exec
-// fails, with the exit status to return.
+// The job's settings in `environ` that ranks on other hosts must get too: its CONCORD_*
+// variables (job-wide settings must agree on every rank), except those that describe this host or
+// this launcher (CONCORD_HOST, CONCORD_HOST_ID, CONCORD_IFACE, CONCORD_METRICS_PORT, ...), as
+// NAME=VALUE.
+std::vector<std::string> JobSettings(char** environ);
+
+// --backend mpi: replaces this process with mpirun (concordrun_mpi.cc), which gets the job's
+// settings (JobSettings) as -x NAME, as remote ranks do over ssh. Returns only if exec fails,
+// with the exit status to return.
 int ExecMpirun(const Options& o);
 
 }  // namespace concord
