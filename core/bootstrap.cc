@@ -166,14 +166,22 @@ StatusOr<std::unique_ptr<Rendezvous>> OpenRendezvous(const Config& c, Deadline d
       }
       rv->server = std::move(*server);
     }
-    // Rank 0 may not be listening yet: retry a refused connection until the deadline.
+    // Rank 0 may not be listening yet: retry a refused connection until the deadline. A wrong
+    // token, or an answer that is not the store's (another service holds the port), will not
+    // change: they fail at once.
     for (;;) {
       auto store = TcpStore::Connect(c.master_addr, port, token, deadline, op_timeout);
       if (store.ok()) {
         rv->store = std::move(*store);
         break;
       }
-      if (store.status().code() == Code::kAuthFailed || deadline.passed()) {
+      const Code code = store.status().code();
+      if (code == Code::kProtocolError) {
+        return store.status().WithContext(
+            "MASTER_PORT+1 (" + c.master_addr + ":" + std::to_string(port) +
+            ") answers, but not as Concord's rendezvous store: is another service using it?");
+      }
+      if (code == Code::kAuthFailed || deadline.passed()) {
         return store.status().WithContext("the rendezvous store of rank 0 on MASTER_PORT+1");
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));

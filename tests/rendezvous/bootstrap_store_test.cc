@@ -15,8 +15,10 @@
 #include <map>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "base/clock.h"
+#include "rendezvous/net.h"
 #include "tests/rendezvous/hello_only_server.h"
 
 namespace concord {
@@ -88,6 +90,35 @@ TEST(BootstrapStoreTest, StoreRequestsFollowConcordTimeout) {
                   [&] { server.Serve(); });
   EXPECT_EQ(r.code, CONCORD_ERR_TIMEOUT) << r.error;
   EXPECT_LT(r.elapsed, milliseconds(6000)) << r.error;
+}
+
+// Under torchrun's variables, rank 1 connects to MASTER_PORT+1. When something else answers there
+// (here a server that answers every connection as an HTTP server would), that will not change:
+// init fails at once saying so, not by retrying until CONCORD_TIMEOUT_S.
+TEST(BootstrapStoreTest, AnotherServiceOnTheStorePortFailsAtOnce) {
+  int port = 0;
+  auto listener = net::Listen("127.0.0.1", 0, &port);
+  ASSERT_TRUE(listener.ok()) << listener.status().ToString();
+  std::vector<net::Fd> answered;
+  const std::string http = "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n";
+  const InitResult r =
+      InitInChild({{"MASTER_ADDR", "127.0.0.1"},
+                   {"MASTER_PORT", std::to_string(port - 1)},
+                   {"RANK", "1"},
+                   {"WORLD_SIZE", "2"},
+                   {"CONCORD_TIMEOUT_S", "10"}},
+                  [&] {
+                    for (;;) {
+                      auto fd = net::Accept(listener->get());
+                      if (!fd.ok() || !fd->valid()) break;
+                      ssize_t ignored = ::send(fd->get(), http.data(), http.size(), MSG_NOSIGNAL);
+                      (void)ignored;
+                      answered.push_back(std::move(*fd));
+                    }
+                  });
+  EXPECT_EQ(r.code, CONCORD_ERR_PROTOCOL) << r.error;
+  EXPECT_NE(r.error.find("not as Concord's rendezvous store"), std::string::npos) << r.error;
+  EXPECT_LT(r.elapsed, milliseconds(5000)) << r.error;
 }
 
 // The settings of a one-host job started by a launcher that gives no store (as mpirun): its
