@@ -111,29 +111,17 @@ struct Row {
   std::exit(2);
 }
 
-// The whole of `v` as an integer in [min, max], else a usage error naming `flag` (atoi read
-// "1e3" as 1 and "5abc" as 5).
-long long ParseInteger(const std::string& flag, const std::string& v, long long min,
-                       long long max) {
-  errno = 0;
-  char* end = nullptr;
-  const long long x = std::strtoll(v.c_str(), &end, 10);
-  if (v.empty() || end == v.c_str() || *end != '\0' || errno != 0 || x < min || x > max) {
-    Usage(flag + " takes an integer from " + std::to_string(min) + " to " + std::to_string(max) +
-          ", not '" + v + "'");
-  }
-  return x;
-}
-
 // --comm split:K: {K}; group:r,r,...: the ranks; world: none. A usage error for a bad number.
 std::vector<int> SubCommunicatorRanks(const std::string& comm) {
   std::vector<int> numbers;
   if (comm.rfind("split:", 0) == 0) {
-    numbers.push_back(static_cast<int>(ParseInteger("--comm split:K", comm.substr(6), 1, 1 << 20)));
+    numbers.push_back(
+        static_cast<int>(bench::ParseInteger("--comm split:K", comm.substr(6), 1, 1 << 20, Usage)));
   } else if (comm.rfind("group:", 0) == 0) {
     std::stringstream ss(comm.substr(6));
     for (std::string r; std::getline(ss, r, ',');) {
-      numbers.push_back(static_cast<int>(ParseInteger("--comm group:", r, 0, 1 << 20)));
+      numbers.push_back(
+          static_cast<int>(bench::ParseInteger("--comm group:", r, 0, 1 << 20, Usage)));
     }
     if (numbers.empty()) Usage("--comm group: needs ranks");
   }
@@ -198,15 +186,15 @@ Options ParseOptions(int argc, char** argv) {
       if (end == v.c_str() || *end != '\0' || !(o.factor > 1) || !std::isfinite(o.factor))
         Usage("--factor must be a number > 1, not '" + v + "'");
     } else if (a == "--iters") {
-      o.iters = static_cast<int>(ParseInteger(a, next(), 1, 100000000));
+      o.iters = static_cast<int>(bench::ParseInteger(a, next(), 1, 100000000, Usage));
     } else if (a == "--warmup") {
-      o.warmup = static_cast<int>(ParseInteger(a, next(), 0, 100000000));
+      o.warmup = static_cast<int>(bench::ParseInteger(a, next(), 0, 100000000, Usage));
     } else if (a == "--workload") {
       o.workload = next();
     } else if (a == "--steps") {
-      o.steps = static_cast<int>(ParseInteger(a, next(), 1, 1000000));
+      o.steps = static_cast<int>(bench::ParseInteger(a, next(), 1, 1000000, Usage));
     } else if (a == "--rounds") {
-      o.rounds = static_cast<int>(ParseInteger(a, next(), 1, 1000000));
+      o.rounds = static_cast<int>(bench::ParseInteger(a, next(), 1, 1000000, Usage));
     } else if (a == "--compression") {
       o.compressions.push_back(next());
     } else if (a == "--no-raw") {
