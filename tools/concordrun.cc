@@ -13,7 +13,8 @@
 // grace period (--grace, CONCORD_GRACE_S, 5 s) to see the error in their own calls and exit by
 // themselves (to log it, to save a checkpoint); those still running then get SIGTERM (and SIGCONT,
 // for a stopped one), and SIGKILL 3 s later. A SIGINT/SIGTERM/SIGHUP to concordrun goes to the
-// ranks at once (SIGHUP as SIGTERM), SIGKILL following after the grace period, or at a second
+// ranks at once (SIGHUP as SIGTERM, unless concordrun started with SIGHUP ignored, as under
+// nohup: then it stays ignored), SIGKILL following after the grace period, or at a second
 // signal. It signals only the processes it started (each local rank leads its own process group, so
 // its children are stopped with it). Ranks die with concordrun even when it is SIGKILLed: each has
 // PR_SET_PDEATHSIG, and the lifeline (lifeline.h) kills their process groups. Exit status: 0 when
@@ -885,10 +886,10 @@ int Launcher::Run() {
   sigaddset(&handled, SIGCHLD);
   sigaddset(&handled, SIGINT);
   sigaddset(&handled, SIGTERM);
-  sigaddset(&handled, SIGHUP);
-  // Ctrl-Z and its kin stop the whole job (Suspend), unless they were ignored when concordrun
-  // started (then they stay ignored).
-  for (int sig : {SIGTSTP, SIGTTIN, SIGTTOU}) {
+  // SIGHUP stops the job, and Ctrl-Z and its kin stop it for a while (Suspend), unless they were
+  // ignored when concordrun started (`nohup concordrun ...`): then they stay ignored, here and in
+  // the ranks. (A blocked signal is queued even when ignored, so the signalfd would read it.)
+  for (int sig : {SIGHUP, SIGTSTP, SIGTTIN, SIGTTOU}) {
     struct sigaction current;
     if (::sigaction(sig, nullptr, &current) == 0 && current.sa_handler != SIG_IGN) {
       sigaddset(&handled, sig);
