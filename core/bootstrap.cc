@@ -135,6 +135,10 @@ bool IsLoopback(const std::string& host) {
   return host == "127.0.0.1" || host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
 }
 
+// The one-host file store's directory is /tmp/concord-UID-JOBID, the job id encoded: well under
+// NAME_MAX (255).
+constexpr size_t kMaxJobIdComponent = 200;
+
 StatusOr<std::unique_ptr<Rendezvous>> OpenRendezvous(const Config& c, Deadline deadline,
                                                      std::string* store_host) {
   auto rv = std::make_unique<Rendezvous>();
@@ -191,8 +195,17 @@ StatusOr<std::unique_ptr<Rendezvous>> OpenRendezvous(const Config& c, Deadline d
   }
   if (c.local_size == c.size && c.job_id != "default") {
     // mpirun or srun on one host: a file store private to this job, at a path anyone could
-    // guess, so one another user made first is refused.
-    const std::string dir = "/tmp/concord-" + std::to_string(getuid()) + "-" + c.job_id;
+    // guess, so one another user made first is refused. The job id is one path component ('/'
+    // and other bytes encoded), and a short one.
+    const std::string name = FileStore::EncodeName(c.job_id);
+    if (name.size() > kMaxJobIdComponent) {
+      return InvalidArgument("the job id (" + std::to_string(c.job_id.size()) +
+                             " bytes) is too long to name the one-host file store's directory "
+                             "(at most " + std::to_string(kMaxJobIdComponent) +
+                             " bytes, '/' and bytes other than [A-Za-z0-9._-] counting 3): set a "
+                             "shorter CONCORD_JOB_ID, or CONCORD_STORE");
+    }
+    const std::string dir = "/tmp/concord-" + std::to_string(getuid()) + "-" + name;
     CONCORD_ASSIGN_OR_RETURN(rv->store,
                              FileStore::Create(dir, op_timeout, FileStore::Access::kPrivate));
     return rv;

@@ -19,23 +19,6 @@ namespace {
 // File names stay well under NAME_MAX (255) with room for the two-character kind prefix.
 constexpr size_t kMaxComponent = 200;
 
-// Bytes other than [A-Za-z0-9._-] become %XX, so the encoding is injective and never produces '/'.
-std::string EncodeKey(const std::string& key) {
-  static const char kHex[] = "0123456789ABCDEF";
-  std::string out;
-  for (unsigned char c : key) {
-    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-        c == '_' || c == '-') {
-      out.push_back(static_cast<char>(c));
-    } else {
-      out.push_back('%');
-      out.push_back(kHex[c >> 4]);
-      out.push_back(kHex[c & 15]);
-    }
-  }
-  return out;
-}
-
 Status MakeDir(const std::string& path) {
   if (::mkdir(path.c_str(), 0700) == 0 || errno == EEXIST) return Status::Ok();
   return ErrnoError("file store: mkdir " + path, errno);
@@ -96,9 +79,25 @@ StatusOr<std::unique_ptr<FileStore>> FileStore::Create(const std::string& dir,
   return std::unique_ptr<FileStore>(new FileStore(clean, lock_timeout));
 }
 
+std::string FileStore::EncodeName(const std::string& name) {
+  static const char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  for (unsigned char c : name) {
+    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+        c == '_' || c == '-') {
+      out.push_back(static_cast<char>(c));
+    } else {
+      out.push_back('%');
+      out.push_back(kHex[c >> 4]);
+      out.push_back(kHex[c & 15]);
+    }
+  }
+  return out;
+}
+
 StatusOr<std::string> FileStore::PathFor(const std::string& key, char kind,
                                          bool create_dirs) const {
-  const std::string encoded = EncodeKey(key);
+  const std::string encoded = EncodeName(key);
   std::string path = dir_;
   size_t pos = 0;
   while (encoded.size() - pos > kMaxComponent) {

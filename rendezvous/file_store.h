@@ -44,6 +44,10 @@ class FileStore : public Store {
 
   const std::string& dir() const { return dir_; }
 
+  // name as one file-name component: bytes other than [A-Za-z0-9._-] become %XX, so the encoding
+  // is injective and never holds '/'. Keys are stored under this encoding.
+  static std::string EncodeName(const std::string& name);
+
  private:
   FileStore(std::string dir, std::chrono::milliseconds lock_timeout)
       : dir_(std::move(dir)), lock_timeout_(lock_timeout) {}

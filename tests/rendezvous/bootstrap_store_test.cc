@@ -183,5 +183,33 @@ TEST(BootstrapStoreTest, OneHostFileStoreRefusesASymlink) {
   RemoveTree(target);
 }
 
+// A job id is one path component: a '/' (or "..") in it neither makes directories elsewhere nor
+// escapes /tmp/concord-UID-*; a job id too long for a file name is refused, saying so.
+TEST(BootstrapStoreTest, OneHostFileStoreNamesItsDirectoryWithTheJobIdEncoded) {
+  const std::string pid = std::to_string(::getpid());
+  const std::string prefix = "bootstrap-store-test-" + pid + "-slash";
+  const std::string escaped = "/tmp/bootstrap-store-test-" + pid + "-escaped";
+  const std::string job_id = prefix + "/../../bootstrap-store-test-" + pid + "-escaped";
+  const std::string dir = "/tmp/concord-" + std::to_string(::getuid()) + "-" + prefix +
+                          "%2F..%2F..%2Fbootstrap-store-test-" + pid + "-escaped";
+  RemoveTree(dir);
+  const InitResult r = InitInChild(OneHostJob(job_id), [] {});
+  EXPECT_EQ(r.code, CONCORD_ERR_TIMEOUT) << r.error;
+  struct stat st;
+  ASSERT_EQ(::lstat(dir.c_str(), &st), 0) << dir;
+  EXPECT_TRUE(S_ISDIR(st.st_mode));
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  EXPECT_NE(::lstat(OneHostStoreDir(prefix).c_str(), &st), 0) << "made " << OneHostStoreDir(prefix);
+  EXPECT_NE(::lstat(escaped.c_str(), &st), 0) << "made " << escaped;
+  RemoveTree(dir);
+  RemoveTree(OneHostStoreDir(prefix));
+  RemoveTree(escaped);
+
+  const InitResult long_id = InitInChild(OneHostJob(std::string(201, 'j')), [] {});
+  EXPECT_EQ(long_id.code, CONCORD_ERR_INVALID_ARGUMENT) << long_id.error;
+  EXPECT_NE(long_id.error.find("too long"), std::string::npos) << long_id.error;
+  EXPECT_LT(long_id.elapsed, milliseconds(1000)) << long_id.error;
+}
+
 }  // namespace
 }  // namespace concord
