@@ -201,7 +201,8 @@ StatusOr<std::unique_ptr<Rendezvous>> OpenRendezvous(const Config& c, Deadline d
     if (name.size() > kMaxJobIdComponent) {
       return InvalidArgument("the job id (" + std::to_string(c.job_id.size()) +
                              " bytes) is too long to name the one-host file store's directory "
-                             "(at most " + std::to_string(kMaxJobIdComponent) +
+                             "(at most " +
+                             std::to_string(kMaxJobIdComponent) +
                              " bytes, '/' and bytes other than [A-Za-z0-9._-] counting 3): set a "
                              "shorter CONCORD_JOB_ID, or CONCORD_STORE");
     }
