@@ -83,6 +83,9 @@ struct Options {
   std::string comm = "world";
   std::vector<int> comm_ranks;        // split:K: {K}; group:...: its ranks (parsed with --comm)
   bool versus_deterministic = false;  // also time every size on a deterministic communicator
+  // The raw rows' store operations and Gloo connections wait at most this: CONCORD_TIMEOUT_S
+  // (which the library has checked by then), else 30 s, as the library's own default.
+  std::chrono::milliseconds raw_timeout{30000};
 };
 
 struct Row {
@@ -148,6 +151,13 @@ size_t ParseBytes(const std::string& s) {
 
 Options ParseOptions(int argc, char** argv) {
   Options o;
+  if (const char* timeout = std::getenv("CONCORD_TIMEOUT_S")) {
+    char* end = nullptr;
+    const double seconds = std::strtod(timeout, &end);
+    if (end != timeout && *end == '\0' && seconds > 0 && seconds <= 86400) {
+      o.raw_timeout = std::chrono::milliseconds(static_cast<int64_t>(std::ceil(seconds * 1000)));
+    }
+  }
   bool backend_given = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -406,6 +416,7 @@ double TimeRawGloo(concord_comm_t comm, Store* store, const Options& o, int rank
   ro.count = count;
   ro.iterations = o.iters;
   ro.warmup = o.warmup;
+  ro.timeout = o.raw_timeout;
   const bool exchange = o.op != "allreduce";
   auto times = exchange ? RunRawGlooExchange(ro, store) : RunRawGlooAllreduce(ro, store);
   double t = -1;
@@ -429,6 +440,7 @@ double TimeRawGlooSendRecv(concord_comm_t comm, Store* store, const Options& o, 
   ro.count = count;
   ro.iterations = o.iters;
   ro.warmup = o.warmup;
+  ro.timeout = o.raw_timeout;
   auto times = RunRawGlooSendRecv(ro, store);
   double t = -1;
   if (!times.ok()) {
@@ -531,6 +543,7 @@ double TimeRawNccl(concord_comm_t comm, Store* store, const Options& o, int rank
   ro.count = count;
   ro.iterations = o.iters;
   ro.warmup = o.warmup;
+  ro.timeout = o.raw_timeout;
   auto times = RunRawNcclAllreduce(ro, b.in, store);
   double t = -1;
   if (!times.ok()) {
@@ -580,12 +593,12 @@ bool WriteJson(const std::string& path, const std::vector<Row>& rows, double per
   return static_cast<bool>(f);
 }
 
-std::unique_ptr<Store> OpenRawStore(int size) {
+std::unique_ptr<Store> OpenRawStore(int size, std::chrono::milliseconds timeout) {
   if (size == 1) return std::make_unique<HashStore>();
   const char* url = std::getenv("CONCORD_STORE");
   const char* token = std::getenv("CONCORD_TOKEN");
   if (url == nullptr) return nullptr;
-  auto store = OpenStore(url, token ? token : "", Deadline::After(std::chrono::seconds(30)));
+  auto store = OpenStore(url, token ? token : "", Deadline::After(timeout), timeout);
   if (!store.ok()) {
     std::fprintf(stderr, "concord-perf: raw rows disabled: %s\n",
                  store.status().ToString().c_str());
@@ -968,7 +981,7 @@ int main(int argc, char** argv) {
     std::printf("# --backend gloo-ibverbs: Concord rows only (the raw Gloo rows use TCP)\n");
   }
   std::unique_ptr<Store> store = o.raw && on_world && (o.backend == "gloo" || o.backend == "nccl")
-                                     ? OpenRawStore(size)
+                                     ? OpenRawStore(size, o.raw_timeout)
                                      : nullptr;
   std::vector<Row> rows;
   Buffers b;
