@@ -12,9 +12,10 @@
 // stderr (the last error the Concord library logged, the last line); the other ranks then have the
 // grace period (--grace, CONCORD_GRACE_S, 5 s) to see the error in their own calls and exit by
 // themselves (to log it, to save a checkpoint); those still running then get SIGTERM (and SIGCONT,
-// for a stopped one), and SIGKILL 3 s later. A SIGINT/SIGTERM/SIGHUP to concordrun goes to the
-// ranks at once (SIGHUP as SIGTERM, unless concordrun started with SIGHUP ignored, as under
-// nohup: then it stays ignored), SIGKILL following after the grace period, or at a second
+// for a stopped one), and SIGKILL 3 s later. At the end, one line lists the ranks that failed
+// after the first by themselves (not by concordrun's signal). A SIGINT/SIGTERM/SIGHUP to concordrun
+// goes to the ranks at once (SIGHUP as SIGTERM, unless concordrun started with SIGHUP ignored, as
+// under nohup: then it stays ignored), SIGKILL following after the grace period, or at a second
 // signal. It signals only the processes it started (each local rank leads its own process group, so
 // its children are stopped with it). Ranks die with concordrun even when it is SIGKILLed: each has
 // PR_SET_PDEATHSIG, and the lifeline (lifeline.h) kills their process groups. Exit status: 0 when
@@ -87,6 +88,8 @@ constexpr size_t kMaxQuoted = 300;
 // Reads that forward a reaped rank's output before concordrun reports on it (64 KiB each): a
 // bound, since its children may go on writing.
 constexpr int kMaxDrainReads = 16;
+// The ranks that failed after the first one that the last line names; the rest are counted.
+constexpr size_t kMaxListedFailures = 16;
 
 // What a rank last wrote to stderr, for the report when it fails.
 struct LastWords {
@@ -135,6 +138,8 @@ struct Rank {
   // Reaped while processes it started were left in its group (which keeps the group's number
   // from being reused): StopLeftovers ends them.
   bool left_group = false;
+  // concordrun sent it SIGTERM, SIGKILL or a signal it got: how it then ends is no news.
+  bool told_to_end = false;
   Stream out;
   Stream err;
 };
@@ -280,9 +285,12 @@ class Launcher {
   std::string master_addr_, master_port_;  // torchrun's MASTER_ADDR, MASTER_PORT (TorchMaster)
   Ending ending_ = Ending::kNone;
   Clock::time_point next_step_at_;
-  std::string first_failure_;    // "rank 1 (pid 42) exited with code 3", once one failed
-  std::string first_words_;      // its LastWords::Describe()
-  bool others_ran_on_ = false;   // some ranks still ran when the first failed
+  std::string first_failure_;   // "rank 1 (pid 42) exited with code 3", once one failed
+  std::string first_words_;     // its LastWords::Describe()
+  bool others_ran_on_ = false;  // some ranks still ran when the first failed
+  // "rank R exited with code C" for each rank that failed after the first without a signal from
+  // concordrun.
+  std::vector<std::string> later_failures_;
   bool stop_requested_ = false;  // concordrun got SIGINT, SIGTERM or SIGHUP
 
   std::optional<rlimit> ranks_nofile_;  // the descriptor limit concordrun started with, if raised
@@ -558,6 +566,7 @@ std::string Launcher::SignalRunning(int sig) {
     // Only ranks not yet reaped: their pid (and the group they lead) is still ours.
     if (!r.running) continue;
     if (::kill(-r.pid, sig) != 0) ::kill(r.pid, sig);
+    if (sig != SIGSTOP && sig != SIGCONT) r.told_to_end = true;
     signalled.push_back(r.rank);
   }
   std::string list;
@@ -627,10 +636,18 @@ void Launcher::Reap() {
   }
 }
 
-// A rank exited non-zero or was killed. Only the first failure, before anything else went wrong,
-// is news: what follows is its consequence (or concordrun's stopping the job).
+// A rank exited non-zero or was killed. The first failure, before anything else went wrong,
+// decides the job's exit status and starts its ending. Later ones that concordrun did not cause
+// (by a signal) are listed in one line at the end: a rank that fails by itself after a peer's
+// failure (crashes while handling it, fails its checks at exit, a sanitizer's report at exit)
+// must not pass unnoticed behind the first failure's status.
 void Launcher::RankFailed(Rank& r, int status) {
-  if (ending_ != Ending::kNone) return;
+  if (ending_ != Ending::kNone || stop_requested_) {
+    if (!r.told_to_end) {
+      later_failures_.push_back("rank " + std::to_string(r.rank) + " " + HowItEnded(status));
+    }
+    return;
+  }
   exit_code_ = WIFSIGNALED(status) ? 128 + WTERMSIG(status) : 1;
   first_failure_ = "rank " + std::to_string(r.rank) + " (pid " + std::to_string(r.pid) + ") " +
                    HowItEnded(status);
@@ -927,6 +944,16 @@ int Launcher::Run() {
   Summarize();
   // The first failure again, below what the other ranks said after it.
   if (others_ran_on_) Message("the job failed: " + first_failure_ + " first" + first_words_);
+  if (!later_failures_.empty()) {
+    std::string list;
+    for (size_t i = 0; i < later_failures_.size() && i < kMaxListedFailures; ++i) {
+      list += (i == 0 ? "" : ", ") + later_failures_[i];
+    }
+    if (later_failures_.size() > kMaxListedFailures) {
+      list += " and " + std::to_string(later_failures_.size() - kMaxListedFailures) + " more";
+    }
+    Message("also failed after it, by themselves: " + list);
+  }
   FlushOutput(sigfd.get());
   return exit_code_;
 }

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Runs a command (normally concordrun ...), shows its output, and checks its exit status and output.
 #   run_expect.sh [--rc N | --rc-nonzero] [--expect REGEX]... [--expect-count REGEX N]...
-#                 [--reject REGEX]... [--min-seconds S] [--max-seconds S] -- command args...
+#                 [--reject REGEX]... [--allow-later-failures] [--min-seconds S]
+#                 [--max-seconds S] -- command args...
 # --expect: an extended regex some output line must match; --expect-count: exactly N lines must
-# match; --reject: no line may match; --min-seconds: it must not end sooner. The command runs
+# match; --reject: no line may match; --min-seconds: it must not end sooner. Always rejected: a
+# sanitizer's report, and (unless --allow-later-failures) concordrun's line for the ranks that
+# failed by themselves after the first failure, which the exit status does not show. The command runs
 # under `timeout` (default 120 s), so this script never hangs; it stops only the process it
 # started.
 set -euo pipefail
@@ -14,7 +17,8 @@ max_seconds=120
 min_seconds=0
 expects=()
 counts=()
-rejects=()
+rejects=('ERROR: (Address|Leak|Thread|Memory)Sanitizer|: runtime error: ')
+later_failures='^concordrun: also failed after it, by themselves: '
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --rc) want_rc="$2"; shift 2 ;;
@@ -22,6 +26,7 @@ while [[ $# -gt 0 ]]; do
     --expect) expects+=("$2"); shift 2 ;;
     --expect-count) counts+=("$2" "$3"); shift 3 ;;
     --reject) rejects+=("$2"); shift 2 ;;
+    --allow-later-failures) later_failures=; shift ;;
     --max-seconds) max_seconds="$2"; shift 2 ;;
     --min-seconds) min_seconds="$2"; shift 2 ;;
     --) shift; break ;;
@@ -82,6 +87,7 @@ if [[ ${#counts[@]} -gt 0 ]]; then
     fi
   done
 fi
+[[ -n "$later_failures" ]] && rejects+=("$later_failures")
 for re in "${rejects[@]+"${rejects[@]}"}"; do
   if grep -Eq -- "$re" "$out"; then
     echo "run_expect.sh: FAIL: an output line matches /$re/" >&2

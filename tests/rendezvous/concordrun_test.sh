@@ -188,7 +188,7 @@ launch -np 2 --grace 0.5 sh -c "$RANK_SYNC"'
 expect_line "$TMP/out" '^\[0\] TERM after stop$'
 [ "$elapsed" -lt 3000 ] || fail "took ${elapsed} ms: the stopped rank did not act on SIGTERM"
 
-echo "== the first rank to fail is named with its last words; a rank that exits by itself is not"
+echo "== the first rank to fail is named with its last words; a rank that fails by itself after it is listed"
 new_sync_dir last_words
 # Rank 0 exits (4) once concordrun has reaped rank 1, so that rank 1 is the first to fail.
 launch -np 2 sh -c "$RANK_SYNC"'
@@ -210,6 +210,7 @@ words+='; its last stderr line: "RuntimeError: what the application said"$'
 expect_line "$TMP/err" "^concordrun: $rank1, the first rank to fail$words"
 expect_line "$TMP/err" "^concordrun: the job failed: $rank1 first$words"
 grep -q "sent SIG\|rank 0 (pid" "$TMP/err" && fail "rank 0 exited by itself but was signalled or named"
+expect_line "$TMP/err" '^concordrun: also failed after it, by themselves: rank 0 exited with code 4$'
 [ "$elapsed" -lt 4000 ] || fail "took ${elapsed} ms, although rank 0 exited by itself"
 
 echo "== SIGTERM to concordrun is forwarded"
