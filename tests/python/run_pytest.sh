@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs a pytest file (or, with --script, a plain script) on N ranks through concordrun.
 #   run_pytest.sh [--script] PYTHON CONCORDRUN N FILE [args...]
-# Exits 77 (ctest's skip code here) with a clear message when PYTHON lacks pytest or numpy.
+# Exits 77 (ctest's skip code here) with a clear message when PYTHON lacks pytest or numpy, or 1
+# under CONCORD_CI=1 (scripts/test.sh, after scripts/setup.sh installed them).
 set -euo pipefail
 script=0
 if [ "${1:-}" = "--script" ]; then script=1; shift; fi
@@ -10,6 +11,12 @@ shift 3
 need="import numpy"
 [ "$script" = 1 ] && need="import numpy, torch" || need="import numpy, pytest"
 if ! "$python" -c "$need" 2>/dev/null; then
+  if [ "${CONCORD_CI:-}" = 1 ]; then
+    echo "FAILED: CONCORD_CI=1 and '$need' fails under $python (scripts/setup.sh installs" \
+         "python3-numpy python3-pytest python3-torch):"
+    "$python" -c "$need" || true
+    exit 1
+  fi
   echo "SKIPPED: Python tests need '$need' under $python (apt-get install python3-numpy" \
        "python3-pytest python3-torch; scripts/setup.sh installs them)"
   exit 77

@@ -4,6 +4,8 @@ a process set equal to one process on the set's union batch. Every rank runs the
 import numpy as np
 import pytest
 
+from envutil import import_torch
+
 import concord
 
 
@@ -72,7 +74,7 @@ def test_bad_color_on_one_rank_fails_every_rank(comm):
 
 
 def test_distributed_optimizer_over_a_process_set(comm):
-    torch = pytest.importorskip("torch", reason="torch is not installed for this Python")
+    torch = import_torch()
     import concord.torch as ct
     pairs = comm.split(comm.rank // 2)  # {0, 1}, {2, 3}: each pair trains its own replica
     try:

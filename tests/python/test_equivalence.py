@@ -5,8 +5,9 @@ make every rank equal to the root."""
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="torch is not installed for this Python "
-                            "(apt-get install python3-torch)")
+from envutil import import_torch
+
+torch = import_torch()
 import concord  # noqa: E402
 import concord.torch as ctorch  # noqa: E402
 

@@ -10,6 +10,8 @@ import re
 import numpy as np
 import pytest
 
+from envutil import import_torch
+
 import concord
 from concord import Status
 from fake_cuda import fake_cuda_tensor, no_gpu_backend
@@ -149,8 +151,7 @@ def test_python_side_refusals(comm):
 def test_names_sparse_tensors_and_negative_splits_refused_on_every_rank(comm):
     """A name that is not text, a sparse tensor and a negative split of this rank's own rows are
     refused with InvalidArgumentError on every rank, before anything is made or enqueued."""
-    torch = pytest.importorskip("torch", reason="torch is not installed for this Python "
-                                "(apt-get install python3-torch)")
+    torch = import_torch()
     x = np.ones(4, np.float32)
     with pytest.raises(concord.InvalidArgumentError, match="name must be a str .*not int 5"):
         comm.allreduce(x, name=5)  # was bytes(5): five NUL bytes, read by C as an empty name
@@ -176,8 +177,7 @@ def test_out_with_other_dimensions_is_refused(comm):
     """allgather, gather and alltoall return out cut to the rows received: an out whose
     dimensions after the first differ from the input's is refused naming both shapes (it gave a
     truncated result of another shape), through numpy and torch."""
-    torch = pytest.importorskip("torch", reason="torch is not installed for this Python "
-                                "(apt-get install python3-torch)")
+    torch = import_torch()
     for make in (lambda shape: np.full(shape, -1, np.float32),
                  lambda shape: torch.full(shape, -1.0)):
         x = make((2, 3))
@@ -229,8 +229,7 @@ def test_compression_without_library_support(comm):
 
 
 def test_device_tensors_are_refused_clearly(comm):
-    torch = pytest.importorskip("torch", reason="torch is not installed for this Python "
-                                "(apt-get install python3-torch)")
+    torch = import_torch()
     with pytest.raises(concord.UnavailableError,
                        match="allreduce input is a meta tensor: Concord takes CPU and CUDA "
                        "tensors"):
@@ -242,8 +241,7 @@ def test_device_tensors_are_refused_clearly(comm):
 
 
 def test_cuda_tensors_without_gpu_backend(comm, monkeypatch):
-    torch = pytest.importorskip("torch", reason="torch is not installed for this Python "
-                                "(apt-get install python3-torch)")
+    torch = import_torch()
     if not no_gpu_backend():
         pytest.skip("CONCORD_BACKEND=%s may start a GPU backend, which would take the fake "
                     "tensor's host memory for device memory" % os.environ["CONCORD_BACKEND"])

@@ -8,6 +8,8 @@ import threading
 import numpy as np
 import pytest
 
+from envutil import import_torch
+
 import concord
 
 NP_DTYPES = ["uint8", "int8", "int32", "int64", "float16", "float32", "float64"]
@@ -20,8 +22,7 @@ RTOL = {"float16": 2.0**-10, "bfloat16": 2.0**-7, "float32": 2.0**-22, "float64"
 
 
 def torch_or_skip():
-    return pytest.importorskip("torch", reason="torch is not installed for this Python "
-                               "(apt-get install python3-torch)")
+    return import_torch()
 
 
 class Frame:

@@ -5,6 +5,8 @@ arguments refused at once."""
 import numpy as np
 import pytest
 
+from envutil import import_torch
+
 import concord
 
 NP_DTYPES = ["uint8", "int8", "int32", "int64", "float16", "float32", "float64"]
@@ -42,7 +44,7 @@ def test_ring_numpy_every_dtype_and_size(comm):
 
 
 def test_ring_torch_with_bfloat16(comm):
-    torch = pytest.importorskip("torch", reason="torch is not installed for this Python")
+    torch = import_torch()
     nxt, prev = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
     for salt, dtype in enumerate([torch.bfloat16, torch.float32, torch.int64]):
         x = torch.from_numpy(values(4099, comm.rank, salt).astype(np.float64)).to(dtype)

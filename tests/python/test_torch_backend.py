@@ -14,8 +14,9 @@ import os
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="torch is not installed for this Python "
-                            "(apt-get install python3-torch)")
+from envutil import import_torch
+
+torch = import_torch()
 import torch.distributed as dist  # noqa: E402
 
 import concord.torch  # noqa: E402,F401  (registers the backend)

@@ -15,7 +15,9 @@ import os
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="torch is not installed for this Python")
+from envutil import import_torch
+
+torch = import_torch()
 if not torch.cuda.is_available():
     pytest.skip("torch %s has no usable CUDA here (built with CUDA %s; a GPU and a CUDA build of "
                 "torch are needed)" % (torch.__version__, torch.version.cuda),

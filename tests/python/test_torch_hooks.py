@@ -11,8 +11,9 @@ import time
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="torch is not installed for this Python "
-                            "(apt-get install python3-torch)")
+from envutil import import_torch
+
+torch = import_torch()
 import torch.distributed as dist  # noqa: E402
 
 import concord  # noqa: E402
