@@ -247,7 +247,10 @@ void Coordinator::ExpandDivergedBits() {
           }
         }
       }
-      p.first_seen = std::min(p.first_seen, bit_waits_.at(bit).first_seen);
+      p.first_seen = std::min(p.first_seen, wait.first_seen);
+      // A warning given for the bit is not repeated: the ranks still missing are among the ones
+      // it named (every rank that set the bit is in the request now).
+      p.warned = p.warned || wait.warned;
       p.arrivals.Merge(wait.arrivals);
       p.bits.push_back(bit);
       bit_waits_.erase(bit);
@@ -423,7 +426,7 @@ void Coordinator::NoteLast(const Arrivals& arrivals, ResponseItem* item) {
 
 StatusOr<ResponseMessage> Coordinator::TakeReady(Clock::time_point now) {
   ExpandDivergedBits();
-  std::vector<ResponseItem> ready;
+  std::vector<ReadyItem> ready;
 
   // Fast path: the AND of every rank's bit vector.
   std::vector<uint64_t> all = bits_by_rank_[0];
@@ -435,7 +438,8 @@ StatusOr<ResponseMessage> Coordinator::TakeReady(Clock::time_point now) {
     for (uint64_t word = all[w]; word != 0; word &= word - 1) {
       const auto bit = static_cast<uint32_t>(w * 64 + __builtin_ctzll(word));
       for (auto& v : bits_by_rank_) ClearBit(v, bit);
-      ResponseItem item;
+      ReadyItem ready_item{ResponseItem(), {bit}};
+      ResponseItem& item = ready_item.item;
       item.cached = true;
       item.bit = bit;
       auto wait = bit_waits_.find(bit);
@@ -445,7 +449,7 @@ StatusOr<ResponseMessage> Coordinator::TakeReady(Clock::time_point now) {
         NoteLast(wait->second.arrivals, &item);
         bit_waits_.erase(wait);
       }
-      ready.push_back(std::move(item));
+      ready.push_back(std::move(ready_item));
     }
   }
 
@@ -461,7 +465,8 @@ StatusOr<ResponseMessage> Coordinator::TakeReady(Clock::time_point now) {
       still_waiting.push_back(name);
       continue;
     }
-    ResponseItem item;
+    ReadyItem ready_item{ResponseItem(), std::move(it->second.bits)};
+    ResponseItem& item = ready_item.item;
     item.response = Validate(it->second);
     ApplyJoined(it->second, item.response);
     if (item.response.error == Code::kOk) {
@@ -471,7 +476,7 @@ StatusOr<ResponseMessage> Coordinator::TakeReady(Clock::time_point now) {
       stragglers_.OnReady(it->second.arrivals, it->second.steps.first);
       if (item.response.error == Code::kOk) NoteLast(it->second.arrivals, &item);
     }
-    ready.push_back(std::move(item));
+    ready.push_back(std::move(ready_item));
     pending_.erase(it);
   }
   arrival_ = std::move(still_waiting);
@@ -481,23 +486,23 @@ StatusOr<ResponseMessage> Coordinator::TakeReady(Clock::time_point now) {
   // Groups leave only whole: hold members until all group_size members are ready; a member
   // that failed counts as ready (it completes with its error, the rest still run).
   ResponseMessage out;
-  std::vector<ResponseItem> candidates = std::move(held_);
+  std::vector<ReadyItem> candidates = std::move(held_);
   held_.clear();
   for (auto& item : ready) candidates.push_back(std::move(item));
   std::map<std::string, int> ready_count;
   auto request_of = [&](const ResponseItem& item) -> const Response& {
     return item.cached ? *cache_->Get(item.bit) : item.response;
   };
-  for (const auto& item : candidates) {
-    const Response& r = request_of(item);
+  for (const auto& c : candidates) {
+    const Response& r = request_of(c.item);
     if (!r.request.group.empty()) ++ready_count[r.request.group];
   }
-  for (auto& item : candidates) {
-    const Response& r = request_of(item);
+  for (auto& c : candidates) {
+    const Response& r = request_of(c.item);
     if (r.request.group.empty() || ready_count[r.request.group] >= r.request.group_size) {
-      out.items.push_back(std::move(item));
+      out.items.push_back(std::move(c.item));
     } else {
-      held_.push_back(std::move(item));
+      held_.push_back(std::move(c));
     }
   }
   ChooseEvictions(out);
@@ -513,13 +518,14 @@ void Coordinator::ChooseEvictions(ResponseMessage& out) const {
   for (const auto& [name, p] : pending_) {
     for (uint32_t bit : p.bits) SetBit(keep, bit);
   }
-  auto keep_cached = [&keep](const std::vector<ResponseItem>& items) {
-    for (const auto& item : items) {
-      if (item.cached) SetBit(keep, item.bit);
-    }
-  };
-  keep_cached(held_);
-  keep_cached(out.items);
+  for (const auto& held : held_) {
+    for (uint32_t bit : held.bits) SetBit(keep, bit);
+  }
+  // A full response in the list needs none of its bits kept: applying it ends them on the ranks
+  // that sent them before its evictions are made (ResponseCache::Apply).
+  for (const auto& item : out.items) {
+    if (item.cached) SetBit(keep, item.bit);
+  }
   out.evictions = cache_->ChooseVictims(n, keep);
 }
 

@@ -26,11 +26,12 @@
 //     itself. Every rank executes the same list in the same order, so the collectives match, and
 //     applies it to its response cache, so bit numbers agree without any exchange. When the list's
 //     new responses do not fit, it also names the entries every rank evicts: the least recently
-//     executed ones that no bit this coordinator holds stands for (waiting, held for a group,
-//     expanded into a pending request, or in the list itself). A bit still in flight to the
-//     coordinator may be evicted: it arrives with its sender's older cache generation, is ignored,
-//     and its sender, which saw the eviction while the bit was in flight, sends the request again
-//     in full (response_cache.h). So a stale bit is never matched to the entry that replaced it.
+//     executed ones that no bit this coordinator holds stands for (waiting, expanded into a
+//     pending request, held for a group as a cached member or expanded into a held member's
+//     request, or in the list itself). A bit still in flight to the coordinator may be evicted:
+//     it arrives with its sender's older cache generation, is ignored, and its sender, which saw
+//     the eviction while the bit was in flight, sends the request again in full
+//     (response_cache.h). So a stale bit is never matched to the entry that replaced it.
 //  4. Operations that some ranks submitted and others did not are reported after the stall
 //     warning time, on every rank (the response message carries the warning), naming the missing
 //     ranks and the last tensor each of them submitted. Past the stall shutdown time, if one is
@@ -148,6 +149,14 @@ class Coordinator {
     Steps steps;
     Arrivals arrivals;
   };
+  // An operation that can run (or fails) and the cache bits it stands for: a cached item's own,
+  // the bits expanded into its request. While it is held for its group, none of them is evicted:
+  // a rank that sent one would be told to send its request again (ResponseCache::Apply) though
+  // the held item runs it, and that second request would wait here forever.
+  struct ReadyItem {
+    ResponseItem item;
+    std::vector<uint32_t> bits;
+  };
   // The name a rank submitted last (for stall messages).
   struct LastSubmission {
     bool any = false;
@@ -161,9 +170,9 @@ class Coordinator {
   // Names in `out` the cache entries to evict for its new responses to fit (see point 3).
   void ChooseEvictions(ResponseMessage& out) const;
   // Fails the submissions of older steps of names submitted in different steps.
-  void FailOlderSteps(std::vector<ResponseItem>* errors);
+  void FailOlderSteps(std::vector<ReadyItem>* errors);
   // Fails what waits for a rank that finalized.
-  void FailWaitingForFinalized(std::vector<ResponseItem>* errors);
+  void FailWaitingForFinalized(std::vector<ReadyItem>* errors);
   // Describes who is missing for an operation: the ranks and what each last submitted.
   std::string DescribeMissing(const std::vector<bool>& present, Clock::time_point now) const;
   // The inline result of a ready operation (core/engine_inline.cc): every rank's input reduced
@@ -192,7 +201,7 @@ class Coordinator {
   std::map<uint32_t, BitWait> bit_waits_;            // bits set on some rank, not all
   std::map<std::string, Pending> pending_;           // full requests by name
   std::vector<std::string> arrival_;                 // names in order of first arrival
-  std::vector<ResponseItem> held_;                   // ready group members waiting for the rest
+  std::vector<ReadyItem> held_;                      // ready group members waiting for the rest
   std::vector<LastSubmission> last_;                 // per rank
   std::vector<bool> finalized_;                      // per rank: its finalize barrier arrived
   bool any_finalized_ = false;

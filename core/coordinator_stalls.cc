@@ -83,7 +83,7 @@ std::string Coordinator::DescribeMissing(const std::vector<bool>& present,
   return s + ")";
 }
 
-void Coordinator::FailOlderSteps(std::vector<ResponseItem>* errors) {
+void Coordinator::FailOlderSteps(std::vector<ReadyItem>* errors) {
   if (!steps_mixed_) return;
   steps_mixed_ = false;
   for (auto& [name, p] : pending_) {
@@ -95,8 +95,9 @@ void Coordinator::FailOlderSteps(std::vector<ResponseItem>* errors) {
       newest = std::max(newest, p.steps.Of(r));
       ranks_by_step[p.steps.Of(r)].push_back(r);
     }
-    ResponseItem item;
-    Response& error = item.response;
+    // The failed submissions may have come as some of the request's bits.
+    ReadyItem item{ResponseItem(), p.bits};
+    Response& error = item.item.response;
     error.error = Code::kMismatch;
     error.error_message = "tensor '" + name + "' was submitted in different steps:";
     for (const auto& [step, ranks] : ranks_by_step) {
@@ -121,9 +122,10 @@ void Coordinator::FailOlderSteps(std::vector<ResponseItem>* errors) {
   }
 }
 
-void Coordinator::FailWaitingForFinalized(std::vector<ResponseItem>* errors) {
+void Coordinator::FailWaitingForFinalized(std::vector<ReadyItem>* errors) {
   if (!any_finalized_) return;
-  auto fail = [&](Response error, const std::vector<bool>& present) {
+  // `bits`: the cache bits the failed submissions came as.
+  auto fail = [&](Response error, const std::vector<bool>& present, std::vector<uint32_t> bits) {
     std::vector<int> gone;
     for (int r = 0; r < size_; ++r) {
       if (present[r]) error.error_ranks.push_back(r);
@@ -133,8 +135,8 @@ void Coordinator::FailWaitingForFinalized(std::vector<ResponseItem>* errors) {
     error.error_message = "tensor '" + error.request.name + "' cannot complete: " + RankList(gone) +
                           (gone.size() == 1 ? " has" : " have") +
                           " finalized (concord_finalize) without submitting it";
-    ResponseItem item;
-    item.response = std::move(error);
+    ReadyItem item{ResponseItem(), std::move(bits)};
+    item.item.response = std::move(error);
     errors->push_back(std::move(item));
   };
   auto waits_for_finalized = [&](const std::vector<bool>& present) {
@@ -150,7 +152,7 @@ void Coordinator::FailWaitingForFinalized(std::vector<ResponseItem>* errors) {
       continue;
     }
     for (auto& bits : bits_by_rank_) ClearBit(bits, it->first);
-    fail(*cache_->Get(it->first), present);
+    fail(*cache_->Get(it->first), present, {it->first});
     it = bit_waits_.erase(it);
   }
   for (auto it = pending_.begin(); it != pending_.end();) {
@@ -163,7 +165,7 @@ void Coordinator::FailWaitingForFinalized(std::vector<ResponseItem>* errors) {
     for (int r = 0; r < size_ && error.request.name.empty(); ++r) {
       if (present[r]) error.request = *it->second.by_rank[r];
     }
-    fail(std::move(error), present);
+    fail(std::move(error), present, std::move(it->second.bits));
     arrival_.erase(std::find(arrival_.begin(), arrival_.end(), it->first));
     it = pending_.erase(it);
   }

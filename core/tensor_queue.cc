@@ -1,5 +1,6 @@
 #include "core/tensor_queue.h"
 
+#include <algorithm>
 #include <string_view>
 #include <unordered_set>
 
@@ -39,7 +40,7 @@ Status TensorQueue::Push(std::vector<QueueEntry> entries, bool wake) {
     for (auto& e : entries) {
       fresh_.push_back(e.request.name);
       std::string name = e.request.name;
-      table_.emplace(std::move(name), std::move(e));
+      table_.emplace(std::move(name), Slot{std::move(e), true});
     }
   }
   if (wake) wake_();
@@ -56,8 +57,9 @@ std::vector<TensorQueue::Fresh> TensorQueue::PopNew() {
   std::vector<Fresh> out;
   out.reserve(fresh_.size());
   for (const auto& name : fresh_) {
-    const QueueEntry& e = table_.at(name);
-    out.push_back(Fresh{e.request, e.input, e.step});
+    Slot& slot = table_.at(name);  // in flight: Take removes a name from fresh_
+    slot.fresh = false;
+    out.push_back(Fresh{slot.entry.request, slot.entry.input, slot.entry.step});
   }
   fresh_.clear();
   oldest_fresh_.reset();
@@ -73,7 +75,9 @@ void TensorQueue::Resubmit(const std::vector<std::string>& names) {
   {
     MutexLock lock(mu_);
     for (const auto& name : names) {
-      if (table_.count(name) == 0) continue;
+      auto it = table_.find(name);
+      if (it == table_.end() || it->second.fresh) continue;
+      it->second.fresh = true;
       if (!oldest_fresh_) oldest_fresh_ = Clock::now();
       fresh_.push_back(name);
     }
@@ -85,7 +89,11 @@ std::optional<QueueEntry> TensorQueue::Take(const std::string& name) {
   MutexLock lock(mu_);
   auto it = table_.find(name);
   if (it == table_.end()) return std::nullopt;
-  QueueEntry e = std::move(it->second);
+  if (it->second.fresh) {
+    fresh_.erase(std::find(fresh_.begin(), fresh_.end(), name));
+    if (fresh_.empty()) oldest_fresh_.reset();
+  }
+  QueueEntry e = std::move(it->second.entry);
   table_.erase(it);
   return e;
 }
@@ -94,7 +102,7 @@ std::vector<QueueEntry> TensorQueue::Close(const Status& status) {
   MutexLock lock(mu_);
   if (closed_.ok()) closed_ = status;
   std::vector<QueueEntry> out;
-  for (auto& [name, e] : table_) out.push_back(std::move(e));
+  for (auto& [name, slot] : table_) out.push_back(std::move(slot.entry));
   table_.clear();
   fresh_.clear();
   oldest_fresh_.reset();

@@ -72,10 +72,12 @@ class TensorQueue {
   std::optional<Clock::time_point> OldestNew() const;
 
   // Makes PopNew() return these in-flight entries again (their requests must be sent again);
-  // names no longer in flight are skipped. Calls the wake function.
+  // names no longer in flight, or that PopNew() returns already, are skipped. Calls the wake
+  // function.
   void Resubmit(const std::vector<std::string>& names);
 
-  // Removes and returns the in-flight entry for name.
+  // Removes and returns the in-flight entry for name; PopNew() does not return it (a response
+  // may run an entry resubmitted in the same step, before its request was sent again).
   std::optional<QueueEntry> Take(const std::string& name);
 
   // Refuses later pushes with `status` and returns every entry in flight, for the engine to fail.
@@ -86,8 +88,13 @@ class TensorQueue {
  private:
   mutable Mutex mu_;
   const std::function<void()> wake_;  // called without mu_
-  std::unordered_map<std::string, QueueEntry> table_ GUARDED_BY(mu_);
-  std::vector<std::string> fresh_ GUARDED_BY(mu_);
+  // An entry in flight, and whether its name is in fresh_.
+  struct Slot {
+    QueueEntry entry;
+    bool fresh = false;
+  };
+  std::unordered_map<std::string, Slot> table_ GUARDED_BY(mu_);
+  std::vector<std::string> fresh_ GUARDED_BY(mu_);  // what PopNew() returns, each name once
   std::optional<Clock::time_point> oldest_fresh_ GUARDED_BY(mu_);
   Status closed_ GUARDED_BY(mu_);
   uint64_t barrier_seq_ GUARDED_BY(mu_) = 0;

@@ -2,6 +2,7 @@
 // list evicts, and what happens to a bit that was evicted while it was on its way.
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,19 +36,39 @@ RequestMessage Bits(const std::vector<uint32_t>& bits, uint64_t generation) {
   return m;
 }
 
-// Rank 0's side: a coordinator and the cache it reads, to which every list taken is applied, as
-// rank 0's engine does after executing it.
+// A coordinator and every rank's response cache (caches_[0], rank 0's, is the one it reads), to
+// which every list taken is applied, as each rank's engine does after executing it.
 class CoordinatorEvictionTest : public ::testing::Test {
  protected:
   void Start(int size, size_t capacity) {
-    cache_ = std::make_unique<ResponseCache>(capacity);
-    coordinator_ = std::make_unique<Coordinator>(size, cache_.get(), StallOptions());
+    caches_.clear();
+    for (int r = 0; r < size; ++r) caches_.push_back(std::make_unique<ResponseCache>(capacity));
+    cache_ = caches_[0].get();
+    resend_.assign(size, {});
+    coordinator_ = std::make_unique<Coordinator>(size, cache_, StallOptions());
   }
   void Add(int rank, const RequestMessage& m) {
     Status s = coordinator_->Add(rank, m, Clock::now());
     ASSERT_TRUE(s.ok()) << s.ToString();
   }
-  // Takes what is ready and applies it to the cache; the names of its items, in order.
+  // `rank`'s message for `requests`, as its engine builds it: each one a cache entry's bit (marked
+  // sent) when its cache holds one, else in full.
+  RequestMessage Send(int rank, const std::vector<TensorRequest>& requests) {
+    ResponseCache& cache = *caches_[rank];
+    RequestMessage m = Bits({}, cache.generation());
+    for (const auto& q : requests) {
+      if (std::optional<uint32_t> bit = cache.Lookup(q, rank)) {
+        cache.MarkSent(*bit);
+        if (*bit / 64 >= m.cached_mask.size()) m.cached_mask.resize(*bit / 64 + 1, 0);
+        m.cached_mask[*bit / 64] |= uint64_t{1} << (*bit % 64);
+      } else {
+        m.requests.push_back(q);
+      }
+    }
+    return m;
+  }
+  // Takes what is ready and applies it to every rank's cache, keeping in resend_ what each rank
+  // must send again; the names of its items, in order.
   std::vector<std::string> Run(ResponseMessage* out = nullptr) {
     StatusOr<ResponseMessage> m = coordinator_->TakeReady(Clock::now());
     EXPECT_TRUE(m.ok()) << m.status().ToString();
@@ -57,9 +78,11 @@ class CoordinatorEvictionTest : public ::testing::Test {
       names.push_back(item.cached ? cache_->Get(item.bit)->request.name
                                   : item.response.request.name);
     }
-    std::vector<std::string> resend;
-    Status s = cache_->Apply(*m, 0, &resend);
-    EXPECT_TRUE(s.ok()) << s.ToString();
+    for (size_t r = 0; r < caches_.size(); ++r) {
+      resend_[r].clear();
+      Status s = caches_[r]->Apply(*m, static_cast<int>(r), &resend_[r]);
+      EXPECT_TRUE(s.ok()) << s.ToString();
+    }
     if (out != nullptr) *out = std::move(*m);
     return names;
   }
@@ -72,7 +95,9 @@ class CoordinatorEvictionTest : public ::testing::Test {
   }
   uint64_t generation() const { return cache_->generation(); }
 
-  std::unique_ptr<ResponseCache> cache_;
+  std::vector<std::unique_ptr<ResponseCache>> caches_;  // by rank
+  ResponseCache* cache_ = nullptr;                      // rank 0's
+  std::vector<std::vector<std::string>> resend_;        // by rank, from the last Run
   std::unique_ptr<Coordinator> coordinator_;
 };
 
@@ -131,6 +156,58 @@ TEST_F(CoordinatorEvictionTest, GroupMembersHeldThroughTheirBitsKeepThem) {
   for (int r = 0; r < 2; ++r) Add(r, Full({b}, generation()));
   EXPECT_EQ(Run(&m), (Names{"a", "b"}));
   EXPECT_EQ(m.evictions, (std::vector<uint32_t>{1}));  // y, not a, which runs in the list
+}
+
+// A member's bit expanded into its request (a rank sent the member in full) stands for that
+// request while the member is held for its group: evicting it would tell the ranks that sent it
+// to send the request again though the held member runs it, and the coordinator would keep their
+// second request waiting forever (the next submission of the name: "sent twice").
+TEST_F(CoordinatorEvictionTest, BitExpandedIntoAMemberHeldForItsGroupIsKept) {
+  Start(3, 3);
+  TensorRequest a = Req("a");
+  auto b = [](int64_t rows) {  // an allgather: each rank's own number of rows
+    TensorRequest q = Req("b");
+    q.op = OpType::kAllgather;
+    q.shape = {rows, 1};
+    return q;
+  };
+  auto grouped = [](TensorRequest q) {
+    q.group = "a#2";
+    q.group_size = 2;
+    return q;
+  };
+  for (int r = 0; r < 3; ++r) Add(r, Send(r, {grouped(a), grouped(b(2))}));
+  EXPECT_EQ(Run(), (Names{"a", "b"}));  // bits 0 and 1
+  RunFull(3, {"z"});                    // bit 2
+  // Rank 2 sends the group again (a as bit 0; b with 3 rows, in full), and while it is on its
+  // way, x evicts a: rank 2 sends a again in full.
+  const RequestMessage in_flight = Send(2, {grouped(a), grouped(b(3))});
+  for (int r = 0; r < 3; ++r) Add(r, Send(r, {Req("x")}));
+  ResponseMessage m;
+  EXPECT_EQ(Run(&m), (Names{"x"}));
+  EXPECT_EQ(m.evictions, (std::vector<uint32_t>{0}));
+  EXPECT_EQ(resend_[2], (Names{"a"}));
+  Add(2, in_flight);
+  // Ranks 0 and 1 send the group (a in full, b as bit 1): b is ready and held for a. y needs
+  // room: z goes, not b's bit.
+  for (int r = 0; r < 2; ++r) Add(r, Send(r, {grouped(a), grouped(b(2)), Req("y")}));
+  Add(2, Send(2, {Req("y")}));
+  EXPECT_EQ(Run(&m), (Names{"y"}));
+  EXPECT_EQ(m.evictions, (std::vector<uint32_t>{2}));
+  EXPECT_TRUE(resend_[0].empty());
+  EXPECT_TRUE(resend_[1].empty());
+  // Each rank sends again what that list told it to (nothing), and rank 2 its a: the group runs,
+  // and nothing is left waiting.
+  for (int r = 0; r < 3; ++r) {
+    std::vector<TensorRequest> again;
+    for (const auto& name : resend_[r]) again.push_back(name == "a" ? grouped(a) : grouped(b(2)));
+    if (!again.empty()) Add(r, Send(r, again));
+  }
+  Add(2, Send(2, {grouped(a)}));
+  EXPECT_EQ(Run(), (Names{"b", "a"}));  // in the order they became ready
+  EXPECT_EQ(coordinator_->pending(), 0u);
+  Status s = coordinator_->Add(1, Send(1, {grouped(b(5))}), Clock::now());
+  EXPECT_TRUE(s.ok()) << s.ToString();
 }
 
 TEST_F(CoordinatorEvictionTest, StaleBitIsIgnoredAndNeverMatchedToTheEntryThatReplacedIt) {

@@ -587,6 +587,31 @@ TEST_F(CoordinatorTest, StallWarningsNameMissingRanksAndWhatTheyLastSubmittedOnc
   EXPECT_TRUE(coordinator_->StallWarnings(t0_ + milliseconds(5000)).empty());
 }
 
+// A bit that waited past the warning and is then expanded (another rank sent the name in full)
+// is not warned about again: the ranks still missing are among those its warning named.
+TEST_F(CoordinatorTest, StallWarningIsNotRepeatedWhenItsBitIsExpanded) {
+  StallOptions stall;
+  stall.warning = milliseconds(100);
+  Start(3, stall);
+  cache_.Insert(Ok(Req("a")));
+  Add(0, Bits({0}));
+  EXPECT_TRUE(Take(milliseconds(100)).items.empty());
+  auto w = coordinator_->StallWarnings(t0_ + milliseconds(100));
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_NE(w[0].find("tensor 'a' has waited for more than 0.1 s for ranks 1, 2"),
+            std::string::npos)
+      << w[0];
+  Add(1, Full({Req("a")}), milliseconds(150));
+  EXPECT_TRUE(Take(milliseconds(150)).items.empty());
+  EXPECT_EQ(coordinator_->pending(), 1u);  // expanded: waits for rank 2
+  EXPECT_TRUE(coordinator_->StallWarnings(t0_ + milliseconds(200)).empty());
+  EXPECT_FALSE(coordinator_->NextStallCheck().has_value());  // no warning to come, no shutdown
+  Add(2, Bits({0}), milliseconds(250));
+  ResponseMessage m = Take(milliseconds(250));
+  ASSERT_EQ(m.items.size(), 1u);
+  EXPECT_EQ(m.items[0].response.error, Code::kOk) << m.items[0].response.error_message;
+}
+
 TEST_F(CoordinatorTest, StallWarningSaysWhenARankHasSubmittedNothing) {
   StallOptions stall;
   stall.warning = milliseconds(100);

@@ -105,6 +105,26 @@ TEST(TensorQueueTest, TakeRemovesAndFreesTheName) {
   EXPECT_TRUE(queue.Push(Entries({"a"})).ok());  // the name may be reused once taken
 }
 
+// An entry resubmitted (its request must be sent again) and taken (a response ran it) before the
+// next PopNew() is not returned: it is no longer in flight. A name resubmitted twice, or taken
+// and pushed again, is returned once.
+TEST(TensorQueueTest, TakeWithdrawsAResubmittedEntry) {
+  TensorQueue queue([] {});
+  ASSERT_TRUE(queue.Push(Entries({"a", "b"})).ok());
+  queue.PopNew();
+  queue.Resubmit({"a", "b"});
+  ASSERT_TRUE(queue.Take("a").has_value());
+  EXPECT_EQ(Names(queue.PopNew()), (std::vector<std::string>{"b"}));
+  queue.Resubmit({"b", "b"});  // returned once
+  EXPECT_EQ(Names(queue.PopNew()), (std::vector<std::string>{"b"}));
+  queue.Resubmit({"b"});
+  ASSERT_TRUE(queue.Take("b").has_value());
+  EXPECT_FALSE(queue.OldestNew().has_value());
+  EXPECT_TRUE(queue.PopNew().empty());
+  ASSERT_TRUE(queue.Push(Entries({"b"})).ok());
+  EXPECT_EQ(Names(queue.PopNew()), (std::vector<std::string>{"b"}));
+}
+
 TEST(TensorQueueTest, CloseReturnsInFlightAndRefusesLaterPushes) {
   TensorQueue queue([] {});
   ASSERT_TRUE(queue.Push(Entries({"a", "b"})).ok());
