@@ -13,11 +13,16 @@
 //   launch; a failure to start fails that Launch() and aborts the backend.
 // - When Launch() succeeds, `done` is called exactly once, later, on the backend's completion
 //   thread (never inside Launch()), when the collective has finished on the device (its outputs
-//   may be read) or has failed; collectives that Abort() fails complete on the thread calling
-//   Abort(). Completions come in launch order. A collective not finished by its
-//   deadline fails with kTimeout, and so does every one launched after it: the backend aborts its
-//   communicator, so a peer that never arrives cannot hang the job. Any other failure (a peer's
-//   death, a library error) aborts it too. After an abort every later Launch() fails.
+//   may be read) or has failed; a backend may run those that Abort() fails on the thread calling
+//   Abort() instead (the in-process fake does; NCCL fails them on its completion thread, once the
+//   work queued on the device has stopped, and Abort() waits for that unless called there).
+//   Completions come in launch order: a failure is never reported before an earlier collective's
+//   `done` has returned. The device runs collectives one after another, so a collective's time
+//   counts from when the one before it completed: it fails with kTimeout once both its deadline
+//   and the backend's timeout after it came first have passed, and so does every one launched
+//   after it: the backend aborts its communicator, so a peer that never arrives cannot hang the
+//   job. Any other failure (a peer's death, a library error) aborts it too. After an abort every
+//   later Launch() fails.
 // - When Launch() fails, `done` is never called and nothing was enqueued that could still run.
 // - The returned DeviceEvent lets a consumer order its own device work after the collective
 //   without blocking the host; it stays usable after the backend is gone.
@@ -128,6 +133,15 @@ class DeviceBackend {
   virtual Status Drain(Deadline deadline) = 0;
   // Fails every collective in flight with `status`, aborts the communicator. Thread-safe.
   virtual void Abort(const Status& status) = 0;
+  // Whether the calling thread is the backend's completion thread (where `done` runs, except for
+  // the collectives Abort() fails on the thread calling it, where the backend does). Thread-safe.
+  virtual bool OnCompletionThread() const = 0;
+  // A callable, for any thread and valid after the backend is gone, that aborts the communicator
+  // without waiting and without running any `done` on the caller's thread: the collectives in
+  // flight then fail promptly, on the completion thread, instead of waiting for a peer that is
+  // gone. The engine calls it from its control plane's failure listener. Empty (the default):
+  // the backend's own failure detection and deadlines apply.
+  virtual std::function<void()> Interrupter() { return nullptr; }
 };
 
 // The device backends this build has ("nccl" when built with CUDA and NCCL; else none).

@@ -6,6 +6,8 @@
 #include <cstring>
 #include <string>
 
+#include "core/device_setup.h"
+
 namespace concord {
 namespace {
 
@@ -89,6 +91,8 @@ StatusOr<Communicator> Split(Engine& engine, CommOrigin& origin, SplitArgs mine,
   config.size = static_cast<int>(members.size());
   config.rank =
       static_cast<int>(std::find(members.begin(), members.end(), pc.rank) - members.begin());
+  // The device plane stays on the parent's GPU, which the recomputed local_rank may not pick.
+  config.device_local_rank = DeviceLocalRank(pc);
   config.local_rank = 0;
   config.local_size = 0;
   for (int r : members) {

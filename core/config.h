@@ -22,6 +22,10 @@ struct Config {
   int size = -1;
   int local_rank = -1;
   int local_size = -1;
+  // The local rank whose GPU the device plane uses (it modulo the usable CUDA devices); -1:
+  // local_rank. A sub-communicator keeps its parent's (core/comm_split.cc): its own local_rank
+  // counts only its members on this host, and would pick another GPU than the parent's tensors'.
+  int device_local_rank = -1;
 
   // Rendezvous.
   std::string store;        // "tcp://host:port" or "file:///dir"; "" = derived (see Bootstrap)

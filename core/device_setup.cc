@@ -21,6 +21,10 @@ DevicePlane NoDeviceBackend(const std::string& why) {
 
 }  // namespace
 
+int DeviceLocalRank(const Config& config) {
+  return config.device_local_rank >= 0 ? config.device_local_rank : config.local_rank;
+}
+
 DevicePlane MpiDevicePlane(const Config& config) {
   return NoDeviceBackend(
       "CONCORD_BACKEND=" + config.backend +
@@ -39,7 +43,7 @@ StatusOr<DevicePlane> StartDevicePlane(const Config& config, const BackendOption
   }
   DevicePlane plane;
   // Each rank says whether it can start NCCL ("ok" or why not); all ranks read every answer.
-  StatusOr<int> device = ProbeDeviceBackend("nccl", config.local_rank);
+  StatusOr<int> device = ProbeDeviceBackend("nccl", DeviceLocalRank(config));
   const std::string prefix = options.prefix + "/device";
   CONCORD_RETURN_IF_ERROR(store->Set(prefix + "/probe/" + std::to_string(config.rank),
                                      device.ok() ? "ok" : device.status().message()));

@@ -19,6 +19,10 @@ namespace concord {
 StatusOr<DevicePlane> StartDevicePlane(const Config& config, const BackendOptions& options,
                                        Store* store, Deadline deadline);
 
+// The local rank whose GPU `config`'s device plane uses (the device is it modulo the usable CUDA
+// devices): config.device_local_rank when set (a sub-communicator: its parent's), else local_rank.
+int DeviceLocalRank(const Config& config);
+
 // The device side of an MPI communicator (CONCORD_BACKEND=mpi, or auto under mpirun; world or
 // sub-communicator): none, with the reason CUDA tensors are refused and what to set instead.
 DevicePlane MpiDevicePlane(const Config& config);

@@ -98,10 +98,17 @@ Engine::Engine(const Config& config, std::unique_ptr<ControlPlane> control,
                            (oversubscribed ? ", oversubscribed: waiters do not busy-poll)" : ")"));
   // A peer the control plane finds failed while a collective may wait for it (the stepping
   // thread is away in it, not reading the plane): the lanes' backends interrupt what they can,
-  // so that it fails now, not at its deadline, and the engine's failure path runs.
+  // so that it fails now, not at its deadline, and the engine's failure path runs. The device
+  // backend aborts its communicator (NCCL's kernels waiting for the peer stop); its collectives
+  // fail on its completion thread, which then reports the device failure.
   std::vector<std::function<void()>> interrupters;
   for (auto& lane : lanes_) {
     if (std::function<void()> f = lane.backend->Interrupter()) interrupters.push_back(std::move(f));
+  }
+  if (device_.backend) {
+    if (std::function<void()> f = device_.backend->Interrupter()) {
+      interrupters.push_back(std::move(f));
+    }
   }
   if (control_ && !interrupters.empty()) {
     control_->SetFailureListener([interrupters] {
@@ -321,6 +328,10 @@ Status Engine::Shutdown() {
   }
   // Waiters driving notice the stop within a slice; later ones wait plainly.
   gate_->Close();
+  // From here callbacks run on this thread (what the device backend's Abort() fails, what is left
+  // below), which counts as the engine's meanwhile: one that finalizes this communicator again is
+  // refused instead of waiting for shutdown_mu_ forever.
+  finalizing_thread_.store(std::this_thread::get_id());
   if (device_.backend) {
     // Normally drained by the finalize barrier; a lone rank waits here, at most the timeout.
     Status drained = device_.backend->Drain(TimeoutFromNow());
@@ -343,9 +354,6 @@ Status Engine::Shutdown() {
     for (auto& e : group_entries_) left.push_back(std::move(e));
     group_entries_.clear();
   }
-  // Their callbacks run on this thread, which counts as the engine's meanwhile: one that
-  // finalizes this communicator again is refused instead of waiting for shutdown_mu_ forever.
-  finalizing_thread_.store(std::this_thread::get_id());
   p2p_->Close(closed);
   for (auto& e : left) e.state->Complete(closed);
   finalizing_thread_.store(std::thread::id());
@@ -452,7 +460,8 @@ void Engine::Fail(const Status& failure) {
 
 bool Engine::OnEngineThread() const {
   const std::thread::id self = std::this_thread::get_id();
-  if (t_completing_group == this || driver_.RunsSteps(self) || self == device_thread_id_.load() ||
+  if (t_completing_group == this || driver_.RunsSteps(self) ||
+      (device_.backend && device_.backend->OnCompletionThread()) ||
       self == finalizing_thread_.load() || p2p_->OnOwnThread()) {
     return true;
   }

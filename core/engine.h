@@ -468,11 +468,10 @@ class Engine {
   };
   mutable Mutex left_behind_mu_;
   LeftBehind left_behind_ GUARDED_BY(left_behind_mu_);
-  std::atomic<uint64_t> step_{0};                    // EndStep() calls so far
-  std::atomic<std::thread::id> device_thread_id_{};  // the device completion thread, once seen
+  std::atomic<uint64_t> step_{0};  // EndStep() calls so far
   // When the last device collective the timeline saw completed (Clock ticks; engine_device.cc).
   std::atomic<Clock::rep> device_done_{0};
-  // The thread completing what Shutdown() left, while it runs their callbacks.
+  // The thread completing what Shutdown() aborts or left, while it runs their callbacks.
   std::atomic<std::thread::id> finalizing_thread_{};
 
   std::shared_ptr<WaitGate> gate_;

@@ -158,7 +158,6 @@ Status Engine::LaunchDevice(const FusionBatch& batch, const Responses& responses
   const char* op = OpTypeName(q.op);
   auto done = [this, states, local, traced, launched, op, members, bytes = batch.bytes,
                timeline = timeline_, backend = device_.backend->name()](const Status& s) {
-    device_thread_id_.store(std::this_thread::get_id());
     if (traced && s.ok() && timeline->on()) {
       const Clock::time_point now = Clock::now();
       const Clock::time_point previous(

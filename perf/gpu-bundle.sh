@@ -7,17 +7,21 @@
 #                                # the GPU machine has no Open MPI) and copies into .gpu-libs/ the
 #                                # shared libraries it needs beyond glibc, CUDA and NCCL (Gloo and
 #                                # its dependencies)
-#   perf/gpu-bundle.sh run       # there, in a copy of the repository with build-gpu and
-#                                # .gpu-libs: perf/gpu-check.sh on that build (results in $OUT or
-#                                # ./gpu-check-results)
+#   perf/gpu-bundle.sh run [GROUP]
+#                                # there, in a copy of the repository with build-gpu and
+#                                # .gpu-libs: perf/gpu-check.sh GROUP on that build (results in
+#                                # $OUT or ./gpu-check-results). The whole check takes longer than
+#                                # one device call may (600 s): run it as two calls, `run multi`
+#                                # then `run rest`, each with its own OUT (perf/gpu-check.sh)
 #   perf/gpu-bundle.sh exec CMD  # there: CMD with the same libraries and BUILD pointing at the
 #                                # build and SOURCE at the repository (one step of the check, or
 #                                # an experiment)
 #
 # The build's absolute path is in its CMake and CTest files: `run` links that path to the copy
 # when the copy lives elsewhere and the path is free. Libraries the GPU machine has already are
-# not overridden; NCCL comes from the machine (torch's nvidia-nccl package, or the first
-# libnccl.so.2 found). Variables: BUILD_DIR (default build-gpu), and those of gpu-check.sh.
+# not overridden; NCCL comes from the machine (torch's nvidia-nccl package, else the first
+# libnccl.so.2 under Python's site-packages or /usr, looked for once per machine and kept in
+# .gpu-libs/.nccl-dir). Variables: BUILD_DIR (default build-gpu), and those of gpu-check.sh.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${BUILD_DIR:-$root/build-gpu}"
@@ -66,9 +70,17 @@ environment() {
   for f in "$libs"/*; do
     ldconfig -p | grep -q "^[[:space:]]*$(basename "$f") " || cp -L "$f" "$extra/"
   done
-  local nccl
+  local nccl cache="$libs/.nccl-dir"
   nccl="$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null || true)"
-  [ -f "$nccl/libnccl.so.2" ] || nccl="$(dirname "$(find / -name libnccl.so.2 2>/dev/null | head -1)")"
+  [ -f "$nccl/libnccl.so.2" ] || nccl="$(cat "$cache" 2>/dev/null || true)"
+  if [ ! -f "$nccl/libnccl.so.2" ]; then
+    # Not the whole file system: Python's package directories and /usr, each on its own device.
+    local places
+    places="$(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null || true)"
+    # shellcheck disable=SC2086  # the directories, split
+    nccl="$(dirname "$(find $places /usr -xdev -name libnccl.so.2 -print 2>/dev/null | head -1 || true)")"
+    if [ -f "$nccl/libnccl.so.2" ]; then echo "$nccl" >"$cache"; fi
+  fi
   export LD_LIBRARY_PATH="$extra:$nccl:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
   echo "gpu-bundle: libraries carried in: $(cd "$extra" && echo *); NCCL from $nccl"
   export BUILD="$built_at/$rel" SOURCE="$built_at"
@@ -78,7 +90,7 @@ case "${1:-}" in
   prepare) prepare ;;
   run)
     environment
-    SKIP_SETUP=1 SKIP_BUILD=1 BUILD_DIR="$BUILD" "$SOURCE/perf/gpu-check.sh"
+    SKIP_SETUP=1 SKIP_BUILD=1 BUILD_DIR="$BUILD" "$SOURCE/perf/gpu-check.sh" "${2:-all}"
     ;;
   exec)
     shift
@@ -86,7 +98,7 @@ case "${1:-}" in
     "$@"
     ;;
   *)
-    echo "usage: perf/gpu-bundle.sh prepare | run | exec CMD..." >&2
+    echo "usage: perf/gpu-bundle.sh prepare | run [all | multi | rest] | exec CMD..." >&2
     exit 2
     ;;
 esac

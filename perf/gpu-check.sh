@@ -14,6 +14,20 @@
 # running the CPU tests. Any failed step is reported loudly and makes the exit status 1, but the
 # steps after it still run where they can, and the results file keeps what was gathered.
 #
+# Usage: perf/gpu-check.sh [all | multi | rest]. A lent GPU machine runs one command for at most
+# 600 s, and the whole check takes longer, so it runs in two groups, one device call each (through
+# perf/gpu-bundle.sh, with timeout_s at most 600 and OUT set to a directory per call):
+#   multi   the multi-rank steps on CUDA tensors, which one GPU runs as pretend hosts
+#           (perf/nccl-pretend-host.sh): conformance at 2, 3 and 4 ranks and on split
+#           communicators, point to point at 2 and 3 ranks, a sub-communicator's creation time
+#   rest    the CPU tests, the GPU test binaries, the C API, conformance at 1 rank, the Python
+#           binding with torch, concord-perf --backend nccl and the pack/unpack benchmark
+#   all     (the default) multi, then rest
+#   perf/gpu-bundle.sh run multi     # first device call
+#   perf/gpu-bundle.sh run rest      # second device call
+# Each multi-rank step runs for at most STEP_TIMEOUT_S (default 150) seconds, with
+# CONCORD_TIMEOUT_S=30, so a hung step fails within its group's call.
+#
 # Variables: OUT (results directory), BUILD_DIR (default build-gpu), WORKLOADS (workload directory,
 # default perf/workloads in the repository), BENCH_WORKLOADS (default
 # "resnet50 bert_large vgg16"), BENCH_ITERS (default 50), JOBS (build parallelism, default nproc),
@@ -25,6 +39,15 @@
 # tried, and the torch step is reported NOT RUN when none has CUDA).
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
+group="${1:-all}"
+case "$group" in
+  all | multi | rest) ;;
+  *)
+    echo "usage: perf/gpu-check.sh [all | multi | rest]" >&2
+    exit 2
+    ;;
+esac
+step_timeout="${STEP_TIMEOUT_S:-150}"
 out="${OUT:-$PWD/gpu-check-results}"
 build="${BUILD_DIR:-$root/build-gpu}"
 jobs="${JOBS:-$(nproc)}"
@@ -77,7 +100,10 @@ finish() {
   exit $rc
 }
 
-step "machine"
+# want GROUP: whether this run includes GROUP's steps.
+want() { [ "$group" = all ] || [ "$group" = "$1" ]; }
+
+step "machine (gpu-check group: $group)"
 date -u
 uname -a
 echo "repository: $root ($(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo 'no git'))"
@@ -100,9 +126,11 @@ else
     nccl_exchange_test c_api_test mp_conformance mp_p2p concord-perf concordrun concord || finish
 fi
 
-run "CPU tests (the pack planner, the engine's device path, the NCCL probe)" \
-  ctest --test-dir "$build" -R '^(PackPlanTest|EngineDeviceTest|NcclProbeTest)\.' \
-  --output-on-failure --timeout 120
+if want rest; then
+  run "CPU tests (the pack planner, the engine's device path, the NCCL probe)" \
+    ctest --test-dir "$build" -R '^(PackPlanTest|EngineDeviceTest|NcclProbeTest)\.' \
+    --output-on-failure --timeout 120
+fi
 
 step "device"
 "$build/perf/pack_bench" --check-device
@@ -137,23 +165,20 @@ gpu_test() {
     failures+=("GPU tests $name skipped")
   fi
 }
-gpu_test cuda_packer_test "$build/tests/gpu/cuda_packer_test"
-gpu_test nccl_backend_test "$build/tests/gpu/nccl_backend_test"
-gpu_test nccl_exchange_test "$build/tests/gpu/nccl_exchange_test"
-run "C API with a GPU (CONCORD_BACKEND=nccl starts)" timeout 120 "$build/tests/c_api/c_api_test"
 
 gpus="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')"
 [ "${gpus:-0}" -ge 1 ] || gpus=1
 
 # Multi-rank steps run one rank per GPU; with fewer GPUs than ranks, each rank is a pretend host of
 # its own (perf/nccl-pretend-host.sh: NCCL refuses two ranks of a communicator on one GPU of one
-# host), which checks results, not speed. launch NP CMD...: CMD on NP ranks, for at most 300 s.
+# host), which checks results, not speed. launch NP CMD...: CMD on NP ranks, for at most
+# STEP_TIMEOUT_S.
 # shellcheck disable=SC2317  # called through run
 launch() {
   local np="$1" share=()
   shift
   [ "$gpus" -ge "$np" ] || share=("$root/perf/nccl-pretend-host.sh")
-  timeout 300 "$build/tools/concordrun" -np "$np" --backend nccl "${share[@]}" "$@"
+  timeout "$step_timeout" "$build/tools/concordrun" -np "$np" --backend nccl "${share[@]}" "$@"
 }
 
 # The multi-process suites on CUDA tensors, checked as on the CPU: the conformance suite
@@ -164,39 +189,47 @@ launch() {
 mp_cuda() {
   local log="$out/$1.txt" np="$2" test="$3"
   shift 3
-  CONCORD_TIMEOUT_S=120 launch "$np" "$build/tests/mp/$test" --device cuda "$@" >"$log" 2>&1
+  CONCORD_TIMEOUT_S=30 launch "$np" "$build/tests/mp/$test" --device cuda "$@" >"$log" 2>&1
   local rc=$?
   grep -E ': rank [0-9]+ of [0-9]+:|FAIL|rror' "$log" | head -40
   [ "$rc" -eq 0 ] && [ "$(grep -cE ': rank [0-9]+ of [0-9]+: .*PASS' "$log")" -eq "$np" ]
 }
-run "conformance on CUDA, 1 rank (every size)" mp_cuda conformance_cuda_np1 1 mp_conformance
-run "conformance on CUDA, 2 ranks (sizes to 4099)" mp_cuda conformance_cuda_np2 2 mp_conformance \
-  --max-size 4099 --steps 2
-run "conformance on CUDA, 2 ranks (1 Mi elements)" mp_cuda conformance_cuda_np2_large 2 \
-  mp_conformance --min-size 1048576 --steps 1
-run "conformance on CUDA, 3 ranks (sizes to 7)" mp_cuda conformance_cuda_np3 3 mp_conformance \
-  --max-size 7 --steps 1
-run "conformance on CUDA, 4 ranks (sizes to 7)" mp_cuda conformance_cuda_np4 4 mp_conformance \
-  --max-size 7 --steps 1
-run "conformance on CUDA, split communicators of 4 ranks (sizes to 7)" mp_cuda \
-  conformance_cuda_np4_split 4 mp_conformance --max-size 7 --steps 1 --split
-run "point to point on CUDA, 2 ranks" mp_cuda p2p_cuda_np2 2 mp_p2p
-run "point to point on CUDA, 3 ranks" mp_cuda p2p_cuda_np3 3 mp_p2p --large 65537
+if want multi; then
+  run "conformance on CUDA, 2 ranks (sizes to 4099)" mp_cuda conformance_cuda_np2 2 mp_conformance \
+    --max-size 4099 --steps 2
+  run "conformance on CUDA, 2 ranks (1 Mi elements)" mp_cuda conformance_cuda_np2_large 2 \
+    mp_conformance --min-size 1048576 --steps 1
+  run "conformance on CUDA, 3 ranks (sizes to 7)" mp_cuda conformance_cuda_np3 3 mp_conformance \
+    --max-size 7 --steps 1
+  run "conformance on CUDA, 4 ranks (sizes to 7)" mp_cuda conformance_cuda_np4 4 mp_conformance \
+    --max-size 7 --steps 1
+  run "conformance on CUDA, split communicators of 4 ranks (sizes to 7)" mp_cuda \
+    conformance_cuda_np4_split 4 mp_conformance --max-size 7 --steps 1 --split
+  run "point to point on CUDA, 2 ranks" mp_cuda p2p_cuda_np2 2 mp_p2p
+  run "point to point on CUDA, 3 ranks" mp_cuda p2p_cuda_np3 3 mp_p2p --large 65537
 
-# A sub-communicator that carries CPU tensors only starts no NCCL communicator (NCCL starts at a
-# communicator's first CUDA collective): with the nccl backend on, a sub-communicator of 2 in 4
-# ranks is still created in under 100 ms (issue 14).
-# shellcheck disable=SC2317  # called through run
-split_creation() {
-  local log="$out/split_creation_nccl.txt" ms
-  CONCORD_TIMEOUT_S=120 launch 4 "$build/perf/concord-perf" --comm group:0,1 --bytes 4K:4K \
-    --iters 20 --warmup 2 --no-raw >"$log" 2>&1
-  local rc=$?
-  ms="$(sed -n 's/.*sub-communicators created in \([0-9.]*\) ms.*/\1/p' "$log" | head -1)"
-  echo "sub-communicator of 2 in 4 ranks, nccl backend on: created in ${ms:-?} ms (bar: < 100 ms)"
-  [ "$rc" -eq 0 ] && [ -n "$ms" ] && awk -v ms="$ms" 'BEGIN { exit !(ms < 100) }'
-}
-run "sub-communicator creation with the nccl backend on, 4 ranks" split_creation
+  # A sub-communicator that carries CPU tensors only starts no NCCL communicator (NCCL starts at a
+  # communicator's first CUDA collective): with the nccl backend on, a sub-communicator of 2 in 4
+  # ranks is still created in under 100 ms (issue 14).
+  # shellcheck disable=SC2317  # called through run
+  split_creation() {
+    local log="$out/split_creation_nccl.txt" ms
+    CONCORD_TIMEOUT_S=30 launch 4 "$build/perf/concord-perf" --comm group:0,1 --bytes 4K:4K \
+      --iters 20 --warmup 2 --no-raw >"$log" 2>&1
+    local rc=$?
+    ms="$(sed -n 's/.*sub-communicators created in \([0-9.]*\) ms.*/\1/p' "$log" | head -1)"
+    echo "sub-communicator of 2 in 4 ranks, nccl backend on: created in ${ms:-?} ms (bar: < 100 ms)"
+    [ "$rc" -eq 0 ] && [ -n "$ms" ] && awk -v ms="$ms" 'BEGIN { exit !(ms < 100) }'
+  }
+  run "sub-communicator creation with the nccl backend on, 4 ranks" split_creation
+fi
+
+if ! want rest; then finish "group $group"; fi
+gpu_test cuda_packer_test "$build/tests/gpu/cuda_packer_test"
+gpu_test nccl_backend_test "$build/tests/gpu/nccl_backend_test"
+gpu_test nccl_exchange_test "$build/tests/gpu/nccl_exchange_test"
+run "C API with a GPU (CONCORD_BACKEND=nccl starts)" timeout 120 "$build/tests/c_api/c_api_test"
+run "conformance on CUDA, 1 rank (every size)" mp_cuda conformance_cuda_np1 1 mp_conformance
 
 # The Python binding on CUDA tensors and DDP on CUDA over "concord", 1 rank and 2.
 step "Python: CUDA tensors through the binding, the torch backend and DDP"
@@ -267,4 +300,4 @@ if [ ${#files[@]} -gt 0 ]; then
   run "pack/unpack bandwidth (all as bfloat16)" bench_to "$bench" "${files[@]}" --iters "$iters" \
     --dtype bf16
 fi
-finish
+finish "group $group"

@@ -1,7 +1,8 @@
 // The NCCL device backend (nccl_backend.h). One communicator on one device, one stream of its own,
 // a device fusion buffer (grown rarely, reused), a CudaPacker for fused and scaled allreduces, and
 // a completion thread that polls each launch's CUDA event, the communicator's asynchronous error
-// and the launch's deadline, and aborts the communicator (ncclCommAbort) on an error or a deadline.
+// and the launch's deadline, aborts the communicator (ncclCommAbort) on an error or a deadline, and
+// runs every `done`, the failed ones' too, in launch order.
 #include <nccl.h>
 
 #include <algorithm>
@@ -50,6 +51,26 @@ StatusOr<ncclDataType_t> NcclType(DType dtype) {
   return Status(Code::kUnavailable, std::string("dtype ") + DTypeName(dtype) +
                                         " is not supported by NCCL " + cuda::NcclVersion());
 }
+
+// How often a wait that Abort() must be able to end (the NCCL unique id in the store) looks.
+constexpr auto kAbortCheck = std::chrono::milliseconds(100);
+// How long the failure of an aborted launch waits for the work queued on the stream to stop.
+constexpr auto kAbortDrain = std::chrono::seconds(2);
+
+// Sets the calling thread's stream-capture mode to relaxed for one scope, so that another thread
+// capturing a CUDA graph in global mode neither makes this thread's calls that are unsafe during
+// a capture (cudaMalloc, cudaEventQuery, ...) fail nor invalidates that capture: none of them
+// touches a capturing stream.
+class RelaxedCapture {
+ public:
+  RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+  ~RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
 
 constexpr size_t kStagingAlignment = 256;
 
@@ -160,6 +181,8 @@ class NcclBackend : public DeviceBackend {
                    void* ready_event) override;
   Status Drain(Deadline deadline) override;
   void Abort(const Status& status) override;
+  bool OnCompletionThread() const override { return std::this_thread::get_id() == completion_id_; }
+  std::function<void()> Interrupter() override;
 
  private:
   struct Pending {
@@ -167,6 +190,12 @@ class NcclBackend : public DeviceBackend {
     Deadline deadline;
     Done done;
     std::vector<cuda::DeviceBuffer> retired;  // fusion buffers outgrown before this launch
+    bool at_front = false;  // the completion thread has seen it first in line (and its deadline)
+  };
+  // What Interrupter() reaches: the backend while it lives.
+  struct Interrupt {
+    std::mutex mu;
+    NcclBackend* backend = nullptr;
   };
 
   // Refuses a malformed collective before anything of it is enqueued (the communicator stays).
@@ -178,21 +207,26 @@ class NcclBackend : public DeviceBackend {
   // communicator that never carries a CUDA collective (most sub-communicators) costs no NCCL
   // start-up, no bootstrap thread and no GPU memory for NCCL.
   Status Connect(Deadline deadline);
-  // Waits (holding comm_mu_) until the non-blocking communicator has accepted what was issued.
-  // An NCCL call may return ncclInProgress before its work is on the stream: our own kernels that
-  // read what it writes (unpacking, scaled copies out of the fusion buffer) are queued only after
-  // this, or they would run first (seen on an H200 at 2 ranks: every fused or scaled result was
-  // this rank's own input).
-  Status WaitComm(Deadline deadline);
+  // Whether the communicator was aborted (or must never start).
+  bool CommAborted();
+  // Waits until the non-blocking communicator has accepted what was issued. An NCCL call may
+  // return ncclInProgress before its work is on the stream: our own kernels that read what it
+  // writes (unpacking, scaled copies out of the fusion buffer) are queued only after this, or they
+  // would run first (seen on an H200 at 2 ranks: every fused or scaled result was this rank's own
+  // input). Called holding comm_mu_ through `comm_lock`, which it releases between its polls so
+  // that the completion thread can check the communicator and an Abort() can abort it; returns
+  // holding it, and an error once the communicator was aborted.
+  Status WaitComm(std::unique_lock<std::mutex>& comm_lock, Deadline deadline);
   // Whether the communicator has accepted what was issued (holding comm_mu_): true; false while
   // NCCL is still at it; or NCCL's asynchronous error, reported as `call`'s.
   StatusOr<bool> CommReady(const char* call);
+  // Enqueue() takes comm_mu_; the kinds' functions run under it (`comm_lock`: for WaitComm).
   Status Enqueue(const DeviceCollective& c);
-  Status EnqueueAllreduce(const DeviceCollective& c);
+  Status EnqueueAllreduce(const DeviceCollective& c, std::unique_lock<std::mutex>& comm_lock);
   Status EnqueueAllgatherv(const DeviceCollective& c);
-  Status EnqueueReducescatter(const DeviceCollective& c);
+  Status EnqueueReducescatter(const DeviceCollective& c, std::unique_lock<std::mutex>& comm_lock);
   Status EnqueueAlltoallv(const DeviceCollective& c);
-  Status EnqueueReduce(const DeviceCollective& c);
+  Status EnqueueReduce(const DeviceCollective& c, std::unique_lock<std::mutex>& comm_lock);
   Status EnqueueGatherv(const DeviceCollective& c);
   // NCCL's reduction for c.op; *post is c.postscale, with the division folded in for an average
   // on an NCCL without ncclAvg.
@@ -203,6 +237,16 @@ class NcclBackend : public DeviceBackend {
   Status ScaledCopyOut(const void* src, void* dst, size_t count, DType dtype, double scale);
   // The fusion buffer, at least `bytes` long (an outgrown one is retired, freed after the launch).
   StatusOr<void*> Buffer(size_t bytes);
+  // Records the first failure and aborts the communicator (its kernels stop), on any thread;
+  // runs no `done`: the completion thread fails what is pending (FailPending).
+  void AbortComm(const Status& status);
+  // Whether the stream has run everything queued on it, polled until `within` has passed.
+  bool StreamIdle(std::chrono::milliseconds within);
+  // On the completion thread, holding `lock` (mu_), once aborted_ is set: fails every pending
+  // launch with it, in launch order, after the stream stopped (at most kAbortDrain: ncclCommAbort
+  // stops NCCL's kernels, but our own ones queued after them, unpacking and scaled copies out,
+  // would still write the outputs). Releases the lock while it waits and while `done` runs.
+  void FailPending(std::unique_lock<std::mutex>& lock);
   void CompletionLoop();
 
   const int rank_, size_, device_;
@@ -227,10 +271,12 @@ class NcclBackend : public DeviceBackend {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Pending> pending_;
-  bool busy_ = false;  // the completion thread runs the front's callback
+  bool busy_ = false;  // the completion thread runs a `done` (taken out of pending_ or not)
   Status aborted_;
   bool stop_ = false;
   std::thread completion_;
+  std::thread::id completion_id_;  // set by Start(), before anything can ask
+  const std::shared_ptr<Interrupt> interrupt_ = std::make_shared<Interrupt>();
 };
 
 Status NcclBackend::Start() {
@@ -240,7 +286,29 @@ Status NcclBackend::Start() {
   CONCORD_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
   CONCORD_ASSIGN_OR_RETURN(packer_, cuda::CudaPacker::Create(device_));
   completion_ = std::thread([this] { CompletionLoop(); });
+  completion_id_ = completion_.get_id();
+  {
+    std::lock_guard<std::mutex> lock(interrupt_->mu);
+    interrupt_->backend = this;
+  }
   return Status::Ok();
+}
+
+std::function<void()> NcclBackend::Interrupter() {
+  return [interrupt = interrupt_] {
+    std::lock_guard<std::mutex> lock(interrupt->mu);
+    if (interrupt->backend == nullptr) return;
+    interrupt->backend->AbortComm(
+        Status(Code::kPeerFailure,
+               "the communicator's control plane found a peer failed: its NCCL communicator was "
+               "aborted [NCCL " +
+                   cuda::NcclVersion() + "]"));
+  };
+}
+
+bool NcclBackend::CommAborted() {
+  std::lock_guard<std::mutex> lock(comm_mu_);
+  return comm_aborted_;
 }
 
 Status NcclBackend::Connect(Deadline deadline) {
@@ -250,7 +318,12 @@ Status NcclBackend::Connect(Deadline deadline) {
     CONCORD_RETURN_IF_ERROR(
         store_->Set(id_key_, std::string(reinterpret_cast<const char*>(&id), sizeof(id))));
   } else {
-    auto bytes = store_->Get(id_key_, deadline);
+    // Read in slices, so that an Abort() ends the wait.
+    auto bytes = store_->Get(id_key_, deadline.Earlier(Deadline::After(kAbortCheck)));
+    while (!bytes.ok() && bytes.status().code() == Code::kTimeout && !deadline.passed()) {
+      if (CommAborted()) return Status(Code::kBackendError, "the NCCL backend was aborted");
+      bytes = store_->Get(id_key_, deadline.Earlier(Deadline::After(kAbortCheck)));
+    }
     if (!bytes.ok()) {
       return bytes.status().WithContext(
           "waiting for rank 0's NCCL unique id (rank 0 had not "
@@ -288,6 +361,11 @@ Status NcclBackend::Connect(Deadline deadline) {
 }
 
 NcclBackend::~NcclBackend() {
+  {
+    // An interrupter called from now on finds no backend; one running now finishes first.
+    std::lock_guard<std::mutex> lock(interrupt_->mu);
+    interrupt_->backend = nullptr;
+  }
   // The engine drains before it lets go: what is left fails; ncclCommAbort frees the communicator
   // without waiting for peers that may be gone.
   Abort(Status(Code::kNotInitialized, "the NCCL backend was shut down"));
@@ -367,8 +445,9 @@ StatusOr<bool> NcclBackend::CommReady(const char* call) {
   return nccl::NcclError(state, call, __FILE__, __LINE__, comm_);
 }
 
-Status NcclBackend::WaitComm(Deadline deadline) {
+Status NcclBackend::WaitComm(std::unique_lock<std::mutex>& comm_lock, Deadline deadline) {
   for (;;) {
+    if (comm_aborted_) return Status(Code::kBackendError, "the NCCL communicator was aborted");
     CONCORD_ASSIGN_OR_RETURN(const bool ready, CommReady("ncclCommGetAsyncError"));
     if (ready) return Status::Ok();
     if (deadline.passed()) {
@@ -376,7 +455,9 @@ Status NcclBackend::WaitComm(Deadline deadline) {
                           std::to_string(timeout_.count()) + " ms [NCCL " + cuda::NcclVersion() +
                           "]");
     }
+    comm_lock.unlock();
     std::this_thread::yield();
+    comm_lock.lock();
   }
 }
 
@@ -399,6 +480,7 @@ StatusOr<std::shared_ptr<DeviceEvent>> NcclBackend::Launch(const DeviceCollectiv
   CONCORD_RETURN_IF_ERROR(Validate(c));
   cuda::DeviceGuard guard;
   CONCORD_CUDA_CHECK(guard.Set(device_));
+  RelaxedCapture relaxed;
   if (!connected_) {
     Status connected = Connect(c.deadline);
     if (!connected.ok()) {
@@ -448,23 +530,23 @@ StatusOr<std::shared_ptr<DeviceEvent>> NcclBackend::Launch(const DeviceCollectiv
 }
 
 Status NcclBackend::Enqueue(const DeviceCollective& c) {
-  std::lock_guard<std::mutex> lock(comm_mu_);
+  std::unique_lock<std::mutex> lock(comm_mu_);
   if (comm_aborted_) return Status(Code::kBackendError, "the NCCL communicator was aborted");
   switch (c.kind) {
     case DeviceOpKind::kAllreduce:
-      CONCORD_RETURN_IF_ERROR(EnqueueAllreduce(c));
+      CONCORD_RETURN_IF_ERROR(EnqueueAllreduce(c, lock));
       break;
     case DeviceOpKind::kAllgatherv:
       CONCORD_RETURN_IF_ERROR(EnqueueAllgatherv(c));
       break;
     case DeviceOpKind::kReducescatter:
-      CONCORD_RETURN_IF_ERROR(EnqueueReducescatter(c));
+      CONCORD_RETURN_IF_ERROR(EnqueueReducescatter(c, lock));
       break;
     case DeviceOpKind::kAlltoallv:
       CONCORD_RETURN_IF_ERROR(EnqueueAlltoallv(c));
       break;
     case DeviceOpKind::kReduce:
-      CONCORD_RETURN_IF_ERROR(EnqueueReduce(c));
+      CONCORD_RETURN_IF_ERROR(EnqueueReduce(c, lock));
       break;
     case DeviceOpKind::kGatherv:
       CONCORD_RETURN_IF_ERROR(EnqueueGatherv(c));
@@ -478,7 +560,7 @@ Status NcclBackend::Enqueue(const DeviceCollective& c) {
       break;
     }
   }
-  return WaitComm(c.deadline);
+  return WaitComm(lock, c.deadline);
 }
 
 StatusOr<ncclRedOp_t> NcclBackend::RedOp(const DeviceCollective& c, double* post) const {
@@ -518,7 +600,8 @@ StatusOr<ncclRedOp_t> NcclBackend::RedOp(const DeviceCollective& c, double* post
   return op;
 }
 
-Status NcclBackend::EnqueueAllreduce(const DeviceCollective& c) {
+Status NcclBackend::EnqueueAllreduce(const DeviceCollective& c,
+                                     std::unique_lock<std::mutex>& comm_lock) {
   CONCORD_ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(c.dtype));
   double post = 1.0;
   CONCORD_ASSIGN_OR_RETURN(ncclRedOp_t op, RedOp(c, &post));
@@ -544,7 +627,7 @@ Status NcclBackend::EnqueueAllreduce(const DeviceCollective& c) {
   // The padding between slots is reduced too, and never read back.
   CONCORD_NCCL_CHECK(ncclAllReduce(buffer, buffer, in_plan.total_bytes / DTypeSize(c.dtype), type,
                                    op, comm_, stream_));
-  CONCORD_RETURN_IF_ERROR(WaitComm(c.deadline));
+  CONCORD_RETURN_IF_ERROR(WaitComm(comm_lock, c.deadline));
   return packer_->Unpack(out_plan, buffer, fusion_.size(), post, stream_);
 }
 
@@ -594,7 +677,8 @@ Status NcclBackend::ScaledCopyOut(const void* src, void* dst, size_t count, DTyp
   return packer_->Unpack(plan, src, plan.total_bytes, scale, stream_);
 }
 
-Status NcclBackend::EnqueueReducescatter(const DeviceCollective& c) {
+Status NcclBackend::EnqueueReducescatter(const DeviceCollective& c,
+                                         std::unique_lock<std::mutex>& comm_lock) {
   CONCORD_ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(c.dtype));
   double post = 1.0;
   CONCORD_ASSIGN_OR_RETURN(ncclRedOp_t op, RedOp(c, &post));
@@ -644,7 +728,7 @@ Status NcclBackend::EnqueueReducescatter(const DeviceCollective& c) {
     CONCORD_RETURN_IF_ERROR(calls.End());
   }
   if (!stage_out) return Status::Ok();
-  CONCORD_RETURN_IF_ERROR(WaitComm(c.deadline));
+  CONCORD_RETURN_IF_ERROR(WaitComm(comm_lock, c.deadline));
   return ScaledCopyOut(recv, t.output, mine, c.dtype, post);
 }
 
@@ -693,7 +777,8 @@ Status NcclBackend::EnqueueAlltoallv(const DeviceCollective& c) {
 #endif
 }
 
-Status NcclBackend::EnqueueReduce(const DeviceCollective& c) {
+Status NcclBackend::EnqueueReduce(const DeviceCollective& c,
+                                  std::unique_lock<std::mutex>& comm_lock) {
   CONCORD_ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(c.dtype));
   double post = 1.0;
   CONCORD_ASSIGN_OR_RETURN(ncclRedOp_t op, RedOp(c, &post));
@@ -719,7 +804,7 @@ Status NcclBackend::EnqueueReduce(const DeviceCollective& c) {
   }
   CONCORD_NCCL_CHECK(ncclReduce(send, recv, n, type, op, c.root, comm_, stream_));
   if (!stage_out) return Status::Ok();
-  CONCORD_RETURN_IF_ERROR(WaitComm(c.deadline));
+  CONCORD_RETURN_IF_ERROR(WaitComm(comm_lock, c.deadline));
   return ScaledCopyOut(recv, t.output, n, c.dtype, post);
 }
 
@@ -763,26 +848,62 @@ Status NcclBackend::EnqueueGatherv(const DeviceCollective& c) {
 #endif
 }
 
-void NcclBackend::Abort(const Status& status) {
-  std::deque<Pending> failed;
+void NcclBackend::AbortComm(const Status& status) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (aborted_.ok()) aborted_ = status;
-    // The front whose callback is running finishes normally; the rest fail.
-    const size_t keep = busy_ ? 1 : 0;
-    while (pending_.size() > keep) {
-      failed.push_front(std::move(pending_.back()));
-      pending_.pop_back();
-    }
   }
   {
+    // ncclCommAbort sets the communicator's device and then the caller's again: this thread is on
+    // it already, so no context is made on the caller's (device 0 on a thread that never chose).
+    cuda::DeviceGuard guard;
+    guard.Set(device_);
     std::lock_guard<std::mutex> lock(comm_mu_);
     // Frees the communicator and stops its kernels, so a peer that never comes cannot hang us.
     if (comm_ != nullptr && !comm_aborted_) ncclCommAbort(comm_);
     comm_aborted_ = true;
   }
   cv_.notify_all();
-  for (Pending& p : failed) p.done(aborted_);
+}
+
+void NcclBackend::Abort(const Status& status) {
+  AbortComm(status);
+  // The callback that called this returns first; the completion thread then fails the rest.
+  if (OnCompletionThread()) return;
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return pending_.empty() && !busy_; });
+}
+
+bool NcclBackend::StreamIdle(std::chrono::milliseconds within) {
+  const Deadline deadline = Deadline::After(within);
+  for (;;) {
+    const cudaError_t query = cudaStreamQuery(stream_);
+    if (query != cudaErrorNotReady) return query == cudaSuccess;
+    if (deadline.passed()) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
+
+void NcclBackend::FailPending(std::unique_lock<std::mutex>& lock) {
+  Status status = aborted_;
+  busy_ = true;  // Drain() and Abort() wait for these callbacks too
+  lock.unlock();
+  if (!StreamIdle(kAbortDrain)) {
+    status = Status(status.code(), status.message() +
+                                       " (the device had not stopped the work queued before the "
+                                       "abort within " +
+                                       std::to_string(kAbortDrain.count()) +
+                                       " s: it may still write these collectives' outputs)");
+  }
+  lock.lock();
+  std::deque<Pending> failed;
+  failed.swap(pending_);
+  lock.unlock();
+  for (Pending& p : failed) p.done(status);
+  failed.clear();  // frees the retired buffers outside the lock
+  lock.lock();
+  busy_ = false;
+  cv_.notify_all();
 }
 
 Status NcclBackend::CopyLocal(void* dst, const void* src, size_t bytes, void* ready_stream,
@@ -790,6 +911,7 @@ Status NcclBackend::CopyLocal(void* dst, const void* src, size_t bytes, void* re
   if (bytes == 0) return Status::Ok();
   cuda::DeviceGuard guard;
   CONCORD_CUDA_CHECK(guard.Set(device_));
+  RelaxedCapture relaxed;
   std::lock_guard<std::mutex> lock(copy_mu_);
   CONCORD_RETURN_IF_ERROR(
       WaitReady(copy_stream_, ReadyStream(ready_stream, ready_event), ready_event));
@@ -800,7 +922,7 @@ Status NcclBackend::CopyLocal(void* dst, const void* src, size_t bytes, void* re
 
 Status NcclBackend::Drain(Deadline deadline) {
   std::unique_lock<std::mutex> lock(mu_);
-  auto idle = [&] { return pending_.empty(); };
+  auto idle = [&] { return pending_.empty() && !busy_; };
   if (deadline.infinite()) {
     cv_.wait(lock, idle);
   } else if (!cv_.wait_until(lock, deadline.at(), idle)) {
@@ -813,18 +935,36 @@ Status NcclBackend::Drain(Deadline deadline) {
 void NcclBackend::CompletionLoop() {
   cuda::DeviceGuard guard;
   const cudaError_t set = guard.Set(device_);
+  RelaxedCapture relaxed;
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     cv_.wait(lock, [&] { return stop_ || !pending_.empty(); });
     if (pending_.empty()) return;  // stopping
-    std::shared_ptr<NcclEvent> event = pending_.front().event;
-    const Deadline deadline = pending_.front().deadline;
+    if (!aborted_.ok()) {
+      FailPending(lock);
+      continue;
+    }
+    Pending& front = pending_.front();
+    if (!front.at_front) {
+      // The device runs the launches one after another: this one's time starts now, when the one
+      // before it has completed, however long it waited in line.
+      front.at_front = true;
+      const Deadline fresh = Deadline::After(timeout_);
+      if (!front.deadline.infinite() && front.deadline.at() < fresh.at()) front.deadline = fresh;
+    }
+    std::shared_ptr<NcclEvent> event = front.event;
+    const Deadline deadline = front.deadline;
     lock.unlock();
-    const cudaError_t query = set == cudaSuccess ? cudaEventQuery(event->event()) : set;
+    cudaError_t query = set == cudaSuccess ? cudaEventQuery(event->event()) : set;
+    // Another thread capturing a CUDA graph in global mode: not an error of ours; look again.
+    if (query == cudaErrorStreamCaptureUnsupported || query == cudaErrorStreamCaptureImplicit) {
+      query = cudaErrorNotReady;
+    }
     Status failure = Status::Ok();
     if (query == cudaSuccess) {
       lock.lock();
-      if (pending_.empty() || pending_.front().event != event) continue;  // failed by Abort()
+      if (!aborted_.ok()) continue;  // aborted meanwhile: it fails with the rest
+      // Only this thread takes launches out of pending_: the front is still this one.
       busy_ = true;
       Done done = std::move(pending_.front().done);
       lock.unlock();
@@ -854,13 +994,9 @@ void NcclBackend::CompletionLoop() {
                          cuda::NcclVersion() + "]");
       }
     }
-    if (!failure.ok()) {
-      Abort(failure);
-      lock.lock();
-      continue;
-    }
+    if (!failure.ok()) AbortComm(failure);  // the next round fails what is pending
     lock.lock();
-    cv_.wait_for(lock, std::chrono::microseconds(50), [&] { return stop_; });
+    cv_.wait_for(lock, std::chrono::microseconds(50), [&] { return stop_ || !aborted_.ok(); });
   }
 }
 

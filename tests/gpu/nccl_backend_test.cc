@@ -9,9 +9,11 @@
 #include <algorithm>
 #include <cmath>
 #include <condition_variable>
+#include <cstdio>
 #include <functional>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backends/cuda/cuda_device.h"
@@ -305,6 +307,107 @@ TEST_F(NcclBackendTest, PeerThatNeverArrivesTimesOut) {
         EXPECT_FALSE(backend.Launch(c, [](const Status&) {}).ok());
       },
       2, milliseconds(5000));
+}
+
+// A rank waiting for rank 0's NCCL unique id (rank 0 never launches): Abort() from another
+// thread ends the wait at once, not at the collective's deadline.
+TEST_F(NcclBackendTest, AbortEndsTheWaitForRankZerosId) {
+  HashStore store;
+  BackendOptions o;
+  o.rank = 1;
+  o.size = 2;
+  o.prefix = "no_rank0";
+  o.timeout = milliseconds(30000);
+  auto backend = CreateNcclBackend(0, o, &store);
+  ASSERT_TRUE(backend.ok()) << backend.status().ToString();
+  auto b = cuda::DeviceBuffer::Allocate(0, 4096);
+  ASSERT_TRUE(b.ok());
+  DeviceCollective c;
+  c.device = 0;
+  c.tensors.push_back(DeviceTensor{b->data(), b->data(), 1024, nullptr, nullptr});
+  c.deadline = Deadline::After(milliseconds(30000));
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(milliseconds(300));
+    (*backend)->Abort(Status(Code::kPeerFailure, "test abort"));
+  });
+  const auto start = Clock::now();
+  auto launched = (*backend)->Launch(c, [](const Status&) {});
+  aborter.join();
+  EXPECT_FALSE(launched.ok());
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(3)) << launched.status().ToString();
+}
+
+// Launches of one rank queued behind each other for longer than the backend's timeout, each
+// finishing well within it: none times out (a collective's time counts from when it came first
+// in line, not from its launch).
+TEST_F(NcclBackendTest, QueuedCollectivesDoNotTimeOut) {
+  const size_t count = size_t{64} << 20;  // 256 MiB of floats: a copy of ~0.2 ms on an H100
+  OnRanks(
+      [&](int rank, DeviceBackend& backend) {
+        auto in = cuda::DeviceBuffer::Allocate(rank, count * 4);
+        auto out = cuda::DeviceBuffer::Allocate(rank, count * 4);
+        ASSERT_TRUE(in.ok() && out.ok());
+        DeviceCollective c;
+        c.device = rank;
+        c.tensors.push_back(DeviceTensor{in->data(), out->data(), count, nullptr, nullptr});
+        c.deadline = Deadline::After(milliseconds(30000));  // the first starts NCCL
+        Completion first;
+        ASSERT_TRUE(backend.Launch(c, first.Callback()).ok());
+        ASSERT_TRUE(first.Wait().ok());
+        const int n = 1000;
+        std::vector<Completion> done(n);
+        const auto start = Clock::now();
+        for (int k = 0; k < n; ++k) {
+          c.deadline = Deadline::After(milliseconds(100));
+          ASSERT_TRUE(backend.Launch(c, done[k].Callback()).ok()) << k;
+        }
+        for (int k = 0; k < n; ++k)
+          ASSERT_TRUE(done[k].Wait().ok()) << k << " " << done[k].status.ToString();
+        std::printf("%d queued collectives of 256 MiB took %.0f ms (timeout 100 ms)\n", n,
+                    std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+      },
+      1, milliseconds(100));
+}
+
+// Abort() with launches in flight: every callback runs once, on the completion thread, in launch
+// order (no failure before an earlier success), and before Abort() returns.
+TEST_F(NcclBackendTest, AbortFailsInLaunchOrderOnTheCompletionThread) {
+  const size_t count = size_t{64} << 20;
+  OnRanks(
+      [&](int rank, DeviceBackend& backend) {
+        auto in = cuda::DeviceBuffer::Allocate(rank, count * 4);
+        auto out = cuda::DeviceBuffer::Allocate(rank, count * 4);
+        ASSERT_TRUE(in.ok() && out.ok());
+        DeviceCollective c;
+        c.device = rank;
+        c.tensors.push_back(DeviceTensor{in->data(), out->data(), count, nullptr, nullptr});
+        c.deadline = Deadline::After(milliseconds(30000));
+        std::mutex mu;
+        std::vector<Code> codes;
+        bool other_thread = true;
+        const std::thread::id self = std::this_thread::get_id();
+        const int n = 200;
+        for (int k = 0; k < n; ++k) {
+          ASSERT_TRUE(backend
+                          .Launch(c,
+                                  [&](const Status& s) {
+                                    std::lock_guard<std::mutex> lock(mu);
+                                    codes.push_back(s.code());
+                                    other_thread =
+                                        other_thread && std::this_thread::get_id() != self;
+                                  })
+                          .ok());
+        }
+        backend.Abort(Status(Code::kPeerFailure, "test abort"));
+        std::lock_guard<std::mutex> lock(mu);
+        ASSERT_EQ(codes.size(), static_cast<size_t>(n));
+        EXPECT_TRUE(other_thread);
+        const auto first_failure = std::find(codes.begin(), codes.end(), Code::kPeerFailure);
+        EXPECT_NE(first_failure, codes.end()) << "nothing was left to abort";
+        EXPECT_TRUE(std::all_of(first_failure, codes.end(),
+                                [](Code code) { return code == Code::kPeerFailure; }));
+      },
+      1);
 }
 
 }  // namespace

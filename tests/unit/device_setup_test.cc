@@ -4,12 +4,14 @@
 #include "core/device_setup.h"
 
 #include <gtest/gtest.h>
+#include <stdlib.h>
 
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "backends/device_backend.h"
+#include "core/comm_split.h"
 #include "rendezvous/hash_store.h"
 #include "tests/common/ranks.h"
 
@@ -95,6 +97,36 @@ TEST_F(DeviceSetupTest, NcclIsAnErrorAtInitOnEveryRank) {
     EXPECT_NE(r.status().message().find("CONCORD_BACKEND=nccl"), std::string::npos);
     EXPECT_NE(r.status().message().find(why_), std::string::npos) << r.status().message();
   }
+}
+
+// Runs on every machine: a sub-communicator's device plane keeps its parent's GPU. Parent ranks 0
+// and 1 (local ranks 0 and 1, one host) split in reverse order, so their local ranks swap in the
+// sub-communicator; a split of that in its own order keeps the swapped local ranks. Both still
+// pick the parent's local rank's GPU (before: their own local_rank, the other rank's GPU).
+TEST(DeviceSetupSplitTest, SubCommunicatorKeepsTheParentsDevice) {
+  char dir[] = "/tmp/concord_device_split_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  harness::RunRanks(2, [&](int r) {
+    Config c;
+    c.rank = r;
+    c.size = 2;
+    c.store = std::string("file://") + dir;
+    c.job_id = "device_split";
+    c.lanes = 1;
+    c.timeout_s = 20;
+    StatusOr<Communicator> parent = CreateCommunicator(c);
+    ASSERT_TRUE(parent.ok()) << parent.status().ToString();
+    EXPECT_EQ(DeviceLocalRank(parent->engine->config()), r);
+    StatusOr<Communicator> sub = SplitCommunicator(*parent->engine, *parent->origin, 0, -r);
+    ASSERT_TRUE(sub.ok()) << sub.status().ToString();
+    const Config& sc = sub->engine->config();
+    EXPECT_EQ(sc.local_rank, 1 - r);
+    EXPECT_EQ(DeviceLocalRank(sc), r);
+    StatusOr<Communicator> nested = SplitCommunicator(*sub->engine, *sub->origin, 0, sc.rank);
+    ASSERT_TRUE(nested.ok()) << nested.status().ToString();
+    EXPECT_EQ(nested->engine->config().local_rank, 1 - r);
+    EXPECT_EQ(DeviceLocalRank(nested->engine->config()), r);
+  });
 }
 
 }  // namespace

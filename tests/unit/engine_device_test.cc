@@ -11,6 +11,7 @@
 #include <functional>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/engine.h"
@@ -374,6 +375,42 @@ TEST(EngineDeviceTest, PeerThatNeverArrivesTimesOut) {
       EXPECT_FALSE(Await(state).ok());
     }
   }
+}
+
+// A failure that a user thread finds while it drives the engine, with a device collective in
+// flight (rank 1 dies; the devices hang, so only each rank's own abort ends its collective): the
+// engine's device abort fails the collective on rank 0, running its callback on that thread,
+// which may then still finalize the communicator. Before, running the callback made the thread
+// count as the device's completion thread for good: "a communicator cannot be finalized from its
+// own completion callback".
+TEST(EngineDeviceTest, FinalizeFromTheThreadThatDroveTheFailure) {
+  const int size = 2;
+  DeviceJob job(size, milliseconds(1));
+  job.devices().Stall(0);
+  job.devices().Stall(1);
+  std::vector<std::vector<float>> gpu(size, std::vector<float>(8, 1.0f));
+  std::vector<std::shared_ptr<RequestState>> stuck;
+  for (int r = 0; r < size; ++r) {
+    stuck.push_back(Submit(job[r], Entry(Request("stuck", OpType::kAllreduce, DType::kFloat32, {8}),
+                                         gpu[r].data(), gpu[r].data())));
+  }
+  ASSERT_TRUE(stuck[0]->WaitLaunched(Deadline::After(milliseconds(20000))).ok());
+  // This thread drives rank 0 (the engine thread parks meanwhile) when rank 1 dies.
+  std::thread killer([&] {
+    std::this_thread::sleep_for(milliseconds(200));
+    job.world().Kill(1);
+  });
+  std::vector<float> cpu(4, 1.0f);
+  QueueEntry e =
+      Entry(Request("cpu", OpType::kAllreduce, DType::kFloat32, {4}), cpu.data(), cpu.data());
+  auto waited = e.state;
+  ASSERT_TRUE(job[0].Enqueue(std::move(e), /*then_wait=*/true).ok());
+  EXPECT_TRUE(job[0].Wait(*waited, Deadline::After(milliseconds(20000))));
+  killer.join();
+  EXPECT_EQ(waited->status().code(), Code::kPeerFailure) << waited->status().ToString();
+  EXPECT_FALSE(Await(stuck[0]).ok());
+  const Status finalized = job[0].Shutdown();
+  EXPECT_TRUE(finalized.ok()) << finalized.ToString();
 }
 
 // Refused at enqueue, with a message naming why; nothing is queued.

@@ -132,6 +132,10 @@ class InProcDeviceBackend : public DeviceBackend {
     return me.aborted;
   }
 
+  bool OnCompletionThread() const override {
+    return std::this_thread::get_id() == world_->worker_.get_id();
+  }
+
   void Abort(const Status& status) override {
     std::vector<std::function<void()>> callbacks;
     {
