@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 #include "base/half_convert.h"
@@ -96,9 +97,10 @@ float BFloat16ToFloat(uint16_t bits) {
 
 namespace {
 
-// Integer sums and products wrap around (two's complement), as MPI's and NCCL's do in practice:
-// computed in the unsigned type, since a signed overflow would be undefined behaviour (found by
-// tests/fuzz/fuzz_compressed: two int32 shares whose sum overflows).
+// Integer sums and products wrap around (two's complement), as NCCL's and MPI's 32- and 64-bit
+// ones do (Open MPI's vectorised 8-bit sums saturate: the MPI backend reduces 8-bit integers with
+// these kernels instead): computed in the unsigned type, since a signed overflow would be undefined
+// behaviour (found by tests/fuzz/fuzz_compressed: two int32 shares whose sum overflows).
 template <typename T>
 T Sum(T a, T b) {
   if constexpr (std::is_integral_v<T>) {
@@ -120,6 +122,61 @@ T Product(T a, T b) {
   }
 }
 
+// Floating min and max are IEEE 754-2019 minimum and maximum, as torch.minimum and torch.maximum:
+// NaN in either operand gives NaN, always the type's canonical quiet NaN (positive, payload 0:
+// std::numeric_limits<T>::quiet_NaN()) whichever operand held which NaN; -0 is less than +0. Both
+// are symmetric in their operands, so every rank gets the same bits whatever order a backend
+// combines the ranks in. Integers: std::min and std::max.
+//
+// How, without branches, so that the loops vectorise (each `x < y ? x : y` is one minps): the two
+// one-sided selects agree unless the operands are equal or unordered, where each returns a
+// different operand. The OR of their bits is then -0 for -0 and +0 (AND: +0), the value itself
+// for other equal operands, and a NaN when either operand is one (a NaN's exponent and some
+// mantissa bit survive an OR), which is then replaced by the canonical one. Against std::min
+// (measured, GCC 12, SSE2): about twice the time on float32 data in L1 (0.18 us against 0.09 us
+// for 1024 elements), 10-20% more at 4 MiB, where memory bounds both.
+template <typename T>
+using FloatBits = std::conditional_t<sizeof(T) == sizeof(uint32_t), uint32_t, uint64_t>;
+
+template <typename T>
+FloatBits<T> BitsOf(T value) {
+  FloatBits<T> bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  return bits;
+}
+
+template <typename T>
+T FromBits(FloatBits<T> bits) {
+  T value;
+  std::memcpy(&value, &bits, sizeof(value));
+  return value;
+}
+
+template <typename T>
+T Min(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>) {
+    const T ab = a < b ? a : b;  // b when equal or unordered
+    const T ba = b < a ? b : a;  // a when equal or unordered
+    const T either = FromBits<T>(BitsOf(ab) | BitsOf(ba));
+    return either != either ? std::numeric_limits<T>::quiet_NaN() : either;
+  } else {
+    return std::min(a, b);
+  }
+}
+
+template <typename T>
+T Max(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>) {
+    const T ab = a > b ? a : b;
+    const T ba = b > a ? b : a;
+    const T either = FromBits<T>(BitsOf(ab) | BitsOf(ba));  // NaN exactly when a or b is
+    const T both = FromBits<T>(BitsOf(ab) & BitsOf(ba));
+    return either != either ? std::numeric_limits<T>::quiet_NaN() : both;
+  } else {
+    return std::max(a, b);
+  }
+}
+
 template <typename T>
 struct Ops {
   static T Apply(ReduceOp op, T a, T b) {
@@ -128,9 +185,9 @@ struct Ops {
       case ReduceOp::kAverage:
         return Sum(a, b);
       case ReduceOp::kMin:
-        return std::min(a, b);
+        return Min(a, b);
       case ReduceOp::kMax:
-        return std::max(a, b);
+        return Max(a, b);
       case ReduceOp::kProduct:
         return Product(a, b);
     }
@@ -147,10 +204,10 @@ void ReduceTyped(T* dst, const T* a, const T* b, size_t n, ReduceOp op) {
       for (size_t i = 0; i < n; ++i) dst[i] = Sum(a[i], b[i]);
       break;
     case ReduceOp::kMin:
-      for (size_t i = 0; i < n; ++i) dst[i] = std::min(a[i], b[i]);
+      for (size_t i = 0; i < n; ++i) dst[i] = Min(a[i], b[i]);
       break;
     case ReduceOp::kMax:
-      for (size_t i = 0; i < n; ++i) dst[i] = std::max(a[i], b[i]);
+      for (size_t i = 0; i < n; ++i) dst[i] = Max(a[i], b[i]);
       break;
     case ReduceOp::kProduct:
       for (size_t i = 0; i < n; ++i) dst[i] = Product(a[i], b[i]);

@@ -62,6 +62,10 @@ float BFloat16ToFloat(uint16_t bits);
 
 // dst[i] = a[i] (op) b[i] for count elements; dst may alias a or b. Average reduces as a sum (the
 // division is a postscale). Half types are combined in float and rounded once per call.
+// Integer sums and products wrap around (two's complement). Floating min and max are IEEE
+// 754-2019 minimum and maximum: a NaN operand gives the type's canonical quiet NaN (positive, no
+// payload), min(-0, +0) is -0 and max(-0, +0) is +0. Min and max (every type) are commutative and
+// associative on bits, so their results do not depend on the order a backend combines ranks in.
 void ReduceElements(void* dst, const void* a, const void* b, size_t count, DType dtype,
                     ReduceOp op);
 

@@ -159,7 +159,7 @@ StatusOr<std::vector<double>> RunRawGlooAllreduce(const RawGlooOptions& options,
   if (options.count == 0 || options.iterations < 1 || options.warmup < 0) {
     return InvalidArgument("raw gloo: count and iterations must be positive, warmup >= 0");
   }
-  if (!gloo_internal::AlgorithmSupports(algorithm, options.size, options.count)) {
+  if (!gloo_internal::AlgorithmSupports(algorithm, options.size, options.count, sizeof(float))) {
     return InvalidArgument(std::string("raw gloo: ") +
                            gloo_internal::AllreduceAlgorithmName(algorithm) + " cannot run " +
                            std::to_string(options.count) + " elements on " +

@@ -13,6 +13,21 @@ constexpr int kSlotWrap = 1 << 30;
 
 }  // namespace
 
+size_t ObjectEntryBytes(AllreduceAlgorithm algorithm, size_t count, DType dtype) {
+  const size_t data = count * DTypeSize(dtype);
+  switch (algorithm) {
+    case AllreduceAlgorithm::kRing:
+    case AllreduceAlgorithm::kRingChunked:
+      return 3 * data;
+    case AllreduceAlgorithm::kHalvingDoubling:
+    case AllreduceAlgorithm::kBcube:
+      return 2 * data;
+    case AllreduceAlgorithm::kFunction:
+      return 0;
+  }
+  return 0;
+}
+
 AllreduceCache::AllreduceCache(std::shared_ptr<GlooContext> object_context,
                                std::shared_ptr<GlooContext> function_context, size_t max_entries,
                                size_t max_bytes)
@@ -27,7 +42,8 @@ void AllreduceCache::Run(AllreduceAlgorithm algorithm, void* data, size_t count,
   const ReduceOp key_op = WireReduceOp(op);
   if (algorithm == AllreduceAlgorithm::kFunction) return RunFunction(data, count, dtype, key_op);
   const size_t bytes = count * DTypeSize(dtype);
-  Entry& entry = Lookup(Key{algorithm, count, dtype, key_op}, bytes);
+  Entry& entry =
+      Lookup(Key{algorithm, count, dtype, key_op}, ObjectEntryBytes(algorithm, count, dtype));
   if (!entry.allreduce) {
     entry.owned.resize(bytes);
     Build(entry, entry.owned.data());

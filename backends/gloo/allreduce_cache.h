@@ -35,11 +35,21 @@ namespace gloo_internal {
 //     function-style allreduce after any object algorithm had been built stalled for about a
 //     second per call (measured: 16 M floats, 2 ranks, 1.0 s instead of 55 ms).
 //
-// Bounds: at most max_entries object entries and max_bytes bytes of caller data covered (an
-// object algorithm also holds its own buffer plus Gloo's scratch, about twice that again), and at
-// most max_entries function-style entries (they own no memory); the least recently used entries
-// are destroyed first. One object entry larger than max_bytes is kept alone.
+// Bounds: at most max_entries object entries and max_bytes bytes of memory they hold
+// (ObjectEntryBytes: the entry's own buffer plus Gloo's scratch, not just the caller's data: with
+// only the data counted, 256 entries of 800 KB held about 600 MiB per lane), and at most
+// max_entries function-style entries (they own no memory); the least recently used entries are
+// destroyed first. One object entry larger than max_bytes is kept alone.
 // Not thread-safe: owned and used by the backend's one thread. Run() throws Gloo's exceptions.
+// The memory an object entry of `count` elements of `dtype` holds, as the cache counts it: its own
+// buffer of the data's bytes plus the scratch Gloo 0.5's object allocates for the algorithm (from
+// its headers): ring an inbox and an outbox of the data's size (3x the data in all), ring_chunked
+// two inboxes of the data's size (3x), halving_doubling one receive buffer of the data's size
+// rounded up to whole chunks (about 2x), bcube per-step receive buffers of about the data's size
+// (about 2x). kFunction entries hold no memory of their own (0). Every rank computes the same value
+// from the same key, so evictions stay in step.
+size_t ObjectEntryBytes(AllreduceAlgorithm algorithm, size_t count, DType dtype);
+
 class AllreduceCache {
  public:
   // object_context runs the algorithm objects, function_context the function-style allreduce
@@ -51,18 +61,19 @@ class AllreduceCache {
   AllreduceCache& operator=(const AllreduceCache&) = delete;
 
   // In-place allreduce of data[0, count) with the given algorithm, building it if needed. count > 0
-  // (and fits AlgorithmObjectFits unless algorithm is kFunction). Blocks; collective.
+  // (and fits AlgorithmObjectFits(count, DTypeSize(dtype)) unless algorithm is kFunction). Blocks;
+  // collective.
   void Run(AllreduceAlgorithm algorithm, void* data, size_t count, DType dtype, ReduceOp op);
 
   size_t entries() const { return lru_.size() + function_lru_.size(); }
-  size_t bytes() const { return bytes_; }
+  size_t bytes() const { return bytes_; }    // the object entries' ObjectEntryBytes, summed
   size_t builds() const { return builds_; }  // how many allreduces were built so far
 
  private:
   using Key = std::tuple<AllreduceAlgorithm, size_t, DType, ReduceOp>;
   struct Entry {
     Key key;
-    size_t bytes = 0;
+    size_t bytes = 0;       // ObjectEntryBytes
     void* bound = nullptr;  // the buffer the allreduce runs over (owned below, or the caller's)
     std::vector<unsigned char> owned;
     std::unique_ptr<BoundAllreduce> allreduce;

@@ -153,13 +153,13 @@ StatusOr<AllreduceAlgorithm> ParseAllreduceAlgorithm(const std::string& name) {
                          "allreduce)");
 }
 
-bool AlgorithmObjectFits(size_t count) {
-  return count <= static_cast<size_t>(INT_MAX);
+bool AlgorithmObjectFits(size_t count, size_t element_bytes) {
+  return element_bytes > 0 && count <= static_cast<size_t>(INT_MAX) / element_bytes;
 }
 
-bool AlgorithmSupports(AllreduceAlgorithm algorithm, int size, size_t count) {
+bool AlgorithmSupports(AllreduceAlgorithm algorithm, int size, size_t count, size_t element_bytes) {
   if (algorithm == AllreduceAlgorithm::kFunction) return true;
-  if (!AlgorithmObjectFits(count)) return false;
+  if (!AlgorithmObjectFits(count, element_bytes)) return false;
   if (algorithm == AllreduceAlgorithm::kBcube) return size > 0 && (size & (size - 1)) == 0;
   return true;
 }

@@ -28,13 +28,17 @@ const char* AllreduceAlgorithmName(AllreduceAlgorithm algorithm);
 // listing the accepted names otherwise ("auto" is the backend's business, not a name here).
 StatusOr<AllreduceAlgorithm> ParseAllreduceAlgorithm(const std::string& name);
 
-// Gloo's algorithm objects count elements in an int; larger buffers must use kFunction.
-bool AlgorithmObjectFits(size_t count);
+// Whether Gloo's algorithm objects can run `count` elements of `element_bytes` each: they count
+// elements in an int and keep the buffer's bytes in an int too (`const int bytes_ = count_ *
+// sizeof(T)` in gloo/allreduce_ring.h, _ring_chunked.h, _halving_doubling.h, _bcube.h), so the
+// bytes must fit INT_MAX; larger buffers must use kFunction.
+bool AlgorithmObjectFits(size_t count, size_t element_bytes);
 
-// Whether `algorithm` runs correctly for this many ranks and elements: object algorithms need
-// AlgorithmObjectFits(count), and bcube needs a power-of-two size (Gloo 0.5.0 corrupts data or
-// drops connections with 3 ranks). Halving-doubling handles any size and count < size.
-bool AlgorithmSupports(AllreduceAlgorithm algorithm, int size, size_t count);
+// Whether `algorithm` runs correctly for this many ranks and elements of `element_bytes` each:
+// object algorithms need AlgorithmObjectFits, and bcube needs a power-of-two size (Gloo 0.5.0
+// corrupts data or drops connections with 3 ranks). Halving-doubling handles any size and
+// count < size.
+bool AlgorithmSupports(AllreduceAlgorithm algorithm, int size, size_t count, size_t element_bytes);
 
 // An allreduce of one fixed buffer, built once and run many times. Run() blocks until done and
 // throws Gloo's exceptions on failure or timeout (callers convert them). Owns Gloo's algorithm
@@ -48,7 +52,7 @@ class BoundAllreduce {
 
 // Builds the algorithm over data[0, count). Object algorithms take their slots from the context's
 // slot counter (see GlooContext). Throws Gloo's exceptions. count must be > 0, and must satisfy
-// AlgorithmObjectFits unless algorithm is kFunction.
+// AlgorithmObjectFits(count, DTypeSize(dtype)) unless algorithm is kFunction.
 std::unique_ptr<BoundAllreduce> MakeBoundAllreduce(const std::shared_ptr<gloo::Context>& context,
                                                    AllreduceAlgorithm algorithm, void* data,
                                                    size_t count, DType dtype, ReduceOp op);

@@ -1,5 +1,6 @@
 #include "backends/mpi/mpi_backend.h"
 
+#include <array>
 #include <climits>
 #include <cstring>
 #include <functional>
@@ -10,10 +11,53 @@
 namespace concord {
 namespace {
 
-// MPI user functions for the half types: inout = in (op) inout, combined in float.
+// MPI user function over Concord's own kernels (base/dtype.h): inout = in (op) inout.
 template <DType kType, ReduceOp kOp>
-void HalfReduce(void* in, void* inout, int* len, MPI_Datatype*) {
+void ConcordReduce(void* in, void* inout, int* len, MPI_Datatype*) {
   ReduceElements(inout, in, inout, static_cast<size_t>(*len), kType, kOp);
+}
+
+// The user function that reduces `dtype` with op `op_index` (OpIndex) by Concord's kernels, or
+// nullptr where MPI's built-in op does. Concord's own, so that every backend gives the same bits
+// (ReduceElements' contract), for:
+//   - float16 and bfloat16: MPI has no such types;
+//   - 8-bit sums and products: Open MPI 4.1.4's vectorised (op/avx) 8-bit sums saturate (uint8
+//     200 x 3 ranks, 100000 elements, gave 255, not 88). Its 8-bit products wrapped there, and
+//     its 32- and 64-bit sums and products (checked: 3 ranks, 100000 elements), but the
+//     8-bit products come from the same component, whose paths differ by CPU (AVX2, AVX-512):
+//     they go with the sums (tests/mp/conformance_edge.cc checks 8-bit ones at 1 to 4 ranks);
+//   - floating min and max: MPI_MIN and MPI_MAX return one operand or the other for a NaN or for
+//     -0 and +0, depending on which rank holds which, so ranks could end with different bits.
+MPI_User_function* OwnReduction(DType dtype, int op_index) {
+  using Table = std::array<MPI_User_function*, 4>;  // by OpIndex: sum, min, max, product
+  switch (dtype) {
+    case DType::kFloat16:
+      return Table{ConcordReduce<DType::kFloat16, ReduceOp::kSum>,
+                   ConcordReduce<DType::kFloat16, ReduceOp::kMin>,
+                   ConcordReduce<DType::kFloat16, ReduceOp::kMax>,
+                   ConcordReduce<DType::kFloat16, ReduceOp::kProduct>}[op_index];
+    case DType::kBFloat16:
+      return Table{ConcordReduce<DType::kBFloat16, ReduceOp::kSum>,
+                   ConcordReduce<DType::kBFloat16, ReduceOp::kMin>,
+                   ConcordReduce<DType::kBFloat16, ReduceOp::kMax>,
+                   ConcordReduce<DType::kBFloat16, ReduceOp::kProduct>}[op_index];
+    case DType::kUint8:
+      return Table{ConcordReduce<DType::kUint8, ReduceOp::kSum>, nullptr, nullptr,
+                   ConcordReduce<DType::kUint8, ReduceOp::kProduct>}[op_index];
+    case DType::kInt8:
+      return Table{ConcordReduce<DType::kInt8, ReduceOp::kSum>, nullptr, nullptr,
+                   ConcordReduce<DType::kInt8, ReduceOp::kProduct>}[op_index];
+    case DType::kFloat32:
+      return Table{nullptr, ConcordReduce<DType::kFloat32, ReduceOp::kMin>,
+                   ConcordReduce<DType::kFloat32, ReduceOp::kMax>, nullptr}[op_index];
+    case DType::kFloat64:
+      return Table{nullptr, ConcordReduce<DType::kFloat64, ReduceOp::kMin>,
+                   ConcordReduce<DType::kFloat64, ReduceOp::kMax>, nullptr}[op_index];
+    case DType::kInt32:
+    case DType::kInt64:
+      return nullptr;
+  }
+  return nullptr;
 }
 
 MPI_Datatype MpiType(DType dtype) {
@@ -28,7 +72,7 @@ MPI_Datatype MpiType(DType dtype) {
       return MPI_INT64_T;
     case DType::kFloat16:
     case DType::kBFloat16:
-      return MPI_UINT16_T;  // reduced by the user-defined ops below
+      return MPI_UINT16_T;  // reduced by user-defined ops (OwnReduction)
     case DType::kFloat32:
       return MPI_FLOAT;
     case DType::kFloat64:
@@ -53,11 +97,11 @@ int OpIndex(ReduceOp op) {
   return -1;
 }
 
-// Contract: see CreateMpiBackend. Owns its communicator and the half-type MPI_Ops; used by one
-// thread at a time (the engine's); Interrupter()'s callable is for any thread. The first failure
-// is sticky. After a timeout or an interrupt the pending
-// request and the communicator are deliberately leaked (MPI could still write into the buffer
-// if the missing peer ever arrived, and freeing either could block).
+// Contract: see CreateMpiBackend. Owns its communicator and its user-defined MPI_Ops
+// (OwnReduction); used by one thread at a time (the engine's); Interrupter()'s callable is for any
+// thread. The first failure is sticky. After a timeout or an interrupt the pending request and the
+// communicator are deliberately leaked (MPI could still write into the buffer if the missing peer
+// ever arrived, and freeing either could block).
 class MpiBackend : public Backend {
  public:
   MpiBackend(std::shared_ptr<MpiEnvironment> env, MPI_Comm comm, int rank, int size,
@@ -67,13 +111,15 @@ class MpiBackend : public Backend {
         rank_(rank),
         size_(size),
         timeout_(timeout),
-        max_message_bytes_(max_message_bytes) {}
+        max_message_bytes_(max_message_bytes) {
+    for (auto& per_type : own_ops_) per_type.fill(MPI_OP_NULL);
+  }
 
   ~MpiBackend() override {
     if (env_->abandoned()) return;
     auto lock = env_->Lock();
     if (!lock) return;
-    for (auto& per_type : half_ops_) {
+    for (auto& per_type : own_ops_) {
       for (MPI_Op& op : per_type) {
         if (op != MPI_OP_NULL) MPI_Op_free(&op);
       }
@@ -81,18 +127,13 @@ class MpiBackend : public Backend {
     MPI_Comm_free(&comm_);
   }
 
-  Status CreateHalfOps() {
-    MPI_User_function* const fns[2][4] = {
-        {HalfReduce<DType::kFloat16, ReduceOp::kSum>, HalfReduce<DType::kFloat16, ReduceOp::kMin>,
-         HalfReduce<DType::kFloat16, ReduceOp::kMax>,
-         HalfReduce<DType::kFloat16, ReduceOp::kProduct>},
-        {HalfReduce<DType::kBFloat16, ReduceOp::kSum>, HalfReduce<DType::kBFloat16, ReduceOp::kMin>,
-         HalfReduce<DType::kBFloat16, ReduceOp::kMax>,
-         HalfReduce<DType::kBFloat16, ReduceOp::kProduct>}};
+  // Creates the user-defined MPI_Ops (commutative) of every dtype and op OwnReduction names.
+  Status CreateOwnOps() {
     CONCORD_MPI_LOCK_OR_RETURN(lock, *env_);
-    for (int t = 0; t < 2; ++t) {
+    for (int t = 0; t < kNumDTypes; ++t) {
       for (int o = 0; o < 4; ++o) {
-        CONCORD_MPI_CHECK(MPI_Op_create(fns[t][o], 1, &half_ops_[t][o]));
+        MPI_User_function* const fn = OwnReduction(static_cast<DType>(t), o);
+        if (fn != nullptr) CONCORD_MPI_CHECK(MPI_Op_create(fn, 1, &own_ops_[t][o]));
       }
     }
     return Status::Ok();
@@ -316,9 +357,11 @@ class MpiBackend : public Backend {
 
  private:
   MPI_Op OpFor(DType dtype, ReduceOp op) const {
-    if (IsHalfPrecision(dtype)) return half_ops_[dtype == DType::kFloat16 ? 0 : 1][OpIndex(op)];
+    const int index = OpIndex(op);
+    const MPI_Op own = own_ops_[static_cast<int>(dtype)][index];
+    if (own != MPI_OP_NULL) return own;
     const MPI_Op ops[4] = {MPI_SUM, MPI_MIN, MPI_MAX, MPI_PROD};
-    return ops[OpIndex(op)];
+    return ops[index];
   }
 
   Status Wait(MPI_Request* request, const std::string& what) {
@@ -338,8 +381,8 @@ class MpiBackend : public Backend {
   const int size_;
   const std::chrono::milliseconds timeout_;
   const size_t max_message_bytes_;
-  MPI_Op half_ops_[2][4] = {{MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL},
-                            {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL}};
+  // By dtype and OpIndex: MPI_OP_NULL where MPI's built-in op is used (OwnReduction).
+  std::array<std::array<MPI_Op, 4>, kNumDTypes> own_ops_;
   Status failed_;
   const char* last_algorithm_ = nullptr;  // LastAlgorithm()
   // Set by Interrupter()'s callable, from any thread; shared so that it outlives the backend.
@@ -580,7 +623,7 @@ StatusOr<std::unique_ptr<Backend>> CreateMpiBackend(std::shared_ptr<MpiEnvironme
   }
   auto backend =
       std::make_unique<MpiBackend>(std::move(env), comm, rank, size, timeout, max_message_bytes);
-  CONCORD_RETURN_IF_ERROR(backend->CreateHalfOps());
+  CONCORD_RETURN_IF_ERROR(backend->CreateOwnOps());
   return std::unique_ptr<Backend>(std::move(backend));
 }
 

@@ -37,8 +37,9 @@ StatusOr<MPI_Comm> Duplicate(MpiEnvironment& env, MPI_Comm base, Deadline deadli
 StatusOr<MPI_Comm> CreateGroupComm(MpiEnvironment& env, const std::vector<int>& world_ranks,
                                    int tag);
 
-// A Backend over its own duplicate of MPI_COMM_WORLD: allreduce is MPI_Iallreduce (half types
-// through user-defined MPI_Ops that combine in float), allgatherv MPI_Iallgatherv (one MPI_Ibcast
+// A Backend over its own duplicate of MPI_COMM_WORLD: allreduce is MPI_Iallreduce (half types,
+// 8-bit sums and products and floating min and max through user-defined MPI_Ops over Concord's
+// kernels, so that results are ReduceElements' bits), allgatherv MPI_Iallgatherv (one MPI_Ibcast
 // per rank when a count or displacement would not fit MPI's int), broadcast MPI_Ibcast, barrier
 // MPI_Ibarrier; each polled until `timeout` or until its Interrupter() is called (the engine
 // calls it when its control plane finds a peer failed). Calls move at most max_message_bytes at a

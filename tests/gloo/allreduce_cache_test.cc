@@ -1,9 +1,11 @@
 // Tests of the Gloo backend's allreduce cache: reuse across buffers, rebinding, LRU bounds by
-// count and bytes, with 2 ranks as threads.
+// count and bytes (what the entries hold), with 2 ranks as threads; which buffers Gloo's algorithm
+// objects can take.
 #include "backends/gloo/allreduce_cache.h"
 
 #include <gtest/gtest.h>
 
+#include <climits>
 #include <functional>
 #include <vector>
 
@@ -87,19 +89,59 @@ TEST(AllreduceCacheTest, EvictsLeastRecentlyUsedByCount) {
 }
 
 TEST(AllreduceCacheTest, EvictsByBytesButKeepsOneOversizedEntry) {
-  RunTwoRanks(64, 1000, [](AllreduceCache& cache, int rank) {
+  // ring_chunked entries hold 3x their data (ObjectEntryBytes).
+  RunTwoRanks(64, 3000, [](AllreduceCache& cache, int rank) {
     std::vector<float> small(100), other(150), big(1000);
-    SumOnce(cache, AllreduceAlgorithm::kRingChunked, small, rank);  // 400 bytes
-    SumOnce(cache, AllreduceAlgorithm::kRingChunked, other, rank);  // 600 bytes: 1000 in all
+    SumOnce(cache, AllreduceAlgorithm::kRingChunked, small, rank);  // 400 bytes: 1200 held
+    SumOnce(cache, AllreduceAlgorithm::kRingChunked, other, rank);  // 600 bytes: 3000 in all
     EXPECT_EQ(cache.entries(), 2u);
-    EXPECT_EQ(cache.bytes(), 1000u);
+    EXPECT_EQ(cache.bytes(), 3000u);
     SumOnce(cache, AllreduceAlgorithm::kRingChunked, big, rank);  // 4000 bytes: alone
     EXPECT_EQ(cache.entries(), 1u);
-    EXPECT_EQ(cache.bytes(), 4000u);
+    EXPECT_EQ(cache.bytes(), 12000u);
     SumOnce(cache, AllreduceAlgorithm::kRingChunked, small, rank);
     EXPECT_EQ(cache.entries(), 1u);
-    EXPECT_EQ(cache.bytes(), 400u);
+    EXPECT_EQ(cache.bytes(), 1200u);
   });
+}
+
+// The bytes bound counts what an entry holds (its buffer and Gloo's scratch), not only the data:
+// with the data alone, 256 entries of 800 KB held about 600 MiB per lane.
+TEST(AllreduceCacheTest, BytesCountTheAlgorithmsScratch) {
+  EXPECT_EQ(ObjectEntryBytes(AllreduceAlgorithm::kRing, 100, DType::kFloat32), 1200u);
+  EXPECT_EQ(ObjectEntryBytes(AllreduceAlgorithm::kRingChunked, 100, DType::kFloat64), 2400u);
+  EXPECT_EQ(ObjectEntryBytes(AllreduceAlgorithm::kHalvingDoubling, 100, DType::kFloat16), 400u);
+  EXPECT_EQ(ObjectEntryBytes(AllreduceAlgorithm::kBcube, 100, DType::kUint8), 200u);
+  EXPECT_EQ(ObjectEntryBytes(AllreduceAlgorithm::kFunction, 100, DType::kFloat32), 0u);
+  // Room for two halving-doubling entries of about 100 floats (about 800 bytes each), not three.
+  RunTwoRanks(64, 1700, [](AllreduceCache& cache, int rank) {
+    std::vector<std::vector<float>> bufs = {std::vector<float>(100), std::vector<float>(101),
+                                            std::vector<float>(102)};
+    for (auto& buf : bufs) SumOnce(cache, AllreduceAlgorithm::kHalvingDoubling, buf, rank);
+    EXPECT_EQ(cache.entries(), 2u);
+    EXPECT_LE(cache.bytes(), 1700u);
+    SumOnce(cache, AllreduceAlgorithm::kHalvingDoubling, bufs[0], rank);  // evicted: built again
+    EXPECT_EQ(cache.builds(), 4u);
+  });
+}
+
+// Gloo's algorithm objects keep the buffer's bytes in an int (gloo/allreduce_ring.h: `const int
+// bytes_ = count_ * sizeof(T)`): past INT_MAX bytes, whatever the element count, they must not run.
+TEST(GlooAllreduceTest, ObjectAlgorithmsNeedTheirBytesToFitAnInt) {
+  const size_t max = static_cast<size_t>(INT_MAX);
+  EXPECT_TRUE(AlgorithmObjectFits(max, 1));
+  EXPECT_FALSE(AlgorithmObjectFits(max + 1, 1));
+  EXPECT_TRUE(AlgorithmObjectFits(max / 4, 4));
+  EXPECT_FALSE(AlgorithmObjectFits(max / 4 + 1, 4));  // 2 GiB of float32: fewer than INT_MAX
+  EXPECT_FALSE(AlgorithmObjectFits(max / 8 + 1, 8));
+  EXPECT_FALSE(AlgorithmObjectFits(max / 2 + 1, 2));
+  for (AllreduceAlgorithm a : {AllreduceAlgorithm::kRing, AllreduceAlgorithm::kRingChunked,
+                               AllreduceAlgorithm::kHalvingDoubling}) {
+    EXPECT_TRUE(AlgorithmSupports(a, 3, max / 8, 8));
+    EXPECT_FALSE(AlgorithmSupports(a, 3, max / 8 + 1, 8));
+    EXPECT_FALSE(AlgorithmSupports(a, 3, (size_t{1} << 29) + 1, 4));
+  }
+  EXPECT_TRUE(AlgorithmSupports(AllreduceAlgorithm::kFunction, 3, size_t{1} << 40, 8));
 }
 
 }  // namespace

@@ -13,8 +13,10 @@
 // every dtype x sizes {0, 1, 7, 4099, 1<<20}, blocking and asynchronous (wait, test-polling,
 // callbacks), grouped submission, several steps (so the response cache serves the repeated names).
 // Each result is checked against a value computed here. Inputs are small integers, so results are
-// exact (half types get a tolerance where the average divides). Prints one summary line; exits
-// non-zero on any mismatch.
+// exact (half types get a tolerance where the average divides). The edge values
+// (conformance_edge.h: 8-bit sums and products that wrap, NaN and -0 in floating min and max, bit
+// for bit) run once, at sizes 7 and 65537, on CPU tensors, when the run's sizes include 7. Prints
+// one summary line; exits non-zero on any mismatch.
 //
 // --device cuda runs the same cases on CUDA tensors (the GPU backend: CONCORD_BACKEND=nccl): each
 // case's buffers are copied to the rank's GPU before it is submitted and back once it completed,
@@ -29,6 +31,7 @@
 #include <thread>
 #include <vector>
 
+#include "conformance_edge.h"
 #include "conformance_exchange.h"
 #include "device_memory.h"
 #include "mp_common.h"
@@ -694,8 +697,9 @@ bool Has(const std::string& list, const char* item) {
 int Run(int argc, char** argv) {
   int64_t min_size = 0, max_size = int64_t{1} << 20;
   int steps = 3;
-  // Which families to run (for narrowing down a failure); x: reducescatter and alltoall.
-  std::string ops = "ar,bc,ag,grp,x,rd,ga";
+  // Which families to run (for narrowing down a failure); x: reducescatter and alltoall; edge:
+  // the edge values (conformance_edge.h).
+  std::string ops = "ar,bc,ag,grp,x,rd,ga,edge";
   bool split = false;   // run on sub-communicators of the job (concord_comm_split)
   bool device = false;  // CUDA tensors
   for (int i = 1; i < argc; ++i) {
@@ -731,7 +735,7 @@ int Run(int argc, char** argv) {
     } else {
       std::fprintf(
           stderr,
-          "usage: %s [--min-size N] [--max-size N] [--steps S] [--ops ar,bc,ag,grp,x,rd,ga] "
+          "usage: %s [--min-size N] [--max-size N] [--steps S] [--ops ar,bc,ag,grp,x,rd,ga,edge] "
           "[--split] [--hosts K | --hosts-interleaved K] [--device cuda]\n",
           argv[0]);
       return 2;
@@ -767,7 +771,7 @@ int Run(int argc, char** argv) {
   CheckSetContext("rank %d", g_rank);
   Runner run;
   run.comm = comm;
-  mp_exchange::Counts exchange;
+  mp_exchange::Counts exchange, edge;
   const int64_t kSizes[] = {0, 1, 7, 4099, int64_t{1} << 20};
   for (int step = 0; step < steps; ++step) {
     for (int64_t n : kSizes) {
@@ -799,6 +803,13 @@ int Run(int argc, char** argv) {
       if (Has(ops, "x")) {
         mp_exchange::RunCases(comm, g_rank, g_size, g_device, n, step, large, &exchange);
       }
+      // Once, with the small sizes: 7 elements (inline) and 65537 (every dtype past the inline
+      // threshold, float64 past the direct one).
+      if (Has(ops, "edge") && step == 0 && n == 7 && g_device == CONCORD_DEVICE_CPU) {
+        for (int64_t edge_n : {int64_t{7}, int64_t{65537}}) {
+          mp_edge::RunCases(comm, g_rank, g_size, edge_n, &edge);
+        }
+      }
     }
     if (Has(ops, "x") && step == 0) {
       mp_exchange::RunErrorCases(comm, g_rank, g_size, g_device, &exchange);
@@ -818,9 +829,9 @@ int Run(int argc, char** argv) {
     s = concord_finalize(parent);
     if (s != CONCORD_SUCCESS) FAILF("finalize the parent: %s", concord_status_string(s));
   }
-  g_cases += exchange.cases;
-  g_checks += exchange.checks;
-  const int failures = CheckFailures() + exchange.failures;
+  g_cases += exchange.cases + edge.cases;
+  g_checks += exchange.checks + edge.checks;
+  const int failures = CheckFailures() + exchange.failures + edge.failures;
   std::printf(
       "conformance: rank %d of %d: %ld cases, %ld checks, %ld async callbacks, %d failures, "
       "%.2f s: %s\n",
