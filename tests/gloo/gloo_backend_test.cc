@@ -413,7 +413,11 @@ TEST(GlooBackendTest, InterrupterEndsACollectiveWaitingForAPeer) {
       EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5)) << op;
       EXPECT_EQ(status.code(), Code::kBackendError) << status.ToString();
       EXPECT_NE(status.message().find(op), std::string::npos) << status.ToString();
-      EXPECT_NE(status.message().find("aborted: a peer failed"), std::string::npos)
+      // "aborted: a peer failed" when the interrupt ends a wait; "interrupted: a peer failed" when
+      // it comes before the collective registers its buffers (InFlight::Scope), as it may where
+      // the set-up is slow (ThreadSanitizer on a loaded machine).
+      EXPECT_NE(status.message().find("a peer failed (reported by the control plane)"),
+                std::string::npos)
           << status.ToString();
       EXPECT_EQ((*backend)->Barrier().message(), status.message());
       finished.CountDown();
