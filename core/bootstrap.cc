@@ -61,9 +61,10 @@ class ParentWatch {
 };
 
 // A sub-communicator's view of its parent's store: Get and Wait wait in slices of kParentCheck
-// and, between them, fail with the parent's failure while the watch runs (a member that died
-// fails the parent at once; its keys would never come). Set and Add pass through, and so do Get and
-// Wait once the watch has stopped (the start is over). Thread-safe as the store it wraps.
+// and, after each one that times out (the caller's own short deadline too), fail with the parent's
+// failure while the watch runs (a member that died fails the parent at once; its keys would never
+// come). Set and Add pass through, and so do Get and Wait once the watch has stopped (the start
+// is over). Thread-safe as the store it wraps.
 class ParentWatchedStore : public Store {
  public:
   ParentWatchedStore(std::shared_ptr<Rendezvous> parent, std::shared_ptr<ParentWatch> watch)
@@ -77,16 +78,20 @@ class ParentWatchedStore : public Store {
     for (;;) {
       StatusOr<std::string> value =
           parent_->store->Get(key, deadline.Earlier(Deadline::After(kParentCheck)));
-      if (value.ok() || value.status().code() != Code::kTimeout || deadline.passed()) return value;
+      if (value.ok() || value.status().code() != Code::kTimeout) return value;
+      // Also when the caller's own deadline has passed: a caller that waits in short slices
+      // itself (the shared-memory set-up) would otherwise never see the parent's failure.
       CONCORD_RETURN_IF_ERROR(watch_->Failed());
+      if (deadline.passed()) return value;
     }
   }
   Status Wait(const std::vector<std::string>& keys, Deadline deadline) override {
     if (!watch_->Watching()) return parent_->store->Wait(keys, deadline);
     for (;;) {
       Status s = parent_->store->Wait(keys, deadline.Earlier(Deadline::After(kParentCheck)));
-      if (s.ok() || s.code() != Code::kTimeout || deadline.passed()) return s;
-      CONCORD_RETURN_IF_ERROR(watch_->Failed());
+      if (s.ok() || s.code() != Code::kTimeout) return s;
+      CONCORD_RETURN_IF_ERROR(watch_->Failed());  // as in Get
+      if (deadline.passed()) return s;
     }
   }
   StatusOr<int64_t> Add(const std::string& key, int64_t delta) override {
