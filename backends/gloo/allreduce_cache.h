@@ -16,6 +16,15 @@
 namespace concord {
 namespace gloo_internal {
 
+// The memory an object entry of `count` elements of `dtype` holds, as the cache counts it: its own
+// buffer of the data's bytes plus the scratch Gloo 0.5's object allocates for the algorithm (from
+// its headers): ring an inbox and an outbox of the data's size (3x the data in all), ring_chunked
+// two inboxes of the data's size (3x), halving_doubling one receive buffer of the data's size
+// rounded up to whole chunks (about 2x), bcube per-step receive buffers of about the data's size
+// (about 2x). kFunction entries hold no memory of their own (0). Every rank computes the same value
+// from the same key, so evictions stay in step.
+size_t ObjectEntryBytes(AllreduceAlgorithm algorithm, size_t count, DType dtype);
+
 // Why entries are keyed by (algorithm, count, dtype, op) and not by the caller's pointer: Gloo's
 // algorithm objects take slots from the context's counter when they are built, and a message is
 // delivered to whatever buffer is registered under its slot at the time it arrives. Ranks must
@@ -41,15 +50,6 @@ namespace gloo_internal {
 // max_entries function-style entries (they own no memory); the least recently used entries are
 // destroyed first. One object entry larger than max_bytes is kept alone.
 // Not thread-safe: owned and used by the backend's one thread. Run() throws Gloo's exceptions.
-// The memory an object entry of `count` elements of `dtype` holds, as the cache counts it: its own
-// buffer of the data's bytes plus the scratch Gloo 0.5's object allocates for the algorithm (from
-// its headers): ring an inbox and an outbox of the data's size (3x the data in all), ring_chunked
-// two inboxes of the data's size (3x), halving_doubling one receive buffer of the data's size
-// rounded up to whole chunks (about 2x), bcube per-step receive buffers of about the data's size
-// (about 2x). kFunction entries hold no memory of their own (0). Every rank computes the same value
-// from the same key, so evictions stay in step.
-size_t ObjectEntryBytes(AllreduceAlgorithm algorithm, size_t count, DType dtype);
-
 class AllreduceCache {
  public:
   // object_context runs the algorithm objects, function_context the function-style allreduce
