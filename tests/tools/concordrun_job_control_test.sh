@@ -8,13 +8,10 @@
 set -u
 RUN=$1
 TMP=$(mktemp -d /tmp/concordrun_job_control.XXXXXX)
-launcher=  # the running `timeout concordrun ...`, stopped (SIGTERM, SIGKILL 2 s later) on exit
 cleanup() {
-  if [ -n "$launcher" ]; then
-    kill -TERM "$launcher" 2>/dev/null
-    [ -n "${concordrun:-}" ] && kill -CONT "$concordrun" 2>/dev/null
-    wait "$launcher"
-  fi
+  # A stopped concordrun is continued, so that it acts on the SIGTERM.
+  [ -n "$launcher" ] && [ -n "${concordrun:-}" ] && kill -CONT "$concordrun" 2>/dev/null
+  stop_launcher
   rm -rf "$TMP"
 }
 trap cleanup EXIT

@@ -7,12 +7,8 @@
 set -u
 RUN=$1
 TMP=$(mktemp -d /tmp/concordrun_nohup.XXXXXX)
-launcher=  # the running `timeout ...`, stopped on exit
 cleanup() {
-  if [ -n "$launcher" ]; then
-    kill -TERM "$launcher" 2>/dev/null
-    wait "$launcher"
-  fi
+  stop_launcher
   rm -rf "$TMP"
 }
 trap cleanup EXIT

@@ -10,12 +10,8 @@
 set -u
 RUN=$1
 TMP=$(mktemp -d /tmp/concordrun_stalled.XXXXXX)
-launcher=  # the running `timeout concordrun ...`, stopped (SIGTERM, SIGKILL 2 s later) on exit
 cleanup() {
-  if [ -n "$launcher" ]; then
-    kill -TERM "$launcher" 2>/dev/null
-    wait "$launcher"
-  fi
+  stop_launcher
   rm -rf "$TMP"
 }
 trap cleanup EXIT

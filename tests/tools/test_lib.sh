@@ -1,4 +1,5 @@
-# Shared by tests/tools' scripts (sourced): failures counted by fail(), and wait_for().
+# Shared by tests/tools' scripts (sourced): failures counted by fail(), wait_for(), and the
+# background launcher stop_launcher() ends.
 
 failures=0
 
@@ -17,4 +18,15 @@ wait_for() {
     sleep 0.05
   done
   return 1
+}
+
+# The `timeout concordrun ...` a script started in the background ("" when none runs): the
+# script's EXIT trap calls stop_launcher, which SIGTERMs it (timeout SIGKILLs what is left) and
+# waits for it.
+launcher=
+stop_launcher() {
+  if [ -n "$launcher" ]; then
+    kill -TERM "$launcher" 2>/dev/null
+    wait "$launcher"
+  fi
 }
