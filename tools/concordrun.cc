@@ -360,11 +360,6 @@ Status Launcher::Setup() {
                            TcpStoreServer::Start(all_local ? "127.0.0.1" : "0.0.0.0", 0, token_));
   store_url_ = "tcp://" + net::JoinHostPort(advertise, server_->port());
   CONCORD_RETURN_IF_ERROR(TorchMaster(all_local, advertise));
-  if (o_.summary) {
-    StatusOr<std::string> dir = MakeSummaryDir();
-    if (!dir.ok()) Message("no job summary: " + dir.status().message());
-    summary_dir_ = dir.ok() ? dir.value() : std::string();
-  }
   return Status::Ok();
 }
 
@@ -889,8 +884,14 @@ void Launcher::FlushOutput(int sigfd) {
 }
 
 int Launcher::Run() {
-  // First, while this process has one thread: the lifeline is a fork that goes on running.
-  StatusOr<std::unique_ptr<Lifeline>> lifeline = Lifeline::Start();
+  if (o_.summary) {
+    StatusOr<std::string> dir = MakeSummaryDir();
+    if (!dir.ok()) Message("no job summary: " + dir.status().message());
+    summary_dir_ = dir.ok() ? dir.value() : std::string();
+  }
+  // First, while this process has one thread: the lifeline is a fork that goes on running. It
+  // removes the summary directory if concordrun is killed (kill -9 left one in $TMPDIR per job).
+  StatusOr<std::unique_ptr<Lifeline>> lifeline = Lifeline::Start(summary_dir_);
   if (!lifeline.ok()) {
     return StartFailed("cannot start the job: " + lifeline.status().ToString(), -1);
   }
@@ -962,6 +963,7 @@ int Launcher::Run() {
 // the signalfd, or -1 before there is one.
 int Launcher::StartFailed(const std::string& why, int sigfd) {
   Message(why);
+  if (!summary_dir_.empty()) (void)RemoveSummaryDir(summary_dir_);
   FlushOutput(sigfd);
   return 1;
 }

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "tools/run_summary.h"
+
 namespace concord {
 namespace {
 
@@ -26,7 +28,7 @@ void WriteRecord(int fd, Record record) {
 }
 
 // The lifeline's life: reads records until the job is released or the pipe's write end closes.
-[[noreturn]] void RunLifeline(int from_launcher, pid_t launcher) {
+[[noreturn]] void RunLifeline(int from_launcher, pid_t launcher, const std::string& summary_dir) {
   ::setpgid(0, 0);
   std::vector<pid_t> groups;
   std::string bytes;
@@ -50,6 +52,8 @@ void WriteRecord(int fd, Record record) {
     bytes.erase(0, used);
   }
   for (pid_t group : groups) ::kill(-group, SIGKILL);
+  // What the ranks wrote for the summary nobody will print (SIGKILLed, they write nothing more).
+  if (!summary_dir.empty()) (void)RemoveSummaryDir(summary_dir);
   if (!groups.empty()) {
     const std::string message = "concordrun: the launcher (pid " + std::to_string(launcher) +
                                 ") died; its lifeline SIGKILLed the ranks' process groups\n";
@@ -61,7 +65,7 @@ void WriteRecord(int fd, Record record) {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<Lifeline>> Lifeline::Start() {
+StatusOr<std::unique_ptr<Lifeline>> Lifeline::Start(const std::string& summary_dir) {
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) return ErrnoError("pipe", errno);
   net::Fd from_launcher(fds[0]);
@@ -71,7 +75,7 @@ StatusOr<std::unique_ptr<Lifeline>> Lifeline::Start() {
   if (pid < 0) return ErrnoError("fork", errno);
   if (pid == 0) {
     to_lifeline.Reset();  // else the lifeline would hold its own pipe open
-    RunLifeline(from_launcher.get(), launcher);
+    RunLifeline(from_launcher.get(), launcher, summary_dir);
   }
   return std::unique_ptr<Lifeline>(new Lifeline(std::move(to_lifeline), pid));
 }

@@ -5,6 +5,7 @@
 #include <sys/types.h>
 
 #include <memory>
+#include <string>
 
 #include "base/status.h"
 #include "rendezvous/net.h"
@@ -16,7 +17,8 @@ namespace concord {
 // Forget() that the group is gone.
 // When the write end closes without Release() — concordrun exited, however it died — the
 // lifeline's read sees end of file: it SIGKILLs every group it was told of (the ranks and whatever
-// they started in their groups: a wrapper script's children too), says so on stderr and exits.
+// they started in their groups: a wrapper script's children too), removes the job's summary
+// directory if Start() was given one, says so on stderr and exits.
 // Release() (also the destructor) tells it the job ended normally: it exits and is reaped, killing
 // nothing. The lifeline leads its own process group, so a terminal's Ctrl-C does not reach it.
 // Ranks also get PR_SET_PDEATHSIG (concordrun.cc), which covers the rank process alone even if
@@ -24,8 +26,9 @@ namespace concord {
 class Lifeline {
  public:
   // Forks the lifeline. Call while this process runs one thread: the child goes on running this
-  // program (no exec) and allocates.
-  static StatusOr<std::unique_ptr<Lifeline>> Start();
+  // program (no exec) and allocates. `summary_dir` (run_summary.h's directory of plain files, or
+  // "" for none) is removed by the lifeline if concordrun dies; after Release() it is the caller's.
+  static StatusOr<std::unique_ptr<Lifeline>> Start(const std::string& summary_dir);
   ~Lifeline() { Release(); }
   Lifeline(const Lifeline&) = delete;
   Lifeline& operator=(const Lifeline&) = delete;

@@ -22,7 +22,10 @@ mpi_shm="$(mktemp -d /dev/shm/launcher-kill-mpi.XXXXXX 2>/dev/null ||
 export OMPI_MCA_btl_vader_backing_directory="$mpi_shm"
 # So does its session directory (mpirun leaves ~8 MiB of PMIx segments in /tmp when a job fails).
 export OMPI_MCA_orte_tmpdir_base="$mpi_shm"
-trap 'rm -f "$out"; rm -rf "$mpi_shm"' EXIT
+# concordrun's job-summary directory goes to a TMPDIR of this test's own: the lifeline must
+# remove it, as it is left nowhere else.
+job_tmp="$(mktemp -d "${TMPDIR:-/tmp}/launcher-kill-tmp.XXXXXX")"
+trap 'rm -f "$out"; rm -rf "$mpi_shm" "$job_tmp"' EXIT
 
 if [[ $wrap -eq 1 ]]; then
   launch=()
@@ -34,9 +37,9 @@ if [[ $wrap -eq 1 ]]; then
   # shellcheck disable=SC2016  # expanded by the rank's shell
   wrapper='if [ "$CONCORD_RANK" = 0 ]; then echo "WRAPPER pid $$"; "$0" "$@" & wait
            else exec "$0" "$@"; fi'
-  "${launch[@]}" -- sh -c "$wrapper" "$@" >"$out" 2>&1 &
+  TMPDIR="$job_tmp" "${launch[@]}" -- sh -c "$wrapper" "$@" >"$out" 2>&1 &
 else
-  "$@" >"$out" 2>&1 &
+  TMPDIR="$job_tmp" "$@" >"$out" 2>&1 &
 fi
 launcher=$!
 
@@ -60,13 +63,15 @@ alive() {
   state=$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) && [[ "$state" != Z ]]
 }
 left=""
+took_ms=""
 for _ in $(seq 60); do  # 3 s
   left=""
   for pid in $pids; do alive "$pid" && left="$left $pid"; done
-  [[ -z "$left" ]] && break
+  [[ -z "$left" && -z "$took_ms" ]] && took_ms=$((($(date +%s%N) - start) / 1000000))
+  summaries=$(find "$job_tmp" -maxdepth 1 -name 'concordrun-*' | wc -l)
+  [[ -z "$left" && $summaries -eq 0 ]] && break
   sleep 0.05
 done
-took_ms=$((($(date +%s%N) - start) / 1000000))
 cat "$out"
 
 fail=0
@@ -82,5 +87,10 @@ if [[ -n "$left" ]]; then
 else
   echo "launcher_kill_test.sh: every rank process (${pids//$'\n'/ }) gone ${took_ms} ms" \
        "after concordrun's SIGKILL"
+fi
+if [[ $summaries -ne 0 ]]; then
+  echo "launcher_kill_test.sh: FAIL: concordrun's summary directory was left in TMPDIR:" \
+       "$(ls "$job_tmp")" >&2
+  fail=1
 fi
 exit $fail

@@ -233,6 +233,13 @@ launch -np 2 /nonexistent/program
 [ "$rc" -eq 1 ] || fail "exit code $rc, expected 1"
 expect_line "$TMP/err" "cannot execute '/nonexistent/program'"
 
+echo "== a job that cannot start leaves no summary directory"
+mkdir "$TMP/start_failed"
+TMPDIR="$TMP/start_failed" launch -np 2 -H localhost:1,otherhost:1 --iface nosuch0 true
+[ "$rc" -eq 1 ] || fail "exit code $rc, expected 1"
+expect_line "$TMP/err" "^concordrun: cannot start the job: .*interface 'nosuch0'"
+[ -z "$(ls "$TMP/start_failed")" ] || fail "left in TMPDIR: $(ls "$TMP/start_failed")"
+
 echo "== usage errors exit 2"
 for args in "-np 0 true" "-np x true" "-np 2" "true" "-np 2 -H localhost:0 true" \
   "-np 3 -H localhost:1,127.0.0.1:1 true" "-np 1 --bogus true" "-np 1 --timeout -1 true" \
