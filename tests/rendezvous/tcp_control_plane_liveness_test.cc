@@ -18,7 +18,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
@@ -28,6 +27,7 @@
 #include "rendezvous/file_store.h"
 #include "rendezvous/hash_store.h"
 #include "tests/common/ranks.h"
+#include "tests/common/temp_dir.h"
 #include "tests/rendezvous/control_plane_test_util.h"
 
 namespace concord {
@@ -179,23 +179,6 @@ class ChildRank {
   pid_t pid_ = -1;
 };
 
-// A fresh directory for a FileStore, removed at the end.
-class TempDir {
- public:
-  TempDir() {
-    char name[] = "/tmp/concord-liveness-XXXXXX";
-    if (::mkdtemp(name) != nullptr) path_ = name;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ignored);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
 // (b) The child is the rank `frozen`; this process is the other one. The child, which never calls
 // Receive(), stays alive for two timeouts; then it is stopped (SIGSTOP) and this side must report
 // PEER_FAILURE naming it within the timeout (plus slack), either while blocked in Receive()
@@ -211,7 +194,7 @@ class FrozenRank : public ::testing::TestWithParam<FreezeCase> {};
 TEST_P(FrozenRank, IsReportedWithinTheTimeout) {
   const FreezeCase c = GetParam();
   const int self = 1 - c.frozen;
-  TempDir dir;
+  harness::TempDir dir("concord-liveness-");
   ASSERT_FALSE(dir.path().empty());
   ChildRank child(dir.path(), c.frozen);  // forked while this process runs no other thread
   ASSERT_GT(child.pid(), 0);

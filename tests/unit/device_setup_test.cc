@@ -4,7 +4,6 @@
 #include "core/device_setup.h"
 
 #include <gtest/gtest.h>
-#include <stdlib.h>
 
 #include <functional>
 #include <string>
@@ -14,6 +13,7 @@
 #include "core/comm_split.h"
 #include "rendezvous/hash_store.h"
 #include "tests/common/ranks.h"
+#include "tests/common/temp_dir.h"
 
 namespace concord {
 namespace {
@@ -104,13 +104,13 @@ TEST_F(DeviceSetupTest, NcclIsAnErrorAtInitOnEveryRank) {
 // sub-communicator; a split of that in its own order keeps the swapped local ranks. Both still
 // pick the parent's local rank's GPU (before: their own local_rank, the other rank's GPU).
 TEST(DeviceSetupSplitTest, SubCommunicatorKeepsTheParentsDevice) {
-  char dir[] = "/tmp/concord_device_split_XXXXXX";
-  ASSERT_NE(mkdtemp(dir), nullptr);
+  harness::TempDir dir("concord_device_split_");
+  ASSERT_FALSE(dir.path().empty());
   harness::RunRanks(2, [&](int r) {
     Config c;
     c.rank = r;
     c.size = 2;
-    c.store = std::string("file://") + dir;
+    c.store = "file://" + dir.path();
     c.job_id = "device_split";
     c.lanes = 1;
     c.timeout_s = 20;
