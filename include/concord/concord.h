@@ -261,7 +261,7 @@ CONCORD_API concord_status_t concord_compression_check(const char* spec, int dty
  *  then unchanged and nothing is left allocated. */
 CONCORD_API concord_status_t concord_init(concord_comm_t* comm);
 /** The same, with the set fields of `config` (NULL: none) overriding the environment. A config
- *  not prepared by concord_config_init (struct_size 0 or not a concord_config_t size, version 0)
+ *  not prepared by concord_config_init (struct_size 0 or not a concord_config_t size, version <= 0)
  *  is INVALID_ARGUMENT saying so; one built for another major version is ERR_VERSION. */
 CONCORD_API concord_status_t concord_init_config(const concord_config_t* config,
                                                  concord_comm_t* comm);

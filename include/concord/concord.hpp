@@ -136,8 +136,10 @@ class TensorView {
 
 /// CUDA tensors only (TensorView device >= 0): what the operation waits for before it reads its
 /// input, as CUDA handles (cudaStream_t, cudaEvent_t) passed as void*. See concord_device_opts_t.
-/// It is the last argument of the *_async calls, after the callback (and, for allreduce, the
-/// compression spec, where "" keeps the default):
+/// It is the last argument of allreduce_async, allgather_async and broadcast_async, after the
+/// callback (and, for allreduce, the compression spec, where "" keeps the default); the other
+/// operations, and the blocking calls, take CUDA tensors through the C API's plain forms, ordered
+/// after the legacy default stream:
 ///   ```cpp
 ///   concord::TensorView g(device_ptr, concord::DataType::kFloat16, {1024}, local_gpu);
 ///   concord::Future f = comm.allreduce_async("layer1.weight", g, concord::ReduceOp::kAverage,
@@ -210,7 +212,8 @@ class Future {
     return true;
   }
   /// An allgather's, gather's (on its root: empty elsewhere) or alltoall's result: its bytes (a
-  /// copy) and its first dimension.
+  /// copy made on the host) and its first dimension. CPU tensors only: a CUDA operation's result
+  /// is device memory, which this copy cannot read (concord_request_output describes it).
   std::vector<uint8_t> output(int64_t* first_dim = nullptr) {
     wait();
     void* data = nullptr;
@@ -387,9 +390,9 @@ class Communicator {
   void barrier() { detail::CheckComm(concord_barrier(comm_), comm_); }
 
   /// Reduce-scatter along the first dimension into `out` ([recv_splits[rank], in's other dims];
-  /// CPU tensors). Empty recv_splits: the even split (the first n % size ranks get one more row);
-  /// otherwise one count per rank, the same on every rank. `compression`: "fp16" or "bf16"
-  /// (float32/float64), empty or "none" for none.
+  /// CUDA tensors after the legacy default stream, no DeviceOptions). Empty recv_splits: the even
+  /// split (the first n % size ranks get one more row); otherwise one count per rank, the same on
+  /// every rank. `compression`: "fp16" or "bf16" (float32/float64), empty or "none" for none.
   Future reducescatter_async(const std::string& name, const TensorView& in, const TensorView& out,
                              ReduceOp op = ReduceOp::kSum,
                              const std::vector<int64_t>& recv_splits = {}, double prescale = 1.0,
@@ -414,9 +417,9 @@ class Communicator {
     detail::CheckComm(concord_reducescatter(comm_, name.c_str(), &ct, &co, &o), comm_);
   }
 
-  /// Reduce to `root` (CPU tensors): only the root's `out` (absent: in place) receives the
-  /// reduction; on the other ranks `out` is ignored and untouched. prescale and postscale as in
-  /// allreduce_async.
+  /// Reduce to `root` (CUDA tensors after the legacy default stream, no DeviceOptions): only the
+  /// root's `out` (absent: in place) receives the reduction; on the other ranks `out` is ignored
+  /// and untouched. prescale and postscale as in allreduce_async.
   Future reduce_async(const std::string& name, const TensorView& in, int root,
                       ReduceOp op = ReduceOp::kSum, const TensorView* out = nullptr,
                       double prescale = 1.0, double postscale = 1.0, Callback callback = nullptr) {
@@ -440,9 +443,9 @@ class Communicator {
                       comm_);
   }
 
-  /// Gather to `root` along the first dimension (CPU tensors; it may differ between ranks): on
-  /// the root as allgather_async (out == nullptr: the Future owns the result); elsewhere `out` is
-  /// ignored and Future::output is empty.
+  /// Gather to `root` along the first dimension (it may differ between ranks): on the root as
+  /// allgather_async (out == nullptr: the Future owns the result; a CUDA tensor needs `out` on the
+  /// device); elsewhere `out` is ignored and Future::output is empty.
   Future gather_async(const std::string& name, const TensorView& in, int root, void* out = nullptr,
                       size_t out_capacity = 0, Callback callback = nullptr) {
     const concord_tensor_t ct = in.c_tensor();
