@@ -136,10 +136,10 @@ class TensorView {
 
 /// CUDA tensors only (TensorView device >= 0): what the operation waits for before it reads its
 /// input, as CUDA handles (cudaStream_t, cudaEvent_t) passed as void*. See concord_device_opts_t.
-/// It is the last argument of allreduce_async, allgather_async and broadcast_async, after the
-/// callback (and, for allreduce, the compression spec, where "" keeps the default); the other
-/// operations, and the blocking calls, take CUDA tensors through the C API's plain forms, ordered
-/// after the legacy default stream:
+/// It is the last argument of the *_async calls, after the callback (and, for allreduce and
+/// reducescatter, the compression spec, where "" keeps the default). The blocking calls take CUDA
+/// tensors through the C API's plain forms, ordered after the legacy default stream. Given for a
+/// CPU tensor, a stream or event is an Error (INVALID_ARGUMENT):
 ///   ```cpp
 ///   concord::TensorView g(device_ptr, concord::DataType::kFloat16, {1024}, local_gpu);
 ///   concord::Future f = comm.allreduce_async("layer1.weight", g, concord::ReduceOp::kAverage,
@@ -164,12 +164,16 @@ struct DeviceOptions {
 class Future {
  public:
   Future() = default;
-  explicit Future(concord_request_t request) : request_(request) {}
-  Future(Future&& o) noexcept : request_(std::exchange(o.request_, nullptr)) {}
+  /// `on_device`: the operation's tensors are CUDA tensors (output() then refuses).
+  explicit Future(concord_request_t request, bool on_device = false)
+      : request_(request), on_device_(on_device) {}
+  Future(Future&& o) noexcept
+      : request_(std::exchange(o.request_, nullptr)), on_device_(o.on_device_) {}
   Future& operator=(Future&& o) noexcept {
     if (this != &o) {
       concord_request_free(request_);
       request_ = std::exchange(o.request_, nullptr);
+      on_device_ = o.on_device_;
     }
     return *this;
   }
@@ -213,8 +217,14 @@ class Future {
   }
   /// An allgather's, gather's (on its root: empty elsewhere) or alltoall's result: its bytes (a
   /// copy made on the host) and its first dimension. CPU tensors only: a CUDA operation's result
-  /// is device memory, which this copy cannot read (concord_request_output describes it).
+  /// is in the device buffer the caller gave it (concord_request_output describes it), and this
+  /// throws Error (INVALID_ARGUMENT) without waiting.
   std::vector<uint8_t> output(int64_t* first_dim = nullptr) {
+    if (on_device_) {
+      throw Error(CONCORD_ERR_INVALID_ARGUMENT,
+                  "Future::output: a CUDA operation's result is in its device output buffer; "
+                  "output() copies host memory only");
+    }
     wait();
     void* data = nullptr;
     size_t bytes = 0;
@@ -249,6 +259,7 @@ class Future {
 
  private:
   concord_request_t request_ = nullptr;
+  bool on_device_ = false;
 };
 
 /// Called once when an operation finishes, on the thread that completes it (the engine's thread, a
@@ -339,10 +350,11 @@ class Communicator {
     concord_tensor_t co;
     if (out) co = out->c_tensor();
     const concord_device_opts_t d = device.c_opts();
-    return Enqueue(std::move(callback), [&](concord_callback_t cb, void* ud, concord_request_t* r) {
-      return concord_allreduce_async_ex(comm_, name.c_str(), &ct, out ? &co : nullptr, &o, &d, cb,
-                                        ud, r);
-    });
+    return Enqueue(&in, std::move(callback),
+                   [&](concord_callback_t cb, void* ud, concord_request_t* r) {
+                     return concord_allreduce_async_ex(comm_, name.c_str(), &ct,
+                                                       out ? &co : nullptr, &o, &d, cb, ud, r);
+                   });
   }
   /// Blocking: this thread runs the operation itself (concord_allreduce), with no hand-off to the
   /// engine's thread, unlike allreduce_async(...).wait(). CUDA tensors: after the legacy stream.
@@ -363,9 +375,11 @@ class Communicator {
                          const DeviceOptions& device = {}) {
     const concord_tensor_t ct = in.c_tensor();
     const concord_device_opts_t d = device.c_opts();
-    return Enqueue(std::move(callback), [&](concord_callback_t cb, void* ud, concord_request_t* r) {
-      return concord_allgather_async_ex(comm_, name.c_str(), &ct, out, out_capacity, &d, cb, ud, r);
-    });
+    return Enqueue(&in, std::move(callback),
+                   [&](concord_callback_t cb, void* ud, concord_request_t* r) {
+                     return concord_allgather_async_ex(comm_, name.c_str(), &ct, out, out_capacity,
+                                                       &d, cb, ud, r);
+                   });
   }
 
   /// Broadcast from root; `out` absent means in place.
@@ -376,10 +390,11 @@ class Communicator {
     concord_tensor_t co;
     if (out) co = out->c_tensor();
     const concord_device_opts_t d = device.c_opts();
-    return Enqueue(std::move(callback), [&](concord_callback_t cb, void* ud, concord_request_t* r) {
-      return concord_broadcast_async_ex(comm_, name.c_str(), &ct, out ? &co : nullptr, root, &d, cb,
-                                        ud, r);
-    });
+    return Enqueue(&in, std::move(callback),
+                   [&](concord_callback_t cb, void* ud, concord_request_t* r) {
+                     return concord_broadcast_async_ex(comm_, name.c_str(), &ct,
+                                                       out ? &co : nullptr, root, &d, cb, ud, r);
+                   });
   }
   /// Blocking, in place (concord_broadcast), as allreduce().
   void broadcast(const std::string& name, const TensorView& in, int root) {
@@ -389,22 +404,25 @@ class Communicator {
 
   void barrier() { detail::CheckComm(concord_barrier(comm_), comm_); }
 
-  /// Reduce-scatter along the first dimension into `out` ([recv_splits[rank], in's other dims];
-  /// CUDA tensors after the legacy default stream, no DeviceOptions). Empty recv_splits: the even
-  /// split (the first n % size ranks get one more row); otherwise one count per rank, the same on
-  /// every rank. `compression`: "fp16" or "bf16" (float32/float64), empty or "none" for none.
+  /// Reduce-scatter along the first dimension into `out` ([recv_splits[rank], in's other dims]).
+  /// Empty recv_splits: the even split (the first n % size ranks get one more row); otherwise one
+  /// count per rank, the same on every rank. `compression`: "fp16" or "bf16" (float32/float64,
+  /// CPU tensors), empty or "none" for none.
   Future reducescatter_async(const std::string& name, const TensorView& in, const TensorView& out,
                              ReduceOp op = ReduceOp::kSum,
                              const std::vector<int64_t>& recv_splits = {}, double prescale = 1.0,
                              double postscale = 1.0, Callback callback = nullptr,
-                             const std::string& compression = "") {
+                             const std::string& compression = "",
+                             const DeviceOptions& device = {}) {
     const concord_reducescatter_opts_t o =
         ReducescatterOpts(op, prescale, postscale, recv_splits, compression);
     const concord_tensor_t ct = in.c_tensor();
     const concord_tensor_t co = out.c_tensor();
-    return Enqueue(std::move(callback), [&](concord_callback_t cb, void* ud, concord_request_t* r) {
-      return concord_reducescatter_async(comm_, name.c_str(), &ct, &co, &o, cb, ud, r);
-    });
+    const concord_device_opts_t d = device.c_opts();
+    return Enqueue(
+        &in, std::move(callback), [&](concord_callback_t cb, void* ud, concord_request_t* r) {
+          return concord_reducescatter_async_ex(comm_, name.c_str(), &ct, &co, &o, &d, cb, ud, r);
+        });
   }
   /// Blocking (concord_reducescatter), as allreduce(): refused inside this thread's group.
   void reducescatter(const std::string& name, const TensorView& in, const TensorView& out,
@@ -417,20 +435,22 @@ class Communicator {
     detail::CheckComm(concord_reducescatter(comm_, name.c_str(), &ct, &co, &o), comm_);
   }
 
-  /// Reduce to `root` (CUDA tensors after the legacy default stream, no DeviceOptions): only the
-  /// root's `out` (absent: in place) receives the reduction; on the other ranks `out` is ignored
-  /// and untouched. prescale and postscale as in allreduce_async.
+  /// Reduce to `root`: only the root's `out` (absent: in place) receives the reduction; on the
+  /// other ranks `out` is ignored and untouched. prescale and postscale as in allreduce_async.
   Future reduce_async(const std::string& name, const TensorView& in, int root,
                       ReduceOp op = ReduceOp::kSum, const TensorView* out = nullptr,
-                      double prescale = 1.0, double postscale = 1.0, Callback callback = nullptr) {
+                      double prescale = 1.0, double postscale = 1.0, Callback callback = nullptr,
+                      const DeviceOptions& device = {}) {
     const concord_reduce_opts_t o = ReduceOpts(op, prescale, postscale);
     const concord_tensor_t ct = in.c_tensor();
     concord_tensor_t co;
     if (out) co = out->c_tensor();
-    return Enqueue(std::move(callback), [&](concord_callback_t cb, void* ud, concord_request_t* r) {
-      return concord_reduce_async(comm_, name.c_str(), &ct, out ? &co : nullptr, root, &o, cb, ud,
-                                  r);
-    });
+    const concord_device_opts_t d = device.c_opts();
+    return Enqueue(&in, std::move(callback),
+                   [&](concord_callback_t cb, void* ud, concord_request_t* r) {
+                     return concord_reduce_async_ex(comm_, name.c_str(), &ct, out ? &co : nullptr,
+                                                    root, &o, &d, cb, ud, r);
+                   });
   }
   /// Blocking (concord_reduce), as allreduce().
   void reduce(const std::string& name, const TensorView& in, int root, ReduceOp op = ReduceOp::kSum,
@@ -447,19 +467,24 @@ class Communicator {
   /// allgather_async (out == nullptr: the Future owns the result; a CUDA tensor needs `out` on the
   /// device); elsewhere `out` is ignored and Future::output is empty.
   Future gather_async(const std::string& name, const TensorView& in, int root, void* out = nullptr,
-                      size_t out_capacity = 0, Callback callback = nullptr) {
+                      size_t out_capacity = 0, Callback callback = nullptr,
+                      const DeviceOptions& device = {}) {
     const concord_tensor_t ct = in.c_tensor();
-    return Enqueue(std::move(callback), [&](concord_callback_t cb, void* ud, concord_request_t* r) {
-      return concord_gather_async(comm_, name.c_str(), &ct, out, out_capacity, root, cb, ud, r);
-    });
+    const concord_device_opts_t d = device.c_opts();
+    return Enqueue(&in, std::move(callback),
+                   [&](concord_callback_t cb, void* ud, concord_request_t* r) {
+                     return concord_gather_async_ex(comm_, name.c_str(), &ct, out, out_capacity,
+                                                    root, &d, cb, ud, r);
+                   });
   }
 
   /// All-to-all along the first dimension: splits[d] rows to rank d (empty: the even split). With
   /// out == nullptr the Future owns the result (Future::output); Future::received_splits tells
-  /// how many rows came from each rank.
+  /// how many rows came from each rank. A CUDA tensor needs `out` on the device.
   Future alltoall_async(const std::string& name, const TensorView& in,
                         const std::vector<int64_t>& splits = {}, void* out = nullptr,
-                        size_t out_capacity = 0, Callback callback = nullptr) {
+                        size_t out_capacity = 0, Callback callback = nullptr,
+                        const DeviceOptions& device = {}) {
     concord_alltoall_opts_t o;
     concord_alltoall_opts_init(&o);
     if (!splits.empty()) {
@@ -467,29 +492,37 @@ class Communicator {
       o.nsplits = static_cast<int>(splits.size());
     }
     const concord_tensor_t ct = in.c_tensor();
-    return Enqueue(std::move(callback), [&](concord_callback_t cb, void* ud, concord_request_t* r) {
-      return concord_alltoall_async(comm_, name.c_str(), &ct, out, out_capacity, &o, cb, ud, r);
-    });
+    const concord_device_opts_t d = device.c_opts();
+    return Enqueue(&in, std::move(callback),
+                   [&](concord_callback_t cb, void* ud, concord_request_t* r) {
+                     return concord_alltoall_async_ex(comm_, name.c_str(), &ct, out, out_capacity,
+                                                      &o, &d, cb, ud, r);
+                   });
   }
 
   /// Point to point (concord_send_async): `in` to rank `peer` with `tag`, not negotiated; FIFO
   /// per (peer, tag). `in` must stay valid until the Future is ready.
-  Future send_async(const TensorView& in, int peer, int64_t tag, Callback callback = nullptr) {
+  Future send_async(const TensorView& in, int peer, int64_t tag, Callback callback = nullptr,
+                    const DeviceOptions& device = {}) {
     const concord_tensor_t ct = in.c_tensor();
-    return Enqueue(std::move(callback), [&](concord_callback_t cb, void* ud, concord_request_t* r) {
-      return concord_send_async(comm_, &ct, peer, tag, cb, ud, r);
-    });
+    const concord_device_opts_t d = device.c_opts();
+    return Enqueue(&in, std::move(callback),
+                   [&](concord_callback_t cb, void* ud, concord_request_t* r) {
+                     return concord_send_async_ex(comm_, &ct, peer, tag, &d, cb, ud, r);
+                   });
   }
   /// The next message from (peer, tag) into `expected` (its dtype and shape must match the
   /// sender's, else Error MISMATCH naming both), or with expected == nullptr into a buffer the
   /// Future owns (Future::output, Future::output_shape).
-  Future recv_async(const TensorView* expected, int peer, int64_t tag,
-                    Callback callback = nullptr) {
+  Future recv_async(const TensorView* expected, int peer, int64_t tag, Callback callback = nullptr,
+                    const DeviceOptions& device = {}) {
     concord_tensor_t ct;
     if (expected) ct = expected->c_tensor();
-    return Enqueue(std::move(callback), [&](concord_callback_t cb, void* ud, concord_request_t* r) {
-      return concord_recv_async(comm_, expected ? &ct : nullptr, peer, tag, cb, ud, r);
-    });
+    const concord_device_opts_t d = device.c_opts();
+    return Enqueue(
+        expected, std::move(callback), [&](concord_callback_t cb, void* ud, concord_request_t* r) {
+          return concord_recv_async_ex(comm_, expected ? &ct : nullptr, peer, tag, &d, cb, ud, r);
+        });
   }
   /// Blocking (concord_send, concord_recv).
   void send(const TensorView& in, int peer, int64_t tag) {
@@ -581,8 +614,9 @@ class Communicator {
 
   // Calls submit with a C trampoline for callback (if any); the heap-held callback is freed after
   // it runs, or at once when the enqueue fails.
+  // `in` is the operation's tensor: a CUDA one makes a Future whose output() refuses.
   template <typename Submit>
-  Future Enqueue(Callback callback, Submit&& submit) {
+  Future Enqueue(const TensorView* in, Callback callback, Submit&& submit) {
     concord_request_t r = nullptr;
     concord_status_t s;
     if (callback) {
@@ -602,7 +636,7 @@ class Communicator {
       s = submit(nullptr, nullptr, &r);
     }
     detail::CheckComm(s, comm_);
-    return Future(r);
+    return Future(r, in != nullptr && in->device() >= 0);
   }
 
   concord_comm_t comm_ = nullptr;

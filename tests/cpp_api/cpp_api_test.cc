@@ -364,6 +364,62 @@ TEST(CppApiTest, DeviceOptionsAndWaitStream) {
   });
 }
 
+// Every *_async call passes its DeviceOptions to the C API's _ex form: a stream given for a CPU
+// tensor is refused there (before, reducescatter, reduce, gather, alltoall, send and recv had no
+// DeviceOptions and CUDA tensors could only wait for the legacy default stream).
+TEST(CppApiTest, EveryAsyncCallTakesDeviceOptions) {
+  RunRanks(2, [](concord::Communicator& comm) {
+    const int peer = 1 - comm.rank();
+    std::vector<float> v(4, 1.0f), out(4, 0.0f);
+    const concord::TensorView in(v);
+    const concord::TensorView out_view(out);
+    const concord::TensorView half(out.data(), concord::DataType::kFloat32, {2});  // a rank's split
+    int not_a_stream = 0;
+    concord::DeviceOptions device;
+    device.stream = &not_a_stream;
+    const std::vector<std::pair<std::string, std::function<concord::Future()>>> calls = {
+        {"reducescatter",
+         [&] {
+           return comm.reducescatter_async("d.rs", in, half, concord::ReduceOp::kSum, {}, 1.0, 1.0,
+                                           nullptr, "", device);
+         }},
+        {"reduce",
+         [&] {
+           return comm.reduce_async("d.rd", in, 0, concord::ReduceOp::kSum, nullptr, 1.0, 1.0,
+                                    nullptr, device);
+         }},
+        {"gather",
+         [&] {
+           return comm.gather_async("d.ga", in, 0, out.data(), out.size() * sizeof(float), nullptr,
+                                    device);
+         }},
+        {"alltoall",
+         [&] {
+           return comm.alltoall_async("d.a2a", in, {}, out.data(), out.size() * sizeof(float),
+                                      nullptr, device);
+         }},
+        {"send", [&] { return comm.send_async(in, peer, 1, nullptr, device); }},
+        {"recv", [&] { return comm.recv_async(&out_view, peer, 1, nullptr, device); }},
+    };
+    for (const auto& [what, call] : calls) {
+      try {
+        call();
+        ADD_FAILURE() << what << ": a stream for a CPU tensor was accepted";
+      } catch (const concord::Error& e) {
+        EXPECT_EQ(e.status(), CONCORD_ERR_INVALID_ARGUMENT) << what << ": " << e.what();
+        EXPECT_NE(std::string(e.what()).find("CPU tensor"), std::string::npos)
+            << what << ": " << e.what();
+      }
+    }
+    // Without options an alltoall still runs, its result owned by the Future: 2 rows from each
+    // rank.
+    concord::Future f = comm.alltoall_async("d.a2a.plain", in, {}, nullptr, 0, nullptr, {});
+    int64_t first = -1;
+    EXPECT_EQ(f.output(&first).size(), 4 * sizeof(float));
+    EXPECT_EQ(first, 4);
+  });
+}
+
 TEST(CppApiTest, MismatchSurfacesAsErrorOnEveryRank) {
   RunRanks(2, [](concord::Communicator& comm) {
     std::vector<float> f(8, 1.f);
