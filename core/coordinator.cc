@@ -484,22 +484,26 @@ StatusOr<ResponseMessage> Coordinator::TakeReady(Clock::time_point now) {
   CONCORD_RETURN_IF_ERROR(CheckStallShutdown(now));
 
   // Groups leave only whole: hold members until all group_size members are ready; a member
-  // that failed counts as ready (it completes with its error, the rest still run).
+  // that failed counts as ready (it completes with its error, the rest still run). Members are
+  // counted by name: a name can be two candidates at once, the error of its older steps'
+  // submissions and its newest submission (ready at once when the ranks that sent the older ones
+  // have joined), and is still one member.
   ResponseMessage out;
   std::vector<ReadyItem> candidates = std::move(held_);
   held_.clear();
   for (auto& item : ready) candidates.push_back(std::move(item));
-  std::map<std::string, int> ready_count;
+  std::map<std::string, std::set<std::string>> ready_members;  // by group
   auto request_of = [&](const ResponseItem& item) -> const Response& {
     return item.cached ? *cache_->Get(item.bit) : item.response;
   };
   for (const auto& c : candidates) {
     const Response& r = request_of(c.item);
-    if (!r.request.group.empty()) ++ready_count[r.request.group];
+    if (!r.request.group.empty()) ready_members[r.request.group].insert(r.request.name);
   }
   for (auto& c : candidates) {
     const Response& r = request_of(c.item);
-    if (r.request.group.empty() || ready_count[r.request.group] >= r.request.group_size) {
+    if (r.request.group.empty() ||
+        static_cast<int64_t>(ready_members[r.request.group].size()) >= r.request.group_size) {
       out.items.push_back(std::move(c.item));
     } else {
       held_.push_back(std::move(c));

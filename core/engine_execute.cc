@@ -69,17 +69,22 @@ Status Engine::TakeEntries(const ResponseMessage& message, const Responses& resp
       if (r.error != Code::kOk) NoteLeftBehind(r);
       continue;
     }
+    if (r.Joined(config_.rank) && !IsJoinName(r.request.name)) {
+      // This rank has joined: it takes part without a tensor of its own, through a stand-in (in
+      // an error, not at all). An entry of that name in its queue was enqueued after its join
+      // and is no part of this response: the coordinator has not seen it yet, or holds it for
+      // the others' next submission of the name. It stays in flight (taken, it ran where the
+      // others expected the identity, or failed with an error among the others).
+      if (r.error != Code::kOk) continue;
+      CONCORD_ASSIGN_OR_RETURN(QueueEntry stand_in, JoinedEntry(r));
+      entries[i] = std::move(stand_in);
+      continue;
+    }
     entries[i] = queue_.Take(r.request.name);
     if (entries[i]) {
       entries[i]->state->MarkNegotiated(message.items[i].last_rank, message.items[i].last_wait_us);
     }
     if (r.error != Code::kOk) continue;  // completed with the error, if this rank submitted it
-    if (!entries[i] && r.Joined(config_.rank)) {
-      // This rank has joined: it takes part without a tensor of its own.
-      CONCORD_ASSIGN_OR_RETURN(QueueEntry stand_in, JoinedEntry(r));
-      entries[i] = std::move(stand_in);
-      continue;
-    }
     if (!entries[i]) {
       return ProtocolError("response for tensor '" + r.request.name +
                            "', which this rank did not submit");

@@ -802,6 +802,36 @@ TEST_F(CoordinatorTest, JoinedRanksAreListedAndTheirBitsExpanded) {
   EXPECT_TRUE(m.items[0].response.joined.empty());
 }
 
+TEST_F(CoordinatorTest, AGroupMemberFailedInAnOlderStepAndReadyAgainCountsOnce) {
+  // Group "x#2" of x and y. Rank 1 sent x in step 0 and y in step 1 (it ended a step inside the
+  // group), then joined. Rank 0 sends x in step 1: rank 1's step-0 x fails, and rank 0's x is
+  // ready at once (rank 1 joined). That error and that response are one member, x: the group
+  // waits for y, and leaves whole once y is ready (counted as two members, x left without y, and
+  // y, alone, was held forever).
+  Start(2);
+  TensorRequest x = Req("x"), y = Req("y");
+  for (TensorRequest* q : {&x, &y}) {
+    q->group = "x#2";
+    q->group_size = 2;
+  }
+  Add(1, InStep(Full({x}), 0));
+  Add(1, InStep(Full({y}), 1));
+  Add(1, Join(0, 1));
+  EXPECT_TRUE(Take().items.empty());
+  Add(0, InStep(Full({x}), 1));
+  EXPECT_EQ(ItemNames(Take()), Names{}) << "x left without y";
+  Add(0, InStep(Full({y}), 1));
+  ResponseMessage m = Take();
+  ASSERT_EQ(ItemNames(m), (Names{"x", "x", "y"}));
+  EXPECT_EQ(m.items[0].response.error, Code::kMismatch);
+  EXPECT_EQ(m.items[0].response.error_ranks, (std::vector<int32_t>{1}));
+  EXPECT_EQ(m.items[1].response.error, Code::kOk) << m.items[1].response.error_message;
+  EXPECT_EQ(m.items[1].response.joined, (std::vector<int32_t>{1}));
+  EXPECT_EQ(m.items[2].response.error, Code::kOk) << m.items[2].response.error_message;
+  EXPECT_TRUE(m.items[2].response.joined.empty());
+  EXPECT_EQ(coordinator_->pending(), 1u);  // rank 1's join, nothing held
+}
+
 TEST_F(CoordinatorTest, AJoinWaitingForTheOthersNeverStalls) {
   StallOptions stall;
   stall.warning = milliseconds(10);
