@@ -2,7 +2,8 @@
 // ranks, driven by one progress thread (see P2pTransport in backends/p2p_transport.h for what
 // every transport promises). The connections' setup and the stream's frames are in
 // backends/tcp_p2p_wire.h. Messages for which no recv is posted yet are kept whole (unexpected
-// messages) until one is; a posted recv's payload is read straight into its destination. A large
+// messages) until one is (one this rank has no memory for fails the link with kSystemError
+// naming its size); a posted recv's payload is read straight into its destination. A large
 // payload (kHoldBytes) whose recv is not posted yet first waits in the socket for it, a few
 // milliseconds at most (HoldFor), so that a recv posted a moment late still takes it without a
 // copy; what follows it on the link waits that long. A recv posted while its payload is arriving
@@ -24,7 +25,9 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <new>
 #include <optional>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -43,6 +46,7 @@ namespace {
 using tcp_p2p::CheckShape;
 using tcp_p2p::DecodeDirect;
 using tcp_p2p::DecodeFixed;
+using tcp_p2p::DecodeReceipt;
 using tcp_p2p::DirectSource;
 using tcp_p2p::EncodeHead;
 using tcp_p2p::EncodeReceipt;
@@ -381,8 +385,9 @@ class TcpP2pTransport : public P2pTransport {
   // the socket instead (false: nothing more is read from the link) until its recv is posted or
   // HoldFor() passes: a recv posted soon after its message arrived (a ping-pong, a pipeline
   // stage a moment behind) then takes the payload straight into its buffer, copied by no one;
-  // what follows on the link waits that long at most.
-  bool Place(Link& l) REQUIRES(mu_) {
+  // what follows on the link waits that long at most. An unexpected buffer that cannot be
+  // allocated fails the link (false).
+  bool Place(Link& l, Completions& out) REQUIRES(mu_) {
     if (l.placed) return true;
     const int64_t tag = l.tag;
     const P2pMeta& meta = l.meta;
@@ -400,7 +405,6 @@ class TcpP2pTransport : public P2pTransport {
       }
       return true;
     }
-    auto& q = l.unexpected[tag];
     Unexpected m;
     m.meta = meta;
     if (l.spare_capacity >= meta.bytes && l.spare_capacity > 0) {
@@ -408,9 +412,19 @@ class TcpP2pTransport : public P2pTransport {
       m.capacity = l.spare_capacity;
       l.spare_capacity = 0;
     } else {
-      m.payload.reset(new char[std::max<uint64_t>(meta.bytes, 1)]);
+      m.payload.reset(new (std::nothrow) char[std::max<uint64_t>(meta.bytes, 1)]);
       m.capacity = meta.bytes;
+      if (m.payload == nullptr) {
+        FailLink(l,
+                 Status(Code::kSystemError,
+                        Who(l.peer) + " sent a point-to-point message of " +
+                            std::to_string(meta.bytes) + " bytes with tag " + std::to_string(tag) +
+                            " before its recv, and there is no memory to keep it"),
+                 out);
+        return false;
+      }
     }
+    auto& q = l.unexpected[tag];
     q.push_back(std::move(m));
     l.stash = &q.back();
     l.dest = l.stash->payload.get();
@@ -507,12 +521,12 @@ class TcpP2pTransport : public P2pTransport {
     return true;
   }
 
-  // Parses what the staging buffer holds; false when the link failed (a malformed header, a
-  // receipt nothing waits for). Stops at a placed direct payload: ReadLink reads it.
+  // Parses what the staging buffer holds; false when the link failed (a malformed header or
+  // receipt, a receipt nothing waits for). Stops at a placed direct payload: ReadLink reads it.
   bool Parse(Link& l, Completions& out) REQUIRES(mu_) {
     for (;;) {
       if (l.in_payload) {
-        if (!Place(l)) return true;
+        if (!Place(l, out)) return l.failure.ok();
         if (l.direct && l.left != 0) return true;
         if (l.left != 0 && !TakePayload(l)) return true;
         FinishPayload(l, out);
@@ -522,6 +536,11 @@ class TcpP2pTransport : public P2pTransport {
       if (have < kFixedHead) break;
       const unsigned char* p = l.in.data() + l.in_begin;
       if (net::LoadU32(p) == kReceiptMagic) {
+        Status receipt = DecodeReceipt(p);
+        if (!receipt.ok()) {
+          FailLink(l, receipt.WithContext("from " + Who(l.peer)), out);
+          return false;
+        }
         if (!TakeReceipt(l, out)) return false;
         l.in_begin += kFixedHead;
         continue;

@@ -41,6 +41,14 @@ std::string EncodeReceipt() {
   return r;
 }
 
+Status DecodeReceipt(const unsigned char* p) {
+  if (net::LoadU32(p) != kReceiptMagic) return ProtocolError("malformed point-to-point receipt");
+  for (size_t i = 4; i < kFixedHead; ++i) {
+    if (p[i] != 0) return ProtocolError("point-to-point receipt with non-zero padding");
+  }
+  return Status::Ok();
+}
+
 Status DecodeFixed(const unsigned char* p, int64_t* tag, P2pMeta* meta, uint32_t* flags,
                    size_t* head_size) {
   const uint32_t ndim = net::LoadU32(p + 4);
@@ -51,6 +59,7 @@ Status DecodeFixed(const unsigned char* p, int64_t* tag, P2pMeta* meta, uint32_t
     return ProtocolError("malformed point-to-point message header");
   }
   *tag = static_cast<int64_t>(LoadU64(p + 8));
+  if (*tag < 0) return ProtocolError("point-to-point message with a negative tag");
   meta->dtype = static_cast<DType>(dtype);
   meta->bytes = LoadU64(p + 24);
   meta->shape.assign(ndim, 0);

@@ -15,10 +15,11 @@
 // there (process_vm_readv), then the state word, and answers with a receipt, 32 bytes:
 //   u32 magic 'CP2R' | 28 zero bytes
 // which completes the send (receipts come back in the order of their messages). A receiver that
-// finds anything else (a bad magic, dtype or flag, a size that is not the shape's, a receipt
-// nothing waits for) fails the link with kProtocol. Messages for which no recv is posted yet are
-// kept whole (unexpected messages) until one is (a large one after waiting a few milliseconds in
-// the socket for its recv); a posted recv's payload is read straight into its destination.
+// finds anything else (a bad magic, dtype or flag, a negative tag, a size that is not the
+// shape's, a receipt with a non-zero byte after its magic or one nothing waits for) fails the
+// link with kProtocol. Messages for which no recv is posted yet are kept whole (unexpected
+// messages) until one is (a large one after waiting a few milliseconds in the socket for its
+// recv); a posted recv's payload is read straight into its destination.
 #pragma once
 
 #include <cstddef>
@@ -51,9 +52,13 @@ struct DirectSource {
 std::string EncodeHead(int64_t tag, const P2pMeta& meta, const DirectSource* direct = nullptr);
 // A receipt for one directly read message.
 std::string EncodeReceipt();
+// Checks a receipt at `p` (kFixedHead bytes, its magic included): kProtocol unless the 28 bytes
+// after the magic are zero.
+Status DecodeReceipt(const unsigned char* p);
 // A message's header from `p` (at least kFixedHead bytes): tag, dtype, ndim, bytes and flags (the
 // shape's entries are filled by CheckShape, the direct source by DecodeDirect); *head_size
-// becomes the header's whole size. kProtocol for a bad magic, ndim, dtype or flag.
+// becomes the header's whole size. kProtocol for a bad magic, ndim, dtype or flag, or a negative
+// tag.
 Status DecodeFixed(const unsigned char* p, int64_t* tag, P2pMeta* meta, uint32_t* flags,
                    size_t* head_size);
 // The direct source after a header's shape of `ndim` entries.

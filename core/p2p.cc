@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <new>
 #include <string>
 #include <utility>
 
@@ -26,7 +27,7 @@ std::string What(const P2pEntry& e) {
 
 // What a recv learns when its message's header arrives, shared with its completion.
 struct RecvResult {
-  Status mismatch;
+  Status refusal;  // why the message was dropped (another dtype or shape, no memory for it)
   ResultBuffers::Block staging;  // a CUDA tensor's message, in host memory
 };
 
@@ -171,11 +172,24 @@ Status PointToPoint::Submit(P2pEntry e) {
                 buffers = result_buffers_](const P2pMeta& meta) -> void* {
     RequestState::Output& o = out->output();
     if (e.expect && (meta.dtype != e.dtype || meta.shape != e.shape)) {
-      result->mismatch =
+      result->refusal =
           Status(Code::kMismatch, What(e) + ": rank " + std::to_string(e.peer) + " sent " +
                                       Describe(meta.dtype, meta.shape) + ", this recv expects " +
                                       Describe(e.dtype, e.shape) + " (the message was dropped)");
       return nullptr;
+    }
+    // Host memory for the message (a CUDA tensor's staging, or the request's own), taken before
+    // anything is set: a message too large for this rank's memory is refused, not a crash.
+    ResultBuffers::Block block;
+    if ((e.device >= 0 || !e.expect) && meta.bytes > 0) {
+      try {
+        block = buffers->Take(meta.bytes);
+      } catch (const std::bad_alloc&) {
+        result->refusal = Status(Code::kSystemError, What(e) + ": no memory for the " +
+                                                         std::to_string(meta.bytes) +
+                                                         "-byte message (the message was dropped)");
+        return nullptr;
+      }
     }
     o.shape = meta.shape;
     o.dtype = meta.dtype;
@@ -184,20 +198,20 @@ Status PointToPoint::Submit(P2pEntry e) {
     if (e.device >= 0) {  // lands in host memory; the completion copies it to the device
       o.data = e.data;
       if (meta.bytes == 0) return o.data;
-      result->staging = buffers->Take(meta.bytes);
+      result->staging = std::move(block);
       return result->staging.data();
     }
     if (e.expect) {
       o.data = e.data;
     } else {
-      o.owned = buffers->Take(meta.bytes);
+      o.owned = std::move(block);
       o.data = o.owned.data();
     }
     return o.data;
   };
   transport_->Recv(peer, tag, deadline, std::move(place),
                    [this, state, result, copy_in = std::move(copy_in)](const Status& s) {
-                     Status r = s.ok() ? result->mismatch : s;
+                     Status r = s.ok() ? result->refusal : s;
                      if (r.ok() && copy_in) r = copy_in();
                      result->staging = ResultBuffers::Block();  // back to the pool
                      CompleteFor(this, *state, r);

@@ -21,7 +21,9 @@
 //   naming both when the sender sent another dtype or shape: the message is consumed and dropped,
 //   so the next one on that (peer, tag) is received intact. A recv without a tensor takes the
 //   sender's dtype and shape: the request owns the bytes (RequestState::Output: data, bytes,
-//   shape, dtype), as an allgather without an output buffer does.
+//   shape, dtype), as an allgather without an output buffer does. A message whose host memory
+//   (the request's own, a CUDA recv's staging) cannot be allocated is dropped the same way: the
+//   recv completes with kSystemError saying so.
 // - A recv not matched within the communicator's timeout completes with kTimeout; a peer that
 //   fails fails what is in flight with it (kPeerFailure naming it).
 // - Close() (the engine's Shutdown and Fail) completes everything in flight with its status, on

@@ -119,7 +119,7 @@ suppressions=$root/scripts/tsan-suppressions.txt"
 pass_fuzz() {
   local build="$root/build-fuzz"
   local run="$build/fuzz-run"
-  local targets=(messages tcp_store compressed c_api)
+  local targets=(messages tcp_store compressed c_api tcp_p2p_wire)
   ci_flags -O2
   TARGETS="fuzz_targets" BUILD_DIR="$build" "$root/scripts/build.sh" -DCMAKE_C_COMPILER=clang \
     -DCMAKE_CXX_COMPILER=clang++ -DCONCORD_FUZZ=ON -DCONCORD_WERROR=ON -DCONCORD_BUILD_PERF=OFF \

@@ -1,6 +1,7 @@
 // Writes the fuzz targets' seed corpora, valid inputs made with Concord's own encoders, so that
 // each fuzzer starts inside its format rather than at its first check:
-//   fuzz_corpus DIR   writes DIR/messages, DIR/tcp_store, DIR/compressed and DIR/c_api
+//   fuzz_corpus DIR   writes DIR/messages, DIR/tcp_store, DIR/compressed, DIR/c_api and
+//                     DIR/tcp_p2p_wire
 // The committed corpus (tests/fuzz/corpus) is this program's output plus the regression inputs
 // of bugs the fuzzers found (named regression-*); rerun it when a format changes.
 #include <sys/stat.h>
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/tcp_p2p_wire.h"
 #include "compression/registry.h"
 #include "core/entry_validation.h"
 #include "core/message.h"
@@ -290,6 +292,30 @@ void CApi(const std::string& dir) {
   Write(dir, "init-config", p);
 }
 
+// A link's stream as a receiver reads it: messages (payloads on the socket, one of size 0, one
+// read directly) and receipts.
+void TcpP2pWire(const std::string& dir) {
+  auto meta = [](DType dtype, std::vector<int64_t> shape) {
+    P2pMeta m;
+    m.dtype = dtype;
+    m.shape = std::move(shape);
+    m.bytes = DTypeSize(dtype);
+    for (int64_t d : m.shape) m.bytes *= static_cast<uint64_t>(d);
+    return m;
+  };
+  const std::string small =
+      tcp_p2p::EncodeHead(7, meta(DType::kFloat32, {2, 3})) + std::string(24, '\1');
+  const std::string empty = tcp_p2p::EncodeHead(0, meta(DType::kInt64, {0}));
+  const tcp_p2p::DirectSource source{0x7f0012345000ull, 0x5600000010ull};
+  const std::string direct =
+      tcp_p2p::EncodeHead(3, meta(DType::kUint8, {1, 2, 3, 4, 5, 6, 7, 8}), &source);
+  Write(dir, "message", small);
+  Write(dir, "empty", empty);
+  Write(dir, "direct", direct);
+  Write(dir, "receipt", tcp_p2p::EncodeReceipt());
+  Write(dir, "stream", small + direct + empty + tcp_p2p::EncodeReceipt() + small);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -303,5 +329,6 @@ int main(int argc, char** argv) {
   TcpStore(dir + "/tcp_store");
   Compressed(dir + "/compressed");
   CApi(dir + "/c_api");
+  TcpP2pWire(dir + "/tcp_p2p_wire");
   return 0;
 }

@@ -14,7 +14,8 @@
 // as unexpected messages) with FIFO order checked per tag, the second half of the recvs posted
 // late; a dtype and a shape mismatch (an error naming both, and the next message intact); bad
 // arguments refused at enqueue; sends left unreceived by finalized splits that must not reach the
-// splits after them; sends and recvs with callbacks that no thread waits for; finalize with a
+// splits after them; a split's message and its parent's on the same (peer, tag), each received
+// on its own communicator; sends and recvs with callbacks that no thread waits for; finalize with a
 // recv in flight (completes with an error).
 // --device cuda (a GPU backend: concordrun --backend nccl): the ring's ends on the rank's GPU or in
 // host memory, in turn (sender and receiver each; a recv that takes the sender's shape stays on
@@ -482,6 +483,42 @@ void LeftBehindSends(concord_comm_t comm) {
   }
 }
 
+// A split and its parent never exchange messages, though the ranks, peers and tag are the same:
+// every rank sends to the next on the split, then on the parent; its recv on the parent, posted
+// first, gets the parent's message, and the one on the split the split's.
+void SplitIsolation(concord_comm_t comm) {
+  concord_comm_t sub = nullptr;
+  CHECKF(concord_comm_split(comm, 0, g_rank, &sub) == CONCORD_SUCCESS, "split: %s",
+         concord_comm_last_error(comm));
+  if (sub == nullptr) return;
+  const int next = (g_rank + 1) % g_size, prev = (g_rank + g_size - 1) % g_size;
+  const int64_t s5[1] = {5};
+  std::vector<unsigned char> on_sub = Make(CONCORD_INT32, 5, g_rank, 70);
+  std::vector<unsigned char> on_parent = Make(CONCORD_INT32, 5, g_rank, 71);
+  std::vector<unsigned char> got_parent(on_parent.size()), got_sub(on_sub.size());
+  concord_tensor_t tp = CpuTensor(got_parent.data(), CONCORD_INT32, 1, s5);
+  concord_request_t rp = nullptr;
+  CHECKF(concord_recv_async(comm, &tp, prev, 4, nullptr, nullptr, &rp) == CONCORD_SUCCESS,
+         "recv on the parent");
+  CHECKF(concord_barrier(comm) == CONCORD_SUCCESS, "barrier: %s", concord_comm_last_error(comm));
+  concord_tensor_t ts = CpuTensor(on_sub.data(), CONCORD_INT32, 1, s5);
+  concord_tensor_t tq = CpuTensor(on_parent.data(), CONCORD_INT32, 1, s5);
+  CHECKF(concord_send(sub, &ts, next, 4) == CONCORD_SUCCESS, "send on the split: %s",
+         concord_comm_last_error(sub));
+  CHECKF(concord_send(comm, &tq, next, 4) == CONCORD_SUCCESS, "send on the parent: %s",
+         concord_comm_last_error(comm));
+  if (rp && Wait(rp, "isolation: the parent's recv") == CONCORD_SUCCESS) {
+    Same(CONCORD_INT32, got_parent.data(), 5, prev, 71, "isolation: the parent's message");
+  }
+  concord_request_free(rp);
+  concord_tensor_t tr = CpuTensor(got_sub.data(), CONCORD_INT32, 1, s5);
+  CHECKF(concord_recv(sub, &tr, prev, 4) == CONCORD_SUCCESS, "recv on the split: %s",
+         concord_comm_last_error(sub));
+  Same(CONCORD_INT32, got_sub.data(), 5, prev, 70, "isolation: the split's message");
+  CHECKF(concord_finalize(sub) == CONCORD_SUCCESS, "finalize the split: %s",
+         concord_comm_last_error(nullptr));
+}
+
 int All(int64_t large, bool device) {
   const double t0 = mp::Now();
   if (device) g_device = mp::DeviceOrExit();  // before init (see DeviceOrExit)
@@ -496,6 +533,7 @@ int All(int64_t large, bool device) {
   ManyInFlight(comm);
   Mismatch(comm);
   LeftBehindSends(comm);
+  SplitIsolation(comm);
   FinalizeFromCallback(comm);
   if (g_size > 1) Undriven(comm);
   // A recv nobody sends for, still in flight at finalize: completed with an error.

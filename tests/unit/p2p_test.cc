@@ -1,9 +1,10 @@
 // Point to point in one process: PointToPoint (core/p2p.h) over the TCP transport
 // (backends/tcp_p2p_transport.cc), two or three ranks as threads meshed through an in-memory store.
-// FIFO per (peer, tag) with recvs posted early and late, tags independent, a refused message
-// dropped with the stream kept in sync, the sender's shape adopted, large messages that arrive
-// before their recv, a recv that times out, a peer that closes, Close() with operations in
-// flight, and the checks at submit.
+// FIFO per (peer, tag) with recvs posted early and late (large and small messages in turn too),
+// tags independent, a refused message dropped with the stream kept in sync, the sender's shape
+// adopted, large messages that arrive before their recv, one too large to allocate refused, a
+// recv that times out, a peer that closes, Close() with operations in flight, and the checks at
+// submit.
 #include "core/p2p.h"
 
 #include <gtest/gtest.h>
@@ -198,6 +199,86 @@ TEST_P(P2pTest, LargeMessagesWithoutTheirRecvWaitThenTagsBehindStillArrive) {
     ASSERT_TRUE(Await(sent).ok());
   }
   for (Op* s : {&a, &small, &b}) EXPECT_TRUE(Await(*s).ok());
+}
+
+// Large (16 MiB) and small messages in turn on one (peer, tag): each recv, posted before its
+// message arrives or after (the large ones then held in the socket, or in unexpected buffers),
+// gets the next one sent, whatever its size.
+TEST_P(P2pTest, LargeAndSmallMessagesOnOneTagArriveInTheOrderSent) {
+  auto ranks = Ranks(2, GetParam());
+  ASSERT_EQ(ranks.size(), 2u);
+  constexpr int64_t kLarge = int64_t{4} << 20;
+  for (const int early : {0, 1, 4}) {  // how many recvs are posted before the sends
+    std::vector<Op> sent, got(4);
+    for (int i = 0; i < 4; ++i) sent.push_back(Message(i % 2 == 0 ? kLarge : 3, 1000 * i));
+    for (int i = 0; i < early; ++i) {
+      ASSERT_TRUE(ranks[1]->Submit(Entry(false, 0, 6, got[i], /*expect=*/false)).ok());
+    }
+    for (Op& op : sent) ASSERT_TRUE(ranks[0]->Submit(Entry(true, 1, 6, op)).ok());
+    std::this_thread::sleep_for(milliseconds(30));
+    for (int i = early; i < 4; ++i) {
+      ASSERT_TRUE(ranks[1]->Submit(Entry(false, 0, 6, got[i], /*expect=*/false)).ok());
+    }
+    for (int i = 0; i < 4; ++i) {
+      ASSERT_TRUE(Await(got[i]).ok()) << early << " " << i;
+      const auto& out = got[i].state->output();
+      ASSERT_EQ(out.shape, std::vector<int64_t>{sent[i].n}) << early << " " << i;
+      EXPECT_TRUE(Holds(static_cast<const int32_t*>(out.data), sent[i].n, 1000 * i))
+          << early << " " << i;
+      EXPECT_TRUE(Await(sent[i]).ok());
+    }
+  }
+}
+
+// A transport that matches every recv at once with `meta` (its payload never written), for what
+// PointToPoint does with a message whatever its sender sent.
+class DeliveringTransport : public P2pTransport {
+ public:
+  explicit DeliveringTransport(P2pMeta meta) : meta_(std::move(meta)) {}
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  int64_t max_tag() const override { return INT64_MAX; }
+  bool OnProgressThread() const override { return false; }
+  void Send(int, int64_t, const P2pMeta&, const void*, Deadline, Done done) override {
+    done(Status::Ok());
+  }
+  void Recv(int, int64_t, Deadline, Place place, Done done) override {
+    placed_ = place(meta_);
+    done(Status::Ok());
+  }
+  void Close(const Status&) override {}
+  void* placed() const { return placed_; }
+
+ private:
+  const P2pMeta meta_;
+  void* placed_ = reinterpret_cast<void*>(1);
+};
+
+// A recv that takes the sender's shape of a message larger than this rank can allocate refuses
+// it (the payload is dropped, the stream stays in sync) with an error saying so, instead of
+// letting std::bad_alloc escape the progress thread.
+TEST(P2pRecvTest, AMessageTooLargeForThisRanksMemoryIsRefusedNotACrash) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "the sanitizers' operator new aborts instead of throwing std::bad_alloc";
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+  GTEST_SKIP() << "the sanitizers' operator new aborts instead of throwing std::bad_alloc";
+#endif
+#endif
+  P2pMeta huge;
+  huge.shape = {int64_t{1} << 62};
+  huge.bytes = uint64_t{1} << 62;
+  auto transport = std::make_unique<DeliveringTransport>(huge);
+  DeliveringTransport* t = transport.get();
+  PointToPoint p2p(0, 2, milliseconds(1000), std::chrono::microseconds(0), std::move(transport),
+                   std::make_shared<ResultBuffers>(), Status(Code::kUnavailable, "none"));
+  Op any;
+  ASSERT_TRUE(p2p.Submit(Entry(false, 1, 0, any, /*expect=*/false)).ok());
+  const Status s = Await(any);
+  EXPECT_EQ(s.code(), Code::kSystemError) << s.ToString();
+  EXPECT_NE(s.message().find("4611686018427387904-byte"), std::string::npos) << s.ToString();
+  EXPECT_EQ(t->placed(), nullptr);
+  EXPECT_EQ(any.state->output().bytes, 0u);
 }
 
 TEST_P(P2pTest, RecvWithoutSenderTimesOutThenPeerCloseFailsNamingIt) {

@@ -1,6 +1,7 @@
 // The TCP point-to-point stream's frames (backends/tcp_p2p_wire.h): headers with and without a
 // directly read payload round-trip, receipts are 32 bytes, and malformed headers (magic, ndim,
-// dtype, an unknown flag, a size that is not the shape's, a bad dimension) are kProtocolError.
+// dtype, an unknown flag, a size that is not the shape's, a bad dimension, a negative tag) and
+// receipts (a non-zero padding byte) are kProtocolError.
 #include "backends/tcp_p2p_wire.h"
 
 #include <gtest/gtest.h>
@@ -41,14 +42,14 @@ TEST(TcpP2pWireTest, HeadersRoundTripWithAndWithoutADirectSource) {
         Meta(DType::kInt64, {1, 2, 3, 4, 5, 6, 7, 8})}) {
     for (const bool direct : {false, true}) {
       const DirectSource source{0x7f00'1234'5678ull, 0x5600'0000'0010ull};
-      const std::string head = EncodeHead(-5, meta, direct ? &source : nullptr);
+      const std::string head = EncodeHead(5, meta, direct ? &source : nullptr);
       int64_t tag = 0;
       P2pMeta got;
       uint32_t flags = 7;
       size_t size = 0;
       ASSERT_TRUE(Decode(head, &tag, &got, &flags, &size).ok());
       EXPECT_EQ(size, head.size());
-      EXPECT_EQ(tag, -5);
+      EXPECT_EQ(tag, 5);
       EXPECT_EQ(got.dtype, meta.dtype);
       EXPECT_EQ(got.shape, meta.shape);
       EXPECT_EQ(got.bytes, meta.bytes);
@@ -72,6 +73,17 @@ TEST(TcpP2pWireTest, AReceiptIsAFixedHeadWithItsMagic) {
   size_t size = 0;
   EXPECT_EQ(DecodeFixed(Bytes(r), &tag, &meta, &flags, &size).code(), Code::kProtocolError)
       << "a receipt is not a message";
+  EXPECT_TRUE(DecodeReceipt(Bytes(r)).ok());
+}
+
+TEST(TcpP2pWireTest, AReceiptWithANonZeroPaddingByteIsAProtocolError) {
+  for (size_t i = 4; i < kFixedHead; ++i) {
+    std::string r = EncodeReceipt();
+    r[i] = 1;
+    EXPECT_EQ(DecodeReceipt(Bytes(r)).code(), Code::kProtocolError) << "byte " << i;
+  }
+  const std::string head = EncodeHead(1, Meta(DType::kUint8, {}));
+  EXPECT_EQ(DecodeReceipt(Bytes(head)).code(), Code::kProtocolError) << "a message is no receipt";
 }
 
 TEST(TcpP2pWireTest, MalformedHeadersAreProtocolErrors) {
@@ -101,6 +113,9 @@ TEST(TcpP2pWireTest, MalformedHeadersAreProtocolErrors) {
   uint32_t flags = 0;
   size_t size = 0;
   EXPECT_EQ(Decode(negative, &tag, &meta, &flags, &size).code(), Code::kProtocolError);
+  // A sender never sends a negative tag (PointToPoint refuses one).
+  EXPECT_EQ(Decode(EncodeHead(-1, Meta(DType::kFloat32, {4})), &tag, &meta, &flags, &size).code(),
+            Code::kProtocolError);
 }
 
 }  // namespace

@@ -1,0 +1,168 @@
+// The TCP point-to-point transport (backends/tcp_p2p_transport.cc) facing a peer that writes raw
+// bytes: rank 0 is a real transport, rank 1 this test on the connection ConnectMesh gives it. A
+// receipt whose padding is not zero, a message with a negative tag, and a message too large for
+// this rank's memory that arrives before its recv each fail the link with a clear error (no
+// completed send, no recv left waiting for its timeout, no crash).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <future>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backends/backend.h"
+#include "backends/p2p_transport.h"
+#include "backends/tcp_p2p_wire.h"
+#include "rendezvous/hash_store.h"
+#include "rendezvous/net.h"
+
+// A message of 2^62 bytes cannot be allocated: the sanitizers' allocators return null for it, as
+// malloc does, instead of reporting it.
+extern "C" const char* __asan_default_options() {
+  return "allocator_may_return_null=1";
+}
+extern "C" const char* __tsan_default_options() {
+  return "allocator_may_return_null=1";
+}
+
+namespace concord {
+namespace {
+
+using std::chrono::milliseconds;
+
+// Rank 0's transport and rank 1's end of their connection.
+struct FakePeer {
+  std::unique_ptr<P2pTransport> rank0;
+  net::Fd fd;
+};
+
+// `direct`: rank 1 claims to read rank 0's memory, so rank 0 sends payloads of 1000 bytes or more
+// as direct reads (a header, then a receipt from rank 1).
+FakePeer Connect(bool direct) {
+  HashStore store;
+  BackendOptions o;
+  o.rank = 0;
+  o.size = 2;
+  o.prefix = "test/p2p";
+  o.timeout = milliseconds(10000);
+  auto made = std::async(std::launch::async, [&store, o, direct] {
+    return CreateTcpP2pTransport(o, &store,
+                                 direct ? P2pDirectReads{"test-host", 1000} : P2pDirectReads());
+  });
+  BackendOptions me = o;
+  me.rank = 1;
+  auto fds = tcp_p2p::ConnectMesh(me, &store);
+  EXPECT_TRUE(fds.ok()) << fds.status().ToString();
+  if (direct) {
+    // Rank 1's half of the probe: a word rank 0 reads (this process), and whom rank 1 reads.
+    static const char kWord[] = "0123456789abcdef";
+    EXPECT_TRUE(store
+                    .Set("test/p2p/direct/1",
+                         "test-host\n" + std::to_string(::getpid()) + " " +
+                             std::to_string(reinterpret_cast<uint64_t>(kWord)) + " " + kWord)
+                    .ok());
+    EXPECT_TRUE(store.Set("test/p2p/readable/1", "11").ok());
+  }
+  auto t = made.get();
+  EXPECT_TRUE(t.ok()) << t.status().ToString();
+  FakePeer peer;
+  if (t.ok()) peer.rank0 = std::move(*t);
+  if (fds.ok()) peer.fd = std::move((*fds)[0]);
+  return peer;
+}
+
+// A `done` that fulfils a future.
+struct Outcome {
+  std::shared_ptr<std::promise<Status>> promise = std::make_shared<std::promise<Status>>();
+  std::future<Status> future = promise->get_future();
+  P2pTransport::Done Done() {
+    return [p = promise](const Status& s) { p->set_value(s); };
+  }
+  Status Get() {
+    if (future.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
+      return Status(Code::kInternal, "never completed");
+    }
+    return future.get();
+  }
+};
+
+Status Write(int fd, const std::string& bytes) {
+  return net::WriteAll(fd, bytes.data(), bytes.size(), Deadline::After(milliseconds(5000)),
+                       "rank 0");
+}
+
+// A recv on `tag` that refuses its message, whatever it is (nothing lands anywhere).
+void PostRecv(P2pTransport& t, int64_t tag, Deadline deadline, Outcome& outcome) {
+  t.Recv(
+      1, tag, deadline, [](const P2pMeta&) -> void* { return nullptr; }, outcome.Done());
+}
+
+TEST(TcpP2pPeerTest, AReceiptWithNonZeroPaddingFailsTheLinkAndItsSend) {
+  for (const bool good : {true, false}) {
+    FakePeer peer = Connect(/*direct=*/true);
+    ASSERT_TRUE(peer.rank0 && peer.fd.valid());
+    std::vector<char> payload(4096, 7);
+    P2pMeta meta;
+    meta.shape = {4096};
+    meta.bytes = 4096;
+    Outcome sent;
+    peer.rank0->Send(1, 3, meta, payload.data(), Deadline::After(milliseconds(10000)), sent.Done());
+    // Its header: the fixed part, one dimension, the payload's and the state word's addresses.
+    unsigned char head[tcp_p2p::kFixedHead + 8 + 16];
+    ASSERT_TRUE(net::ReadFull(peer.fd.get(), head, sizeof(head),
+                              Deadline::After(milliseconds(5000)), "rank 0")
+                    .ok());
+    ASSERT_EQ(net::LoadU32(head + 20), tcp_p2p::kDirectRead) << "not a direct read";
+    std::string receipt = tcp_p2p::EncodeReceipt();
+    if (!good) receipt[tcp_p2p::kFixedHead - 1] = 1;
+    ASSERT_TRUE(Write(peer.fd.get(), receipt).ok());
+    const Status s = sent.Get();
+    if (good) {
+      EXPECT_TRUE(s.ok()) << s.ToString();
+      continue;
+    }
+    EXPECT_EQ(s.code(), Code::kProtocolError) << s.ToString();
+    EXPECT_NE(s.message().find("rank 1"), std::string::npos) << s.ToString();
+    Outcome later;
+    peer.rank0->Send(1, 3, meta, payload.data(), Deadline::After(milliseconds(10000)),
+                     later.Done());
+    EXPECT_EQ(later.Get().code(), Code::kProtocolError);
+  }
+}
+
+TEST(TcpP2pPeerTest, AMessageWithANegativeTagFailsTheLink) {
+  FakePeer peer = Connect(/*direct=*/false);
+  ASSERT_TRUE(peer.rank0 && peer.fd.valid());
+  // Waiting on another tag: before the check, the message sat unexpected and this recv timed out.
+  Outcome waiting;
+  PostRecv(*peer.rank0, 1, Deadline::After(milliseconds(3000)), waiting);
+  P2pMeta meta;
+  meta.shape = {4};
+  meta.bytes = 4;
+  ASSERT_TRUE(Write(peer.fd.get(), tcp_p2p::EncodeHead(-1, meta) + "abcd").ok());
+  const Status s = waiting.Get();
+  EXPECT_EQ(s.code(), Code::kProtocolError) << s.ToString();
+  EXPECT_NE(s.message().find("rank 1"), std::string::npos) << s.ToString();
+}
+
+TEST(TcpP2pPeerTest, AMessageTooLargeToKeepBeforeItsRecvFailsTheLinkNamingIt) {
+  FakePeer peer = Connect(/*direct=*/false);
+  ASSERT_TRUE(peer.rank0 && peer.fd.valid());
+  Outcome waiting;
+  PostRecv(*peer.rank0, 1, Deadline::After(milliseconds(10000)), waiting);
+  // 2^62 bytes on tag 2, which has no recv: held a moment, then no buffer can keep it.
+  P2pMeta meta;
+  meta.shape = {int64_t{1} << 62};
+  meta.bytes = uint64_t{1} << 62;
+  ASSERT_TRUE(Write(peer.fd.get(), tcp_p2p::EncodeHead(2, meta)).ok());
+  const Status s = waiting.Get();
+  EXPECT_EQ(s.code(), Code::kSystemError) << s.ToString();
+  EXPECT_NE(s.message().find("rank 1"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("4611686018427387904 bytes"), std::string::npos) << s.ToString();
+}
+
+}  // namespace
+}  // namespace concord
