@@ -85,6 +85,13 @@ class HierarchicalBackend : public Backend {
 
   Status Allreduce(void* data, size_t count, DType dtype, ReduceOp op) override {
     CONCORD_RETURN_IF_ERROR(failed_);
+    // An invalid dtype has no size: it would pass for 0 bytes and reach a backend as that.
+    if (!IsValidDType(static_cast<int>(dtype)) || !IsValidReduceOp(static_cast<int>(op))) {
+      return InvalidArgument("hierarchical allreduce: invalid dtype or reduce op");
+    }
+    if (count > 0 && data == nullptr) {
+      return InvalidArgument("hierarchical allreduce: data is null");
+    }
     const size_t element = DTypeSize(dtype);
     two_level_ = count * element >= threshold_;
     if (!two_level_) return Keep(flat_->Allreduce(data, count, dtype, op));

@@ -36,6 +36,26 @@ void MoveBytes(void* dst, const void* src, size_t n) {
   if (n > 0 && dst != src) memmove(dst, src, n);
 }
 
+size_t Total(const std::vector<size_t>& sizes) {
+  size_t total = 0;
+  for (size_t n : sizes) total += n;
+  return total;
+}
+
+// kInvalidArgument naming the collective when `sizes` does not hold one entry per rank.
+Status CheckSizes(const char* what, const char* of, const std::vector<size_t>& sizes, int ranks) {
+  if (sizes.size() == static_cast<size_t>(ranks)) return Status::Ok();
+  return InvalidArgument(std::string("shm ") + what + ": " + std::to_string(sizes.size()) + " " +
+                         of + " for " + std::to_string(ranks) + " ranks");
+}
+
+Status CheckReduction(const char* what, DType dtype, ReduceOp op) {
+  if (IsValidDType(static_cast<int>(dtype)) && IsValidReduceOp(static_cast<int>(op))) {
+    return Status::Ok();
+  }
+  return InvalidArgument(std::string("shm ") + what + ": invalid dtype or reduce op");
+}
+
 // A direct allreduce folds its slice in pieces this large: two of them stay in a core's L2 cache
 // (512 KiB here). 64 MiB, 2 ranks: 30-35 ms with 128 KiB pieces, 33-35 ms with 256 KiB.
 constexpr size_t kFoldPieceBytes = size_t{128} << 10;
@@ -103,7 +123,10 @@ class SpanBytes {
 // one barrier per chunk suffices: a rank overwrites a half only after the next chunk's barrier,
 // which every rank reaches after reading that half. Reductions are a left fold over ranks 0, 1,
 // ... in ReduceElements, each rank folding its slice of every chunk: results are independent of
-// counts, spans and chunking (ReducesInRankOrder). After the first error every call returns it.
+// counts, spans and chunking (ReducesInRankOrder). Arguments are checked before anything else:
+// bad ones (sizes not one per rank, a root out of range, a null buffer, an invalid dtype or op)
+// give kInvalidArgument and leave the backend usable (every rank passes the same, so all refuse
+// alike). After the first other error every call returns it.
 class ShmBackend : public Backend {
  public:
   ShmBackend(const BackendOptions& options, std::unique_ptr<ShmSegment> segment,
@@ -113,6 +136,7 @@ class ShmBackend : public Backend {
         segment_(std::move(segment)),
         half_bytes_(segment_->half_bytes()),
         direct_threshold_(direct_threshold),
+        rank_names_(options.rank_names),
         barrier_(segment_.get(), rank_, options.timeout, !Oversubscribed(size_),
                  options.rank_names) {}
 
@@ -123,7 +147,9 @@ class ShmBackend : public Backend {
     uint64_t probe = 0xC0C0'0000'0000'0000ull + rank_;  // read by every peer, and written back
     const RemoteSpan mine{reinterpret_cast<uint64_t>(&probe), sizeof(probe)};
     shm_internal::WriteSpans({mine}, Half(rank_), half_bytes_);
-    CONCORD_RETURN_IF_ERROR(Sync());
+    // The peers write into `probe` after this round: a failure returns once none may.
+    const uint64_t published = barrier_.round() + 1;
+    CONCORD_RETURN_IF_ERROR(Drained(Sync(), published));
     uint64_t readable = 1;
     for (int r = 0; r < size_; ++r) {
       if (r == rank_) continue;
@@ -134,15 +160,15 @@ class ShmBackend : public Backend {
       }
       const std::vector<RemoteSpan> theirs_at = shm_internal::ParseSpans(Half(r), half_bytes_);
       uint64_t theirs = 0;
-      if (!ReadRemote(r, Pid(r), theirs_at, 0, sizeof(theirs), &theirs).ok() ||
+      if (!ReadRemote(Name(r), Pid(r), theirs_at, 0, sizeof(theirs), &theirs).ok() ||
           theirs != 0xC0C0'0000'0000'0000ull + r ||
-          !WriteRemote(r, Pid(r), theirs_at, 0, sizeof(theirs), &theirs).ok()) {
+          !WriteRemote(Name(r), Pid(r), theirs_at, 0, sizeof(theirs), &theirs).ok()) {
         readable = 0;
       }
     }
     half_ ^= 1;
     memcpy(Half(rank_), &readable, sizeof(readable));
-    CONCORD_RETURN_IF_ERROR(Sync());
+    CONCORD_RETURN_IF_ERROR(Drained(Sync(), published));
     direct_ = true;
     for (int r = 0; r < size_; ++r) {
       memcpy(&readable, Half(r), sizeof(readable));
@@ -171,6 +197,10 @@ class ShmBackend : public Backend {
 
   Status AllreduceSpans(const std::vector<AllreduceSpan>& spans, DType dtype,
                         ReduceOp op) override {
+    CONCORD_RETURN_IF_ERROR(CheckReduction("allreduce", dtype, op));
+    for (const AllreduceSpan& s : spans) {
+      if (s.count > 0 && s.data == nullptr) return InvalidArgument("shm allreduce: data is null");
+    }
     CONCORD_RETURN_IF_ERROR(failed_);
     if (size_ == 1) return Status::Ok();
     const size_t element = DTypeSize(dtype);
@@ -215,6 +245,11 @@ class ShmBackend : public Backend {
 
   Status ReduceScatter(const void* in, void* out, const std::vector<size_t>& counts, DType dtype,
                        ReduceOp op) override {
+    CONCORD_RETURN_IF_ERROR(CheckReduction("reduce-scatter", dtype, op));
+    CONCORD_RETURN_IF_ERROR(CheckSizes("reduce-scatter", "counts", counts, size_));
+    if ((Total(counts) > 0 && in == nullptr) || (counts[rank_] > 0 && out == nullptr)) {
+      return InvalidArgument("shm reduce-scatter: null buffer");
+    }
     CONCORD_RETURN_IF_ERROR(failed_);
     const size_t element = DTypeSize(dtype);
     const std::vector<size_t> start = Offsets(counts);
@@ -247,6 +282,11 @@ class ShmBackend : public Backend {
   }
 
   Status Allgatherv(const void* in, void* out, const std::vector<size_t>& bytes_per_rank) override {
+    CONCORD_RETURN_IF_ERROR(CheckSizes("allgatherv", "sizes", bytes_per_rank, size_));
+    if ((bytes_per_rank[rank_] > 0 && in == nullptr) ||
+        (Total(bytes_per_rank) > 0 && out == nullptr)) {
+      return InvalidArgument("shm allgatherv: null buffer");
+    }
     CONCORD_RETURN_IF_ERROR(failed_);
     const std::vector<size_t> start = Offsets(bytes_per_rank);
     auto* dst = static_cast<uint8_t*>(out);
@@ -268,6 +308,10 @@ class ShmBackend : public Backend {
   }
 
   Status Broadcast(void* data, size_t bytes, int root) override {
+    if (root < 0 || root >= size_) {
+      return InvalidArgument("shm broadcast: root " + std::to_string(root) + " out of range");
+    }
+    if (bytes > 0 && data == nullptr) return InvalidArgument("shm broadcast: data is null");
     CONCORD_RETURN_IF_ERROR(failed_);
     if (size_ == 1) return Status::Ok();
     auto* p = static_cast<uint8_t*>(data);
@@ -288,6 +332,11 @@ class ShmBackend : public Backend {
 
   Status Alltoallv(const void* in, const std::vector<size_t>& send_bytes, void* out,
                    const std::vector<size_t>& recv_bytes) override {
+    CONCORD_RETURN_IF_ERROR(CheckSizes("alltoallv", "send sizes", send_bytes, size_));
+    CONCORD_RETURN_IF_ERROR(CheckSizes("alltoallv", "receive sizes", recv_bytes, size_));
+    if ((Total(send_bytes) > 0 && in == nullptr) || (Total(recv_bytes) > 0 && out == nullptr)) {
+      return InvalidArgument("shm alltoallv: null buffer");
+    }
     CONCORD_RETURN_IF_ERROR(failed_);
     const std::vector<size_t> send_start = Offsets(send_bytes);
     const std::vector<size_t> recv_start = Offsets(recv_bytes);
@@ -346,17 +395,30 @@ class ShmBackend : public Backend {
     return failed_;
   }
 
+  // `status`, once no peer may touch this rank's memory any more when it is an error of a
+  // collective whose ranks read and write each other's memory after round `published`: the
+  // caller frees or reuses its buffers as soon as it returns (ShmBarrier::Drain).
+  Status Drained(Status status, uint64_t published) {
+    if (!status.ok()) barrier_.Drain(published);
+    return status;
+  }
+
   pid_t Pid(int r) const { return segment_->rank_block(r)->pid; }
+  // The number errors name rank r by (BackendOptions::rank_names).
+  int Name(int r) const { return static_cast<size_t>(r) < rank_names_.size() ? rank_names_[r] : r; }
 
   // Allreduce on the peers' buffers in place: each rank publishes its spans, then folds its slice
   // of every rank's data (rank order) into its own buffer piece by piece and writes each reduced
   // piece, still in cache, into every peer's buffer. Rank r's slice of a peer's buffer is read and
   // written by rank r alone, so the pieces need no ordering among ranks. Two barriers: spans
   // published, every write done (the caller may then reuse the buffer, which holds the result).
+  // A rank stops between pieces once the group is aborted, and a failed one returns only once no
+  // peer may still write into its buffer (Drained).
   Status DirectAllreduce(const SpanBytes& bytes, size_t count, DType dtype, ReduceOp op) {
     const size_t element = DTypeSize(dtype);
     shm_internal::WriteSpans(bytes.Remote(), Half(rank_), half_bytes_);
-    CONCORD_RETURN_IF_ERROR(Sync());
+    const uint64_t published = barrier_.round() + 1;
+    CONCORD_RETURN_IF_ERROR(Drained(Sync(), published));
     peers_.resize(size_);
     for (int r = 0; r < size_; ++r) {
       if (r != rank_) peers_[r] = shm_internal::ParseSpans(Half(r), half_bytes_);
@@ -369,6 +431,10 @@ class ShmBackend : public Backend {
     const size_t begin = mine_slice.first, end = mine_slice.second;
     bytes.ForEach(begin, end - begin, [&](uint8_t* own, size_t at, size_t n) {
       for (size_t k = 0; k < n && status.ok(); k += kFoldPieceBytes) {
+        if (barrier_.Aborted()) {
+          status = barrier_.Stopped();
+          break;
+        }
         const size_t offset = begin + at + k, piece = std::min(kFoldPieceBytes, n - k);
         status = FoldPiece(offset, piece, own + k, dtype, op);
         for (int r = 0; r < size_ && status.ok(); ++r) {
@@ -376,8 +442,8 @@ class ShmBackend : public Backend {
         }
       }
     });
-    if (!status.ok()) return Fail(status);
-    return Sync();
+    if (!status.ok()) return Drained(Fail(status), published);
+    return Drained(Sync(), published);
   }
 
   // own[0, bytes) = the rank-order fold of every rank's bytes at `offset` (own holds this rank's).
@@ -401,13 +467,13 @@ class ShmBackend : public Backend {
   }
 
   Status Read(int r, size_t offset, size_t bytes, void* into) {
-    Status status = ReadRemote(r, Pid(r), peers_[r], offset, bytes, into);
+    Status status = ReadRemote(Name(r), Pid(r), peers_[r], offset, bytes, into);
     if (status.code() == Code::kPeerFailure) dead_ = r;
     return status;
   }
 
   Status Write(int r, size_t offset, size_t bytes, const void* from) {
-    Status status = WriteRemote(r, Pid(r), peers_[r], offset, bytes, from);
+    Status status = WriteRemote(Name(r), Pid(r), peers_[r], offset, bytes, from);
     if (status.code() == Code::kPeerFailure) dead_ = r;
     return status;
   }
@@ -418,6 +484,7 @@ class ShmBackend : public Backend {
   const size_t half_bytes_;
   // Allreduces at least this large use the peers' memory directly, when direct_ (every rank can).
   const size_t direct_threshold_;
+  const std::vector<int> rank_names_;  // BackendOptions::rank_names
   ShmBarrier barrier_;
   int half_ = 0;  // the half the next chunk uses: the same on every rank
   Status failed_;

@@ -75,33 +75,20 @@ bool ShmBarrier::AllArrived(uint64_t round) const {
 }
 
 Status ShmBarrier::Abort(int dead_rank, Status why) {
-  int32_t none = -1;
-  if (header_->aborted_by.compare_exchange_strong(none, rank_)) {
-    header_->dead_rank.store(dead_rank);
+  // The dead rank first, then this rank as the author (both seq_cst): whoever sees the author sees
+  // the dead rank it named. The first of each is kept; a later abort changes neither.
+  if (dead_rank >= 0) {
+    int32_t none = -1;
+    header_->dead_rank.compare_exchange_strong(none, dead_rank);
   }
+  int32_t none = -1;
+  header_->aborted_by.compare_exchange_strong(none, rank_);
   header_->wake.fetch_add(1);
   FutexWakeAll(&header_->wake);
   return why;
 }
 
-Status ShmBarrier::Check(uint64_t round, const Deadline& deadline) {
-  const int aborted_by = header_->aborted_by.load();
-  if (aborted_by >= 0 && aborted_by != rank_) {
-    const int dead = header_->dead_rank.load();
-    if (dead >= 0) {
-      return Status(Code::kPeerFailure, RankName(dead) +
-                                            " exited during a shared-memory collective (found by " +
-                                            RankName(aborted_by) + ")");
-    }
-    // It gave up (interrupted, or timed out) without knowing who failed: the engine asks its
-    // control plane (a backend error is explained there).
-    return Status(Code::kBackendError,
-                  RankName(aborted_by) + " abandoned the shared-memory collective");
-  }
-  if (interrupted_->load()) {
-    return Abort(
-        -1, Status(Code::kBackendError, "shared-memory collective interrupted: a peer failed"));
-  }
+Status ShmBarrier::FindExited(uint64_t round) {
   for (int r = 0; r < size_; ++r) {
     const RankBlock* block = segment_->rank_block(r);
     if (block->arrived.load(std::memory_order_acquire) >= round) continue;
@@ -117,6 +104,30 @@ Status ShmBarrier::Check(uint64_t round, const Deadline& deadline) {
                                                   ") exited during a shared-memory collective"));
     }
   }
+  return Status::Ok();
+}
+
+Status ShmBarrier::Check(uint64_t round, const Deadline& deadline) {
+  const int aborted_by = header_->aborted_by.load();
+  if (aborted_by >= 0 && aborted_by != rank_) {
+    const int dead = header_->dead_rank.load();
+    if (dead >= 0) {
+      return Status(Code::kPeerFailure, RankName(dead) +
+                                            " exited during a shared-memory collective (found by " +
+                                            RankName(aborted_by) + ")");
+    }
+    // It gave up (interrupted, or timed out) without knowing who failed: a rank this one finds
+    // gone is named; otherwise the engine asks its control plane (a backend error is explained
+    // there).
+    CONCORD_RETURN_IF_ERROR(FindExited(round));
+    return Status(Code::kBackendError,
+                  RankName(aborted_by) + " abandoned the shared-memory collective");
+  }
+  if (interrupted_->load()) {
+    return Abort(
+        -1, Status(Code::kBackendError, "shared-memory collective interrupted: a peer failed"));
+  }
+  CONCORD_RETURN_IF_ERROR(FindExited(round));
   if (deadline.passed()) {
     std::string missing;
     for (int r = 0; r < size_; ++r) {
@@ -131,11 +142,53 @@ Status ShmBarrier::Check(uint64_t round, const Deadline& deadline) {
   return Status::Ok();
 }
 
-Status ShmBarrier::Sync() {
-  const uint64_t round = ++round_;
+void ShmBarrier::Arrive(uint64_t round) {
+  round_ = round;
   segment_->rank_block(rank_)->arrived.store(round, std::memory_order_seq_cst);
   header_->wake.fetch_add(1, std::memory_order_seq_cst);
   if (header_->sleepers.load(std::memory_order_seq_cst) > 0) FutexWakeAll(&header_->wake);
+}
+
+bool ShmBarrier::Aborted() const {
+  return header_->aborted_by.load() >= 0 || interrupted_->load();
+}
+
+Status ShmBarrier::Stopped() {
+  Status status = Check(round_ + 1, Deadline::Infinite());
+  if (!status.ok()) return status;
+  return Abort(-1,
+               Status(Code::kBackendError, "shared-memory collective stopped: the group aborted"));
+}
+
+void ShmBarrier::Drain(uint64_t published) {
+  const uint64_t done = published + 1;
+  if (round_ < done) Arrive(done);
+  // A rank that has not reached `published` may still arrive there, but then sees the abort (set
+  // before this rank reads its counter; both seq_cst) and fails that round without beginning.
+  auto may_touch = [&](int r) {
+    const RankBlock* block = segment_->rank_block(r);
+    const uint64_t arrived = block->arrived.load(std::memory_order_acquire);
+    if (arrived >= done || arrived < published) return false;
+    return !(observable_[r] && ProcessStartTicks(block->pid) != block->start_ticks);
+  };
+  const Deadline deadline = Deadline::After(timeout_);
+  for (;;) {
+    header_->sleepers.fetch_add(1, std::memory_order_seq_cst);
+    const uint32_t seen = header_->wake.load(std::memory_order_seq_cst);
+    bool waiting = false;
+    for (int r = 0; r < size_ && !waiting; ++r) waiting = may_touch(r);
+    if (!waiting || deadline.passed()) {
+      header_->sleepers.fetch_sub(1);
+      return;
+    }
+    FutexWait(&header_->wake, seen);
+    header_->sleepers.fetch_sub(1);
+  }
+}
+
+Status ShmBarrier::Sync() {
+  const uint64_t round = round_ + 1;
+  Arrive(round);
   CONCORD_RETURN_IF_ERROR(WaitAll(round));
   // A rank that arrived and then gave up (it timed out waiting for a third) has failed this
   // collective: so does every rank, even one that found everybody arrived.

@@ -11,7 +11,9 @@
 // is seen within a slice; not for a rank in another pid namespace, which CONCORD_HOST_ID may put
 // on this host: its exit comes through the interrupt or the deadline), and its deadline. The first
 // rank to find the group broken sets the abort flag, naming the dead rank, so that every other rank
-// fails at once.
+// fails at once. The dead rank is published before the abort's author, so a rank that sees the
+// abort sees the rank it names; an abort that names none (an interrupt, a timeout) still leaves
+// each waiter to name a rank it finds gone itself.
 #pragma once
 
 #include <atomic>
@@ -43,16 +45,38 @@ class ShmBarrier {
 
   const std::shared_ptr<std::atomic<bool>>& interrupted() const { return interrupted_; }
 
+  // The last round this rank arrived at.
+  uint64_t round() const { return round_; }
+  // Whether the group is aborted or this rank interrupted: a collective in progress should stop
+  // touching its peers' memory and meet them at its next Sync(), which then fails.
+  bool Aborted() const;
+  // The error of a collective that stopped because Aborted(): the abort as Sync() reports it (this
+  // rank aborts the group first when only it was interrupted).
+  Status Stopped();
+  // For a collective in which the ranks touch each other's memory after round `published` (a
+  // direct allreduce's reads and writes), once it failed here and the group is aborted (as every
+  // failed Sync() and Abort() leave it): arrives at round `published` + 1, promising the others
+  // that this rank no longer touches theirs, and waits until no rank may touch this rank's any
+  // more: each has arrived there too, never reached `published` (it never began), or is gone.
+  // Neither the abort nor the interrupt ends the wait (the ranks still running see them and stop
+  // within a piece); the timeout does.
+  void Drain(uint64_t published);
+
   // Aborts the group for every rank (they fail at their next wait, naming `dead_rank` when it is
   // not -1, else this rank) and returns `why`: for an error found outside Sync().
   Status Abort(int dead_rank, Status why);
 
  private:
   bool AllArrived(uint64_t round) const;
+  // Publishes this rank's arrival at `round` and wakes the sleepers.
+  void Arrive(uint64_t round);
   // Waits until every rank reached `round`, or an error (see Check).
   Status WaitAll(uint64_t round);
   // The first error among: abort flag, interrupt, a waited-for rank gone, the deadline.
   Status Check(uint64_t round, const Deadline& deadline);
+  // kPeerFailure naming the first rank that has not reached `round` and is gone (the group is
+  // aborted naming it), else OK.
+  Status FindExited(uint64_t round);
   // "rank N": rank r's name in errors.
   std::string RankName(int r) const;
 

@@ -24,9 +24,9 @@ struct RemoteSpan {
   uint64_t bytes = 0;
 };
 
-// Reads bytes [offset, offset + bytes) of the concatenation of `spans` (in process `pid`, rank
-// `rank`) into `into`. kPeerFailure naming the rank when the process is gone, kBackendError for
-// any other failure.
+// Reads bytes [offset, offset + bytes) of the concatenation of `spans` (in process `pid`, which
+// errors call rank `rank`: the number the job knows it by) into `into`. kPeerFailure naming the
+// rank when the process is gone, kBackendError for any other failure.
 Status ReadRemote(int rank, pid_t pid, const std::vector<RemoteSpan>& spans, size_t offset,
                   size_t bytes, void* into);
 // Writes `from` into bytes [offset, offset + bytes) of the concatenation of `spans`; errors as

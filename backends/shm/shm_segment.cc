@@ -178,8 +178,9 @@ ProcessIdentity ProcessIdentity::Self() {
 }
 
 bool ProcessIdentity::Observable() const {
-  static const uint64_t mine = PidNamespace();
-  return pid > 0 && start_ticks != 0 && pid_namespace != 0 && pid_namespace == mine;
+  // Read each time, not cached: a child forked after a first look may run in a pid namespace of
+  // its own (its parent unshared one), where the parent's pids mean other processes or none.
+  return pid > 0 && start_ticks != 0 && pid_namespace != 0 && pid_namespace == PidNamespace();
 }
 
 bool ProcessIdentity::Gone() const {
@@ -258,6 +259,9 @@ StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Open(int rank, int size, size_
   if (rank == 0) {
     for (int r = 1; r < size; ++r) CONCORD_RETURN_IF_ERROR(await(key("process", r), r).status());
     name = NewName();
+    // Said before the name exists: should this rank die before it publishes the name, the others
+    // unlink it.
+    CONCORD_RETURN_IF_ERROR(store->Set(key_prefix + "/creating", name));
     base = Create(name, bytes, size, half_bytes);
     if (Status s =
             store->Set(key_prefix + "/name", base.ok() ? name : kFailed + base.status().message());
@@ -266,7 +270,14 @@ StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Open(int rank, int size, size_
       return s;
     }
   } else {
-    CONCORD_ASSIGN_OR_RETURN(name, await(key_prefix + "/name", 0));
+    StatusOr<std::string> named = await(key_prefix + "/name", 0);
+    if (named.status().code() == Code::kPeerFailure) {
+      // Rank 0 is gone; it may have created the segment without publishing its name.
+      StatusOr<std::string> creating =
+          store->Get(key_prefix + "/creating", Deadline::After(std::chrono::milliseconds(0)));
+      if (creating.ok() && creating->rfind("/concord-", 0) == 0) ::shm_unlink(creating->c_str());
+    }
+    CONCORD_ASSIGN_OR_RETURN(name, std::move(named));
     if (!name.empty() && name[0] == kFailed) {
       base = Status(Code::kUnavailable, "rank 0 could not create it: " + name.substr(1));
       name.clear();

@@ -4,8 +4,9 @@
 // Lifetime: rank 0 creates a POSIX shared-memory object, every rank maps it, and every rank
 // unlinks its name as soon as all of them have tried to map it, so the name exists for the
 // length of the set-up only: a job killed with SIGKILL afterwards leaves nothing in /dev/shm (the
-// memory goes with the last mapping). The pages are reserved up front (posix_fallocate), so a full
-// /dev/shm is an error at set-up, never a SIGBUS in a collective.
+// memory goes with the last mapping). Rank 0 says the name before it creates the object, so that
+// should it die before it publishes the name, the others unlink it. The pages are reserved up front
+// (posix_fallocate), so a full /dev/shm is an error at set-up, never a SIGBUS in a collective.
 //
 // Layout: a header (sizes, the futex word and abort flags), then one control block per rank (its
 // barrier counter, pid and process start time, each on cache lines of its own), then for each rank

@@ -4,8 +4,8 @@
 // and size (0, 1, odd, several chunks), allgatherv with uneven and empty blocks, broadcast from
 // every root, above the threshold in two levels and below it on the flat backend, against exactly
 // computed results; the other collectives on the flat backend. With stand-in backends: which
-// backend each call goes to, that the first error is returned by every later call, and the
-// checks of the layout.
+// backend each call goes to, that the first error is returned by every later call, that bad
+// allreduce arguments reach none, and the checks of the layout.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -280,6 +280,24 @@ TEST(HierarchicalRouting, ThresholdPicksTwoLevelsOrFlat) {
             Log{"flat.Alltoallv"});
   EXPECT_EQ(b->Broadcast(buf.data(), 100, 2).code(), Code::kInvalidArgument);
   EXPECT_EQ(b->Allgatherv(buf.data(), buf.data(), {100}).code(), Code::kInvalidArgument);
+}
+
+// An allreduce's bad arguments are refused before any backend sees them (an invalid dtype once
+// counted 0 bytes: below the threshold it reached the flat backend as such, above a threshold of
+// 0 the local one, whose windows it divided by 0), and leave the backend usable.
+TEST(HierarchicalRouting, AllreduceRefusesBadArguments) {
+  Log log;
+  std::unique_ptr<Backend> b = OnStandIns(1, {0, 1}, &log);
+  ASSERT_NE(b, nullptr);
+  std::vector<uint8_t> buf(200);
+  EXPECT_EQ(b->Allreduce(buf.data(), 25, static_cast<DType>(99), ReduceOp::kSum).code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(b->Allreduce(buf.data(), 25, DType::kFloat32, static_cast<ReduceOp>(-1)).code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(b->Allreduce(nullptr, 25, DType::kFloat32, ReduceOp::kSum).code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(log, Log{}) << "a backend saw bad arguments";
+  EXPECT_TRUE(b->Allreduce(buf.data(), 25, DType::kFloat32, ReduceOp::kSum).ok());
 }
 
 // A failure in any step of a two-level collective is returned by that call and by every later

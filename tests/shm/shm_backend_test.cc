@@ -8,13 +8,16 @@
 #include <gtest/gtest.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -241,6 +244,46 @@ INSTANTIATE_TEST_SUITE_P(RanksAndPaths, ShmBackendTest,
                                   (std::get<1>(info.param) ? "direct" : "segment");
                          });
 
+// Bad arguments, the same on every rank: each collective refuses them with kInvalidArgument on
+// every rank, before touching the segment (a root or a size list beyond the ranks once read and
+// wrote past them), and the backend stays usable.
+TEST(ShmBackendArgumentsTest, BadArgumentsAreRefusedAndTheBackendStaysUsable) {
+  HashStore store;
+  const std::string prefix = UniquePrefix();
+  harness::RunRanks(2, [&](int rank) {
+    auto made = CreateShmBackend(Options(rank, 2, prefix, kTimeout), &store, kBufferBytes, 0);
+    ASSERT_TRUE(made.ok()) << made.status().ToString();
+    Backend& backend = **made;
+    std::vector<float> data(8, 1.0f), out(64, 0.0f);
+    auto refused = [](const Status& s, const char* what) {
+      EXPECT_EQ(s.code(), Code::kInvalidArgument) << what << ": " << s.ToString();
+      EXPECT_NE(s.message().find("shm "), std::string::npos) << what << ": " << s.ToString();
+    };
+    refused(backend.Broadcast(data.data(), 32, 2), "broadcast root 2");
+    refused(backend.Broadcast(data.data(), 32, -1), "broadcast root -1");
+    refused(backend.Broadcast(nullptr, 32, 0), "broadcast null");
+    refused(backend.Allgatherv(data.data(), out.data(), {4}), "allgatherv 1 size");
+    refused(backend.Allgatherv(data.data(), out.data(), {4, 4, 4}), "allgatherv 3 sizes");
+    refused(backend.Allgatherv(nullptr, out.data(), {4, 4}), "allgatherv null in");
+    refused(
+        backend.ReduceScatter(data.data(), out.data(), {1, 1, 1}, DType::kFloat32, ReduceOp::kSum),
+        "reduce-scatter 3 counts");
+    refused(backend.ReduceScatter(data.data(), nullptr, {1, 1}, DType::kFloat32, ReduceOp::kSum),
+            "reduce-scatter null out");
+    refused(backend.Alltoallv(data.data(), {4, 4, 4}, out.data(), {4, 4}), "alltoallv 3 sends");
+    refused(backend.Alltoallv(data.data(), {4, 4}, out.data(), {4}), "alltoallv 1 receive");
+    refused(backend.Alltoallv(data.data(), {4, 4}, nullptr, {4, 4}), "alltoallv null out");
+    refused(backend.Allreduce(data.data(), 8, static_cast<DType>(99), ReduceOp::kSum),
+            "allreduce dtype 99");
+    refused(backend.Allreduce(data.data(), 8, DType::kFloat32, static_cast<ReduceOp>(99)),
+            "allreduce op 99");
+    refused(backend.Allreduce(nullptr, 8, DType::kFloat32, ReduceOp::kSum), "allreduce null");
+    const Status s = backend.Allreduce(data.data(), 8, DType::kFloat32, ReduceOp::kSum);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_EQ(data[7], 2.0f);
+  });
+}
+
 TEST(ShmBackendFailureTest, APeerThatNeverComesTimesOutNamingIt) {
   HashStore store;
   const std::string prefix = UniquePrefix();
@@ -352,6 +395,110 @@ TEST(ShmBackendFailureTest, APeerKilledMidCollectiveIsNamedAndLeavesNothingBehin
   }
 }
 
+// As above, on direct reads only, with the ranks known to the job by other numbers (as a
+// hierarchical backend's ranks on one host are: BackendOptions::rank_names): the survivor names
+// the victim by its number in the job wherever it finds it gone, in a barrier or in a read of its
+// memory (the reads named it by its number on this host).
+TEST(ShmBackendFailureTest, APeerKilledMidDirectAllreduceIsNamedByItsNumberInTheJob) {
+  char dir[] = "/tmp/concord-shm-test-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  auto store = FileStore::Create(dir);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  const std::string prefix = UniquePrefix();
+  auto options = [&](int rank) {
+    BackendOptions named = Options(rank, 2, prefix, kTimeout);
+    named.rank_names = {4, 9};
+    return named;
+  };
+  std::vector<float> data(size_t{4} << 20, 1.0f);  // 16 MiB: most of the time goes to reads
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto backend = CreateShmBackend(options(1), store->get(), kBufferBytes, 0);
+    if (!backend.ok()) ::_exit(3);
+    std::thread killer([] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      ::raise(SIGKILL);
+    });
+    while ((*backend)->Allreduce(data.data(), data.size(), DType::kFloat32, ReduceOp::kSum).ok()) {
+    }
+    ::_exit(4);
+  }
+  auto backend = CreateShmBackend(options(0), store->get(), kBufferBytes, 0);
+  ASSERT_TRUE(backend.ok()) << backend.status().ToString();
+  Status s;
+  while (s.ok()) {
+    s = (*backend)->Allreduce(data.data(), data.size(), DType::kFloat32, ReduceOp::kSum);
+  }
+  EXPECT_EQ(s.code(), Code::kPeerFailure) << s.ToString();
+  EXPECT_NE(s.message().find("rank 9"), std::string::npos) << s.ToString();
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+  std::system(("rm -rf " + std::string(dir)).c_str());
+}
+
+// A direct allreduce that fails on one rank must not return there while a peer may still write
+// into that rank's buffer (the caller frees or reuses it at once). Rank 1 (a child process) is
+// stopped (SIGSTOP) in the middle of its part, once it wrote its first piece into rank 0's
+// buffer; rank 0 is interrupted meanwhile, so its allreduce fails; rank 1 resumes 300 ms later.
+// When rank 0's allreduce returns, the test overwrites the buffer: nothing may change it after.
+// (Before the fix rank 0 returned at once, and rank 1 went on writing the rest of its part.) An
+// attempt in which rank 1 finished its part before the stop (a busy machine) proves nothing and
+// is run again.
+TEST(ShmBackendFailureTest, AFailedDirectAllreduceReturnsOnceNoPeerWritesIntoItsBuffer) {
+  char dir[] = "/tmp/concord-shm-test-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  auto store = FileStore::Create(dir);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  const size_t count = size_t{4} << 20;  // 16 MiB: rank 1 writes its half in 128 KiB pieces
+  bool proved = false;
+  for (int attempt = 0; attempt < 5 && !proved && !HasFailure(); ++attempt) {
+    const std::string prefix = UniquePrefix();
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      auto backend =
+          CreateShmBackend(Options(1, 2, prefix, kTimeout), store->get(), kBufferBytes, 0);
+      if (!backend.ok()) ::_exit(3);
+      std::vector<float> data(count, 2.0f);
+      const Status s = (*backend)->Allreduce(data.data(), count, DType::kFloat32, ReduceOp::kSum);
+      ::_exit(s.ok() ? 4 : 5);
+    }
+    auto backend = CreateShmBackend(Options(0, 2, prefix, kTimeout), store->get(), kBufferBytes, 0);
+    ASSERT_TRUE(backend.ok()) << backend.status().ToString();
+    std::vector<float> data(count, 1.0f);
+    const std::function<void()> interrupt = (*backend)->Interrupter();
+    bool stopped = false;
+    std::thread stopper([&] {
+      // Rank 1's part begins at count / 2: its first piece lands there.
+      const volatile float* first = data.data() + count / 2;
+      const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (*first != 3.0f && std::chrono::steady_clock::now() < give_up) {
+        std::this_thread::yield();
+      }
+      stopped = *first == 3.0f && ::kill(child, SIGSTOP) == 0;
+      interrupt();
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      ::kill(child, SIGCONT);
+    });
+    const Status s = (*backend)->Allreduce(data.data(), count, DType::kFloat32, ReduceOp::kSum);
+    std::fill(data.begin(), data.end(), 7.0f);  // the caller reuses its buffer
+    stopper.join();
+    int status = 0;
+    ASSERT_EQ(::waitpid(child, &status, 0), child);
+    ASSERT_TRUE(stopped) << "rank 1 never wrote into rank 0's buffer";
+    if (s.ok()) continue;  // rank 1 was done before the stop
+    proved = true;
+    EXPECT_EQ(s.code(), Code::kBackendError) << s.ToString();
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 5) << status;
+    const size_t changed = count - std::count(data.begin(), data.end(), 7.0f);
+    EXPECT_EQ(changed, 0u) << "rank 1 wrote into rank 0's buffer after rank 0's allreduce returned";
+  }
+  EXPECT_TRUE(proved) << "rank 1 finished its part before it was stopped, in every attempt";
+  std::system(("rm -rf " + std::string(dir)).c_str());
+}
+
 // A store whose every Get of the segment's name ends this process at once: a rank that dies
 // after it said it is here and before it maps the segment.
 class DiesBeforeMappingStore : public Store {
@@ -410,11 +557,82 @@ TEST(ShmBackendFailureTest, APeerThatExitsDuringSetUpIsNamedAndLeavesNothingBehi
   std::system(("rm -rf " + std::string(dir)).c_str());
 }
 
+// A store that ends this process at once when it is told the segment's name: rank 0 dying after
+// it created the segment and before it published its name.
+class DiesBeforePublishingStore : public Store {
+ public:
+  explicit DiesBeforePublishingStore(Store* inner) : inner_(inner) {}
+  Status Set(const std::string& key, const std::string& value) override {
+    const std::string name = "/name";
+    if (key.size() >= name.size() &&
+        key.compare(key.size() - name.size(), name.size(), name) == 0) {
+      ::_exit(3);
+    }
+    return inner_->Set(key, value);
+  }
+  StatusOr<std::string> Get(const std::string& key, Deadline deadline) override {
+    return inner_->Get(key, deadline);
+  }
+  Status Wait(const std::vector<std::string>& keys, Deadline deadline) override {
+    return inner_->Wait(keys, deadline);
+  }
+  StatusOr<int64_t> Add(const std::string& key, int64_t delta) override {
+    return inner_->Add(key, delta);
+  }
+
+ private:
+  Store* const inner_;
+};
+
+// Rank 0 (a child process) exits after it created the segment and before it published the name:
+// rank 1 fails naming it, and unlinks the name, which nobody else knows.
+TEST(ShmBackendFailureTest, ACreatorThatExitsBeforePublishingLeavesNothingBehind) {
+  char dir[] = "/tmp/concord-shm-test-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  auto store = FileStore::Create(dir);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  const std::string prefix = UniquePrefix();
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    DiesBeforePublishingStore dying(store->get());
+    (void)CreateShmBackend(Options(0, 2, prefix, kTimeout), &dying, kBufferBytes, 0);
+    ::_exit(4);  // not reached: the store ends the process first
+  }
+  const auto start = std::chrono::steady_clock::now();
+  auto backend = CreateShmBackend(Options(1, 2, prefix, kTimeout), store->get(), kBufferBytes, 0);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  ASSERT_FALSE(backend.ok());
+  EXPECT_EQ(backend.status().code(), Code::kPeerFailure) << backend.status().ToString();
+  EXPECT_NE(backend.status().message().find("rank 0 (pid " + std::to_string(child) + ")"),
+            std::string::npos)
+      << backend.status().ToString();
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 3) << status;
+  const std::vector<std::string> left = SegmentsOf(child);
+  EXPECT_TRUE(left.empty()) << "/dev/shm/" << left.front() << " outlived its creator";
+  for (const std::string& name : left) ::shm_unlink(("/" + name).c_str());
+  std::system(("rm -rf " + std::string(dir)).c_str());
+}
+
 // Rank 1 runs in pid and mount namespaces of its own, with its own /proc (as ranks that
 // CONCORD_HOST_ID puts on one host may): its pid names another process in rank 0's namespace,
-// and rank 0's pid none in its. Neither may take the other for dead while it is late; the
-// collectives stay exact (through the segment: direct reads need the peer's pid).
+// and rank 0's pid none in its. Neither may take the other for dead while it is late (each is, in
+// turn); the collectives stay exact (through the segment: direct reads need the peer's pid). This
+// process has used shared memory before it forks rank 1's parent: what it learnt of its own pid
+// namespace then does not hold for rank 1.
 TEST(ShmBackendFailureTest, APeerInAnotherPidNamespaceIsNotTakenForDead) {
+  {
+    HashStore warm_store;
+    const std::string warm_prefix = UniquePrefix();
+    harness::RunRanks(2, [&](int rank) {
+      auto backend =
+          CreateShmBackend(Options(rank, 2, warm_prefix, kTimeout), &warm_store, kBufferBytes, 0);
+      ASSERT_TRUE(backend.ok()) << backend.status().ToString();
+      EXPECT_TRUE((*backend)->Barrier().ok());
+    });
+  }
   char dir[] = "/tmp/concord-shm-test-XXXXXX";
   ASSERT_NE(::mkdtemp(dir), nullptr);
   auto store = FileStore::Create(dir);
@@ -449,7 +667,8 @@ TEST(ShmBackendFailureTest, APeerInAnotherPidNamespaceIsNotTakenForDead) {
           CreateShmBackend(Options(1, 2, prefix, kTimeout), store->get(), kBufferBytes, 0);
       if (!backend.ok()) ::_exit(3);
       for (int round = 0; round < kRounds; ++round) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(300));  // rank 0 waits meanwhile
+        // Rank 0 waits meanwhile; in odd rounds rank 1 waits for rank 0.
+        if (round % 2 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
         std::vector<float> data(kCount, 2.0f);
         if (!(*backend)->Allreduce(data.data(), kCount, DType::kFloat32, ReduceOp::kSum).ok() ||
             data[kCount - 1] != 3.0f) {
@@ -474,6 +693,7 @@ TEST(ShmBackendFailureTest, APeerInAnotherPidNamespaceIsNotTakenForDead) {
   auto backend = CreateShmBackend(Options(0, 2, prefix, kTimeout), store->get(), kBufferBytes, 0);
   ASSERT_TRUE(backend.ok()) << backend.status().ToString();
   for (int round = 0; round < kRounds; ++round) {
+    if (round % 2 == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
     std::vector<float> data(kCount, 1.0f);
     const Status s = (*backend)->Allreduce(data.data(), kCount, DType::kFloat32, ReduceOp::kSum);
     ASSERT_TRUE(s.ok()) << "round " << round << ": " << s.ToString();
