@@ -438,11 +438,12 @@ StatusOr<ResponseMessage> Coordinator::TakeReady(Clock::time_point now) {
     for (uint64_t word = all[w]; word != 0; word &= word - 1) {
       const auto bit = static_cast<uint32_t>(w * 64 + __builtin_ctzll(word));
       for (auto& v : bits_by_rank_) ClearBit(v, bit);
-      ReadyItem ready_item{ResponseItem(), {bit}};
+      auto wait = bit_waits_.find(bit);
+      ReadyItem ready_item{
+          ResponseItem(), {bit}, wait != bit_waits_.end() ? wait->second.first_seen : now};
       ResponseItem& item = ready_item.item;
       item.cached = true;
       item.bit = bit;
-      auto wait = bit_waits_.find(bit);
       if (wait != bit_waits_.end()) {
         item.data = CombineInline(*cache_->Get(bit), wait->second.data);
         stragglers_.OnReady(wait->second.arrivals, wait->second.steps.first);
@@ -465,7 +466,7 @@ StatusOr<ResponseMessage> Coordinator::TakeReady(Clock::time_point now) {
       still_waiting.push_back(name);
       continue;
     }
-    ReadyItem ready_item{ResponseItem(), std::move(it->second.bits)};
+    ReadyItem ready_item{ResponseItem(), std::move(it->second.bits), it->second.first_seen};
     ResponseItem& item = ready_item.item;
     item.response = Validate(it->second);
     ApplyJoined(it->second, item.response);
@@ -481,34 +482,34 @@ StatusOr<ResponseMessage> Coordinator::TakeReady(Clock::time_point now) {
   }
   arrival_ = std::move(still_waiting);
 
-  CONCORD_RETURN_IF_ERROR(CheckStallShutdown(now));
-
   // Groups leave only whole: hold members until all group_size members are ready; a member
   // that failed counts as ready (it completes with its error, the rest still run). Members are
   // counted by name: a name can be two candidates at once, the error of its older steps'
   // submissions and its newest submission (ready at once when the ranks that sent the older ones
-  // have joined), and is still one member.
+  // have joined), and is still one member. A group that can never complete leaves failed.
   ResponseMessage out;
   std::vector<ReadyItem> candidates = std::move(held_);
   held_.clear();
   for (auto& item : ready) candidates.push_back(std::move(item));
   std::map<std::string, std::set<std::string>> ready_members;  // by group
-  auto request_of = [&](const ResponseItem& item) -> const Response& {
-    return item.cached ? *cache_->Get(item.bit) : item.response;
-  };
   for (const auto& c : candidates) {
-    const Response& r = request_of(c.item);
+    const Response& r = ResponseOf(c.item);
     if (!r.request.group.empty()) ready_members[r.request.group].insert(r.request.name);
   }
+  const std::set<std::string> broken = BrokenGroups(candidates);
   for (auto& c : candidates) {
-    const Response& r = request_of(c.item);
-    if (r.request.group.empty() ||
-        static_cast<int64_t>(ready_members[r.request.group].size()) >= r.request.group_size) {
+    const TensorRequest& q = ResponseOf(c.item).request;
+    if (q.group.empty() || static_cast<int64_t>(ready_members[q.group].size()) >= q.group_size) {
+      out.items.push_back(std::move(c.item));
+    } else if (broken.count(q.group) != 0) {
+      FailMemberOfBrokenGroup(c);
       out.items.push_back(std::move(c.item));
     } else {
       held_.push_back(std::move(c));
     }
   }
+  // After the groups: a held member that waited too long fails the job too.
+  CONCORD_RETURN_IF_ERROR(CheckStallShutdown(now));
   ChooseEvictions(out);
   return out;
 }

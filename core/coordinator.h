@@ -38,14 +38,17 @@
 //     set, the job fails on every rank with kTimeout naming the tensor and the missing ranks (a
 //     job that lost a tensor cannot stay in step; failing once, clearly, beats failing every
 //     step after). The finalize barrier is warned about, never shut down for: each finalizing
-//     rank's own timeout bounds its wait.
+//     rank's own timeout bounds its wait. Group members ready and held for the rest of their
+//     group stall the same way, from their first submission: the warning and the shutdown name
+//     the group, the members it lacks and the ones ready.
 //  5. Steps. An application that marks its steps (Engine::EndStep) sends each request with its
 //     step number. A name submitted in different steps on different ranks (a rank skipped it in
 //     a step, or submitted it twice) would mix the steps' data: the submissions of the older
 //     steps fail at once with kMismatch naming the tensor, the ranks and their steps, and the
 //     newest wait for their peers, so the job recovers in step. Unmarked steps are all 0.
 //  6. A rank that finalizes (its finalize barrier arrives) never submits again: whatever waits for
-//     it fails at once on the ranks that submitted it, with kPeerFailure naming the rank.
+//     it fails at once on the ranks that submitted it, with kPeerFailure naming the rank. So does
+//     every ready member of a group with a member no rank has submitted (it never will be).
 //  7. A rank that fails, leaves or sends malformed bytes makes rank 0 send an abort to every rank.
 //  8. Join. A rank that ran out of data submits a join (a barrier named JoinName()) and is
 //     "joined" until every rank has: an operation then runs once every rank that has not joined
@@ -74,6 +77,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -152,10 +156,22 @@ class Coordinator {
   // An operation that can run (or fails) and the cache bits it stands for: a cached item's own,
   // the bits expanded into its request. While it is held for its group, none of them is evicted:
   // a rank that sent one would be told to send its request again (ResponseCache::Apply) though
-  // the held item runs it, and that second request would wait here forever.
+  // the held item runs it, and that second request would wait here forever. `first_seen`: when
+  // its first submission arrived; a held member stalls from then on, like any operation.
+  // `warned`: its group's stall warning was given.
   struct ReadyItem {
     ResponseItem item;
     std::vector<uint32_t> bits;
+    Clock::time_point first_seen;
+    bool warned = false;
+  };
+  // A group some of whose members are held (point 4): its member count, its held members by
+  // name, its oldest held member's first submission, and whether its warning was given.
+  struct HeldGroup {
+    int64_t size = 0;
+    std::set<std::string> ready;
+    Clock::time_point first_seen = Clock::time_point::max();
+    bool warned = false;
   };
   // The name a rank submitted last (for stall messages).
   struct LastSubmission {
@@ -173,6 +189,22 @@ class Coordinator {
   void FailOlderSteps(std::vector<ReadyItem>* errors);
   // Fails what waits for a rank that finalized.
   void FailWaitingForFinalized(std::vector<ReadyItem>* errors);
+  // The groups of `candidates` (ready members, held or not) that can never complete: a rank
+  // finalized, and a member no rank submitted never will be. Their members leave, failed
+  // (FailMemberOfBrokenGroup).
+  std::set<std::string> BrokenGroups(const std::vector<ReadyItem>& candidates) const;
+  void FailMemberOfBrokenGroup(ReadyItem& member) const;
+  // The held groups, by name.
+  std::map<std::string, HeldGroup> HeldGroups() const;
+  // The group members some rank submitted that are not ready (pending or bit-waiting): their
+  // names, by group.
+  std::map<std::string, std::set<std::string>> WaitingMembers() const;
+  // Which members a held group lacks and which are ready, for stall messages.
+  std::string DescribeGroup(const std::string& group, const HeldGroup& held) const;
+  // A ready item's response: the cache entry of a cached item (held bits are never evicted).
+  const Response& ResponseOf(const ResponseItem& item) const {
+    return item.cached ? *cache_->Get(item.bit) : item.response;
+  }
   // Describes who is missing for an operation: the ranks and what each last submitted.
   std::string DescribeMissing(const std::vector<bool>& present, Clock::time_point now) const;
   // The inline result of a ready operation (core/engine_inline.cc): every rank's input reduced

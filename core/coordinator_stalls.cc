@@ -1,9 +1,11 @@
 // The coordinator's account of what cannot run and why (coordinator.h, protocol points 4-6):
-// submissions of older steps, operations waiting for a rank that finalized, stall warnings that
-// name the missing ranks and what they last submitted, and the stall shutdown that fails the job.
+// submissions of older steps, operations waiting for a rank that finalized, groups that can never
+// complete, stall warnings that name the missing ranks and what they last submitted (or the
+// members a held group lacks), and the stall shutdown that fails the job.
 // Part of class Coordinator; matching and readiness are in coordinator.cc.
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include "core/coordinator.h"
 #include "core/coordinator_internal.h"
@@ -96,7 +98,7 @@ void Coordinator::FailOlderSteps(std::vector<ReadyItem>* errors) {
       ranks_by_step[p.steps.Of(r)].push_back(r);
     }
     // The failed submissions may have come as some of the request's bits.
-    ReadyItem item{ResponseItem(), p.bits};
+    ReadyItem item{ResponseItem(), p.bits, p.first_seen};
     Response& error = item.item.response;
     error.error = Code::kMismatch;
     error.error_message = "tensor '" + name + "' was submitted in different steps:";
@@ -124,8 +126,9 @@ void Coordinator::FailOlderSteps(std::vector<ReadyItem>* errors) {
 
 void Coordinator::FailWaitingForFinalized(std::vector<ReadyItem>* errors) {
   if (!any_finalized_) return;
-  // `bits`: the cache bits the failed submissions came as.
-  auto fail = [&](Response error, const std::vector<bool>& present, std::vector<uint32_t> bits) {
+  // `bits`: the cache bits the failed submissions came as; `first_seen`: the first's arrival.
+  auto fail = [&](Response error, const std::vector<bool>& present, std::vector<uint32_t> bits,
+                  Clock::time_point first_seen) {
     std::vector<int> gone;
     for (int r = 0; r < size_; ++r) {
       if (present[r]) error.error_ranks.push_back(r);
@@ -135,7 +138,7 @@ void Coordinator::FailWaitingForFinalized(std::vector<ReadyItem>* errors) {
     error.error_message = "tensor '" + error.request.name + "' cannot complete: " + RankList(gone) +
                           (gone.size() == 1 ? " has" : " have") +
                           " finalized (concord_finalize) without submitting it";
-    ReadyItem item{ResponseItem(), std::move(bits)};
+    ReadyItem item{ResponseItem(), std::move(bits), first_seen};
     item.item.response = std::move(error);
     errors->push_back(std::move(item));
   };
@@ -152,7 +155,7 @@ void Coordinator::FailWaitingForFinalized(std::vector<ReadyItem>* errors) {
       continue;
     }
     for (auto& bits : bits_by_rank_) ClearBit(bits, it->first);
-    fail(*cache_->Get(it->first), present, {it->first});
+    fail(*cache_->Get(it->first), present, {it->first}, it->second.first_seen);
     it = bit_waits_.erase(it);
   }
   for (auto it = pending_.begin(); it != pending_.end();) {
@@ -165,10 +168,105 @@ void Coordinator::FailWaitingForFinalized(std::vector<ReadyItem>* errors) {
     for (int r = 0; r < size_ && error.request.name.empty(); ++r) {
       if (present[r]) error.request = *it->second.by_rank[r];
     }
-    fail(std::move(error), present, std::move(it->second.bits));
+    fail(std::move(error), present, std::move(it->second.bits), it->second.first_seen);
     arrival_.erase(std::find(arrival_.begin(), arrival_.end(), it->first));
     it = pending_.erase(it);
   }
+}
+
+std::map<std::string, std::set<std::string>> Coordinator::WaitingMembers() const {
+  std::map<std::string, std::set<std::string>> members;
+  for (const auto& [name, p] : pending_) {
+    auto q = std::find_if(p.by_rank.begin(), p.by_rank.end(),
+                          [](const std::optional<TensorRequest>& r) { return r.has_value(); });
+    if (q != p.by_rank.end() && !(*q)->group.empty()) members[(*q)->group].insert(name);
+  }
+  for (const auto& [bit, wait] : bit_waits_) {
+    const TensorRequest& q = cache_->Get(bit)->request;
+    if (!q.group.empty()) members[q.group].insert(q.name);
+  }
+  return members;
+}
+
+std::set<std::string> Coordinator::BrokenGroups(const std::vector<ReadyItem>& candidates) const {
+  std::set<std::string> broken;
+  if (!any_finalized_) return broken;
+  // By group: its member count and the members some rank submitted.
+  std::map<std::string, std::pair<int64_t, std::set<std::string>>> groups;
+  for (const auto& c : candidates) {
+    const TensorRequest& q = ResponseOf(c.item).request;
+    if (q.group.empty()) continue;
+    groups[q.group].first = q.group_size;
+    groups[q.group].second.insert(q.name);
+  }
+  if (groups.empty()) return broken;
+  for (const auto& [group, waiting] : WaitingMembers()) {
+    auto it = groups.find(group);
+    if (it != groups.end()) it->second.second.insert(waiting.begin(), waiting.end());
+  }
+  for (const auto& [group, g] : groups) {
+    if (static_cast<int64_t>(g.second.size()) < g.first) broken.insert(group);
+  }
+  return broken;
+}
+
+void Coordinator::FailMemberOfBrokenGroup(ReadyItem& member) const {
+  if (!member.item.cached && member.item.response.error != Code::kOk) return;  // fails already
+  Response error = ResponseOf(member.item);
+  std::vector<int> gone;
+  for (int r = 0; r < size_; ++r) {
+    if (finalized_[r]) gone.push_back(r);
+    if (!error.Joined(r)) error.error_ranks.push_back(r);
+  }
+  error.joined.clear();
+  error.error = Code::kPeerFailure;
+  error.error_message = "tensor '" + error.request.name + "' cannot complete: its group '" +
+                        error.request.group + "' lacks a member that no rank has submitted, and " +
+                        RankList(gone) + (gone.size() == 1 ? " has" : " have") +
+                        " finalized (concord_finalize)";
+  member.item = ResponseItem();
+  member.item.response = std::move(error);
+}
+
+std::map<std::string, Coordinator::HeldGroup> Coordinator::HeldGroups() const {
+  std::map<std::string, HeldGroup> groups;
+  for (const auto& h : held_) {
+    const TensorRequest& q = ResponseOf(h.item).request;
+    HeldGroup& g = groups[q.group];
+    g.size = q.group_size;
+    g.ready.insert(q.name);
+    g.first_seen = std::min(g.first_seen, h.first_seen);
+    g.warned = g.warned || h.warned;
+  }
+  return groups;
+}
+
+std::string Coordinator::DescribeGroup(const std::string& group, const HeldGroup& held) const {
+  constexpr size_t kNamed = 4;  // members named; the rest are counted
+  auto names = [](const std::set<std::string>& members) {
+    std::string s;
+    size_t i = 0;
+    for (const std::string& name : members) {
+      if (i == kNamed) return s + " and " + std::to_string(members.size() - kNamed) + " more";
+      s += (i++ ? ", '" : "'") + name + "'";
+    }
+    return s;
+  };
+  std::set<std::string> waiting;
+  const auto all = WaitingMembers();
+  if (auto it = all.find(group); it != all.end()) {
+    for (const std::string& name : it->second) {
+      if (held.ready.count(name) == 0) waiting.insert(name);
+    }
+  }
+  const int64_t lacking = held.size - static_cast<int64_t>(held.ready.size());
+  const int64_t unknown = std::max<int64_t>(0, lacking - static_cast<int64_t>(waiting.size()));
+  std::string s = std::to_string(lacking) + " of its " + std::to_string(held.size) + " members: ";
+  if (!waiting.empty()) s += names(waiting) + " (not yet submitted by every rank)";
+  if (unknown > 0) {
+    s += (waiting.empty() ? "" : " and ") + std::to_string(unknown) + " that no rank has submitted";
+  }
+  return s + "; " + names(held.ready) + (held.ready.size() == 1 ? " is" : " are") + " ready";
 }
 
 Status Coordinator::CheckStallShutdown(Clock::time_point now) const {
@@ -190,6 +288,23 @@ Status Coordinator::CheckStallShutdown(Clock::time_point now) const {
       name = &cache_->Get(bit)->request.name;
       present = PresentForBit(bit);
     }
+  }
+  // A held group, when older than every tensor (a tensor as old names the missing ranks).
+  const std::map<std::string, HeldGroup> groups = HeldGroups();
+  auto group = groups.end();
+  for (auto it = groups.begin(); it != groups.end(); ++it) {
+    if (it->second.first_seen < oldest ||
+        (name == nullptr && group == groups.end() && it->second.first_seen <= oldest)) {
+      oldest = it->second.first_seen;
+      group = it;
+    }
+  }
+  if (group != groups.end()) {
+    return Status(Code::kTimeout, "group '" + group->first +
+                                      "' did not complete within the stall shutdown time of " +
+                                      Seconds(stall_.shutdown) + ": it lacks " +
+                                      DescribeGroup(group->first, group->second) +
+                                      " (CONCORD_STALL_SHUTDOWN_S)");
   }
   if (name == nullptr) return Status::Ok();
   std::vector<int> submitted;
@@ -231,6 +346,20 @@ std::vector<std::string> Coordinator::StallWarnings(Clock::time_point now) {
     wait.warned = true;
     warn(cache_->Get(bit)->request.name, PresentForBit(bit));
   }
+  if (held_.empty()) return warnings;
+  for (const auto& [group, held] : HeldGroups()) {
+    const bool due = !held.warned && now - held.first_seen >= stall_.warning;
+    if (due) {
+      warnings.push_back("group '" + group + "' has waited for more than " +
+                         Seconds(stall_.warning) + " for " + DescribeGroup(group, held) +
+                         ". A member was skipped or is slow, or the ranks' groups differ");
+    }
+    // Once per group: members held after its warning are covered by it.
+    if (!due && !held.warned) continue;
+    for (auto& h : held_) {
+      if (ResponseOf(h.item).request.group == group) h.warned = true;
+    }
+  }
   return warnings;
 }
 
@@ -252,6 +381,8 @@ std::optional<Clock::time_point> Coordinator::NextStallCheck() const {
              !ExemptFromStallShutdown(name));
   }
   for (const auto& [bit, w] : bit_waits_) consider(w.first_seen, !w.warned, true);
+  if (held_.empty()) return next;
+  for (const auto& [group, held] : HeldGroups()) consider(held.first_seen, !held.warned, true);
   return next;
 }
 

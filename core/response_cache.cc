@@ -127,7 +127,10 @@ Status ResponseCache::Apply(const ResponseMessage& list, int rank,
                          ", which does not exist");
   };
   // What ran is no longer in flight on this rank: a cached entry by its bit, a full response by
-  // its name (a bit the coordinator expanded into its request returns as a full response).
+  // its name (a bit the coordinator expanded into its request returns as a full response). A
+  // response that lists this rank as joined ran without a request of this rank's: a bit this
+  // rank sent for the name since its join is still in flight (Engine::TakeEntries leaves its
+  // entry queued), and must be sent again if evicted before it runs.
   for (const auto& item : list.items) {
     if (item.cached) {
       if (!Used(item.bit)) return unknown(item.bit);
@@ -136,7 +139,7 @@ Status ResponseCache::Apply(const ResponseMessage& list, int rank,
         --sent_count_;
       }
       Touch(item.bit);
-    } else if (sent_count_ > 0 && item.response.AppliesTo(rank)) {
+    } else if (sent_count_ > 0 && item.response.AppliesTo(rank) && !item.response.Joined(rank)) {
       auto range = by_name_.equal_range(item.response.request.name);
       for (auto it = range.first; it != range.second; ++it) {
         if (sent_[it->second]) {

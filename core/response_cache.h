@@ -64,7 +64,8 @@ class ResponseCache {
   void MarkSent(uint32_t bit);
   // Applies an executed list: its cached entries become the most recently executed, its
   // evictions are made, its new responses inserted. Appends to `resend` the names of this rank's
-  // requests sent as bits that were evicted before they ran: they must be sent again in full.
+  // requests sent as bits that were evicted before they ran (a response that lists this rank as
+  // joined ran none of its requests): they must be sent again in full.
   // kProtocolError when the list names a bit that holds no entry.
   Status Apply(const ResponseMessage& list, int rank, std::vector<std::string>* resend);
 

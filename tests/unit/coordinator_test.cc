@@ -832,6 +832,98 @@ TEST_F(CoordinatorTest, AGroupMemberFailedInAnOlderStepAndReadyAgainCountsOnce) 
   EXPECT_EQ(coordinator_->pending(), 1u);  // rank 1's join, nothing held
 }
 
+// Group "a#3" of a, b and c.
+std::vector<TensorRequest> GroupOfThree() {
+  std::vector<TensorRequest> members = {Req("a"), Req("b"), Req("c")};
+  for (TensorRequest& q : members) {
+    q.group = "a#3";
+    q.group_size = 3;
+  }
+  return members;
+}
+
+// Members held for the rest of their group stall like any operation, from their first
+// submission: one warning per group naming the members it lacks, and the stall shutdown.
+TEST_F(CoordinatorTest, AHeldGroupWarnsAndFailsTheJobLikeAStalledTensor) {
+  StallOptions stall;
+  stall.warning = milliseconds(100);
+  stall.shutdown = milliseconds(1000);
+  Start(2, stall);
+  const std::vector<TensorRequest> g = GroupOfThree();
+  Add(0, Full({g[0]}));
+  Add(1, Full({g[0]}));
+  Add(0, Full({g[1]}), milliseconds(50));
+  EXPECT_TRUE(Take(milliseconds(50)).items.empty());  // a is held; b waits for rank 1
+  EXPECT_EQ(coordinator_->NextStallCheck(), t0_ + milliseconds(100));
+  EXPECT_TRUE(coordinator_->StallWarnings(t0_ + milliseconds(99)).empty());
+  auto w = coordinator_->StallWarnings(t0_ + milliseconds(100));
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_NE(w[0].find("group 'a#3' has waited for more than 0.1 s for 2 of its 3 members: 'b' "
+                      "(not yet submitted by every rank) and 1 that no rank has submitted; 'a' "
+                      "is ready"),
+            std::string::npos)
+      << w[0];
+  w = coordinator_->StallWarnings(t0_ + milliseconds(150));
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_NE(w[0].find("tensor 'b' has waited"), std::string::npos) << w[0];
+  // b is held too; the group's warning is not repeated, and its shutdown is the next check.
+  Add(1, Full({g[1]}), milliseconds(200));
+  EXPECT_TRUE(Take(milliseconds(200)).items.empty());
+  EXPECT_TRUE(coordinator_->StallWarnings(t0_ + milliseconds(300)).empty());
+  EXPECT_EQ(coordinator_->NextStallCheck(), t0_ + milliseconds(1000));
+  EXPECT_TRUE(Take(milliseconds(999)).items.empty());
+  StatusOr<ResponseMessage> m = coordinator_->TakeReady(t0_ + milliseconds(1000));
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), Code::kTimeout);
+  EXPECT_NE(m.status().message().find(
+                "group 'a#3' did not complete within the stall shutdown time of 1 s: it lacks 1 "
+                "of its 3 members: 1 that no rank has submitted; 'a', 'b' are ready"),
+            std::string::npos)
+      << m.status().message();
+}
+
+// A group with a member no rank submitted can never complete once a rank finalized: its ready
+// members fail (cached or not) instead of being held forever. A member some rank submitted may
+// still come: the group waits for it.
+TEST_F(CoordinatorTest, AGroupThatCanNeverCompleteFailsWhenARankFinalizes) {
+  const std::vector<TensorRequest> g = GroupOfThree();
+  TensorRequest bye = Req(FinalizeName());
+  bye.op = OpType::kBarrier;
+  bye.shape.clear();
+  Start(3);
+  Add(2, Full({g[0], g[1], g[2], bye}));
+  Add(0, Full({g[0], g[1]}));
+  Add(1, Full({g[0], g[1]}));
+  EXPECT_TRUE(Take().items.empty());  // a and b wait for c, which rank 2 sent
+  Add(0, Full({g[2]}));
+  Add(1, Full({g[2]}));
+  ResponseMessage m = Take();
+  ASSERT_EQ(ItemNames(m), (Names{"a", "b", "c"}));
+  for (const auto& item : m.items) {
+    EXPECT_EQ(item.response.error, Code::kOk) << item.response.error_message;
+  }
+
+  Start(3);
+  cache_.Insert(Ok(g[0]));
+  for (int r = 0; r < 3; ++r) Add(r, Bits({0}));
+  Add(0, Full({g[1]}));
+  Add(1, Full({g[1]}));
+  EXPECT_TRUE(Take().items.empty());  // a is held
+  Add(2, Full({g[1], bye}));          // rank 2 never sends c, and nobody else has
+  m = Take();
+  ASSERT_EQ(ItemNames(m), (Names{"a", "b"}));
+  for (const auto& item : m.items) {
+    EXPECT_FALSE(item.cached);
+    EXPECT_EQ(item.response.error, Code::kPeerFailure);
+    EXPECT_EQ(item.response.error_ranks, (std::vector<int32_t>{0, 1, 2}));
+    EXPECT_NE(item.response.error_message.find("its group 'a#3' lacks a member that no rank has "
+                                               "submitted, and rank 2 has finalized"),
+              std::string::npos)
+        << item.response.error_message;
+  }
+  EXPECT_EQ(coordinator_->pending(), 1u);  // the finalize barrier
+}
+
 TEST_F(CoordinatorTest, AJoinWaitingForTheOthersNeverStalls) {
   StallOptions stall;
   stall.warning = milliseconds(10);

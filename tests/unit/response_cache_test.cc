@@ -4,6 +4,8 @@
 
 #include <string>
 
+#include "core/entry_validation.h"
+
 namespace concord {
 namespace {
 
@@ -213,6 +215,41 @@ TEST(ResponseCacheEvictionTest, BitsSentAndEvictedBeforeTheyRanAreSentAgain) {
   // Once run or sent again, a bit is no longer this rank's.
   Apply(cache, List({Allreduce("a", {1}), Allreduce("b", {1})}, {}));
   EXPECT_EQ(Apply(cache, List({}, {}, {0, 1})), std::vector<std::string>{});
+}
+
+// A full response that lists this rank as joined ran without a request of this rank's (the
+// others' submission, with this rank standing in): the bit this rank sent for that name after
+// joining is still in flight (Engine::TakeEntries leaves its entry queued), so an eviction before
+// it ran makes the rank send it again. Without that, the coordinator ignores the stale bit and
+// the rank never resends it: the operation waits until the stall shutdown.
+TEST(ResponseCacheEvictionTest, AResponseListingThisRankAsJoinedLeavesItsBitInFlight) {
+  ResponseCache joined_rank(2), other_rank(2);
+  for (ResponseCache* cache : {&joined_rank, &other_rank}) {
+    Apply(*cache, List({Allreduce("x", {1})}, {}), cache == &joined_rank ? 1 : 0);
+    cache->MarkSent(0);  // x, as its bit
+  }
+  // The others' x, with rank 1 joined: ran, and failed among the others.
+  Response ran = Allreduce("x", {1});
+  ran.joined = {1};
+  Response failed = ran;
+  failed.error = Code::kMismatch;
+  for (const Response& r : {ran, failed}) {
+    EXPECT_EQ(Apply(joined_rank, List({r}, {}), 1), std::vector<std::string>{});
+    EXPECT_EQ(Apply(other_rank, List({r}, {}), 0), std::vector<std::string>{});
+  }
+  // Rank 1's bit is still in flight; rank 0's ran.
+  EXPECT_EQ(Apply(joined_rank, List({}, {}, {0}), 1), std::vector<std::string>{"x"});
+  EXPECT_EQ(Apply(other_rank, List({}, {}, {0}), 0), std::vector<std::string>{});
+  // The join's own response, which lists every rank as joined, is never cached: no bit is ever
+  // sent for a join.
+  Response join;
+  join.request.name = JoinName(0);
+  join.request.op = OpType::kBarrier;
+  join.request.dtype = DType::kUint8;
+  join.joined = {1, 0};
+  joined_rank.Insert(join);
+  EXPECT_EQ(joined_rank.size(), 0u);
+  EXPECT_FALSE(joined_rank.Lookup(join.request, 1).has_value());
 }
 
 TEST(ResponseCacheEvictionTest, ListNamingNoEntryIsAProtocolError) {
