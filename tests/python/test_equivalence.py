@@ -1,7 +1,9 @@
 """PyTorch integration: data-parallel training over N ranks ends with the same parameters, to float
 tolerance, as one process training on the union of the ranks' batches (plain steps, and gradient
 accumulation over backward_passes_per_step); broadcast_parameters and broadcast_optimizer_state
-make every rank equal to the root."""
+make every rank equal to the root. Also: a channels_last model, step() after synchronize()
+(reduced once) and skip_synchronize(), zero_grad() between accumulated passes, and a new wrapper
+over the same parameters."""
 
 import pytest
 
@@ -169,3 +171,155 @@ def test_sparse_gradient_is_refused_naming_it(comm):
                        match="the gradient grad.weight is a torch.sparse_coo tensor"):
         emb(torch.tensor([1, 2])).sum().backward()
     assert not opt._concord_handles
+
+
+def make_cnn(seed):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Conv2d(4, 2, 3),
+                               torch.nn.Flatten(), torch.nn.Linear(2, 3))
+
+
+def test_channels_last_model_equals_single_process(comm):
+    """A channels_last model (conv weights and their gradients are not contiguous) is
+    broadcast and trained as any other: the gradients are reduced through contiguous copies.
+    Both used to raise "not contiguous"."""
+    model = make_cnn(seed=11 + comm.rank).to(memory_format=torch.channels_last)
+    assert not model[0].weight.is_contiguous()
+    ctorch.broadcast_parameters(model.state_dict(), root_rank=0, comm=comm)
+    reference = make_cnn(seed=11).to(memory_format=torch.channels_last)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert torch.equal(p, q)
+    opt = ctorch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                      named_parameters=model.named_parameters(), comm=comm)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for step in range(3):
+        g = torch.Generator().manual_seed(2000 + step)
+        x = torch.randn(comm.size * 2, 3, 5, 5, generator=g).to(
+            memory_format=torch.channels_last)
+        y = torch.randint(0, 3, (comm.size * 2,), generator=g)
+        ref_opt.zero_grad()
+        loss_of(reference, x, y).backward()
+        ref_opt.step()
+        opt.zero_grad()
+        mine = slice(comm.rank * 2, comm.rank * 2 + 2)
+        loss_of(model, x[mine], y[mine]).backward()
+        assert not model[0].weight.grad.is_contiguous()
+        opt.step()
+        assert model[0].weight.grad.is_contiguous(memory_format=torch.channels_last)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_broadcast_parameters_takes_bare_tensors_and_names_what_is_not_one(comm):
+    model = make_model(seed=20 + comm.rank)
+    ctorch.broadcast_parameters(model.parameters(), root_rank=0, comm=comm)  # Horovod takes it
+    for p, q in zip(model.parameters(), make_model(seed=20).parameters()):
+        assert torch.equal(p, q)
+    with pytest.raises(concord.InvalidArgumentError, match="'extra' is a int, not a tensor"):
+        ctorch.broadcast_parameters({"extra": 3}, comm=comm)
+
+
+def sum_of_ranks(comm):
+    return comm.size * (comm.size + 1) / 2
+
+
+def scaled_linear(comm):
+    """A 1x2 linear layer at zero whose gradient on rank r is r + 1 per pass (loss (r+1) w.1)."""
+    layer = torch.nn.Linear(2, 1, bias=False)
+    with torch.no_grad():
+        layer.weight.zero_()
+    return layer, lambda: (layer(torch.ones(1, 2)) * (comm.rank + 1)).sum().backward()
+
+
+@pytest.mark.parametrize("passes,op", [(1, "sum"), (2, "average")])
+def test_step_after_synchronize_reduces_once(comm, passes, op):
+    """synchronize(), read or clip the gradients, step(): as Horovod's skip_synchronize() pattern.
+    step() used to reduce the reduced gradients again (a sum times the ranks; an average divided
+    by backward_passes_per_step again)."""
+    layer, backward = scaled_linear(comm)
+    opt = ctorch.DistributedOptimizer(torch.optim.SGD(layer.parameters(), lr=1.0), op=op,
+                                      backward_passes_per_step=passes,
+                                      named_parameters=layer.named_parameters(), comm=comm)
+    want = sum_of_ranks(comm) / (comm.size if op == "average" else 1)
+    for step in range(2):
+        opt.zero_grad()
+        for _ in range(passes):
+            backward()
+        opt.synchronize()
+        torch.testing.assert_close(layer.weight.grad, torch.full((1, 2), want))
+        if step == 0:
+            opt.step()
+        else:
+            with opt.skip_synchronize():  # Horovod's spelling of the same
+                opt.step()
+        torch.testing.assert_close(layer.weight.detach(), torch.full((1, 2), -want * (step + 1)))
+    # A backward pass after synchronize() makes new gradients: step() reduces those.
+    opt.zero_grad()
+    opt.synchronize()
+    backward()
+    opt.step()
+    torch.testing.assert_close(layer.weight.grad, torch.full((1, 2), want / passes))
+
+
+def test_skip_synchronize_refuses_a_step_with_allreduces_in_flight(comm):
+    layer, backward = scaled_linear(comm)
+    opt = ctorch.DistributedOptimizer(torch.optim.SGD(layer.parameters(), lr=1.0), comm=comm,
+                                      named_parameters=layer.named_parameters())
+    backward()
+    with pytest.raises(concord.InvalidArgumentError, match="in flight"):
+        with opt.skip_synchronize():
+            opt.step()
+    opt.step()
+    torch.testing.assert_close(layer.weight.detach(),
+                               torch.full((1, 2), -sum_of_ranks(comm) / comm.size))
+
+
+def test_zero_grad_restarts_gradient_accumulation(comm):
+    """zero_grad() between the backward passes of one step discards them: the count toward
+    backward_passes_per_step starts again. It used to go on, so the next pass was taken as the
+    last one (and a pass after it refused as computed again before step())."""
+    layer, backward = scaled_linear(comm)
+    opt = ctorch.DistributedOptimizer(torch.optim.SGD(layer.parameters(), lr=1.0), comm=comm,
+                                      backward_passes_per_step=2,
+                                      named_parameters=layer.named_parameters())
+    backward()
+    opt.zero_grad()  # that pass is thrown away
+    backward()
+    assert not opt._concord_handles  # one pass of two: nothing enqueued yet
+    backward()
+    assert len(opt._concord_handles) == 1
+    opt.step()
+    # Two passes of r + 1 each, averaged over the passes and the ranks.
+    torch.testing.assert_close(layer.weight.grad,
+                               torch.full((1, 2), sum_of_ranks(comm) / comm.size))
+
+
+def test_a_new_wrapper_over_the_same_parameters_takes_them_over(comm):
+    """Wrapping a new optimizer over a model's parameters (a new phase, a new learning rate):
+    the new one reduces them, the old one's hooks go (they used to enqueue every gradient a
+    second time: "already in flight"), and the old one, dropped, is freed (its hooks held it)."""
+    import gc
+    import weakref
+    layer, backward = scaled_linear(comm)
+    names = list(layer.named_parameters())
+    first = ctorch.DistributedOptimizer(torch.optim.SGD(layer.parameters(), lr=1.0),
+                                        named_parameters=names, comm=comm)
+    backward()
+    first.step()
+    first.zero_grad()
+    second = ctorch.DistributedOptimizer(torch.optim.SGD(layer.parameters(), lr=0.5),
+                                         named_parameters=names, comm=comm)
+    backward()
+    second.step()
+    mean = sum_of_ranks(comm) / comm.size
+    torch.testing.assert_close(layer.weight.detach(), torch.full((1, 2), -1.5 * mean))
+    with pytest.raises(concord.InvalidArgumentError, match="newer DistributedOptimizer"):
+        first.step()
+    gone = weakref.ref(first)
+    del first
+    gc.collect()
+    assert gone() is None
+    second.zero_grad()
+    backward()
+    second.step()  # the old one's hooks are gone
+    torch.testing.assert_close(layer.weight.detach(), torch.full((1, 2), -2.0 * mean))

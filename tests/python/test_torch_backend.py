@@ -6,7 +6,10 @@ _single, uneven), send/recv, barrier; async works and their futures; a shape tha
 ranks and an unsupported op fail with errors naming them; a CUDA tensor (a stand-in that says it
 is on cuda:0; torch built with CUDA) refused by the backend and the DDP hook, naming it; a group
 whose rank 0 serves Concord's store (as under torchrun); "cpu:concord" and a device-mapped string it cannot honour (torch 2.x);
-and DDP training of a small CNN on "concord" equals the same on "gloo" to 1e-5.
+non-contiguous tensors filled in place; a recv of another shape; output lists of another size
+refused at the call; a forked child refused the parent's group and works; destroy_process_group
+finalizing a group's communicator; and DDP training of a small CNN on "concord" equals the same
+on "gloo" to 1e-5.
 Run on 2 and 3 ranks under concordrun (its CONCORD_STORE; torch's store is a FileStore), and by
 torch2_test.sh on 2 ranks under torch 2.x's torchrun, where the group is made exactly as a
 torchrun script makes it: init_process_group("concord"), rendezvous from torchrun's variables."""
@@ -215,6 +218,114 @@ def test_non_contiguous_outputs_are_filled():
     dist.all_to_all_single(out, torch.arange(2.0 * SIZE).reshape(SIZE, 2) + 100 * RANK)
     close(out, torch.stack([torch.tensor([2.0 * RANK, 2.0 * RANK + 1]) + 100 * s
                             for s in range(SIZE)]), torch.float32)
+
+
+def test_non_contiguous_tensors_reduced_broadcast_sent_in_place():
+    """all_reduce, reduce, broadcast, send and recv of a transposed or channels_last tensor fill
+    it in place, as gloo does (they used to raise "not contiguous")."""
+    base = torch.arange(6.0).reshape(2, 3)
+    t = (base + RANK).t()
+    assert not t.is_contiguous()
+    dist.all_reduce(t)
+    close(t, (base * SIZE + sum(range(SIZE))).t(), torch.float32)
+    image = (torch.arange(2 * 3 * 4 * 5.0).reshape(2, 3, 4, 5) + RANK).to(
+        memory_format=torch.channels_last)
+    assert not image.is_contiguous()
+    work = dist.all_reduce(image, op=dist.ReduceOp.MAX, async_op=True)
+    assert work.get_future().wait()[0] is image
+    close(image, torch.arange(2 * 3 * 4 * 5.0).reshape(2, 3, 4, 5) + SIZE - 1, torch.float32)
+    for root in range(SIZE):
+        t = torch.full((3, 2), float(RANK)).t()
+        dist.broadcast(t, root)
+        close(t, torch.full((2, 3), float(root)), torch.float32)
+        t = torch.full((3, 2), float(RANK + 1)).t()
+        dist.reduce(t, root)
+        mine = sum(range(1, SIZE + 1)) if RANK == root else RANK + 1
+        close(t, torch.full((2, 3), float(mine)), torch.float32)
+    got = torch.full((2, 3), -1.0).t()
+    assert not got.is_contiguous()
+    send = dist.isend(torch.arange(6.0).reshape(2, 3).t() + RANK, (RANK + 1) % SIZE)
+    dist.recv(got, (RANK - 1) % SIZE)
+    send.wait()
+    close(got, torch.arange(6.0).reshape(2, 3).t() + (RANK - 1) % SIZE, torch.float32)
+
+
+def test_recv_takes_a_message_of_its_size_in_any_shape():
+    """torch's send/recv move a run of elements: a (6,) message received into a (2, 3) tensor,
+    as gloo and NCCL do (Concord's recv refused the other shape); another number of elements
+    is a MISMATCH naming both."""
+    got = torch.empty(2, 3)
+    send = dist.isend(torch.arange(6.0) + RANK, (RANK + 1) % SIZE, tag=7)
+    dist.recv(got, (RANK - 1) % SIZE, tag=7)
+    send.wait()
+    close(got, torch.arange(6.0).reshape(2, 3) + (RANK - 1) % SIZE, torch.float32)
+    send = dist.isend(torch.arange(6.0), (RANK + 1) % SIZE, tag=8)
+    with pytest.raises(concord.ConcordError, match=r"sent float32 \[6\], this recv expects "
+                       r"float32 \[5\]") as e:
+        dist.recv(torch.empty(5), (RANK - 1) % SIZE, tag=8)
+    assert e.value.status == concord.Status.ERR_MISMATCH
+    send.wait()
+    dist.barrier()
+
+
+def test_forked_child_refuses_the_group_and_its_works():
+    """A child forked with a work of the group in flight (a DataLoader worker, os.fork): the
+    work's wait() and a new collective raise ConcordError naming the parent instead of waiting
+    forever for an engine that does not run in the child."""
+    from forkutil import in_forked_child, refused_in_child
+    t = torch.ones(3)
+    work = dist.all_reduce(t, async_op=True) if RANK == 0 else None
+
+    def child():
+        failures = []
+        if work is not None:
+            refused_in_child(failures, "the parent's work", work.wait, concord.errors)
+        refused_in_child(failures, "all_reduce", lambda: dist.all_reduce(torch.ones(2)),
+                         concord.errors)
+        return failures
+
+    status, report = in_forked_child(child)
+    assert status is not None and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, \
+        (status, report)
+    assert report == ""
+    if work is None:
+        work = dist.all_reduce(t, async_op=True)
+    assert work.wait()
+    close(t, torch.full((3,), float(SIZE)), torch.float32)
+
+
+def test_destroying_a_group_finalizes_its_communicator():
+    """torch 2.x's destroy_process_group(group) calls the group's shutdown(): its Communicator
+    is finalized there (it used to live on, with its threads and connections, until exit);
+    torch 1.13's calls nothing, so shutdown() is called here as 2.x would."""
+    sub = dist.new_group(list(range(SIZE)))
+    t = torch.ones(2)
+    dist.all_reduce(t, group=sub)
+    close(t, torch.full((2,), float(SIZE)), torch.float32)
+    comm = sub.comm
+    dist.destroy_process_group(sub)
+    if not hasattr(dist.ProcessGroup, "shutdown"):  # torch 1.13
+        sub.shutdown()
+    with pytest.raises(concord.ConcordError, match="finalized"):
+        comm.barrier()
+    dist.barrier()  # the default group goes on
+
+
+def test_gather_outputs_of_another_size_are_refused_before_sending():
+    """An all_gather or gather output list with a tensor of another number of elements is
+    refused at the call, naming it (it used to fail after the operation, with torch's view
+    error, some outputs already written)."""
+    outputs = [torch.full((2,), -1.0) for _ in range(SIZE)]
+    outputs[-1] = torch.full((3,), -1.0)
+    with pytest.raises(concord.InvalidArgumentError,
+                       match="all_gather: output tensor %d is torch.float32 of 3 elements, the "
+                       "input torch.float32 of 2" % (SIZE - 1)):
+        dist.all_gather(outputs, torch.ones(2))
+    assert all(bool((o == -1).all()) for o in outputs)
+    if RANK == 0:  # the root refuses before enqueuing: the others need not call
+        with pytest.raises(concord.InvalidArgumentError, match="gather: output tensor"):
+            dist.gather(torch.ones(2), outputs, dst=0)
+    dist.barrier()
 
 
 def test_all_to_all_sizes_checked_against_what_was_sent():

@@ -14,6 +14,11 @@ operation: the engine's thread, a thread waiting in wait() or a blocking call, o
 lane threads, or the thread that calls finalize() for operations it fails. They get the final
 Status only (the handle is not yet done inside its own callback), must not wait on other
 operations of the same communicator and must not finalize it (refused).
+
+fork: a child forked from the process cannot use its communicators (their engines' threads are
+not copied, their connections are the parent's): every call on one raises ConcordError
+(NOT_INITIALIZED) naming the parent, and the child's exit finalizes none of them (that would run
+the parent's finalize over the parent's connections).
 """
 import atexit
 import ctypes
@@ -26,7 +31,7 @@ from .compression import _check_compression
 from .compression import check_compression, compression_supported  # noqa: F401  (concord.comm.*)
 from .errors import InvalidArgumentError, Status, make_error
 from .handle import (_KEYS, _NO_CALLBACK, _ORPHANS, _PENDING, _PENDING_LOCK, _TRAMPOLINE, Handle,
-                     _Adopted, _sweep_orphans, _viewed, lib)
+                     _Adopted, _sweep_orphans, _viewed, forked_error, lib)
 
 REDUCE_OPS = {"sum": 0, "average": 1, "avg": 1, "mean": 1, "min": 2, "max": 3, "product": 4,
               "prod": 4}
@@ -70,6 +75,7 @@ class Communicator:
         if status != Status.SUCCESS:
             raise make_error(status, L.concord_comm_last_error(None).decode(errors="replace"))
         self._handle = handle
+        self._forked_from = None  # in a forked child: the parent's pid (see the module doc)
         self._opts_cache = {}  # (op, prescale, postscale, compression) -> AllreduceOptsStruct
         self._counters = {}
         self._counter_lock = threading.Lock()
@@ -171,6 +177,8 @@ class Communicator:
 
     def _live(self):
         if self._handle is None:
+            if self._forked_from is not None:
+                raise forked_error("this communicator", self._forked_from)
             raise make_error(Status.ERR_NOT_INITIALIZED, "the communicator was finalized")
         return self._handle
 
@@ -729,6 +737,18 @@ class _Timeline:
 # (a dict, not a set): every rank finalizes its communicators in the same order, as each finalize
 # waits for the other ranks to finalize that communicator.
 _LIVE = {}
+
+
+def _forget_after_fork():
+    """In a forked child: the parent's communicators become unusable here, and are not finalized
+    at the child's exit (see the module doc)."""
+    for comm in list(_LIVE):
+        comm._handle = None
+        comm._forked_from = os.getppid()
+    _LIVE.clear()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 @atexit.register

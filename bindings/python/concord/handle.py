@@ -15,9 +15,15 @@ completes the operation (the submission pops it when the enqueue fails).
 Threading: lib(), _PENDING (under _PENDING_LOCK) and _ORPHANS (under _ORPHANS_LOCK) may be used
 from any thread. A Handle may be waited on and polled from many threads: its lock lets one thread
 complete it and free the request while the others block until the result is there.
+
+fork: a child forked from a process with Concord operations has none of its threads (no engine
+runs there), so it neither waits for nor frees what the parent enqueued: a Handle of the parent's
+raises ConcordError in the child (instead of waiting forever), and the child frees none of the
+parent's requests (their memory is the parent's copy; the library's state may be mid-update).
 """
 import ctypes
 import itertools
+import os
 import threading
 
 from . import _lib, device, tensors
@@ -64,6 +70,7 @@ class _RequestMemory:
 
     def __init__(self, request):
         self._request = request
+        self._pid = _PID
 
     def disown(self):
         """Gives the request back (to Handle._complete, which frees it): no view was made."""
@@ -71,7 +78,8 @@ class _RequestMemory:
 
     def __del__(self):
         request, self._request = self._request, None
-        if request is not None and _LIB is not None:  # None: the interpreter is shutting down
+        # _LIB None: the interpreter is shutting down; another pid: the parent's (see the doc).
+        if request is not None and _LIB is not None and self._pid == _PID:
             _LIB.concord_request_free(request)
 
 
@@ -94,6 +102,30 @@ def _viewed(request, address, nbytes, dtype, shape, torch_like):
     except BaseException:
         owner.disown()
         raise
+
+
+# This process's id: what a Handle or request memory made here records. A forked child gets its own
+# (_forget_parent), so it can tell the parent's objects from its own.
+_PID = os.getpid()
+
+
+def _forget_parent():
+    """After fork, in the child: the parent's operations will never complete or call back here
+    (their engine threads were not copied), and their requests are not this process's to free."""
+    global _PID
+    _PID = os.getpid()
+    _PENDING.clear()  # one thread only runs in the child now: no lock needed
+    _ORPHANS.clear()
+
+
+def forked_error(what, pid):
+    """The error for using, in a forked child, something process `pid` (its parent) made."""
+    return make_error(
+        Status.ERR_NOT_INITIALIZED, "%s belongs to process %d, and this process (%d) is a child "
+        "forked from it: a forked child has none of its parent's Concord threads, so it cannot "
+        "use the parent's communicators or operations; use them in the parent (a child that "
+        "needs Concord must be started, not forked, e.g. multiprocessing's 'spawn')"
+        % (what, pid, os.getpid()))
 
 
 _TRAMPOLINE = _lib.CALLBACK(_on_complete)
@@ -121,12 +153,19 @@ class Handle:
         self._wire_bytes = 0
         self._done = False
         self._lock = threading.Lock()  # one thread completes and frees the request
+        self._pid = _PID  # the process that enqueued it
+
+    def _check_process(self):
+        # A handle left unfinished by the parent of a forked child: nothing runs it here.
+        if self._pid != _PID:
+            raise forked_error("this operation", self._pid)
 
     def poll(self):
         """True once the operation finished (successfully or not); never blocks."""
         with self._lock:
             if self._done:
                 return True
+            self._check_process()
             return lib().concord_test(self._request) != _lib.IN_PROGRESS
 
     def wait(self, timeout=None):
@@ -150,6 +189,7 @@ class Handle:
     def _wait_stream(self, timeout):
         with self._lock:
             if not self._done:
+                self._check_process()
                 L = lib()
                 limit = -1.0 if timeout is None else float(timeout)
                 status = device.wait_stream(L, self._request, self._device, limit)
@@ -172,6 +212,7 @@ class Handle:
         for CPU tensors (for them the two are the same)."""
         with self._lock:
             if not self._done:
+                self._check_process()
                 L = lib()
                 limit = -1.0 if timeout is None else float(timeout)
                 status = L.concord_wait(self._request, limit)
@@ -225,7 +266,7 @@ class Handle:
     def __del__(self):
         # Never block here (inside a group the request may not even be submitted yet): an
         # unfinished request is parked with its tensors until it finishes.
-        if not self._done and self._request is not None:
+        if not self._done and self._request is not None and self._pid == _PID:
             with _ORPHANS_LOCK:
                 _ORPHANS.append((self._request, self._keepalive))
 
@@ -234,6 +275,7 @@ class Handle:
 # Each new submission and each finalize frees those that have finished.
 _ORPHANS = []
 _ORPHANS_LOCK = threading.Lock()
+os.register_at_fork(after_in_child=_forget_parent)
 
 
 def _sweep_orphans():

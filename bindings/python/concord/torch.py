@@ -10,7 +10,9 @@ step()'s wait makes the current stream wait; not yet run on a GPU; compression: 
 
 concord.torch.hooks (torch_hooks.py): DDP communication hooks (allreduce_hook).
 """
+import contextlib
 import io
+import weakref
 
 import torch
 
@@ -29,9 +31,25 @@ def _communicator(comm, process_set=None):
     return concord.default()
 
 
+# The DistributedOptimizer that reduces each parameter's gradient: id(p) -> the newest one made
+# over p (a later wrap takes p over, removing the older one's hooks on p; an entry goes with its
+# optimizer).
+_OWNERS = weakref.WeakValueDictionary()
+
+
+def _remove_hooks(by_parameter):
+    """Removes the hooks whose RemovableHandles by_parameter (id(p) -> handles) holds."""
+    for handles in by_parameter.values():
+        for h in handles:
+            h.remove()
+    by_parameter.clear()
+
+
 class _DistributedMixin:
     """The methods a DistributedOptimizer adds to (or overrides in) the wrapped optimizer's class.
-    Not thread-safe: one training loop drives it, as with any torch optimizer."""
+    Not thread-safe: one training loop drives it, as with any torch optimizer. Its hooks on the
+    parameters hold it weakly: an optimizer dropped (or re-wrapped over the same parameters: the
+    newer one takes them over) reduces nothing more and is freed."""
 
     def _concord_setup(self, comm, named_parameters, compression, backward_passes_per_step, op):
         if backward_passes_per_step < 1:
@@ -53,37 +71,50 @@ class _DistributedMixin:
                                for i, p in enumerate(params)}
         self._concord_params = params
         self._concord_counts = {id(p): 0 for p in params}
-        self._concord_handles = {}  # id(p) -> Handle of its gradient's allreduce in flight
+        # id(p) -> (Handle, copy) of its gradient's allreduce in flight; copy: None, or what
+        # copies the result into a gradient that is not contiguous (reduced in a copy).
+        self._concord_handles = {}
+        self._concord_synchronized = False  # synchronize() ran, and no backward pass since
+        self._concord_skip = False  # inside skip_synchronize()
         self._concord_accumulators = []  # keep the grad accumulators (and their hooks) alive
+        self._concord_hooks = {}  # id(p) -> its hooks' RemovableHandles
+        weakref.finalize(self, _remove_hooks, self._concord_hooks)
+        me = weakref.ref(self)
         for p in params:
-            p.register_hook(self._concord_make_guard(p))
+            previous = _OWNERS.get(id(p))
+            if previous is not None and previous is not self:
+                previous._concord_release(p)
+            _OWNERS[id(p)] = self
             accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
-            accumulator.register_hook(self._concord_make_hook(p))
+            self._concord_hooks[id(p)] = [p.register_hook(_guard(me, p)),
+                                          accumulator.register_hook(_reduce_hook(me, p))]
             self._concord_accumulators.append(accumulator)
 
-    def _concord_make_guard(self, p):
+    def _concord_release(self, p):
+        """A newer DistributedOptimizer took p over: this one stops reducing its gradient."""
+        _remove_hooks({0: self._concord_hooks.pop(id(p), [])})
+
+    def _concord_before_grad(self, p):
         # Runs before the new gradient is added into p.grad: refuses while p.grad is in flight,
         # before anything is written into memory the engine is using.
-        def guard(grad):
-            if id(p) in self._concord_handles:
-                raise InvalidArgumentError(
-                    1, "gradient of %s computed again before step(); with gradient accumulation "
-                    "pass backward_passes_per_step" % self._concord_names[id(p)])
-            return grad
+        if id(p) in self._concord_handles:
+            raise InvalidArgumentError(
+                1, "gradient of %s computed again before step(); with gradient accumulation "
+                "pass backward_passes_per_step" % self._concord_names[id(p)])
+        self._concord_synchronized = False  # a new gradient: step() reduces again
 
-        return guard
-
-    def _concord_make_hook(self, p):
+    def _concord_grad_ready(self, p):
         # Runs once p.grad holds this pass's gradient.
-        def hook(*_):
-            key = id(p)
-            self._concord_counts[key] += 1
-            if self._concord_counts[key] == self._concord_passes:
-                self._concord_enqueue(p)
-
-        return hook
+        key = id(p)
+        self._concord_counts[key] += 1
+        if self._concord_counts[key] == self._concord_passes:
+            self._concord_enqueue(p)
 
     def _concord_enqueue(self, p):
+        if id(p) not in self._concord_hooks:
+            raise InvalidArgumentError(
+                1, "%s is reduced by a newer DistributedOptimizer made over the same parameter; "
+                "step that one (this one no longer reduces it)" % self._concord_names[id(p)])
         if p.grad is None:
             # No gradient on this rank (the parameter took no part in its forward pass): zeros
             # take part instead, as Horovod's, so every rank submits the same gradients.
@@ -94,23 +125,38 @@ class _DistributedMixin:
                 1, "the gradient %s is a %s tensor: DistributedOptimizer reduces dense "
                 "gradients (an Embedding with sparse=True gives sparse ones; use sparse=False)"
                 % (self._concord_names[id(p)], grad.layout))
-        self._concord_handles[id(p)] = self._concord.allreduce_async(
-            grad, out=grad, name=self._concord_names[id(p)], op=self._concord_op,
-            prescale=1.0 / self._concord_passes, compression=self._concord_compression)
+        target, copy = grad, None
+        if not grad.is_contiguous():
+            # A channels_last or transposed parameter's gradient has its layout: reduced in a
+            # contiguous copy, copied back once done.
+            target = grad.contiguous()
+            copy = grad.copy_
+        self._concord_handles[id(p)] = (self._concord.allreduce_async(
+            target, out=target, name=self._concord_names[id(p)], op=self._concord_op,
+            prescale=1.0 / self._concord_passes, compression=self._concord_compression),
+            copy and (lambda: copy(target)))
 
     def synchronize(self):
         """Enqueues the gradients whose hooks have not fired yet (e.g. fewer backward passes than
         backward_passes_per_step), in parameter order, waits for every allreduce, and ends the
         step (Communicator.end_step). A parameter without a gradient on this rank (unused in its
         forward pass, as a branch other ranks took) gets zeros, reduced with the others' (as
-        Horovod's), so that every rank submits every gradient."""
+        Horovod's), so that every rank submits every gradient. A step() that follows (with no
+        backward pass between) does not reduce the gradients again, so they can be read or
+        clipped in between, as with Horovod's synchronize() and skip_synchronize()."""
+        self._concord_synchronize()
+        self._concord_synchronized = True
+
+    def _concord_synchronize(self):
         for p in self._concord_params:
             if id(p) not in self._concord_handles:
                 self._concord_enqueue(p)
         handles, self._concord_handles = self._concord_handles, {}
         try:
-            for h in handles.values():
+            for h, copy in handles.values():
                 h.wait()
+                if copy is not None:
+                    copy()
         finally:
             for key in self._concord_counts:
                 self._concord_counts[key] = 0
@@ -118,19 +164,65 @@ class _DistributedMixin:
         # mismatch instead of reducing its next step's gradient with this one's.
         self._concord.end_step()
 
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """`with opt.skip_synchronize(): opt.step()` steps without reducing (Horovod's): after an
+        explicit synchronize(), or to step on this rank's own gradients. Refused while
+        allreduces are in flight (they are still writing into the gradients)."""
+        self._concord_skip = True
+        try:
+            yield
+        finally:
+            self._concord_skip = False
+
     def step(self, closure=None):
-        """Waits for the gradients' allreduces, then runs the wrapped optimizer's step."""
-        self.synchronize()
+        """Waits for the gradients' allreduces, then runs the wrapped optimizer's step; after
+        synchronize() (and no backward pass since) or inside skip_synchronize(), only the
+        latter."""
+        if self._concord_skip:
+            if self._concord_handles:
+                raise InvalidArgumentError(
+                    1, "step() inside skip_synchronize() while gradient allreduces are in "
+                    "flight; call synchronize() first")
+        elif not self._concord_synchronized:
+            self._concord_synchronize()
+        self._concord_synchronized = False
         return super().step(closure)
 
     def zero_grad(self, *args, **kwargs):
-        """The wrapped zero_grad (with its own defaults); refused while allreduces are in flight,
-        because the engine is still writing into the gradients."""
+        """The wrapped zero_grad (with its own defaults), which also restarts the count of
+        backward passes toward backward_passes_per_step (the gradients accumulated so far are
+        gone); refused while allreduces are in flight, because the engine is still writing into
+        the gradients."""
         if self._concord_handles:
             raise InvalidArgumentError(
                 1, "zero_grad() while gradient allreduces are in flight; call step() or "
                 "synchronize() first")
+        for key in self._concord_counts:
+            self._concord_counts[key] = 0
+        self._concord_synchronized = False
         return super().zero_grad(*args, **kwargs)
+
+
+def _guard(optimizer, p):
+    """p's tensor hook (optimizer: a weak reference)."""
+    def guard(grad):
+        opt = optimizer()
+        if opt is not None:
+            opt._concord_before_grad(p)
+        return grad
+
+    return guard
+
+
+def _reduce_hook(optimizer, p):
+    """p's gradient accumulator's hook (optimizer: a weak reference)."""
+    def hook(*_):
+        opt = optimizer()
+        if opt is not None:
+            opt._concord_grad_ready(p)
+
+    return hook
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
@@ -159,17 +251,29 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
 
 def broadcast_parameters(params, root_rank=0, comm=None, process_set=None):
     """Overwrites every rank's parameters (or buffers) with root_rank's, in place. params: a
-    state_dict or an iterable of (name, tensor) such as model.named_parameters(). root_rank is a
-    rank of comm (or of process_set)."""
+    state_dict, an iterable of (name, tensor) such as model.named_parameters(), or of tensors
+    (model.parameters(): named by position). root_rank is a rank of comm (or of process_set)."""
     comm = _communicator(comm, process_set)
     items = sorted(params.items()) if isinstance(params, dict) else list(params)
     handles = []
     with torch.no_grad(), comm.group():
-        for name, tensor in items:
+        for i, item in enumerate(items):
+            # A bare tensor (model.parameters()) is named by its position, as Horovod's.
+            name, tensor = (str(i), item) if isinstance(item, torch.Tensor) else item
+            if not isinstance(tensor, torch.Tensor):
+                raise InvalidArgumentError(
+                    1, "broadcast_parameters: %r is a %s, not a tensor (params: a state_dict, "
+                    "named_parameters() or tensors)" % (name, type(tensor).__name__))
             t = tensor.detach()
-            handles.append(comm.broadcast_async(t, root=root_rank, out=t, name="param." + name))
-    for h in handles:
+            # A channels_last or transposed tensor: broadcast through a contiguous copy.
+            target = t if t.is_contiguous() else t.contiguous()
+            handles.append((comm.broadcast_async(target, root=root_rank, out=target,
+                                                 name="param." + name), t, target))
+    for h, t, target in handles:
         h.wait()
+        if target is not t:
+            with torch.no_grad():
+                t.copy_(target)
 
 
 def broadcast_optimizer_state(optimizer, root_rank=0, comm=None, process_set=None):

@@ -34,6 +34,13 @@ output sizes once the operation is over (a callback may not read them): a short 
 per operation completes those works (its future's callbacks then run there, and may wait for
 other works).
 
+Tensors that are not contiguous (transposed, channels_last) go through a contiguous copy in
+all_reduce, reduce, broadcast, send and recv, copied back into them once done; send and recv move
+a flat run of elements (a message fits a recv of its number of elements and dtype, in any shape),
+as torch's own backends. torch 2.x's destroy_process_group calls shutdown(), which finalizes the
+group's Communicator; its group_name and group_desc are kept on the group (torch keeps them on
+per-device Backends, which a Python group has none of).
+
 Rendezvous: rank 0 of the group chooses a job id and a token and puts them in torch's store; with
 CONCORD_STORE set (concordrun) every rank joins that store under the new job id, otherwise rank 0
 serves Concord's store on a free port of its address (MASTER_ADDR, else CONCORD_HOST, else
@@ -88,6 +95,16 @@ def _one(tensors, what):
             Status.ERR_INVALID_ARGUMENT,
             "%s: the concord backend takes one tensor per call, got %d" % (what, len(tensors)))
     return tensors[0].detach()  # parameters require grad; the backend writes behind autograd
+
+
+def _dense(t, copy_back=True):
+    """Where an operation on t (detached) runs, and what copies its result into t afterwards: t
+    and None when t is contiguous, else a contiguous copy and (copy_back) a function that copies
+    it into t (gloo takes a transposed or channels_last tensor too, and fills it in place)."""
+    if t.is_contiguous():
+        return t, None
+    target = t.contiguous()
+    return target, (lambda: t.copy_(target)) if copy_back else None
 
 
 def _cuda(t):
@@ -150,6 +167,8 @@ class _Work(dist.Work):
         timeout (torch's timedelta; zero or None: none) that passes first, raises
         concord.WaitTimeoutError (a TimeoutError: the operation goes on; wait again)."""
         self._claim()
+        if not self._future.done():
+            self._group.comm._live()  # a forked child: the parent's work never completes here
         seconds = None if timeout is None else timeout.total_seconds()
         if seconds:
             deadline = time.monotonic() + seconds
@@ -216,6 +235,33 @@ class ProcessGroupConcord(dist.ProcessGroup):
 
     def _get_backend(self, device):
         return self
+
+    # torch 2.x keeps a group's name and description on its per-device Backends, which a group
+    # written in Python has none of ("ProcessGroup name not set": destroy_process_group(group)
+    # failed reading it): kept here. torch 1.13 neither sets nor reads them.
+    _group_name = None
+    _group_desc = None
+
+    def _set_group_name(self, name):
+        self._group_name = name
+
+    def _set_group_desc(self, desc):
+        self._group_desc = desc
+
+    @property
+    def group_name(self):
+        return self._group_name
+
+    @property
+    def group_desc(self):
+        return self._group_desc
+
+    def shutdown(self):
+        """Finalizes the group's Communicator (its last barrier with the group's other ranks):
+        torch 2.x's destroy_process_group calls it on every rank of the group, so the engine's
+        threads and connections go then, not at exit (torch 1.13's calls nothing: they go at
+        exit). Works still pending fail; later calls raise ConcordError (NOT_INITIALIZED)."""
+        self.comm.finalize()
 
     def _name(self, kind):
         with self._seq_lock:
@@ -327,25 +373,28 @@ class ProcessGroupConcord(dist.ProcessGroup):
                 self._works.discard(work)
 
     # ---- collectives (torch 1.13's ProcessGroup method names and arguments) ----
+    # all_reduce, reduce, broadcast, send and recv take tensors that are not contiguous through
+    # a contiguous copy (_dense).
     def allreduce(self, tensors, opts=None):
-        t = _one(tensors, "allreduce")
+        t, finish = _dense(_one(tensors, "allreduce"))
         op = _reduce_op(_op_of(opts), "allreduce")
         return self._run(lambda cb: self.comm.allreduce_async(
-            t, out=t, op=op, name=self._name("allreduce"), callback=cb), tensors, cuda=_cuda(t))
+            t, out=t, op=op, name=self._name("allreduce"), callback=cb), tensors, finish,
+            cuda=_cuda(t))
 
     def reduce(self, tensors, opts=None):
         """Concord's reduce: the root's tensor gets the result, the others' are left alone."""
-        t = _one(tensors, "reduce")
+        t, finish = _dense(_one(tensors, "reduce"), copy_back=self.rank() == opts.rootRank)
         op = _reduce_op(_op_of(opts), "reduce")
         return self._run(lambda cb: self.comm.reduce_async(
             t, root=opts.rootRank, out=t, op=op, name=self._name("reduce"), callback=cb), tensors,
-            cuda=_cuda(t))
+            finish, cuda=_cuda(t))
 
     def broadcast(self, tensors, opts=None):
-        t = _one(tensors, "broadcast")
+        t, finish = _dense(_one(tensors, "broadcast"), copy_back=self.rank() != opts.rootRank)
         return self._run(lambda cb: self.comm.broadcast_async(
             t, root=opts.rootRank, out=t, name=self._name("broadcast"), callback=cb), tensors,
-            cuda=_cuda(t))
+            finish, cuda=_cuda(t))
 
     def allgather(self, output_lists, input_tensors, opts=None):
         t = _one(input_tensors, "allgather")
@@ -354,6 +403,7 @@ class ProcessGroupConcord(dist.ProcessGroup):
             raise InvalidArgumentError(
                 Status.ERR_INVALID_ARGUMENT,
                 "allgather: expected one output list of %d tensors" % self.size())
+        self._check_each(outputs, t, "all_gather")
         buffer = torch.empty((self.size(), t.numel()), dtype=t.dtype, device=t.device)
 
         def finish():
@@ -470,21 +520,34 @@ class ProcessGroupConcord(dist.ProcessGroup):
     def barrier(self, opts=None):
         return self._run(lambda cb: self.comm.barrier_async(callback=cb), None)
 
+    # send and recv move a flat run of elements, as torch's backends do: a recv takes a message
+    # of its number of elements and dtype in any shape (Concord's own recv wants the shape too).
     def send(self, tensors, dst, tag=0):
-        t = _one(tensors, "send")
-        return self._run(lambda cb: self.comm.send_async(t, dst, tag, callback=cb), tensors,
-                         cuda=_cuda(t))
+        t, _ = _dense(_one(tensors, "send"), copy_back=False)
+        return self._run(lambda cb: self.comm.send_async(t.view(-1), dst, tag, callback=cb),
+                         tensors, cuda=_cuda(t))
 
     def recv(self, tensors, src, tag=0):
-        t = _one(tensors, "recv")
-        return self._run(lambda cb: self.comm.recv_async(src, tag, out=t, callback=cb), tensors,
-                         cuda=_cuda(t))
+        t, finish = _dense(_one(tensors, "recv"))
+        return self._run(lambda cb: self.comm.recv_async(src, tag, out=t.view(-1), callback=cb),
+                         tensors, finish, cuda=_cuda(t))
 
     def _check_total(self, big, small, what):
         if big.numel() != small.numel() * self.size():
             raise InvalidArgumentError(
                 Status.ERR_INVALID_ARGUMENT, "%s: the larger tensor has %d elements, not %d x %d"
                 % (what, big.numel(), self.size(), small.numel()))
+
+    @staticmethod
+    def _check_each(outputs, input, what):
+        """Refuses, before anything is sent, an output of a list that cannot take the input's
+        elements (it used to fail once the operation was over, with torch's view error)."""
+        for i, o in enumerate(outputs):
+            if o.numel() != input.numel() or o.dtype != input.dtype:
+                raise InvalidArgumentError(
+                    Status.ERR_INVALID_ARGUMENT, "%s: output tensor %d is %s of %d elements, the "
+                    "input %s of %d: each output must have the input's number of elements and "
+                    "dtype" % (what, i, o.dtype, o.numel(), input.dtype, input.numel()))
 
     def _unsupported(self, what):
         raise UnavailableError(
@@ -505,6 +568,7 @@ class ProcessGroupConcord(dist.ProcessGroup):
                     Status.ERR_INVALID_ARGUMENT,
                     "gather: expected one output list of %d tensors on the root" % self.size())
             outputs = output_lists[0]
+            self._check_each(outputs, t, "gather")
             buffer = torch.empty((self.size(), t.numel()), dtype=t.dtype, device=t.device)
 
             def finish():
