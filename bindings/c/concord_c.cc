@@ -1,6 +1,8 @@
 // The C API (include/concord/concord.h) over core's Engine. No logic of its own beyond turning C
 // arguments into core types, checking them, and keeping error text: every entry point catches
 // every exception, so none crosses the C boundary.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -20,11 +22,12 @@
 using concord::Code;
 using concord::Status;
 
-// A communicator: the engine, what it was started from (to split it), and each thread's last
-// error message.
+// A communicator: the engine, what it was started from (to split it), the process that made it,
+// and each thread's last error message.
 struct concord_comm {
   std::unique_ptr<concord::Engine> engine;
   std::shared_ptr<concord::CommOrigin> origin;
+  pid_t pid = ::getpid();  // a forked child's copy is refused (see Forked below)
   concord::Mutex mu;
   std::unordered_map<std::thread::id, std::string> last_error GUARDED_BY(mu);
 };
@@ -33,6 +36,7 @@ struct concord_comm {
 // comes second deletes a detached request, so freeing a running request is safe.
 struct concord_request {
   std::shared_ptr<concord::RequestState> state;
+  pid_t pid = ::getpid();                   // as concord_comm's
   std::shared_ptr<concord::WaitGate> gate;  // waits through the engine while it exists
   concord_callback_t callback = nullptr;
   void* user_data = nullptr;
@@ -49,8 +53,22 @@ struct concord_request {
 
 namespace {
 
-// The failure of the last concord_init on this thread (there is no handle to hold it).
+// The failure of the last concord_init on this thread (there is no handle to hold it), and of
+// the last call on a handle copied by fork (whose own record may be locked by a thread that the
+// child does not have).
 thread_local std::string init_error;
+
+// A handle made by another process, which this one is a fork of: the engine's threads and
+// connections are the parent's (the child has none of its threads, and their locks may be held),
+// so a call must touch nothing of it, not even to free it. NOT_INITIALIZED saying so, else OK.
+Status Forked(pid_t owner, const char* what) {
+  const pid_t self = ::getpid();
+  if (owner == self) return Status::Ok();
+  return Status(Code::kNotInitialized,
+                std::string(what) + " belongs to process " + std::to_string(owner) +
+                    "; this process (" + std::to_string(self) +
+                    ") is a fork of it and cannot use it: concord_init a communicator of its own");
+}
 
 concord_status_t ToC(const Status& s) {
   return static_cast<concord_status_t>(s.code());
@@ -85,10 +103,26 @@ Status CurrentException(const char* where) {
 template <typename F>
 concord_status_t Guard(concord_comm_t comm, F&& body) {
   try {
+    if (comm != nullptr) {
+      const Status forked = Forked(comm->pid, "the communicator");
+      if (!forked.ok()) return Record(nullptr, forked);
+    }
     return Record(comm, body());
   } catch (...) {
     return Record(comm, CurrentException("Concord"));
   }
+}
+
+// Why the last call on a request copied by fork was refused (concord_request_error's answer there).
+thread_local std::string forked_request_error;
+
+// True, keeping why, for a request made by another process (see Forked): the caller returns
+// NOT_INITIALIZED (concord_request_free: nothing) touching nothing of it.
+bool RefuseForked(concord_request_t request) {
+  const Status s = Forked(request->pid, "the request");
+  if (s.ok()) return false;
+  forked_request_error = s.ToString();
+  return true;
 }
 
 // A call on `request` that failed by itself: the message is kept for concord_request_error.
@@ -582,6 +616,10 @@ concord_status_t concord_comm_create_group(concord_comm_t comm, const int* ranks
 concord_status_t concord_finalize(concord_comm_t comm) {
   if (comm == nullptr) return CONCORD_SUCCESS;
   try {
+    // A forked child's copy is left alone: shutting it down would talk on the parent's
+    // connections (its memory goes with the child).
+    const Status forked = Forked(comm->pid, "the communicator");
+    if (!forked.ok()) return Record(nullptr, forked);
     Status s = Status::Ok();
     if (comm->engine) {
       s = comm->engine->Shutdown();
@@ -686,7 +724,7 @@ concord_status_t concord_comm_stats(concord_comm_t comm, concord_stats_t* stats)
 }
 
 const char* concord_comm_last_error(concord_comm_t comm) {
-  if (comm == nullptr) return init_error.c_str();
+  if (comm == nullptr || !Forked(comm->pid, "").ok()) return init_error.c_str();
   concord::MutexLock lock(comm->mu);
   // Looked up, not inserted: a thread that only asks adds no entry (threads come and go).
   const auto it = comm->last_error.find(std::this_thread::get_id());
@@ -887,6 +925,7 @@ concord_status_t concord_recv(concord_comm_t comm, const concord_tensor_t* expec
 concord_status_t concord_request_output_shape(concord_request_t request, concord_dtype_t* dtype,
                                               int* ndim, int64_t* shape) {
   if (request == nullptr || !request->recv) return CONCORD_ERR_INVALID_ARGUMENT;
+  if (RefuseForked(request)) return CONCORD_ERR_NOT_INITIALIZED;
   if (!request->state->done()) return CONCORD_IN_PROGRESS;
   const Status s = request->state->status();
   if (!s.ok()) return ToC(s);
@@ -899,6 +938,7 @@ concord_status_t concord_request_output_shape(concord_request_t request, concord
 
 concord_status_t concord_wait(concord_request_t request, double timeout_s) {
   if (request == nullptr) return CONCORD_ERR_INVALID_ARGUMENT;
+  if (RefuseForked(request)) return CONCORD_ERR_NOT_INITIALIZED;
   if (std::isnan(timeout_s)) {
     return RecordOnRequest(request, concord::InvalidArgument("concord_wait: the limit is NaN"));
   }
@@ -921,12 +961,14 @@ concord_status_t concord_wait(concord_request_t request, double timeout_s) {
 
 concord_status_t concord_test(concord_request_t request) {
   if (request == nullptr) return CONCORD_ERR_INVALID_ARGUMENT;
+  if (RefuseForked(request)) return CONCORD_ERR_NOT_INITIALIZED;
   if (!request->state->done()) return CONCORD_IN_PROGRESS;
   return ToC(request->state->status());
 }
 
 const char* concord_request_error(concord_request_t request) {
   if (request == nullptr) return "the request is NULL";
+  if (RefuseForked(request)) return forked_request_error.c_str();
   const bool done = request->state->done();
   concord::MutexLock lock(request->mu);
   if (done && !request->state->status().ok()) {
@@ -940,6 +982,7 @@ const char* concord_request_error(concord_request_t request) {
 concord_status_t concord_request_output(concord_request_t request, void** data, size_t* bytes,
                                         int64_t* first_dim) {
   if (request == nullptr) return CONCORD_ERR_INVALID_ARGUMENT;
+  if (RefuseForked(request)) return CONCORD_ERR_NOT_INITIALIZED;
   const concord_status_t ready = OutputReady(request);
   if (ready != CONCORD_SUCCESS) return ready;
   const auto& out = request->state->output();
@@ -951,6 +994,7 @@ concord_status_t concord_request_output(concord_request_t request, void** data, 
 
 concord_status_t concord_request_wire_bytes(concord_request_t request, uint64_t* bytes) {
   if (request == nullptr || bytes == nullptr) return CONCORD_ERR_INVALID_ARGUMENT;
+  if (RefuseForked(request)) return CONCORD_ERR_NOT_INITIALIZED;
   if (!request->state->done()) return CONCORD_IN_PROGRESS;
   *bytes = request->state->wire_bytes();
   return CONCORD_SUCCESS;
@@ -959,6 +1003,7 @@ concord_status_t concord_request_wire_bytes(concord_request_t request, uint64_t*
 concord_status_t concord_request_wait_stream(concord_request_t request, void* stream,
                                              double timeout_s) {
   if (request == nullptr) return CONCORD_ERR_INVALID_ARGUMENT;
+  if (RefuseForked(request)) return CONCORD_ERR_NOT_INITIALIZED;
   if (stream == nullptr || std::isnan(timeout_s) || !request->device) {
     return RecordOnRequest(
         request,
@@ -987,7 +1032,7 @@ concord_status_t concord_request_wait_stream(concord_request_t request, void* st
 }
 
 void concord_request_free(concord_request_t request) {
-  if (request == nullptr) return;
+  if (request == nullptr || RefuseForked(request)) return;  // a fork's copy: left alone
   bool free_now;
   {
     concord::MutexLock lock(request->mu);
@@ -1350,6 +1395,7 @@ concord_status_t concord_gather(concord_comm_t comm, const char* name,
 concord_status_t concord_request_received_splits(concord_request_t request, int64_t* splits,
                                                  int n) {
   if (request == nullptr) return CONCORD_ERR_INVALID_ARGUMENT;
+  if (RefuseForked(request)) return CONCORD_ERR_NOT_INITIALIZED;
   if (splits == nullptr) {
     return RecordOnRequest(
         request, concord::InvalidArgument("concord_request_received_splits: splits is NULL"));

@@ -10,6 +10,12 @@
  * Callbacks run on whichever thread completes the request, which may be a thread waiting in
  * concord_wait (see concord_callback_t): they must not wait on requests of their communicator.
  *
+ * fork(): a child process cannot use its parent's communicators or requests (their threads and
+ * connections are the parent's). Every call on them there returns NOT_INITIALIZED saying so and
+ * touches nothing: concord_finalize and concord_request_free leave them alone (the parent's job
+ * goes on undisturbed), concord_comm_last_error and concord_request_error give the reason. The
+ * child may concord_init communicators of its own.
+ *
  * Versioned structs (the config, the options, concord_stats_t): set struct_size with their _init
  * (or sizeof). Fields are only ever appended, so the library reads the fields the caller's
  * struct_size covers and keeps defaults for the rest; a struct_size that is no version's size

@@ -11,7 +11,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "concord/concord.h"
 #include "tests/common/check.h"
@@ -952,6 +954,55 @@ static void TestBlockingAndAllgather(concord_comm_t comm) {
   }
 }
 
+/* fork(): the child cannot use its parent's communicator or requests: each call is
+ * NOT_INITIALIZED saying so and touches nothing (before, a child's finalize crashed or hung, and
+ * its calls could write into the parent's connections). The parent's go on. The child, limited
+ * by an alarm, reports by its exit status: one bit per check that failed. */
+static int ChildChecks(concord_comm_t comm, concord_request_t done, concord_tensor_t* t) {
+  int bad = 0;
+  const char* why;
+  if (concord_allreduce(comm, "fork.child", t, NULL, NULL) != CONCORD_ERR_NOT_INITIALIZED) bad |= 1;
+  why = concord_comm_last_error(comm);
+  if (why == NULL || strstr(why, "is a fork of it") == NULL) bad |= 2;
+  if (concord_wait(done, -1) != CONCORD_ERR_NOT_INITIALIZED) bad |= 4;
+  if (concord_test(done) != CONCORD_ERR_NOT_INITIALIZED) bad |= 8;
+  why = concord_request_error(done);
+  if (why == NULL || strstr(why, "is a fork of it") == NULL) bad |= 16;
+  concord_request_free(done); /* the parent's: left alone */
+  if (concord_finalize(comm) != CONCORD_ERR_NOT_INITIALIZED) bad |= 32;
+  return bad;
+}
+
+static void TestFork(concord_comm_t comm) {
+  float v[3] = {1, 2, 3};
+  int64_t shape[1] = {3};
+  concord_tensor_t t = CpuTensor(v, CONCORD_FLOAT32, 1, shape);
+  concord_request_t done = NULL;
+  pid_t child;
+  int status = 0;
+  StartPhase("a forked child refuses its parent's communicator");
+  CHECK_STATUS(concord_allreduce_async(comm, "fork.before", &t, NULL, NULL, NULL, NULL, &done),
+               CONCORD_SUCCESS);
+  CHECK_STATUS(concord_wait(done, -1), CONCORD_SUCCESS);
+  fflush(NULL);
+  child = fork();
+  if (child == 0) {
+    alarm(20);
+    _exit(ChildChecks(comm, done, &t));
+  }
+  CHECKF(child > 0, "fork failed");
+  if (child <= 0) return;
+  CHECKF(waitpid(child, &status, 0) == child, "waitpid failed");
+  CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+         "the child's checks failed: exit status %d (bits: 1 call, 2 last error, 4 wait, 8 test, "
+         "16 request error, 32 finalize), signal %d",
+         WIFEXITED(status) ? WEXITSTATUS(status) : -1, WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  CHECK_STATUS(concord_test(done), CONCORD_SUCCESS);
+  concord_request_free(done);
+  CHECK_STATUS(concord_allreduce(comm, "fork.after", &t, NULL, NULL), CONCORD_SUCCESS);
+  CHECKF(v[0] == 1.0f && v[2] == 3.0f, "one rank's sum changed the tensor: %g %g", v[0], v[2]);
+}
+
 static void TestFinalizeWithPending(void) {
   concord_comm_t comm = InitSingle();
   float x[4] = {1, 2, 3, 4};
@@ -1233,6 +1284,7 @@ int main(void) {
   TestStats(comm);
   TestMetrics(comm);
   TestDeviceOptions(comm);
+  TestFork(comm);
   StartPhase("finalize");
   CHECK_STATUS(concord_finalize(comm), CONCORD_SUCCESS);
   TestFinalizeWithPending();
