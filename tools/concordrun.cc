@@ -71,6 +71,7 @@
 #include "tools/lifeline.h"
 #include "tools/output_sink.h"
 #include "tools/run_summary.h"
+#include "tools/shm_leftovers.h"
 
 extern char** environ;
 
@@ -255,6 +256,8 @@ class Launcher {
   int StartFailed(const std::string& why, int sigfd);
   void Reap();
   void StopLeftovers();
+  // Unlinks the shared-memory segments the local ranks created and left (shm_leftovers.h).
+  void RemoveLeftSegments();
   void RankFailed(Rank& r, int status);
   void Escalate();
   void Signalled(int sig);
@@ -609,6 +612,18 @@ void Launcher::StopLeftovers() {
   }
 }
 
+void Launcher::RemoveLeftSegments() {
+  int removed = 0;
+  for (const Rank& r : ranks_) {
+    if (r.local && r.pid > 0 && !r.running) removed += RemoveSegmentsOf(r.pid);
+  }
+  if (removed > 0) {
+    Message("removed " + std::to_string(removed) +
+            " shared-memory segment(s) the ranks left in /dev/shm (ranks that ended during its "
+            "set-up)");
+  }
+}
+
 void Launcher::Reap() {
   for (Rank& r : ranks_) {
     if (!r.running) continue;
@@ -941,6 +956,7 @@ int Launcher::Run() {
   Supervise(sigfd.get());
   CloseStreams();
   StopLeftovers();
+  RemoveLeftSegments();
   lifeline_->Release();
   Summarize();
   // The first failure again, below what the other ranks said after it.

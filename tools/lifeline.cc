@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "tools/run_summary.h"
+#include "tools/shm_leftovers.h"
 
 namespace concord {
 namespace {
@@ -52,6 +53,9 @@ void WriteRecord(int fd, Record record) {
     bytes.erase(0, used);
   }
   for (pid_t group : groups) ::kill(-group, SIGKILL);
+  // A rank leads its group (the group's number is its pid): the shared-memory segments it created
+  // and had not unlinked yet go too.
+  for (pid_t group : groups) RemoveSegmentsOf(group);
   // What the ranks wrote for the summary nobody will print (SIGKILLed, they write nothing more).
   if (!summary_dir.empty()) (void)RemoveSummaryDir(summary_dir);
   if (!groups.empty()) {

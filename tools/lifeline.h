@@ -17,8 +17,9 @@ namespace concord {
 // Forget() that the group is gone.
 // When the write end closes without Release() — concordrun exited, however it died — the
 // lifeline's read sees end of file: it SIGKILLs every group it was told of (the ranks and whatever
-// they started in their groups: a wrapper script's children too), removes the job's summary
-// directory if Start() was given one, says so on stderr and exits.
+// they started in their groups: a wrapper script's children too), removes the shared-memory
+// segments the ranks left (shm_leftovers.h) and the job's summary directory if Start() was given
+// one, says so on stderr and exits.
 // Release() (also the destructor) tells it the job ended normally: it exits and is reaped, killing
 // nothing. The lifeline leads its own process group, so a terminal's Ctrl-C does not reach it.
 // Ranks also get PR_SET_PDEATHSIG (concordrun.cc), which covers the rank process alone even if
