@@ -30,6 +30,7 @@
 #include "rendezvous/hash_store.h"
 #include "rendezvous/store.h"
 #include "tests/common/ranks.h"
+#include "tests/common/temp_dir.h"
 #include "tests/common/tensors.h"
 #include "tests/gloo/gloo_test_util.h"
 
@@ -353,9 +354,9 @@ std::vector<std::string> SegmentsOf(pid_t pid) {
 // and no segment may remain in /dev/shm.
 TEST(ShmBackendFailureTest, APeerKilledMidCollectiveIsNamedAndLeavesNothingBehind) {
   for (const size_t direct_threshold : {SIZE_MAX, size_t{0}}) {
-    char dir[] = "/tmp/concord-shm-test-XXXXXX";
-    ASSERT_NE(::mkdtemp(dir), nullptr);
-    auto store = FileStore::Create(dir);
+    harness::TempDir dir("concord-shm-test-");
+    ASSERT_FALSE(dir.path().empty());
+    auto store = FileStore::Create(dir.path());
     ASSERT_TRUE(store.ok()) << store.status().ToString();
     const std::string prefix = UniquePrefix();
     std::vector<float> data(size_t{4} << 20, 1.0f);  // 16 MiB: many chunks
@@ -391,7 +392,6 @@ TEST(ShmBackendFailureTest, APeerKilledMidCollectiveIsNamedAndLeavesNothingBehin
     EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
     backend->reset();
     EXPECT_TRUE(SegmentsOf(::getpid()).empty());
-    std::system(("rm -rf " + std::string(dir)).c_str());
   }
 }
 
@@ -400,9 +400,9 @@ TEST(ShmBackendFailureTest, APeerKilledMidCollectiveIsNamedAndLeavesNothingBehin
 // the victim by its number in the job wherever it finds it gone, in a barrier or in a read of its
 // memory (the reads named it by its number on this host).
 TEST(ShmBackendFailureTest, APeerKilledMidDirectAllreduceIsNamedByItsNumberInTheJob) {
-  char dir[] = "/tmp/concord-shm-test-XXXXXX";
-  ASSERT_NE(::mkdtemp(dir), nullptr);
-  auto store = FileStore::Create(dir);
+  harness::TempDir dir("concord-shm-test-");
+  ASSERT_FALSE(dir.path().empty());
+  auto store = FileStore::Create(dir.path());
   ASSERT_TRUE(store.ok()) << store.status().ToString();
   const std::string prefix = UniquePrefix();
   auto options = [&](int rank) {
@@ -435,7 +435,6 @@ TEST(ShmBackendFailureTest, APeerKilledMidDirectAllreduceIsNamedByItsNumberInThe
   int status = 0;
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
-  std::system(("rm -rf " + std::string(dir)).c_str());
 }
 
 // A direct allreduce that fails on one rank must not return there while a peer may still write
@@ -447,9 +446,9 @@ TEST(ShmBackendFailureTest, APeerKilledMidDirectAllreduceIsNamedByItsNumberInThe
 // attempt in which rank 1 finished its part before the stop (a busy machine) proves nothing and
 // is run again.
 TEST(ShmBackendFailureTest, AFailedDirectAllreduceReturnsOnceNoPeerWritesIntoItsBuffer) {
-  char dir[] = "/tmp/concord-shm-test-XXXXXX";
-  ASSERT_NE(::mkdtemp(dir), nullptr);
-  auto store = FileStore::Create(dir);
+  harness::TempDir dir("concord-shm-test-");
+  ASSERT_FALSE(dir.path().empty());
+  auto store = FileStore::Create(dir.path());
   ASSERT_TRUE(store.ok()) << store.status().ToString();
   const size_t count = size_t{4} << 20;  // 16 MiB: rank 1 writes its half in 128 KiB pieces
   bool proved = false;
@@ -496,23 +495,21 @@ TEST(ShmBackendFailureTest, AFailedDirectAllreduceReturnsOnceNoPeerWritesIntoIts
     EXPECT_EQ(changed, 0u) << "rank 1 wrote into rank 0's buffer after rank 0's allreduce returned";
   }
   EXPECT_TRUE(proved) << "rank 1 finished its part before it was stopped, in every attempt";
-  std::system(("rm -rf " + std::string(dir)).c_str());
 }
 
-// A store whose every Get of the segment's name ends this process at once: a rank that dies
-// after it said it is here and before it maps the segment.
-class DiesBeforeMappingStore : public Store {
+// A store that ends this process (exit status 3) the moment it is asked to read (kGet) or write
+// (kSet) the segment's name: a rank dying before it mapped the segment (kGet, any rank but 0), or
+// after it created the segment and before it published the name (kSet, rank 0).
+class DiesAtTheNameStore : public Store {
  public:
-  explicit DiesBeforeMappingStore(Store* inner) : inner_(inner) {}
+  enum class At { kGet, kSet };
+  DiesAtTheNameStore(Store* inner, At at) : inner_(inner), at_(at) {}
   Status Set(const std::string& key, const std::string& value) override {
+    if (at_ == At::kSet && IsTheName(key)) ::_exit(3);
     return inner_->Set(key, value);
   }
   StatusOr<std::string> Get(const std::string& key, Deadline deadline) override {
-    const std::string name = "/name";
-    if (key.size() >= name.size() &&
-        key.compare(key.size() - name.size(), name.size(), name) == 0) {
-      ::_exit(3);
-    }
+    if (at_ == At::kGet && IsTheName(key)) ::_exit(3);
     return inner_->Get(key, deadline);
   }
   Status Wait(const std::vector<std::string>& keys, Deadline deadline) override {
@@ -523,21 +520,28 @@ class DiesBeforeMappingStore : public Store {
   }
 
  private:
+  static bool IsTheName(const std::string& key) {
+    const std::string name = "/name";
+    return key.size() >= name.size() &&
+           key.compare(key.size() - name.size(), name.size(), name) == 0;
+  }
+
   Store* const inner_;
+  const At at_;
 };
 
 // Rank 1 (a child process) exits during the set-up, after rank 0 created the segment: rank 0 fails
 // naming it long before its 20 s timeout, and the segment's name is gone at once.
 TEST(ShmBackendFailureTest, APeerThatExitsDuringSetUpIsNamedAndLeavesNothingBehind) {
-  char dir[] = "/tmp/concord-shm-test-XXXXXX";
-  ASSERT_NE(::mkdtemp(dir), nullptr);
-  auto store = FileStore::Create(dir);
+  harness::TempDir dir("concord-shm-test-");
+  ASSERT_FALSE(dir.path().empty());
+  auto store = FileStore::Create(dir.path());
   ASSERT_TRUE(store.ok()) << store.status().ToString();
   const std::string prefix = UniquePrefix();
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
-    DiesBeforeMappingStore dying(store->get());
+    DiesAtTheNameStore dying(store->get(), DiesAtTheNameStore::At::kGet);
     (void)CreateShmBackend(Options(1, 2, prefix, kTimeout), &dying, kBufferBytes, 0);
     ::_exit(4);  // not reached: the store ends the process first
   }
@@ -554,48 +558,20 @@ TEST(ShmBackendFailureTest, APeerThatExitsDuringSetUpIsNamedAndLeavesNothingBehi
   int status = 0;
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 3) << status;
-  std::system(("rm -rf " + std::string(dir)).c_str());
 }
-
-// A store that ends this process at once when it is told the segment's name: rank 0 dying after
-// it created the segment and before it published its name.
-class DiesBeforePublishingStore : public Store {
- public:
-  explicit DiesBeforePublishingStore(Store* inner) : inner_(inner) {}
-  Status Set(const std::string& key, const std::string& value) override {
-    const std::string name = "/name";
-    if (key.size() >= name.size() &&
-        key.compare(key.size() - name.size(), name.size(), name) == 0) {
-      ::_exit(3);
-    }
-    return inner_->Set(key, value);
-  }
-  StatusOr<std::string> Get(const std::string& key, Deadline deadline) override {
-    return inner_->Get(key, deadline);
-  }
-  Status Wait(const std::vector<std::string>& keys, Deadline deadline) override {
-    return inner_->Wait(keys, deadline);
-  }
-  StatusOr<int64_t> Add(const std::string& key, int64_t delta) override {
-    return inner_->Add(key, delta);
-  }
-
- private:
-  Store* const inner_;
-};
 
 // Rank 0 (a child process) exits after it created the segment and before it published the name:
 // rank 1 fails naming it, and unlinks the name, which nobody else knows.
 TEST(ShmBackendFailureTest, ACreatorThatExitsBeforePublishingLeavesNothingBehind) {
-  char dir[] = "/tmp/concord-shm-test-XXXXXX";
-  ASSERT_NE(::mkdtemp(dir), nullptr);
-  auto store = FileStore::Create(dir);
+  harness::TempDir dir("concord-shm-test-");
+  ASSERT_FALSE(dir.path().empty());
+  auto store = FileStore::Create(dir.path());
   ASSERT_TRUE(store.ok()) << store.status().ToString();
   const std::string prefix = UniquePrefix();
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
-    DiesBeforePublishingStore dying(store->get());
+    DiesAtTheNameStore dying(store->get(), DiesAtTheNameStore::At::kSet);
     (void)CreateShmBackend(Options(0, 2, prefix, kTimeout), &dying, kBufferBytes, 0);
     ::_exit(4);  // not reached: the store ends the process first
   }
@@ -613,7 +589,6 @@ TEST(ShmBackendFailureTest, ACreatorThatExitsBeforePublishingLeavesNothingBehind
   const std::vector<std::string> left = SegmentsOf(child);
   EXPECT_TRUE(left.empty()) << "/dev/shm/" << left.front() << " outlived its creator";
   for (const std::string& name : left) ::shm_unlink(("/" + name).c_str());
-  std::system(("rm -rf " + std::string(dir)).c_str());
 }
 
 // Rank 1 runs in pid and mount namespaces of its own, with its own /proc (as ranks that
@@ -633,9 +608,9 @@ TEST(ShmBackendFailureTest, APeerInAnotherPidNamespaceIsNotTakenForDead) {
       EXPECT_TRUE((*backend)->Barrier().ok());
     });
   }
-  char dir[] = "/tmp/concord-shm-test-XXXXXX";
-  ASSERT_NE(::mkdtemp(dir), nullptr);
-  auto store = FileStore::Create(dir);
+  harness::TempDir dir("concord-shm-test-");
+  ASSERT_FALSE(dir.path().empty());
+  auto store = FileStore::Create(dir.path());
   ASSERT_TRUE(store.ok()) << store.status().ToString();
   const std::string prefix = UniquePrefix();
   constexpr int kRounds = 4;
@@ -687,7 +662,6 @@ TEST(ShmBackendFailureTest, APeerInAnotherPidNamespaceIsNotTakenForDead) {
   ::close(pipe_fds[0]);
   if (verdict != 'y') {
     ASSERT_EQ(::waitpid(child, nullptr, 0), child);
-    std::system(("rm -rf " + std::string(dir)).c_str());
     GTEST_SKIP() << "new pid and mount namespaces are not permitted here (CAP_SYS_ADMIN)";
   }
   auto backend = CreateShmBackend(Options(0, 2, prefix, kTimeout), store->get(), kBufferBytes, 0);
@@ -703,7 +677,6 @@ TEST(ShmBackendFailureTest, APeerInAnotherPidNamespaceIsNotTakenForDead) {
   int status = 0;
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
-  std::system(("rm -rf " + std::string(dir)).c_str());
 }
 
 TEST(ShmHostIdentityTest, StableAndOverridable) {

@@ -21,6 +21,7 @@
 #include "rendezvous/file_store.h"
 #include "rendezvous/hash_store.h"
 #include "tests/common/ranks.h"
+#include "tests/common/temp_dir.h"
 #include "tests/gloo/gloo_test_util.h"
 
 namespace concord {
@@ -81,9 +82,9 @@ TEST(ShmBarrierTest, AnAbortPublishesTheDeadRankNoLaterThanItsAuthor) {
 // killed before it named one); rank 1, waiting, must name rank 2, which it can see is gone, not
 // report that rank 0 abandoned the collective.
 TEST(ShmBarrierTest, AWaiterNamesAnExitedRankThatTheAbortDidNotName) {
-  char dir[] = "/tmp/concord-shm-test-XXXXXX";
-  ASSERT_NE(::mkdtemp(dir), nullptr);
-  auto store = FileStore::Create(dir);
+  harness::TempDir dir("concord-shm-test-");
+  ASSERT_FALSE(dir.path().empty());
+  auto store = FileStore::Create(dir.path());
   ASSERT_TRUE(store.ok()) << store.status().ToString();
   const std::string prefix = UniquePrefix();
   const pid_t child = ::fork();
@@ -112,7 +113,6 @@ TEST(ShmBarrierTest, AWaiterNamesAnExitedRankThatTheAbortDidNotName) {
   EXPECT_NE(s.message().find("rank 2 (pid " + std::to_string(child) + ") exited"),
             std::string::npos)
       << s.ToString();
-  std::system(("rm -rf " + std::string(dir)).c_str());
 }
 
 }  // namespace
