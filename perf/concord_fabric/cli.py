@@ -2,7 +2,7 @@
 
   concord-fabric emulate --profile 1gbe (--np 2 | --layout 2x2 [--placement block|cyclic])
                          [--json F] [-- concord-perf arguments]
-  concord-fabric cleanup [--all]
+  concord-fabric cleanup [--all] [--pid PID ...]
   concord-fabric real --fabric ethernet|ib --backend gloo|mpi|nccl -np N [-H ...] -- prog args
   concord-fabric fit SWEEP.json
   concord-fabric predict --workload F [--fit SWEEP.json] [--compute S | --model M --gpu G]
@@ -64,7 +64,7 @@ def cmd_cleanup(a):
     why = emulate.missing_requirements()
     if why:
         return fail(why)
-    removed = emulate.cleanup_leftovers(all_runs=a.all)
+    removed = emulate.cleanup_leftovers(all_runs=a.all, pids=set(a.pid) if a.pid else None)
     print(f"removed {len(removed)} namespace(s)" + (": " + " ".join(removed) if removed else ""))
     return 0
 
@@ -112,7 +112,10 @@ def cmd_predict(a):
     if a.fit:
         alpha, busbw, n = model.fit_alpha_beta(_load_rows(a.fit))
         fabrics = {"fit": model.Fabric(f"fit ({n} ranks)", busbw, alpha, a.fit), **fabrics}
-    ranks = [int(x) for x in a.ranks.split(",")]
+    ranks = [x.strip() for x in a.ranks.split(",")]
+    if not all(x.isdigit() and int(x) >= 1 for x in ranks):
+        return fail(f"--ranks '{a.ranks}': expected rank counts of at least 1, e.g. 2,8,64")
+    ranks = [int(x) for x in ranks]
     print(f"# {os.path.basename(a.workload)}: {len(tensors)} tensors, "
           f"{sum(t.bytes for t in tensors) / 1e6:.1f} MB; compute {compute:.3f} s/step ({source})")
     print(f"{'fabric':22} {'comp':5} {'fusion':6} {'ranks':>5} {'comm(ms)':>10} {'eff':>5} "
@@ -142,7 +145,14 @@ def cmd_measure(a):
 def cmd_render(a):
     with open(a.data) as f:
         data = json.load(f)
-    path = report.render(data, model.load_workload(a.workload), a.out, compute=a.compute)
+    measured = data.get("workload")
+    if not measured:
+        return fail(f"{a.data}: no 'workload' (the file measure wrote names the one it ran)")
+    workload = a.workload or os.path.join(ROOT, "perf", "workloads", measured)
+    if os.path.basename(workload) != measured:
+        return fail(f"{a.data} was measured with {measured}: its step times cannot check a "
+                    f"model of {os.path.basename(workload)} (use predict for that)")
+    path = report.render(data, model.load_workload(workload), a.out, compute=a.compute)
     print(f"wrote {path}")
     return 0
 
@@ -166,6 +176,8 @@ def main(argv=None):
 
     c = sub.add_parser("cleanup", help="remove namespaces left by dead runs of this tool")
     c.add_argument("--all", action="store_true", help="also those of runs still alive")
+    c.add_argument("--pid", type=int, action="append",
+                   help="only the run of this tool's process PID (repeatable)")
     c.set_defaults(func=cmd_cleanup)
 
     r = sub.add_parser("real", help="run over a real fabric through concordrun")
@@ -209,8 +221,10 @@ def main(argv=None):
     d = sub.add_parser("render", help="write the Markdown report and its PNGs")
     d.add_argument("--data", required=True)
     d.add_argument("--out", required=True)
-    d.add_argument("--workload", default=default_workload())
-    d.add_argument("--compute", type=float)
+    d.add_argument("--workload", help="the workload the data was measured with (default: the "
+                   "file of that name in perf/workloads)")
+    d.add_argument("--compute", type=float, help="compute seconds per step (default: the "
+                   "workload's on one V100)")
     d.set_defaults(func=cmd_render)
 
     a = p.parse_args(argv)

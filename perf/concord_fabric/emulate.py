@@ -5,9 +5,15 @@ Layout of one run (every name carries the tool's prefix and this process's pid, 
 never collide and `cleanup` can tell leftovers of dead runs from live ones):
   cfab-<pid>-br   a namespace holding the bridge br0 and the bridge ends p0..pH-1 of the veths
   cfab-<pid>-<h>  host h's namespace: eth0 (the other veth end) with 10.231.0.<h+1>/24, and lo
-Nothing is created in the host's own namespace. Each link is shaped in both directions with tbf
-(eth0's egress: what the host sends; pH's egress: what it receives), the burst scaled with the rate
-(1 ms of traffic: tbf under-delivers with a fixed small burst). The kernel has no netem, so no
+  $TMPDIR/cfab-<pid>-XXXX  the run's directory: the ranks' file store, their output, --json rows
+Nothing is created in the host's own namespace. The ranks run in sessions of their own (a
+terminal's Ctrl-C reaches the tool only); if the tool is killed (SIGKILL) they go on running in
+its namespaces, and `cleanup` stops them (the processes `ip netns pids` lists in the namespaces of
+a dead run) before it deletes the namespaces and the run's directory.
+
+Each link is shaped in both directions with tbf (eth0's egress: what the host sends; p<h>'s
+egress: what it receives), the burst scaled with the rate (1 ms of traffic: tbf under-delivers
+with a fixed small burst). The kernel has no netem, so no
 latency can be added: the run measures and states the round trip the links have (veth: ~20-50 us).
 
 Ranks are placed on hosts in blocks (rank k on host k // L, as mpirun, Slurm and torchrun place
@@ -23,6 +29,7 @@ CONCORD_HIERARCHICAL=off.
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -34,6 +41,12 @@ PREFIX = "cfab-"
 # tbf's queue: at most this much delay before it drops (the limit in bytes follows from the rate).
 TBF_LATENCY = "20ms"
 SUBNET = "10.231.0."
+
+# The names this tool gives its namespaces (group 1: the pid of the run that made them).
+OUR_NAME = re.compile(r"^cfab-(\d+)-(br|\d+)$")
+# Signals that unwind a run (install_signal_handlers); held back while namespaces are made or
+# deleted, so that no name is left unrecorded or undeleted.
+UNWINDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGALRM)
 
 # How ranks are spread over hosts (Emulation.host_of).
 PLACEMENTS = ("block", "cyclic")
@@ -73,9 +86,20 @@ def burst_bytes(bits_per_second):
 
 
 def our_namespaces():
+    """Namespaces whose name starts with the tool's prefix (also names outside its scheme)."""
     out = _run(["ip", "netns", "list"], check=False).stdout
     return [line.split()[0] for line in out.splitlines()
             if line.strip() and line.split()[0].startswith(PREFIX)]
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """Holds back UNWINDING_SIGNALS in this thread; a pending one is delivered on leaving."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, UNWINDING_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _pid_alive(pid):
@@ -88,16 +112,37 @@ def _pid_alive(pid):
     return True
 
 
-def cleanup_leftovers(all_runs=False):
-    """Deletes namespaces of this tool's naming scheme whose run (pid) is gone; returns them."""
+def _kill_processes_in(ns):
+    """SIGKILLs the processes that run in namespace `ns` (a dead run's ranks)."""
+    out = _run(["ip", "netns", "pids", ns], check=False).stdout
+    for pid in out.split():
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(pid), signal.SIGKILL)
+
+
+def cleanup_leftovers(all_runs=False, pids=None):
+    """Removes what runs of this tool (names matching OUR_NAME) whose process is gone left: stops
+    the processes in their namespaces, deletes the namespaces and the runs' directories; with
+    all_runs, also those of live runs; with pids, only those of the runs of these pids. Returns
+    the namespaces deleted."""
+
+    def wanted(pid):
+        return (pids is None or pid in pids) and (all_runs or not _pid_alive(pid))
+
     removed = []
-    for ns in our_namespaces():
-        parts = ns.split("-")
-        pid = int(parts[1]) if len(parts) >= 3 and parts[1].isdigit() else None
-        if not all_runs and pid is not None and _pid_alive(pid):
-            continue
-        _run(["ip", "netns", "delete", ns], check=False)
-        removed.append(ns)
+    with _signals_held():
+        for ns in our_namespaces():
+            match = OUR_NAME.match(ns)
+            if not match or not wanted(int(match.group(1))):
+                continue
+            _kill_processes_in(ns)
+            _run(["ip", "netns", "delete", ns], check=False)
+            removed.append(ns)
+        tmp = tempfile.gettempdir()
+        for entry in os.listdir(tmp):
+            match = re.match(r"^cfab-(\d+)-", entry)
+            if match and wanted(int(match.group(1))):
+                shutil.rmtree(os.path.join(tmp, entry), ignore_errors=True)
     return removed
 
 
@@ -110,7 +155,7 @@ class Emulation(contextlib.AbstractContextManager):
     thread-safe.
     """
 
-    def __init__(self, hosts, profile, ranks_per_host=1, placement="block", tag=None):
+    def __init__(self, hosts, profile, ranks_per_host=1, placement="block"):
         if profile not in PROFILES:
             raise EmulationError(f"unknown profile '{profile}' (known: {', '.join(PROFILES)})")
         if not 2 <= hosts <= 64:
@@ -125,7 +170,7 @@ class Emulation(contextlib.AbstractContextManager):
         self.ranks_per_host = ranks_per_host
         self.ranks = hosts * ranks_per_host
         self.profile = profile
-        self.base = f"{PREFIX}{os.getpid()}" + (f"x{tag}" if tag else "")
+        self.base = f"{PREFIX}{os.getpid()}"
         self.bridge_ns = f"{self.base}-br"
         self.host_ns = [f"{self.base}-{h}" for h in range(hosts)]
         self.created = []
@@ -158,8 +203,9 @@ class Emulation(contextlib.AbstractContextManager):
         return False
 
     def _netns_add(self, ns):
-        _run(["ip", "netns", "add", ns])
-        self.created.append(ns)
+        with _signals_held():
+            _run(["ip", "netns", "add", ns])
+            self.created.append(ns)
 
     def _create(self):
         rate, bps = PROFILES[self.profile]
@@ -183,6 +229,10 @@ class Emulation(contextlib.AbstractContextManager):
                       "rate", rate, "burst", str(burst), "latency", TBF_LATENCY])
 
     def close(self):
+        with _signals_held():
+            self._close()
+
+    def _close(self):
         for p in self.processes:
             if p.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -232,10 +282,13 @@ class Emulation(contextlib.AbstractContextManager):
         server = self.spawn(1, [sys.executable, "-c", server_code])
         client = self.spawn(0, [sys.executable, "-c", client_code], stdout=subprocess.PIPE,
                             text=True)
-        out, _ = client.communicate(timeout=60)
-        server.wait(timeout=10)
-        if client.returncode != 0:
-            raise EmulationError("round-trip measurement failed")
+        try:
+            out, _ = client.communicate(timeout=60)
+            if client.returncode != 0:
+                raise EmulationError("round-trip measurement failed")
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired as e:
+            raise EmulationError(f"round-trip measurement did not finish ({e})")
         median, minimum = (float(x) for x in out.split())
         return median, minimum
 
@@ -243,9 +296,12 @@ class Emulation(contextlib.AbstractContextManager):
         """Runs argv as ranks 0..N-1 of one job (placed by host_of); returns rank 0's stdout.
 
         Rendezvous is a file store in this run's private directory (namespaces share the
-        filesystem); each rank binds and advertises its host's address on eth0.
+        filesystem); each rank binds and advertises its host's address on eth0. The ranks write
+        their output to files there, not pipes: a rank that is not read while it prints would
+        block, and with it the collective rank 0 is waiting in.
         """
         store = tempfile.mkdtemp(prefix="store-", dir=self.workdir)
+        logs = tempfile.mkdtemp(prefix="output-", dir=self.workdir)
         procs = []
         for k in range(self.ranks):
             env = dict(os.environ)
@@ -257,31 +313,42 @@ class Emulation(contextlib.AbstractContextManager):
                         "CONCORD_STORE": f"file://{store}", "CONCORD_JOB_ID": self.base,
                         "CONCORD_HOST": self.address(host), "CONCORD_IFACE": "eth0"})
             env.update(extra_env or {})
-            procs.append(self.spawn(host, argv, env=env, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True))
+            with open(os.path.join(logs, f"{k}.out"), "w") as out, \
+                    open(os.path.join(logs, f"{k}.err"), "w") as err:
+                procs.append(self.spawn(host, argv, env=env, stdout=out, stderr=err))
         deadline = time.monotonic() + timeout
-        outputs = [None] * self.ranks
         for k, p in enumerate(procs):
             try:
-                outputs[k] = p.communicate(timeout=max(1, deadline - time.monotonic()))
+                p.wait(timeout=max(1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 raise EmulationError(f"rank {k} did not finish within {timeout} s")
+
+        def output(k, stream):
+            with open(os.path.join(logs, f"{k}.{stream}"), errors="replace") as f:
+                return f.read()
+
         failed = [k for k, p in enumerate(procs) if p.returncode != 0]
         if failed:
             raise EmulationError("; ".join(
-                f"rank {k} exited with {procs[k].returncode}: {outputs[k][1].strip()[-1500:]}"
+                f"rank {k} exited with {procs[k].returncode}: {output(k, 'err').strip()[-1500:]}"
                 for k in failed))
-        return outputs[0][0]
+        return output(0, "out")
 
 
 def _raise_on_signal(signum, _frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def install_signal_handlers():
-    """SIGTERM (and SIGINT, SIGHUP) unwind the stack so every Emulation removes what it made."""
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+def install_signal_handlers(deadline_s=None):
+    """SIGTERM (and SIGINT, SIGHUP) unwind the stack so every Emulation removes what it made.
+
+    deadline_s: also unwind after that many seconds (SIGALRM), e.g. before a test harness's
+    timeout kills the process with SIGKILL, which nothing can clean up after.
+    """
+    for sig in UNWINDING_SIGNALS:
         signal.signal(sig, _raise_on_signal)
+    if deadline_s is not None:
+        signal.alarm(max(1, int(deadline_s)))
 
 
 def run_perf(perf, hosts, profile, perf_args, log=print, extra_env=None, timeout=600,

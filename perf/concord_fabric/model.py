@@ -2,9 +2,12 @@
 
 One allreduce of S bytes on n ranks costs  T = L(n) * alpha + 2(n-1)/n * S / B
 with B the link's measured busbw (bytes/s), alpha the per-message latency and L(n) the number of
-sequential messages: 2(n-1) for a ring, 2*ceil(log2 n) for halving-doubling (what Concord's Gloo
-backend runs above 2 ranks for floats; both give 2 at n = 2). An allgather in which every rank
-contributes s bytes costs (n-1) alpha + (n-1) s / B (Gloo's ring allgather).
+sequential messages: 2(n-1) for a ring, 2*ceil(log2 n) for halving-doubling (both give 2 at
+n = 2). Which one is Concord's Gloo backend's choice by message size (concord_algorithm, from
+backends/gloo/gloo_backend.cc AutoAlgorithm): at 2 ranks a ring; above, halving-doubling below
+1 MiB and Gloo's function-style ring allreduce from 1 MiB, so the large messages that carry most
+of a step's bytes pay 2(n-1) alpha, which dominates at hundreds of ranks. An allgather in which
+every rank contributes s bytes costs (n-1) alpha + (n-1) s / B (Gloo's ring allgather).
 
 A step enqueues every gradient of a workload at once. Concord plans it like this (the defaults of
 README's configuration table), and so does the model:
@@ -53,6 +56,9 @@ INLINE_THRESHOLD = 32 * 1024
 DIRECT_THRESHOLD = 256 * 1024
 FUSION_THRESHOLD = 64 * 1024 * 1024
 MIN_SLICE_BYTES = 1024 * 1024
+# From this size Concord's Gloo backend runs the function-style ring allreduce above 2 ranks
+# (backends/gloo/gloo_backend.cc AutoAlgorithm); below it, halving-doubling.
+GLOO_RING_BYTES = 1024 * 1024
 LANES = 2
 HIERARCHICAL_THRESHOLD = 256 * 1024
 
@@ -68,10 +74,12 @@ class Fabric:
 
 # Published or derived per-link figures. Ethernet: TCP goodput of a 1500-byte-MTU link is about 94%
 # of line rate (1 GbE measures 941 Mbit/s in iperf; the emulated 1gbe profile here gives 956 Mbit/s,
-# measured on the build machines), alpha 50 us for a kernel TCP message through a switch. InfiniBand: one EDR
-# 100 Gb/s NIC gives 12.2 GB/s allreduce busbw and an 8-byte allreduce across 2 HDR nodes takes
-# about 20 us, i.e. alpha = 10 us at n = 2 (REFERENCE.md, nccl-tests); HDR and NDR are scaled from
-# EDR by line rate with EDR's 97.6% efficiency (an assumption, not a measurement).
+# measured on the build machines), alpha 50 us for a kernel TCP message through a switch.
+# InfiniBand: one EDR 100 Gb/s NIC gives 12.2 GB/s allreduce busbw and an 8-byte allreduce across
+# 2 HDR nodes takes about 20 us, i.e. alpha = 10 us at n = 2 (REFERENCE.md, nccl-tests); HDR is
+# scaled from EDR by line rate with EDR's 97.6% efficiency (an assumption, not a measurement);
+# NDR uses NCCL's published 46-48 GB/s busbw per 400 Gb NIC (the middle, 47 GB/s: 94% of line
+# rate, not 97.6%).
 FABRICS = {
     "1gbe": Fabric("1 GbE", 0.94 * 1e9 / 8, 50e-6, "94% of line rate (TCP goodput), alpha 50 us"),
     "10gbe": Fabric("10 GbE", 0.94 * 10e9 / 8, 30e-6, "94% of line rate, alpha 30 us"),
@@ -80,7 +88,8 @@ FABRICS = {
     "ib100": Fabric("100 Gb IB (EDR)", 12.2e9, 10e-6,
                     "nccl-tests: 12.2 GB/s busbw; 20 us 8-byte allreduce on 2 nodes"),
     "ib200": Fabric("200 Gb IB (HDR)", 2 * 12.2e9, 10e-6, "EDR figures scaled by line rate"),
-    "ib400": Fabric("400 Gb IB (NDR)", 4 * 12.2e9, 10e-6, "EDR figures scaled by line rate"),
+    "ib400": Fabric("400 Gb IB (NDR)", 47e9, 10e-6,
+                    "NCCL: 46-48 GB/s busbw per NDR NIC; alpha as EDR"),
 }
 
 
@@ -216,23 +225,35 @@ def wire_size(tensor, compression):
     return tensor.bytes
 
 
-def _algorithm(n):
-    return "ring" if n <= 2 else "halving_doubling"
+def concord_algorithm(n, size):
+    """The allreduce algorithm Concord's Gloo backend runs for one message of `size` bytes on n
+    ranks (float32; see GLOO_RING_BYTES)."""
+    return "ring" if n <= 2 or size >= GLOO_RING_BYTES else "halving_doubling"
+
+
+def _intra_algorithm(local):
+    # The intra-host fabric's collective, approximated as a ring at 2 ranks and halving-doubling
+    # above (its latency term only).
+    return "ring" if local <= 2 else "halving_doubling"
 
 
 def _add_allreduce(cost, size, n, fabric, algorithm, slices=1, layout=Layout()):
+    """algorithm: None for Concord's choice by the size of each message (concord_algorithm)."""
     cost.messages += slices
     if layout.goes_hierarchical(n, size):
         hosts, local = layout.hosts(n), layout.ranks_per_host
-        cost.local += slices * allreduce_time(size / slices, local, layout.intra, _algorithm(local))
-        cost.latency += slices * latency_messages(hosts, _algorithm(hosts)) * fabric.alpha
+        cost.local += slices * allreduce_time(size / slices, local, layout.intra,
+                                              _intra_algorithm(local))
+        across = algorithm or concord_algorithm(hosts, size / slices / local)
+        cost.latency += slices * latency_messages(hosts, across) * fabric.alpha
         cost.bandwidth += 2 * (hosts - 1) / hosts * size / fabric.busbw
         cost.wire_bytes += 2 * (hosts - 1) / hosts * size
         return
     if layout.hosts(n) == 1:
         fabric = layout.intra  # every rank on one host: shared memory
     moved = layout.link_factor(n) * 2 * (n - 1) / n * size
-    cost.latency += slices * latency_messages(n, algorithm) * fabric.alpha
+    flat = algorithm or concord_algorithm(n, size / slices)
+    cost.latency += slices * latency_messages(n, flat) * fabric.alpha
     cost.bandwidth += moved / fabric.busbw
     cost.wire_bytes += moved
 
@@ -256,8 +277,6 @@ def step_cost(tensors, n, fabric, fusion=True, compression="none", density=0.001
     if compression == "topk" and not 0 < density <= 1:
         raise ValueError("top-k density must be in (0, 1]")
     layout.hosts(n)  # checks the layout
-    if algorithm is None:
-        algorithm = _algorithm(n)
     cost = StepCost()
     if n <= 1:
         return cost
@@ -322,9 +341,11 @@ def fit_alpha_beta(rows, min_bytes=INLINE_THRESHOLD + 1):
 
     rows: dicts with 'bytes', 'time_us', 'ranks' (concord-perf --json, implementation 'concord').
     Sizes up to the inline threshold are left out (the coordinator, not the backend, reduces them).
-    Least squares of t = a + b S, each point weighted by 1/t: between plain least squares (which
-    only sees the largest sizes) and relative error (which a noisy small size can pull away from
-    the bandwidth); a = L(n) alpha, b = 2(n-1)/n / B.
+    Least squares of t = L(n, S) alpha + b S, each point weighted by 1/t: between plain least
+    squares (which only sees the largest sizes) and relative error (which a noisy small size can
+    pull away from the bandwidth); L(n, S) the messages of the algorithm Concord runs for S
+    (concord_algorithm: a sweep's sizes from 2 MiB are 2 slices on 2 lanes, each a message of at
+    least 1 MiB whose latencies overlap), b = 2(n-1)/n / B.
     """
     points = [(r["bytes"], r["time_us"] * 1e-6) for r in rows
               if r["bytes"] >= min_bytes and r["time_us"] > 0]
@@ -334,19 +355,20 @@ def fit_alpha_beta(rows, min_bytes=INLINE_THRESHOLD + 1):
     if len(ranks) != 1 or min(ranks) < 2:
         raise ValueError(f"rows must come from one run of at least 2 ranks (got ranks {ranks})")
     n = ranks.pop()
-    sw = swx = swy = swxx = swxy = 0.0
-    for s, t in points:
+    smm = sms = sss = smt = sst = 0.0
+    for size, t in points:
         w = 1.0 / t
-        sw += w
-        swx += w * s
-        swy += w * t
-        swxx += w * s * s
-        swxy += w * s * t
-    det = sw * swxx - swx * swx
-    b = (sw * swxy - swx * swy) / det
-    a = (swy - b * swx) / sw
+        m = latency_messages(n, concord_algorithm(n, size))
+        smm += w * m * m
+        sms += w * m * size
+        sss += w * size * size
+        smt += w * m * t
+        sst += w * size * t
+    det = smm * sss - sms * sms
+    alpha = (smt * sss - sst * sms) / det
+    b = (smm * sst - sms * smt) / det
     if b <= 0:
         raise ValueError("fitted bandwidth term is not positive: the sweep is noise")
-    alpha = max(a, 0.0) / latency_messages(n, "ring" if n <= 2 else "halving_doubling")
+    alpha = max(alpha, 0.0)
     busbw = 2 * (n - 1) / n / b
     return alpha, busbw, n

@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import unittest
 
@@ -42,6 +43,22 @@ def ranks_running(pid, programs):
     return count
 
 
+def stopped(pid, wait_s=5):
+    """Whether process `pid` has ended within wait_s (gone, or a zombie its new parent has not
+    reaped yet)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except OSError:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)  # a poll interval
+
+
 class EmulateTest(unittest.TestCase):
     def assertNothingLeft(self, pid=None):
         self.assertEqual(left_by(os.getpid() if pid is None else pid), [])
@@ -70,6 +87,42 @@ class EmulateTest(unittest.TestCase):
             if fractions[-1] >= 0.5:
                 break
         self.assertGreaterEqual(max(fractions), 0.5)
+
+    def test_what_a_host_receives_is_shaped_too(self):
+        # Two hosts send to a third at once: each sender's own link allows 125 MB/s, so only the
+        # shaping of the receiver's link (its bridge end) holds the sum to 125 MB/s.
+        receiver = ("import socket, sys, threading, time\n"
+                    "s = socket.socket(); s.bind((sys.argv[1], 18000)); s.listen(2)\n"
+                    "got = [0, 0]\n"
+                    "def read(c, k):\n"
+                    "  while True:\n"
+                    "    d = c.recv(1 << 20)\n"
+                    "    if not d: return\n"
+                    "    got[k] += len(d)\n"
+                    "threads = [threading.Thread(target=read, args=(s.accept()[0], k)) "
+                    "for k in range(2)]\n"
+                    "start = time.perf_counter()\n"
+                    "for t in threads: t.start()\n"
+                    "for t in threads: t.join()\n"
+                    "print(sum(got) / (time.perf_counter() - start))\n")
+        sender = ("import socket, sys, time\n"
+                  "for _ in range(100):\n"
+                  "  try: c = socket.create_connection((sys.argv[1], 18000)); break\n"
+                  "  except OSError: time.sleep(0.05)\n"
+                  "end = time.perf_counter() + 1.5\n"
+                  "while time.perf_counter() < end: c.sendall(bytes(1 << 20))\n")
+        with emulate.Emulation(3, "1gbe") as emu:
+            r = emu.spawn(0, [sys.executable, "-c", receiver, emu.address(0)],
+                          stdout=subprocess.PIPE, text=True)
+            senders = [emu.spawn(h, [sys.executable, "-c", sender, emu.address(0)])
+                       for h in (1, 2)]
+            for p in senders:
+                p.wait(timeout=30)
+            out, _ = r.communicate(timeout=30)
+        self.assertNothingLeft()
+        rate = float(out)
+        print(f"1gbe: 2 senders into one host: {rate / 1e6:.1f} MB/s", file=sys.stderr)
+        self.assertLessEqual(rate, 125e6)
 
     def test_layouts_place_ranks_on_hosts_that_concord_sees(self):
         # Each rank writes its network namespace and local rank; the ranks of a host share one.
@@ -111,6 +164,64 @@ class EmulateTest(unittest.TestCase):
         self.assertNothingLeft()
         self.assertFalse(os.path.exists(workdir))
 
+    def test_a_signal_while_closing_still_removes_everything(self):
+        # A second Ctrl-C or SIGTERM that lands while close() deletes the namespaces.
+        real_run = emulate._run
+        sent = []
+
+        def run_and_signal(args, check=True):
+            if args[:3] == ["ip", "netns", "delete"] and not sent:
+                sent.append(args)
+                os.kill(os.getpid(), signal.SIGTERM)
+            return real_run(args, check)
+
+        emulate.install_signal_handlers()  # as the tool does: SIGTERM unwinds
+        emulate._run = run_and_signal
+        try:
+            with self.assertRaises(KeyboardInterrupt):
+                with emulate.Emulation(2, "10gbe"):
+                    self.assertEqual(len(left_by(os.getpid())), 3)
+        finally:
+            emulate._run = real_run
+        self.assertTrue(sent)
+        self.assertNothingLeft()
+
+    def test_ranks_that_print_a_lot_do_not_stall_the_run(self):
+        # Rank 1 writes 1 MiB to stdout and stderr before rank 0 may finish: more than a pipe holds.
+        script = ('if [ "$CONCORD_RANK" = 1 ]; then head -c 1048576 /dev/zero; '
+                  'head -c 1048576 /dev/zero >&2; touch "$0/done"; else '
+                  'while [ ! -e "$0/done" ]; do sleep 0.05; done; echo rank0; fi')
+        with emulate.Emulation(2, "10gbe") as emu:
+            out = emu.run_ranks(["/bin/sh", "-c", script, emu.workdir], timeout=15)
+        self.assertEqual(out, "rank0\n")
+        self.assertNothingLeft()
+
+    def test_a_deadline_unwinds_a_hung_run(self):
+        # What this file's main does against ctest's TIMEOUT (a SIGKILL, after which nothing can
+        # remove the namespaces or stop the ranks).
+        with tempfile.TemporaryDirectory() as d:
+            code = ("import sys\nfrom concord_fabric import emulate\n"
+                    "emulate.install_signal_handlers(deadline_s=2)\n"
+                    "with emulate.Emulation(2, '10gbe') as emu:\n"
+                    "    emu.run_ranks(['/bin/sh', '-c', 'echo $$ >> \"$0/pids\"; exec sleep 60', "
+                    "sys.argv[1]], timeout=600)\n")
+            p = subprocess.Popen([sys.executable, "-c", code, d], stderr=subprocess.PIPE,
+                                 text=True)
+            try:
+                _, err = p.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+                self.fail("the deadline did not end the run")
+            finally:
+                self.assertNothingLeft(p.pid)
+            self.assertIn("signal 14", err)  # SIGALRM
+            with open(os.path.join(d, "pids")) as f:
+                pids = f.read().split()
+        self.assertEqual(len(pids), 2)
+        for pid in pids:
+            self.assertTrue(stopped(int(pid)), f"rank {pid} still runs")
+
     def test_sigterm_removes_everything(self):
         p = subprocess.Popen([sys.executable, TOOL, "emulate", "--profile", "1gbe", "--np", "2",
                                "--perf", "/bin/sh", "--", "-c", "sleep 60"],
@@ -135,16 +246,61 @@ class EmulateTest(unittest.TestCase):
         self.assertIn("interrupted", err)
         self.assertNothingLeft(p.pid)
 
+    def test_cleanup_after_sigkill_stops_the_ranks_and_removes_the_run_directory(self):
+        p = subprocess.Popen([sys.executable, TOOL, "emulate", "--profile", "1gbe", "--np", "2",
+                              "--perf", "/bin/sh", "--", "-c", "sleep 60"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while ranks_running(p.pid, ("sh", "sleep")) < 2:
+            if time.monotonic() > deadline:
+                p.kill()
+                self.fail("the ranks did not start")
+            time.sleep(0.1)  # a poll interval
+        p.kill()
+        p.wait()
+        ranks = []
+        for ns in left_by(p.pid):
+            out = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
+            ranks += [int(x) for x in out.stdout.split()]
+        self.assertGreaterEqual(len(ranks), 2)  # sh, and sleep unless sh exec'd it
+        workdirs = [d for d in os.listdir(tempfile.gettempdir())
+                    if d.startswith(f"{emulate.PREFIX}{p.pid}-")]
+        self.assertEqual(len(workdirs), 1)
+        r = subprocess.run([sys.executable, TOOL, "cleanup", "--pid", str(p.pid)],
+                           capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertNothingLeft(p.pid)
+        for pid in ranks:
+            self.assertTrue(stopped(pid), f"rank {pid} still runs")
+        self.assertFalse(os.path.exists(os.path.join(tempfile.gettempdir(), workdirs[0])))
+
+    def test_cleanup_leaves_names_outside_its_scheme(self):
+        # Only cfab-<pid>-br and cfab-<pid>-<host> are the tool's; others may be anyone's.
+        others = [f"{emulate.PREFIX}{os.getpid()}x1-br", f"{emulate.PREFIX}test"]
+        try:
+            for ns in others:
+                subprocess.run(["ip", "netns", "add", ns], check=True)
+            r = subprocess.run([sys.executable, TOOL, "cleanup", "--all", "--pid",
+                                str(os.getpid())], capture_output=True, text=True, timeout=30)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            now = emulate.our_namespaces()
+            for ns in others:
+                self.assertIn(ns, now)
+        finally:
+            for ns in others:
+                subprocess.run(["ip", "netns", "delete", ns], stderr=subprocess.DEVNULL)
+
     def test_cleanup_removes_dead_runs_only(self):
         dead = subprocess.Popen(["true"])
         dead.wait()
         leftover = f"{emulate.PREFIX}{dead.pid}-br"
         live = f"{emulate.PREFIX}{os.getpid()}-br"
-        for ns in (leftover, live):
-            subprocess.run(["ip", "netns", "add", ns], check=True)
         try:
-            r = subprocess.run([sys.executable, TOOL, "cleanup"], capture_output=True, text=True,
-                               timeout=30)
+            for ns in (leftover, live):
+                subprocess.run(["ip", "netns", "add", ns], check=True)
+            # Limited to these two runs: other runs' leftovers are not this test's to remove.
+            r = subprocess.run([sys.executable, TOOL, "cleanup", "--pid", str(dead.pid), "--pid",
+                                str(os.getpid())], capture_output=True, text=True, timeout=30)
             self.assertEqual(r.returncode, 0, r.stderr)
             self.assertIn(leftover, r.stdout)
             now = emulate.our_namespaces()
@@ -157,6 +313,10 @@ class EmulateTest(unittest.TestCase):
         self.assertNothingLeft(dead.pid)
 
 
+# Under ctest's TIMEOUT of this test (tests/fabric/CMakeLists.txt): unwind and remove everything
+# before ctest kills the process.
+DEADLINE_S = 100
+
 if __name__ == "__main__":
     why = emulate.missing_requirements()
     if why is None and not os.access(PERF, os.X_OK):
@@ -164,4 +324,5 @@ if __name__ == "__main__":
     if why:
         print(f"SKIPPED: {why}", file=sys.stderr)
         sys.exit(77)
+    emulate.install_signal_handlers(deadline_s=DEADLINE_S)
     unittest.main()

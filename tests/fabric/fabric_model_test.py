@@ -2,11 +2,14 @@
 hosts of several ranks) and hosts.py's checks of it."""
 import os
 import random
+import subprocess
+import sys
 import tempfile
 import unittest
 
 from concord_fabric import hosts, model
 
+TOOL = os.path.join(os.path.dirname(__file__), "..", "..", "perf", "concord-fabric")
 WORKLOAD = os.environ.get("CONCORD_WORKLOAD", os.path.join(
     os.path.dirname(__file__), "..", "..", "perf", "workloads", "resnet50.txt"))
 
@@ -38,15 +41,34 @@ class ResNet50FactsTest(unittest.TestCase):
         self.assertGreater(fp16, none + 0.10)
         self.assertGreater(topk, 0.90)
 
-    def test_fusion_pays_and_the_inline_star_does_not_at_scale(self):
+    def test_fusion_pays_at_8_ranks_and_ring_latency_rules_at_512(self):
         ib = model.FABRICS["ib100"]
-        fused = model.step_time(self.tensors, 512, ib, inline_threshold=0)
-        unfused = model.step_time(self.tensors, 512, ib, fusion=False)
-        self.assertLess(fused, unfused)
-        # The coordinator's inline path is a star, linear in n: at 512 ranks it is ~half the step.
+        fused = model.step_time(self.tensors, 8, ib, inline_threshold=0)
+        self.assertLess(fused, model.step_time(self.tensors, 8, ib, fusion=False))
+        # At 512 ranks the ring's 2(n-1) alpha per message of 1 MiB and more is most of the step,
+        # and slicing a tensor over the lanes doubles its messages: one allreduce per tensor wins.
         cost = model.step_cost(self.tensors, 512, ib)
-        self.assertGreater(cost.inline, 0.4 * cost.total(model.LANES))
-        self.assertGreater(model.step_time(self.tensors, 512, ib), fused)
+        self.assertGreater(cost.latency / model.LANES, 0.8 * cost.total(model.LANES))
+        self.assertLess(model.step_time(self.tensors, 512, ib, fusion=False),
+                        model.step_time(self.tensors, 512, ib, inline_threshold=0))
+        # The coordinator's inline star is linear in n: still more than at 8 ranks.
+        self.assertGreater(cost.inline, 10 * model.step_cost(self.tensors, 8, ib).inline)
+
+    def test_fabrics_stay_within_published_busbw(self):
+        # REFERENCE figures: EDR 12.2 GB/s; NDR 46-48 GB/s per NIC. None above its line rate.
+        self.assertEqual(model.FABRICS["ib100"].busbw, 12.2e9)
+        self.assertGreaterEqual(model.FABRICS["ib400"].busbw, 46e9)
+        self.assertLessEqual(model.FABRICS["ib400"].busbw, 48e9)
+        for key, line_gbit in (("1gbe", 1), ("10gbe", 10), ("25gbe", 25), ("100gbe", 100),
+                               ("ib100", 100), ("ib200", 200), ("ib400", 400)):
+            self.assertLess(model.FABRICS[key].busbw, line_gbit * 1e9 / 8, key)
+
+    def test_predict_refuses_rank_counts_below_one(self):
+        for ranks in ("0", "2,-8", "2,x"):
+            r = subprocess.run([sys.executable, TOOL, "predict", "--ranks", ranks,
+                                "--compute", "0.5"], capture_output=True, text=True, timeout=60)
+            self.assertEqual(r.returncode, 2, ranks)
+            self.assertIn("--ranks", r.stderr)
 
     def test_compute_defaults_are_positive_and_sourced(self):
         for key, d in model.COMPUTE_DEFAULTS.items():
@@ -68,6 +90,19 @@ class PlanTest(unittest.TestCase):
         self.assertAlmostEqual(hd, 4 * 10e-6 + 2 * 3 / 4 * size / 1e9)
         with self.assertRaises(ValueError):
             model.allreduce_time(size, n, self.fabric, "tree")
+
+    def test_above_2_ranks_gloo_runs_ring_from_1_MiB(self):
+        # backends/gloo/gloo_backend.cc AutoAlgorithm: above 2 ranks, halving-doubling (2 log2 n
+        # messages) below 1 MiB, the function-style ring allreduce (2(n-1)) from 1 MiB.
+        mid = [model.Tensor("mid", "float32", 1 << 17)]  # 512 KiB: direct, one halving-doubling
+        cost = model.step_cost(mid, 8, self.fabric, inline_threshold=0)
+        self.assertAlmostEqual(cost.latency, 2 * 3 * 10e-6)
+        big = [model.Tensor("big", "float32", 1 << 20)]  # 4 MiB: 2 slices of 2 MiB, ring each
+        cost = model.step_cost(big, 8, self.fabric, inline_threshold=0)
+        self.assertAlmostEqual(cost.latency, 2 * 2 * 7 * 10e-6)
+        self.assertEqual(model.concord_algorithm(8, 1 << 20), "ring")
+        self.assertEqual(model.concord_algorithm(8, (1 << 20) - 1), "halving_doubling")
+        self.assertEqual(model.concord_algorithm(2, 4096), "ring")
 
     def test_inline_tensor_goes_through_the_coordinator(self):
         t = [model.Tensor("small", "float32", 1000)]  # 4000 bytes
@@ -194,8 +229,9 @@ class FitTest(unittest.TestCase):
         out = []
         size = 4096
         while size <= 64 << 20:
-            t = model.allreduce_time(size, n, model.Fabric("x", busbw, alpha, ""),
-                                     "ring" if n <= 2 else "halving_doubling")
+            # Concord's choice (gloo_backend.cc): halving-doubling below 1 MiB above 2 ranks.
+            algorithm = "halving_doubling" if n > 2 and size < 1 << 20 else "ring"
+            t = model.allreduce_time(size, n, model.Fabric("x", busbw, alpha, ""), algorithm)
             t *= 1 + rng.uniform(-noise, noise)
             out.append({"bytes": size, "time_us": t * 1e6, "ranks": n})
             size *= 4
