@@ -64,7 +64,8 @@ class ParentWatch {
 // and, after each one that times out (the caller's own short deadline too), fail with the parent's
 // failure while the watch runs (a member that died fails the parent at once; its keys would never
 // come). Set and Add pass through, and so do Get and Wait once the watch has stopped (the start
-// is over). Thread-safe as the store it wraps.
+// is over); GiveUp() is the parent's failure while the watch runs. Thread-safe as the store it
+// wraps.
 class ParentWatchedStore : public Store {
  public:
   ParentWatchedStore(std::shared_ptr<Rendezvous> parent, std::shared_ptr<ParentWatch> watch)
@@ -97,6 +98,8 @@ class ParentWatchedStore : public Store {
   StatusOr<int64_t> Add(const std::string& key, int64_t delta) override {
     return parent_->store->Add(key, delta);
   }
+  // For the waits outside the store (Gloo's pair connections): the parent's failure.
+  Status GiveUp() override { return watch_->Failed(); }
 
  private:
   const std::shared_ptr<Rendezvous> parent_;  // kept: the engine outlives the split's call
@@ -342,10 +345,10 @@ void IgnoreSigpipeUnlessHandled() {
   }
 }
 
-// The transports of a communicator on the rendezvous store `rv` under `prefix`, and its engine.
-// `host` is the address its control plane advertises. `parent_failed` (a sub-communicator's;
-// empty for a world) ends the waits for the others' control-plane and point-to-point
-// connections with the failure it returns.
+// The transports of a communicator on the rendezvous store `rv` under `prefix`, and its engine,
+// once the job settings are checked (CheckJobSettings). `host` is the address its control plane
+// advertises. `parent_failed` (a sub-communicator's; empty for a world) ends the waits for the
+// others' control-plane and point-to-point connections with the failure it returns.
 StatusOr<std::unique_ptr<Engine>> StartOnStore(const Config& config,
                                                const std::shared_ptr<Rendezvous>& rv,
                                                const std::string& prefix, const std::string& host,
@@ -353,8 +356,6 @@ StatusOr<std::unique_ptr<Engine>> StartOnStore(const Config& config,
   const std::string backend_name = config.ResolvedBackend();
   const auto timeout = MillisFromSeconds(config.timeout_s);
   const Deadline deadline = Deadline::After(timeout);
-  CONCORD_RETURN_IF_ERROR(CheckJobSettings(config, rv->store.get(), prefix, deadline));
-
   TcpControlPlaneOptions cp;
   cp.rank = config.rank;
   cp.size = config.size;
@@ -421,13 +422,7 @@ StatusOr<Communicator> CreateCommunicator(Config config) {
   CONCORD_ASSIGN_OR_RETURN(std::shared_ptr<Rendezvous> rv,
                            OpenRendezvous(config, deadline, &store_host));
 
-  // Every rank counts its communicators in the store; the Nth on every rank shares a prefix.
-  CONCORD_ASSIGN_OR_RETURN(
-      int64_t generation,
-      rv->store->Add(config.job_id + "/generation/" + std::to_string(config.rank), 1));
   auto origin = std::make_shared<CommOrigin>();
-  origin->prefix = config.job_id + "/comm" + std::to_string(generation);
-
   origin->host = config.host;
   if (origin->host.empty() && !config.iface.empty()) {
     CONCORD_ASSIGN_OR_RETURN(origin->host, InterfaceAddress(config.iface));
@@ -438,6 +433,29 @@ StatusOr<Communicator> CreateCommunicator(Config config) {
       char name[256] = {0};
       if (gethostname(name, sizeof(name) - 1) == 0) origin->host = name;
     }
+  }
+
+  // Every rank counts its communicators in the store; the Nth on every rank shares a prefix. So
+  // an init that fails before this rank wrote anything under the prefix (rank 0 writes first, the
+  // job settings; the others first read them) gives its number back: the others never saw it,
+  // and this rank's next init must meet theirs (which may still be waiting for it), not the next
+  // prefix, which they would use only for their next communicator.
+  const std::string counter = config.job_id + "/generation/" + std::to_string(config.rank);
+  CONCORD_ASSIGN_OR_RETURN(int64_t generation, rv->store->Add(counter, 1));
+  origin->prefix = config.job_id + "/comm" + std::to_string(generation);
+  if (Status checked = CheckJobSettings(config, rv->store.get(), origin->prefix,
+                                        Deadline::After(MillisFromSeconds(config.timeout_s)));
+      !checked.ok()) {
+    if (config.rank != 0) {
+      const StatusOr<int64_t> given_back = rv->store->Add(counter, -1);
+      if (!given_back.ok()) {
+        return Status(checked.code(), checked.message() +
+                                          " (and giving back this rank's communicator number "
+                                          "failed, so a retried init would not meet the others': " +
+                                          given_back.status().ToString() + ")");
+      }
+    }
+    return checked;
   }
   origin->rendezvous = rv;
   Communicator comm;
@@ -471,8 +489,11 @@ StatusOr<Communicator> StartSubCommunicator(const Config& config, const CommOrig
     auto watch = std::make_shared<ParentWatch>(parent_failure);
     auto watched = std::make_shared<Rendezvous>();
     watched->store = std::make_unique<ParentWatchedStore>(parent.rendezvous, watch);
-    auto started =
-        StartOnStore(config, watched, prefix, parent.host, [watch] { return watch->Failed(); });
+    Status checked = CheckJobSettings(config, watched->store.get(), prefix,
+                                      Deadline::After(MillisFromSeconds(config.timeout_s)));
+    auto started = checked.ok() ? StartOnStore(config, watched, prefix, parent.host,
+                                               [watch] { return watch->Failed(); })
+                                : StatusOr<std::unique_ptr<Engine>>(checked);
     // A start that broke because a member died (a connection reset, a timeout) says so: the
     // parent learns of the death within moments, through its own connections.
     for (int i = 0; !started.ok() && i < 5; ++i) {

@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <initializer_list>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "backends/backend.h"
 #include "compression/registry.h"
@@ -127,28 +129,144 @@ Status ParseMetricsEndpoint(const std::string& text, Config* c) {
   return Status::Ok();
 }
 
+// The variables a launcher gives each rank its place by.
+struct Launcher {
+  const char* rank;
+  const char* size;
+  const char* size_fallback;  // read where `size` is not set; null: none
+  const char* local_rank;
+  const char* local_size;  // null: Slurm, which has none (SlurmLocalSize)
+};
+constexpr Launcher kLaunchers[] = {
+    {"RANK", "WORLD_SIZE", nullptr, "LOCAL_RANK", "LOCAL_WORLD_SIZE"},  // torchrun
+    {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", nullptr, "OMPI_COMM_WORLD_LOCAL_RANK",
+     "OMPI_COMM_WORLD_LOCAL_SIZE"},                                           // Open MPI
+    {"PMI_RANK", "PMI_SIZE", nullptr, "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},  // MPICH, Slurm's PMI
+    // srun: the step's tasks (a heterogeneous step's, all components); SLURM_NTASKS where srun
+    // does not say.
+    {"SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_LOCALID", nullptr},
+};
+
+// The tasks of this node in a Slurm job step: SLURM_STEP_TASKS_PER_NODE (else
+// SLURM_TASKS_PER_NODE) lists them per node ("2(x3),1"), SLURM_NODEID is this node's index in
+// it. -1 when they are not set; an error when they do not parse or do not name this node.
+StatusOr<int> SlurmLocalSize() {
+  std::string list, which, node_text, node_name;
+  if (!FirstSet({"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"}, &list, &which)) return -1;
+  std::vector<int> per_node;
+  const auto bad = [&] {
+    return InvalidArgument("environment variable " + which + "='" + list +
+                           "' is not Slurm's tasks per node (\"2(x3),1\")");
+  };
+  for (size_t at = 0; at <= list.size();) {
+    size_t end = list.find(',', at);
+    if (end == std::string::npos) end = list.size();
+    // "N" or "N(xR)", as Slurm writes them.
+    const std::string item = list.substr(at, end - at);
+    if (item.empty() || !std::isdigit(static_cast<unsigned char>(item[0]))) return bad();
+    char* rest = nullptr;
+    const long tasks = std::strtol(item.c_str(), &rest, 10);
+    const bool repeated = *rest == '(';
+    const long repeat = repeated ? std::strtol(rest + 2, nullptr, 10) : 1;
+    const std::string canonical =
+        std::to_string(tasks) + (repeated ? "(x" + std::to_string(repeat) + ")" : "");
+    if (item != canonical || tasks > INT32_MAX || repeat < 1 ||
+        per_node.size() + static_cast<size_t>(repeat) > 1000000) {
+      return bad();
+    }
+    per_node.insert(per_node.end(), static_cast<size_t>(repeat), static_cast<int>(tasks));
+    at = end + 1;
+  }
+  if (per_node.size() == 1) return per_node[0];
+  if (std::all_of(per_node.begin(), per_node.end(), [&](int n) { return n == per_node[0]; })) {
+    return per_node[0];
+  }
+  if (!FirstSet({"SLURM_NODEID"}, &node_text, &node_name)) {
+    return InvalidArgument("environment variable " + which + "='" + list +
+                           "' gives nodes different numbers of tasks, and SLURM_NODEID (which "
+                           "one is this node) is not set: set CONCORD_LOCAL_SIZE");
+  }
+  char* end = nullptr;
+  const long node = std::strtol(node_text.c_str(), &end, 10);
+  if (end == node_text.c_str() || *end != '\0' || node < 0 ||
+      node >= static_cast<long>(per_node.size())) {
+    return InvalidArgument("environment variable SLURM_NODEID='" + node_text +
+                           "' is not a node of " + which + "='" + list + "'");
+  }
+  return per_node[static_cast<size_t>(node)];
+}
+
+// Who this rank is: each of rank, size, local rank and local size from its CONCORD_* variable,
+// else from the launcher that started the job: the first of kLaunchers whose rank or size variable
+// is set, and only that one (a launcher's variables describe its own job: under an sbatch script,
+// say, the batch step's SLURM_LOCALID would make every rank started by hand local rank 0). A
+// launcher whose rank or size differs from CONCORD_RANK or CONCORD_SIZE describes another job: none
+// of its variables are read.
+Status ReadIdentity(EnvironmentReader* env, Config* c) {
+  CONCORD_RETURN_IF_ERROR(env->Int({"CONCORD_RANK"}, "rank", &c->rank));
+  CONCORD_RETURN_IF_ERROR(env->Int({"CONCORD_SIZE"}, "size", &c->size));
+  CONCORD_RETURN_IF_ERROR(env->Int({"CONCORD_LOCAL_RANK"}, "local_rank", &c->local_rank));
+  CONCORD_RETURN_IF_ERROR(env->Int({"CONCORD_LOCAL_SIZE"}, "local_size", &c->local_size));
+  std::string value, which;
+  for (const Launcher& l : kLaunchers) {
+    if (!FirstSet({l.rank, l.size}, &value, &which) &&
+        !(l.size_fallback != nullptr && FirstSet({l.size_fallback}, &value, &which))) {
+      continue;
+    }
+    Config theirs;
+    EnvironmentReader their_env(&theirs);
+    CONCORD_RETURN_IF_ERROR(their_env.Int({l.rank}, "rank", &theirs.rank));
+    if (l.size_fallback != nullptr) {
+      CONCORD_RETURN_IF_ERROR(their_env.Int({l.size, l.size_fallback}, "size", &theirs.size));
+    } else {
+      CONCORD_RETURN_IF_ERROR(their_env.Int({l.size}, "size", &theirs.size));
+    }
+    CONCORD_RETURN_IF_ERROR(their_env.Int({l.local_rank}, "local_rank", &theirs.local_rank));
+    if (l.local_size != nullptr) {
+      CONCORD_RETURN_IF_ERROR(their_env.Int({l.local_size}, "local_size", &theirs.local_size));
+    } else {
+      CONCORD_ASSIGN_OR_RETURN(theirs.local_size, SlurmLocalSize());
+      if (theirs.local_size != -1) {
+        FirstSet({"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"}, &value, &which);
+        theirs.sources["local_size"] = which;
+      }
+    }
+    if ((c->rank != -1 && c->rank != theirs.rank) ||
+        (c->size != -1 && theirs.size != -1 && c->size != theirs.size)) {
+      return Status::Ok();
+    }
+    for (const auto& [member, field] :
+         {std::pair<const char*, int Config::*>{"rank", &Config::rank},
+          {"size", &Config::size},
+          {"local_rank", &Config::local_rank},
+          {"local_size", &Config::local_size}}) {
+      if (c->*field != -1 || theirs.*field == -1) continue;
+      c->*field = theirs.*field;
+      c->sources[member] = theirs.sources[member];
+    }
+    return Status::Ok();
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 StatusOr<Config> Config::FromEnvironment() {
   Config c;
   EnvironmentReader env(&c);
-  // Concord's own names first, then torchrun, Open MPI, PMI (MPICH, Slurm's PMI) and Slurm.
-  CONCORD_RETURN_IF_ERROR(
-      env.Int({"CONCORD_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"}, "rank",
-              &c.rank));
-  CONCORD_RETURN_IF_ERROR(
-      env.Int({"CONCORD_SIZE", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"},
-              "size", &c.size));
-  CONCORD_RETURN_IF_ERROR(env.Int({"CONCORD_LOCAL_RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
-                                   "MPI_LOCALRANKID", "SLURM_LOCALID"},
-                                  "local_rank", &c.local_rank));
-  CONCORD_RETURN_IF_ERROR(env.Int(
-      {"CONCORD_LOCAL_SIZE", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"},
-      "local_size", &c.local_size));
+  CONCORD_RETURN_IF_ERROR(ReadIdentity(&env, &c));
   env.String({"CONCORD_STORE"}, "store", &c.store);
   env.String({"CONCORD_TOKEN"}, "token", &c.token);
   env.String({"CONCORD_JOB_ID", "TORCHELASTIC_RUN_ID", "OMPI_MCA_ess_base_jobid", "SLURM_JOB_ID"},
              "job_id", &c.job_id);
+  // torchrun restarts a failed job's workers with the same run id: each round is a job of its own
+  // (its own keys in a shared store, its own token), or a round's ranks could meet the keys of
+  // the round before (another rank's communicator numbers, dead addresses).
+  std::string restart, restart_name;
+  if (c.SourceOf("job_id") == "TORCHELASTIC_RUN_ID" &&
+      FirstSet({"TORCHELASTIC_RESTART_COUNT"}, &restart, &restart_name) && restart != "0") {
+    c.job_id += "/restart" + restart;
+  }
   // torchrun's rendezvous, read only where it would make the store: under concordrun (which sets
   // CONCORD_STORE) they are torch's business, whatever they hold.
   if (c.store.empty()) {
@@ -249,6 +367,11 @@ Status Config::Finalize() {
   if (local_size < 1) {
     return refuse("local_size", std::to_string(local_size),
                   "the number of ranks on this host must be >= 1");
+  }
+  if (local_size > size) {
+    return refuse("local_size", std::to_string(local_size),
+                  "the number of ranks on this host must be at most the number of ranks, " +
+                      std::to_string(size) + " (from " + SourceOf("size") + ")");
   }
   if (local_rank < 0 || local_rank >= local_size) {
     return refuse("local_rank", std::to_string(local_rank),

@@ -112,8 +112,12 @@ struct Config {
   // The longest timeout or stall time: a day (durations stay far from overflowing a clock).
   static constexpr double kMaxSeconds = 86400.0;
 
-  // Reads CONCORD_* variables, then torchrun's, Slurm's and Open MPI's for what is still unset,
-  // noting each one's variable in `sources`. An empty variable counts as unset. Malformed values (a
+  // Reads CONCORD_* variables, then, for rank, size, local rank and local size still unset, those
+  // of one launcher: the first of torchrun, Open MPI, PMI and Slurm (srun: the step's tasks and
+  // this node's share of them) that gives a rank or size, and none whose rank or size contradicts
+  // CONCORD_RANK or CONCORD_SIZE (it describes another job). The job id is CONCORD_JOB_ID, else
+  // the launcher's (under torchrun, "/restartN" appended after its Nth restart). Notes each
+  // member's variable in `sources`. An empty variable counts as unset. Malformed values (a
   // rank that is not a number, an integer beyond 32 bits, ...) are errors naming the variable and
   // its text; ranges are Finalize's.
   static StatusOr<Config> FromEnvironment();

@@ -25,6 +25,11 @@ class Store {
   virtual Status Wait(const std::vector<std::string>& keys, Deadline deadline) = 0;
   // Atomically adds delta to the integer stored at key (missing: 0) and returns the new value.
   virtual StatusOr<int64_t> Add(const std::string& key, int64_t delta) = 0;
+  // Why a start that meets its peers through this store should stop waiting for them, also where
+  // it waits outside the store (for their connections: backends/gloo/gloo_context.h): OK while it
+  // should go on. A plain store never gives up; a sub-communicator's view of its parent's store
+  // (core/bootstrap.cc) returns the parent's failure (a member died) while the start runs.
+  virtual Status GiveUp() { return Status::Ok(); }
 };
 
 }  // namespace concord

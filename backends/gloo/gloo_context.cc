@@ -3,12 +3,16 @@
 #include <gloo/common/error.h>
 #include <gloo/common/logging.h>
 #include <gloo/rendezvous/store.h>
+#include <gloo/transport/context.h>
 #include <gloo/transport/ibverbs/device.h>
 #include <gloo/transport/tcp/device.h>
 #include <sys/stat.h>
 
 #include <algorithm>
 #include <cctype>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -76,7 +80,104 @@ std::vector<std::string> IbverbsDeviceNames() {
   }
 }
 
+// While a mesh's pairs connect: calls `give_up` every GlooContext::kGiveUpCheck on a thread of
+// its own until Stop(). Its first failure is kept (failure()) and closes the pair being connected
+// (Connecting()), which ends that connect (Gloo's pair sees itself closed, or its peer refuses
+// it); Connecting() refuses to start another. Stop() (also at destruction) joins the thread.
+// Thread-safe.
+class GiveUpWatch {
+ public:
+  GiveUpWatch(const std::function<Status()>& give_up, gloo::transport::Context* pairs)
+      : give_up_(give_up), pairs_(pairs) {
+    if (give_up_) thread_ = std::thread([this] { Run(); });
+  }
+  ~GiveUpWatch() { Stop(); }
+  // The pair to `peer` connects next: false once the watch has failed.
+  bool Connecting(int peer) {
+    std::lock_guard<std::mutex> lock(mu_);
+    current_ = peer;
+    return failure_.ok();
+  }
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopped_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  Status failure() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return failure_;
+  }
+
+ private:
+  void Run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!cv_.wait_for(lock, GlooContext::kGiveUpCheck, [this] { return stopped_; })) {
+      lock.unlock();
+      Status failed = give_up_();
+      lock.lock();
+      if (failed.ok() || stopped_) continue;
+      failure_ = failed;
+      if (current_ >= 0) pairs_->getPair(current_)->close();
+      return;
+    }
+  }
+
+  const std::function<Status()>& give_up_;
+  gloo::transport::Context* const pairs_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopped_ = false;  // guarded by mu_, as the next two
+  int current_ = -1;
+  Status failure_;
+  std::thread thread_;
+};
+
 }  // namespace
+
+void GlooContext::ConnectFullMesh(gloo::rendezvous::Store& store,
+                                  const std::shared_ptr<gloo::transport::Device>& device,
+                                  const std::function<Status()>& give_up, Status* gave_up) {
+  std::shared_ptr<gloo::transport::Context> pairs = device->createContext(rank, size);
+  pairs->setTimeout(getTimeout());
+  // Each rank's addresses, one per peer in peer order (itself left out), all of one length.
+  std::vector<char> mine;
+  size_t length = 0;
+  for (int peer = 0; peer < size; ++peer) {
+    if (peer == rank) continue;
+    const std::vector<char> address = pairs->createPair(peer)->address().bytes();
+    length = address.size();
+    mine.insert(mine.end(), address.begin(), address.end());
+  }
+  store.set(std::to_string(rank), mine);
+  GiveUpWatch watch(give_up, pairs.get());
+  for (int peer = 0; peer < size; ++peer) {
+    if (peer == rank) continue;
+    const std::string key = std::to_string(peer);
+    store.wait({key}, getTimeout());
+    const std::vector<char> theirs = store.get(key);
+    const size_t at = static_cast<size_t>(rank < peer ? rank : rank - 1) * length;
+    if (theirs.size() != mine.size() || at + length > theirs.size()) {
+      throw gloo::IoException("rank " + std::to_string(peer) + "'s addresses are " +
+                              std::to_string(theirs.size()) + " bytes, not " +
+                              std::to_string(mine.size()));
+    }
+    const std::vector<char> address(theirs.begin() + static_cast<long>(at),
+                                    theirs.begin() + static_cast<long>(at + length));
+    if (!watch.Connecting(peer)) break;
+    pairs->getPair(peer)->connect(address);
+  }
+  watch.Stop();
+  // Also when the pair the watch closed returned as if connected.
+  if (Status failed = watch.failure(); !failed.ok()) {
+    *gave_up = failed;
+    throw gloo::IoException(failed.ToString());
+  }
+  device_ = device;
+  transportContext_ = std::move(pairs);
+}
 
 Status CheckTransportAvailable(GlooTransport transport) {
   if (transport == GlooTransport::kTcp || !IbverbsDeviceNames().empty()) return Status::Ok();
@@ -115,6 +216,7 @@ StatusOr<std::shared_ptr<GlooContext>> ConnectGloo(const GlooConnectOptions& opt
   if (options.timeout.count() <= 0) return InvalidArgument("gloo: timeout must be positive");
   CONCORD_RETURN_IF_ERROR(CheckTransportAvailable(options.transport));
   StoreAdapter adapter(store, options.prefix + "/gloo/", options.timeout);
+  Status gave_up;
   try {
     std::shared_ptr<gloo::transport::Device> device;
     if (options.transport == GlooTransport::kIbverbs) {
@@ -134,11 +236,13 @@ StatusOr<std::shared_ptr<GlooContext>> ConnectGloo(const GlooConnectOptions& opt
     }
     auto context = std::make_shared<GlooContext>(options.rank, options.size);
     context->setTimeout(options.timeout);
-    context->connectFullMesh(adapter, device);
+    context->ConnectFullMesh(
+        adapter, device, [store] { return store->GiveUp(); }, &gave_up);
     return context;
   } catch (...) {
     Status status = CurrentExceptionToStatus("connect (rank " + std::to_string(options.rank) +
                                              " of " + std::to_string(options.size) + ")");
+    if (!gave_up.ok()) return gave_up;
     if (!adapter.error().ok()) return adapter.error().WithContext("gloo connect");
     return status;
   }

@@ -5,7 +5,9 @@
 
 #include <gloo/rendezvous/context.h>
 
+#include <chrono>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -24,6 +26,16 @@ class GlooContext : public gloo::rendezvous::Context {
   GlooContext(int rank, int size) : gloo::rendezvous::Context(rank, size) {}
   int next_slot() const { return slot_; }
   void set_next_slot(int slot) { slot_ = slot; }
+  // Gloo's connectFullMesh (a pair to every other rank, addresses through `store` under the key
+  // of each rank's number), except that while the pairs connect `give_up` is called every
+  // kGiveUpCheck from a thread of its own: once it fails, the pair being connected is closed, no
+  // other is started, *gave_up is set to its failure and this throws. Otherwise it throws what
+  // Gloo throws (a peer that never connects: after 5 times the context's timeout, Gloo's wait for
+  // an initial connect). Collective, like connectFullMesh.
+  void ConnectFullMesh(gloo::rendezvous::Store& store,
+                       const std::shared_ptr<gloo::transport::Device>& device,
+                       const std::function<Status()>& give_up, Status* gave_up);
+  static constexpr std::chrono::milliseconds kGiveUpCheck{100};
 };
 
 // Gloo's transport: TCP sockets, or ibverbs (InfiniBand or RoCE, through libibverbs; Debian's
@@ -47,8 +59,9 @@ Status CheckTransportAvailable(GlooTransport transport);
 
 // Creates a device of options.transport (TCP: on options.iface, else options.host) and connects a
 // full mesh through `store` (keys under options.prefix + "/gloo/"). Blocks until every rank has
-// connected or options.timeout passes. `store` must outlive the call only. Collective: all ranks
-// call it with the same prefix and size.
+// connected, options.timeout passes, or `store`'s GiveUp() fails (a sub-communicator's member
+// died: its error is returned; see GlooContext::ConnectFullMesh). `store` must outlive the call
+// only. Collective: all ranks call it with the same prefix and size.
 StatusOr<std::shared_ptr<GlooContext>> ConnectGloo(const GlooConnectOptions& options, Store* store);
 
 // Converts the exception in flight (call inside a catch block) into a Status naming `operation`:

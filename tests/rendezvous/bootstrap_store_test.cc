@@ -211,5 +211,26 @@ TEST(BootstrapStoreTest, OneHostFileStoreNamesItsDirectoryWithTheJobIdEncoded) {
   EXPECT_LT(long_id.elapsed, milliseconds(1000)) << long_id.error;
 }
 
+// srun across two nodes, no store given: each node's share of the step's tasks is its local size,
+// so the job is not taken for a one-host one (whose /tmp file store each node would make for
+// itself, its ranks then waiting for the other node's until the timeout): init fails at once,
+// saying how to meet.
+TEST(BootstrapStoreTest, SlurmStepAcrossNodesIsNotAOneHostJob) {
+  const std::string job_id = "bootstrap-store-test-" + std::to_string(::getpid()) + "-slurm";
+  const InitResult r = InitInChild({{"SLURM_PROCID", "1"},
+                                    {"SLURM_NTASKS", "4"},
+                                    {"SLURM_STEP_NUM_TASKS", "4"},
+                                    {"SLURM_LOCALID", "1"},
+                                    {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"},
+                                    {"SLURM_NODEID", "0"},
+                                    {"SLURM_JOB_ID", job_id},
+                                    {"CONCORD_TIMEOUT_S", "3"}},
+                                   [] {});
+  EXPECT_EQ(r.code, CONCORD_ERR_INVALID_ARGUMENT) << r.error;
+  EXPECT_NE(r.error.find("no rendezvous for 4 ranks"), std::string::npos) << r.error;
+  EXPECT_LT(r.elapsed, milliseconds(1000)) << r.error;
+  RemoveTree(OneHostStoreDir(job_id));
+}
+
 }  // namespace
 }  // namespace concord

@@ -36,6 +36,11 @@ class ConfigTest : public ::testing::Test {
                              "OMPI_COMM_WORLD_LOCAL_RANK",
                              "MPI_LOCALRANKID",
                              "SLURM_LOCALID",
+                             "SLURM_STEP_NUM_TASKS",
+                             "SLURM_STEP_TASKS_PER_NODE",
+                             "SLURM_TASKS_PER_NODE",
+                             "SLURM_NODEID",
+                             "TORCHELASTIC_RESTART_COUNT",
                              "CONCORD_LOCAL_SIZE",
                              "LOCAL_WORLD_SIZE",
                              "OMPI_COMM_WORLD_LOCAL_SIZE",
@@ -361,6 +366,120 @@ TEST_F(ConfigTest, RanksOutsideTheWorldNameTheirSources) {
   s = ReadAndFinalize();
   EXPECT_EQ(s.code(), Code::kInvalidArgument);
   EXPECT_NE(s.message().find("CONCORD_LOCAL_RANK = 2: the rank on this host must be in [0, 2)"),
+            std::string::npos)
+      << s.message();
+}
+
+// Rank, size, local rank and local size come from CONCORD_* and one launcher, never from two:
+// ranks started by hand (CONCORD_RANK, CONCORD_SIZE) inside an sbatch script, whose batch step
+// says SLURM_PROCID=0, SLURM_LOCALID=0, are not all local rank 0.
+TEST_F(ConfigTest, OneLaunchersVariablesOnly) {
+  Set("CONCORD_RANK", "2");
+  Set("CONCORD_SIZE", "3");
+  Set("SLURM_PROCID", "0");
+  Set("SLURM_NTASKS", "4");
+  Set("SLURM_LOCALID", "0");
+  Set("SLURM_TASKS_PER_NODE", "4");
+  StatusOr<Config> c = Config::FromEnvironment();
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE(c->Finalize().ok());
+  EXPECT_EQ(c->local_rank, 2);
+  EXPECT_EQ(c->local_size, 3);
+
+  // Open MPI's rank and size without its local ones: not Slurm's local rank either.
+  ClearAll();
+  Set("OMPI_COMM_WORLD_RANK", "3");
+  Set("OMPI_COMM_WORLD_SIZE", "4");
+  Set("SLURM_LOCALID", "0");
+  c = Config::FromEnvironment();
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE(c->Finalize().ok());
+  EXPECT_EQ(c->local_rank, 3);
+  EXPECT_EQ(c->SourceOf("local_rank"), "local_rank");
+
+  // The launcher agrees with CONCORD_RANK: its local variables are this job's.
+  ClearAll();
+  Set("CONCORD_RANK", "3");
+  Set("RANK", "3");
+  Set("WORLD_SIZE", "4");
+  Set("LOCAL_RANK", "1");
+  Set("LOCAL_WORLD_SIZE", "2");
+  c = Config::FromEnvironment();
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE(c->Finalize().ok());
+  EXPECT_EQ(c->size, 4);
+  EXPECT_EQ(c->local_rank, 1);
+  EXPECT_EQ(c->local_size, 2);
+}
+
+// srun: the step's tasks (not the job's), and this node's share of them as the local size, so
+// that a step across nodes is not taken for a one-host job (which would meet on each node's own
+// /tmp file store and time out).
+TEST_F(ConfigTest, SlurmStepLayout) {
+  Set("SLURM_PROCID", "3");
+  Set("SLURM_NTASKS", "8");  // the job's
+  Set("SLURM_STEP_NUM_TASKS", "4");
+  Set("SLURM_LOCALID", "1");
+  Set("SLURM_STEP_TASKS_PER_NODE", "2(x2)");
+  Set("SLURM_NODEID", "1");
+  StatusOr<Config> c = Config::FromEnvironment();
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE(c->Finalize().ok());
+  EXPECT_EQ(c->size, 4);
+  EXPECT_EQ(c->local_rank, 1);
+  EXPECT_EQ(c->local_size, 2);
+  EXPECT_EQ(c->SourceOf("local_size"), "SLURM_STEP_TASKS_PER_NODE");
+
+  Set("SLURM_PROCID", "3");
+  Set("SLURM_LOCALID", "0");
+  Set("SLURM_STEP_TASKS_PER_NODE", "3,1");  // node 1 runs rank 3 alone
+  c = Config::FromEnvironment();
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE(c->Finalize().ok());
+  EXPECT_EQ(c->local_size, 1);
+
+  unsetenv("SLURM_NODEID");
+  c = Config::FromEnvironment();
+  EXPECT_EQ(c.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(c.status().message().find("SLURM_NODEID"), std::string::npos) << c.status().message();
+
+  Set("SLURM_NODEID", "0");
+  for (const char* bad : {"2(x", "x2", "2(x0)", "2,,2", "2(x2)y", "2(x2)y)", "99999999999", ""}) {
+    Set("SLURM_STEP_TASKS_PER_NODE", bad);
+    if (*bad == '\0') continue;  // unset: no local size, as before
+    c = Config::FromEnvironment();
+    EXPECT_EQ(c.status().code(), Code::kInvalidArgument) << bad;
+  }
+}
+
+// torchrun's restarts keep the run id: each round is a job of its own.
+TEST_F(ConfigTest, TorchrunRestartsAreJobsOfTheirOwn) {
+  Set("RANK", "0");
+  Set("WORLD_SIZE", "2");
+  Set("TORCHELASTIC_RUN_ID", "run42");
+  Set("TORCHELASTIC_RESTART_COUNT", "0");
+  StatusOr<Config> c = Config::FromEnvironment();
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->job_id, "run42");
+  Set("TORCHELASTIC_RESTART_COUNT", "2");
+  c = Config::FromEnvironment();
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->job_id, "run42/restart2");
+  Set("CONCORD_JOB_ID", "mine");  // named by hand: as given
+  c = Config::FromEnvironment();
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->job_id, "mine");
+}
+
+TEST_F(ConfigTest, MoreLocalRanksThanRanksAreRefused) {
+  Set("RANK", "0");
+  Set("WORLD_SIZE", "4");
+  Set("LOCAL_RANK", "0");
+  Set("LOCAL_WORLD_SIZE", "8");
+  Status s = ReadAndFinalize();
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  EXPECT_NE(s.message().find("LOCAL_WORLD_SIZE = 8: the number of ranks on this host must be at "
+                             "most the number of ranks, 4 (from WORLD_SIZE)"),
             std::string::npos)
       << s.message();
 }

@@ -1,0 +1,106 @@
+// A rank whose concord_init fails on a setting only it has, and that calls concord_init again in
+// the same process, must meet the others' init: every rank counts its communicators in the store
+// (the Nth on every rank shares a key prefix), and an init that failed before the others could
+// see anything of it must not count. Two ranks in forked children over a file store; rank 1's
+// first init has the bad value, its second not. Each child tries up to three times; the parent
+// kills them after 20 s so that no test hangs.
+#include <concord/concord.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <thread>
+
+#include "base/clock.h"
+
+namespace concord {
+namespace {
+
+using std::chrono::milliseconds;
+
+constexpr int kTimeoutS = 3;
+constexpr int kAttempts = 3;
+
+// One rank: concord_init until it succeeds (at most kAttempts), `bad_name`=`bad_value` set for
+// rank 1's first attempt only; then a barrier on the communicator. Exits 0 on success.
+[[noreturn]] void RunRank(int rank, const std::string& store, const std::string& bad_name,
+                          const std::string& bad_value) {
+  ::clearenv();
+  ::setenv("CONCORD_STORE", store.c_str(), 1);
+  ::setenv("CONCORD_RANK", std::to_string(rank).c_str(), 1);
+  ::setenv("CONCORD_SIZE", "2", 1);
+  ::setenv("CONCORD_TIMEOUT_S", std::to_string(kTimeoutS).c_str(), 1);
+  ::setenv("CONCORD_LOG_LEVEL", "0", 1);
+  for (int attempt = 0; attempt < kAttempts; ++attempt) {
+    if (rank == 1 && attempt == 0) {
+      ::setenv(bad_name.c_str(), bad_value.c_str(), 1);
+    } else {
+      ::unsetenv(bad_name.c_str());
+    }
+    concord_comm_t comm = nullptr;
+    if (concord_init(&comm) != CONCORD_SUCCESS) {
+      std::fprintf(stderr, "rank %d attempt %d: %s\n", rank, attempt,
+                   concord_comm_last_error(nullptr));
+      continue;
+    }
+    const concord_status_t s = concord_barrier(comm);
+    concord_finalize(comm);
+    ::_exit(s == CONCORD_SUCCESS ? 0 : 1);
+  }
+  ::_exit(1);
+}
+
+// Starts both ranks and waits for them: true when both succeeded. *elapsed: until the last one
+// ended.
+bool RunJob(const std::string& bad_name, const std::string& bad_value, milliseconds* elapsed) {
+  char dir[] = "/tmp/concord-init-retry.XXXXXX";
+  EXPECT_NE(::mkdtemp(dir), nullptr);
+  const std::string store = std::string("file://") + dir;
+  const auto start = Clock::now();
+  pid_t pids[2];
+  for (int rank = 0; rank < 2; ++rank) {
+    pids[rank] = ::fork();  // this process runs no other thread now
+    EXPECT_GE(pids[rank], 0);
+    if (pids[rank] == 0) RunRank(rank, store, bad_name, bad_value);
+  }
+  bool ok = true;
+  const Deadline deadline = Deadline::After(milliseconds(20000));
+  for (pid_t pid : pids) {
+    int status = 0;
+    while (::waitpid(pid, &status, WNOHANG) == 0) {
+      if (deadline.passed()) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, &status, 0);
+        break;
+      }
+      std::this_thread::sleep_for(milliseconds(20));
+    }
+    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+  *elapsed = std::chrono::duration_cast<milliseconds>(Clock::now() - start);
+  EXPECT_EQ(std::system(("rm -rf " + std::string(dir)).c_str()), 0);
+  return ok;
+}
+
+// Rank 1's first init finds that its CONCORD_LANES differs from rank 0's; its second joins rank
+// 0's first, which is still waiting for it.
+TEST(InitRetryTest, RetryAfterAJobSettingMismatchMeetsTheOthers) {
+  milliseconds elapsed{0};
+  EXPECT_TRUE(RunJob("CONCORD_LANES", "3", &elapsed));
+  EXPECT_LT(elapsed, milliseconds(kTimeoutS * 1000)) << "the ranks met only after a timeout";
+}
+
+// Rank 1's first init names a network interface that does not exist.
+TEST(InitRetryTest, RetryAfterABadInterfaceMeetsTheOthers) {
+  milliseconds elapsed{0};
+  EXPECT_TRUE(RunJob("CONCORD_IFACE", "concord-no-such-if0", &elapsed));
+  EXPECT_LT(elapsed, milliseconds(kTimeoutS * 1000)) << "the ranks met only after a timeout";
+}
+
+}  // namespace
+}  // namespace concord
