@@ -37,12 +37,14 @@ struct BackendOptions {
   std::chrono::milliseconds timeout{30000};  // every blocking operation's deadline
   std::string algorithm = "auto";            // backend-specific algorithm override, for benchmarks
   // The number the job knows each of this backend's ranks by, for its errors, when the backend
-  // spans a subset of the communicator (a hierarchical backend's local one): rank_names[r] for
-  // rank r. Empty: its own numbers.
+  // spans a subset of the communicator (a hierarchical backend's local one, and its one across
+  // hosts, whose rank h is the one on host h): rank_names[r] for rank r. Empty: its own numbers.
+  // Shared memory and Gloo use it.
   std::vector<int> rank_names;
   // When set: a set-up that waits for peers to connect (the point-to-point mesh) calls it every
   // kGiveUpCheck, and a failure it returns ends the wait with that error (a sub-communicator
-  // whose parent failed: a member died). Gloo's own connections wait out the timeout.
+  // whose parent failed: a member died). Gloo's pair connections end through the store's
+  // GiveUp() instead (rendezvous/store.h, backends/gloo/gloo_context.h).
   std::function<Status()> give_up;
   static constexpr std::chrono::milliseconds kGiveUpCheck = TcpControlPlaneOptions::kGiveUpCheck;
 };

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <utility>
+#include <vector>
 
 #include "base/log.h"
 #include "rendezvous/store.h"
@@ -90,10 +91,18 @@ StatusOr<std::unique_ptr<Backend>> Hierarchical(const Config& config, const Host
     *fell_back = true;
     return flat;
   }
+  // Among the ranks of this local rank on every host (rank_names[h]: host h's), which its errors
+  // name by their ranks here, not by their hosts.
   BackendOptions cross = options;
   cross.rank = layout.host;
   cross.size = layout.hosts;
   cross.prefix = options.prefix + "/cross" + std::to_string(layout.local_rank) + tag;
+  cross.rank_names.assign(layout.hosts, -1);
+  std::vector<int> seen(layout.hosts, 0);  // ranks passed on each host
+  for (int r = 0; r < static_cast<int>(layout.host_of.size()); ++r) {
+    const int h = layout.host_of[r];
+    if (seen[h]++ == layout.local_rank) cross.rank_names[h] = r;
+  }
   auto across = CreateBackend(config.ResolvedBackend(), cross, store);
   if (!across.ok()) {
     return across.status().WithContext("starting the backend across hosts (lane " +

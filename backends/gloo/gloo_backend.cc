@@ -8,6 +8,7 @@
 #include <numeric>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "backends/gloo/allreduce_cache.h"
 #include "backends/gloo/gloo_allreduce.h"
@@ -21,6 +22,13 @@ namespace concord {
 namespace {
 
 using gloo_internal::AllreduceAlgorithm;
+
+// How errors name rank r: as the job knows it (BackendOptions::rank_names), else by its number
+// here.
+std::string RankName(const std::vector<int>& rank_names, int r) {
+  const bool named = r >= 0 && static_cast<size_t>(r) < rank_names.size();
+  return "rank " + std::to_string(named ? rank_names[r] : r);
+}
 
 // Cache bounds, per lane: enough for the fusion buffer's size classes plus the large tensors of a
 // big model (each reduced on its own, in place, every step). The bytes are what the algorithm
@@ -140,7 +148,8 @@ const char* SmallReduceScatterName(AllreduceAlgorithm algorithm) {
 // broadcast, barrier), which must not share pairs with the objects (see allreduce_cache.h), and a
 // cache of built allreduces. Follows backend.h: one thread calls it, every call is collective and
 // blocking with the configured timeout, and after the first failure every call returns that
-// failure. size == 1 has no context at all: collectives are local copies or nothing.
+// failure. size == 1 has no context at all: collectives are local copies or nothing. Errors name
+// ranks by BackendOptions::rank_names when given (a hierarchical backend's one across hosts).
 // Shutdown: a collective may return while Gloo still flushes its last bytes to a slower peer, so
 // ranks should pass a Barrier() before destroying their backends (a peer cut off early sees
 // "connection closed" on that collective).
@@ -152,6 +161,7 @@ class GlooBackend : public Backend {
               AllreduceAlgorithm forced)
       : rank_(options.rank),
         size_(options.size),
+        rank_names_(options.rank_names),
         object_context_(std::move(object_context)),
         context_(std::move(context)),
         auto_algorithm_(auto_algorithm),
@@ -271,8 +281,8 @@ class GlooBackend : public Backend {
                                             in_flight_.get());
       return Status::Ok();
     } catch (...) {
-      return Fail("broadcast (" + std::to_string(bytes) + " bytes from rank " +
-                  std::to_string(root) + ")");
+      return Fail("broadcast (" + std::to_string(bytes) + " bytes from " +
+                  RankName(rank_names_, root) + ")");
     }
   }
 
@@ -449,12 +459,13 @@ class GlooBackend : public Backend {
   // Records the exception in flight as this backend's permanent failure and returns it.
   Status Fail(const std::string& operation) {
     failed_ =
-        gloo_internal::CurrentExceptionToStatus(operation + " on rank " + std::to_string(rank_));
+        gloo_internal::CurrentExceptionToStatus(operation + " on " + RankName(rank_names_, rank_));
     return failed_;
   }
 
   const int rank_;
   const int size_;
+  const std::vector<int> rank_names_;  // BackendOptions::rank_names
   const std::shared_ptr<gloo_internal::GlooContext> object_context_;
   const std::shared_ptr<gloo_internal::GlooContext> context_;
   std::unique_ptr<gloo_internal::AllreduceCache> cache_;
@@ -501,10 +512,21 @@ StatusOr<std::unique_ptr<Backend>> CreateGlooBackend(const BackendOptions& optio
     connect.iface = options.iface;
     connect.host = options.host;
     connect.timeout = options.timeout;
-    connect.prefix = options.prefix + "/objects";
-    CONCORD_ASSIGN_OR_RETURN(object_context, gloo_internal::ConnectGloo(connect, store));
-    connect.prefix = options.prefix + "/functions";
-    CONCORD_ASSIGN_OR_RETURN(context, gloo_internal::ConnectGloo(connect, store));
+    // Gloo's connect errors number the ranks its own way: with rank_names, they say whose.
+    std::string named;
+    for (size_t r = 0; r < options.rank_names.size(); ++r) {
+      named += (r == 0 ? "" : ", ") + std::to_string(options.rank_names[r]);
+    }
+    auto connect_named = [&](const std::string& prefix) {
+      connect.prefix = options.prefix + prefix;
+      auto connected = gloo_internal::ConnectGloo(connect, store);
+      if (connected.ok() || named.empty()) return connected;
+      return StatusOr<std::shared_ptr<gloo_internal::GlooContext>>(connected.status().WithContext(
+          RankName(options.rank_names, options.rank) + ", as rank " + std::to_string(options.rank) +
+          " of gloo among ranks " + named));
+    };
+    CONCORD_ASSIGN_OR_RETURN(object_context, connect_named("/objects"));
+    CONCORD_ASSIGN_OR_RETURN(context, connect_named("/functions"));
   }
   return std::unique_ptr<Backend>(std::make_unique<GlooBackend>(
       options, std::move(object_context), std::move(context), auto_algorithm, forced));

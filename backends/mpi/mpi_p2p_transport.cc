@@ -3,10 +3,11 @@
 // A message starts with its header on MPI tag 2t (u64 dtype | u64 ndim | u64 bytes | kP2pMaxDims
 // x i64 shape). A payload of at most kEagerBytes follows the header in the same MPI message
 // (eager: one message, and the receiver copies it out of its header buffer); a larger one goes on
-// tag 2t + 1 in pieces of at most kMpiMaxMessageBytes. MPI's non-overtaking rule per (source,
-// tag, communicator) keeps them in order. A recv posts its header's MPI_Irecv (room for an eager
+// tag 2t + 1 in pieces of at most kPieceBytes. MPI's non-overtaking rule per (source, tag,
+// communicator) keeps them in order. A recv posts its header's MPI_Irecv (room for an eager
 // payload) only when it is the first of its (peer, tag), and its payload's once the header said
-// where it goes.
+// where it goes; a refused payload is received one piece at a time into a buffer of one piece
+// and dropped (an MPI receive takes a whole message, so the pieces bound what a drop needs).
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -14,6 +15,8 @@
 #include <deque>
 #include <list>
 #include <map>
+#include <new>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -33,6 +36,11 @@ constexpr size_t kHeadBytes = kHeadWords * sizeof(uint64_t);
 // message measured no faster than in two (the copy out of the header buffer costs what the second
 // message saves).
 constexpr uint64_t kEagerBytes = 4096 - kHeadBytes;
+// The most bytes of a larger payload one MPI message carries: a refused payload, dropped piece by
+// piece, needs a buffer of this size, not of its own (which may be more than this rank can
+// allocate). A piece this large takes milliseconds to move; its MPI message costs microseconds.
+constexpr uint64_t kPieceBytes = uint64_t{16} << 20;
+static_assert(kPieceBytes <= kMpiMaxMessageBytes, "a piece is one MPI message");
 // How long the progress thread leaves new work to a waiter that may come to drive it.
 constexpr std::chrono::microseconds kDriverGrace{200};
 // How long the progress thread stands by for waiters once nothing is left to do, before it sleeps
@@ -76,7 +84,8 @@ struct RecvQueue {
   std::vector<uint64_t> head = std::vector<uint64_t>(kWireWords);  // the header, eager payload
   MPI_Request head_request = MPI_REQUEST_NULL;
   std::vector<MPI_Request> payload;  // posted once the header arrived
-  std::vector<char> drop;            // a refused payload lands here
+  std::vector<char> drop;            // a refused payload's pieces land here, one at a time
+  uint64_t drop_left = 0;            // bytes of a refused payload whose receive is not posted yet
 };
 
 using Completions = std::vector<std::pair<P2pTransport::Done, Status>>;
@@ -230,8 +239,8 @@ class MpiP2pTransport : public P2pTransport {
     const int wire_bytes = static_cast<int>(data == nullptr ? kHeadBytes + bytes : kHeadBytes);
     CONCORD_MPI_CHECK(MPI_Isend(op.wire.data(), wire_bytes, MPI_BYTE, peer,
                                 static_cast<int>(2 * tag), comm_, &op.requests.back()));
-    for (uint64_t at = 0; data != nullptr && at < bytes; at += kMpiMaxMessageBytes) {
-      const int n = static_cast<int>(std::min<uint64_t>(kMpiMaxMessageBytes, bytes - at));
+    for (uint64_t at = 0; data != nullptr && at < bytes; at += kPieceBytes) {
+      const int n = static_cast<int>(std::min<uint64_t>(kPieceBytes, bytes - at));
       op.requests.emplace_back();
       CONCORD_MPI_CHECK(MPI_Isend(static_cast<const char*>(data) + at, n, MPI_BYTE, peer,
                                   static_cast<int>(2 * tag + 1), comm_, &op.requests.back()));
@@ -269,7 +278,9 @@ class MpiP2pTransport : public P2pTransport {
   }
 
   // A header of `received` bytes (with an eager payload) arrived: check it, ask where the payload
-  // goes, copy an eager one there or post the payload's receives.
+  // goes, copy an eager one there or post the payload's receives (a refused one's first piece,
+  // into a buffer of one piece: one that cannot be allocated fails the transport, as the pieces
+  // cannot be skipped).
   Status StartPayload(RecvQueue& q, int peer, int64_t tag, int received) {
     // Built only for an error: this runs for every message.
     auto malformed = [&](const char* why) {
@@ -292,9 +303,13 @@ class MpiP2pTransport : public P2pTransport {
       }
       meta.shape.push_back(d);
     }
+    for (uint64_t i = ndim; i < kP2pMaxDims; ++i) {
+      if (q.head[3 + i] != 0) return malformed(": a dimension past its rank");
+    }
+    // An eager header carries its whole payload, a larger one's none.
     const uint64_t eager = static_cast<uint64_t>(received) - kHeadBytes;
     if (__builtin_mul_overflow(elements, DTypeSize(meta.dtype), &elements) ||
-        elements != meta.bytes || (meta.bytes <= kEagerBytes) != (eager == meta.bytes)) {
+        elements != meta.bytes || eager != (meta.bytes <= kEagerBytes ? meta.bytes : 0)) {
       return malformed(": its size does not match its shape or its message");
     }
     char* dest = static_cast<char*>(q.ops.front().place(meta));
@@ -304,16 +319,40 @@ class MpiP2pTransport : public P2pTransport {
       return Status::Ok();
     }
     if (dest == nullptr) {
-      q.drop.resize(meta.bytes);
-      dest = q.drop.data();
+      const uint64_t piece = std::min(meta.bytes, kPieceBytes);
+      try {
+        q.drop.resize(piece);
+      } catch (const std::bad_alloc&) {
+        return Status(Code::kSystemError,
+                      "recv from rank " + std::to_string(peer) + " with tag " +
+                          std::to_string(tag) + ": no memory for a " + std::to_string(piece) +
+                          "-byte buffer to drop the refused " + std::to_string(meta.bytes) +
+                          "-byte message (MPI cannot skip it, so point-to-point on this "
+                          "communicator is closed: every pending and later send and recv fails "
+                          "with this error)");
+      }
+      q.drop_left = meta.bytes;
+      return PostDropPiece(q, peer, tag);
     }
     CONCORD_MPI_LOCK_OR_RETURN(lock, *env_);
-    for (uint64_t at = 0; at < meta.bytes; at += kMpiMaxMessageBytes) {
-      const int n = static_cast<int>(std::min<uint64_t>(kMpiMaxMessageBytes, meta.bytes - at));
+    for (uint64_t at = 0; at < meta.bytes; at += kPieceBytes) {
+      const int n = static_cast<int>(std::min<uint64_t>(kPieceBytes, meta.bytes - at));
       q.payload.emplace_back();
       CONCORD_MPI_CHECK(MPI_Irecv(dest + at, n, MPI_BYTE, peer, static_cast<int>(2 * tag + 1),
                                   comm_, &q.payload.back()));
     }
+    return Status::Ok();
+  }
+
+  // Receives the next piece of a refused payload into q.drop (its previous piece, if any, has
+  // arrived: one receive into it at a time).
+  Status PostDropPiece(RecvQueue& q, int peer, int64_t tag) {
+    CONCORD_MPI_LOCK_OR_RETURN(lock, *env_);
+    const uint64_t n = std::min(q.drop_left, kPieceBytes);
+    q.drop_left -= n;
+    q.payload.assign(1, MPI_REQUEST_NULL);
+    CONCORD_MPI_CHECK(MPI_Irecv(q.drop.data(), static_cast<int>(n), MPI_BYTE, peer,
+                                static_cast<int>(2 * tag + 1), comm_, &q.payload.back()));
     return Status::Ok();
   }
 
@@ -386,6 +425,11 @@ class MpiP2pTransport : public P2pTransport {
       if (s.ok() && q.head_posted && q.head_request == MPI_REQUEST_NULL) {
         bool done = true;
         if (!q.payload.empty()) s = TestAll(q.payload, &done);
+        if (s.ok() && done && q.drop_left > 0) {
+          s = PostDropPiece(q, peer, tag);
+          done = false;
+          progressed = true;
+        }
         if (s.ok() && done) {
           out.emplace_back(std::move(q.ops.front().done), Status::Ok());
           q.ops.pop_front();

@@ -426,6 +426,51 @@ TEST(GlooBackendTest, InterrupterEndsACollectiveWaitingForAPeer) {
   }
 }
 
+// A backend over a subset of the job's ranks (the hierarchical backend's one across hosts) is
+// given the job's numbers for its ranks (BackendOptions::rank_names): its errors name them so,
+// not by its own numbers. Here ranks 0 and 1 are the job's 6 and 3; rank 1 goes away, and rank
+// 0's broadcast from it fails naming both by the job's numbers.
+TEST(GlooBackendTest, ErrorsNameRanksByRankNames) {
+  HashStore store;
+  const std::string prefix = testing_gloo::UniquePrefix();
+  harness::Latch peer_gone(1);
+  harness::RunRanks(2, [&](int rank) {
+    BackendOptions options =
+        testing_gloo::Options(rank, 2, prefix, std::chrono::milliseconds(2000));
+    options.rank_names = {6, 3};
+    StatusOr<std::unique_ptr<Backend>> created = CreateGlooBackend(options, &store);
+    ASSERT_TRUE(created.ok()) << created.status().ToString();
+    std::unique_ptr<Backend> backend = std::move(*created);
+    std::vector<char> data(4096, 1);
+    ASSERT_TRUE(backend->Broadcast(data.data(), data.size(), 1).ok());
+    ASSERT_TRUE(backend->Barrier().ok());
+    if (rank == 1) {
+      backend.reset();
+      peer_gone.CountDown();
+      return;
+    }
+    ASSERT_TRUE(peer_gone.Wait()) << "rank 1's backend was never destroyed";
+    const Status status = backend->Broadcast(data.data(), data.size(), 1);
+    EXPECT_TRUE(status.code() == Code::kBackendError || status.code() == Code::kTimeout)
+        << status.ToString();
+    EXPECT_NE(status.message().find("broadcast (4096 bytes from rank 3) on rank 6"),
+              std::string::npos)
+        << status.ToString();
+  });
+}
+
+// A connect that fails says which of the job's ranks it was, and among which.
+TEST(GlooBackendTest, RendezvousErrorNamesRanksByRankNames) {
+  HashStore store;
+  BackendOptions options =
+      testing_gloo::Options(0, 2, testing_gloo::UniquePrefix(), std::chrono::milliseconds(300));
+  options.rank_names = {4, 9};
+  StatusOr<std::unique_ptr<Backend>> backend = CreateGlooBackend(options, &store);
+  EXPECT_EQ(backend.status().code(), Code::kTimeout) << backend.status().ToString();
+  EXPECT_EQ(backend.status().message().rfind("rank 4, as rank 0 of gloo among ranks 4, 9: ", 0), 0u)
+      << backend.status().ToString();
+}
+
 TEST(GlooBackendTest, RendezvousTimesOutWithoutPeers) {
   HashStore store;
   StatusOr<std::unique_ptr<Backend>> backend = CreateGlooBackend(

@@ -17,10 +17,14 @@
 //                                     Open MPI can stall) holds the environment's lock; rank 0's
 //                                     collective and point-to-point transport give up on it
 //                                     instead of waiting forever; prints "STALLED_OK".
+//   mpi_backend_test --drop-no-memory-case  np 2: a refused message whose drop buffer cannot be
+//                                     allocated fails its recv with kSystemError; prints
+//                                     "DROP_NO_MEMORY_OK" (MPI unfinalized, as above).
 #include "backends/mpi/mpi_backend.h"
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -43,6 +47,20 @@ using harness::ReduceOverRanks;
 using harness::StoreElement;
 
 std::shared_ptr<MpiEnvironment>* g_env = nullptr;
+
+// Whether a sanitizer's allocator runs: it aborts where operator new would throw std::bad_alloc,
+// so the tests that limit this process's memory leave it alone.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+#else
+constexpr bool kSanitized = false;
+#endif
 
 std::unique_ptr<Backend> MakeBackend(size_t max_message_bytes = kMpiMaxMessageBytes,
                                      std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
@@ -467,6 +485,180 @@ TEST(MpiControlPlaneTest, FrozenPeerIsAPeerFailure) {
   EXPECT_TRUE(sync->Barrier().ok());
 }
 
+// A communicator of MPI_COMM_WORLD's ranks 0 and 1 (MPI_COMM_NULL on the others), for the
+// point-to-point tests' transports. Collective over MPI_COMM_WORLD.
+MPI_Comm PairComm() {
+  auto lock = (*g_env)->Lock();
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm pair = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, rank < 2 ? 0 : MPI_UNDEFINED, rank, &pair);
+  return pair;
+}
+
+// Frees a communicator from PairComm() when it has a second rank; false (freed) when it does not.
+bool HasPeer(MPI_Comm* pair) {
+  if (*pair == MPI_COMM_NULL) return false;
+  auto lock = (*g_env)->Lock();
+  int size = 0;
+  MPI_Comm_size(*pair, &size);
+  if (size < 2) MPI_Comm_free(pair);
+  return size >= 2;
+}
+
+// Waits until `count` reaches n (30 s at most); false when it did not.
+bool WaitFor(const std::atomic<int>& count, int n) {
+  const Deadline deadline = Deadline::After(std::chrono::seconds(30));
+  while (count.load() < n && !deadline.passed()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return count.load() >= n;
+}
+
+// This process's data size (/proc/self/status VmData: its heap and private mappings), in bytes.
+uint64_t DataBytes() {
+  FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  unsigned long long kib = 0;
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    if (std::sscanf(line, "VmData: %llu kB", &kib) == 1) break;
+  }
+  std::fclose(f);
+  return kib * 1024;
+}
+
+uint8_t Pattern(size_t i, int message) {
+  return static_cast<uint8_t>(i * 7 + message * 31 + 1);
+}
+
+// A recv that refuses a large message (its place returns nullptr, as core does for another dtype
+// or shape) drops the payload through a buffer of one piece, not one of the message's size: rank
+// 0 refuses a 200 MiB message while its data may grow by 64 MiB only (RLIMIT_DATA), and the
+// messages after it with the same tag, one large and one eager, arrive whole (the stream stays in
+// sync). A drop buffer of the message's size threw std::bad_alloc on the progress thread, which
+// ended the process. (Under a sanitizer the memory is not limited.)
+TEST(MpiP2pTransportTest, RefusedLargeMessageIsDroppedInBoundedMemory) {
+  MPI_Comm pair = PairComm();
+  if (!HasPeer(&pair)) return;
+  auto t = CreateMpiP2pTransport(*g_env, std::chrono::seconds(30), pair);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  P2pTransport& transport = **t;
+  const std::vector<uint64_t> sizes = {(uint64_t{200} << 20) + 3, (uint64_t{40} << 20) + 5, 100};
+  const Deadline deadline = Deadline::After(std::chrono::seconds(30));
+  std::atomic<int> done{0};
+  std::vector<Status> statuses(sizes.size());
+  if (transport.rank() == 1) {
+    std::vector<std::vector<uint8_t>> messages(sizes.size());
+    for (size_t m = 0; m < sizes.size(); ++m) {
+      messages[m].resize(sizes[m]);
+      for (size_t i = 0; i < sizes[m]; ++i) messages[m][i] = Pattern(i, static_cast<int>(m));
+      P2pMeta meta;
+      meta.shape = {static_cast<int64_t>(sizes[m])};
+      meta.bytes = sizes[m];
+      transport.Send(0, 7, meta, messages[m].data(), deadline, [&, m](const Status& s) {
+        statuses[m] = s;
+        done.fetch_add(1);
+      });
+    }
+    ASSERT_TRUE(WaitFor(done, static_cast<int>(sizes.size())));
+  } else {
+    std::vector<std::vector<uint8_t>> out(sizes.size());
+    for (size_t m = 1; m < sizes.size(); ++m) out[m].resize(sizes[m]);
+    std::vector<uint64_t> seen(sizes.size(), 0);
+    rlimit old_limit{};
+    ASSERT_EQ(::getrlimit(RLIMIT_DATA, &old_limit), 0);
+    rlimit low = old_limit;
+    low.rlim_cur = DataBytes() + (uint64_t{64} << 20);
+    ASSERT_GT(low.rlim_cur, uint64_t{64} << 20);
+    if (!kSanitized) {
+      ASSERT_EQ(::setrlimit(RLIMIT_DATA, &low), 0);
+    }
+    for (size_t m = 0; m < sizes.size(); ++m) {
+      transport.Recv(
+          1, 7, deadline,
+          [&, m](const P2pMeta& meta) -> void* {
+            seen[m] = meta.bytes;
+            return m == 0 ? nullptr : out[m].data();
+          },
+          [&, m](const Status& s) {
+            statuses[m] = s;
+            done.fetch_add(1);
+          });
+    }
+    const bool finished = WaitFor(done, static_cast<int>(sizes.size()));
+    ASSERT_EQ(::setrlimit(RLIMIT_DATA, &old_limit), 0);
+    ASSERT_TRUE(finished);
+    for (size_t m = 0; m < sizes.size(); ++m) EXPECT_EQ(seen[m], sizes[m]) << "message " << m;
+    for (size_t m = 1; m < sizes.size(); ++m) {
+      size_t wrong = 0;
+      for (size_t i = 0; i < sizes[m]; ++i) wrong += out[m][i] != Pattern(i, static_cast<int>(m));
+      EXPECT_EQ(wrong, 0u) << "message " << m;
+    }
+  }
+  for (size_t m = 0; m < sizes.size(); ++m) EXPECT_TRUE(statuses[m].ok()) << statuses[m].ToString();
+  auto lock = (*g_env)->Lock();
+  MPI_Comm_free(&pair);
+}
+
+// Headers that no Concord sender writes, sent by rank 1 with raw MPI on the transport's
+// communicator (a duplicate of the pair's, made by the same collective MPI_Comm_idup; a message
+// with tag t has its header on MPI tag 2t): a large message's header that carries payload bytes
+// too, and a shape with a dimension past its rank. Rank 0's recv fails with kProtocolError naming
+// rank 1 and the tag, at once (the first used to wait for a payload that never comes, the second
+// was taken).
+TEST(MpiP2pTransportTest, MalformedHeadersAreProtocolErrors) {
+  constexpr int64_t kTag = 7;
+  constexpr size_t kHeadWords = 3 + kP2pMaxDims;
+  MPI_Comm pair = PairComm();
+  if (!HasPeer(&pair)) return;
+  int rank = 0;
+  {
+    auto lock = (*g_env)->Lock();
+    MPI_Comm_rank(pair, &rank);
+  }
+  for (const std::string which : {"large with payload bytes", "a dimension past its rank"}) {
+    if (rank == 1) {
+      auto comm = Duplicate(**g_env, pair, Deadline::After(std::chrono::seconds(30)));
+      ASSERT_TRUE(comm.ok()) << comm.status().ToString();
+      std::vector<uint64_t> wire(kHeadWords + 2, 0);  // the header, then 16 bytes
+      wire[0] = static_cast<uint64_t>(DType::kUint8);
+      wire[1] = 1;  // ndim
+      if (which == "large with payload bytes") {
+        wire[2] = wire[3] = 8192;  // bytes, shape[0]: too large for an eager payload
+      } else {
+        wire[2] = wire[3] = 16;
+        wire[5] = 3;  // shape[2] of a shape of rank 1
+      }
+      auto lock = (*g_env)->Lock();
+      EXPECT_EQ(MPI_Send(wire.data(), static_cast<int>(wire.size() * sizeof(uint64_t)), MPI_BYTE, 0,
+                         static_cast<int>(2 * kTag), *comm),
+                MPI_SUCCESS);
+      MPI_Comm_free(&*comm);
+    } else {
+      auto t = CreateMpiP2pTransport(*g_env, std::chrono::seconds(30), pair);
+      ASSERT_TRUE(t.ok()) << t.status().ToString();
+      std::vector<char> sink(8192);
+      std::atomic<int> done{0};
+      Status status;
+      (*t)->Recv(
+          1, kTag, Deadline::After(std::chrono::seconds(5)),
+          [&sink](const P2pMeta&) { return sink.data(); },
+          [&](const Status& s) {
+            status = s;
+            done.fetch_add(1);
+          });
+      ASSERT_TRUE(WaitFor(done, 1));
+      EXPECT_EQ(status.code(), Code::kProtocolError) << which << ": " << status.ToString();
+      EXPECT_NE(status.message().find("malformed point-to-point header from rank 1 (tag 7)"),
+                std::string::npos)
+          << status.ToString();
+    }
+  }
+  auto lock = (*g_env)->Lock();
+  MPI_Comm_free(&pair);
+}
+
 int TimeoutCase() {
   auto env = MpiEnvironment::Acquire();
   if (!env.ok()) return 3;
@@ -632,6 +824,56 @@ int StalledCase() {
   return ok ? 0 : 1;
 }
 
+// np 2: rank 0 refuses rank 1's 64 MiB message while its data may grow by 4 MiB only
+// (RLIMIT_DATA), less than the one piece its drop needs: the recv fails with kSystemError saying
+// so, instead of std::bad_alloc ending the process, and the transport is closed (MPI cannot skip
+// the pieces). Prints "DROP_NO_MEMORY_OK". Rank 1's send is never received: it times out and
+// leaves MPI unfinalized, so mpirun ends the job non-zero. Not under a sanitizer (kSanitized).
+int DropNoMemoryCase() {
+  auto env = MpiEnvironment::Acquire();
+  if (!env.ok()) return 3;
+  auto t = CreateMpiP2pTransport(*env, std::chrono::seconds(30));
+  if (!t.ok()) return 3;
+  P2pTransport& transport = **t;
+  std::atomic<int> done{0};
+  Status status;
+  const uint64_t bytes = uint64_t{64} << 20;
+  if (transport.rank() == 1) {
+    std::vector<char> message(bytes, 1);
+    P2pMeta meta;
+    meta.shape = {static_cast<int64_t>(bytes)};
+    meta.bytes = bytes;
+    transport.Send(0, 3, meta, message.data(), Deadline::After(std::chrono::seconds(3)),
+                   [&](const Status& s) {
+                     status = s;
+                     done.fetch_add(1);
+                   });
+    WaitFor(done, 1);
+    return 0;
+  }
+  rlimit old_limit{};
+  if (::getrlimit(RLIMIT_DATA, &old_limit) != 0) return 3;
+  rlimit low = old_limit;
+  low.rlim_cur = DataBytes() + (uint64_t{4} << 20);
+  if (::setrlimit(RLIMIT_DATA, &low) != 0) return 3;
+  transport.Recv(
+      1, 3, Deadline::After(std::chrono::seconds(10)), [](const P2pMeta&) { return nullptr; },
+      [&](const Status& s) {
+        status = s;
+        done.fetch_add(1);
+      });
+  const bool finished = WaitFor(done, 1);
+  ::setrlimit(RLIMIT_DATA, &old_limit);
+  const bool ok = finished && status.code() == Code::kSystemError &&
+                  status.message().find(
+                      "no memory for a 16777216-byte buffer to drop the "
+                      "refused 67108864-byte message") != std::string::npos;
+  std::printf("%s rank 0: %s\n", ok ? "DROP_NO_MEMORY_OK" : "DROP_NO_MEMORY_FAIL",
+              finished ? status.ToString().c_str() : "the recv did not end");
+  std::fflush(stdout);
+  return ok ? 0 : 1;
+}
+
 }  // namespace
 }  // namespace concord
 
@@ -640,6 +882,9 @@ int main(int argc, char** argv) {
   if (argc == 2 && std::strcmp(argv[1], "--interrupt-case") == 0) return concord::InterruptCase();
   if (argc == 2 && std::strcmp(argv[1], "--closing-case") == 0) return concord::ClosingCase();
   if (argc == 2 && std::strcmp(argv[1], "--stalled-case") == 0) return concord::StalledCase();
+  if (argc == 2 && std::strcmp(argv[1], "--drop-no-memory-case") == 0) {
+    return concord::DropNoMemoryCase();
+  }
   ::testing::InitGoogleTest(&argc, argv);
   auto env = concord::MpiEnvironment::Acquire();
   if (!env.ok()) {
