@@ -1,18 +1,21 @@
 """The torch.distributed backend "concord" (concord/torch_backend.py), torch's own test patterns:
 every ReduceOp Concord has over every dtype at sizes 0, 1, odd and larger; all_gather (and
 _into_tensor), broadcast from every root, reduce (every op, dtype, size, root) and gather (and
-gather_object) to every root, reduce_scatter (and _tensor), all_to_all (and
-_single, uneven), send/recv, barrier; async works and their futures; a shape that differs between
-ranks and an unsupported op fail with errors naming them; a CUDA tensor (a stand-in that says it
+gather_object) to every root, scatter (every dtype, root and size; and scatter_object_list),
+reduce_scatter (and _tensor), all_to_all (and _single, uneven), send/recv, barrier; async works
+and their futures; a shape that differs between ranks, a scatter_list that does not match the
+output and an unsupported op fail with errors naming them; a CUDA tensor (a stand-in that says it
 is on cuda:0; torch built with CUDA) refused by the backend and the DDP hook, naming it; a group
-whose rank 0 serves Concord's store (as under torchrun); "cpu:concord" and a device-mapped string it cannot honour (torch 2.x);
-non-contiguous tensors filled in place; a recv of another shape; output lists of another size
-refused at the call; a forked child refused the parent's group and works; destroy_process_group
-finalizing a group's communicator; and DDP training of a small CNN on "concord" equals the same
-on "gloo" to 1e-5.
-Run on 2 and 3 ranks under concordrun (its CONCORD_STORE; torch's store is a FileStore), and by
-torch2_test.sh on 2 ranks under torch 2.x's torchrun, where the group is made exactly as a
-torchrun script makes it: init_process_group("concord"), rendezvous from torchrun's variables."""
+whose rank 0 serves Concord's store (as under torchrun); "cpu:concord" and a device-mapped string
+it cannot honour (torch 2.x); non-contiguous tensors filled in place; a recv of another shape;
+output lists of another size refused at the call; a forked child refused the parent's group and
+works; destroy_process_group finalizing a group's communicator; new_group's timeout= bounding a
+recv; finished operations' requests and tensors freed without a later submission; and DDP
+training of a small CNN on "concord" equals the same on "gloo" to 1e-5.
+Run on 2 and 3 ranks under concordrun (its CONCORD_STORE; torch's store is a FileStore), its
+scatter cases alone on 1 and 4, and by torch2_test.sh on 2 ranks under torch 2.x's torchrun,
+where the group is made exactly as a torchrun script makes it: init_process_group("concord"),
+rendezvous from torchrun's variables."""
 import os
 
 import pytest
@@ -165,6 +168,109 @@ def test_gather_to_every_root():
     if RANK == 0:
         assert objects == [{"rank": r, "pad": "x" * r} for r in range(SIZE)]
 
+
+
+SCATTER_DTYPES = DTYPES + [torch.int8, torch.uint8, torch.bool]
+
+
+def piece(root, rank, shape, dtype):
+    """What root's scatter_list[rank] holds: small integers (exact in every dtype; for bool
+    their parity), different for every root and destination."""
+    n = 1
+    for d in shape:
+        n *= d
+    x = torch.arange(n, dtype=torch.int64) % 3 + 4 * root + rank + 1
+    return (x % 2 == 0 if dtype == torch.bool else x.to(dtype)).reshape(shape)
+
+
+def scattered(shape, dtype, root, async_op, contiguous=True):
+    """dist.scatter from root of pieces of `shape` into an output filled with a marker; returns
+    the output."""
+    out = torch.full(shape[::-1] if not contiguous else shape, 9, dtype=dtype)
+    if not contiguous:
+        out = out.t()
+        assert not out.is_contiguous() or out.numel() <= 1
+    pieces = [piece(root, r, shape, dtype) for r in range(SIZE)] if RANK == root else None
+    work = dist.scatter(out, pieces, src=root, async_op=async_op)
+    if async_op:
+        value = work.get_future().wait() if root % 2 else None
+        assert work.wait() is True and work.is_completed()
+        assert value is None or value[0] is out  # the future holds the output, as gloo's
+    else:
+        assert work is None
+    return out
+
+
+@pytest.mark.parametrize("dtype", SCATTER_DTYPES, ids=str)
+def test_scatter_every_dtype_root_size(dtype):
+    """torch's scatter (on Concord's all-to-all): every rank's output receives the root's
+    scatter_list[rank], from every root, at sizes 0, 1, odd and larger, 2-d, blocking and
+    async (wait() and the future), and into a transposed output."""
+    for root in range(SIZE):
+        for i, shape in enumerate([(0,), (1,), (7,), (4099,), (2, 3)]):
+            out = scattered(shape, dtype, root, async_op=bool((root + i) % 2))
+            assert torch.equal(out, piece(root, RANK, shape, dtype)), (root, shape, out)
+        out = scattered((3, 2), dtype, root, async_op=False, contiguous=False)
+        assert torch.equal(out, piece(root, RANK, (3, 2), dtype))
+
+
+def test_scatter_object_list():
+    """torch's scatter_object_list: a broadcast of the largest size, then two scatters."""
+    for root in range(SIZE):
+        objects = [{"to": r, "from": root, "pad": "x" * (3 * r)} for r in range(SIZE)]
+        got = [None]
+        dist.scatter_object_list(got, objects if RANK == root else None, src=root)
+        assert got[0] == objects[RANK]
+
+
+def test_scatter_shapes_that_do_not_match_are_named():
+    # The root refuses a scatter_list of another shape, dtype or length before sending (the
+    # others need not call).
+    if RANK == 0:
+        bad = [torch.ones(4) for _ in range(SIZE)]
+        bad[-1] = torch.ones(2, 2)
+        with pytest.raises(concord.InvalidArgumentError, match=r"scatter: scatter_list\[%d\] is "
+                           r"torch.float32 \[2, 2\] on cpu, the output tensor torch.float32 "
+                           r"\[4\] on cpu: each must have the output's shape" % (SIZE - 1)):
+            dist.scatter(torch.ones(4), bad, src=0)
+        group = dist.distributed_c10d._get_default_group()  # torch checks dtypes first
+        opts = dist.ScatterOptions()
+        opts.rootRank = 0
+        bad[-1] = torch.ones(4, dtype=torch.float64)
+        with pytest.raises(concord.InvalidArgumentError, match=r"scatter_list\[%d\] is "
+                           r"torch.float64 \[4\] on cpu, the output tensor torch.float32"
+                           % (SIZE - 1)):
+            group.scatter([torch.ones(4)], [bad], opts)
+        with pytest.raises(concord.InvalidArgumentError, match="scatter: expected one input list "
+                           "of %d tensors on the root" % SIZE):
+            group.scatter([torch.ones(4)], [[torch.ones(4)] * (SIZE + 1)], opts)
+    dist.barrier()
+    # A rank whose output has more elements than the root sends it fails with MISMATCH naming
+    # both, one with fewer with the library's INVALID_ARGUMENT naming both sizes; the others get
+    # their pieces.
+    odd = SIZE - 1
+    errors = {5: (concord.Status.ERR_MISMATCH, r"rank %d expected \[5(, 0)*\] elements from "
+                  r"ranks 0..%d \(its output sizes\), the ranks sent it \[4(, 0)*\]" % (odd, odd)),
+              3: (concord.Status.ERR_INVALID_ARGUMENT, "alltoall result needs 16 bytes, the output "
+                  "buffer has 12")}
+    for n, (status, message) in errors.items():
+        pieces = [piece(0, r, (4,), torch.float32) for r in range(SIZE)] if RANK == 0 else None
+        if RANK == odd and RANK != 0:
+            with pytest.raises(concord.ConcordError, match=r"torch\.scatter\.\d+'.*" + message) \
+                    as e:
+                dist.scatter(torch.empty(n), pieces, src=0)
+            assert e.value.status == status
+        else:
+            out = torch.empty(4)
+            dist.scatter(out, pieces, src=0)
+            assert torch.equal(out, piece(0, RANK, (4,), torch.float32))
+    if SIZE > 1:  # an output of another dtype than the root's: MISMATCH on every rank
+        pieces = [piece(0, r, (4,), torch.float32) for r in range(SIZE)] if RANK == 0 else None
+        with pytest.raises(concord.ConcordError, match="ranks disagree on dtype: float32 on ranks? "
+                           "0.*; int32 on rank %d" % odd):
+            dist.scatter(torch.empty(4, dtype=torch.int32 if RANK == odd else torch.float32),
+                         pieces, src=0)
+    dist.all_reduce(torch.ones(3))  # the group still works
 
 def test_reduce_scatter_and_tensor():
     for n in (0, 1, 3):
@@ -393,6 +499,48 @@ def test_works_never_waited_for_are_let_go():
         close(t, torch.full((100,), float(sum(r + i for r in range(SIZE)))), torch.float32)
 
 
+
+def test_finished_operations_release_their_requests_and_tensors():
+    """Once an operation completed and its work was waited for (or dropped), the binding's
+    request and the tensors the engine used are let go without a later submission (they waited
+    for the next one, or for finalize: a job that ended its collectives and evaluated for an
+    hour kept the last operations' buffers)."""
+    import gc
+    import time
+    from concord import handle
+
+    def unreleased(ptr):
+        """Tensors on t's memory (the backend's detached views) and Handles with a request."""
+        objects = gc.get_objects()
+        # type(), not isinstance: that would touch torch's deprecated dist.reduce_op, warning
+        return (sum(1 for o in objects if type(o) is torch.Tensor and o.data_ptr() == ptr),
+                sum(1 for o in objects if type(o) is handle.Handle and
+                    o._request is not None) + len(handle._ORPHANS))
+
+    ptrs = []
+    for kind in ("broadcast", "all_to_all", "scatter", "get_future", "wait"):
+        t = torch.full((SIZE << 14,), float(RANK + 1))
+        ptrs.append(t.data_ptr())
+        if kind == "broadcast":
+            dist.broadcast(t, src=0)
+        elif kind == "all_to_all":  # completed on a thread of its own (it checks the sizes)
+            dist.all_to_all_single(torch.empty_like(t), t)
+        elif kind == "scatter":
+            dist.scatter(t, [t] * SIZE if RANK == 0 else None, src=0)
+        elif kind == "get_future":
+            dist.all_reduce(t, async_op=True).get_future().wait()
+        else:  # the last operation: nothing is submitted after it
+            dist.all_reduce(t, async_op=True).wait()
+        del t
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        left = [unreleased(p) for p in ptrs]
+        if all(left_ == (0, 0) for left_ in left):
+            break
+        time.sleep(0.05)
+    assert all(left_ == (0, 0) for left_ in left), left
+    dist.barrier()
+
 def test_send_recv_ring_and_barrier():
     for dtype in (torch.float16, torch.int64):
         x = values(RANK, 9, dtype)
@@ -438,8 +586,6 @@ def test_unsupported_op_and_tensor_are_named():
             dist.all_reduce(torch.ones(2, dtype=torch.int32), op=getattr(dist.ReduceOp, op))
     with pytest.raises(concord.InvalidArgumentError, match="dtype torch.bool"):
         dist.all_reduce(torch.ones(2, dtype=torch.bool))
-    with pytest.raises(concord.UnavailableError, match="scatter is not supported"):
-        dist.scatter(torch.ones(2), [torch.ones(2) for _ in range(SIZE)] if RANK == 0 else None)
 
 
 @pytest.mark.skipif(torch.version.cuda is None, reason="torch %s is built without CUDA: it makes "
@@ -484,6 +630,42 @@ class FakeEvent:
     def record(self, stream):
         FakeEvent.recorded += 1
 
+
+
+def test_a_timeout_of_init_process_group_bounds_a_recv(monkeypatch):
+    """init_process_group's (and new_group's) timeout= is the group's communicator's timeout:
+    a recv with no sender fails with TIMEOUT after about that long (it waited CONCORD_TIMEOUT_S,
+    else 30 s). An explicit CONCORD_TIMEOUT_S wins over it."""
+    import datetime
+    import time
+    from concord import torch_backend
+    for env, timeout, limit in ((None, 2.0, 2.0), ("2", 60.0, 2.0)):
+        if env is None:
+            monkeypatch.delenv("CONCORD_TIMEOUT_S", raising=False)  # run_pytest.sh sets it
+        else:
+            monkeypatch.setenv("CONCORD_TIMEOUT_S", env)
+        sub = dist.new_group(backend="concord", timeout=datetime.timedelta(seconds=timeout))
+        if RANK == 0:
+            start = time.monotonic()
+            with pytest.raises(concord.ConcordError) as e:
+                dist.recv(torch.empty(3), src=SIZE - 1, group=sub, tag=99)
+            took = time.monotonic() - start
+            assert e.value.status == concord.Status.ERR_TIMEOUT, e.value
+            assert limit - 0.5 < took < limit + 5, took
+        dist.barrier()
+        sub.shutdown()  # torch 1.13's destroy_process_group does not (torch 2.x's would)
+    # What the creator passes on: nothing for torch's default (Concord's own timeout applies)
+    # or under CONCORD_TIMEOUT_S; a day at most, with a warning; nothing at or below zero.
+    assert torch_backend._timeout_config(dist.default_pg_timeout) == {}
+    assert torch_backend._timeout_config(datetime.timedelta(seconds=5)) == {}  # env set above
+    monkeypatch.delenv("CONCORD_TIMEOUT_S")
+    assert torch_backend._timeout_config(datetime.timedelta(seconds=5)) == {"timeout_s": 5.0}
+    with pytest.warns(UserWarning, match="longer than Concord's longest timeout: the concord "
+                      "backend uses 86400 s"):
+        assert torch_backend._timeout_config(datetime.timedelta(days=2)) == {"timeout_s": 86400.0}
+    with pytest.raises(concord.InvalidArgumentError, match="timeout=0:00:00: the concord backend "
+                       "takes a timeout above 0"):
+        torch_backend._timeout_config(datetime.timedelta(0))
 
 def test_group_whose_rank0_serves_the_store(monkeypatch):
     # Without CONCORD_STORE (torchrun, init_method=...): rank 0 serves Concord's store on a free

@@ -5,7 +5,8 @@
 torchrun's variables) makes a ProcessGroupConcord whose collectives run through Concord's engine.
 CUDA tensors: every collective (all_reduce, reduce, broadcast, all_gather,
 all_gather_into_tensor, gather, reduce_scatter, reduce_scatter_tensor, all_to_all,
-all_to_all_single) goes to the device backend (NCCL) without a host copy, ordered after torch's
+all_to_all_single, and scatter, which is all_to_all_single's path: not yet run on a GPU) goes to
+the device backend (NCCL) without a host copy, ordered after torch's
 current stream; a work's wait() makes the current stream wait for the operation (into a list of
 tensors: the host waits, for the copies into the list), its future (for the tensors' device)
 completes when the operation has. send and recv take CUDA tensors too: they travel through host
@@ -29,10 +30,18 @@ reducer) holds a Python Work only as its C++ base, which forgets the Python obje
 keeps each _Work that torch's C++ side may hold alive until it is done and wait() or get_future()
 was called on it. A _Work returned to Python code by torch.distributed's functions
 (dist.all_reduce(..., async_op=True), isend, ...) is its caller's: the group drops it once done,
-waited for or not. all_to_all and all_to_all_single check the rows each rank sent against the
-output sizes once the operation is over (a callback may not read them): a short daemon thread
-per operation completes those works (its future's callbacks then run there, and may wait for
-other works).
+waited for or not. all_to_all, all_to_all_single and scatter check the rows each rank sent
+against the output sizes once the operation is over (a callback may not read them): a short
+daemon thread per operation completes those works (its future's callbacks then run there, and
+may wait for other works). Once an operation is over its Handle is completed (the binding's
+request and the tensors the engine used freed) by that thread, the failure's, or _Releaser's
+(one per process), not left for the communicator's next submission.
+
+scatter runs on Concord's all-to-all: the root sends scatter_list[i]'s elements to rank i, the
+others send none, so each rank receives only its piece.
+
+init_process_group's (and new_group's) timeout= becomes the communicator's timeout_s unless
+CONCORD_TIMEOUT_S is set or torch gives its default (see _timeout_config).
 
 Tensors that are not contiguous (transposed, channels_last) go through a contiguous copy in
 all_reduce, reduce, broadcast, send and recv, copied back into them once done; send and recv move
@@ -49,14 +58,17 @@ serves Concord's store on a free port of its address (MASTER_ADDR, else CONCORD_
 import inspect
 import json
 import os
+import queue
 import socket
 import sys
 import threading
 import time
 import uuid
+import warnings
 
 import torch
 import torch.distributed as dist
+from torch.distributed.constants import default_pg_timeout
 
 from . import comm as _comm
 from .errors import (InvalidArgumentError, Status, UnavailableError, WaitTimeoutError,
@@ -144,6 +156,53 @@ def _returned_to_python(depth):
         return sys._getframe(depth + 1).f_code.co_filename == _C10D_FILE
     except ValueError:  # no Python frame there: called from C++ on a thread of its own
         return False
+
+
+class _Releaser:
+    """Completes the Handles of operations whose callback has run, on one daemon thread of the
+    process, so that their requests and the tensors the engine used are freed as soon as they
+    finish. Neither can happen in the callback (its request is still IN_PROGRESS there, and a
+    callback must not wait), and a Handle merely dropped waits in the binding's orphan list for
+    the communicator's next submission or finalize: a job that ended its collectives and went on
+    to a long evaluation kept its last operations' buffers. put(holder, submitted): called by an
+    operation's callback; the thread waits for `submitted` (then holder["handle"] is the Handle,
+    or absent: the enqueue failed), then for the callback to return (Handle.synchronize, which
+    never waits longer: the operation is over), and drops the Handle. Its errors were reported
+    through the work's future already. A forked child starts a thread (and queue) of its own
+    for its own operations; the parent's queued ones are never completed there (the binding
+    frees nothing of the parent's in a child)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._queue = None
+        self._pid = None
+
+    def put(self, holder, submitted):
+        if self._pid != os.getpid():
+            with self._lock:
+                if self._pid != os.getpid():
+                    self._queue = queue.SimpleQueue()
+                    threading.Thread(target=self._loop, args=(self._queue,), daemon=True,
+                                     name="concord-torch-release").start()
+                    self._pid = os.getpid()
+        self._queue.put((holder, submitted))
+
+    @staticmethod
+    def _loop(pending):
+        while True:
+            holder, submitted = pending.get()
+            submitted.wait()
+            handle = holder.get("handle")
+            del holder, submitted
+            if handle is not None:
+                try:
+                    handle.synchronize()
+                except Exception:
+                    pass  # the work's future carries the operation's error
+                del handle
+
+
+_release = _Releaser().put
 
 
 class _Work(dist.Work):
@@ -350,6 +409,9 @@ class ProcessGroupConcord(dist.ProcessGroup):
                     threading.Thread(target=succeed, daemon=True).start()
                 else:
                     succeed()
+                    # Its Handle is completed (request and tensors freed) once this returns;
+                    # the threads above complete theirs themselves.
+                    _release(holder, submitted)
             else:
                 threading.Thread(target=fail, daemon=True).start()
 
@@ -360,7 +422,8 @@ class ProcessGroupConcord(dist.ProcessGroup):
         except BaseException:
             self._settle(work, claimed=True, done=True)
             raise
-        submitted.set()
+        finally:
+            submitted.set()  # those waiting for the Handle find it, or none (never called back)
         return work
 
     def _settle(self, work, claimed=False, done=False):
@@ -579,8 +642,44 @@ class ProcessGroupConcord(dist.ProcessGroup):
             _rows(t), root=root, out=buffer, name=self._name("gather"), callback=cb),
             output_lists, finish, cuda=_cuda(t))
 
-    def scatter(self, *args, **kwargs):
-        self._unsupported("scatter")
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        """torch's scatter on Concord's all-to-all: the root sends scatter_list[i] (its elements,
+        flat) to rank i, the other ranks send nothing, and every rank's output receives the
+        root's scatter_list[rank]. On the root input_tensors is one list of size() tensors of
+        the output's shape, dtype and device (else InvalidArgumentError before anything is
+        sent); the other ranks' is ignored (torch passes an empty one). A rank whose output has
+        more elements than the root sent it fails with MISMATCH naming both (fewer: the
+        library's INVALID_ARGUMENT naming both sizes); another dtype than the root's fails with
+        MISMATCH on every rank."""
+        o = _one(output_tensors, "scatter")
+        root = opts.rootRank
+        if self.rank() == root:
+            if len(input_tensors) != 1 or len(input_tensors[0]) != self.size():
+                raise InvalidArgumentError(
+                    Status.ERR_INVALID_ARGUMENT,
+                    "scatter: expected one input list of %d tensors on the root" % self.size())
+            for i, x in enumerate(input_tensors[0]):
+                if x.shape != o.shape or x.dtype != o.dtype or x.device != o.device:
+                    raise InvalidArgumentError(
+                        Status.ERR_INVALID_ARGUMENT, "scatter: scatter_list[%d] is %s %s on %s, "
+                        "the output tensor %s %s on %s: each must have the output's shape, "
+                        "dtype and device" % (i, x.dtype, list(x.shape), x.device, o.dtype,
+                                              list(o.shape), o.device))
+            source = torch.cat([x.detach().reshape(-1) for x in input_tensors[0]])
+            splits = [o.numel()] * self.size()
+        else:
+            source = torch.empty(0, dtype=o.dtype, device=o.device)
+            splits = [0] * self.size()
+        name = self._name("scatter")
+        target, finish = _into(o, (o.numel(),))
+        expected = [o.numel() if r == root else 0 for r in range(self.size())]
+
+        def verify(value):  # before finish: a non-contiguous output is not copied into then
+            self._check_received(name, "scatter", "elements", expected, value[1])
+
+        return self._run(lambda cb: self.comm.alltoall_async(
+            source, splits=splits, out=target, name=name, callback=cb), output_tensors, finish,
+            cuda=_cuda(o), verify=verify)
 
     def recv_anysource(self, *args, **kwargs):
         self._unsupported("recv from any source")
@@ -613,10 +712,38 @@ def _rendezvous(store, rank):
     return json.loads(store.get(key).decode())
 
 
+# The library's longest timeout (CONCORD_TIMEOUT_S, concord_config_t.timeout_s): a day.
+_MAX_TIMEOUT_S = 86400.0
+
+
+def _timeout_config(timeout):
+    """The communicator's timeout_s for init_process_group's (or new_group's) timeout=, as a
+    config dict: none (Concord's own setting applies) when CONCORD_TIMEOUT_S is set, as it is
+    this run's explicit choice for Concord while a script's timeout= is written once for every
+    backend, or when torch gives its default (30 minutes: what it passes when the caller gave
+    none); longer than the library's limit (a day) is taken as a day, with a warning; zero or
+    less is refused naming it."""
+    if timeout is None or os.environ.get("CONCORD_TIMEOUT_S") or timeout == default_pg_timeout:
+        return {}
+    seconds = timeout.total_seconds()
+    if seconds <= 0:
+        raise InvalidArgumentError(
+            Status.ERR_INVALID_ARGUMENT, "init_process_group's timeout=%s: the concord backend "
+            "takes a timeout above 0 (at most %d s)" % (timeout, _MAX_TIMEOUT_S))
+    if seconds > _MAX_TIMEOUT_S:
+        warnings.warn("init_process_group's timeout=%s is longer than Concord's longest "
+                      "timeout: the concord backend uses %d s" % (timeout, _MAX_TIMEOUT_S))
+        seconds = _MAX_TIMEOUT_S
+    return {"timeout_s": seconds}
+
+
 def create_process_group(store, rank, size, timeout):
-    """torch's backend creator: a ProcessGroupConcord over a new Communicator of `size` ranks."""
+    """torch's backend creator (torch 1.13 and 2.x call it so, the backend being registered
+    without extended_api): a ProcessGroupConcord over a new Communicator of `size` ranks, whose
+    timeout is torch's `timeout` (see _timeout_config)."""
+    config = {"rank": rank, "size": size, **_timeout_config(timeout)}
     info = _rendezvous(store, rank)
-    config = {"rank": rank, "size": size, "job_id": info["job_id"]}
+    config["job_id"] = info["job_id"]
     if "port" not in info:  # concordrun's store (CONCORD_STORE, CONCORD_TOKEN)
         return ProcessGroupConcord(_comm.Communicator(**config), rank, size)
     config["token"] = info["token"]
