@@ -19,11 +19,9 @@
 #include "rendezvous/hash_store.h"
 #include "rendezvous/net.h"
 
-// A message of 2^62 bytes cannot be allocated: the sanitizers' allocators return null for it, as
-// malloc does, instead of reporting it.
-extern "C" const char* __asan_default_options() {
-  return "allocator_may_return_null=1";
-}
+// A message of 2^62 bytes cannot be allocated: ThreadSanitizer's allocator returns null for it, as
+// malloc does, instead of reporting it. (AddressSanitizer's option is not read from a GCC-built
+// test, whose runtime is a shared library: the test skips there.)
 extern "C" const char* __tsan_default_options() {
   return "allocator_may_return_null=1";
 }
@@ -149,6 +147,13 @@ TEST(TcpP2pPeerTest, AMessageWithANegativeTagFailsTheLink) {
 }
 
 TEST(TcpP2pPeerTest, AMessageTooLargeToKeepBeforeItsRecvFailsTheLinkNamingIt) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer reports a 2^62-byte allocation instead of failing it";
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+  GTEST_SKIP() << "AddressSanitizer reports a 2^62-byte allocation instead of failing it";
+#endif
+#endif
   FakePeer peer = Connect(/*direct=*/false);
   ASSERT_TRUE(peer.rank0 && peer.fd.valid());
   Outcome waiting;
