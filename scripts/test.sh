@@ -105,8 +105,10 @@ suppressions=$root/scripts/tsan-suppressions.txt"
   ctest --test-dir "$build" --output-on-failure -j2 --timeout 300 -L '^threaded$' \
     -E 'EveryOpAndSize/.*_(float16|bfloat16|float64|int8|uint8|int32|int64)_|GlooAllreduceTest\.LargeCount/|^GlooBackendTest\.ReduceScatterLargeBlocksInHalves$' \
     || failed=1
+  # The 1 Mi-element shared-memory and hierarchical conformance runs (140 s of the pass) repeat
+  # mp_conformance_large_np2's threading over more data; the gcc and asan passes run them.
   ctest --test-dir "$build" --output-on-failure -j2 --timeout 300 -R '^(c_api_test|mp_)' \
-    -E '^mp_conformance_large_np[134]$|^mp_mpi_conformance_large_|^mp_conformance_(large_|split_)?noshm_np[34]$' \
+    -E '^mp_conformance_large_np[134]$|^mp_mpi_conformance_large_|^mp_conformance_(large_|split_)?noshm_np[34]$|^mp_hier_conformance_large_np4$|^mp_shm_conformance_chunked_large_np3$' \
     || failed=1
   if compgen -G "$reports/tsan.*" >/dev/null; then
     echo "== ThreadSanitizer reports =="
