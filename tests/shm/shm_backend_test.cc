@@ -285,7 +285,25 @@ TEST(ShmBackendArgumentsTest, BadArgumentsAreRefusedAndTheBackendStaysUsable) {
   });
 }
 
-TEST(ShmBackendFailureTest, APeerThatNeverComesTimesOutNamingIt) {
+// The failure tests' set-up: a file store in a directory of its own, which the ranks this test
+// forks share (a HashStore lives in one process's memory). Each test's ranks use a fresh prefix.
+class ShmBackendFailureTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_FALSE(dir_.path().empty());
+    auto store = FileStore::Create(dir_.path());
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    store_ = std::move(*store);
+  }
+
+  Store* store() { return store_.get(); }
+
+ private:
+  harness::TempDir dir_{"concord-shm-test-"};
+  std::unique_ptr<FileStore> store_;
+};
+
+TEST_F(ShmBackendFailureTest, APeerThatNeverComesTimesOutNamingIt) {
   HashStore store;
   const std::string prefix = UniquePrefix();
   harness::Latch done(1);
@@ -311,7 +329,7 @@ TEST(ShmBackendFailureTest, APeerThatNeverComesTimesOutNamingIt) {
   });
 }
 
-TEST(ShmBackendFailureTest, InterrupterEndsAWaitPromptly) {
+TEST_F(ShmBackendFailureTest, InterrupterEndsAWaitPromptly) {
   HashStore store;
   const std::string prefix = UniquePrefix();
   harness::RunRanks(2, [&](int rank) {
@@ -352,18 +370,14 @@ std::vector<std::string> SegmentsOf(pid_t pid) {
 // A child process is rank 1; it SIGKILLs itself while both ranks run allreduces (the segment's
 // and direct ones). This process, rank 0, must fail naming rank 1 long before its 20 s timeout,
 // and no segment may remain in /dev/shm.
-TEST(ShmBackendFailureTest, APeerKilledMidCollectiveIsNamedAndLeavesNothingBehind) {
+TEST_F(ShmBackendFailureTest, APeerKilledMidCollectiveIsNamedAndLeavesNothingBehind) {
   for (const size_t direct_threshold : {SIZE_MAX, size_t{0}}) {
-    harness::TempDir dir("concord-shm-test-");
-    ASSERT_FALSE(dir.path().empty());
-    auto store = FileStore::Create(dir.path());
-    ASSERT_TRUE(store.ok()) << store.status().ToString();
     const std::string prefix = UniquePrefix();
     std::vector<float> data(size_t{4} << 20, 1.0f);  // 16 MiB: many chunks
     const pid_t child = ::fork();
     ASSERT_GE(child, 0);
     if (child == 0) {
-      auto backend = CreateShmBackend(Options(1, 2, prefix, kTimeout), store->get(), kBufferBytes,
+      auto backend = CreateShmBackend(Options(1, 2, prefix, kTimeout), store(), kBufferBytes,
                                       direct_threshold);
       if (!backend.ok()) ::_exit(3);
       std::thread killer([] {
@@ -376,8 +390,8 @@ TEST(ShmBackendFailureTest, APeerKilledMidCollectiveIsNamedAndLeavesNothingBehin
       }
       ::_exit(4);
     }
-    auto backend = CreateShmBackend(Options(0, 2, prefix, kTimeout), store->get(), kBufferBytes,
-                                    direct_threshold);
+    auto backend =
+        CreateShmBackend(Options(0, 2, prefix, kTimeout), store(), kBufferBytes, direct_threshold);
     ASSERT_TRUE(backend.ok()) << backend.status().ToString();
     EXPECT_TRUE(SegmentsOf(::getpid()).empty()) << "the segment's name outlived its set-up";
     const auto start = std::chrono::steady_clock::now();
@@ -399,11 +413,7 @@ TEST(ShmBackendFailureTest, APeerKilledMidCollectiveIsNamedAndLeavesNothingBehin
 // hierarchical backend's ranks on one host are: BackendOptions::rank_names): the survivor names
 // the victim by its number in the job wherever it finds it gone, in a barrier or in a read of its
 // memory (the reads named it by its number on this host).
-TEST(ShmBackendFailureTest, APeerKilledMidDirectAllreduceIsNamedByItsNumberInTheJob) {
-  harness::TempDir dir("concord-shm-test-");
-  ASSERT_FALSE(dir.path().empty());
-  auto store = FileStore::Create(dir.path());
-  ASSERT_TRUE(store.ok()) << store.status().ToString();
+TEST_F(ShmBackendFailureTest, APeerKilledMidDirectAllreduceIsNamedByItsNumberInTheJob) {
   const std::string prefix = UniquePrefix();
   auto options = [&](int rank) {
     BackendOptions named = Options(rank, 2, prefix, kTimeout);
@@ -414,7 +424,7 @@ TEST(ShmBackendFailureTest, APeerKilledMidDirectAllreduceIsNamedByItsNumberInThe
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
-    auto backend = CreateShmBackend(options(1), store->get(), kBufferBytes, 0);
+    auto backend = CreateShmBackend(options(1), store(), kBufferBytes, 0);
     if (!backend.ok()) ::_exit(3);
     std::thread killer([] {
       std::this_thread::sleep_for(std::chrono::milliseconds(30));
@@ -424,7 +434,7 @@ TEST(ShmBackendFailureTest, APeerKilledMidDirectAllreduceIsNamedByItsNumberInThe
     }
     ::_exit(4);
   }
-  auto backend = CreateShmBackend(options(0), store->get(), kBufferBytes, 0);
+  auto backend = CreateShmBackend(options(0), store(), kBufferBytes, 0);
   ASSERT_TRUE(backend.ok()) << backend.status().ToString();
   Status s;
   while (s.ok()) {
@@ -445,11 +455,7 @@ TEST(ShmBackendFailureTest, APeerKilledMidDirectAllreduceIsNamedByItsNumberInThe
 // (Before the fix rank 0 returned at once, and rank 1 went on writing the rest of its part.) An
 // attempt in which rank 1 finished its part before the stop (a busy machine) proves nothing and
 // is run again.
-TEST(ShmBackendFailureTest, AFailedDirectAllreduceReturnsOnceNoPeerWritesIntoItsBuffer) {
-  harness::TempDir dir("concord-shm-test-");
-  ASSERT_FALSE(dir.path().empty());
-  auto store = FileStore::Create(dir.path());
-  ASSERT_TRUE(store.ok()) << store.status().ToString();
+TEST_F(ShmBackendFailureTest, AFailedDirectAllreduceReturnsOnceNoPeerWritesIntoItsBuffer) {
   const size_t count = size_t{4} << 20;  // 16 MiB: rank 1 writes its half in 128 KiB pieces
   bool proved = false;
   for (int attempt = 0; attempt < 5 && !proved && !HasFailure(); ++attempt) {
@@ -457,14 +463,13 @@ TEST(ShmBackendFailureTest, AFailedDirectAllreduceReturnsOnceNoPeerWritesIntoIts
     const pid_t child = ::fork();
     ASSERT_GE(child, 0);
     if (child == 0) {
-      auto backend =
-          CreateShmBackend(Options(1, 2, prefix, kTimeout), store->get(), kBufferBytes, 0);
+      auto backend = CreateShmBackend(Options(1, 2, prefix, kTimeout), store(), kBufferBytes, 0);
       if (!backend.ok()) ::_exit(3);
       std::vector<float> data(count, 2.0f);
       const Status s = (*backend)->Allreduce(data.data(), count, DType::kFloat32, ReduceOp::kSum);
       ::_exit(s.ok() ? 4 : 5);
     }
-    auto backend = CreateShmBackend(Options(0, 2, prefix, kTimeout), store->get(), kBufferBytes, 0);
+    auto backend = CreateShmBackend(Options(0, 2, prefix, kTimeout), store(), kBufferBytes, 0);
     ASSERT_TRUE(backend.ok()) << backend.status().ToString();
     std::vector<float> data(count, 1.0f);
     const std::function<void()> interrupt = (*backend)->Interrupter();
@@ -532,21 +537,17 @@ class DiesAtTheNameStore : public Store {
 
 // Rank 1 (a child process) exits during the set-up, after rank 0 created the segment: rank 0 fails
 // naming it long before its 20 s timeout, and the segment's name is gone at once.
-TEST(ShmBackendFailureTest, APeerThatExitsDuringSetUpIsNamedAndLeavesNothingBehind) {
-  harness::TempDir dir("concord-shm-test-");
-  ASSERT_FALSE(dir.path().empty());
-  auto store = FileStore::Create(dir.path());
-  ASSERT_TRUE(store.ok()) << store.status().ToString();
+TEST_F(ShmBackendFailureTest, APeerThatExitsDuringSetUpIsNamedAndLeavesNothingBehind) {
   const std::string prefix = UniquePrefix();
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
-    DiesAtTheNameStore dying(store->get(), DiesAtTheNameStore::At::kGet);
+    DiesAtTheNameStore dying(store(), DiesAtTheNameStore::At::kGet);
     (void)CreateShmBackend(Options(1, 2, prefix, kTimeout), &dying, kBufferBytes, 0);
     ::_exit(4);  // not reached: the store ends the process first
   }
   const auto start = std::chrono::steady_clock::now();
-  auto backend = CreateShmBackend(Options(0, 2, prefix, kTimeout), store->get(), kBufferBytes, 0);
+  auto backend = CreateShmBackend(Options(0, 2, prefix, kTimeout), store(), kBufferBytes, 0);
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
   ASSERT_FALSE(backend.ok());
   EXPECT_EQ(backend.status().code(), Code::kPeerFailure) << backend.status().ToString();
@@ -562,21 +563,17 @@ TEST(ShmBackendFailureTest, APeerThatExitsDuringSetUpIsNamedAndLeavesNothingBehi
 
 // Rank 0 (a child process) exits after it created the segment and before it published the name:
 // rank 1 fails naming it, and unlinks the name, which nobody else knows.
-TEST(ShmBackendFailureTest, ACreatorThatExitsBeforePublishingLeavesNothingBehind) {
-  harness::TempDir dir("concord-shm-test-");
-  ASSERT_FALSE(dir.path().empty());
-  auto store = FileStore::Create(dir.path());
-  ASSERT_TRUE(store.ok()) << store.status().ToString();
+TEST_F(ShmBackendFailureTest, ACreatorThatExitsBeforePublishingLeavesNothingBehind) {
   const std::string prefix = UniquePrefix();
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
-    DiesAtTheNameStore dying(store->get(), DiesAtTheNameStore::At::kSet);
+    DiesAtTheNameStore dying(store(), DiesAtTheNameStore::At::kSet);
     (void)CreateShmBackend(Options(0, 2, prefix, kTimeout), &dying, kBufferBytes, 0);
     ::_exit(4);  // not reached: the store ends the process first
   }
   const auto start = std::chrono::steady_clock::now();
-  auto backend = CreateShmBackend(Options(1, 2, prefix, kTimeout), store->get(), kBufferBytes, 0);
+  auto backend = CreateShmBackend(Options(1, 2, prefix, kTimeout), store(), kBufferBytes, 0);
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
   ASSERT_FALSE(backend.ok());
   EXPECT_EQ(backend.status().code(), Code::kPeerFailure) << backend.status().ToString();
@@ -597,7 +594,7 @@ TEST(ShmBackendFailureTest, ACreatorThatExitsBeforePublishingLeavesNothingBehind
 // turn); the collectives stay exact (through the segment: direct reads need the peer's pid). This
 // process has used shared memory before it forks rank 1's parent: what it learnt of its own pid
 // namespace then does not hold for rank 1.
-TEST(ShmBackendFailureTest, APeerInAnotherPidNamespaceIsNotTakenForDead) {
+TEST_F(ShmBackendFailureTest, APeerInAnotherPidNamespaceIsNotTakenForDead) {
   {
     HashStore warm_store;
     const std::string warm_prefix = UniquePrefix();
@@ -608,10 +605,6 @@ TEST(ShmBackendFailureTest, APeerInAnotherPidNamespaceIsNotTakenForDead) {
       EXPECT_TRUE((*backend)->Barrier().ok());
     });
   }
-  harness::TempDir dir("concord-shm-test-");
-  ASSERT_FALSE(dir.path().empty());
-  auto store = FileStore::Create(dir.path());
-  ASSERT_TRUE(store.ok()) << store.status().ToString();
   const std::string prefix = UniquePrefix();
   constexpr int kRounds = 4;
   constexpr size_t kCount = 100003;
@@ -638,8 +631,7 @@ TEST(ShmBackendFailureTest, APeerInAnotherPidNamespaceIsNotTakenForDead) {
       }
       const char yes = 'y';
       (void)!::write(pipe_fds[1], &yes, 1);
-      auto backend =
-          CreateShmBackend(Options(1, 2, prefix, kTimeout), store->get(), kBufferBytes, 0);
+      auto backend = CreateShmBackend(Options(1, 2, prefix, kTimeout), store(), kBufferBytes, 0);
       if (!backend.ok()) ::_exit(3);
       for (int round = 0; round < kRounds; ++round) {
         // Rank 0 waits meanwhile; in odd rounds rank 1 waits for rank 0.
@@ -664,7 +656,7 @@ TEST(ShmBackendFailureTest, APeerInAnotherPidNamespaceIsNotTakenForDead) {
     ASSERT_EQ(::waitpid(child, nullptr, 0), child);
     GTEST_SKIP() << "new pid and mount namespaces are not permitted here (CAP_SYS_ADMIN)";
   }
-  auto backend = CreateShmBackend(Options(0, 2, prefix, kTimeout), store->get(), kBufferBytes, 0);
+  auto backend = CreateShmBackend(Options(0, 2, prefix, kTimeout), store(), kBufferBytes, 0);
   ASSERT_TRUE(backend.ok()) << backend.status().ToString();
   for (int round = 0; round < kRounds; ++round) {
     if (round % 2 == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
