@@ -11,6 +11,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "base/mutex.h"
 #include "compression/registry.h"
@@ -53,6 +54,53 @@ struct concord_request {
 
 namespace {
 
+// The communicators this process has made and not yet finalized, so that a call given one that
+// was finalized (or a pointer that is no communicator at all) is refused without touching it: a
+// finalized handle's memory is gone. A handle's address may be reused by a later concord_init, so
+// this catches a stale handle only until then. Never destroyed: calls may come during exit.
+class LiveComms {
+ public:
+  static LiveComms& Get() {
+    static auto* live = new LiveComms;
+    return *live;
+  }
+  void Add(const concord_comm* comm) {
+    concord::MutexLock lock(mu_);
+    comms_.insert(comm);
+  }
+  void Remove(const concord_comm* comm) {
+    concord::MutexLock lock(mu_);
+    comms_.erase(comm);
+  }
+  bool Contains(const concord_comm* comm) {
+    concord::MutexLock lock(mu_);
+    return comms_.count(comm) != 0;
+  }
+
+ private:
+  concord::Mutex mu_;
+  std::unordered_set<const concord_comm*> comms_ GUARDED_BY(mu_);
+};
+
+// What a call given a communicator that is not alive (finalized) is refused with.
+Status NotAlive() {
+  return Status(Code::kNotInitialized,
+                "the communicator was finalized (or is not a handle concord_init made): it cannot "
+                "be used again");
+}
+
+// The longest string (other than a tensor name: kMaxNameBytes) the API reads: a compression
+// spec, a path, a config string. One with no NUL within it is refused, not read on.
+constexpr size_t kMaxTextBytes = 64 << 10;
+
+// Checks that `text` (not NULL) ends with a NUL within `limit` bytes; `what` names it.
+Status CheckBoundedString(const char* text, size_t limit, const std::string& what) {
+  if (strnlen(text, limit + 1) <= limit) return Status::Ok();
+  return concord::InvalidArgument(what + " has no NUL within its first " + std::to_string(limit) +
+                                  " bytes (at most " + std::to_string(limit) +
+                                  " are read): it is not a C string, or is too long");
+}
+
 // The failure of the last concord_init on this thread (there is no handle to hold it), and of
 // the last call on a handle copied by fork (whose own record may be locked by a thread that the
 // child does not have).
@@ -74,14 +122,31 @@ concord_status_t ToC(const Status& s) {
   return static_cast<concord_status_t>(s.code());
 }
 
-concord_status_t Record(concord_comm_t comm, const Status& s) {
+// Sets *slot to the text of `s`; without memory for it, to a short text that a string's own inline
+// buffer holds (no allocation), so that keeping an error never throws out of the C API.
+void KeepText(const Status& s, std::string* slot) noexcept {
+  try {
+    *slot = s.ToString();
+  } catch (...) {
+    *slot = "out of memory";
+  }
+}
+
+// Keeps the text of a failure on comm for this thread (NULL comm: in init_error); never throws.
+concord_status_t Record(concord_comm_t comm, const Status& s) noexcept {
   if (s.ok()) return CONCORD_SUCCESS;
   if (comm == nullptr) {
-    init_error = s.ToString();
-  } else {
-    concord::MutexLock lock(comm->mu);
-    comm->last_error[std::this_thread::get_id()] = s.ToString();
+    KeepText(s, &init_error);
+    return ToC(s);
   }
+  concord::MutexLock lock(comm->mu);
+  std::string* slot = nullptr;
+  try {
+    slot = &comm->last_error[std::this_thread::get_id()];
+  } catch (...) {
+    slot = &init_error;  // no memory for this thread's entry
+  }
+  KeepText(s, slot);
   return ToC(s);
 }
 
@@ -99,17 +164,29 @@ Status CurrentException(const char* where) {
   }
 }
 
-// Runs body, turning any exception into an error status recorded on comm.
+// The exception being handled, recorded on comm (call only inside a catch block). Never throws:
+// when even its message cannot be made (no memory), SYSTEM with the text "out of memory".
+concord_status_t RecordException(concord_comm_t comm, const char* where) noexcept {
+  try {
+    return Record(comm, CurrentException(where));
+  } catch (...) {
+    return Record(comm, Status(Code::kSystemError, "out of memory"));
+  }
+}
+
+// Runs body, turning any exception into an error status recorded on comm. A finalized comm is
+// refused touching nothing of it (the message goes where concord_comm_last_error(NULL) finds it).
 template <typename F>
-concord_status_t Guard(concord_comm_t comm, F&& body) {
+concord_status_t Guard(concord_comm_t comm, F&& body) noexcept {
   try {
     if (comm != nullptr) {
+      if (!LiveComms::Get().Contains(comm)) return Record(nullptr, NotAlive());
       const Status forked = Forked(comm->pid, "the communicator");
       if (!forked.ok()) return Record(nullptr, forked);
     }
     return Record(comm, body());
   } catch (...) {
-    return Record(comm, CurrentException("Concord"));
+    return RecordException(comm, "Concord");
   }
 }
 
@@ -118,18 +195,38 @@ thread_local std::string forked_request_error;
 
 // True, keeping why, for a request made by another process (see Forked): the caller returns
 // NOT_INITIALIZED (concord_request_free: nothing) touching nothing of it.
-bool RefuseForked(concord_request_t request) {
-  const Status s = Forked(request->pid, "the request");
-  if (s.ok()) return false;
-  forked_request_error = s.ToString();
+bool RefuseForked(concord_request_t request) noexcept {
+  if (request->pid == ::getpid()) return false;
+  try {
+    KeepText(Forked(request->pid, "the request"), &forked_request_error);
+  } catch (...) {
+    forked_request_error = "out of memory";  // the inline buffer holds it: no allocation
+  }
   return true;
 }
 
 // A call on `request` that failed by itself: the message is kept for concord_request_error.
-concord_status_t RecordOnRequest(concord_request_t request, const Status& s) {
+// Never throws.
+concord_status_t RecordOnRequest(concord_request_t request, const Status& s) noexcept {
   concord::MutexLock lock(request->mu);
-  request->call_error = s.ToString();
+  KeepText(s, &request->call_error);
   return ToC(s);
+}
+
+// Runs the body of a call on a request (NULL too), turning any exception into an error status
+// kept on the request, as Guard does for a communicator.
+template <typename F>
+concord_status_t GuardRequest(concord_request_t request, const char* where, F&& body) noexcept {
+  try {
+    return body();
+  } catch (...) {
+    if (request == nullptr) return CONCORD_ERR_SYSTEM;
+    try {
+      return RecordOnRequest(request, CurrentException(where));
+    } catch (...) {
+      return RecordOnRequest(request, Status(Code::kSystemError, "out of memory"));
+    }
+  }
 }
 
 // The integer behind a C enum field. A C caller may store any int there; loading it as the enum
@@ -146,6 +243,7 @@ concord_comm_t NewHandle(concord::Communicator created) {
   auto* handle = new concord_comm;
   handle->engine = std::move(created.engine);
   handle->origin = std::move(created.origin);
+  LiveComms::Get().Add(handle);
   return handle;
 }
 
@@ -159,6 +257,7 @@ Status CheckComm(concord_comm_t comm) {
 Status ToRequest(const char* name, const concord_tensor_t* t, concord::OpType op,
                  concord::TensorRequest* out) {
   if (name == nullptr) return concord::InvalidArgument("the tensor name is NULL");
+  CONCORD_RETURN_IF_ERROR(CheckBoundedString(name, concord::kMaxNameBytes, "the tensor name"));
   if (t == nullptr) return concord::InvalidArgument("the tensor descriptor is NULL");
   const std::string who = std::string("tensor '") + name + "': ";
   const int dtype = EnumValue(t->dtype);
@@ -221,18 +320,41 @@ Status SetBuffers(const concord_tensor_t* input, const concord_tensor_t* output,
   return Status::Ok();
 }
 
+// The largest struct_size of a versioned struct the library reads (far beyond any version): a
+// larger one is garbage, not a newer caller's struct.
+constexpr size_t kMaxStructBytes = 4096;
+
 // Checks the struct_size of a versioned options struct `Opts` (fields are only ever appended):
-// at least `smallest`, the fields every version has, and a multiple of the struct's alignment, as
-// the sizeof of every version is. A size that ends inside a field would have half a pointer or
-// number copied (a NULL compression spec read as a wild pointer), so it is refused, not rounded.
+// at least `smallest`, the fields every version has, at most kMaxStructBytes, and a multiple of
+// the struct's alignment, as the sizeof of every version is. A size that ends inside a field would
+// have half a pointer or number copied (a NULL compression spec read as a wild pointer), so it is
+// refused, not rounded. A newer caller's larger struct is taken when the fields this library does
+// not have hold their default, zero (every appended option's default is 0 or NULL); a set one is
+// UNAVAILABLE, rather than dropped in silence.
 template <typename Opts>
-Status CheckOptsSize(size_t struct_size, size_t smallest, const std::string& what) {
-  if (struct_size >= smallest && struct_size % alignof(Opts) == 0) return Status::Ok();
-  const std::string why =
-      struct_size < smallest ? "too small" : "not a multiple of " + std::to_string(alignof(Opts));
-  return concord::InvalidArgument(what + ": struct_size " + std::to_string(struct_size) + " is " +
-                                  why + ", not the size of any version; set it with its _init " +
-                                  "(this library's is " + std::to_string(sizeof(Opts)) + " bytes)");
+Status CheckOptsSize(const Opts* opts, size_t smallest, const std::string& what) {
+  const size_t struct_size = opts->struct_size;
+  if (struct_size < smallest || struct_size > kMaxStructBytes || struct_size % alignof(Opts) != 0) {
+    const std::string why = struct_size < smallest ? "too small"
+                            : struct_size > kMaxStructBytes
+                                ? "too large"
+                                : "not a multiple of " + std::to_string(alignof(Opts));
+    return concord::InvalidArgument(what + ": struct_size " + std::to_string(struct_size) + " is " +
+                                    why + ", not the size of any version; set it with " +
+                                    "its _init (this library's is " + std::to_string(sizeof(Opts)) +
+                                    " bytes)");
+  }
+  const auto* bytes = reinterpret_cast<const unsigned char*>(opts);
+  for (size_t i = sizeof(Opts); i < struct_size; ++i) {
+    if (bytes[i] == 0) continue;
+    return Status(Code::kUnavailable,
+                  what + ": struct_size " + std::to_string(struct_size) +
+                      " is larger than this library's (" + std::to_string(sizeof(Opts)) +
+                      " bytes) and byte " + std::to_string(i) +
+                      " is not zero: a field of a newer Concord is set, which this library does "
+                      "not have; leave it at its default (0) or use a newer library");
+  }
+  return Status::Ok();
 }
 
 // Reads the caller's device options (NULL: none) into *stream and *event; `what` names the
@@ -240,9 +362,9 @@ Status CheckOptsSize(size_t struct_size, size_t smallest, const std::string& wha
 Status ReadDeviceOptions(const concord_device_opts_t* opts, const std::string& what, void** stream,
                          void** event) {
   if (opts == nullptr) return Status::Ok();
-  CONCORD_RETURN_IF_ERROR(CheckOptsSize<concord_device_opts_t>(
-      opts->struct_size, offsetof(concord_device_opts_t, ready_event) + sizeof(void*),
-      what + ": device options"));
+  CONCORD_RETURN_IF_ERROR(
+      CheckOptsSize(opts, offsetof(concord_device_opts_t, ready_event) + sizeof(void*),
+                    what + ": device options"));
   *stream = opts->stream;
   *event = opts->ready_event;
   return Status::Ok();
@@ -306,12 +428,17 @@ concord_status_t WaitAndFree(concord_comm_t comm, concord_status_t enqueued,
                              const concord_request_t* request_out) {
   if (enqueued != CONCORD_SUCCESS) return enqueued;
   concord_request_t request = *request_out;
-  // A blocking call is refused inside its thread's group at enqueue, so no wait is refused here.
-  const concord::StatusOr<bool> waited =
-      request->gate->Wait(*request->state, concord::Deadline::Infinite());
-  Status s = waited.ok() ? request->state->status() : waited.status();
+  concord_status_t result;
+  try {
+    // A blocking call is refused inside its thread's group at enqueue, so no wait is refused here.
+    const concord::StatusOr<bool> waited =
+        request->gate->Wait(*request->state, concord::Deadline::Infinite());
+    result = Record(comm, waited.ok() ? request->state->status() : waited.status());
+  } catch (...) {
+    result = RecordException(comm, "Concord");
+  }
   concord_request_free(request);
-  return Record(comm, s);
+  return result;
 }
 
 // CONCORD_VERSION's integer as "major.minor.patch".
@@ -356,6 +483,18 @@ Status CheckConfigHeader(const concord_config_t& user) {
 // "unset" value (-1, or NULL), naming each one taken in config->sources so that Config::Finalize's
 // errors name the field. Any other value is taken as given, and Finalize checks it.
 Status MergeConfig(const concord_config_t& c, concord::Config* config) {
+  for (const auto& [text, name] : {std::pair<const char*, const char*>{c.store, "store"},
+                                   {c.token, "token"},
+                                   {c.job_id, "job_id"},
+                                   {c.iface, "iface"},
+                                   {c.host, "host"},
+                                   {c.backend, "backend"},
+                                   {c.compression, "compression"}}) {
+    if (text != nullptr) {
+      CONCORD_RETURN_IF_ERROR(
+          CheckBoundedString(text, kMaxTextBytes, std::string("concord_config_t.") + name));
+    }
+  }
   const auto take = [config](const auto& given, const auto& unset, auto* member, const char* name) {
     if (given == unset) return;
     *member = given;
@@ -546,6 +685,8 @@ concord_status_t concord_compression_check(const char* spec, int dtype) {
                                       std::to_string(dtype));
     }
     if (spec == nullptr || *spec == '\0') return Status::Ok();  // "none"
+    CONCORD_RETURN_IF_ERROR(
+        CheckBoundedString(spec, kMaxTextBytes, "concord_compression_check: the spec"));
     auto compressor = concord::compression::CreateCompressor(spec);
     Status s = compressor.status();
     const auto type = static_cast<concord::DType>(dtype);
@@ -616,6 +757,8 @@ concord_status_t concord_comm_create_group(concord_comm_t comm, const int* ranks
 concord_status_t concord_finalize(concord_comm_t comm) {
   if (comm == nullptr) return CONCORD_SUCCESS;
   try {
+    // Finalized already (twice is a common slip of bindings with destructors): refused, untouched.
+    if (!LiveComms::Get().Contains(comm)) return Record(nullptr, NotAlive());
     // A forked child's copy is left alone: shutting it down would talk on the parent's
     // connections (its memory goes with the child).
     const Status forked = Forked(comm->pid, "the communicator");
@@ -626,12 +769,13 @@ concord_status_t concord_finalize(concord_comm_t comm) {
       // Refused (and the handle kept) when called from one of this communicator's callbacks.
       if (!s.ok() && !comm->engine->stopped()) return Record(comm, s);
     }
+    LiveComms::Get().Remove(comm);
     delete comm;
     // Finalized, but the finalize barrier did not complete: the handle is gone, so the message
     // is kept where concord_comm_last_error(NULL) finds it.
     return Record(nullptr, s);
   } catch (...) {
-    return Record(comm, CurrentException("concord_finalize"));
+    return RecordException(comm, "concord_finalize");
   }
 }
 
@@ -678,6 +822,8 @@ concord_status_t concord_timeline_start(concord_comm_t comm, const char* path) {
     if (path == nullptr || *path == '\0') {
       return concord::InvalidArgument("concord_timeline_start: path is NULL or empty");
     }
+    CONCORD_RETURN_IF_ERROR(
+        CheckBoundedString(path, kMaxTextBytes, "concord_timeline_start: the path"));
     return comm->engine->StartTimeline(path);
   });
 }
@@ -695,13 +841,15 @@ concord_status_t concord_comm_stats(concord_comm_t comm, concord_stats_t* stats)
     CONCORD_RETURN_IF_ERROR(CheckComm(comm));
     if (stats == nullptr) return concord::InvalidArgument("concord_comm_stats: stats is NULL");
     constexpr size_t kFirst = offsetof(concord_stats_t, responses_cached);
-    if (stats->struct_size < kFirst + sizeof(uint64_t) ||
+    if (stats->struct_size < kFirst + sizeof(uint64_t) || stats->struct_size > kMaxStructBytes ||
         stats->struct_size % alignof(concord_stats_t) != 0) {
       return concord::InvalidArgument("concord_comm_stats: struct_size " +
                                       std::to_string(stats->struct_size) +
                                       " is not the size of any concord_stats_t (at least " +
-                                      std::to_string(kFirst + sizeof(uint64_t)) +
-                                      " and a multiple of 8); set it to sizeof(concord_stats_t)");
+                                      std::to_string(kFirst + sizeof(uint64_t)) + ", at most " +
+                                      std::to_string(kMaxStructBytes) +
+                                      " and a multiple of 8); set it to "
+                                      "sizeof(concord_stats_t)");
     }
     const concord::EngineStats& e = comm->engine->stats();
     concord_stats_t all;
@@ -719,12 +867,22 @@ concord_status_t concord_comm_stats(concord_comm_t comm, concord_stats_t* stats)
     const size_t fields = (std::min(stats->struct_size, sizeof(all)) - kFirst) / sizeof(uint64_t);
     std::memcpy(reinterpret_cast<char*>(stats) + kFirst,
                 reinterpret_cast<const char*>(&all) + kFirst, fields * sizeof(uint64_t));
+    // A newer caller's counters that this library does not keep read 0, not what was there.
+    if (stats->struct_size > sizeof(all)) {
+      std::memset(reinterpret_cast<char*>(stats) + sizeof(all), 0,
+                  stats->struct_size - sizeof(all));
+    }
     return Status::Ok();
   });
 }
 
 const char* concord_comm_last_error(concord_comm_t comm) {
-  if (comm == nullptr || !Forked(comm->pid, "").ok()) return init_error.c_str();
+  if (comm == nullptr) return init_error.c_str();
+  if (!LiveComms::Get().Contains(comm)) {
+    return "NOT_INITIALIZED: the communicator was finalized (or is not a handle concord_init "
+           "made)";
+  }
+  if (!Forked(comm->pid, "").ok()) return init_error.c_str();
   concord::MutexLock lock(comm->mu);
   // Looked up, not inserted: a thread that only asks adds no entry (threads come and go).
   const auto it = comm->last_error.find(std::this_thread::get_id());
@@ -755,9 +913,8 @@ concord_status_t concord_allreduce_async_ex(concord_comm_t comm, const char* nam
     concord_allreduce_opts_t o;
     concord_allreduce_opts_init(&o);
     if (opts != nullptr) {
-      CONCORD_RETURN_IF_ERROR(CheckOptsSize<concord_allreduce_opts_t>(
-          opts->struct_size, offsetof(concord_allreduce_opts_t, compression),
-          "tensor '" + e.request.name + "': allreduce options"));
+      CONCORD_RETURN_IF_ERROR(CheckOptsSize(opts, offsetof(concord_allreduce_opts_t, compression),
+                                            "tensor '" + e.request.name + "': allreduce options"));
       // Fields a newer caller added are ignored; fields an older caller lacks keep defaults.
       std::memcpy(&o, opts, std::min(opts->struct_size, sizeof(o)));
       o.struct_size = sizeof(o);
@@ -775,6 +932,8 @@ concord_status_t concord_allreduce_async_ex(concord_comm_t comm, const char* nam
     const bool gradient = e.request.reduce_op == concord::ReduceOp::kSum ||
                           e.request.reduce_op == concord::ReduceOp::kAverage;
     if (o.compression != nullptr) {
+      CONCORD_RETURN_IF_ERROR(CheckBoundedString(
+          o.compression, kMaxTextBytes, "tensor '" + e.request.name + "': the compression spec"));
       e.request.compression = o.compression;
     } else if (gradient) {
       e.request.compression = comm->engine->config().compression;
@@ -913,36 +1072,44 @@ concord_status_t concord_send(concord_comm_t comm, const concord_tensor_t* tenso
 
 concord_status_t concord_recv(concord_comm_t comm, const concord_tensor_t* expected, int peer,
                               int64_t tag) {
-  if (expected == nullptr) {
-    return Record(comm, concord::InvalidArgument(
-                            "concord_recv: expected is NULL (use concord_recv_async to take the "
-                            "sender's shape into a request-owned buffer)"));
-  }
+  const concord_status_t checked = Guard(comm, [&]() -> Status {
+    if (expected != nullptr) return Status::Ok();
+    return concord::InvalidArgument(
+        "concord_recv: expected is NULL (use concord_recv_async to take the sender's shape into "
+        "a request-owned buffer)");
+  });
+  if (checked != CONCORD_SUCCESS) return checked;
   concord_request_t r = nullptr;
   return WaitAndFree(comm, concord_recv_async(comm, expected, peer, tag, nullptr, nullptr, &r), &r);
 }
 
 concord_status_t concord_request_output_shape(concord_request_t request, concord_dtype_t* dtype,
                                               int* ndim, int64_t* shape) {
-  if (request == nullptr || !request->recv) return CONCORD_ERR_INVALID_ARGUMENT;
-  if (RefuseForked(request)) return CONCORD_ERR_NOT_INITIALIZED;
-  if (!request->state->done()) return CONCORD_IN_PROGRESS;
-  const Status s = request->state->status();
-  if (!s.ok()) return ToC(s);
-  const auto& out = request->state->output();
-  if (dtype) *dtype = static_cast<concord_dtype_t>(out.dtype);
-  if (ndim) *ndim = static_cast<int>(out.shape.size());
-  if (shape) std::copy(out.shape.begin(), out.shape.end(), shape);
-  return CONCORD_SUCCESS;
+  return GuardRequest(request, "concord_request_output_shape", [&]() -> concord_status_t {
+    if (request == nullptr) return CONCORD_ERR_INVALID_ARGUMENT;
+    if (RefuseForked(request)) return CONCORD_ERR_NOT_INITIALIZED;
+    if (!request->recv) {
+      return RecordOnRequest(request, concord::InvalidArgument("concord_request_output_shape: the "
+                                                               "request is not a recv"));
+    }
+    if (!request->state->done()) return CONCORD_IN_PROGRESS;
+    const Status s = request->state->status();
+    if (!s.ok()) return ToC(s);
+    const auto& out = request->state->output();
+    if (dtype) *dtype = static_cast<concord_dtype_t>(out.dtype);
+    if (ndim) *ndim = static_cast<int>(out.shape.size());
+    if (shape) std::copy(out.shape.begin(), out.shape.end(), shape);
+    return CONCORD_SUCCESS;
+  });
 }
 
 concord_status_t concord_wait(concord_request_t request, double timeout_s) {
-  if (request == nullptr) return CONCORD_ERR_INVALID_ARGUMENT;
-  if (RefuseForked(request)) return CONCORD_ERR_NOT_INITIALIZED;
-  if (std::isnan(timeout_s)) {
-    return RecordOnRequest(request, concord::InvalidArgument("concord_wait: the limit is NaN"));
-  }
-  try {
+  return GuardRequest(request, "concord_wait", [&]() -> concord_status_t {
+    if (request == nullptr) return CONCORD_ERR_INVALID_ARGUMENT;
+    if (RefuseForked(request)) return CONCORD_ERR_NOT_INITIALIZED;
+    if (std::isnan(timeout_s)) {
+      return RecordOnRequest(request, concord::InvalidArgument("concord_wait: the limit is NaN"));
+    }
     const auto deadline = timeout_s < 0
                               ? concord::Deadline::Infinite()
                               : concord::Deadline::After(std::chrono::milliseconds(
@@ -954,16 +1121,16 @@ concord_status_t concord_wait(concord_request_t request, double timeout_s) {
     // the operation's own failure.)
     if (!*completed) return CONCORD_IN_PROGRESS;
     return ToC(request->state->status());
-  } catch (...) {
-    return RecordOnRequest(request, CurrentException("concord_wait"));
-  }
+  });
 }
 
 concord_status_t concord_test(concord_request_t request) {
-  if (request == nullptr) return CONCORD_ERR_INVALID_ARGUMENT;
-  if (RefuseForked(request)) return CONCORD_ERR_NOT_INITIALIZED;
-  if (!request->state->done()) return CONCORD_IN_PROGRESS;
-  return ToC(request->state->status());
+  return GuardRequest(request, "concord_test", [&]() -> concord_status_t {
+    if (request == nullptr) return CONCORD_ERR_INVALID_ARGUMENT;
+    if (RefuseForked(request)) return CONCORD_ERR_NOT_INITIALIZED;
+    if (!request->state->done()) return CONCORD_IN_PROGRESS;
+    return ToC(request->state->status());
+  });
 }
 
 const char* concord_request_error(concord_request_t request) {
@@ -971,48 +1138,60 @@ const char* concord_request_error(concord_request_t request) {
   if (RefuseForked(request)) return forked_request_error.c_str();
   const bool done = request->state->done();
   concord::MutexLock lock(request->mu);
-  if (done && !request->state->status().ok()) {
-    request->error_text = request->state->status().ToString();
-  } else {
-    request->error_text = request->call_error;
+  try {
+    if (done && !request->state->status().ok()) {
+      request->error_text = request->state->status().ToString();
+    } else {
+      request->error_text = request->call_error;
+    }
+  } catch (...) {
+    return "out of memory for the request's error message";
   }
   return request->error_text.c_str();
 }
 
 concord_status_t concord_request_output(concord_request_t request, void** data, size_t* bytes,
                                         int64_t* first_dim) {
-  if (request == nullptr) return CONCORD_ERR_INVALID_ARGUMENT;
-  if (RefuseForked(request)) return CONCORD_ERR_NOT_INITIALIZED;
-  const concord_status_t ready = OutputReady(request);
-  if (ready != CONCORD_SUCCESS) return ready;
-  const auto& out = request->state->output();
-  if (data) *data = out.data;
-  if (bytes) *bytes = out.bytes;
-  if (first_dim) *first_dim = out.first_dim;
-  return CONCORD_SUCCESS;
+  return GuardRequest(request, "concord_request_output", [&]() -> concord_status_t {
+    if (request == nullptr) return CONCORD_ERR_INVALID_ARGUMENT;
+    if (RefuseForked(request)) return CONCORD_ERR_NOT_INITIALIZED;
+    const concord_status_t ready = OutputReady(request);
+    if (ready != CONCORD_SUCCESS) return ready;
+    const auto& out = request->state->output();
+    if (data) *data = out.data;
+    if (bytes) *bytes = out.bytes;
+    if (first_dim) *first_dim = out.first_dim;
+    return CONCORD_SUCCESS;
+  });
 }
 
 concord_status_t concord_request_wire_bytes(concord_request_t request, uint64_t* bytes) {
-  if (request == nullptr || bytes == nullptr) return CONCORD_ERR_INVALID_ARGUMENT;
-  if (RefuseForked(request)) return CONCORD_ERR_NOT_INITIALIZED;
-  if (!request->state->done()) return CONCORD_IN_PROGRESS;
-  *bytes = request->state->wire_bytes();
-  return CONCORD_SUCCESS;
+  return GuardRequest(request, "concord_request_wire_bytes", [&]() -> concord_status_t {
+    if (request == nullptr) return CONCORD_ERR_INVALID_ARGUMENT;
+    if (RefuseForked(request)) return CONCORD_ERR_NOT_INITIALIZED;
+    if (bytes == nullptr) {
+      return RecordOnRequest(request,
+                             concord::InvalidArgument("concord_request_wire_bytes: bytes is NULL"));
+    }
+    if (!request->state->done()) return CONCORD_IN_PROGRESS;
+    *bytes = request->state->wire_bytes();
+    return CONCORD_SUCCESS;
+  });
 }
 
 concord_status_t concord_request_wait_stream(concord_request_t request, void* stream,
                                              double timeout_s) {
-  if (request == nullptr) return CONCORD_ERR_INVALID_ARGUMENT;
-  if (RefuseForked(request)) return CONCORD_ERR_NOT_INITIALIZED;
-  if (stream == nullptr || std::isnan(timeout_s) || !request->device) {
-    return RecordOnRequest(
-        request,
-        concord::InvalidArgument(
-            stream == nullptr       ? "concord_request_wait_stream: the stream is NULL"
-            : std::isnan(timeout_s) ? "concord_request_wait_stream: the limit is NaN"
-                                    : "concord_request_wait_stream: not a CUDA operation"));
-  }
-  try {
+  return GuardRequest(request, "concord_request_wait_stream", [&]() -> concord_status_t {
+    if (request == nullptr) return CONCORD_ERR_INVALID_ARGUMENT;
+    if (RefuseForked(request)) return CONCORD_ERR_NOT_INITIALIZED;
+    if (stream == nullptr || std::isnan(timeout_s) || !request->device) {
+      return RecordOnRequest(
+          request,
+          concord::InvalidArgument(
+              stream == nullptr       ? "concord_request_wait_stream: the stream is NULL"
+              : std::isnan(timeout_s) ? "concord_request_wait_stream: the limit is NaN"
+                                      : "concord_request_wait_stream: not a CUDA operation"));
+    }
     const auto deadline = timeout_s < 0
                               ? concord::Deadline::Infinite()
                               : concord::Deadline::After(std::chrono::milliseconds(
@@ -1026,9 +1205,7 @@ concord_status_t concord_request_wait_stream(concord_request_t request, void* st
     if (*launched == nullptr) return ToC(request->state->status());  // already complete
     const Status queued = (*launched)->StreamWait(stream);
     return queued.ok() ? CONCORD_SUCCESS : RecordOnRequest(request, queued);
-  } catch (...) {
-    return RecordOnRequest(request, CurrentException("concord_request_wait_stream"));
-  }
+  });
 }
 
 void concord_request_free(concord_request_t request) {
@@ -1102,8 +1279,7 @@ namespace {
 template <typename Opts>
 Status CopyOpts(const Opts* opts, size_t smallest, const char* what, Opts* o) {
   if (opts == nullptr) return Status::Ok();
-  CONCORD_RETURN_IF_ERROR(
-      CheckOptsSize<Opts>(opts->struct_size, smallest, std::string(what) + " options"));
+  CONCORD_RETURN_IF_ERROR(CheckOptsSize(opts, smallest, std::string(what) + " options"));
   // Fields a newer caller added are ignored; fields an older caller lacks keep defaults.
   std::memcpy(o, opts, std::min(opts->struct_size, sizeof(*o)));
   o->struct_size = sizeof(*o);
@@ -1164,7 +1340,11 @@ concord_status_t concord_reducescatter_async_ex(concord_comm_t comm, const char*
     e.request.reduce_op = static_cast<concord::ReduceOp>(reduce_op);
     e.request.prescale = o.prescale;
     e.request.postscale = o.postscale;
-    if (o.compression != nullptr) e.request.compression = o.compression;
+    if (o.compression != nullptr) {
+      CONCORD_RETURN_IF_ERROR(CheckBoundedString(
+          o.compression, kMaxTextBytes, "tensor '" + e.request.name + "': the compression spec"));
+      e.request.compression = o.compression;
+    }
     if (e.request.shape.empty()) {
       return concord::InvalidArgument("tensor '" + e.request.name +
                                       "': reducescatter needs at least one dimension");
@@ -1269,14 +1449,20 @@ concord_status_t concord_alltoall(concord_comm_t comm, const char* name,
   const concord_status_t enqueued = concord_alltoall_async(
       comm, name, input, output, output_capacity, opts, nullptr, nullptr, &r);
   if (enqueued != CONCORD_SUCCESS) return enqueued;
-  const concord::StatusOr<bool> waited = r->gate->Wait(*r->state, concord::Deadline::Infinite());
-  const Status s = waited.ok() ? r->state->status() : waited.status();
-  if (s.ok() && received_splits != nullptr) {
-    const std::vector<int64_t>& got = r->state->output().splits;
-    std::copy(got.begin(), got.end(), received_splits);
+  concord_status_t result;
+  try {
+    const concord::StatusOr<bool> waited = r->gate->Wait(*r->state, concord::Deadline::Infinite());
+    const Status s = waited.ok() ? r->state->status() : waited.status();
+    if (s.ok() && received_splits != nullptr) {
+      const std::vector<int64_t>& got = r->state->output().splits;
+      std::copy(got.begin(), got.end(), received_splits);
+    }
+    result = Record(comm, s);
+  } catch (...) {
+    result = RecordException(comm, "concord_alltoall");
   }
   concord_request_free(r);
-  return Record(comm, s);
+  return result;
 }
 
 // ---- reduce and gather to a root ----
@@ -1394,25 +1580,27 @@ concord_status_t concord_gather(concord_comm_t comm, const char* name,
 
 concord_status_t concord_request_received_splits(concord_request_t request, int64_t* splits,
                                                  int n) {
-  if (request == nullptr) return CONCORD_ERR_INVALID_ARGUMENT;
-  if (RefuseForked(request)) return CONCORD_ERR_NOT_INITIALIZED;
-  if (splits == nullptr) {
-    return RecordOnRequest(
-        request, concord::InvalidArgument("concord_request_received_splits: splits is NULL"));
-  }
-  const concord_status_t ready = OutputReady(request);
-  if (ready != CONCORD_SUCCESS) return ready;
-  const std::vector<int64_t>& got = request->state->output().splits;
-  if (got.empty() || n != static_cast<int>(got.size())) {
-    return RecordOnRequest(
-        request,
-        concord::InvalidArgument(got.empty() ? "concord_request_received_splits: not an alltoall"
-                                             : "concord_request_received_splits: n is " +
-                                                   std::to_string(n) + ", the alltoall has " +
-                                                   std::to_string(got.size()) + " ranks"));
-  }
-  std::copy(got.begin(), got.end(), splits);
-  return CONCORD_SUCCESS;
+  return GuardRequest(request, "concord_request_received_splits", [&]() -> concord_status_t {
+    if (request == nullptr) return CONCORD_ERR_INVALID_ARGUMENT;
+    if (RefuseForked(request)) return CONCORD_ERR_NOT_INITIALIZED;
+    if (splits == nullptr) {
+      return RecordOnRequest(
+          request, concord::InvalidArgument("concord_request_received_splits: splits is NULL"));
+    }
+    const concord_status_t ready = OutputReady(request);
+    if (ready != CONCORD_SUCCESS) return ready;
+    const std::vector<int64_t>& got = request->state->output().splits;
+    if (got.empty() || n != static_cast<int>(got.size())) {
+      return RecordOnRequest(
+          request,
+          concord::InvalidArgument(got.empty() ? "concord_request_received_splits: not an alltoall"
+                                               : "concord_request_received_splits: n is " +
+                                                     std::to_string(n) + ", the alltoall has " +
+                                                     std::to_string(got.size()) + " ranks"));
+    }
+    std::copy(got.begin(), got.end(), splits);
+    return CONCORD_SUCCESS;
+  });
 }
 
 }  // extern "C"

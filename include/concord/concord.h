@@ -19,8 +19,21 @@
  * Versioned structs (the config, the options, concord_stats_t): set struct_size with their _init
  * (or sizeof). Fields are only ever appended, so the library reads the fields the caller's
  * struct_size covers and keeps defaults for the rest; a struct_size that is no version's size
- * (smaller than the first fields, or not a multiple of 8, which would end inside a field) is
+ * (smaller than the first fields, not a multiple of 8, which would end inside a field, or larger
+ * than 4096 bytes, 65536 for the config) is INVALID_ARGUMENT. A newer caller's larger struct:
+ * the fields this library does not have must hold their default in an options struct (0 or NULL,
+ * the default of every field appended to one), else UNAVAILABLE saying which byte is set; they
+ * are ignored in the config (whose "unset" is -1 or NULL); in concord_stats_t they are set to 0.
+ *
+ * Strings (tensor names, compression specs, paths, the config's strings) must end with a NUL
+ * within 65536 bytes; the library reads no further, and refuses one without it with
  * INVALID_ARGUMENT.
+ *
+ * Handles: once a communicator is finalized, every call given it returns NOT_INITIALIZED touching
+ * nothing of it (concord_finalize again too), with the message in concord_comm_last_error(NULL);
+ * only until a later concord_init happens to reuse its address, so do not rely on it. A request
+ * freed, or waited on by one thread while another frees it, cannot be detected: the behaviour is
+ * undefined.
  *
  * Memory: an enqueue copies the name, the tensor descriptors and their shape arrays, and the
  * option structs (the compression spec too), so all of them may be reused or freed as soon as the
@@ -293,8 +306,9 @@ CONCORD_API concord_status_t concord_comm_stats(concord_comm_t comm, concord_sta
  *  "Metrics" section lists every field. Sets *length to the JSON's length (without the NUL) and,
  *  when `capacity` (bytes at `buffer`) holds it and the NUL, writes both. buffer NULL with
  *  capacity 0 only asks the length (SUCCESS); a non-NULL buffer too small for it is
- *  INVALID_ARGUMENT saying how many bytes it needs, and nothing is written (the metrics move
- *  while the engine works: ask with room to spare). Thread-safe. */
+ *  INVALID_ARGUMENT saying how many bytes it needs, and nothing is written to the buffer (*length
+ *  is still set, to the length needed; the metrics move while the engine works: ask with room to
+ *  spare). Thread-safe. */
 CONCORD_API concord_status_t concord_comm_metrics(concord_comm_t comm, char* buffer,
                                                   size_t capacity, size_t* length);
 /** Starts the communicator's timeline: each rank writes `path`.rank<R>, a Chrome Trace Event JSON
@@ -311,11 +325,11 @@ CONCORD_API concord_status_t concord_timeline_start(concord_comm_t comm, const c
 CONCORD_API concord_status_t concord_timeline_stop(concord_comm_t comm);
 /** The message of the last call on this communicator that failed on the calling thread (empty
  *  when none has; a later success does not clear it). Valid until the next call on this
- *  communicator from the same thread. NULL comm: the message of the last call on this thread that
- *  failed without a communicator to keep it: concord_init or concord_init_config, a
- *  concord_finalize whose barrier did not complete, or any call given a NULL communicator; also
- *  not cleared by a success. Errors of an operation itself are
- *  kept on its request (concord_request_error). */
+ *  communicator from the same thread. A finalized communicator: a fixed text saying so.
+ *  NULL comm: the message of the last call on this thread that failed without a communicator to
+ *  keep it: concord_init or concord_init_config, a concord_finalize whose barrier did not
+ *  complete, or any call given a NULL or a finalized communicator; also not cleared by a
+ *  success. Errors of an operation itself are kept on its request (concord_request_error). */
 CONCORD_API const char* concord_comm_last_error(concord_comm_t comm);
 
 /* ---- sub-communicators (process sets) ---- */
@@ -684,7 +698,8 @@ CONCORD_API concord_status_t concord_recv(concord_comm_t comm, const concord_ten
 /**
  * The dtype and shape a finished recv received (*ndim entries of shape, which must hold
  * CONCORD_MAX_DIMS). Any out-pointer may be NULL. INVALID_ARGUMENT for a request that is not a
- * recv; IN_PROGRESS while running; the request's error if it failed.
+ * recv (concord_request_error says so); IN_PROGRESS while running; the request's error if it
+ * failed.
  */
 CONCORD_API concord_status_t concord_request_output_shape(concord_request_t request,
                                                           concord_dtype_t* dtype, int* ndim,
@@ -720,7 +735,8 @@ CONCORD_API concord_status_t concord_request_output(concord_request_t request, v
 /** Bytes this rank put on the wire for a finished request: for an allreduce what its algorithm
  *  sends (2(n-1)/n of the encoded bytes for a ring allreduce, (n-1) times them for top-k's
  *  allgather, the inline copies through rank 0); estimates for allgather ((n-1)/n of the result)
- *  and broadcast (one copy); 0 for a barrier and with one rank. IN_PROGRESS while running. */
+ *  and broadcast (one copy); 0 for a barrier and with one rank. IN_PROGRESS while running;
+ *  INVALID_ARGUMENT for a NULL `bytes` (concord_request_error says so). */
 CONCORD_API concord_status_t concord_request_wire_bytes(concord_request_t request, uint64_t* bytes);
 /**
  * For an operation on CUDA tensors, like torch's Work.wait(): makes `stream` (a cudaStream_t) wait

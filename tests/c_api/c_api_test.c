@@ -4,6 +4,7 @@
  * error, change nothing and leave a last-error message that names the problem.
  */
 #define _XOPEN_SOURCE 700 /* setenv, mkdtemp, nftw */
+#include <fcntl.h>
 #include <ftw.h>
 #include <math.h>
 #include <pthread.h>
@@ -11,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -1266,6 +1268,162 @@ static void TestDeviceBackendChoice(void) {
   unsetenv("CONCORD_BACKEND");
 }
 
+/* A string of 'n's with no NUL within the library's 64 KiB limit, ending right before a page
+ * that cannot be read: a library that reads a string up to its NUL crashes on it. */
+static char* UnterminatedString(size_t* mapped) {
+  const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  const size_t text = ((65536 + 16) / page + 1) * page; /* past the limit, whole pages */
+  char* p;
+  int fd = open("/dev/zero", O_RDWR);
+  CHECK(fd >= 0);
+  p = (char*)mmap(NULL, text + page, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+  close(fd);
+  CHECK(p != (char*)MAP_FAILED);
+  CHECK(mprotect(p + text, page, PROT_NONE) == 0);
+  memset(p, 'n', text);
+  *mapped = text + page;
+  return p;
+}
+
+/* Every string the API reads is refused without a NUL within 64 KiB, never read past it (before,
+ * a tensor name, a spec, a path or a config string was read up to its NUL: a crash here). */
+static void TestUnterminatedStrings(concord_comm_t comm) {
+  size_t mapped = 0;
+  char* text = UnterminatedString(&mapped);
+  float x[4] = {1, 2, 3, 4};
+  int64_t shape[1] = {4};
+  concord_tensor_t t = CpuTensor(x, CONCORD_FLOAT32, 1, shape);
+  concord_allreduce_opts_t o;
+  concord_reducescatter_opts_t rs;
+  concord_config_t c;
+  concord_comm_t other = (concord_comm_t)0x1;
+  StartPhase("strings without a NUL within the limit");
+  BadAllreduce(comm, text, &t, NULL, NULL, CONCORD_ERR_INVALID_ARGUMENT,
+               "the tensor name has no NUL within its first 65536 bytes");
+  concord_allreduce_opts_init(&o);
+  o.compression = text;
+  BadAllreduce(comm, "spec.unterminated", &t, NULL, &o, CONCORD_ERR_INVALID_ARGUMENT,
+               "the compression spec has no NUL");
+  concord_reducescatter_opts_init(&rs);
+  rs.compression = text;
+  CHECK_STATUS(concord_reducescatter(comm, "rs.unterminated", &t, &t, &rs),
+               CONCORD_ERR_INVALID_ARGUMENT);
+  CheckLastError(comm, "the compression spec has no NUL");
+  CHECK_STATUS(concord_compression_check(text, -1), CONCORD_ERR_INVALID_ARGUMENT);
+  CheckLastError(NULL, "the spec has no NUL");
+  CHECK_STATUS(concord_timeline_start(comm, text), CONCORD_ERR_INVALID_ARGUMENT);
+  CheckLastError(comm, "the path has no NUL");
+  concord_config_init(&c);
+  c.rank = 0;
+  c.size = 1;
+  c.store = text;
+  CHECK_STATUS(concord_init_config(&c, &other), CONCORD_ERR_INVALID_ARGUMENT);
+  CheckLastError(NULL, "concord_config_t.store has no NUL");
+  CHECK(other == (concord_comm_t)0x1);
+  CHECK(munmap(text, mapped) == 0);
+}
+
+/* Struct wrappers of a newer caller: this library's struct, then fields it does not have. */
+struct NewerAllreduceOpts {
+  concord_allreduce_opts_t known;
+  int64_t unknown[2];
+};
+struct NewerDeviceOpts {
+  concord_device_opts_t known;
+  int64_t unknown;
+};
+struct NewerStats {
+  concord_stats_t known;
+  uint64_t unknown[3];
+};
+
+/* A newer caller's larger struct: taken when the fields this library lacks hold their default
+ * (zero), UNAVAILABLE when one is set (before: dropped in silence, SUCCESS); a struct_size far
+ * beyond any version is refused; a newer concord_stats_t gets 0 for counters this library does
+ * not keep (before: left as they were, garbage in a fresh struct). */
+static void TestNewerStructs(concord_comm_t comm) {
+  float x[4] = {1, 2, 3, 4};
+  int64_t shape[1] = {4};
+  concord_tensor_t t = CpuTensor(x, CONCORD_FLOAT32, 1, shape);
+  struct NewerAllreduceOpts o;
+  struct NewerDeviceOpts d;
+  struct NewerStats st;
+  concord_request_t r = (concord_request_t)0x1;
+  StartPhase("newer (larger) versioned structs");
+  memset(&o, 0, sizeof(o));
+  concord_allreduce_opts_init(&o.known);
+  o.known.struct_size = sizeof(o);
+  CHECK_STATUS(concord_allreduce(comm, "newer.zero", &t, NULL, &o.known), CONCORD_SUCCESS);
+  o.unknown[1] = 1;
+  BadAllreduce(comm, "newer.set", &t, NULL, &o.known, CONCORD_ERR_UNAVAILABLE,
+               "a field of a newer Concord is set");
+  o.unknown[1] = 0;
+  o.known.struct_size = 8192;
+  BadAllreduce(comm, "newer.huge", &t, NULL, &o.known, CONCORD_ERR_INVALID_ARGUMENT, "too large");
+
+  memset(&d, 0, sizeof(d));
+  concord_device_opts_init(&d.known);
+  d.known.struct_size = sizeof(d);
+  d.unknown = -1;
+  CHECK_STATUS(
+      concord_allreduce_async_ex(comm, "newer.device", &t, NULL, NULL, &d.known, NULL, NULL, &r),
+      CONCORD_ERR_UNAVAILABLE);
+  CheckLastError(comm, "device options");
+  CHECK(r == (concord_request_t)0x1);
+
+  memset(&st, 0xAB, sizeof(st));
+  st.known.struct_size = sizeof(st);
+  CHECK_STATUS(concord_comm_stats(comm, &st.known), CONCORD_SUCCESS);
+  CHECK(st.unknown[0] == 0 && st.unknown[1] == 0 && st.unknown[2] == 0);
+  CHECK(st.known.response_lists > 0);
+  st.known.struct_size = 8192;
+  CHECK_STATUS(concord_comm_stats(comm, &st.known), CONCORD_ERR_INVALID_ARGUMENT);
+  CheckLastError(comm, "at most 4096");
+}
+
+/* A request query that fails by itself says why in concord_request_error (before: empty). */
+static void TestRequestQueryErrors(concord_comm_t comm) {
+  float x[2] = {1, 2};
+  int64_t shape[1] = {2};
+  concord_tensor_t t = CpuTensor(x, CONCORD_FLOAT32, 1, shape);
+  concord_request_t r = NULL;
+  int ndim = -7;
+  StartPhase("request query errors");
+  CHECK_STATUS(concord_allreduce_async(comm, "query.errors", &t, NULL, NULL, NULL, NULL, &r),
+               CONCORD_SUCCESS);
+  CHECK_STATUS(concord_wait(r, -1), CONCORD_SUCCESS);
+  CHECK_STATUS(concord_request_output_shape(r, NULL, &ndim, NULL), CONCORD_ERR_INVALID_ARGUMENT);
+  CHECK(ndim == -7);
+  CHECK(strstr(concord_request_error(r), "not a recv") != NULL);
+  CHECK_STATUS(concord_request_wire_bytes(r, NULL), CONCORD_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(concord_request_error(r), "bytes is NULL") != NULL);
+  concord_request_free(r);
+}
+
+/* A finalized communicator is refused by every call, concord_finalize again too, and nothing of
+ * it is touched (before: a use after free, and a second finalize crashed). */
+static void TestFinalizedHandle(void) {
+  concord_comm_t comm = InitSingle();
+  float x[2] = {1, 2};
+  int64_t shape[1] = {2};
+  concord_tensor_t t = CpuTensor(x, CONCORD_FLOAT32, 1, shape);
+  concord_request_t r = (concord_request_t)0x1;
+  int v = -5;
+  StartPhase("a finalized communicator");
+  CHECK_STATUS(concord_finalize(comm), CONCORD_SUCCESS);
+  CHECK_STATUS(concord_finalize(comm), CONCORD_ERR_NOT_INITIALIZED);
+  CheckLastError(NULL, "was finalized");
+  CHECK_STATUS(concord_comm_rank(comm, &v), CONCORD_ERR_NOT_INITIALIZED);
+  CHECK(v == -5);
+  CheckLastError(NULL, "was finalized");
+  CHECK_STATUS(concord_allreduce_async(comm, "gone", &t, NULL, NULL, NULL, NULL, &r),
+               CONCORD_ERR_NOT_INITIALIZED);
+  CHECK(r == (concord_request_t)0x1);
+  CHECK_STATUS(concord_allreduce(comm, "gone", &t, NULL, NULL), CONCORD_ERR_NOT_INITIALIZED);
+  CHECK_STATUS(concord_barrier(comm), CONCORD_ERR_NOT_INITIALIZED);
+  CHECK(strstr(concord_comm_last_error(comm), "finalized") != NULL);
+}
+
 int main(void) {
   concord_comm_t comm;
   TestVersionAndStrings();
@@ -1285,12 +1443,16 @@ int main(void) {
   TestMetrics(comm);
   TestDeviceOptions(comm);
   TestFork(comm);
+  TestUnterminatedStrings(comm);
+  TestNewerStructs(comm);
+  TestRequestQueryErrors(comm);
   StartPhase("finalize");
   CHECK_STATUS(concord_finalize(comm), CONCORD_SUCCESS);
   TestFinalizeWithPending();
   TestWaitOnATimedOutOperation();
   TestTwoCommunicators();
   TestDeviceBackendChoice();
+  TestFinalizedHandle();
   if (CheckFailures()) {
     fprintf(stderr, "c_api_test: %d failures\n", CheckFailures());
     return 1;

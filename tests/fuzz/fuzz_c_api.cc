@@ -251,9 +251,9 @@ const concord_allreduce_opts_t* AllreduceOpts(Program& p) {
   o.prescale = in.Pick(kScales);
   o.postscale = in.Pick(kScales);
   o.compression = Spec(in, p.strings);
-  const size_t size = std::max(sizeof(size_t), std::min(o.struct_size, sizeof(o)));
-  void* mem = p.buffers.Get(size);
-  std::memcpy(mem, &o, size);
+  // The library reads struct_size bytes (a newer caller's zero tail too): they are all there.
+  void* mem = p.buffers.Get(std::max(sizeof(size_t), o.struct_size));
+  std::memcpy(mem, &o, std::max(sizeof(size_t), std::min(o.struct_size, sizeof(o))));
   return static_cast<const concord_allreduce_opts_t*>(mem);
 }
 
