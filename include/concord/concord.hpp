@@ -210,9 +210,9 @@ class Future {
     if (request_ == nullptr) throw Error(CONCORD_ERR_INVALID_ARGUMENT, "wait on an empty Future");
     const concord_status_t s = concord_request_wait_stream(request_, stream, timeout_s);
     if (s == CONCORD_IN_PROGRESS) return false;
-    detail::Check(s, s == CONCORD_ERR_INVALID_ARGUMENT
-                         ? "wait_stream needs an operation on CUDA tensors and a stream"
-                         : concord_request_error(request_));
+    // The C call keeps the reason of every failure on the request, its own refusals too (a CPU
+    // operation, a NULL stream, a group member) and the operation's INVALID_ARGUMENT.
+    detail::Check(s, concord_request_error(request_));
     return true;
   }
   /// An allgather's, gather's (on its root: empty elsewhere) or alltoall's result: its bytes (a

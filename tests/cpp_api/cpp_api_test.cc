@@ -352,6 +352,9 @@ TEST(CppApiTest, DeviceOptionsAndWaitStream) {
       ADD_FAILURE() << "wait_stream on a CPU operation was accepted";
     } catch (const concord::Error& e) {
       EXPECT_EQ(e.status(), CONCORD_ERR_INVALID_ARGUMENT);
+      // The C API's own reason (before: a fixed text, which also hid the reason of a CUDA
+      // operation that failed with INVALID_ARGUMENT).
+      EXPECT_NE(std::string(e.what()).find("not a CUDA operation"), std::string::npos) << e.what();
     }
     concord::TensorView gpu(v.data(), concord::DataType::kFloat32, {4}, /*device=*/0);
     try {
