@@ -66,6 +66,19 @@ class EnvironmentReader {
     return Status::Ok();
   }
 
+  // The same, for rank, size, local rank and local size, whose -1 means "not given" (a launcher's
+  // variable may then fill it): a negative value is refused here, naming the variable, instead of
+  // reading as unset. `accepted` says what is ("the rank must be >= 0").
+  Status Identity(std::initializer_list<const char*> names, const char* member, int* out,
+                  const char* accepted) {
+    CONCORD_RETURN_IF_ERROR(Int(names, member, out));
+    if (*out < 0 && config_->sources.count(member) != 0) {
+      return InvalidArgument(config_->sources[member] + " = " + std::to_string(*out) + ": " +
+                             accepted);
+    }
+    return Status::Ok();
+  }
+
   // A finite decimal number (strtod's decimal syntax: no hexadecimal, no blanks).
   Status Double(const char* name, const char* member, double* out) {
     std::string v, which;
@@ -167,7 +180,8 @@ StatusOr<int> SlurmLocalSize() {
     char* rest = nullptr;
     const long tasks = std::strtol(item.c_str(), &rest, 10);
     const bool repeated = *rest == '(';
-    const long repeat = repeated ? std::strtol(rest + 2, nullptr, 10) : 1;
+    // "N(" ends at the '(': the count after "(x" is read only when the 'x' is there.
+    const long repeat = !repeated ? 1 : rest[1] == 'x' ? std::strtol(rest + 2, nullptr, 10) : 0;
     const std::string canonical =
         std::to_string(tasks) + (repeated ? "(x" + std::to_string(repeat) + ")" : "");
     if (item != canonical || tasks > INT32_MAX || repeat < 1 ||
@@ -188,13 +202,20 @@ StatusOr<int> SlurmLocalSize() {
   }
   char* end = nullptr;
   const long node = std::strtol(node_text.c_str(), &end, 10);
-  if (end == node_text.c_str() || *end != '\0' || node < 0 ||
+  // Digits only: strtol would take " 1" and "+1".
+  if (!std::isdigit(static_cast<unsigned char>(node_text[0])) || *end != '\0' || node < 0 ||
       node >= static_cast<long>(per_node.size())) {
     return InvalidArgument("environment variable SLURM_NODEID='" + node_text +
                            "' is not a node of " + which + "='" + list + "'");
   }
   return per_node[static_cast<size_t>(node)];
 }
+
+// What Identity accepts for each member read from a variable.
+constexpr char kRankAccepted[] = "the rank must be >= 0";
+constexpr char kSizeAccepted[] = "the number of ranks must be >= 1";
+constexpr char kLocalRankAccepted[] = "the rank on this host must be >= 0";
+constexpr char kLocalSizeAccepted[] = "the number of ranks on this host must be >= 1";
 
 // Who this rank is: each of rank, size, local rank and local size from its CONCORD_* variable,
 // else from the launcher that started the job: the first of kLaunchers whose rank or size variable
@@ -203,10 +224,12 @@ StatusOr<int> SlurmLocalSize() {
 // launcher whose rank or size differs from CONCORD_RANK or CONCORD_SIZE describes another job: none
 // of its variables are read.
 Status ReadIdentity(EnvironmentReader* env, Config* c) {
-  CONCORD_RETURN_IF_ERROR(env->Int({"CONCORD_RANK"}, "rank", &c->rank));
-  CONCORD_RETURN_IF_ERROR(env->Int({"CONCORD_SIZE"}, "size", &c->size));
-  CONCORD_RETURN_IF_ERROR(env->Int({"CONCORD_LOCAL_RANK"}, "local_rank", &c->local_rank));
-  CONCORD_RETURN_IF_ERROR(env->Int({"CONCORD_LOCAL_SIZE"}, "local_size", &c->local_size));
+  CONCORD_RETURN_IF_ERROR(env->Identity({"CONCORD_RANK"}, "rank", &c->rank, kRankAccepted));
+  CONCORD_RETURN_IF_ERROR(env->Identity({"CONCORD_SIZE"}, "size", &c->size, kSizeAccepted));
+  CONCORD_RETURN_IF_ERROR(
+      env->Identity({"CONCORD_LOCAL_RANK"}, "local_rank", &c->local_rank, kLocalRankAccepted));
+  CONCORD_RETURN_IF_ERROR(
+      env->Identity({"CONCORD_LOCAL_SIZE"}, "local_size", &c->local_size, kLocalSizeAccepted));
   std::string value, which;
   for (const Launcher& l : kLaunchers) {
     if (!FirstSet({l.rank, l.size}, &value, &which) &&
@@ -215,15 +238,18 @@ Status ReadIdentity(EnvironmentReader* env, Config* c) {
     }
     Config theirs;
     EnvironmentReader their_env(&theirs);
-    CONCORD_RETURN_IF_ERROR(their_env.Int({l.rank}, "rank", &theirs.rank));
+    CONCORD_RETURN_IF_ERROR(their_env.Identity({l.rank}, "rank", &theirs.rank, kRankAccepted));
     if (l.size_fallback != nullptr) {
-      CONCORD_RETURN_IF_ERROR(their_env.Int({l.size, l.size_fallback}, "size", &theirs.size));
+      CONCORD_RETURN_IF_ERROR(
+          their_env.Identity({l.size, l.size_fallback}, "size", &theirs.size, kSizeAccepted));
     } else {
-      CONCORD_RETURN_IF_ERROR(their_env.Int({l.size}, "size", &theirs.size));
+      CONCORD_RETURN_IF_ERROR(their_env.Identity({l.size}, "size", &theirs.size, kSizeAccepted));
     }
-    CONCORD_RETURN_IF_ERROR(their_env.Int({l.local_rank}, "local_rank", &theirs.local_rank));
+    CONCORD_RETURN_IF_ERROR(
+        their_env.Identity({l.local_rank}, "local_rank", &theirs.local_rank, kLocalRankAccepted));
     if (l.local_size != nullptr) {
-      CONCORD_RETURN_IF_ERROR(their_env.Int({l.local_size}, "local_size", &theirs.local_size));
+      CONCORD_RETURN_IF_ERROR(
+          their_env.Identity({l.local_size}, "local_size", &theirs.local_size, kLocalSizeAccepted));
     } else {
       CONCORD_ASSIGN_OR_RETURN(theirs.local_size, SlurmLocalSize());
       if (theirs.local_size != -1) {
@@ -379,7 +405,9 @@ Status Config::Finalize() {
                       ") (the local size, from " + SourceOf("local_size") + ")");
   }
   // Only used without a store (bootstrap.cc): under concordrun torchrun's variables are unused.
-  if (master_port != -1 && store.empty() && (master_port < 1 || master_port > 65534)) {
+  // MASTER_PORT=-1 is refused too: -1 only means "not given" when no variable gave it.
+  if ((master_port != -1 || sources.count("master_port") != 0) && store.empty() &&
+      (master_port < 1 || master_port > 65534)) {
     return refuse("master_port", std::to_string(master_port),
                   "must be in [1, 65534] (Concord's store is served on MASTER_PORT + 1)");
   }

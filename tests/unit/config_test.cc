@@ -267,6 +267,16 @@ TEST_F(ConfigTest, EveryBadVariableIsRefusedNamingItsValueAndWhatIsAccepted) {
       {"MASTER_PORT", "70000", {"MASTER_PORT = 70000", "[1, 65534]"}},
       {"MASTER_PORT", "0", {"MASTER_PORT = 0", "[1, 65534]"}},
       {"CONCORD_SIZE", "0", {"CONCORD_SIZE = 0", ">= 1"}},
+      // -1 is what "not given" is stored as: from a variable it is refused, not read as unset
+      // (CONCORD_SIZE=-1 made a lone process; CONCORD_RANK=-1 let RANK decide).
+      {"CONCORD_RANK", "-1", {"CONCORD_RANK = -1", "the rank must be >= 0"}},
+      {"CONCORD_SIZE", "-1", {"CONCORD_SIZE = -1", "the number of ranks must be >= 1"}},
+      {"CONCORD_LOCAL_RANK", "-1", {"CONCORD_LOCAL_RANK = -1", "must be >= 0"}},
+      {"CONCORD_LOCAL_SIZE", "-1", {"CONCORD_LOCAL_SIZE = -1", "must be >= 1"}},
+      {"CONCORD_SIZE", "-7", {"CONCORD_SIZE = -7", ">= 1"}},
+      {"RANK", "-1", {"RANK = -1", ">= 0"}},
+      {"WORLD_SIZE", "-1", {"WORLD_SIZE = -1", ">= 1"}},
+      {"MASTER_PORT", "-1", {"MASTER_PORT = -1", "[1, 65534]"}},
       {"CONCORD_LOCAL_SIZE", "0", {"CONCORD_LOCAL_SIZE = 0", ">= 1"}},
       // Names: the backend, the Gloo algorithm, the compression spec (the parser's own message).
       {"CONCORD_BACKEND", "nccl-ish", {"CONCORD_BACKEND = 'nccl-ish'", "gloo, gloo-ibverbs, mpi"}},
@@ -443,8 +453,17 @@ TEST_F(ConfigTest, SlurmStepLayout) {
   EXPECT_EQ(c.status().code(), Code::kInvalidArgument);
   EXPECT_NE(c.status().message().find("SLURM_NODEID"), std::string::npos) << c.status().message();
 
+  for (const char* node : {" 1", "+1", "1 "}) {  // blanks and signs are not Slurm's
+    Set("SLURM_NODEID", node);
+    c = Config::FromEnvironment();
+    EXPECT_EQ(c.status().code(), Code::kInvalidArgument) << "SLURM_NODEID='" << node << "'";
+  }
+
   Set("SLURM_NODEID", "0");
-  for (const char* bad : {"2(x", "x2", "2(x0)", "2,,2", "2(x2)y", "2(x2)y)", "99999999999", ""}) {
+  // "2(" once made the parser read past the end of the item: with a long item (on the heap),
+  // AddressSanitizer reports a heap-buffer-overflow in strtol.
+  for (const char* bad : {"2(x", "2(", "0000000000000000000000002(", "x2", "2(x0)", "2,,2",
+                          "2(x2)y", "2(x2)y)", "99999999999", ""}) {
     Set("SLURM_STEP_TASKS_PER_NODE", bad);
     if (*bad == '\0') continue;  // unset: no local size, as before
     c = Config::FromEnvironment();
