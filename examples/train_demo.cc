@@ -3,6 +3,8 @@
 // step. Prints the global loss per epoch and checks that all replicas end bit-identical.
 //
 //   concordrun -np 4 build/examples/train_demo [--epochs N] [--samples-per-rank N]
+#include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -60,22 +62,51 @@ uint64_t Fnv1a(const Mlp& m) {
   return h;
 }
 
-int ArgInt(int argc, char** argv, const char* flag, int fallback) {
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (std::strcmp(argv[i], flag) == 0) return std::atoi(argv[i + 1]);
+constexpr char kUsage[] =
+    "usage: train_demo [--epochs N] [--samples-per-rank N]\n"
+    "  --epochs N            passes over the data, 1 to 100000 (default 8)\n"
+    "  --samples-per-rank N  this rank's samples, 32 to 1048576 (default 2048)\n";
+
+// The command line into *epochs and *samples. Returns -1 to go on, else the exit status: 0 after
+// --help, 2 after saying what is wrong (an unknown argument, a flag without its value, a value that
+// is not a whole number in its range).
+int ParseArgs(int argc, char** argv, int* epochs, int* samples) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "-h" || flag == "--help") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+    const bool is_epochs = flag == "--epochs";
+    if (!is_epochs && flag != "--samples-per-rank") {
+      std::fprintf(stderr, "train_demo: unknown argument '%s'\n%s", flag.c_str(), kUsage);
+      return 2;
+    }
+    const long lo = is_epochs ? 1 : kBatch, hi = is_epochs ? 100000 : 1 << 20;
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "train_demo: %s needs a value\n%s", flag.c_str(), kUsage);
+      return 2;
+    }
+    const char* text = argv[++i];
+    char* end = nullptr;
+    errno = 0;
+    const long value = std::strtol(text, &end, 10);
+    if (!std::isdigit(static_cast<unsigned char>(text[0])) || *end != '\0' || errno != 0 ||
+        value < lo || value > hi) {
+      std::fprintf(stderr, "train_demo: %s must be a whole number from %ld to %ld, not '%s'\n%s",
+                   flag.c_str(), lo, hi, text, kUsage);
+      return 2;
+    }
+    *(is_epochs ? epochs : samples) = static_cast<int>(value);
   }
-  return fallback;
+  return -1;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int epochs = ArgInt(argc, argv, "--epochs", 8);
-  const int samples = ArgInt(argc, argv, "--samples-per-rank", 2048);
-  if (epochs < 1 || samples < kBatch) {
-    std::fprintf(stderr, "usage: train_demo [--epochs N>=1] [--samples-per-rank N>=%d]\n", kBatch);
-    return 2;
-  }
+  int epochs = 8, samples = 2048;
+  if (const int status = ParseArgs(argc, argv, &epochs, &samples); status != -1) return status;
   try {
     concord::Communicator comm;
     const int rank = comm.rank(), size = comm.size();

@@ -6,8 +6,10 @@ Rank 0 holds stage 0 (Linear 8->32, tanh), rank 1 stage 1 (Linear 32->1). Every 
 batch into micro-batches: rank 0 runs each forward and sends its activations to rank 1 (tag 0);
 rank 1 finishes the forward, computes the loss and sends the gradient of the activations back
 (tag 1); rank 0 runs each backward as its gradient arrives. Then each rank steps its own stage.
-Messages of one (peer, tag) arrive in order, so micro-batches need no numbering. Rank 1 prints the
-loss; with --check every rank also trains the whole model in one process on the same data and
+Messages of one (peer, tag) arrive in order, so micro-batches need no numbering. Each micro-batch
+adds its squared errors divided by the whole batch, so the step's loss and gradients are the whole
+batch's mean whatever the micro-batches' sizes (--batch need not divide by --micro). Rank 1 prints
+the loss; with --check every rank also trains the whole model in one process on the same data and
 exits 1 unless the losses and weights match to --tolerance.
 """
 import argparse
@@ -56,7 +58,7 @@ def train_pipeline(comm, args):
             for mb_y in ys:
                 act = comm.recv(peer=0, tag=ACTIVATIONS, like=torch.empty(len(mb_y), 32))
                 act.requires_grad_(True)
-                loss = torch.nn.functional.mse_loss(stage(act), mb_y) / args.micro
+                loss = torch.nn.functional.mse_loss(stage(act), mb_y, reduction="sum") / args.batch
                 loss.backward()
                 total += loss.item()
                 comm.send(act.grad.contiguous(), peer=0, tag=GRADIENTS)
@@ -90,6 +92,11 @@ def main():
                         help="compare with the model trained in one process; exit 1 on a difference")
     parser.add_argument("--tolerance", type=float, default=1e-5)
     args = parser.parse_args()
+    for name in ("steps", "batch", "micro"):
+        if getattr(args, name) < 1:
+            parser.error("--%s must be at least 1" % name)
+    if args.micro > args.batch:
+        parser.error("--micro (%d) must be at most --batch (%d)" % (args.micro, args.batch))
     comm = concord.init()
     if comm.size != 2:
         print("pipeline_parallel: run with 2 ranks (one per stage)", file=sys.stderr)

@@ -3,9 +3,10 @@
     build/tools/concordrun -np 4 /usr/bin/python3 examples/python/train_classifier.py --epochs 5
 
 The data set is generated (the same on every rank, from a fixed seed): points from three
-interleaved spirals in 2-D, lifted to 16 features by a fixed random projection plus noise. Each rank
-trains on its own shard; DistributedOptimizer averages the gradients; rank 0 prints the loss and
-the accuracy on held-out points after every epoch.
+interleaved spirals in 2-D with noise, lifted to 18 features (the 2 coordinates and 16 tanh
+features of a fixed random projection of them). Each rank trains on its own shard, all ranks the
+same number of steps; DistributedOptimizer averages the gradients; rank 0 prints the loss and the
+accuracy on held-out points after every epoch.
 """
 import argparse
 import math
@@ -39,6 +40,8 @@ def main():
     parser.add_argument("--min-accuracy", type=float, default=0.0,
                         help="exit 1 when the final accuracy is lower (for tests)")
     args = parser.parse_args()
+    if args.epochs < 1:
+        parser.error("--epochs must be at least 1")
 
     comm = concord.init()
     torch.manual_seed(comm.rank)  # different initial weights: broadcast_parameters fixes that
@@ -53,12 +56,20 @@ def main():
     x, y = make_dataset(8192, seed=1)
     x_test, y_test = make_dataset(2048, seed=2)
     shard = torch.arange(comm.rank, len(x), comm.size)  # this rank's samples
+    # Every rank must take the same number of steps (each one's gradients are averaged).
+    steps = (len(x) // comm.size) // args.batch if args.batch >= 1 else 0
+    if steps < 1:
+        if comm.rank == 0:
+            print("train_classifier: --batch must be from 1 to %d at %d ranks, not %d"
+                  % (len(x) // comm.size, comm.size, args.batch), file=sys.stderr)
+        concord.finalize()
+        sys.exit(2)
     accuracy = 0.0
     for epoch in range(args.epochs):
         start = time.time()
         order = shard[torch.randperm(len(shard), generator=torch.Generator().manual_seed(epoch))]
         total = torch.zeros(2, dtype=torch.float64)  # loss sum, sample count
-        for i in range(0, len(order) - args.batch + 1, args.batch):
+        for i in range(0, steps * args.batch, args.batch):
             idx = order[i:i + args.batch]
             optimizer.zero_grad()
             loss = torch.nn.functional.cross_entropy(model(x[idx]), y[idx])

@@ -9,8 +9,9 @@ the gradient of its own quarter of the batch; a reduce-scatter over `shard` leav
 sum of its half of the flat gradient over its shard group, an allreduce over `replica` adds the
 other replica's, and each rank steps only its half of the parameters (SGD with momentum: each
 rank keeps the momentum of its half only); an allgather over `shard` gives every rank the whole
-updated parameters. With --check every rank also trains the model in one process on the whole
-batch and exits 1 unless the weights match to --tolerance.
+updated parameters. Rank 0 prints the loss (the mean over the ranks' quarters) every few steps.
+With --check every rank also trains the model in one process on the whole batch and exits 1
+unless the weights match to --tolerance.
 """
 import argparse
 import sys
@@ -57,11 +58,14 @@ def train_sharded(comm, args):
     mine = slice(shard.rank * part, (shard.rank + 1) * part)
     momentum = torch.zeros(part)
     quarter = args.batch // comm.size
+    losses = torch.zeros(args.steps)
     for step in range(args.steps):
         x, y = batch(step, args.batch)
         rows = slice(comm.rank * quarter, (comm.rank + 1) * quarter)
         model.zero_grad()
-        torch.nn.functional.cross_entropy(model(x[rows]), y[rows]).backward()
+        loss = torch.nn.functional.cross_entropy(model(x[rows]), y[rows])
+        loss.backward()
+        losses[step] = loss.item()
         grad = flat([p.grad for p in params], length)
         # Sum over this shard group, then over the replicas: the gradient of the whole batch.
         g = shard.reducescatter(grad, name="grad", op="sum")
@@ -71,6 +75,10 @@ def train_sharded(comm, args):
         unflat(shard.allgather(weights.contiguous(), name="weights"), params)
     replica.finalize()
     shard.finalize()
+    comm.allreduce_(losses, name="losses", op="average")
+    if comm.rank == 0:
+        for step in range(0, args.steps, max(1, args.steps // 5)):
+            print("step %3d  loss %.6f" % (step, losses[step]))
     return model
 
 
@@ -95,6 +103,13 @@ def main():
                         help="compare with plain SGD in one process; exit 1 on a difference")
     parser.add_argument("--tolerance", type=float, default=1e-5)
     args = parser.parse_args()
+    if args.steps < 1:
+        parser.error("--steps must be at least 1")
+    # Each rank takes a quarter: a remainder would leave samples out that --check's one process
+    # trains on.
+    if args.batch < 4 or args.batch % 4 != 0:
+        parser.error("--batch must be a positive multiple of 4 (one quarter per rank), not %d"
+                     % args.batch)
     comm = concord.init()
     if comm.size != 4:
         print("zero_sharded: run with 4 ranks (2 replicas of 2 shards)", file=sys.stderr)
