@@ -68,12 +68,33 @@ double CacheHitRate(const MetricsContext& c) {
   return Ratio(cached, cached + static_cast<double>(Counter(c, "responses_full")));
 }
 
+// `name` as part of a metric name: every byte but [a-zA-Z0-9_] as '_' (names allow ':' too, but
+// that is for recording rules).
+std::string MetricNamePart(std::string name) {
+  for (char& c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+    if (!ok) c = '_';
+  }
+  return name;
+}
+
 // Prometheus text: one family at a time, every series with the rank label first.
 class PromWriter {
  public:
   explicit PromWriter(int rank) : rank_label_("rank=\"" + std::to_string(rank) + "\"") {}
-  void Family(const std::string& name, const char* type, const char* help) {
-    out_ += "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+  // `help` with backslash and line feed escaped (\\, \n: the format's escapes in HELP text).
+  void Family(const std::string& name, const char* type, const std::string& help) {
+    out_ += "# HELP " + name + " ";
+    for (const char c : help) {
+      if (c == '\\') {
+        out_ += "\\\\";
+      } else if (c == '\n') {
+        out_ += "\\n";
+      } else {
+        out_ += c;
+      }
+    }
+    out_ += "\n# TYPE " + name + " " + type + "\n";
   }
   void Sample(const std::string& name, const std::string& labels, const std::string& value) {
     out_ += name + "{" + rank_label_ + (labels.empty() ? "" : "," + labels) + "} " + value + "\n";
@@ -97,8 +118,30 @@ class PromWriter {
   std::string out_;
 };
 
+// `value` as a Prometheus label value (exposition format 0.0.4): quoted, with backslash, double
+// quote and line feed escaped (\\, \", \n: the format's only escapes; JSON's \uXXXX is an error
+// there), every other well-formed UTF-8 sequence as it is and every other byte as U+FFFD.
+std::string LabelValue(const std::string& value) {
+  std::string out = "\"";
+  for (size_t i = 0, n = 0; i < value.size(); i += n) {
+    n = Utf8SequenceLength(value, i);
+    if (n == 0) {
+      out += "\xef\xbf\xbd";
+      n = 1;
+    } else if (value[i] == '\\' || value[i] == '"') {
+      out += '\\';
+      out += value[i];
+    } else if (value[i] == '\n') {
+      out += "\\n";
+    } else {
+      out.append(value, i, n);
+    }
+  }
+  return out + "\"";
+}
+
 std::string Label(const char* name, const std::string& value) {
-  return std::string(name) + "=" + JsonQuote(value);
+  return std::string(name) + "=" + LabelValue(value);
 }
 
 std::string LaneLabel(int lane) {
@@ -183,8 +226,8 @@ std::string MetricsToPrometheus(const Metrics::Snapshot& s, const MetricsContext
   w.Family("concord_uptime_seconds", "gauge", "Seconds since the communicator started.");
   w.Sample("concord_uptime_seconds", "", Num(s.uptime_s));
   for (const auto& [name, value] : c.counters) {
-    const std::string family = "concord_engine_" + name + "_total";
-    w.Family(family, "counter", ("Engine counter " + name + " (concord_stats_t).").c_str());
+    const std::string family = "concord_engine_" + MetricNamePart(name) + "_total";
+    w.Family(family, "counter", "Engine counter " + name + " (concord_stats_t).");
     w.Sample(family, "", Num(value));
   }
   w.Family("concord_cache_hit_ratio", "gauge", "Operations negotiated as a response-cache bit.");

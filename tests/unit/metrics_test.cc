@@ -2,9 +2,13 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <memory>
+#include <set>
+#include <sstream>
 #include <string>
 
+#include "base/json.h"
 #include "core/metered_backend.h"
 #include "core/metrics_render.h"
 #include "tools/run_summary.h"
@@ -178,6 +182,115 @@ TEST(MetricsRenderTest, JsonEscapesTextAndPrometheusLabelsEverySeries) {
                       "size_bucket=\"4096\",le=\"+Inf\"} 1\n"),
             std::string::npos);
   EXPECT_EQ(page.find("straggler"), std::string::npos);  // not rank 0: no straggler series
+}
+
+bool IsMetricName(const std::string& name) {
+  if (name.empty() || (name[0] >= '0' && name[0] <= '9')) return false;
+  for (const char c : name) {
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+          c == ':')) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// The first way `page` breaks the exposition format 0.0.4 as Prometheus reads it, "" for none:
+// valid UTF-8; per line `# HELP name text` (text escaping only \\ and \n), `# TYPE name type`
+// or a sample `name{label="value",...} number`, label values escaping only \\, \" and \n; each
+// family's HELP and TYPE once and before its samples, which follow it together (a histogram's as
+// its _bucket, _sum and _count).
+std::string ExpositionProblem(const std::string& page) {
+  for (size_t i = 0, n = 0; i < page.size(); i += n) {
+    n = Utf8SequenceLength(page, i);
+    if (n == 0) return "not UTF-8 at byte " + std::to_string(i);
+  }
+  if (page.empty() || page.back() != '\n') return "no line feed at the end";
+  std::set<std::string> families;
+  std::string family, type;
+  std::istringstream in(page);
+  for (std::string line; std::getline(in, line);) {
+    const std::string where = " in: " + line;
+    if (line.rfind("# HELP ", 0) == 0) {
+      const std::string rest = line.substr(7);
+      const std::string name = rest.substr(0, rest.find(' '));
+      if (!IsMetricName(name)) return "a bad name" + where;
+      if (!families.insert(name).second) return "a second HELP" + where;
+      for (size_t k = name.size(); k < rest.size(); ++k) {
+        if (rest[k] == '\\' && (k + 1 == rest.size() || (rest[++k] != '\\' && rest[k] != 'n'))) {
+          return "a bad escape in HELP" + where;
+        }
+      }
+      family = name;
+      type.clear();
+      continue;
+    }
+    if (line.rfind("# TYPE ", 0) == 0) {
+      std::istringstream words(line.substr(7));
+      std::string name;
+      words >> name >> type;
+      if (name != family) return "a TYPE not after its HELP" + where;
+      if (type != "counter" && type != "gauge" && type != "histogram") return "a bad type" + where;
+      continue;
+    }
+    if (line.empty() || line[0] == '#') return "a stray line" + where;
+    const size_t brace = line.find('{');
+    if (brace == std::string::npos) return "no labels" + where;
+    const std::string name = line.substr(0, brace);
+    const bool ours =
+        name == family ||
+        (type == "histogram" &&
+         (name == family + "_bucket" || name == family + "_sum" || name == family + "_count"));
+    if (!IsMetricName(name) || type.empty() || !ours) return "a sample outside its family" + where;
+    size_t k = brace + 1;
+    for (;;) {
+      const size_t eq = line.find('=', k);
+      if (eq == std::string::npos || !IsMetricName(line.substr(k, eq - k))) {
+        return "a bad label name" + where;
+      }
+      if (eq + 1 >= line.size() || line[eq + 1] != '"') return "an unquoted label value" + where;
+      for (k = eq + 2; k < line.size() && line[k] != '"'; ++k) {
+        if (line[k] != '\\') continue;
+        if (++k == line.size() || (line[k] != '\\' && line[k] != '"' && line[k] != 'n')) {
+          return "a bad escape in a label value" + where;
+        }
+      }
+      if (k + 1 >= line.size()) return "an unterminated label value" + where;
+      if (line[k + 1] == '}') break;
+      if (line[k + 1] != ',') return "a bad label separator" + where;
+      k += 2;
+    }
+    if (k + 2 >= line.size() || line[k + 2] != ' ') return "no value" + where;
+    const std::string value = line.substr(k + 3);
+    char* end = nullptr;
+    std::strtod(value.c_str(), &end);
+    if (value.empty() || *end != '\0') return "a bad value" + where;
+  }
+  return "";
+}
+
+TEST(MetricsRenderTest, PrometheusTextFollowsTheExpositionFormatWhateverTheNames) {
+  const std::string hostile = "a\"b\\c\nd\te\xff";
+  Metrics::Snapshot s;
+  s.ops[Metrics::OpKey(hostile, DType::kFloat32)].count = 1;
+  s.latency[Metrics::SizedKey(hostile, 0)].Add(0.001);
+  s.collectives[Metrics::LaneKey(0, hostile, hostile)].count = 1;
+  s.collective_latency[Metrics::LaneSizedKey(0, hostile, 4)].Add(1.0);
+  s.errors[hostile] = 2;
+  s.stragglers = StragglerTotals{3, {1, 2}, {0.5, 1.5}};
+  MetricsContext c = Context(0, 2);
+  c.counters.emplace_back("bad name\n\\", 7);
+  const std::string page = MetricsToPrometheus(s, c);
+  EXPECT_EQ(ExpositionProblem(page), "") << page;
+  // Escaped as the format says (a tab as it is, a byte that is not UTF-8 as U+FFFD).
+  EXPECT_NE(page.find("concord_operations_total{rank=\"0\",op=\"a\\\"b\\\\c\\nd\te\xef\xbf\xbd\","),
+            std::string::npos)
+      << page;
+  EXPECT_NE(page.find("# HELP concord_engine_bad_name___total Engine counter bad name\\n\\\\ "
+                      "(concord_stats_t).\n# TYPE concord_engine_bad_name___total counter\n"
+                      "concord_engine_bad_name___total{rank=\"0\"} 7\n"),
+            std::string::npos)
+      << page;
 }
 
 }  // namespace
