@@ -19,9 +19,11 @@ namespace {
 constexpr int kBacklog = static_cast<int>(MetricsServer::kMaxConnections);
 // After accept() ran out of descriptors or memory, how long before the next try.
 constexpr std::chrono::milliseconds kResourcePause{100};
-// After refusing an oversized request: how long, and how many of the bytes the client still
-// sends, the server reads and drops before it closes, so that the kernel does not answer them
-// with a reset that could destroy the response on its way.
+// After a response: how long, and how many of the bytes the client still sends (a request body, a
+// pipelined request, the rest of an oversized head), the server reads and drops before it closes,
+// so that the kernel does not answer them with a reset that destroys the response's tail still in
+// its send buffer. A client that closes when the response is in (Connection: close) ends it at
+// once.
 constexpr std::chrono::milliseconds kLinger{200};
 constexpr size_t kLingerBytes = 64 * 1024;
 
@@ -57,13 +59,15 @@ bool ResourceError(int e) {
   return e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM;
 }
 
-// Where the request head ends (just past its blank line), or npos.
+// Where the request head ends (just past the empty line that ends it), or npos. Lines end in CRLF
+// or in a bare LF (RFC 9112 2.2 lets a server take one, and a CR before it): the empty line is
+// "\r\n" or "\n" right after a line's LF, in any mix ("\n\r\n" too).
 size_t HeadEnd(const std::string& head) {
-  const size_t crlf = head.find("\r\n\r\n");
-  const size_t lf = head.find("\n\n");
-  if (crlf == std::string::npos && lf == std::string::npos) return std::string::npos;
-  if (lf == std::string::npos || (crlf != std::string::npos && crlf < lf)) return crlf + 4;
-  return lf + 2;
+  for (size_t lf = head.find('\n'); lf != std::string::npos; lf = head.find('\n', lf + 1)) {
+    if (head.compare(lf + 1, 1, "\n") == 0) return lf + 2;
+    if (head.compare(lf + 1, 2, "\r\n") == 0) return lf + 3;
+  }
+  return std::string::npos;
 }
 
 std::string Response(const char* status, const std::string& content_type, const std::string& body,
@@ -106,7 +110,7 @@ bool Transient(int e) {
 }  // namespace
 
 // One accepted client, through its phases: its request head arriving (up to kMaxRequestHead),
-// the response leaving, and after a 431 a short linger that drops what the client still sends.
+// the response leaving, and a short linger that drops what the client still sends.
 // Each phase has its own deadline; the server closes the connection when it passes. Owned and
 // used by the server thread alone.
 class MetricsServer::Connection {
@@ -152,18 +156,17 @@ class MetricsServer::Connection {
     return head_.size() > kMaxRequestHead ? Head::kTooLarge : Head::kIncomplete;
   }
 
-  // Starts sending `response`, abandoned at `deadline`; with `linger`, what the client still sends
-  // afterwards is read and dropped briefly before the connection closes.
-  void StartResponse(std::string response, Deadline deadline, bool linger) {
+  // Starts sending `response`, abandoned at `deadline`; what the client still sends afterwards is
+  // read and dropped briefly before the connection closes.
+  void StartResponse(std::string response, Deadline deadline) {
     head_.clear();
     response_ = std::move(response);
     deadline_ = deadline;
-    linger_ = linger;
     phase_ = Phase::kSending;
     SendMore();  // most responses fit the socket's buffer at once
   }
 
-  // Sends what the socket takes (kSending); once all is out, half-closes and lingers or closes.
+  // Sends what the socket takes (kSending); once all is out, half-closes and lingers.
   void SendMore() {
     while (sent_ < response_.size()) {
       const ssize_t n =
@@ -179,10 +182,6 @@ class MetricsServer::Connection {
       sent_ += static_cast<size_t>(n);
     }
     ::shutdown(fd_.get(), SHUT_WR);
-    if (!linger_) {
-      Close();
-      return;
-    }
     response_.clear();
     deadline_ = Deadline::After(kLinger);
     phase_ = Phase::kLingering;
@@ -204,7 +203,6 @@ class MetricsServer::Connection {
   std::string head_;      // kReading: the request head so far
   std::string response_;  // kSending: the whole response, of which sent_ bytes are out
   size_t sent_ = 0;
-  bool linger_ = false;  // after the response, linger (a refused oversized request)
   size_t lingered_ = 0;  // kLingering: bytes read and dropped
 };
 
@@ -358,13 +356,12 @@ void MetricsServer::Serve(Connection& connection, short revents) {
       case Connection::Phase::kReading:
         switch (connection.ReadHead()) {
           case Connection::Head::kComplete:
-            connection.StartResponse(Respond(connection.head()), Deadline::After(client_deadline_),
-                                     /*linger=*/false);
+            connection.StartResponse(Respond(connection.head()), Deadline::After(client_deadline_));
             break;
           case Connection::Head::kTooLarge:
             connection.StartResponse(
                 Plain("431 Request Header Fields Too Large", "request head over 8 KiB", true),
-                Deadline::After(client_deadline_), /*linger=*/true);
+                Deadline::After(client_deadline_));
             break;
           case Connection::Head::kIncomplete:
             break;

@@ -29,10 +29,13 @@ namespace concord {
 //   a malformed request     400; a request head over 8 KiB: 431
 //   a client that sends no complete request head within client_deadline (2 s by default) of its
 //   connecting is closed without an answer; a response not taken within client_deadline of its
-//   rendering is abandoned. With kMaxConnections open, a new connection closes the oldest one that
-//   has not sent a complete request head yet (without an answer), so idle connections cannot
-//   lock a scraper out; when every open one is being answered, new ones wait in the kernel's
-//   backlog until one ends.
+//   rendering is abandoned. Once a response is out the server half-closes, then reads and drops
+//   what the client still sends (a body, a pipelined request; up to 64 KiB for up to 200 ms, ended
+//   by the client closing) before it closes, so that unread bytes do not make the kernel reset the
+//   connection and drop the response's tail. With kMaxConnections open, a new connection closes the
+//   oldest one that has not sent a complete request head yet (without an answer), so idle
+//   connections cannot lock a scraper out; when every open one is being answered, new ones wait in
+//   the kernel's backlog until one ends.
 //
 // Start() binds (SO_REUSEADDR) and listens before it returns, so a port in use is an error there
 // and a scraper may connect as soon as it returned. bind_address: an IPv4 or IPv6 literal

@@ -146,6 +146,44 @@ TEST(MetricsServerTest, AnswersWhatItDoesNotServeWithAnError) {
   EXPECT_EQ(Body(Exchange(port, "GET /metrics HTTP/1.1\r\n\r\n")), "x\n");
 }
 
+TEST(MetricsServerTest, TakesABareLineFeedBeforeTheEmptyLineInAnyMix) {
+  auto server = StartOrDie([] { return std::string("ok\n"); }, milliseconds(5000));
+  ASSERT_NE(server, nullptr);
+  for (const char* request :
+       {"GET /metrics HTTP/1.1\n\r\n", "GET /metrics HTTP/1.1\r\nHost: x\n\r\n",
+        "GET /metrics HTTP/1.1\nHost: x\r\n\n"}) {
+    const auto t0 = Clock::now();
+    EXPECT_EQ(Body(Exchange(server->port(), request)), "ok\n") << request;
+    EXPECT_LT(Clock::now() - t0, milliseconds(1000)) << request;
+  }
+}
+
+TEST(MetricsServerTest, BytesAfterTheRequestHeadDoNotCutTheResponseShort) {
+  // A client that sends more than its request head (a body, a pipelined request, a stray CRLF)
+  // while a response larger than the socket buffers is on its way: closing with those bytes unread
+  // would make the kernel reset the connection and drop the response's tail.
+  const std::string big(16 << 20, 'x');
+  auto server = StartOrDie([&] { return big; }, milliseconds(5000));
+  ASSERT_NE(server, nullptr);
+  for (const std::string& extra : {std::string("\r\n"), std::string(60000, 'y')}) {
+    net::Fd fd = Connect(server->port());
+    ASSERT_TRUE(fd.valid());
+    const std::string request = "GET /metrics HTTP/1.1\r\n\r\n";
+    ASSERT_EQ(::send(fd.get(), request.data(), request.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(request.size()));
+    std::this_thread::sleep_for(milliseconds(100));  // the server has read the head and sends
+    std::thread more([&] {
+      // Blocks while the server reads nothing; the server's close ends it (or the reads below).
+      (void)::send(fd.get(), extra.data(), extra.size(), MSG_NOSIGNAL);
+    });
+    std::this_thread::sleep_for(milliseconds(100));
+    const std::string response = ReadAll(fd.get());
+    more.join();
+    EXPECT_EQ(StatusLine(response), "HTTP/1.1 200 OK");
+    EXPECT_EQ(Body(response).size(), big.size()) << extra.size() << " bytes after the head";
+  }
+}
+
 TEST(MetricsServerTest, AcceptsAbsoluteFormTargets) {
   auto server = StartOrDie([] { return std::string("ok\n"); });
   ASSERT_NE(server, nullptr);
