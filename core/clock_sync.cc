@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -80,6 +81,14 @@ std::shared_ptr<Op> PostRecv(P2pTransport& t, int peer, int64_t tag,
   return op;
 }
 
+// `us` in whole nanoseconds, as a result message carries them; none when that is past int64.
+std::optional<int64_t> Nanoseconds(double us) {
+  const double ns = std::round(us * 1e3);
+  // 2^63 is exactly a double; every double below it in magnitude fits int64.
+  if (!(std::fabs(ns) < 9223372036854775808.0)) return std::nullopt;
+  return static_cast<int64_t>(ns);
+}
+
 // Rank 0's side with rank `peer`: the rounds, then the result sent to it.
 StatusOr<ClockOffset> Measure(P2pTransport& t, int peer, int64_t tag,
                               const ClockSyncOptions& options) {
@@ -97,10 +106,16 @@ StatusOr<ClockOffset> Measure(P2pTransport& t, int peer, int64_t tag,
   }
   const std::optional<ClockOffset> estimate = EstimateClockOffset(rounds);
   if (!estimate) return ProtocolError("no round trip took a non-negative time");
-  CONCORD_RETURN_IF_ERROR(SendWords(
-      t, peer, tag,
-      {kResult, std::llround(estimate->offset_us * 1e3), std::llround(estimate->error_us * 1e3)},
-      options.deadline));
+  const std::optional<int64_t> offset_ns = Nanoseconds(estimate->offset_us);
+  const std::optional<int64_t> error_ns = Nanoseconds(estimate->error_us);
+  if (!offset_ns || !error_ns) {
+    char seconds[32];
+    std::snprintf(seconds, sizeof(seconds), "%.3g", estimate->offset_us / 1e6);
+    return ProtocolError(std::string("a clock reading ") + seconds +
+                         " s off rank 0's, past what the offset's int64 nanoseconds hold");
+  }
+  CONCORD_RETURN_IF_ERROR(
+      SendWords(t, peer, tag, {kResult, *offset_ns, *error_ns}, options.deadline));
   return *estimate;
 }
 
@@ -134,19 +149,31 @@ ClockSyncResult Follow(P2pTransport& t, int64_t tag, const ClockSyncOptions& opt
 }  // namespace
 
 std::optional<ClockOffset> EstimateClockOffset(const std::vector<ClockRound>& rounds) {
+  // In unsigned arithmetic: t1 - t0 of any two readings with t1 >= t0 fits 64 bits unsigned, not
+  // always signed, and a reading is any int64 (a peer's clock may answer anything).
   const ClockRound* best = nullptr;
+  uint64_t best_ns = 0;  // its round trip
   for (const ClockRound& r : rounds) {
     if (r.t1_ns < r.t0_ns) continue;
-    if (best == nullptr || r.t1_ns - r.t0_ns < best->t1_ns - best->t0_ns) best = &r;
+    const uint64_t round_trip_ns = static_cast<uint64_t>(r.t1_ns) - static_cast<uint64_t>(r.t0_ns);
+    if (best == nullptr || round_trip_ns < best_ns) {
+      best = &r;
+      best_ns = round_trip_ns;
+    }
   }
   if (best == nullptr) return std::nullopt;
-  const int64_t half_ns = (best->t1_ns - best->t0_ns) / 2;
-  const int64_t middle_ns = best->t0_ns + half_ns;
+  // Between t0 and t1, so an int64 again.
+  const int64_t middle_ns = static_cast<int64_t>(static_cast<uint64_t>(best->t0_ns) + best_ns / 2);
   // A round trip of an odd number of nanoseconds: the midpoint is half a nanosecond early, which
   // the error bound covers by rounding up.
-  const int64_t error_ns = best->t1_ns - middle_ns;
-  return ClockOffset{static_cast<double>(best->remote_ns - middle_ns) / 1e3,
-                     static_cast<double>(error_ns) / 1e3};
+  const uint64_t error_ns = best_ns - best_ns / 2;
+  // remote - middle exactly where it fits int64; past that (a clock centuries off) in double.
+  int64_t offset_ns = 0;
+  const double offset_us =
+      __builtin_sub_overflow(best->remote_ns, middle_ns, &offset_ns)
+          ? (static_cast<double>(best->remote_ns) - static_cast<double>(middle_ns)) / 1e3
+          : static_cast<double>(offset_ns) / 1e3;
+  return ClockOffset{offset_us, static_cast<double>(error_ns) / 1e3};
 }
 
 int64_t SystemClockNs() {

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <fstream>
 #include <future>
+#include <limits>
 #include <random>
 #include <sstream>
 #include <string>
@@ -76,6 +77,43 @@ TEST(ClockSyncTest, TheShortestRoundTripWinsAndBadRoundsAreSkipped) {
   EXPECT_DOUBLE_EQ(e->error_us, 0.05);
   EXPECT_FALSE(EstimateClockOffset({}));
   EXPECT_FALSE(EstimateClockOffset({{500, 0, 400}}));
+}
+
+TEST(ClockSyncTest, ReadingsAtTheEndsOfInt64NeitherOverflowNorWin) {
+  // A round trip from INT64_MIN to INT64_MAX is the longest there is, not -1 ns: the 10 ns one
+  // wins (true offset 1000 ns).
+  const int64_t lo = std::numeric_limits<int64_t>::min(), hi = std::numeric_limits<int64_t>::max();
+  std::optional<ClockOffset> e = EstimateClockOffset({{lo, 0, hi}, {0, 1005, 10}});
+  ASSERT_TRUE(e);
+  EXPECT_DOUBLE_EQ(e->offset_us, 1.0);
+  EXPECT_DOUBLE_EQ(e->error_us, 0.005);
+  e = EstimateClockOffset({{lo, 0, hi}});
+  ASSERT_TRUE(e);
+  EXPECT_DOUBLE_EQ(e->offset_us, 0.001);  // the midpoint is -1 ns
+  EXPECT_DOUBLE_EQ(e->error_us, 9223372036854775.808);
+  // A peer whose clock reads INT64_MIN is about 3e11 s behind rank 0's, not ahead.
+  const int64_t now = 1'800'000'000'000'000'000;
+  e = EstimateClockOffset({{now, lo, now + 1000}});
+  ASSERT_TRUE(e);
+  EXPECT_DOUBLE_EQ(e->offset_us, (static_cast<double>(lo) - static_cast<double>(now + 500)) / 1e3);
+  EXPECT_DOUBLE_EQ(e->error_us, 0.5);
+}
+
+TEST(ClockSyncTest, APeerWhoseClockAnswersGarbageGetsNoOffset) {
+  auto ranks = TcpP2pMesh(2);
+  ASSERT_EQ(ranks.size(), 2u);
+  ClockSyncOptions o;
+  o.deadline = Deadline::After(milliseconds(10000));
+  ClockSyncOptions garbage = o;
+  garbage.clock = [] { return std::numeric_limits<int64_t>::min(); };
+  auto one = std::async(std::launch::async, [&] { return SyncClock(*ranks[1], garbage); });
+  const ClockSyncResult zero = SyncClock(*ranks[0], o);
+  const ClockSyncResult other = one.get();
+  EXPECT_EQ(zero.status.code(), Code::kUnavailable);
+  EXPECT_NE(zero.status.message().find("rank 1: "), std::string::npos) << zero.status.ToString();
+  EXPECT_NE(zero.status.message().find("int64"), std::string::npos) << zero.status.ToString();
+  EXPECT_FALSE(other.offset) << other.offset->offset_us;
+  EXPECT_EQ(other.status.code(), Code::kUnavailable) << other.status.ToString();
 }
 
 TEST(ClockSyncTest, SkewedRanksGetTheirOffsetsOverTheTransport) {
