@@ -9,6 +9,7 @@
 #include <charconv>
 #include <chrono>
 #include <cinttypes>
+#include <cmath>
 #include <cstring>
 
 #include "base/json.h"
@@ -71,12 +72,21 @@ StatusOr<TimelineFile> OpenTimelineFile(const std::string& path, int rank,
   const auto system_error = [](int error) {
     return std::string(std::strerror(error)) + " (errno " + std::to_string(error) + ")";
   };
-  const int fd = ::open(f.path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0666);
-  if (fd < 0) return refused(system_error(errno));
+  // Non-blocking, so that a FIFO without a reader is refused (ENXIO) rather than blocking init
+  // until one comes; writes block again.
+  const int fd = ::open(f.path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NONBLOCK, 0666);
+  if (fd < 0) {
+    const int error = errno;
+    struct stat st;
+    const bool fifo = ::stat(f.path.c_str(), &st) == 0 && S_ISFIFO(st.st_mode);
+    return refused(error == ENXIO && fifo ? "a FIFO that no process reads" : system_error(error));
+  }
   const auto fail = [&](const std::string& why) {
     ::close(fd);
     return refused(why);
   };
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) return fail(system_error(errno));
   struct stat st;
   if (::fstat(fd, &st) != 0) return fail(system_error(errno));
   // A regular file is locked before it is truncated: one that another timeline writes is refused,
@@ -121,7 +131,8 @@ Status Timeline::Start(TimelineFile file, std::optional<ClockOffset> clock) {
                "\"args\":{\"name\":\"rank %d\",\"concord_rank\":%d,\"concord_size\":%d,"
                "\"concord_start_us\":%" PRId64,
                rank_, rank_, rank_, size_, start_us);
-  if (clock) {
+  // Only a finite offset: "nan" or "inf" would make the file invalid JSON.
+  if (clock && std::isfinite(clock->offset_us) && std::isfinite(clock->error_us)) {
     std::fprintf(file.file.get(),
                  ",\"concord_clock_offset_us\":%.3f,\"concord_clock_error_us\":%.3f",
                  clock->offset_us, clock->error_us);

@@ -79,9 +79,9 @@ struct TimelineFile {
 // get names of their own (sub-ranks repeat the world's ranks and the other sub-communicators').
 std::string TimelineFileName(const std::string& path, int rank, const std::string& membership);
 // Opens TimelineFileName(path, rank, membership); kInvalidArgument naming `source` (what gave the
-// path), the file and the system's reason when it cannot be opened for writing, or when another
-// timeline (of this process or another) is writing it: the second opener fails, the first file is
-// left alone.
+// path), the file and the system's reason when it cannot be opened for writing (a FIFO that no
+// process reads is refused at once, not waited for), or when another timeline (of this process or
+// another) is writing it: the second opener fails, the first file is left alone.
 StatusOr<TimelineFile> OpenTimelineFile(const std::string& path, int rank,
                                         const std::string& source,
                                         const std::string& membership = {});
@@ -121,7 +121,7 @@ class Timeline {
 
   // Starts writing into `file`; kInvalidArgument when a timeline is already on (one that turned
   // itself off after a failed write is not). `clock`: this rank's clock offset from rank 0's,
-  // recorded in the process_name metadata (none: not recorded).
+  // recorded in the process_name metadata (none, or one not finite: not recorded).
   Status Start(TimelineFile file, std::optional<ClockOffset> clock = std::nullopt)
       EXCLUDES(control_mu_, write_mu_, mu_);
   // Writes what is left and closes the file (nothing when off). A failed write or close only warns,

@@ -2,15 +2,20 @@
 // order, fused batches with their members, names escaped (JsonQuote: valid UTF-8 whatever the
 // bytes), the files' names (a sub-communicator's apart from the world's), events dropped past the
 // queue's limit, and its errors: a path that cannot be opened, or that another timeline writes, a
-// second start, a write that fails later (the disk is full: /dev/full) and a start after it.
+// FIFO without a reader, a second start, a write that fails later (the disk is full: /dev/full)
+// and a start after it, a clock offset that is not finite.
 #include "core/timeline.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <future>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -160,6 +165,61 @@ TEST(TimelineTest, StartErrorsNameThePathAndTheReason) {
   t.Stop();  // a second stop: nothing to do
   std::remove((base + ".rank0").c_str());
   std::remove((base + "b.rank0").c_str());
+}
+
+// A FIFO that no process reads is refused at once (opening it for writing would block init until a
+// reader came); one that a process reads is written as a file is.
+TEST(TimelineTest, AFifoWithoutAReaderIsRefusedNotWaitedFor) {
+  const std::string base = TempPath("fifo");
+  const std::string fifo = base + ".rank0";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto opening =
+      std::async(std::launch::async, [&] { return OpenTimelineFile(base, 0, "timeline"); });
+  if (opening.wait_for(std::chrono::seconds(2)) != std::future_status::ready) {
+    const int reader = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK);  // lets the open return
+    opening.wait();
+    ::close(reader);
+    std::remove(fifo.c_str());
+    FAIL() << "opening a FIFO without a reader blocked";
+  }
+  auto refused = opening.get();
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find(fifo + ": a FIFO that no process reads"),
+            std::string::npos)
+      << refused.status().message();
+
+  const int reader = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK);
+  ASSERT_GE(reader, 0);
+  auto file = OpenTimelineFile(base, 0, "timeline");
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  Timeline t(0, 1, [](const std::string& m) { ADD_FAILURE() << m; });
+  ASSERT_TRUE(t.Start(std::move(*file)).ok());
+  t.Stop();
+  char buf[4096];
+  const ssize_t n = ::read(reader, buf, sizeof(buf));
+  ::close(reader);
+  std::remove(fifo.c_str());
+  ASSERT_GT(n, 0);
+  const std::string text(buf, static_cast<size_t>(n));
+  EXPECT_EQ(text.rfind("{\"traceEvents\":[\n", 0), 0u) << text;
+  EXPECT_EQ(text.substr(text.size() - 4), "\n]}\n");
+}
+
+// A clock offset that is not a finite number is left out: "nan" would make the file invalid JSON.
+TEST(TimelineTest, AClockOffsetThatIsNotFiniteIsNotWritten) {
+  const std::string base = TempPath("nan_clock");
+  for (const ClockOffset clock : {ClockOffset{std::nan(""), 1.0}, ClockOffset{1.0, HUGE_VAL}}) {
+    auto file = OpenTimelineFile(base, 0, "timeline");
+    ASSERT_TRUE(file.ok()) << file.status().ToString();
+    Timeline t(0, 2, [](const std::string& m) { ADD_FAILURE() << m; });
+    ASSERT_TRUE(t.Start(std::move(*file), clock).ok());
+    t.Stop();
+    const std::string text = Read(base + ".rank0");
+    EXPECT_EQ(text.find("concord_clock"), std::string::npos) << text;
+    Find(text, "\"concord_size\":2,\"concord_start_us\":");
+  }
+  std::remove((base + ".rank0").c_str());
 }
 
 // A disk that fills up while the timeline runs: one warning, the timeline turns itself off, and
