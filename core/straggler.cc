@@ -42,10 +42,13 @@ void StragglerTracker::OnReady(const Arrivals& arrivals, uint64_t step) {
   ++totals_.operations;
   ++totals_.last[arrivals.latest_rank];
   if (arrivals.latest > from) {
-    r.waited += arrivals.latest - from;
     totals_.waited_s[arrivals.latest_rank] +=
         std::chrono::duration<double>(arrivals.latest - from).count();
   }
+  // The period's figure: only the wait within it (a wait that began in an earlier period, say a
+  // rank 90 s late in a 60 s period, would make it more than the period).
+  const Clock::time_point period_from = std::max(from, period_start_);
+  if (arrivals.latest > period_from) r.waited += arrivals.latest - period_from;
   r.covered_until = std::max(r.covered_until, arrivals.latest);
   if (step != 0) {
     first_step_ = first_step_ == 0 ? step : std::min(first_step_, step);

@@ -36,10 +36,11 @@ struct Arrivals {
 // from the previous arrival to its own. Per rank and per period it keeps how often the rank was
 // last and the union of the times the others waited for it (the waits of one step's operations
 // overlap: a rank that starts a step 40 ms late is 40 ms late for each of its tensors, and the
-// step waits 40 ms, not 40 ms per tensor). At the end of each period Report() names the rank the
-// others waited for most, when that is worth a line: at least 5% of the period, and last for
-// more than 1.5/size of the operations (75% at 2 ranks; uniform lateness is 1/size). Pure logic
-// (no I/O, no threads); not thread-safe, owned by the coordinator.
+// step waits 40 ms, not 40 ms per tensor), within the period: a wait that began in an earlier one
+// counts from the period's start (the totals keep it whole). At the end of each period Report()
+// names the rank the others waited for most, when that is worth a line: at least 5% of the period,
+// and last for more than 1.5/size of the operations (75% at 2 ranks; uniform lateness is 1/size).
+// Pure logic (no I/O, no threads); not thread-safe, owned by the coordinator.
 class StragglerTracker {
  public:
   // `period` zero: never reports (OnReady still counts).

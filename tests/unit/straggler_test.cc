@@ -106,6 +106,21 @@ TEST(StragglerTrackerTest, BalancedOrBriefWaitsAreNotReported) {
   }
 }
 
+// A rank far later than a period (rank 0 writing a checkpoint while the others wait): the period's
+// line counts the wait within the period, never more than the period; the totals keep it whole.
+TEST(StragglerTrackerTest, AWaitThatBeganInAnEarlierPeriodCountsFromThePeriodsStart) {
+  const auto t0 = Clock::now();
+  StragglerTracker tracker(2, milliseconds(1000), t0);
+  EXPECT_FALSE(tracker.Report(t0 + milliseconds(1000)));  // nothing ready in the first period
+  tracker.OnReady(Late(t0, 1, 500, 1900), 0);             // waited 1.4 s, 0.9 s in this period
+  const auto line = tracker.Report(t0 + milliseconds(2000));
+  ASSERT_TRUE(line);
+  EXPECT_EQ(*line,
+            "rank 1 arrived last for 100% of 1 operations in the last 1.0 s; the others waited "
+            "0.900 s for it (90% of the time)");
+  EXPECT_DOUBLE_EQ(tracker.totals().waited_s[1], 1.4);
+}
+
 TEST(StragglerTrackerTest, IgnoresArrivalsOfNoRank) {
   const auto t0 = Clock::now();
   StragglerTracker tracker(2, milliseconds(10), t0);
