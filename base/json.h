@@ -37,7 +37,7 @@ inline size_t Utf8SequenceLength(const std::string& s, size_t i) {
 // `s` as a JSON string literal: quotes and backslashes escaped, control characters as \uXXXX,
 // well-formed UTF-8 sequences as they are and every other byte as U+FFFD (the replacement
 // character, in UTF-8): the text is valid UTF-8 whatever the bytes of `s` (a tensor name is any
-// bytes). Also a valid Prometheus label value for the names Concord writes.
+// bytes). Not a Prometheus label value (whose escapes differ): core/metrics_render.cc has its own.
 inline std::string JsonQuote(const std::string& s) {
   std::string out = "\"";
   for (size_t i = 0, n = 0; i < s.size(); i += n) {

@@ -355,6 +355,10 @@ Status Timeline::Flush(bool last) {
   if (last) check(std::fputs("\n]}\n", f) >= 0);
   check(std::fflush(f) == 0);
   if (error == 0 && !last) return Status::Ok();
+  if (!last) {  // the failure ends the timeline: what it dropped so far is told now, not never
+    MutexLock lock(mu_);
+    std::swap(dropped, dropped_);
+  }
   const std::string path = file_.path;
   if (last) check(std::fclose(file_.file.release()) == 0);  // a close can fail too (NFS)
   file_.file.reset();

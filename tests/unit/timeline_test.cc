@@ -250,6 +250,36 @@ TEST(TimelineTest, AFailedWriteWarnsAndTurnsItOff) {
   std::remove((base + ".rank0").c_str());
 }
 
+// Events dropped before a write that fails are told in a warning too (the count was only told at
+// a stop, which a timeline that turned itself off never reaches).
+TEST(TimelineTest, AFailedWriteTellsWhatWasDroppedBeforeIt) {
+  const std::string base = TempPath("full_dropped");
+  ASSERT_EQ(::symlink("/dev/full", (base + ".rank0").c_str()), 0);
+  std::vector<std::string> warnings;
+  Timeline t(
+      0, 1, [&](const std::string& m) { warnings.push_back(m); }, /*max_pending=*/6);
+  auto file = OpenTimelineFile(base, 0, "timeline");
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  const auto started = Clock::now();
+  ASSERT_TRUE(t.Start(std::move(*file)).ok());
+  const auto t0 = Clock::now();
+  t.Tensor("first", "allreduce", 4, At(t0, 0, 1, 2, 3, 3));            // a name and 3 phases
+  t.Slice(Timeline::kEngineTrack, "cycle", t0, t0 + microseconds(1));  // a name and the slice
+  t.Tensor("second", "allreduce", 8, At(t0, 4, 5, 6, 7, 7));           // 4 dropped
+  if (Clock::now() - started >= std::chrono::milliseconds(90)) {
+    t.Stop();
+    std::remove((base + ".rank0").c_str());
+    GTEST_SKIP() << "this machine took 90 ms to queue 10 events: the writer may have run between";
+  }
+  for (int i = 0; i < 400 && t.on(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_FALSE(t.on());
+  t.Stop();
+  ASSERT_EQ(warnings.size(), 2u);
+  EXPECT_NE(warnings[0].find("timeline: 4 events were dropped"), std::string::npos) << warnings[0];
+  EXPECT_NE(warnings[1].find("No space left on device"), std::string::npos) << warnings[1];
+  std::remove((base + ".rank0").c_str());
+}
+
 // A timeline that turned itself off after a failed write can be followed by another, which works
 // (the failed one's writer thread had returned unjoined: starting another terminated the process).
 TEST(TimelineTest, StartsAgainAfterAFailedWrite) {
