@@ -19,8 +19,9 @@ std::unique_ptr<Compressor> MakeNoneCompressor();
 // "fp16" / "bf16": accepts float32 and float64 (refuses the 16-bit and integer types: nothing to
 // gain, or no meaning); the encoded buffer is count 16-bit elements, summed as float16/bfloat16 by
 // the allreduce. Rounding as cast_kernels.h promises: relative error at most 2^-11 (fp16, normal
-// range 2^-14 .. 65504) or 2^-8 (bf16, the whole float range); fp16 values beyond 65520 become inf,
-// below 2^-24 / 2 become zero, and between lose relative precision (subnormals).
+// range 2^-14 .. 65504) or 2^-8 (bf16, normal floats); fp16 values from 65520 up become inf,
+// up to 2^-24 / 2 become zero, and between lose relative precision (subnormals); bf16 values from
+// 0x1.ffp127 (about 3.39e38, halfway between its largest and 2^128) up become inf.
 std::unique_ptr<Compressor> MakeCastCompressor(HalfFormat format);
 
 }  // namespace compression

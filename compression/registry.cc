@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <utility>
 
+#include "compression/c_locale.h"
 #include "compression/casts.h"
 #include "compression/topk.h"
 
@@ -71,14 +72,20 @@ StatusOr<std::unique_ptr<Compressor>> MakeTopk(const Params& params) {
   bool have_density = false;
   for (const auto& [key, value] : params) {
     if (key == "density") {
-      errno = 0;
       char* end = nullptr;
-      options.density = std::strtod(value.c_str(), &end);
+      int error = 0;
+      {
+        const ScopedCLocale c_locale;  // "0.001" whatever the application's LC_NUMERIC
+        errno = 0;
+        options.density = std::strtod(value.c_str(), &end);
+        error = errno;
+      }
       if (end != value.c_str() + value.size() || value.empty()) {
         return InvalidArgument("topk: density '" + value + "' is not a number");
       }
-      // Past a double's range (1e-400, 1e999): a number, but no density.
-      if (errno == ERANGE || !std::isfinite(options.density)) {
+      // Past a double's range (1e-400 underflows to 0, 1e999 overflows): a number, but no
+      // density. A subnormal (1e-310, also ERANGE) is a density: k = 1.
+      if ((error == ERANGE && options.density == 0.0) || !std::isfinite(options.density)) {
         return InvalidArgument("topk: density '" + value + "' is not in (0, 1]");
       }
       have_density = true;

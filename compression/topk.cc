@@ -9,6 +9,7 @@
 #include <string>
 
 #include "base/dtype.h"
+#include "compression/c_locale.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #define CONCORD_TOPK_X86 1
@@ -76,6 +77,7 @@ __attribute__((target("avx512f"))) size_t CollectAvx512(const float* grad, float
                                                         uint32_t* cand, size_t cap) {
   const __m512 s = _mm512_set1_ps(scale);
   const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
+  const __m512i nan_key = _mm512_set1_epi32(static_cast<int32_t>(kNanKey));
   const __m512i t = _mm512_set1_epi32(static_cast<int32_t>(threshold));
   const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   size_t count = 0;
@@ -88,7 +90,11 @@ __attribute__((target("avx512f"))) size_t CollectAvx512(const float* grad, float
       v = _mm512_add_ps(v, product);
       _mm512_storeu_ps(acc + i, v);
     }
-    const __m512i key = _mm512_and_si512(_mm512_castps_si512(v), abs_mask);
+    // The zero-masking form of min: the plain one starts from an "undefined" vector that GCC 12
+    // reports as uninitialised (GCC bug 105593); with every lane kept, both are the same.
+    const __m512i key =
+        _mm512_maskz_min_epu32(static_cast<__mmask16>(0xffff),
+                               _mm512_and_si512(_mm512_castps_si512(v), abs_mask), nan_key);
     const __mmask16 pass = _mm512_cmpge_epi32_mask(key, t);
     if (pass == 0) continue;
     if (count + 16 <= cap) {
@@ -300,7 +306,9 @@ void SelectSampled(const float* grad, float scale, float* acc, size_t n, size_t 
   TrimToK(acc, cand.data(), count, k, &keys, &scratch->order_scratch(), selected, stats);
 }
 
+// The shortest decimal that reads back as `density`, in the C locale's format ("0.001").
 std::string FormatDensity(double density) {
+  const ScopedCLocale c_locale;
   char buf[32];
   for (int precision = 1; precision <= 17; ++precision) {
     std::snprintf(buf, sizeof(buf), "%.*g", precision, density);
@@ -311,13 +319,13 @@ std::string FormatDensity(double density) {
 
 class TopkCompressor final : public Compressor {
  public:
-  explicit TopkCompressor(const TopkOptions& options) : options_(options) {}
+  explicit TopkCompressor(const TopkOptions& options)
+      : options_(options),
+        spec_("topk:density=" + FormatDensity(options_.density) +
+              ",method=" + TopkMethodName(options_.method) +
+              ",values=" + (options_.fp16_values ? "fp16" : "fp32")) {}
 
-  std::string spec() const override {
-    return "topk:density=" + FormatDensity(options_.density) +
-           ",method=" + TopkMethodName(options_.method) +
-           ",values=" + (options_.fp16_values ? "fp16" : "fp32");
-  }
+  std::string spec() const override { return spec_; }
   Exchange exchange() const override { return Exchange::kAllgather; }
   Status CheckDType(DType dtype) const override {
     if (dtype == DType::kFloat32) return Status::Ok();
@@ -411,6 +419,7 @@ class TopkCompressor final : public Compressor {
   }
 
   const TopkOptions options_;
+  const std::string spec_;  // made once: the engine compares it for every tensor it encodes
 };
 
 }  // namespace

@@ -8,8 +8,10 @@
 // so over any number of steps, sum of everything sent + the final residual = scale * sum of the
 // gradients, up to float rounding of the additions.
 //
-// Selection is deterministic: magnitudes compare as |x| with nan above inf, ties go to the lower
-// index, and both methods select the same set (the sampled one only finds it faster):
+// Selection is deterministic: magnitudes compare as |x| with nan above inf and every nan alike
+// (whatever its sign and payload, which the SIMD, portable and GPU additions propagate
+// differently), ties go to the lower index, and both methods select the same set (the sampled one
+// only finds it faster):
 // - exact: a radix pass (histogram of the top 11 bits of |x|) finds the bucket holding the k-th
 //   magnitude, then nth_element over that bucket's elements.
 // - sampled: estimates a threshold from a deterministic pseudo-random sample of about 64 n / k
@@ -58,11 +60,16 @@ struct TopkStats {
   bool exact_fallback = false;  // sampled: gave up correcting, or the tensor was too small
 };
 
-// The magnitude of x as an order-preserving integer: |x|'s bits; nan orders above inf.
+// The key of every nan: one above inf's.
+constexpr uint32_t kNanKey = 0x7f800001u;
+
+// The magnitude of x as an order-preserving integer: |x|'s bits, kNanKey for any nan (so nans
+// order above inf, and tie with each other whatever their payloads).
 inline uint32_t MagnitudeKey(float x) {
   uint32_t bits;
   __builtin_memcpy(&bits, &x, 4);
-  return bits & 0x7fffffffu;
+  bits &= 0x7fffffffu;
+  return bits < kNanKey ? bits : kNanKey;
 }
 
 // When grad is non-null: acc[i] += scale * grad[i] for every i first. Then writes to selected[0..k)

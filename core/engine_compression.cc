@@ -12,6 +12,7 @@
 //
 // Like engine_host_ops.cc, it completes the entries it finishes and returns an error without
 // completing any; compressor lookups and encoding hold compression_mu_ (lanes run concurrently).
+#include <cstdint>
 #include <cstring>
 
 #include "compression/registry.h"
@@ -22,6 +23,20 @@ namespace {
 
 size_t AlignUp(size_t n, size_t to) {
   return (n + to - 1) / to * to;
+}
+
+// Which of the entry's CPU buffers ("input", then "output") is not aligned to its element size,
+// or nullptr when both are (or absent, or the tensor is empty).
+const char* MisalignedBuffer(const QueueEntry& entry) {
+  const size_t esize = DTypeSize(entry.request.dtype);
+  if (entry.request.NumElements() == 0) return nullptr;
+  if (entry.input != nullptr && reinterpret_cast<uintptr_t>(entry.input) % esize != 0) {
+    return "input";
+  }
+  if (entry.output != nullptr && reinterpret_cast<uintptr_t>(entry.output) % esize != 0) {
+    return "output";
+  }
+  return nullptr;
 }
 
 }  // namespace
@@ -81,8 +96,13 @@ Status Engine::AttachCompressor(QueueEntry& entry) {
   }
   const Status dtype_taken = (*compressor)->CheckDType(r.dtype);
   // The communicator's default applies where its compressor can: not to an integer allreduce
-  // under CONCORD_COMPRESSION=fp16, nor to a CUDA tensor (compressors run on the CPU).
-  if (entry.compression_by_default && (!dtype_taken.ok() || r.device != -1)) {
+  // under CONCORD_COMPRESSION=fp16, a CUDA tensor (compressors run on the CPU), a tensor top-k
+  // cannot index (2^32 elements or more), nor a buffer not aligned to its element size (which
+  // the uncompressed path takes). Given explicitly, each of those is refused below.
+  if (entry.compression_by_default &&
+      (!dtype_taken.ok() || r.device != -1 ||
+       !(*compressor)->CheckCount(static_cast<size_t>(r.NumElements())).ok() ||
+       MisalignedBuffer(entry) != nullptr)) {
     r.compression.clear();
     return Status::Ok();
   }
@@ -115,15 +135,11 @@ Status Engine::AttachCompressor(QueueEntry& entry) {
   }
   // Compressors read and write whole elements and refuse a misaligned buffer: refuse it here,
   // where nothing has happened yet, not at execution, where it would fail the communicator.
-  const size_t esize = DTypeSize(r.dtype);
-  for (const void* buffer : {entry.input, static_cast<const void*>(entry.output)}) {
-    if (buffer != nullptr && r.NumElements() > 0 &&
-        reinterpret_cast<uintptr_t>(buffer) % esize != 0) {
-      return InvalidArgument("tensor '" + r.name + "': compression '" + r.compression +
-                             "' needs its " + (buffer == entry.input ? "input" : "output") +
-                             " aligned to its element size (" + std::to_string(esize) + " bytes, " +
-                             DTypeName(r.dtype) + ")");
-    }
+  if (const char* misaligned = MisalignedBuffer(entry); misaligned != nullptr) {
+    return InvalidArgument("tensor '" + r.name + "': compression '" + r.compression +
+                           "' needs its " + misaligned + " aligned to its element size (" +
+                           std::to_string(DTypeSize(r.dtype)) + " bytes, " + DTypeName(r.dtype) +
+                           ")");
   }
   entry.compressor = std::move(*compressor);
   return Status::Ok();

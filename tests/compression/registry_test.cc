@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <clocale>
 #include <string>
 
 namespace concord {
@@ -78,6 +79,9 @@ TEST(RegistryTest, RefusesBadTopkParameters) {
     EXPECT_NE(ErrorOf(std::string("topk:density=") + d).find("is not in (0, 1]"), std::string::npos)
         << d;
   }
+  // A subnormal density is in (0, 1] (strtod says ERANGE for it too): it used to be refused.
+  EXPECT_EQ(SpecOf("topk:density=1e-310"), "topk:density=1e-310,method=sampled,values=fp32");
+  EXPECT_EQ(SpecOf("topk:density=4.9e-324"), "topk:density=5e-324,method=sampled,values=fp32");
   EXPECT_NE(ErrorOf("topk:density=0.01,method=fast").find("method 'fast'"), std::string::npos);
   EXPECT_NE(ErrorOf("topk:density=0.01,values=int8").find("values 'int8'"), std::string::npos);
   EXPECT_NE(ErrorOf("topk:density=0.01,ratio=2").find("unknown parameter 'ratio'"),
@@ -87,6 +91,38 @@ TEST(RegistryTest, RefusesBadTopkParameters) {
   EXPECT_NE(ErrorOf("topk:density=0.01,").find("key=value"), std::string::npos);
   EXPECT_NE(ErrorOf("topk:").find("key=value"), std::string::npos);
   EXPECT_NE(ErrorOf("topk:=0.1").find("key=value"), std::string::npos);
+}
+
+// Restores the process's LC_NUMERIC at scope exit.
+struct NumericLocaleGuard {
+  NumericLocaleGuard() : saved(std::setlocale(LC_NUMERIC, nullptr)) {}
+  ~NumericLocaleGuard() { std::setlocale(LC_NUMERIC, saved.c_str()); }
+  std::string saved;
+};
+
+// An application may set a locale whose numbers have a decimal comma (de_DE, fr_FR, ...): specs
+// still read and write "0.001". It used to refuse "topk:density=0.001" ("is not a number") and
+// would have written "density=0,001", which the spec grammar splits at the comma.
+TEST(RegistryTest, NumbersUseTheCLocaleWhateverTheApplicationSet) {
+  const NumericLocaleGuard guard;
+  bool comma = false;
+  for (const char* name : {"de_DE.UTF-8", "de_DE.utf8", "de_DE", "fr_FR.UTF-8", "fr_FR.utf8",
+                           "ru_RU.UTF-8", "es_ES.UTF-8", "it_IT.UTF-8", "nl_NL.UTF-8"}) {
+    if (std::setlocale(LC_NUMERIC, name) != nullptr &&
+        std::string(std::localeconv()->decimal_point) == ",") {
+      comma = true;
+      break;
+    }
+  }
+  if (!comma) {
+    GTEST_SKIP() << "no locale with a decimal comma is installed (one can be made with "
+                    "`localedef -i de_DE -f UTF-8 DIR/de_DE.UTF-8` and LOCPATH=DIR)";
+  }
+  EXPECT_EQ(SpecOf("topk:density=0.001,method=exact"),
+            "topk:density=0.001,method=exact,values=fp32");
+  EXPECT_EQ(SpecOf("topk:density=0.25"), "topk:density=0.25,method=sampled,values=fp32");
+  EXPECT_NE(ErrorOf("topk:density=0,5").find("key=value"), std::string::npos);
+  EXPECT_NE(ErrorOf("topk:density=1.5").find("(0, 1]"), std::string::npos);
 }
 
 TEST(RegistryTest, RefusesParametersOnParameterlessCompressors) {

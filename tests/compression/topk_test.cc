@@ -168,25 +168,88 @@ TEST(TopkTest, SampledThresholdIsCloseAndCandidatesBounded) {
   }
 }
 
+// Scales 0.5 (exact products) and 1/3 (an average over three ranks: the product rounds, so a
+// fused multiply-add, which a compiler may contract `acc += scale * grad` into when the target
+// has FMA, e.g. -march=native, would give other bits than the AVX-512 path's multiply then add).
 TEST(TopkTest, CollectingPassesAgreeOnEveryPath) {
   const size_t n = 100003;
   const std::vector<float> grad = Gaussian(n, 21);
-  for (uint32_t threshold : {MagnitudeKey(2.0f), MagnitudeKey(0.5f), 0u}) {
-    for (size_t cap : {size_t{0}, size_t{17}, size_t{5000}, n}) {
-      std::vector<float> acc_p = Gaussian(n, 22), acc_v = acc_p;
-      std::vector<uint32_t> cand_p(cap + 1, 7), cand_v(cap + 1, 7);
-      const size_t count_p = AccumulateAndCollect(grad.data(), 0.5f, acc_p.data(), n, threshold,
-                                                  cand_p.data(), cap, CastPath::kPortable);
-      const size_t count_v = AccumulateAndCollect(grad.data(), 0.5f, acc_v.data(), n, threshold,
-                                                  cand_v.data(), cap, CastPath::kAvx512);
-      EXPECT_EQ(count_p, count_v);
-      EXPECT_EQ(cand_p, cand_v) << "threshold " << threshold << " cap " << cap;
-      size_t expected = 0;
-      for (size_t i = 0; i < n; ++i) expected += MagnitudeKey(acc_p[i]) >= threshold;
-      EXPECT_EQ(count_p, expected);
-      EXPECT_EQ(acc_p, acc_v);
+  for (float scale : {0.5f, 1.0f / 3.0f})
+    for (uint32_t threshold : {MagnitudeKey(2.0f), MagnitudeKey(0.5f), 0u}) {
+      for (size_t cap : {size_t{0}, size_t{17}, size_t{5000}, n}) {
+        std::vector<float> acc_p = Gaussian(n, 22), acc_v = acc_p;
+        std::vector<uint32_t> cand_p(cap + 1, 7), cand_v(cap + 1, 7);
+        const size_t count_p = AccumulateAndCollect(grad.data(), scale, acc_p.data(), n, threshold,
+                                                    cand_p.data(), cap, CastPath::kPortable);
+        const size_t count_v = AccumulateAndCollect(grad.data(), scale, acc_v.data(), n, threshold,
+                                                    cand_v.data(), cap, CastPath::kAvx512);
+        EXPECT_EQ(count_p, count_v);
+        EXPECT_EQ(cand_p, cand_v) << "threshold " << threshold << " cap " << cap;
+        size_t expected = 0;
+        for (size_t i = 0; i < n; ++i) expected += MagnitudeKey(acc_p[i]) >= threshold;
+        EXPECT_EQ(count_p, expected);
+        EXPECT_EQ(acc_p, acc_v);
+      }
     }
+}
+
+// Both methods accumulate the same bits into the residual (the sampled one through the collecting
+// pass, the exact one through the histogram pass), with a scale whose products round.
+TEST(TopkTest, BothMethodsAccumulateTheSameBits) {
+  const size_t n = 300007;
+  const std::vector<float> grad = Gaussian(n, 31), start = Gaussian(n, 32);
+  const float scale = 1.0f / 3.0f;
+  std::vector<float> want(n);
+  for (size_t i = 0; i < n; ++i) {
+    volatile float product = scale * grad[i];  // rounded on its own, then added
+    want[i] = start[i] + product;
   }
+  for (TopkMethod m : {TopkMethod::kExact, TopkMethod::kSampled}) {
+    CompressionState state;
+    std::vector<float> acc = start;
+    std::vector<uint32_t> out(300);
+    ASSERT_TRUE(
+        SelectTopk(grad.data(), scale, acc.data(), n, 300, m, &state, out.data(), nullptr).ok());
+    EXPECT_EQ(0, std::memcmp(acc.data(), want.data(), n * sizeof(float))) << TopkMethodName(m);
+    EXPECT_EQ(out, BruteTopk(want, 300)) << TopkMethodName(m);
+  }
+}
+
+// More nans than k, in the residual and in the gradient, with payloads that order them one way in
+// the residual and the other way in the gradient. Which payload survives nan + nan depends on the
+// path (the AVX-512 pass keeps the residual's, the portable loop may keep the gradient's, a GPU
+// neither), so nans must tie: both methods select the lowest-indexed nans. They used to order
+// nans by payload: the sampled method took the highest indices, the exact one the lowest.
+TEST(TopkTest, NansTieWhateverTheirPayloads) {
+  const size_t n = 1 << 20, k = 1000;
+  std::vector<float> grad = Gaussian(n, 41), start = Gaussian(n, 42);
+  std::vector<uint32_t> nans;
+  for (size_t i = 7; i < n && nans.size() < 3 * k; i += 331) nans.push_back(i);
+  for (size_t j = 0; j < nans.size(); ++j) {
+    const uint32_t residual_bits = 0x7fc00000u | static_cast<uint32_t>(j + 1);
+    const uint32_t grad_bits = 0xffc00000u | static_cast<uint32_t>(nans.size() - j);
+    std::memcpy(&start[nans[j]], &residual_bits, 4);
+    std::memcpy(&grad[nans[j]], &grad_bits, 4);
+  }
+  const std::vector<uint32_t> want(nans.begin(), nans.begin() + k);
+  for (TopkMethod m : {TopkMethod::kExact, TopkMethod::kSampled}) {
+    CompressionState state;
+    std::vector<float> acc = start;
+    std::vector<uint32_t> out(k);
+    TopkStats stats;
+    ASSERT_TRUE(
+        SelectTopk(grad.data(), 1.0f / 3.0f, acc.data(), n, k, m, &state, out.data(), &stats).ok());
+    EXPECT_EQ(out, want) << TopkMethodName(m);
+    EXPECT_EQ(stats.kth_key, kNanKey) << TopkMethodName(m);
+    for (uint32_t i : nans) ASSERT_TRUE(std::isnan(acc[i])) << i;
+  }
+  float nan_a, nan_b;
+  const uint32_t a = 0x7f800001u, b = 0xffffffffu;
+  std::memcpy(&nan_a, &a, 4);
+  std::memcpy(&nan_b, &b, 4);
+  EXPECT_EQ(MagnitudeKey(nan_a), kNanKey);
+  EXPECT_EQ(MagnitudeKey(nan_b), kNanKey);
+  EXPECT_LT(MagnitudeKey(std::numeric_limits<float>::infinity()), kNanKey);
 }
 
 TEST(TopkTest, SelectionAddsTheScaledGradientFirst) {
