@@ -4,8 +4,12 @@
 //
 // Each call enqueues kernels on `stream` and returns without waiting for them. A failed launch or
 // call comes back as a Status naming the CUDA call, its file and line: Unavailable when there is no
-// device or driver, BackendError otherwise. Results are the CPU kernels' bits: the same scalar
-// conversions (base/half_convert.h), the same top-k set in the same order (topk.h, exact method).
+// device or driver, BackendError otherwise. A null buffer (with elements to touch) or one not
+// aligned to its element size is InvalidArgument before anything is launched (in a kernel it would
+// fault and leave the CUDA context unusable). Results are the CPU kernels' bits: the same scalar
+// conversions (base/half_convert.h), nan inputs kept as x86 keeps them through the scale and the
+// accumulation, the same top-k set in the same order (topk.h, exact method; every nan one key);
+// only the nan payloads top-k's accumulation leaves in acc may differ (the GPU's are canonical).
 // Thread-safety: as CUDA's; calls on different streams may run concurrently, but one top-k
 // workspace serves one call at a time.
 #pragma once
@@ -20,7 +24,8 @@ namespace concord {
 namespace compression {
 
 // As EncodeFloats / DecodeToFloats / AccumulateFloats (cast_kernels.h). 16-bit buffers must be
-// 2-byte aligned (encoded buffers are 8-byte aligned by the compressor contract).
+// 2-byte aligned, unlike the CPU's (encoded buffers are 8-byte aligned by the compressor
+// contract); float buffers 4-byte aligned.
 Status CudaEncodeFloats(HalfFormat format, const float* in, size_t n, float scale, void* out,
                         void* stream);
 Status CudaDecodeToFloats(HalfFormat format, const void* in, size_t n, float* out, void* stream);
@@ -34,7 +39,7 @@ StatusOr<size_t> CudaTopkWorkspaceBytes(size_t n);
 // then selected[0..k) = the indices of acc's k largest magnitudes, increasing (ties to the lower
 // index, nan above inf). A radix select on the magnitude's bits (three histogram passes fix the
 // k-th magnitude), then one stable compaction of the elements above it and of the first ties.
-// All pointers are device memory; k <= n < 2^32.
+// All pointers are device memory (workspace 8-byte aligned, as cudaMalloc's); k <= n < 2^32.
 Status CudaSelectTopk(const float* grad, float scale, float* acc, size_t n, size_t k,
                       uint32_t* selected, void* workspace, size_t workspace_bytes, void* stream);
 

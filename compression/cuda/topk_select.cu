@@ -4,10 +4,12 @@
 // the last wanted one, a second lists the selection in index order. No host synchronisation.
 #include <thrust/iterator/counting_iterator.h>
 
+#include <cstdint>
 #include <cub/device/device_select.cuh>
 
 #include "compression/cuda/cuda_check.cuh"
 #include "compression/cuda/cuda_kernels.h"
+#include "compression/topk.h"
 
 namespace concord {
 namespace compression {
@@ -36,8 +38,13 @@ unsigned Blocks(size_t n) {
   return static_cast<unsigned>(blocks == 0 ? 1 : (blocks < kMaxBlocks ? blocks : kMaxBlocks));
 }
 
+// MagnitudeKey (topk.h): every nan has one key, above inf's. A GPU addition makes any nan the
+// canonical one where the CPU keeps an operand's payload, so nans must not order by payload.
+constexpr uint32_t kDeviceNanKey = 0x7f800001u;
+static_assert(kDeviceNanKey == kNanKey, "the GPU's nan key is the CPU's");
+
 __device__ __forceinline__ uint32_t Key(float x) {
-  return __float_as_uint(x) & 0x7fffffffu;
+  return min(__float_as_uint(x) & 0x7fffffffu, kDeviceNanKey);
 }
 
 __global__ void InitKernel(uint32_t* hist, uint32_t* control, uint32_t k) {
@@ -153,6 +160,19 @@ Status CudaSelectTopk(const float* grad, float scale, float* acc, size_t n, size
     return InvalidArgument("GPU top-k selection of " + std::to_string(k) + " out of " +
                            std::to_string(n) + " elements");
   }
+  // Device pointers are not dereferenced here: a null or misaligned one would fault inside a
+  // kernel and leave the CUDA context unusable, so both are refused before any launch.
+  const struct {
+    const void* pointer;
+    bool needed;
+    const char* what;
+  } buffers[] = {{acc, n > 0, "acc"}, {grad, false, "grad"}, {selected, k > 0, "selected"}};
+  for (const auto& b : buffers) {
+    if (b.pointer == nullptr ? b.needed : reinterpret_cast<uintptr_t>(b.pointer) % 4 != 0) {
+      return InvalidArgument(std::string("GPU top-k selection: ") + b.what +
+                             (b.pointer == nullptr ? " is null" : " is not aligned to 4 bytes"));
+    }
+  }
   auto s = static_cast<cudaStream_t>(stream);
   if (k == 0 || k == n) {
     if (grad != nullptr && n > 0) {
@@ -164,6 +184,9 @@ Status CudaSelectTopk(const float* grad, float scale, float* acc, size_t n, size
       CONCORD_CUDA_RETURN_IF_LAUNCH_FAILED("top-k iota kernel");
     }
     return Status::Ok();
+  }
+  if (reinterpret_cast<uintptr_t>(workspace) % 8 != 0) {
+    return InvalidArgument("GPU top-k workspace is not aligned to 8 bytes (cudaMalloc's are)");
   }
   CONCORD_ASSIGN_OR_RETURN(const size_t cub_bytes, CubTempBytes(n));
   const size_t cub_offset = kTiesOffset + Align256(n * sizeof(uint32_t));

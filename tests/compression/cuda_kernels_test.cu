@@ -76,16 +76,52 @@ std::vector<float> RandomBits(size_t n, uint32_t seed) {
 TEST(CudaKernelsTest, WithoutADeviceCallsFailCleanly) {
   const std::string skip = SkipReason(Devices::kNone);
   if (!skip.empty()) GTEST_SKIP() << skip;
-  const Status s = CudaEncodeFloats(HalfFormat::kFloat16, nullptr, 16, 1.0f, nullptr, nullptr);
+  // Aligned stand-ins for device pointers: nothing is launched without a device.
+  alignas(8) static float floats[16];
+  alignas(8) static uint32_t words[16];
+  const Status s = CudaEncodeFloats(HalfFormat::kFloat16, floats, 16, 1.0f, words, nullptr);
   EXPECT_EQ(s.code(), Code::kUnavailable) << s.ToString();
   EXPECT_NE(s.message().find("cast_kernels.cu:"), std::string::npos) << s.message();
-  const Status d = CudaAccumulateFloats(HalfFormat::kBFloat16, nullptr, 16, nullptr, nullptr);
+  const Status d = CudaAccumulateFloats(HalfFormat::kBFloat16, words, 16, floats, nullptr);
   EXPECT_EQ(d.code(), Code::kUnavailable) << d.ToString();
   const Status t =
-      CudaSelectTopk(nullptr, 1.0f, nullptr, 1000, 10, nullptr, nullptr, size_t{1} << 30, nullptr);
+      CudaSelectTopk(nullptr, 1.0f, floats, 1000, 10, words, words, size_t{1} << 30, nullptr);
   EXPECT_FALSE(t.ok());
   EXPECT_NE(t.message().find("topk_select.cu:"), std::string::npos) << t.message();
   EXPECT_TRUE(CudaEncodeFloats(HalfFormat::kFloat16, nullptr, 0, 1.0f, nullptr, nullptr).ok());
+}
+
+// With a device or without: a null or misaligned buffer is refused before any launch (in a kernel
+// it would fault and leave the CUDA context unusable; the calls used to launch regardless).
+TEST(CudaKernelsTest, BadBuffersAreRefusedBeforeAnyLaunch) {
+  alignas(8) static float floats[16];
+  alignas(8) static uint32_t words[16];
+  const auto* odd = reinterpret_cast<const uint8_t*>(floats) + 1;
+  auto* odd_out = reinterpret_cast<uint8_t*>(words) + 1;
+  auto* two = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(floats) + 2);
+  for (HalfFormat f : {HalfFormat::kFloat16, HalfFormat::kBFloat16}) {
+    for (const Status& s :
+         {CudaEncodeFloats(f, nullptr, 16, 1.0f, words, nullptr),
+          CudaEncodeFloats(f, floats, 16, 1.0f, nullptr, nullptr),
+          CudaEncodeFloats(f, reinterpret_cast<const float*>(odd), 16, 1.0f, words, nullptr),
+          CudaEncodeFloats(f, floats, 16, 1.0f, odd_out, nullptr),
+          CudaDecodeToFloats(f, nullptr, 16, floats, nullptr),
+          CudaDecodeToFloats(f, odd, 16, floats, nullptr),
+          CudaDecodeToFloats(f, words, 16, two, nullptr),
+          CudaAccumulateFloats(f, words, 16, nullptr, nullptr)}) {
+      EXPECT_EQ(s.code(), Code::kInvalidArgument) << s.ToString();
+      EXPECT_NE(s.message().find("GPU cast"), std::string::npos) << s.message();
+    }
+  }
+  for (const Status& s :
+       {CudaSelectTopk(nullptr, 1.0f, nullptr, 100, 10, words, words, size_t{1} << 30, nullptr),
+        CudaSelectTopk(nullptr, 1.0f, floats, 100, 10, nullptr, words, size_t{1} << 30, nullptr),
+        CudaSelectTopk(nullptr, 1.0f, two, 100, 10, words, words, size_t{1} << 30, nullptr),
+        CudaSelectTopk(two, 1.0f, floats, 100, 10, words, words, size_t{1} << 30, nullptr),
+        CudaSelectTopk(nullptr, 1.0f, floats, 100, 100, nullptr, nullptr, 0, nullptr),
+        CudaSelectTopk(nullptr, 1.0f, floats, 100, 10, words, odd_out, size_t{1} << 30, nullptr)}) {
+    EXPECT_EQ(s.code(), Code::kInvalidArgument) << s.ToString();
+  }
 }
 
 TEST(CudaKernelsTest, CastsMatchTheCpuBitForBit) {
@@ -154,6 +190,44 @@ TEST(CudaKernelsTest, TopkMatchesTheCpuSelection) {
       }
     }
   }
+}
+
+// More nans than k in acc and grad, with payloads: a GPU addition gives the canonical nan where
+// the CPU keeps an operand's payload, so the selection must not order nans by payload (every nan
+// one key, ties to the lower index), and the GPU selects what the CPU selects.
+TEST(CudaKernelsTest, NansSelectAsOnTheCpu) {
+  const std::string skip = SkipReason(Devices::kPresent);
+  if (!skip.empty()) GTEST_SKIP() << skip;
+  const size_t n = 100003, k = 1000;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> grad(n), acc(n);
+  for (size_t i = 0; i < n; ++i) {
+    grad[i] = normal(rng);
+    acc[i] = normal(rng);
+  }
+  for (uint32_t j = 0; j < 3 * k; ++j) {
+    const size_t i = 11 + 31 * static_cast<size_t>(j);
+    const uint32_t a = 0x7fc00000u | (j + 1), g = 0xffc00000u | (3 * k - j);
+    std::memcpy(&acc[i], &a, 4);
+    std::memcpy(&grad[i], &g, 4);
+  }
+  DeviceBuffer<float> d_grad(n), d_acc(n);
+  DeviceBuffer<uint32_t> d_sel(k);
+  ToDevice(d_grad.get(), grad);
+  ToDevice(d_acc.get(), acc);
+  auto bytes = CudaTopkWorkspaceBytes(n);
+  ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+  DeviceBuffer<uint8_t> ws(*bytes);
+  ASSERT_TRUE(CudaSelectTopk(d_grad.get(), 1.0f / 3.0f, d_acc.get(), n, k, d_sel.get(), ws.get(),
+                             *bytes, nullptr)
+                  .ok());
+  CompressionState state;
+  std::vector<uint32_t> want(k);
+  ASSERT_TRUE(SelectTopk(grad.data(), 1.0f / 3.0f, acc.data(), n, k, TopkMethod::kExact, &state,
+                         want.data(), nullptr)
+                  .ok());
+  EXPECT_EQ(FromDevice(d_sel.get(), k), want);
 }
 
 }  // namespace
