@@ -295,6 +295,10 @@ class Engine {
   Status ResolveCached(const ResponseMessage& message, Responses* responses)
       REQUIRES(driver_.step_mutex());
   Status TakeEntries(const ResponseMessage& message, const Responses& responses, Entries& entries);
+  // One piece of a lane's work (a whole batch, or a share of a span group), on `lane`; memory
+  // this host cannot give (std::bad_alloc) is a kSystemError naming the tensor.
+  Status RunWork(Lane& lane, const std::vector<FusionBatch>& plan, const LaneWork& work,
+                 const Responses& responses, Entries& entries);
   // The members' batch starts running (RequestState::MarkStarted); any thread.
   static void MarkStarted(const std::vector<size_t>& members, const Entries& entries);
   // A list's failure, with the culprit when a collective failed: waits (at most the timeout and

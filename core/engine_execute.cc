@@ -14,6 +14,8 @@
 // entries that were not taken are Fail()'s. So every request is completed once, by its owner.
 //
 // Runs on the stepping thread; lane workers run their share of a segment while it waits.
+#include <new>
+
 #include "core/engine.h"
 #include "core/message.h"
 
@@ -220,9 +222,7 @@ Status Engine::RunOnLanes(const std::vector<FusionBatch>& plan, const std::vecto
           if (entries[p.member]) entries[p.member]->state->MarkStarted();
         }
       }
-      CONCORD_RETURN_IF_ERROR(w.pieces.empty()
-                                  ? RunBatch(lane, plan[w.batch], responses, entries)
-                                  : RunAllreducePieces(lane, w.pieces, responses, entries));
+      CONCORD_RETURN_IF_ERROR(RunWork(lane, plan, w, responses, entries));
     }
     return Status::Ok();
   };
@@ -243,6 +243,23 @@ Status Engine::RunOnLanes(const std::vector<FusionBatch>& plan, const std::vecto
     for (size_t i : g.members) Finish(entries[i], Status::Ok());
   }
   return Status::Ok();
+}
+
+Status Engine::RunWork(Lane& lane, const std::vector<FusionBatch>& plan, const LaneWork& work,
+                       const Responses& responses, Entries& entries) {
+  try {
+    return work.pieces.empty() ? RunBatch(lane, plan[work.batch], responses, entries)
+                               : RunAllreducePieces(lane, work.pieces, responses, entries);
+  } catch (const std::bad_alloc&) {
+    // Memory for a result the request owns, or the lane's scratch, that this host cannot give:
+    // an error, not an exception out of the engine's thread (std::terminate on a lane worker)
+    // or out of a waiter's step (which dropped the list's entries, never completed).
+    const size_t first =
+        work.pieces.empty() ? plan[work.batch].members.front() : work.pieces.front().member;
+    const TensorRequest& q = responses[first]->request;
+    return Status(Code::kSystemError, std::string("out of memory running the ") + OpTypeName(q.op) +
+                                          " of tensor '" + q.name + "'");
+  }
 }
 
 void Engine::MarkStarted(const std::vector<size_t>& members, const Entries& entries) {

@@ -666,6 +666,43 @@ TEST_P(EngineRanksTest, ShutdownCompletesPendingWithNotInitialized) {
 
 INSTANTIATE_TEST_SUITE_P(Ranks, EngineRanksTest, ::testing::Values(1, 2, 3, 4));
 
+// Results too large for this host's memory (owned allgather results of 2^49 bytes, on both
+// lanes: the stepping thread's and a worker's) fail the job with an error naming the tensor,
+// instead of std::bad_alloc escaping the engine's threads (std::terminate).
+TEST(EngineMemoryTest, AResultTooLargeForMemoryFailsWithAnErrorNotACrash) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "the sanitizers' operator new aborts instead of throwing std::bad_alloc";
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+  GTEST_SKIP() << "the sanitizers' operator new aborts instead of throwing std::bad_alloc";
+#endif
+#endif
+  // The failure waits at most the timeout and a second for a culprit to be named.
+  Job job(2, [](Config& c) { c.timeout_s = 0.5; });
+  RunRanks(2, [&](int rank) {
+    // Never read: the result's memory is taken before the collective.
+    const uint8_t input = 0;
+    std::vector<std::shared_ptr<RequestState>> states;
+    ASSERT_TRUE(job[rank].GroupStart().ok());
+    for (const char* name : {"huge.a", "huge.b"}) {
+      states.push_back(Submit(
+          job[rank], Entry(Request(name, OpType::kAllgather, DType::kUint8, {int64_t{1} << 48}),
+                           &input, nullptr)));
+    }
+    ASSERT_TRUE(job[rank].GroupEnd().ok());
+    for (const auto& state : states) {
+      const Status s = Await(state);
+      EXPECT_NE(s.code(), Code::kOk);
+      EXPECT_NE(s.code(), Code::kTimeout) << s.ToString();
+      EXPECT_NE(s.message().find("out of memory running the allgather of tensor 'huge."),
+                std::string::npos)
+          << s.ToString();
+    }
+    // The list completes its entries first, then the failed step fails the engine.
+    EXPECT_TRUE(WaitUntil([&] { return !job[rank].failure().ok(); }));
+  });
+}
+
 class EngineDeathTest : public ::testing::TestWithParam<std::tuple<int, bool>> {};
 
 // Every rank but the victim (rank 0 or the last) has a request pending; the victim dies.
