@@ -1,6 +1,7 @@
 #include "core/lane_plan.h"
 
 #include <algorithm>
+#include <cstdint>
 
 namespace concord {
 namespace {
@@ -34,10 +35,15 @@ std::vector<SpanGroup> GroupDirectAllreduces(const std::vector<FusionBatch>& pla
 std::vector<std::vector<AllreducePiece>> CutShares(const SpanGroup& g, size_t shares,
                                                    const std::vector<const Response*>& responses) {
   std::vector<std::vector<AllreducePiece>> out;
+  // Share k starts at element floor(elements * k / shares), computed without the product, which
+  // overflows for groups past 2^64 / shares elements: (q * shares + r) * k / shares is
+  // q * k + r * k / shares, and r * k < shares^2.
+  const size_t q = g.elements / shares, r = g.elements % shares;
+  auto start = [q, r, shares](size_t k) { return q * k + r * k / shares; };
   size_t member = 0, used = 0;  // the next element to hand out: `used` of members[member]
   for (size_t k = 0; k < shares; ++k) {
-    const size_t end = g.elements * (k + 1) / shares;
-    size_t at = g.elements * k / shares;
+    const size_t end = start(k + 1);
+    size_t at = start(k);
     std::vector<AllreducePiece> pieces;
     while (at < end) {
       const size_t i = g.members[member];
@@ -73,7 +79,9 @@ LanePlan PlanLanes(const std::vector<FusionBatch>& plan, const std::vector<size_
   out.groups = GroupDirectAllreduces(plan, batches, responses);
   for (const SpanGroup& g : out.groups) {
     const size_t elem = DTypeSize(g.dtype);
-    const size_t shares = std::clamp<size_t>(g.elements * elem / min_share_bytes, 1, lanes);
+    size_t group_bytes = 0;
+    if (__builtin_mul_overflow(g.elements, elem, &group_bytes)) group_bytes = SIZE_MAX;
+    const size_t shares = std::clamp<size_t>(group_bytes / min_share_bytes, 1, lanes);
     for (auto& pieces : CutShares(g, shares, responses)) {
       if (pieces.empty()) continue;
       size_t bytes = 0;

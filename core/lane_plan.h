@@ -42,7 +42,8 @@ struct LanePlan {
   std::vector<SpanGroup> groups;               // complete once every lane is done
 };
 
-// Plans `batches` (indices into `plan`, whose members index `responses`) over `lanes` lanes.
+// Plans `batches` (indices into `plan`, whose members index `responses`) over `lanes` lanes
+// (at least 1); `min_share_bytes` is at least 1.
 LanePlan PlanLanes(const std::vector<FusionBatch>& plan, const std::vector<size_t>& batches,
                    const std::vector<const Response*>& responses, size_t lanes,
                    size_t min_share_bytes);

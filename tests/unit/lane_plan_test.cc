@@ -8,6 +8,8 @@
 #include <memory>
 #include <numeric>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace concord {
 namespace {
@@ -20,12 +22,16 @@ class Plan {
  public:
   size_t Add(OpType op, DType dtype, ReduceOp reduce, int64_t elements,
              bool fuse_with_last = false) {
+    return AddShaped(op, dtype, reduce, {elements}, fuse_with_last);
+  }
+  size_t AddShaped(OpType op, DType dtype, ReduceOp reduce, std::vector<int64_t> shape,
+                   bool fuse_with_last = false) {
     auto r = std::make_unique<Response>();
     r->request.name = "t" + std::to_string(owned_.size());
     r->request.op = op;
     r->request.dtype = dtype;
     r->request.reduce_op = reduce;
-    r->request.shape = {elements};
+    r->request.shape = std::move(shape);
     const size_t index = owned_.size();
     responses.push_back(r.get());
     owned_.push_back(std::move(r));
@@ -126,6 +132,32 @@ TEST(LanePlanTest, ShareCountIsCappedByTheLanes) {
   const LanePlan lp = PlanLanes(p.batches, p.All(), p.responses, 3, kMiB);
   ExpectOrderedCover(lp, p, 3);
   for (const auto& lane : lp.by_lane) EXPECT_EQ(lane.size(), 1u);
+}
+
+// Shares are cut without forming elements * k: a group of 2^63 elements (four of 2^61) still
+// splits into four shares that cover it in order (the product wrapped past 2^64 and lost half of
+// the group).
+TEST(LanePlanTest, AGroupPastTwoToTheSixtyFourOverTheSharesIsCutWhole) {
+  Plan p;
+  // Planning reads only shapes: no memory of this size exists.
+  for (int i = 0; i < 4; ++i) {
+    p.AddShaped(OpType::kAllreduce, DType::kUint8, ReduceOp::kSum,
+                {int64_t{1} << 31, int64_t{1} << 30});
+  }
+  const LanePlan lp = PlanLanes(p.batches, p.All(), p.responses, 4, kMiB);
+  ASSERT_EQ(lp.groups.size(), 1u);
+  EXPECT_EQ(lp.groups[0].elements, size_t{1} << 63);
+  ExpectOrderedCover(lp, p, 4);
+}
+
+// A group whose bytes pass 2^64 (2^62 float64 elements) is cut into one share per lane; its
+// byte count wrapped to 0, which made it one share.
+TEST(LanePlanTest, AGroupPastTwoToTheSixtyFourBytesGetsEveryLane) {
+  Plan p;
+  p.AddShaped(OpType::kAllreduce, DType::kFloat64, ReduceOp::kSum,
+              {int64_t{1} << 31, int64_t{1} << 31});
+  const LanePlan lp = PlanLanes(p.batches, p.All(), p.responses, 4, kMiB);
+  ExpectOrderedCover(lp, p, 4);
 }
 
 TEST(LanePlanTest, EmptyAllreducesFormAGroupWithoutWork) {
