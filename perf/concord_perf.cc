@@ -30,6 +30,7 @@
 // buffer through a communicator of its own. Without a usable GPU the run is skipped, saying why
 // (exit 0).
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -84,7 +85,7 @@ struct Options {
   std::vector<int> comm_ranks;        // split:K: {K}; group:...: its ranks (parsed with --comm)
   bool versus_deterministic = false;  // also time every size on a deterministic communicator
   // The raw rows' store operations and Gloo connections wait at most this: CONCORD_TIMEOUT_S
-  // (which the library has checked by then), else 30 s, as the library's own default.
+  // (RawTimeout), else 30 s, as the library's own default.
   std::chrono::milliseconds raw_timeout{30000};
 };
 
@@ -149,15 +150,34 @@ size_t ParseBytes(const std::string& s) {
   return static_cast<size_t>(v * mult);
 }
 
+// CONCORD_TIMEOUT_S as the library reads it (core/config.cc): unset or empty, the default; else a
+// finite decimal number (no hexadecimal, no blanks) of seconds in (0, 86400]. What the library
+// refuses is a usage error here, in the library's words, never a raw timeout quietly left at 30 s.
+std::chrono::milliseconds RawTimeout(std::chrono::milliseconds default_timeout) {
+  const char* text = std::getenv("CONCORD_TIMEOUT_S");
+  if (text == nullptr || *text == '\0') return default_timeout;
+  const std::string v = text;
+  errno = 0;
+  char* end = nullptr;
+  const double seconds = std::strtod(text, &end);
+  if (end == text || *end != '\0' || std::isspace(static_cast<unsigned char>(v[0])) ||
+      v.find_first_of("xX") != std::string::npos) {
+    Usage("environment variable CONCORD_TIMEOUT_S='" + v +
+          "' is not a finite number (decimal, without blanks)");
+  }
+  if (errno == ERANGE || !std::isfinite(seconds)) {
+    Usage("environment variable CONCORD_TIMEOUT_S='" + v +
+          "' is not a finite number in a double's range");
+  }
+  if (!(seconds > 0 && seconds <= 86400)) {
+    Usage("CONCORD_TIMEOUT_S = " + v + ": the timeout must be in (0, 86400] seconds");
+  }
+  return std::chrono::milliseconds(static_cast<int64_t>(std::ceil(seconds * 1000)));
+}
+
 Options ParseOptions(int argc, char** argv) {
   Options o;
-  if (const char* timeout = std::getenv("CONCORD_TIMEOUT_S")) {
-    char* end = nullptr;
-    const double seconds = std::strtod(timeout, &end);
-    if (end != timeout && *end == '\0' && seconds > 0 && seconds <= 86400) {
-      o.raw_timeout = std::chrono::milliseconds(static_cast<int64_t>(std::ceil(seconds * 1000)));
-    }
-  }
+  o.raw_timeout = RawTimeout(o.raw_timeout);
   bool backend_given = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];

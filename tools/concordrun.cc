@@ -40,6 +40,7 @@
 // (plus CONCORD_TIMEOUT_S and CONCORD_IFACE when given) exported to every rank; mpirun then
 // starts, supervises and stops the ranks, and its exit status is concordrun's.
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ifaddrs.h>
@@ -54,6 +55,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -236,7 +238,9 @@ std::vector<char*> CArray(std::vector<std::string>& strings) {
 // rank has ended. One per process, on the main thread (which the ranks' PR_SET_PDEATHSIG needs).
 class Launcher {
  public:
-  explicit Launcher(Options options);
+  // `ranks_nofile`: the limit on open files that the ranks get (RaiseDescriptorLimit), if not
+  // concordrun's own.
+  Launcher(Options options, std::optional<rlimit> ranks_nofile);
   int Run();
 
  private:
@@ -296,7 +300,7 @@ class Launcher {
   std::vector<std::string> later_failures_;
   bool stop_requested_ = false;  // concordrun got SIGINT, SIGTERM or SIGHUP
 
-  std::optional<rlimit> ranks_nofile_;  // the descriptor limit concordrun started with, if raised
+  const std::optional<rlimit> ranks_nofile_;  // the ranks' limit on open files, if not ours
   int exit_code_ = 0;
 };
 
@@ -309,8 +313,10 @@ bool SameDestination(int a, int b) {
 
 // One sink for stdout and stderr when they are one destination, so that what concordrun writes
 // there keeps its order.
-Launcher::Launcher(Options options)
-    : o_(std::move(options)), stdout_(std::make_unique<OutputSink>(STDOUT_FILENO)) {
+Launcher::Launcher(Options options, std::optional<rlimit> ranks_nofile)
+    : o_(std::move(options)),
+      stdout_(std::make_unique<OutputSink>(STDOUT_FILENO)),
+      ranks_nofile_(ranks_nofile) {
   if (!SameDestination(STDOUT_FILENO, STDERR_FILENO)) {
     stderr_ = std::make_unique<OutputSink>(STDERR_FILENO);
   }
@@ -930,14 +936,6 @@ int Launcher::Run() {
   }
   ::sigprocmask(SIG_BLOCK, &handled, &original);
   ::signal(SIGPIPE, SIG_IGN);
-  // The store server holds a descriptor for each connection of each rank: concordrun raises its
-  // own soft limit to the hard one (best effort); the ranks get the limit it started with.
-  rlimit started;
-  if (::getrlimit(RLIMIT_NOFILE, &started) == 0 && started.rlim_cur < started.rlim_max) {
-    rlimit raised = started;
-    raised.rlim_cur = raised.rlim_max;
-    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) ranks_nofile_ = started;
-  }
   net::Fd sigfd(::signalfd(-1, &handled, SFD_CLOEXEC | SFD_NONBLOCK));
   if (!sigfd.valid()) return StartFailed(ErrnoError("signalfd", errno).message(), -1);
   Status s = Setup();
@@ -975,6 +973,43 @@ int Launcher::Run() {
   return exit_code_;
 }
 
+// The store server holds a descriptor for each connection of each rank: concordrun raises its own
+// soft limit on open files to the hard one (best effort). Returns the limit it started with, which
+// the ranks get, when it raised it.
+std::optional<rlimit> RaiseDescriptorLimit() {
+  rlimit started;
+  if (::getrlimit(RLIMIT_NOFILE, &started) != 0 || started.rlim_cur >= started.rlim_max) {
+    return std::nullopt;
+  }
+  rlimit raised = started;
+  raised.rlim_cur = raised.rlim_max;
+  if (::setrlimit(RLIMIT_NOFILE, &raised) != 0) return std::nullopt;
+  return started;
+}
+
+// This process's limit on open files now (its soft RLIMIT_NOFILE).
+int64_t DescriptorLimit() {
+  rlimit now;
+  if (::getrlimit(RLIMIT_NOFILE, &now) != 0 || now.rlim_cur == RLIM_INFINITY ||
+      now.rlim_cur > static_cast<rlim_t>(INT64_MAX)) {
+    return INT64_MAX;
+  }
+  return static_cast<int64_t>(now.rlim_cur);
+}
+
+// The descriptors this process has open: /proc/self/fd's entries but the one reading it (3, for
+// stdin, stdout and stderr, where /proc cannot tell).
+int64_t OpenDescriptors() {
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (dir == nullptr) return 3;
+  int64_t n = 0;
+  while (const dirent* e = ::readdir(dir)) {
+    if (e->d_name[0] != '.') ++n;
+  }
+  ::closedir(dir);
+  return n - 1;
+}
+
 // Says why the job could not start, once stderr takes it; returns the exit status, 1. `sigfd` is
 // the signalfd, or -1 before there is one.
 int Launcher::StartFailed(const std::string& why, int sigfd) {
@@ -990,6 +1025,9 @@ int Launcher::StartFailed(const std::string& why, int sigfd) {
 int main(int argc, char** argv) {
   concord::Options options = concord::ParseArgs(argc, argv);
   if (options.backend == "mpi") return concord::ExecMpirun(options);
-  concord::Launcher launcher(std::move(options));
+  // Before anything starts: a job too large for the descriptors is a usage error (exit 2).
+  const std::optional<rlimit> ranks_nofile = concord::RaiseDescriptorLimit();
+  concord::CheckDescriptorLimit(options, concord::OpenDescriptors(), concord::DescriptorLimit());
+  concord::Launcher launcher(std::move(options), ranks_nofile);
   return launcher.Run();
 }

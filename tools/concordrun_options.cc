@@ -16,12 +16,22 @@ namespace {
 
 // The longest --grace (a day, as CONCORD_TIMEOUT_S).
 constexpr double kMaxSeconds = 86400;
+// The most ranks of a job (-np), and slots of a host (-H).
+constexpr int kMaxRanks = 1000000;
+// Descriptors concordrun holds per rank while the job runs: the read ends of the rank's stdout
+// and stderr pipes, and the rank's connection to the store concordrun serves.
+constexpr int64_t kDescriptorsPerRank = 3;
+// Concordrun's own beyond those it has when it checks: the signalfd, the store's listening socket
+// and wake-up eventfd, the lifeline's pipe, its reopened stdout and stderr, the summary directory
+// while it is read, and the pipes and /dev/null of the rank being started.
+constexpr int64_t kOwnDescriptors = 16;
 
 const char kUsage[] =
     "usage: concordrun -np N [-H host:slots,...] [--iface IF] [--backend NAME] [--timeout S]\n"
     "                  [--grace S] [--no-prefix] [--no-summary] [-x NAME[=VALUE]]...\n"
     "                  prog [args...]\n"
-    "  -np N            number of ranks (>= 1)\n"
+    "  -np N            number of ranks (1 to 1000000; concordrun needs 3 open files\n"
+    "                   per rank: see ulimit -n)\n"
     "  -H LIST          hosts and their slots, e.g. node1:4,node2:4 (default: N local ranks);\n"
     "                   ranks fill the hosts in order; remote hosts are reached with ssh\n"
     "  --iface IF       network interface for Concord traffic (passed as CONCORD_IFACE; also the\n"
@@ -49,7 +59,7 @@ const char kUsage[] =
 bool ParsePositiveInt(const std::string& text, int* value) {
   int64_t v = 0;
   if (text.empty() || text[0] == '+' || text[0] == '-' || !net::ParseInt64(text, &v) || v < 1 ||
-      v > 1000000) {
+      v > kMaxRanks) {
     return false;
   }
   *value = static_cast<int>(v);
@@ -93,7 +103,8 @@ std::vector<HostSlots> ParseHosts(const std::string& list) {
     // ssh would take it for an option.
     if (h.host[0] == '-') UsageError("-H: '" + h.host + "' is not a host name");
     if (colon != std::string::npos && !ParsePositiveInt(item.substr(colon + 1), &h.slots)) {
-      UsageError("-H: slots must be an integer >= 1 in '" + item + "'");
+      UsageError("-H: slots must be an integer from 1 to " + std::to_string(kMaxRanks) + " in '" +
+                 item + "'");
     }
     hosts.push_back(h);
     start = comma + 1;
@@ -119,8 +130,12 @@ Options ParseArgs(int argc, char** argv) {
     }
     if (a.empty() || a[0] != '-') break;
     if (a == "-np" || a == "-n") {
+      if (have_np) UsageError("-np (or -n) given more than once");
       const std::string v = value(a);
-      if (!ParsePositiveInt(v, &o.np)) UsageError("-np must be an integer >= 1, not '" + v + "'");
+      if (!ParsePositiveInt(v, &o.np)) {
+        UsageError("-np must be an integer from 1 to " + std::to_string(kMaxRanks) + ", not '" + v +
+                   "'");
+      }
       have_np = true;
     } else if (a == "-H" || a == "--host") {
       o.hosts = ParseHosts(value(a));
@@ -148,7 +163,8 @@ Options ParseArgs(int argc, char** argv) {
     } else if (a == "-x") {
       const std::string v = value(a);
       const std::string name = v.substr(0, v.find('='));
-      if (name.empty() ||
+      // A shell's variable name: letters, digits and '_', not starting with a digit.
+      if (name.empty() || std::isdigit(static_cast<unsigned char>(name[0])) ||
           name.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
                                  "0123456789_") != std::string::npos) {
         UsageError("-x takes NAME or NAME=VALUE with a variable name, not '" + v + "'");
@@ -182,6 +198,22 @@ Options ParseArgs(int argc, char** argv) {
     }
   }
   return o;
+}
+
+void CheckDescriptorLimit(const Options& o, int64_t open_now, int64_t limit) {
+  const int64_t needed = kDescriptorsPerRank * o.np + open_now + kOwnDescriptors;
+  if (needed <= limit) return;
+  const std::string n = std::to_string(needed);
+  UsageError("-np " + std::to_string(o.np) + " needs about " + n + " open files in concordrun (" +
+             std::to_string(kDescriptorsPerRank) +
+             " per rank: its stdout and stderr pipes and its store connection; " +
+             std::to_string(open_now + kOwnDescriptors) + " of its own), more than its limit of " +
+             std::to_string(limit) +
+             " (RLIMIT_NOFILE, raised to the hard limit): raise the limit in the shell that starts "
+             "concordrun (ulimit -n " +
+             n +
+             "; above ulimit -Hn that needs root, or nofile in /etc/security/limits.conf) or "
+             "run fewer ranks");
 }
 
 std::vector<std::string> JobSettings(char** environ) {

@@ -2,6 +2,7 @@
 // --backend mpi path, which hands the job to mpirun.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,13 @@ struct Options {
 // Parses the command line (and CONCORD_GRACE_S, the default of --grace). On a usage error prints
 // the error and the usage to stderr and exits 2; on --help prints the usage and exits 0.
 Options ParseArgs(int argc, char** argv);
+
+// Exits 2 (a usage error saying the limit and how to raise it) when a job of o.np ranks needs more
+// descriptors than concordrun may open, `limit` (its RLIMIT_NOFILE, once raised): 3 per rank (its
+// stdout and stderr pipes, its store connection; remote ranks' ssh too) besides `open_now`, those
+// concordrun has open when it checks, and a margin for its own. Called before anything starts:
+// else the job failed at the rank whose pipe found no descriptor, after starting all before it.
+void CheckDescriptorLimit(const Options& o, int64_t open_now, int64_t limit);
 
 // The job's settings in `environ` that ranks on other hosts must get too: its CONCORD_*
 // variables (job-wide settings must agree on every rank), except those that describe this host or
