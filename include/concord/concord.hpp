@@ -16,6 +16,13 @@
 #ifndef CONCORD_CONCORD_HPP_
 #define CONCORD_CONCORD_HPP_
 
+// This header uses std::optional, std::exchange and std::uncaught_exceptions: an older language
+// gets this one error, not a cascade (the rest of the header is skipped). MSVC reports the
+// language in _MSVC_LANG (its __cplusplus stays 199711L without /Zc:__cplusplus).
+#if (defined(_MSVC_LANG) ? _MSVC_LANG : __cplusplus) < 201703L
+#error "concord/concord.hpp needs C++17 or later (-std=c++17); C can use concord/concord.h"
+#else
+
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
@@ -644,4 +651,5 @@ class Communicator {
 
 }  // namespace concord
 
+#endif  // C++17
 #endif  // CONCORD_CONCORD_HPP_
