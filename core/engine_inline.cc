@@ -62,13 +62,15 @@ std::optional<std::string> Engine::InlineData(const TensorRequest& r, const void
 
 Status Engine::CompleteInline(const Response& r, const std::string& data,
                               std::optional<QueueEntry>& entry) {
-  QueueEntry& e = *entry;
   const TensorRequest& q = r.request;
   auto malformed = [&q](const char* why) {
     return ProtocolError("inline result for tensor '" + q.name + "' (" + OpTypeName(q.op) +
                          "): " + why);
   };
   if (r.error != Code::kOk) return malformed("the response is an error");
+  // TakeEntries took none for a response that does not apply to this rank.
+  if (!entry) return malformed("this rank did not submit the tensor");
+  QueueEntry& e = *entry;
   const auto n = static_cast<size_t>(config_.size);
   const auto me = static_cast<size_t>(config_.rank);
   Status local = Status::Ok();
@@ -132,7 +134,8 @@ Status Engine::CompleteInline(const Response& r, const std::string& data,
       size_t total = 0;
       CONCORD_ASSIGN_OR_RETURN(std::vector<size_t> recv, AlltoallReceives(r, &received, &total));
       // Sender s's input starts after every earlier sender's; its rows for this rank after the
-      // rows it sends to lower ranks.
+      // rows it sends to lower ranks. The counts come from the wire: sums and products are
+      // checked, so that data.size() == start bounds every copy below.
       const size_t row = RowBytes(q);
       std::vector<size_t> from(n);
       size_t start = 0;
@@ -140,14 +143,19 @@ Status Engine::CompleteInline(const Response& r, const std::string& data,
         uint64_t before = 0, rows = 0;
         bool bad = false;
         for (size_t d = 0; d < n && !bad; ++d) {
-          if (d == me) before = rows * row;
+          if (d == me) before = rows;
           bad = __builtin_add_overflow(rows, static_cast<uint64_t>(r.splits[s * n + d]), &rows);
         }
         if (bad || rows != static_cast<uint64_t>(r.first_dims[s])) {
           return malformed("a rank's splits do not sum to its first dimension");
         }
-        from[s] = start + before;
-        start += rows * row;
+        uint64_t bytes = 0, end = 0;
+        if (__builtin_mul_overflow(rows, row, &bytes) ||
+            __builtin_add_overflow(start, bytes, &end)) {
+          return malformed("a rank's rows overflow the sum of the ranks' sizes");
+        }
+        from[s] = start + before * row;  // before <= rows: no overflow
+        start = end;
       }
       if (data.size() != start) return malformed("not the sum of the ranks' sizes");
       void* dst = ResultOutput(e, total, "alltoall", &local);
@@ -164,8 +172,15 @@ Status Engine::CompleteInline(const Response& r, const std::string& data,
       return malformed("a barrier has no data");
   }
   stats_.inline_reductions.fetch_add(1, std::memory_order_relaxed);
-  // Each rank sent its input to rank 0, which sent the result to every other rank.
-  e.state->AddWireBytes(config_.rank == 0 ? data.size() * (n - 1) : e.request.NumBytes());
+  // Each rank sent its input to rank 0 (of a broadcast, only the root: InlineData), which sent
+  // the result to every other rank.
+  uint64_t sent = 0;
+  if (config_.rank == 0) {
+    sent = data.size() * (n - 1);
+  } else if (q.op != OpType::kBroadcast || config_.rank == q.root) {
+    sent = e.request.NumBytes();
+  }
+  e.state->AddWireBytes(sent);
   Finish(entry, local);
   return Status::Ok();
 }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <new>
 
 #include "core/engine.h"
 
@@ -91,35 +92,45 @@ StatusOr<int> Engine::Join() {
 }
 
 StatusOr<QueueEntry> Engine::JoinedEntry(const Response& r) {
-  QueueEntry e;
-  e.request = r.RequestOf(config_.rank);
-  e.state = std::make_shared<RequestState>();
-  e.stand_in = true;
-  const size_t n = static_cast<size_t>(e.request.NumElements());
-  // The stand-in's data lives in its own state, as long as the entry.
-  auto& owned = e.state->output().owned;
-  switch (e.request.op) {
-    case OpType::kAllreduce:
-    case OpType::kReduce:  // never its root: the coordinator refuses a reduce whose root joined
-      owned = result_buffers_->Take(e.request.NumBytes());
-      FillIdentity(owned.data(), n, e.request.dtype, e.request.reduce_op, e.request.prescale);
-      CONCORD_RETURN_IF_ERROR(AttachCompressor(e));
-      break;
-    case OpType::kBroadcast:
-      owned = result_buffers_->Take(e.request.NumBytes());
-      break;
-    case OpType::kAllgather:  // no rows of its own; the gathered rows go to the state
-    case OpType::kGather:
-    case OpType::kBarrier:
-      return e;
-    case OpType::kReducescatter:  // refused by the coordinator while a rank is joined
-    case OpType::kAlltoall:
-      return Internal("tensor '" + e.request.name + "': a joined rank cannot stand in for " +
-                      OpTypeName(e.request.op));
+  // On the stepping thread: memory this host cannot give for the stand-in's data (the size of the
+  // others' tensor) is an error naming the tensor, as in Engine::RunWork, not std::bad_alloc out
+  // of the step (std::terminate on the engine's thread, or a waiter's step that drops the list's
+  // entries, never completed).
+  try {
+    QueueEntry e;
+    e.request = r.RequestOf(config_.rank);
+    e.state = std::make_shared<RequestState>();
+    e.stand_in = true;
+    const size_t n = static_cast<size_t>(e.request.NumElements());
+    // The stand-in's data lives in its own state, as long as the entry.
+    auto& owned = e.state->output().owned;
+    switch (e.request.op) {
+      case OpType::kAllreduce:
+      case OpType::kReduce:  // never its root: the coordinator refuses a reduce whose root joined
+        owned = result_buffers_->Take(e.request.NumBytes());
+        FillIdentity(owned.data(), n, e.request.dtype, e.request.reduce_op, e.request.prescale);
+        CONCORD_RETURN_IF_ERROR(AttachCompressor(e));
+        break;
+      case OpType::kBroadcast:
+        owned = result_buffers_->Take(e.request.NumBytes());
+        break;
+      case OpType::kAllgather:  // no rows of its own; the gathered rows go to the state
+      case OpType::kGather:
+      case OpType::kBarrier:
+        return e;
+      case OpType::kReducescatter:  // refused by the coordinator while a rank is joined
+      case OpType::kAlltoall:
+        return Internal("tensor '" + e.request.name + "': a joined rank cannot stand in for " +
+                        OpTypeName(e.request.op));
+    }
+    e.input = owned.data();
+    e.output = owned.data();
+    return e;
+  } catch (const std::bad_alloc&) {
+    const std::string op = OpTypeName(r.request.op);
+    return Status(Code::kSystemError, "out of memory for this joined rank's stand-in in the " + op +
+                                          " of tensor '" + r.request.name + "'");
   }
-  e.input = owned.data();
-  e.output = owned.data();
-  return e;
 }
 
 }  // namespace concord

@@ -113,5 +113,35 @@ TEST(EngineJoinTest, AnErrorAmongTheOthersLeavesAJoinedRanksOwnEntryAlone) {
   EXPECT_TRUE(j.last.ok()) << j.last.status().ToString();
 }
 
+// A joined rank's stand-in for an operation too large for this host's memory (a broadcast of
+// 2^48 bytes) fails its step with an error naming the tensor, instead of std::bad_alloc escaping
+// the thread that steps the engine (std::terminate); its join completes with that error.
+TEST(EngineJoinTest, AStandInTooLargeForMemoryFailsWithAnErrorNotACrash) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "the sanitizers' operator new aborts instead of throwing std::bad_alloc";
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+  GTEST_SKIP() << "the sanitizers' operator new aborts instead of throwing std::bad_alloc";
+#endif
+#endif
+  // The failure waits at most the timeout and a second for a culprit to be named.
+  Job job(2, [](Config& c) { c.timeout_s = 0.5; });
+  JoinedThenEnqueued j;
+  StartJoin(job, &j);
+  // In place on rank 0, the root, and never read: its own backend fails to take the memory too.
+  uint8_t input = 0;
+  const auto huge =
+      Submit(job[0], Entry(Request("huge", OpType::kBroadcast, DType::kUint8, {int64_t{1} << 48}),
+                           &input, &input));
+  EXPECT_NE(Await(huge).code(), Code::kOk);
+  j.joiner.join();
+  ASSERT_FALSE(j.last.ok());
+  EXPECT_NE(j.last.status().message().find(
+                "out of memory for this joined rank's stand-in in the broadcast of tensor 'huge'"),
+            std::string::npos)
+      << j.last.status().ToString();
+  EXPECT_TRUE(WaitUntil([&] { return !job[1].failure().ok(); }));
+}
+
 }  // namespace
 }  // namespace concord
