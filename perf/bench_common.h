@@ -1,11 +1,12 @@
 // What the perf tools share: failing on a library error, reading integer options, medians and
-// percentiles, and the slowest rank's figure.
+// percentiles, the slowest rank's figure, and the known data their results are checked on.
 #pragma once
 
 #include <errno.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -68,6 +69,46 @@ inline double MaxAcrossRanks(const char* tool, concord_comm_t comm, double value
   CheckOrExit(tool, comm, concord_allreduce(comm, name.c_str(), &t, nullptr, &o),
               "timing reduction");
   return value;
+}
+
+// Checked results: after its timed iterations every row of concord-perf runs its operation once
+// more on this known data and compares what came back (a benchmark that reports a fast wrong
+// result is worse than none). The values are small integers, exact in every dtype.
+//
+// ReductionInput: what `rank` of `size` contributes at element i of a reduction with `op`. For an
+// average every rank gives 1 + i % 5; otherwise one rank per element ((rank + i) % size == 0)
+// gives 1 + i % 5 and the others a filler the op ignores (0 for sum and max, 6 for min, 1 for
+// product), so that a lost, doubled or misplaced contribution shows. The result of every op is
+// ReductionExpected(i).
+inline double ReductionExpected(size_t i) {
+  return 1.0 + static_cast<double>(i % 5);
+}
+inline double ReductionInput(concord_reduce_op_t op, int rank, int size, size_t i) {
+  if (op == CONCORD_AVERAGE || (static_cast<size_t>(rank) + i) % static_cast<size_t>(size) == 0) {
+    return ReductionExpected(i);
+  }
+  return op == CONCORD_MIN ? 6 : op == CONCORD_PRODUCT ? 1 : 0;
+}
+
+// What `rank` holds at element i of an operation that only moves data (allgather, all-to-all,
+// broadcast, send/recv): 1 to 11, different for neighbouring ranks and elements.
+inline double MoveInput(int rank, size_t i) {
+  return 1.0 + static_cast<double>((3 * static_cast<size_t>(rank) + i) % 11);
+}
+
+// The first i < count where get(i) differs from want(i) by more than tolerance x |want(i)|, as
+// "element I is X, expected Y"; "" when there is none.
+template <typename Get, typename Want>
+std::string FirstWrongElement(size_t count, Get get, Want want, double tolerance = 0) {
+  for (size_t i = 0; i < count; ++i) {
+    const double got = get(i), expected = want(i);
+    if (!(std::fabs(got - expected) <= tolerance * std::fabs(expected))) {
+      char text[128];
+      std::snprintf(text, sizeof(text), "element %zu is %g, expected %g", i, got, expected);
+      return text;
+    }
+  }
+  return "";
 }
 
 }  // namespace concord::bench

@@ -13,11 +13,20 @@
 // on the buffer the Concord row used). Ranks line up with a barrier, then run --iters operations
 // back to back, each timed on its own; a row's time is the median of each rank's times, reduced
 // with max across ranks (the median, not the mean, because a shared 2-core machine adds scheduler
-// stalls of several ms to a few iterations of either side at random). --percentile P takes each
-// rank's P-th percentile instead, for both sides: a tail the median hides (one iteration in ten
-// ten times slower) shows at 90. algbw = bytes / time; busbw = algbw x 2(n-1)/n
-// (allreduce), x (n-1)/n (allgather), x 1 (broadcast). A workload row times whole steps the same
-// way.
+// stalls of several ms to a few iterations of either side at random); the header says so.
+// --percentile P takes each rank's P-th percentile instead, for both sides: a tail the median
+// hides (one iteration in ten ten times slower) shows at 90. algbw = bytes / time; busbw as
+// nccl-tests defines it: algbw x 2(n-1)/n (allreduce), x (n-1)/n (allgather, reducescatter,
+// alltoall), x 1 (broadcast, sendrecv). `bytes` is nccl-tests' size too: the whole buffer of an
+// allreduce or broadcast, an allgather's output, a reducescatter's and an alltoall's input on each
+// rank, what each rank sends in a sendrecv. A size is rounded down to whole elements (to whole
+// elements per rank for allgather, reducescatter and alltoall); sizes that round to one already
+// run are skipped. A workload row times whole steps the same way.
+//
+// After the timed iterations every row (Concord's and the raw ones) runs its operation once more
+// on known data (perf/bench_common.h) and checks the result on every rank: a wrong one is printed
+// under the row as WRONG RESULT, its JSON row says "checked": false, and the run exits 1. (On GPU
+// buffers, --backend nccl, results are not checked; the header says so.)
 //
 // --versus-deterministic adds a second communicator initialised with deterministic = 1 (its own
 // job id, so it rendezvouses apart) and times each size on both, iterations alternating (A B, then
@@ -38,6 +47,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -95,6 +105,7 @@ struct Row {
   size_t bytes = 0;
   double seconds = 0;
   double algbw = 0, busbw = 0;  // GB/s
+  bool checked = true;          // its checked run gave every rank the right result
 };
 
 [[noreturn]] void Usage(const std::string& why) {
@@ -232,7 +243,16 @@ Options ParseOptions(int argc, char** argv) {
     } else if (a == "--raw-algos") {
       o.raw_algos.clear();
       std::stringstream ss(next());
-      for (std::string algo; std::getline(ss, algo, ',');) o.raw_algos.push_back(algo);
+      for (std::string algo; std::getline(ss, algo, ',');) {
+        // Refused here, not at every size on every rank.
+        if (algo != "ring" && algo != "ring_chunked" && algo != "halving_doubling" &&
+            algo != "bcube" && algo != "allreduce") {
+          Usage(
+              "--raw-algos takes ring, ring_chunked, halving_doubling, bcube and allreduce, not '" +
+              algo + "'");
+        }
+        o.raw_algos.push_back(algo);
+      }
     } else if (a == "--backend") {
       o.backend = next();
       backend_given = true;
@@ -288,11 +308,16 @@ Options ParseOptions(int argc, char** argv) {
   return o;
 }
 
-// How a row's time reads: nothing for the median, else ", time: 90th percentile of iterations".
+// How a row's time is taken, for the header: ", time: median of iterations, max over ranks", or
+// the 90th percentile of iterations with --percentile 90.
 std::string StatName(const Options& o) {
-  if (o.percentile == 50) return "";
-  char s[64];
-  std::snprintf(s, sizeof(s), ", time: %gth percentile of iterations", o.percentile);
+  char s[96];
+  if (o.percentile == 50) {
+    std::snprintf(s, sizeof(s), ", time: median of iterations, max over ranks");
+  } else {
+    std::snprintf(s, sizeof(s), ", time: %gth percentile of iterations, max over ranks",
+                  o.percentile);
+  }
   return s;
 }
 
@@ -313,7 +338,9 @@ double MaxAcrossRanks(concord_comm_t comm, double value, const std::string& name
   return bench::MaxAcrossRanks("concord-perf", comm, value, name);
 }
 
+// nccl-tests' factors (its PERFORMANCE.md): with one rank 0, except where nothing depends on n.
 double BusFactor(const std::string& op, int n) {
+  if (op == "broadcast" || op == "sendrecv") return 1.0;
   if (n <= 1) return 0;
   if (op == "allreduce") return 2.0 * (n - 1) / n;
   if (op == "allgather" || op == "reducescatter" || op == "alltoall") {
@@ -339,7 +366,83 @@ Row MakeRow(const std::string& op, const std::string& impl, int ranks, size_t by
 void PrintRow(const Row& r) {
   std::printf("%12zu  %-26s %12.1f %10.3f %10.3f\n", r.bytes, r.impl.c_str(), r.seconds * 1e6,
               r.algbw, r.busbw);
+  if (!r.checked) {
+    std::printf(
+        "%12s  WRONG RESULT: %s gave a wrong result (the rank's message is on stderr); its "
+        "time measures nothing\n",
+        "", r.impl.c_str());
+  }
   std::fflush(stdout);
+}
+
+// Element i of a `dtype` buffer as a double, and set from one (the checked values are small
+// integers, exact in every dtype).
+double LoadElement(const void* data, DType dtype, size_t i) {
+  switch (dtype) {
+    case DType::kUint8:
+      return static_cast<const uint8_t*>(data)[i];
+    case DType::kInt8:
+      return static_cast<const int8_t*>(data)[i];
+    case DType::kInt32:
+      return static_cast<const int32_t*>(data)[i];
+    case DType::kInt64:
+      return static_cast<double>(static_cast<const int64_t*>(data)[i]);
+    case DType::kFloat16:
+      return HalfToFloat(static_cast<const uint16_t*>(data)[i]);
+    case DType::kBFloat16:
+      return BFloat16ToFloat(static_cast<const uint16_t*>(data)[i]);
+    case DType::kFloat32:
+      return static_cast<const float*>(data)[i];
+    case DType::kFloat64:
+      return static_cast<const double*>(data)[i];
+  }
+  return 0;
+}
+
+void StoreElement(void* data, DType dtype, size_t i, double v) {
+  switch (dtype) {
+    case DType::kUint8:
+      static_cast<uint8_t*>(data)[i] = static_cast<uint8_t>(v);
+      break;
+    case DType::kInt8:
+      static_cast<int8_t*>(data)[i] = static_cast<int8_t>(v);
+      break;
+    case DType::kInt32:
+      static_cast<int32_t*>(data)[i] = static_cast<int32_t>(v);
+      break;
+    case DType::kInt64:
+      static_cast<int64_t*>(data)[i] = static_cast<int64_t>(v);
+      break;
+    case DType::kFloat16:
+      static_cast<uint16_t*>(data)[i] = FloatToHalf(static_cast<float>(v));
+      break;
+    case DType::kBFloat16:
+      static_cast<uint16_t*>(data)[i] = FloatToBFloat16(static_cast<float>(v));
+      break;
+    case DType::kFloat32:
+      static_cast<float*>(data)[i] = static_cast<float>(v);
+      break;
+    case DType::kFloat64:
+      static_cast<double*>(data)[i] = v;
+      break;
+  }
+}
+
+// How far a checked element may be from its value: none for integers; a little for floating
+// types, whose average divides in their own precision.
+double Tolerance(DType dtype) {
+  return IsFloatingPoint(dtype) ? 1e-2 : 0;
+}
+
+// Whether every rank of `comm` found its result right (`wrong`: this rank's finding, "" when
+// right; printed on stderr by the rank that made it).
+bool RightOnEveryRank(concord_comm_t comm, int rank, const std::string& what,
+                      const std::string& wrong, const std::string& name) {
+  if (!wrong.empty()) {
+    std::fprintf(stderr, "concord-perf: %s: wrong result on rank %d: %s\n", what.c_str(), rank,
+                 wrong.c_str());
+  }
+  return bench::MaxAcrossRanks("concord-perf", comm, wrong.empty() ? 0.0 : 1.0, name) == 0;
 }
 
 // Where the sweep's tensors live: host vectors, or device buffers on `device`.
@@ -399,11 +502,66 @@ concord_status_t RunConcordOp(concord_comm_t comm, const Options& o, int size, s
   return concord_broadcast(comm, name.c_str(), &t, nullptr, 0);
 }
 
+// The known data (bench_common.h) of o.op over `bytes` in b.in, b.out zeroed: what a checked run
+// starts from. CPU buffers only.
+void FillKnownData(const Options& o, int rank, int size, size_t bytes, const Buffers& b) {
+  const size_t count = bytes / DTypeSize(o.dtype);
+  const bool reduces = o.op == "allreduce" || o.op == "reducescatter";
+  const auto redop = static_cast<concord_reduce_op_t>(o.redop);
+  for (size_t i = 0; i < count; ++i) {
+    double v = reduces                            ? bench::ReductionInput(redop, rank, size, i)
+               : o.op == "broadcast" && rank != 0 ? 0
+                                                  : bench::MoveInput(rank, i);
+    StoreElement(b.in, o.dtype, i, v);
+  }
+  if (b.out != nullptr) std::memset(b.out, 0, b.capacity);
+}
+
+// After o.op ran once on FillKnownData's data (in place for allreduce and broadcast, into b.out
+// for the others): "" when this rank's result is right, else its first wrong element.
+std::string FirstWrongResult(const Options& o, int rank, int size, size_t bytes, const Buffers& b) {
+  const size_t count = bytes / DTypeSize(o.dtype);
+  const size_t block = count / static_cast<size_t>(size);  // per rank: allgather and the others
+  const void* got = b.out;
+  size_t n = count;
+  std::function<double(size_t)> want;
+  if (o.op == "allreduce" || o.op == "broadcast") {
+    got = b.in;  // in place
+    want = o.op == "allreduce"
+               ? bench::ReductionExpected
+               : std::function<double(size_t)>([](size_t i) { return bench::MoveInput(0, i); });
+  } else if (o.op == "reducescatter") {
+    n = block;
+    want = [&](size_t j) { return bench::ReductionExpected(rank * block + j); };
+  } else if (o.op == "allgather") {
+    want = [&](size_t i) { return bench::MoveInput(static_cast<int>(i / block), i % block); };
+  } else if (o.op == "alltoall") {  // block r of the output is rank r's block `rank`
+    want = [&](size_t i) {
+      return bench::MoveInput(static_cast<int>(i / block), rank * block + i % block);
+    };
+  } else {  // sendrecv
+    want = [&](size_t i) { return bench::MoveInput(rank ^ 1, i); };
+  }
+  return bench::FirstWrongElement(
+      n, [&](size_t i) { return LoadElement(got, o.dtype, i); }, want, Tolerance(o.dtype));
+}
+
+// Runs the op once on known data and checks this rank's result: "" when right, else the first
+// wrong element. CPU buffers only.
+std::string CheckConcordOp(concord_comm_t comm, const Options& o, int rank, int size, size_t bytes,
+                           const Buffers& b, const std::string& name) {
+  FillKnownData(o, rank, size, bytes, b);
+  Check(comm, RunConcordOp(comm, o, size, bytes, b, name), o.op + " (checked run)");
+  return FirstWrongResult(o, rank, size, bytes, b);
+}
+
 // Benchmarks one Concord op at one size on each of `comms` (communicators of the same ranks),
 // iterations alternating between them, the order of each round reversed in the next; returns
-// each one's seconds per op (max over ranks).
+// each one's seconds per op (max over ranks), and in *right whether its checked run (CPU buffers)
+// gave every rank the right result.
 std::vector<double> TimeConcordOp(const std::vector<concord_comm_t>& comms, const Options& o,
-                                  int size, size_t bytes, const Buffers& b) {
+                                  int rank, int size, size_t bytes, const Buffers& b,
+                                  std::vector<bool>* right) {
   const std::string name = "perf." + o.op + "." + std::to_string(bytes);
   std::vector<std::vector<double>> times(comms.size());
   for (int i = 0; i < o.warmup + o.iters; ++i) {
@@ -416,22 +574,62 @@ std::vector<double> TimeConcordOp(const std::vector<concord_comm_t>& comms, cons
     }
   }
   std::vector<double> seconds;
+  right->clear();
   for (size_t c = 0; c < comms.size(); ++c) {
     seconds.push_back(MaxAcrossRanks(comms[0], Percentile(times[c], o.percentile),
                                      name + ".time." + std::to_string(c)));
+    const std::string what = c == 0 ? "concord" : "concord deterministic";
+    right->push_back(b.device != CONCORD_DEVICE_CPU ||
+                     RightOnEveryRank(comms[0], rank, what + " " + o.op,
+                                      CheckConcordOp(comms[c], o, rank, size, bytes, b, name),
+                                      name + ".right." + std::to_string(c)));
   }
   return seconds;
 }
 
+// A store prefix no earlier raw row of this run used (every rank numbers its raw rows alike): a
+// size met twice once reused the first one's keys, and its Gloo pairs failed to connect or
+// connected to stale addresses.
+std::string FreshPrefix(const std::string& what) {
+  static int rows = 0;
+  return "perf/raw/" + std::to_string(rows++) + "/" + what;
+}
+
+// The raw rows' times and checks, reduced over the ranks: the time (-1 when it could not run on
+// some rank: why is printed) and, in *right, whether every rank's checked run was right (a
+// MISMATCH from perf/gloo_raw; the rank's message is printed).
+double RawResult(concord_comm_t comm, int rank, const std::string& what,
+                 const StatusOr<std::vector<double>>& times, double percentile,
+                 const std::string& name, bool* right) {
+  double t = -1;
+  if (times.ok()) {
+    t = Percentile(*times, percentile);
+  } else if (times.status().code() == Code::kInvalidArgument) {  // every rank: said once
+    if (rank == 0) {
+      std::fprintf(stderr, "concord-perf: %s skipped: %s\n", what.c_str(),
+                   times.status().message().c_str());
+    }
+  } else {
+    std::fprintf(stderr, "concord-perf: %s failed on rank %d: %s\n", what.c_str(), rank,
+                 times.status().ToString().c_str());
+  }
+  const bool wrong = !times.ok() && times.status().code() == Code::kMismatch;
+  *right = MaxAcrossRanks(comm, wrong ? 1 : 0, name + ".right") == 0;
+  // A rank that failed makes the row -1, whatever the others measured.
+  const double worst = MaxAcrossRanks(comm, t < 0 ? 1 : 0, name + ".failed");
+  t = MaxAcrossRanks(comm, t, name);
+  return worst > 0 ? -1 : t;
+}
+
 // Seconds per raw Gloo allreduce of `count` floats with one algorithm (max over ranks);
-// -1 when it could not run.
+// -1 when it could not run; *right as RawResult.
 double TimeRawGloo(concord_comm_t comm, Store* store, const Options& o, int rank, int size,
-                   const std::string& algo, size_t count, const std::string& tag) {
+                   const std::string& algo, size_t count, const std::string& tag, bool* right) {
   RawGlooOptions ro;
   ro.rank = rank;
   ro.size = size;
   if (const char* iface = std::getenv("CONCORD_IFACE")) ro.iface = iface;
-  ro.prefix = "perf/raw/" + tag + "/" + algo + "/" + std::to_string(count);
+  ro.prefix = FreshPrefix(tag + "/" + algo + "/" + std::to_string(count));
   ro.algorithm = algo;
   ro.count = count;
   ro.iterations = o.iters;
@@ -439,115 +637,78 @@ double TimeRawGloo(concord_comm_t comm, Store* store, const Options& o, int rank
   ro.timeout = o.raw_timeout;
   const bool exchange = o.op != "allreduce";
   auto times = exchange ? RunRawGlooExchange(ro, store) : RunRawGlooAllreduce(ro, store);
-  double t = -1;
-  if (!times.ok()) {
-    std::fprintf(stderr, "concord-perf: raw gloo %s failed on rank %d: %s\n", algo.c_str(), rank,
-                 times.status().ToString().c_str());
-  } else {
-    t = Percentile(*times, o.percentile);
-  }
-  return MaxAcrossRanks(comm, t, "perf.raw." + tag + "." + algo + "." + std::to_string(count));
+  return RawResult(comm, rank, "raw gloo " + algo, times, o.percentile,
+                   "perf.raw." + tag + "." + algo + "." + std::to_string(count), right);
 }
 
-// Seconds per raw Gloo pair exchange of `count` floats (max over ranks); -1 when it failed.
+// Seconds per raw Gloo pair exchange of `count` floats (max over ranks); -1 when it failed;
+// *right as RawResult.
 double TimeRawGlooSendRecv(concord_comm_t comm, Store* store, const Options& o, int rank, int size,
-                           size_t count) {
+                           size_t count, bool* right) {
   RawGlooOptions ro;
   ro.rank = rank;
   ro.size = size;
   if (const char* iface = std::getenv("CONCORD_IFACE")) ro.iface = iface;
-  ro.prefix = "perf/raw_p2p/" + std::to_string(count);
+  ro.prefix = FreshPrefix("p2p/" + std::to_string(count));
   ro.count = count;
   ro.iterations = o.iters;
   ro.warmup = o.warmup;
   ro.timeout = o.raw_timeout;
-  auto times = RunRawGlooSendRecv(ro, store);
-  double t = -1;
-  if (!times.ok()) {
-    std::fprintf(stderr, "concord-perf: raw gloo send/recv failed on rank %d: %s\n", rank,
-                 times.status().ToString().c_str());
-  } else {
-    t = Percentile(*times, o.percentile);
-  }
-  return MaxAcrossRanks(comm, t, "perf.raw_p2p." + std::to_string(count));
+  return RawResult(comm, rank, "raw gloo send/recv", RunRawGlooSendRecv(ro, store), o.percentile,
+                   "perf.raw_p2p." + std::to_string(count), right);
 }
 
-// Seconds per raw in-place MPI_Allreduce of `count` floats in `buffer` (max over ranks);
-// -1 when this build or this MPI cannot run it (the reason is printed once, on rank 0).
-double TimeRawMpi(concord_comm_t comm, int rank, float* buffer, size_t count, int warmup, int iters,
-                  double percentile, const std::string& tag) {
+// Why this build or this MPI cannot run raw MPI rows ("" when it can); said once, on rank 0.
+std::string NoRawMpi(int rank) {
 #ifdef CONCORD_PERF_MPI
   const std::string why = RawMpiUnavailableReason();
-  if (why.empty()) {
-    const double t = Percentile(TimeRawMpiAllreduce(buffer, count, warmup, iters), percentile);
-    return MaxAcrossRanks(comm, t, "perf.raw.mpi." + tag + "." + std::to_string(count));
-  }
 #else
-  (void)comm;
-  (void)buffer;
-  (void)count;
-  (void)warmup;
-  (void)iters;
-  (void)percentile;
-  (void)tag;
   const std::string why = "concord-perf was built without MPI";
 #endif
   static bool told = false;
-  if (rank == 0 && !told) std::fprintf(stderr, "concord-perf: no raw MPI rows: %s\n", why.c_str());
-  told = true;
-  return -1;
+  if (!why.empty() && rank == 0 && !told) {
+    std::fprintf(stderr, "concord-perf: no raw MPI rows: %s\n", why.c_str());
+    told = true;
+  }
+  return why;
 }
 
+// The raw MPI row of o.op (float32; a sum where it reduces) over `bytes` of b, on MPI_COMM_WORLD:
+// in-place MPI_Allreduce, MPI_Reduce_scatter_block, MPI_Alltoallv, MPI_Allgather, in-place
+// MPI_Bcast or MPI_Sendrecv, as perf/mpi_raw.h. Returns its seconds per op (max over ranks), -1
+// when MPI cannot run it here; then runs it once on known data: *right says whether every rank's
+// result was right.
+double TimeRawMpiRow(concord_comm_t comm, const Options& o, int rank, int size, const Buffers& b,
+                     size_t bytes, bool* right) {
+  *right = true;
+  if (!NoRawMpi(rank).empty()) return -1;
 #ifdef CONCORD_PERF_MPI
-// Seconds per raw MPI_Reduce_scatter_block, MPI_Alltoallv, MPI_Allgather or MPI_Bcast
-// (o.op) of `count` floats in all (max over ranks), on the sweep's buffers; -1 when MPI cannot
-// run it here.
-double TimeRawMpiExchange(concord_comm_t comm, const Options& o, int rank, int size,
-                          const Buffers& b, size_t count) {
-  const std::string tag = "perf.raw.mpi." + o.op + "." + std::to_string(count);
-  if (!RawMpiUnavailableReason().empty()) return TimeRawMpi(comm, rank, nullptr, 0, 0, 0, 0, tag);
-  const auto* in = static_cast<const float*>(b.in);
+  const size_t count = bytes / sizeof(float), block = count / static_cast<size_t>(size);
+  auto* in = static_cast<float*>(b.in);
   auto* out = static_cast<float*>(b.out);
-  const size_t block = count / size;
-  std::vector<double> times;
-  if (o.op == "reducescatter") {
-    times = TimeRawMpiReduceScatterBlock(in, out, block, o.warmup, o.iters);
-  } else if (o.op == "alltoall") {
-    times = TimeRawMpiAlltoallv(in, out, block, o.warmup, o.iters);
-  } else if (o.op == "allgather") {
-    times = TimeRawMpiAllgather(in, out, block, o.warmup, o.iters);
-  } else {
-    times = TimeRawMpiBcast(static_cast<float*>(b.in), count, o.warmup, o.iters);
-  }
-  return MaxAcrossRanks(comm, Percentile(times, o.percentile), tag);
-}
-#else
-double TimeRawMpiExchange(concord_comm_t comm, const Options&, int rank, int, const Buffers&,
-                          size_t) {
-  return TimeRawMpi(comm, rank, nullptr, 0, 0, 0, 0, "perf.raw.mpi.exchange");
-}
-#endif
-
-// Seconds per raw MPI_Sendrecv of `bytes` between rank pairs (max over ranks); -1 when
-// this build or this MPI cannot run it.
-double TimeRawMpiP2p(concord_comm_t comm, const void* send, void* recv, size_t bytes, int warmup,
-                     int iters, double percentile) {
-#ifdef CONCORD_PERF_MPI
-  if (RawMpiUnavailableReason().empty()) {
-    return MaxAcrossRanks(
-        comm, Percentile(TimeRawMpiSendrecv(send, recv, bytes, warmup, iters), percentile),
-        "perf.raw.sendrecv." + std::to_string(bytes));
-  }
+  const auto run = [&](int warmup, int iters) {
+    if (o.op == "reducescatter") return TimeRawMpiReduceScatterBlock(in, out, block, warmup, iters);
+    if (o.op == "alltoall") return TimeRawMpiAlltoallv(in, out, block, warmup, iters);
+    if (o.op == "allgather") return TimeRawMpiAllgather(in, out, block, warmup, iters);
+    if (o.op == "broadcast") return TimeRawMpiBcast(in, count, warmup, iters);
+    if (o.op == "sendrecv") return TimeRawMpiSendrecv(in, out, bytes, warmup, iters);
+    return TimeRawMpiAllreduce(in, count, warmup, iters);
+  };
+  const std::string name = "perf.raw.mpi." + o.op + "." + std::to_string(bytes);
+  const double t = MaxAcrossRanks(comm, Percentile(run(o.warmup, o.iters), o.percentile), name);
+  FillKnownData(o, rank, size, bytes, b);
+  run(0, 1);
+  *right = RightOnEveryRank(comm, rank, "raw MPI " + o.op,
+                            FirstWrongResult(o, rank, size, bytes, b), name + ".right");
+  return t;
 #else
   (void)comm;
-  (void)send;
-  (void)recv;
+  (void)o;
+  (void)size;
+  (void)b;
   (void)bytes;
-  (void)warmup;
-  (void)iters;
-  (void)percentile;
-#endif
   return -1;
+#endif
 }
 
 #ifdef CONCORD_PERF_NCCL
@@ -604,7 +765,8 @@ bool WriteJson(const std::string& path, const std::vector<Row>& rows, double per
       << ", \"backend\": " << JsonString(r.backend) << ", \"ranks\": " << r.ranks
       << ", \"bytes\": " << r.bytes << ", \"workload\": " << JsonString(r.workload)
       << ", \"time_us\": " << r.seconds * 1e6 << ", \"percentile\": " << percentile
-      << ", \"algbw_gbps\": " << r.algbw << ", \"busbw_gbps\": " << r.busbw << "}"
+      << ", \"algbw_gbps\": " << r.algbw << ", \"busbw_gbps\": " << r.busbw
+      << ", \"checked\": " << (r.checked ? "true" : "false") << "}"
       << (i + 1 < rows.size() ? "," : "") << "\n";
   }
   f << "]\n";
@@ -629,6 +791,7 @@ std::unique_ptr<Store> OpenRawStore(int size, std::chrono::milliseconds timeout)
 
 // `deterministic`: null, or a communicator of the same ranks in deterministic mode
 // (--versus-deterministic) whose rows run beside Concord's.
+// One size's rows: Concord's (and the deterministic twin's), then the raw ones.
 int RunSweep(concord_comm_t comm, concord_comm_t deterministic, const Options& o, int rank,
              int size, Store* store, const Buffers& b, std::vector<Row>* rows) {
   const bool float_sum =
@@ -639,92 +802,111 @@ int RunSweep(concord_comm_t comm, concord_comm_t deterministic, const Options& o
   const bool exchange = (moves_only || o.op == "reducescatter") && o.dtype == DType::kFloat32 &&
                         (moves_only || o.redop == ReduceOp::kSum) && size > 1;
   const bool raw = o.raw && store != nullptr && (float_sum || exchange);
-  const bool raw_mpi = o.raw && o.backend == "mpi" && (float_sum || exchange);
-  const bool sendrecv_raw = o.raw && o.op == "sendrecv" && o.dtype == DType::kFloat32;
+  // Raw MPI runs on MPI_COMM_WORLD: beside a sub-communicator's rows it would time other ranks
+  // (and with group:..., wait for ranks that never call it).
+  const bool raw_mpi = o.raw && o.backend == "mpi" && o.comm == "world" && (float_sum || exchange);
+  const bool sendrecv_raw =
+      o.raw && o.op == "sendrecv" && o.dtype == DType::kFloat32 && o.comm == "world";
   if (o.op == "sendrecv" && size % 2 != 0) {
     if (rank == 0)
       std::fprintf(stderr, "concord-perf: --op sendrecv needs an even number of ranks\n");
     return 2;
   }
+  const size_t elem = DTypeSize(o.dtype);
+  // Sizes are rounded down to whole elements, per rank where the op splits its buffer by rank.
+  const bool per_rank = o.op == "allgather" || o.op == "reducescatter" || o.op == "alltoall";
+  const size_t unit = per_rank ? elem * static_cast<size_t>(size) : elem;
+  if (o.max_bytes / unit * unit < o.min_bytes && o.min_bytes > 0) {
+    if (rank == 0) {
+      std::fprintf(stderr,
+                   "concord-perf: --bytes %zu:%zu holds no size of whole %s elements%s (%zu bytes "
+                   "each)\n",
+                   o.min_bytes, o.max_bytes, DTypeName(o.dtype), per_rank ? " per rank" : "", unit);
+    }
+    return 2;
+  }
   if (rank == 0) {
-    const std::string where = b.device == CONCORD_DEVICE_CPU
-                                  ? std::string("CPU buffers")
-                                  : "CUDA device " + std::to_string(b.device) + " buffers";
+    const std::string where =
+        b.device == CONCORD_DEVICE_CPU
+            ? std::string("CPU buffers")
+            : "CUDA device " + std::to_string(b.device) + " buffers (results not checked)";
     std::printf("# concord-perf %s, %s, %s, %d ranks, %d iterations after %d warm-up, %s, %s%s\n",
                 o.op.c_str(), DTypeName(o.dtype), ReduceOpName(o.redop), size, o.iters, o.warmup,
                 where.c_str(), o.backend.c_str(), StatName(o).c_str());
     std::printf("%12s  %-26s %12s %10s %10s\n", "bytes", "implementation", "time(us)",
                 "algbw(GB/s)", "busbw(GB/s)");
   }
-  const size_t elem = DTypeSize(o.dtype);
+  bool all_right = true;
+  // Adds a row (printed on rank 0); `compare`: the Concord row it is set beside, with `label`.
+  const auto add = [&](Row r, const Row* compare, const char* label) {
+    all_right = all_right && r.checked;
+    rows->push_back(r);
+    if (rank != 0) return;
+    PrintRow(r);
+    if (compare != nullptr) {
+      std::printf("%12s  %s: time x%.2f, busbw x%.2f\n", "", label, compare->seconds / r.seconds,
+                  r.seconds / compare->seconds);
+    }
+  };
+  size_t last = 0;
+  bool first = true;
   for (size_t bytes = o.min_bytes; bytes <= o.max_bytes;) {
-    const size_t rounded = bytes / (elem * size) * (elem * size);
+    const size_t rounded = bytes / unit * unit;
+    // The next size, computed in double: the product may pass what a size_t holds.
+    const double next = static_cast<double>(bytes) * o.factor;
+    bytes = next <= static_cast<double>(o.max_bytes)
+                ? std::max(static_cast<size_t>(next), bytes + 1)
+                : o.max_bytes + 1;
+    if (rounded < o.min_bytes && o.min_bytes > 0) continue;  // below MIN once rounded
+    if (!first && rounded == last) continue;                 // already run
+    first = false;
+    last = rounded;
     std::vector<concord_comm_t> comms = {comm};
     if (deterministic != nullptr) comms.push_back(deterministic);
-    const std::vector<double> seconds = TimeConcordOp(comms, o, size, rounded, b);
+    std::vector<bool> right;
+    const std::vector<double> seconds = TimeConcordOp(comms, o, rank, size, rounded, b, &right);
     Row concord_row = MakeRow(o.op, "concord", size, rounded, seconds[0], o.backend);
-    rows->push_back(concord_row);
-    if (rank == 0) PrintRow(concord_row);
+    concord_row.checked = right[0];
+    add(concord_row, nullptr, "");
     if (deterministic != nullptr) {
       Row r = MakeRow(o.op, "concord deterministic", size, rounded, seconds[1], o.backend);
-      rows->push_back(r);
+      r.checked = right[1];
+      add(r, nullptr, "");
       if (rank == 0) {
-        PrintRow(r);
         std::printf("%12s  deterministic/default: time x%.3f (%+.1f%%)\n", "",
                     seconds[1] / seconds[0], 100 * (seconds[1] / seconds[0] - 1));
       }
     }
-    if (raw_mpi) {
+    if (rounded == 0) continue;  // raw rows need an element (per rank)
+    if (raw_mpi || (sendrecv_raw && o.backend == "mpi")) {
       const char* what = o.op == "reducescatter" ? "raw MPI_Reduce_scatter_block"
                          : o.op == "alltoall"    ? "raw MPI_Alltoallv"
                          : o.op == "allgather"   ? "raw MPI_Allgather"
                          : o.op == "broadcast"   ? "raw MPI_Bcast"
+                         : o.op == "sendrecv"    ? "raw MPI_Sendrecv"
                                                  : "raw MPI_Allreduce";
-      const double t = exchange ? TimeRawMpiExchange(comm, o, rank, size, b, rounded / 4)
-                                : TimeRawMpi(comm, rank, static_cast<float*>(b.in), rounded / 4,
-                                             o.warmup, o.iters, o.percentile, "sweep");
+      bool checked = true;
+      const double t = TimeRawMpiRow(comm, o, rank, size, b, rounded, &checked);
       if (t > 0) {
         Row r = MakeRow(o.op, what, size, rounded, t);
-        rows->push_back(r);
-        if (rank == 0) {
-          PrintRow(r);
-          std::printf("%12s  concord/raw MPI: time x%.2f, busbw x%.2f\n", "",
-                      concord_row.seconds / t, t / concord_row.seconds);
-        }
+        r.checked = checked;
+        add(r, &concord_row, "concord/raw MPI");
       }
     }
 #ifdef CONCORD_PERF_NCCL
     if (raw && o.backend == "nccl") {
       const double t = TimeRawNccl(comm, store, o, rank, size, b, rounded / 4);
-      if (t > 0) {
-        Row r = MakeRow(o.op, "raw nccl", size, rounded, t, "nccl");
-        rows->push_back(r);
-        if (rank == 0) {
-          PrintRow(r);
-          std::printf("%12s  concord/raw nccl: time x%.2f, busbw x%.2f\n", "",
-                      concord_row.seconds / t, t / concord_row.seconds);
-        }
-      }
+      if (t > 0)
+        add(MakeRow(o.op, "raw nccl", size, rounded, t, "nccl"), &concord_row, "concord/raw nccl");
     }
 #endif
-    if (sendrecv_raw) {
-      double t = -1;
-      std::string impl;
-      if (o.backend == "mpi") {
-        impl = "raw MPI_Sendrecv";
-        t = TimeRawMpiP2p(comm, b.in, b.out, rounded, o.warmup, o.iters, o.percentile);
-      } else if (o.backend == "gloo" && store != nullptr) {
-        impl = "raw gloo pair send/recv";
-        t = TimeRawGlooSendRecv(comm, store, o, rank, size, rounded / 4);
-      }
+    if (sendrecv_raw && o.backend == "gloo" && store != nullptr) {
+      bool checked = true;
+      const double t = TimeRawGlooSendRecv(comm, store, o, rank, size, rounded / 4, &checked);
       if (t > 0) {
-        Row r = MakeRow(o.op, impl, size, rounded, t, o.backend);
-        rows->push_back(r);
-        if (rank == 0) {
-          PrintRow(r);
-          std::printf("%12s  concord/raw: time x%.2f, bandwidth x%.2f\n", "",
-                      concord_row.seconds / t, t / concord_row.seconds);
-        }
+        Row r = MakeRow(o.op, "raw gloo pair send/recv", size, rounded, t, o.backend);
+        r.checked = checked;
+        add(r, &concord_row, "concord/raw");
       }
     }
     if (raw && o.backend == "gloo") {
@@ -734,22 +916,22 @@ int RunSweep(concord_comm_t comm, concord_comm_t deterministic, const Options& o
           : o.op == "alltoall"    ? std::vector<std::string>{"alltoall", "alltoallv"}
                                   : std::vector<std::string>{o.op};
       for (const auto& algo : exchange ? exchange_algos : o.raw_algos) {
-        const double t = TimeRawGloo(comm, store, o, rank, size, algo, rounded / 4, "sweep");
-        if (t < 0) continue;
-        Row r = MakeRow(o.op, "raw gloo " + algo, size, rounded, t);
-        rows->push_back(r);
-        if (rank == 0) PrintRow(r);
-        if (best == 0 || t < best) best = t;
+        bool checked = true;
+        const double t =
+            TimeRawGloo(comm, store, o, rank, size, algo, rounded / 4, "sweep", &checked);
+        if (t < 0 && checked) continue;
+        Row r = MakeRow(o.op, "raw gloo " + algo, size, rounded, std::max(t, 0.0));
+        r.checked = checked;
+        add(r, nullptr, "");
+        if (checked && (best == 0 || t < best)) best = t;
       }
       if (rank == 0 && best > 0) {
         std::printf("%12s  concord/best raw: time x%.2f, busbw x%.2f\n", "",
                     concord_row.seconds / best, best / concord_row.seconds);
       }
     }
-    const size_t next = static_cast<size_t>(static_cast<double>(bytes) * o.factor);
-    bytes = next > bytes ? next : bytes + 1;
   }
-  return 0;
+  return all_right ? 0 : 1;
 }
 
 int RunWorkload(concord_comm_t comm, const Options& o, int rank, int size, Store* store,
@@ -765,8 +947,9 @@ int RunWorkload(concord_comm_t comm, const Options& o, int rank, int size, Store
   if (rank == 0) {
     std::printf(
         "# concord-perf workload %s: %zu tensors, %.1f MB, %d ranks, %d steps after %d "
-        "warm-up\n",
-        w.name.c_str(), w.tensors.size(), w.total_bytes / 1e6, size, o.steps, o.warmup);
+        "warm-up%s; a row: the median over %d rounds\n",
+        w.name.c_str(), w.tensors.size(), w.total_bytes / 1e6, size, o.steps, o.warmup,
+        StatName(o).c_str(), o.rounds);
   }
   // Rounds alternate Concord's steps with the raw single allreduces, so both sides see the same
   // moments of a noisy machine; each round gives one ratio, and the spread of ratios is printed.
@@ -798,8 +981,18 @@ int RunWorkload(concord_comm_t comm, const Options& o, int rank, int size, Store
     return Now() - t0;
   };
   const bool raw = o.raw && o.backend == "gloo" && store != nullptr;
-  const bool raw_mpi = o.raw && o.backend == "mpi";
+  const bool raw_mpi = o.raw && o.backend == "mpi" && o.comm == "world";
+  // The raw rows: one float32 sum allreduce of the step's bytes.
+  Options raw_opts = o;
+  raw_opts.op = "allreduce";
+  raw_opts.dtype = DType::kFloat32;
+  raw_opts.redop = ReduceOp::kSum;
+  raw_opts.iters = o.steps;
+  raw_opts.warmup = 1;
   std::vector<float> raw_mpi_buffer(raw_mpi ? w.total_bytes / 4 : 0);
+  Buffers raw_mpi_buffers;
+  raw_mpi_buffers.in = raw_mpi_buffer.data();
+  bool all_right = true;
   std::vector<double> raw_mpi_rounds;
   std::vector<double> concord_rounds, ratios;
   std::vector<std::vector<double>> raw_rounds(o.raw_algos.size());
@@ -814,30 +1007,51 @@ int RunWorkload(concord_comm_t comm, const Options& o, int rank, int size, Store
     concord_rounds.push_back(
         MaxAcrossRanks(comm, Percentile(step_times, o.percentile), "perf.workload.time"));
     if (raw_mpi) {
-      const double t = TimeRawMpi(comm, rank, raw_mpi_buffer.data(), raw_mpi_buffer.size(), 1,
-                                  o.steps, o.percentile, "workload" + std::to_string(round));
-      if (t > 0) {
+      bool right = true;
+      const double t = TimeRawMpiRow(comm, raw_opts, rank, size, raw_mpi_buffers,
+                                     raw_mpi_buffer.size() * sizeof(float), &right);
+      all_right = all_right && right;
+      if (t > 0 && right) {
         raw_mpi_rounds.push_back(t);
         ratios.push_back(concord_rounds.back() / t);
       }
     }
     if (!raw) continue;
     // The same bytes as one raw Gloo allreduce: what a step costs with no per-tensor work at all.
-    Options raw_opts = o;
-    raw_opts.iters = o.steps;
-    raw_opts.warmup = 1;
     double best = 0;
     for (size_t a = 0; a < o.raw_algos.size(); ++a) {
+      bool right = true;
       const double t = TimeRawGloo(comm, store, raw_opts, rank, size, o.raw_algos[a],
-                                   w.total_bytes / 4, "workload" + std::to_string(round));
-      if (t < 0) continue;
+                                   w.total_bytes / 4, "workload" + std::to_string(round), &right);
+      all_right = all_right && right;
+      if (t < 0 || !right) continue;
       raw_rounds[a].push_back(t);
       if (best == 0 || t < best) best = t;
     }
     if (best > 0) ratios.push_back(concord_rounds.back() / best);
   }
+  // One checked step: every tensor filled with known data, its sum compared.
+  std::string wrong;
+  for (size_t i = 0; i < w.tensors.size(); ++i) {
+    for (size_t e = 0; e < static_cast<size_t>(w.tensors[i].elements); ++e) {
+      StoreElement(buffers[i].data(), w.tensors[i].dtype, e,
+                   bench::ReductionInput(CONCORD_SUM, rank, size, e));
+    }
+  }
+  uint64_t checked_wire = 0;
+  step_once(nullptr, &checked_wire);
+  for (size_t i = 0; i < w.tensors.size() && wrong.empty(); ++i) {
+    const WorkloadTensor& t = w.tensors[i];
+    wrong = bench::FirstWrongElement(
+        static_cast<size_t>(t.elements),
+        [&](size_t e) { return LoadElement(buffers[i].data(), t.dtype, e); },
+        bench::ReductionExpected, Tolerance(t.dtype));
+    if (!wrong.empty()) wrong = t.name + ": " + wrong;
+  }
   Row row = MakeRow("allreduce", "concord step", size, w.total_bytes, Median(concord_rounds));
   row.workload = w.name;
+  row.checked = RightOnEveryRank(comm, rank, "concord step", wrong, "perf.workload.right");
+  all_right = all_right && row.checked;
   rows->push_back(row);
   if (rank == 0) {
     std::printf("%12s  %-26s %12s %10s %10s\n", "bytes", "implementation", "time(us)",
@@ -864,6 +1078,15 @@ int RunWorkload(concord_comm_t comm, const Options& o, int rank, int size, Store
     for (double x : ratios) std::printf(" x%.2f", x);
     std::printf("  (median x%.2f)\n", Median(ratios));
   }
+  if (!all_right) {
+    if (rank == 0 && row.checked) {
+      std::printf(
+          "%12s  WRONG RESULT: a raw row's checked run was wrong (the rank's message is on "
+          "stderr); its times are left out\n",
+          "");
+    }
+    return 1;
+  }
   if (o.compressions.empty()) return 0;
   // Compression: the same steps with each compressor (none first, as the reference), each rank's
   // bytes on the wire per step (the most of any rank), and the ratio to none.
@@ -872,7 +1095,10 @@ int RunWorkload(concord_comm_t comm, const Options& o, int rank, int size, Store
     if (s != "none") specs.push_back(s);
   }
   if (rank == 0) {
-    std::printf("# compression: median step, and the bytes one rank puts on the wire per step\n");
+    std::printf(
+        "# compression (results not checked: lossy)%s, and the bytes one rank puts on the "
+        "wire per step\n",
+        StatName(o).c_str());
     std::printf("%-40s %12s %14s %10s\n", "compression", "time(us)", "wire(MB/step)", "vs none");
   }
   double none_wire = 0;
@@ -885,7 +1111,8 @@ int RunWorkload(concord_comm_t comm, const Options& o, int rank, int size, Store
       if (step >= o.warmup) times.push_back(t);
       wire_step = static_cast<double>(wire);
     }
-    const double t = MaxAcrossRanks(comm, Median(times), "perf.compression.time." + spec);
+    const double t =
+        MaxAcrossRanks(comm, Percentile(times, o.percentile), "perf.compression.time." + spec);
     wire_step = MaxAcrossRanks(comm, wire_step, "perf.compression.wire." + spec);
     if (spec == "none") none_wire = wire_step;
     Row r = MakeRow("allreduce", "concord step (" + spec + ")", size, w.total_bytes, t);
@@ -920,6 +1147,14 @@ concord_comm_t SubCommunicator(concord_comm_t world, const Options& o) {
   if (rank == 0) {
     std::printf("# --comm %s: sub-communicators created in %.1f ms (the slowest rank)\n",
                 o.comm.c_str(), slowest);
+    int world_size = 1;
+    concord_comm_size(world, &world_size);
+    // Each sub-communicator's rank 0 prints its own table (its header gives its ranks); --json
+    // holds world rank 0's.
+    if (o.comm.rfind("split:", 0) == 0 && world_size % ranks.front() != 0) {
+      std::printf("# --comm %s on %d ranks: the last sub-communicator has %d ranks, not %d\n",
+                  o.comm.c_str(), world_size, world_size % ranks.front(), ranks.front());
+    }
   }
   return sub;
 }
@@ -1026,8 +1261,16 @@ int main(int argc, char** argv) {
   }
 #endif
   if (b.device == CONCORD_DEVICE_CPU) {
-    host_in.resize(b.capacity);
-    host_out.resize(b.capacity);
+    try {
+      host_in.resize(b.capacity);
+      host_out.resize(b.capacity);
+    } catch (const std::exception&) {  // --bytes beyond this host's memory: said, not a crash
+      std::fprintf(stderr, "concord-perf: cannot allocate two buffers of %zu bytes (--bytes MAX)\n",
+                   b.capacity);
+      if (comm != world) concord_finalize(comm);
+      concord_finalize(world);
+      return 1;
+    }
     b.in = host_in.data();
     b.out = host_out.data();
   }
@@ -1044,8 +1287,9 @@ int main(int argc, char** argv) {
   // One file per job: world rank 0's; with --comm split:K the rows of its sub-communicator (each
   // group's rank 0 prints its own table), with group:... the group's rank 0's.
   const bool writer = on_world || o.comm.rfind("split:", 0) == 0 ? world_rank == 0 : rank == 0;
+  // Rows with a wrong result (rc 1) are written too, "checked": false.
   const bool written =
-      rc != 0 || !writer || o.json.empty() || WriteJson(o.json, rows, o.percentile);
+      rc == 2 || !writer || o.json.empty() || WriteJson(o.json, rows, o.percentile);
   if (deterministic != nullptr) concord_finalize(deterministic);
   if (comm != world) {
     concord_finalize(comm);

@@ -29,8 +29,10 @@ struct RawGlooOptions {
 // Collective over options.size ranks (all call it with the same options but rank). Connects its
 // own Gloo context through `store`, builds the algorithm once (float32 sum, Gloo's own kernel),
 // runs warmup + iterations allreduces (a barrier first and after the warm-up, then back to back)
-// and returns the seconds each timed run took on this rank. Blocks; errors (bad options, rendezvous
-// or Gloo failure) come back as a Status. Thread-safe for distinct prefixes.
+// and returns the seconds each timed run took on this rank. Then it runs once more on known data
+// (perf/bench_common.h) and checks the result: a wrong one is a MISMATCH error naming the rank and
+// the first wrong element, never a time. Blocks; errors (bad options, rendezvous or Gloo failure)
+// come back as a Status. Thread-safe for distinct prefixes.
 StatusOr<std::vector<double>> RunRawGlooAllreduce(const RawGlooOptions& options, Store* store);
 
 // The same for Gloo's own reduce-scatter, all-to-all, allgather and broadcast of options.count
@@ -38,12 +40,13 @@ StatusOr<std::vector<double>> RunRawGlooAllreduce(const RawGlooOptions& options,
 // (ReduceScatterHalvingDoubling, sum, built once, in place), "alltoall" (gloo::alltoall),
 // "alltoallv" (gloo::alltoallv with every rank's counts), "allgather" (gloo::allgather: count /
 // size from each rank, count in all) or "broadcast" (gloo::broadcast of count from rank 0), their
-// options built once over persistent buffers.
+// options built once over persistent buffers. Checked the same way.
 StatusOr<std::vector<double>> RunRawGlooExchange(const RawGlooOptions& options, Store* store);
 
 // The same for point to point: ranks in pairs (rank ^ 1) exchange count floats each way with
 // Gloo's unbound buffers (recv posted, send, wait for both), one fixed slot; options.algorithm is
-// ignored. Returns the seconds each timed exchange took on this rank. options.size must be even.
+// ignored. Returns the seconds each timed exchange took on this rank; checked the same way.
+// options.size must be even.
 StatusOr<std::vector<double>> RunRawGlooSendRecv(const RawGlooOptions& options, Store* store);
 
 }  // namespace concord

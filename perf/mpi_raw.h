@@ -13,8 +13,9 @@ namespace concord {
 std::string RawMpiUnavailableReason();
 
 // Runs warmup + iters in-place MPI_Allreduce (float32 sum) of `count` floats in `buffer` over
-// MPI_COMM_WORLD after one MPI_Barrier, each timed on its own; returns this rank's seconds for each
-// of the `iters`.
+// MPI_COMM_WORLD, an MPI_Barrier before the warm-up and before the timed runs, each timed on its
+// own; returns this rank's seconds for each of the `iters`. concord-perf checks the result of one
+// more run on known data.
 std::vector<double> TimeRawMpiAllreduce(float* buffer, size_t count, int warmup, int iters);
 
 // The same for MPI_Reduce_scatter_block (float32 sum: `in` holds size x `block` floats, `out`

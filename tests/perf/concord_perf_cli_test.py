@@ -35,6 +35,8 @@ check((rc == 0 and ("no usable GPU" in out or " concord " in out))
 
 rc, out = run("--bytes", "4K", "--iters", "5", "--warmup", "0", "--no-raw")
 check(rc == 0 and "percentile" not in out and " concord " in out, "the median by default", out)
+check("time: median of iterations, max over ranks" in out, "the header says how a row's time is taken",
+      out)
 
 with tempfile.TemporaryDirectory() as tmp:
     path = os.path.join(tmp, "rows.json")
@@ -46,6 +48,8 @@ with tempfile.TemporaryDirectory() as tmp:
         rows = json.load(f)
     check(len(rows) == 1 and rows[0]["percentile"] == 90 and rows[0]["time_us"] > 0,
           "--json records the percentile", json.dumps(rows))
+    check(rows[0]["checked"] is True, "--json records that the result was checked",
+          json.dumps(rows))
 
 with tempfile.TemporaryDirectory() as tmp:
     path = os.path.join(tmp, "rows.json")
@@ -69,6 +73,16 @@ for bad in ("0", "100", "x", "50x"):
     rc, out = run("--percentile", bad)
     check(rc == 2 and "--percentile must be a number from 1 to 99" in out,
           f"--percentile {bad} refused", out)
+
+# Sizes: none of whole elements is refused; --bytes 0 runs one 0-byte row, not one per size below
+# an element; raw algorithms are known before anything runs.
+rc, out = run("--bytes", "1:3", "--iters", "1", "--no-raw")
+check(rc == 2 and "holds no size of whole float32 elements" in out, "--bytes 1:3 refused", out)
+rc, out = run("--bytes", "0:4", "--iters", "1", "--warmup", "0", "--no-raw")
+sizes = [line.split()[0] for line in out.splitlines() if " concord " in line]
+check(rc == 0 and sizes == ["0", "4"], "--bytes 0:4: rows of 0 and 4 bytes, once each", out)
+rc, out = run("--raw-algos", "ring,rign")
+check(rc == 2 and "not 'rign'" in out, "--raw-algos with an unknown algorithm refused", out)
 
 rc, out = run("--backend", "tcp")
 check(rc == 2 and "--backend must be gloo, gloo-ibverbs, mpi or nccl" in out, "--backend tcp refused",
