@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <string>
 
+#include "base/c_locale.h"
+
 namespace concord {
 
 using Clock = std::chrono::steady_clock;
@@ -17,8 +19,10 @@ inline std::chrono::milliseconds MillisFromSeconds(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(std::llround(seconds * 1000.0)));
 }
 
-// A duration for messages: "3 s", "0.25 s" (at most 6 significant digits).
+// A duration for messages: "3 s", "0.25 s" (at most 6 significant digits; a decimal point
+// whatever the application's locale).
 inline std::string FormatSeconds(double seconds) {
+  const ScopedCLocale c_locale;
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%g s", seconds);
   return buf;

@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <utility>
 
-#include "compression/c_locale.h"
+#include "base/c_locale.h"
 #include "compression/casts.h"
 #include "compression/topk.h"
 

@@ -8,8 +8,8 @@
 #include <limits>
 #include <string>
 
+#include "base/c_locale.h"
 #include "base/dtype.h"
-#include "compression/c_locale.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #define CONCORD_TOPK_X86 1

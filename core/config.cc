@@ -6,11 +6,13 @@
 #include <cmath>
 #include <cstdlib>
 #include <initializer_list>
+#include <locale>
 #include <sstream>
 #include <utility>
 #include <vector>
 
 #include "backends/backend.h"
+#include "base/c_locale.h"
 #include "compression/registry.h"
 
 namespace concord {
@@ -85,7 +87,11 @@ class EnvironmentReader {
     if (!FirstSet({name}, &v, &which)) return Status::Ok();
     errno = 0;
     char* end = nullptr;
-    const double x = std::strtod(v.c_str(), &end);
+    double x = 0.0;
+    {
+      const ScopedCLocale c_locale;  // "2.5" whatever the application's LC_NUMERIC
+      x = std::strtod(v.c_str(), &end);
+    }
     if (end == v.c_str() || *end != '\0' || std::isspace(static_cast<unsigned char>(v[0])) ||
         v.find_first_of("xX") != std::string::npos) {
       return InvalidArgument("environment variable " + which + "='" + v +
@@ -111,9 +117,11 @@ class EnvironmentReader {
   Config* config_;
 };
 
-// A double as a person would write it ("30", "0.5", "-1e+300", "nan").
+// A double as a person would write it ("30", "0.5", "-1e+300", "nan"), in the C locale's format
+// whatever the application made the global C++ locale ("86400", not "86.400").
 std::string Number(double x) {
   std::ostringstream out;
+  out.imbue(std::locale::classic());
   out << x;
   return out.str();
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <functional>
 #include <limits>
+#include <locale>
 #include <set>
 #include <sstream>
 
@@ -26,9 +27,11 @@ std::string ShapeString(const std::vector<int64_t>& shape, size_t from) {
   return s + "]";
 }
 
-// 17 significant digits: reads back as the same double, so equal text means equal values.
+// 17 significant digits: reads back as the same double, so equal text means equal values. In the
+// C locale's format ("1234.5"), whatever the application made the global C++ locale.
 std::string ExactDouble(double v) {
   std::ostringstream os;
+  os.imbue(std::locale::classic());
   os.precision(17);
   os << v;
   return os.str();

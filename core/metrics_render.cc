@@ -1,8 +1,8 @@
 #include "core/metrics_render.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
-#include <cstdio>
 #include <map>
 
 #include "base/json.h"
@@ -10,12 +10,14 @@
 namespace concord {
 namespace {
 
-// A finite number as JSON and Prometheus write it (both read "%.9g").
+// A finite number as JSON and Prometheus write it (both read "%.9g" in the C locale: to_chars
+// ignores the application's LC_NUMERIC, whose decimal comma would break both formats).
 std::string Num(double v) {
   if (!std::isfinite(v)) v = 0.0;
   char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.9g", v);
-  return buf;
+  const std::to_chars_result r =
+      std::to_chars(buf, buf + sizeof(buf), v, std::chars_format::general, 9);
+  return std::string(buf, r.ptr);
 }
 std::string Num(uint64_t v) {
   return std::to_string(v);

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "base/c_locale.h"
 #include "base/json.h"
 
 namespace concord {
@@ -133,6 +134,7 @@ Status Timeline::Start(TimelineFile file, std::optional<ClockOffset> clock) {
                rank_, rank_, rank_, size_, start_us);
   // Only a finite offset: "nan" or "inf" would make the file invalid JSON.
   if (clock && std::isfinite(clock->offset_us) && std::isfinite(clock->error_us)) {
+    const ScopedCLocale c_locale;  // "12.500", not "12,500", whatever the application's LC_NUMERIC
     std::fprintf(file.file.get(),
                  ",\"concord_clock_offset_us\":%.3f,\"concord_clock_error_us\":%.3f",
                  clock->offset_us, clock->error_us);

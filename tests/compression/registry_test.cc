@@ -4,8 +4,9 @@
 
 #include <gtest/gtest.h>
 
-#include <clocale>
 #include <string>
+
+#include "tests/common/comma_locale.h"
 
 namespace concord {
 namespace compression {
@@ -93,31 +94,12 @@ TEST(RegistryTest, RefusesBadTopkParameters) {
   EXPECT_NE(ErrorOf("topk:=0.1").find("key=value"), std::string::npos);
 }
 
-// Restores the process's LC_NUMERIC at scope exit.
-struct NumericLocaleGuard {
-  NumericLocaleGuard() : saved(std::setlocale(LC_NUMERIC, nullptr)) {}
-  ~NumericLocaleGuard() { std::setlocale(LC_NUMERIC, saved.c_str()); }
-  std::string saved;
-};
-
 // An application may set a locale whose numbers have a decimal comma (de_DE, fr_FR, ...): specs
 // still read and write "0.001". It used to refuse "topk:density=0.001" ("is not a number") and
 // would have written "density=0,001", which the spec grammar splits at the comma.
 TEST(RegistryTest, NumbersUseTheCLocaleWhateverTheApplicationSet) {
-  const NumericLocaleGuard guard;
-  bool comma = false;
-  for (const char* name : {"de_DE.UTF-8", "de_DE.utf8", "de_DE", "fr_FR.UTF-8", "fr_FR.utf8",
-                           "ru_RU.UTF-8", "es_ES.UTF-8", "it_IT.UTF-8", "nl_NL.UTF-8"}) {
-    if (std::setlocale(LC_NUMERIC, name) != nullptr &&
-        std::string(std::localeconv()->decimal_point) == ",") {
-      comma = true;
-      break;
-    }
-  }
-  if (!comma) {
-    GTEST_SKIP() << "no locale with a decimal comma is installed (one can be made with "
-                    "`localedef -i de_DE -f UTF-8 DIR/de_DE.UTF-8` and LOCPATH=DIR)";
-  }
+  const harness::CommaLocale comma;
+  if (!comma.active()) GTEST_SKIP() << comma.why();
   EXPECT_EQ(SpecOf("topk:density=0.001,method=exact"),
             "topk:density=0.001,method=exact,values=fp32");
   EXPECT_EQ(SpecOf("topk:density=0.25"), "topk:density=0.25,method=sampled,values=fp32");

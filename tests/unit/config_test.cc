@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "tests/common/comma_locale.h"
 
 namespace concord {
 namespace {
@@ -326,6 +327,35 @@ TEST_F(ConfigTest, GoodValuesAtTheEdgesAreTaken) {
     const Status s = ReadAndFinalize();
     EXPECT_TRUE(s.ok()) << name << "=" << value << ": " << s.ToString();
   }
+}
+
+// An application (or Python's locale.setlocale(locale.LC_ALL, "")) may set a locale whose numbers
+// have a decimal comma: variables are still read, and refusals written, in the C locale's format.
+// CONCORD_TIMEOUT_S=2.5 used to be refused ("not a finite number") and the limits were written as
+// "86.400" (the C++ locale's thousands separator).
+TEST_F(ConfigTest, DecimalNumbersDoNotFollowTheApplicationsLocale) {
+  const harness::CommaLocale comma;
+  if (!comma.active()) GTEST_SKIP() << comma.why();
+  Set("CONCORD_TIMEOUT_S", "2.5");
+  Set("CONCORD_CYCLE_TIME_MS", "0.25");
+  Set("CONCORD_COMPRESSION", "topk:density=0.001");
+  StatusOr<Config> c = Config::FromEnvironment();
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE(c->Finalize().ok());
+  EXPECT_EQ(c->timeout_s, 2.5);
+  EXPECT_EQ(c->cycle_time_ms, 0.25);
+
+  ClearAll();
+  Set("CONCORD_TIMEOUT_S", "2,5");  // the locale's format is not Concord's
+  EXPECT_NE(ReadAndFinalize().message().find("CONCORD_TIMEOUT_S='2,5' is not a finite number"),
+            std::string::npos);
+  ClearAll();
+  Set("CONCORD_TIMEOUT_S", "86400.5");
+  const Status s = ReadAndFinalize();
+  EXPECT_NE(s.message().find("CONCORD_TIMEOUT_S = 86400.5: the timeout must be in (0, 86400] "
+                             "seconds"),
+            std::string::npos)
+      << s.ToString();
 }
 
 // MASTER_PORT is only read to derive a store: with CONCORD_STORE given (concordrun), a value

@@ -11,6 +11,7 @@
 #include "base/json.h"
 #include "core/metered_backend.h"
 #include "core/metrics_render.h"
+#include "tests/common/comma_locale.h"
 #include "tools/run_summary.h"
 
 namespace concord {
@@ -291,6 +292,47 @@ TEST(MetricsRenderTest, PrometheusTextFollowsTheExpositionFormatWhateverTheNames
                       "concord_engine_bad_name___total{rank=\"0\"} 7\n"),
             std::string::npos)
       << page;
+}
+
+// An application (or Python's locale.setlocale(locale.LC_ALL, "")) may set a locale whose numbers
+// have a decimal comma: the JSON, the Prometheus text and the summary still write "0.75". They used
+// to write "0,75", which splits a JSON member and which neither Prometheus nor concordrun reads.
+TEST(MetricsRenderTest, NumbersAreWrittenInTheCLocaleWhateverTheApplicationSet) {
+  Metrics::Snapshot s;
+  s.uptime_s = 1.5;
+  Metrics::OpTotals& op = s.ops[Metrics::OpKey("allreduce", DType::kFloat32)];
+  op.count = 1;
+  op.negotiation_s = 0.25;
+  s.latency[Metrics::SizedKey("allreduce", 0)].Add(0.001);
+  s.stragglers = StragglerTotals{4, {1, 3}, {0.0, 1.5}};
+  std::string json, page, summary;
+  {
+    const harness::CommaLocale comma;
+    if (!comma.active()) GTEST_SKIP() << comma.why();
+    json = MetricsToJson(s, Context(0, 2));
+    page = MetricsToPrometheus(s, Context(0, 2));
+    summary = MetricsToSummary(s, Context(0, 2));
+  }
+  for (const char* part : {"\"uptime_s\":1.5,", "\"cache_hit_rate\":0.75,",
+                           "\"negotiation_s\":0.25,", "\"buckets\":[[5e-05,0],[0.0001,0],",
+                           "{\"rank\":1,\"last\":3,\"share\":0.75,\"waited_s\":1.5}"}) {
+    EXPECT_NE(json.find(part), std::string::npos) << part << " is not in " << json;
+  }
+  EXPECT_EQ(ExpositionProblem(page), "") << page;
+  for (const char* part :
+       {"concord_uptime_seconds{rank=\"0\"} 1.5\n", "concord_cache_hit_ratio{rank=\"0\"} 0.75\n",
+        "size_bucket=\"4096\",le=\"0.0025\"} 1\n",
+        "concord_straggler_wait_seconds_total{rank=\"0\",straggler=\"1\"} 1.5\n"}) {
+    EXPECT_NE(page.find(part), std::string::npos) << part << " is not in " << page;
+  }
+  StatusOr<RankSummary> parsed = ParseRankSummary(summary);  // concordrun's C locale
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString() << " in " << summary;
+  EXPECT_EQ(parsed->wall_s, 1.5);
+  ASSERT_EQ(parsed->phases.size(), 3u);
+  EXPECT_EQ(parsed->phases[0].seconds, 0.25);
+  ASSERT_EQ(parsed->stragglers.size(), 2u);
+  EXPECT_EQ(parsed->stragglers[1].share, 0.75);
+  EXPECT_EQ(parsed->stragglers[1].wait_s, 1.5);
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "base/json.h"
+#include "tests/common/comma_locale.h"
 
 namespace concord {
 namespace {
@@ -219,6 +220,25 @@ TEST(TimelineTest, AClockOffsetThatIsNotFiniteIsNotWritten) {
     EXPECT_EQ(text.find("concord_clock"), std::string::npos) << text;
     Find(text, "\"concord_size\":2,\"concord_start_us\":");
   }
+  std::remove((base + ".rank0").c_str());
+}
+
+// An application (or Python's locale.setlocale(locale.LC_ALL, "")) may set a locale whose numbers
+// have a decimal comma: the clock offset is still written "12.500". It used to be written
+// "12,500", which made the file invalid JSON (a number, then a stray member).
+TEST(TimelineTest, TheClockOffsetIsWrittenInTheCLocaleWhateverTheApplicationSet) {
+  const std::string base = TempPath("comma_clock");
+  {
+    const harness::CommaLocale comma;
+    if (!comma.active()) GTEST_SKIP() << comma.why();
+    auto file = OpenTimelineFile(base, 0, "timeline");
+    ASSERT_TRUE(file.ok()) << file.status().ToString();
+    Timeline t(0, 2, [](const std::string& m) { ADD_FAILURE() << m; });
+    ASSERT_TRUE(t.Start(std::move(*file), ClockOffset{12.5, 0.25}).ok());
+    t.Stop();
+  }
+  const std::string text = Read(base + ".rank0");
+  Find(text, ",\"concord_clock_offset_us\":12.500,\"concord_clock_error_us\":0.250}");
   std::remove((base + ".rank0").c_str());
 }
 
