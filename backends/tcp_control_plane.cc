@@ -331,6 +331,11 @@ void TcpControlPlane::SetFailureListener(std::function<void()> listener) {
   if (listener) listener();
 }
 
+Status TcpControlPlane::PeerFailure() {
+  MutexLock lock(mu_);
+  return failure_;
+}
+
 void TcpControlPlane::LivenessLoop() {
   std::vector<pollfd> fds;
   for (;;) {
@@ -513,8 +518,10 @@ struct Pending {
 };
 
 // Rank 0's side of the handshake: returns the HelloResult and, when accepted, the peer's rank.
+// *size: the job size the peer gave, once its nonce proved it a member of this communicator.
 uint32_t CheckHello(const std::string& hello, int size, const std::string& nonce,
-                    const std::vector<std::unique_ptr<TcpControlPlane::Peer>>& peers, int* rank) {
+                    const std::vector<std::unique_ptr<TcpControlPlane::Peer>>& peers, int* rank,
+                    int* claimed_size) {
   const auto* p = reinterpret_cast<const unsigned char*>(hello.data());
   if (net::LoadU32(p) != kControlHelloMagic || net::LoadU16(p + 4) != kControlPlaneVersion ||
       net::LoadU16(p + 6) != 0) {
@@ -523,9 +530,10 @@ uint32_t CheckHello(const std::string& hello, int size, const std::string& nonce
   if (!net::ConstantTimeEquals(hello.substr(16), nonce)) return kBadNonce;
   const int r = static_cast<int32_t>(net::LoadU32(p + 8));
   const int s = static_cast<int32_t>(net::LoadU32(p + 12));
+  *rank = r;
+  *claimed_size = s;
   if (s != size || r < 1 || r >= size) return kBadRank;
   if (peers[r] != nullptr) return kDuplicateRank;
-  *rank = r;
   return kAccepted;
 }
 
@@ -575,11 +583,22 @@ StatusOr<std::vector<std::unique_ptr<TcpControlPlane::Peer>>> AcceptRanks(
       p.hello.append(buf, static_cast<size_t>(n));
       if (p.hello.size() < kControlHelloSize) continue;
       int rank = -1;
-      const uint32_t result = CheckHello(p.hello, o.size, nonce, by_rank, &rank);
+      int claimed_size = o.size;
+      const uint32_t result = CheckHello(p.hello, o.size, nonce, by_rank, &rank, &claimed_size);
       const std::string ack = Ack(result);
       const Status sent =
           net::WriteAll(p.fd.get(), ack.data(), ack.size(),
                         deadline.Earlier(Deadline::After(std::chrono::seconds(1))), "a new peer");
+      if (claimed_size != o.size) {
+        // A member of this communicator (it knows the nonce) that counts another number of
+        // ranks: the job is misconfigured, and waiting would only end in a timeout that calls
+        // the rank missing.
+        return InvalidArgument("control plane: rank " + std::to_string(rank) +
+                               " connected to rank 0 for a job of " + std::to_string(claimed_size) +
+                               " ranks, but rank 0's has " + std::to_string(o.size) +
+                               ": the number of ranks (CONCORD_SIZE, WORLD_SIZE) must be the same "
+                               "on every rank");
+      }
       if (result == kAccepted && sent.ok()) {
         auto peer = std::make_unique<TcpControlPlane::Peer>();
         peer->rank = rank;
@@ -652,8 +671,8 @@ StatusOr<std::unique_ptr<TcpControlPlane::Peer>> ConnectToRoot(const TcpControlP
 
 }  // namespace
 
-StatusOr<std::unique_ptr<ControlPlane>> CreateTcpControlPlane(const TcpControlPlaneOptions& options,
-                                                              Store* store) {
+StatusOr<std::unique_ptr<TcpControlPlane>> StartTcpControlPlane(
+    const TcpControlPlaneOptions& options, Store* store) {
   const TcpControlPlaneOptions& o = options;
   if (o.size < 1 || o.rank < 0 || o.rank >= o.size) {
     return InvalidArgument("control plane: rank " + std::to_string(o.rank) + " and size " +
@@ -675,9 +694,16 @@ StatusOr<std::unique_ptr<ControlPlane>> CreateTcpControlPlane(const TcpControlPl
                              ConnectToRoot(o, store, deadline));
     peers.push_back(std::move(root));
   }
-  return std::unique_ptr<ControlPlane>(new TcpControlPlane(o.rank, o.size, o.liveness_timeout,
-                                                           std::move(wake), std::move(notify),
-                                                           std::move(stop), std::move(peers)));
+  return std::unique_ptr<TcpControlPlane>(new TcpControlPlane(o.rank, o.size, o.liveness_timeout,
+                                                              std::move(wake), std::move(notify),
+                                                              std::move(stop), std::move(peers)));
+}
+
+StatusOr<std::unique_ptr<ControlPlane>> CreateTcpControlPlane(const TcpControlPlaneOptions& options,
+                                                              Store* store) {
+  CONCORD_ASSIGN_OR_RETURN(std::unique_ptr<TcpControlPlane> plane,
+                           StartTcpControlPlane(options, store));
+  return std::unique_ptr<ControlPlane>(std::move(plane));
 }
 
 }  // namespace concord

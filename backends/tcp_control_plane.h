@@ -7,6 +7,8 @@
 //   u32 magic 'CCPH' | u16 version | u16 zero | i32 rank | i32 size | 32 bytes nonce (hex)
 // Rank 0 answers with u32 magic 'CCPA' | u32 result (0 accepted, else a refusal reason below) and
 // closes refused connections. It accepts exactly size - 1 distinct ranks before connect_timeout.
+// A HELLO with the right nonce but another size (a misconfigured job) is refused, and fails rank
+// 0's setup at once, naming the rank and both sizes.
 //
 // Stream protocol, after the handshake, in both directions: frames of
 //   u32 type (1 DATA, 2 HEARTBEAT) | u32 length (<= kControlPlaneMaxFrame; 0 for HEARTBEAT) | bytes
@@ -82,6 +84,11 @@ class TcpControlPlane : public ControlPlane {
   Status Drain(Deadline deadline) override EXCLUDES(mu_);
   void Wake() override;
   void SetFailureListener(std::function<void()> listener) override EXCLUDES(mu_);
+  // Thread-safe, and callable while another thread uses the plane: the first peer failure the
+  // plane has found (OK while none), without receiving anything. The communicator's start looks
+  // at it while it waits for the others' other connections (a rank whose start failed closes
+  // this one at once).
+  Status PeerFailure() EXCLUDES(mu_);
 
  private:
   Peer* PeerFor(int rank) REQUIRES(mu_);
@@ -114,5 +121,9 @@ class TcpControlPlane : public ControlPlane {
   std::function<void()> failure_listener_ GUARDED_BY(mu_);
   std::thread liveness_;  // last: it starts once every member above exists
 };
+
+// CreateTcpControlPlane (backends/control_plane.h), for a caller that needs PeerFailure().
+StatusOr<std::unique_ptr<TcpControlPlane>> StartTcpControlPlane(
+    const TcpControlPlaneOptions& options, Store* store);
 
 }  // namespace concord

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "backends/tcp_control_plane.h"
 #include "base/mutex.h"
 #include "core/device_setup.h"
 #include "core/lane_backends.h"
@@ -32,19 +33,19 @@ struct Rendezvous {
 
 namespace {
 
-// The parent's failure as a sub-communicator's start sees it: the parent engine's failure,
-// explained, until Stop() (the parent may go before the sub-communicator, which keeps copies of
-// this watch in its store and options). Thread-safe.
-class ParentWatch {
+// A failure elsewhere as a communicator's start sees it: `failure`'s error, explained by `what`,
+// until Stop() (the start is over: what `failure` looks at may go before the communicator, which
+// keeps copies of this watch in its store and options). Thread-safe.
+class StartWatch {
  public:
-  explicit ParentWatch(std::function<Status()> failure) : failure_(std::move(failure)) {}
+  StartWatch(std::function<Status()> failure, std::string what)
+      : failure_(std::move(failure)), what_(std::move(what)) {}
   Status Failed() EXCLUDES(mu_) {
     MutexLock lock(mu_);
     if (!failure_) return Status::Ok();
     const Status failed = failure_();
     if (failed.ok()) return failed;
-    return Status(failed.code(),
-                  "the parent communicator failed while this one started: " + failed.message());
+    return Status(failed.code(), what_ + failed.message());
   }
   void Stop() EXCLUDES(mu_) {
     MutexLock lock(mu_);
@@ -58,17 +59,30 @@ class ParentWatch {
  private:
   Mutex mu_;
   std::function<Status()> failure_ GUARDED_BY(mu_);
+  const std::string what_;
 };
 
-// A sub-communicator's view of its parent's store: Get and Wait wait in slices of kParentCheck
-// and, after each one that times out (the caller's own short deadline too), fail with the parent's
-// failure while the watch runs (a member that died fails the parent at once; its keys would never
-// come). Set and Add pass through, and so do Get and Wait once the watch has stopped (the start
-// is over); GiveUp() is the parent's failure while the watch runs. Thread-safe as the store it
-// wraps.
-class ParentWatchedStore : public Store {
+// Stops a StartWatch when the start it serves ends, however it ends.
+class StopAtExit {
  public:
-  ParentWatchedStore(std::shared_ptr<Rendezvous> parent, std::shared_ptr<ParentWatch> watch)
+  explicit StopAtExit(std::shared_ptr<StartWatch> watch) : watch_(std::move(watch)) {}
+  ~StopAtExit() { watch_->Stop(); }
+  StopAtExit(const StopAtExit&) = delete;
+  StopAtExit& operator=(const StopAtExit&) = delete;
+
+ private:
+  const std::shared_ptr<StartWatch> watch_;
+};
+
+// A starting communicator's view of a store (its parent's, or its own rendezvous): Get and Wait
+// wait in slices of kParentCheck and, after each one that times out (the caller's own short
+// deadline too), fail with the watch's failure while it runs (a member that died, or whose start
+// failed, will never write its keys). Set and Add pass through, and so do Get and Wait once the
+// watch has stopped (the start is over); GiveUp() is the wrapped store's, then the watch's
+// failure. Thread-safe as the store it wraps.
+class WatchedStore : public Store {
+ public:
+  WatchedStore(std::shared_ptr<Rendezvous> parent, std::shared_ptr<StartWatch> watch)
       : parent_(std::move(parent)), watch_(std::move(watch)) {}
 
   Status Set(const std::string& key, const std::string& value) override {
@@ -81,7 +95,7 @@ class ParentWatchedStore : public Store {
           parent_->store->Get(key, deadline.Earlier(Deadline::After(kParentCheck)));
       if (value.ok() || value.status().code() != Code::kTimeout) return value;
       // Also when the caller's own deadline has passed: a caller that waits in short slices
-      // itself (the shared-memory set-up) would otherwise never see the parent's failure.
+      // itself (the shared-memory set-up) would otherwise never see the failure.
       CONCORD_RETURN_IF_ERROR(watch_->Failed());
       if (deadline.passed()) return value;
     }
@@ -98,12 +112,15 @@ class ParentWatchedStore : public Store {
   StatusOr<int64_t> Add(const std::string& key, int64_t delta) override {
     return parent_->store->Add(key, delta);
   }
-  // For the waits outside the store (Gloo's pair connections): the parent's failure.
-  Status GiveUp() override { return watch_->Failed(); }
+  // For the waits outside the store (Gloo's pair connections).
+  Status GiveUp() override {
+    CONCORD_RETURN_IF_ERROR(parent_->store->GiveUp());
+    return watch_->Failed();
+  }
 
  private:
-  const std::shared_ptr<Rendezvous> parent_;  // kept: the engine outlives the split's call
-  const std::shared_ptr<ParentWatch> watch_;
+  const std::shared_ptr<Rendezvous> parent_;  // kept: the engine outlives the start
+  const std::shared_ptr<StartWatch> watch_;
 };
 
 // CONCORD_TIMELINE's file for this rank, opened before any peer is involved, so that a path that
@@ -348,7 +365,11 @@ void IgnoreSigpipeUnlessHandled() {
 // The transports of a communicator on the rendezvous store `rv` under `prefix`, and its engine,
 // once the job settings are checked (CheckJobSettings). `host` is the address its control plane
 // advertises. `parent_failed` (a sub-communicator's; empty for a world) ends the waits for the
-// others' control-plane and point-to-point connections with the failure it returns.
+// others' control-plane and point-to-point connections with the failure it returns. Once the
+// control plane is up, a peer it loses ends every later wait of the start too: a rank whose start
+// failed has closed its connections, so rank 0 learns of it at once, fails its own start and
+// closes its connections, and so every other rank learns of it, instead of waiting out the
+// timeout for keys and connections that will never come.
 StatusOr<std::unique_ptr<Engine>> StartOnStore(const Config& config,
                                                const std::shared_ptr<Rendezvous>& rv,
                                                const std::string& prefix, const std::string& host,
@@ -364,8 +385,16 @@ StatusOr<std::unique_ptr<Engine>> StartOnStore(const Config& config,
   cp.connect_timeout = timeout;
   cp.liveness_timeout = timeout;
   cp.give_up = parent_failed;
-  auto control = CreateTcpControlPlane(cp, rv->store.get());
+  auto control = StartTcpControlPlane(cp, rv->store.get());
   if (!control.ok()) return control.status().WithContext("connecting the control plane");
+  TcpControlPlane* plane = control->get();
+  auto watch = std::make_shared<StartWatch>(
+      [plane] { return plane->PeerFailure(); },
+      "a rank stopped while this communicator started (its own error says why): ");
+  const StopAtExit stop_watch(watch);  // before `control` goes, on every path
+  auto watched = std::make_shared<Rendezvous>();
+  watched->store = std::make_unique<WatchedStore>(rv, watch);
+  Store* store = watched->store.get();
 
   BackendOptions bo;
   bo.rank = config.rank;
@@ -375,12 +404,14 @@ StatusOr<std::unique_ptr<Engine>> StartOnStore(const Config& config,
   bo.prefix = prefix + "/" + backend_name;
   bo.timeout = timeout;
   bo.algorithm = config.gloo_algorithm;
-  bo.give_up = parent_failed;
+  bo.give_up = [parent_failed, watch]() -> Status {
+    if (parent_failed) CONCORD_RETURN_IF_ERROR(parent_failed());
+    return watch->Failed();
+  };
   CONCORD_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Backend>> lanes,
-                           CreateLaneBackends(config, bo, rv->store.get(), prefix, deadline));
+                           CreateLaneBackends(config, bo, store, prefix, deadline));
   // CUDA tensors: the device backend CONCORD_BACKEND asks for (core/device_setup.h).
-  CONCORD_ASSIGN_OR_RETURN(DevicePlane device,
-                           StartDevicePlane(config, bo, rv->store.get(), deadline));
+  CONCORD_ASSIGN_OR_RETURN(DevicePlane device, StartDevicePlane(config, bo, store, deadline));
   // Sends and recvs: connections of their own between every pair of ranks (core/p2p.h). One
   // rank has no peer to send to: no transport.
   std::unique_ptr<P2pTransport> p2p;
@@ -394,11 +425,13 @@ StatusOr<std::unique_ptr<Engine>> StartOnStore(const Config& config,
       direct.host_identity = ShmHostIdentity(config.host_id);
       direct.min_bytes = static_cast<uint64_t>(config.shm_direct_threshold_bytes);
     }
-    auto made = CreateTcpP2pTransport(p2p_options, rv->store.get(), direct);
+    auto made = CreateTcpP2pTransport(p2p_options, store, direct);
     if (!made.ok()) return made.status().WithContext("connecting the point-to-point transport");
     p2p = std::move(*made);
   }
-  return std::make_unique<Engine>(config, std::move(*control), std::move(lanes), rv,
+  // The transports keep `store` (the NCCL backend waits in it at its first collective): the
+  // engine keeps it alive; the watch has stopped by then, so it passes through.
+  return std::make_unique<Engine>(config, std::move(*control), std::move(lanes), watched,
                                   std::move(device), std::move(p2p));
 }
 
@@ -486,9 +519,10 @@ StatusOr<Communicator> StartSubCommunicator(const Config& config, const CommOrig
   if (parent.rendezvous) {
     // The sub-communicator's engine keeps this rendezvous (the parent's store, watched while it
     // starts) for its life; the watch ends with this call, as the parent may go before it.
-    auto watch = std::make_shared<ParentWatch>(parent_failure);
+    auto watch = std::make_shared<StartWatch>(
+        parent_failure, "the parent communicator failed while this one started: ");
     auto watched = std::make_shared<Rendezvous>();
-    watched->store = std::make_unique<ParentWatchedStore>(parent.rendezvous, watch);
+    watched->store = std::make_unique<WatchedStore>(parent.rendezvous, watch);
     Status checked = CheckJobSettings(config, watched->store.get(), prefix,
                                       Deadline::After(MillisFromSeconds(config.timeout_s)));
     auto started = checked.ok() ? StartOnStore(config, watched, prefix, parent.host,
