@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <locale>
 #include <new>
 #include <optional>
 #include <random>
@@ -76,6 +77,10 @@ std::string NewName() {
   static std::atomic<uint64_t> created{0};
   std::random_device random;
   std::ostringstream name;
+  // The classic locale: a global C++ locale the application set would group the pid's digits
+  // ("12.345"), which concordrun's and the lifeline's removal of a dead rank's segments, by pid,
+  // would not find.
+  name.imbue(std::locale::classic());
   name << "/concord-" << ::getpid() << "-" << created.fetch_add(1) << "-" << std::hex << random();
   return name.str();
 }

@@ -19,6 +19,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -29,6 +30,7 @@
 #include "rendezvous/file_store.h"
 #include "rendezvous/hash_store.h"
 #include "rendezvous/store.h"
+#include "tests/common/comma_locale.h"
 #include "tests/common/ranks.h"
 #include "tests/common/temp_dir.h"
 #include "tests/common/tensors.h"
@@ -669,6 +671,29 @@ TEST_F(ShmBackendFailureTest, APeerInAnotherPidNamespaceIsNotTakenForDead) {
   int status = 0;
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+}
+
+// The segment's name holds this process's pid as concordrun and the lifeline look for it when they
+// remove a dead rank's segments (/dev/shm/concord-<pid>-*), whatever global C++ locale the
+// application set: de_DE's groups the digits ("12.345").
+TEST(ShmSegmentNameTest, ThePidIsNotGroupedWhateverTheApplicationsLocale) {
+  harness::CommaLocale comma;
+  if (!comma.active()) GTEST_SKIP() << comma.why();
+  std::ostringstream grouped;
+  grouped << ::getpid();
+  if (grouped.str() == std::to_string(::getpid())) {
+    GTEST_SKIP() << "this process's pid, " << ::getpid() << ", has no digits to group";
+  }
+  HashStore store;
+  const std::string prefix = UniquePrefix();
+  harness::RunRanks(2, [&](int rank) {
+    auto backend = CreateShmBackend(Options(rank, 2, prefix, kTimeout), &store, kBufferBytes, 0);
+    ASSERT_TRUE(backend.ok()) << backend.status().ToString();
+  });
+  const StatusOr<std::string> name =
+      store.Get(prefix + "/name", Deadline::After(std::chrono::milliseconds(0)));
+  ASSERT_TRUE(name.ok()) << name.status().ToString();
+  EXPECT_EQ(name->rfind("/concord-" + std::to_string(::getpid()) + "-", 0), 0u) << *name;
 }
 
 TEST(ShmHostIdentityTest, StableAndOverridable) {
