@@ -76,6 +76,7 @@ pass_asan() {
   # repeats on Gloo's TCP pairs (CONCORD_SHM=off) the 2-rank conformance and the kill run here.
   ci_flags -O1
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    LSAN_OPTIONS="suppressions=$root/scripts/lsan-suppressions.txt" \
     CTEST_EXCLUDE='^mp_(mpi_)?conformance_large_np[134]$|LargeCount/([12]ranks_auto|3ranks)|^faults_.*_mpi$|^mp_mpi_stall_|^mp_conformance_(large_|split_)?noshm_np[34]$' \
     run_suite "$root/build-sanitize" -DCONCORD_SANITIZE=address,undefined \
     -DCONCORD_BUILD_PERF=OFF -DCONCORD_CUDA=OFF -DCONCORD_UBSAN_TESTS=OFF "${ci_cmake_flags[@]}"
