@@ -49,9 +49,10 @@ void CompressionState::Erase(std::string_view name) {
 
 void CompressionState::Clear() {
   residuals_.clear();
-  index_scratch_ = {};
-  key_scratch_ = {};
-  order_scratch_ = {};
+  // Swapped out: assigning {} (or clear()) would keep the capacity.
+  std::vector<uint32_t>().swap(index_scratch_);
+  std::vector<uint32_t>().swap(key_scratch_);
+  std::vector<uint32_t>().swap(order_scratch_);
 }
 
 size_t CompressionState::residual_bytes() const {

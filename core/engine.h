@@ -81,6 +81,13 @@ struct EngineStats {
   std::atomic<uint64_t> device_launches{0};          // collectives handed to the device backend
   std::atomic<uint64_t> cache_evictions{0};          // response-cache entries evicted
   std::atomic<uint64_t> topk_residual_evictions{0};  // top-k residuals dropped (topk_residuals)
+  // The lanes' fusion and gather buffers after the last response list: their bytes (and those of
+  // top-k's selection scratch), and how often the lanes' were allocated or freed so far
+  // (core/lane.h, GrowingBuffer).
+  std::atomic<uint64_t> scratch_bytes{0};
+  std::atomic<uint64_t> scratch_reallocations{0};
+  // The result pool's kept bytes after the last response list (core/result_buffers.h).
+  std::atomic<uint64_t> kept_result_bytes{0};
 };
 
 class Engine;
@@ -213,6 +220,11 @@ class Engine {
   // measurement failed (which logs a warning: the timeline then falls back to the system clock).
   std::optional<ClockOffset> MeasureClockOffset();
 
+  // Compressors kept for reuse, by spec (least recently used forgotten first).
+  static constexpr size_t kMaxCachedCompressors = 16;
+  // For tests: how many compressors the cache holds now (at most kMaxCachedCompressors).
+  size_t CachedCompressors() const EXCLUDES(compression_mu_);
+
   // A group of direct allreduces is split over the lanes when each share gets this many bytes.
   static constexpr size_t kMinShareBytes = size_t{1} << 20;
   // A driving waiter, or the engine thread while requests are in flight, polls for messages
@@ -314,6 +326,12 @@ class Engine {
   // barrier after every batch before it (device ones included) and alone.
   Status RunSegments(const std::vector<FusionBatch>& plan, const Responses& responses,
                      Entries& entries) REQUIRES(driver_.step_mutex());
+  // After each response list, once no lane runs: counts it on the lanes' buffers, top-k's
+  // selection scratch and the result pool (which give memory back after a burst) and updates the
+  // scratch stats.
+  void EndListOnBuffers() REQUIRES(driver_.step_mutex()) EXCLUDES(compression_mu_);
+  // The bytes of compression_state_'s top-k selection scratch.
+  size_t TopkScratchBytes() REQUIRES(compression_mu_);
   // Runs `batches` (indices into `plan`) spread over the lanes, and waits for all of them.
   Status RunOnLanes(const std::vector<FusionBatch>& plan, const std::vector<size_t>& batches,
                     const Responses& responses, Entries& entries) REQUIRES(driver_.step_mutex());
@@ -402,7 +420,8 @@ class Engine {
   // updates it), and warns once per communicator that their names lost error feedback; warns
   // once too when a name's residual started again because the name came with another shape.
   void NoteResidualEvictions(uint64_t* counted) REQUIRES(compression_mu_);
-  // The compressor for `spec` (shared, created once per spec), or the registry's error.
+  // The compressor for `spec` (shared; created again only for a spec the bounded cache forgot),
+  // or the registry's error.
   StatusOr<std::shared_ptr<const compression::Compressor>> CompressorFor(const std::string& spec)
       EXCLUDES(compression_mu_);
   // Resolves the entry's compression spec to its compressor, canonical spec, or none.
@@ -436,11 +455,21 @@ class Engine {
   TensorQueue queue_;
 
   // Lanes encode concurrently: one compressor per spec, one CompressionState (residuals by name).
-  Mutex compression_mu_;
-  std::map<std::string, std::shared_ptr<const compression::Compressor>> compressors_
-      GUARDED_BY(compression_mu_);
+  // The compressors of the kMaxCachedCompressors specs used last (a spec that changes every step,
+  // an annealed top-k density, must not grow the cache): compressors are immutable, so one
+  // forgotten is simply made again.
+  struct CachedCompressor {
+    std::shared_ptr<const compression::Compressor> compressor;
+    uint64_t last_use = 0;  // compressor_clock_ at its last lookup
+  };
+  mutable Mutex compression_mu_;
+  std::map<std::string, CachedCompressor> compressors_ GUARDED_BY(compression_mu_);
+  uint64_t compressor_clock_ GUARDED_BY(compression_mu_) = 0;
   compression::CompressionState compression_state_ GUARDED_BY(compression_mu_){
       static_cast<size_t>(config_.topk_residuals)};
+  // When compression_state_'s top-k selection scratch, which grows to the largest tensor top-k
+  // selected from, is given back (EndListOnBuffers).
+  TrimWindow topk_scratch_trim_ GUARDED_BY(compression_mu_);
   bool residual_eviction_logged_ GUARDED_BY(compression_mu_) = false;
   bool residual_reset_logged_ GUARDED_BY(compression_mu_) = false;
 

@@ -69,13 +69,30 @@ void Engine::NoteResidualEvictions(uint64_t* counted) {
 StatusOr<std::shared_ptr<const compression::Compressor>> Engine::CompressorFor(
     const std::string& spec) {
   MutexLock lock(compression_mu_);
+  const uint64_t now = ++compressor_clock_;
   auto it = compressors_.find(spec);
-  if (it != compressors_.end()) return it->second;
+  if (it != compressors_.end()) {
+    it->second.last_use = now;
+    return it->second.compressor;
+  }
   CONCORD_ASSIGN_OR_RETURN(std::unique_ptr<compression::Compressor> made,
                            compression::CreateCompressor(spec));
   std::shared_ptr<const compression::Compressor> shared(std::move(made));
-  compressors_.emplace(spec, shared);
+  if (compressors_.size() >= kMaxCachedCompressors) {
+    // Forget the least recently used: the entries that hold it keep it alive.
+    auto oldest = compressors_.begin();
+    for (auto c = compressors_.begin(); c != compressors_.end(); ++c) {
+      if (c->second.last_use < oldest->second.last_use) oldest = c;
+    }
+    compressors_.erase(oldest);
+  }
+  compressors_.emplace(spec, CachedCompressor{shared, now});
   return shared;
+}
+
+size_t Engine::CachedCompressors() const {
+  MutexLock lock(compression_mu_);
+  return compressors_.size();
 }
 
 Status Engine::AttachCompressor(QueueEntry& entry) {
@@ -190,6 +207,14 @@ Status Engine::RunCompressed(Lane& lane, const FusionBatch& batch, const Respons
   {
     // One CompressionState per communicator: its residuals and scratch are not thread-safe.
     MutexLock lock(compression_mu_);
+    if (!summed) {
+      // Selection needs up to an index, a key and an order entry per element of a tensor.
+      const size_t scratch = TopkScratchBytes();
+      for (size_t i : batch.members) {
+        topk_scratch_trim_.Use(
+            3 * sizeof(uint32_t) * static_cast<size_t>(entries[i]->request.NumElements()), scratch);
+      }
+    }
     uint64_t evictions = compression_state_.evictions();
     for (size_t k = 0; k < batch.members.size(); ++k) {
       const QueueEntry& e = *entries[batch.members[k]];

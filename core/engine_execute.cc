@@ -5,7 +5,9 @@
 //  3. plan the rest into fusion batches and run them in segments: device batches are launched at
 //     once, in plan order, and run while the lanes run the host batches; a barrier is a segment
 //     of its own that waits for every batch before it, device ones included;
-//  4. on success, the caller applies the list to the response cache (ExecuteList).
+//  4. the lanes' buffers and the result pool count the list, and give memory back after a burst
+//     (GrowingBuffer, ResultBuffers);
+//  5. on success, the caller applies the list to the response cache (ExecuteList).
 //
 // Who completes a request: the list owns the entries it took. An operation that finishes
 // completes its entry and releases it (Finish): the lane that ran it, the span group's completion
@@ -15,6 +17,7 @@
 //
 // Runs on the stepping thread; lane workers run their share of a segment while it waits.
 #include <new>
+#include <vector>
 
 #include "core/engine.h"
 #include "core/message.h"
@@ -28,6 +31,7 @@ Status Engine::Execute(const ResponseMessage& message) {
   Entries entries(responses.size());
   Status s = TakeEntries(message, responses, entries);
   if (s.ok()) s = RunResponses(message, responses, entries);
+  EndListOnBuffers();
   if (!s.ok()) {
     s = WithMembership(ExplainFailure(s));
     for (auto& e : entries) {
@@ -260,6 +264,39 @@ Status Engine::RunWork(Lane& lane, const std::vector<FusionBatch>& plan, const L
     return Status(Code::kSystemError, std::string("out of memory running the ") + OpTypeName(q.op) +
                                           " of tensor '" + q.name + "'");
   }
+}
+
+void Engine::EndListOnBuffers() {
+  size_t bytes = 0;
+  uint64_t reallocations = 0;
+  for (Lane& lane : lanes_) {
+    for (GrowingBuffer* buffer : {&lane.fusion, &lane.gather}) {
+      buffer->EndList();
+      bytes += buffer->capacity();
+      reallocations += buffer->reallocations();
+    }
+  }
+  {
+    MutexLock lock(compression_mu_);
+    if (topk_scratch_trim_.EndList(TopkScratchBytes())) {
+      // Swapped out, not cleared: clear() keeps the capacity.
+      std::vector<uint32_t>().swap(compression_state_.index_scratch());
+      std::vector<uint32_t>().swap(compression_state_.key_scratch());
+      std::vector<uint32_t>().swap(compression_state_.order_scratch());
+    }
+    bytes += TopkScratchBytes();
+  }
+  result_buffers_->EndList();
+  stats_.kept_result_bytes.store(result_buffers_->kept_bytes(), std::memory_order_relaxed);
+  stats_.scratch_bytes.store(bytes, std::memory_order_relaxed);
+  stats_.scratch_reallocations.store(reallocations, std::memory_order_relaxed);
+}
+
+size_t Engine::TopkScratchBytes() {
+  return (compression_state_.index_scratch().capacity() +
+          compression_state_.key_scratch().capacity() +
+          compression_state_.order_scratch().capacity()) *
+         sizeof(uint32_t);
 }
 
 void Engine::MarkStarted(const std::vector<size_t>& members, const Entries& entries) {

@@ -294,8 +294,15 @@ TEST(CompressionStateTest, KeepsResidualsByName) {
   EXPECT_EQ(state.FindResidual("a"), nullptr);
   EXPECT_NE(state.Residual("a", 12), nullptr);
   EXPECT_EQ(state.resets(), 1u);  // a new name after Erase is no reset
+  // The selection scratch's memory goes too, not only its contents.
+  state.index_scratch().resize(1000);
+  state.key_scratch().resize(1000);
+  state.order_scratch().resize(1000);
   state.Clear();
   EXPECT_EQ(state.num_tensors(), 0u);
+  EXPECT_EQ(state.index_scratch().capacity(), 0u);
+  EXPECT_EQ(state.key_scratch().capacity(), 0u);
+  EXPECT_EQ(state.order_scratch().capacity(), 0u);
 }
 
 TEST(CompressionStateTest, KeepsAtMostMaxResidualsEvictingTheLeastRecentlyUsed) {

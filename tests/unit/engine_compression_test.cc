@@ -446,5 +446,27 @@ TEST(EngineCompressionWire, BytesOnTheWireShrinkAsPromised) {
   }
 }
 
+// A spec that changes every step (an annealed top-k density) does not grow the engine's cache of
+// compressors without end: it keeps the kMaxCachedCompressors used last, and a spec it forgot
+// works again (a new compressor is made).
+TEST(EngineCompressionTopk, AChangingSpecKeepsTheCompressorCacheBounded) {
+  constexpr size_t kN = 1000;
+  constexpr int kSteps = 3 * static_cast<int>(Engine::kMaxCachedCompressors);
+  Job job(2);
+  RunRanks(2, [&](int rank) {
+    for (int step = 0; step <= kSteps; ++step) {
+      // The last step comes back to the first spec, which the cache forgot long ago.
+      const int density = 100 + (step == kSteps ? 0 : step);
+      const std::string spec = "topk:density=0." + std::to_string(density);
+      std::vector<float> v(kN, 1.0f);
+      auto state = Submit(job[rank], Entry(Compressed("annealed", kN, spec), v.data(), v.data()));
+      Status s = Await(state);
+      ASSERT_TRUE(s.ok()) << spec << ": " << s.ToString();
+      EXPECT_LE(job[rank].CachedCompressors(), Engine::kMaxCachedCompressors);
+    }
+    EXPECT_EQ(job[rank].CachedCompressors(), Engine::kMaxCachedCompressors);
+  });
+}
+
 }  // namespace
 }  // namespace concord

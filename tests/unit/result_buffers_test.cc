@@ -145,5 +145,52 @@ TEST(ResultBuffersTest, ThreadsTakeAndFreeBlocksConcurrently) {
   EXPECT_LE(pool->kept(), ResultBuffers::kMaxKept);
 }
 
+// A block nobody takes for idle_window() response lists is freed: a burst of large results does
+// not stay for the communicator's life.
+TEST(ResultBuffersTest, ABlockKeptIdleForAWindowOfListsIsFreed) {
+  auto pool = std::make_shared<ResultBuffers>();
+  { ResultBuffers::Block b = pool->Take(64 * kMiB); }
+  for (uint64_t i = 1; i < ResultBuffers::kFirstIdleWindow; ++i) pool->EndList();
+  EXPECT_EQ(pool->kept_bytes(), 64 * kMiB);
+  pool->EndList();
+  EXPECT_EQ(pool->kept(), 0u);
+  EXPECT_EQ(pool->kept_bytes(), 0u);
+}
+
+// A result taken and freed again every list stays kept (a steady loop never allocates); one
+// asked for less often than once per window was freed too early, and widens the window until it
+// is kept across its period.
+TEST(ResultBuffersTest, AResultAskedForAgainIsKeptAndWidensTheWindow) {
+  auto pool = std::make_shared<ResultBuffers>();
+  uint8_t* first = nullptr;
+  {
+    ResultBuffers::Block b = pool->Take(4 * kMiB);
+    first = b.data();
+  }
+  for (uint64_t i = 0; i < 4 * ResultBuffers::kFirstIdleWindow; ++i) {
+    ResultBuffers::Block b = pool->Take(4 * kMiB);
+    EXPECT_EQ(b.data(), first) << "list " << i;
+    pool->EndList();
+  }
+  EXPECT_EQ(pool->idle_window(), ResultBuffers::kFirstIdleWindow);
+
+  // Asked for every 300 lists: freed once, then the window doubles and it is kept.
+  const uint64_t period = ResultBuffers::kFirstIdleWindow + 44;
+  uint8_t* taken = nullptr;
+  int fresh = 0;
+  for (int round = 0; round < 6; ++round) {
+    {
+      ResultBuffers::Block b = pool->Take(4 * kMiB);
+      if (b.data() != taken) ++fresh;
+      taken = b.data();
+    }
+    for (uint64_t i = 0; i < period; ++i) pool->EndList();
+  }
+  EXPECT_EQ(pool->idle_window(), 2 * ResultBuffers::kFirstIdleWindow);
+  EXPECT_EQ(pool->kept(), 1u);  // kept across the last period
+  // The first block and the one after the early free (which may reuse its address), no more.
+  EXPECT_LE(fresh, 2);
+}
+
 }  // namespace
 }  // namespace concord
