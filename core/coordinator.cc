@@ -68,6 +68,13 @@ Status Coordinator::Add(int rank, RequestMessage message, Clock::time_point now)
                          std::to_string(message.cache_generation) +
                          ", ahead of the coordinator's " + std::to_string(cache_->generation()));
   }
+  // Every bit is below the capacity: a longer mask is malformed, and its bits past 2^32 would
+  // wrap around to entries it does not name.
+  if (message.cached_mask.size() > (cache_->capacity() + 63) / 64) {
+    return ProtocolError("rank " + std::to_string(rank) + " sent a response-cache mask of " +
+                         std::to_string(message.cached_mask.size()) + " words, for a cache of " +
+                         std::to_string(cache_->capacity()) + " entries");
+  }
   // Steps count from the rank's last completed join (point 8): epochs of different lengths.
   const uint64_t step =
       message.step >= step_base_[rank] ? message.step - step_base_[rank] : uint64_t{0};
@@ -82,22 +89,35 @@ Status Coordinator::Add(int rank, RequestMessage message, Clock::time_point now)
         return ProtocolError("rank " + std::to_string(rank) + " named response-cache entry " +
                              std::to_string(bit) + ", which does not exist");
       }
+      last_cached = entry;
+      auto data = message.cached_data.find(bit);
+      if (data != message.cached_data.end()) {
+        CONCORD_RETURN_IF_ERROR(CheckInlineData(rank, entry->RequestOf(rank), data->second.size()));
+      }
+      if (joined_[rank]) {
+        // Expanded at once, like every bit while a rank is joined (ExpandDivergedBits), so the
+        // request is known to have come after the join.
+        std::optional<std::string> input;
+        if (data != message.cached_data.end()) input = std::move(data->second);
+        CONCORD_RETURN_IF_ERROR(
+            AddRequest(rank, entry->RequestOf(rank), std::move(input), message.step, now, bit));
+        continue;
+      }
       SetBit(bits_by_rank_[rank], bit);
       auto [wait, fresh] = bit_waits_.try_emplace(bit);
       if (fresh) wait->second.first_seen = now;
       wait->second.arrivals.Note(rank, now);
       wait->second.steps.Set(rank, size_, step);
       steps_mixed_ = steps_mixed_ || wait->second.steps.mixed;
-      last_cached = entry;
-      auto data = message.cached_data.find(bit);
       if (data == message.cached_data.end()) continue;
-      CONCORD_RETURN_IF_ERROR(CheckInlineData(rank, entry->RequestOf(rank), data->second.size()));
       wait->second.data.resize(size_);
       wait->second.data[rank] = std::move(data->second);
     }
   }
+  // The requests are moved into the coordinator's state below.
+  std::string last_request = message.requests.empty() ? "" : message.requests.back().name;
   for (uint32_t index = 0; index < message.requests.size(); ++index) {
-    const TensorRequest& request = message.requests[index];
+    TensorRequest& request = message.requests[index];
     int64_t elements = 1;
     for (int64_t d : request.shape) {
       if (__builtin_mul_overflow(elements, d, &elements) || elements > kMaxTensorSize) {
@@ -111,50 +131,77 @@ Status Coordinator::Add(int rank, RequestMessage message, Clock::time_point now)
                            " of a scalar ('" + request.name + "')");
     }
     CONCORD_RETURN_IF_ERROR(CheckSplits(rank, request));
-    auto [it, inserted] = pending_.try_emplace(request.name);
-    Pending& p = it->second;
-    if (inserted) {
-      p.by_rank.resize(size_);
-      p.first_seen = now;
-      arrival_.push_back(request.name);
-    }
-    if (p.by_rank[rank]) {
+    // With ranks joined, one rank's request alone can make an operation ready: its root is
+    // compared with no other before it indexes the ranks.
+    if (HasRoot(request.op) && (request.root < 0 || request.root >= size_)) {
       return ProtocolError("rank " + std::to_string(rank) + " sent tensor '" + request.name +
-                           "' twice before it completed");
+                           "' (" + OpTypeName(request.op) + ") with root " +
+                           std::to_string(request.root) + ", not a rank of " +
+                           std::to_string(size_));
     }
-    p.by_rank[rank] = request;
-    ++p.count;
-    p.arrivals.Note(rank, now);
-    if (request.name == FinalizeName()) {
-      finalized_[rank] = true;
-      any_finalized_ = true;
-    } else if (IsJoinName(request.name)) {
-      if (request.op != OpType::kBarrier) {
-        return ProtocolError("rank " + std::to_string(rank) + " sent join '" + request.name +
-                             "' as " + OpTypeName(request.op) + ", not a barrier");
-      }
-      if (!joined_[rank]) join_order_.push_back(rank);
-      joined_[rank] = true;
-      join_step_[rank] = message.step;
-    } else {
-      p.steps.Set(rank, size_, step);
-      steps_mixed_ = steps_mixed_ || p.steps.mixed;
-    }
+    std::optional<std::string> input;
     auto data = message.request_data.find(index);
     if (data != message.request_data.end()) {
       CONCORD_RETURN_IF_ERROR(CheckInlineData(rank, request, data->second.size()));
-      p.data_by_rank.resize(size_);
-      p.data_by_rank[rank] = std::move(data->second);
+      input = std::move(data->second);
     }
+    CONCORD_RETURN_IF_ERROR(
+        AddRequest(rank, std::move(request), std::move(input), message.step, now, std::nullopt));
   }
   if (!message.requests.empty()) {
-    last_[rank].name = message.requests.back().name;
+    last_[rank].name = std::move(last_request);
   } else if (last_cached != nullptr) {
     last_[rank].name = last_cached->request.name;
   }
   if (last_cached != nullptr || !message.requests.empty()) {
     last_[rank].any = true;
     last_[rank].at = now;
+  }
+  return Status::Ok();
+}
+
+Status Coordinator::AddRequest(int rank, TensorRequest request, std::optional<std::string> data,
+                               uint64_t step, Clock::time_point now, std::optional<uint32_t> bit) {
+  auto [it, inserted] = pending_.try_emplace(request.name);
+  Pending& p = it->second;
+  if (inserted) {
+    p.by_rank.resize(size_);
+    p.first_seen = now;
+    arrival_.push_back(request.name);
+  }
+  if (p.by_rank[rank]) {
+    return ProtocolError("rank " + std::to_string(rank) + " sent tensor '" + request.name +
+                         "' twice before it completed");
+  }
+  if (request.name == FinalizeName()) {
+    finalized_[rank] = true;
+    any_finalized_ = true;
+  } else if (IsJoinName(request.name)) {
+    if (request.op != OpType::kBarrier) {
+      return ProtocolError("rank " + std::to_string(rank) + " sent join '" + request.name +
+                           "' as " + OpTypeName(request.op) + ", not a barrier");
+    }
+    if (!joined_[rank]) join_order_.push_back(rank);
+    joined_[rank] = true;
+    join_step_[rank] = step;
+  } else {
+    // Steps count from the rank's last completed join (point 8), or from its join when it is
+    // joined: that is where they count from once every rank has joined.
+    const uint64_t base = joined_[rank] ? join_step_[rank] : step_base_[rank];
+    p.steps.Set(rank, size_, step >= base ? step - base : uint64_t{0});
+    steps_mixed_ = steps_mixed_ || p.steps.mixed;
+    if (joined_[rank] || !p.after_join.empty()) {
+      p.after_join.resize(size_);
+      p.after_join[rank] = joined_[rank];
+    }
+  }
+  p.by_rank[rank] = std::move(request);
+  ++p.count;
+  p.arrivals.Note(rank, now);
+  if (bit) p.bits.push_back(*bit);
+  if (data) {
+    p.data_by_rank.resize(size_);
+    p.data_by_rank[rank] = std::move(data);
   }
   return Status::Ok();
 }
@@ -369,19 +416,43 @@ bool Coordinator::Ready(const std::string& name, const Pending& p) const {
   if (p.count == size_) return true;
   // A join and the finalize barrier need every rank's own: a joined rank stands in for neither.
   if (join_order_.empty() || IsJoinName(name) || name == FinalizeName()) return false;
+  bool before_join = false;  // a submission from a rank that had not joined
   for (int r = 0; r < size_; ++r) {
-    if (!p.by_rank[r] && !joined_[r]) return false;
+    if (!p.by_rank[r]) {
+      if (!joined_[r]) return false;
+    } else if (p.after_join.empty() || !p.after_join[r]) {
+      before_join = true;
+    }
+  }
+  // Ranks that joined stand in for one another only in an operation of the epoch they ended:
+  // one that only they submitted, since, waits for the others' next submission of it.
+  return before_join;
+}
+
+bool Coordinator::OnlyAfterJoin(const Pending& p) {
+  if (p.after_join.empty()) return false;
+  for (size_t r = 0; r < p.by_rank.size(); ++r) {
+    if (p.by_rank[r] && !p.after_join[r]) return false;
   }
   return true;
 }
 
-void Coordinator::ApplyJoined(const Pending& p, Response& response) {
+void Coordinator::ApplyJoined(const Pending& p, Response& response, Clock::time_point now) {
   if (IsJoinName(response.request.name)) {
     // Every rank has joined: the join completes and the next one starts afresh.
     response.joined = join_order_;
     join_order_.clear();
     joined_.assign(size_, false);
     step_base_ = join_step_;
+    // What only joined ranks submitted since they joined is an ordinary submission from now on:
+    // it stalls from now, not from an epoch of the others' it was exempt from waiting for.
+    for (auto& [name, q] : pending_) {
+      if (OnlyAfterJoin(q)) {
+        q.first_seen = now;
+        q.warned = false;
+      }
+      q.after_join.clear();
+    }
     return;
   }
   std::vector<int> submitted;
@@ -427,6 +498,44 @@ void Coordinator::NoteLast(const Arrivals& arrivals, ResponseItem* item) {
       std::clamp<int64_t>(us.count(), 0, std::numeric_limits<uint32_t>::max()));
 }
 
+void Coordinator::TakeFullPath(Clock::time_point now, std::vector<ReadyItem>* ready) {
+  // Names every rank has sent, in order of arrival; joins after every other name, so what ranks
+  // submitted before the last one joined runs (with the joined ones standing in) before that
+  // join ends their standing in, whichever arrived first.
+  std::vector<std::string> still_waiting, joins;
+  for (const std::string& name : arrival_) {
+    if (IsJoinName(name)) {
+      joins.push_back(name);
+    } else if (!TakeIfReady(name, now, ready)) {
+      still_waiting.push_back(name);
+    }
+  }
+  for (const std::string& name : joins) {
+    if (!TakeIfReady(name, now, ready)) still_waiting.push_back(name);
+  }
+  arrival_ = std::move(still_waiting);
+}
+
+bool Coordinator::TakeIfReady(const std::string& name, Clock::time_point now,
+                              std::vector<ReadyItem>* ready) {
+  auto it = pending_.find(name);
+  if (!Ready(name, it->second)) return false;
+  ReadyItem ready_item{ResponseItem(), std::move(it->second.bits), it->second.first_seen};
+  ResponseItem& item = ready_item.item;
+  item.response = Validate(it->second);
+  ApplyJoined(it->second, item.response, now);
+  if (item.response.error == Code::kOk) {
+    item.data = CombineInline(item.response, it->second.data_by_rank);
+  }
+  if (name != FinalizeName() && !IsJoinName(name)) {
+    stragglers_.OnReady(it->second.arrivals, it->second.steps.first);
+    if (item.response.error == Code::kOk) NoteLast(it->second.arrivals, &item);
+  }
+  ready->push_back(std::move(ready_item));
+  pending_.erase(it);
+  return true;
+}
+
 StatusOr<ResponseMessage> Coordinator::TakeReady(Clock::time_point now) {
   ExpandDivergedBits();
   std::vector<ReadyItem> ready;
@@ -458,32 +567,9 @@ StatusOr<ResponseMessage> Coordinator::TakeReady(Clock::time_point now) {
   }
 
   // Operations that can never run as they are fail now, before the full path sees them.
-  FailOlderSteps(&ready);
+  FailOlderSteps(now, &ready);
   FailWaitingForFinalized(&ready);
-
-  // Full path: names every rank has sent, in order of arrival.
-  std::vector<std::string> still_waiting;
-  for (const std::string& name : arrival_) {
-    auto it = pending_.find(name);
-    if (!Ready(name, it->second)) {
-      still_waiting.push_back(name);
-      continue;
-    }
-    ReadyItem ready_item{ResponseItem(), std::move(it->second.bits), it->second.first_seen};
-    ResponseItem& item = ready_item.item;
-    item.response = Validate(it->second);
-    ApplyJoined(it->second, item.response);
-    if (item.response.error == Code::kOk) {
-      item.data = CombineInline(item.response, it->second.data_by_rank);
-    }
-    if (name != FinalizeName() && !IsJoinName(name)) {
-      stragglers_.OnReady(it->second.arrivals, it->second.steps.first);
-      if (item.response.error == Code::kOk) NoteLast(it->second.arrivals, &item);
-    }
-    ready.push_back(std::move(ready_item));
-    pending_.erase(it);
-  }
-  arrival_ = std::move(still_waiting);
+  TakeFullPath(now, &ready);
 
   // Groups leave only whole: hold members until all group_size members are ready; a member
   // that failed counts as ready (it completes with its error, the rest still run). Members are

@@ -55,13 +55,19 @@
 //     submitted it, and its response lists the joined ranks that lack it (Response::joined). They
 //     take part in its collective with the reduction's identity (no rows for an allgather), and an
 //     average divides by the others (a joined rank never stands in for a join or the finalize
-//     barrier: those need its own). Bits of the fast path are expanded into full requests while
-//     a rank is joined (a joined rank sets none), and such responses are never cached. A
-//     broadcast whose root joined, or a CUDA tensor (a joined rank has no device buffer for it),
-//     fails on the ranks that submitted it. The join's own response lists every rank in the order
-//     they joined. Joins are exempt from step checks and stall handling: a joined rank may wait
-//     for the others' whole epoch. After a join every rank's steps count from its step at the
-//     join, so epochs of different lengths do not look like skipped tensors (point 5).
+//     barrier: those need its own, and an operation only joined ranks submitted, after they
+//     joined, waits for the others' next submission of it). What ranks submitted before the last
+//     join arrived runs before that join completes, with the joined ranks standing in (a join
+//     ends its sender's request message, so the coordinator knows what came after it). Bits of
+//     the fast path are expanded into full requests while a rank is joined (a joined rank's at
+//     once), and such responses are never cached. A broadcast whose root joined, or a CUDA
+//     tensor (a joined rank has no device buffer for it), fails on the ranks that submitted it.
+//     The join's own response lists every rank in the order they joined. Joins, and what only
+//     joined ranks submitted since, are exempt from step checks and stall handling (until the
+//     join completes): a joined rank may wait for the others' whole epoch. After a
+//     join every rank's steps count from its step at the join (a joined rank's already), so
+//     epochs of different lengths do not look like skipped tensors (point 5). A join that fails
+//     (a rank finalized instead) ends its ranks' join.
 //
 //  9. Stragglers. Every ready operation's wait, from its previous submission's arrival to its last
 //     one's, is charged to the rank that submitted last (core/straggler.h); StragglerReport names
@@ -101,11 +107,12 @@ class Coordinator {
               std::chrono::milliseconds straggler_period = std::chrono::milliseconds(0));
 
   // Adds what `rank` sent, ignoring its bits evicted since its cache generation. kProtocolError
-  // for a cache generation ahead of the coordinator's, bits that name no cache entry, a name `rank`
-  // already has pending, an allgather of a scalar (no engine sends one), splits that do not fit
-  // their request (a reducescatter's or alltoall's: one per rank, summing to the first dimension;
-  // none for other operations), or inline data that is not the input of its request (of that
-  // size; a broadcast's only from its root; a barrier has none).
+  // for a cache generation ahead of the coordinator's, a cache mask longer than the cache, bits
+  // that name no cache entry, a name `rank` already has pending, an allgather of a scalar (no
+  // engine sends one), a root that is no rank, splits that do not fit their request (a
+  // reducescatter's or alltoall's: one per rank, summing to the first dimension; none for other
+  // operations), or inline data that is not the input of its request (of that size; a
+  // broadcast's only from its root; a barrier has none).
   Status Add(int rank, RequestMessage message, Clock::time_point now);
 
   // Everything that can run now, in execution order (may be empty), with the errors of operations
@@ -145,6 +152,8 @@ class Coordinator {
     Steps steps;
     std::vector<uint32_t> bits;  // cache bits expanded into it (never evicted while it waits)
     Arrivals arrivals;
+    // By rank (empty: none): submitted while the rank was joined, in the join not yet complete.
+    std::vector<bool> after_join;
   };
   struct BitWait {
     Clock::time_point first_seen;
@@ -180,14 +189,23 @@ class Coordinator {
     Clock::time_point at;
   };
 
+  // A request from `rank` (its `step` as sent, its inline input, the cache bit it came as):
+  // pending until every rank sent its name.
+  Status AddRequest(int rank, TensorRequest request, std::optional<std::string> data, uint64_t step,
+                    Clock::time_point now, std::optional<uint32_t> bit);
+  // The full path: takes into `ready` every pending name that can run, joins last.
+  void TakeFullPath(Clock::time_point now, std::vector<ReadyItem>* ready);
+  // Takes `name` into `ready` if it can run (Ready), with its response.
+  bool TakeIfReady(const std::string& name, Clock::time_point now, std::vector<ReadyItem>* ready);
   void ExpandDivergedBits();
   // Sets item's last rank and its wait (ResponseItem) from the operation's arrivals.
   static void NoteLast(const Arrivals& arrivals, ResponseItem* item);
   // Names in `out` the cache entries to evict for its new responses to fit (see point 3).
   void ChooseEvictions(ResponseMessage& out) const;
-  // Fails the submissions of older steps of names submitted in different steps.
-  void FailOlderSteps(std::vector<ReadyItem>* errors);
-  // Fails what waits for a rank that finalized.
+  // Fails the submissions of older steps of names submitted in different steps; the newest stall
+  // from `now` on.
+  void FailOlderSteps(Clock::time_point now, std::vector<ReadyItem>* errors);
+  // Fails what waits for a rank that finalized; a failed join's ranks are joined no longer.
   void FailWaitingForFinalized(std::vector<ReadyItem>* errors);
   // The groups of `candidates` (ready members, held or not) that can never complete: a rank
   // finalized, and a member no rank submitted never will be. Their members leave, failed
@@ -224,7 +242,11 @@ class Coordinator {
   // Whether every rank submitted the name or has joined (point 8).
   bool Ready(const std::string& name, const Pending& p) const;
   // A ready operation's response with joined ranks (point 8): which lack it, or why it fails.
-  void ApplyJoined(const Pending& p, Response& response);
+  // A join's ends the join at `now`.
+  void ApplyJoined(const Pending& p, Response& response, Clock::time_point now);
+  // Whether only joined ranks submitted `p`, after they joined: it waits for the others' next
+  // epoch, exempt from stall handling until the join completes (point 8).
+  static bool OnlyAfterJoin(const Pending& p);
 
   int size_;
   const ResponseCache* cache_;

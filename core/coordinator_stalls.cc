@@ -85,7 +85,7 @@ std::string Coordinator::DescribeMissing(const std::vector<bool>& present,
   return s + ")";
 }
 
-void Coordinator::FailOlderSteps(std::vector<ReadyItem>* errors) {
+void Coordinator::FailOlderSteps(Clock::time_point now, std::vector<ReadyItem>* errors) {
   if (!steps_mixed_) return;
   steps_mixed_ = false;
   for (auto& [name, p] : pending_) {
@@ -118,7 +118,7 @@ void Coordinator::FailOlderSteps(std::vector<ReadyItem>* errors) {
         "steps fail; the newest wait for the other ranks";
     p.steps = Steps();
     p.steps.Set(0, size_, newest);
-    p.first_seen = Clock::now();
+    p.first_seen = now;
     p.warned = false;
     errors->push_back(std::move(item));
   }
@@ -148,6 +148,19 @@ void Coordinator::FailWaitingForFinalized(std::vector<ReadyItem>* errors) {
     }
     return false;
   };
+  // A join that waits for a finalized rank fails below, and its ranks are joined no longer: they
+  // stand in for no one, and the stall warnings name them.
+  for (const auto& [name, p] : pending_) {
+    if (!IsJoinName(name) || !waits_for_finalized(PresentFor(p))) continue;
+    for (int r = 0; r < size_; ++r) {
+      if (!p.by_rank[r] || !joined_[r]) continue;
+      joined_[r] = false;
+      join_order_.erase(std::find(join_order_.begin(), join_order_.end(), r));
+      for (auto& [other, q] : pending_) {
+        if (!q.after_join.empty()) q.after_join[r] = false;
+      }
+    }
+  }
   for (auto it = bit_waits_.begin(); it != bit_waits_.end();) {
     const std::vector<bool> present = PresentForBit(it->first);
     if (!waits_for_finalized(present)) {
@@ -276,7 +289,7 @@ Status Coordinator::CheckStallShutdown(Clock::time_point now) const {
   std::vector<bool> present;
   Clock::time_point oldest = now - stall_.shutdown;
   for (const auto& [n, p] : pending_) {
-    if (p.first_seen <= oldest && !ExemptFromStallShutdown(n)) {
+    if (p.first_seen <= oldest && !ExemptFromStallShutdown(n) && !OnlyAfterJoin(p)) {
       oldest = p.first_seen;
       name = &n;
       present = PresentFor(p);
@@ -337,7 +350,10 @@ std::vector<std::string> Coordinator::StallWarnings(Clock::time_point now) {
                        " submitted it. A rank skipped it, is slow, or submits a different name");
   };
   for (auto& [name, p] : pending_) {
-    if (p.warned || now - p.first_seen < stall_.warning || ExemptFromStallWarning(name)) continue;
+    if (p.warned || now - p.first_seen < stall_.warning || ExemptFromStallWarning(name) ||
+        OnlyAfterJoin(p)) {
+      continue;
+    }
     p.warned = true;
     warn(name, PresentFor(p));
   }
@@ -377,6 +393,7 @@ std::optional<Clock::time_point> Coordinator::NextStallCheck() const {
     }
   };
   for (const auto& [name, p] : pending_) {
+    if (OnlyAfterJoin(p)) continue;  // until the join completes
     consider(p.first_seen, !p.warned && !ExemptFromStallWarning(name),
              !ExemptFromStallShutdown(name));
   }

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "core/engine.h"
+#include "core/entry_validation.h"
 #include "core/message.h"
 
 namespace concord {
@@ -87,9 +88,20 @@ Status Engine::SubmitNew() {
       if (data) m.cached_data.emplace(*bit, std::move(*data));
     } else {
       if (data) m.request_data.emplace(static_cast<uint32_t>(m.requests.size()), std::move(*data));
+      const bool join = IsJoinName(request.name);
       m.requests.push_back(std::move(request));
+      // A join ends its message: the coordinator takes what follows it as submitted after it
+      // (coordinator.h, point 8), and it cannot tell where in a message's bits a join fell.
+      if (join) {
+        CONCORD_RETURN_IF_ERROR(SendRequests(std::move(m)));
+        m = RequestMessage();
+        m.step = step;
+        m.cache_generation = cache_.generation();
+        inline_bytes = 0;
+      }
     }
   }
+  if (m.empty()) return Status::Ok();
   return SendRequests(std::move(m));
 }
 

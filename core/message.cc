@@ -208,6 +208,14 @@ Response ReadResponse(Reader& rd) {
     r.joined.push_back(rd.I32());
     if (r.joined.back() < 0) rd.Fail("negative joined rank");
   }
+  // Each rank once: a rank counted twice would take a contributor from an average.
+  for (const std::vector<int32_t>* ranks : {&r.error_ranks, &r.joined}) {
+    std::vector<int32_t> sorted = *ranks;
+    std::sort(sorted.begin(), sorted.end());
+    if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
+      rd.Fail("a rank listed twice");
+    }
+  }
   return r;
 }
 

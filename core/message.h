@@ -9,7 +9,8 @@
 //                    rank evicts once it executed the list (response_cache.h).
 // Little-endian, length-prefixed, versioned; one encoding per message (keyed entries in increasing
 // key order). Parse() never trusts its input: any truncation, unknown tag, oversized count,
-// invalid enum value or keys out of order gives kProtocolError, never a crash.
+// invalid enum value, keys out of order, or a response's rank listed twice gives kProtocolError,
+// never a crash.
 #pragma once
 
 #include <cstdint>

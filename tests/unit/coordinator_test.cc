@@ -993,5 +993,170 @@ TEST_F(CoordinatorTest, NextStallCheck) {
   EXPECT_FALSE(coordinator_->NextStallCheck().has_value());
 }
 
+TEST_F(CoordinatorTest, ARootOutsideTheCommunicatorIsAProtocolError) {
+  // Checked where it arrives: with ranks joined, the one request that makes the operation ready
+  // is never compared with another, and the root indexes the coordinator's per-rank state.
+  for (OpType op : {OpType::kBroadcast, OpType::kReduce, OpType::kGather}) {
+    for (int32_t root : {3, -1, 1 << 30}) {
+      SCOPED_TRACE(std::string(OpTypeName(op)) + " root " + std::to_string(root));
+      Start(3);
+      Add(1, Join(0));
+      Add(2, Join(0));
+      TensorRequest q = Req("b");
+      q.op = op;
+      q.root = root;
+      Status s = coordinator_->Add(0, Full({q}), t0_);
+      EXPECT_EQ(s.code(), Code::kProtocolError) << s.ToString();
+      EXPECT_NE(s.message().find("rank 0 sent tensor 'b'"), std::string::npos) << s.ToString();
+      EXPECT_NE(s.message().find("root " + std::to_string(root)), std::string::npos)
+          << s.ToString();
+    }
+  }
+  // Other operations carry no root: theirs is not looked at.
+  Start(2);
+  TensorRequest q = Req("x");
+  q.root = 7;
+  Add(0, Full({q}));
+}
+
+TEST_F(CoordinatorTest, TheNewestStepStallsFromTheTimeItsOlderStepsFailed) {
+  // The clock is the caller's (TakeReady's `now`), here an hour before the real one.
+  StallOptions stall;
+  stall.warning = milliseconds(100);
+  Start(2, stall);
+  const milliseconds hour_ago(-3600 * 1000);
+  Add(0, InStep(Full({Req("x")}), 1), hour_ago);
+  Add(1, InStep(Full({Req("x")}), 2), hour_ago);
+  ResponseMessage m = Take(hour_ago);
+  ASSERT_EQ(m.items.size(), 1u);
+  EXPECT_EQ(m.items[0].response.error_ranks, (std::vector<int32_t>{0}));
+  EXPECT_EQ(coordinator_->NextStallCheck(), t0_ + hour_ago + milliseconds(100));
+  auto w = coordinator_->StallWarnings(t0_ + hour_ago + milliseconds(100));
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_NE(w[0].find("tensor 'x' has waited for more than 0.1 s for rank 0"), std::string::npos)
+      << w[0];
+}
+
+TEST_F(CoordinatorTest, ARankWhoseJoinFailedIsNoLongerJoined) {
+  // Rank 1 joined; rank 0 finalized instead: rank 1's join fails. Rank 1 is no longer joined, so
+  // the finalize barrier's warning names it, and an operation waits for it again.
+  StallOptions stall;
+  stall.warning = milliseconds(100);
+  Start(3, stall);
+  TensorRequest bye = Req(FinalizeName());
+  bye.op = OpType::kBarrier;
+  bye.shape.clear();
+  Add(1, Join(0));
+  Add(0, Full({bye}));
+  ResponseMessage m = Take();
+  ASSERT_EQ(m.items.size(), 1u);
+  EXPECT_EQ(m.items[0].response.error, Code::kPeerFailure);
+  EXPECT_EQ(m.items[0].response.error_ranks, (std::vector<int32_t>{1}));
+  Add(2, Full({bye}));
+  EXPECT_TRUE(Take().items.empty());
+  auto w = coordinator_->StallWarnings(t0_ + milliseconds(100));
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_NE(w[0].find("ranks 0, 2 have finalized and waited for more than 0.1 s for rank 1 ("),
+            std::string::npos)
+      << w[0];
+}
+
+TEST_F(CoordinatorTest, AJoinedRanksNextSubmissionCountsItsStepFromItsJoin) {
+  // Rank 1 ran out of data in step 5 and joined; it submits 'x' for the next epoch while joined.
+  // Rank 0 joins in step 10 and submits 'x': both are their first step after the join.
+  Start(2);
+  Add(1, Join(0, 5));
+  Add(1, InStep(Full({Req("x")}), 5));
+  Add(0, Join(0, 10));
+  ResponseMessage m = Take();
+  ASSERT_EQ(ItemNames(m), Names{JoinName(0)});
+  Add(0, InStep(Full({Req("x")}), 10));
+  m = Take();
+  ASSERT_EQ(m.items.size(), 1u);
+  EXPECT_EQ(m.items[0].response.error, Code::kOk) << m.items[0].response.error_message;
+  EXPECT_TRUE(m.items[0].response.joined.empty());
+}
+
+TEST_F(CoordinatorTest, WhatARankSubmittedBeforeItJoinedRunsWhenTheLastRankJoins) {
+  // Rank 0 submits 'y', then joins without waiting for it; rank 2, which lacks 'y', joins last.
+  // 'y' runs with ranks 1 and 2 standing in, before the join completes (after it, nobody stands
+  // in, and 'y' would wait for them for ever), whether it arrived before the join or after.
+  for (bool y_first : {true, false}) {
+    SCOPED_TRACE(y_first ? "y before the first join" : "y after the first join");
+    Start(3);
+    if (y_first) Add(0, Full({Req("y")}));
+    Add(1, Join(0));
+    if (!y_first) Add(0, Full({Req("y")}));
+    EXPECT_TRUE(Take().items.empty());  // 'y' waits for rank 2
+    Add(0, Join(0));
+    Add(2, Join(0));
+    ResponseMessage m = Take();
+    ASSERT_EQ(ItemNames(m), (Names{"y", JoinName(0)}));
+    EXPECT_EQ(m.items[0].response.error, Code::kOk) << m.items[0].response.error_message;
+    EXPECT_EQ(m.items[0].response.joined, (std::vector<int32_t>{1, 2}));
+    EXPECT_EQ(coordinator_->pending(), 0u);
+  }
+}
+
+TEST_F(CoordinatorTest, WhatOnlyJoinedRanksSubmittedWaitsForTheOthersNextSubmission) {
+  // Rank 1 joined, then submitted 'x' (in full or as a bit): when rank 0 joins too, nobody stands
+  // in for it, whatever the order of arrival; it runs with rank 0's next 'x'.
+  cache_.Insert(Ok(Req("x")));
+  for (bool cached : {false, true}) {
+    SCOPED_TRACE(cached ? "cached" : "full");
+    Start(2);
+    Add(1, Join(0));
+    Add(1, cached ? Bits({0}) : Full({Req("x")}));
+    EXPECT_TRUE(Take().items.empty());
+    Add(0, Join(0));
+    ResponseMessage m = Take();
+    ASSERT_EQ(ItemNames(m), Names{JoinName(0)});
+    EXPECT_EQ(coordinator_->pending(), 1u);
+    Add(0, Full({Req("x")}));
+    m = Take();
+    ASSERT_EQ(ItemNames(m), Names{"x"});
+    EXPECT_EQ(m.items[0].response.error, Code::kOk) << m.items[0].response.error_message;
+    EXPECT_TRUE(m.items[0].response.joined.empty());
+  }
+}
+
+TEST_F(CoordinatorTest, ACacheMaskLongerThanTheCacheIsAProtocolError) {
+  // Every bit is below the capacity (64 here: one word). A longer mask is malformed: one of
+  // 2^26 + 1 words (512 MiB, within the control plane's frame limit) named bit 2^32, which
+  // wrapped around to entry 0 and ran it.
+  Start(2);
+  cache_.Insert(Ok(Req("a")));
+  RequestMessage m = Bits({0});
+  m.cached_mask.push_back(0);
+  Status s = coordinator_->Add(1, m, t0_);
+  EXPECT_EQ(s.code(), Code::kProtocolError) << s.ToString();
+  EXPECT_NE(s.message().find("rank 1 sent a response-cache mask of 2 words, for a cache of 64"),
+            std::string::npos)
+      << s.ToString();
+  Add(1, Bits({0}));  // as long as the cache: fine
+}
+
+TEST_F(CoordinatorTest, WhatOnlyJoinedRanksSubmittedStallsFromTheJoinsEnd) {
+  // Rank 1 joined and submitted 'x' for its next epoch; rank 0's epoch lasts past the stall
+  // shutdown time. Like the join, 'x' waits for it without a warning or a shutdown; once the join
+  // completes, it is an ordinary submission and stalls from then on.
+  StallOptions stall;
+  stall.warning = milliseconds(100);
+  stall.shutdown = milliseconds(200);
+  Start(2, stall);
+  Add(1, Join(0));
+  Add(1, Full({Req("x")}));
+  EXPECT_FALSE(coordinator_->NextStallCheck().has_value());
+  EXPECT_TRUE(coordinator_->StallWarnings(t0_ + milliseconds(1000)).empty());
+  EXPECT_TRUE(Take(milliseconds(1000)).items.empty());
+  Add(0, Join(0), milliseconds(1000));
+  ASSERT_EQ(ItemNames(Take(milliseconds(1000))), Names{JoinName(0)});
+  EXPECT_EQ(coordinator_->NextStallCheck(), t0_ + milliseconds(1100));
+  auto w = coordinator_->StallWarnings(t0_ + milliseconds(1100));
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_NE(w[0].find("tensor 'x' has waited for more than 0.1 s for rank 0"), std::string::npos)
+      << w[0];
+}
+
 }  // namespace
 }  // namespace concord

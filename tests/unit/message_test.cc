@@ -246,6 +246,28 @@ TEST(MessageTest, EvictionsOutOfOrderOrOfABitThatRunsAreRejected) {
   expect_rejected(m, "cache entry 77 is both run and evicted");
 }
 
+// A response's ranks: an error's error_ranks and the joined ranks each name a rank once (a joined
+// rank counted twice takes a contributor from an average: Response::Contributors).
+TEST(MessageTest, ARankListedTwiceIsRejected) {
+  auto expect_rejected = [](const ResponseMessage& m, const std::string& reason) {
+    auto parsed = ParseResponseMessage(SerializeResponseMessage(m));
+    ASSERT_FALSE(parsed.ok()) << reason;
+    EXPECT_EQ(parsed.status().code(), Code::kProtocolError);
+    EXPECT_NE(parsed.status().message().find(reason), std::string::npos)
+        << parsed.status().message();
+  };
+  ResponseMessage m = SampleResponseMessage();
+  m.items[1].response.joined = {2, 0, 2};
+  expect_rejected(m, "a rank listed twice");
+  m = SampleResponseMessage();
+  m.items[2].response.error_ranks = {0, 1, 0};
+  expect_rejected(m, "a rank listed twice");
+  // The join's own response lists every rank, in the order they joined.
+  m = SampleResponseMessage();
+  m.items[1].response.joined = {2, 0, 1};
+  EXPECT_TRUE(ParseResponseMessage(SerializeResponseMessage(m)).ok());
+}
+
 TEST(MessageTest, AbortRoundTrip) {
   ResponseMessage m;
   m.abort = true;
