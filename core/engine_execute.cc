@@ -70,6 +70,21 @@ Status Engine::TakeEntries(const ResponseMessage& message, const Responses& resp
                            Entries& entries) {
   for (size_t i = 0; i < responses.size(); ++i) {
     const Response& r = *responses[i];
+    // Rank lists from the wire (the parser refuses negative and repeated ranks): a rank past the
+    // communicator, or every rank joined in an operation (an average of no contributors divides
+    // by zero), cannot come from a coordinator.
+    for (const std::vector<int32_t>* ranks : {&r.error_ranks, &r.joined}) {
+      for (const int32_t named : *ranks) {
+        if (named >= config_.size) {
+          return ProtocolError("response for tensor '" + r.request.name + "' names rank " +
+                               std::to_string(named) + " of " + std::to_string(config_.size));
+        }
+      }
+    }
+    if (r.error == Code::kOk && r.Contributors(config_.size) < 1 && !IsJoinName(r.request.name)) {
+      return ProtocolError("response for tensor '" + r.request.name +
+                           "' has every rank joined: nobody contributes to it");
+    }
     // An error for other ranks (a stall timeout this rank was late for) leaves its entry alone.
     if (!r.AppliesTo(config_.rank)) {
       if (r.error != Code::kOk) NoteLeftBehind(r);

@@ -202,6 +202,44 @@ TEST(EngineInlineAlltoallTest, RowsWhoseBytesOverflowAreAProtocolError) {
   EXPECT_TRUE(rewritten) << "'a2a' did not go inline";
 }
 
+// Rank lists from the wire that no coordinator sends: every rank joined in an average (its
+// integer division by the contributors divided by zero: SIGFPE), or a rank past the communicator.
+// Rank 1 refuses the response with a PROTOCOL error naming the tensor.
+class EngineResponseRanksTest : public ::testing::TestWithParam<std::vector<int32_t>> {};
+
+TEST_P(EngineResponseRanksTest, ARankListNoCoordinatorSendsIsAProtocolError) {
+  const std::vector<int32_t> joined = GetParam();
+  std::mutex mu;
+  bool rewritten = false;
+  RewrittenJob job([&](ResponseMessage& m) {
+    for (ResponseItem& item : m.items) {
+      if (item.cached || item.response.request.name != "avg") continue;
+      item.response.joined = joined;
+      std::lock_guard<std::mutex> lock(mu);
+      rewritten = true;
+    }
+  });
+  // Too large to go inline: it runs on the lanes.
+  constexpr int64_t kCount = 100000;
+  std::vector<std::vector<int32_t>> data(2, std::vector<int32_t>(kCount, 6));
+  std::vector<std::shared_ptr<RequestState>> states(2);
+  RunRanks(2, [&](int rank) {
+    TensorRequest r = Request("avg", OpType::kAllreduce, DType::kInt32, {kCount});
+    r.reduce_op = ReduceOp::kAverage;
+    states[rank] = Submit(job[rank], Entry(r, data[rank].data(), data[rank].data()));
+  });
+  const Status s = Await(states[1]);
+  EXPECT_EQ(s.code(), Code::kProtocolError) << s.ToString();
+  EXPECT_NE(s.message().find("response for tensor 'avg'"), std::string::npos) << s.ToString();
+  EXPECT_TRUE(WaitUntil([&] { return !job[1].failure().ok(); }));
+  (void)Await(states[0]);  // fails once rank 1 has: it never takes part
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_TRUE(rewritten);
+}
+
+INSTANTIATE_TEST_SUITE_P(Joined, EngineResponseRanksTest,
+                         ::testing::Values(std::vector<int32_t>{0, 1}, std::vector<int32_t>{5}));
+
 // An inline broadcast: the root sends its input to rank 0 (unless it is rank 0), rank 0 sends it
 // to every other rank, the other ranks send nothing (concord_request_wire_bytes).
 TEST(EngineInlineWireBytesTest, ABroadcastCountsWhatEachRankSends) {
