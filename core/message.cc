@@ -159,9 +159,19 @@ TensorRequest ReadRequest(Reader& rd) {
   r.reduce_op = static_cast<ReduceOp>(reduce);
   const uint32_t ndim = rd.Count(8);
   if (ndim > kMaxDims) rd.Fail("more than " + std::to_string(kMaxDims) + " dimensions");
+  int64_t elements = 1;
+  bool overflow = false;
   for (uint32_t i = 0; i < ndim && rd.ok(); ++i) {
     r.shape.push_back(rd.I64());
     if (r.shape.back() < 0) rd.Fail("negative dimension");
+    overflow = __builtin_mul_overflow(elements, r.shape.back(), &elements) || overflow;
+  }
+  // The tensor's bytes must fit int64 (NumElements and NumBytes compute them unchecked); a zero
+  // dimension makes any other harmless.
+  const bool empty = std::find(r.shape.begin(), r.shape.end(), 0) != r.shape.end();
+  if (rd.ok() && !empty &&
+      (overflow || elements > INT64_MAX / static_cast<int64_t>(DTypeSize(r.dtype)))) {
+    rd.Fail("a shape whose bytes overflow int64");
   }
   r.root = rd.I32();
   r.prescale = rd.F64();

@@ -28,6 +28,9 @@ const char* OpTypeName(OpType op) {
 }
 
 int64_t TensorRequest::NumElements() const {
+  // A zero dimension first: the product of the others may overflow (the parser and the enqueue
+  // checks bound non-empty shapes only).
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return 0;
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   return n;

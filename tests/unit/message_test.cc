@@ -389,6 +389,16 @@ TEST(MessageTest, InvalidEnumsAndNegativeValuesAreRejected) {
   TensorRequest negative = r;
   negative.shape = {3, -1};
   ExpectRejected(OneRequest(negative, &op_at), "negative dimension");
+  // Elements, or their bytes, past int64: NumElements and NumBytes would overflow (undefined).
+  TensorRequest huge = r;
+  huge.shape = {int64_t{1} << 40, int64_t{1} << 40};
+  ExpectRejected(OneRequest(huge, &op_at), "elements past int64");
+  huge.shape = {int64_t{1} << 62};  // 2^62 float32 elements: 2^64 bytes
+  ExpectRejected(OneRequest(huge, &op_at), "bytes past int64");
+  huge.shape = {int64_t{1} << 62, 0};  // no elements at all: a tensor like any other
+  EXPECT_TRUE(ParseRequestMessage(OneRequest(huge, &op_at)).ok());
+  huge.shape = {0, int64_t{1} << 62, int64_t{1} << 62};
+  EXPECT_TRUE(ParseRequestMessage(OneRequest(huge, &op_at)).ok());
   TensorRequest negative_group = r;
   negative_group.group = "g";
   negative_group.group_size = -2;
