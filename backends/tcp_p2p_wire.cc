@@ -122,9 +122,12 @@ StatusOr<std::vector<net::Fd>> ConnectMesh(const BackendOptions& o, Store* store
       std::string h;
       int p = 0;
       CONCORD_RETURN_IF_ERROR(net::SplitHostPort(addr, &h, &p));
-      CONCORD_ASSIGN_OR_RETURN(net::Fd fd, net::Connect(h, p, deadline));
-      const std::string hello = Hello(o.rank, theirs);
       const std::string what = "point-to-point connection to rank " + std::to_string(peer);
+      // Named: a peer whose start failed has closed its listener (connection refused).
+      StatusOr<net::Fd> connected = net::Connect(h, p, deadline);
+      if (!connected.ok()) return connected.status().WithContext(what);
+      net::Fd fd = std::move(*connected);
+      const std::string hello = Hello(o.rank, theirs);
       CONCORD_RETURN_IF_ERROR(net::WriteAll(fd.get(), hello.data(), hello.size(), deadline, what));
       unsigned char ack[4];
       CONCORD_RETURN_IF_ERROR(net::ReadFull(fd.get(), ack, sizeof(ack), deadline, what));
