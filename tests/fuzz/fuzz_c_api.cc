@@ -251,8 +251,9 @@ const concord_allreduce_opts_t* AllreduceOpts(Program& p) {
   o.prescale = in.Pick(kScales);
   o.postscale = in.Pick(kScales);
   o.compression = Spec(in, p.strings);
-  // The library reads struct_size bytes (a newer caller's zero tail too): they are all there.
-  void* mem = p.buffers.Get(std::max(sizeof(size_t), o.struct_size));
+  // The library reads struct_size bytes (a newer caller's zero tail too) when struct_size is at
+  // most 4096 (larger is refused unread): they are all there. Pick may give any size.
+  void* mem = p.buffers.Get(std::max(sizeof(size_t), std::min<size_t>(o.struct_size, 4096)));
   std::memcpy(mem, &o, std::max(sizeof(size_t), std::min(o.struct_size, sizeof(o))));
   return static_cast<const concord_allreduce_opts_t*>(mem);
 }
