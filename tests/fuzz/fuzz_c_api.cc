@@ -265,9 +265,9 @@ const concord_device_opts_t* DeviceOpts(Program& p) {
   concord_device_opts_init(&o);
   static const size_t kSizes[] = {sizeof(o), 0, 8, 16};
   o.struct_size = in.Pick(kSizes);
-  const size_t size = std::max(sizeof(size_t), std::min(o.struct_size, sizeof(o)));
-  void* mem = p.buffers.Get(size);
-  std::memcpy(mem, &o, size);
+  // As AllreduceOpts: the library may read up to 4096 bytes of it.
+  void* mem = p.buffers.Get(std::max(sizeof(size_t), std::min<size_t>(o.struct_size, 4096)));
+  std::memcpy(mem, &o, std::max(sizeof(size_t), std::min(o.struct_size, sizeof(o))));
   return static_cast<const concord_device_opts_t*>(mem);
 }
 
