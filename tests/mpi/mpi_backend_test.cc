@@ -37,6 +37,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/common/sanitizers.h"
 #include "tests/common/tensors.h"
 
 namespace concord {
@@ -48,19 +49,7 @@ using harness::StoreElement;
 
 std::shared_ptr<MpiEnvironment>* g_env = nullptr;
 
-// Whether a sanitizer's allocator runs: it aborts where operator new would throw std::bad_alloc,
-// so the tests that limit this process's memory leave it alone.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-#else
-constexpr bool kSanitized = false;
-#endif
+using harness::kSanitized;
 
 std::unique_ptr<Backend> MakeBackend(size_t max_message_bytes = kMpiMaxMessageBytes,
                                      std::chrono::milliseconds timeout = std::chrono::seconds(30)) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/engine.h"
+#include "tests/common/sanitizers.h"
 #include "tests/unit/engine_test_util.h"
 #include "tests/unit/inproc_transport.h"
 
@@ -117,13 +118,7 @@ TEST(EngineJoinTest, AnErrorAmongTheOthersLeavesAJoinedRanksOwnEntryAlone) {
 // 2^48 bytes) fails its step with an error naming the tensor, instead of std::bad_alloc escaping
 // the thread that steps the engine (std::terminate); its join completes with that error.
 TEST(EngineJoinTest, AStandInTooLargeForMemoryFailsWithAnErrorNotACrash) {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  GTEST_SKIP() << "the sanitizers' operator new aborts instead of throwing std::bad_alloc";
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-  GTEST_SKIP() << "the sanitizers' operator new aborts instead of throwing std::bad_alloc";
-#endif
-#endif
+  if (harness::kSanitized) GTEST_SKIP() << harness::kSanitizedWhy;
   // The failure waits at most the timeout and a second for a culprit to be named.
   Job job(2, [](Config& c) { c.timeout_s = 0.5; });
   JoinedThenEnqueued j;

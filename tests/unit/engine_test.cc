@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/common/sanitizers.h"
 #include "tests/common/tensors.h"
 #include "tests/unit/engine_test_util.h"
 #include "tests/unit/inproc_transport.h"
@@ -670,13 +671,7 @@ INSTANTIATE_TEST_SUITE_P(Ranks, EngineRanksTest, ::testing::Values(1, 2, 3, 4));
 // lanes: the stepping thread's and a worker's) fail the job with an error naming the tensor,
 // instead of std::bad_alloc escaping the engine's threads (std::terminate).
 TEST(EngineMemoryTest, AResultTooLargeForMemoryFailsWithAnErrorNotACrash) {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  GTEST_SKIP() << "the sanitizers' operator new aborts instead of throwing std::bad_alloc";
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-  GTEST_SKIP() << "the sanitizers' operator new aborts instead of throwing std::bad_alloc";
-#endif
-#endif
+  if (harness::kSanitized) GTEST_SKIP() << harness::kSanitizedWhy;
   // The failure waits at most the timeout and a second for a culprit to be named.
   Job job(2, [](Config& c) { c.timeout_s = 0.5; });
   RunRanks(2, [&](int rank) {

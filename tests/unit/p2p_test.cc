@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "tests/common/sanitizers.h"
 #include "tests/unit/tcp_p2p_mesh.h"
 
 namespace concord {
@@ -258,13 +259,7 @@ class DeliveringTransport : public P2pTransport {
 // it (the payload is dropped, the stream stays in sync) with an error saying so, instead of
 // letting std::bad_alloc escape the progress thread.
 TEST(P2pRecvTest, AMessageTooLargeForThisRanksMemoryIsRefusedNotACrash) {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  GTEST_SKIP() << "the sanitizers' operator new aborts instead of throwing std::bad_alloc";
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-  GTEST_SKIP() << "the sanitizers' operator new aborts instead of throwing std::bad_alloc";
-#endif
-#endif
+  if (harness::kSanitized) GTEST_SKIP() << harness::kSanitizedWhy;
   P2pMeta huge;
   huge.shape = {int64_t{1} << 62};
   huge.bytes = uint64_t{1} << 62;
