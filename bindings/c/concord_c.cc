@@ -46,7 +46,9 @@ struct concord_request {
   concord::Mutex mu;
   bool completed GUARDED_BY(mu) = false;
   bool detached GUARDED_BY(mu) = false;
-  std::string error_text GUARDED_BY(mu);  // what concord_request_error returned last
+  // What concord_request_error returned last, per calling thread: a thread's pointer stays valid
+  // while other threads ask (a node map never moves its values).
+  std::unordered_map<std::thread::id, std::string> error_text GUARDED_BY(mu);
   // A call on this request that failed by itself (an exception in concord_wait), not the
   // operation: concord_request_error reports it until the operation's own error replaces it.
   std::string call_error GUARDED_BY(mu);
@@ -1139,15 +1141,16 @@ const char* concord_request_error(concord_request_t request) {
   const bool done = request->state->done();
   concord::MutexLock lock(request->mu);
   try {
+    std::string& text = request->error_text[std::this_thread::get_id()];
     if (done && !request->state->status().ok()) {
-      request->error_text = request->state->status().ToString();
+      text = request->state->status().ToString();
     } else {
-      request->error_text = request->call_error;
+      text = request->call_error;
     }
+    return text.c_str();
   } catch (...) {
     return "out of memory for the request's error message";
   }
-  return request->error_text.c_str();
 }
 
 concord_status_t concord_request_output(concord_request_t request, void** data, size_t* bytes,

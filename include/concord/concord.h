@@ -721,7 +721,8 @@ CONCORD_API concord_status_t concord_wait(concord_request_t request, double time
 CONCORD_API concord_status_t concord_test(concord_request_t request);
 /** The error message of a finished request that failed; otherwise the message of the last call on
  *  this request that failed by itself (concord_request_wait_stream's, say), or empty.
- *  Valid until the next call of it on this request, or until the request is freed. */
+ *  Kept per calling thread, like concord_comm_last_error: valid until the same thread's next call
+ *  of it on this request, or until the request is freed; other threads' calls leave it alone. */
 CONCORD_API const char* concord_request_error(concord_request_t request);
 /**
  * Result of an allgather, a gather (on its root) or an alltoall: data (owned by the request when no

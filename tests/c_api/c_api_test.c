@@ -1382,6 +1382,13 @@ static void TestNewerStructs(concord_comm_t comm) {
 }
 
 /* A request query that fails by itself says why in concord_request_error (before: empty). */
+/* On another thread: a failed call on the request, then its message (TestRequestQueryErrors). */
+static void* FailAQueryAndReadItsError(void* request) {
+  concord_request_t r = (concord_request_t)request;
+  if (concord_request_wire_bytes(r, NULL) != CONCORD_ERR_INVALID_ARGUMENT) return NULL;
+  return strstr(concord_request_error(r), "bytes is NULL") != NULL ? r : NULL;
+}
+
 static void TestRequestQueryErrors(concord_comm_t comm) {
   float x[2] = {1, 2};
   int64_t shape[1] = {2};
@@ -1395,6 +1402,17 @@ static void TestRequestQueryErrors(concord_comm_t comm) {
   CHECK_STATUS(concord_request_output_shape(r, NULL, &ndim, NULL), CONCORD_ERR_INVALID_ARGUMENT);
   CHECK(ndim == -7);
   CHECK(strstr(concord_request_error(r), "not a recv") != NULL);
+  {
+    /* The message is kept per thread: another thread's call does not rewrite (or free) the text
+     * this thread holds (before, it read the other thread's message, or freed memory). */
+    const char* mine = concord_request_error(r);
+    pthread_t other;
+    void* other_saw = NULL;
+    CHECK(pthread_create(&other, NULL, FailAQueryAndReadItsError, r) == 0);
+    CHECK(pthread_join(other, &other_saw) == 0);
+    CHECK(other_saw == r);
+    CHECK(strstr(mine, "not a recv") != NULL);
+  }
   CHECK_STATUS(concord_request_wire_bytes(r, NULL), CONCORD_ERR_INVALID_ARGUMENT);
   CHECK(strstr(concord_request_error(r), "bytes is NULL") != NULL);
   concord_request_free(r);
