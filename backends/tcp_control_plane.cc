@@ -9,9 +9,9 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cstring>
 
+#include "base/clock.h"
 #include "rendezvous/store.h"
 
 namespace concord {
@@ -34,15 +34,10 @@ enum HelloResult : uint32_t {
   kDuplicateRank = 4,
 };
 
-// "30 s", "0.25 s".
+// "30 s", "0.25 s" (a decimal point whatever the application's locale: FormatSeconds).
 std::string Seconds(std::chrono::milliseconds ms) {
-  char buf[32];
-  if (ms.count() % 1000 == 0) {
-    std::snprintf(buf, sizeof(buf), "%lld s", static_cast<long long>(ms.count() / 1000));
-  } else {
-    std::snprintf(buf, sizeof(buf), "%g s", static_cast<double>(ms.count()) / 1000.0);
-  }
-  return buf;
+  if (ms.count() % 1000 == 0) return std::to_string(ms.count() / 1000) + " s";
+  return FormatSeconds(static_cast<double>(ms.count()) / 1000.0);
 }
 
 std::string RankName(int rank) {

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -109,10 +108,8 @@ StatusOr<ClockOffset> Measure(P2pTransport& t, int peer, int64_t tag,
   const std::optional<int64_t> offset_ns = Nanoseconds(estimate->offset_us);
   const std::optional<int64_t> error_ns = Nanoseconds(estimate->error_us);
   if (!offset_ns || !error_ns) {
-    char seconds[32];
-    std::snprintf(seconds, sizeof(seconds), "%.3g", estimate->offset_us / 1e6);
-    return ProtocolError(std::string("a clock reading ") + seconds +
-                         " s off rank 0's, past what the offset's int64 nanoseconds hold");
+    return ProtocolError("a clock reading " + FormatSeconds(estimate->offset_us / 1e6) +
+                         " off rank 0's, past what the offset's int64 nanoseconds hold");
   }
   CONCORD_RETURN_IF_ERROR(
       SendWords(t, peer, tag, {kResult, *offset_ns, *error_ns}, options.deadline));

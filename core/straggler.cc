@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "base/c_locale.h"
+
 namespace concord {
 
 void Arrivals::Note(int rank, Clock::time_point now) {
@@ -76,6 +78,7 @@ std::optional<std::string> StragglerTracker::Report(Clock::time_point now) {
   if (size_ < 2 || waited < 0.05 * seconds || share_last <= std::min(0.9, 1.5 / size_)) {
     return std::nullopt;
   }
+  const ScopedCLocale c_locale;  // "1.5 s", not "1,5 s", whatever the application's LC_NUMERIC
   char line[320];
   int n = std::snprintf(line, sizeof(line),
                         "rank %d arrived last for %.0f%% of %llu operations in the last %.1f s; "

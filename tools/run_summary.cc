@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <climits>
 #include <cmath>
 #include <cstdarg>
@@ -14,6 +15,9 @@
 #include <cstdlib>
 #include <map>
 #include <sstream>
+#include <system_error>
+
+#include "base/c_locale.h"
 
 namespace concord {
 namespace {
@@ -36,11 +40,13 @@ std::vector<std::string> Words(const std::string& line) {
   return words;
 }
 
+// A decimal number ("0.5", "1e-3") whatever the application's LC_NUMERIC: std::from_chars ignores
+// it, where strtod under de_DE would stop at the '.' of "0.5".
 bool ParseSeconds(const std::string& text, double* value) {
-  if (text.empty()) return false;
-  char* end = nullptr;
-  const double v = std::strtod(text.c_str(), &end);
-  if (*end != '\0' || !std::isfinite(v) || v < 0) return false;
+  double v = 0;
+  const char* end = text.data() + text.size();
+  const std::from_chars_result r = std::from_chars(text.data(), end, v);
+  if (r.ec != std::errc() || r.ptr != end || !std::isfinite(v) || v < 0) return false;
   *value = v;
   return true;
 }
@@ -250,6 +256,7 @@ RankReport ReadRankReport(const std::string& dir, int rank) {
 }
 
 std::string FormatJobSummary(const std::vector<RankReport>& reports) {
+  const ScopedCLocale c_locale;  // "12.5", not "12,5", whatever the application's LC_NUMERIC
   size_t with_summary = 0;
   uint64_t ops = 0;
   uint64_t bytes = 0;

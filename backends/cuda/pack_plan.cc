@@ -5,6 +5,8 @@
 #include <limits>
 #include <string>
 
+#include "base/c_locale.h"
+
 namespace concord {
 namespace cuda {
 namespace {
@@ -15,6 +17,13 @@ bool IsPowerOfTwo(size_t v) {
 
 std::string TensorLabel(size_t index) {
   return "pack tensor " + std::to_string(index) + ": ";
+}
+
+// A scale factor for messages: "0.500000" whatever the application's LC_NUMERIC (std::to_string
+// follows it: "0,500000" under de_DE).
+std::string ScaleText(double scale) {
+  const ScopedCLocale c_locale;
+  return std::to_string(scale);
 }
 
 std::string Hex(uint64_t v) {
@@ -106,14 +115,14 @@ Status CheckLaunch(const PackPlan& plan, const void* buffer, size_t buffer_bytes
                            " bytes, the plan needs " + std::to_string(plan.total_bytes));
   }
   if (!std::isfinite(scale)) {
-    return InvalidArgument("pack: scale factor must be finite, got " + std::to_string(scale));
+    return InvalidArgument("pack: scale factor must be finite, got " + ScaleText(scale));
   }
   if (scale != 1.0) {
     for (size_t i = 0; i < plan.entries.size(); ++i) {
       const DType dtype = static_cast<DType>(plan.entries[i].dtype);
       if (!IsFloatingPoint(dtype)) {
         return InvalidArgument(TensorLabel(i) + "a " + DTypeName(dtype) +
-                               " tensor cannot be scaled (factor " + std::to_string(scale) +
+                               " tensor cannot be scaled (factor " + ScaleText(scale) +
                                "); integer tensors are packed with a scale of exactly 1");
       }
     }

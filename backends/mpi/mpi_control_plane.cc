@@ -1,6 +1,5 @@
 #include <algorithm>
 #include <climits>
-#include <cstdio>
 #include <deque>
 #include <functional>
 #include <list>
@@ -8,6 +7,7 @@
 #include <vector>
 
 #include "backends/mpi/mpi_backend.h"
+#include "base/clock.h"
 #include "base/mutex.h"
 
 namespace concord {
@@ -367,9 +367,7 @@ class MpiControlPlane : public ControlPlane {
     for (int r = 0; r < size_ && failure_.ok(); ++r) {
       if (r == rank_ || (rank_ != 0 && r != 0)) continue;
       if (now - last_heard_[r] > liveness_) {
-        char seconds[32];
-        std::snprintf(seconds, sizeof(seconds), "%g s",
-                      static_cast<double>(liveness_.count()) / 1000.0);
+        const std::string seconds = FormatSeconds(static_cast<double>(liveness_.count()) / 1000.0);
         (void)FailPeer(r, Status(Code::kPeerFailure, "rank " + std::to_string(r) + " silent for " +
                                                          seconds + " (MPI control plane)"));
         break;

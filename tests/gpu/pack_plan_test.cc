@@ -9,6 +9,7 @@
 #include <limits>
 #include <vector>
 
+#include "tests/common/comma_locale.h"
 #include "tests/common/tensors.h"
 
 namespace concord {
@@ -257,6 +258,17 @@ TEST(PackPlanTest, CheckLaunchRefusesBadBuffersAndScales) {
         << DTypeName(d);
     EXPECT_TRUE(CheckLaunch(one, buffer, one.total_bytes, 1.0).ok()) << DTypeName(d);
   }
+}
+
+// The scale factor in CheckLaunch's errors has a decimal point whatever LC_NUMERIC the application
+// set (under de_DE it read "(factor 0,500000)").
+TEST(PackPlanTest, CheckLaunchWritesTheScaleInTheCLocaleWhateverTheApplicationSet) {
+  const harness::CommaLocale comma;
+  if (!comma.active()) GTEST_SKIP() << comma.why();
+  const PackPlan ints = PlanOrDie({{Address(0x1000), DType::kInt32, 4}});
+  const Status s = CheckLaunch(ints, Address(0x40000), ints.total_bytes, 0.5);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  EXPECT_NE(s.message().find("(factor 0.500000)"), std::string::npos) << s.message();
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include "backends/tcp_control_plane.h"
 #include "base/clock.h"
 #include "rendezvous/hash_store.h"
+#include "tests/common/comma_locale.h"
 
 namespace concord {
 namespace {
@@ -42,6 +43,21 @@ TEST(TcpControlPlaneSetupTest, ASizeMismatchFailsRankZeroAtOnce) {
             std::string::npos)
       << zero.message();
   EXPECT_LT(std::chrono::duration_cast<milliseconds>(took).count(), 2000) << zero.ToString();
+}
+
+// Rank 1 never comes: rank 0's timeout names its connect timeout with a decimal point whatever
+// LC_NUMERIC the application set (under de_DE it read "within 0,25 s").
+TEST(TcpControlPlaneSetupTest, TheTimeoutIsWrittenInTheCLocaleWhateverTheApplicationSet) {
+  const harness::CommaLocale comma;
+  if (!comma.active()) GTEST_SKIP() << comma.why();
+  HashStore store;
+  TcpControlPlaneOptions o = Options(0, 2);
+  o.connect_timeout = milliseconds(250);
+  const Status zero = CreateTcpControlPlane(o, &store).status();
+  EXPECT_EQ(zero.code(), Code::kTimeout) << zero.ToString();
+  EXPECT_NE(zero.message().find("only 0 of 1 ranks connected to rank 0 within 0.25 s (missing: 1)"),
+            std::string::npos)
+      << zero.message();
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 
 #include "backends/backend.h"
 #include "core/timeline.h"
+#include "tests/common/comma_locale.h"
 #include "tests/unit/tcp_p2p_mesh.h"
 
 namespace concord {
@@ -114,6 +115,31 @@ TEST(ClockSyncTest, APeerWhoseClockAnswersGarbageGetsNoOffset) {
   EXPECT_NE(zero.status.message().find("int64"), std::string::npos) << zero.status.ToString();
   EXPECT_FALSE(other.offset) << other.offset->offset_us;
   EXPECT_EQ(other.status.code(), Code::kUnavailable) << other.status.ToString();
+}
+
+// The garbage clock's reading in that error has a decimal point whatever LC_NUMERIC the
+// application set (under de_DE it read "a clock reading -1,1e+10 s off rank 0's").
+TEST(ClockSyncTest, AGarbageReadingIsWrittenInTheCLocaleWhateverTheApplicationSet) {
+  const harness::CommaLocale comma;  // before the transport's threads start
+  if (!comma.active()) GTEST_SKIP() << comma.why();
+  auto ranks = TcpP2pMesh(2);
+  ASSERT_EQ(ranks.size(), 2u);
+  ClockSyncOptions o;
+  o.deadline = Deadline::After(milliseconds(10000));
+  ClockSyncOptions garbage = o;
+  garbage.clock = [] { return std::numeric_limits<int64_t>::min(); };
+  auto one = std::async(std::launch::async, [&] { return SyncClock(*ranks[1], garbage); });
+  const ClockSyncResult zero = SyncClock(*ranks[0], o);
+  one.get();
+  // About -1.1e+10 s: INT64_MIN ns minus rank 0's system clock (the digits follow the date).
+  const std::string& message = zero.status.message();
+  const std::string before = "a clock reading -1.1", after = "e+10 s off rank 0's";
+  const size_t at = message.find(before);
+  ASSERT_NE(at, std::string::npos) << message;
+  const size_t end = message.find(after, at);
+  ASSERT_NE(end, std::string::npos) << message;
+  const std::string digits = message.substr(at + before.size(), end - at - before.size());
+  EXPECT_EQ(digits.find_first_not_of("0123456789"), std::string::npos) << message;
 }
 
 TEST(ClockSyncTest, SkewedRanksGetTheirOffsetsOverTheTransport) {

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/common/comma_locale.h"
+
 namespace concord {
 namespace {
 
@@ -122,6 +124,37 @@ TEST(RunSummaryTest, RefusesAGarbledFileNamingTheLine) {
     EXPECT_EQ(s.status().message().rfind(c.message, 0), 0u)
         << s.status().message() << " vs " << c.message;
   }
+}
+
+// The files' numbers are read, and the table's written, with a decimal point whatever LC_NUMERIC
+// the application set: under de_DE strtod stopped at the '.' of "12.5" (a bad file), and the
+// table would have read "12,5".
+TEST(RunSummaryTest, ReadsAndWritesTheCLocalesNumbersWhateverTheApplicationSet) {
+  const harness::CommaLocale comma;
+  if (!comma.active()) GTEST_SKIP() << comma.why();
+  StatusOr<RankSummary> s = ParseRankSummary(kRank0);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_DOUBLE_EQ(s->wall_s, 12.5);
+  EXPECT_DOUBLE_EQ(s->collective_s, 4.25);
+  ASSERT_EQ(s->phases.size(), 3u);
+  EXPECT_DOUBLE_EQ(s->phases[0].seconds, 1.10);
+  ASSERT_EQ(s->stragglers.size(), 2u);
+  EXPECT_DOUBLE_EQ(s->stragglers[0].share, 0.87);
+  EXPECT_DOUBLE_EQ(s->stragglers[0].wait_s, 41.2);
+  const std::string table = FormatJobSummary(
+      {Report(0, kRank0), Report(1,
+                                 "rank 1\nhost node-1\nwall_s 10\nops 100\nbytes 2000000000\n"
+                                 "errors 0\ncollective_s 5\nphase queued 2.5\n")});
+  EXPECT_EQ(RowOf(table, 0),
+            "    0 node-a            12.5     4.25   34.0%   98.8 MB      4120      0  "
+            "collective 0.971 ms      0%");
+  EXPECT_EQ(RowOf(table, 1),
+            "    1 node-1            10.0     5.00   50.0%      2 GB       100      0  "
+            "queued 25 ms             5%");
+  EXPECT_NE(table.find("top straggler: rank 3 arrived last in 87% of the cycles; the others "
+                       "waited 41.2 s for it in total"),
+            std::string::npos)
+      << table;
 }
 
 TEST(RunSummaryTest, ReadsTheFilesOfADirectoryAndRemovesIt) {

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/coordinator.h"
+#include "tests/common/comma_locale.h"
 
 namespace concord {
 namespace {
@@ -67,6 +68,25 @@ TEST(StragglerTrackerTest, NamesTheRankOthersWaitForCountingOverlapsOnce) {
             "0.440 s for it (44% of the time), 44.0 ms a step over 10 steps");
   // A new period: nothing happened in it.
   EXPECT_FALSE(tracker.Report(t0 + milliseconds(2000)));
+}
+
+// The report reaches the log with a decimal point whatever LC_NUMERIC the application set (under
+// de_DE it read "in the last 1,0 s; the others waited 0,440 s").
+TEST(StragglerTrackerTest, TheReportIsWrittenInTheCLocaleWhateverTheApplicationSet) {
+  const harness::CommaLocale comma;
+  if (!comma.active()) GTEST_SKIP() << comma.why();
+  const auto t0 = Clock::now();
+  StragglerTracker tracker(4, milliseconds(1000), t0);
+  for (int step = 0; step < 10; ++step) {
+    for (int t = 0; t < 5; ++t) {
+      tracker.OnReady(Late(t0, 3, 100 * step + t, 100 * step + 40 + t), step + 1);
+    }
+  }
+  const auto line = tracker.Report(t0 + milliseconds(1000));
+  ASSERT_TRUE(line);
+  EXPECT_EQ(*line,
+            "rank 3 arrived last for 100% of 50 operations in the last 1.0 s; the others waited "
+            "0.440 s for it (44% of the time), 44.0 ms a step over 10 steps");
 }
 
 TEST(StragglerTrackerTest, BalancedOrBriefWaitsAreNotReported) {
