@@ -45,7 +45,7 @@ void RequestState::Complete(const Status& status) {
       phases.called_back = called_back;
       phases.last_rank = last_rank_.load(std::memory_order_relaxed);
       phases.last_wait_us = last_wait_us_.load(std::memory_order_relaxed);
-      timeline_->Tensor(name_, sample_.op, sample_.bytes, phases);
+      timeline_->Tensor(name_, sample.op, sample.bytes, phases);
     }
   }
   {

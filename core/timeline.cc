@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <chrono>
@@ -107,8 +108,12 @@ StatusOr<TimelineFile> OpenTimelineFile(const std::string& path, int rank,
   return f;
 }
 
-Timeline::Timeline(int rank, int size, Warn warn, size_t max_pending)
-    : rank_(rank), size_(size), warn_(std::move(warn)), max_pending_(max_pending) {}
+Timeline::Timeline(int rank, int size, Warn warn, size_t max_pending, size_t max_tensors)
+    : rank_(rank),
+      size_(size),
+      warn_(std::move(warn)),
+      max_pending_(max_pending),
+      max_tensors_(std::max<size_t>(max_tensors, 1)) {}
 
 Timeline::~Timeline() {
   Stop();
@@ -152,6 +157,8 @@ Status Timeline::Start(TimelineFile file, std::optional<ClockOffset> clock) {
     start_ = steady;
     pending_.clear();
     tensors_.clear();
+    tensor_recency_.clear();
+    next_tensor_track_ = kTensorTrack;
     named_tracks_.assign(kTensorTrack, false);
     dropped_ = 0;
     stopping_ = false;
@@ -179,6 +186,11 @@ std::string Timeline::path() const {
   return path_;
 }
 
+size_t Timeline::tensor_count() const {
+  MutexLock lock(mu_);
+  return tensors_.size();
+}
+
 bool Timeline::Append(Event e) {
   if (pending_.size() >= max_pending_) {
     ++dropped_;
@@ -197,9 +209,20 @@ void Timeline::NameTrack(int track) {
 }
 
 Timeline::TensorInfo& Timeline::TensorTrack(const std::string& name) {
-  auto [it, added] = tensors_.try_emplace(name);
+  auto it = tensors_.find(name);
+  if (it != tensors_.end()) {
+    tensor_recency_.splice(tensor_recency_.end(), tensor_recency_, it->second.recency);
+  } else {
+    if (tensors_.size() >= max_tensors_) {
+      // Erased by iterator: the name in tensor_recency_ is the node's own key.
+      tensors_.erase(tensors_.find(*tensor_recency_.front()));
+      tensor_recency_.pop_front();
+    }
+    it = tensors_.try_emplace(name).first;
+    it->second.track = next_tensor_track_++;
+    it->second.recency = tensor_recency_.insert(tensor_recency_.end(), &it->first);
+  }
   TensorInfo& tensor = it->second;
-  if (added) tensor.track = kTensorTrack + static_cast<int>(tensors_.size()) - 1;
   if (!tensor.named) {
     Event e;
     e.track = tensor.track;

@@ -51,6 +51,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -112,9 +113,15 @@ class Timeline {
   static constexpr size_t kMaxPending = size_t{1} << 20;
   // Shorter callbacks are not written (see the file comment).
   static constexpr int64_t kShortestCallbackNs = 1000;
+  // Tensors whose track is remembered beyond this (by default): the one recorded least recently is
+  // forgotten, so that a job whose tensor names change every step ("grad.step123") costs memory no
+  // more. A forgotten name that comes back gets a new track, named again with its next event: a
+  // track's number is never given to another name, so every track keeps one name in the trace.
+  static constexpr size_t kMaxTensors = size_t{1} << 16;
 
-  // `max_pending`: kMaxPending but in tests.
-  Timeline(int rank, int size, Warn warn, size_t max_pending = kMaxPending);
+  // `max_pending`, `max_tensors` (at least 1): kMaxPending and kMaxTensors but in tests.
+  Timeline(int rank, int size, Warn warn, size_t max_pending = kMaxPending,
+           size_t max_tensors = kMaxTensors);
   ~Timeline();
   Timeline(const Timeline&) = delete;
   Timeline& operator=(const Timeline&) = delete;
@@ -130,6 +137,8 @@ class Timeline {
   bool on() const { return on_.load(std::memory_order_relaxed); }
   // The file being written; empty when off.
   std::string path() const EXCLUDES(mu_);
+  // How many tensors' tracks are remembered now (at most max_tensors); for tests.
+  size_t tensor_count() const EXCLUDES(mu_);
 
   // A tensor's phases (see the file comment); nothing when off.
   void Tensor(const std::string& name, const char* op, uint64_t bytes, const TensorPhases& phases)
@@ -141,26 +150,28 @@ class Timeline {
       EXCLUDES(mu_);
 
  private:
-  // Per tensor: its track, whether the track's name is in the file (pending or written), and the
-  // op and bytes its last execute event carried.
+  // Per tensor: its track, whether the track's name is in the file (pending or written), the op and
+  // bytes its last execute event carried, and its place in tensor_recency_.
   struct TensorInfo {
-    int track = 0;
+    int64_t track = 0;
     bool named = false;
     const char* op = nullptr;
     uint64_t bytes = kNoBytes;
+    std::list<const std::string*>::iterator recency;
   };
   struct Event {
     const char* name = nullptr;  // nullptr: a track name (args holds it)
     const char* detail = nullptr;
     const char* detail_key = "backend";
-    int track = 0;
+    int64_t track = 0;  // a tensor's grows with every new name: past int's range in a long job
     int64_t begin_ns = 0, end_ns = 0;
     uint64_t bytes = kNoBytes;
     int32_t last_rank = -1;  // a negotiation's (TensorPhases), written with its wait when >= 0
     uint32_t last_wait_us = 0;
     std::string args;
   };
-  // Tensor `name`'s record, naming its track in the trace until that is not dropped.
+  // Tensor `name`'s record, naming its track in the trace until that is not dropped; a new one
+  // makes the least recently recorded tensor forgotten when max_tensors_ are remembered.
   TensorInfo& TensorTrack(const std::string& name) REQUIRES(mu_);
   // Names track `track` (the engine's or a lane's) in the trace until that is not dropped.
   void NameTrack(int track) REQUIRES(mu_);
@@ -178,6 +189,7 @@ class Timeline {
   const int rank_, size_;
   const Warn warn_;
   const size_t max_pending_;
+  const size_t max_tensors_;
   std::atomic<bool> on_{false};
   mutable Mutex mu_;
   CondVar wake_;
@@ -189,6 +201,9 @@ class Timeline {
   Clock::time_point start_ GUARDED_BY(mu_);
   std::vector<Event> pending_ GUARDED_BY(mu_);
   std::unordered_map<std::string, TensorInfo> tensors_ GUARDED_BY(mu_);
+  // tensors_' names (its keys, which never move), the least recently recorded first.
+  std::list<const std::string*> tensor_recency_ GUARDED_BY(mu_);
+  int64_t next_tensor_track_ GUARDED_BY(mu_) = kTensorTrack;
   std::vector<bool> named_tracks_ GUARDED_BY(mu_);
   uint64_t dropped_ GUARDED_BY(mu_) = 0;  // events beyond max_pending_, not written
   bool stopping_ GUARDED_BY(mu_) = false;

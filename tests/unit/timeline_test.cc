@@ -16,11 +16,16 @@
 #include <cstdio>
 #include <fstream>
 #include <future>
+#include <map>
+#include <memory>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "base/json.h"
+#include "core/metrics.h"
+#include "core/request_state.h"
 #include "tests/common/comma_locale.h"
 
 namespace concord {
@@ -459,6 +464,87 @@ TEST(TimelineTest, ATrackWhoseNameWasDroppedIsNamedWithItsNextEvent) {
   EXPECT_EQ(phases, 3u) << text;
   Find(text, "\"dur\":1.0,\"name\":\"execute\",\"args\":{\"op\":\"allreduce\",\"bytes\":8}}");
   Find(text, "\"tid\":1,\"name\":\"thread_name\",\"args\":{\"name\":\"lane 0\"}}");
+  std::remove((base + ".rank0").c_str());
+}
+
+// A recv that takes the sender's shape is metered with 0 bytes until it completes: its execute
+// carries the bytes it received, as the metrics do (it recorded 0).
+TEST(TimelineTest, ARecvOfTheSendersShapeRecordsTheBytesItReceived) {
+  const std::string base = TempPath("recv");
+  auto file = OpenTimelineFile(base, 0, "timeline");
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  auto t = std::make_shared<Timeline>(0, 2, [](const std::string& m) { ADD_FAILURE() << m; });
+  ASSERT_TRUE(t->Start(std::move(*file)).ok());
+  auto metrics = std::make_shared<Metrics>();
+  RequestState recv;
+  recv.Meter(metrics, "recv", DType::kUint8, 0, Clock::now(), /*from_output=*/true);
+  recv.Trace(t, "from rank 1");
+  recv.output().bytes = 24;
+  recv.output().dtype = DType::kFloat32;
+  recv.Complete(Status::Ok());
+  t->Stop();
+  const std::string text = Read(base + ".rank0");
+  Find(text, "\"name\":\"execute\",\"args\":{\"op\":\"recv\",\"bytes\":24}}");
+  EXPECT_EQ(text.find("\"bytes\":0"), std::string::npos) << text;
+  std::remove((base + ".rank0").c_str());
+}
+
+// A job whose tensor names change every step: the timeline remembers at most max_tensors of them
+// (the least recently recorded is forgotten), and the trace stays valid: each track keeps one name,
+// every slice's track is named, a name still in use keeps its track, and a forgotten one that
+// comes back gets a new track named again.
+TEST(TimelineTest, RemembersABoundedNumberOfTensorNamesAndKeepsEachTrackOneName) {
+  const std::string base = TempPath("names");
+  auto file = OpenTimelineFile(base, 0, "timeline");
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  constexpr size_t kRemembered = 8;
+  Timeline t(
+      0, 1, [](const std::string& m) { ADD_FAILURE() << m; }, Timeline::kMaxPending, kRemembered);
+  ASSERT_TRUE(t.Start(std::move(*file)).ok());
+  const auto t0 = Clock::now();
+  for (int step = 0; step < 200; ++step) {
+    const int at = 10 * step;
+    t.Tensor("loss", "allreduce", 4, At(t0, at, at + 1, at + 2, at + 3, at + 3));
+    t.Tensor("grad.step" + std::to_string(step), "allreduce", 8,
+             At(t0, at, at + 1, at + 2, at + 3, at + 3));
+    ASSERT_LE(t.tensor_count(), kRemembered) << "step " << step;
+  }
+  EXPECT_EQ(t.tensor_count(), kRemembered);
+  // grad.step0 was forgotten long ago: it comes back on a track of its own.
+  t.Tensor("grad.step0", "allreduce", 8, At(t0, 3000, 3001, 3002, 3003, 3003));
+  EXPECT_EQ(t.tensor_count(), kRemembered);
+  t.Stop();
+
+  const std::string text = Read(base + ".rank0");
+  EXPECT_EQ(text.substr(text.size() - 4), "\n]}\n");
+  std::map<int64_t, std::string> track_names;  // tid -> its thread_name
+  std::map<std::string, std::vector<int64_t>> name_tracks;
+  static const std::regex kName(
+      R"re("tid":(\d+),"name":"thread_name","args":\{"name":"([^"]*)"\})re");
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), kName);
+       it != std::sregex_iterator(); ++it) {
+    const int64_t tid = std::stoll((*it)[1]);
+    EXPECT_TRUE(track_names.emplace(tid, (*it)[2]).second) << "track " << tid << " named twice";
+    name_tracks[(*it)[2]].push_back(tid);
+  }
+  static const std::regex kSlice(R"re("ph":"X","pid":0,"tid":(\d+),)re");
+  size_t slices = 0;
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), kSlice);
+       it != std::sregex_iterator(); ++it, ++slices) {
+    EXPECT_EQ(track_names.count(std::stoll((*it)[1])), 1u) << "unnamed track " << (*it)[1];
+  }
+  EXPECT_EQ(slices, (200u * 2 + 1) * 3);  // negotiate, queued, execute of every operation
+  EXPECT_EQ(name_tracks["loss"], std::vector<int64_t>{Timeline::kTensorTrack});
+  EXPECT_EQ(name_tracks["grad.step0"],
+            (std::vector<int64_t>{Timeline::kTensorTrack + 1, Timeline::kTensorTrack + 201}));
+  EXPECT_EQ(name_tracks["grad.step199"], std::vector<int64_t>{Timeline::kTensorTrack + 200});
+  // Each grad track's first execute carries its op and bytes, grad.step0's new one's too.
+  const std::string sized = "\"name\":\"execute\",\"args\":{\"op\":\"allreduce\",\"bytes\":8}}";
+  size_t with_args = 0;
+  for (size_t at = text.find(sized); at != std::string::npos; at = text.find(sized, at + 1)) {
+    ++with_args;
+  }
+  EXPECT_EQ(with_args, 201u);
   std::remove((base + ".rank0").c_str());
 }
 
