@@ -8,7 +8,10 @@
 //   pack_bench --check-device               exit 0 when a GPU is usable, 2 (saying why) when not
 //   pack_bench --workload FILE [--workload FILE ...] [--iters N] [--warmup N] [--dtype T]
 //              [--scale S]
+// A bad option or value is a usage error (exit 2), before any device is touched.
+#include <cctype>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -19,6 +22,7 @@
 
 #include "backends/cuda/cuda_device.h"
 #include "backends/cuda/cuda_packer.h"
+#include "perf/bench_common.h"
 #include "perf/workload.h"
 
 namespace concord {
@@ -136,13 +140,13 @@ Status RunWorkload(const std::string& path, cuda::CudaPacker& packer, const Opti
   return Status::Ok();
 }
 
-int Usage(const char* error) {
+[[noreturn]] void Usage(const std::string& error) {
   std::fprintf(stderr,
                "pack_bench: %s\nusage: pack_bench --check-device\n"
                "       pack_bench --workload FILE [--workload FILE ...] [--iters N] [--warmup N]"
                " [--dtype T] [--scale S]\n",
-               error);
-  return 1;
+               error.c_str());
+  std::exit(2);
 }
 
 int Main(int argc, char** argv) {
@@ -155,25 +159,29 @@ int Main(int argc, char** argv) {
       check_device = true;
       continue;
     }
-    if (value == nullptr) return Usage(("missing value or unknown option " + arg).c_str());
+    if (value == nullptr) Usage("missing value or unknown option " + arg);
     ++i;
     if (arg == "--workload") {
       o.workloads.push_back(value);
-    } else if (arg == "--iters" || arg == "--warmup") {
-      const int n = std::atoi(value);
-      if (n < (arg == "--iters" ? 1 : 0)) return Usage(("bad " + arg).c_str());
-      (arg == "--iters" ? o.iters : o.warmup) = n;
+    } else if (arg == "--iters") {
+      o.iters = static_cast<int>(bench::ParseInteger(arg, value, 1, 100000000, Usage));
+    } else if (arg == "--warmup") {
+      o.warmup = static_cast<int>(bench::ParseInteger(arg, value, 0, 100000000, Usage));
     } else if (arg == "--dtype") {
       StatusOr<DType> d = ParseDTypeName(value);
-      if (!d.ok()) return Usage(d.status().message().c_str());
+      if (!d.ok()) Usage(d.status().message());
       o.override_dtype = true;
       o.dtype = d.value();
     } else if (arg == "--scale") {
+      // The whole value, a finite number (strtod alone skips leading blanks and takes "nan").
       char* end = nullptr;
       o.scale = std::strtod(value, &end);
-      if (end == value || *end != '\0') return Usage("bad --scale");
+      if (end == value || *end != '\0' || std::isspace(static_cast<unsigned char>(value[0])) ||
+          !std::isfinite(o.scale)) {
+        Usage("--scale takes a finite number, not '" + std::string(value) + "'");
+      }
     } else {
-      return Usage(("unknown option " + arg).c_str());
+      Usage("unknown option " + arg);
     }
   }
   const StatusOr<int> devices = cuda::DeviceCount();
@@ -188,7 +196,7 @@ int Main(int argc, char** argv) {
       description.ok() ? description.value().c_str() : description.status().ToString().c_str(),
       devices.value(), cuda::NcclVersion().c_str());
   if (check_device) return 0;
-  if (o.workloads.empty()) return Usage("no --workload given");
+  if (o.workloads.empty()) Usage("no --workload given");
   StatusOr<std::unique_ptr<cuda::CudaPacker>> packer = cuda::CudaPacker::Create(0);
   if (!packer.ok()) {
     std::fprintf(stderr, "pack_bench: %s\n", packer.status().ToString().c_str());
