@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <functional>
 #include <optional>
@@ -61,6 +62,63 @@ class StartWatch {
   std::function<Status()> failure_ GUARDED_BY(mu_);
   const std::string what_;
 };
+
+// What a sub-communicator's start error says before the parent's failure, when that ended it.
+constexpr char kParentFailed[] = "the parent communicator failed while this one started: ";
+
+// Whether a sub-communicator's failed start may be the work of a member that died (the parent then
+// learns of the death within moments, through its own connections): a connection lost or cut
+// short, a wait that timed out. A setting the start refused (kInvalidArgument: CONCORD_SHM = on
+// over ranks of several hosts, say), a feature that cannot start here (kUnavailable), a wrong
+// secret or a bug: no death explains them, and no wait changes them.
+bool MayBeAMembersDeath(Code code) {
+  switch (code) {
+    case Code::kTimeout:
+    case Code::kPeerFailure:
+    case Code::kBackendError:
+    case Code::kSystemError:
+    case Code::kProtocolError:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool EndsWith(const std::string& text, size_t end, const std::string& suffix) {
+  return end >= suffix.size() && text.compare(end - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// A sub-communicator's start error with " (world rank W)" after each "rank R" that names one of
+// its ranks (R in [0, world_ranks.size())), so that it says which process: its own ranks are not
+// the job's. Not after "local rank R", "parent rank R" or "world rank R", nor in the parent's
+// failure (after kParentFailed), which names the parent's own ranks.
+Status NameWorldRanks(const Status& error, const std::vector<int>& world_ranks) {
+  const std::string& text = error.message();
+  const size_t own_end = std::min(text.find(kParentFailed), text.size());
+  const std::string kRank = "rank ";
+  std::string named;
+  size_t copied = 0;
+  for (size_t at = text.find(kRank); at < own_end; at = text.find(kRank, at + kRank.size())) {
+    const size_t digits = at + kRank.size();
+    size_t end = digits;
+    while (end < own_end && end - digits < 9 &&
+           std::isdigit(static_cast<unsigned char>(text[end]))) {
+      ++end;
+    }
+    if (end == digits || (at > 0 && std::isalnum(static_cast<unsigned char>(text[at - 1]))) ||
+        EndsWith(text, at, "local ") || EndsWith(text, at, "parent ") ||
+        EndsWith(text, at, "world ")) {
+      continue;
+    }
+    const size_t rank = std::stoul(text.substr(digits, end - digits));
+    if (rank >= world_ranks.size()) continue;
+    named += text.substr(copied, end - copied) + " (world rank " +
+             std::to_string(world_ranks[rank]) + ")";
+    copied = end;
+  }
+  if (copied == 0) return error;
+  return Status(error.code(), named + text.substr(copied));
+}
 
 // Stops a StartWatch when the start it serves ends, however it ends.
 class StopAtExit {
@@ -339,7 +397,7 @@ StatusOr<Communicator> CreateMpiCommunicator(Config config, std::chrono::millise
   lanes.push_back(std::move(t.backend));
   Communicator comm;
   comm.origin = std::make_shared<CommOrigin>();
-  for (int r = 0; r < t.size; ++r) comm.origin->mpi_world_ranks.push_back(r);
+  for (int r = 0; r < t.size; ++r) comm.origin->world_ranks.push_back(r);
   comm.engine =
       std::make_unique<Engine>(config, std::move(t.control), std::move(lanes),
                                std::move(t.keep_alive), MpiDevicePlane(config), std::move(t.p2p));
@@ -491,6 +549,7 @@ StatusOr<Communicator> CreateCommunicator(Config config) {
     return checked;
   }
   origin->rendezvous = rv;
+  for (int r = 0; r < config.size; ++r) origin->world_ranks.push_back(r);
   Communicator comm;
   CONCORD_ASSIGN_OR_RETURN(comm.engine, StartOnStore(config, rv, origin->prefix, origin->host));
   comm.engine->ServeMetrics(std::move(metrics));
@@ -508,8 +567,8 @@ StatusOr<std::unique_ptr<Engine>> CreateEngine(Config config) {
 }
 
 StatusOr<Communicator> StartSubCommunicator(const Config& config, const CommOrigin& parent,
-                                            const std::string& prefix,
-                                            std::vector<int> mpi_world_ranks, int mpi_tag,
+                                            const std::string& prefix, std::vector<int> world_ranks,
+                                            int mpi_tag,
                                             const std::function<Status()>& parent_failure) {
   auto origin = std::make_shared<CommOrigin>();
   origin->prefix = prefix;
@@ -519,8 +578,7 @@ StatusOr<Communicator> StartSubCommunicator(const Config& config, const CommOrig
   if (parent.rendezvous) {
     // The sub-communicator's engine keeps this rendezvous (the parent's store, watched while it
     // starts) for its life; the watch ends with this call, as the parent may go before it.
-    auto watch = std::make_shared<StartWatch>(
-        parent_failure, "the parent communicator failed while this one started: ");
+    auto watch = std::make_shared<StartWatch>(parent_failure, kParentFailed);
     auto watched = std::make_shared<Rendezvous>();
     watched->store = std::make_unique<WatchedStore>(parent.rendezvous, watch);
     Status checked = CheckJobSettings(config, watched->store.get(), prefix,
@@ -528,28 +586,35 @@ StatusOr<Communicator> StartSubCommunicator(const Config& config, const CommOrig
     auto started = checked.ok() ? StartOnStore(config, watched, prefix, parent.host,
                                                [watch] { return watch->Failed(); })
                                 : StatusOr<std::unique_ptr<Engine>>(checked);
-    // A start that broke because a member died (a connection reset, a timeout) says so: the
-    // parent learns of the death within moments, through its own connections.
-    for (int i = 0; !started.ok() && i < 5; ++i) {
+    // A start that failed as a member's death makes it fail (a connection reset, a timeout) waits
+    // up to kParentGrace for the parent to learn of a death (within moments, through its own
+    // connections) and then fails with that, naming the rank. Any other failure returns at once.
+    const Deadline grace = Deadline::After(kParentGrace);
+    while (!started.ok() && MayBeAMembersDeath(started.status().code())) {
       if (Status failed = watch->Failed(); !failed.ok()) {
         started = failed;
         break;
       }
+      if (grace.passed()) break;
       std::this_thread::sleep_for(kParentCheck);
     }
     watch->Stop();
-    CONCORD_ASSIGN_OR_RETURN(comm.engine, std::move(started));
+    if (!started.ok()) return NameWorldRanks(started.status(), world_ranks);
+    comm.engine = std::move(*started);
   } else {
     auto transports =
-        CreateMpiTransports(MillisFromSeconds(config.timeout_s), mpi_world_ranks, mpi_tag);
-    if (!transports.ok()) return transports.status().WithContext("starting the mpi backend");
+        CreateMpiTransports(MillisFromSeconds(config.timeout_s), world_ranks, mpi_tag);
+    if (!transports.ok()) {
+      return NameWorldRanks(transports.status().WithContext("starting the mpi backend"),
+                            world_ranks);
+    }
     std::vector<std::unique_ptr<Backend>> lanes;
     lanes.push_back(std::move(transports->backend));
     comm.engine = std::make_unique<Engine>(config, std::move(transports->control), std::move(lanes),
                                            std::move(transports->keep_alive),
                                            MpiDevicePlane(config), std::move(transports->p2p));
   }
-  origin->mpi_world_ranks = std::move(mpi_world_ranks);
+  origin->world_ranks = std::move(world_ranks);
   comm.origin = std::move(origin);
   return comm;
 }

@@ -20,15 +20,16 @@ namespace concord {
 struct Rendezvous;  // the store (and its server, under torchrun): bootstrap.cc
 
 // What a communicator was started from, kept with its engine so that it can be split
-// (core/comm_split.h): the rendezvous and key prefix its sub-communicators start under, or, on
-// MPI, the MPI_COMM_WORLD rank of each of its ranks. Shared by the communicator's handle and by
-// the engines of its sub-communicators (whose keep_alive holds the rendezvous), so the store
-// outlives every communicator that uses it.
+// (core/comm_split.h): the rendezvous and key prefix its sub-communicators start under, and the
+// world rank of each of its ranks (over which, on MPI, they start). Shared by the communicator's
+// handle and by the engines of its sub-communicators (whose keep_alive holds the rendezvous), so
+// the store outlives every communicator that uses it.
 struct CommOrigin {
   std::shared_ptr<Rendezvous> rendezvous;  // null on MPI
   std::string prefix;                      // this communicator's store keys
   std::string host;                        // the address its control plane advertises
-  std::vector<int> mpi_world_ranks;        // MPI only: rank here -> MPI_COMM_WORLD rank
+  // Rank here -> rank in the communicator that init started (on MPI, MPI_COMM_WORLD's).
+  std::vector<int> world_ranks;
   // Splits of this communicator so far: the Nth split on every rank is the same split.
   std::atomic<uint64_t> splits{0};
 };
@@ -43,16 +44,20 @@ StatusOr<Communicator> CreateCommunicator(Config config);
 StatusOr<std::unique_ptr<Engine>> CreateEngine(Config config);
 
 // Starts the communicator of a split (core/comm_split.h): `config` is the parent's, with this
-// rank's rank, size and local rank among the members. On the parent's store under `prefix`, or,
-// on MPI, over the MPI_COMM_WORLD ranks `mpi_world_ranks` (MPI_Comm_create_group with
-// `mpi_tag`). Collective over the members only. On the store, its waits for the other members'
-// keys look at `parent_failure` (called only during this call) every kParentCheck: once the
-// parent has failed (a member died), the start fails with that error, naming the rank, instead
-// of waiting out the timeout.
+// rank's rank, size and local rank among the members, whose world ranks are `world_ranks`. On the
+// parent's store under `prefix`, or, on MPI, over those MPI_COMM_WORLD ranks
+// (MPI_Comm_create_group with `mpi_tag`). Collective over the members only. On the store, its
+// waits for the other members' keys look at `parent_failure` (called only during this call) every
+// kParentCheck: once the parent has failed (a member died), the start fails with that error,
+// naming the rank, instead of waiting out the timeout; a start that failed as a member's death
+// would make it fail (a lost connection, a timeout) waits up to kParentGrace for the parent to
+// learn of one, and any other failure (a setting refused) returns at once. Where its own error
+// names one of its ranks, it names the world rank too ("rank 1 (world rank 3)").
 StatusOr<Communicator> StartSubCommunicator(const Config& config, const CommOrigin& parent,
-                                            const std::string& prefix,
-                                            std::vector<int> mpi_world_ranks, int mpi_tag,
+                                            const std::string& prefix, std::vector<int> world_ranks,
+                                            int mpi_tag,
                                             const std::function<Status()>& parent_failure);
 inline constexpr std::chrono::milliseconds kParentCheck{100};
+inline constexpr std::chrono::milliseconds kParentGrace{500};
 
 }  // namespace concord

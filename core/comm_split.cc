@@ -108,11 +108,7 @@ StatusOr<Communicator> Split(Engine& engine, CommOrigin& origin, SplitArgs mine,
   if (!pc.membership.empty()) config.membership += "; the parent is a " + pc.membership;
 
   std::vector<int> world_ranks;
-  if (!origin.rendezvous) {
-    for (int r : members) {
-      world_ranks.push_back(origin.mpi_world_ranks.at(static_cast<size_t>(r)));
-    }
-  }
+  for (int r : members) world_ranks.push_back(origin.world_ranks.at(static_cast<size_t>(r)));
   const std::string prefix =
       origin.prefix + "/split" + std::to_string(seq) + "/" + std::to_string(mine.color);
   auto sub =
