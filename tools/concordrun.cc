@@ -187,6 +187,19 @@ bool IsLocalHost(const std::string& host) {
   return host == me || host == me.substr(0, me.find('.'));
 }
 
+// Whether some rank of the job runs on this host: -H's hosts take the ranks in order, as
+// Launcher::Setup places them (and mpirun, with --backend mpi).
+bool SomeRankRunsHere(const Options& o) {
+  if (o.hosts.empty()) return true;
+  int64_t placed = 0;
+  for (const HostSlots& h : o.hosts) {
+    if (placed >= o.np) break;
+    if (IsLocalHost(h.host)) return true;
+    placed += h.slots;
+  }
+  return false;
+}
+
 // The IPv4 address of an interface, for remote ranks to reach the store.
 StatusOr<std::string> InterfaceAddress(const std::string& iface) {
   ifaddrs* list = nullptr;
@@ -1024,6 +1037,8 @@ int Launcher::StartFailed(const std::string& why, int sigfd) {
 
 int main(int argc, char** argv) {
   concord::Options options = concord::ParseArgs(argc, argv);
+  // Before anything starts: a program the ranks here cannot execute is a usage error (exit 2).
+  if (concord::SomeRankRunsHere(options)) concord::CheckProgram(options);
   if (options.backend == "mpi") return concord::ExecMpirun(options);
   // Before anything starts: a job too large for the descriptors is a usage error (exit 2).
   const std::optional<rlimit> ranks_nofile = concord::RaiseDescriptorLimit();

@@ -1,6 +1,8 @@
 #include "tools/concordrun_options.h"
 
 #include <errno.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -116,7 +118,14 @@ std::vector<HostSlots> ParseHosts(const std::string& list) {
 
 Options ParseArgs(int argc, char** argv) {
   Options o;
-  bool have_np = false, have_grace = false;
+  // The options given so far, by the name their usage error gives. Each is refused a second time:
+  // the last would win silently (-x repeats, for other variables).
+  std::set<std::string> given;
+  const std::string np_option = "-np (or -n)";
+  auto once = [&given](const std::string& name) {
+    if (!given.insert(name).second) UsageError(name + " given more than once");
+  };
+  std::set<std::string> exported;  // -x's variable names
   int i = 1;
   auto value = [&](const std::string& flag) -> std::string {
     if (i + 1 >= argc) UsageError(flag + " needs a value");
@@ -130,19 +139,21 @@ Options ParseArgs(int argc, char** argv) {
     }
     if (a.empty() || a[0] != '-') break;
     if (a == "-np" || a == "-n") {
-      if (have_np) UsageError("-np (or -n) given more than once");
+      once(np_option);
       const std::string v = value(a);
       if (!ParsePositiveInt(v, &o.np)) {
         UsageError("-np must be an integer from 1 to " + std::to_string(kMaxRanks) + ", not '" + v +
                    "'");
       }
-      have_np = true;
     } else if (a == "-H" || a == "--host") {
+      once("-H (or --host)");
       o.hosts = ParseHosts(value(a));
     } else if (a == "--iface") {
+      once(a);
       o.iface = value(a);
       if (o.iface.empty()) UsageError("--iface must not be empty");
     } else if (a == "--backend") {
+      once(a);
       o.backend = value(a);
       if (o.backend != "gloo" && o.backend != "gloo-ibverbs" && o.backend != "mpi" &&
           o.backend != "nccl" && o.backend != "auto") {
@@ -150,6 +161,7 @@ Options ParseArgs(int argc, char** argv) {
                    "'");
       }
     } else if (a == "--timeout") {
+      once(a);
       o.timeout = value(a);
       double ignored = 0;
       // The library's range (CONCORD_TIMEOUT_S): refused here, not by every rank after launch.
@@ -158,8 +170,8 @@ Options ParseArgs(int argc, char** argv) {
                    o.timeout + "'");
       }
     } else if (a == "--grace") {
+      once(a);
       o.grace_s = ParseGrace("--grace", value(a));
-      have_grace = true;
     } else if (a == "-x") {
       const std::string v = value(a);
       const std::string name = v.substr(0, v.find('='));
@@ -169,10 +181,13 @@ Options ParseArgs(int argc, char** argv) {
                                  "0123456789_") != std::string::npos) {
         UsageError("-x takes NAME or NAME=VALUE with a variable name, not '" + v + "'");
       }
+      if (!exported.insert(name).second) UsageError("-x " + name + " given more than once");
       o.exports.push_back(v);
     } else if (a == "--no-prefix") {
+      once(a);
       o.prefix = false;
     } else if (a == "--no-summary") {
+      once(a);
       o.summary = false;
     } else if (a == "-h" || a == "--help") {
       std::fputs(kUsage, stdout);
@@ -184,10 +199,10 @@ Options ParseArgs(int argc, char** argv) {
   for (; i < argc; ++i) o.command.push_back(argv[i]);
   // --grace wins over the variable, which is then not even read.
   if (const char* grace = std::getenv("CONCORD_GRACE_S");
-      !have_grace && grace != nullptr && *grace != '\0') {
+      given.count("--grace") == 0 && grace != nullptr && *grace != '\0') {
     o.grace_s = ParseGrace("CONCORD_GRACE_S", grace);
   }
-  if (!have_np) UsageError("-np is required");
+  if (given.count(np_option) == 0) UsageError("-np is required");
   if (o.command.empty()) UsageError("no program to run");
   if (!o.hosts.empty()) {
     int64_t total = 0;
@@ -198,6 +213,33 @@ Options ParseArgs(int argc, char** argv) {
     }
   }
   return o;
+}
+
+void CheckProgram(const Options& o) {
+  const std::string& program = o.command.front();
+  auto executable = [](const std::string& path) {
+    struct stat st {};
+    return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+           ::access(path.c_str(), X_OK) == 0;
+  };
+  if (program.find('/') != std::string::npos) {
+    if (executable(program)) return;
+    const bool exists = ::access(program.c_str(), F_OK) == 0;
+    UsageError("cannot run '" + program +
+               "': " + (exists ? "not an executable file" : "no such file"));
+  }
+  // execvp's search: PATH's directories in order (an empty one is the current directory), or,
+  // without PATH, its default.
+  const char* path = std::getenv("PATH");
+  const std::string dirs = path != nullptr ? path : "/bin:/usr/bin";
+  size_t start = 0;
+  while (start <= dirs.size()) {
+    const size_t colon = std::min(dirs.find(':', start), dirs.size());
+    const std::string dir = dirs.substr(start, colon - start);
+    if (executable((dir.empty() ? "." : dir) + "/" + program)) return;
+    start = colon + 1;
+  }
+  UsageError("cannot run '" + program + "': no executable file of that name in PATH");
 }
 
 void CheckDescriptorLimit(const Options& o, int64_t open_now, int64_t limit) {

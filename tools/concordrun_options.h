@@ -32,8 +32,15 @@ struct Options {
 };
 
 // Parses the command line (and CONCORD_GRACE_S, the default of --grace). On a usage error prints
-// the error and the usage to stderr and exits 2; on --help prints the usage and exits 0.
+// the error and the usage to stderr and exits 2 (among them an option given twice: only -x
+// repeats, and only for another variable); on --help prints the usage and exits 0.
 Options ParseArgs(int argc, char** argv);
+
+// Exits 2 (a usage error naming the program) when o.command's program cannot be executed here,
+// looked up as the ranks' execvp does: a name without '/' that no executable file in PATH's
+// directories has, or a path that is not an executable file. Called before anything starts when
+// some rank runs on this host: else every rank here failed to start with the same error.
+void CheckProgram(const Options& o);
 
 // Exits 2 (a usage error saying the limit and how to raise it) when a job of o.np ranks needs more
 // descriptors than concordrun may open, `limit` (its RLIMIT_NOFILE, once raised): 3 per rank (its

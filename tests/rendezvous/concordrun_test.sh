@@ -229,9 +229,16 @@ expect_line "$TMP/err" '^concordrun: received SIGTERM; stopping the ranks$'
 expect_stopped "[01]"
 
 echo "== a program that cannot be executed"
+# Refused before anything starts (tests/tools/concordrun_usage_test.sh has the other cases).
 launch -np 2 /nonexistent/program
+[ "$rc" -eq 2 ] || fail "exit code $rc, expected 2"
+expect_line "$TMP/err" "^concordrun: cannot run '/nonexistent/program': no such file"
+# An executable file whose interpreter is missing: only the ranks' exec finds out.
+printf '#!/nonexistent/interpreter\n' >"$TMP/no_interpreter"
+chmod +x "$TMP/no_interpreter"
+launch -np 2 "$TMP/no_interpreter"
 [ "$rc" -eq 1 ] || fail "exit code $rc, expected 1"
-expect_line "$TMP/err" "cannot execute '/nonexistent/program'"
+expect_line "$TMP/err" "cannot execute '$TMP/no_interpreter'"
 
 echo "== a job that cannot start leaves no summary directory"
 mkdir "$TMP/start_failed"
