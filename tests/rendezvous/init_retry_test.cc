@@ -6,17 +6,16 @@
 // kills them after 20 s so that no test hangs.
 #include <concord/concord.h>
 #include <gtest/gtest.h>
-#include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <string>
-#include <thread>
+#include <vector>
 
 #include "base/clock.h"
+#include "tests/common/forked_ranks.h"
 
 namespace concord {
 namespace {
@@ -27,9 +26,10 @@ constexpr int kTimeoutS = 3;
 constexpr int kAttempts = 3;
 
 // One rank: concord_init until it succeeds (at most kAttempts), `bad_name`=`bad_value` set for
-// rank 1's first attempt only; then a barrier on the communicator. Exits 0 on success.
-[[noreturn]] void RunRank(int rank, const std::string& store, const std::string& bad_name,
-                          const std::string& bad_value) {
+// rank 1's first attempt only; then a barrier on the communicator. Returns the child's exit
+// status: 0 on success.
+int RunRank(int rank, const std::string& store, const std::string& bad_name,
+            const std::string& bad_value) {
   ::clearenv();
   ::setenv("CONCORD_STORE", store.c_str(), 1);
   ::setenv("CONCORD_RANK", std::to_string(rank).c_str(), 1);
@@ -50,9 +50,9 @@ constexpr int kAttempts = 3;
     }
     const concord_status_t s = concord_barrier(comm);
     concord_finalize(comm);
-    ::_exit(s == CONCORD_SUCCESS ? 0 : 1);
+    return s == CONCORD_SUCCESS ? 0 : 1;
   }
-  ::_exit(1);
+  return 1;
 }
 
 // Starts both ranks and waits for them: true when both succeeded. *elapsed: until the last one
@@ -62,26 +62,11 @@ bool RunJob(const std::string& bad_name, const std::string& bad_value, milliseco
   EXPECT_NE(::mkdtemp(dir), nullptr);
   const std::string store = std::string("file://") + dir;
   const auto start = Clock::now();
-  pid_t pids[2];
-  for (int rank = 0; rank < 2; ++rank) {
-    pids[rank] = ::fork();  // this process runs no other thread now
-    EXPECT_GE(pids[rank], 0);
-    if (pids[rank] == 0) RunRank(rank, store, bad_name, bad_value);
-  }
+  // This process runs no other thread now.
+  const std::vector<int> statuses = harness::RunForkedRanks(
+      2, [&](int rank) { return RunRank(rank, store, bad_name, bad_value); }, milliseconds(20000));
   bool ok = true;
-  const Deadline deadline = Deadline::After(milliseconds(20000));
-  for (pid_t pid : pids) {
-    int status = 0;
-    while (::waitpid(pid, &status, WNOHANG) == 0) {
-      if (deadline.passed()) {
-        ::kill(pid, SIGKILL);
-        ::waitpid(pid, &status, 0);
-        break;
-      }
-      std::this_thread::sleep_for(milliseconds(20));
-    }
-    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  }
+  for (int status : statuses) ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
   *elapsed = std::chrono::duration_cast<milliseconds>(Clock::now() - start);
   EXPECT_EQ(std::system(("rm -rf " + std::string(dir)).c_str()), 0);
   return ok;

@@ -6,18 +6,15 @@
 // after 20 s so that no test hangs.
 #include <concord/concord.h>
 #include <gtest/gtest.h>
-#include <signal.h>
 #include <stdlib.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <fstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "base/clock.h"
+#include "tests/common/forked_ranks.h"
 
 namespace concord {
 namespace {
@@ -35,9 +32,8 @@ struct RankResult {
 };
 
 // One rank: concord_init (with CONCORD_HOST unbindable when `bad`), then a barrier on success;
-// writes "code took_ms error" to `out`.
-[[noreturn]] void RunRank(int rank, int size, bool bad, const std::string& store,
-                          const std::string& out) {
+// writes "code took_ms error" to `out`. Returns the child's exit status, 0.
+int RunRank(int rank, int size, bool bad, const std::string& store, const std::string& out) {
   ::clearenv();
   ::setenv("CONCORD_STORE", store.c_str(), 1);
   ::setenv("CONCORD_RANK", std::to_string(rank).c_str(), 1);
@@ -57,7 +53,7 @@ struct RankResult {
     (void)concord_barrier(comm);
     concord_finalize(comm);
   }
-  ::_exit(0);
+  return 0;
 }
 
 // Runs a job of `size` ranks in which rank `bad` fails its init; returns every rank's result.
@@ -65,26 +61,14 @@ std::vector<RankResult> RunJob(int size, int bad) {
   char dir[] = "/tmp/concord-startup-failure.XXXXXX";
   EXPECT_NE(::mkdtemp(dir), nullptr);
   const std::string store = std::string("file://") + dir + "/store";
-  std::vector<pid_t> pids(static_cast<size_t>(size));
-  for (int rank = 0; rank < size; ++rank) {
-    pids[rank] = ::fork();  // this process runs no other thread now
-    EXPECT_GE(pids[rank], 0);
-    if (pids[rank] == 0) {
-      RunRank(rank, size, rank == bad, store, std::string(dir) + "/rank" + std::to_string(rank));
-    }
-  }
-  const Deadline deadline = Deadline::After(milliseconds(20000));
-  for (pid_t pid : pids) {
-    int status = 0;
-    while (::waitpid(pid, &status, WNOHANG) == 0) {
-      if (deadline.passed()) {
-        ::kill(pid, SIGKILL);
-        ::waitpid(pid, &status, 0);
-        break;
-      }
-      std::this_thread::sleep_for(milliseconds(20));
-    }
-  }
+  // This process runs no other thread now.
+  harness::RunForkedRanks(
+      size,
+      [&](int rank) {
+        return RunRank(rank, size, rank == bad, store,
+                       std::string(dir) + "/rank" + std::to_string(rank));
+      },
+      milliseconds(20000));
   std::vector<RankResult> results(static_cast<size_t>(size));
   for (int rank = 0; rank < size; ++rank) {
     std::ifstream file(std::string(dir) + "/rank" + std::to_string(rank));
