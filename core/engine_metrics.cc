@@ -29,7 +29,10 @@ MetricsContext Engine::MetricsContextNow() const {
                 {"inline_reductions", load(stats_.inline_reductions)},
                 {"device_launches", load(stats_.device_launches)},
                 {"cache_evictions", load(stats_.cache_evictions)},
-                {"topk_residual_evictions", load(stats_.topk_residual_evictions)}};
+                {"topk_residual_evictions", load(stats_.topk_residual_evictions)},
+                {"scratch_bytes", load(stats_.scratch_bytes), EngineFigure::Kind::kGauge},
+                {"scratch_reallocations", load(stats_.scratch_reallocations)},
+                {"kept_result_bytes", load(stats_.kept_result_bytes), EngineFigure::Kind::kGauge}};
   return c;
 }
 

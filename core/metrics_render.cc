@@ -59,8 +59,8 @@ std::map<std::string, Metrics::OpTotals> ByOp(const Metrics::Snapshot& s) {
 }
 
 uint64_t Counter(const MetricsContext& c, const std::string& name) {
-  for (const auto& [n, v] : c.counters) {
-    if (n == name) return v;
+  for (const EngineFigure& f : c.counters) {
+    if (f.name == name) return f.value;
   }
   return 0;
 }
@@ -158,7 +158,7 @@ std::string MetricsToJson(const Metrics::Snapshot& s, const MetricsContext& c) {
                   ",\"endpoint\":" + JsonQuote(c.endpoint) + ",\"uptime_s\":" + Num(s.uptime_s) +
                   ",\"counters\":{";
   for (size_t i = 0; i < c.counters.size(); ++i) {
-    j += (i ? "," : "") + JsonQuote(c.counters[i].first) + ":" + Num(c.counters[i].second);
+    j += (i ? "," : "") + JsonQuote(c.counters[i].name) + ":" + Num(c.counters[i].value);
   }
   j += "},\"cache_hit_rate\":" + Num(CacheHitRate(c)) + ",\"operations\":[";
   uint64_t wire = 0;
@@ -227,10 +227,14 @@ std::string MetricsToPrometheus(const Metrics::Snapshot& s, const MetricsContext
   PromWriter w(c.rank);
   w.Family("concord_uptime_seconds", "gauge", "Seconds since the communicator started.");
   w.Sample("concord_uptime_seconds", "", Num(s.uptime_s));
-  for (const auto& [name, value] : c.counters) {
-    const std::string family = "concord_engine_" + MetricNamePart(name) + "_total";
-    w.Family(family, "counter", "Engine counter " + name + " (concord_stats_t).");
-    w.Sample(family, "", Num(value));
+  for (const EngineFigure& f : c.counters) {
+    const bool gauge = f.kind == EngineFigure::Kind::kGauge;
+    const std::string family =
+        "concord_engine_" + MetricNamePart(f.name) + (gauge ? std::string() : "_total");
+    w.Family(
+        family, gauge ? "gauge" : "counter",
+        std::string(gauge ? "Engine gauge " : "Engine counter ") + f.name + " (concord_stats_t).");
+    w.Sample(family, "", Num(f.value));
   }
   w.Family("concord_cache_hit_ratio", "gauge", "Operations negotiated as a response-cache bit.");
   w.Sample("concord_cache_hit_ratio", "", Num(CacheHitRate(c)));

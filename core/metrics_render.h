@@ -12,14 +12,23 @@
 
 namespace concord {
 
-// What the metrics do not hold themselves: who this is, and the engine's counters
+// One of the engine's figures (a concord_stats_t field): a counter only ever grows; a gauge is a
+// level now (bytes held), which Prometheus is told so it is not read as a rate.
+struct EngineFigure {
+  enum class Kind { kCounter, kGauge };
+  std::string name;
+  uint64_t value = 0;
+  Kind kind = Kind::kCounter;
+};
+
+// What the metrics do not hold themselves: who this is, and the engine's figures
 // (concord_stats_t's names and values, in that order).
 struct MetricsContext {
   int rank = 0;
   int size = 1;
   std::string host;
   std::string endpoint;  // the metrics endpoint's "address:port"; empty: none
-  std::vector<std::pair<std::string, uint64_t>> counters;
+  std::vector<EngineFigure> counters;
 };
 
 // One JSON object (README.md's "Metrics" section describes every field).

@@ -854,7 +854,7 @@ concord_status_t concord_comm_stats(concord_comm_t comm, concord_stats_t* stats)
                                       "sizeof(concord_stats_t)");
     }
     const concord::EngineStats& e = comm->engine->stats();
-    concord_stats_t all;
+    concord_stats_t all{};  // a field not filled below reads 0, never stack garbage
     all.struct_size = stats->struct_size;
     all.responses_cached = e.responses_cached.load(std::memory_order_relaxed);
     all.responses_full = e.responses_full.load(std::memory_order_relaxed);
@@ -865,6 +865,9 @@ concord_status_t concord_comm_stats(concord_comm_t comm, concord_stats_t* stats)
     all.device_launches = e.device_launches.load(std::memory_order_relaxed);
     all.cache_evictions = e.cache_evictions.load(std::memory_order_relaxed);
     all.topk_residual_evictions = e.topk_residual_evictions.load(std::memory_order_relaxed);
+    all.scratch_bytes = e.scratch_bytes.load(std::memory_order_relaxed);
+    all.scratch_reallocations = e.scratch_reallocations.load(std::memory_order_relaxed);
+    all.kept_result_bytes = e.kept_result_bytes.load(std::memory_order_relaxed);
     // The fields the caller's struct has: the counters after struct_size that it covers.
     const size_t fields = (std::min(stats->struct_size, sizeof(all)) - kFirst) / sizeof(uint64_t);
     std::memcpy(reinterpret_cast<char*>(stats) + kFirst,

@@ -240,7 +240,8 @@ typedef struct concord_device_opts {
 } concord_device_opts_t;
 
 /**
- * A communicator's counters since init, read with concord_comm_stats. Set struct_size to
+ * A communicator's counters since init, and the memory it holds now (scratch_bytes,
+ * kept_result_bytes), read with concord_comm_stats. Set struct_size to
  * sizeof(concord_stats_t) first; fields may only be appended in later versions, and the library
  * fills only those that fit in struct_size (an older caller gets the fields it knows).
  */
@@ -259,6 +260,17 @@ typedef struct concord_stats {
   /** top-k residuals dropped because CONCORD_TOPK_RESIDUALS names already held one (the least
    *  recently compressed name lost its error feedback); this rank's count */
   uint64_t topk_residual_evictions;
+  /** bytes of scratch memory this rank holds now (a gauge, not a count): the lanes' fusion and
+   *  gather buffers and top-k's selection scratch after the last response list; grown for a large
+   *  operation and given back after a burst of smaller ones */
+  uint64_t scratch_bytes;
+  /** times the lanes' fusion and gather buffers were allocated or freed so far; flat in a steady
+   *  training loop */
+  uint64_t scratch_reallocations;
+  /** bytes of freed requests' result memory (an allgather, gather or all-to-all without an output
+   *  buffer, a recv of the sender's shape) kept for reuse after the last response list (a gauge);
+   *  a block nobody takes is given back */
+  uint64_t kept_result_bytes;
 } concord_stats_t;
 
 /* ---- library and communicator ---- */

@@ -322,7 +322,8 @@ class Communicator {
   int size() const { return Get(concord_comm_size); }
   int local_rank() const { return Get(concord_comm_local_rank); }
   int local_size() const { return Get(concord_comm_local_size); }
-  /// The communicator's counters (concord_stats_t: cache hits, evictions, collectives, ...).
+  /// The communicator's counters (concord_stats_t: cache hits, evictions, collectives, ...,
+  /// and the scratch memory it holds).
   concord_stats_t stats() const {
     concord_stats_t s{};
     s.struct_size = sizeof(s);

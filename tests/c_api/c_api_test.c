@@ -430,10 +430,53 @@ static void TestGetters(concord_comm_t comm) {
   CHECK_STATUS(concord_comm_local_size(comm, NULL), CONCORD_ERR_INVALID_ARGUMENT);
 }
 
+/* The scratch memory a fused group and an owned allgather leave: a fused group packs into a lane's
+ * fusion buffer (scratch_bytes), and an allgather's result the request owned, once freed, is kept
+ * for reuse (kept_result_bytes). The figures move after each response list: barriers' lists follow.
+ */
+static void AllocateScratch(concord_comm_t comm, size_t elements) {
+  enum { kFused = 4 };
+  float* data = (float*)calloc(kFused * elements, sizeof(float));
+  int64_t shape[1];
+  concord_request_t r[kFused];
+  char name[32];
+  void* gathered = NULL;
+  size_t bytes = 0;
+  int i;
+  shape[0] = (int64_t)elements;
+  CHECK(data != NULL);
+  CHECK_STATUS(concord_group_start(comm), CONCORD_SUCCESS);
+  for (i = 0; i < kFused; ++i) {
+    concord_tensor_t t = CpuTensor(data + i * elements, CONCORD_FLOAT32, 1, shape);
+    snprintf(name, sizeof(name), "stats.fused%d", i);
+    CHECK_STATUS(concord_allreduce_async(comm, name, &t, NULL, NULL, NULL, NULL, &r[i]),
+                 CONCORD_SUCCESS);
+  }
+  CHECK_STATUS(concord_group_end(comm), CONCORD_SUCCESS);
+  for (i = 0; i < kFused; ++i) {
+    CHECK_STATUS(concord_wait(r[i], 10), CONCORD_SUCCESS);
+    concord_request_free(r[i]);
+  }
+  {
+    concord_tensor_t t = CpuTensor(data, CONCORD_FLOAT32, 1, shape);
+    CHECK_STATUS(concord_allgather_async(comm, "stats.owned", &t, NULL, 0, NULL, NULL, &r[0]),
+                 CONCORD_SUCCESS);
+    CHECK_STATUS(concord_wait(r[0], 10), CONCORD_SUCCESS);
+    CHECK_STATUS(concord_request_output(r[0], &gathered, &bytes, NULL), CONCORD_SUCCESS);
+    CHECK(gathered != NULL && bytes == elements * sizeof(float));
+    concord_request_free(r[0]);
+  }
+  CHECK_STATUS(concord_barrier(comm), CONCORD_SUCCESS);
+  CHECK_STATUS(concord_barrier(comm), CONCORD_SUCCESS);
+  free(data);
+}
+
 /* The counters: refused without room for one or with a size that ends inside one; an older
- * caller's smaller struct gets only the fields it has; a repeated name is served by the response
- * cache. */
+ * caller's smaller struct gets only the fields it has (one from before the scratch figures
+ * too: they stay as they were); a repeated name is served by the response cache; the scratch
+ * memory shows. */
 static void TestStats(concord_comm_t comm) {
+  const size_t elements = 16 * 1024; /* 64 KiB: under the direct threshold, so fused */
   concord_stats_t s, before;
   float x[2] = {1, 2};
   int64_t shape[1] = {2};
@@ -465,6 +508,21 @@ static void TestStats(concord_comm_t comm) {
   CHECK_STATUS(concord_comm_stats(comm, &s), CONCORD_SUCCESS);
   CHECK(s.response_lists >= before.response_lists + 3);
   CHECK(s.cache_evictions == 0);
+
+  AllocateScratch(comm, elements);
+  memset(&s, 0xAB, sizeof(s));
+  s.struct_size = offsetof(concord_stats_t, scratch_bytes); /* a caller built before them */
+  CHECK_STATUS(concord_comm_stats(comm, &s), CONCORD_SUCCESS);
+  CHECK(s.topk_residual_evictions != 0xABABABABABABABABull); /* its last field: filled */
+  CHECK(s.scratch_bytes == 0xABABABABABABABABull && s.kept_result_bytes == 0xABABABABABABABABull &&
+        s.scratch_reallocations == 0xABABABABABABABABull);
+  s.struct_size = sizeof(s);
+  CHECK_STATUS(concord_comm_stats(comm, &s), CONCORD_SUCCESS);
+  CHECKF(s.scratch_bytes >= 4 * elements * sizeof(float), "%llu scratch bytes",
+         (unsigned long long)s.scratch_bytes);
+  CHECK(s.scratch_reallocations >= 1);
+  CHECKF(s.kept_result_bytes >= elements * sizeof(float), "%llu kept result bytes",
+         (unsigned long long)s.kept_result_bytes);
 }
 
 /* concord_comm_metrics: the length query, a buffer too small (untouched), the JSON itself. */
@@ -492,6 +550,9 @@ static void TestMetrics(concord_comm_t comm) {
   CHECK(strlen(json) == length && json[0] == '{' && json[length - 1] == '}');
   CHECK(strstr(json, "\"operations\":[") != NULL && strstr(json, "\"stats.repeated\"") == NULL);
   CHECK(strstr(json, "\"op\":\"allreduce\",\"dtype\":\"float32\"") != NULL);
+  /* TestStats left scratch memory: the counters have it, not 0. */
+  CHECK(strstr(json, "\"scratch_bytes\":") != NULL && strstr(json, "\"scratch_bytes\":0,") == NULL);
+  CHECK(strstr(json, "\"kept_result_bytes\":") != NULL);
   free(json);
 }
 

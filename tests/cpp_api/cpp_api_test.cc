@@ -229,6 +229,34 @@ TEST(CppApiTest, AllgatherOwnedOutputWithDifferentFirstDims) {
   });
 }
 
+// stats() has the scratch memory: a fused group packs into a lane's fusion buffer (scratch_bytes),
+// and an allgather result the library owned, once freed, is kept for reuse (kept_result_bytes).
+TEST(CppApiTest, StatsShowTheScratchMemory) {
+  RunRanks(2, [](concord::Communicator& comm) {
+    constexpr size_t kElements = 16 * 1024;  // 64 KiB: under the direct threshold, so fused
+    std::vector<std::vector<float>> tensors(4, std::vector<float>(kElements, 1.0f));
+    std::vector<concord::Future> futures;
+    {
+      concord::Communicator::Group group(comm);
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        futures.push_back(comm.allreduce_async("stats.fused" + std::to_string(i),
+                                               concord::TensorView(tensors[i])));
+      }
+    }
+    for (auto& f : futures) f.wait();
+    EXPECT_EQ(comm.allgather_async("stats.owned", concord::TensorView(tensors[0])).output().size(),
+              2 * kElements * sizeof(float));
+    // The figures move after each response list: the barriers' lists come after both.
+    comm.barrier();
+    comm.barrier();
+    const concord_stats_t s = comm.stats();
+    EXPECT_EQ(s.struct_size, sizeof(concord_stats_t));
+    EXPECT_GE(s.scratch_bytes, 4 * kElements * sizeof(float));
+    EXPECT_GE(s.scratch_reallocations, 1u);
+    EXPECT_GE(s.kept_result_bytes, 2 * kElements * sizeof(float));
+  });
+}
+
 TEST(CppApiTest, ReducescatterAndAlltoallWithReceivedSplits) {
   RunRanks(3, [](concord::Communicator& comm) {
     const int r = comm.rank();

@@ -52,6 +52,16 @@ def test_lib_constants_equal_the_header():
     assert _lib.UNDEFINED == c["UNDEFINED"]
 
 
+def test_stats_mirror_the_header():
+    # StatsStruct has concord_stats_t's fields in its order (struct_size, then 8-byte counters).
+    body = re.search(r"typedef struct concord_stats \{(.*?)\} concord_stats_t;",
+                     HEADER.read_text(), re.S).group(1)
+    body = re.sub(r"/\*.*?\*/", "", body, flags=re.S)  # the comments name no fields
+    fields = re.findall(r"\b(?:size_t|uint64_t)\s+(\w+);", body)
+    assert len(fields) >= 13
+    assert [name for name, _ in _lib.StatsStruct._fields_] == fields
+
+
 def test_device_opts_mirror_the_library():
     # concord_device_opts_t as the _ex entry points read it: the library's own size (its
     # struct_size after concord_device_opts_init) is the mirror's.

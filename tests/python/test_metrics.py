@@ -19,6 +19,7 @@ from envutil import with_env
 
 BIG = 100_000  # float32 elements: past the direct threshold, run in place on the lanes
 SMALL = 10_000  # float32 elements: fused, above the inline threshold
+OWNED = 16_384  # float32 elements: an allgather result large enough to be kept once freed
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +31,7 @@ def run():
         c.allreduce(np.ones(BIG, np.float32), name="metrics.big")
     for _ in range(3):
         c.allgather(np.arange(7, dtype=np.int32), name="metrics.gather")
+    c.allgather(np.ones(OWNED, np.float32), name="metrics.owned")  # its result, dropped, is kept
     with c.group():
         handles = [c.allreduce_async(np.ones(SMALL, np.float32), name="metrics.fused%d" % k)
                    for k in range(4)]
@@ -219,6 +221,24 @@ def test_prometheus_page_parses_and_agrees_with_the_json(run):
         assert ops[(o["op"], o["dtype"])] >= o["count"]
     assert families["concord_operation_latency_seconds"][0] == "histogram"
     assert families["concord_engine_responses_cached_total"][1][0][2] >= m["counters"]["responses_cached"]
+
+
+def test_scratch_memory_is_in_the_json_and_the_page(run):
+    c, m, page = run
+    counters = m["counters"]
+    # The fused group packed into a lane's fusion buffer; metrics.owned's result, freed, is kept
+    # for reuse.
+    assert counters["scratch_bytes"] >= 4 * SMALL * 4, counters
+    assert counters["scratch_reallocations"] >= 1, counters
+    assert counters["kept_result_bytes"] >= OWNED * 4 * c.size, counters
+    families = parse_prometheus(page)
+    # Bytes held now are gauges (no _total); the reallocations a counter.
+    for name in ("scratch_bytes", "kept_result_bytes"):
+        kind, samples = families["concord_engine_" + name]
+        assert kind == "gauge" and samples[0][2] > 0, (name, kind, samples)
+        assert "concord_engine_%s_total" % name not in families
+    kind, samples = families["concord_engine_scratch_reallocations_total"]
+    assert kind == "counter" and samples[0][2] >= counters["scratch_reallocations"]
 
 
 def test_metrics_endpoint_answers_only_its_page(run):

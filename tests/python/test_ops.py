@@ -109,7 +109,8 @@ def test_stats_count_cache_hits(comm):
     before = comm.stats()
     assert set(before) == {"responses_cached", "responses_full", "response_lists", "collectives",
                            "fused_tensors", "inline_reductions", "device_launches",
-                           "cache_evictions", "topk_residual_evictions"}
+                           "cache_evictions", "topk_residual_evictions", "scratch_bytes",
+                           "scratch_reallocations", "kept_result_bytes"}
     for _ in range(3):
         comm.allreduce(np.ones(4, np.float32), name="stats.repeated")
     after = comm.stats()
@@ -117,6 +118,27 @@ def test_stats_count_cache_hits(comm):
     # The first one is negotiated in full, the repeats through the response cache.
     assert after["responses_cached"] >= before["responses_cached"] + 2
     assert after["cache_evictions"] >= before["cache_evictions"]
+
+
+def test_stats_show_the_scratch_memory(comm):
+    # A fused group packs into the lane's fusion buffer (scratch_bytes, allocated at least once);
+    # an allgather's result the request owned, once freed, is kept for reuse (kept_result_bytes).
+    # The stats move after each response list: the barrier's list comes after both.
+    n = 16 * 1024  # 64 KiB: under the direct threshold, so fused
+    with comm.group():
+        handles = [comm.allreduce_async(np.ones(n, np.float32), name="stats.fused%d" % k)
+                   for k in range(4)]
+    for h in handles:
+        h.wait()
+    gathered = comm.allgather(np.ones(n, np.float32), name="stats.owned")
+    assert gathered.shape == (n * comm.size,)
+    del gathered  # the request's result goes back to the library's pool
+    comm.barrier()
+    comm.barrier()
+    stats = comm.stats()
+    assert stats["scratch_bytes"] >= 4 * n * 4, stats
+    assert stats["scratch_reallocations"] >= 1, stats
+    assert stats["kept_result_bytes"] >= n * 4 * comm.size, stats
 
 
 def test_async_poll_and_callback(comm):

@@ -135,7 +135,9 @@ MetricsContext Context(int rank, int size) {
   c.rank = rank;
   c.size = size;
   c.host = "node \"a\"\n";
-  c.counters = {{"responses_cached", 3}, {"responses_full", 1}};
+  c.counters = {{"responses_cached", 3},
+                {"responses_full", 1},
+                {"scratch_bytes", 4096, EngineFigure::Kind::kGauge}};
   return c;
 }
 
@@ -183,6 +185,29 @@ TEST(MetricsRenderTest, JsonEscapesTextAndPrometheusLabelsEverySeries) {
                       "size_bucket=\"4096\",le=\"+Inf\"} 1\n"),
             std::string::npos);
   EXPECT_EQ(page.find("straggler"), std::string::npos);  // not rank 0: no straggler series
+}
+
+// The engine's figures in the JSON's counters by their concord_stats_t names; in Prometheus a
+// counter as a _total counter, a gauge (bytes held now) as a gauge without _total (before: every
+// figure a counter, and the memory gauges not exported at all).
+TEST(MetricsRenderTest, EngineGaugesAreGaugesAndCountersCounters) {
+  Metrics m;
+  const std::string json = MetricsToJson(m.Take(), Context(1, 2));
+  EXPECT_NE(json.find("\"counters\":{\"responses_cached\":3,\"responses_full\":1,"
+                      "\"scratch_bytes\":4096}"),
+            std::string::npos)
+      << json;
+  const std::string page = MetricsToPrometheus(m.Take(), Context(1, 2));
+  EXPECT_NE(page.find("# TYPE concord_engine_responses_cached_total counter\n"
+                      "concord_engine_responses_cached_total{rank=\"1\"} 3\n"),
+            std::string::npos)
+      << page;
+  EXPECT_NE(page.find("# HELP concord_engine_scratch_bytes Engine gauge scratch_bytes "
+                      "(concord_stats_t).\n# TYPE concord_engine_scratch_bytes gauge\n"
+                      "concord_engine_scratch_bytes{rank=\"1\"} 4096\n"),
+            std::string::npos)
+      << page;
+  EXPECT_EQ(page.find("scratch_bytes_total"), std::string::npos) << page;
 }
 
 bool IsMetricName(const std::string& name) {
@@ -280,7 +305,7 @@ TEST(MetricsRenderTest, PrometheusTextFollowsTheExpositionFormatWhateverTheNames
   s.errors[hostile] = 2;
   s.stragglers = StragglerTotals{3, {1, 2}, {0.5, 1.5}};
   MetricsContext c = Context(0, 2);
-  c.counters.emplace_back("bad name\n\\", 7);
+  c.counters.push_back({"bad name\n\\", 7});
   const std::string page = MetricsToPrometheus(s, c);
   EXPECT_EQ(ExpositionProblem(page), "") << page;
   // Escaped as the format says (a tab as it is, a byte that is not UTF-8 as U+FFFD).

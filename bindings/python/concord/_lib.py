@@ -114,7 +114,8 @@ class StatsStruct(ctypes.Structure):
         (name, ctypes.c_uint64)
         for name in ("responses_cached", "responses_full", "response_lists", "collectives",
                      "fused_tensors", "inline_reductions", "device_launches", "cache_evictions",
-                     "topk_residual_evictions")
+                     "topk_residual_evictions", "scratch_bytes", "scratch_reallocations",
+                     "kept_result_bytes")
     ]
 
 

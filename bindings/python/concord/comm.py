@@ -122,7 +122,8 @@ class Communicator:
     def stats(self):
         """The communicator's counters as a dict (concord_stats_t in concord.h): responses_cached,
         responses_full, response_lists, collectives, fused_tensors, inline_reductions,
-        device_launches, cache_evictions, topk_residual_evictions."""
+        device_launches, cache_evictions, topk_residual_evictions, and the memory figures
+        scratch_bytes, scratch_reallocations, kept_result_bytes."""
         s = _lib.StatsStruct()
         s.struct_size = ctypes.sizeof(s)
         self._check(lib().concord_comm_stats(self._live(), ctypes.byref(s)))
