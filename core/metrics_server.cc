@@ -59,11 +59,27 @@ bool ResourceError(int e) {
   return e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM;
 }
 
-// Where the request head ends (just past the empty line that ends it), or npos. Lines end in CRLF
-// or in a bare LF (RFC 9112 2.2 lets a server take one, and a CR before it): the empty line is
-// "\r\n" or "\n" right after a line's LF, in any mix ("\n\r\n" too).
-size_t HeadEnd(const std::string& head) {
-  for (size_t lf = head.find('\n'); lf != std::string::npos; lf = head.find('\n', lf + 1)) {
+// Where the request line starts: past the empty lines ("\r\n" or a bare "\n", any number) that
+// RFC 9112 2.2 says a server should ignore before it. head.size() when it holds nothing else yet.
+size_t RequestLineStart(const std::string& head) {
+  size_t start = 0;
+  while (start < head.size()) {
+    if (head[start] == '\n') {
+      start += 1;
+    } else if (head.compare(start, 2, "\r\n") == 0) {
+      start += 2;
+    } else {
+      break;
+    }
+  }
+  return start;
+}
+
+// Where the request head that starts at `start` ends (just past the empty line that ends it), or
+// npos. Lines end in CRLF or in a bare LF (RFC 9112 2.2 lets a server take one, and a CR before
+// it): the empty line is "\r\n" or "\n" right after a line's LF, in any mix ("\n\r\n" too).
+size_t HeadEnd(const std::string& head, size_t start) {
+  for (size_t lf = head.find('\n', start); lf != std::string::npos; lf = head.find('\n', lf + 1)) {
     if (head.compare(lf + 1, 1, "\n") == 0) return lf + 2;
     if (head.compare(lf + 1, 2, "\r\n") == 0) return lf + 3;
   }
@@ -148,9 +164,12 @@ class MetricsServer::Connection {
       return Head::kIncomplete;
     }
     head_.append(buf, static_cast<size_t>(n));
-    const size_t end = HeadEnd(head_);
+    // Empty lines before the request line are skipped, but count towards kMaxRequestHead, so a
+    // client that sends nothing else is still refused (431) or closed at its deadline.
+    const size_t start = RequestLineStart(head_);
+    const size_t end = HeadEnd(head_, start);
     if (end != std::string::npos && end <= kMaxRequestHead) {
-      head_.resize(end);
+      head_ = head_.substr(start, end - start);
       return Head::kComplete;
     }
     return head_.size() > kMaxRequestHead ? Head::kTooLarge : Head::kIncomplete;

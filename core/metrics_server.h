@@ -27,6 +27,8 @@ namespace concord {
 //   any other path          404
 //   another method          405 (Allow: GET, HEAD)
 //   a malformed request     400; a request head over 8 KiB: 431
+//   empty lines (CRLF or bare LF) before the request line are ignored (RFC 9112 2.2), but count
+//   towards the 8 KiB, so a client that sends nothing else gets 431 or is closed at its deadline
 //   a client that sends no complete request head within client_deadline (2 s by default) of its
 //   connecting is closed without an answer; a response not taken within client_deadline of its
 //   rendering is abandoned. Once a response is out the server half-closes, then reads and drops

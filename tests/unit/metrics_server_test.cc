@@ -134,9 +134,8 @@ TEST(MetricsServerTest, AnswersWhatItDoesNotServeWithAnError) {
   const std::string post = Exchange(port, "POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n");
   EXPECT_EQ(StatusLine(post), "HTTP/1.1 405 Method Not Allowed");
   EXPECT_NE(post.find("\r\nAllow: GET, HEAD\r\n"), std::string::npos);
-  for (const char* bad :
-       {"garbage\r\n\r\n", "GET /metrics\r\n\r\n", "GET  /metrics HTTP/1.1\r\n\r\n",
-        "GET /metrics SPDY/3\r\n\r\n", "\r\n\r\n"}) {
+  for (const char* bad : {"garbage\r\n\r\n", "GET /metrics\r\n\r\n",
+                          "GET  /metrics HTTP/1.1\r\n\r\n", "GET /metrics SPDY/3\r\n\r\n"}) {
     EXPECT_EQ(StatusLine(Exchange(port, bad)), "HTTP/1.1 400 Bad Request") << bad;
   }
   const std::string huge = "GET /metrics HTTP/1.1\r\nX: " + std::string(9000, 'a') + "\r\n\r\n";
@@ -156,6 +155,45 @@ TEST(MetricsServerTest, TakesABareLineFeedBeforeTheEmptyLineInAnyMix) {
     EXPECT_EQ(Body(Exchange(server->port(), request)), "ok\n") << request;
     EXPECT_LT(Clock::now() - t0, milliseconds(1000)) << request;
   }
+}
+
+// RFC 9112 2.2: empty lines before the request line are ignored (before: 400 Bad Request), but
+// count towards the head's 8 KiB, so a client that sends nothing else is still refused.
+TEST(MetricsServerTest, IgnoresEmptyLinesBeforeTheRequestLine) {
+  std::atomic<int> calls{0};
+  auto server = StartOrDie(
+      [&] {
+        ++calls;
+        return std::string("ok\n");
+      },
+      milliseconds(5000));
+  ASSERT_NE(server, nullptr);
+  const int port = server->port();
+  for (const char* request : {"\r\nGET /metrics HTTP/1.1\r\n\r\n", "\nGET /metrics HTTP/1.1\n\n",
+                              "\r\n\n\r\nGET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"}) {
+    const auto t0 = Clock::now();
+    const std::string r = Exchange(port, request);
+    EXPECT_EQ(StatusLine(r), "HTTP/1.1 200 OK") << request;
+    EXPECT_EQ(Body(r), "ok\n") << request;
+    EXPECT_LT(Clock::now() - t0, milliseconds(1000)) << request;
+  }
+  // Empty lines alone are no request yet: no answer until the request line follows.
+  net::Fd fd = Connect(port);
+  ASSERT_TRUE(fd.valid());
+  ASSERT_EQ(::send(fd.get(), "\r\n\r\n", 4, MSG_NOSIGNAL), 4);
+  std::this_thread::sleep_for(milliseconds(100));
+  EXPECT_TRUE(StillOpen(fd.get()));
+  const std::string request = "GET /metrics HTTP/1.1\r\n\r\n";
+  ASSERT_EQ(::send(fd.get(), request.data(), request.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(request.size()));
+  EXPECT_EQ(Body(ReadAll(fd.get())), "ok\n");
+  // Endless empty lines: refused once they pass the head's limit.
+  std::string blank;
+  while (blank.size() <= MetricsServer::kMaxRequestHead) blank += "\r\n";
+  EXPECT_EQ(StatusLine(Exchange(port, blank)), "HTTP/1.1 431 Request Header Fields Too Large");
+  EXPECT_EQ(StatusLine(Exchange(port, blank + request)),
+            "HTTP/1.1 431 Request Header Fields Too Large");
+  EXPECT_EQ(calls.load(), 4);
 }
 
 TEST(MetricsServerTest, BytesAfterTheRequestHeadDoNotCutTheResponseShort) {
