@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "base/c_locale.h"
 #include "core/engine.h"
 #include "core/metrics_render.h"
 
@@ -113,6 +114,7 @@ std::optional<ClockOffset> Engine::MeasureClockOffset() {
                                 "system clocks");
   }
   if (result.offset) {
+    const ScopedCLocale c_locale;  // "1.5 us", whatever the application's LC_NUMERIC
     char line[160];
     std::snprintf(line, sizeof(line),
                   "timeline: this rank's clock minus rank 0's: %.1f us +- %.1f us (measured in "
