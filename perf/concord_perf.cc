@@ -25,8 +25,9 @@
 //
 // After the timed iterations every row (Concord's and the raw ones) runs its operation once more
 // on known data (perf/bench_common.h) and checks the result on every rank: a wrong one is printed
-// under the row as WRONG RESULT, its JSON row says "checked": false, and the run exits 1. (On GPU
-// buffers, --backend nccl, results are not checked; the header says so.)
+// under the row as WRONG RESULT, its JSON row says "checked": false, and the run exits 1. On GPU
+// buffers (--backend nccl) the known data is written on the host and copied in, and the result
+// copied back and checked on the host the same way.
 //
 // --versus-deterministic adds a second communicator initialised with deterministic = 1 (its own
 // job id, so it rendezvouses apart) and times each size on both, iterations alternating (A B, then
@@ -35,9 +36,9 @@
 // (perf/deterministic_overhead.sh), differ by 5-10 points from batch to batch on this machine.
 //
 // With --backend nccl the sweep's tensors are in GPU memory (device: local rank modulo the GPUs),
-// Concord runs with CONCORD_BACKEND=nccl, and the raw row is ncclAllReduce on the same device
-// buffer through a communicator of its own. Without a usable GPU the run is skipped, saying why
-// (exit 0).
+// Concord runs with CONCORD_BACKEND=nccl, and the raw row (float32 sum allreduce only) is
+// ncclAllReduce on the same device buffer through a communicator of its own. Without a usable GPU
+// the run is skipped, saying why (exit 0).
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -62,6 +63,7 @@
 #endif
 #ifdef CONCORD_PERF_NCCL
 #include "backends/cuda/cuda_device.h"
+#include "perf/device_copy.h"
 #include "perf/nccl_raw.h"
 #endif
 #include "perf/bench_common.h"
@@ -445,13 +447,46 @@ bool RightOnEveryRank(concord_comm_t comm, int rank, const std::string& what,
   return bench::MaxAcrossRanks("concord-perf", comm, wrong.empty() ? 0.0 : 1.0, name) == 0;
 }
 
-// Where the sweep's tensors live: host vectors, or device buffers on `device`.
+// Where the sweep's tensors live: host vectors, or device buffers on `device`. With device
+// buffers, check_in and check_out are host buffers of the same capacity: a checked run's known
+// data is written there and copied in, and its result copied back there (HostSide).
 struct Buffers {
   void* in = nullptr;
   void* out = nullptr;
   size_t capacity = 0;  // bytes of each
   int device = CONCORD_DEVICE_CPU;
+  void* check_in = nullptr;
+  void* check_out = nullptr;
 };
+
+// Where a checked run's data is written and its result read on the host: b itself on the CPU, b's
+// check buffers on a GPU.
+Buffers HostSide(const Buffers& b) {
+  if (b.device == CONCORD_DEVICE_CPU) return b;
+  Buffers host;
+  host.in = b.check_in;
+  host.out = b.check_out;
+  host.capacity = b.capacity;
+  return host;
+}
+
+// A checked run's first `bytes` of input and output copied from the host side to b's device
+// buffers (to_device) or back; nothing to do on the CPU.
+Status CopyCheckedRun(const Buffers& b, size_t bytes, bool to_device) {
+  if (b.device == CONCORD_DEVICE_CPU) return Status::Ok();
+#ifdef CONCORD_PERF_NCCL
+  const auto copy = [&](void* device_buffer, void* host_buffer) {
+    return to_device ? CopyHostToDevice(b.device, device_buffer, host_buffer, bytes)
+                     : CopyDeviceToHost(b.device, host_buffer, device_buffer, bytes);
+  };
+  Status s = copy(b.in, b.check_in);
+  return s.ok() ? copy(b.out, b.check_out) : s;
+#else
+  (void)bytes;
+  (void)to_device;
+  return Internal("device buffers in a build without CUDA");
+#endif
+}
 
 // Point to point: this rank and rank ^ 1 exchange `t` (received into `out`): recv posted, send,
 // both waited for. What the raw rows time too.
@@ -503,7 +538,7 @@ concord_status_t RunConcordOp(concord_comm_t comm, const Options& o, int size, s
 }
 
 // The known data (bench_common.h) of o.op over `bytes` in b.in, b.out zeroed: what a checked run
-// starts from. CPU buffers only.
+// starts from. Host buffers only (a GPU's: HostSide).
 void FillKnownData(const Options& o, int rank, int size, size_t bytes, const Buffers& b) {
   const size_t count = bytes / DTypeSize(o.dtype);
   const bool reduces = o.op == "allreduce" || o.op == "reducescatter";
@@ -546,19 +581,25 @@ std::string FirstWrongResult(const Options& o, int rank, int size, size_t bytes,
       n, [&](size_t i) { return LoadElement(got, o.dtype, i); }, want, Tolerance(o.dtype));
 }
 
-// Runs the op once on known data and checks this rank's result: "" when right, else the first
-// wrong element. CPU buffers only.
+// Runs the op once on known data (written on the host; on a GPU copied in, and the result copied
+// back) and checks this rank's result: "" when right, else the first wrong element, or why it
+// could not be checked.
 std::string CheckConcordOp(concord_comm_t comm, const Options& o, int rank, int size, size_t bytes,
                            const Buffers& b, const std::string& name) {
-  FillKnownData(o, rank, size, bytes, b);
+  const Buffers host = HostSide(b);
+  FillKnownData(o, rank, size, bytes, host);
+  Status copied = CopyCheckedRun(b, bytes, /*to_device=*/true);
+  // Every rank runs the op, whatever its copy gave, so that no peer waits for it alone.
   Check(comm, RunConcordOp(comm, o, size, bytes, b, name), o.op + " (checked run)");
-  return FirstWrongResult(o, rank, size, bytes, b);
+  if (copied.ok()) copied = CopyCheckedRun(b, bytes, /*to_device=*/false);
+  if (!copied.ok()) return "not checked: " + copied.ToString();
+  return FirstWrongResult(o, rank, size, bytes, host);
 }
 
 // Benchmarks one Concord op at one size on each of `comms` (communicators of the same ranks),
 // iterations alternating between them, the order of each round reversed in the next; returns
-// each one's seconds per op (max over ranks), and in *right whether its checked run (CPU buffers)
-// gave every rank the right result.
+// each one's seconds per op (max over ranks), and in *right whether its checked run gave every
+// rank the right result.
 std::vector<double> TimeConcordOp(const std::vector<concord_comm_t>& comms, const Options& o,
                                   int rank, int size, size_t bytes, const Buffers& b,
                                   std::vector<bool>* right) {
@@ -579,8 +620,7 @@ std::vector<double> TimeConcordOp(const std::vector<concord_comm_t>& comms, cons
     seconds.push_back(MaxAcrossRanks(comms[0], Percentile(times[c], o.percentile),
                                      name + ".time." + std::to_string(c)));
     const std::string what = c == 0 ? "concord" : "concord deterministic";
-    right->push_back(b.device != CONCORD_DEVICE_CPU ||
-                     RightOnEveryRank(comms[0], rank, what + " " + o.op,
+    right->push_back(RightOnEveryRank(comms[0], rank, what + " " + o.op,
                                       CheckConcordOp(comms[c], o, rank, size, bytes, b, name),
                                       name + ".right." + std::to_string(c)));
   }
@@ -713,9 +753,9 @@ double TimeRawMpiRow(concord_comm_t comm, const Options& o, int rank, int size, 
 
 #ifdef CONCORD_PERF_NCCL
 // Seconds per raw ncclAllReduce of `count` floats on the sweep's device buffer (max over
-// ranks); -1 when it could not run.
+// ranks); -1 when it could not run; *right as RawResult.
 double TimeRawNccl(concord_comm_t comm, Store* store, const Options& o, int rank, int size,
-                   const Buffers& b, size_t count) {
+                   const Buffers& b, size_t count, bool* right) {
   RawNcclOptions ro;
   ro.rank = rank;
   ro.size = size;
@@ -725,15 +765,8 @@ double TimeRawNccl(concord_comm_t comm, Store* store, const Options& o, int rank
   ro.iterations = o.iters;
   ro.warmup = o.warmup;
   ro.timeout = o.raw_timeout;
-  auto times = RunRawNcclAllreduce(ro, b.in, store);
-  double t = -1;
-  if (!times.ok()) {
-    std::fprintf(stderr, "concord-perf: raw nccl failed on rank %d: %s\n", rank,
-                 times.status().ToString().c_str());
-  } else {
-    t = Percentile(*times, o.percentile);
-  }
-  return MaxAcrossRanks(comm, t, "perf.raw_nccl." + std::to_string(count));
+  return RawResult(comm, rank, "raw nccl", RunRawNcclAllreduce(ro, b.in, store), o.percentile,
+                   "perf.raw_nccl." + std::to_string(count), right);
 }
 #endif
 
@@ -826,10 +859,9 @@ int RunSweep(concord_comm_t comm, concord_comm_t deterministic, const Options& o
     return 2;
   }
   if (rank == 0) {
-    const std::string where =
-        b.device == CONCORD_DEVICE_CPU
-            ? std::string("CPU buffers")
-            : "CUDA device " + std::to_string(b.device) + " buffers (results not checked)";
+    const std::string where = b.device == CONCORD_DEVICE_CPU
+                                  ? std::string("CPU buffers")
+                                  : "CUDA device " + std::to_string(b.device) + " buffers";
     std::printf("# concord-perf %s, %s, %s, %d ranks, %d iterations after %d warm-up, %s, %s%s\n",
                 o.op.c_str(), DTypeName(o.dtype), ReduceOpName(o.redop), size, o.iters, o.warmup,
                 where.c_str(), o.backend.c_str(), StatName(o).c_str());
@@ -894,10 +926,14 @@ int RunSweep(concord_comm_t comm, concord_comm_t deterministic, const Options& o
       }
     }
 #ifdef CONCORD_PERF_NCCL
-    if (raw && o.backend == "nccl") {
-      const double t = TimeRawNccl(comm, store, o, rank, size, b, rounded / 4);
-      if (t > 0)
-        add(MakeRow(o.op, "raw nccl", size, rounded, t, "nccl"), &concord_row, "concord/raw nccl");
+    if (raw && float_sum && o.backend == "nccl") {  // ncclAllReduce: beside allreduces only
+      bool checked = true;
+      const double t = TimeRawNccl(comm, store, o, rank, size, b, rounded / 4, &checked);
+      if (t > 0 || !checked) {
+        Row r = MakeRow(o.op, "raw nccl", size, rounded, std::max(t, 0.0), "nccl");
+        r.checked = checked;
+        add(r, checked ? &concord_row : nullptr, "concord/raw nccl");
+      }
     }
 #endif
     if (sendrecv_raw && o.backend == "gloo" && store != nullptr) {
@@ -1260,19 +1296,23 @@ int main(int argc, char** argv) {
     b.out = device_out.data();
   }
 #endif
+  // The sweep's buffers on the CPU; on a GPU, where the checked runs' data is written and read.
+  try {
+    host_in.resize(b.capacity);
+    host_out.resize(b.capacity);
+  } catch (const std::exception&) {  // --bytes beyond this host's memory: said, not a crash
+    std::fprintf(stderr, "concord-perf: cannot allocate two buffers of %zu bytes (--bytes MAX)\n",
+                 b.capacity);
+    if (comm != world) concord_finalize(comm);
+    concord_finalize(world);
+    return 1;
+  }
   if (b.device == CONCORD_DEVICE_CPU) {
-    try {
-      host_in.resize(b.capacity);
-      host_out.resize(b.capacity);
-    } catch (const std::exception&) {  // --bytes beyond this host's memory: said, not a crash
-      std::fprintf(stderr, "concord-perf: cannot allocate two buffers of %zu bytes (--bytes MAX)\n",
-                   b.capacity);
-      if (comm != world) concord_finalize(comm);
-      concord_finalize(world);
-      return 1;
-    }
     b.in = host_in.data();
     b.out = host_out.data();
+  } else {
+    b.check_in = host_in.data();
+    b.check_out = host_out.data();
   }
   concord_comm_t deterministic = o.versus_deterministic ? DeterministicTwin(world, o) : nullptr;
   if (o.versus_deterministic && deterministic == nullptr) {

@@ -5,6 +5,8 @@
 #include "backends/cuda/cuda_check.h"
 #include "backends/nccl/nccl_check.h"
 #include "base/clock.h"
+#include "perf/bench_common.h"
+#include "perf/device_copy.h"
 #include "perf/nccl_raw.h"
 
 namespace concord {
@@ -47,6 +49,24 @@ StatusOr<std::vector<double>> RunRawNcclAllreduce(const RawNcclOptions& o, void*
         ncclAllReduce(buffer, buffer, o.count, ncclFloat32, ncclSum, res.comm, res.stream));
     CONCORD_CUDA_CHECK(cudaStreamSynchronize(res.stream));
     if (i >= o.warmup) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  // The checked run: the known data copied in, one allreduce, the result copied back and compared.
+  std::vector<float> host(o.count);
+  for (size_t i = 0; i < o.count; ++i) {
+    host[i] = static_cast<float>(bench::ReductionInput(CONCORD_SUM, o.rank, o.size, i));
+  }
+  const Status copied_in = CopyHostToDevice(o.device, buffer, host.data(), o.count * sizeof(float));
+  // Every rank runs the allreduce, whatever its copy gave, so that no peer waits for it alone.
+  CONCORD_NCCL_CHECK(
+      ncclAllReduce(buffer, buffer, o.count, ncclFloat32, ncclSum, res.comm, res.stream));
+  CONCORD_CUDA_CHECK(cudaStreamSynchronize(res.stream));
+  CONCORD_RETURN_IF_ERROR(copied_in);
+  CONCORD_RETURN_IF_ERROR(CopyDeviceToHost(o.device, host.data(), buffer, o.count * sizeof(float)));
+  const std::string wrong = bench::FirstWrongElement(
+      o.count, [&](size_t i) { return host[i]; }, bench::ReductionExpected);
+  if (!wrong.empty()) {
+    return Status(Code::kMismatch,
+                  "raw nccl: wrong result on rank " + std::to_string(o.rank) + ": " + wrong);
   }
   return times;
 }

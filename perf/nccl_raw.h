@@ -26,8 +26,11 @@ struct RawNcclOptions {
 
 // Collective over options.size ranks. Creates a blocking NCCL communicator (rank 0's unique id
 // through `store`), runs warmup + iterations allreduces on `buffer`, each timed on the host from
-// enqueue to stream synchronisation, destroys the communicator and returns the seconds of each
-// timed run on this rank. Blocks; errors (CUDA, NCCL with its version) come back as a Status.
+// enqueue to stream synchronisation, then one more on known data (perf/bench_common.h, copied in
+// from the host) whose result is copied back and checked: a wrong one is a MISMATCH error naming
+// the rank and the first wrong element, never a time. Destroys the communicator and returns the
+// seconds of each timed run on this rank. Blocks; errors (CUDA, NCCL with its version) come back
+// as a Status.
 StatusOr<std::vector<double>> RunRawNcclAllreduce(const RawNcclOptions& options, void* buffer,
                                                   Store* store);
 
