@@ -1,9 +1,14 @@
 // gloo_algos: measures Gloo's allreduce algorithms (float32 sum, in place, buffers reused) with
 // ranks as threads over loopback, through Concord's Gloo backend (algorithm forced) and raw
 // (perf/gloo_raw), and prints median milliseconds per size. The backend's "auto" table comes from
-// this. Each side's figure is the median over iterations on each rank, the most of any rank, as
-// concord-perf takes its rows (rank 0's alone once stood for both). The raw side's results are
-// checked (perf/gloo_raw). Usage: gloo_algos [ranks (2)] [iterations (10)] [max MiB (64)]
+// this. Both sides are timed alike, as perf/gloo_raw times the raw side and concord-perf its rows:
+// kWarmup untimed runs, ranks lined up before the first of them and before the first timed run,
+// then the timed runs back to back, each timed on its own (the backend side once had a barrier
+// before every run and the raw side not, so its runs started together and the raw side's did
+// not). Each side's figure is the median over iterations on each rank,
+// the most of any rank, as concord-perf takes its rows (rank 0's alone once stood for both). The
+// raw side's results are checked (perf/gloo_raw).
+// Usage: gloo_algos [ranks (2)] [iterations (10)] [max MiB (64)]
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -22,6 +27,9 @@ namespace concord {
 namespace {
 
 using bench::Median;
+
+// Untimed runs before the timed ones, on both sides.
+constexpr int kWarmup = 2;
 
 // The most of any rank's median seconds over `iterations` backend allreduces of `count` floats.
 StatusOr<double> TimeBackend(int size, const std::string& algorithm, size_t count, int iterations,
@@ -43,8 +51,8 @@ StatusOr<double> TimeBackend(int size, const std::string& algorithm, size_t coun
       }
       std::vector<float> data(count, 1.0f);
       std::vector<double> seconds;
-      for (int i = 0; i < iterations + 2; ++i) {
-        Status status = (*backend)->Barrier();
+      for (int i = 0; i < kWarmup + iterations; ++i) {
+        Status status = i == 0 || i == kWarmup ? (*backend)->Barrier() : Status::Ok();
         const auto start = Clock::now();
         if (status.ok())
           status = (*backend)->Allreduce(data.data(), count, DType::kFloat32, ReduceOp::kSum);
@@ -53,9 +61,11 @@ StatusOr<double> TimeBackend(int size, const std::string& algorithm, size_t coun
           return;
         }
         const std::chrono::duration<double> took = Clock::now() - start;
-        if (i >= 2) seconds.push_back(took.count());
+        if (i >= kWarmup) seconds.push_back(took.count());
       }
-      results[rank] = Median(seconds);
+      // As the raw side: no rank closes its backend while a peer still receives.
+      const Status closing = (*backend)->Barrier();
+      results[rank] = closing.ok() ? StatusOr<double>(Median(seconds)) : closing;
     });
   }
   for (auto& t : threads) t.join();
@@ -81,6 +91,7 @@ StatusOr<double> TimeRaw(int size, const std::string& algorithm, size_t count, i
       options.algorithm = algorithm;
       options.count = count;
       options.iterations = iterations;
+      options.warmup = kWarmup;
       results[rank] = RunRawGlooAllreduce(options, &store);
     });
   }
@@ -115,9 +126,9 @@ int Main(int argc, char** argv) {
       << 20;
   const char* algorithms[] = {"ring", "ring_chunked", "halving_doubling", "bcube", "allreduce"};
   std::printf(
-      "%d ranks, float32 sum, ms: median of %d iterations, max over ranks (concord backend forced "
-      "/ raw gloo)\n",
-      size, iterations);
+      "%d ranks, float32 sum, ms: median of %d iterations, back to back after %d warm-up, max over "
+      "ranks (concord backend forced / raw gloo)\n",
+      size, iterations, kWarmup);
   std::printf("%10s", "bytes");
   for (const char* a : algorithms) std::printf(" %23s", a);
   std::printf("\n");
