@@ -181,8 +181,69 @@ class WatchedStore : public Store {
   const std::shared_ptr<StartWatch> watch_;
 };
 
+// The failures of a communicator's start that the other ranks cannot learn of through the control
+// plane, because the failing rank's connection to it was never made (rank 0's metrics port in use,
+// its control plane unable to bind, another rank's settings differing from rank 0's): kept in the
+// store under `<prefix>/failed`, so that the others, waiting there for keys that will never come
+// (rank 0's settings and address) or, rank 0, for connections, fail within kParentCheck naming the
+// rank and why, instead of waiting out the timeout. The first failure published stays (a rank
+// that fails after it does not overwrite it; only two that fail at the same moment may both write
+// it, and the last one stays). The key is this start's alone: the next start, a retried init too,
+// has a prefix of its own (CreateCommunicator). Thread-safe; a start's waits call Published() from
+// other threads (Gloo's, the store's).
+class StartFailures {
+ public:
+  StartFailures(std::shared_ptr<Rendezvous> rv, const std::string& prefix, int rank)
+      : rv_(std::move(rv)), key_(prefix + "/failed"), rank_(rank) {}
+
+  // OK while no rank has published a failure; else kPeerFailure, "rank R failed to start: CODE:
+  // its error". Looks once, without waiting. A store that fails is that error.
+  Status Published() {
+    CONCORD_ASSIGN_OR_RETURN(const std::optional<std::string> failure, Read());
+    if (!failure) return Status::Ok();
+    read_ = true;
+    return Status(Code::kPeerFailure, *failure);
+  }
+
+  // Publishes this rank's own `failed` and returns it, unless a failure is published already: the
+  // one this rank's start ended on (returned as it is), or one that came first and perhaps caused
+  // this one (rank 0 gone before this rank connected), which stays for the others and is named
+  // after this rank's error. Where the store refuses, the error says the others wait it out.
+  Status Tell(const Status& failed) {
+    if (read_) return failed;
+    StatusOr<std::optional<std::string>> earlier = Read();
+    if (earlier.ok() && *earlier) {
+      return Status(failed.code(), failed.message() + " (" + **earlier + ")");
+    }
+    const Status told = earlier.ok()
+                            ? rv_->store->Set(key_, "rank " + std::to_string(rank_) +
+                                                        " failed to start: " + failed.ToString())
+                            : earlier.status();
+    if (told.ok()) return failed;
+    return Status(failed.code(), failed.message() +
+                                     " (and telling the other ranks failed, so they wait out "
+                                     "the timeout: " +
+                                     told.ToString() + ")");
+  }
+
+ private:
+  // The failure published so far, if any.
+  StatusOr<std::optional<std::string>> Read() {
+    StatusOr<std::string> failure = rv_->store->Get(key_, Deadline::After(kNoWait));
+    if (failure.ok()) return std::optional<std::string>(std::move(*failure));
+    if (failure.status().code() == Code::kTimeout) return std::optional<std::string>();
+    return failure.status();
+  }
+
+  static constexpr std::chrono::milliseconds kNoWait{0};
+  const std::shared_ptr<Rendezvous> rv_;
+  const std::string key_;
+  const int rank_;
+  std::atomic<bool> read_{false};  // Published() returned a failure
+};
+
 // CONCORD_TIMELINE's file for this rank, opened before any peer is involved, so that a path that
-// cannot be written fails this rank's init alone, at once; none when it is not set.
+// cannot be written fails this rank's init at once (StartLocally); none when it is not set.
 StatusOr<std::optional<TimelineFile>> OpenConfiguredTimeline(const Config& config) {
   if (config.timeline.empty()) return std::optional<TimelineFile>();
   CONCORD_ASSIGN_OR_RETURN(TimelineFile file, OpenTimelineFile(config.timeline, config.rank,
@@ -422,16 +483,19 @@ void IgnoreSigpipeUnlessHandled() {
 
 // The transports of a communicator on the rendezvous store `rv` under `prefix`, and its engine,
 // once the job settings are checked (CheckJobSettings). `host` is the address its control plane
-// advertises. `parent_failed` (a sub-communicator's; empty for a world) ends the waits for the
-// others' control-plane and point-to-point connections with the failure it returns. Once the
-// control plane is up, a peer it loses ends every later wait of the start too: a rank whose start
-// failed has closed its connections, so rank 0 learns of it at once, fails its own start and
-// closes its connections, and so every other rank learns of it, instead of waiting out the
-// timeout for keys and connections that will never come.
+// advertises. `others_failed` (a sub-communicator's parent's failure; a world's: the failures
+// other ranks published, StartFailures) ends the waits for the others' control-plane and
+// point-to-point connections with the failure it returns. `control_plane_up` (if set) is called
+// once this rank's control plane is up: rank 0's has every rank's connection, another rank's its
+// connection to rank 0. From then on, a peer it loses ends every later wait of the start too: a
+// rank whose start failed has closed its connections, so rank 0 learns of it at once, fails its
+// own start and closes its connections, and so every other rank learns of it, instead of waiting
+// out the timeout for keys and connections that will never come.
 StatusOr<std::unique_ptr<Engine>> StartOnStore(const Config& config,
                                                const std::shared_ptr<Rendezvous>& rv,
                                                const std::string& prefix, const std::string& host,
-                                               const std::function<Status()>& parent_failed = {}) {
+                                               const std::function<Status()>& others_failed = {},
+                                               const std::function<void()>& control_plane_up = {}) {
   const std::string backend_name = config.ResolvedBackend();
   const auto timeout = MillisFromSeconds(config.timeout_s);
   const Deadline deadline = Deadline::After(timeout);
@@ -442,9 +506,10 @@ StatusOr<std::unique_ptr<Engine>> StartOnStore(const Config& config,
   cp.prefix = prefix;
   cp.connect_timeout = timeout;
   cp.liveness_timeout = timeout;
-  cp.give_up = parent_failed;
+  cp.give_up = others_failed;
   auto control = StartTcpControlPlane(cp, rv->store.get());
   if (!control.ok()) return control.status().WithContext("connecting the control plane");
+  if (control_plane_up) control_plane_up();
   TcpControlPlane* plane = control->get();
   auto watch = std::make_shared<StartWatch>(
       [plane] { return plane->PeerFailure(); },
@@ -462,8 +527,8 @@ StatusOr<std::unique_ptr<Engine>> StartOnStore(const Config& config,
   bo.prefix = prefix + "/" + backend_name;
   bo.timeout = timeout;
   bo.algorithm = config.gloo_algorithm;
-  bo.give_up = [parent_failed, watch]() -> Status {
-    if (parent_failed) CONCORD_RETURN_IF_ERROR(parent_failed());
+  bo.give_up = [others_failed, watch]() -> Status {
+    if (others_failed) CONCORD_RETURN_IF_ERROR(others_failed());
     return watch->Failed();
   };
   CONCORD_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Backend>> lanes,
@@ -493,6 +558,31 @@ StatusOr<std::unique_ptr<Engine>> StartOnStore(const Config& config,
                                   std::move(device), std::move(p2p));
 }
 
+// What a rank's start needs that involves no peer, made first, so that what fails on this rank
+// alone (a metrics port in use, a timeline file that cannot be written, an interface without an
+// address) fails at once.
+struct LocalStart {
+  MetricsEndpoint metrics;
+  std::optional<TimelineFile> timeline;
+  std::string iface_address;  // CONCORD_IFACE's, when it gives the address to advertise
+};
+
+StatusOr<LocalStart> StartLocally(const Config& config) {
+  LocalStart local;
+  CONCORD_ASSIGN_OR_RETURN(local.metrics, OpenMetricsEndpoint(config));
+  CONCORD_ASSIGN_OR_RETURN(local.timeline, OpenConfiguredTimeline(config));
+  if (config.host.empty() && !config.iface.empty()) {
+    CONCORD_ASSIGN_OR_RETURN(local.iface_address, InterfaceAddress(config.iface));
+  }
+  return local;
+}
+
+// Whether OpenRendezvous opens rank 0's own store (torchrun's MASTER_ADDR and MASTER_PORT), which
+// the others reach only once rank 0 serves it.
+bool StoreIsRankZeros(const Config& c) {
+  return c.store.empty() && c.size > 1 && !c.master_addr.empty() && c.master_port > 0;
+}
+
 }  // namespace
 
 StatusOr<Communicator> CreateCommunicator(Config config) {
@@ -505,19 +595,34 @@ StatusOr<Communicator> CreateCommunicator(Config config) {
       return CreateMpiCommunicator(std::move(config), timeout);
     config = std::move(checked);
   }
-  // Before any peer is involved: a port in use fails this rank's init alone, at once.
-  CONCORD_ASSIGN_OR_RETURN(MetricsEndpoint metrics, OpenMetricsEndpoint(config));
-  CONCORD_ASSIGN_OR_RETURN(std::optional<TimelineFile> timeline, OpenConfiguredTimeline(config));
+  StatusOr<LocalStart> local = StartLocally(config);
+  // Under torchrun the store is rank 0's: a rank that failed here would wait for it only to tell
+  // the others (rank 0's own would serve it only to close it at once), and torchrun stops them
+  // once a worker has failed.
+  if (!local.ok() && StoreIsRankZeros(config)) return local.status();
   const Deadline deadline = Deadline::After(MillisFromSeconds(config.timeout_s));
   std::string store_host;
-  CONCORD_ASSIGN_OR_RETURN(std::shared_ptr<Rendezvous> rv,
-                           OpenRendezvous(config, deadline, &store_host));
+  StatusOr<std::unique_ptr<Rendezvous>> opened = OpenRendezvous(config, deadline, &store_host);
+  if (!opened.ok()) return local.ok() ? opened.status() : local.status();
+  const std::shared_ptr<Rendezvous> rv = std::move(*opened);
 
+  // Every rank counts its communicators in the store; the Nth on every rank shares a prefix. A
+  // start that fails before this rank's control plane is up publishes its failure under the prefix
+  // (StartFailures), and every rank's Nth start then fails with it (a failure after that reaches
+  // every rank through the control plane). So no rank gives its number back: a retried init, every
+  // rank's next, meets the others' retries under the next prefix, where nothing of this start is
+  // to be read (rank 0's own failure included), while this prefix keeps the failure for a rank
+  // that reaches its Nth start late. Only a start that fails before it takes a number (the store
+  // cannot be opened, or a failure here under torchrun) leaves the count as it was.
+  const std::string counter = config.job_id + "/generation/" + std::to_string(config.rank);
+  const StatusOr<int64_t> generation = rv->store->Add(counter, 1);
+  if (!generation.ok()) return local.ok() ? generation.status() : local.status();
   auto origin = std::make_shared<CommOrigin>();
-  origin->host = config.host;
-  if (origin->host.empty() && !config.iface.empty()) {
-    CONCORD_ASSIGN_OR_RETURN(origin->host, InterfaceAddress(config.iface));
-  }
+  origin->prefix = config.job_id + "/comm" + std::to_string(*generation);
+  const auto failures = std::make_shared<StartFailures>(rv, origin->prefix, config.rank);
+  if (!local.ok()) return failures->Tell(local.status());
+
+  origin->host = config.host.empty() ? local->iface_address : config.host;
   if (origin->host.empty()) {
     origin->host = "127.0.0.1";
     if (!store_host.empty() && !IsLoopback(store_host)) {
@@ -526,36 +631,36 @@ StatusOr<Communicator> CreateCommunicator(Config config) {
     }
   }
 
-  // Every rank counts its communicators in the store; the Nth on every rank shares a prefix. So
-  // an init that fails before this rank wrote anything under the prefix (rank 0 writes first, the
-  // job settings; the others first read them) gives its number back: the others never saw it,
-  // and this rank's next init must meet theirs (which may still be waiting for it), not the next
-  // prefix, which they would use only for their next communicator.
-  const std::string counter = config.job_id + "/generation/" + std::to_string(config.rank);
-  CONCORD_ASSIGN_OR_RETURN(int64_t generation, rv->store->Add(counter, 1));
-  origin->prefix = config.job_id + "/comm" + std::to_string(generation);
-  if (Status checked = CheckJobSettings(config, rv->store.get(), origin->prefix,
+  // Until this rank's control plane is up, its waits (for rank 0's settings and address; rank 0's
+  // for the others' connections) end once a rank has published its failure; then the control
+  // plane's own watch (StartOnStore) takes over.
+  const auto others_failed =
+      std::make_shared<StartWatch>([failures] { return failures->Published(); }, "");
+  const StopAtExit stop_watch(others_failed);
+  auto watched = std::make_shared<Rendezvous>();
+  watched->store = std::make_unique<WatchedStore>(rv, others_failed);
+  if (Status checked = CheckJobSettings(config, watched->store.get(), origin->prefix,
                                         Deadline::After(MillisFromSeconds(config.timeout_s)));
       !checked.ok()) {
-    if (config.rank != 0) {
-      const StatusOr<int64_t> given_back = rv->store->Add(counter, -1);
-      if (!given_back.ok()) {
-        return Status(checked.code(), checked.message() +
-                                          " (and giving back this rank's communicator number "
-                                          "failed, so a retried init would not meet the others': " +
-                                          given_back.status().ToString() + ")");
-      }
-    }
-    return checked;
+    return failures->Tell(checked);
   }
+  bool control_plane_up = false;
+  StatusOr<std::unique_ptr<Engine>> engine = StartOnStore(
+      config, watched, origin->prefix, origin->host,
+      [others_failed] { return others_failed->Failed(); },
+      [&control_plane_up, others_failed] {
+        control_plane_up = true;
+        others_failed->Stop();
+      });
+  if (!engine.ok()) return control_plane_up ? engine.status() : failures->Tell(engine.status());
   origin->rendezvous = rv;
   for (int r = 0; r < config.size; ++r) origin->world_ranks.push_back(r);
   Communicator comm;
-  CONCORD_ASSIGN_OR_RETURN(comm.engine, StartOnStore(config, rv, origin->prefix, origin->host));
-  comm.engine->ServeMetrics(std::move(metrics));
-  if (timeline) {
+  comm.engine = std::move(*engine);
+  comm.engine->ServeMetrics(std::move(local->metrics));
+  if (local->timeline) {
     const std::optional<ClockOffset> clock = comm.engine->MeasureClockOffset();
-    CONCORD_RETURN_IF_ERROR(comm.engine->StartTimeline(std::move(*timeline), clock));
+    CONCORD_RETURN_IF_ERROR(comm.engine->StartTimeline(std::move(*local->timeline), clock));
   }
   comm.origin = std::move(origin);
   return comm;

@@ -39,6 +39,12 @@ struct Communicator {
   std::shared_ptr<CommOrigin> origin;
 };
 
+// A start that fails on one rank fails it on every rank, promptly, naming the rank and its error:
+// before that rank's control-plane connection is up, through the store (`<prefix>/failed`, which
+// the others' waits look at every kParentCheck: kPeerFailure, "rank R failed to start: ..."),
+// after it, through the control plane (under torchrun, a failure before the store is open is left
+// to torchrun, which stops the others). Every rank keeps the communicator number it took, so
+// retried inits (on every rank) meet under the next prefix.
 StatusOr<Communicator> CreateCommunicator(Config config);
 // CreateCommunicator's engine alone (tests, benchmarks).
 StatusOr<std::unique_ptr<Engine>> CreateEngine(Config config);

@@ -1,9 +1,11 @@
-// A rank whose concord_init fails after the control plane connected (here: its point-to-point
-// transport cannot listen on the CONCORD_HOST it was given) closes its control-plane connection;
-// the other ranks must learn of it at once and fail their init naming the rank, not wait out
-// CONCORD_TIMEOUT_S for its keys and connections. Ranks are forked children over a file store;
-// each writes what its init returned, and how long it took, to a file; the parent kills them
-// after 20 s so that no test hangs.
+// A rank whose concord_init fails must not leave the others waiting out CONCORD_TIMEOUT_S for
+// keys and connections that will never come: they must fail promptly, naming the rank and why.
+// After the control plane connected (here: a rank's point-to-point transport cannot listen on the
+// CONCORD_HOST it was given), the failing rank closes its control-plane connection; before that
+// (rank 0's metrics port taken, or its control plane unable to bind; another rank's metrics port
+// taken), it publishes its failure in the store, where the others wait. Ranks are forked children
+// over a file store; each writes what its init returned, and how long it took, to a file; the
+// parent kills them after the timeout and 10 s more, so that no test hangs.
 #include <concord/concord.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -15,6 +17,7 @@
 
 #include "base/clock.h"
 #include "tests/common/forked_ranks.h"
+#include "tests/common/taken_port.h"
 
 namespace concord {
 namespace {
@@ -22,8 +25,29 @@ namespace {
 using std::chrono::milliseconds;
 
 constexpr int kTimeoutS = 6;
+// For failures before the control plane is up: a timeout long enough that waiting it out shows.
+constexpr int kLongTimeoutS = 20;
+constexpr milliseconds kWellUnderLongTimeout{5000};
 // An address no interface of this host has (TEST-NET-1, RFC 5737): binding to it fails at once.
 constexpr char kUnbindableHost[] = "192.0.2.1";
+
+// What makes the failing rank's init fail: an environment variable it has and the others have not.
+struct Fault {
+  std::string name;
+  std::string value;
+};
+
+// Its CONCORD_HOST unbindable: the control plane cannot listen on rank 0, another rank's
+// point-to-point transport cannot on another rank (which connected its control plane first).
+Fault UnbindableHost() {
+  return Fault{"CONCORD_HOST", kUnbindableHost};
+}
+
+// Its metrics port taken (`port`, which the test holds): rank R serves on CONCORD_METRICS_PORT
+// plus its local rank, which is R with every rank on this host.
+Fault MetricsPortTaken(int rank, int port) {
+  return Fault{"CONCORD_METRICS_PORT", std::to_string(port - rank)};
+}
 
 struct RankResult {
   int code = -1;         // concord_init's status; -1: the rank wrote nothing
@@ -31,16 +55,17 @@ struct RankResult {
   std::string error;     // its last error
 };
 
-// One rank: concord_init (with CONCORD_HOST unbindable when `bad`), then a barrier on success;
-// writes "code took_ms error" to `out`. Returns the child's exit status, 0.
-int RunRank(int rank, int size, bool bad, const std::string& store, const std::string& out) {
+// One rank: concord_init (with `fault` set when given), then a barrier on success; writes
+// "code took_ms error" to `out`. Returns the child's exit status, 0.
+int RunRank(int rank, int size, int timeout_s, const Fault* fault, const std::string& store,
+            const std::string& out) {
   ::clearenv();
   ::setenv("CONCORD_STORE", store.c_str(), 1);
   ::setenv("CONCORD_RANK", std::to_string(rank).c_str(), 1);
   ::setenv("CONCORD_SIZE", std::to_string(size).c_str(), 1);
-  ::setenv("CONCORD_TIMEOUT_S", std::to_string(kTimeoutS).c_str(), 1);
+  ::setenv("CONCORD_TIMEOUT_S", std::to_string(timeout_s).c_str(), 1);
   ::setenv("CONCORD_LOG_LEVEL", "0", 1);
-  if (bad) ::setenv("CONCORD_HOST", kUnbindableHost, 1);
+  if (fault != nullptr) ::setenv(fault->name.c_str(), fault->value.c_str(), 1);
   const auto start = Clock::now();
   concord_comm_t comm = nullptr;
   const concord_status_t s = concord_init(&comm);
@@ -56,8 +81,8 @@ int RunRank(int rank, int size, bool bad, const std::string& store, const std::s
   return 0;
 }
 
-// Runs a job of `size` ranks in which rank `bad` fails its init; returns every rank's result.
-std::vector<RankResult> RunJob(int size, int bad) {
+// Runs a job of `size` ranks in which rank `bad` has `fault`; returns every rank's result.
+std::vector<RankResult> RunJob(int size, int bad, const Fault& fault, int timeout_s = kTimeoutS) {
   char dir[] = "/tmp/concord-startup-failure.XXXXXX";
   EXPECT_NE(::mkdtemp(dir), nullptr);
   const std::string store = std::string("file://") + dir + "/store";
@@ -65,10 +90,10 @@ std::vector<RankResult> RunJob(int size, int bad) {
   harness::RunForkedRanks(
       size,
       [&](int rank) {
-        return RunRank(rank, size, rank == bad, store,
+        return RunRank(rank, size, timeout_s, rank == bad ? &fault : nullptr, store,
                        std::string(dir) + "/rank" + std::to_string(rank));
       },
-      milliseconds(20000));
+      milliseconds((timeout_s + 10) * 1000));
   std::vector<RankResult> results(static_cast<size_t>(size));
   for (int rank = 0; rank < size; ++rank) {
     std::ifstream file(std::string(dir) + "/rank" + std::to_string(rank));
@@ -87,7 +112,7 @@ std::vector<RankResult> RunJob(int size, int bad) {
 constexpr milliseconds kPromptly{kTimeoutS * 1000 / 3};
 
 TEST(StartupFailureTest, RankZeroLearnsAtOnceThatRankOneFailedToStart) {
-  const std::vector<RankResult> r = RunJob(2, 1);
+  const std::vector<RankResult> r = RunJob(2, 1, UnbindableHost());
   EXPECT_NE(r[1].code, -1);
   EXPECT_NE(r[1].code, CONCORD_SUCCESS);
   EXPECT_NE(r[1].error.find(kUnbindableHost), std::string::npos) << r[1].error;
@@ -101,7 +126,7 @@ TEST(StartupFailureTest, RankZeroLearnsAtOnceThatRankOneFailedToStart) {
 // closes when rank 0's start fails (or, when rank 1 had not reached rank 0's point-to-point
 // listener yet, through the refused connection to rank 0).
 TEST(StartupFailureTest, EveryRankLearnsAtOnceThatAnotherFailedToStart) {
-  const std::vector<RankResult> r = RunJob(3, 2);
+  const std::vector<RankResult> r = RunJob(3, 2, UnbindableHost());
   EXPECT_NE(r[2].code, CONCORD_SUCCESS);
   EXPECT_NE(r[2].code, -1);
   for (int rank : {0, 1}) {
@@ -113,6 +138,79 @@ TEST(StartupFailureTest, EveryRankLearnsAtOnceThatAnotherFailedToStart) {
   EXPECT_TRUE(r[1].error.find("rank 0 closed its connection") != std::string::npos ||
               r[1].error.find("point-to-point connection to rank 0") != std::string::npos)
       << r[1].error;
+}
+
+// Rank 0's metrics port is taken: its init fails before it publishes the job settings, which the
+// others wait for. They must fail at once, naming rank 0 and the port, not after the timeout.
+TEST(StartupFailureTest, EveryRankLearnsAtOnceThatRankZerosMetricsPortIsTaken) {
+  for (int size : {2, 3}) {
+    SCOPED_TRACE("size " + std::to_string(size));
+    const harness::TakenPort taken;
+    ASSERT_NE(taken.port(), 0);
+    const std::string port = std::to_string(taken.port());
+    const std::vector<RankResult> r =
+        RunJob(size, 0, MetricsPortTaken(0, taken.port()), kLongTimeoutS);
+    EXPECT_EQ(r[0].code, CONCORD_ERR_UNAVAILABLE) << r[0].error;
+    EXPECT_NE(r[0].error.find(port), std::string::npos) << r[0].error;
+    for (int rank = 1; rank < size; ++rank) {
+      EXPECT_EQ(r[rank].code, CONCORD_ERR_PEER_FAILURE) << "rank " << rank << ": " << r[rank].error;
+      EXPECT_LT(r[rank].took.count(), kWellUnderLongTimeout.count()) << "rank " << rank;
+      EXPECT_NE(r[rank].error.find("rank 0 failed to start: UNAVAILABLE: CONCORD_METRICS_PORT"),
+                std::string::npos)
+          << "rank " << rank << ": " << r[rank].error;
+      EXPECT_NE(r[rank].error.find(port), std::string::npos)
+          << "rank " << rank << ": " << r[rank].error;
+    }
+  }
+}
+
+// Rank 0 publishes the job settings, then its control plane cannot listen: the others, waiting
+// for its address, must fail at once naming rank 0 and why.
+TEST(StartupFailureTest, EveryRankLearnsAtOnceThatRankZerosControlPlaneCannotListen) {
+  for (int size : {2, 3}) {
+    SCOPED_TRACE("size " + std::to_string(size));
+    const std::vector<RankResult> r = RunJob(size, 0, UnbindableHost(), kLongTimeoutS);
+    EXPECT_NE(r[0].code, CONCORD_SUCCESS);
+    EXPECT_NE(r[0].code, -1);
+    for (int rank = 1; rank < size; ++rank) {
+      EXPECT_EQ(r[rank].code, CONCORD_ERR_PEER_FAILURE) << "rank " << rank << ": " << r[rank].error;
+      EXPECT_LT(r[rank].took.count(), kWellUnderLongTimeout.count()) << "rank " << rank;
+      EXPECT_NE(r[rank].error.find("rank 0 failed to start"), std::string::npos)
+          << "rank " << rank << ": " << r[rank].error;
+      EXPECT_NE(r[rank].error.find(kUnbindableHost), std::string::npos)
+          << "rank " << rank << ": " << r[rank].error;
+    }
+  }
+}
+
+// The last rank's metrics port is taken: rank 0, waiting for its control-plane connection, must
+// fail at once naming it and the port; with three ranks, rank 1 too (through rank 0's closed
+// connection once connected to it, else through the published failure).
+TEST(StartupFailureTest, EveryRankLearnsAtOnceThatAnotherRanksMetricsPortIsTaken) {
+  for (int size : {2, 3}) {
+    SCOPED_TRACE("size " + std::to_string(size));
+    const int bad = size - 1;
+    const harness::TakenPort taken;
+    ASSERT_NE(taken.port(), 0);
+    const std::string port = std::to_string(taken.port());
+    const std::vector<RankResult> r =
+        RunJob(size, bad, MetricsPortTaken(bad, taken.port()), kLongTimeoutS);
+    EXPECT_EQ(r[bad].code, CONCORD_ERR_UNAVAILABLE) << r[bad].error;
+    const std::string failed = "rank " + std::to_string(bad) + " failed to start";
+    EXPECT_EQ(r[0].code, CONCORD_ERR_PEER_FAILURE) << r[0].error;
+    EXPECT_LT(r[0].took.count(), kWellUnderLongTimeout.count());
+    EXPECT_NE(r[0].error.find(failed), std::string::npos) << r[0].error;
+    EXPECT_NE(r[0].error.find(port), std::string::npos) << r[0].error;
+    if (size == 3) {
+      EXPECT_NE(r[1].code, CONCORD_SUCCESS);
+      EXPECT_NE(r[1].code, -1);
+      EXPECT_LT(r[1].took.count(), kWellUnderLongTimeout.count()) << r[1].error;
+      EXPECT_TRUE(r[1].error.find(failed) != std::string::npos ||
+                  r[1].error.find("rank 0 closed its connection") != std::string::npos ||
+                  r[1].error.find("point-to-point connection to rank 0") != std::string::npos)
+          << r[1].error;
+    }
+  }
 }
 
 }  // namespace
