@@ -1287,7 +1287,8 @@ int main(int argc, char** argv) {
     Status ready = !in.ok() ? in.status() : !out.ok() ? out.status() : in->Fill(0);
     if (!ready.ok()) {
       std::fprintf(stderr, "concord-perf: device buffers: %s\n", ready.ToString().c_str());
-      concord_finalize(comm);
+      if (comm != world) concord_finalize(comm);
+      concord_finalize(world);
       return 1;
     }
     device_in = std::move(*in);
