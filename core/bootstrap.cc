@@ -188,9 +188,11 @@ class WatchedStore : public Store {
 // (rank 0's settings and address) or, rank 0, for connections, fail within kParentCheck naming the
 // rank and why, instead of waiting out the timeout. The first failure published stays (a rank
 // that fails after it does not overwrite it; only two that fail at the same moment may both write
-// it, and the last one stays). The key is this start's alone: the next start, a retried init too,
-// has a prefix of its own (CreateCommunicator). Thread-safe; a start's waits call Published() from
-// other threads (Gloo's, the store's).
+// it, and the last one stays), and every other rank's failed start, however it ended, is told as
+// its consequence (Explain). The key is this start's alone: the next start, a retried init or
+// another split too, has a prefix of its own. `rank` is this rank's in the communicator that
+// starts (a sub-communicator's errors name the world ranks later: NameWorldRanks). Thread-safe; a
+// start's waits call Published() from other threads (Gloo's, the store's).
 class StartFailures {
  public:
   StartFailures(std::shared_ptr<Rendezvous> rv, const std::string& prefix, int rank)
@@ -201,24 +203,31 @@ class StartFailures {
   Status Published() {
     CONCORD_ASSIGN_OR_RETURN(const std::optional<std::string> failure, Read());
     if (!failure) return Status::Ok();
-    read_ = true;
     return Status(Code::kPeerFailure, *failure);
   }
 
-  // Publishes this rank's own `failed` and returns it, unless a failure is published already: the
-  // one this rank's start ended on (returned as it is), or one that came first and perhaps caused
-  // this one (rank 0 gone before this rank connected), which stays for the others and is named
-  // after this rank's error. Where the store refuses, the error says the others wait it out.
+  // Where another rank has published its failure: `failed` (this rank's start error) as its
+  // consequence, kPeerFailure with the published failure first. This start ended on it (seen in a
+  // wait: the published failure alone), or on what it caused (rank 0 failed with it and closed
+  // its connections, its listener too, before this rank connected): the published failure, then
+  // this rank's own error. None while nothing is published, or where the store cannot say.
+  std::optional<Status> Explain(const Status& failed) {
+    StatusOr<std::optional<std::string>> published = Read();
+    if (!published.ok() || !*published) return std::nullopt;
+    return AsConsequence(failed, **published);
+  }
+
+  // Explain(failed) where a failure is published already; else publishes this rank's own
+  // `failed` for the others and returns it (where the store refuses, the error says that the
+  // others wait out the timeout). For a start that failed before this rank's control plane was
+  // up; after that, the others learn of it through the control plane.
   Status Tell(const Status& failed) {
-    if (read_) return failed;
-    StatusOr<std::optional<std::string>> earlier = Read();
-    if (earlier.ok() && *earlier) {
-      return Status(failed.code(), failed.message() + " (" + **earlier + ")");
-    }
-    const Status told = earlier.ok()
+    StatusOr<std::optional<std::string>> published = Read();
+    if (published.ok() && *published) return AsConsequence(failed, **published);
+    const Status told = published.ok()
                             ? rv_->store->Set(key_, "rank " + std::to_string(rank_) +
                                                         " failed to start: " + failed.ToString())
-                            : earlier.status();
+                            : published.status();
     if (told.ok()) return failed;
     return Status(failed.code(), failed.message() +
                                      " (and telling the other ranks failed, so they wait out "
@@ -235,11 +244,18 @@ class StartFailures {
     return failure.status();
   }
 
+  static Status AsConsequence(const Status& failed, const std::string& published) {
+    if (failed.message().find(published) != std::string::npos) {
+      return Status(Code::kPeerFailure, published);
+    }
+    return Status(Code::kPeerFailure,
+                  published + " (this rank's start failed after it: " + failed.ToString() + ")");
+  }
+
   static constexpr std::chrono::milliseconds kNoWait{0};
   const std::shared_ptr<Rendezvous> rv_;
   const std::string key_;
   const int rank_;
-  std::atomic<bool> read_{false};  // Published() returned a failure
 };
 
 // CONCORD_TIMELINE's file for this rank, opened before any peer is involved, so that a path that
@@ -483,14 +499,14 @@ void IgnoreSigpipeUnlessHandled() {
 
 // The transports of a communicator on the rendezvous store `rv` under `prefix`, and its engine,
 // once the job settings are checked (CheckJobSettings). `host` is the address its control plane
-// advertises. `others_failed` (a sub-communicator's parent's failure; a world's: the failures
-// other ranks published, StartFailures) ends the waits for the others' control-plane and
-// point-to-point connections with the failure it returns. `control_plane_up` (if set) is called
-// once this rank's control plane is up: rank 0's has every rank's connection, another rank's its
-// connection to rank 0. From then on, a peer it loses ends every later wait of the start too: a
-// rank whose start failed has closed its connections, so rank 0 learns of it at once, fails its
-// own start and closes its connections, and so every other rank learns of it, instead of waiting
-// out the timeout for keys and connections that will never come.
+// advertises. `others_failed` (a world's: the failures other ranks published, StartFailures; a
+// sub-communicator's: its parent's failure, then those) ends the waits for the others'
+// control-plane and point-to-point connections with the failure it returns. `control_plane_up` (if
+// set) is called once this rank's control plane is up: rank 0's has every rank's connection,
+// another rank's its connection to rank 0. From then on, a peer it loses ends every later wait of
+// the start too: a rank whose start failed has closed its connections, so rank 0 learns of it at
+// once, fails its own start and closes its connections, and so every other rank learns of it,
+// instead of waiting out the timeout for keys and connections that will never come.
 StatusOr<std::unique_ptr<Engine>> StartOnStore(const Config& config,
                                                const std::shared_ptr<Rendezvous>& rv,
                                                const std::string& prefix, const std::string& host,
@@ -652,7 +668,10 @@ StatusOr<Communicator> CreateCommunicator(Config config) {
         control_plane_up = true;
         others_failed->Stop();
       });
-  if (!engine.ok()) return control_plane_up ? engine.status() : failures->Tell(engine.status());
+  if (!engine.ok()) {
+    if (!control_plane_up) return failures->Tell(engine.status());
+    return failures->Explain(engine.status()).value_or(engine.status());
+  }
   origin->rendezvous = rv;
   for (int r = 0; r < config.size; ++r) origin->world_ranks.push_back(r);
   Communicator comm;
@@ -682,29 +701,55 @@ StatusOr<Communicator> StartSubCommunicator(const Config& config, const CommOrig
   Communicator comm;
   if (parent.rendezvous) {
     // The sub-communicator's engine keeps this rendezvous (the parent's store, watched while it
-    // starts) for its life; the watch ends with this call, as the parent may go before it.
-    auto watch = std::make_shared<StartWatch>(parent_failure, kParentFailed);
+    // starts) for its life; the watches end with this call, as the parent may go before it. Its
+    // waits end once the parent has failed (a member died) or, until this member's control plane
+    // is up, once another member has published that its start failed (StartFailures, as a
+    // world's start: a member whose control plane cannot bind, or whose settings differ).
+    const auto failures = std::make_shared<StartFailures>(parent.rendezvous, prefix, config.rank);
+    const auto parent_failed = std::make_shared<StartWatch>(parent_failure, kParentFailed);
+    const auto others_failed =
+        std::make_shared<StartWatch>([failures] { return failures->Published(); }, "");
+    const StopAtExit stop_parent_watch(parent_failed);
+    const StopAtExit stop_others_watch(others_failed);
+    auto on_parent = std::make_shared<Rendezvous>();
+    on_parent->store = std::make_unique<WatchedStore>(parent.rendezvous, parent_failed);
     auto watched = std::make_shared<Rendezvous>();
-    watched->store = std::make_unique<WatchedStore>(parent.rendezvous, watch);
+    watched->store = std::make_unique<WatchedStore>(on_parent, others_failed);
     Status checked = CheckJobSettings(config, watched->store.get(), prefix,
                                       Deadline::After(MillisFromSeconds(config.timeout_s)));
-    auto started = checked.ok() ? StartOnStore(config, watched, prefix, parent.host,
-                                               [watch] { return watch->Failed(); })
+    bool control_plane_up = false;
+    auto started = checked.ok() ? StartOnStore(
+                                      config, watched, prefix, parent.host,
+                                      [parent_failed, others_failed]() -> Status {
+                                        CONCORD_RETURN_IF_ERROR(parent_failed->Failed());
+                                        return others_failed->Failed();
+                                      },
+                                      [&control_plane_up, others_failed] {
+                                        control_plane_up = true;
+                                        others_failed->Stop();
+                                      })
                                 : StatusOr<std::unique_ptr<Engine>>(checked);
-    // A start that failed as a member's death makes it fail (a connection reset, a timeout) waits
-    // up to kParentGrace for the parent to learn of a death (within moments, through its own
-    // connections) and then fails with that, naming the rank. Any other failure returns at once.
-    const Deadline grace = Deadline::After(kParentGrace);
-    while (!started.ok() && MayBeAMembersDeath(started.status().code())) {
-      if (Status failed = watch->Failed(); !failed.ok()) {
-        started = failed;
-        break;
+    if (!started.ok()) {
+      // Another member's published failure ended this start, or caused its error: it comes first.
+      if (std::optional<Status> explained = failures->Explain(started.status())) {
+        return NameWorldRanks(*explained, world_ranks);
       }
-      if (grace.passed()) break;
-      std::this_thread::sleep_for(kParentCheck);
+      // A start that failed as a member's death makes it fail (a connection reset, a timeout)
+      // waits up to kParentGrace for the parent to learn of a death (within moments, through its
+      // own connections) and then fails with that, naming the rank: every member's parent learns
+      // of it. Any other failure returns at once, and, before this member's control plane is up,
+      // is published for the others.
+      const Deadline grace = Deadline::After(kParentGrace);
+      while (MayBeAMembersDeath(started.status().code())) {
+        if (Status parent_error = parent_failed->Failed(); !parent_error.ok()) {
+          return NameWorldRanks(parent_error, world_ranks);
+        }
+        if (grace.passed()) break;
+        std::this_thread::sleep_for(kParentCheck);
+      }
+      return NameWorldRanks(control_plane_up ? started.status() : failures->Tell(started.status()),
+                            world_ranks);
     }
-    watch->Stop();
-    if (!started.ok()) return NameWorldRanks(started.status(), world_ranks);
     comm.engine = std::move(*started);
   } else {
     auto transports =

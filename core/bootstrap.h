@@ -43,8 +43,11 @@ struct Communicator {
 // before that rank's control-plane connection is up, through the store (`<prefix>/failed`, which
 // the others' waits look at every kParentCheck: kPeerFailure, "rank R failed to start: ..."),
 // after it, through the control plane (under torchrun, a failure before the store is open is left
-// to torchrun, which stops the others). Every rank keeps the communicator number it took, so
-// retried inits (on every rank) meet under the next prefix.
+// to torchrun, which stops the others). Once a failure is published, every other rank's error,
+// however its start ended (rank 0 failed with it and closed its connections), leads with it:
+// kPeerFailure, "rank R failed to start: ...", then this rank's own error where it says more.
+// Every rank keeps the communicator number it took, so retried inits (on every rank) meet under
+// the next prefix.
 StatusOr<Communicator> CreateCommunicator(Config config);
 // CreateCommunicator's engine alone (tests, benchmarks).
 StatusOr<std::unique_ptr<Engine>> CreateEngine(Config config);
@@ -57,8 +60,12 @@ StatusOr<std::unique_ptr<Engine>> CreateEngine(Config config);
 // kParentCheck: once the parent has failed (a member died), the start fails with that error,
 // naming the rank, instead of waiting out the timeout; a start that failed as a member's death
 // would make it fail (a lost connection, a timeout) waits up to kParentGrace for the parent to
-// learn of one, and any other failure (a setting refused) returns at once. Where its own error
-// names one of its ranks, it names the world rank too ("rank 1 (world rank 3)").
+// learn of one, and any other failure (a setting refused) returns at once. A member whose start
+// fails before its control plane is up (its control plane cannot bind) publishes its failure under
+// `prefix`, as CreateCommunicator's ranks do: the other members' waits end within kParentCheck,
+// and their errors lead with it (kPeerFailure, "rank R (world rank W) failed to start: ...").
+// Where its own error names one of its ranks, it names the world rank too ("rank 1 (world rank
+// 3)").
 StatusOr<Communicator> StartSubCommunicator(const Config& config, const CommOrigin& parent,
                                             const std::string& prefix, std::vector<int> world_ranks,
                                             int mpi_tag,

@@ -101,6 +101,7 @@ std::vector<RankResult> RunJob(int size, int bad, const Fault& fault, int timeou
     RankResult& r = results[rank];
     if (file >> r.code >> took) {
       r.took = milliseconds(took);
+      file.get();  // the space before the error
       std::getline(file, r.error);
     }
   }
@@ -184,8 +185,10 @@ TEST(StartupFailureTest, EveryRankLearnsAtOnceThatRankZerosControlPlaneCannotLis
 }
 
 // The last rank's metrics port is taken: rank 0, waiting for its control-plane connection, must
-// fail at once naming it and the port; with three ranks, rank 1 too (through rank 0's closed
-// connection once connected to it, else through the published failure).
+// fail at once naming it and the port; with three ranks, rank 1 too. However rank 1's start ends
+// (the published failure seen in a wait; rank 0's connection closed once connected to it; the
+// connection to rank 0 refused, rank 0 gone first), it comes after the published failure, since
+// rank 0 fails only on that: its error is PEER_FAILURE and starts with it.
 TEST(StartupFailureTest, EveryRankLearnsAtOnceThatAnotherRanksMetricsPortIsTaken) {
   for (int size : {2, 3}) {
     SCOPED_TRACE("size " + std::to_string(size));
@@ -196,19 +199,14 @@ TEST(StartupFailureTest, EveryRankLearnsAtOnceThatAnotherRanksMetricsPortIsTaken
     const std::vector<RankResult> r =
         RunJob(size, bad, MetricsPortTaken(bad, taken.port()), kLongTimeoutS);
     EXPECT_EQ(r[bad].code, CONCORD_ERR_UNAVAILABLE) << r[bad].error;
-    const std::string failed = "rank " + std::to_string(bad) + " failed to start";
-    EXPECT_EQ(r[0].code, CONCORD_ERR_PEER_FAILURE) << r[0].error;
-    EXPECT_LT(r[0].took.count(), kWellUnderLongTimeout.count());
-    EXPECT_NE(r[0].error.find(failed), std::string::npos) << r[0].error;
-    EXPECT_NE(r[0].error.find(port), std::string::npos) << r[0].error;
-    if (size == 3) {
-      EXPECT_NE(r[1].code, CONCORD_SUCCESS);
-      EXPECT_NE(r[1].code, -1);
-      EXPECT_LT(r[1].took.count(), kWellUnderLongTimeout.count()) << r[1].error;
-      EXPECT_TRUE(r[1].error.find(failed) != std::string::npos ||
-                  r[1].error.find("rank 0 closed its connection") != std::string::npos ||
-                  r[1].error.find("point-to-point connection to rank 0") != std::string::npos)
-          << r[1].error;
+    const std::string failed = "PEER_FAILURE: rank " + std::to_string(bad) +
+                               " failed to start: UNAVAILABLE: CONCORD_METRICS_PORT";
+    for (int rank = 0; rank < bad; ++rank) {
+      EXPECT_EQ(r[rank].code, CONCORD_ERR_PEER_FAILURE) << "rank " << rank << ": " << r[rank].error;
+      EXPECT_LT(r[rank].took.count(), kWellUnderLongTimeout.count()) << "rank " << rank;
+      EXPECT_EQ(r[rank].error.rfind(failed, 0), 0u) << "rank " << rank << ": " << r[rank].error;
+      EXPECT_NE(r[rank].error.find(port), std::string::npos)
+          << "rank " << rank << ": " << r[rank].error;
     }
   }
 }

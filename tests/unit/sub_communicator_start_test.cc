@@ -2,9 +2,12 @@
 // fails on a setting, on 4 ranks as threads over a file store. Ranks 0 and 1 say they are on host
 // A, ranks 2 and 3 on host B (CONCORD_HOST_ID), with CONCORD_SHM = on: the world is 2 hosts x 2
 // ranks (hierarchical), but a sub-communicator of 2 ranks of A and 1 of B is refused by every
-// member, naming a rank of the other host.
+// member, naming a rank of the other host. A member whose start fails before its control plane is
+// up (it cannot listen, or its settings differ) publishes its failure, and the other members fail
+// well within the timeout (20 s), naming it by its world rank.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <functional>
@@ -26,6 +29,11 @@ constexpr int kSize = 4;
 // waited whatever its failure, yet a generous bound for a loaded machine (the split's exchange
 // and a control plane among 3 ranks come first; about 5 ms here).
 constexpr milliseconds kAtOnce{300};
+// The others learnt of a member's failure; they did not wait out the timeout (20 s). The failing
+// member itself waits kParentGrace (500 ms) for a parent failure first.
+constexpr milliseconds kWellUnderTimeout{5000};
+// An address no interface of this host has (TEST-NET-1, RFC 5737): listening on it fails at once.
+constexpr char kUnbindableHost[] = "192.0.2.1";
 
 // Runs `body(rank, world)` on kSize ranks, each with its world communicator (CONCORD_SHM = on,
 // ranks 0 and 1 on host A, 2 and 3 on host B).
@@ -120,6 +128,72 @@ TEST(SubCommunicatorStartTest, RefusedRankListFailsAtOnce) {
       EXPECT_EQ(sub.status().code(), Code::kInvalidArgument) << sub.status().ToString();
       EXPECT_LT(took.count(), kAtOnce.count()) << sub.status().ToString();
     }
+  });
+}
+
+// What a member got when member `failed` (its sub-communicator rank, and world rank
+// `failed_world`) failed to start on its own: well within the timeout, kPeerFailure naming that
+// member by its world rank and its error (`its_error` in it).
+void ExpectFailedWith(int r, const StatusOr<Communicator>& sub, milliseconds took, int failed,
+                      int failed_world, const std::string& its_error) {
+  ASSERT_FALSE(sub.ok()) << "world rank " << r;
+  EXPECT_EQ(sub.status().code(), Code::kPeerFailure) << sub.status().ToString();
+  EXPECT_LT(took.count(), kWellUnderTimeout.count()) << sub.status().ToString();
+  const std::string named = "rank " + std::to_string(failed) + " (world rank " +
+                            std::to_string(failed_world) + ") failed to start: ";
+  const size_t at = sub.status().message().find(named);
+  EXPECT_NE(at, std::string::npos) << sub.status().ToString();
+  EXPECT_NE(sub.status().message().find(its_error, at), std::string::npos)
+      << sub.status().ToString();
+}
+
+// The group {1, 0, 3, 2} (hosts A, A, B, B, which CONCORD_SHM = on takes): its rank 0, world rank
+// 1, cannot listen for its control plane (on the address its world communicator advertises, made
+// one this host does not have, on world rank 1 alone), after it published the settings. The other
+// members, waiting for its address, fail well within the timeout naming it by its world rank (they
+// waited out the timeout).
+TEST(SubCommunicatorStartTest, RankZeroThatCannotListenFailsTheOthersAtOnce) {
+  harness::Latch start(kSize);
+  OnWorld("sub_start_unbindable", [&](int r, Communicator& world) {
+    if (r == 1) world.origin->host = kUnbindableHost;
+    milliseconds took{0};
+    StatusOr<Communicator> sub = TimedGroup(world, {1, 0, 3, 2}, start, &took);
+    if (r == 1) {
+      ASSERT_FALSE(sub.ok());
+      EXPECT_NE(sub.status().message().find(kUnbindableHost), std::string::npos)
+          << sub.status().ToString();
+      return;
+    }
+    ExpectFailedWith(r, sub, took, 0, 1, kUnbindableHost);
+  });
+}
+
+// A member other than rank 0 whose start fails before it connects its control plane: its settings
+// differ from its rank 0's (StartSubCommunicator called directly: a split gives every member the
+// parent's settings). Rank 0, waiting for its connection, fails well within the timeout naming it
+// by its world rank, and so do the others, which had connected to rank 0 (they waited out the
+// timeout).
+TEST(SubCommunicatorStartTest, MemberThatFailsBeforeConnectingFailsTheOthersAtOnce) {
+  const std::vector<int> members = {1, 0, 3, 2};  // world ranks, in the sub-communicator's order
+  constexpr int kBad = 3;                         // world rank 2
+  harness::Latch start(kSize);
+  OnWorld("sub_start_settings", [&](int r, Communicator& world) {
+    Config config = world.engine->config();
+    config.rank = static_cast<int>(std::find(members.begin(), members.end(), r) - members.begin());
+    if (config.rank == kBad) config.lanes = 2;
+    start.CountDown();
+    ASSERT_TRUE(start.Wait());
+    const auto t0 = steady_clock::now();
+    StatusOr<Communicator> sub =
+        StartSubCommunicator(config, *world.origin, world.origin->prefix + "/settings_differ",
+                             members, 0, [&world] { return world.engine->failure(); });
+    const auto took = std::chrono::duration_cast<milliseconds>(steady_clock::now() - t0);
+    if (config.rank == kBad) {
+      ASSERT_FALSE(sub.ok());
+      EXPECT_EQ(sub.status().code(), Code::kInvalidArgument) << sub.status().ToString();
+      return;
+    }
+    ExpectFailedWith(r, sub, took, kBad, 2, "CONCORD_LANES must be the same on every rank");
   });
 }
 
