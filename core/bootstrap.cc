@@ -66,8 +66,9 @@ class StartWatch {
 // What a sub-communicator's start error says before the parent's failure, when that ended it.
 constexpr char kParentFailed[] = "the parent communicator failed while this one started: ";
 
-// Whether a sub-communicator's failed start may be the work of a member that died (the parent then
-// learns of the death within moments, through its own connections): a connection lost or cut
+// Whether a failed start may be the work of another rank, one that died (a sub-communicator's
+// parent then learns of the death within moments, through its own connections) or failed its own
+// start (StartFailures): a connection lost or cut
 // short, a wait that timed out. A setting the start refused (kInvalidArgument: CONCORD_SHM = on
 // over ranks of several hosts, say), a feature that cannot start here (kUnavailable), a wrong
 // secret or a bug: no death explains them, and no wait changes them.
@@ -206,11 +207,14 @@ class StartFailures {
     return Status(Code::kPeerFailure, *failure);
   }
 
-  // Where another rank has published its failure: `failed` (this rank's start error) as its
-  // consequence, kPeerFailure with the published failure first. This start ended on it (seen in a
-  // wait: the published failure alone), or on what it caused (rank 0 failed with it and closed
-  // its connections, its listener too, before this rank connected): the published failure, then
-  // this rank's own error. None while nothing is published, or where the store cannot say.
+  // Where another rank has published its failure: `failed` (this rank's start error) told with
+  // it. This start ended on it (seen in a wait: the published failure alone, kPeerFailure), or on
+  // what it may have caused (a lost or refused connection, a timeout: rank 0 failed with it and
+  // closed its connections, its listener too, before this rank connected): kPeerFailure, the
+  // published failure, then this rank's own error. A failure of this rank's own (its metrics port
+  // in use, its timeline file, a setting that differs: no peer's failure causes those) keeps its
+  // code and comes first, the published one after it. None while nothing is published, or where
+  // the store cannot say.
   std::optional<Status> Explain(const Status& failed) {
     StatusOr<std::optional<std::string>> published = Read();
     if (!published.ok() || !*published) return std::nullopt;
@@ -247,6 +251,9 @@ class StartFailures {
   static Status AsConsequence(const Status& failed, const std::string& published) {
     if (failed.message().find(published) != std::string::npos) {
       return Status(Code::kPeerFailure, published);
+    }
+    if (!MayBeAMembersDeath(failed.code())) {
+      return Status(failed.code(), failed.message() + " (" + published + " too)");
     }
     return Status(Code::kPeerFailure,
                   published + " (this rank's start failed after it: " + failed.ToString() + ")");
