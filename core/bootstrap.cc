@@ -68,10 +68,10 @@ constexpr char kParentFailed[] = "the parent communicator failed while this one 
 
 // Whether a failed start may be the work of another rank, one that died (a sub-communicator's
 // parent then learns of the death within moments, through its own connections) or failed its own
-// start (StartFailures): a connection lost or cut
-// short, a wait that timed out. A setting the start refused (kInvalidArgument: CONCORD_SHM = on
-// over ranks of several hosts, say), a feature that cannot start here (kUnavailable), a wrong
-// secret or a bug: no death explains them, and no wait changes them.
+// start (StartFailures): a connection lost or cut short, a wait that timed out. A setting the
+// start refused (kInvalidArgument: CONCORD_SHM = on over ranks of several hosts, say), a feature
+// that cannot start here (kUnavailable), a wrong secret or a bug: no other rank explains them,
+// and no wait changes them.
 bool MayBeAMembersDeath(Code code) {
   switch (code) {
     case Code::kTimeout:
