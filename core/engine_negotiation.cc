@@ -64,19 +64,21 @@ Status Engine::SubmitNew() {
   if (fresh.empty()) return Status::Ok();
   // One message per step (steps change between messages, almost never inside one).
   RequestMessage m;
-  m.step = fresh.front().step;
-  m.cache_generation = cache_.generation();
+  size_t inline_bytes = 0;  // in `m`
+  auto begin_message = [&](decltype(m.step) step) {
+    m = RequestMessage();
+    m.step = step;
+    m.cache_generation = cache_.generation();
+    inline_bytes = 0;
+  };
+  begin_message(fresh.front().step);
   // Past the budget, requests go without their input and run on the backend (coordinator.h,
   // point 2): the message stays far below the control plane's frame limit.
   const size_t budget = inline_message_budget_.load(std::memory_order_relaxed);
-  size_t inline_bytes = 0;  // in `m`
   for (auto& [request, input, step] : fresh) {
     if (step != m.step) {
       CONCORD_RETURN_IF_ERROR(SendRequests(std::move(m)));
-      m = RequestMessage();
-      m.step = step;
-      m.cache_generation = cache_.generation();
-      inline_bytes = 0;
+      begin_message(step);
     }
     std::optional<std::string> data;
     if (request.NumBytes() <= budget - inline_bytes) data = InlineData(request, input);
@@ -94,10 +96,7 @@ Status Engine::SubmitNew() {
       // (coordinator.h, point 8), and it cannot tell where in a message's bits a join fell.
       if (join) {
         CONCORD_RETURN_IF_ERROR(SendRequests(std::move(m)));
-        m = RequestMessage();
-        m.step = step;
-        m.cache_generation = cache_.generation();
-        inline_bytes = 0;
+        begin_message(step);
       }
     }
   }
