@@ -15,6 +15,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "backends/backend.h"
@@ -100,16 +101,22 @@ TEST(ClockSyncTest, ReadingsAtTheEndsOfInt64NeitherOverflowNorWin) {
   EXPECT_DOUBLE_EQ(e->error_us, 0.5);
 }
 
-TEST(ClockSyncTest, APeerWhoseClockAnswersGarbageGetsNoOffset) {
+// Two ranks over TCP whose rank 1's clock answers INT64_MIN: rank 0's result and rank 1's.
+std::pair<ClockSyncResult, ClockSyncResult> SyncWithAGarbageClock() {
   auto ranks = TcpP2pMesh(2);
-  ASSERT_EQ(ranks.size(), 2u);
+  EXPECT_EQ(ranks.size(), 2u);
+  if (ranks.size() != 2) return {};
   ClockSyncOptions o;
   o.deadline = Deadline::After(milliseconds(10000));
   ClockSyncOptions garbage = o;
   garbage.clock = [] { return std::numeric_limits<int64_t>::min(); };
   auto one = std::async(std::launch::async, [&] { return SyncClock(*ranks[1], garbage); });
-  const ClockSyncResult zero = SyncClock(*ranks[0], o);
-  const ClockSyncResult other = one.get();
+  ClockSyncResult zero = SyncClock(*ranks[0], o);
+  return {std::move(zero), one.get()};
+}
+
+TEST(ClockSyncTest, APeerWhoseClockAnswersGarbageGetsNoOffset) {
+  const auto [zero, other] = SyncWithAGarbageClock();
   EXPECT_EQ(zero.status.code(), Code::kUnavailable);
   EXPECT_NE(zero.status.message().find("rank 1: "), std::string::npos) << zero.status.ToString();
   EXPECT_NE(zero.status.message().find("int64"), std::string::npos) << zero.status.ToString();
@@ -122,15 +129,7 @@ TEST(ClockSyncTest, APeerWhoseClockAnswersGarbageGetsNoOffset) {
 TEST(ClockSyncTest, AGarbageReadingIsWrittenInTheCLocaleWhateverTheApplicationSet) {
   const harness::CommaLocale comma;  // before the transport's threads start
   if (!comma.active()) GTEST_SKIP() << comma.why();
-  auto ranks = TcpP2pMesh(2);
-  ASSERT_EQ(ranks.size(), 2u);
-  ClockSyncOptions o;
-  o.deadline = Deadline::After(milliseconds(10000));
-  ClockSyncOptions garbage = o;
-  garbage.clock = [] { return std::numeric_limits<int64_t>::min(); };
-  auto one = std::async(std::launch::async, [&] { return SyncClock(*ranks[1], garbage); });
-  const ClockSyncResult zero = SyncClock(*ranks[0], o);
-  one.get();
+  const ClockSyncResult zero = SyncWithAGarbageClock().first;
   // About -1.1e+10 s: INT64_MIN ns minus rank 0's system clock (the digits follow the date).
   const std::string& message = zero.status.message();
   const std::string before = "a clock reading -1.1", after = "e+10 s off rank 0's";
