@@ -65,7 +65,7 @@ Status Engine::SubmitNew() {
   // One message per step (steps change between messages, almost never inside one).
   RequestMessage m;
   size_t inline_bytes = 0;  // in `m`
-  auto begin_message = [&](decltype(m.step) step) {
+  auto begin_message = [&](decltype(m.step) step) REQUIRES(driver_.step_mutex()) {
     m = RequestMessage();
     m.step = step;
     m.cache_generation = cache_.generation();
