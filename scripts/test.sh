@@ -6,9 +6,9 @@
 #           tests/faults/README.md; about 2 minutes of it).
 #   asan    AddressSanitizer and UndefinedBehaviorSanitizer (GCC, -O1) into build-sanitize/, the
 #           same suite, without CUDA (its kernels cannot run here, and the gcc pass compiled them),
-#           without perf/, and without the large conformance sweeps at 1, 3 and 4 ranks (the
-#           2-rank one takes the same large paths through the engine and a backend; 1 rank takes
-#           no backend at all).
+#           without perf/, and without the large conformance sweeps at 1, 3 and 4 ranks, the
+#           hierarchical one included (the 2-rank one takes the same large paths through the
+#           engine and a backend; 1 rank takes no backend at all).
 #           UndefinedBehaviorSanitizer instruments the library, not the gtest binaries' own code
 #           (CONCORD_UBSAN_TESTS=OFF): instrumented, they took twice as long to compile, most of
 #           the pass's build (AddressSanitizer still covers them).
@@ -68,8 +68,9 @@ pass_gcc() {
 
 pass_asan() {
   # -O1, as AddressSanitizer advises: quicker to compile than -O2, and fast enough to run.
-  # The large conformance sweeps at 3 and 4 ranks only repeat the 2-rank one over more data,
-  # and at 1 rank it takes no backend (as Gloo's every-dtype-and-op allreduce of 1 Mi elements repeats its 4099-element one:
+  # The large conformance sweeps at 3 and 4 ranks only repeat the 2-rank one over more data (the
+  # hierarchical one at 4 ranks too: mp_conformance_hier_np4 and mp_hier_conformance_np6 take its
+  # two levels at small sizes), and at 1 rank it takes no backend (as Gloo's every-dtype-and-op allreduce of 1 Mi elements repeats its 4099-element one:
   # it runs here at 4 ranks, on two dtypes), and the fault scenarios under mpirun (and the stall
   # shutdown under mpirun) mostly wait out mpirun's grace periods over the same Concord code as
   # the Gloo ones (the gcc pass runs them all). The Gloo runs go through shared memory; of their
@@ -77,7 +78,7 @@ pass_asan() {
   ci_flags -O1
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     LSAN_OPTIONS="suppressions=$root/scripts/lsan-suppressions.txt" \
-    CTEST_EXCLUDE='^mp_(mpi_)?conformance_large_np[134]$|LargeCount/([12]ranks_auto|3ranks)|^faults_.*_mpi$|^mp_mpi_stall_|^mp_conformance_(large_|split_)?noshm_np[34]$' \
+    CTEST_EXCLUDE='^mp_(mpi_)?conformance_large_np[134]$|LargeCount/([12]ranks_auto|3ranks)|^faults_.*_mpi$|^mp_mpi_stall_|^mp_conformance_(large_|split_)?noshm_np[34]$|^mp_hier_conformance_large_np4$' \
     run_suite "$root/build-sanitize" -DCONCORD_SANITIZE=address,undefined \
     -DCONCORD_BUILD_PERF=OFF -DCONCORD_CUDA=OFF -DCONCORD_UBSAN_TESTS=OFF "${ci_cmake_flags[@]}"
 }
