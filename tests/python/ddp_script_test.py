@@ -1,8 +1,9 @@
 """An unmodified DDP script (examples/python/ddp_train.py) trained on "concord" ends with the
 parameters it ends with on "gloo", to 1e-5: its small CNN and torchvision's resnet18 at 2 ranks
 under concordrun (its torchrun-style variables give env:// its rendezvous), and resnet18 under
-torch 2.x's torchrun when a torch 2.x virtual environment is there (python_torch2_backend_np2
-makes it, and runs a CNN's DDP under that torchrun itself, in test_torch_backend.py). About 30 s.
+torch 2.x's torchrun when a torch 2.x virtual environment is there (python_torch2_venv makes it;
+python_torch2_backend_np2 runs a CNN's DDP under that torchrun, in test_torch_backend.py).
+About 30 s.
 Exits 77 when this Python lacks torch or torchvision.
 
     ddp_script_test.py PYTHON CONCORDRUN [TORCH2_VERSION]
@@ -84,7 +85,7 @@ def main():
             compare(python, gloo, ours, "concordrun, %s, %d steps" % (model, STEPS))
         torch2 = torch2_python(python, version) if version else None
         if not torch2:
-            print("torchrun: no torch %s environment (python_torch2_backend_np2 makes it): not "
+            print("torchrun: no torch %s environment (python_torch2_venv makes it): not "
                   "run" % version)
             return
         torchrun = os.path.join(os.path.dirname(torch2), "torchrun")

@@ -2,6 +2,8 @@
 # Runs a pytest file on 2 ranks under torch 2.x's torchrun, from a virtual environment holding
 # torch VERSION from PyPI (Debian has torch 1.13 only):
 #   torch2_test.sh PYTHON VERSION FILE
+# Without FILE it only makes the environment (ctest's python_torch2_venv, which starts first, on
+# one processor, so that the download overlaps other tests instead of holding both).
 # The environment is made once, in ${CONCORD_CACHE_DIR:-~/.cache/concord}/torch-VERSION-pyX.Y
 # (outside the clone: later runs and clones reuse it; `.ready.N` marks a complete one, a partial
 # one is made again), under a lock, so concurrent runs wait for one install.
@@ -14,7 +16,7 @@
 # about a third of the time): `import torch` loads them, and the CPU code never calls them. Any
 # other VERSION gets its full requirements (2.15.0: 5.4 GB, 145 s; it links against nearly all).
 set -euo pipefail
-python="$1" version="$2" file="$3"
+python="$1" version="$2" file="${3:-}"
 skip() {
   echo "SKIPPED: torch $version from PyPI: $*"
   exit 77
@@ -77,6 +79,10 @@ exec 9>"$cache/torch-$version.lock"
 flock 9
 [ -e "$venv/$ready" ] || install
 exec 9>&-
+if [ -z "$file" ]; then
+  echo "torch2_test.sh: torch $version is ready in $venv"
+  exit 0
+fi
 
 # torchrun's static rendezvous on 127.0.0.1 (a free port); its workers get RANK, WORLD_SIZE,
 # MASTER_ADDR=127.0.0.1 and MASTER_PORT, and Gloo (the DDP comparison) stays on loopback.
