@@ -8,7 +8,8 @@
 //   pack_bench --check-device               exit 0 when a GPU is usable, 2 (saying why) when not
 //   pack_bench --workload FILE [--workload FILE ...] [--iters N] [--warmup N] [--dtype T]
 //              [--scale S]
-// A bad option or value is a usage error (exit 2), before any device is touched.
+// A bad option or value is a usage error (exit 2), and a workload file that cannot be read an
+// error naming it (exit 1), before any device is touched.
 #include <cctype>
 #include <chrono>
 #include <cmath>
@@ -53,8 +54,7 @@ void PrintRow(const char* what, double seconds, size_t bytes, double memcpy_seco
               static_cast<double>(bytes) / seconds / 1e9, memcpy_seconds / seconds);
 }
 
-Status RunWorkload(const std::string& path, cuda::CudaPacker& packer, const Options& o) {
-  CONCORD_ASSIGN_OR_RETURN(Workload w, LoadWorkload(path));
+Status RunWorkload(Workload w, cuda::CudaPacker& packer, const Options& o) {
   std::vector<size_t> offsets;
   size_t arena_bytes = 0;
   for (WorkloadTensor& t : w.tensors) {
@@ -184,6 +184,17 @@ int Main(int argc, char** argv) {
       Usage("unknown option " + arg);
     }
   }
+  if (!check_device && o.workloads.empty()) Usage("no --workload given");
+  // Every file is read before the device is looked for: a bad path is named on any machine.
+  std::vector<Workload> workloads;
+  for (const std::string& path : o.workloads) {
+    StatusOr<Workload> w = LoadWorkload(path);
+    if (!w.ok()) {
+      std::fprintf(stderr, "pack_bench: %s: %s\n", path.c_str(), w.status().ToString().c_str());
+      return 1;
+    }
+    workloads.push_back(std::move(w.value()));
+  }
   const StatusOr<int> devices = cuda::DeviceCount();
   if (!devices.ok()) {
     std::printf("no usable CUDA device: %s; NCCL %s\n", devices.status().message().c_str(),
@@ -196,7 +207,6 @@ int Main(int argc, char** argv) {
       description.ok() ? description.value().c_str() : description.status().ToString().c_str(),
       devices.value(), cuda::NcclVersion().c_str());
   if (check_device) return 0;
-  if (o.workloads.empty()) Usage("no --workload given");
   StatusOr<std::unique_ptr<cuda::CudaPacker>> packer = cuda::CudaPacker::Create(0);
   if (!packer.ok()) {
     std::fprintf(stderr, "pack_bench: %s\n", packer.status().ToString().c_str());
@@ -204,10 +214,10 @@ int Main(int argc, char** argv) {
   }
   std::printf("iters %d, warmup %d; GB/s = payload bytes / time of one operation\n", o.iters,
               o.warmup);
-  for (const std::string& path : o.workloads) {
-    const Status s = RunWorkload(path, *packer.value(), o);
+  for (size_t i = 0; i < workloads.size(); ++i) {
+    const Status s = RunWorkload(std::move(workloads[i]), *packer.value(), o);
     if (!s.ok()) {
-      std::fprintf(stderr, "pack_bench: %s: %s\n", path.c_str(), s.ToString().c_str());
+      std::fprintf(stderr, "pack_bench: %s: %s\n", o.workloads[i].c_str(), s.ToString().c_str());
       return 1;
     }
   }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # pack_bench's options take the whole value (atoi read "--iters 1x" as 1 and "abc" as 0, and
 # strtod took " 0.5" and "nan"): anything else is a usage error, exit status 2, naming the option,
-# before any device is touched (so this runs on machines without a GPU).
+# before any device is touched (so this runs on machines without a GPU); so is a missing
+# --workload, and an unreadable workload file is named.
 # Usage: pack_bench_options_test.sh path/to/pack_bench
 set -u
 PACK_BENCH=$1
@@ -31,6 +32,15 @@ for v in abc 0.5x " 0.5" "" nan inf 1e999; do
 done
 refused "missing value or unknown option --iters" "${workload[@]}" --iters
 refused "unknown option --bogus" --bogus 1
+refused "no --workload given" --iters 3
+
+# A workload file that cannot be read is named, exit status 1, before any device is looked for
+# (which would fail first on a machine without a GPU, saying only that).
+out=$(timeout 10 "$PACK_BENCH" --workload /nonexistent/workload.txt 2>&1)
+rc=$?
+[ "$rc" -eq 1 ] || fail "pack_bench --workload /nonexistent/workload.txt: exit status $rc: $out"
+[[ "$out" == "pack_bench: /nonexistent/workload.txt: "* ]] || fail "an unreadable workload: $out"
+[[ "$out" != *"CUDA device"* ]] || fail "an unreadable workload: looked for a device: $out"
 
 if [ "$failures" -ne 0 ]; then
   echo "$failures failure(s)" >&2
