@@ -6,8 +6,9 @@
 // then the timed runs back to back, each timed on its own (the backend side once had a barrier
 // before every run and the raw side not, so its runs started together and the raw side's did
 // not). Each side's figure is the median over iterations on each rank,
-// the most of any rank, as concord-perf takes its rows (rank 0's alone once stood for both). The
-// raw side's results are checked (perf/gloo_raw).
+// the most of any rank, as concord-perf takes its rows (rank 0's alone once stood for both). Each
+// side's result is checked after its timed runs: one more run on known data (perf/gloo_raw's, and
+// the same check here for the backend).
 // Usage: gloo_algos [ranks (2)] [iterations (10)] [max MiB (64)]
 #include <algorithm>
 #include <cstdio>
@@ -63,9 +64,21 @@ StatusOr<double> TimeBackend(int size, const std::string& algorithm, size_t coun
         const std::chrono::duration<double> took = Clock::now() - start;
         if (i >= kWarmup) seconds.push_back(took.count());
       }
-      // As the raw side: no rank closes its backend while a peer still receives.
-      const Status closing = (*backend)->Barrier();
-      results[rank] = closing.ok() ? StatusOr<double>(Median(seconds)) : closing;
+      // As the raw side: one run on known data, checked, and no rank closes its backend while a
+      // peer still receives.
+      for (size_t e = 0; e < count; ++e) {
+        data[e] = static_cast<float>(bench::ReductionInput(CONCORD_SUM, rank, size, e));
+      }
+      Status status = (*backend)->Allreduce(data.data(), count, DType::kFloat32, ReduceOp::kSum);
+      if (status.ok()) status = (*backend)->Barrier();
+      const std::string wrong = bench::FirstWrongElement(
+          count, [&](size_t e) { return data[e]; }, bench::ReductionExpected);
+      if (status.ok() && !wrong.empty()) {
+        status =
+            Status(Code::kMismatch, "concord backend " + algorithm + ": wrong result on rank " +
+                                        std::to_string(rank) + ": " + wrong);
+      }
+      results[rank] = status.ok() ? StatusOr<double>(Median(seconds)) : status;
     });
   }
   for (auto& t : threads) t.join();
