@@ -163,8 +163,9 @@ constexpr Launcher kLaunchers[] = {
     {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", nullptr, "OMPI_COMM_WORLD_LOCAL_RANK",
      "OMPI_COMM_WORLD_LOCAL_SIZE"},                                           // Open MPI
     {"PMI_RANK", "PMI_SIZE", nullptr, "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},  // MPICH, Slurm's PMI
-    // srun: the step's tasks (a heterogeneous step's, all components); SLURM_NTASKS where srun
-    // does not say.
+    // srun: the step's tasks (a heterogeneous step's, all components). SLURM_NTASKS, the job's,
+    // only where it is 1: without a step of its own (srun sets SLURM_STEP_NUM_TASKS for every
+    // task it starts) this is an sbatch or salloc script's own process (SlurmStepMissing).
     {"SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_LOCALID", nullptr},
 };
 
@@ -225,6 +226,21 @@ constexpr char kSizeAccepted[] = "the number of ranks must be >= 1";
 constexpr char kLocalRankAccepted[] = "the rank on this host must be >= 0";
 constexpr char kLocalSizeAccepted[] = "the number of ranks on this host must be >= 1";
 
+// A process of a Slurm job that srun did not start (no SLURM_STEP_NUM_TASKS): an sbatch script's
+// own process (SLURM_PROCID=0) or one started from an salloc shell, where SLURM_NTASKS (`ntasks`)
+// counts the job's tasks. As rank 0 of them it would wait out the timeout for ranks that no one
+// starts: an error at once instead, which says how to start them.
+Status SlurmStepMissing(int ntasks) {
+  return InvalidArgument(
+      "SLURM_NTASKS = " + std::to_string(ntasks) +
+      " (the Slurm job's tasks), but this process was not started by srun (no "
+      "SLURM_STEP_NUM_TASKS): an sbatch script's own process, or one started from an salloc "
+      "shell, would wait for " +
+      std::to_string(ntasks - 1) +
+      " ranks that nothing starts. Start every rank with srun (`srun python train.py`), or set "
+      "CONCORD_SIZE=1 for a single process");
+}
+
 // Who this rank is: each of rank, size, local rank and local size from its CONCORD_* variable,
 // else from the launcher that started the job: the first of kLaunchers whose rank or size variable
 // is set, and only that one (a launcher's variables describe its own job: under an sbatch script,
@@ -268,6 +284,10 @@ Status ReadIdentity(EnvironmentReader* env, Config* c) {
     if ((c->rank != -1 && c->rank != theirs.rank) ||
         (c->size != -1 && theirs.size != -1 && c->size != theirs.size)) {
       return Status::Ok();
+    }
+    if (c->size == -1 && l.size_fallback != nullptr && theirs.size > 1 &&
+        theirs.SourceOf("size") == l.size_fallback) {
+      return SlurmStepMissing(theirs.size);
     }
     for (const auto& [member, field] :
          {std::pair<const char*, int Config::*>{"rank", &Config::rank},
@@ -380,10 +400,12 @@ Status Config::Finalize() {
     size = 1;
     rank = 0;
   }
+  if (size == 1 && rank == -1) rank = 0;  // the only one (CONCORD_SIZE=1 alone, say)
   if (size == -1) {
     return refuse("rank", std::to_string(rank),
                   "a rank is given but not the number of ranks (CONCORD_SIZE, or WORLD_SIZE, "
-                  "OMPI_COMM_WORLD_SIZE, PMI_SIZE, SLURM_NTASKS, or concord_config_t.size)");
+                  "OMPI_COMM_WORLD_SIZE, PMI_SIZE, SLURM_STEP_NUM_TASKS, or "
+                  "concord_config_t.size)");
   }
   if (size < 1) return refuse("size", std::to_string(size), "the number of ranks must be >= 1");
   if (rank == -1) {

@@ -4,8 +4,9 @@
 #   foreign_launcher_test.sh STYLE NP program args...
 # STYLE: torchrun (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
 # TORCHELASTIC_RUN_ID), openmpi (OMPI_COMM_WORLD_*, OMPI_MCA_ess_base_jobid) or slurm
-# (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_JOB_ID). Every rank runs under `timeout`; the
-# script stops only the processes it started and removes the file store a one-host job leaves.
+# (SLURM_PROCID, SLURM_NTASKS, SLURM_STEP_NUM_TASKS, SLURM_LOCALID, SLURM_JOB_ID: as srun sets
+# them). Every rank runs under `timeout`; the script stops only the processes it started and
+# removes the file store a one-host job leaves.
 set -euo pipefail
 style="$1"
 np="$2"
@@ -30,7 +31,8 @@ for ((r = 0; r < np; r++)); do
       vars=(OMPI_COMM_WORLD_RANK=$r OMPI_COMM_WORLD_SIZE=$np OMPI_COMM_WORLD_LOCAL_RANK=$r
             OMPI_COMM_WORLD_LOCAL_SIZE=$np OMPI_MCA_ess_base_jobid=$job) ;;
     slurm)
-      vars=(SLURM_PROCID=$r SLURM_NTASKS=$np SLURM_LOCALID=$r SLURM_JOB_ID=$job) ;;
+      vars=(SLURM_PROCID=$r SLURM_NTASKS=$np SLURM_STEP_NUM_TASKS=$np SLURM_LOCALID=$r
+            SLURM_JOB_ID=$job) ;;
     *) echo "foreign_launcher_test.sh: unknown style $style" >&2; exit 2 ;;
   esac
   env -u CONCORD_RANK -u CONCORD_SIZE -u CONCORD_LOCAL_RANK -u CONCORD_LOCAL_SIZE \

@@ -140,6 +140,7 @@ TEST_F(ConfigTest, OpenMpiAndSlurmVariables) {
   ClearAll();
   Set("SLURM_PROCID", "5");
   Set("SLURM_NTASKS", "8");
+  Set("SLURM_STEP_NUM_TASKS", "8");
   Set("SLURM_LOCALID", "1");
   Set("SLURM_JOB_ID", "777");
   c = Config::FromEnvironment();
@@ -149,6 +150,70 @@ TEST_F(ConfigTest, OpenMpiAndSlurmVariables) {
   EXPECT_EQ(c->size, 8);
   EXPECT_EQ(c->local_rank, 1);
   EXPECT_EQ(c->job_id, "777");
+}
+
+// A process of a Slurm job that srun did not start (an sbatch script's own, or one from an salloc
+// shell: the job's SLURM_NTASKS, no SLURM_STEP_NUM_TASKS) once took itself for rank 0 of the job's
+// tasks and waited out the timeout for the others: now its init fails at once saying to use srun.
+// A one-task job, CONCORD_SIZE, or ranks that concordrun starts in the script are not refused.
+TEST_F(ConfigTest, SlurmJobWithoutAnSrunStepIsRefused) {
+  Set("SLURM_PROCID", "0");
+  Set("SLURM_NTASKS", "4");
+  Set("SLURM_LOCALID", "0");
+  Set("SLURM_TASKS_PER_NODE", "4");
+  Set("SLURM_JOB_ID", "777");
+  StatusOr<Config> c = Config::FromEnvironment();
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), Code::kInvalidArgument);
+  for (const char* part : {"SLURM_NTASKS = 4", "not started by srun", "3 ranks that nothing",
+                           "srun python train.py", "CONCORD_SIZE=1"}) {
+    EXPECT_NE(c.status().message().find(part), std::string::npos) << c.status().message();
+  }
+  // Without SLURM_PROCID too (an salloc shell on the login node).
+  unsetenv("SLURM_PROCID");
+  c = Config::FromEnvironment();
+  EXPECT_EQ(c.status().code(), Code::kInvalidArgument) << c.status().ToString();
+
+  // One process, said so: Slurm's variables describe another job.
+  Set("CONCORD_SIZE", "1");
+  c = Config::FromEnvironment();
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE(c->Finalize().ok());
+  EXPECT_EQ(c->rank, 0);
+  EXPECT_EQ(c->size, 1);
+
+  // A job of one task.
+  unsetenv("CONCORD_SIZE");
+  Set("SLURM_PROCID", "0");
+  Set("SLURM_NTASKS", "1");
+  Set("SLURM_TASKS_PER_NODE", "1");
+  c = Config::FromEnvironment();
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE(c->Finalize().ok());
+  EXPECT_EQ(c->size, 1);
+
+  // concordrun -np 4 inside the script: rank 0's CONCORD_RANK and CONCORD_SIZE agree with the
+  // batch step's, whose local variables it then reads.
+  Set("SLURM_NTASKS", "4");
+  Set("SLURM_TASKS_PER_NODE", "4");
+  Set("CONCORD_RANK", "0");
+  Set("CONCORD_SIZE", "4");
+  c = Config::FromEnvironment();
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE(c->Finalize().ok());
+  EXPECT_EQ(c->size, 4);
+  EXPECT_EQ(c->local_size, 4);
+
+  // srun's tasks: the step's count.
+  unsetenv("CONCORD_RANK");
+  unsetenv("CONCORD_SIZE");
+  Set("SLURM_STEP_NUM_TASKS", "4");
+  c = Config::FromEnvironment();
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE(c->Finalize().ok());
+  EXPECT_EQ(c->rank, 0);
+  EXPECT_EQ(c->size, 4);
+  EXPECT_EQ(c->SourceOf("size"), "SLURM_STEP_NUM_TASKS");
 }
 
 TEST_F(ConfigTest, ConcordVariablesWinOverOthers) {
