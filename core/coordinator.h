@@ -19,8 +19,9 @@
 //     and every rank receives identical bytes. If any rank sent no input (its threshold differs),
 //     the operation runs on the backend as usual. So a message stays far below the control
 //     plane's frame limit, it carries at most Engine::kInlineMessageBudgetBytes of inline data: a
-//     rank sends the requests past it without their input, and rank 0 drops the inline results
-//     past it from its response list (every rank then runs those on the backend).
+//     rank sends the requests past it without their input (and ends a message before a full
+//     request that would take it past the budget), and rank 0 drops the inline results past it
+//     from its response list (every rank then runs those on the backend).
 //  3. Ready operations leave in the order they became ready (cached ones by bit), members of a
 //     group only all together, as one ResponseMessage that rank 0 sends to every rank and executes
 //     itself. Every rank executes the same list in the same order, so the collectives match, and

@@ -192,8 +192,8 @@ class Engine {
   // The error that failed the engine (OK while healthy).
   Status failure() const EXCLUDES(failure_mu_);
   const EngineStats& stats() const { return stats_; }
-  // For tests: the inline data one negotiation message carries at most, instead of
-  // kInlineMessageBudgetBytes. Thread-safe; applies to the messages of later steps.
+  // For tests: kInlineMessageBudgetBytes's value for this engine. Thread-safe; applies to the
+  // messages of later steps.
   void SetInlineMessageBudget(size_t bytes) {
     inline_message_budget_.store(bytes, std::memory_order_relaxed);
   }
@@ -239,8 +239,10 @@ class Engine {
   // inline threshold shrinks to this divided by (size - 1).
   static constexpr size_t kInlineBudgetBytes = size_t{1} << 20;
   // Inline data one negotiation message carries at most, a rank's requests or rank 0's response
-  // list (coordinator.h, point 2): the operations past it go without and run on the backend. Far
-  // below the control plane's frame limit (1 GiB), however many small operations one step sends.
+  // list (coordinator.h, point 2): the operations past it go without and run on the backend. A
+  // rank's request message holds at most this of inline data and full requests together (a full
+  // request that would pass it, a long name, begins the next message). Far below the control
+  // plane's frame limit (1 GiB), however many small operations one step sends.
   static constexpr size_t kInlineMessageBudgetBytes = size_t{64} << 20;
   // How long Fail() waits for its control-plane teardown before it completes the requests (so
   // that, as a rule, the other ranks have this rank's last words before the application learns

@@ -64,26 +64,35 @@ Status Engine::SubmitNew() {
   if (fresh.empty()) return Status::Ok();
   // One message per step (steps change between messages, almost never inside one).
   RequestMessage m;
-  size_t inline_bytes = 0;  // in `m`
+  size_t message_bytes = 0;  // inline data and full requests in `m`
   auto begin_message = [&](decltype(m.step) step) REQUIRES(driver_.step_mutex()) {
     m = RequestMessage();
     m.step = step;
     m.cache_generation = cache_.generation();
-    inline_bytes = 0;
+    message_bytes = 0;
   };
   begin_message(fresh.front().step);
   // Past the budget, requests go without their input and run on the backend (coordinator.h,
-  // point 2): the message stays far below the control plane's frame limit.
+  // point 2), and a full request that would pass it (long names) begins the next message: each
+  // message stays far below the control plane's frame limit.
   const size_t budget = inline_message_budget_.load(std::memory_order_relaxed);
+  const auto room = [&] { return message_bytes < budget ? budget - message_bytes : 0; };
   for (auto& [request, input, step] : fresh) {
     if (step != m.step) {
       CONCORD_RETURN_IF_ERROR(SendRequests(std::move(m)));
       begin_message(step);
     }
+    const std::optional<uint32_t> bit = cache_.Lookup(request, config_.rank);
+    const size_t request_bytes = bit ? 0 : RequestWireBytes(request);
+    if (!m.empty() && request_bytes > room()) {
+      CONCORD_RETURN_IF_ERROR(SendRequests(std::move(m)));
+      begin_message(step);
+    }
+    message_bytes += request_bytes;
     std::optional<std::string> data;
-    if (request.NumBytes() <= budget - inline_bytes) data = InlineData(request, input);
-    if (data) inline_bytes += data->size();
-    if (auto bit = cache_.Lookup(request, config_.rank)) {
+    if (request.NumBytes() <= room()) data = InlineData(request, input);
+    if (data) message_bytes += data->size();
+    if (bit) {
       cache_.MarkSent(*bit);
       if (*bit / 64 >= m.cached_mask.size()) m.cached_mask.resize(*bit / 64 + 1, 0);
       m.cached_mask[*bit / 64] |= uint64_t{1} << (*bit % 64);

@@ -101,12 +101,7 @@ class Reader {
   std::string error_;
 };
 
-// Upper bounds of the bytes the writers below produce.
-size_t RequestBytes(const TensorRequest& r) {
-  return r.name.size() + r.compression.size() + r.group.size() + 8 * r.shape.size() +
-         8 * r.splits.size() + 68;
-}
-
+// Upper bounds of the bytes the writers below produce (RequestWireBytes too).
 size_t DataBytes(const std::map<uint32_t, std::string>& data) {
   size_t n = 4;
   for (const auto& entry : data) n += 8 + entry.second.size();
@@ -284,10 +279,15 @@ bool IsFailureReport(const std::string& bytes) {
   return !bytes.empty() && static_cast<uint8_t>(bytes[0]) == kResponseTag;
 }
 
+size_t RequestWireBytes(const TensorRequest& r) {
+  return r.name.size() + r.compression.size() + r.group.size() + 8 * r.shape.size() +
+         8 * r.splits.size() + 68;
+}
+
 std::string SerializeRequestMessage(const RequestMessage& m) {
   size_t expected =
       24 + 8 * m.cached_mask.size() + DataBytes(m.cached_data) + DataBytes(m.request_data);
-  for (const auto& r : m.requests) expected += RequestBytes(r);
+  for (const auto& r : m.requests) expected += RequestWireBytes(r);
   Writer w(expected);
   w.U8(kRequestTag);
   w.U8(kVersion);
@@ -345,7 +345,7 @@ std::string SerializeResponseMessage(const ResponseMessage& m) {
     expected += 24 + (item.data ? item.data->size() : 0);
     if (!item.cached) {
       const Response& r = item.response;
-      expected += RequestBytes(r.request) + 8 * r.first_dims.size() + 8 * r.splits.size() +
+      expected += RequestWireBytes(r.request) + 8 * r.first_dims.size() + 8 * r.splits.size() +
                   r.error_message.size() + 4 * r.error_ranks.size() + 4 * r.joined.size() + 24;
     }
   }

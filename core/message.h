@@ -79,6 +79,10 @@ struct ResponseMessage {
 bool IsFailureReport(const std::string& bytes);
 
 std::string SerializeRequestMessage(const RequestMessage& m);
+// At most the bytes a full request (RequestMessage::requests) adds to its serialized message, its
+// inline data aside: mostly its name. The engine ends a message before one that would take it past
+// its budget.
+size_t RequestWireBytes(const TensorRequest& r);
 StatusOr<RequestMessage> ParseRequestMessage(const std::string& bytes);
 std::string SerializeResponseMessage(const ResponseMessage& m);
 StatusOr<ResponseMessage> ParseResponseMessage(const std::string& bytes);

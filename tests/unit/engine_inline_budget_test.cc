@@ -1,6 +1,7 @@
 // The inline message budget (Engine::kInlineMessageBudgetBytes, coordinator.h point 2): a burst
 // of small operations whose inputs or results together pass it still completes, correctly, with
-// every negotiation message under the budget; the operations past it run on the backend.
+// every negotiation message under the budget; the operations past it run on the backend. A burst
+// of first submissions with long names splits a rank's requests into messages under it too.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -20,17 +21,20 @@ using engine_testing::Request;
 using engine_testing::Submit;
 using harness::RunRanks;
 
-// A control plane that records the largest message any rank sent through it.
+// A control plane that records the largest message any rank sent through it (with
+// `requests_only`, the largest sent to rank 0: a rank's requests).
 class SizeRecordingControlPlane : public ControlPlane {
  public:
   SizeRecordingControlPlane(std::unique_ptr<ControlPlane> plane,
-                            std::shared_ptr<std::atomic<size_t>> largest)
-      : plane_(std::move(plane)), largest_(std::move(largest)) {}
+                            std::shared_ptr<std::atomic<size_t>> largest,
+                            bool requests_only = false)
+      : plane_(std::move(plane)), largest_(std::move(largest)), requests_only_(requests_only) {}
   int rank() const override { return plane_->rank(); }
   int size() const override { return plane_->size(); }
   Status Send(int to, std::string bytes) override {
     size_t seen = largest_->load();
-    while (bytes.size() > seen && !largest_->compare_exchange_weak(seen, bytes.size())) {
+    while ((to == 0 || !requests_only_) && bytes.size() > seen &&
+           !largest_->compare_exchange_weak(seen, bytes.size())) {
     }
     return plane_->Send(to, std::move(bytes));
   }
@@ -51,6 +55,7 @@ class SizeRecordingControlPlane : public ControlPlane {
  private:
   std::unique_ptr<ControlPlane> plane_;
   std::shared_ptr<std::atomic<size_t>> largest_;
+  const bool requests_only_;
 };
 
 TEST(EngineInlineBudgetTest, ABurstPastTheBudgetCompletesWithEveryMessageUnderIt) {
@@ -137,6 +142,68 @@ TEST(EngineInlineBudgetTest, ABurstPastTheBudgetCompletesWithEveryMessageUnderIt
     EXPECT_GT(inlined, 0u) << "rank " << r;
     EXPECT_LT(inlined, 2u * 2 * kTensors) << "rank " << r;
   }
+  RunRanks(kSize, [&](int rank) {
+    const Status s = engines[rank]->Shutdown();
+    EXPECT_TRUE(s.ok()) << s.ToString();
+  });
+  engines.clear();
+}
+
+// A rank's first submissions of many long names (each of them travels whole) once went as one
+// request message, as long as all the names together: with enough of them (the control plane's
+// frame limit is 1 GiB, a name 64 KiB) the job failed. Now a full request that would take its
+// message past the budget begins the next one.
+TEST(EngineInlineBudgetTest, LongNamesSplitARanksRequestsIntoMessagesUnderTheBudget) {
+  constexpr int kSize = 3;
+  constexpr size_t kBudget = 16 << 10;
+  constexpr int kTensors = 24;           // 24 names of 2 KiB: three times the budget
+  constexpr size_t kOverhead = 1 << 10;  // the message's header, counts, a data entry
+  auto world = std::make_shared<InProcWorld>(kSize, std::chrono::milliseconds(20000));
+  auto largest = std::make_shared<std::atomic<size_t>>(0);
+  std::vector<std::unique_ptr<Engine>> engines;
+  for (int r = 0; r < kSize; ++r) {
+    Config c;
+    c.rank = r;
+    c.size = kSize;
+    c.log_level = 0;
+    ASSERT_TRUE(c.Finalize().ok());
+    std::vector<std::unique_ptr<Backend>> lanes;
+    for (int lane = 0; lane < c.lanes; ++lane) lanes.push_back(world->MakeBackend(r, lane));
+    engines.push_back(std::make_unique<Engine>(
+        c,
+        std::make_unique<SizeRecordingControlPlane>(world->MakeControlPlane(r), largest,
+                                                    /*requests_only=*/true),
+        std::move(lanes), world));
+    engines.back()->SetInlineMessageBudget(kBudget);
+  }
+  // Twice: the second time the names are cache bits.
+  for (int round = 0; round < 2; ++round) {
+    RunRanks(kSize, [&](int rank) {
+      Engine& engine = *engines[rank];
+      std::vector<float> in(kTensors), out(kTensors, -1.0f);
+      std::vector<std::shared_ptr<RequestState>> states;
+      ASSERT_TRUE(engine.GroupStart().ok());
+      for (int t = 0; t < kTensors; ++t) {
+        in[t] = static_cast<float>(rank * 100 + t + round);
+        const std::string name = std::string(2048, 'n') + "." + std::to_string(t);
+        states.push_back(Submit(
+            engine,
+            Entry(Request(name, OpType::kAllreduce, DType::kFloat32, {1}), &in[t], &out[t])));
+      }
+      ASSERT_TRUE(engine.GroupEnd().ok());
+      for (const auto& state : states) {
+        const Status s = Await(state);
+        ASSERT_TRUE(s.ok()) << s.ToString();
+      }
+      for (int t = 0; t < kTensors; ++t) {
+        float want = 0;
+        for (int r = 0; r < kSize; ++r) want += static_cast<float>(r * 100 + t + round);
+        ASSERT_EQ(out[t], want) << "tensor " << t;
+      }
+    });
+  }
+  EXPECT_GT(largest->load(), kBudget / 2);  // the names did travel, in messages near the budget
+  EXPECT_LE(largest->load(), kBudget + kOverhead);
   RunRanks(kSize, [&](int rank) {
     const Status s = engines[rank]->Shutdown();
     EXPECT_TRUE(s.ok()) << s.ToString();
