@@ -58,6 +58,40 @@ class SizeRecordingControlPlane : public ControlPlane {
   const bool requests_only_;
 };
 
+// `size` engines of one in-process world, each with the inline message budget `budget`, whose
+// control planes record their largest message into `largest` (SizeRecordingControlPlane).
+std::vector<std::unique_ptr<Engine>> MakeEngines(int size, size_t budget,
+                                                 std::shared_ptr<std::atomic<size_t>> largest,
+                                                 bool requests_only) {
+  auto world = std::make_shared<InProcWorld>(size, std::chrono::milliseconds(20000));
+  std::vector<std::unique_ptr<Engine>> engines;
+  for (int r = 0; r < size; ++r) {
+    Config c;
+    c.rank = r;
+    c.size = size;
+    c.log_level = 0;
+    EXPECT_TRUE(c.Finalize().ok());
+    std::vector<std::unique_ptr<Backend>> lanes;
+    for (int lane = 0; lane < c.lanes; ++lane) lanes.push_back(world->MakeBackend(r, lane));
+    engines.push_back(
+        std::make_unique<Engine>(c,
+                                 std::make_unique<SizeRecordingControlPlane>(
+                                     world->MakeControlPlane(r), largest, requests_only),
+                                 std::move(lanes), world));
+    engines.back()->SetInlineMessageBudget(budget);
+  }
+  return engines;
+}
+
+// Shuts every engine down, each on its rank's thread, then destroys them.
+void ShutDown(std::vector<std::unique_ptr<Engine>>& engines) {
+  RunRanks(static_cast<int>(engines.size()), [&](int rank) {
+    const Status s = engines[rank]->Shutdown();
+    EXPECT_TRUE(s.ok()) << s.ToString();
+  });
+  engines.clear();
+}
+
 TEST(EngineInlineBudgetTest, ABurstPastTheBudgetCompletesWithEveryMessageUnderIt) {
   constexpr int kSize = 3;
   constexpr size_t kBudget = 64 << 10;
@@ -69,22 +103,9 @@ TEST(EngineInlineBudgetTest, ABurstPastTheBudgetCompletesWithEveryMessageUnderIt
   // What a message holds besides inline data: names, shapes, flags, for 2 x 24 operations.
   constexpr size_t kOverhead = 16 << 10;
 
-  auto world = std::make_shared<InProcWorld>(kSize, std::chrono::milliseconds(20000));
   auto largest = std::make_shared<std::atomic<size_t>>(0);
-  std::vector<std::unique_ptr<Engine>> engines;
-  for (int r = 0; r < kSize; ++r) {
-    Config c;
-    c.rank = r;
-    c.size = kSize;
-    c.log_level = 0;
-    ASSERT_TRUE(c.Finalize().ok());
-    std::vector<std::unique_ptr<Backend>> lanes;
-    for (int lane = 0; lane < c.lanes; ++lane) lanes.push_back(world->MakeBackend(r, lane));
-    engines.push_back(std::make_unique<Engine>(
-        c, std::make_unique<SizeRecordingControlPlane>(world->MakeControlPlane(r), largest),
-        std::move(lanes), world));
-    engines.back()->SetInlineMessageBudget(kBudget);
-  }
+  std::vector<std::unique_ptr<Engine>> engines =
+      MakeEngines(kSize, kBudget, largest, /*requests_only=*/false);
 
   // Twice: full requests first, then the same names as cache bits with their inline data.
   for (int round = 0; round < 2; ++round) {
@@ -142,11 +163,7 @@ TEST(EngineInlineBudgetTest, ABurstPastTheBudgetCompletesWithEveryMessageUnderIt
     EXPECT_GT(inlined, 0u) << "rank " << r;
     EXPECT_LT(inlined, 2u * 2 * kTensors) << "rank " << r;
   }
-  RunRanks(kSize, [&](int rank) {
-    const Status s = engines[rank]->Shutdown();
-    EXPECT_TRUE(s.ok()) << s.ToString();
-  });
-  engines.clear();
+  ShutDown(engines);
 }
 
 // A rank's first submissions of many long names (each of them travels whole) once went as one
@@ -158,24 +175,9 @@ TEST(EngineInlineBudgetTest, LongNamesSplitARanksRequestsIntoMessagesUnderTheBud
   constexpr size_t kBudget = 16 << 10;
   constexpr int kTensors = 24;           // 24 names of 2 KiB: three times the budget
   constexpr size_t kOverhead = 1 << 10;  // the message's header, counts, a data entry
-  auto world = std::make_shared<InProcWorld>(kSize, std::chrono::milliseconds(20000));
   auto largest = std::make_shared<std::atomic<size_t>>(0);
-  std::vector<std::unique_ptr<Engine>> engines;
-  for (int r = 0; r < kSize; ++r) {
-    Config c;
-    c.rank = r;
-    c.size = kSize;
-    c.log_level = 0;
-    ASSERT_TRUE(c.Finalize().ok());
-    std::vector<std::unique_ptr<Backend>> lanes;
-    for (int lane = 0; lane < c.lanes; ++lane) lanes.push_back(world->MakeBackend(r, lane));
-    engines.push_back(std::make_unique<Engine>(
-        c,
-        std::make_unique<SizeRecordingControlPlane>(world->MakeControlPlane(r), largest,
-                                                    /*requests_only=*/true),
-        std::move(lanes), world));
-    engines.back()->SetInlineMessageBudget(kBudget);
-  }
+  std::vector<std::unique_ptr<Engine>> engines =
+      MakeEngines(kSize, kBudget, largest, /*requests_only=*/true);
   // Twice: the second time the names are cache bits.
   for (int round = 0; round < 2; ++round) {
     RunRanks(kSize, [&](int rank) {
@@ -204,11 +206,7 @@ TEST(EngineInlineBudgetTest, LongNamesSplitARanksRequestsIntoMessagesUnderTheBud
   }
   EXPECT_GT(largest->load(), kBudget / 2);  // the names did travel, in messages near the budget
   EXPECT_LE(largest->load(), kBudget + kOverhead);
-  RunRanks(kSize, [&](int rank) {
-    const Status s = engines[rank]->Shutdown();
-    EXPECT_TRUE(s.ok()) << s.ToString();
-  });
-  engines.clear();
+  ShutDown(engines);
 }
 
 }  // namespace
