@@ -71,6 +71,11 @@ Status Engine::SubmitNew() {
     m.cache_generation = cache_.generation();
     message_bytes = 0;
   };
+  auto send_and_begin = [&](decltype(m.step) step) REQUIRES(driver_.step_mutex()) {
+    CONCORD_RETURN_IF_ERROR(SendRequests(std::move(m)));
+    begin_message(step);
+    return Status::Ok();
+  };
   begin_message(fresh.front().step);
   // Past the budget, requests go without their input and run on the backend (coordinator.h,
   // point 2), and a full request that would pass it (long names) begins the next message: each
@@ -79,14 +84,12 @@ Status Engine::SubmitNew() {
   const auto room = [&] { return message_bytes < budget ? budget - message_bytes : 0; };
   for (auto& [request, input, step] : fresh) {
     if (step != m.step) {
-      CONCORD_RETURN_IF_ERROR(SendRequests(std::move(m)));
-      begin_message(step);
+      CONCORD_RETURN_IF_ERROR(send_and_begin(step));
     }
     const std::optional<uint32_t> bit = cache_.Lookup(request, config_.rank);
     const size_t request_bytes = bit ? 0 : RequestWireBytes(request);
     if (!m.empty() && request_bytes > room()) {
-      CONCORD_RETURN_IF_ERROR(SendRequests(std::move(m)));
-      begin_message(step);
+      CONCORD_RETURN_IF_ERROR(send_and_begin(step));
     }
     message_bytes += request_bytes;
     std::optional<std::string> data;
@@ -104,8 +107,7 @@ Status Engine::SubmitNew() {
       // A join ends its message: the coordinator takes what follows it as submitted after it
       // (coordinator.h, point 8), and it cannot tell where in a message's bits a join fell.
       if (join) {
-        CONCORD_RETURN_IF_ERROR(SendRequests(std::move(m)));
-        begin_message(step);
+        CONCORD_RETURN_IF_ERROR(send_and_begin(step));
       }
     }
   }
