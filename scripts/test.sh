@@ -33,7 +33,11 @@
 #           (-timeout) or leak fails the pass, and the input that did it is left in
 #           build-fuzz/fuzz-run/ (add it to the corpus with the fix).
 # SANITIZE=0 skips asan, tsan and fuzz. Arguments choose passes instead: scripts/test.sh tsan.
-# Each pass prints its wall time.
+# Builds: the first pass that builds does so in the foreground; the later passes' builds then run
+# one after another in the background, at idle scheduling priority (SCHED_IDLE: they get only the
+# CPU time that the tests leave, which is much of it while multi-process tests wait on each other,
+# on timeouts and on launchers), so they never slow a test down. Each pass waits for its own build,
+# prints its output, and prints the build's wall time and its own.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 
@@ -44,55 +48,70 @@ ci_flags() {
     "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=$1 -g1 -DNDEBUG")
 }
 
-# Builds into $1 with the cmake arguments that follow and runs its ctest suite, but for the tests
-# that match $CTEST_EXCLUDE (a regular expression), if set.
-run_suite() {
-  local build="$1"
-  shift
-  BUILD_DIR="$build" "$root/scripts/build.sh" "$@"
-  ctest --test-dir "$build" --output-on-failure -j2 --timeout 300 \
-    ${CTEST_EXCLUDE:+-E "$CTEST_EXCLUDE"}
+# Runs the ctest suite in $1, but for the tests that match $CTEST_EXCLUDE (a regular expression),
+# if set.
+run_ctest() {
+  ctest --test-dir "$1" --output-on-failure -j2 --timeout 300 ${CTEST_EXCLUDE:+-E "$CTEST_EXCLUDE"}
 }
 
-pass_format() {
+# Each pass with a build has build_<pass> and test_<pass>; format has only test_format.
+test_format() {
   "$root/scripts/format-check.sh"
 }
 
-pass_gcc() {
+build_gcc() {
   # CUDA code is compiled and linked here, never run (no GPU): one real architecture (sm_90,
   # through ptxas) checks it as well as the default three, in a third of nvcc's time (~60 s).
   ci_flags -O2
-  run_suite "${BUILD_DIR:-$root/build}" -DCONCORD_WERROR=ON -DCMAKE_CUDA_ARCHITECTURES=90-real \
-    "${ci_cmake_flags[@]}"
+  BUILD_DIR="${BUILD_DIR:-$root/build}" "$root/scripts/build.sh" -DCONCORD_WERROR=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90-real "${ci_cmake_flags[@]}"
 }
 
-pass_asan() {
+test_gcc() {
+  run_ctest "${BUILD_DIR:-$root/build}"
+}
+
+# The sanitizers' settings, for the asan pass's build (gtest_discover_tests runs each test binary
+# to list its cases) and its tests.
+asan_env() {
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    LSAN_OPTIONS="suppressions=$root/scripts/lsan-suppressions.txt" "$@"
+}
+
+build_asan() {
   # -O1, as AddressSanitizer advises: quicker to compile than -O2, and fast enough to run.
+  ci_flags -O1
+  BUILD_DIR="$root/build-sanitize" asan_env "$root/scripts/build.sh" \
+    -DCONCORD_SANITIZE=address,undefined -DCONCORD_BUILD_PERF=OFF -DCONCORD_CUDA=OFF \
+    -DCONCORD_UBSAN_TESTS=OFF "${ci_cmake_flags[@]}"
+}
+
+test_asan() {
   # The large conformance sweeps at 3 and 4 ranks only repeat the 2-rank one over more data (the
   # hierarchical one at 4 ranks too: mp_conformance_hier_np4 and mp_hier_conformance_np6 take its
-  # two levels at small sizes), and at 1 rank it takes no backend (as Gloo's every-dtype-and-op allreduce of 1 Mi elements repeats its 4099-element one:
-  # it runs here at 4 ranks, on two dtypes), and the fault scenarios under mpirun (and the stall
+  # two levels at small sizes), and at 1 rank it takes no backend (as Gloo's every-dtype-and-op
+  # allreduce of 1 Mi elements repeats its 4099-element one: it runs here at 4 ranks, on two
+  # dtypes), and the fault scenarios under mpirun (and the stall
   # shutdown under mpirun) mostly wait out mpirun's grace periods over the same Concord code as
   # the Gloo ones (the gcc pass runs them all). The Gloo runs go through shared memory; of their
   # repeats on Gloo's TCP pairs (CONCORD_SHM=off) the 2-rank conformance and the kill run here.
-  ci_flags -O1
-  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    LSAN_OPTIONS="suppressions=$root/scripts/lsan-suppressions.txt" \
-    CTEST_EXCLUDE='^mp_(mpi_)?conformance_large_np[134]$|LargeCount/([12]ranks_auto|3ranks)|^faults_.*_mpi$|^mp_mpi_stall_|^mp_conformance_(large_|split_)?noshm_np[34]$|^mp_hier_conformance_large_np4$' \
-    run_suite "$root/build-sanitize" -DCONCORD_SANITIZE=address,undefined \
-    -DCONCORD_BUILD_PERF=OFF -DCONCORD_CUDA=OFF -DCONCORD_UBSAN_TESTS=OFF "${ci_cmake_flags[@]}"
+  CTEST_EXCLUDE='^mp_(mpi_)?conformance_large_np[134]$|LargeCount/([12]ranks_auto|3ranks)|^faults_.*_mpi$|^mp_mpi_stall_|^mp_conformance_(large_|split_)?noshm_np[34]$|^mp_hier_conformance_large_np4$' \
+    asan_env run_ctest "$root/build-sanitize"
 }
 
-pass_tsan() {
-  local build="$root/build-tsan"
-  local reports="$build/tsan-reports"
+build_tsan() {
   ci_flags -O2
   TARGETS="threaded_tests c_api_test concordrun mp_conformance mp_failure_modes
            mp_launcher_lifecycle mp_lifecycle_faults mp_cache_eviction mp_comm_split mp_join
            mp_p2p mp_determinism mp_straggler" \
-    BUILD_DIR="$build" "$root/scripts/build.sh" -DCMAKE_C_COMPILER=clang \
+    BUILD_DIR="$root/build-tsan" "$root/scripts/build.sh" -DCMAKE_C_COMPILER=clang \
     -DCMAKE_CXX_COMPILER=clang++ -DCONCORD_SANITIZE=thread -DCONCORD_THREAD_SAFETY_ANALYSIS=ON \
     -DCONCORD_WERROR=ON -DCONCORD_BUILD_PERF=OFF -DCONCORD_CUDA=OFF "${ci_cmake_flags[@]}"
+}
+
+test_tsan() {
+  local build="$root/build-tsan"
+  local reports="$build/tsan-reports"
   rm -rf "$reports"
   mkdir -p "$reports"
   # Reports go to files (one per process), so that none is lost in a test whose output is only
@@ -120,18 +139,22 @@ suppressions=$root/scripts/tsan-suppressions.txt"
   return "$failed"
 }
 
-pass_fuzz() {
+fuzz_targets=(messages tcp_store compressed c_api tcp_p2p_wire)
+
+build_fuzz() {
+  ci_flags -O2
+  TARGETS="fuzz_targets" BUILD_DIR="$root/build-fuzz" "$root/scripts/build.sh" \
+    -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DCONCORD_FUZZ=ON -DCONCORD_WERROR=ON \
+    -DCONCORD_BUILD_PERF=OFF -DCONCORD_CUDA=OFF -DCONCORD_MPI=OFF "${ci_cmake_flags[@]}"
+}
+
+test_fuzz() {
   local build="$root/build-fuzz"
   local run="$build/fuzz-run"
-  local targets=(messages tcp_store compressed c_api tcp_p2p_wire)
-  ci_flags -O2
-  TARGETS="fuzz_targets" BUILD_DIR="$build" "$root/scripts/build.sh" -DCMAKE_C_COMPILER=clang \
-    -DCMAKE_CXX_COMPILER=clang++ -DCONCORD_FUZZ=ON -DCONCORD_WERROR=ON -DCONCORD_BUILD_PERF=OFF \
-    -DCONCORD_CUDA=OFF -DCONCORD_MPI=OFF "${ci_cmake_flags[@]}"
   rm -rf "$run"
   mkdir -p "$run"
   local pids=()
-  for t in "${targets[@]}"; do
+  for t in "${fuzz_targets[@]}"; do
     # The fuzzer adds what it finds to its first directory: a copy, so the committed corpus stays.
     cp -r "$root/tests/fuzz/corpus/$t" "$run/$t"
     "$build/tests/fuzz/fuzz_$t" "$run/$t" -max_total_time="${FUZZ_SECONDS:-60}" -timeout=20 \
@@ -139,8 +162,8 @@ pass_fuzz() {
     pids+=($!)
   done
   local failed=0
-  for i in "${!targets[@]}"; do
-    local t="${targets[$i]}"
+  for i in "${!fuzz_targets[@]}"; do
+    local t="${fuzz_targets[$i]}"
     if wait "${pids[$i]}"; then
       echo "fuzz_$t: $(grep -h '^Done ' "$run/$t.log")"
     else
@@ -152,6 +175,44 @@ pass_fuzz() {
   return "$failed"
 }
 
+# The background builds: build_<pass> for each pass named, one after another, in a process group
+# of their own at idle priority. Each writes $builds/<pass>.log, then <pass>.done ("status
+# seconds"); the first that fails ends the chain.
+start_background_builds() {
+  set -m
+  (
+    chrt --idle -p 0 "$BASHPID" >/dev/null ||
+      echo "test.sh: chrt --idle failed: the background builds compete with the tests" >&2
+    for pass in "$@"; do
+      start=$SECONDS
+      status=0
+      "build_$pass" >"$builds/$pass.log" 2>&1 || status=$?
+      echo "$status $((SECONDS - start))" >"$builds/$pass.done.tmp"
+      mv "$builds/$pass.done.tmp" "$builds/$pass.done"
+      [ "$status" -eq 0 ] || exit "$status"
+    done
+  ) &
+  background_pid=$!
+  set +m
+}
+
+# Waits for pass $1's background build, prints its output and time; fails as the build did.
+wait_for_build() {
+  local done="$builds/$1.done"
+  until [ -e "$done" ]; do
+    if ! kill -0 "$background_pid" 2>/dev/null && [ ! -e "$done" ]; then
+      echo "test.sh: the background builds ended before $1's was done" >&2
+      return 1
+    fi
+    sleep 1
+  done
+  cat "$builds/$1.log"
+  local status seconds
+  read -r status seconds <"$done"
+  echo "== pass $1: build $seconds s, in the background at idle priority =="
+  return "$status"
+}
+
 if [ $# -gt 0 ]; then
   passes=("$@")
 elif [ "${SANITIZE:-1}" = "0" ]; then
@@ -159,17 +220,40 @@ elif [ "${SANITIZE:-1}" = "0" ]; then
 else
   passes=(format gcc asan tsan fuzz)
 fi
-"$root/scripts/setup.sh"
-# setup.sh has installed every dependency the tests take: a test that would skip for want of one
-# (numpy, pytest, torch for the Python tests) fails instead, so a broken set-up shows.
-export CONCORD_CI=1
 for pass in "${passes[@]}"; do
   case "$pass" in
     format | gcc | asan | tsan | fuzz) ;;
     *) echo "test.sh: unknown pass '$pass' (format, gcc, asan, tsan, fuzz)" >&2; exit 2 ;;
   esac
+done
+"$root/scripts/setup.sh"
+# setup.sh has installed every dependency the tests take: a test that would skip for want of one
+# (numpy, pytest, torch for the Python tests) fails instead, so a broken set-up shows.
+export CONCORD_CI=1
+builds="$(mktemp -d)"
+background_pid=""
+# Only what this script started: the background builds' process group.
+trap '[ -z "$background_pid" ] || kill -- "-$background_pid" 2>/dev/null; rm -rf "$builds"' EXIT
+for pass in "${passes[@]}"; do
   echo "== pass $pass =="
   start=$SECONDS
-  "pass_$pass"
+  if [ "$pass" != format ]; then
+    if [ -z "$background_pid" ]; then
+      build_start=$SECONDS
+      "build_$pass"
+      echo "== pass $pass: build $((SECONDS - build_start)) s =="
+      later=()
+      for p in "${passes[@]}"; do
+        case "$p" in format | "$pass") ;; *) later+=("$p") ;; esac
+      done
+      [ ${#later[@]} -eq 0 ] || start_background_builds "${later[@]}"
+    else
+      wait_for_build "$pass"
+    fi
+  fi
+  "test_$pass"
   echo "== pass $pass: $((SECONDS - start)) s =="
 done
+# Every build was waited for: the chain has ended, or ends now.
+[ -z "$background_pid" ] || wait "$background_pid"
+background_pid=""
