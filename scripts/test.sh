@@ -234,6 +234,8 @@ builds="$(mktemp -d)"
 background_pid=""
 # Only what this script started: the background builds' process group.
 trap '[ -z "$background_pid" ] || kill -- "-$background_pid" 2>/dev/null; rm -rf "$builds"' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 for pass in "${passes[@]}"; do
   echo "== pass $pass =="
   start=$SECONDS
