@@ -221,28 +221,10 @@ class StartFailures {
     return AsConsequence(failed, **published);
   }
 
-  // Tell(failed), for a start that ended on `failed` at any point: where `failed` may be another
-  // rank's doing (MayBeAMembersDeath: a connection closed or refused, a timeout), first waits up to
-  // kParentGrace for that rank's failure to be published, since a rank whose start fails closes
-  // its connections before it publishes. So every rank's error leads with the first cause, also
-  // where the others saw only the connection to the failed rank close.
-  Status Settle(const Status& failed) {
-    if (MayBeAMembersDeath(failed.code())) {
-      const Deadline grace = Deadline::After(kParentGrace);
-      for (;;) {
-        StatusOr<std::optional<std::string>> published = Read();
-        if (!published.ok() || *published || grace.passed()) break;
-        std::this_thread::sleep_for(kPublishCheck);
-      }
-    }
-    return Tell(failed);
-  }
-
   // Explain(failed) where a failure is published already; else publishes this rank's own
   // `failed` for the others and returns it (where the store refuses, the error says that the
-  // others wait out the timeout). Before this rank's control plane is up, the others' waits end on
-  // it; after that, they learn of the failure through the control plane first (a closed
-  // connection), and Settle's grace lets them lead with it.
+  // others wait out the timeout). For a start that failed before this rank's control plane was
+  // up; after that, the others learn of it through the control plane.
   Status Tell(const Status& failed) {
     StatusOr<std::optional<std::string>> published = Read();
     if (published.ok() && *published) return AsConsequence(failed, **published);
@@ -278,7 +260,6 @@ class StartFailures {
   }
 
   static constexpr std::chrono::milliseconds kNoWait{0};
-  static constexpr std::chrono::milliseconds kPublishCheck{20};
   const std::shared_ptr<Rendezvous> rv_;
   const std::string key_;
   const int rank_;
@@ -686,11 +667,18 @@ StatusOr<Communicator> CreateCommunicator(Config config) {
       !checked.ok()) {
     return failures->Tell(checked);
   }
+  bool control_plane_up = false;
   StatusOr<std::unique_ptr<Engine>> engine = StartOnStore(
       config, watched, origin->prefix, origin->host,
       [others_failed] { return others_failed->Failed(); },
-      [others_failed] { others_failed->Stop(); });
-  if (!engine.ok()) return failures->Settle(engine.status());
+      [&control_plane_up, others_failed] {
+        control_plane_up = true;
+        others_failed->Stop();
+      });
+  if (!engine.ok()) {
+    if (!control_plane_up) return failures->Tell(engine.status());
+    return failures->Explain(engine.status()).value_or(engine.status());
+  }
   origin->rendezvous = rv;
   for (int r = 0; r < config.size; ++r) origin->world_ranks.push_back(r);
   Communicator comm;
@@ -736,13 +724,17 @@ StatusOr<Communicator> StartSubCommunicator(const Config& config, const CommOrig
     watched->store = std::make_unique<WatchedStore>(on_parent, others_failed);
     Status checked = CheckJobSettings(config, watched->store.get(), prefix,
                                       Deadline::After(MillisFromSeconds(config.timeout_s)));
+    bool control_plane_up = false;
     auto started = checked.ok() ? StartOnStore(
                                       config, watched, prefix, parent.host,
                                       [parent_failed, others_failed]() -> Status {
                                         CONCORD_RETURN_IF_ERROR(parent_failed->Failed());
                                         return others_failed->Failed();
                                       },
-                                      [others_failed] { others_failed->Stop(); })
+                                      [&control_plane_up, others_failed] {
+                                        control_plane_up = true;
+                                        others_failed->Stop();
+                                      })
                                 : StatusOr<std::unique_ptr<Engine>>(checked);
     if (!started.ok()) {
       // Another member's published failure ended this start, or caused its error: it comes first.
@@ -752,9 +744,8 @@ StatusOr<Communicator> StartSubCommunicator(const Config& config, const CommOrig
       // A start that failed as a member's death makes it fail (a connection reset, a timeout)
       // waits up to kParentGrace for the parent to learn of a death (within moments, through its
       // own connections) and then fails with that, naming the rank: every member's parent learns
-      // of it. Then, or at once for any other failure, it is told as the consequence of a member's
-      // failure published meanwhile (one that failed closes its connections first), or published
-      // for the others.
+      // of it. Any other failure returns at once, and, before this member's control plane is up,
+      // is published for the others.
       const Deadline grace = Deadline::After(kParentGrace);
       while (MayBeAMembersDeath(started.status().code())) {
         if (Status parent_error = parent_failed->Failed(); !parent_error.ok()) {
@@ -763,7 +754,8 @@ StatusOr<Communicator> StartSubCommunicator(const Config& config, const CommOrig
         if (grace.passed()) break;
         std::this_thread::sleep_for(kParentCheck);
       }
-      return NameWorldRanks(failures->Tell(started.status()), world_ranks);
+      return NameWorldRanks(control_plane_up ? started.status() : failures->Tell(started.status()),
+                            world_ranks);
     }
     comm.engine = std::move(*started);
   } else {

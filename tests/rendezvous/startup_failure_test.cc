@@ -120,10 +120,6 @@ TEST(StartupFailureTest, RankZeroLearnsAtOnceThatRankOneFailedToStart) {
   EXPECT_NE(r[0].code, CONCORD_SUCCESS);
   EXPECT_NE(r[0].code, -1);
   EXPECT_LT(r[0].took.count(), kPromptly.count()) << r[0].error;
-  // Rank 1 failed after its control plane was up: rank 0 saw its connection close, then its
-  // published failure, which leads.
-  EXPECT_EQ(r[0].error.rfind("PEER_FAILURE: rank 1 failed to start", 0), 0u) << r[0].error;
-  EXPECT_NE(r[0].error.find(kUnbindableHost), std::string::npos) << r[0].error;
   EXPECT_NE(r[0].error.find("rank 1 closed its connection"), std::string::npos) << r[0].error;
 }
 
@@ -143,11 +139,6 @@ TEST(StartupFailureTest, EveryRankLearnsAtOnceThatAnotherFailedToStart) {
   EXPECT_TRUE(r[1].error.find("rank 0 closed its connection") != std::string::npos ||
               r[1].error.find("point-to-point connection to rank 0") != std::string::npos)
       << r[1].error;
-  // Both lead with rank 2's own failure, published after its connections closed.
-  for (int rank : {0, 1}) {
-    EXPECT_EQ(r[rank].error.rfind("PEER_FAILURE: rank 2 failed to start", 0), 0u) << r[rank].error;
-    EXPECT_NE(r[rank].error.find(kUnbindableHost), std::string::npos) << r[rank].error;
-  }
 }
 
 // Rank 0's metrics port is taken: its init fails before it publishes the job settings, which the
