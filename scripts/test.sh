@@ -220,11 +220,16 @@ elif [ "${SANITIZE:-1}" = "0" ]; then
 else
   passes=(format gcc asan tsan fuzz)
 fi
+named=" "
 for pass in "${passes[@]}"; do
   case "$pass" in
     format | gcc | asan | tsan | fuzz) ;;
     *) echo "test.sh: unknown pass '$pass' (format, gcc, asan, tsan, fuzz)" >&2; exit 2 ;;
   esac
+  case "$named" in
+    *" $pass "*) echo "test.sh: pass '$pass' named twice" >&2; exit 2 ;;
+  esac
+  named+="$pass "
 done
 "$root/scripts/setup.sh"
 # setup.sh has installed every dependency the tests take: a test that would skip for want of one
