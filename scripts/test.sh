@@ -40,6 +40,11 @@
 # prints its output, and prints the build's wall time and its own.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
+# Each pass's build directory, written by its build_<pass> and read by its test_<pass>.
+gcc_dir="${BUILD_DIR:-$root/build}"
+asan_dir="$root/build-sanitize"
+tsan_dir="$root/build-tsan"
+fuzz_dir="$root/build-fuzz"
 
 # CI's builds keep line tables only (-g1: a sanitizer's or a debugger's stack still has files and
 # lines), which cuts their compile time; $1 is the optimisation level. Sets ci_cmake_flags.
@@ -63,12 +68,12 @@ build_gcc() {
   # CUDA code is compiled and linked here, never run (no GPU): one real architecture (sm_90,
   # through ptxas) checks it as well as the default three, in a third of nvcc's time (~60 s).
   ci_flags -O2
-  BUILD_DIR="${BUILD_DIR:-$root/build}" "$root/scripts/build.sh" -DCONCORD_WERROR=ON \
+  BUILD_DIR="$gcc_dir" "$root/scripts/build.sh" -DCONCORD_WERROR=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90-real "${ci_cmake_flags[@]}"
 }
 
 test_gcc() {
-  run_ctest "${BUILD_DIR:-$root/build}"
+  run_ctest "$gcc_dir"
 }
 
 # The sanitizers' settings, for the asan pass's build (gtest_discover_tests runs each test binary
@@ -81,7 +86,7 @@ asan_env() {
 build_asan() {
   # -O1, as AddressSanitizer advises: quicker to compile than -O2, and fast enough to run.
   ci_flags -O1
-  BUILD_DIR="$root/build-sanitize" asan_env "$root/scripts/build.sh" \
+  BUILD_DIR="$asan_dir" asan_env "$root/scripts/build.sh" \
     -DCONCORD_SANITIZE=address,undefined -DCONCORD_BUILD_PERF=OFF -DCONCORD_CUDA=OFF \
     -DCONCORD_UBSAN_TESTS=OFF "${ci_cmake_flags[@]}"
 }
@@ -96,7 +101,7 @@ test_asan() {
   # the Gloo ones (the gcc pass runs them all). The Gloo runs go through shared memory; of their
   # repeats on Gloo's TCP pairs (CONCORD_SHM=off) the 2-rank conformance and the kill run here.
   CTEST_EXCLUDE='^mp_(mpi_)?conformance_large_np[134]$|LargeCount/([12]ranks_auto|3ranks)|^faults_.*_mpi$|^mp_mpi_stall_|^mp_conformance_(large_|split_)?noshm_np[34]$|^mp_hier_conformance_large_np4$' \
-    asan_env run_ctest "$root/build-sanitize"
+    asan_env run_ctest "$asan_dir"
 }
 
 build_tsan() {
@@ -104,13 +109,13 @@ build_tsan() {
   TARGETS="threaded_tests c_api_test concordrun mp_conformance mp_failure_modes
            mp_launcher_lifecycle mp_lifecycle_faults mp_cache_eviction mp_comm_split mp_join
            mp_p2p mp_determinism mp_straggler" \
-    BUILD_DIR="$root/build-tsan" "$root/scripts/build.sh" -DCMAKE_C_COMPILER=clang \
+    BUILD_DIR="$tsan_dir" "$root/scripts/build.sh" -DCMAKE_C_COMPILER=clang \
     -DCMAKE_CXX_COMPILER=clang++ -DCONCORD_SANITIZE=thread -DCONCORD_THREAD_SAFETY_ANALYSIS=ON \
     -DCONCORD_WERROR=ON -DCONCORD_BUILD_PERF=OFF -DCONCORD_CUDA=OFF "${ci_cmake_flags[@]}"
 }
 
 test_tsan() {
-  local build="$root/build-tsan"
+  local build="$tsan_dir"
   local reports="$build/tsan-reports"
   rm -rf "$reports"
   mkdir -p "$reports"
@@ -143,13 +148,13 @@ fuzz_targets=(messages tcp_store compressed c_api tcp_p2p_wire)
 
 build_fuzz() {
   ci_flags -O2
-  TARGETS="fuzz_targets" BUILD_DIR="$root/build-fuzz" "$root/scripts/build.sh" \
+  TARGETS="fuzz_targets" BUILD_DIR="$fuzz_dir" "$root/scripts/build.sh" \
     -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DCONCORD_FUZZ=ON -DCONCORD_WERROR=ON \
     -DCONCORD_BUILD_PERF=OFF -DCONCORD_CUDA=OFF -DCONCORD_MPI=OFF "${ci_cmake_flags[@]}"
 }
 
 test_fuzz() {
-  local build="$root/build-fuzz"
+  local build="$fuzz_dir"
   local run="$build/fuzz-run"
   rm -rf "$run"
   mkdir -p "$run"
