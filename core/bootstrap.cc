@@ -63,6 +63,11 @@ class StartWatch {
   const std::string what_;
 };
 
+// How long a rank whose start ended on a peer's closed connection waits for a published failure
+// that explains it (StartFailures::AwaitExplanation). A rank that dies publishes nothing: its
+// peers' errors come this much later, naming it.
+constexpr std::chrono::milliseconds kPublishGrace{250};
+
 // What a sub-communicator's start error says before the parent's failure, when that ended it.
 constexpr char kParentFailed[] = "the parent communicator failed while this one started: ";
 
@@ -182,12 +187,16 @@ class WatchedStore : public Store {
   const std::shared_ptr<StartWatch> watch_;
 };
 
-// The failures of a communicator's start that the other ranks cannot learn of through the control
-// plane, because the failing rank's connection to it was never made (rank 0's metrics port in use,
-// its control plane unable to bind, another rank's settings differing from rank 0's): kept in the
-// store under `<prefix>/failed`, so that the others, waiting there for keys that will never come
-// (rank 0's settings and address) or, rank 0, for connections, fail within kParentCheck naming the
-// rank and why, instead of waiting out the timeout. The first failure published stays (a rank
+// The failures of a communicator's start, kept in the store under `<prefix>/failed`. Before the
+// failing rank's control-plane connection is made (rank 0's metrics port in use, its control plane
+// unable to bind, another rank's settings differing from rank 0's), the others cannot learn of it
+// through the control plane: waiting for keys that will never come (rank 0's settings and address)
+// or, rank 0, for connections, they look here and fail within kParentCheck naming the rank and
+// why, instead of waiting out the timeout. After it (a listener that cannot bind), the others learn
+// of it through the control plane, and the failing rank publishes before its connections close
+// (StartOnStore), so that their errors lead with the cause, not with the close they saw; a rank
+// whose start ended on a peer's closed connection (kPeerFailure) publishes nothing and waits up to
+// kPublishGrace for the cause instead (AwaitExplanation). The first failure published stays (a rank
 // that fails after it does not overwrite it; only two that fail at the same moment may both write
 // it, and the last one stays), and every other rank's failed start, however it ended, is told as
 // its consequence (Explain). The key is this start's alone: the next start, a retried init or
@@ -219,6 +228,20 @@ class StartFailures {
     StatusOr<std::optional<std::string>> published = Read();
     if (!published.ok() || !*published) return std::nullopt;
     return AsConsequence(failed, **published);
+  }
+
+  // Explain(failed) once a failure is published, looking every kPublishCheck until `grace` has
+  // passed; else `failed`. For an error that a peer's closed connection caused (kPeerFailure): a
+  // rank whose start fails after its control plane is up publishes before its connections close
+  // (StartOnStore), so its failure is there at once; one whose control plane failed publishes
+  // just after they closed.
+  Status AwaitExplanation(const Status& failed, std::chrono::milliseconds grace) {
+    const Deadline deadline = Deadline::After(grace);
+    for (;;) {
+      if (std::optional<Status> explained = Explain(failed)) return *explained;
+      if (deadline.passed()) return failed;
+      std::this_thread::sleep_for(kPublishCheck);
+    }
   }
 
   // Explain(failed) where a failure is published already; else publishes this rank's own
@@ -260,6 +283,7 @@ class StartFailures {
   }
 
   static constexpr std::chrono::milliseconds kNoWait{0};
+  static constexpr std::chrono::milliseconds kPublishCheck{10};
   const std::shared_ptr<Rendezvous> rv_;
   const std::string key_;
   const int rank_;
@@ -514,11 +538,16 @@ void IgnoreSigpipeUnlessHandled() {
 // the start too: a rank whose start failed has closed its connections, so rank 0 learns of it at
 // once, fails its own start and closes its connections, and so every other rank learns of it,
 // instead of waiting out the timeout for keys and connections that will never come.
-StatusOr<std::unique_ptr<Engine>> StartOnStore(const Config& config,
-                                               const std::shared_ptr<Rendezvous>& rv,
-                                               const std::string& prefix, const std::string& host,
-                                               const std::function<Status()>& others_failed = {},
-                                               const std::function<void()>& control_plane_up = {}) {
+// `publish_own` (if set) is called with a failure after that which is not a peer's (not
+// kPeerFailure: a listener that cannot bind, a refused connection, a timeout) while every
+// connection of this rank is still open, and its result is returned: so a failure it publishes
+// (StartFailures::Tell) is in the store before any peer can see this rank's connections close,
+// and the others' errors, consequences of that close, can lead with it.
+StatusOr<std::unique_ptr<Engine>> StartOnStore(
+    const Config& config, const std::shared_ptr<Rendezvous>& rv, const std::string& prefix,
+    const std::string& host, const std::function<Status()>& others_failed = {},
+    const std::function<void()>& control_plane_up = {},
+    const std::function<Status(const Status&)>& publish_own = {}) {
   const std::string backend_name = config.ResolvedBackend();
   const auto timeout = MillisFromSeconds(config.timeout_s);
   const Deadline deadline = Deadline::After(timeout);
@@ -554,10 +583,17 @@ StatusOr<std::unique_ptr<Engine>> StartOnStore(const Config& config,
     if (others_failed) CONCORD_RETURN_IF_ERROR(others_failed());
     return watch->Failed();
   };
-  CONCORD_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Backend>> lanes,
-                           CreateLaneBackends(config, bo, store, prefix, deadline));
+  // Every error below returns through `failed`, which runs before `control` and the transports
+  // made so far are destroyed.
+  const auto failed = [&publish_own](const Status& error) {
+    return publish_own && error.code() != Code::kPeerFailure ? publish_own(error) : error;
+  };
+  StatusOr<std::vector<std::unique_ptr<Backend>>> lanes =
+      CreateLaneBackends(config, bo, store, prefix, deadline);
+  if (!lanes.ok()) return failed(lanes.status());
   // CUDA tensors: the device backend CONCORD_BACKEND asks for (core/device_setup.h).
-  CONCORD_ASSIGN_OR_RETURN(DevicePlane device, StartDevicePlane(config, bo, store, deadline));
+  StatusOr<DevicePlane> device = StartDevicePlane(config, bo, store, deadline);
+  if (!device.ok()) return failed(device.status());
   // Sends and recvs: connections of their own between every pair of ranks (core/p2p.h). One
   // rank has no peer to send to: no transport.
   std::unique_ptr<P2pTransport> p2p;
@@ -572,13 +608,15 @@ StatusOr<std::unique_ptr<Engine>> StartOnStore(const Config& config,
       direct.min_bytes = static_cast<uint64_t>(config.shm_direct_threshold_bytes);
     }
     auto made = CreateTcpP2pTransport(p2p_options, store, direct);
-    if (!made.ok()) return made.status().WithContext("connecting the point-to-point transport");
+    if (!made.ok()) {
+      return failed(made.status().WithContext("connecting the point-to-point transport"));
+    }
     p2p = std::move(*made);
   }
   // The transports keep `store` (the NCCL backend waits in it at its first collective): the
   // engine keeps it alive; the watch has stopped by then, so it passes through.
-  return std::make_unique<Engine>(config, std::move(*control), std::move(lanes), watched,
-                                  std::move(device), std::move(p2p));
+  return std::make_unique<Engine>(config, std::move(*control), std::move(*lanes), watched,
+                                  std::move(*device), std::move(p2p));
 }
 
 // What a rank's start needs that involves no peer, made first, so that what fails on this rank
@@ -674,10 +712,13 @@ StatusOr<Communicator> CreateCommunicator(Config config) {
       [&control_plane_up, others_failed] {
         control_plane_up = true;
         others_failed->Stop();
-      });
+      },
+      [failures](const Status& own) { return failures->Tell(own); });
   if (!engine.ok()) {
     if (!control_plane_up) return failures->Tell(engine.status());
-    return failures->Explain(engine.status()).value_or(engine.status());
+    // Published by StartOnStore already, unless a peer's connection closed (kPeerFailure).
+    if (engine.status().code() != Code::kPeerFailure) return engine.status();
+    return failures->AwaitExplanation(engine.status(), kPublishGrace);
   }
   origin->rendezvous = rv;
   for (int r = 0; r < config.size; ++r) origin->world_ranks.push_back(r);

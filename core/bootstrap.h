@@ -39,11 +39,13 @@ struct Communicator {
   std::shared_ptr<CommOrigin> origin;
 };
 
-// A start that fails on one rank fails it on every rank, promptly, naming the rank and its error:
-// before that rank's control-plane connection is up, through the store (`<prefix>/failed`, which
-// the others' waits look at every kParentCheck: kPeerFailure, "rank R failed to start: ..."),
-// after it, through the control plane (under torchrun, a failure before the store is open is left
-// to torchrun, which stops the others). Once a failure is published, every other rank's error,
+// A start that fails on one rank fails it on every rank, promptly, naming the rank and its error,
+// which that rank publishes in the store (`<prefix>/failed`: kPeerFailure, "rank R failed to
+// start: ..."). Before its control-plane connection is up, the others' waits look at it every
+// kParentCheck; after it, they learn of the failure through the control plane (its connection
+// closes), and it was published before that close (under torchrun, a failure before the store is
+// open is left to torchrun, which stops the others). A rank whose start ended on a peer's closed
+// connection publishes nothing of its own. Once a failure is published, every other rank's error,
 // however its start ended (rank 0 failed with it and closed its connections), leads with it:
 // kPeerFailure, "rank R failed to start: ...", then this rank's own error where it says more.
 // Every rank keeps the communicator number it took, so retried inits (on every rank) meet under

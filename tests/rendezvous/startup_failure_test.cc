@@ -120,25 +120,35 @@ TEST(StartupFailureTest, RankZeroLearnsAtOnceThatRankOneFailedToStart) {
   EXPECT_NE(r[0].code, CONCORD_SUCCESS);
   EXPECT_NE(r[0].code, -1);
   EXPECT_LT(r[0].took.count(), kPromptly.count()) << r[0].error;
+  // Rank 1 failed after its control plane was up, and published its failure before its
+  // connections closed: rank 0's error leads with it. Rank 1's own error is its own, not that
+  // failure told back as a peer's.
+  EXPECT_NE(r[1].code, CONCORD_ERR_PEER_FAILURE) << r[1].error;
+  EXPECT_EQ(r[0].error.rfind("PEER_FAILURE: rank 1 failed to start", 0), 0u) << r[0].error;
+  EXPECT_NE(r[0].error.find(kUnbindableHost), std::string::npos) << r[0].error;
   EXPECT_NE(r[0].error.find("rank 1 closed its connection"), std::string::npos) << r[0].error;
 }
 
-// Rank 2 fails: rank 0 learns of it through its connection, rank 1 through rank 0's, which
-// closes when rank 0's start fails (or, when rank 1 had not reached rank 0's point-to-point
-// listener yet, through the refused connection to rank 0).
+// Rank 2 fails after its control plane is up: rank 0 learns of it through its connection, rank 1
+// through rank 0's, which closes when rank 0's start fails (or, when rank 1 had not reached rank
+// 0's point-to-point listener yet, through the refused connection to rank 0; or, when its own
+// control plane was not up yet, through the failure rank 2 published).
 TEST(StartupFailureTest, EveryRankLearnsAtOnceThatAnotherFailedToStart) {
   const std::vector<RankResult> r = RunJob(3, 2, UnbindableHost());
   EXPECT_NE(r[2].code, CONCORD_SUCCESS);
   EXPECT_NE(r[2].code, -1);
+  EXPECT_NE(r[2].code, CONCORD_ERR_PEER_FAILURE) << r[2].error;
   for (int rank : {0, 1}) {
     EXPECT_NE(r[rank].code, CONCORD_SUCCESS) << "rank " << rank;
     EXPECT_NE(r[rank].code, -1) << "rank " << rank;
     EXPECT_LT(r[rank].took.count(), kPromptly.count()) << "rank " << rank << ": " << r[rank].error;
   }
   EXPECT_NE(r[0].error.find("rank 2 closed its connection"), std::string::npos) << r[0].error;
-  EXPECT_TRUE(r[1].error.find("rank 0 closed its connection") != std::string::npos ||
-              r[1].error.find("point-to-point connection to rank 0") != std::string::npos)
-      << r[1].error;
+  // Both lead with rank 2's own failure, published before its connections closed.
+  for (int rank : {0, 1}) {
+    EXPECT_EQ(r[rank].error.rfind("PEER_FAILURE: rank 2 failed to start", 0), 0u) << r[rank].error;
+    EXPECT_NE(r[rank].error.find(kUnbindableHost), std::string::npos) << r[rank].error;
+  }
 }
 
 // Rank 0's metrics port is taken: its init fails before it publishes the job settings, which the
