@@ -3,8 +3,11 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstring>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/cuda_packer.h"
@@ -15,6 +18,8 @@ namespace {
 
 constexpr int kThreads = 256;  // per block; one block copies one PackChunk
 constexpr size_t kTableSlots = 4;
+// How often a launch that waits for a table slot looks again, where the caller gives no wait.
+constexpr std::chrono::microseconds kSlotPoll{20};
 
 // How a launch treats elements: a plain byte copy (scale 1), or a scaled copy per floating type.
 enum class Mode { kCopy, kHalf, kBFloat16, kFloat, kDouble };
@@ -169,9 +174,18 @@ struct TableSlot {
   bool in_use = false;
 };
 
+// Device and pinned memory that a slot outgrew. Freed with the packer only: cudaFree and
+// cudaFreeHost wait for the whole device, and a collective queued on it may wait for a peer that
+// never comes (the caller's lock held meanwhile would keep that collective from being aborted).
+struct Outgrown {
+  void* device = nullptr;
+  void* host = nullptr;
+};
+
 struct CudaPacker::Impl {
   int device = 0;
   std::array<TableSlot, kTableSlots> slots;
+  std::vector<Outgrown> outgrown;
   size_t next = 0;
 
   ~Impl() {
@@ -183,21 +197,39 @@ struct CudaPacker::Impl {
       cudaFree(s.device);
       cudaFreeHost(s.host);
     }
+    for (Outgrown& o : outgrown) {
+      cudaFree(o.device);
+      cudaFreeHost(o.host);
+    }
   }
 
-  // Makes `slot` free and at least `bytes` large.
-  Status Prepare(TableSlot& slot, size_t bytes) {
-    if (slot.in_use) CONCORD_CUDA_CHECK(cudaEventSynchronize(slot.done));
+  // Makes `slot` free and at least `bytes` large. While its launch has not finished, polls it,
+  // calling `wait` between polls (or sleeping kSlotPoll where there is none); an error from
+  // `wait` ends the wait and is returned, the slot untouched.
+  Status Prepare(TableSlot& slot, size_t bytes, const SlotWait& wait) {
+    while (slot.in_use) {
+      const cudaError_t query = cudaEventQuery(slot.done);
+      if (query == cudaSuccess) break;
+      if (query != cudaErrorNotReady) return CudaError(query, "cudaEventQuery", __FILE__, __LINE__);
+      if (wait) {
+        CONCORD_RETURN_IF_ERROR(wait());
+      } else {
+        std::this_thread::sleep_for(kSlotPoll);
+      }
+    }
     slot.in_use = false;
     if (slot.capacity >= bytes) return Status::Ok();
     const size_t capacity = std::max(bytes, 2 * slot.capacity + 4096);
-    CONCORD_CUDA_CHECK(cudaFree(slot.device));
-    CONCORD_CUDA_CHECK(cudaFreeHost(slot.host));
-    slot.device = nullptr;
-    slot.host = nullptr;
-    slot.capacity = 0;
-    CONCORD_CUDA_CHECK(cudaMalloc(&slot.device, capacity));
-    CONCORD_CUDA_CHECK(cudaMallocHost(&slot.host, capacity));
+    void* grown_device = nullptr;
+    void* grown_host = nullptr;
+    CONCORD_CUDA_CHECK(cudaMalloc(&grown_device, capacity));
+    if (const cudaError_t e = cudaMallocHost(&grown_host, capacity); e != cudaSuccess) {
+      cudaFree(grown_device);  // nothing has used it: no queued work to wait for
+      return CudaError(e, "cudaMallocHost", __FILE__, __LINE__);
+    }
+    if (slot.device != nullptr) outgrown.push_back(Outgrown{slot.device, slot.host});
+    slot.device = grown_device;
+    slot.host = grown_host;
     slot.capacity = capacity;
     return Status::Ok();
   }
@@ -218,27 +250,28 @@ StatusOr<std::unique_ptr<CudaPacker>> CudaPacker::Create(int device) {
 }
 
 Status CudaPacker::Pack(const PackPlan& plan, void* buffer, size_t buffer_bytes, double prescale,
-                        void* stream) {
-  return Launch(plan, buffer, buffer_bytes, prescale, /*unpack=*/false, stream)
+                        void* stream, const SlotWait& wait) {
+  return Launch(plan, buffer, buffer_bytes, prescale, /*unpack=*/false, stream, wait)
       .WithContext("CudaPacker::Pack");
 }
 
 Status CudaPacker::Unpack(const PackPlan& plan, const void* buffer, size_t buffer_bytes,
-                          double postscale, void* stream) {
-  return Launch(plan, buffer, buffer_bytes, postscale, /*unpack=*/true, stream)
+                          double postscale, void* stream, const SlotWait& wait) {
+  return Launch(plan, buffer, buffer_bytes, postscale, /*unpack=*/true, stream, wait)
       .WithContext("CudaPacker::Unpack");
 }
 
 Status CudaPacker::Launch(const PackPlan& plan, const void* buffer, size_t buffer_bytes,
-                          double scale, bool unpack, void* stream) {
+                          double scale, bool unpack, void* stream, const SlotWait& wait) {
   CONCORD_RETURN_IF_ERROR(CheckLaunch(plan, buffer, buffer_bytes, scale));
   if (plan.chunks.empty()) return Status::Ok();  // only empty tensors: nothing to copy
   DeviceGuard guard;
   CONCORD_CUDA_CHECK(guard.Set(impl_->device));
-  TableSlot& slot = impl_->slots[impl_->next++ % kTableSlots];
+  TableSlot& slot = impl_->slots[impl_->next % kTableSlots];
   const size_t entry_bytes = RoundUp(plan.entries.size() * sizeof(PackEntry), 16);
   const size_t chunk_bytes = plan.chunks.size() * sizeof(PackChunk);
-  CONCORD_RETURN_IF_ERROR(impl_->Prepare(slot, entry_bytes + chunk_bytes));
+  CONCORD_RETURN_IF_ERROR(impl_->Prepare(slot, entry_bytes + chunk_bytes, wait));
+  ++impl_->next;  // only once the slot is this launch's: a wait that failed takes the same again
   char* host = static_cast<char*>(slot.host);
   std::memcpy(host, plan.entries.data(), plan.entries.size() * sizeof(PackEntry));
   std::memcpy(host + entry_bytes, plan.chunks.data(), chunk_bytes);

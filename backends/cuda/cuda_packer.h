@@ -10,12 +10,17 @@
 // event each); the plan's tables are copied into one with a single async copy on the caller's
 // stream, so the plan may be destroyed when Pack/Unpack return, but the buffer and the tensors must
 // stay valid until the stream has run the launch. Blocking: Pack and Unpack only enqueue; they wait
-// on the host only when every slot still holds an unfinished launch. Not thread-safe: one packer
-// per engine thread. Streams are `void*` (a cudaStream_t; nullptr is the legacy default stream) and
-// must belong to the packer's device.
+// on the host only when the slot they take (the ring's next) still holds an unfinished launch,
+// polling it and calling the caller's SlotWait between polls: so a caller that holds a lock (the
+// NCCL backend's, which its completion thread needs to abort a collective stuck on a dead peer)
+// releases it there, and ends the wait (aborted, past its deadline) by returning an error. A slot
+// that must grow keeps its old memory until the packer goes (freeing it would wait for the whole
+// device). Not thread-safe: one packer per engine thread. Streams are `void*` (a cudaStream_t;
+// nullptr is the legacy default stream) and must belong to the packer's device.
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 
 #include "backends/cuda/pack_plan.h"
@@ -23,6 +28,11 @@
 
 namespace concord {
 namespace cuda {
+
+// Called between polls while a launch waits for its table slot; an error ends the wait, and
+// Pack/Unpack return it with nothing enqueued. None: the wait sleeps between polls until the slot
+// is free.
+using SlotWait = std::function<Status()>;
 
 class CudaPacker {
  public:
@@ -34,16 +44,16 @@ class CudaPacker {
 
   // buffer[slot i] = tensor i * prescale, for every tensor of the plan.
   Status Pack(const PackPlan& plan, void* buffer, size_t buffer_bytes, double prescale,
-              void* stream);
+              void* stream, const SlotWait& wait = {});
   // tensor i = buffer[slot i] * postscale, for every tensor of the plan.
   Status Unpack(const PackPlan& plan, const void* buffer, size_t buffer_bytes, double postscale,
-                void* stream);
+                void* stream, const SlotWait& wait = {});
 
  private:
   struct Impl;
   explicit CudaPacker(std::unique_ptr<Impl> impl);
   Status Launch(const PackPlan& plan, const void* buffer, size_t buffer_bytes, double scale,
-                bool unpack, void* stream);
+                bool unpack, void* stream, const SlotWait& wait);
 
   std::unique_ptr<Impl> impl_;
 };

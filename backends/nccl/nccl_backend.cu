@@ -231,10 +231,20 @@ class NcclBackend : public DeviceBackend {
   // NCCL's reduction for c.op; *post is c.postscale, with the division folded in for an average
   // on an NCCL without ncclAvg.
   StatusOr<ncclRedOp_t> RedOp(const DeviceCollective& c, double* post) const;
+  // The packer's wait for a table slot (cuda_packer.h), holding comm_mu_ through `comm_lock`:
+  // releases it between polls, as WaitComm does, so that the completion thread can time out and
+  // abort the collective whose kernels still hold the slot (its peer never came), and an Abort()
+  // from another thread can run; fails once the communicator was aborted while the lock was
+  // released. It sets no deadline of its own: the collectives ahead are timed from when each
+  // reaches the front of the line (the completion thread), and this one's kernels come after
+  // theirs.
+  cuda::SlotWait PackerWait(std::unique_lock<std::mutex>& comm_lock);
   // dst = src * scale, `count` elements, on stream_ (the packer; dst is fusion-buffer memory).
-  Status ScaledCopy(const void* src, void* dst, size_t count, DType dtype, double scale);
+  Status ScaledCopy(const void* src, void* dst, size_t count, DType dtype, double scale,
+                    std::unique_lock<std::mutex>& comm_lock);
   // dst = src * scale, `count` elements, on stream_ (src is fusion-buffer memory).
-  Status ScaledCopyOut(const void* src, void* dst, size_t count, DType dtype, double scale);
+  Status ScaledCopyOut(const void* src, void* dst, size_t count, DType dtype, double scale,
+                       std::unique_lock<std::mutex>& comm_lock);
   // The fusion buffer, at least `bytes` long (an outgrown one is retired, freed after the launch).
   StatusOr<void*> Buffer(size_t bytes);
   // Records the first failure and aborts the communicator (its kernels stop), on any thread;
@@ -623,12 +633,13 @@ Status NcclBackend::EnqueueAllreduce(const DeviceCollective& c,
   CONCORD_ASSIGN_OR_RETURN(cuda::PackPlan in_plan, cuda::PlanPack(inputs));
   CONCORD_ASSIGN_OR_RETURN(cuda::PackPlan out_plan, cuda::PlanPack(outputs));
   CONCORD_ASSIGN_OR_RETURN(void* buffer, Buffer(in_plan.total_bytes));
-  CONCORD_RETURN_IF_ERROR(packer_->Pack(in_plan, buffer, fusion_.size(), c.prescale, stream_));
+  CONCORD_RETURN_IF_ERROR(
+      packer_->Pack(in_plan, buffer, fusion_.size(), c.prescale, stream_, PackerWait(comm_lock)));
   // The padding between slots is reduced too, and never read back.
   CONCORD_NCCL_CHECK(ncclAllReduce(buffer, buffer, in_plan.total_bytes / DTypeSize(c.dtype), type,
                                    op, comm_, stream_));
   CONCORD_RETURN_IF_ERROR(WaitComm(comm_lock, c.deadline));
-  return packer_->Unpack(out_plan, buffer, fusion_.size(), post, stream_);
+  return packer_->Unpack(out_plan, buffer, fusion_.size(), post, stream_, PackerWait(comm_lock));
 }
 
 Status NcclBackend::EnqueueAllgatherv(const DeviceCollective& c) {
@@ -663,18 +674,30 @@ Status NcclBackend::EnqueueAllgatherv(const DeviceCollective& c) {
   return calls.End();
 }
 
-Status NcclBackend::ScaledCopy(const void* src, void* dst, size_t count, DType dtype,
-                               double scale) {
+cuda::SlotWait NcclBackend::PackerWait(std::unique_lock<std::mutex>& comm_lock) {
+  return [this, &comm_lock]() -> Status {
+    comm_lock.unlock();
+    std::this_thread::yield();
+    comm_lock.lock();
+    // Looked at after the lock is back: comm_ may have been freed while it was released, and the
+    // caller goes on to call NCCL on it once the slot is free.
+    if (comm_aborted_) return Status(Code::kBackendError, "the NCCL communicator was aborted");
+    return Status::Ok();
+  };
+}
+
+Status NcclBackend::ScaledCopy(const void* src, void* dst, size_t count, DType dtype, double scale,
+                               std::unique_lock<std::mutex>& comm_lock) {
   CONCORD_ASSIGN_OR_RETURN(cuda::PackPlan plan,
                            cuda::PlanPack({cuda::PackTensor{src, dtype, count}}));
-  return packer_->Pack(plan, dst, plan.total_bytes, scale, stream_);
+  return packer_->Pack(plan, dst, plan.total_bytes, scale, stream_, PackerWait(comm_lock));
 }
 
 Status NcclBackend::ScaledCopyOut(const void* src, void* dst, size_t count, DType dtype,
-                                  double scale) {
+                                  double scale, std::unique_lock<std::mutex>& comm_lock) {
   CONCORD_ASSIGN_OR_RETURN(cuda::PackPlan plan,
                            cuda::PlanPack({cuda::PackTensor{dst, dtype, count}}));
-  return packer_->Unpack(plan, src, plan.total_bytes, scale, stream_);
+  return packer_->Unpack(plan, src, plan.total_bytes, scale, stream_, PackerWait(comm_lock));
 }
 
 Status NcclBackend::EnqueueReducescatter(const DeviceCollective& c,
@@ -706,7 +729,7 @@ Status NcclBackend::EnqueueReducescatter(const DeviceCollective& c,
   if (stage_in || stage_out) {
     CONCORD_ASSIGN_OR_RETURN(void* buffer, Buffer(in_part + (stage_out ? mine * esize : 0)));
     if (stage_in) {
-      CONCORD_RETURN_IF_ERROR(ScaledCopy(t.input, buffer, total, c.dtype, c.prescale));
+      CONCORD_RETURN_IF_ERROR(ScaledCopy(t.input, buffer, total, c.dtype, c.prescale, comm_lock));
       send = buffer;
     }
     if (stage_out) recv = static_cast<uint8_t*>(buffer) + in_part;
@@ -729,7 +752,7 @@ Status NcclBackend::EnqueueReducescatter(const DeviceCollective& c,
   }
   if (!stage_out) return Status::Ok();
   CONCORD_RETURN_IF_ERROR(WaitComm(comm_lock, c.deadline));
-  return ScaledCopyOut(recv, t.output, mine, c.dtype, post);
+  return ScaledCopyOut(recv, t.output, mine, c.dtype, post, comm_lock);
 }
 
 Status NcclBackend::EnqueueAlltoallv(const DeviceCollective& c) {
@@ -796,7 +819,7 @@ Status NcclBackend::EnqueueReduce(const DeviceCollective& c,
   if (stage_in || stage_out) {
     CONCORD_ASSIGN_OR_RETURN(void* buffer, Buffer(in_part + (stage_out ? bytes : 0)));
     if (stage_in) {
-      CONCORD_RETURN_IF_ERROR(ScaledCopy(t.input, buffer, n, c.dtype, c.prescale));
+      CONCORD_RETURN_IF_ERROR(ScaledCopy(t.input, buffer, n, c.dtype, c.prescale, comm_lock));
       send = buffer;
       if (!root) recv = buffer;
     }
@@ -805,7 +828,7 @@ Status NcclBackend::EnqueueReduce(const DeviceCollective& c,
   CONCORD_NCCL_CHECK(ncclReduce(send, recv, n, type, op, c.root, comm_, stream_));
   if (!stage_out) return Status::Ok();
   CONCORD_RETURN_IF_ERROR(WaitComm(comm_lock, c.deadline));
-  return ScaledCopyOut(recv, t.output, n, c.dtype, post);
+  return ScaledCopyOut(recv, t.output, n, c.dtype, post, comm_lock);
 }
 
 Status NcclBackend::EnqueueGatherv(const DeviceCollective& c) {

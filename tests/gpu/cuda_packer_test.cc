@@ -13,6 +13,7 @@
 #include "backends/cuda/cuda_device.h"
 #include "base/dtype.h"
 #include "tests/common/tensors.h"
+#include "tests/gpu/stream_gate.h"
 
 namespace concord {
 namespace cuda {
@@ -225,6 +226,65 @@ TEST_F(CudaPackerTest, ConsecutiveLaunchesReuseTableSlotsSafely) {
       EXPECT_EQ(std::memcmp(packed.data() + e.offset, expected.data() + e.offset, e.bytes), 0)
           << "launch " << l << " tensor " << i;
     }
+  }
+}
+
+// A launch whose table slot still holds an unfinished launch (the stream is held, as behind a
+// collective stuck on a peer that never comes) calls the caller's wait between its polls, and an
+// error from it ends the wait with nothing enqueued: the NCCL backend releases its lock there, so
+// that the stuck collective can be aborted (the packer used to wait in cudaEventSynchronize,
+// holding it). Once the stream runs again, the same launch goes through without waiting.
+TEST_F(CudaPackerTest, AWaitForABusyTableSlotEndsOnTheCallersError) {
+  Tensors t = MakeTensors({{DType::kFloat32, 1000}, {DType::kFloat16, 77}}, 5);
+  auto plan = PlanPack(t.pack);
+  ASSERT_TRUE(plan.ok());
+  auto buffer = DeviceBuffer::Allocate(0, plan->total_bytes);
+  ASSERT_TRUE(buffer.ok());
+  int waits = 0;
+  const SlotWait counted = [&] {
+    ++waits;
+    return Status::Ok();
+  };
+  // Every slot made large enough first, so that no launch below allocates behind the gate.
+  constexpr int kMoreThanTheRing = 32;
+  for (int l = 0; l < kMoreThanTheRing; ++l) {
+    ASSERT_TRUE(packer_->Pack(*plan, buffer->data(), buffer->size(), 1.0, nullptr, counted).ok());
+    ASSERT_TRUE(SynchronizeStream(nullptr).ok());
+  }
+  EXPECT_EQ(waits, 0);
+
+  auto gate = StreamGate::Close(nullptr);
+  ASSERT_TRUE(gate.ok()) << gate.status().ToString();
+  const SlotWait refuse = [&] {
+    ++waits;
+    return waits < 3 ? Status::Ok() : TimeoutError("the test gave up");
+  };
+  int launched = 0;
+  Status refused;
+  while (launched < kMoreThanTheRing && refused.ok()) {
+    refused = packer_->Pack(*plan, buffer->data(), buffer->size(), 0.5, nullptr, refuse);
+    if (refused.ok()) ++launched;
+  }
+  EXPECT_GT(launched, 0);
+  EXPECT_LT(launched, kMoreThanTheRing);
+  EXPECT_EQ(refused.code(), Code::kTimeout) << refused.ToString();
+  EXPECT_NE(refused.message().find("the test gave up"), std::string::npos) << refused.ToString();
+  EXPECT_EQ(waits, 3);
+
+  (*gate)->Open();
+  ASSERT_TRUE(SynchronizeStream(nullptr).ok());
+  waits = 0;
+  ASSERT_TRUE(packer_->Pack(*plan, buffer->data(), buffer->size(), 2.0, nullptr, counted).ok());
+  ASSERT_TRUE(SynchronizeStream(nullptr).ok());
+  EXPECT_EQ(waits, 0);
+  std::vector<uint8_t> packed(buffer->size()), expected(buffer->size());
+  ASSERT_TRUE(buffer->CopyToHost(packed.data(), 0, packed.size()).ok());
+  for (size_t i = 0; i < plan->entries.size(); ++i) {
+    const PackEntry& e = plan->entries[i];
+    CopyScaled(expected.data() + e.offset, t.host.data() + t.offsets[i], t.pack[i].count,
+               t.pack[i].dtype, 2.0);
+    EXPECT_EQ(std::memcmp(packed.data() + e.offset, expected.data() + e.offset, e.bytes), 0)
+        << "tensor " << i;
   }
 }
 
