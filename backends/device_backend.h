@@ -30,6 +30,13 @@
 //   operations on device tensors (core/p2p.h), which travel through host memory: on a stream of
 //   its own, never behind a collective (a send must not wait for a collective its peer joins only
 //   after receiving it), synchronously. It is local (no peer takes part) and thread-safe.
+// - CaptureReady() is called on the thread that enqueues an operation on a device tensor, when it
+//   enqueues it: what the operation must wait for is the work queued on the caller's ready stream
+//   so far and its ready event as recorded so far, not what the stream holds when the operation is
+//   launched later (the caller's later kernels, the backward pass of the next layers, would delay
+//   it, and a per-thread default stream would be another thread's there). The engine and the
+//   point-to-point operations then pass only the captured event on (ready_stream null). Local and
+//   thread-safe.
 // - Drain() blocks until every launched collective has completed (its `done` has returned, for
 //   those the device finished), and returns the abort status once the backend was aborted. Abort()
 //   may be called from any thread; the destructor aborts what is still in flight and joins the
@@ -57,7 +64,8 @@ struct DeviceTensor {
   size_t count = 0;  // elements (allgatherv: this rank's bytes are bytes_per_rank)
   // The collective waits for the work queued so far on ready_stream and for ready_event; with
   // neither, for the legacy default stream (CUDA's NULL stream: stream 0's kernels, a pageable
-  // cudaMemcpy still in flight, and so every blocking stream's work so far). CopyLocal alike.
+  // cudaMemcpy still in flight, and so every blocking stream's work so far). CopyLocal alike. The
+  // engine passes an event of CaptureReady()'s, made when the tensor was enqueued.
   void* ready_stream = nullptr;
   void* ready_event = nullptr;
 };
@@ -124,6 +132,12 @@ class DeviceBackend {
 
   virtual StatusOr<std::shared_ptr<DeviceEvent>> Launch(const DeviceCollective& collective,
                                                         Done done) = 0;
+  // An event of the backend's own that captures, now and on the calling thread, the work queued so
+  // far on `ready_stream` and `ready_event` as last recorded (either may be null; with neither,
+  // the legacy default stream's work so far, as DeviceTensor says). The handle owns it: the event
+  // goes back to the backend with the handle's last copy, which may be before the work it waits
+  // for has run (a wait already issued on it stays), and may outlive the backend.
+  virtual StatusOr<std::shared_ptr<void>> CaptureReady(void* ready_stream, void* ready_event) = 0;
   // Copies `bytes` from src to dst (one of them device memory of device(), the other host
   // memory) once the work queued so far on ready_stream and ready_event (each may be null) has
   // run, and returns when the bytes have arrived or the copy failed.

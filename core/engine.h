@@ -430,7 +430,8 @@ class Engine {
   Status AttachCompressor(QueueEntry& entry);
 
   // --- engine_device.cc ---
-  // The checks Enqueue() adds for device tensors (and stream or event on a CPU tensor).
+  // The checks Enqueue() adds for device tensors (and stream or event on a CPU tensor); a device
+  // tensor's ready stream and event are captured here, on the enqueuing thread (QueueEntry::ready).
   Status CheckDevice(QueueEntry& entry) const;
   // Launches one batch; the device backend's completion thread then completes its entries.
   Status LaunchDevice(const FusionBatch& batch, const Responses& responses, Entries& entries);

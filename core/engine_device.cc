@@ -65,6 +65,16 @@ Status Engine::CheckDevice(QueueEntry& e) const {
                            ": an alltoall of device tensors needs an output that does not "
                            "overlap its input");
   }
+  // What the operation waits for is what the caller's stream and event hold now, on this thread.
+  StatusOr<std::shared_ptr<void>> ready =
+      device_.backend->CaptureReady(e.ready_stream, e.ready_event);
+  if (!ready.ok()) {
+    return Status(ready.status().code(),
+                  who + ": capturing its ready stream or event: " + ready.status().message());
+  }
+  e.ready = std::move(*ready);
+  e.ready_stream = nullptr;
+  e.ready_event = e.ready.get();
   // Every rank's tensors are on its own GPU: ranks negotiate the kind, not the id.
   r.device = kDeviceTensor;
   return Status::Ok();

@@ -143,9 +143,11 @@ Status PointToPoint::Submit(P2pEntry e) {
     // A CUDA tensor's bytes, in a pooled block (kept for reuse) until the send completes.
     std::shared_ptr<ResultBuffers::Block> staging;
     if (e.device >= 0 && meta.bytes > 0) {
+      StatusOr<std::shared_ptr<void>> ready = device_->CaptureReady(e.ready_stream, e.ready_event);
+      if (!ready.ok()) return ready.status().WithContext(What(e) + ": capturing its ready stream");
       staging = std::make_shared<ResultBuffers::Block>(result_buffers_->Take(meta.bytes));
       Status copied =
-          device_->CopyLocal(staging->data(), e.data, meta.bytes, e.ready_stream, e.ready_event);
+          device_->CopyLocal(staging->data(), e.data, meta.bytes, nullptr, ready->get());
       if (!copied.ok()) return copied.WithContext(What(e) + ": copying the CUDA tensor out");
       payload = staging->data();
     }
@@ -158,13 +160,16 @@ Status PointToPoint::Submit(P2pEntry e) {
   RequestState* out = state.get();
   const int peer = e.peer;
   const int64_t tag = e.tag;
-  // A CUDA recv's copy in: to its tensor, after its producers.
+  // A CUDA recv's copy in: to its tensor, after its producers as they are now (the copy runs
+  // when the message has come, on another thread).
   std::function<Status()> copy_in;
   if (e.device >= 0) {
-    copy_in = [device = device_, result, out, stream = e.ready_stream, event = e.ready_event] {
+    StatusOr<std::shared_ptr<void>> ready = device_->CaptureReady(e.ready_stream, e.ready_event);
+    if (!ready.ok()) return ready.status().WithContext(What(e) + ": capturing its ready stream");
+    copy_in = [device = device_, result, out, ready = std::move(*ready)] {
       const RequestState::Output& o = out->output();
       if (o.bytes == 0) return Status::Ok();
-      return device->CopyLocal(o.data, result->staging.data(), o.bytes, stream, event)
+      return device->CopyLocal(o.data, result->staging.data(), o.bytes, nullptr, ready.get())
           .WithContext("copying the message to the CUDA tensor");
     };
   }

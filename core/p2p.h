@@ -62,7 +62,9 @@ struct P2pEntry {
   int device = -1;  // -1: CPU
   void* data = nullptr;
   // CUDA tensors only: the copy waits for the work queued so far on this cudaStream_t and for
-  // this recorded cudaEvent_t (either may be null).
+  // this recorded cudaEvent_t (either may be null), as they are when the operation is submitted:
+  // Submit captures them (DeviceBackend::CaptureReady) and the copy waits for that (a recv's copy
+  // runs later, on another thread).
   void* ready_stream = nullptr;
   void* ready_event = nullptr;
   std::shared_ptr<RequestState> state;

@@ -29,9 +29,12 @@ struct QueueEntry {
   // result); reducescatter: bytes at output (which must hold this rank's share)
   size_t output_capacity = 0;
   // Device tensors only: what the operation waits for before it reads the input (void*: a
-  // cudaStream_t whose queued work must finish, a cudaEvent_t); null when nothing.
+  // cudaStream_t whose queued work must finish, a cudaEvent_t); null when nothing. Once enqueued
+  // (Engine::CheckDevice), ready_event is `ready`'s, which captured the caller's stream and event
+  // then (DeviceBackend::CaptureReady), and ready_stream is null.
   void* ready_stream = nullptr;
   void* ready_event = nullptr;
+  std::shared_ptr<void> ready;
   std::shared_ptr<RequestState> state;
   // The application's step when it was enqueued (Engine::EndStep); negotiated, never cached.
   uint64_t step = 0;

@@ -109,6 +109,46 @@ class GroupCalls {
   Status issued_;
 };
 
+// The events CaptureReady() hands out, kept for reuse: made on demand, given back by the handle's
+// deleter (from any thread, after the backend is gone too), destroyed with the last reference. An
+// event given back may be recorded again at once: a wait already issued on it waits for the record
+// before (cudaStreamWaitEvent). Thread-safe.
+class ReadyEvents {
+ public:
+  explicit ReadyEvents(int device) : device_(device) {}
+  ~ReadyEvents() {
+    cuda::DeviceGuard guard;
+    if (guard.Set(device_) != cudaSuccess) return;
+    for (cudaEvent_t e : free_) cudaEventDestroy(e);
+  }
+  ReadyEvents(const ReadyEvents&) = delete;
+  ReadyEvents& operator=(const ReadyEvents&) = delete;
+
+  // On the device set by the caller (device_).
+  StatusOr<cudaEvent_t> Take() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!free_.empty()) {
+        const cudaEvent_t e = free_.back();
+        free_.pop_back();
+        return e;
+      }
+    }
+    cudaEvent_t e = nullptr;
+    CONCORD_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return e;
+  }
+  void Give(cudaEvent_t e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.push_back(e);
+  }
+
+ private:
+  const int device_;
+  std::mutex mu_;
+  std::vector<cudaEvent_t> free_;
+};
+
 // The stream a tensor's work waits for: its ready stream; with neither a stream nor an event, the
 // legacy default stream, which is what a NULL cudaStream_t means to CUDA (a kernel launched on
 // stream 0, a pageable cudaMemcpy that returned before its bytes arrived, and through the legacy
@@ -177,6 +217,7 @@ class NcclBackend : public DeviceBackend {
   int device() const override { return device_; }
   Status CheckDevice(int device) const override;
   StatusOr<std::shared_ptr<DeviceEvent>> Launch(const DeviceCollective& c, Done done) override;
+  StatusOr<std::shared_ptr<void>> CaptureReady(void* ready_stream, void* ready_event) override;
   Status CopyLocal(void* dst, const void* src, size_t bytes, void* ready_stream,
                    void* ready_event) override;
   Status Drain(Deadline deadline) override;
@@ -274,6 +315,11 @@ class NcclBackend : public DeviceBackend {
   // CopyLocal's stream: point-to-point staging never waits behind a collective on stream_.
   std::mutex copy_mu_;
   cudaStream_t copy_stream_ = nullptr;
+  // CaptureReady's: where a caller's ready event is captured as recorded now (capture_mu_ keeps
+  // each capture's waits and record together).
+  std::mutex capture_mu_;
+  cudaStream_t capture_stream_ = nullptr;
+  const std::shared_ptr<ReadyEvents> ready_events_ = std::make_shared<ReadyEvents>(device_);
   std::unique_ptr<cuda::CudaPacker> packer_;
   cuda::DeviceBuffer fusion_;
   std::vector<cuda::DeviceBuffer> retired_;  // launching thread only
@@ -294,6 +340,7 @@ Status NcclBackend::Start() {
   CONCORD_CUDA_CHECK(guard.Set(device_));
   CONCORD_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   CONCORD_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+  CONCORD_CUDA_CHECK(cudaStreamCreateWithFlags(&capture_stream_, cudaStreamNonBlocking));
   CONCORD_ASSIGN_OR_RETURN(packer_, cuda::CudaPacker::Create(device_));
   completion_ = std::thread([this] { CompletionLoop(); });
   completion_id_ = completion_.get_id();
@@ -390,6 +437,7 @@ NcclBackend::~NcclBackend() {
   packer_.reset();
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
   if (copy_stream_ != nullptr) cudaStreamDestroy(copy_stream_);
+  if (capture_stream_ != nullptr) cudaStreamDestroy(capture_stream_);
 }
 
 Status NcclBackend::CheckDevice(int device) const {
@@ -927,6 +975,32 @@ void NcclBackend::FailPending(std::unique_lock<std::mutex>& lock) {
   lock.lock();
   busy_ = false;
   cv_.notify_all();
+}
+
+StatusOr<std::shared_ptr<void>> NcclBackend::CaptureReady(void* ready_stream, void* ready_event) {
+  cuda::DeviceGuard guard;
+  CONCORD_CUDA_CHECK(guard.Set(device_));
+  RelaxedCapture relaxed;
+  CONCORD_ASSIGN_OR_RETURN(const cudaEvent_t captured, ready_events_->Take());
+  std::shared_ptr<void> handle(
+      captured, [events = ready_events_](void* e) { events->Give(static_cast<cudaEvent_t>(e)); });
+  const auto stream = static_cast<cudaStream_t>(ready_stream);
+  if (ready_event == nullptr) {
+    // The stream's work so far; with no stream, the legacy default stream's (ReadyStream).
+    CONCORD_CUDA_CHECK(cudaEventRecord(captured, stream != nullptr ? stream : cudaStreamLegacy));
+    return handle;
+  }
+  // The caller's event as recorded now, and the stream's work so far: capture_stream_ waits for
+  // both, then records ours.
+  std::lock_guard<std::mutex> lock(capture_mu_);
+  if (stream != nullptr) {
+    CONCORD_CUDA_CHECK(cudaEventRecord(captured, stream));
+    CONCORD_CUDA_CHECK(cudaStreamWaitEvent(capture_stream_, captured, 0));
+  }
+  CONCORD_CUDA_CHECK(
+      cudaStreamWaitEvent(capture_stream_, static_cast<cudaEvent_t>(ready_event), 0));
+  CONCORD_CUDA_CHECK(cudaEventRecord(captured, capture_stream_));
+  return handle;
 }
 
 Status NcclBackend::CopyLocal(void* dst, const void* src, size_t bytes, void* ready_stream,

@@ -253,7 +253,7 @@ TEST_F(CudaPackerTest, AWaitForABusyTableSlotEndsOnTheCallersError) {
   }
   EXPECT_EQ(waits, 0);
 
-  auto gate = StreamGate::Close(nullptr);
+  auto gate = StreamGate::Close(0, nullptr);
   ASSERT_TRUE(gate.ok()) << gate.status().ToString();
   const SlotWait refuse = [&] {
     ++waits;

@@ -20,6 +20,7 @@
 #include "rendezvous/hash_store.h"
 #include "tests/common/tensors.h"
 #include "tests/gpu/nccl_ranks.h"
+#include "tests/gpu/stream_gate.h"
 
 namespace concord {
 namespace {
@@ -110,6 +111,43 @@ TEST_F(NcclBackendTest, AllreduceEveryDTypeOpAndSize) {
         }
       }
     }
+  });
+}
+
+// What a collective waits for is captured when its tensor is enqueued (CaptureReady): the work
+// queued on the ready stream so far, here the legacy default stream. Work queued there after the
+// capture (held by a closed gate, as the next layers' kernels would be) does not hold the
+// collective back; a launch that read the stream itself would wait for the gate.
+TEST_F(NcclBackendTest, ACapturedReadyStreamIsTheWorkQueuedBeforeTheCapture) {
+  OnRanks([&](int rank, DeviceBackend& backend) {
+    constexpr size_t kCount = 4099;
+    auto buf = cuda::DeviceBuffer::Allocate(rank, kCount * sizeof(float));
+    ASSERT_TRUE(buf.ok()) << buf.status().ToString();
+    const std::vector<float> ones(kCount, 1.0f);
+    ASSERT_TRUE(buf->CopyFromHost(0, ones.data(), kCount * sizeof(float)).ok());
+    DeviceCollective c;
+    c.device = rank;
+    c.dtype = DType::kFloat32;
+    c.deadline = Deadline::After(milliseconds(30000));
+    c.tensors.push_back(DeviceTensor{buf->data(), buf->data(), kCount, nullptr, nullptr});
+    Completion started;  // the communicator starts here, before the legacy stream is held
+    ASSERT_TRUE(backend.Launch(c, started.Callback()).ok());
+    ASSERT_TRUE(started.Wait().ok()) << started.status.ToString();
+    ASSERT_TRUE(buf->CopyFromHost(0, ones.data(), kCount * sizeof(float)).ok());
+
+    StatusOr<std::shared_ptr<void>> ready = backend.CaptureReady(nullptr, nullptr);
+    ASSERT_TRUE(ready.ok()) << ready.status().ToString();
+    auto gate = cuda::StreamGate::Close(rank, nullptr);
+    ASSERT_TRUE(gate.ok()) << gate.status().ToString();
+    c.tensors[0].ready_event = ready->get();
+    Completion done;
+    const Status launched = backend.Launch(c, done.Callback()).status();
+    const Status finished = launched.ok() ? done.Wait(milliseconds(10000)) : launched;
+    (*gate)->Open();
+    ASSERT_TRUE(finished.ok()) << finished.ToString();
+    std::vector<float> got(kCount);
+    ASSERT_TRUE(buf->CopyToHost(got.data(), 0, kCount * sizeof(float)).ok());
+    EXPECT_EQ(got, std::vector<float>(kCount, static_cast<float>(ranks_)));
   });
 }
 

@@ -8,8 +8,9 @@
 namespace concord {
 namespace cuda {
 
-StatusOr<std::unique_ptr<StreamGate>> StreamGate::Close(void* stream) {
-  std::unique_ptr<StreamGate> gate(new StreamGate(stream));
+StatusOr<std::unique_ptr<StreamGate>> StreamGate::Close(int device, void* stream) {
+  CONCORD_CUDA_CHECK(cudaSetDevice(device));
+  std::unique_ptr<StreamGate> gate(new StreamGate(device, stream));
   CONCORD_CUDA_CHECK(
       cudaLaunchHostFunc(static_cast<cudaStream_t>(stream), &StreamGate::Hold, gate.get()));
   return StatusOr<std::unique_ptr<StreamGate>>(std::move(gate));
@@ -17,7 +18,9 @@ StatusOr<std::unique_ptr<StreamGate>> StreamGate::Close(void* stream) {
 
 StreamGate::~StreamGate() {
   Open();
-  cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));  // Hold() has returned
+  if (cudaSetDevice(device_) == cudaSuccess) {
+    cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));  // Hold() has returned
+  }
 }
 
 void StreamGate::Open() {

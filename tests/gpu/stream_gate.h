@@ -16,8 +16,9 @@ namespace cuda {
 
 class StreamGate {
  public:
-  // `stream`: a cudaStream_t of the current device (nullptr: the legacy default stream).
-  static StatusOr<std::unique_ptr<StreamGate>> Close(void* stream);
+  // `stream`: a cudaStream_t of `device` (nullptr: its legacy default stream). Makes `device` the
+  // calling thread's current device.
+  static StatusOr<std::unique_ptr<StreamGate>> Close(int device, void* stream);
   ~StreamGate();
   StreamGate(const StreamGate&) = delete;
   StreamGate& operator=(const StreamGate&) = delete;
@@ -25,9 +26,10 @@ class StreamGate {
   void Open();
 
  private:
-  explicit StreamGate(void* stream) : stream_(stream) {}
+  StreamGate(int device, void* stream) : device_(device), stream_(stream) {}
   static void Hold(void* gate);  // the host function on the stream
 
+  const int device_;
   void* const stream_;
   std::mutex mu_;
   std::condition_variable cv_;

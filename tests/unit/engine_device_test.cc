@@ -5,7 +5,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -311,6 +313,55 @@ TEST(EngineDeviceTest, MixedGroupSplitsByDevice) {
   });
   EXPECT_EQ(job.devices().completed(), 1u);  // the four device tensors: one fused collective
   EXPECT_EQ(job.world().CollectivesOn(0) + job.world().CollectivesOn(1), 1u);  // the CPU ones
+}
+
+// The ready stream: the collective waits for the work queued on it when the tensor was enqueued,
+// captured on the enqueuing thread, not for what the stream holds when the collective is launched
+// (the next layers' backward pass, queued meanwhile: rank 1 enqueues only after rank 0 has queued
+// more on its stream, so rank 0 launches after that). A launch that read the stream would wait
+// for that later work, which never finishes here.
+TEST(EngineDeviceTest, WaitsForTheReadyStreamAsItWasWhenEnqueued) {
+  const int size = 2;
+  DeviceJob job(size, milliseconds(1));
+  std::mutex mu;
+  std::condition_variable cv;
+  bool rank0_queued_more = false;
+  std::vector<std::thread::id> enqueuers(size);
+  const auto queued_later = std::make_shared<std::atomic<bool>>(false);
+  RunRanks(size, [&](int rank) {
+    enqueuers[rank] = std::this_thread::get_id();
+    std::vector<float> gpu(33, -1.0f);  // the producer has not written it yet
+    FakeStream stream;
+    const auto producer = std::make_shared<std::atomic<bool>>(false);
+    stream.waits.push_back(producer);
+    if (rank == 1) {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return rank0_queued_more; });
+    }
+    QueueEntry e =
+        Entry(Request("grad", OpType::kAllreduce, DType::kFloat32, {33}), gpu.data(), gpu.data());
+    e.ready_stream = &stream;
+    auto state = Submit(job[rank], std::move(e));
+    if (rank == 0) {
+      {
+        std::lock_guard<std::mutex> lock(stream.mu);
+        stream.waits.push_back(queued_later);
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      rank0_queued_more = true;
+      cv.notify_all();
+    }
+    std::fill(gpu.begin(), gpu.end(), rank + 1.0f);
+    producer->store(true);
+    ASSERT_TRUE(Await(state, milliseconds(5000)).ok()) << state->status().ToString();
+    EXPECT_EQ(gpu, std::vector<float>(33, 3.0f));
+  });
+  queued_later->store(true);
+  const std::vector<std::thread::id> captured = job.devices().capture_threads();
+  ASSERT_EQ(captured.size(), 2u);
+  for (std::thread::id t : captured) {
+    EXPECT_TRUE(t == enqueuers[0] || t == enqueuers[1]) << "captured on another thread";
+  }
 }
 
 // The ready event: the collective reads its input only once the producer has set it.

@@ -25,8 +25,9 @@ class FakeDeviceEvent : public DeviceEvent {
   std::shared_ptr<std::atomic<bool>> finished_;
 };
 
-bool EventSet(void* event) {
-  return event == nullptr || static_cast<FakeEvent*>(event)->set.load();
+// What the engine passes on: a FakeReady of CaptureReady()'s, or nothing.
+bool Ready(void* ready_event) {
+  return ready_event == nullptr || static_cast<FakeReady*>(ready_event)->Ready();
 }
 
 bool SameShape(const DeviceCollective& a, const DeviceCollective& b) {
@@ -77,9 +78,29 @@ class InProcDeviceBackend : public DeviceBackend {
     return Status::Ok();
   }
 
+  StatusOr<std::shared_ptr<void>> CaptureReady(void* ready_stream, void* ready_event) override {
+    auto ready = std::make_shared<FakeReady>();
+    ready->event = static_cast<FakeEvent*>(ready_event);
+    if (ready_stream != nullptr) {
+      auto* stream = static_cast<FakeStream*>(ready_stream);
+      std::lock_guard<std::mutex> lock(stream->mu);
+      ready->stream_waits = stream->waits;
+    }
+    ready->captured_on = std::this_thread::get_id();
+    std::lock_guard<std::mutex> lock(world_->mu_);
+    world_->captures_.push_back(ready);
+    return std::shared_ptr<void>(std::move(ready));
+  }
+
   StatusOr<std::shared_ptr<DeviceEvent>> Launch(const DeviceCollective& c, Done done) override {
     if (c.tensors.empty() || (c.kind != DeviceOpKind::kAllreduce && c.tensors.size() != 1)) {
       return InvalidArgument("inproc-device: wrong number of tensors");
+    }
+    for (const DeviceTensor& t : c.tensors) {
+      if (t.ready_stream != nullptr) {
+        return InvalidArgument(
+            "inproc-device: a ready stream at launch (not captured when enqueued)");
+      }
     }
     const auto ranks = static_cast<size_t>(world_->size_);
     const bool gathers = c.kind == DeviceOpKind::kAllgatherv || c.kind == DeviceOpKind::kGatherv;
@@ -105,13 +126,16 @@ class InProcDeviceBackend : public DeviceBackend {
     return std::shared_ptr<DeviceEvent>(std::make_shared<FakeDeviceEvent>(finished));
   }
 
-  // "Device memory" is host memory: a memcpy once the producers are done (a FakeEvent set, a
-  // FakeStream's collectives finished).
+  // "Device memory" is host memory: a memcpy once the producers are done (the captured FakeEvent
+  // set, the FakeStream's collectives then finished).
   Status CopyLocal(void* dst, const void* src, size_t bytes, void* ready_stream,
                    void* ready_event) override {
+    if (ready_stream != nullptr) {
+      return InvalidArgument(
+          "inproc-device: a ready stream at a copy (not captured when submitted)");
+    }
     const Deadline deadline = Deadline::After(std::chrono::milliseconds(20000));
-    while (!EventSet(ready_event) ||
-           (ready_stream != nullptr && !static_cast<FakeStream*>(ready_stream)->Idle())) {
+    while (!Ready(ready_event)) {
       if (deadline.passed()) return TimeoutError("inproc-device: a copy's producer never finished");
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
@@ -172,6 +196,13 @@ void InProcDeviceWorld::Stall(int rank) {
   ranks_[rank].stalled = true;
 }
 
+std::vector<std::thread::id> InProcDeviceWorld::capture_threads() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::thread::id> threads;
+  for (const auto& c : captures_) threads.push_back(c->captured_on);
+  return threads;
+}
+
 uint64_t InProcDeviceWorld::completed() {
   std::lock_guard<std::mutex> lock(mu_);
   return completed_;
@@ -207,7 +238,7 @@ bool InProcDeviceWorld::FrontsReady() const {
   for (const RankState& s : ranks_) {
     if (s.stalled || s.queue.empty()) return false;
     for (const DeviceTensor& t : s.queue.front().collective.tensors) {
-      if (!EventSet(t.ready_event) || !EventSet(t.ready_stream)) return false;
+      if (!Ready(t.ready_event)) return false;
     }
   }
   return true;

@@ -3,9 +3,11 @@
 // and the network. A collective completes on that worker thread, a configurable delay after every
 // rank has launched it, so the engine's asynchronous device path runs on the CPU.
 //
-// Stand-ins for CUDA objects: a ready stream or ready event given with a tensor is a FakeEvent*
-// (the collective reads its inputs only once the event is set); StreamWait() takes a FakeStream*
-// and records there that the stream must wait for the collective.
+// Stand-ins for CUDA objects: a ready stream given with a tensor is a FakeStream*, a ready event a
+// FakeEvent* (the operation reads its inputs only once the event is set and the collectives the
+// stream waited for when the operation was enqueued have finished: CaptureReady() makes a
+// FakeReady, and the engine passes only that on); StreamWait() takes a FakeStream* and records
+// there that the stream must wait for the collective.
 //
 // Contract: as DeviceBackend's (completions in launch order, on the worker thread, never inside
 // Launch(); a collective past its deadline fails with kTimeout and breaks the world, failing every
@@ -47,6 +49,22 @@ struct FakeStream {
   }
 };
 
+// CaptureReady()'s: the event given, and the collectives the stream given was waiting for then
+// (those it is made to wait for later are not waited for, as CUDA work queued on a stream after
+// the capture is not).
+struct FakeReady {
+  FakeEvent* event = nullptr;
+  std::vector<std::shared_ptr<std::atomic<bool>>> stream_waits;
+  std::thread::id captured_on;
+  bool Ready() const {
+    if (event != nullptr && !event->set.load()) return false;
+    for (const auto& w : stream_waits) {
+      if (!w->load()) return false;
+    }
+    return true;
+  }
+};
+
 class InProcDeviceWorld {
  public:
   // The fake CUDA devices that exist: ids 0 .. kDevices - 1.
@@ -64,6 +82,8 @@ class InProcDeviceWorld {
   uint64_t completed();
   // CopyLocal() calls of every rank so far.
   uint64_t copies() const { return copies_.load(); }
+  // The threads CaptureReady() was called on, every rank's, in call order.
+  std::vector<std::thread::id> capture_threads();
 
  private:
   friend class InProcDeviceBackend;
@@ -96,6 +116,9 @@ class InProcDeviceWorld {
   uint64_t completed_ = 0;
   int delivering_ = 0;  // the worker is calling callbacks that Break() took (outside mu_)
   std::atomic<uint64_t> copies_{0};
+  // Every capture, kept for the world's life: a launched collective reads its FakeReady on the
+  // worker thread, after the engine has let go of it (a CUDA event's wait is issued in Launch()).
+  std::vector<std::shared_ptr<FakeReady>> captures_;  // guarded by mu_
   bool stop_ = false;
   std::thread worker_;
 };
