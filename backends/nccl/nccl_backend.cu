@@ -1081,7 +1081,11 @@ void NcclBackend::CompletionLoop() {
     } else {
       std::lock_guard<std::mutex> comm_lock(comm_mu_);
       ncclResult_t async = ncclSuccess;
-      if (comm_ != nullptr && !comm_aborted_) ncclCommGetAsyncError(comm_, &async);
+      if (comm_ != nullptr && !comm_aborted_) {
+        // A call that fails says so itself: reported as the communicator's error.
+        const ncclResult_t asked = ncclCommGetAsyncError(comm_, &async);
+        if (asked != ncclSuccess) async = asked;
+      }
       if (async != ncclSuccess && async != ncclInProgress) {
         failure = nccl::NcclError(async, "ncclCommGetAsyncError", __FILE__, __LINE__, comm_);
       } else if (deadline.passed()) {
