@@ -725,7 +725,8 @@ Status NcclBackend::EnqueueAllgatherv(const DeviceCollective& c) {
 cuda::SlotWait NcclBackend::PackerWait(std::unique_lock<std::mutex>& comm_lock) {
   return [this, &comm_lock]() -> Status {
     comm_lock.unlock();
-    std::this_thread::yield();
+    // The launch ahead may take milliseconds: no spinning on a core NCCL's threads may need.
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
     comm_lock.lock();
     // Looked at after the lock is back: comm_ may have been freed while it was released, and the
     // caller goes on to call NCCL on it once the slot is free.
