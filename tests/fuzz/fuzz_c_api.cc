@@ -231,6 +231,16 @@ struct Program {
   bool group_open = false;
 };
 
+// A copy of options struct `o` in zeroed memory of the size it claims: the library reads
+// struct_size bytes of it (a newer caller's zero tail too) when struct_size is at most 4096 (larger
+// is refused unread), so they must all be there; Pick may give any size.
+template <typename Opts>
+const Opts* AsClaimed(Program& p, const Opts& o) {
+  void* mem = p.buffers.Get(std::max(sizeof(size_t), std::min<size_t>(o.struct_size, 4096)));
+  std::memcpy(mem, &o, std::max(sizeof(size_t), std::min(o.struct_size, sizeof(o))));
+  return static_cast<const Opts*>(mem);
+}
+
 // The options an allreduce gets: NULL, or a struct allocated at the size it claims.
 const concord_allreduce_opts_t* AllreduceOpts(Program& p) {
   static const size_t kSizes[] = {sizeof(concord_allreduce_opts_t),
@@ -251,11 +261,7 @@ const concord_allreduce_opts_t* AllreduceOpts(Program& p) {
   o.prescale = in.Pick(kScales);
   o.postscale = in.Pick(kScales);
   o.compression = Spec(in, p.strings);
-  // The library reads struct_size bytes (a newer caller's zero tail too) when struct_size is at
-  // most 4096 (larger is refused unread): they are all there. Pick may give any size.
-  void* mem = p.buffers.Get(std::max(sizeof(size_t), std::min<size_t>(o.struct_size, 4096)));
-  std::memcpy(mem, &o, std::max(sizeof(size_t), std::min(o.struct_size, sizeof(o))));
-  return static_cast<const concord_allreduce_opts_t*>(mem);
+  return AsClaimed(p, o);
 }
 
 const concord_device_opts_t* DeviceOpts(Program& p) {
@@ -265,10 +271,7 @@ const concord_device_opts_t* DeviceOpts(Program& p) {
   concord_device_opts_init(&o);
   static const size_t kSizes[] = {sizeof(o), 0, 8, 16};
   o.struct_size = in.Pick(kSizes);
-  // As AllreduceOpts: the library may read up to 4096 bytes of it.
-  void* mem = p.buffers.Get(std::max(sizeof(size_t), std::min<size_t>(o.struct_size, 4096)));
-  std::memcpy(mem, &o, std::max(sizeof(size_t), std::min(o.struct_size, sizeof(o))));
-  return static_cast<const concord_device_opts_t*>(mem);
+  return AsClaimed(p, o);
 }
 
 // An operation: blocking, or async with a request kept (or none asked for).
@@ -326,8 +329,9 @@ void Collective(Program& p, int which) {
       o.op = static_cast<concord_reduce_op_t>(in.U8() % 7);
       o.recv_splits = sp;
       o.nsplits = nsplits;
-      s = blocking ? concord_reducescatter(g->comm, name, &input.t, &output.t, &o)
-                   : concord_reducescatter_async(g->comm, name, &input.t, &output.t, &o, callback,
+      const concord_reducescatter_opts_t* opts = AsClaimed(p, o);
+      s = blocking ? concord_reducescatter(g->comm, name, &input.t, &output.t, opts)
+                   : concord_reducescatter_async(g->comm, name, &input.t, &output.t, opts, callback,
                                                  &callbacks, out);
     } else {
       static const size_t kCapacities[] = {0, 1, 8, 1024, kMaxBytes};
@@ -357,7 +361,7 @@ void Collective(Program& p, int which) {
       o.op = static_cast<concord_reduce_op_t>(in.U8() % 7);
       static const double kScales[] = {1.0, 0.5, HUGE_VAL, NAN};
       o.prescale = in.Pick(kScales);
-      const concord_reduce_opts_t* opts = (in.U8() & 1) ? nullptr : &o;
+      const concord_reduce_opts_t* opts = (in.U8() & 1) ? nullptr : AsClaimed(p, o);
       const concord_tensor_t* t = in_place ? nullptr : &output.t;
       s = blocking ? concord_reduce(g->comm, name, &input.t, t, root, opts)
                    : concord_reduce_async(g->comm, name, &input.t, t, root, opts, callback,
