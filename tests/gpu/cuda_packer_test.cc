@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "backends/cuda/cuda_device.h"
@@ -138,6 +139,20 @@ class CudaPackerTest : public ::testing::Test {
     ASSERT_EQ(FirstDifference(unpacked, expected_tensors), unpacked.size()) << "unpack differs";
   }
 
+  // Checks every slot of `buffer` against `t`'s tensors packed by `plan` with `scale`.
+  void ExpectSlots(const PackPlan& plan, const Tensors& t, const DeviceBuffer& buffer, double scale,
+                   const std::string& what) {
+    std::vector<uint8_t> packed(buffer.size()), expected(buffer.size());
+    ASSERT_TRUE(buffer.CopyToHost(packed.data(), 0, packed.size()).ok());
+    for (size_t i = 0; i < plan.entries.size(); ++i) {
+      const PackEntry& e = plan.entries[i];
+      CopyScaled(expected.data() + e.offset, t.host.data() + t.offsets[i], t.pack[i].count,
+                 t.pack[i].dtype, scale);
+      EXPECT_EQ(std::memcmp(packed.data() + e.offset, expected.data() + e.offset, e.bytes), 0)
+          << what << "tensor " << i;
+    }
+  }
+
   static size_t FirstDifference(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
     size_t i = 0;
     while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
@@ -217,15 +232,7 @@ TEST_F(CudaPackerTest, ConsecutiveLaunchesReuseTableSlotsSafely) {
   }
   ASSERT_TRUE(SynchronizeStream(nullptr).ok());
   for (int l = 0; l < kLaunches; ++l) {
-    std::vector<uint8_t> packed(buffers[l].size()), expected(buffers[l].size());
-    ASSERT_TRUE(buffers[l].CopyToHost(packed.data(), 0, packed.size()).ok());
-    for (size_t i = 0; i < plans[l].entries.size(); ++i) {
-      const PackEntry& e = plans[l].entries[i];
-      CopyScaled(expected.data() + e.offset, tensors[l].host.data() + tensors[l].offsets[i],
-                 tensors[l].pack[i].count, tensors[l].pack[i].dtype, 0.5);
-      EXPECT_EQ(std::memcmp(packed.data() + e.offset, expected.data() + e.offset, e.bytes), 0)
-          << "launch " << l << " tensor " << i;
-    }
+    ExpectSlots(plans[l], tensors[l], buffers[l], 0.5, "launch " + std::to_string(l) + " ");
   }
 }
 
@@ -277,15 +284,7 @@ TEST_F(CudaPackerTest, AWaitForABusyTableSlotEndsOnTheCallersError) {
   ASSERT_TRUE(packer_->Pack(*plan, buffer->data(), buffer->size(), 2.0, nullptr, counted).ok());
   ASSERT_TRUE(SynchronizeStream(nullptr).ok());
   EXPECT_EQ(waits, 0);
-  std::vector<uint8_t> packed(buffer->size()), expected(buffer->size());
-  ASSERT_TRUE(buffer->CopyToHost(packed.data(), 0, packed.size()).ok());
-  for (size_t i = 0; i < plan->entries.size(); ++i) {
-    const PackEntry& e = plan->entries[i];
-    CopyScaled(expected.data() + e.offset, t.host.data() + t.offsets[i], t.pack[i].count,
-               t.pack[i].dtype, 2.0);
-    EXPECT_EQ(std::memcmp(packed.data() + e.offset, expected.data() + e.offset, e.bytes), 0)
-        << "tensor " << i;
-  }
+  ExpectSlots(*plan, t, *buffer, 2.0, "");
 }
 
 TEST_F(CudaPackerTest, RefusedLaunchLeavesTheBufferUntouched) {
