@@ -12,7 +12,8 @@
 #           UndefinedBehaviorSanitizer instruments the library, not the gtest binaries' own code
 #           (CONCORD_UBSAN_TESTS=OFF): instrumented, they took twice as long to compile, most of
 #           the pass's build (AddressSanitizer still covers them).
-#   (CI's builds keep line tables only, -g1, to compile faster.)
+#   (CI's builds keep line tables only, -g1, and compile the gtest binaries' own code at -Og, to
+#   compile faster.)
 #   tsan    clang with its thread-safety analysis (-Wthread-safety, CONCORD_WERROR) and
 #           ThreadSanitizer into build-tsan/: what runs threads against each other, i.e. the
 #           unit tests marked THREADED (ctest label threaded: the engine's, its progress driver's,
@@ -47,10 +48,12 @@ tsan_dir="$root/build-tsan"
 fuzz_dir="$root/build-fuzz"
 
 # CI's builds keep line tables only (-g1: a sanitizer's or a debugger's stack still has files and
-# lines), which cuts their compile time; $1 is the optimisation level. Sets ci_cmake_flags.
+# lines), which cuts their compile time; $1 is the optimisation level. The gtest binaries' own code
+# is compiled at -Og (CONCORD_TEST_CODE_FLAGS): half of -O2's compile time, and most of each build
+# is test code; the library they test keeps $1. Sets ci_cmake_flags.
 ci_flags() {
   ci_cmake_flags=("-DCMAKE_C_FLAGS_RELWITHDEBINFO=$1 -g1 -DNDEBUG"
-    "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=$1 -g1 -DNDEBUG")
+    "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=$1 -g1 -DNDEBUG" "-DCONCORD_TEST_CODE_FLAGS=-Og")
 }
 
 # Runs the ctest suite in $1, but for the tests that match $CTEST_EXCLUDE (a regular expression),
