@@ -38,7 +38,7 @@
 # one after another in the background, at idle scheduling priority (SCHED_IDLE: they get only the
 # CPU time that the tests leave, which is much of it while multi-process tests wait on each other,
 # on timeouts and on launchers), so they never slow a test down. Each pass waits for its own build,
-# prints its output, and prints the build's wall time and its own.
+# prints its output, and prints the build's wall time and its own, with its CPU use.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 # Each pass's build directory, written by its build_<pass> and read by its test_<pass>.
@@ -60,6 +60,12 @@ ci_flags() {
 # if set.
 run_ctest() {
   ctest --test-dir "$1" --output-on-failure -j2 --timeout 300 ${CTEST_EXCLUDE:+-E "$CTEST_EXCLUDE"}
+}
+
+# The numbers of the tests in ctest build $1 that the selection ${@:2} (-L, -R, -E) names, with
+# commas between them (for ctest -I 0,0,1,<numbers>).
+ctest_numbers() {
+  ctest --test-dir "$1" -N "${@:2}" | sed -n 's/^ *Test *#\([0-9]*\):.*/\1/p' | paste -sd,
 }
 
 # Each pass with a build has build_<pass> and test_<pass>; format has only test_format.
@@ -126,19 +132,26 @@ test_tsan() {
   # matched (the multi-process tests) or whose exit status is the victim's (the killed-rank tests).
   export TSAN_OPTIONS="log_path=$reports/tsan second_deadlock_stack=1 \
 suppressions=$root/scripts/tsan-suppressions.txt"
-  local failed=0
+  # Two selections, run by one ctest (-I: their test numbers), so that -j2 keeps both CPUs busy
+  # to the end instead of idling one through each selection's last test.
   # Cut as repeats of the same threading over more data: the engine's every-op-and-size sweep
   # beyond float32, and gloo_backend_test's 1 Mi-element allreduces and multi-MB reduce-scatter
   # blocks (about 85 of its 120 s under TSan; ReduceScatterUnevenBlocks still cuts blocks into
   # the ring's halves, and gloo_span_allreduce_test and mp_conformance_large_np2 keep large sizes).
-  ctest --test-dir "$build" --output-on-failure -j2 --timeout 300 -L '^threaded$' \
-    -E 'EveryOpAndSize/.*_(float16|bfloat16|float64|int8|uint8|int32|int64)_|GlooAllreduceTest\.LargeCount/|^GlooBackendTest\.ReduceScatterLargeBlocksInHalves$' \
-    || failed=1
+  local threaded multi_process
+  threaded=$(ctest_numbers "$build" -L '^threaded$' \
+    -E 'EveryOpAndSize/.*_(float16|bfloat16|float64|int8|uint8|int32|int64)_|GlooAllreduceTest\.LargeCount/|^GlooBackendTest\.ReduceScatterLargeBlocksInHalves$')
   # The 1 Mi-element shared-memory and hierarchical conformance runs (140 s of the pass) repeat
   # mp_conformance_large_np2's threading over more data; the gcc and asan passes run them.
-  ctest --test-dir "$build" --output-on-failure -j2 --timeout 300 -R '^(c_api_test|mp_)' \
-    -E '^mp_conformance_large_np[134]$|^mp_mpi_conformance_large_|^mp_conformance_(large_|split_)?noshm_np[34]$|^mp_hier_conformance_large_np4$|^mp_shm_conformance_chunked_large_np3$' \
-    || failed=1
+  multi_process=$(ctest_numbers "$build" -R '^(c_api_test|mp_)' \
+    -E '^mp_conformance_large_np[134]$|^mp_mpi_conformance_large_|^mp_conformance_(large_|split_)?noshm_np[34]$|^mp_hier_conformance_large_np4$|^mp_shm_conformance_chunked_large_np3$')
+  if [ -z "$threaded" ] || [ -z "$multi_process" ]; then
+    echo "test.sh: the tsan pass selected no threaded or no multi-process test" >&2
+    return 1
+  fi
+  local failed=0
+  ctest --test-dir "$build" --output-on-failure -j2 --timeout 300 \
+    -I "0,0,1,$threaded,$multi_process" || failed=1
   if compgen -G "$reports/tsan.*" >/dev/null; then
     echo "== ThreadSanitizer reports =="
     cat "$reports"/tsan.*
@@ -221,6 +234,28 @@ wait_for_build() {
   return "$status"
 }
 
+# CPU use, for each pass's last line: the machine's busy time (every process's, the background
+# builds' included) and this script's waited-for children's (the pass's own tests and foreground
+# build), in clock ticks. Sets busy_ticks and own_ticks.
+cpu_ticks() {
+  local cpu user nice system idle iowait irq softirq steal rest self
+  read -r cpu user nice system idle iowait irq softirq steal rest </proc/stat
+  read -ra self </proc/$$/stat # fields 16 and 17: cutime and cstime
+  busy_ticks=$((user + nice + system + irq + softirq + steal))
+  own_ticks=$((self[15] + self[16]))
+}
+
+# "the machine N% busy, the pass's own processes M CPU-s" since cpu_ticks set $1 and $2, over $3 s.
+cpu_since() {
+  local busy0=$1 own0=$2 seconds=$3 hz cpus
+  hz=$(getconf CLK_TCK)
+  cpus=$(nproc)
+  cpu_ticks
+  [ "$seconds" -gt 0 ] || seconds=1
+  echo "the machine $(((busy_ticks - busy0) * 100 / (hz * seconds * cpus)))% busy on $cpus CPUs," \
+    "this pass's own processes $(((own_ticks - own0) / hz)) CPU-s"
+}
+
 if [ $# -gt 0 ]; then
   passes=("$@")
 elif [ "${SANITIZE:-1}" = "0" ]; then
@@ -252,6 +287,9 @@ trap 'exit 143' TERM
 for pass in "${passes[@]}"; do
   echo "== pass $pass =="
   start=$SECONDS
+  cpu_ticks
+  pass_busy=$busy_ticks
+  pass_own=$own_ticks
   if [ "$pass" != format ]; then
     if [ -z "$background_pid" ]; then
       build_start=$SECONDS
@@ -267,7 +305,7 @@ for pass in "${passes[@]}"; do
     fi
   fi
   "test_$pass"
-  echo "== pass $pass: $((SECONDS - start)) s =="
+  echo "== pass $pass: $((SECONDS - start)) s; $(cpu_since "$pass_busy" "$pass_own" $((SECONDS - start))) =="
 done
 # Every build was waited for: the chain has ended, or ends now.
 [ -z "$background_pid" ] || wait "$background_pid"
