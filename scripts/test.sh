@@ -62,12 +62,6 @@ run_ctest() {
   ctest --test-dir "$1" --output-on-failure -j2 --timeout 300 ${CTEST_EXCLUDE:+-E "$CTEST_EXCLUDE"}
 }
 
-# The numbers of the tests in ctest build $1 that the selection ${@:2} (-L, -R, -E) names, with
-# commas between them (for ctest -I 0,0,1,<numbers>).
-ctest_numbers() {
-  ctest --test-dir "$1" -N "${@:2}" | sed -n 's/^ *Test *#\([0-9]*\):.*/\1/p' | paste -sd,
-}
-
 # Each pass with a build has build_<pass> and test_<pass>; format has only test_format.
 test_format() {
   "$root/scripts/format-check.sh"
@@ -132,26 +126,19 @@ test_tsan() {
   # matched (the multi-process tests) or whose exit status is the victim's (the killed-rank tests).
   export TSAN_OPTIONS="log_path=$reports/tsan second_deadlock_stack=1 \
 suppressions=$root/scripts/tsan-suppressions.txt"
-  # Two selections, run by one ctest (-I: their test numbers), so that -j2 keeps both CPUs busy
-  # to the end instead of idling one through each selection's last test.
+  local failed=0
   # Cut as repeats of the same threading over more data: the engine's every-op-and-size sweep
   # beyond float32, and gloo_backend_test's 1 Mi-element allreduces and multi-MB reduce-scatter
   # blocks (about 85 of its 120 s under TSan; ReduceScatterUnevenBlocks still cuts blocks into
   # the ring's halves, and gloo_span_allreduce_test and mp_conformance_large_np2 keep large sizes).
-  local threaded multi_process
-  threaded=$(ctest_numbers "$build" -L '^threaded$' \
-    -E 'EveryOpAndSize/.*_(float16|bfloat16|float64|int8|uint8|int32|int64)_|GlooAllreduceTest\.LargeCount/|^GlooBackendTest\.ReduceScatterLargeBlocksInHalves$')
+  ctest --test-dir "$build" --output-on-failure -j2 --timeout 300 -L '^threaded$' \
+    -E 'EveryOpAndSize/.*_(float16|bfloat16|float64|int8|uint8|int32|int64)_|GlooAllreduceTest\.LargeCount/|^GlooBackendTest\.ReduceScatterLargeBlocksInHalves$' \
+    || failed=1
   # The 1 Mi-element shared-memory and hierarchical conformance runs (140 s of the pass) repeat
   # mp_conformance_large_np2's threading over more data; the gcc and asan passes run them.
-  multi_process=$(ctest_numbers "$build" -R '^(c_api_test|mp_)' \
-    -E '^mp_conformance_large_np[134]$|^mp_mpi_conformance_large_|^mp_conformance_(large_|split_)?noshm_np[34]$|^mp_hier_conformance_large_np4$|^mp_shm_conformance_chunked_large_np3$')
-  if [ -z "$threaded" ] || [ -z "$multi_process" ]; then
-    echo "test.sh: the tsan pass selected no threaded or no multi-process test" >&2
-    return 1
-  fi
-  local failed=0
-  ctest --test-dir "$build" --output-on-failure -j2 --timeout 300 \
-    -I "0,0,1,$threaded,$multi_process" || failed=1
+  ctest --test-dir "$build" --output-on-failure -j2 --timeout 300 -R '^(c_api_test|mp_)' \
+    -E '^mp_conformance_large_np[134]$|^mp_mpi_conformance_large_|^mp_conformance_(large_|split_)?noshm_np[34]$|^mp_hier_conformance_large_np4$|^mp_shm_conformance_chunked_large_np3$' \
+    || failed=1
   if compgen -G "$reports/tsan.*" >/dev/null; then
     echo "== ThreadSanitizer reports =="
     cat "$reports"/tsan.*
