@@ -38,7 +38,7 @@
 # one after another in the background, at idle scheduling priority (SCHED_IDLE: they get only the
 # CPU time that the tests leave, which is much of it while multi-process tests wait on each other,
 # on timeouts and on launchers), so they never slow a test down. Each pass waits for its own build,
-# prints its output, and prints the build's wall time and its own, with its CPU use.
+# prints its output, and prints the build's wall time and its own, with how busy the machine was.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 # Each pass's build directory, written by its build_<pass> and read by its test_<pass>.
@@ -221,26 +221,22 @@ wait_for_build() {
   return "$status"
 }
 
-# CPU use, for each pass's last line: the machine's busy time (every process's, the background
-# builds' included) and this script's waited-for children's (the pass's own tests and foreground
-# build), in clock ticks. Sets busy_ticks and own_ticks.
-cpu_ticks() {
-  local cpu user nice system idle iowait irq softirq steal rest self
+# The machine's busy CPU time in clock ticks (every process's, the background builds' included),
+# for each pass's last line. (A pass's own processes are not counted apart: bash reaps the
+# background builds' chain, and adds its CPU time to its children's, whenever it notices its end.)
+busy_ticks() {
+  local cpu user nice system idle iowait irq softirq steal rest
   read -r cpu user nice system idle iowait irq softirq steal rest </proc/stat
-  read -ra self </proc/$$/stat # fields 16 and 17: cutime and cstime
-  busy_ticks=$((user + nice + system + irq + softirq + steal))
-  own_ticks=$((self[15] + self[16]))
+  echo $((user + nice + system + irq + softirq + steal))
 }
 
-# "the machine N% busy, the pass's own processes M CPU-s" since cpu_ticks set $1 and $2, over $3 s.
-cpu_since() {
-  local busy0=$1 own0=$2 seconds=$3 hz cpus
+# "the machine N% busy on C CPUs" since busy_ticks printed $1, $2 seconds ago.
+busy_since() {
+  local busy0=$1 seconds=$2 hz cpus
   hz=$(getconf CLK_TCK)
   cpus=$(nproc)
-  cpu_ticks
   [ "$seconds" -gt 0 ] || seconds=1
-  echo "the machine $(((busy_ticks - busy0) * 100 / (hz * seconds * cpus)))% busy on $cpus CPUs," \
-    "this pass's own processes $(((own_ticks - own0) / hz)) CPU-s"
+  echo "the machine $((($(busy_ticks) - busy0) * 100 / (hz * seconds * cpus)))% busy on $cpus CPUs"
 }
 
 if [ $# -gt 0 ]; then
@@ -274,9 +270,7 @@ trap 'exit 143' TERM
 for pass in "${passes[@]}"; do
   echo "== pass $pass =="
   start=$SECONDS
-  cpu_ticks
-  pass_busy=$busy_ticks
-  pass_own=$own_ticks
+  pass_busy=$(busy_ticks)
   if [ "$pass" != format ]; then
     if [ -z "$background_pid" ]; then
       build_start=$SECONDS
@@ -292,7 +286,7 @@ for pass in "${passes[@]}"; do
     fi
   fi
   "test_$pass"
-  echo "== pass $pass: $((SECONDS - start)) s; $(cpu_since "$pass_busy" "$pass_own" $((SECONDS - start))) =="
+  echo "== pass $pass: $((SECONDS - start)) s; $(busy_since "$pass_busy" $((SECONDS - start))) =="
 done
 # Every build was waited for: the chain has ended, or ends now.
 [ -z "$background_pid" ] || wait "$background_pid"
