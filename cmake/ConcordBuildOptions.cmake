@@ -81,7 +81,7 @@ endif()
 
 # CONCORD_TEST_CODE_FLAGS: the gtest binaries' own code (target property CONCORD_TEST_CODE) gets
 # these flags after the build type's, so that they win (scripts/test.sh passes -Og: test code
-# compiles twice as fast as at -O2, while the library it tests keeps the build type's -O2).
+# compiles 1.7-2x as fast as at -O2, while the library it tests keeps the build type's -O2).
 if(CONCORD_TEST_CODE_FLAGS)
   separate_arguments(concord_test_code_flags UNIX_COMMAND "${CONCORD_TEST_CODE_FLAGS}")
   target_compile_options(concord_build_options INTERFACE

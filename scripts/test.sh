@@ -48,9 +48,9 @@ tsan_dir="$root/build-tsan"
 fuzz_dir="$root/build-fuzz"
 
 # CI's builds keep line tables only (-g1: a sanitizer's or a debugger's stack still has files and
-# lines), which cuts their compile time; $1 is the optimisation level. The gtest binaries' own code
-# is compiled at -Og (CONCORD_TEST_CODE_FLAGS): half of -O2's compile time, and most of each build
-# is test code; the library they test keeps $1. Sets ci_cmake_flags.
+# lines), which cuts their compile time; $1 is the optimisation level. The gtest binaries' own
+# code is compiled at -Og (CONCORD_TEST_CODE_FLAGS): about half of -O2's compile time, and most of
+# a build is test code; the library they test keeps $1. Sets ci_cmake_flags.
 ci_flags() {
   ci_cmake_flags=("-DCMAKE_C_FLAGS_RELWITHDEBINFO=$1 -g1 -DNDEBUG"
     "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=$1 -g1 -DNDEBUG" "-DCONCORD_TEST_CODE_FLAGS=-Og")
