@@ -14,7 +14,10 @@
 // than the timeout (a long collective, an application that does not call into Concord) is never
 // silent, while a rank that sends nothing at all (a frozen process, a cut link) is reported by
 // its peers within about the timeout. A failure found while the caller is away is returned by the
-// next Receive() (after the messages that arrived before it) and by Send() to that peer.
+// next Receive() (after the messages that arrived before it) and by Send() to that peer, once no
+// message from that peer waits to be received: until then Send() returns OK (its bytes go best
+// effort, or not at all), so the caller reads a peer's last words (rank 0's abort, which names the
+// rank that failed) before the failure that the peer's exit then caused.
 #pragma once
 
 #include <chrono>

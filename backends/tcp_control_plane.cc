@@ -147,6 +147,11 @@ TcpControlPlane::Peer* TcpControlPlane::PeerFor(int rank) {
   return nullptr;
 }
 
+bool TcpControlPlane::MessageWaitingFrom(int rank) const {
+  return std::any_of(inbox_.begin(), inbox_.end(),
+                     [rank](const ControlMessage& m) { return m.from == rank; });
+}
+
 void TcpControlPlane::MarkFailed(Peer* p, Status status) {
   if (!p->failed.ok()) return;
   p->failed = std::move(status);
@@ -184,6 +189,10 @@ void TcpControlPlane::Flush(Peer* p) {
     } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
       return;
     } else if (n < 0 && (errno == EPIPE || errno == ECONNRESET)) {
+      // What the peer sent before it closed may still wait in the socket (its close reset the
+      // connection, which a send finds first): it is read first, so its last message (rank 0's
+      // abort) reaches the caller before the failure.
+      ReadFrom(p);
       MarkFailed(p, Closed(p->rank));
     } else {
       MarkFailed(p, Status(Code::kPeerFailure, RankName(p->rank) + ": sending failed: " +
@@ -377,10 +386,11 @@ Status TcpControlPlane::Send(int to, std::string bytes) {
   MutexLock lock(mu_);
   Peer* p = PeerFor(to);
   if (p == nullptr) return Internal("control plane: no connection to rank " + std::to_string(to));
-  if (!p->failed.ok()) return p->failed;
+  // A failure is returned once the messages the peer sent before it are received (the contract).
+  if (!p->failed.ok()) return MessageWaitingFrom(to) ? Status::Ok() : p->failed;
   Enqueue(p, kControlFrameData, bytes);
   Flush(p);
-  return p->failed;
+  return p->failed.ok() || MessageWaitingFrom(to) ? Status::Ok() : p->failed;
 }
 
 StatusOr<bool> TcpControlPlane::ReceiveBusy(ControlMessage* out, Deadline deadline,

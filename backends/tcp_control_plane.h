@@ -57,8 +57,12 @@ constexpr size_t kControlNonceSize = 32;
 // takes only mu_, which nobody holds across a blocking call.
 //
 // The first failure of a peer is sticky: every later Receive(), and Send() to that peer, returns
-// it. The destructor stops and joins the liveness thread, then tries for up to a second to flush
-// queued bytes, then closes every socket (peers see kPeerFailure).
+// it, Send() only once every message that peer sent before it has been received: until then Send()
+// drops its bytes and returns OK, so that the caller reads the peer's last message (rank 0's abort
+// names the rank that failed) before the failure that its closing caused. Send() finding a
+// connection closed first reads what is still readable on it, for the same reason. The destructor
+// stops and joins the liveness thread, then tries for up to a second to flush queued bytes, then
+// closes every socket (peers see kPeerFailure).
 //
 // Locks: mu_ guards the peers, the inbox and the failure. It is a leaf: held only around
 // non-blocking socket calls and bookkeeping, never while calling out or waiting.
@@ -92,6 +96,8 @@ class TcpControlPlane : public ControlPlane {
 
  private:
   Peer* PeerFor(int rank) REQUIRES(mu_);
+  // Whether a message from `rank` waits in the inbox, not received yet.
+  bool MessageWaitingFrom(int rank) const REQUIRES(mu_);
   // Writes queued bytes until the socket would block; marks the peer failed on errors.
   void Flush(Peer* p) REQUIRES(mu_);
   // Reads what is available and parses whole frames into inbox_; marks the peer failed on EOF,

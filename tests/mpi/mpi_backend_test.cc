@@ -711,8 +711,10 @@ int InterruptCase() {
 // threads probe every second, all starting together: rank 1 abandons its plane 0.2 s in; rank 0
 // must fail it and call its failure listener at its next probe (1 s in; a probe that leaves the
 // notice to the round after would take 2 s), then abandon its own; rank 2 must then fail rank 0
-// the same way (1 or 2 s in; late, 3 s). Ranks 0 and 2 print "CLOSING_OK"; MPI is left
-// unfinalized (abandoned), so mpirun ends the job non-zero.
+// the same way (1 or 2 s in; late, 3 s). Rank 0's last words before its notice, an abort for
+// rank 2, come first: rank 2's Send() returns OK while the abort waits to be received, and rank 0's
+// failure once it has been. Ranks 0 and 2 print "CLOSING_OK"; MPI is left unfinalized (abandoned),
+// so mpirun ends the job non-zero.
 int ClosingCase() {
   auto env = MpiEnvironment::Acquire();
   if (!env.ok()) return 3;
@@ -736,18 +738,29 @@ int ClosingCase() {
   }
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ControlMessage m;
+  // Rank 2: rank 0's abort first, a send meanwhile succeeding; then the failure, to sends too.
+  bool last_words_first = true;
+  if (rank == 2) {
+    const Status before = plane->Send(0, "requests");
+    const StatusOr<bool> abort =
+        plane->Receive(&m, Deadline::After(std::chrono::milliseconds(100)));
+    last_words_first = before.ok() && abort.ok() && *abort && m.bytes == "abort" &&
+                       plane->Send(0, "requests").code() == Code::kPeerFailure;
+  }
   const StatusOr<bool> got = plane->Receive(&m, Deadline::After(std::chrono::milliseconds(100)));
   const int culprit = rank == 0 ? 1 : 0;
   const std::string named = "rank " + std::to_string(culprit) + " failed and closed";
   const bool ok = listened->load() == 1 && took < (rank == 0 ? 1.8 : 2.8) && !got.ok() &&
                   got.status().code() == Code::kPeerFailure &&
-                  got.status().message().find(named) != std::string::npos;
-  std::printf("%s rank %d: listener called %d time(s) after %.3f s; %s\n",
+                  got.status().message().find(named) != std::string::npos && last_words_first;
+  std::printf("%s rank %d: listener called %d time(s) after %.3f s; %s%s\n",
               ok ? "CLOSING_OK" : "CLOSING_FAIL", rank, listened->load(), took,
-              got.ok() ? "no failure" : got.status().ToString().c_str());
+              got.ok() ? "no failure" : got.status().ToString().c_str(),
+              last_words_first ? "" : "; rank 0's abort did not come first");
   std::fflush(stdout);
   if (rank == 0) {
-    plane->Abandon();  // rank 0 fails in turn, as the engine's failure path does
+    (void)plane->Send(2, "abort");  // its last words, before its closing notice
+    plane->Abandon();               // rank 0 fails in turn, as the engine's failure path does
     plane.reset();
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(500));

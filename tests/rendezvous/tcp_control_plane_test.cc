@@ -275,6 +275,39 @@ TEST(TcpControlPlaneTest, DestroyedPeerIsReportedQuickly) {
   EXPECT_NE(s.message().find("rank 0"), std::string::npos) << s.message();
 }
 
+// A peer's last message is received before the failure that its close causes, even by a rank
+// that sends first: rank 0 sends an abort and closes (resetting the connection, since rank 1's
+// message lies unread), and rank 1's Send() returns OK while the abort waits to be received, and
+// the failure once it has been (a rank that blamed the closed connection would name rank 0, not
+// the rank that the abort names).
+TEST(TcpControlPlaneTest, APeersLastMessageComesBeforeTheFailureItsCloseCauses) {
+  HashStore store;
+  std::vector<std::unique_ptr<TcpControlPlane>> planes(2);
+  harness::RunRanks(2, [&](int r) {
+    auto p = StartTcpControlPlane(Options(r, 2), &store);
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    planes[r] = std::move(*p);
+  });
+  for (auto& p : planes) ASSERT_NE(p, nullptr);
+  ASSERT_TRUE(planes[1]->Send(0, "requests").ok());
+  ASSERT_TRUE(planes[0]->Send(1, "abort").ok());
+  planes[0].reset();
+  // Rank 1's liveness thread reads the abort and finds the connection ended.
+  const Deadline deadline = Deadline::After(milliseconds(3000));
+  while (planes[1]->PeerFailure().ok() && !deadline.passed()) {
+    std::this_thread::sleep_for(milliseconds(1));
+  }
+  ASSERT_EQ(planes[1]->PeerFailure().code(), Code::kPeerFailure);
+  EXPECT_TRUE(planes[1]->Send(0, "more requests").ok());
+  EXPECT_EQ(MustReceive(planes[1].get()).bytes, "abort");
+  Status s = planes[1]->Send(0, "more requests");
+  EXPECT_EQ(s.code(), Code::kPeerFailure) << s.ToString();
+  EXPECT_NE(s.message().find("rank 0"), std::string::npos) << s.message();
+  ControlMessage m;
+  EXPECT_EQ(planes[1]->Receive(&m, Deadline::After(milliseconds(0))).status().code(),
+            Code::kPeerFailure);
+}
+
 TEST(TcpControlPlaneTest, HeartbeatsKeepQuietLinksAlive) {
   HashStore store;
   Planes planes = CreateAll(
