@@ -20,7 +20,9 @@
 // rank that failed) before the failure that the peer's exit then caused.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -34,6 +36,13 @@ struct ControlMessage {
   int from = -1;      // sender's rank
   std::string bytes;  // payload (core/message.h defines the format)
 };
+
+// Whether `inbox` holds a message from `rank`: a plane's Send() returns that peer's failure only
+// once none waits (the contract above).
+inline bool MessageWaitingFrom(const std::deque<ControlMessage>& inbox, int rank) {
+  return std::any_of(inbox.begin(), inbox.end(),
+                     [rank](const ControlMessage& m) { return m.from == rank; });
+}
 
 class ControlPlane {
  public:

@@ -147,11 +147,6 @@ TcpControlPlane::Peer* TcpControlPlane::PeerFor(int rank) {
   return nullptr;
 }
 
-bool TcpControlPlane::MessageWaitingFrom(int rank) const {
-  return std::any_of(inbox_.begin(), inbox_.end(),
-                     [rank](const ControlMessage& m) { return m.from == rank; });
-}
-
 void TcpControlPlane::MarkFailed(Peer* p, Status status) {
   if (!p->failed.ok()) return;
   p->failed = std::move(status);
@@ -387,10 +382,10 @@ Status TcpControlPlane::Send(int to, std::string bytes) {
   Peer* p = PeerFor(to);
   if (p == nullptr) return Internal("control plane: no connection to rank " + std::to_string(to));
   // A failure is returned once the messages the peer sent before it are received (the contract).
-  if (!p->failed.ok()) return MessageWaitingFrom(to) ? Status::Ok() : p->failed;
+  if (!p->failed.ok()) return MessageWaitingFrom(inbox_, to) ? Status::Ok() : p->failed;
   Enqueue(p, kControlFrameData, bytes);
   Flush(p);
-  return p->failed.ok() || MessageWaitingFrom(to) ? Status::Ok() : p->failed;
+  return p->failed.ok() || MessageWaitingFrom(inbox_, to) ? Status::Ok() : p->failed;
 }
 
 StatusOr<bool> TcpControlPlane::ReceiveBusy(ControlMessage* out, Deadline deadline,

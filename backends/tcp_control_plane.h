@@ -96,8 +96,6 @@ class TcpControlPlane : public ControlPlane {
 
  private:
   Peer* PeerFor(int rank) REQUIRES(mu_);
-  // Whether a message from `rank` waits in the inbox, not received yet.
-  bool MessageWaitingFrom(int rank) const REQUIRES(mu_);
   // Writes queued bytes until the socket would block; marks the peer failed on errors.
   void Flush(Peer* p) REQUIRES(mu_);
   // Reads what is available and parses whole frames into inbox_; marks the peer failed on EOF,

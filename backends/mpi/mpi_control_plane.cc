@@ -144,10 +144,10 @@ class MpiControlPlane : public ControlPlane {
     // to a process that is gone, can stall the calling thread for good (its error report waits on
     // the event loop that the same MPI call runs).
     // A failure waits for the messages that peer sent before it (the contract): they explain it.
-    if (closed_[to]) return MessageWaitingFrom(to) ? Status::Ok() : failure_;
+    if (closed_[to]) return MessageWaitingFrom(inbox_, to) ? Status::Ok() : failure_;
     CONCORD_RETURN_IF_ERROR(Post(to, kTagData, std::move(bytes)));
     Reap();
-    return failed_[to] && !MessageWaitingFrom(to) ? failure_ : Status::Ok();
+    return failed_[to] && !MessageWaitingFrom(inbox_, to) ? failure_ : Status::Ok();
   }
 
   // Open MPI progresses pending MPI_Isends during any MPI call, including the backend's
@@ -406,12 +406,6 @@ class MpiControlPlane : public ControlPlane {
       // Just past the moment due, so that the round finds it due.
       stop_cv_.WaitUntil(mu_, next + std::chrono::microseconds(100));
     }
-  }
-
-  // Whether a message from `rank` waits in the inbox, not received yet.
-  bool MessageWaitingFrom(int rank) const REQUIRES(mu_) {
-    return std::any_of(inbox_.begin(), inbox_.end(),
-                       [rank](const ControlMessage& m) { return m.from == rank; });
   }
 
   Status FailPeer(int peer, Status status) REQUIRES(mu_) {
