@@ -66,6 +66,14 @@ class Backend {
   // a peer failed while a collective may be blocked. Empty (the default), and for what it cannot
   // interrupt: the backend's own failure detection and timeout apply.
   virtual std::function<void()> Interrupter() { return nullptr; }
+
+  // The job failed, and no collective runs on this backend now or later (the engine's failure path
+  // calls it before it tears the backend down and the process may exit): tells the peers that
+  // wait, or will wait, for this rank in a collective that it gave up, where the backend can, so
+  // that they fail at once and do not take this process's exit for the failure's cause (the shared
+  // memory backend names a rank it finds gone). Never waits. The default does nothing: a closed
+  // connection tells a TCP peer as much.
+  virtual void Abandon() {}
   virtual int rank() const = 0;
   virtual int size() const = 0;
 

@@ -419,6 +419,13 @@ void Engine::Fail(const Status& failure) {
     if (failure_.ok()) failure_ = status;
     control_wake_ = nullptr;
   }
+  // Before anything that waits: peers in a collective that waits for this rank fail now, and do
+  // not take this process's exit, soon, for the cause (the shared memory names ranks it finds
+  // gone; the cause is the control plane's to name). The lanes are idle: the stepping thread,
+  // this one, waits for their workers.
+  for (auto& lane : lanes_) {
+    if (lane.backend) lane.backend->Abandon();
+  }
   // The control plane's last words and its teardown (closing its connections, so the other ranks
   // see this rank go and fail too) run on a thread of their own (core/plane_teardown.h), waited
   // for at most kTeardownWait: over MPI they can stall for good, and this thread is often the

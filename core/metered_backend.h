@@ -5,7 +5,7 @@
 //
 // Contract: owns the backend it wraps; shares the metrics and the timeline. Thread-compatible like
 // any backend (the lane's one thread calls it); Interrupter() is the wrapped backend's, for any
-// thread.
+// thread; Abandon() is forwarded.
 #pragma once
 
 #include <memory>
@@ -27,6 +27,7 @@ class MeteredBackend : public Backend {
 
   const char* name() const override { return backend_->name(); }
   std::function<void()> Interrupter() override { return backend_->Interrupter(); }
+  void Abandon() override { backend_->Abandon(); }
   int rank() const override { return backend_->rank(); }
   int size() const override { return backend_->size(); }
   bool ReducesInRankOrder() const override { return backend_->ReducesInRankOrder(); }

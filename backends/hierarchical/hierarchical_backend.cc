@@ -83,6 +83,10 @@ class HierarchicalBackend : public Backend {
     };
   }
 
+  void Abandon() override {
+    for (Backend* b : {local_.get(), cross_.get(), flat_.get()}) b->Abandon();
+  }
+
   Status Allreduce(void* data, size_t count, DType dtype, ReduceOp op) override {
     CONCORD_RETURN_IF_ERROR(failed_);
     // An invalid dtype has no size: it would pass for 0 bytes and reach a backend as that.

@@ -191,6 +191,11 @@ class ShmBackend : public Backend {
     return [flag] { flag->store(true); };
   }
 
+  void Abandon() override {
+    barrier_.Abandon();
+    failed_ = Status(Code::kBackendError, "shm backend: this rank abandoned its group");
+  }
+
   Status Allreduce(void* data, size_t count, DType dtype, ReduceOp op) override {
     return AllreduceSpans({AllreduceSpan{data, count}}, dtype, op);
   }

@@ -88,23 +88,44 @@ Status ShmBarrier::Abort(int dead_rank, Status why) {
   return why;
 }
 
-Status ShmBarrier::FindExited(uint64_t round) {
+void ShmBarrier::Abandon() {
+  segment_->rank_block(rank_)->abandoned.store(1, std::memory_order_seq_cst);
+  header_->wake.fetch_add(1, std::memory_order_seq_cst);
+  FutexWakeAll(&header_->wake);
+}
+
+Status ShmBarrier::FindDeparted(uint64_t round) {
+  int abandoner = -1;
   for (int r = 0; r < size_; ++r) {
     const RankBlock* block = segment_->rank_block(r);
     if (block->arrived.load(std::memory_order_acquire) >= round) continue;
+    // A rank that abandoned the group never arrives again. Its process may be gone too, but it
+    // only followed a failure found elsewhere: named only when no rank died here.
+    if (block->abandoned.load(std::memory_order_acquire) != 0) {
+      if (abandoner < 0) abandoner = r;
+      continue;
+    }
     // A rank may arrive, find everyone there, return and exit between the load above and the
     // look at /proc: it is gone but it did its part. Only a rank that is gone and, read again
-    // after that, still has not arrived failed this round (its last store precedes its exit).
+    // after that, still has not arrived failed this round (its last store precedes its exit), and
+    // only if it did not abandon the group meanwhile (that mark, too, precedes its exit).
     // A rank in another pid namespace is not looked for by its pid (its pid means another
     // process here): its exit reaches this rank through the interrupt or the deadline.
     if (observable_[r] && ProcessStartTicks(block->pid) != block->start_ticks &&
         block->arrived.load(std::memory_order_acquire) < round) {
+      if (block->abandoned.load(std::memory_order_acquire) != 0) {
+        if (abandoner < 0) abandoner = r;
+        continue;
+      }
       return Abort(r,
                    Status(Code::kPeerFailure, RankName(r) + " (pid " + std::to_string(block->pid) +
                                                   ") exited during a shared-memory collective"));
     }
   }
-  return Status::Ok();
+  if (abandoner < 0) return Status::Ok();
+  // The group is aborted naming nobody: the engine asks its control plane who failed.
+  return Abort(-1, Status(Code::kBackendError,
+                          RankName(abandoner) + " abandoned the shared-memory collective"));
 }
 
 Status ShmBarrier::Check(uint64_t round, const Deadline& deadline) {
@@ -119,7 +140,7 @@ Status ShmBarrier::Check(uint64_t round, const Deadline& deadline) {
     // It gave up (interrupted, or timed out) without knowing who failed: a rank this one finds
     // gone is named; otherwise the engine asks its control plane (a backend error is explained
     // there).
-    CONCORD_RETURN_IF_ERROR(FindExited(round));
+    CONCORD_RETURN_IF_ERROR(FindDeparted(round));
     return Status(Code::kBackendError,
                   RankName(aborted_by) + " abandoned the shared-memory collective");
   }
@@ -127,7 +148,7 @@ Status ShmBarrier::Check(uint64_t round, const Deadline& deadline) {
     return Abort(
         -1, Status(Code::kBackendError, "shared-memory collective interrupted: a peer failed"));
   }
-  CONCORD_RETURN_IF_ERROR(FindExited(round));
+  CONCORD_RETURN_IF_ERROR(FindDeparted(round));
   if (deadline.passed()) {
     std::string missing;
     for (int r = 0; r < size_; ++r) {

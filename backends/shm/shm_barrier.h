@@ -9,11 +9,18 @@
 // control plane found a peer failed), the header's abort flag (another rank found the group
 // broken), the liveness of the ranks it waits for (pid and start time: a rank killed with SIGKILL
 // is seen within a slice; not for a rank in another pid namespace, which CONCORD_HOST_ID may put
-// on this host: its exit comes through the interrupt or the deadline), and its deadline. The first
+// on this host: its exit comes through the interrupt or the deadline) and whether they abandoned
+// the group (below), and its deadline. The first
 // rank to find the group broken sets the abort flag, naming the dead rank, so that every other rank
 // fails at once. The dead rank is published before the abort's author, so a rank that sees the
 // abort sees the rank it names; an abort that names none (an interrupt, a timeout) still leaves
-// each waiter to name a rank it finds gone itself.
+// each waiter to name a rank it finds gone itself. A rank whose job failed elsewhere (its engine's
+// failure path) marks itself abandoned in its block, outside any collective, before it exits: a
+// waiter for a round that such a rank has not reached fails (a backend error, which the engine
+// explains from its control plane) and never names it for its exit, a consequence of the
+// failure, not its cause (a rank that exits after rank 0 aborted the job would otherwise be
+// blamed for the crash of the rank that rank 0 names); a rank that died without the mark is named
+// first. A round that every rank reached before the mark completes as usual.
 #pragma once
 
 #include <atomic>
@@ -66,6 +73,11 @@ class ShmBarrier {
   // not -1, else this rank) and returns `why`: for an error found outside Sync().
   Status Abort(int dead_rank, Status why);
 
+  // This rank's job failed and it leaves the group for good (no collective of its own runs now
+  // or later): marks it abandoned and wakes the waiters, so that those waiting for a round it has
+  // not reached fail at once, and none names it when its process exits afterwards. Atomics only.
+  void Abandon();
+
  private:
   bool AllArrived(uint64_t round) const;
   // Publishes this rank's arrival at `round` and wakes the sleepers.
@@ -74,9 +86,10 @@ class ShmBarrier {
   Status WaitAll(uint64_t round);
   // The first error among: abort flag, interrupt, a waited-for rank gone, the deadline.
   Status Check(uint64_t round, const Deadline& deadline);
-  // kPeerFailure naming the first rank that has not reached `round` and is gone (the group is
-  // aborted naming it), else OK.
-  Status FindExited(uint64_t round);
+  // For the ranks that have not reached `round`: kPeerFailure naming the first that is gone
+  // without having abandoned the group (the group is aborted naming it); else kBackendError
+  // naming the first that abandoned it (the group is aborted naming nobody); else OK.
+  Status FindDeparted(uint64_t round);
   // "rank N": rank r's name in errors.
   std::string RankName(int r) const;
 

@@ -24,7 +24,7 @@ namespace shm_internal {
 namespace {
 
 constexpr uint32_t kMagic = 0x434e4344;  // "CNCD"
-constexpr uint32_t kLayoutVersion = 2;
+constexpr uint32_t kLayoutVersion = 3;
 constexpr size_t kPage = 4096;
 // A value under a key that reports a failure instead of a name or "ok".
 constexpr char kFailed = '!';

@@ -9,8 +9,9 @@
 // (posix_fallocate), so a full /dev/shm is an error at set-up, never a SIGBUS in a collective.
 //
 // Layout: a header (sizes, the futex word and abort flags), then one control block per rank (its
-// barrier counter, pid and process start time, each on cache lines of its own), then for each rank
-// two data halves of `half_bytes` (page-aligned), which the collectives use alternately.
+// barrier counter, pid, process start time and abandon flag, each on cache lines of its own), then
+// for each rank two data halves of `half_bytes` (page-aligned), which the collectives use
+// alternately.
 #pragma once
 
 #include <atomic>
@@ -54,6 +55,9 @@ struct alignas(kCacheLine) RankBlock {
   int32_t pid = 0;
   uint64_t start_ticks = 0;    // the process's start time (/proc/<pid>/stat), against pid reuse
   uint64_t pid_namespace = 0;  // the pid's namespace: another one's pids mean nothing here
+  // Set (1) by the rank's ShmBarrier::Abandon() when its job failed: its exit, which follows,
+  // is a consequence of a failure, never the cause another rank should name.
+  std::atomic<uint32_t> abandoned{0};
 };
 
 // A process as the other ranks look for it: its pid, start time and pid namespace.

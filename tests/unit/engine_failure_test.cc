@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -24,12 +25,18 @@ using engine_testing::Request;
 using std::chrono::milliseconds;
 
 // Passes every call to the wrapped backend, but fails its first call of the collective named
-// `fail` ("Allreduce", "AllreduceSpans", ...) with kBackendError, as a transport error would.
-// Used by one lane's thread, like any backend.
+// `fail` ("Allreduce", "AllreduceSpans", ...; "" for none) with kBackendError, as a transport
+// error would, and calls `on_abandon` (when set) from Abandon(). Used by one lane's thread, like
+// any backend.
 class FailingBackend : public Backend {
  public:
-  FailingBackend(std::unique_ptr<Backend> inner, std::string fail)
-      : inner_(std::move(inner)), fail_(std::move(fail)) {}
+  FailingBackend(std::unique_ptr<Backend> inner, std::string fail,
+                 std::function<void()> on_abandon = nullptr)
+      : inner_(std::move(inner)), fail_(std::move(fail)), on_abandon_(std::move(on_abandon)) {}
+  void Abandon() override {
+    if (on_abandon_) on_abandon_();
+    inner_->Abandon();
+  }
   const char* name() const override { return inner_->name(); }
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
@@ -75,6 +82,7 @@ class FailingBackend : public Backend {
 
   std::unique_ptr<Backend> inner_;
   const std::string fail_;
+  const std::function<void()> on_abandon_;
   bool failed_ = false;
 };
 
@@ -260,15 +268,31 @@ class StallingControlPlane : public ControlPlane {
 // abort to rank 1: rank 0's request still completes with the failure once Fail() has waited
 // Engine::kTeardownWait for the teardown, and Shutdown() returns after waiting as long again.
 // Released afterwards, the teardown ends on its own.
+// Also: rank 0's lanes are abandoned (Backend::Abandon: the shared memory's peers then do not
+// take its exit for the failure's cause) once each, before its control plane's last words, which
+// may stall.
 TEST(EngineFailureTeardownTest, AStalledTeardownDelaysNoRequestAndBoundsShutdown) {
   auto world = std::make_shared<InProcWorld>(2, milliseconds(3000));
   auto gate = std::make_shared<StallingControlPlane::Gate>();
+  std::atomic<int> abandoned{0}, abandoned_after_the_last_words{0};
   std::vector<std::unique_ptr<Engine>> engines;
   for (int r = 0; r < 2; ++r) {
     Config c = RankConfig(r, 2, 2);
+    c.lanes = 2;
     ASSERT_TRUE(c.Finalize().ok());
     std::vector<std::unique_ptr<Backend>> lanes;
-    for (int l = 0; l < c.lanes; ++l) lanes.push_back(world->MakeBackend(r, l));
+    for (int l = 0; l < c.lanes; ++l) {
+      std::unique_ptr<Backend> b = world->MakeBackend(r, l);
+      if (r == 0) {
+        b = std::make_unique<FailingBackend>(std::move(b), "",
+                                             [&abandoned, &gate, &abandoned_after_the_last_words] {
+                                               ++abandoned;
+                                               std::lock_guard<std::mutex> lock(gate->mu);
+                                               if (gate->stalled) ++abandoned_after_the_last_words;
+                                             });
+      }
+      lanes.push_back(std::move(b));
+    }
     std::unique_ptr<ControlPlane> plane = world->MakeControlPlane(r);
     if (r == 0) plane = std::make_unique<StallingControlPlane>(std::move(plane), gate);
     engines.push_back(std::make_unique<Engine>(c, std::move(plane), std::move(lanes), world));
@@ -289,6 +313,9 @@ TEST(EngineFailureTeardownTest, AStalledTeardownDelaysNoRequestAndBoundsShutdown
     ASSERT_TRUE(gate->cv.wait_for(lock, std::chrono::seconds(5), [&] { return gate->stalled; }))
         << "the teardown never sent rank 0's abort";
   }
+  EXPECT_EQ(abandoned.load(), 2) << "rank 0's two lanes were not each abandoned once";
+  EXPECT_EQ(abandoned_after_the_last_words.load(), 0)
+      << "a lane was abandoned only after the control plane's last words";
   const auto shutdown_start = Clock::now();
   (void)engines[0]->Shutdown();
   const auto shutdown_took = Clock::now() - shutdown_start;
