@@ -14,10 +14,11 @@
 // than the timeout (a long collective, an application that does not call into Concord) is never
 // silent, while a rank that sends nothing at all (a frozen process, a cut link) is reported by
 // its peers within about the timeout. A failure found while the caller is away is returned by the
-// next Receive() (after the messages that arrived before it) and by Send() to that peer, once no
-// message from that peer waits to be received: until then Send() returns OK (its bytes go best
-// effort, or not at all), so the caller reads a peer's last words (rank 0's abort, which names the
-// rank that failed) before the failure that the peer's exit then caused.
+// next Receive() (after the messages that arrived before it), by Drain() once no message waits to
+// be received, and by Send() to that peer once no message from that peer waits: until then Send()
+// returns OK (its bytes go best effort, or not at all) and Drain() what it would without the
+// failure, so the caller reads a peer's last words (rank 0's abort, or another rank's report, which
+// names the rank that failed) before the failure that the peer's exit then caused.
 #pragma once
 
 #include <algorithm>
@@ -70,8 +71,9 @@ class ControlPlane {
   // Waits until every byte Send() queued has been handed to the transport, reading (and keeping
   // for Receive()) whatever arrives meanwhile, so two ranks draining towards each other never
   // block. kTimeout, naming the ranks, when the deadline passes first; a peer's failure as an
-  // error. The coordinator drains its responses before it enters a collective: a peer still
-  // waiting for the rest of a response could never join it.
+  // error once no message waits to be received (the bytes to a failed peer are not waited for). The
+  // coordinator drains its responses before it enters a collective: a peer still waiting for the
+  // rest of a response could never join it.
   virtual Status Drain(Deadline deadline) = 0;
 
   // Thread-safe: makes the current or next Receive() return false promptly.

@@ -56,9 +56,10 @@ constexpr size_t kControlNonceSize = 32;
 // a round adds to the inbox or a failure it finds wakes a blocked Receive() or Drain(). The thread
 // takes only mu_, which nobody holds across a blocking call.
 //
-// The first failure of a peer is sticky: every later Receive(), and Send() to that peer, returns
-// it, Send() only once every message that peer sent before it has been received: until then Send()
-// drops its bytes and returns OK, so that the caller reads the peer's last message (rank 0's abort
+// The first failure of a peer is sticky: every later Receive() and Drain(), and Send() to that
+// peer, returns it, Receive() and Drain() only once the inbox is empty, Send() once every message
+// that peer sent before it has been received: until then Send() drops its bytes and returns OK,
+// so that the caller reads the peer's last message (rank 0's abort, another rank's report: each
 // names the rank that failed) before the failure that its closing caused. Send() finding a
 // connection closed first reads what is still readable on it, for the same reason. The destructor
 // stops and joins the liveness thread, then tries for up to a second to flush queued bytes, then

@@ -712,9 +712,9 @@ int InterruptCase() {
 // must fail it and call its failure listener at its next probe (1 s in; a probe that leaves the
 // notice to the round after would take 2 s), then abandon its own; rank 2 must then fail rank 0
 // the same way (1 or 2 s in; late, 3 s). Rank 0's last words before its notice, an abort for
-// rank 2, come first: rank 2's Send() returns OK while the abort waits to be received, and rank 0's
-// failure once it has been. Ranks 0 and 2 print "CLOSING_OK"; MPI is left unfinalized (abandoned),
-// so mpirun ends the job non-zero.
+// rank 2, come first: rank 2's Send() and Drain() return OK while the abort waits to be received,
+// and rank 0's failure once it has been. Ranks 0 and 2 print "CLOSING_OK"; MPI is left unfinalized
+// (abandoned), so mpirun ends the job non-zero.
 int ClosingCase() {
   auto env = MpiEnvironment::Acquire();
   if (!env.ok()) return 3;
@@ -738,14 +738,18 @@ int ClosingCase() {
   }
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ControlMessage m;
-  // Rank 2: rank 0's abort first, a send meanwhile succeeding; then the failure, to sends too.
+  // Rank 2: rank 0's abort first, a send and a drain meanwhile succeeding; then the failure, to
+  // sends and drains too.
   bool last_words_first = true;
   if (rank == 2) {
     const Status before = plane->Send(0, "requests");
+    const Status drained = plane->Drain(Deadline::After(std::chrono::milliseconds(100)));
     const StatusOr<bool> abort =
         plane->Receive(&m, Deadline::After(std::chrono::milliseconds(100)));
-    last_words_first = before.ok() && abort.ok() && *abort && m.bytes == "abort" &&
-                       plane->Send(0, "requests").code() == Code::kPeerFailure;
+    last_words_first =
+        before.ok() && drained.ok() && abort.ok() && *abort && m.bytes == "abort" &&
+        plane->Send(0, "requests").code() == Code::kPeerFailure &&
+        plane->Drain(Deadline::After(std::chrono::milliseconds(100))).code() == Code::kPeerFailure;
   }
   const StatusOr<bool> got = plane->Receive(&m, Deadline::After(std::chrono::milliseconds(100)));
   const int culprit = rank == 0 ? 1 : 0;

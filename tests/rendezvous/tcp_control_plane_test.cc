@@ -308,6 +308,39 @@ TEST(TcpControlPlaneTest, APeersLastMessageComesBeforeTheFailureItsCloseCauses) 
             Code::kPeerFailure);
 }
 
+// Drain() too: rank 1 says why it fails and closes; rank 0, which sends its response list to ranks
+// 1 and 2 and drains it before it reads (as the coordinator does), gets OK from the drain while
+// rank 1's report waits, reads the report, and only then gets the failure (a coordinator that
+// blamed the closed connection would name rank 1, not the rank that the report names).
+TEST(TcpControlPlaneTest, ADrainReturnsAFailureOnlyAfterTheMessagesBeforeIt) {
+  HashStore store;
+  std::vector<std::unique_ptr<TcpControlPlane>> planes(3);
+  harness::RunRanks(3, [&](int r) {
+    auto p = StartTcpControlPlane(Options(r, 3), &store);
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    planes[r] = std::move(*p);
+  });
+  for (auto& p : planes) ASSERT_NE(p, nullptr);
+  ASSERT_TRUE(planes[1]->Send(0, "report").ok());
+  planes[1].reset();
+  const Deadline deadline = Deadline::After(milliseconds(3000));
+  while (planes[0]->PeerFailure().ok() && !deadline.passed()) {
+    std::this_thread::sleep_for(milliseconds(1));
+  }
+  ASSERT_EQ(planes[0]->PeerFailure().code(), Code::kPeerFailure);
+  EXPECT_TRUE(planes[0]->Send(1, "responses").ok());
+  EXPECT_TRUE(planes[0]->Send(2, "responses").ok());
+  Status s = planes[0]->Drain(Deadline::After(milliseconds(3000)));
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  const ControlMessage report = MustReceive(planes[0].get());
+  EXPECT_EQ(report.from, 1);
+  EXPECT_EQ(report.bytes, "report");
+  s = planes[0]->Drain(Deadline::After(milliseconds(3000)));
+  EXPECT_EQ(s.code(), Code::kPeerFailure) << s.ToString();
+  EXPECT_NE(s.message().find("rank 1"), std::string::npos) << s.message();
+  EXPECT_EQ(MustReceive(planes[2].get()).bytes, "responses");
+}
+
 TEST(TcpControlPlaneTest, HeartbeatsKeepQuietLinksAlive) {
   HashStore store;
   Planes planes = CreateAll(
