@@ -275,6 +275,27 @@ TEST(TcpControlPlaneTest, DestroyedPeerIsReportedQuickly) {
   EXPECT_NE(s.message().find("rank 0"), std::string::npos) << s.message();
 }
 
+// `size` TCP planes started together, as TcpControlPlane (for PeerFailure()); a null one where the
+// start failed (the failure is recorded).
+std::vector<std::unique_ptr<TcpControlPlane>> StartAll(int size, HashStore* store) {
+  std::vector<std::unique_ptr<TcpControlPlane>> planes(size);
+  harness::RunRanks(size, [&](int r) {
+    auto p = StartTcpControlPlane(Options(r, size), store);
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    planes[r] = std::move(*p);
+  });
+  return planes;
+}
+
+// The plane's first peer failure, once its liveness thread has found one (OK after 3 s without).
+Status AwaitPeerFailure(TcpControlPlane* plane) {
+  const Deadline deadline = Deadline::After(milliseconds(3000));
+  while (plane->PeerFailure().ok() && !deadline.passed()) {
+    std::this_thread::sleep_for(milliseconds(1));
+  }
+  return plane->PeerFailure();
+}
+
 // A peer's last message is received before the failure that its close causes, even by a rank
 // that sends first: rank 0 sends an abort and closes (resetting the connection, since rank 1's
 // message lies unread), and rank 1's Send() returns OK while the abort waits to be received, and
@@ -282,22 +303,13 @@ TEST(TcpControlPlaneTest, DestroyedPeerIsReportedQuickly) {
 // the rank that the abort names).
 TEST(TcpControlPlaneTest, APeersLastMessageComesBeforeTheFailureItsCloseCauses) {
   HashStore store;
-  std::vector<std::unique_ptr<TcpControlPlane>> planes(2);
-  harness::RunRanks(2, [&](int r) {
-    auto p = StartTcpControlPlane(Options(r, 2), &store);
-    ASSERT_TRUE(p.ok()) << p.status().ToString();
-    planes[r] = std::move(*p);
-  });
+  std::vector<std::unique_ptr<TcpControlPlane>> planes = StartAll(2, &store);
   for (auto& p : planes) ASSERT_NE(p, nullptr);
   ASSERT_TRUE(planes[1]->Send(0, "requests").ok());
   ASSERT_TRUE(planes[0]->Send(1, "abort").ok());
   planes[0].reset();
   // Rank 1's liveness thread reads the abort and finds the connection ended.
-  const Deadline deadline = Deadline::After(milliseconds(3000));
-  while (planes[1]->PeerFailure().ok() && !deadline.passed()) {
-    std::this_thread::sleep_for(milliseconds(1));
-  }
-  ASSERT_EQ(planes[1]->PeerFailure().code(), Code::kPeerFailure);
+  ASSERT_EQ(AwaitPeerFailure(planes[1].get()).code(), Code::kPeerFailure);
   EXPECT_TRUE(planes[1]->Send(0, "more requests").ok());
   EXPECT_EQ(MustReceive(planes[1].get()).bytes, "abort");
   Status s = planes[1]->Send(0, "more requests");
@@ -314,20 +326,11 @@ TEST(TcpControlPlaneTest, APeersLastMessageComesBeforeTheFailureItsCloseCauses) 
 // blamed the closed connection would name rank 1, not the rank that the report names).
 TEST(TcpControlPlaneTest, ADrainReturnsAFailureOnlyAfterTheMessagesBeforeIt) {
   HashStore store;
-  std::vector<std::unique_ptr<TcpControlPlane>> planes(3);
-  harness::RunRanks(3, [&](int r) {
-    auto p = StartTcpControlPlane(Options(r, 3), &store);
-    ASSERT_TRUE(p.ok()) << p.status().ToString();
-    planes[r] = std::move(*p);
-  });
+  std::vector<std::unique_ptr<TcpControlPlane>> planes = StartAll(3, &store);
   for (auto& p : planes) ASSERT_NE(p, nullptr);
   ASSERT_TRUE(planes[1]->Send(0, "report").ok());
   planes[1].reset();
-  const Deadline deadline = Deadline::After(milliseconds(3000));
-  while (planes[0]->PeerFailure().ok() && !deadline.passed()) {
-    std::this_thread::sleep_for(milliseconds(1));
-  }
-  ASSERT_EQ(planes[0]->PeerFailure().code(), Code::kPeerFailure);
+  ASSERT_EQ(AwaitPeerFailure(planes[0].get()).code(), Code::kPeerFailure);
   EXPECT_TRUE(planes[0]->Send(1, "responses").ok());
   EXPECT_TRUE(planes[0]->Send(2, "responses").ok());
   Status s = planes[0]->Drain(Deadline::After(milliseconds(3000)));
