@@ -10,17 +10,19 @@
 // broken), the liveness of the ranks it waits for (pid and start time: a rank killed with SIGKILL
 // is seen within a slice; not for a rank in another pid namespace, which CONCORD_HOST_ID may put
 // on this host: its exit comes through the interrupt or the deadline) and whether they abandoned
-// the group (below), and its deadline. The first
-// rank to find the group broken sets the abort flag, naming the dead rank, so that every other rank
-// fails at once. The dead rank is published before the abort's author, so a rank that sees the
-// abort sees the rank it names; an abort that names none (an interrupt, a timeout) still leaves
-// each waiter to name a rank it finds gone itself. A rank whose job failed elsewhere (its engine's
-// failure path) marks itself abandoned in its block, outside any collective, before it exits: a
-// waiter for a round that such a rank has not reached fails (a backend error, which the engine
-// explains from its control plane) and never names it for its exit, a consequence of the
-// failure, not its cause (a rank that exits after rank 0 aborted the job would otherwise be
-// blamed for the crash of the rank that rank 0 names); a rank that died without the mark is named
-// first. A round that every rank reached before the mark completes as usual.
+// the group (below), and its deadline. The first rank to find the group broken sets the abort
+// flag, naming the dead rank, so that every other rank fails at once. The dead rank is published
+// before the abort's author, so a rank that sees the abort sees the rank it names; an abort that
+// names none (an interrupt, a timeout) still leaves each waiter to name a rank it finds gone
+// itself.
+//
+// A rank whose job failed elsewhere (its engine's failure path) marks itself abandoned in its
+// block, outside any collective, before it exits: a waiter for a round that such a rank has not
+// reached fails (a backend error, which the engine explains from its control plane) and never
+// names it for its exit, a consequence of the failure, not its cause (a rank that exits after
+// rank 0 aborted the job would otherwise be blamed for the crash of the rank that rank 0 names);
+// a rank that died without the mark is named first. A round that every rank reached before the
+// mark completes as usual.
 #pragma once
 
 #include <atomic>
