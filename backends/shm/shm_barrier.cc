@@ -99,24 +99,21 @@ Status ShmBarrier::FindDeparted(uint64_t round) {
   for (int r = 0; r < size_; ++r) {
     const RankBlock* block = segment_->rank_block(r);
     if (block->arrived.load(std::memory_order_acquire) >= round) continue;
-    // A rank that abandoned the group never arrives again. Its process may be gone too, but it
-    // only followed a failure found elsewhere: named only when no rank died here.
+    // A rank may arrive, find everyone there, return and exit between the load above and the
+    // look at /proc: it is gone but it did its part. Only a rank that is gone and, read again
+    // after that, still has not arrived failed this round (its last store precedes its exit).
+    // A rank in another pid namespace is not looked for by its pid (its pid means another
+    // process here): its exit reaches this rank through the interrupt or the deadline.
+    const bool gone = observable_[r] && ProcessStartTicks(block->pid) != block->start_ticks;
+    if (gone && block->arrived.load(std::memory_order_acquire) >= round) continue;
+    // A rank that abandoned the group never arrives again; gone or not, it only followed a
+    // failure found elsewhere (its mark, read after its exit was seen, precedes that exit): named
+    // only when no rank died here.
     if (block->abandoned.load(std::memory_order_acquire) != 0) {
       if (abandoner < 0) abandoner = r;
       continue;
     }
-    // A rank may arrive, find everyone there, return and exit between the load above and the
-    // look at /proc: it is gone but it did its part. Only a rank that is gone and, read again
-    // after that, still has not arrived failed this round (its last store precedes its exit), and
-    // only if it did not abandon the group meanwhile (that mark, too, precedes its exit).
-    // A rank in another pid namespace is not looked for by its pid (its pid means another
-    // process here): its exit reaches this rank through the interrupt or the deadline.
-    if (observable_[r] && ProcessStartTicks(block->pid) != block->start_ticks &&
-        block->arrived.load(std::memory_order_acquire) < round) {
-      if (block->abandoned.load(std::memory_order_acquire) != 0) {
-        if (abandoner < 0) abandoner = r;
-        continue;
-      }
+    if (gone) {
       return Abort(r,
                    Status(Code::kPeerFailure, RankName(r) + " (pid " + std::to_string(block->pid) +
                                                   ") exited during a shared-memory collective"));
