@@ -462,7 +462,7 @@ void Engine::Fail(const Status& failure) {
   // Device work in flight fails now (its communicator is aborted), not at its deadline.
   if (device_.backend) device_.backend->Abort(status);
   for (auto& e : queue_.Close(status)) e.state->Complete(status);
-  p2p_->Close(status);
+  p2p_->Fail(status);
 }
 
 bool Engine::OnEngineThread() const {

@@ -1,10 +1,13 @@
 #include "core/p2p.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <iterator>
 #include <memory>
 #include <new>
 #include <string>
+#include <system_error>
 #include <utility>
 
 #include "core/request.h"
@@ -153,7 +156,9 @@ Status PointToPoint::Submit(P2pEntry e) {
     }
     state->AddWireBytes(meta.bytes);
     transport_->Send(e.peer, e.tag, meta, payload, deadline,
-                     [this, state, staging](const Status& s) { CompleteFor(this, *state, s); });
+                     [this, state, staging, peer = e.peer, tag = e.tag](const Status& s) {
+                       Complete(state, s, true, peer, tag);
+                     });
     return Status::Ok();
   }
   auto result = std::make_shared<RecvResult>();
@@ -215,22 +220,95 @@ Status PointToPoint::Submit(P2pEntry e) {
     return o.data;
   };
   transport_->Recv(peer, tag, deadline, std::move(place),
-                   [this, state, result, copy_in = std::move(copy_in)](const Status& s) {
+                   [this, state, result, peer, tag, copy_in = std::move(copy_in)](const Status& s) {
                      Status r = s.ok() ? result->refusal : s;
                      if (r.ok() && copy_in) r = copy_in();
                      result->staging = ResultBuffers::Block();  // back to the pool
-                     CompleteFor(this, *state, r);
+                     Complete(state, r, false, peer, tag);
                    });
   return Status::Ok();
 }
 
+void PointToPoint::Complete(const std::shared_ptr<RequestState>& state, const Status& s, bool send,
+                            int peer, int64_t tag) {
+  if (s.code() == Code::kPeerFailure && size_ > 2) {
+    MutexLock lock(mu_);
+    bool timed = hold_timer_.joinable();
+    if (!timed && closed_.ok()) {
+      try {
+        hold_timer_ = std::thread([this] { ReleaseHeldInTime(); });
+        timed = true;
+      } catch (const std::system_error&) {
+        // No thread to keep the hold's time: the failure completes as it is, now.
+      }
+    }
+    if (timed && closed_.ok()) {
+      const std::string what = std::string(send ? "send to" : "recv from") + " rank " +
+                               std::to_string(peer) + " with tag " + std::to_string(tag);
+      held_.push_back(HeldFailure{state, s, what, Deadline::After(timeout_ + kHoldExtra)});
+      held_changed_.NotifyAll();
+      return;
+    }
+  }
+  CompleteFor(this, *state, s);
+}
+
+void PointToPoint::ReleaseHeldInTime() {
+  const std::string waited =
+      FormatSeconds(std::chrono::duration<double>(timeout_ + kHoldExtra).count());
+  for (;;) {
+    std::vector<HeldFailure> due;
+    {
+      MutexLock lock(mu_);
+      Deadline next = Deadline::Infinite();
+      for (const HeldFailure& h : held_) next = next.Earlier(h.until);
+      if (!closed_.ok()) return;  // Close() completes what is held
+      if (!next.passed()) {
+        held_changed_.WaitUntil(mu_, next);
+        continue;
+      }
+      auto split = std::stable_partition(held_.begin(), held_.end(),
+                                         [](const HeldFailure& h) { return !h.until.passed(); });
+      due.assign(std::make_move_iterator(split), std::make_move_iterator(held_.end()));
+      held_.erase(split, held_.end());
+    }
+    for (HeldFailure& h : due) {
+      CompleteFor(this, *h.state,
+                  Status(h.failure.code(), h.failure.message() + " (no rank was reported failed " +
+                                               "within " + waited + " of it)"));
+    }
+  }
+}
+
 void PointToPoint::Close(const Status& status) {
+  CloseWith(status, nullptr);
+}
+
+void PointToPoint::Fail(const Status& cause) {
+  CloseWith(cause, &cause);
+}
+
+void PointToPoint::CloseWith(const Status& status, const Status* cause) {
+  std::vector<HeldFailure> held;
+  std::thread timer;
   {
     MutexLock lock(mu_);
     if (!closed_.ok()) return;
     closed_ = status;
+    held.swap(held_);
+    timer = std::move(hold_timer_);
+    held_changed_.NotifyAll();
   }
+  if (timer.joinable()) timer.join();
   if (transport_) transport_->Close(status);
+  for (HeldFailure& h : held) {
+    CompleteFor(this, *h.state,
+                cause == nullptr
+                    ? h.failure
+                    : Status(cause->code(), cause->message() + " (rank " + std::to_string(rank_) +
+                                                "'s " + h.what +
+                                                " failed meanwhile: " + h.failure.message() + ")"));
+  }
   // After the transport: a waiter inside Drive() returns once it is closed.
   gate_->Close();
 }

@@ -26,11 +26,19 @@
 //   recv completes with kSystemError saying so.
 // - A recv not matched within the communicator's timeout completes with kTimeout; a peer that
 //   fails fails what is in flight with it (kPeerFailure naming it).
-// - Close() (the engine's Shutdown and Fail) completes everything in flight with its status, on
-//   the calling thread, and refuses later operations. Callbacks run on the transport's progress
-//   thread, a waiter driving it, or the submitting thread itself (an operation that completes
-//   at once), none of which may wait for a request of this communicator or finalize it
-//   (OnOwnThread()).
+// - A peer's failure is not always the job's: a rank that exits after a failure elsewhere closes
+//   its connections too. So with more than two ranks an operation the transport fails with
+//   kPeerFailure is held (no thread waits for it) until Fail() gives the cause (the engine's
+//   failure: rank 0's abort names the rank that caused it), which completes it with the cause,
+//   its own failure as context; or until the communicator's timeout and a second more pass (the
+//   time the engine gives a failed collective to learn its cause), or Close(): then with its own
+//   failure. The first hold starts a thread that keeps that time, until Close(). With two ranks
+//   the peer is the only other rank, and its failure completes the operation at once.
+// - Close() (the engine's Shutdown) and Fail() complete everything in flight with their status,
+//   on the calling thread, and refuse later operations. Callbacks run on the transport's progress
+//   thread, a waiter driving it, the submitting thread itself (an operation that completes at
+//   once) or the hold's thread, none of which may wait for a request of this communicator or
+//   finalize it (OnOwnThread()).
 // Requests wait through wait_gate(): the waiting thread runs the transport's progress itself
 // where the transport can (P2pTransport::Drive: MPI) and the host has a core for each local rank
 // (drive_busy_poll > 0), so callbacks may run on the waiter, as an engine's do; plainly on their
@@ -40,6 +48,8 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "backends/device_backend.h"
@@ -89,6 +99,8 @@ class PointToPoint {
 
   Status Submit(P2pEntry entry) EXCLUDES(mu_);
   void Close(const Status& status) EXCLUDES(mu_);
+  // Close(cause), completing the held peer failures with the cause (the communicator failed).
+  void Fail(const Status& cause) EXCLUDES(mu_);
   // Whether the calling thread is the transport's progress thread or is running one of this
   // object's completions (a user callback).
   bool OnOwnThread() const;
@@ -98,7 +110,27 @@ class PointToPoint {
   P2pTransport* transport() const { return transport_.get(); }
 
  private:
+  // How much longer than the timeout a peer failure is held for its cause (as Engine does for
+  // a failed collective).
+  static constexpr std::chrono::seconds kHoldExtra{1};
+  // A peer failure held for the cause (see the contract above): `what` says which operation.
+  struct HeldFailure {
+    std::shared_ptr<RequestState> state;
+    Status failure;
+    std::string what;
+    Deadline until;
+  };
+
   Status Check(const P2pEntry& e) const;
+  // Completes an operation with `s`, from the transport's completion: holds it instead when `s`
+  // is a peer failure that may not be the job's cause.
+  void Complete(const std::shared_ptr<RequestState>& state, const Status& s, bool send, int peer,
+                int64_t tag) EXCLUDES(mu_);
+  // The hold's thread: completes each held failure with its own status once its time has passed,
+  // until Close().
+  void ReleaseHeldInTime() EXCLUDES(mu_);
+  // Close() and Fail(): `cause` null completes the held failures with their own status.
+  void CloseWith(const Status& status, const Status* cause) EXCLUDES(mu_);
 
   const int rank_;
   const int size_;
@@ -110,6 +142,9 @@ class PointToPoint {
   const Status device_unavailable_;
   Mutex mu_;
   Status closed_ GUARDED_BY(mu_);
+  std::vector<HeldFailure> held_ GUARDED_BY(mu_);
+  CondVar held_changed_;                    // a failure held, or closed
+  std::thread hold_timer_ GUARDED_BY(mu_);  // ReleaseHeldInTime, from the first hold
   std::shared_ptr<WaitGate> gate_;
 };
 

@@ -655,7 +655,11 @@ CONCORD_API concord_status_t concord_end_step(concord_comm_t comm);
  * send, which for large messages is when the peer receives them). Refused with INVALID_ARGUMENT
  * (nothing is sent) for a peer outside the communicator or this rank, a negative tag, NULL data
  * with elements. A peer that fails completes it with PEER_FAILURE naming the peer; one that does
- * not take the bytes within CONCORD_TIMEOUT_S with TIMEOUT. On MPI such a timeout (or a message
+ * not take the bytes within CONCORD_TIMEOUT_S with TIMEOUT. With more than two ranks a peer's
+ * closed connection may follow a failure elsewhere (the peer exited because of it), so such an
+ * operation waits for the communicator's failure and then reports its cause (the rank that
+ * failed), its own peer's failure after it; without one within CONCORD_TIMEOUT_S + 1 s, or at
+ * finalize, it reports its peer's failure. On MPI such a timeout (or a message
  * still arriving at a recv's timeout) closes point to point on the communicator: MPI cannot
  * withdraw a message it started, and would still read or write the buffer, so every pending and
  * later send and recv fails with that error (on Gloo such a failure stays with that peer's
@@ -677,7 +681,8 @@ CONCORD_API concord_status_t concord_send_async(concord_comm_t comm, const conco
  * tag) is received intact. With `expected` NULL the recv takes the sender's dtype and shape; the
  * request owns the bytes (concord_request_output: data, bytes, first dimension;
  * concord_request_output_shape: dtype and shape). A message that does not arrive within
- * CONCORD_TIMEOUT_S fails with TIMEOUT; a peer that fails, with PEER_FAILURE naming it. Argument
+ * CONCORD_TIMEOUT_S fails with TIMEOUT; a peer that fails, with PEER_FAILURE naming it (or, with
+ * more than two ranks, the communicator's cause first, as for concord_send_async). Argument
  * errors as for concord_send_async.
  */
 CONCORD_API concord_status_t concord_recv_async(concord_comm_t comm,

@@ -5,6 +5,8 @@
 //   concordrun -np 2 ./mp_p2p --mode kill                 rank 1 dies with traffic in flight
 //   concordrun -np 2 ./mp_p2p --mode kill-receiving --large ELEMENTS
 //                                                         rank 1 dies while its message is read
+//   concordrun -np N ./mp_p2p --mode kill-elsewhere       the last rank dies while the others wait
+//                                                         for recvs from live ranks (N >= 3)
 //
 // Cases (mode "all"): a ring (every rank sends to the next and receives from the previous) of
 // every dtype x sizes {0, 1, 7, 4099, --large}, alternating a recv that names the tensor and one
@@ -650,6 +652,48 @@ int KillWhileReceiving(int64_t n) {
   return EndKillTest(comm);
 }
 
+// The last rank dies while every other rank waits in a recv from a live rank (rank r from r + 1,
+// the second last from rank 0): each recv ends in an error that names the dead rank as the cause
+// within seconds, though its own peer may exit (closing its connections) before this rank learns
+// why. Each survivor finalizes and exits as soon as its recv ends, so the peers go early.
+int KillElsewhere() {
+  ::signal(SIGTERM, SIG_IGN);
+  concord_comm_t comm = mp::InitOrExit(&g_rank, &g_size);
+  const int victim = g_size - 1;
+  std::vector<float> small(16);
+  const int64_t s16[1] = {16};
+  concord_tensor_t ts = CpuTensor(small.data(), CONCORD_FLOAT32, 1, s16);
+  concord_request_t recv = nullptr;
+  const int from = (g_rank + 1) % victim;
+  if (g_rank != victim) {
+    CHECKF(concord_recv_async(comm, &ts, from, 7, nullptr, nullptr, &recv) == CONCORD_SUCCESS,
+           "recv");
+  }
+  CHECKF(concord_barrier(comm) == CONCORD_SUCCESS, "barrier: %s", concord_comm_last_error(comm));
+  if (g_rank == victim) {
+    std::printf("VICTIM rank %d kills itself\n", victim);
+    std::fflush(stdout);
+    ::raise(SIGKILL);
+  }
+  const double t0 = mp::Now();
+  const concord_status_t s = concord_wait(recv, 60);
+  const std::string err = concord_request_error(recv);
+  const std::string culprit = "rank " + std::to_string(victim);
+  // The cause comes first; the recv's own failure (its peer's closed connection) may follow it.
+  const size_t named = err.find(culprit), own = err.find("meanwhile");
+  CHECKF(s != CONCORD_SUCCESS && s != CONCORD_IN_PROGRESS && named != std::string::npos &&
+             (own == std::string::npos || named < own),
+         "a recv from rank %d, rank %d killed: %s: %s", from, victim, concord_status_string(s),
+         err.c_str());
+  CHECKF(mp::Now() - t0 < 5.0, "the failure took %.2f s to surface", mp::Now() - t0);
+  concord_request_free(recv);
+  concord_finalize(comm);
+  std::printf("p2p kill-elsewhere: rank %d: %d failures: %s\n", g_rank, CheckFailures(),
+              CheckFailures() ? "FAIL" : "PASS");
+  std::fflush(stdout);
+  return CheckFailures() ? 1 : 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -672,8 +716,10 @@ int main(int argc, char** argv) {
   if (mode == "all") return All(large, device);
   if (mode == "kill") return Kill();
   if (mode == "kill-receiving") return KillWhileReceiving(large);
+  if (mode == "kill-elsewhere") return KillElsewhere();
   std::fprintf(stderr,
-               "usage: %s [--mode all|kill|kill-receiving] [--large ELEMENTS] [--device cuda]\n",
+               "usage: %s [--mode all|kill|kill-receiving|kill-elsewhere] [--large ELEMENTS] "
+               "[--device cuda]\n",
                argv[0]);
   return 2;
 }

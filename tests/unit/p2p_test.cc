@@ -286,13 +286,18 @@ TEST_P(P2pTest, RecvWithoutSenderTimesOutThenPeerCloseFailsNamingIt) {
   const Status t = Await(late);
   EXPECT_EQ(t.code(), Code::kTimeout) << t.ToString();
   EXPECT_NE(t.message().find("rank 1"), std::string::npos) << t.ToString();
-  // Rank 2 goes away with rank 0 waiting for it; rank 1 still talks to rank 0.
+  // Rank 2 goes away with rank 0 waiting for it; rank 1 still talks to rank 0. No cause comes
+  // (no engine): the failure is held for the timeout and a second more, then completes as it is.
   Op pending = Message(4, 0);
   ASSERT_TRUE(ranks[0]->Submit(Entry(false, 2, 1, pending)).ok());
+  const auto gone = std::chrono::steady_clock::now();
   ranks[2].reset();
   const Status p = Await(pending);
+  EXPECT_GE(std::chrono::steady_clock::now() - gone, milliseconds(1300));
   EXPECT_EQ(p.code(), Code::kPeerFailure) << p.ToString();
-  EXPECT_NE(p.message().find("rank 2"), std::string::npos) << p.ToString();
+  EXPECT_EQ(p.message().find("rank 2 closed"), 0u) << p.ToString();
+  EXPECT_NE(p.message().find("(no rank was reported failed within 1.3 s of it)"), std::string::npos)
+      << p.ToString();
   Op later = Message(4, 0);
   ASSERT_TRUE(ranks[0]->Submit(Entry(true, 2, 1, later)).ok());
   EXPECT_EQ(Await(later).code(), Code::kPeerFailure);
@@ -303,6 +308,57 @@ TEST_P(P2pTest, RecvWithoutSenderTimesOutThenPeerCloseFailsNamingIt) {
   ASSERT_TRUE(ranks[0]->Submit(Entry(false, 1, 2, got)).ok());
   EXPECT_TRUE(Await(got).ok());
   EXPECT_EQ(got.data, one.data);
+}
+
+// With three ranks a peer's closed connection may follow a failure elsewhere (the peer exited
+// because of it): the operation waits for the communicator's failure, whose cause it reports
+// first, its own failure after; Close() (a finalize) ends a hold with the operation's own failure.
+TEST_P(P2pTest, APeerFailureAmongThreeRanksWaitsForTheCommunicatorsCause) {
+  for (const bool failed : {true, false}) {
+    auto ranks = Ranks(3, GetParam());
+    ASSERT_EQ(ranks.size(), 3u);
+    Op recv;
+    recv.n = 4;
+    recv.data.assign(4, 0);
+    ASSERT_TRUE(ranks[0]->Submit(Entry(false, 1, 3, recv)).ok());
+    ranks[1].reset();
+    std::this_thread::sleep_for(milliseconds(200));
+    EXPECT_FALSE(recv.state->done()) << "held for its cause";
+    if (failed) {
+      ranks[0]->Fail(Status(Code::kPeerFailure, "rank 0 aborted the job: rank 2 exited"));
+    } else {
+      ranks[0]->Close(Status(Code::kNotInitialized, "the communicator was finalized"));
+    }
+    ASSERT_TRUE(recv.state->done());
+    const Status s = recv.state->status();
+    EXPECT_EQ(s.code(), Code::kPeerFailure) << s.ToString();
+    const std::string own = "rank 1 closed its point-to-point connection";
+    if (failed) {
+      EXPECT_EQ(s.message().find("rank 0 aborted the job: rank 2 exited (rank 0's recv from rank 1 "
+                                 "with tag 3 failed meanwhile: " +
+                                 own),
+                0u)
+          << s.ToString();
+    } else {
+      EXPECT_EQ(s.message().find(own), 0u) << s.ToString();
+    }
+    EXPECT_EQ(recv.state->complete_calls(), 1);
+  }
+}
+
+// With two ranks the peer is the only other rank: its failure completes at once.
+TEST_P(P2pTest, APeerFailureBetweenTwoRanksCompletesAtOnce) {
+  auto ranks = Ranks(2, GetParam());
+  ASSERT_EQ(ranks.size(), 2u);
+  Op recv;
+  recv.n = 4;
+  recv.data.assign(4, 0);
+  ASSERT_TRUE(ranks[0]->Submit(Entry(false, 1, 3, recv)).ok());
+  ranks[1].reset();
+  ASSERT_TRUE(recv.state->Wait(Deadline::After(milliseconds(5000))));  // the timeout is 10 s
+  EXPECT_EQ(recv.state->status().code(), Code::kPeerFailure) << recv.state->status().ToString();
+  EXPECT_EQ(recv.state->status().message().find("rank 1 closed"), 0u)
+      << recv.state->status().ToString();
 }
 
 TEST_P(P2pTest, CloseCompletesWhatIsInFlightAndRefusesLater) {
