@@ -310,6 +310,16 @@ TEST_P(P2pTest, RecvWithoutSenderTimesOutThenPeerCloseFailsNamingIt) {
   EXPECT_EQ(got.data, one.data);
 }
 
+// Rank 0's recv from rank 1 with tag 3, in flight when rank 1 goes away.
+Op RecvFromAPeerThatCloses(std::vector<std::unique_ptr<PointToPoint>>& ranks) {
+  Op recv;
+  recv.n = 4;
+  recv.data.assign(4, 0);
+  EXPECT_TRUE(ranks[0]->Submit(Entry(false, 1, 3, recv)).ok());
+  ranks[1].reset();
+  return recv;
+}
+
 // With three ranks a peer's closed connection may follow a failure elsewhere (the peer exited
 // because of it): the operation waits for the communicator's failure, whose cause it reports
 // first, its own failure after; Close() (a finalize) ends a hold with the operation's own failure.
@@ -317,11 +327,7 @@ TEST_P(P2pTest, APeerFailureAmongThreeRanksWaitsForTheCommunicatorsCause) {
   for (const bool failed : {true, false}) {
     auto ranks = Ranks(3, GetParam());
     ASSERT_EQ(ranks.size(), 3u);
-    Op recv;
-    recv.n = 4;
-    recv.data.assign(4, 0);
-    ASSERT_TRUE(ranks[0]->Submit(Entry(false, 1, 3, recv)).ok());
-    ranks[1].reset();
+    Op recv = RecvFromAPeerThatCloses(ranks);
     std::this_thread::sleep_for(milliseconds(200));
     EXPECT_FALSE(recv.state->done()) << "held for its cause";
     if (failed) {
@@ -350,11 +356,7 @@ TEST_P(P2pTest, APeerFailureAmongThreeRanksWaitsForTheCommunicatorsCause) {
 TEST_P(P2pTest, APeerFailureBetweenTwoRanksCompletesAtOnce) {
   auto ranks = Ranks(2, GetParam());
   ASSERT_EQ(ranks.size(), 2u);
-  Op recv;
-  recv.n = 4;
-  recv.data.assign(4, 0);
-  ASSERT_TRUE(ranks[0]->Submit(Entry(false, 1, 3, recv)).ok());
-  ranks[1].reset();
+  Op recv = RecvFromAPeerThatCloses(ranks);
   ASSERT_TRUE(recv.state->Wait(Deadline::After(milliseconds(5000))));  // the timeout is 10 s
   EXPECT_EQ(recv.state->status().code(), Code::kPeerFailure) << recv.state->status().ToString();
   EXPECT_EQ(recv.state->status().message().find("rank 1 closed"), 0u)
