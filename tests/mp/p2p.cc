@@ -659,6 +659,11 @@ int KillWhileReceiving(int64_t n) {
 int KillElsewhere() {
   ::signal(SIGTERM, SIG_IGN);
   concord_comm_t comm = mp::InitOrExit(&g_rank, &g_size);
+  if (g_size < 3) {
+    std::fprintf(stderr, "--mode kill-elsewhere needs 3 ranks or more\n");
+    concord_finalize(comm);
+    return 2;
+  }
   const int victim = g_size - 1;
   std::vector<float> small(16);
   const int64_t s16[1] = {16};
