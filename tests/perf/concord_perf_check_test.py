@@ -22,20 +22,12 @@ import subprocess
 import sys
 import tempfile
 
+from checks import check, finish
+
 CONCORDRUN, PERF, SHIM = sys.argv[1:4]
 FACTOR = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / n,
           "reducescatter": lambda n: (n - 1) / n, "alltoall": lambda n: (n - 1) / n,
           "broadcast": lambda n: 1, "sendrecv": lambda n: 1}
-failures = 0
-
-
-def check(ok, what, out=""):
-    global failures
-    if ok:
-        print(f"ok: {what}")
-    else:
-        failures += 1
-        print(f"FAIL: {what}\n{out}")
 
 
 def run(np, *args, env=None):
@@ -105,7 +97,5 @@ rc, out, rows = run(2, "--bytes", "1K:1100", "--factor", "1e300", "--iters", "1"
                     "0", "--no-raw")
 check(rc == 0 and [r["bytes"] for r in rows] == [1024], "--factor 1e300: one size", out)
 
-if failures:
-    print(f"{failures} failure(s)")
-    sys.exit(1)
+finish()
 print("PASS")

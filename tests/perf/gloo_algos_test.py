@@ -9,18 +9,9 @@ import re
 import subprocess
 import sys
 
+from checks import check, finish
+
 GLOO_ALGOS = sys.argv[1]
-failures = 0
-
-
-def check(ok, what, out=""):
-    global failures
-    if ok:
-        print(f"ok: {what}")
-    else:
-        failures += 1
-        print(f"FAIL: {what}\n{out}")
-
 
 p = subprocess.run([GLOO_ALGOS, "2", "3", "1"], capture_output=True, text=True, timeout=120)
 out = p.stdout + p.stderr
@@ -34,7 +25,5 @@ rows = [line for line in lines[2:] if re.fullmatch(r"\s*[0-9]+" + cell * 5, line
 check(len(rows) == 5 and len(lines) == 7, "five sizes, each with a figure on both sides", out)
 check("n/a" not in out, "no algorithm failed", out)
 
-if failures:
-    print(f"{failures} failure(s)")
-    sys.exit(1)
+finish()
 print("all passed")
