@@ -233,16 +233,14 @@ void PointToPoint::Complete(const std::shared_ptr<RequestState>& state, const St
                             int peer, int64_t tag) {
   if (s.code() == Code::kPeerFailure && size_ > 2) {
     MutexLock lock(mu_);
-    bool timed = hold_timer_.joinable();
-    if (!timed && closed_.ok()) {
+    if (closed_.ok() && !hold_timer_.joinable()) {
       try {
         hold_timer_ = std::thread([this] { ReleaseHeldInTime(); });
-        timed = true;
       } catch (const std::system_error&) {
         // No thread to keep the hold's time: the failure completes as it is, now.
       }
     }
-    if (timed && closed_.ok()) {
+    if (closed_.ok() && hold_timer_.joinable()) {
       const std::string what = std::string(send ? "send to" : "recv from") + " rank " +
                                std::to_string(peer) + " with tag " + std::to_string(tag);
       held_.push_back(HeldFailure{state, s, what, Deadline::After(timeout_ + kHoldExtra)});
@@ -260,9 +258,9 @@ void PointToPoint::ReleaseHeldInTime() {
     std::vector<HeldFailure> due;
     {
       MutexLock lock(mu_);
+      if (!closed_.ok()) return;  // Close() completes what is held
       Deadline next = Deadline::Infinite();
       for (const HeldFailure& h : held_) next = next.Earlier(h.until);
-      if (!closed_.ok()) return;  // Close() completes what is held
       if (!next.passed()) {
         held_changed_.WaitUntil(mu_, next);
         continue;
