@@ -50,7 +50,7 @@ void RequestState::Complete(const Status& status) {
   }
   {
     MutexLock lock(mu_);
-    done_ = true;
+    done_.store(true, std::memory_order_release);
   }
   cv_.NotifyAll();
 }
@@ -76,6 +76,7 @@ int RequestState::complete_calls() const {
 }
 
 bool RequestState::Wait(Deadline deadline) {
+  if (done()) return true;
   MutexLock lock(mu_);
   while (!done_) {
     if (!cv_.WaitUntil(mu_, deadline) && !done_) return false;
@@ -84,8 +85,7 @@ bool RequestState::Wait(Deadline deadline) {
 }
 
 bool RequestState::done() const {
-  MutexLock lock(mu_);
-  return done_;
+  return done_.load(std::memory_order_acquire);
 }
 
 Status RequestState::status() const {

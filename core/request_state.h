@@ -94,7 +94,9 @@ class RequestState {
   mutable Mutex mu_;
   CondVar cv_;
   bool completing_ GUARDED_BY(mu_) = false;  // Complete() has been called
-  bool done_ GUARDED_BY(mu_) = false;        // ... and its callback has returned
+  // ... and its callback has returned: set under mu_ (for the waiters on cv_), read by done()
+  // without it (a waiter that drives asks after every poll).
+  std::atomic<bool> done_{false};
   int complete_calls_ GUARDED_BY(mu_) = 0;
   Status status_ GUARDED_BY(mu_);
   Callback callback_ GUARDED_BY(mu_);
