@@ -6,6 +6,9 @@ cannot take; use after finalize."""
 import ctypes
 import os
 import re
+import signal
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -97,6 +100,44 @@ def test_wait_timeout_then_completion(comm):
     handle.wait()
     np.testing.assert_array_equal(x, comm.size)
     assert handle.wait(timeout=0) is not None  # finished: its result at once
+
+
+def test_ctrl_c_ends_a_wait_and_the_operation_goes_on(comm):
+    """SIGINT (Ctrl-C) while wait() waits for an operation the other ranks submit only 4 s later
+    raises KeyboardInterrupt within a slice of the wait (before, the interrupt waited for the
+    operation's end); the operation goes on and a later wait gives its result. Waits without a
+    limit and with one both end so."""
+    if comm.size < 2:
+        pytest.skip("needs two ranks")
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers run on the main thread")
+    x = np.ones(5, np.float32)
+    seen = []  # checked once every rank is past both cases, so that a failure hangs no rank
+    for limit in (None, 30):
+        name = "interrupted.%s" % limit
+        comm.barrier()
+        if comm.rank == 0:
+            handle = comm.allgather_async(x, name=name)
+            timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+            began = time.monotonic()
+            timer.start()
+            try:
+                handle.wait(timeout=limit)
+                seen.append("wait(timeout=%s) returned instead of raising" % limit)
+            except KeyboardInterrupt:
+                pass
+            finally:
+                timer.cancel()
+            waited = time.monotonic() - began
+            if waited > 0.3 + 2.5:
+                seen.append("wait(timeout=%s) ended %.2f s after it began" % (limit, waited))
+            if handle.poll():  # the others submit it 4 s after the barrier
+                seen.append("'%s' finished before the others submitted it" % name)
+        else:
+            time.sleep(4)
+            handle = comm.allgather_async(x, name=name)
+        np.testing.assert_array_equal(handle.wait(), np.ones(5 * comm.size, np.float32))
+    assert not seen
 
 
 def test_wait_on_an_operation_that_timed_out(comm):

@@ -79,6 +79,7 @@ class Communicator:
         self._opts_cache = {}  # (op, prescale, postscale, compression) -> AllreduceOptsStruct
         self._counters = {}
         self._counter_lock = threading.Lock()
+        self._open_group = None  # (the _Group, the thread that opened it) while one is open
         _LIVE[self] = None
 
         def query(fn):
@@ -680,6 +681,13 @@ class Communicator:
         one unit when the block ends. Groups do not nest."""
         return _Group(self)
 
+    def _own_open_group(self):
+        """The group this thread has open on this communicator, else None."""
+        opened = self._open_group
+        if opened is not None and opened[1] == threading.get_ident():
+            return opened[0]
+        return None
+
     # ---- lifetime ----
     def finalize(self):
         """Last barrier with the other ranks, then frees the communicator (idempotent). Pending
@@ -713,9 +721,11 @@ class _Group:
 
     def __enter__(self):
         self._comm._check(lib().concord_group_start(self._comm._live()))
+        self._comm._open_group = (self, threading.get_ident())
         return self
 
     def __exit__(self, *exc):
+        self._comm._open_group = None  # closed by group_end, which fails or submits it
         self._comm._check(lib().concord_group_end(self._comm._live()))
 
 

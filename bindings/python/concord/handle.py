@@ -25,6 +25,7 @@ import ctypes
 import itertools
 import os
 import threading
+import time
 
 from . import _lib, device, tensors
 from .errors import ConcordError, Status, WaitTimeoutError, make_error
@@ -131,6 +132,11 @@ def forked_error(what, pid):
 _TRAMPOLINE = _lib.CALLBACK(_on_complete)
 _NO_CALLBACK = ctypes.cast(None, _lib.CALLBACK)
 
+# The longest one C wait of Handle.wait() lasts before control comes back to Python, which then
+# runs the signal handlers that came meanwhile: Ctrl-C (KeyboardInterrupt) ends a wait within this
+# time, where one C call without a limit could not be interrupted until the operation ended.
+WAIT_SLICE_S = 0.1
+
 
 class Handle:
     """One enqueued operation. wait() blocks until it finishes and returns its result (raising
@@ -154,6 +160,7 @@ class Handle:
         self._done = False
         self._lock = threading.Lock()  # one thread completes and frees the request
         self._pid = _PID  # the process that enqueued it
+        self._group = comm._own_open_group()  # the group this thread had open at its enqueue
 
     def _check_process(self):
         # A handle left unfinished by the parent of a forked child: nothing runs it here.
@@ -191,8 +198,9 @@ class Handle:
             if not self._done:
                 self._check_process()
                 L = lib()
-                limit = -1.0 if timeout is None else float(timeout)
-                status = device.wait_stream(L, self._request, self._device, limit)
+                status = self._wait_in_slices(
+                    lambda limit: device.wait_stream(L, self._request, self._device, limit),
+                    timeout)
                 if status == Status.IN_PROGRESS:
                     raise WaitTimeoutError(timeout)
                 final = L.concord_test(self._request)
@@ -214,8 +222,8 @@ class Handle:
             if not self._done:
                 self._check_process()
                 L = lib()
-                limit = -1.0 if timeout is None else float(timeout)
-                status = L.concord_wait(self._request, limit)
+                status = self._wait_in_slices(
+                    lambda limit: L.concord_wait(self._request, limit), timeout)
                 if status == Status.IN_PROGRESS:
                     raise WaitTimeoutError(timeout)
                 if status != Status.SUCCESS and \
@@ -232,6 +240,27 @@ class Handle:
         if self._error is not None:
             raise self._error
         return self._result
+
+    def _wait_in_slices(self, wait, timeout):
+        """wait(limit) (a C wait on this request: concord_wait, concord_request_wait_stream) in
+        calls of at most WAIT_SLICE_S seconds, until one returns other than IN_PROGRESS or
+        `timeout` seconds (None: no limit) have passed; its last status. Between calls Python runs
+        pending signal handlers, so Ctrl-C raises KeyboardInterrupt out of wait() and the
+        operation goes on, as after a timeout. A member of the group this thread has open is
+        waited for without a limit, which the C side refuses at once (only this thread's
+        group_end can submit it): sliced, that wait would never end."""
+        if timeout is None and self._group is not None and \
+                self._group is self._comm._own_open_group():
+            return wait(-1.0)
+        deadline = None if timeout is None else time.monotonic() + max(0.0, float(timeout))
+        while True:
+            limit = WAIT_SLICE_S
+            if deadline is not None:
+                limit = min(limit, max(0.0, deadline - time.monotonic()))
+            status = wait(limit)
+            if status != Status.IN_PROGRESS or (deadline is not None and
+                                                time.monotonic() >= deadline):
+                return status
 
     def wire_bytes(self):
         """Bytes this rank put on the wire for the operation (waits for it first); see
