@@ -62,7 +62,6 @@ import queue
 import socket
 import sys
 import threading
-import time
 import uuid
 import warnings
 
@@ -229,18 +228,25 @@ class _Work(dist.Work):
         if not self._future.done():
             self._group.comm._live()  # a forked child: the parent's work never completes here
         seconds = None if timeout is None else timeout.total_seconds()
-        if seconds:
-            deadline = time.monotonic() + seconds
-            while not self._future.done():  # torch's futures have no wait with a limit
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise WaitTimeoutError(seconds)
-                time.sleep(min(left, 0.001))
+        if seconds and not self._wait_done(seconds):
+            raise WaitTimeoutError(seconds)
         if self._stream_wait is not None:
             self._stream_wait()  # raises the ConcordError of an operation that failed so far
         else:
-            self._future.wait()  # raises the ConcordError of a failed operation
+            self._wait_done(None)
+            self._future.wait()  # done: raises the ConcordError of a failed operation
         return True
+
+    def _wait_done(self, seconds):
+        """Whether the future is done within `seconds` (None: no limit). torch's futures have no
+        wait with a limit, and their wait() is one C++ call that Ctrl-C cannot interrupt; this
+        waits on an Event that the future's callback sets, whose wait Python interrupts
+        (KeyboardInterrupt; the operation goes on)."""
+        if self._future.done():
+            return True
+        done = threading.Event()
+        self._future.add_done_callback(lambda _: done.set())
+        return done.wait(seconds)
 
     def get_future(self):
         self._claim()
