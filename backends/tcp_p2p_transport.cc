@@ -52,7 +52,6 @@ using tcp_p2p::EncodeHead;
 using tcp_p2p::EncodeReceipt;
 using tcp_p2p::kDirectRead;
 using tcp_p2p::kFixedHead;
-using tcp_p2p::kLinkOpen;
 using tcp_p2p::kReceiptMagic;
 
 constexpr size_t kStaging = 256 * 1024;        // reads land here unless a payload is larger
@@ -112,11 +111,14 @@ struct Link {
   std::deque<SendOp> awaiting_receipt;  // direct sends written, in order, until their receipts
   // Direct reads (same host): whether the peer reads this rank's large payloads (send side), its
   // process (receive side: whether this rank reads its payloads), and this rank's state word for
-  // the link, which the peer reads after a payload: kLinkOpen until the link fails or closes, so
+  // the link, which the peer reads after a payload: `open` until the link fails or closes, so
   // that a payload whose send completed (with an error) while it was read is not taken as intact.
+  // `open` is random per link (ProbeDirectReads), so that the word of a later link at the same
+  // address, once this link's is freed, does not pass for this one's.
   bool peer_reads = false;
   pid_t read_from = 0;  // 0: this rank does not read the peer's memory
-  std::unique_ptr<std::atomic<uint64_t>> state = std::make_unique<std::atomic<uint64_t>>(kLinkOpen);
+  uint64_t open = 0;
+  std::unique_ptr<std::atomic<uint64_t>> state = std::make_unique<std::atomic<uint64_t>>(0);
   std::map<int64_t, std::deque<RecvOp>> posted;
   std::map<int64_t, std::deque<Unexpected>> unexpected;
   // The largest unexpected payload buffer given back, for the next one (no allocation, no page
@@ -184,7 +186,7 @@ class TcpP2pTransport : public P2pTransport {
         out.emplace_back(std::move(done), l.send_failure);
       } else if (l.peer_reads && meta.bytes >= direct_min_bytes_) {
         const DirectSource source{reinterpret_cast<uint64_t>(data),
-                                  reinterpret_cast<uint64_t>(l.state.get())};
+                                  reinterpret_cast<uint64_t>(l.state.get()), l.open};
         Queue(l,
               SendOp{EncodeHead(tag, meta, &source), static_cast<const char*>(data), 0, 0, deadline,
                      std::move(done), /*direct=*/true},
@@ -501,7 +503,7 @@ class TcpP2pTransport : public P2pTransport {
       s = ReadRemote(l.peer, pid, {RemoteSpan{source.state, sizeof(state)}}, 0, sizeof(state),
                      &state);
     }
-    if (s.ok() && state != kLinkOpen) {
+    if (s.ok() && state != source.open) {
       s = Status(Code::kPeerFailure, Who(l.peer) +
                                          " withdrew a point-to-point message while it "
                                          "was read: the rank failed or finalized");
@@ -774,7 +776,8 @@ class TcpP2pTransport : public P2pTransport {
 // (collective, after ConnectMesh): every rank publishes its host, pid and the address of a word
 // holding a random value; each reads the word of every peer on its host (process_vm_readv, as
 // shm_direct.h) and publishes whom it could read. Sets links[p].read_from (the pid of a peer this
-// rank reads) and links[p].peer_reads.
+// rank reads), links[p].peer_reads and, for the links whose peer reads, their random open values
+// (Link::open, stored in their state words).
 Status ProbeDirectReads(const BackendOptions& o, const P2pDirectReads& direct, Store* store,
                         std::vector<Link>& links) {
   const Deadline deadline = Deadline::After(o.timeout);
@@ -810,11 +813,17 @@ Status ProbeDirectReads(const BackendOptions& o, const P2pDirectReads& direct, S
     }
   }
   CONCORD_RETURN_IF_ERROR(store->Set(o.prefix + "/readable" + me, readable));
+  CONCORD_ASSIGN_OR_RETURN(const std::string opens,
+                           net::RandomHex(8 * static_cast<size_t>(o.size)));
   for (int r = 0; r < o.size; ++r) {
     if (r == o.rank) continue;
     CONCORD_ASSIGN_OR_RETURN(const std::string theirs,
                              store->Get(o.prefix + "/readable/" + std::to_string(r), deadline));
     links[r].peer_reads = theirs.size() == static_cast<size_t>(o.size) && theirs[o.rank] == '1';
+    if (links[r].peer_reads) {
+      links[r].open = std::max<uint64_t>(std::stoull(opens.substr(16 * r, 16), nullptr, 16), 1);
+      links[r].state->store(links[r].open);
+    }
   }
   // Every peer has read `word` now (each published whom it read after reading): it may go.
   return Status::Ok();

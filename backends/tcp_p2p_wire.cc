@@ -19,7 +19,7 @@ uint64_t LoadU64(const unsigned char* p) {
 
 std::string EncodeHead(int64_t tag, const P2pMeta& meta, const DirectSource* direct) {
   std::string h;
-  h.reserve(kFixedHead + 8 * meta.shape.size() + 16);
+  h.reserve(kFixedHead + 8 * meta.shape.size() + 24);
   net::PutU32(&h, kMessageMagic);
   net::PutU32(&h, static_cast<uint32_t>(meta.shape.size()));
   PutI64(&h, tag);
@@ -30,6 +30,7 @@ std::string EncodeHead(int64_t tag, const P2pMeta& meta, const DirectSource* dir
   if (direct != nullptr) {
     net::PutU64(&h, direct->data);
     net::PutU64(&h, direct->state);
+    net::PutU64(&h, direct->open);
   }
   return h;
 }
@@ -63,13 +64,13 @@ Status DecodeFixed(const unsigned char* p, int64_t* tag, P2pMeta* meta, uint32_t
   meta->dtype = static_cast<DType>(dtype);
   meta->bytes = LoadU64(p + 24);
   meta->shape.assign(ndim, 0);
-  *head_size = kFixedHead + 8 * size_t{ndim} + ((*flags & kDirectRead) != 0 ? 16 : 0);
+  *head_size = kFixedHead + 8 * size_t{ndim} + ((*flags & kDirectRead) != 0 ? 24 : 0);
   return Status::Ok();
 }
 
 DirectSource DecodeDirect(const unsigned char* head, size_t ndim) {
   const unsigned char* at = head + kFixedHead + 8 * ndim;
-  return DirectSource{LoadU64(at), LoadU64(at + 8)};
+  return DirectSource{LoadU64(at), LoadU64(at + 8), LoadU64(at + 16)};
 }
 
 Status CheckShape(P2pMeta* meta, const unsigned char* shape) {

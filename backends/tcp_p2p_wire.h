@@ -10,9 +10,11 @@
 //   u32 magic 'CP2M' | u32 ndim (<= kP2pMaxDims) | i64 tag | i32 dtype | u32 flags | u64 bytes |
 //   ndim x i64 shape | bytes of payload
 // or, with flags kDirectRead (to a peer on the same host that can read the sender's memory), no
-// payload but two u64 after the shape: the payload's address in the sender and the address of the
-// sender's state word for the link (kLinkOpen while it is). The receiver reads the payload from
-// there (process_vm_readv), then the state word, and answers with a receipt, 32 bytes:
+// payload but three u64 after the shape: the payload's address in the sender, the address of the
+// sender's state word for the link, and the value that word holds while the link is open (random
+// per link, so that a word of a later link at the same address, once this one is freed, never
+// passes for it). The receiver reads the payload from there (process_vm_readv), then the state
+// word, and answers with a receipt, 32 bytes:
 //   u32 magic 'CP2R' | 28 zero bytes
 // which completes the send (receipts come back in the order of their messages). A receiver that
 // finds anything else (a bad magic, dtype or flag, a negative tag, a size that is not the
@@ -38,13 +40,12 @@ constexpr uint32_t kMessageMagic = 0x4D325043;  // "CP2M" on the wire
 constexpr uint32_t kReceiptMagic = 0x52325043;  // "CP2R"
 constexpr size_t kFixedHead = 32;               // a message's header without its shape; a receipt
 constexpr uint32_t kDirectRead = 1;             // flags: the receiver reads the payload itself
-// A link's state word while the link is open (anything else: closed or failed).
-constexpr uint64_t kLinkOpen = 0x4F50454E4C494E4Bull;
 
 // Where a directly read payload is in the sender.
 struct DirectSource {
   uint64_t data = 0;   // the payload's address
   uint64_t state = 0;  // the link's state word's address
+  uint64_t open = 0;   // the state word's value while the link is open (anything else: closed)
 };
 
 // A message's header (its shape included) for `tag` and `meta`; with `direct`, for a payload the

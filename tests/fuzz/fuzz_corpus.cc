@@ -306,7 +306,7 @@ void TcpP2pWire(const std::string& dir) {
   const std::string small =
       tcp_p2p::EncodeHead(7, meta(DType::kFloat32, {2, 3})) + std::string(24, '\1');
   const std::string empty = tcp_p2p::EncodeHead(0, meta(DType::kInt64, {0}));
-  const tcp_p2p::DirectSource source{0x7f0012345000ull, 0x5600000010ull};
+  const tcp_p2p::DirectSource source{0x7f0012345000ull, 0x5600000010ull, 0x0123456789abcdefull};
   const std::string direct =
       tcp_p2p::EncodeHead(3, meta(DType::kUint8, {1, 2, 3, 4, 5, 6, 7, 8}), &source);
   Write(dir, "message", small);

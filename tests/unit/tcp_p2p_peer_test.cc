@@ -2,7 +2,8 @@
 // bytes: rank 0 is a real transport, rank 1 this test on the connection ConnectMesh gives it. A
 // receipt whose padding is not zero, a message with a negative tag, and a message too large for
 // this rank's memory that arrives before its recv each fail the link with a clear error (no
-// completed send, no recv left waiting for its timeout, no crash).
+// completed send, no recv left waiting for its timeout, no crash); a payload rank 0 reads from
+// rank 1's memory counts only while rank 1's state word holds the open value the header gave.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -108,8 +109,9 @@ TEST(TcpP2pPeerTest, AReceiptWithNonZeroPaddingFailsTheLinkAndItsSend) {
     meta.bytes = 4096;
     Outcome sent;
     peer.rank0->Send(1, 3, meta, payload.data(), Deadline::After(milliseconds(10000)), sent.Done());
-    // Its header: the fixed part, one dimension, the payload's and the state word's addresses.
-    unsigned char head[tcp_p2p::kFixedHead + 8 + 16];
+    // Its header: the fixed part, one dimension, the payload's and the state word's addresses and
+    // the word's open value.
+    unsigned char head[tcp_p2p::kFixedHead + 8 + 24];
     ASSERT_TRUE(net::ReadFull(peer.fd.get(), head, sizeof(head),
                               Deadline::After(milliseconds(5000)), "rank 0")
                     .ok());
@@ -128,6 +130,45 @@ TEST(TcpP2pPeerTest, AReceiptWithNonZeroPaddingFailsTheLinkAndItsSend) {
     peer.rank0->Send(1, 3, meta, payload.data(), Deadline::After(milliseconds(10000)),
                      later.Done());
     EXPECT_EQ(later.Get().code(), Code::kProtocolError);
+  }
+}
+
+// Rank 1 (this process) sends rank 0 a message to read from its memory: the payload, then the
+// state word, which holds the link's open value only in the good case. A word that holds another
+// value (a later link's word at the address of a freed one: every link's value is random) means
+// that the message was withdrawn: the recv fails naming rank 1, and no receipt comes back.
+TEST(TcpP2pPeerTest, ADirectReadCountsOnlyWhileTheStateWordHoldsTheLinksOpenValue) {
+  for (const bool good : {true, false}) {
+    FakePeer peer = Connect(/*direct=*/true);
+    ASSERT_TRUE(peer.rank0 && peer.fd.valid());
+    std::vector<char> payload(4096);
+    for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<char>(i * 7);
+    const uint64_t word = 0x5eed'0000'0000'0001ull;
+    P2pMeta meta;
+    meta.shape = {4096};
+    meta.bytes = 4096;
+    const tcp_p2p::DirectSource source{reinterpret_cast<uint64_t>(payload.data()),
+                                       reinterpret_cast<uint64_t>(&word), good ? word : word + 1};
+    std::vector<char> dest(4096, 0);
+    Outcome received;
+    peer.rank0->Recv(
+        1, 9, Deadline::After(milliseconds(10000)),
+        [&dest](const P2pMeta&) -> void* { return dest.data(); }, received.Done());
+    ASSERT_TRUE(Write(peer.fd.get(), tcp_p2p::EncodeHead(9, meta, &source)).ok());
+    const Status s = received.Get();
+    if (good) {
+      EXPECT_TRUE(s.ok()) << s.ToString();
+      EXPECT_EQ(dest, payload);
+      unsigned char receipt[tcp_p2p::kFixedHead];
+      ASSERT_TRUE(net::ReadFull(peer.fd.get(), receipt, sizeof(receipt),
+                                Deadline::After(milliseconds(5000)), "rank 0")
+                      .ok());
+      EXPECT_TRUE(tcp_p2p::DecodeReceipt(receipt).ok());
+      continue;
+    }
+    EXPECT_EQ(s.code(), Code::kPeerFailure) << s.ToString();
+    EXPECT_NE(s.message().find("rank 1 withdrew a point-to-point message"), std::string::npos)
+        << s.ToString();
   }
 }
 

@@ -41,7 +41,7 @@ TEST(TcpP2pWireTest, HeadersRoundTripWithAndWithoutADirectSource) {
        {Meta(DType::kFloat32, {3, 5}), Meta(DType::kUint8, {}), Meta(DType::kBFloat16, {0}),
         Meta(DType::kInt64, {1, 2, 3, 4, 5, 6, 7, 8})}) {
     for (const bool direct : {false, true}) {
-      const DirectSource source{0x7f00'1234'5678ull, 0x5600'0000'0010ull};
+      const DirectSource source{0x7f00'1234'5678ull, 0x5600'0000'0010ull, 0x0123'4567'89ab'cdefull};
       const std::string head = EncodeHead(5, meta, direct ? &source : nullptr);
       int64_t tag = 0;
       P2pMeta got;
@@ -58,6 +58,7 @@ TEST(TcpP2pWireTest, HeadersRoundTripWithAndWithoutADirectSource) {
         const DirectSource back = DecodeDirect(Bytes(head), meta.shape.size());
         EXPECT_EQ(back.data, source.data);
         EXPECT_EQ(back.state, source.state);
+        EXPECT_EQ(back.open, source.open);
       }
     }
   }
