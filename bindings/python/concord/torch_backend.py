@@ -215,6 +215,7 @@ class _Work(dist.Work):
         self._stream_wait = stream_wait  # CUDA: makes the current stream wait (the Handle's)
         self.claimed = False  # wait() or get_future() was called (under the group's lock)
         self.done = False  # the operation ended; set before the future completes
+        self._done_event = None  # set by the future's done callback, once a wait needs it
 
     def _claim(self):
         # Someone holds the result now: the group may drop its reference once the work is done.
@@ -244,8 +245,10 @@ class _Work(dist.Work):
         (KeyboardInterrupt; the operation goes on)."""
         if self._future.done():
             return True
-        done = threading.Event()
-        self._future.add_done_callback(lambda _: done.set())
+        done = self._done_event
+        if done is None:  # one Event per work, however often it is waited for
+            done = self._done_event = threading.Event()
+            self._future.add_done_callback(lambda _: done.set())
         return done.wait(seconds)
 
     def get_future(self):
