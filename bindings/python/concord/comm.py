@@ -79,7 +79,7 @@ class Communicator:
         self._opts_cache = {}  # (op, prescale, postscale, compression) -> AllreduceOptsStruct
         self._counters = {}
         self._counter_lock = threading.Lock()
-        self._open_group = None  # (the _Group, the thread that opened it) while one is open
+        self._open_group = None  # (a token of the open group, the thread that opened it)
         _LIVE[self] = None
 
         def query(fn):
@@ -682,7 +682,8 @@ class Communicator:
         return _Group(self)
 
     def _own_open_group(self):
-        """The group this thread has open on this communicator, else None."""
+        """A token of the group this thread has open on this communicator (a new one each time a
+        group opens), else None."""
         opened = self._open_group
         if opened is not None and opened[1] == threading.get_ident():
             return opened[0]
@@ -721,7 +722,7 @@ class _Group:
 
     def __enter__(self):
         self._comm._check(lib().concord_group_start(self._comm._live()))
-        self._comm._open_group = (self, threading.get_ident())
+        self._comm._open_group = (object(), threading.get_ident())
         return self
 
     def __exit__(self, *exc):

@@ -160,7 +160,7 @@ class Handle:
         self._done = False
         self._lock = threading.Lock()  # one thread completes and frees the request
         self._pid = _PID  # the process that enqueued it
-        self._group = comm._own_open_group()  # the group this thread had open at its enqueue
+        self._group = comm._own_open_group()  # the token of the group open here at its enqueue
 
     def _check_process(self):
         # A handle left unfinished by the parent of a forked child: nothing runs it here.
