@@ -558,11 +558,16 @@ class TcpP2pTransport : public P2pTransport {
       if (s.ok() && direct && (l.read_from == 0 || meta.bytes == 0)) {
         s = ProtocolError("a payload to read directly that this rank cannot read");
       }
+      const DirectSource source =
+          s.ok() && direct ? DecodeDirect(p, meta.shape.size()) : DirectSource{};
+      // 0 is a closed link's word: a header giving it as the open value would pass any withdrawal.
+      if (s.ok() && direct && source.open == 0) {
+        s = ProtocolError("a payload to read directly without its link's open value");
+      }
       if (!s.ok()) {
         FailLink(l, s.WithContext("from " + Who(l.peer)), out);
         return false;
       }
-      const DirectSource source = direct ? DecodeDirect(p, meta.shape.size()) : DirectSource{};
       l.in_begin += head;
       StartMessage(l, tag, meta, direct, source);
     }

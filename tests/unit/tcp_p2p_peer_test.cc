@@ -134,21 +134,22 @@ TEST(TcpP2pPeerTest, AReceiptWithNonZeroPaddingFailsTheLinkAndItsSend) {
 }
 
 // Rank 1 (this process) sends rank 0 a message to read from its memory: the payload, then the
-// state word, which holds the link's open value only in the good case. A word that holds another
-// value (a later link's word at the address of a freed one: every link's value is random) means
-// that the message was withdrawn: the recv fails naming rank 1, and no receipt comes back.
+// state word, which holds the header's open value only in the first case. A word that holds
+// another value (a later link's word at the address of a freed one: every link's value is random)
+// means that the message was withdrawn: the recv fails naming rank 1, and no receipt comes back.
+// A header whose open value is 0 (a closed link's word) is a protocol error.
 TEST(TcpP2pPeerTest, ADirectReadCountsOnlyWhileTheStateWordHoldsTheLinksOpenValue) {
-  for (const bool good : {true, false}) {
+  const uint64_t word = 0x5eed'0000'0000'0001ull;
+  for (const uint64_t open : {word, word + 1, uint64_t{0}}) {
     FakePeer peer = Connect(/*direct=*/true);
     ASSERT_TRUE(peer.rank0 && peer.fd.valid());
     std::vector<char> payload(4096);
     for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<char>(i * 7);
-    const uint64_t word = 0x5eed'0000'0000'0001ull;
     P2pMeta meta;
     meta.shape = {4096};
     meta.bytes = 4096;
     const tcp_p2p::DirectSource source{reinterpret_cast<uint64_t>(payload.data()),
-                                       reinterpret_cast<uint64_t>(&word), good ? word : word + 1};
+                                       reinterpret_cast<uint64_t>(&word), open};
     std::vector<char> dest(4096, 0);
     Outcome received;
     peer.rank0->Recv(
@@ -156,7 +157,7 @@ TEST(TcpP2pPeerTest, ADirectReadCountsOnlyWhileTheStateWordHoldsTheLinksOpenValu
         [&dest](const P2pMeta&) -> void* { return dest.data(); }, received.Done());
     ASSERT_TRUE(Write(peer.fd.get(), tcp_p2p::EncodeHead(9, meta, &source)).ok());
     const Status s = received.Get();
-    if (good) {
+    if (open == word) {
       EXPECT_TRUE(s.ok()) << s.ToString();
       EXPECT_EQ(dest, payload);
       unsigned char receipt[tcp_p2p::kFixedHead];
@@ -164,11 +165,15 @@ TEST(TcpP2pPeerTest, ADirectReadCountsOnlyWhileTheStateWordHoldsTheLinksOpenValu
                                 Deadline::After(milliseconds(5000)), "rank 0")
                       .ok());
       EXPECT_TRUE(tcp_p2p::DecodeReceipt(receipt).ok());
-      continue;
+    } else if (open != 0) {
+      EXPECT_EQ(s.code(), Code::kPeerFailure) << s.ToString();
+      EXPECT_NE(s.message().find("rank 1 withdrew a point-to-point message"), std::string::npos)
+          << s.ToString();
+    } else {
+      EXPECT_EQ(s.code(), Code::kProtocolError) << s.ToString();
+      EXPECT_NE(s.message().find("without its link's open value"), std::string::npos)
+          << s.ToString();
     }
-    EXPECT_EQ(s.code(), Code::kPeerFailure) << s.ToString();
-    EXPECT_NE(s.message().find("rank 1 withdrew a point-to-point message"), std::string::npos)
-        << s.ToString();
   }
 }
 
