@@ -1,18 +1,20 @@
 // fault_rank: one rank of a training-like job that injects one class of fault when it is the
 // culprit, for the fault-injection suite (tests/faults/run_faults.py, README.md beside it).
 //
-//   fault_rank --class missing|mismatch|crash|stop|partition|uneven [--culprit R] [--steps N]
-//              [--fault-step S] [--go-file PATH]
+//   fault_rank --class missing|mismatch|crash|stop|partition|uneven [--ops allreduce|mixed]
+//              [--culprit R] [--steps N] [--fault-step S] [--go-file PATH]
 //
-// Every rank runs N steps (default 8); a step enqueues three named allreduces, "grad.0" (256
-// floats: the inline path), "grad.1" (16 Ki floats: fused) and "grad.2" (1 Mi floats: direct),
-// waits for all three with no deadline of its own (only Concord's deadlines may end a wait) and
-// checks the sums. At step S (default 3) the culprit (default: the last rank) injects its fault:
+// Every rank runs N steps (default 8). A step enqueues its requests (--ops, Workload() below):
+// three named allreduces, "grad.0" (256 floats: the inline path), "grad.1" (16 Ki floats: fused)
+// and "grad.2" (1 Mi floats: direct); or, mixed, "grad.0" and then a reduce-scatter ("grad.1"),
+// an all-to-all, an allgather, a broadcast and a ring of send/recv. It waits for all of them with
+// no deadline of its own (only Concord's deadlines may end a wait) and checks the results. At
+// step S (default 3) the culprit (default: the last rank) injects its fault:
 //   missing    it never submits "grad.1" again (a parameter unused on one rank)
-//   mismatch   it submits "grad.1" with one element more
+//   mismatch   it submits "grad.1" with one row (1-D) or one column more
 //   crash      it enqueues the step ("grad.0" last) and raise(SIGKILL)s in the completion
-//              callback of "grad.0", before the collectives of "grad.1" and "grad.2" that the
-//              others are entering (the fault line says which were still in flight)
+//              callback of "grad.0", before the step's other operations, which the others are
+//              entering (the fault line says which were still in flight)
 //   stop       the same with raise(SIGSTOP); once continued (the runner sends SIGCONT) it goes on
 //              like any other rank
 //   partition  it enqueues the step, asks for its link to be taken down and waits (at most 10 s)
@@ -167,15 +169,43 @@ void OnTerminatingSignal(int sig) {
 
 struct Options {
   std::string fault_class;
+  std::string ops = "allreduce";
   int culprit = -1;  // -1: the last rank
   int steps = 8;
   int fault_step = 3;
   std::string go_file;
 };
 
-constexpr int kTensors = 3;
-const char* const kNames[kTensors] = {"grad.0", "grad.1", "grad.2"};
-const int64_t kElements[kTensors] = {256, 16384, 1 << 20};
+// What one request of a step does.
+enum class Kind { kAllreduce, kReducescatter, kAlltoall, kAllgather, kBroadcast, kSend, kRecv };
+
+// One request of every step: its name, what it does and its input's shape (rows x cols; cols 1:
+// a 1-D tensor). The mismatch class gives "grad.1" one row more (1-D) or one column more.
+struct OpSpec {
+  const char* name;
+  Kind kind;
+  int64_t rows;
+  int64_t cols;
+};
+
+// The requests of a step (--ops). "allreduce": three allreduces, inline, fused and direct.
+// "mixed": an inline allreduce, then a reduce-scatter, an all-to-all (1 MiB to each rank), an
+// allgather, a broadcast from rank 0 and a ring of send/recv (to rank + 1, from rank - 1, tag: the
+// step). "grad.0" comes first in both: crash and stop raise in its callback.
+std::vector<OpSpec> Workload(const std::string& ops, int size) {
+  if (ops == "allreduce") {
+    return {{"grad.0", Kind::kAllreduce, 256, 1},
+            {"grad.1", Kind::kAllreduce, 16384, 1},
+            {"grad.2", Kind::kAllreduce, 1 << 20, 1}};
+  }
+  return {{"grad.0", Kind::kAllreduce, 256, 1},
+          {"grad.1", Kind::kReducescatter, 64 * size, 64},
+          {"grad.2", Kind::kAlltoall, 256 * size, 1024},
+          {"grad.3", Kind::kAllgather, 64, 1024},
+          {"grad.4", Kind::kBroadcast, 256, 1024},
+          {"p2p.send", Kind::kSend, 64, 1024},
+          {"p2p.recv", Kind::kRecv, 64, 1024}};
+}
 
 // One request of a step: what its callback saw, read by the main thread after concord_wait.
 struct Slot {
@@ -184,10 +214,10 @@ struct Slot {
   concord_request_t request = nullptr;
   concord_status_t status = CONCORD_SUCCESS;
   double done_at = 0;
-  // crash/stop: the signal the callback raises, and the other requests of the step (to say which
-  // are still in flight then).
+  // crash/stop: the signal the callback raises, and the step's other requests (to say which are
+  // still in flight then).
   int raise_signal = 0;
-  const Slot* others[2] = {nullptr, nullptr};
+  std::vector<const Slot*> others;
 };
 
 // The status's name as the error messages spell it ("TIMEOUT"), for the output.
@@ -233,15 +263,16 @@ const char* StatusName(concord_status_t s) {
 void RaiseInCallback(const Slot& slot) {
   std::string in_flight;
   for (const Slot* other : slot.others) {
-    if (concord_test(other->request) == CONCORD_IN_PROGRESS) {
-      in_flight += std::string(in_flight.empty() ? "" : " and ") + other->name;
+    if (other->request != nullptr && concord_test(other->request) == CONCORD_IN_PROGRESS) {
+      in_flight += std::string(in_flight.empty() ? "" : ", ") + other->name;
     }
   }
-  g_log.Emit(
-      "fault",
-      ",\"step\":" + std::to_string(slot.step) + ",\"detail\":\"raise(" +
-          (slot.raise_signal == SIGKILL ? "SIGKILL" : "SIGSTOP") + ") as grad.0 completes; " +
-          (in_flight.empty() ? "grad.1 and grad.2 already done" : in_flight + " in flight") + "\"");
+  g_log.Emit("fault", ",\"step\":" + std::to_string(slot.step) + ",\"detail\":\"raise(" +
+                          (slot.raise_signal == SIGKILL ? "SIGKILL" : "SIGSTOP") +
+                          ") as grad.0 completes; " +
+                          (in_flight.empty() ? "the step's other requests already done"
+                                             : in_flight + " in flight") +
+                          "\"");
   ::raise(slot.raise_signal);
   g_log.Emit("resumed", ",\"step\":" + std::to_string(slot.step));
 }
@@ -260,9 +291,18 @@ void OnComplete(concord_request_t /*request*/, concord_status_t status, void* us
 class FaultRank {
  public:
   FaultRank(Options options, concord_comm_t comm, int rank, int size)
-      : o_(std::move(options)), comm_(comm), rank_(rank), size_(size) {
-    for (int i = 0; i < kTensors; ++i) {
-      data_[i].resize(static_cast<size_t>(kElements[i]) + 1);  // + 1: the mismatching shape
+      : o_(std::move(options)),
+        comm_(comm),
+        rank_(rank),
+        size_(size),
+        ops_(Workload(o_.ops, size)),
+        in_(ops_.size()),
+        out_(ops_.size()),
+        enqueue_errors_(ops_.size()) {
+    for (size_t i = 0; i < ops_.size(); ++i) {
+      const OpSpec& op = ops_[i];
+      in_[i].resize(static_cast<size_t>((op.rows + 1) * (op.cols + 1)));  // + 1: the mismatch
+      out_[i].resize(static_cast<size_t>(OutputElements(op)));
     }
   }
 
@@ -286,29 +326,25 @@ class FaultRank {
   bool RunStep(int step, bool inject) {
     const bool skip_grad1 = inject && o_.fault_class == "missing";
     if (inject && step == o_.fault_step) Announce();
-    Slot slots[kTensors];
-    for (int i = 0; i < kTensors; ++i) {
+    const size_t n = ops_.size();
+    std::vector<Slot> slots(n);
+    for (size_t i = 0; i < n; ++i) {
       slots[i].step = step;
-      slots[i].name = kNames[i];
+      slots[i].name = ops_[i].name;
     }
     // crash/stop: "grad.0", whose callback raises the signal, is enqueued last, after the others.
     const bool raise =
         inject && step == o_.fault_step && (o_.fault_class == "crash" || o_.fault_class == "stop");
     if (raise) {
       slots[0].raise_signal = o_.fault_class == "crash" ? SIGKILL : SIGSTOP;
-      slots[0].others[0] = &slots[1];
-      slots[0].others[1] = &slots[2];
+      for (size_t i = 1; i < n; ++i) slots[0].others.push_back(&slots[i]);
     }
-    for (int k = 0; k < kTensors; ++k) {
-      const int i = raise ? kTensors - 1 - k : k;
+    for (size_t k = 0; k < n; ++k) {
+      const size_t i = raise ? (k + 1) % n : k;
       if (i == 1 && skip_grad1) continue;
       const bool wrong_shape =
           inject && step == o_.fault_step && o_.fault_class == "mismatch" && i == 1;
-      for (int64_t e = 0; e < kElements[i]; ++e) data_[i][e] = static_cast<float>(rank_ + 1);
-      int64_t shape[1] = {kElements[i] + (wrong_shape ? 1 : 0)};
-      concord_tensor_t t = CpuTensor(data_[i].data(), CONCORD_FLOAT32, 1, shape);
-      const concord_status_t s = concord_allreduce_async(comm_, kNames[i], &t, nullptr, nullptr,
-                                                         OnComplete, &slots[i], &slots[i].request);
+      const concord_status_t s = Enqueue(i, step, wrong_shape, &slots[i]);
       if (s != CONCORD_SUCCESS) {
         slots[i].request = nullptr;
         slots[i].status = s;
@@ -321,10 +357,10 @@ class FaultRank {
     for (Slot& slot : slots) {
       if (slot.request != nullptr) concord_wait(slot.request, -1);
     }
-    // The step's failures, the earliest first; a wrong sum counts as one.
+    // The step's failures, the earliest first; a wrong result counts as one.
     std::string first_status, first_message, messages = "[";
     double first_at = 0;
-    for (int i = 0; i < kTensors; ++i) {
+    for (size_t i = 0; i < n; ++i) {
       Slot& slot = slots[i];
       if (i == 1 && skip_grad1) continue;
       std::string status, message;
@@ -334,9 +370,9 @@ class FaultRank {
         message = std::string("'") + slot.name + "': " +
                   (slot.request != nullptr ? std::string(concord_request_error(slot.request))
                                            : "enqueue: " + enqueue_errors_[i]);
-      } else if (!SumIsRight(i)) {
+      } else if (!ResultIsRight(i, step)) {
         status = "WRONG_RESULT";
-        message = std::string("'") + slot.name + "': wrong sum, no error reported";
+        message = std::string("'") + slot.name + "': wrong result, no error reported";
         at = Now();
       }
       if (slot.request != nullptr) concord_request_free(slot.request);
@@ -360,12 +396,111 @@ class FaultRank {
     return false;
   }
 
-  bool SumIsRight(int i) const {
-    const float want = static_cast<float>(size_ * (size_ + 1) / 2);
-    for (int64_t e = 0; e < kElements[i]; e += 97) {
-      if (data_[i][e] != want) return false;
+  // Elements of op's result where it does not land in its input: a reduce-scatter's share, an
+  // all-to-all's or an allgather's output, a recv's buffer.
+  int64_t OutputElements(const OpSpec& op) const {
+    switch (op.kind) {
+      case Kind::kReducescatter:
+        return op.rows / size_ * op.cols;
+      case Kind::kAlltoall:
+      case Kind::kRecv:
+        return op.rows * op.cols;
+      case Kind::kAllgather:
+        return op.rows * size_ * op.cols;
+      default:
+        return 0;
     }
-    return data_[i][kElements[i] - 1] == want;
+  }
+
+  // The shape op is submitted with (mismatch: one row more, or one column more) into `shape`;
+  // returns its ndim.
+  static int ShapeOf(const OpSpec& op, bool wrong_shape, int64_t shape[2]) {
+    shape[0] = op.rows + (wrong_shape && op.cols == 1 ? 1 : 0);
+    shape[1] = op.cols + (wrong_shape && op.cols > 1 ? 1 : 0);
+    return op.cols == 1 ? 1 : 2;
+  }
+
+  // The value element e of op's input holds at `step` (an all-to-all's block for rank d holds
+  // (rank + 1) * 100 + d; a broadcast's root holds 1000 + step, the others -1; a send
+  // (rank + 1) * 10 + step), and the value element e of its result must hold.
+  float InputValue(const OpSpec& op, int64_t e, int step) const {
+    switch (op.kind) {
+      case Kind::kAlltoall:
+        return static_cast<float>((rank_ + 1) * 100 + e / (op.rows / size_ * op.cols));
+      case Kind::kBroadcast:
+        return rank_ == 0 ? static_cast<float>(1000 + step) : -1.0f;
+      case Kind::kSend:
+        return static_cast<float>((rank_ + 1) * 10 + step);
+      default:
+        return static_cast<float>(rank_ + 1);
+    }
+  }
+  float ResultValue(const OpSpec& op, int64_t e, int step) const {
+    switch (op.kind) {
+      case Kind::kAlltoall:
+        return static_cast<float>((e / (op.rows / size_ * op.cols) + 1) * 100 + rank_);
+      case Kind::kAllgather:
+        return static_cast<float>(e / (op.rows * op.cols) + 1);
+      case Kind::kBroadcast:
+        return static_cast<float>(1000 + step);
+      case Kind::kRecv:
+        return static_cast<float>(((rank_ + size_ - 1) % size_ + 1) * 10 + step);
+      default:
+        return static_cast<float>(size_ * (size_ + 1) / 2);
+    }
+  }
+
+  // Fills request i's input (and clears its output) and enqueues it.
+  concord_status_t Enqueue(size_t i, int step, bool wrong_shape, Slot* slot) {
+    const OpSpec& op = ops_[i];
+    int64_t shape[2];
+    const int ndim = ShapeOf(op, wrong_shape, shape);
+    const int64_t elements = shape[0] * shape[1];
+    for (int64_t e = 0; e < elements; ++e) in_[i][e] = InputValue(op, e, step);
+    std::fill(out_[i].begin(), out_[i].end(), -1.0f);
+    concord_tensor_t t = CpuTensor(in_[i].data(), CONCORD_FLOAT32, ndim, shape);
+    void* out = out_[i].data();
+    const size_t capacity = out_[i].size() * sizeof(float);
+    concord_request_t* request = &slot->request;
+    switch (op.kind) {
+      case Kind::kAllreduce:
+        return concord_allreduce_async(comm_, op.name, &t, nullptr, nullptr, OnComplete, slot,
+                                       request);
+      case Kind::kReducescatter: {
+        int64_t share[2] = {shape[0] / size_, shape[1]};
+        concord_tensor_t o = CpuTensor(out, CONCORD_FLOAT32, ndim, share);
+        return concord_reducescatter_async(comm_, op.name, &t, &o, nullptr, OnComplete, slot,
+                                           request);
+      }
+      case Kind::kAlltoall:
+        return concord_alltoall_async(comm_, op.name, &t, out, capacity, nullptr, OnComplete, slot,
+                                      request);
+      case Kind::kAllgather:
+        return concord_allgather_async(comm_, op.name, &t, out, capacity, OnComplete, slot,
+                                       request);
+      case Kind::kBroadcast:
+        return concord_broadcast_async(comm_, op.name, &t, nullptr, 0, OnComplete, slot, request);
+      case Kind::kSend:
+        return concord_send_async(comm_, &t, (rank_ + 1) % size_, step, OnComplete, slot, request);
+      case Kind::kRecv:
+        t.data = out;
+        return concord_recv_async(comm_, &t, (rank_ + size_ - 1) % size_, step, OnComplete, slot,
+                                  request);
+    }
+    return CONCORD_ERR_INTERNAL;
+  }
+
+  // Whether request i's result holds what it must (every 97th element and the last).
+  bool ResultIsRight(size_t i, int step) const {
+    const OpSpec& op = ops_[i];
+    if (op.kind == Kind::kSend) return true;
+    const bool in_place = op.kind == Kind::kAllreduce || op.kind == Kind::kBroadcast;
+    const std::vector<float>& result = in_place ? in_[i] : out_[i];
+    const int64_t elements = in_place ? op.rows * op.cols : OutputElements(op);
+    for (int64_t e = 0; e < elements; e += 97) {
+      if (result[e] != ResultValue(op, e, step)) return false;
+    }
+    return result[elements - 1] == ResultValue(op, elements - 1, step);
   }
 
   // The faults that happen at enqueue are announced before it, so the line's time is the fault's.
@@ -374,7 +509,14 @@ class FaultRank {
     if (o_.fault_class == "missing") {
       g_log.Emit("fault", step + ",\"detail\":\"grad.1 not submitted from this step on\"");
     } else if (o_.fault_class == "mismatch") {
-      g_log.Emit("fault", step + ",\"detail\":\"grad.1 submitted with 16385 elements, not 16384\"");
+      int64_t right[2], wrong[2];
+      const int ndim = ShapeOf(ops_[1], false, right);
+      ShapeOf(ops_[1], true, wrong);
+      auto text = [ndim](const int64_t* s) {
+        return "[" + std::to_string(s[0]) + (ndim == 2 ? ", " + std::to_string(s[1]) : "") + "]";
+      };
+      g_log.Emit("fault", step + ",\"detail\":\"grad.1 submitted with shape " + text(wrong) +
+                              ", not " + text(right) + "\"");
     }
   }
 
@@ -405,7 +547,7 @@ class FaultRank {
     std::snprintf(seconds, sizeof(seconds), ",\"seconds\":%.3f", Now() - t0);
     g_log.Emit("finalize",
                ",\"status\":" + JsonString(StatusName(s)) + ",\"message\":" +
-                   JsonString(s == CONCORD_SUCCESS ? "" : concord_comm_last_error(comm_)) +
+                   JsonString(s == CONCORD_SUCCESS ? "" : concord_comm_last_error(nullptr)) +
                    seconds);
     if (s != CONCORD_SUCCESS) code = 1;
     g_log.Emit("exit", ",\"code\":" + std::to_string(code));
@@ -416,8 +558,10 @@ class FaultRank {
   concord_comm_t comm_;
   const int rank_;
   const int size_;
-  std::vector<float> data_[kTensors];
-  std::string enqueue_errors_[kTensors];
+  const std::vector<OpSpec> ops_;
+  std::vector<std::vector<float>> in_;   // each request's input (the result too, in place)
+  std::vector<std::vector<float>> out_;  // and its output, where it has one of its own
+  std::vector<std::string> enqueue_errors_;
   double step_began_ = 0;
   double fault_step_began_ = 0;
 };
@@ -429,6 +573,8 @@ bool ParseArgs(int argc, char** argv, Options* o) {
     const std::string v = argv[++i];
     if (a == "--class") {
       o->fault_class = v;
+    } else if (a == "--ops") {
+      o->ops = v;
     } else if (a == "--culprit") {
       o->culprit = std::atoi(v.c_str());
     } else if (a == "--steps") {
@@ -444,8 +590,8 @@ bool ParseArgs(int argc, char** argv, Options* o) {
   const std::string& c = o->fault_class;
   const bool known = c == "missing" || c == "mismatch" || c == "crash" || c == "stop" ||
                      c == "partition" || c == "uneven";
-  return known && o->steps > o->fault_step && o->fault_step >= 1 &&
-         (c != "partition" || !o->go_file.empty());
+  return known && (o->ops == "allreduce" || o->ops == "mixed") && o->steps > o->fault_step &&
+         o->fault_step >= 1 && (c != "partition" || !o->go_file.empty());
 }
 
 }  // namespace
@@ -454,8 +600,9 @@ int main(int argc, char** argv) {
   Options o;
   if (!ParseArgs(argc, argv, &o)) {
     std::fprintf(stderr,
-                 "usage: %s --class missing|mismatch|crash|stop|partition|uneven [--culprit R]\n"
-                 "          [--steps N] [--fault-step S (1 <= S < N)] [--go-file PATH "
+                 "usage: %s --class missing|mismatch|crash|stop|partition|uneven\n"
+                 "          [--ops allreduce|mixed] [--culprit R] [--steps N] [--fault-step S (1 "
+                 "<= S < N)] [--go-file PATH "
                  "(partition)]\n",
                  argv[0]);
     return 2;

@@ -7,7 +7,7 @@ checks that every surviving rank gets an error naming the culprit within the cla
 
   run_faults.py --driver build/tests/faults/fault_rank --concordrun build/tools/concordrun
                 [--mpirun mpirun] [--class C]... [--backend B]... [--launcher L]... [--np N]...
-                [-j JOBS] [--log-dir DIR] [--json FILE]
+                [--ops allreduce|mixed] [-j JOBS] [--log-dir DIR] [--json FILE]
 
 Exit status: 0 when every scenario run passed, 1 when one failed, 77 when none could run (e.g.
 only partition scenarios and no root), 2 for a usage error.
@@ -282,7 +282,8 @@ class Scenario:
 
     @property
     def name(self):
-        return f"{self.cls}/np{self.np}/{self.backend}/{self.launcher}"
+        ops = "" if self.opts.ops == "allreduce" else f"/{self.opts.ops}"
+        return f"{self.cls}/np{self.np}/{self.backend}/{self.launcher}{ops}"
 
     def launcher_name(self):
         if self.launcher == "concordrun":
@@ -311,7 +312,7 @@ class Scenario:
         return env
 
     def driver_args(self, go_file):
-        args = [self.opts.driver, "--class", self.cls]
+        args = [self.opts.driver, "--class", self.cls, "--ops", self.opts.ops]
         if self.cls == "partition":
             args += ["--go-file", go_file]
         return args
@@ -738,6 +739,9 @@ def main():
     ap.add_argument("--backend", dest="backends", action="append", choices=BACKENDS)
     ap.add_argument("--launcher", dest="launchers", action="append", choices=LAUNCHERS)
     ap.add_argument("--np", dest="nps", action="append", type=int, choices=NPS)
+    ap.add_argument("--ops", choices=["allreduce", "mixed"], default="allreduce",
+                    help="each step's requests (fault_rank --ops): three allreduces, or one of "
+                         "every operation")
     ap.add_argument("-j", "--jobs", type=int, default=1, help="scenarios at once")
     ap.add_argument("--log-dir", help="write each scenario's full output there")
     ap.add_argument("--json", help="write the results there")
@@ -778,7 +782,8 @@ def main():
             print(f"{r['status']:<5} {r['scenario']}{extra}", flush=True)
     print(f"\nfault-injection matrix ({len(scenarios)} scenarios, {monotonic() - began:.1f} s; "
           f"CONCORD_TIMEOUT_S={TIMEOUT_S}, CONCORD_STALL_WARNING_S={STALL_WARNING_S}, "
-          f"CONCORD_STALL_SHUTDOWN_S={STALL_SHUTDOWN_S}; culprit: the last rank)\n")
+          f"CONCORD_STALL_SHUTDOWN_S={STALL_SHUTDOWN_S}; culprit: the last rank; requests: "
+          f"{opts.ops})\n")
     print_matrix(results)
     print_details(results)
     if opts.log_dir:
