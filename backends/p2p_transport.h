@@ -29,6 +29,10 @@
 // - Close() completes every operation in flight with `status`, refuses later ones with it, and
 //   stops the progress thread; the destructor closes with kNotInitialized if Close() was not
 //   called. Close() must not be called from `done` or `place`.
+// - Finish() is Close() for a communicator that finalizes, where the transport can tell its peers:
+//   each peer then fails its operations with this rank at once, with kPeerFailure saying that the
+//   rank finalized, and PeerFinalized() says so there (such a failure is the cause itself: core
+//   holds nothing for another). Messages this rank sent before still arrive.
 #pragma once
 
 #include <chrono>
@@ -69,6 +73,19 @@ class P2pTransport {
                     Done done) = 0;
   virtual void Recv(int peer, int64_t tag, Deadline deadline, Place place, Done done) = 0;
   virtual void Close(const Status& status) = 0;
+  // Close(status) after telling every peer, behind what this rank sent, that it finalized; returns
+  // true. A transport that cannot tell them returns false and does nothing (MPI: it stays open for
+  // Close(), since a message MPI started cannot be withdrawn and a peer may still take it).
+  virtual bool Finish(const Status& status) {
+    (void)status;
+    return false;
+  }
+  // Whether `peer` told this rank that it finalized (Finish() there). Lock-free: may be called
+  // from `done`.
+  virtual bool PeerFinalized(int peer) const {
+    (void)peer;
+    return false;
+  }
   // Progress by the waiter: runs the transport's progress on the calling thread until `finished`
   // returns true, the deadline passes, nothing is in flight, or the transport closes; `done` of
   // any operation may run here. It polls without giving up the CPU for `busy_poll` after the last

@@ -46,12 +46,14 @@ namespace {
 using tcp_p2p::CheckShape;
 using tcp_p2p::DecodeDirect;
 using tcp_p2p::DecodeFixed;
+using tcp_p2p::DecodeGoodbye;
 using tcp_p2p::DecodeReceipt;
 using tcp_p2p::DirectSource;
 using tcp_p2p::EncodeHead;
 using tcp_p2p::EncodeReceipt;
 using tcp_p2p::kDirectRead;
 using tcp_p2p::kFixedHead;
+using tcp_p2p::kGoodbyeMagic;
 using tcp_p2p::kReceiptMagic;
 
 constexpr size_t kStaging = 256 * 1024;        // reads land here unless a payload is larger
@@ -160,6 +162,7 @@ class TcpP2pTransport : public P2pTransport {
       : rank_(rank),
         size_(size),
         direct_min_bytes_(direct_min_bytes),
+        peer_finalized_(static_cast<size_t>(size)),
         links_(std::move(links)),
         wake_(std::move(wake)) {
     thread_ = std::thread([this] { Loop(); });
@@ -174,6 +177,9 @@ class TcpP2pTransport : public P2pTransport {
   bool OnProgressThread() const override { return std::this_thread::get_id() == thread_id_; }
   bool ReadsDirectly(int peer) const override {
     return peer >= 0 && peer < size_ && peer != rank_ && links_[peer].read_from != 0;
+  }
+  bool PeerFinalized(int peer) const override {
+    return peer >= 0 && peer < size_ && peer_finalized_[peer].load();
   }
 
   void Send(int peer, int64_t tag, const P2pMeta& meta, const void* data, Deadline deadline,
@@ -217,6 +223,12 @@ class TcpP2pTransport : public P2pTransport {
     Run(out);
   }
 
+  bool Finish(const Status& status) override EXCLUDES(mu_) {
+    SayGoodbye(status);
+    Close(status);
+    return true;
+  }
+
   void Close(const Status& status) override EXCLUDES(mu_) {
     {
       MutexLock lock(mu_);
@@ -240,6 +252,20 @@ class TcpP2pTransport : public P2pTransport {
   }
 
   std::string Who(int peer) const { return "rank " + std::to_string(peer); }
+
+  // Ends each link on which nothing is queued (so no message is half written) with a goodbye, if
+  // the socket takes it at once, and refuses later sends there with `status`. A link with a
+  // message still queued gets none: its peer sees the connection close, as after a failure.
+  void SayGoodbye(const Status& status) EXCLUDES(mu_) {
+    const std::string goodbye = tcp_p2p::EncodeGoodbye();
+    for (Link& l : links_) {
+      MutexLock send_lock(*l.send_mu);
+      if (!l.fd.valid() || !l.send_failure.ok() || !l.broken.ok() || !l.sends.empty()) continue;
+      [[maybe_unused]] const ssize_t n =
+          ::send(l.fd.get(), goodbye.data(), goodbye.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      l.send_failure = status;
+    }
+  }
 
   // Sizes the socket's send buffer for a message of `bytes` (at most kMaxSendBuffer), as Gloo
   // does, so that the sending thread usually writes it whole and the progress thread, which
@@ -537,6 +563,20 @@ class TcpP2pTransport : public P2pTransport {
       const size_t have = l.in_end - l.in_begin;
       if (have < kFixedHead) break;
       const unsigned char* p = l.in.data() + l.in_begin;
+      if (net::LoadU32(p) == kGoodbyeMagic) {
+        const Status goodbye = DecodeGoodbye(p);
+        if (!goodbye.ok()) {
+          FailLink(l, goodbye.WithContext("from " + Who(l.peer)), out);
+          return false;
+        }
+        peer_finalized_[l.peer].store(true);  // before the failures it explains complete
+        FailLink(l,
+                 Status(Code::kPeerFailure, Who(l.peer) +
+                                                " finalized its communicator (concord_finalize): "
+                                                "it sends and receives nothing more"),
+                 out);
+        return false;
+      }
       if (net::LoadU32(p) == kReceiptMagic) {
         Status receipt = DecodeReceipt(p);
         if (!receipt.ok()) {
@@ -765,6 +805,8 @@ class TcpP2pTransport : public P2pTransport {
   const int rank_;
   const int size_;
   const uint64_t direct_min_bytes_;
+  // Per peer: its goodbye arrived (PeerFinalized). Set by the progress thread, read by anyone.
+  std::vector<std::atomic<bool>> peer_finalized_;
   Mutex mu_;
   // By peer rank (this rank's entry unused); fixed after construction. Each link's fields are
   // guarded by mu_ except its send side (Link::send_mu) and its read side (the progress thread's).

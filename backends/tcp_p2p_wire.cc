@@ -35,19 +35,42 @@ std::string EncodeHead(int64_t tag, const P2pMeta& meta, const DirectSource* dir
   return h;
 }
 
-std::string EncodeReceipt() {
+namespace {
+
+// A frame of its magic and zero bytes up to kFixedHead (a receipt, a goodbye).
+std::string EncodeMark(uint32_t magic) {
   std::string r;
-  net::PutU32(&r, kReceiptMagic);
+  net::PutU32(&r, magic);
   r.resize(kFixedHead, '\0');
   return r;
 }
 
-Status DecodeReceipt(const unsigned char* p) {
-  if (net::LoadU32(p) != kReceiptMagic) return ProtocolError("malformed point-to-point receipt");
+Status DecodeMark(const unsigned char* p, uint32_t magic, const char* what) {
+  if (net::LoadU32(p) != magic)
+    return ProtocolError(std::string("malformed point-to-point ") + what);
   for (size_t i = 4; i < kFixedHead; ++i) {
-    if (p[i] != 0) return ProtocolError("point-to-point receipt with non-zero padding");
+    if (p[i] != 0)
+      return ProtocolError(std::string("point-to-point ") + what + " with non-zero padding");
   }
   return Status::Ok();
+}
+
+}  // namespace
+
+std::string EncodeReceipt() {
+  return EncodeMark(kReceiptMagic);
+}
+
+Status DecodeReceipt(const unsigned char* p) {
+  return DecodeMark(p, kReceiptMagic, "receipt");
+}
+
+std::string EncodeGoodbye() {
+  return EncodeMark(kGoodbyeMagic);
+}
+
+Status DecodeGoodbye(const unsigned char* p) {
+  return DecodeMark(p, kGoodbyeMagic, "goodbye");
 }
 
 Status DecodeFixed(const unsigned char* p, int64_t* tag, P2pMeta* meta, uint32_t* flags,

@@ -16,10 +16,15 @@
 // passes for it). The receiver reads the payload from there (process_vm_readv), then the state
 // word, and answers with a receipt, 32 bytes:
 //   u32 magic 'CP2R' | 28 zero bytes
-// which completes the send (receipts come back in the order of their messages). A receiver that
-// finds anything else (a bad magic, dtype or flag, a negative tag, a size that is not the
-// shape's, a receipt with a non-zero byte after its magic or one nothing waits for) fails the
-// link with kProtocol. Messages for which no recv is posted yet are kept whole (unexpected
+// which completes the send (receipts come back in the order of their messages). A rank whose
+// communicator finalizes ends each link on which no message is half written with a goodbye,
+//   u32 magic 'CP2B' | 28 zero bytes
+// after everything it sent, and closes it: the peer fails the link with kPeerFailure saying that
+// the rank finalized (what arrived whole before it stays for the recvs that come for it), and
+// holds nothing for a cause (P2pTransport::PeerFinalized). A receiver that finds anything else (a
+// bad magic, dtype or flag, a negative tag, a size that is not the shape's, a receipt or goodbye
+// with a non-zero byte after its magic, a receipt nothing waits for) fails the link with
+// kProtocol. Messages for which no recv is posted yet are kept whole (unexpected
 // messages) until one is (a large one after waiting a few milliseconds in the socket for its
 // recv); a posted recv's payload is read straight into its destination.
 #pragma once
@@ -38,6 +43,7 @@ namespace tcp_p2p {
 
 constexpr uint32_t kMessageMagic = 0x4D325043;  // "CP2M" on the wire
 constexpr uint32_t kReceiptMagic = 0x52325043;  // "CP2R"
+constexpr uint32_t kGoodbyeMagic = 0x42325043;  // "CP2B"
 constexpr size_t kFixedHead = 32;               // a message's header without its shape; a receipt
 constexpr uint32_t kDirectRead = 1;             // flags: the receiver reads the payload itself
 
@@ -56,6 +62,10 @@ std::string EncodeReceipt();
 // Checks a receipt at `p` (kFixedHead bytes, its magic included): kProtocol unless the 28 bytes
 // after the magic are zero.
 Status DecodeReceipt(const unsigned char* p);
+// A goodbye: this rank finalized, nothing follows.
+std::string EncodeGoodbye();
+// Checks a goodbye at `p` (kFixedHead bytes, its magic included), as DecodeReceipt.
+Status DecodeGoodbye(const unsigned char* p);
 // A message's header from `p` (at least kFixedHead bytes): tag, dtype, ndim, bytes and flags (the
 // shape's entries are filled by CheckShape, the direct source by DecodeDirect); *head_size
 // becomes the header's whole size. kProtocol for a bad magic, ndim, dtype or flag, or a negative

@@ -282,6 +282,11 @@ Status Engine::Shutdown() {
   }
   MutexLock shutdown_lock(shutdown_mu_);
   if (driver_.stopping()) return Status::Ok();
+  const Status closed(Code::kNotInitialized, "the communicator was finalized");
+  // Point to point ends first, where its transport can tell the peers: their sends and recvs
+  // with this rank fail at once instead of at their timeout while the barrier below waits for
+  // them to finalize too.
+  p2p_->Finish(closed);
   Status barrier = Status::Ok();
   if (config_.size > 1 && failure().ok()) {
     // A last barrier, negotiated like any operation, so no rank closes its connections while a
@@ -347,7 +352,6 @@ Status Engine::Shutdown() {
           std::to_string(stats_.device_launches.load()) + " device launches, " +
           std::to_string(stats_.cache_evictions.load()) + " cache evictions, " +
           std::to_string(stats_.topk_residual_evictions.load()) + " top-k residuals evicted");
-  const Status closed(Code::kNotInitialized, "the communicator was finalized");
   std::vector<QueueEntry> left = queue_.Close(closed);
   {
     MutexLock lock(group_mu_);

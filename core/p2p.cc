@@ -231,7 +231,8 @@ Status PointToPoint::Submit(P2pEntry e) {
 
 void PointToPoint::Complete(const std::shared_ptr<RequestState>& state, const Status& s, bool send,
                             int peer, int64_t tag) {
-  if (s.code() == Code::kPeerFailure && size_ > 2) {
+  // A peer that said it finalized is the cause itself.
+  if (s.code() == Code::kPeerFailure && size_ > 2 && !transport_->PeerFinalized(peer)) {
     MutexLock lock(mu_);
     if (closed_.ok() && !hold_timer_.joinable()) {
       try {
@@ -243,7 +244,7 @@ void PointToPoint::Complete(const std::shared_ptr<RequestState>& state, const St
     if (closed_.ok() && hold_timer_.joinable()) {
       const std::string what = std::string(send ? "send to" : "recv from") + " rank " +
                                std::to_string(peer) + " with tag " + std::to_string(tag);
-      held_.push_back(HeldFailure{state, s, what, Deadline::After(timeout_ + kHoldExtra)});
+      held_.push_back(HeldFailure{state, s, what, peer, Deadline::After(timeout_ + kHoldExtra)});
       held_changed_.NotifyAll();
       return;
     }
@@ -259,27 +260,37 @@ void PointToPoint::ReleaseHeldInTime() {
     {
       MutexLock lock(mu_);
       if (!closed_.ok()) return;  // Close() completes what is held
-      Deadline next = Deadline::Infinite();
-      for (const HeldFailure& h : held_) next = next.Earlier(h.until);
-      if (!next.passed()) {
+      // Due: past its time, or its peer said meanwhile that it finalized (a failure read from it
+      // before its goodbye: that is the cause).
+      auto waiting = [this](const HeldFailure& h) {
+        return !h.until.passed() && !transport_->PeerFinalized(h.peer);
+      };
+      if (std::all_of(held_.begin(), held_.end(), waiting)) {
+        Deadline next = held_.empty() ? Deadline::Infinite() : Deadline::After(kFinalizedCheck);
+        for (const HeldFailure& h : held_) next = next.Earlier(h.until);
         held_changed_.WaitUntil(mu_, next);
         continue;
       }
-      auto split = std::stable_partition(held_.begin(), held_.end(),
-                                         [](const HeldFailure& h) { return !h.until.passed(); });
+      auto split = std::stable_partition(held_.begin(), held_.end(), waiting);
       due.assign(std::make_move_iterator(split), std::make_move_iterator(held_.end()));
       held_.erase(split, held_.end());
     }
     for (HeldFailure& h : due) {
-      CompleteFor(this, *h.state,
-                  Status(h.failure.code(), h.failure.message() + " (no rank was reported failed " +
-                                               "within " + waited + " of it)"));
+      const std::string why =
+          transport_->PeerFinalized(h.peer)
+              ? " (rank " + std::to_string(h.peer) + " finalized its communicator meanwhile)"
+              : " (no rank was reported failed within " + waited + " of it)";
+      CompleteFor(this, *h.state, Status(h.failure.code(), h.failure.message() + why));
     }
   }
 }
 
 void PointToPoint::Close(const Status& status) {
   CloseWith(status, nullptr);
+}
+
+void PointToPoint::Finish(const Status& status) {
+  if (transport_ && transport_->Finish(status)) Close(status);
 }
 
 void PointToPoint::Fail(const Status& cause) {

@@ -33,7 +33,9 @@
 //   its own failure as context; or until the communicator's timeout and a second more pass (the
 //   time the engine gives a failed collective to learn its cause), or Close(): then with its own
 //   failure. The first hold starts a thread that keeps that time, until Close(). With two ranks
-//   the peer is the only other rank, and its failure completes the operation at once.
+//   the peer is the only other rank, and its failure completes the operation at once; so does a
+//   failure because the peer finalized (P2pTransport::PeerFinalized: its Finish() told this rank),
+//   and one held already is completed within kFinalizedCheck once its peer says so.
 // - Close() (the engine's Shutdown) and Fail() complete everything in flight with their status,
 //   on the calling thread, and refuse later operations. Callbacks run on the transport's progress
 //   thread, a waiter driving it, the submitting thread itself (an operation that completes at
@@ -99,6 +101,9 @@ class PointToPoint {
 
   Status Submit(P2pEntry entry) EXCLUDES(mu_);
   void Close(const Status& status) EXCLUDES(mu_);
+  // The communicator finalizes: Close(status), having told the peers (P2pTransport::Finish), where
+  // the transport can; elsewhere nothing (Close() comes later).
+  void Finish(const Status& status) EXCLUDES(mu_);
   // Close(cause), completing the held peer failures with the cause (the communicator failed).
   void Fail(const Status& cause) EXCLUDES(mu_);
   // Whether the calling thread is the transport's progress thread or is running one of this
@@ -113,11 +118,14 @@ class PointToPoint {
   // How much longer than the timeout a peer failure is held for its cause (as Engine does for
   // a failed collective).
   static constexpr std::chrono::seconds kHoldExtra{1};
+  // How often the hold's thread looks whether a held failure's peer has finalized since.
+  static constexpr std::chrono::milliseconds kFinalizedCheck{100};
   // A peer failure held for the cause (see the contract above): `what` says which operation.
   struct HeldFailure {
     std::shared_ptr<RequestState> state;
     Status failure;
     std::string what;
+    int peer;
     Deadline until;
   };
 

@@ -293,7 +293,7 @@ void CApi(const std::string& dir) {
 }
 
 // A link's stream as a receiver reads it: messages (payloads on the socket, one of size 0, one
-// read directly) and receipts.
+// read directly), receipts and the goodbye that ends it.
 void TcpP2pWire(const std::string& dir) {
   auto meta = [](DType dtype, std::vector<int64_t> shape) {
     P2pMeta m;
@@ -313,7 +313,9 @@ void TcpP2pWire(const std::string& dir) {
   Write(dir, "empty", empty);
   Write(dir, "direct", direct);
   Write(dir, "receipt", tcp_p2p::EncodeReceipt());
-  Write(dir, "stream", small + direct + empty + tcp_p2p::EncodeReceipt() + small);
+  Write(dir, "goodbye", tcp_p2p::EncodeGoodbye());
+  Write(dir, "stream",
+        small + direct + empty + tcp_p2p::EncodeReceipt() + small + tcp_p2p::EncodeGoodbye());
 }
 
 }  // namespace

@@ -1,8 +1,9 @@
 // libFuzzer target for the TCP point-to-point stream's frames (backends/tcp_p2p_wire.h), which a
 // rank's progress thread parses from whatever its peer writes. The input is read as a receiver
-// reads a link: a receipt (its magic) goes through DecodeReceipt, anything else through
-// DecodeFixed, then CheckShape once the whole header is there, then a payload of the header's
-// size (none for a directly read one) is skipped. A receipt that decodes must be EncodeReceipt()'s
+// reads a link: a receipt (its magic) goes through DecodeReceipt, a goodbye through DecodeGoodbye
+// (and ends the stream, as it ends the link), anything else through DecodeFixed, then CheckShape
+// once the whole header is there, then a payload of the header's size (none for a directly read
+// one) is skipped. A receipt or goodbye that decodes must be EncodeReceipt()'s or EncodeGoodbye()'s
 // bytes; a header that decodes must have a tag of 0 or more, a shape whose elements times its
 // dtype's size are its bytes, and encode back to the very same bytes. Anything that does not
 // decode is a kProtocolError and ends the stream, as it fails the link. The commands are in
@@ -30,6 +31,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   while (size - pos >= tcp_p2p::kFixedHead) {
     const unsigned char* p = data + pos;
     const std::string bytes(reinterpret_cast<const char*>(p), size - pos);
+    if (net::LoadU32(p) == tcp_p2p::kGoodbyeMagic) {
+      const Status goodbye = tcp_p2p::DecodeGoodbye(p);
+      Check(goodbye.ok() ? bytes.compare(0, tcp_p2p::kFixedHead, tcp_p2p::EncodeGoodbye()) == 0
+                         : goodbye.code() == Code::kProtocolError);
+      return 0;
+    }
     if (net::LoadU32(p) == tcp_p2p::kReceiptMagic) {
       const Status receipt = tcp_p2p::DecodeReceipt(p);
       if (!receipt.ok()) {

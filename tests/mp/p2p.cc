@@ -7,6 +7,8 @@
 //                                                         rank 1 dies while its message is read
 //   concordrun -np N ./mp_p2p --mode kill-elsewhere       the last rank dies while the others wait
 //                                                         for recvs from live ranks (N >= 3)
+//   concordrun -np N ./mp_p2p --mode finalize-early       the last rank finalizes while the others
+//                                                         wait for recvs from it (N >= 3, Gloo)
 //
 // Cases (mode "all"): a ring (every rank sends to the next and receives from the previous) of
 // every dtype x sizes {0, 1, 7, 4099, --large}, alternating a recv that names the tensor and one
@@ -447,7 +449,8 @@ void FinalizeFromCallback(concord_comm_t comm) {
 
 // Sends nobody receives, left behind by communicators that are then finalized, never reach the
 // communicators created after them: each round, every rank sends to the next on a split that it
-// finalizes without a recv, then a new split's ring must carry its own message (under MPI a freed
+// finalizes without a recv (a send to a rank that finalized first fails), then a new split's ring
+// must carry its own message (under MPI a freed
 // communicator's unreceived message used to take the place of the next one's first).
 void LeftBehindSends(concord_comm_t comm) {
   for (int round = 0; round < 8; ++round) {
@@ -458,8 +461,12 @@ void LeftBehindSends(concord_comm_t comm) {
     std::vector<unsigned char> stale = Make(CONCORD_INT32, 5, g_rank, 90 + round);
     const int64_t s5[1] = {5};
     concord_tensor_t ts = CpuTensor(stale.data(), CONCORD_INT32, 1, s5);
-    CHECKF(concord_send(sub, &ts, (g_rank + 1) % g_size, 3) == CONCORD_SUCCESS, "stale send: %s",
-           concord_comm_last_error(sub));
+    // The next rank may have finalized already: then the send fails at once saying so (Gloo).
+    const concord_status_t sent = concord_send(sub, &ts, (g_rank + 1) % g_size, 3);
+    const std::string why = sent == CONCORD_SUCCESS ? "" : concord_comm_last_error(sub);
+    CHECKF(sent == CONCORD_SUCCESS || (sent == CONCORD_ERR_PEER_FAILURE &&
+                                       why.find("finalized its communicator") != std::string::npos),
+           "stale send: %s", why.c_str());
     CHECKF(concord_finalize(sub) == CONCORD_SUCCESS, "finalize the split: %s",
            concord_comm_last_error(nullptr));
     CHECKF(concord_comm_split(comm, 0, g_rank, &sub) == CONCORD_SUCCESS, "split: %s",
@@ -699,6 +706,63 @@ int KillElsewhere() {
   return CheckFailures() ? 1 : 0;
 }
 
+// The last rank sends rank 0 one message and finalizes while every other rank waits in a recv
+// from it that no message will match: each such recv fails within seconds (the timeout is 20 s)
+// with PEER_FAILURE saying that the last rank finalized, and rank 0 still receives the message it
+// sent before. Then every rank finalizes (the last rank's barrier completes with theirs).
+int FinalizeEarly() {
+  concord_comm_t comm = mp::InitOrExit(&g_rank, &g_size);
+  if (g_size < 3) {
+    std::fprintf(stderr, "--mode finalize-early needs 3 ranks or more\n");
+    concord_finalize(comm);
+    return 2;
+  }
+  const int leaver = g_size - 1;
+  std::vector<float> small(16, 0.0f), sent(16);
+  for (int i = 0; i < 16; ++i) sent[i] = static_cast<float>(i + 100);
+  const int64_t s16[1] = {16};
+  concord_tensor_t waiting_t = CpuTensor(small.data(), CONCORD_FLOAT32, 1, s16);
+  concord_request_t waiting = nullptr;
+  if (g_rank != leaver) {
+    CHECKF(concord_recv_async(comm, &waiting_t, leaver, 7, nullptr, nullptr, &waiting) ==
+               CONCORD_SUCCESS,
+           "recv");
+  }
+  CHECKF(concord_barrier(comm) == CONCORD_SUCCESS, "barrier: %s", concord_comm_last_error(comm));
+  if (g_rank == leaver) {
+    concord_tensor_t t = CpuTensor(sent.data(), CONCORD_FLOAT32, 1, s16);
+    CHECKF(concord_send(comm, &t, 0, 8) == CONCORD_SUCCESS, "send: %s",
+           concord_comm_last_error(comm));
+    const concord_status_t f = concord_finalize(comm);
+    CHECKF(f == CONCORD_SUCCESS, "finalize: %s: %s", concord_status_string(f),
+           concord_comm_last_error(nullptr));
+  } else {
+    const double t0 = mp::Now();
+    const concord_status_t s = concord_wait(waiting, 60);
+    const std::string err = concord_request_error(waiting);
+    const std::string says = "rank " + std::to_string(leaver) + " finalized its communicator";
+    CHECKF(s == CONCORD_ERR_PEER_FAILURE && err.find(says) != std::string::npos,
+           "a recv from rank %d, which finalized: %s: %s", leaver, concord_status_string(s),
+           err.c_str());
+    CHECKF(mp::Now() - t0 < 5.0, "the failure took %.2f s to surface", mp::Now() - t0);
+    concord_request_free(waiting);
+    if (g_rank == 0) {
+      std::vector<float> got(16, 0.0f);
+      concord_tensor_t t = CpuTensor(got.data(), CONCORD_FLOAT32, 1, s16);
+      CHECKF(concord_recv(comm, &t, leaver, 8) == CONCORD_SUCCESS,
+             "the message rank %d sent before it finalized: %s", leaver,
+             concord_comm_last_error(comm));
+      CHECKF(got == sent, "the message rank %d sent before it finalized arrived changed", leaver);
+    }
+    CHECKF(concord_finalize(comm) == CONCORD_SUCCESS, "finalize: %s",
+           concord_comm_last_error(nullptr));
+  }
+  std::printf("p2p finalize-early: rank %d: %d failures: %s\n", g_rank, CheckFailures(),
+              CheckFailures() ? "FAIL" : "PASS");
+  std::fflush(stdout);
+  return CheckFailures() ? 1 : 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -722,8 +786,10 @@ int main(int argc, char** argv) {
   if (mode == "kill") return Kill();
   if (mode == "kill-receiving") return KillWhileReceiving(large);
   if (mode == "kill-elsewhere") return KillElsewhere();
+  if (mode == "finalize-early") return FinalizeEarly();
   std::fprintf(stderr,
-               "usage: %s [--mode all|kill|kill-receiving|kill-elsewhere] [--large ELEMENTS] "
+               "usage: %s [--mode all|kill|kill-receiving|kill-elsewhere|finalize-early] "
+               "[--large ELEMENTS] "
                "[--device cuda]\n",
                argv[0]);
   return 2;

@@ -3,13 +3,14 @@
 // FIFO per (peer, tag) with recvs posted early and late (large and small messages in turn too),
 // tags independent, a refused message dropped with the stream kept in sync, the sender's shape
 // adopted, large messages that arrive before their recv, one too large to allocate refused, a
-// recv that times out, a peer that closes, Close() with operations in flight, and the checks at
-// submit.
+// recv that times out, a peer that closes, a peer that finalizes (Finish), Close() with operations
+// in flight, and the checks at submit.
 #include "core/p2p.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <future>
 #include <memory>
@@ -350,6 +351,90 @@ TEST_P(P2pTest, APeerFailureAmongThreeRanksWaitsForTheCommunicatorsCause) {
     }
     EXPECT_EQ(recv.state->complete_calls(), 1);
   }
+}
+
+// A peer that finalizes says so (PointToPoint::Finish: a goodbye behind what it sent): among three
+// ranks the operations waiting for it fail at once, not after a hold for another cause, and what
+// it sent before its goodbye is still received; later operations with it fail at once too.
+TEST_P(P2pTest, APeerThatFinalizesFailsWhatWaitsForItAtOnceAndItsMessagesStillArrive) {
+  auto ranks = Ranks(3, GetParam());  // a 10 s timeout: the hold would last 11 s
+  ASSERT_EQ(ranks.size(), 3u);
+  Op waiting;
+  waiting.n = 4;
+  waiting.data.assign(4, 0);
+  ASSERT_TRUE(ranks[0]->Submit(Entry(false, 1, 3, waiting)).ok());
+  Op last = Message(100, 5);  // 400 bytes: on the socket in both cases (not read directly)
+  ASSERT_TRUE(ranks[1]->Submit(Entry(true, 0, 4, last)).ok());
+  ASSERT_TRUE(Await(last).ok());
+  const auto finished = std::chrono::steady_clock::now();
+  ranks[1]->Finish(Status(Code::kNotInitialized, "the communicator was finalized"));
+  const Status w = Await(waiting);
+  EXPECT_LT(std::chrono::steady_clock::now() - finished, milliseconds(5000)) << "held";
+  EXPECT_EQ(w.code(), Code::kPeerFailure) << w.ToString();
+  EXPECT_EQ(w.message().find("rank 1 finalized its communicator (concord_finalize)"), 0u)
+      << w.ToString();
+  Op got;
+  got.n = 100;
+  got.data.assign(100, 0);
+  ASSERT_TRUE(ranks[0]->Submit(Entry(false, 1, 4, got)).ok());
+  EXPECT_TRUE(Await(got).ok()) << got.state->status().ToString();
+  EXPECT_EQ(got.data, last.data);
+  for (const bool send : {true, false}) {
+    Op later = Message(4, 0);
+    ASSERT_TRUE(ranks[0]->Submit(Entry(send, 1, 5, later)).ok());
+    const Status l = Await(later);
+    EXPECT_EQ(l.code(), Code::kPeerFailure) << l.ToString();
+    EXPECT_NE(l.message().find("rank 1 finalized"), std::string::npos) << l.ToString();
+  }
+  EXPECT_EQ(waiting.state->complete_calls(), 1);
+}
+
+// A transport of three ranks whose recvs wait until the test fails them, and which says that a
+// peer finalized when the test tells it to (a failure read before the peer's goodbye).
+class FinalizingPeerTransport : public P2pTransport {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 3; }
+  int64_t max_tag() const override { return INT64_MAX; }
+  bool OnProgressThread() const override { return false; }
+  void Send(int, int64_t, const P2pMeta&, const void*, Deadline, Done done) override {
+    done(Status::Ok());
+  }
+  void Recv(int, int64_t, Deadline, Place, Done done) override { recv_ = std::move(done); }
+  void Close(const Status&) override {}
+  bool PeerFinalized(int peer) const override { return peer == 1 && finalized_.load(); }
+  void FailRecv(const Status& s) { recv_(s); }
+  void Finalize() { finalized_.store(true); }
+
+ private:
+  Done recv_;
+  std::atomic<bool> finalized_{false};
+};
+
+// A peer failure held for its cause is completed once its peer says it finalized, well before
+// the hold's time (10 s + 1 s), with that reason after its own failure.
+TEST(P2pHoldTest, AHeldFailureEndsOnceItsPeerSaysItFinalized) {
+  auto transport = std::make_unique<FinalizingPeerTransport>();
+  FinalizingPeerTransport* t = transport.get();
+  PointToPoint p2p(0, 3, milliseconds(10000), std::chrono::microseconds(0), std::move(transport),
+                   std::make_shared<ResultBuffers>(), Status(Code::kUnavailable, "none"));
+  Op recv;
+  recv.n = 4;
+  recv.data.assign(4, 0);
+  ASSERT_TRUE(p2p.Submit(Entry(false, 1, 3, recv)).ok());
+  t->FailRecv(Status(Code::kPeerFailure, "rank 1 withdrew a point-to-point message"));
+  std::this_thread::sleep_for(milliseconds(300));
+  EXPECT_FALSE(recv.state->done()) << "held for its cause";
+  const auto said = std::chrono::steady_clock::now();
+  t->Finalize();
+  ASSERT_TRUE(recv.state->Wait(Deadline::After(milliseconds(5000))));
+  EXPECT_LT(std::chrono::steady_clock::now() - said, milliseconds(2000));
+  const Status s = recv.state->status();
+  EXPECT_EQ(s.code(), Code::kPeerFailure) << s.ToString();
+  EXPECT_EQ(s.message(),
+            "rank 1 withdrew a point-to-point message (rank 1 finalized its communicator "
+            "meanwhile)");
+  EXPECT_EQ(recv.state->complete_calls(), 1);
 }
 
 // With two ranks the peer is the only other rank: its failure completes at once.

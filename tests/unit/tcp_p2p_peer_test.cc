@@ -3,8 +3,11 @@
 // receipt whose padding is not zero, a message with a negative tag, and a message too large for
 // this rank's memory that arrives before its recv each fail the link with a clear error (no
 // completed send, no recv left waiting for its timeout, no crash); a payload rank 0 reads from
-// rank 1's memory counts only while rank 1's state word holds the open value the header gave.
+// rank 1's memory counts only while rank 1's state word holds the open value the header gave. A
+// goodbye (rank 1 finalized) fails what waits for rank 1 at once and keeps what arrived before it;
+// rank 0's Finish() sends one behind what it sent.
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -175,6 +178,76 @@ TEST(TcpP2pPeerTest, ADirectReadCountsOnlyWhileTheStateWordHoldsTheLinksOpenValu
           << s.ToString();
     }
   }
+}
+
+// Rank 1 sends a message on tag 5, then its goodbye: rank 0's recv on tag 1 fails at once saying
+// that rank 1 finalized, PeerFinalized(1) says so, a recv on tag 5 posted after still gets the
+// message, and later sends and recvs fail at once. A goodbye with a non-zero padding byte is a
+// protocol error instead, and not taken for a finalize.
+TEST(TcpP2pPeerTest, AGoodbyeFailsWhatWaitsForThePeerAndKeepsWhatItSentBefore) {
+  for (const bool good : {true, false}) {
+    FakePeer peer = Connect(/*direct=*/false);
+    ASSERT_TRUE(peer.rank0 && peer.fd.valid());
+    Outcome waiting;
+    PostRecv(*peer.rank0, 1, Deadline::After(milliseconds(10000)), waiting);
+    P2pMeta meta;
+    meta.shape = {4};
+    meta.bytes = 4;
+    std::string goodbye = tcp_p2p::EncodeGoodbye();
+    if (!good) goodbye[tcp_p2p::kFixedHead - 1] = 1;
+    ASSERT_TRUE(Write(peer.fd.get(), tcp_p2p::EncodeHead(5, meta) + "abcd" + goodbye).ok());
+    const Status s = waiting.Get();
+    EXPECT_EQ(peer.rank0->PeerFinalized(1), good);
+    if (!good) {
+      EXPECT_EQ(s.code(), Code::kProtocolError) << s.ToString();
+      continue;
+    }
+    EXPECT_EQ(s.code(), Code::kPeerFailure) << s.ToString();
+    EXPECT_EQ(s.message().find("rank 1 finalized its communicator (concord_finalize)"), 0u)
+        << s.ToString();
+    char got[4] = {};
+    Outcome kept;
+    peer.rank0->Recv(
+        1, 5, Deadline::After(milliseconds(10000)),
+        [&got](const P2pMeta& m) -> void* { return m.bytes == 4 ? got : nullptr; }, kept.Done());
+    EXPECT_TRUE(kept.Get().ok());
+    EXPECT_EQ(std::string(got, 4), "abcd");
+    Outcome later_recv, later_send;
+    PostRecv(*peer.rank0, 6, Deadline::After(milliseconds(10000)), later_recv);
+    peer.rank0->Send(1, 6, meta, got, Deadline::After(milliseconds(10000)), later_send.Done());
+    EXPECT_EQ(later_recv.Get().code(), Code::kPeerFailure);
+    EXPECT_EQ(later_send.Get().code(), Code::kPeerFailure);
+  }
+}
+
+// Rank 0 sends a message, then finishes: rank 1 reads the message whole, then a goodbye, then the
+// end of the stream; a send after it is refused with Finish's status.
+TEST(TcpP2pPeerTest, FinishSendsAGoodbyeBehindWhatWasSent) {
+  FakePeer peer = Connect(/*direct=*/false);
+  ASSERT_TRUE(peer.rank0 && peer.fd.valid());
+  P2pMeta meta;
+  meta.shape = {4};
+  meta.bytes = 4;
+  const char payload[4] = {'w', 'x', 'y', 'z'};
+  Outcome sent;
+  peer.rank0->Send(1, 2, meta, payload, Deadline::After(milliseconds(10000)), sent.Done());
+  ASSERT_TRUE(sent.Get().ok());
+  const Status finalized(Code::kNotInitialized, "the communicator was finalized");
+  EXPECT_TRUE(peer.rank0->Finish(finalized));
+  const std::string head = tcp_p2p::EncodeHead(2, meta);
+  const std::string want = head + "wxyz" + tcp_p2p::EncodeGoodbye();
+  std::string got(want.size(), '\0');
+  ASSERT_TRUE(net::ReadFull(peer.fd.get(), got.data(), got.size(),
+                            Deadline::After(milliseconds(5000)), "rank 0")
+                  .ok());
+  EXPECT_EQ(got, want);
+  pollfd end{peer.fd.get(), POLLIN, 0};
+  ASSERT_EQ(::poll(&end, 1, 5000), 1);
+  char more = 0;
+  EXPECT_EQ(::read(peer.fd.get(), &more, 1), 0) << "the end of the stream";
+  Outcome after;
+  peer.rank0->Send(1, 2, meta, payload, Deadline::After(milliseconds(10000)), after.Done());
+  EXPECT_EQ(after.Get().code(), Code::kNotInitialized);
 }
 
 TEST(TcpP2pPeerTest, AMessageWithANegativeTagFailsTheLink) {

@@ -1,7 +1,7 @@
 // The TCP point-to-point stream's frames (backends/tcp_p2p_wire.h): headers with and without a
 // directly read payload round-trip, receipts are 32 bytes, and malformed headers (magic, ndim,
 // dtype, an unknown flag, a size that is not the shape's, a bad dimension, a negative tag) and
-// receipts (a non-zero padding byte) are kProtocolError.
+// receipts and goodbyes (a non-zero padding byte) are kProtocolError.
 #include "backends/tcp_p2p_wire.h"
 
 #include <gtest/gtest.h>
@@ -85,6 +85,20 @@ TEST(TcpP2pWireTest, AReceiptWithANonZeroPaddingByteIsAProtocolError) {
   }
   const std::string head = EncodeHead(1, Meta(DType::kUint8, {}));
   EXPECT_EQ(DecodeReceipt(Bytes(head)).code(), Code::kProtocolError) << "a message is no receipt";
+}
+
+TEST(TcpP2pWireTest, AGoodbyeIsAFixedHeadWithItsMagicAndOnlyThat) {
+  const std::string g = EncodeGoodbye();
+  ASSERT_EQ(g.size(), kFixedHead);
+  EXPECT_EQ(net::LoadU32(Bytes(g)), kGoodbyeMagic);
+  EXPECT_TRUE(DecodeGoodbye(Bytes(g)).ok());
+  EXPECT_EQ(DecodeReceipt(Bytes(g)).code(), Code::kProtocolError) << "a goodbye is no receipt";
+  EXPECT_EQ(DecodeGoodbye(Bytes(EncodeReceipt())).code(), Code::kProtocolError);
+  for (size_t i = 4; i < kFixedHead; ++i) {
+    std::string bad = g;
+    bad[i] = 1;
+    EXPECT_EQ(DecodeGoodbye(Bytes(bad)).code(), Code::kProtocolError) << "byte " << i;
+  }
 }
 
 TEST(TcpP2pWireTest, MalformedHeadersAreProtocolErrors) {
