@@ -499,8 +499,8 @@ class Engine {
   std::atomic<bool> finalizing_{false};  // Shutdown() submitted its finalize barrier
   // Other ranks' operations that failed because this rank had finalized (uneven epochs).
   struct LeftBehind {
-    std::vector<std::string> names;
-    std::set<int32_t> ranks;  // the ranks that submitted them
+    std::vector<std::string> names;  // each once, in the order they failed
+    std::set<int32_t> ranks;         // the ranks that submitted them
   };
   mutable Mutex left_behind_mu_;
   LeftBehind left_behind_ GUARDED_BY(left_behind_mu_);

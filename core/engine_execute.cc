@@ -16,6 +16,7 @@
 // entries that were not taken are Fail()'s. So every request is completed once, by its owner.
 //
 // Runs on the stepping thread; lane workers run their share of a segment while it waits.
+#include <algorithm>
 #include <new>
 #include <vector>
 
@@ -159,7 +160,11 @@ Status Engine::ExplainFailure(const Status& failure) {
 void Engine::NoteLeftBehind(const Response& r) {
   if (!finalizing_.load()) return;
   MutexLock lock(left_behind_mu_);
-  left_behind_.names.push_back(r.request.name);
+  // A name once (each rank's failure of it, each step's, is one more response for the same name).
+  std::vector<std::string>& names = left_behind_.names;
+  if (std::find(names.begin(), names.end(), r.request.name) == names.end()) {
+    names.push_back(r.request.name);
+  }
   for (int32_t rank : r.error_ranks) left_behind_.ranks.insert(rank);
 }
 

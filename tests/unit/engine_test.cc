@@ -494,6 +494,30 @@ TEST(EngineLanesTest, LargeAllreduceIsSlicedOverTheLanes) {
   }
 }
 
+// Rank 2 finalizes while ranks 0 and 1 still submit "x", one after the other, so that each
+// submission fails without it in a response of its own: rank 2's finalize names "x" once.
+TEST(EngineFinalizeTest, TheLeftBehindErrorNamesEachTensorOnce) {
+  std::vector<float> data(4, 1.0f);
+  Job job(3);
+  job.ExpectUnevenEnd();
+  Status finalized;
+  std::thread leaver([&] { finalized = job[2].Shutdown(); });
+  for (int rank : {0, 1}) {
+    auto x = Submit(job[rank], Entry(Request("x", OpType::kAllreduce, DType::kFloat32, {4}),
+                                     data.data(), data.data()));
+    const Status s = Await(x, milliseconds(10000));
+    EXPECT_EQ(s.code(), Code::kPeerFailure) << "rank " << rank << ": " << s.ToString();
+  }
+  RunRanks(2, [&](int rank) { (void)job[rank].Shutdown(); });
+  leaver.join();
+  EXPECT_EQ(finalized.code(), Code::kMismatch) << finalized.ToString();
+  const std::string& m = finalized.message();
+  const size_t first = m.find("'x'");
+  EXPECT_NE(first, std::string::npos) << m;
+  EXPECT_EQ(m.find("'x'", first + 1), std::string::npos) << m;
+  EXPECT_NE(m.find("ranks 0, 1 still submitted tensors"), std::string::npos) << m;
+}
+
 TEST(EngineGroupTest, RefusedGroupCompletesItsMembers) {
   std::vector<float> data(4, 1.0f);  // outlives the job: "held" is in flight until shutdown
   Job job(2);
