@@ -8,6 +8,9 @@
 // payload) only when it is the first of its (peer, tag), and its payload's once the header said
 // where it goes; a refused payload is received one piece at a time into a buffer of one piece
 // and dropped (an MPI receive takes a whole message, so the pieces bound what a drop needs).
+// A rank whose communicator finalizes sends every peer an empty goodbye on tag 2 max_tag + 2
+// (Finish): Open MPI matches one peer's messages on a communicator in the order they were sent,
+// so a goodbye is seen after everything that rank sent before it.
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -41,6 +44,11 @@ constexpr uint64_t kEagerBytes = 4096 - kHeadBytes;
 // allocate). A piece this large takes milliseconds to move; its MPI message costs microseconds.
 constexpr uint64_t kPieceBytes = uint64_t{16} << 20;
 static_assert(kPieceBytes <= kMpiMaxMessageBytes, "a piece is one MPI message");
+// How often a round looks for goodbyes, and how long after one a recv from its sender that no
+// message matched waits before it fails (a margin: what the sender sent before is matched or
+// queued by MPI before its goodbye).
+constexpr std::chrono::milliseconds kGoodbyeCheck{1};
+constexpr std::chrono::milliseconds kGoodbyeGrace{10};
 // How long the progress thread leaves new work to a waiter that may come to drive it.
 constexpr std::chrono::microseconds kDriverGrace{200};
 // How long the progress thread stands by for waiters once nothing is left to do, before it sleeps
@@ -100,12 +108,25 @@ using Completions = std::vector<std::pair<P2pTransport::Done, Status>>;
 // Recv() wake it only while it sleeps: WakeIfNeeded). Send() and
 // Recv() post their first MPI calls on the calling thread; a send MPI completes at once (an eager
 // one, usually) completes there. mu_ guards the operations; it is taken before the environment's
-// lock and never held while `done` runs.
+// lock and never held while `done` runs. Finish() sends the goodbyes and refuses later sends and
+// recvs, but leaves the transport open (a peer may still take a message MPI started) until
+// Close(); until then the progress thread receives and drops each message no posted receive
+// takes, so that a peer's send that started before that peer saw the goodbye completes (a recv
+// already dropping a refused payload of several pieces loses its later pieces so, and fails at
+// its deadline or Close()). A peer's goodbye fails
+// this rank's recvs from it that no message matched within kGoodbyeGrace, and later sends to it at
+// once, with kPeerFailure saying it finalized.
 class MpiP2pTransport : public P2pTransport {
  public:
   MpiP2pTransport(std::shared_ptr<MpiEnvironment> env, MPI_Comm comm, int rank, int size,
                   int64_t max_tag)
-      : env_(std::move(env)), comm_(comm), rank_(rank), size_(size), max_tag_(max_tag) {
+      : env_(std::move(env)),
+        comm_(comm),
+        rank_(rank),
+        size_(size),
+        max_tag_(max_tag),
+        peer_finalized_(static_cast<size_t>(size)),
+        finalized_at_(static_cast<size_t>(size)) {
     thread_ = std::thread([this] { Loop(); });
   }
   // The communicator is never freed: a peer's send this rank never received would be kept by Open
@@ -119,13 +140,22 @@ class MpiP2pTransport : public P2pTransport {
   int size() const override { return size_; }
   int64_t max_tag() const override { return max_tag_; }
   bool OnProgressThread() const override { return std::this_thread::get_id() == thread_id_; }
+  bool PeerFinalized(int peer) const override {
+    return peer >= 0 && peer < size_ && peer_finalized_[peer].load();
+  }
 
   void Send(int peer, int64_t tag, const P2pMeta& meta, const void* data, Deadline deadline,
             Done done) override {
     std::unique_lock<std::mutex> lock(mu_);
-    if (!closed_.ok()) {
+    if (!closed_.ok() || !finished_.ok()) {
+      const Status refused = closed_.ok() ? finished_ : closed_;
       lock.unlock();
-      done(closed_);
+      done(refused);
+      return;
+    }
+    if (peer_finalized_[peer].load()) {
+      lock.unlock();
+      done(Status(Code::kPeerFailure, Finalized(peer)));
       return;
     }
     const bool eager = meta.bytes <= kEagerBytes;
@@ -160,9 +190,10 @@ class MpiP2pTransport : public P2pTransport {
 
   void Recv(int peer, int64_t tag, Deadline deadline, Place place, Done done) override {
     std::unique_lock<std::mutex> lock(mu_);
-    if (!closed_.ok()) {
+    if (!closed_.ok() || !finished_.ok()) {
+      const Status refused = closed_.ok() ? finished_ : closed_;
       lock.unlock();
-      done(closed_);
+      done(refused);
       return;
     }
     RecvQueue& q = RecvQueueOf(peer, tag);
@@ -212,6 +243,16 @@ class MpiP2pTransport : public P2pTransport {
     WakeIfNeeded();
   }
 
+  bool Finish(const Status& status) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_ || !closed_.ok() || !finished_.ok()) return false;
+    finished_ = status;
+    Status s = SendGoodbyes();
+    if (!s.ok()) FailAllLocked(s);
+    WakeIfNeeded();
+    return false;  // open until Close(): a peer may still take a message MPI started
+  }
+
   void Close(const Status& status) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -232,6 +273,70 @@ class MpiP2pTransport : public P2pTransport {
   }
 
  private:
+  std::string Finalized(int peer) const {
+    return "rank " + std::to_string(peer) +
+           " finalized its communicator (concord_finalize): it sends and receives nothing more";
+  }
+
+  int GoodbyeTag() const { return static_cast<int>(2 * max_tag_ + 2); }
+
+  // An empty message to every peer on the goodbye tag, behind what this rank sent it. The
+  // requests are freed at once: MPI completes such a send by itself.
+  Status SendGoodbyes() {
+    CONCORD_MPI_LOCK_OR_RETURN(lock, *env_);
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_) continue;
+      MPI_Request request = MPI_REQUEST_NULL;
+      CONCORD_MPI_CHECK(MPI_Isend(nullptr, 0, MPI_BYTE, peer, GoodbyeTag(), comm_, &request));
+      CONCORD_MPI_CHECK(MPI_Request_free(&request));
+    }
+    return Status::Ok();
+  }
+
+  // Takes the goodbyes that arrived (the receive for the next one stays posted): their senders
+  // finalized at `now`.
+  Status TakeGoodbyes(Clock::time_point now) {
+    CONCORD_MPI_LOCK_OR_RETURN(lock, *env_);
+    for (;;) {
+      if (goodbye_request_ == MPI_REQUEST_NULL) {
+        CONCORD_MPI_CHECK(MPI_Irecv(nullptr, 0, MPI_BYTE, MPI_ANY_SOURCE, GoodbyeTag(), comm_,
+                                    &goodbye_request_));
+      }
+      int flag = 0;
+      MPI_Status st;
+      CONCORD_MPI_CHECK(MPI_Test(&goodbye_request_, &flag, &st));
+      if (flag == 0) return Status::Ok();
+      if (st.MPI_SOURCE >= 0 && st.MPI_SOURCE < size_ && st.MPI_SOURCE != rank_) {
+        finalized_at_[st.MPI_SOURCE] = now;
+        peer_finalized_[st.MPI_SOURCE].store(true);
+      }
+    }
+  }
+
+  // After Finish(): receives and drops every message no posted receive took (this rank's recvs
+  // will take nothing more), so that a peer's send that started before it saw the goodbye
+  // completes instead of waiting out its deadline.
+  Status DropUnexpected(bool* progressed) {
+    CONCORD_MPI_LOCK_OR_RETURN(lock, *env_);
+    for (;;) {
+      int flag = 0;
+      MPI_Message message = MPI_MESSAGE_NULL;
+      MPI_Status st;
+      CONCORD_MPI_CHECK(MPI_Improbe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &flag, &message, &st));
+      if (flag == 0) return Status::Ok();
+      int bytes = 0;
+      CONCORD_MPI_CHECK(MPI_Get_count(&st, MPI_BYTE, &bytes));
+      if (dropped_.size() < static_cast<size_t>(bytes)) dropped_.resize(bytes);
+      CONCORD_MPI_CHECK(MPI_Mrecv(dropped_.data(), bytes, MPI_BYTE, &message, MPI_STATUS_IGNORE));
+      *progressed = true;
+    }
+  }
+
+  // Whether `peer`'s goodbye came at least kGoodbyeGrace before `now`.
+  bool GoneBy(int peer, Clock::time_point now) const {
+    return peer_finalized_[peer].load() && now - finalized_at_[peer] >= kGoodbyeGrace;
+  }
+
   // Sends the op's wire (header, eager payload) and, when `data` is given, its payload after it.
   Status Post(SendOp& op, int peer, int64_t tag, const void* data, uint64_t bytes) {
     CONCORD_MPI_LOCK_OR_RETURN(lock, *env_);
@@ -375,6 +480,15 @@ class MpiP2pTransport : public P2pTransport {
   // completed.
   bool Round(Completions& out, Clock::time_point now) {
     bool progressed = false;
+    if (now - goodbyes_checked_ >= kGoodbyeCheck) {
+      goodbyes_checked_ = now;
+      Status s = TakeGoodbyes(now);
+      if (s.ok() && !finished_.ok()) s = DropUnexpected(&progressed);
+      if (!s.ok()) {
+        FailAllLocked(s);
+        return true;
+      }
+    }
     for (auto it = sends_.begin(); it != sends_.end();) {
       bool done = false;
       Status s = TestAll(it->requests, &done);
@@ -406,6 +520,20 @@ class MpiP2pTransport : public P2pTransport {
         if (s.ok() && done) {
           s = StartPayload(q, peer, tag, received);
           progressed = true;
+        } else if (s.ok() && GoneBy(peer, now)) {
+          // The peer finalized: no message will come for this recv or those behind it.
+          bool cancelled = false;
+          s = CancelHead(q, &cancelled, &received);
+          if (s.ok() && cancelled) {
+            for (RecvOp& op : q.ops) {
+              out.emplace_back(std::move(op.done), Status(Code::kPeerFailure, Finalized(peer)));
+            }
+            q.ops.clear();
+            q.head_posted = false;
+            progressed = true;
+          } else if (s.ok()) {
+            s = StartPayload(q, peer, tag, received);
+          }
         } else if (s.ok() && now >= q.ops.front().deadline.at()) {
           bool cancelled = false;
           s = CancelHead(q, &cancelled, &received);
@@ -528,6 +656,12 @@ class MpiP2pTransport : public P2pTransport {
       for (RecvOp& op : q.ops) out.emplace_back(std::move(op.done), status);
     }
     recvs_.clear();
+    if (goodbye_request_ != MPI_REQUEST_NULL) {
+      // Freed without waiting (a wait could stall inside MPI after a peer's failure): it has no
+      // buffer for MPI to write, and a goodbye it takes later changes nothing.
+      auto lock = env_->Lock();
+      if (lock.owns_lock()) MPI_Request_free(&goodbye_request_);
+    }
     if (leaked) env_->MarkAbandoned();
   }
 
@@ -539,7 +673,10 @@ class MpiP2pTransport : public P2pTransport {
     std::unique_lock<std::mutex> lock(mu_);
     auto active_at = Clock::now();  // when work or a driver was last seen
     while (!stop_) {
-      const bool work = !sends_.empty() || !recvs_.empty() || !pending_out_.empty();
+      // After Finish(), messages to drop may come at any time until Close(): a round each
+      // kGoodbyeCheck.
+      const bool draining = !finished_.ok();
+      const bool work = !sends_.empty() || !recvs_.empty() || !pending_out_.empty() || draining;
       if (drivers_ > 0 || !work) {
         // Once waiters drive, stand by with timed waits that Send() and Recv() do not cut short,
         // until nothing happened for kParkAfter; then sleep until woken.
@@ -574,8 +711,13 @@ class MpiP2pTransport : public P2pTransport {
         out.clear();
         lock.lock();
       }
+      const bool only_draining = sends_.empty() && recvs_.empty() && pending_out_.empty();
       if (progressed) {
         idle_since = Clock::now();
+      } else if (only_draining) {
+        sleeping_ = true;
+        cv_.wait_for(lock, kGoodbyeCheck);
+        sleeping_ = false;
       } else if (Clock::now() - idle_since < std::chrono::milliseconds(2)) {
         lock.unlock();
         std::this_thread::yield();
@@ -605,6 +747,14 @@ class MpiP2pTransport : public P2pTransport {
   std::map<std::pair<int, int64_t>, RecvQueue> recvs_;
   std::vector<std::map<std::pair<int, int64_t>, RecvQueue>::node_type> spare_recvs_;  // kSpares
   Completions pending_out_;  // what a failure on a calling thread completed
+  Status finished_;          // Finish() ran: later sends and recvs are refused with it
+  // Goodbyes: the receive for the next one (posted at the first round), when the last look was,
+  // and per peer whether its goodbye came (read by anyone: PeerFinalized) and when (under mu_).
+  MPI_Request goodbye_request_ = MPI_REQUEST_NULL;
+  Clock::time_point goodbyes_checked_{};
+  std::vector<std::atomic<bool>> peer_finalized_;
+  std::vector<Clock::time_point> finalized_at_;
+  std::vector<char> dropped_;  // after Finish(): where unexpected messages land (DropUnexpected)
   std::atomic<std::thread::id> thread_id_{};
   std::thread thread_;
 };
@@ -623,7 +773,8 @@ StatusOr<std::unique_ptr<P2pTransport>> CreateMpiP2pTransport(std::shared_ptr<Mp
     CONCORD_MPI_CHECK(MPI_Comm_size(comm, &size));
     CONCORD_MPI_CHECK(MPI_Comm_get_attr(comm, MPI_TAG_UB, &tag_ub, &flag));
   }
-  const int64_t max_tag = flag && tag_ub != nullptr ? (int64_t{*tag_ub} - 1) / 2 : 16383;
+  // Tags 2t and 2t + 1 carry a message; 2 max_tag + 2, at most MPI_TAG_UB, the goodbyes.
+  const int64_t max_tag = flag && tag_ub != nullptr ? (int64_t{*tag_ub} - 2) / 2 : 16382;
   return std::unique_ptr<P2pTransport>(
       std::make_unique<MpiP2pTransport>(std::move(env), comm, rank, size, max_tag));
 }

@@ -300,7 +300,7 @@ CONCORD_API concord_status_t concord_init_config(const concord_config_t* config,
  *  NOT_INITIALIZED, stops the engine and frees the handle. NULL is ok. From one of the
  *  communicator's own callbacks it is refused with INVALID_ARGUMENT and the handle stays valid.
  *  The others learn at once that this rank finalized: operations they submitted that this rank
- *  did not fail with PEER_FAILURE naming it, and on Gloo their sends and recvs with it. When
+ *  did not fail with PEER_FAILURE naming it, and so do their sends and recvs with it. When
  *  the barrier does not complete (TIMEOUT: other ranks did not finalize in time; or the error
  *  that failed it), the handle is still freed and the status says so, with the message in
  *  concord_comm_last_error(NULL). */
@@ -646,8 +646,8 @@ CONCORD_API concord_status_t concord_end_step(concord_comm_t comm);
 
 /* ---- point to point (pipeline stages) ---- */
 /**
- * Sends `tensor` to rank `peer` with `tag` (>= 0; at most (MPI_TAG_UB - 1) / 2 on
- * the MPI backend, 2^30 - 1 with Open MPI; any int64 on Gloo). Point to point is not negotiated:
+ * Sends `tensor` to rank `peer` with `tag` (>= 0; at most (MPI_TAG_UB - 2) / 2 on
+ * the MPI backend, 2^30 - 2 with Open MPI; any int64 on Gloo). Point to point is not negotiated:
  * the message (a header with dtype and shape, then the bytes) goes straight to the peer on
  * connections of its own, and no other rank takes part. Messages from one rank to another with
  * one tag arrive in the order they were sent; different tags and peers never wait for each other,
@@ -670,9 +670,9 @@ CONCORD_API concord_status_t concord_end_step(concord_comm_t comm);
  * the message in before it completes; either end may be a CPU or a CUDA tensor.
  * Callbacks of sends and recvs run on the communicator's point-to-point thread (or on the calling
  * thread when the operation completes at once); they must not wait for requests of this
- * communicator. concord_finalize completes those still in flight with NOT_INITIALIZED; on Gloo it
- * also tells the peers, behind what this rank sent, so that their sends and recvs with it fail at
- * once with PEER_FAILURE saying it finalized (on MPI they end at their timeout).
+ * communicator. concord_finalize completes those still in flight with NOT_INITIALIZED and tells
+ * the peers, behind what this rank sent: their recvs from it that nothing matched, and later sends
+ * to it, fail at once with PEER_FAILURE saying it finalized.
  */
 CONCORD_API concord_status_t concord_send_async(concord_comm_t comm, const concord_tensor_t* tensor,
                                                 int peer, int64_t tag, concord_callback_t callback,

@@ -8,7 +8,7 @@
 //   concordrun -np N ./mp_p2p --mode kill-elsewhere       the last rank dies while the others wait
 //                                                         for recvs from live ranks (N >= 3)
 //   concordrun -np N ./mp_p2p --mode finalize-early       the last rank finalizes while the others
-//                                                         wait for recvs from it (N >= 3, Gloo)
+//                                                         wait for recvs from it (N >= 3)
 //
 // Cases (mode "all"): a ring (every rank sends to the next and receives from the previous) of
 // every dtype x sizes {0, 1, 7, 4099, --large}, alternating a recv that names the tensor and one
