@@ -110,10 +110,9 @@ using Completions = std::vector<std::pair<P2pTransport::Done, Status>>;
 // one, usually) completes there. mu_ guards the operations; it is taken before the environment's
 // lock and never held while `done` runs. Finish() sends the goodbyes and refuses later sends and
 // recvs, but leaves the transport open (a peer may still take a message MPI started) until
-// Close(); until then the progress thread receives and drops each message no posted receive
-// takes, so that a peer's send that started before that peer saw the goodbye completes (a recv
-// already dropping a refused payload of several pieces loses its later pieces so, and fails at
-// its deadline or Close()). A peer's goodbye fails
+// Close(); until then the progress thread receives and drops each message that no recv in
+// flight will take, so that a peer's send that started before that peer saw the goodbye
+// completes. A peer's goodbye fails
 // this rank's recvs from it that no message matched within kGoodbyeGrace, and later sends to it at
 // once, with kPeerFailure saying it finalized.
 class MpiP2pTransport : public P2pTransport {
@@ -313,16 +312,24 @@ class MpiP2pTransport : public P2pTransport {
     }
   }
 
-  // After Finish(): receives and drops every message no posted receive took (this rank's recvs
-  // will take nothing more), so that a peer's send that started before it saw the goodbye
-  // completes instead of waiting out its deadline.
+  // After Finish(): receives and drops, in the order they came, the messages that no recv of
+  // this rank will take (this rank posts no new ones), so that a peer's send that started before
+  // it saw the goodbye completes instead of waiting out its deadline. Stops at the first message
+  // a recv in flight may still take (a header or a payload of its (peer, tag), whose receive the
+  // next round posts) and at a goodbye (the next look takes it).
   Status DropUnexpected(bool* progressed) {
     CONCORD_MPI_LOCK_OR_RETURN(lock, *env_);
     for (;;) {
       int flag = 0;
-      MPI_Message message = MPI_MESSAGE_NULL;
       MPI_Status st;
-      CONCORD_MPI_CHECK(MPI_Improbe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &flag, &message, &st));
+      CONCORD_MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &flag, &st));
+      if (flag == 0 || st.MPI_TAG == GoodbyeTag() ||
+          recvs_.count({st.MPI_SOURCE, st.MPI_TAG / 2}) != 0) {
+        return Status::Ok();
+      }
+      // The first message from that source with that tag is the one just probed.
+      MPI_Message message = MPI_MESSAGE_NULL;
+      CONCORD_MPI_CHECK(MPI_Improbe(st.MPI_SOURCE, st.MPI_TAG, comm_, &flag, &message, &st));
       if (flag == 0) return Status::Ok();
       int bytes = 0;
       CONCORD_MPI_CHECK(MPI_Get_count(&st, MPI_BYTE, &bytes));
@@ -480,10 +487,10 @@ class MpiP2pTransport : public P2pTransport {
   // completed.
   bool Round(Completions& out, Clock::time_point now) {
     bool progressed = false;
-    if (now - goodbyes_checked_ >= kGoodbyeCheck) {
+    const bool look = now - goodbyes_checked_ >= kGoodbyeCheck;
+    if (look) {
       goodbyes_checked_ = now;
       Status s = TakeGoodbyes(now);
-      if (s.ok() && !finished_.ok()) s = DropUnexpected(&progressed);
       if (!s.ok()) {
         FailAllLocked(s);
         return true;
@@ -580,6 +587,14 @@ class MpiP2pTransport : public P2pTransport {
         RetireRecvQueue(it++);
       } else {
         ++it;
+      }
+    }
+    // Last: the recvs above have posted what they will take.
+    if (look && !finished_.ok()) {
+      Status s = DropUnexpected(&progressed);
+      if (!s.ok()) {
+        FailAllLocked(s);
+        return true;
       }
     }
     return progressed;
