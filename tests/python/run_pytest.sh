@@ -25,4 +25,10 @@ if [ "$script" = 1 ]; then
   exec "$concordrun" -np "$np" --timeout 30 "$python" "$@"
 fi
 # -p no:cacheprovider: no .pytest_cache in the source tree; -rs prints every skip's reason.
-exec "$concordrun" -np "$np" --timeout 30 "$python" -m pytest -q -rs -p no:cacheprovider "$@"
+# With several ranks, -x: a rank whose test fails stops there. Its peers would go on into the
+# next tests' collectives without it and each wait out a timeout (the ranks out of step until
+# ctest's own timeout killed the job); concordrun ends them instead (--grace).
+first_failure=()
+[ "$np" -gt 1 ] && first_failure=(-x)
+exec "$concordrun" -np "$np" --timeout 30 "$python" -m pytest -q -rs -p no:cacheprovider \
+  "${first_failure[@]}" "$@"

@@ -119,14 +119,18 @@ def allreduce_totals(comm, dtype="float32"):
 
 def wire_bytes_of(comm, hook_fn):
     """Bytes this rank put on the wire for the allreduces hook_fn() issued through the hook (a
-    counted one): the metrics are written just after each completion callback, so wait for them."""
-    count0, bytes0 = allreduce_totals(comm)
+    counted one), comm's only user (a new communicator: an earlier test's last operations may
+    still be counted after their callbacks, in another's totals). The metrics are written just
+    after each completion callback, so wait for them."""
+    assert allreduce_totals(comm) == (0, 0)
     result = hook_fn()
     deadline = time.monotonic() + 10
-    while allreduce_totals(comm)[0] < count0 + hook_fn.counted.calls:
+    while allreduce_totals(comm)[0] < hook_fn.counted.calls:
         assert time.monotonic() < deadline, "the metrics never counted every bucket"
         time.sleep(0.01)
-    return allreduce_totals(comm)[1] - bytes0, result
+    count, wire = allreduce_totals(comm)
+    assert count == hook_fn.counted.calls, (count, hook_fn.counted.calls)
+    return wire, result
 
 
 def test_bad_spec_fails_at_creation_naming_it():
@@ -159,13 +163,14 @@ def test_no_compression_equals_gloo(gloo, comm):
 
 def test_compression_bytes_and_loss(gloo, comm):
     def run(spec):
-        hook = counted(hooks.allreduce_hook(compression=spec, comm=comm))
+        with comm.split(0) as own:
+            hook = counted(hooks.allreduce_hook(compression=spec, comm=own))
 
-        def fn():
-            return loss_on_every_rank_data(train(gloo, hook, state=gloo, steps=2 * STEPS))
+            def fn():
+                return loss_on_every_rank_data(train(gloo, hook, state=gloo, steps=2 * STEPS))
 
-        fn.counted = hook
-        return wire_bytes_of(comm, fn)
+            fn.counted = hook
+            return wire_bytes_of(own, fn)
 
     plain_bytes, plain_loss = run("none")
     assert plain_bytes > 0
