@@ -11,9 +11,9 @@
 #include <cstring>
 #include <new>
 #include <string>
-#include <thread>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
 #include "base/mutex.h"
 #include "compression/registry.h"
@@ -47,6 +47,15 @@ pid_t ProcessId() {
   return cached_process_id.load(std::memory_order_relaxed);
 }
 
+// The calling thread's key in the per-thread error texts below: unique for the process's life. A
+// std::thread::id is not: a thread started after another exited often gets its ID, and would
+// have read the exited thread's message as its own.
+uint64_t ThreadSerial() {
+  static std::atomic<uint64_t> next{1};
+  thread_local const uint64_t serial = next.fetch_add(1, std::memory_order_relaxed);
+  return serial;
+}
+
 }  // namespace
 
 // A communicator: the engine, what it was started from (to split it), the process that made it,
@@ -56,7 +65,8 @@ struct concord_comm {
   std::shared_ptr<concord::CommOrigin> origin;
   pid_t pid = ProcessId();  // a forked child's copy is refused (see Forked below)
   concord::Mutex mu;
-  std::unordered_map<std::thread::id, std::string> last_error GUARDED_BY(mu);
+  // By ThreadSerial(); a thread's entry is erased when it exits (ThreadErrorEntries).
+  std::unordered_map<uint64_t, std::string> last_error GUARDED_BY(mu);
 };
 
 // A request handle. The completion callback and concord_request_free meet under mu: whichever
@@ -74,7 +84,7 @@ struct concord_request {
   bool detached GUARDED_BY(mu) = false;
   // What concord_request_error returned last, per calling thread: a thread's pointer stays valid
   // while other threads ask (a node map never moves its values).
-  std::unordered_map<std::thread::id, std::string> error_text GUARDED_BY(mu);
+  std::unordered_map<uint64_t, std::string> error_text GUARDED_BY(mu);  // by ThreadSerial()
   // A call on this request that failed by itself (an exception in concord_wait), not the
   // operation: concord_request_error reports it until the operation's own error replaces it.
   std::string call_error GUARDED_BY(mu);
@@ -104,11 +114,54 @@ class LiveComms {
     concord::MutexLock lock(mu_);
     return comms_.count(comm) != 0;
   }
+  // Erases the last error of the thread `serial` from comm, if comm is live (under mu_, so that
+  // concord_finalize cannot free it meanwhile).
+  void EraseThreadError(concord_comm* comm, uint64_t serial) {
+    concord::MutexLock lock(mu_);
+    if (comms_.count(comm) == 0) return;
+    concord::MutexLock comm_lock(comm->mu);
+    comm->last_error.erase(serial);
+  }
+  // Removes from `comms` those that are not live.
+  void KeepLive(std::vector<concord_comm*>* comms) {
+    concord::MutexLock lock(mu_);
+    size_t kept = 0;
+    for (concord_comm* comm : *comms) {
+      if (comms_.count(comm) != 0) (*comms)[kept++] = comm;
+    }
+    comms->resize(kept);
+  }
 
  private:
   concord::Mutex mu_;
   std::unordered_set<const concord_comm*> comms_ GUARDED_BY(mu_);
 };
+
+// The communicators on which this thread keeps a last error. When the thread exits, its entries
+// there are erased: threads come and go (pools, Python's), and a communicator would otherwise keep
+// a message for each thread that ever failed on it. Lock order: LiveComms, then a comm's mu.
+class ThreadErrorEntries {
+ public:
+  ThreadErrorEntries() = default;
+  ThreadErrorEntries(const ThreadErrorEntries&) = delete;
+  ThreadErrorEntries& operator=(const ThreadErrorEntries&) = delete;
+  ~ThreadErrorEntries() {
+    for (concord_comm* comm : comms_) LiveComms::Get().EraseThreadError(comm, ThreadSerial());
+  }
+  // Notes that this thread has an entry on comm (call without comm->mu held). Finalized
+  // communicators are forgotten first, so a long-lived thread's list stays as short as the live
+  // ones. Throws std::bad_alloc without memory (the entry then stays until comm is finalized).
+  void Note(concord_comm* comm) {
+    if (std::find(comms_.begin(), comms_.end(), comm) != comms_.end()) return;
+    LiveComms::Get().KeepLive(&comms_);
+    comms_.push_back(comm);
+  }
+
+ private:
+  std::vector<concord_comm*> comms_;
+};
+
+thread_local ThreadErrorEntries t_error_entries;
 
 // What a call given a communicator that is not alive (finalized) is refused with.
 Status NotAlive() {
@@ -167,14 +220,21 @@ concord_status_t Record(concord_comm_t comm, const Status& s) noexcept {
     KeepText(s, &init_error);
     return ToC(s);
   }
-  concord::MutexLock lock(comm->mu);
-  std::string* slot = nullptr;
-  try {
-    slot = &comm->last_error[std::this_thread::get_id()];
-  } catch (...) {
-    slot = &init_error;  // no memory for this thread's entry
+  {
+    concord::MutexLock lock(comm->mu);
+    std::string* slot = nullptr;
+    try {
+      slot = &comm->last_error[ThreadSerial()];
+    } catch (...) {
+      slot = &init_error;  // no memory for this thread's entry
+    }
+    KeepText(s, slot);
   }
-  KeepText(s, slot);
+  try {
+    t_error_entries.Note(comm);
+  } catch (...) {
+    // No memory to note it: the entry stays until the communicator is finalized.
+  }
   return ToC(s);
 }
 
@@ -916,7 +976,7 @@ const char* concord_comm_last_error(concord_comm_t comm) {
   if (!Forked(comm->pid, "").ok()) return init_error.c_str();
   concord::MutexLock lock(comm->mu);
   // Looked up, not inserted: a thread that only asks adds no entry (threads come and go).
-  const auto it = comm->last_error.find(std::this_thread::get_id());
+  const auto it = comm->last_error.find(ThreadSerial());
   return it == comm->last_error.end() ? "" : it->second.c_str();
 }
 
@@ -1170,7 +1230,7 @@ const char* concord_request_error(concord_request_t request) {
   const bool done = request->state->done();
   concord::MutexLock lock(request->mu);
   try {
-    std::string& text = request->error_text[std::this_thread::get_id()];
+    std::string& text = request->error_text[ThreadSerial()];
     if (done && !request->state->status().ok()) {
       text = request->state->status().ToString();
     } else {

@@ -1,0 +1,109 @@
+// concord_comm_last_error is kept per calling thread: a thread reads its own last failure only,
+// never that of a thread which exited before it (glibc gives a new thread the ID of one that was
+// joined, so a table keyed by thread ID handed the old message on), and a thread's entry goes
+// when the thread exits (a thread pool that churns threads would otherwise grow the communicator
+// by a message per thread that ever failed).
+#include <malloc.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "concord/concord.h"
+#include "gtest/gtest.h"
+
+namespace {
+
+// One malloc arena for every thread, set before any thread starts, so that mallinfo2() (which
+// reports the main arena only) sees what the test's threads allocate.
+const bool one_arena = mallopt(M_ARENA_MAX, 1) == 1;
+
+concord_comm_t InitSingle() {
+  concord_config_t c;
+  concord_config_init(&c);
+  c.rank = 0;
+  c.size = 1;
+  c.local_rank = 0;
+  c.local_size = 1;
+  c.timeout_s = 20;
+  concord_comm_t comm = nullptr;
+  EXPECT_EQ(concord_init_config(&c, &comm), CONCORD_SUCCESS) << concord_comm_last_error(nullptr);
+  return comm;
+}
+
+// A call that fails on comm, leaving a last error that names `name` (so its size is known).
+void FailNaming(concord_comm_t comm, const std::string& name) {
+  float x = 1;
+  int64_t shape[1] = {1};
+  const concord_tensor_t t = {&x, CONCORD_FLOAT32, 1, shape, CONCORD_DEVICE_CPU};
+  concord_allreduce_opts_t opts;
+  concord_allreduce_opts_init(&opts);
+  opts.op = static_cast<concord_reduce_op_t>(99);
+  ASSERT_EQ(concord_allreduce(comm, name.c_str(), &t, nullptr, &opts),
+            CONCORD_ERR_INVALID_ARGUMENT);
+  ASSERT_NE(std::strstr(concord_comm_last_error(comm), name.c_str()), nullptr)
+      << concord_comm_last_error(comm);
+}
+
+TEST(CApiThreadErrorTest, AThreadNeverReadsTheErrorOfAThreadThatExitedBeforeIt) {
+  concord_comm_t comm = InitSingle();
+  ASSERT_NE(comm, nullptr);
+  std::thread::id failed;
+  std::thread([&] {
+    failed = std::this_thread::get_id();
+    FailNaming(comm, "exited.thread");
+  }).join();
+  int reused = 0;
+  for (int i = 0; i < 200 && reused < 5; ++i) {
+    std::thread::id id;
+    std::string read = "(not read)";
+    std::thread([&] {
+      id = std::this_thread::get_id();
+      read = concord_comm_last_error(comm);
+    }).join();
+    if (id == failed) ++reused;
+    EXPECT_EQ(read, "") << "thread " << i << (id == failed ? " (the exited thread's ID)" : "");
+  }
+  std::printf("%d of the new threads had the exited thread's ID\n", reused);
+  // This thread's own failures stay its own.
+  EXPECT_STREQ(concord_comm_last_error(comm), "");
+  FailNaming(comm, "main.thread");
+  std::thread([&] { EXPECT_STREQ(concord_comm_last_error(comm), ""); }).join();
+  EXPECT_NE(std::strstr(concord_comm_last_error(comm), "main.thread"), nullptr);
+  EXPECT_EQ(concord_finalize(comm), CONCORD_SUCCESS);
+}
+
+// Whether mallinfo2() counts this process's allocations (not under an allocator that replaces
+// glibc's, as the sanitizers' do): 64 KiB allocated, below glibc's mmap threshold, must show.
+bool MallinfoCounts() {
+  const size_t before = mallinfo2().uordblks;
+  void* probe = std::malloc(64 << 10);
+  const size_t during = mallinfo2().uordblks;
+  std::free(probe);
+  return probe != nullptr && during >= before + (64 << 10);
+}
+
+TEST(CApiThreadErrorTest, AnExitedThreadsLastErrorIsFreed) {
+  if (!one_arena || !MallinfoCounts()) {
+    GTEST_SKIP() << "mallinfo2() does not count this process's allocations here (an allocator "
+                    "that replaces glibc's, as the sanitizers' do)";
+  }
+  concord_comm_t comm = InitSingle();
+  ASSERT_NE(comm, nullptr);
+  const std::string name(2000, 'n');
+  auto fail_on_a_thread = [&] { std::thread([&] { FailNaming(comm, name); }).join(); };
+  fail_on_a_thread();  // warm-up: what the first failing thread allocates for good
+  const size_t before = mallinfo2().uordblks;
+  constexpr int kThreads = 500;
+  for (int i = 0; i < kThreads; ++i) fail_on_a_thread();
+  const size_t after = mallinfo2().uordblks;
+  // Kept, the messages alone would be kThreads x 2000 bytes (1 MB).
+  const long grown = static_cast<long>(after) - static_cast<long>(before);
+  std::printf("%d threads that failed once and exited: %ld bytes more in use\n", kThreads, grown);
+  EXPECT_LT(grown, 100 * 1000);
+  EXPECT_EQ(concord_finalize(comm), CONCORD_SUCCESS);
+}
+
+}  // namespace
