@@ -1,9 +1,9 @@
 """PyTorch integration: data-parallel training over N ranks ends with the same parameters, to float
 tolerance, as one process training on the union of the ranks' batches (plain steps, and gradient
 accumulation over backward_passes_per_step); broadcast_parameters and broadcast_optimizer_state
-make every rank equal to the root. Also: a channels_last model, step() after synchronize()
-(reduced once) and skip_synchronize(), zero_grad() between accumulated passes, and a new wrapper
-over the same parameters."""
+make every rank equal to the root; broadcast_object and allgather_object carry tensors. Also: a
+channels_last model, step() after synchronize() (reduced once) and skip_synchronize(),
+zero_grad() between accumulated passes, and a new wrapper over the same parameters."""
 
 import pytest
 
@@ -109,6 +109,15 @@ def test_broadcast_optimizer_state(comm):
     for p in model.parameters():
         moment = opt.state[p]["exp_avg"]
         assert torch.equal(comm.broadcast(moment, root=0, name="moment"), moment)
+
+
+def test_broadcast_and_allgather_objects_carry_tensors(comm):
+    sent = {"epoch": 3, "weights": torch.arange(6.0).reshape(2, 3)}
+    got = ctorch.broadcast_object(sent if comm.rank == 0 else None, root_rank=0, comm=comm,
+                                  name="resume")
+    assert got["epoch"] == 3 and torch.equal(got["weights"], sent["weights"])
+    gathered = ctorch.allgather_object(torch.full((comm.rank + 1,), float(comm.rank)), comm=comm)
+    assert [t.tolist() for t in gathered] == [[float(r)] * (r + 1) for r in range(comm.size)]
 
 
 def test_optimizer_misuse_is_refused(comm):

@@ -2,7 +2,9 @@
 allreduce (each reduce op, prescale and postscale, in place and out of place, async with poll and
 callback), allgather (first dimensions differing between ranks; request-owned and caller-owned
 output), broadcast from every root, barrier, groups, reducescatter (even and given splits),
-alltoall (uneven splits, received splits), reduce and gather to every root. Sizes 0, 1, 7, 4099 and 1 Mi elements."""
+alltoall (uneven splits, received splits), reduce and gather to every root. Sizes 0, 1, 7, 4099 and 1 Mi elements.
+Python objects: broadcast_object from every root and allgather_object, objects that cannot be
+pickled (an error on every rank, the ranks still in step) or unpickled (an error there only)."""
 import threading
 
 import numpy as np
@@ -491,3 +493,67 @@ def test_bool_tensors_move_as_bytes_and_are_not_reduced(comm, frame):
 
     with pytest.raises(concord.InvalidArgumentError, match="bool: Concord moves.*reduces none"):
         comm.allreduce(mine, name="bool.allreduce")
+
+
+def _rebuild_only_on(rank):
+    """Unpickles (as None) on the given rank of the default communicator only."""
+    if concord.rank() != rank:
+        raise ValueError("rank %d's object unpickles on rank %d only" % (rank, rank))
+
+
+class OnlyOnRank:
+    def __init__(self, rank):
+        self.rank = rank
+
+    def __reduce__(self):
+        return (_rebuild_only_on, (self.rank,))
+
+
+class Unpicklable:
+    def __reduce__(self):
+        raise TypeError("no pickling this")
+
+
+def test_broadcast_object_from_every_root(comm):
+    for root in range(comm.size):
+        sent = {"root": root, "items": list(range(root * 1000)), "none": None, "nested": (1.5, b"x")}
+        got = comm.broadcast_object(sent if comm.rank == root else "ignored", root=root)
+        assert got == sent
+        assert (got is sent) == (comm.rank == root)  # the root keeps its own object
+    big = bytes(range(256)) * 12289  # 3 MiB and a bit: larger than any fusion buffer
+    assert comm.broadcast_object(big if comm.rank == 0 else None, name="big") == big
+    assert comm.broadcast_object(comm.rank, root=comm.size - 1) == comm.size - 1
+
+
+def test_allgather_object_every_rank_in_rank_order(comm):
+    got = comm.allgather_object({"rank": comm.rank, "text": "x" * (5000 * comm.rank)})
+    assert got == [{"rank": r, "text": "x" * (5000 * r)} for r in range(comm.size)]
+    assert comm.allgather_object(None, name="nothing") == [None] * comm.size
+
+
+def test_object_that_cannot_be_pickled_fails_on_every_rank_in_step(comm):
+    root = comm.size - 1
+    with pytest.raises(concord.InvalidArgumentError,
+                       match=r"root rank %d could not pickle its object: TypeError: no pickling "
+                             r"this" % root):
+        comm.broadcast_object(Unpicklable() if comm.rank == root else None, root=root)
+    with pytest.raises(concord.InvalidArgumentError,
+                       match=r"could not pickle the object of rank 0: TypeError: no pickling"):
+        comm.allgather_object(Unpicklable() if comm.rank == 0 else comm.rank)
+    # Every rank took part in both: the next calls match.
+    assert comm.allgather_object(comm.rank) == list(range(comm.size))
+    assert comm.broadcast_object("after", root=root) == "after"
+
+
+def test_object_that_cannot_be_unpickled_fails_there_only(comm):
+    if comm.size == 1:
+        assert comm.broadcast_object(OnlyOnRank(0)).rank == 0  # the root's own object
+        return
+    if comm.rank == 0:
+        assert isinstance(comm.broadcast_object(OnlyOnRank(0)), OnlyOnRank)
+    else:
+        with pytest.raises(concord.InvalidArgumentError,
+                           match=r"could not unpickle rank 0's object here: ValueError: rank 0's "
+                                 r"object unpickles on rank 0 only"):
+            comm.broadcast_object(OnlyOnRank(0))
+    assert comm.allgather_object("in step") == ["in step"] * comm.size

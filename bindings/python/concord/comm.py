@@ -24,12 +24,13 @@ import atexit
 import ctypes
 import json
 import os
+import pickle
 import threading
 
 from . import _lib, device, tensors
 from .compression import _check_compression
 from .compression import check_compression, compression_supported  # noqa: F401  (concord.comm.*)
-from .errors import InvalidArgumentError, Status, make_error
+from .errors import InvalidArgumentError, Status, UnavailableError, make_error
 from .handle import (_KEYS, _NO_CALLBACK, _ORPHANS, _PENDING, _PENDING_LOCK, _TRAMPOLINE, Handle,
                      _Adopted, _sweep_orphans, _viewed, forked_error, lib)
 
@@ -44,6 +45,49 @@ def _reduce_op(op):
                                        (op, ", ".join(sorted(REDUCE_OPS))))
         return REDUCE_OPS[op.lower()]
     return int(op)  # a ReduceOp or raw int: the C side checks the range
+
+
+def _numpy(what):
+    try:
+        import numpy
+    except ImportError as e:
+        raise UnavailableError(Status.ERR_UNAVAILABLE, "%s needs numpy: %s" % (what, e)) from e
+    return numpy
+
+
+def _pickled(obj):
+    """(pickle of obj, None), or (b"", the reason as bytes) when obj cannot be pickled."""
+    try:
+        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), None
+    except Exception as e:  # PicklingError, TypeError, AttributeError, a __reduce__'s own
+        return b"", ("%s: %s" % (type(e).__name__, e)).encode(errors="replace")
+
+
+def _length_word(payload, failure):
+    """What a rank sends first: its pickle's length, or -(1 + the length of its failure's text)
+    (the text follows in place of the pickle)."""
+    return len(payload) if failure is None else -1 - len(failure)
+
+
+def _unpickled_size(word):
+    """The bytes that follow a length word."""
+    return int(word) if word >= 0 else -1 - int(word)
+
+
+def _bytes_array(np, data):
+    """data (bytes, or a byte count: zeros) as a writable uint8 array."""
+    if isinstance(data, int):
+        return np.zeros(data, dtype=np.uint8)
+    return np.frombuffer(bytearray(data), dtype=np.uint8)
+
+
+def _unpickle(piece, base, rank):
+    try:
+        return pickle.loads(piece.tobytes())
+    except Exception as e:
+        raise InvalidArgumentError(
+            Status.ERR_INVALID_ARGUMENT, "%r: could not unpickle rank %d's object here: %s: %s" %
+            (base.decode(errors="replace"), rank, type(e).__name__, e)) from e
 
 
 class Communicator:
@@ -615,6 +659,53 @@ class Communicator:
     def barrier(self):
         """Blocks until every rank reached it (one blocking C call: concord_barrier)."""
         self._run_blocking("concord_barrier", self._live())
+
+    # ---- Python objects (pickled; Horovod's broadcast_object and allgather_object) ----
+    def broadcast_object(self, obj, root=0, name=None):
+        """root's obj on every rank: root returns obj itself, the others an unpickled copy.
+        Collective, like broadcast (two of them: `name`.length and `name`.bytes; name None: one
+        from a counter, as for the operations). An object root cannot pickle raises
+        InvalidArgumentError on every rank with root's reason; one that a rank cannot unpickle
+        (a class it cannot import) raises there. Unpickling runs code the sender chose: only
+        between ranks that trust each other, as the ranks of one job do. Needs numpy."""
+        np = _numpy("broadcast_object")
+        base = self._name(name, "broadcast_object")
+        payload, failure = _pickled(obj) if self.rank == root else (b"", None)
+        length = np.array([_length_word(payload, failure)], dtype=np.int64)
+        self.broadcast(length, root=root, name=base + b".length", out=length)
+        data = _bytes_array(np, (failure or payload) if self.rank == root else
+                            _unpickled_size(length[0]))
+        self.broadcast(data, root=root, name=base + b".bytes", out=data)
+        if length[0] < 0:
+            raise InvalidArgumentError(
+                Status.ERR_INVALID_ARGUMENT, "broadcast_object %r: root rank %d could not pickle "
+                "its object: %s" % (base.decode(errors="replace"), root,
+                                    data.tobytes().decode(errors="replace")))
+        return obj if self.rank == root else _unpickle(data, base, root)
+
+    def allgather_object(self, obj, name=None):
+        """Every rank's obj, in rank order, unpickled on every rank (this rank's too: a copy).
+        Collective, like allgather (two of them: `name`.length and `name`.bytes). An object that
+        a rank cannot pickle raises InvalidArgumentError on every rank with that rank's reason;
+        see broadcast_object for unpickling. Needs numpy."""
+        np = _numpy("allgather_object")
+        base = self._name(name, "allgather_object")
+        payload, failure = _pickled(obj)
+        length = np.array([_length_word(payload, failure)], dtype=np.int64)
+        lengths = self.allgather(length, name=base + b".length")
+        data = self.allgather(_bytes_array(np, failure or payload), name=base + b".bytes")
+        pieces, at = [], 0
+        for word in lengths.tolist():
+            size = _unpickled_size(word)
+            pieces.append((word, data[at:at + size]))
+            at += size
+        failed = ["rank %d: %s" % (r, piece.tobytes().decode(errors="replace"))
+                  for r, (word, piece) in enumerate(pieces) if word < 0]
+        if failed:
+            raise InvalidArgumentError(
+                Status.ERR_INVALID_ARGUMENT, "allgather_object %r: could not pickle the object of "
+                "%s" % (base.decode(errors="replace"), "; ".join(failed)))
+        return [_unpickle(piece, base, r) for r, (_, piece) in enumerate(pieces)]
 
     # ---- point to point (not negotiated: straight to the peer; FIFO per (peer, tag)) ----
     def send_async(self, tensor, peer, tag=0, callback=None):

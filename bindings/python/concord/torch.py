@@ -1,4 +1,5 @@
-"""PyTorch integration: DistributedOptimizer, broadcast_parameters, broadcast_optimizer_state.
+"""PyTorch integration: DistributedOptimizer, broadcast_parameters, broadcast_optimizer_state,
+broadcast_object and allgather_object.
 
 DistributedOptimizer(opt) returns an optimizer of opt's own class (isinstance checks and learning
 rate schedulers keep working) that shares opt's parameter groups and state. During backward, a
@@ -11,7 +12,6 @@ step()'s wait makes the current stream wait; not yet run on a GPU; compression: 
 concord.torch.hooks (torch_hooks.py): DDP communication hooks (allreduce_hook).
 """
 import contextlib
-import io
 import weakref
 
 import torch
@@ -280,16 +280,22 @@ def broadcast_optimizer_state(optimizer, root_rank=0, comm=None, process_set=Non
     """Loads root_rank's optimizer state (its state_dict: moments, steps, learning rates) into
     every rank's optimizer."""
     comm = _communicator(comm, process_set)
-    buf = io.BytesIO()
-    if comm.rank == root_rank:
-        torch.save(optimizer.state_dict(), buf)
-    payload = torch.frombuffer(bytearray(buf.getvalue()) or bytearray(1), dtype=torch.uint8)
-    length = torch.tensor([payload.numel() if comm.rank == root_rank else 0], dtype=torch.int64)
-    comm.broadcast_(length, root=root_rank, name="optimizer_state.length")
-    data = payload if comm.rank == root_rank else torch.empty(int(length), dtype=torch.uint8)
-    comm.broadcast_(data, root=root_rank, name="optimizer_state.bytes")
+    state = comm.broadcast_object(optimizer.state_dict() if comm.rank == root_rank else None,
+                                  root=root_rank, name="optimizer_state")
     if comm.rank != root_rank:
-        optimizer.load_state_dict(torch.load(io.BytesIO(data.numpy().tobytes())))
+        optimizer.load_state_dict(state)
+
+
+def broadcast_object(obj, root_rank=0, comm=None, process_set=None, name=None):
+    """root_rank's obj on every rank (pickled; Horovod's hvd.broadcast_object): see
+    Communicator.broadcast_object."""
+    return _communicator(comm, process_set).broadcast_object(obj, root=root_rank, name=name)
+
+
+def allgather_object(obj, comm=None, process_set=None, name=None):
+    """Every rank's obj, in rank order (Horovod's hvd.allgather_object): see
+    Communicator.allgather_object."""
+    return _communicator(comm, process_set).allgather_object(obj, name=name)
 
 
 # `import concord.torch` registers the torch.distributed backend "concord" (torch_backend.py); a
