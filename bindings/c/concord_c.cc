@@ -145,19 +145,28 @@ class ThreadErrorEntries {
   ThreadErrorEntries() = default;
   ThreadErrorEntries(const ThreadErrorEntries&) = delete;
   ThreadErrorEntries& operator=(const ThreadErrorEntries&) = delete;
+  // In a child that fork() made, the list is the parent's: its handles are left alone, unlocked
+  // (a lock may have been held at the fork by a thread the child does not have), as every call
+  // on them leaves them (Forked below).
   ~ThreadErrorEntries() {
+    if (pid_ != ProcessId()) return;
     for (concord_comm* comm : comms_) LiveComms::Get().EraseThreadError(comm, ThreadSerial());
   }
   // Notes that this thread has an entry on comm (call without comm->mu held). Finalized
   // communicators are forgotten first, so a long-lived thread's list stays as short as the live
   // ones. Throws std::bad_alloc without memory (the entry then stays until comm is finalized).
   void Note(concord_comm* comm) {
+    if (pid_ != ProcessId()) {
+      comms_.clear();  // a forked child's first failure on a handle of its own
+      pid_ = ProcessId();
+    }
     if (std::find(comms_.begin(), comms_.end(), comm) != comms_.end()) return;
     LiveComms::Get().KeepLive(&comms_);
     comms_.push_back(comm);
   }
 
  private:
+  pid_t pid_ = 0;  // the process whose handles comms_ holds
   std::vector<concord_comm*> comms_;
 };
 

@@ -4,7 +4,11 @@
 // when the thread exits (a thread pool that churns threads would otherwise grow the communicator
 // by a message per thread that ever failed).
 #include <malloc.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -103,6 +107,40 @@ TEST(CApiThreadErrorTest, AnExitedThreadsLastErrorIsFreed) {
   const long grown = static_cast<long>(after) - static_cast<long>(before);
   std::printf("%d threads that failed once and exited: %ld bytes more in use\n", kThreads, grown);
   EXPECT_LT(grown, 100 * 1000);
+  EXPECT_EQ(concord_finalize(comm), CONCORD_SUCCESS);
+}
+
+// A child forked while another thread was inside a failing call (holding the communicator's
+// locks, or the registry's) must exit: the thread-local list of the communicators the forking
+// thread failed on names the parent's handles, which the child must not lock.
+TEST(CApiThreadErrorTest, AForkedChildExitsWhileItsParentsThreadsFail) {
+  concord_comm_t comm = InitSingle();
+  ASSERT_NE(comm, nullptr);
+  FailNaming(comm, "before.fork");  // this thread's list now names comm
+  std::atomic<bool> stop{false};
+  std::thread failing([&] {
+    while (!stop.load()) concord_comm_rank(comm, nullptr);  // INVALID_ARGUMENT, recorded
+  });
+  int stuck = 0;
+  for (int i = 0; i < 200 && stuck == 0; ++i) {
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) std::exit(0);  // runs this thread's thread-local destructors
+    int status = 0;
+    const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (waitpid(child, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > limit) {
+        ++stuck;
+        kill(child, SIGKILL);
+        waitpid(child, &status, 0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  stop = true;
+  failing.join();
+  EXPECT_EQ(stuck, 0) << "a forked child hung in exit()";
   EXPECT_EQ(concord_finalize(comm), CONCORD_SUCCESS);
 }
 
