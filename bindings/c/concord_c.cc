@@ -96,10 +96,18 @@ namespace {
 // was finalized (or a pointer that is no communicator at all) is refused without touching it: a
 // finalized handle's memory is gone. A handle's address may be reused by a later concord_init, so
 // this catches a stale handle only until then. Never destroyed: calls may come during exit.
+// fork(): the registry's lock is held across it (pthread_atfork), so that a child, whose calls
+// on its parent's handles look them up here before refusing them, never finds it held by a thread
+// it does not have.
 class LiveComms {
  public:
   static LiveComms& Get() {
-    static auto* live = new LiveComms;
+    static auto* live = [] {
+      auto* made = new LiveComms;
+      // Without memory for the handlers a child may find the lock held, as before they existed.
+      pthread_atfork(LockForFork, UnlockAfterFork, UnlockAfterFork);
+      return made;
+    }();
     return *live;
   }
   void Add(const concord_comm* comm) {
@@ -133,6 +141,9 @@ class LiveComms {
   }
 
  private:
+  static void LockForFork() NO_THREAD_SAFETY_ANALYSIS { Get().mu_.Lock(); }
+  static void UnlockAfterFork() NO_THREAD_SAFETY_ANALYSIS { Get().mu_.Unlock(); }
+
   concord::Mutex mu_;
   std::unordered_set<const concord_comm*> comms_ GUARDED_BY(mu_);
 };

@@ -2,7 +2,8 @@
 // never that of a thread which exited before it (glibc gives a new thread the ID of one that was
 // joined, so a table keyed by thread ID handed the old message on), and a thread's entry goes
 // when the thread exits (a thread pool that churns threads would otherwise grow the communicator
-// by a message per thread that ever failed).
+// by a message per thread that ever failed). A child that fork() made while the parent's threads
+// were failing calls on a communicator never hangs on it.
 #include <malloc.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -110,10 +111,11 @@ TEST(CApiThreadErrorTest, AnExitedThreadsLastErrorIsFreed) {
   EXPECT_EQ(concord_finalize(comm), CONCORD_SUCCESS);
 }
 
-// A child forked while another thread was inside a failing call (holding the communicator's
-// locks, or the registry's) must exit: the thread-local list of the communicators the forking
+// A child forked while another thread was inside a failing call (holding the registry's lock or
+// the communicator's) must neither hang in its own call on the parent's handle (refused after a
+// look at the registry) nor in exit(): the thread-local list of the communicators the forking
 // thread failed on names the parent's handles, which the child must not lock.
-TEST(CApiThreadErrorTest, AForkedChildExitsWhileItsParentsThreadsFail) {
+TEST(CApiThreadErrorTest, AForkedChildNeverHangsOnItsParentsHandles) {
   concord_comm_t comm = InitSingle();
   ASSERT_NE(comm, nullptr);
   FailNaming(comm, "before.fork");  // this thread's list now names comm
@@ -121,11 +123,14 @@ TEST(CApiThreadErrorTest, AForkedChildExitsWhileItsParentsThreadsFail) {
   std::thread failing([&] {
     while (!stop.load()) concord_comm_rank(comm, nullptr);  // INVALID_ARGUMENT, recorded
   });
-  int stuck = 0;
+  int stuck = 0, refused = 0, rank = -1;
   for (int i = 0; i < 200 && stuck == 0; ++i) {
     const pid_t child = fork();
     ASSERT_GE(child, 0);
-    if (child == 0) std::exit(0);  // runs this thread's thread-local destructors
+    if (child == 0) {
+      // Refused (the parent's handle), then exit(), which runs thread-local destructors.
+      std::exit(concord_comm_rank(comm, &rank) == CONCORD_ERR_NOT_INITIALIZED ? 0 : 1);
+    }
     int status = 0;
     const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(5);
     while (waitpid(child, &status, WNOHANG) == 0) {
@@ -137,10 +142,12 @@ TEST(CApiThreadErrorTest, AForkedChildExitsWhileItsParentsThreadsFail) {
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) ++refused;
   }
   stop = true;
   failing.join();
-  EXPECT_EQ(stuck, 0) << "a forked child hung in exit()";
+  EXPECT_EQ(stuck, 0) << "a forked child hung";
+  EXPECT_EQ(refused, 200) << "children whose call on the parent's handle was not refused";
   EXPECT_EQ(concord_finalize(comm), CONCORD_SUCCESS);
 }
 
