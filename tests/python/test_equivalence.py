@@ -1,7 +1,8 @@
 """PyTorch integration: data-parallel training over N ranks ends with the same parameters, to float
 tolerance, as one process training on the union of the ranks' batches (plain steps, and gradient
 accumulation over backward_passes_per_step); broadcast_parameters and broadcast_optimizer_state
-make every rank equal to the root; broadcast_object and allgather_object carry tensors. Also: a
+make every rank equal to the root; broadcast_object and allgather_object carry tensors; sparse
+gradients (an Embedding's), allgathered or made dense, equal the single process too. Also: a
 channels_last model, step() after synchronize() (reduced once) and skip_synchronize(),
 zero_grad() between accumulated passes, and a new wrapper over the same parameters."""
 
@@ -81,6 +82,70 @@ def test_data_parallel_equals_single_process_on_union(comm, passes):
     for name, p in model.named_parameters():
         root = comm.broadcast(p.detach(), root=0, name="check." + name)
         assert torch.equal(root, p.detach()), name
+
+
+class SparseNet(torch.nn.Module):
+    """An Embedding with sparse=True (sparse COO gradients) under a dense layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(50, 4, sparse=True)
+        self.fc = torch.nn.Linear(4, 3)
+
+    def forward(self, tokens, use_embedding=True):
+        features = self.emb(tokens).mean(1) if use_embedding else torch.ones(len(tokens), 4)
+        return self.fc(features)
+
+
+def token_batch(step, size):
+    g = torch.Generator().manual_seed(2000 + step)
+    return (torch.randint(0, 50, (size * PER_RANK, 5), generator=g),
+            torch.randint(0, 3, (size * PER_RANK,), generator=g))
+
+
+@pytest.mark.parametrize("sparse_as_dense", [False, True])
+def test_sparse_gradients_equal_single_process_on_union(comm, sparse_as_dense):
+    torch.manual_seed(5)
+    reference = SparseNet()
+    torch.manual_seed(5)
+    model = SparseNet()
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.5)
+    opt = ctorch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.5),
+                                      named_parameters=model.named_parameters(), comm=comm,
+                                      sparse_as_dense=sparse_as_dense)
+    mine = slice(comm.rank * PER_RANK, (comm.rank + 1) * PER_RANK)
+    for step in range(STEPS + 1):
+        # In the last step rank 0 leaves the embedding out: it has no gradient there, and sends
+        # an empty sparse one (its gradients of it came sparse before).
+        skip = step == STEPS
+        x, y = token_batch(step, comm.size)
+        ref_opt.zero_grad()
+        per_rank = [torch.nn.functional.cross_entropy(
+            reference(x[r * PER_RANK:(r + 1) * PER_RANK], use_embedding=not (skip and r == 0)),
+            y[r * PER_RANK:(r + 1) * PER_RANK]) for r in range(comm.size)]
+        (sum(per_rank) / comm.size).backward()
+        ref_opt.step()
+        opt.zero_grad()
+        use = not (skip and comm.rank == 0)
+        torch.nn.functional.cross_entropy(model(x[mine], use_embedding=use), y[mine]).backward()
+        opt.step()
+        layout = model.emb.weight.grad.layout
+        assert layout == (torch.strided if sparse_as_dense else torch.sparse_coo), layout
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_sparse_gradients_take_sum_and_average_only(comm):
+    model = SparseNet()
+    opt = ctorch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                      named_parameters=model.named_parameters(), comm=comm,
+                                      op="max")
+    x, y = token_batch(0, 1)
+    with pytest.raises(concord.InvalidArgumentError,
+                       match=r"grad\.emb\.weight is sparse: sparse gradients are allgathered, so "
+                             r"they are summed or averaged only, not reduced by op 'max'"):
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+    opt._concord_handles.clear()  # the dense gradient's allreduce goes on without it
 
 
 def test_broadcast_parameters_sends_bool_and_integer_buffers(comm):
@@ -168,18 +233,6 @@ def test_parameter_without_gradient_on_some_ranks(comm):
     for name, p in (("a", a.weight), ("b", b.weight)):
         root = comm.broadcast(p.detach(), root=0, name="unused.check." + name)
         assert torch.equal(root, p.detach()), name
-
-
-def test_sparse_gradient_is_refused_naming_it(comm):
-    """An Embedding with sparse=True gives a sparse gradient, which Concord cannot reduce: the
-    backward pass raises InvalidArgumentError naming the gradient and its layout."""
-    emb = torch.nn.Embedding(4, 2, sparse=True)
-    opt = ctorch.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=0.1),
-                                      named_parameters=emb.named_parameters(), comm=comm)
-    with pytest.raises(concord.InvalidArgumentError,
-                       match="the gradient grad.weight is a torch.sparse_coo tensor"):
-        emb(torch.tensor([1, 2])).sum().backward()
-    assert not opt._concord_handles
 
 
 def make_cnn(seed):

@@ -16,6 +16,7 @@ import weakref
 
 import torch
 
+from .comm import _reduce_op
 from .compression import _check_compression
 from .errors import InvalidArgumentError, UnavailableError
 
@@ -51,12 +52,16 @@ class _DistributedMixin:
     parameters hold it weakly: an optimizer dropped (or re-wrapped over the same parameters: the
     newer one takes them over) reduces nothing more and is freed."""
 
-    def _concord_setup(self, comm, named_parameters, compression, backward_passes_per_step, op):
+    def _concord_setup(self, comm, named_parameters, compression, backward_passes_per_step, op,
+                       sparse_as_dense):
         if backward_passes_per_step < 1:
             raise InvalidArgumentError(1, "backward_passes_per_step must be >= 1")
         self._concord = comm
         self._concord_compression = compression
         self._concord_op = op
+        self._concord_sparse_as_dense = bool(sparse_as_dense)
+        # id(p) -> the sparse dimensions of p's last sparse gradient with entries on this rank
+        self._concord_sparse = {}
         self._concord_passes = backward_passes_per_step
         params = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
         names = {}
@@ -117,14 +122,27 @@ class _DistributedMixin:
                 "step that one (this one no longer reduces it)" % self._concord_names[id(p)])
         if p.grad is None:
             # No gradient on this rank (the parameter took no part in its forward pass): zeros
-            # take part instead, as Horovod's, so every rank submits the same gradients.
-            p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
+            # take part instead, as Horovod's, so every rank submits the same gradients (sparse
+            # ones where this rank's gradients of p came sparse before).
+            p.grad = (_empty_sparse_like(p, self._concord_sparse[id(p)])
+                      if id(p) in self._concord_sparse and not self._concord_sparse_as_dense else
+                      torch.zeros_like(p, memory_format=torch.contiguous_format))
         grad = p.grad
+        if grad.layout == torch.sparse_coo:
+            if grad._nnz() > 0:
+                self._concord_sparse[id(p)] = grad.sparse_dim()
+            elif grad.sparse_dim() != self._concord_sparse.get(id(p), 1):
+                # An empty one in the layout of the others' (zero_grad() leaves torch 1.13's
+                # with every dimension sparse).
+                grad = p.grad = _empty_sparse_like(p, self._concord_sparse.get(id(p), 1))
+            if not self._concord_sparse_as_dense:
+                self._concord_handles[id(p)] = self._concord_allgather_sparse(p, grad)
+                return
+            grad = p.grad = grad.to_dense()
         if grad.layout != torch.strided:
             raise InvalidArgumentError(
-                1, "the gradient %s is a %s tensor: DistributedOptimizer reduces dense "
-                "gradients (an Embedding with sparse=True gives sparse ones; use sparse=False)"
-                % (self._concord_names[id(p)], grad.layout))
+                1, "the gradient %s is a %s tensor: DistributedOptimizer reduces dense and "
+                "sparse COO gradients" % (self._concord_names[id(p)], grad.layout))
         target, copy = grad, None
         if not grad.is_contiguous():
             # A channels_last or transposed parameter's gradient has its layout: reduced in a
@@ -135,6 +153,34 @@ class _DistributedMixin:
             target, out=target, name=self._concord_names[id(p)], op=self._concord_op,
             prescale=1.0 / self._concord_passes, compression=self._concord_compression),
             copy and (lambda: copy(target)))
+
+    def _concord_allgather_sparse(self, p, grad):
+        """Horovod's sparse path: every rank's (index, value) pairs of p's gradient allgathered,
+        their values scaled (1/ranks for an average, 1/passes), then one sparse gradient of them
+        all (uncoalesced: torch's sparse optimizers and addition take it as it is). Returns the
+        (waitable, finish) pair _concord_handles keeps."""
+        op = _reduce_op(self._concord_op)
+        if op not in (_SUM, _AVERAGE):
+            raise InvalidArgumentError(
+                1, "the gradient %s is sparse: sparse gradients are allgathered, so they are "
+                "summed or averaged only, not reduced by op %r (pass sparse_as_dense=True)"
+                % (self._concord_names[id(p)], self._concord_op))
+        grad = grad.coalesce()
+        name = self._concord_names[id(p)]
+        # Indices as rows (nnz x sparse dims) and values (nnz x dense dims): allgathered along
+        # their first dimension, which may differ between ranks.
+        indices = self._concord.allgather_async(grad.indices().t().contiguous(),
+                                                name=name + ".indices")
+        values = self._concord.allgather_async(grad.values().contiguous(), name=name + ".values")
+        scale = 1.0 / self._concord_passes
+        if op == _AVERAGE:
+            scale /= self._concord.size
+
+        def finish():
+            p.grad = torch.sparse_coo_tensor(indices.wait().t(), values.wait() * scale,
+                                             grad.shape)
+
+        return _Both(indices, values), finish
 
     def synchronize(self):
         """Enqueues the gradients whose hooks have not fired yet (e.g. fewer backward passes than
@@ -204,6 +250,27 @@ class _DistributedMixin:
         return super().zero_grad(*args, **kwargs)
 
 
+_SUM, _AVERAGE = 0, 1  # concord_reduce_op_t
+
+
+class _Both:
+    """Waits for two handles (a sparse gradient's indices and values)."""
+
+    def __init__(self, first, second):
+        self._handles = (first, second)
+
+    def wait(self):
+        for h in self._handles:
+            h.wait()
+
+
+def _empty_sparse_like(p, sparse_dim):
+    """A sparse gradient of p with no entries and `sparse_dim` sparse dimensions."""
+    return torch.sparse_coo_tensor(torch.empty((sparse_dim, 0), dtype=torch.int64),
+                                   torch.empty((0,) + tuple(p.shape[sparse_dim:]), dtype=p.dtype),
+                                   p.shape)
+
+
 def _guard(optimizer, p):
     """p's tensor hook (optimizer: a weak reference)."""
     def guard(grad):
@@ -226,7 +293,8 @@ def _reduce_hook(optimizer, p):
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
-                         backward_passes_per_step=1, op="average", comm=None, process_set=None):
+                         backward_passes_per_step=1, op="average", comm=None, process_set=None,
+                         sparse_as_dense=False):
     """Wraps a torch optimizer for data-parallel training over Concord.
 
     named_parameters: model.named_parameters(), to name each gradient (the names must be the same
@@ -239,13 +307,17 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     this many backward passes before one allreduce; the result is the average over ranks and
     passes. comm: a Communicator (default: the one concord.init() made); process_set: a
     sub-communicator (Communicator.split or create_group), as Horovod's process sets: gradients
-    are averaged over its ranks only (the same as comm=)."""
+    are averaged over its ranks only (the same as comm=). Sparse gradients (an Embedding with
+    sparse=True) are allgathered, as Horovod's: every rank's (index, value) pairs, scaled, make
+    one sparse gradient (op "average" or "sum" only; no compression); sparse_as_dense=True turns
+    them dense and allreduces them instead."""
     comm = _communicator(comm, process_set)
     _check_compression(compression)  # an old library: fail at construction, not in backward
     cls = type(optimizer.__class__.__name__, (_DistributedMixin, optimizer.__class__), {})
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)  # the same param_groups, state and defaults
-    wrapped._concord_setup(comm, named_parameters, compression, backward_passes_per_step, op)
+    wrapped._concord_setup(comm, named_parameters, compression, backward_passes_per_step, op,
+                           sparse_as_dense)
     return wrapped
 
 
