@@ -57,6 +57,7 @@ serves Concord's store on a free port of its address (MASTER_ADDR, else CONCORD_
 """
 import inspect
 import json
+import math
 import os
 import queue
 import socket
@@ -448,11 +449,54 @@ class ProcessGroupConcord(dist.ProcessGroup):
     # all_reduce, reduce, broadcast, send and recv take tensors that are not contiguous through
     # a contiguous copy (_dense).
     def allreduce(self, tensors, opts=None):
+        if _one(tensors, "allreduce").layout == torch.sparse_coo:
+            submit, finish, verify = self._sparse_sum(tensors[0], opts)
+            return self._run(submit, tensors, finish, verify=verify)
         t, finish = _dense(_one(tensors, "allreduce"))
         op = _reduce_op(_op_of(opts), "allreduce")
         return self._run(lambda cb: self.comm.allreduce_async(
             t, out=t, op=op, name=self._name("allreduce"), callback=cb), tensors, finish,
             cuda=_cuda(t))
+
+    def _sparse_sum(self, t, opts):
+        """all_reduce of a sparse COO tensor, as gloo's (DDP's gradients of an Embedding with
+        sparse=True): the sum over ranks, coalesced, copied into t, which takes its entries (t
+        itself: a detached alias of a sparse tensor would take them alone).
+        Every rank's coalesced (index, value) rows, packed as bytes, go in one allgather (their
+        counts may differ). ReduceOp.SUM only, as gloo. Returns _run's submit, finish and
+        verify."""
+        if _op_name(_op_of(opts)) != "SUM":
+            raise UnavailableError(
+                Status.ERR_UNAVAILABLE, "all_reduce of a sparse tensor: the concord backend "
+                "sums sparse tensors only (ReduceOp.SUM), as gloo; got ReduceOp.%s" %
+                _op_name(_op_of(opts)))
+        if t.is_cuda:
+            raise UnavailableError(Status.ERR_UNAVAILABLE, "all_reduce of a sparse CUDA tensor: "
+                                   "the concord backend sums sparse CPU tensors only")
+        c = t.coalesce()
+        sparse_dim, count = c.sparse_dim(), c._nnz()
+        cut = sparse_dim * 8  # each row's index bytes, then its value's
+        value_bytes = c.element_size() * math.prod(c.shape[sparse_dim:])
+
+        def as_rows(x, width):  # x's bytes as `count` rows (reshape(-1) copies where needed)
+            return x.reshape(-1).view(torch.uint8).reshape(count, width)
+
+        rows = torch.cat([as_rows(c.indices().t(), cut), as_rows(c.values(), value_bytes)], 1)
+        gathered = {}
+
+        def verify(value):
+            gathered["rows"] = value
+
+        def finish():
+            packed = gathered.pop("rows")
+            indices = packed[:, :cut].contiguous().view(torch.int64).t()
+            values = packed[:, cut:].contiguous().view(c.dtype).reshape(
+                (packed.shape[0],) + tuple(c.shape[sparse_dim:]))
+            with torch.no_grad():
+                t.copy_(torch.sparse_coo_tensor(indices, values, c.shape).coalesce())
+
+        return (lambda cb: self.comm.allgather_async(rows, name=self._name("allreduce"),
+                                                     callback=cb)), finish, verify
 
     def reduce(self, tensors, opts=None):
         """Concord's reduce: the root's tensor gets the result, the others' are left alone."""
