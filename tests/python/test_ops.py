@@ -516,7 +516,8 @@ class Unpicklable:
 
 def test_broadcast_object_from_every_root(comm):
     for root in range(comm.size):
-        sent = {"root": root, "items": list(range(root * 1000)), "none": None, "nested": (1.5, b"x")}
+        sent = {"root": root, "items": list(range(root * 1000)), "none": None,
+                "nested": (1.5, b"x")}
         got = comm.broadcast_object(sent if comm.rank == root else "ignored", root=root)
         assert got == sent
         assert (got is sent) == (comm.rank == root)  # the root keeps its own object

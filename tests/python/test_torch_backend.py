@@ -12,7 +12,8 @@ output lists of another size refused at the call; a forked child refused the par
 works; destroy_process_group finalizing a group's communicator; new_group's timeout= bounding a
 recv; finished operations' requests and tensors freed without a later submission; DDP
 training of a small CNN on "concord" equals the same on "gloo" to 1e-5; all_reduce of sparse
-tensors (one or every dimension sparse, one rank's empty) sums as gloo's, and DDP with an
+tensors (one or every dimension sparse, one rank's empty) sums as gloo's (shapes or dtypes that
+differ between ranks fail on every rank), and DDP with an
 Embedding's sparse gradients equals gloo's to 1e-6.
 Run on 2 and 3 ranks under concordrun (its CONCORD_STORE; torch's store is a FileStore), its
 scatter cases alone on 1 and 4, and by torch2_test.sh on 2 ranks under torch 2.x's torchrun,
@@ -786,6 +787,23 @@ def test_all_reduce_of_a_sparse_tensor_sums_like_gloo(dtype):
     with pytest.raises(concord.UnavailableError, match=r"sums sparse tensors only "
                        r"\(ReduceOp.SUM\), as gloo; got ReduceOp.MAX"):
         dist.all_reduce(sparse_of(RANK, dtype), op=dist.ReduceOp.MAX)
+
+
+def test_sparse_tensors_that_differ_between_ranks_fail_on_every_rank():
+    if SIZE == 1:
+        pytest.skip("needs 2 ranks or more")
+    rows = 12 if RANK == 0 else 13
+    with pytest.raises(concord.InvalidArgumentError, match=r"rank 1's sparse tensor has the "
+                       r"sizes \[13\] in its sparse dimensions, not \[12\]|rank 0's sparse "
+                       r"tensor has the sizes \[12\] in its sparse dimensions, not \[13\]"):
+        dist.all_reduce(torch.ones(rows, 2).to_sparse(1))
+    dtype = torch.float32 if RANK == 0 else torch.float64
+    with pytest.raises(concord.ConcordError, match="MISMATCH.*dtype"):
+        dist.all_reduce(torch.ones(12, 2, dtype=dtype).to_sparse(1))
+    t = sparse_of(RANK, torch.float32)  # the ranks are still in step
+    dist.all_reduce(t)
+    assert t.to_dense().sum() == sum(sparse_of(r, torch.float32).to_dense().sum()
+                                     for r in range(SIZE))
 
 
 class SparseNet(torch.nn.Module):

@@ -3,7 +3,8 @@ DDP with Concord's allreduce_hook equals DDP over gloo with torch's default hook
 concord process group and over a gloo one with a Communicator passed; the buckets' names hit the
 response cache step after step; fp16 and bf16 halve the bytes on the wire (Concord's metrics)
 and end within 1% of the uncompressed loss; top-k sends about its density and the loss falls; a
-bad spec fails at hook creation naming it; a failed allreduce makes backward() raise; device
+bad spec fails at hook creation naming it; sparse gradients (an Embedding's) equal torch's
+default hook's; a failed allreduce makes backward() raise; device
 buckets and groups without a communicator are refused naming them. Run on 2 and 3 ranks under
 concordrun (its CONCORD_STORE; torch's store is a FileStore)."""
 import os
@@ -196,6 +197,36 @@ def test_compression_bytes_and_loss(gloo, comm):
 def _seeded_net():
     torch.manual_seed(1)  # rank 0's start, which DDP broadcasts
     return Net()
+
+
+class SparseNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(20, 3, sparse=True)
+        self.fc = torch.nn.Linear(3, 2)
+
+    def forward(self, tokens):
+        return self.fc(self.emb(tokens).mean(1))
+
+
+def train_sparse(process_group, hook=None, state=None):
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(SparseNet(), process_group=process_group)
+    if hook is not None:
+        model.register_comm_hook(state, hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    for step in range(3):
+        g = torch.Generator().manual_seed(10 * step + RANK)
+        x, y = torch.randint(0, 20, (4, 5), generator=g), torch.randint(0, 2, (4,), generator=g)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    return model.module
+
+
+def test_sparse_gradients_equal_torchs_default_hook(gloo, comm):
+    assert_close(train_sparse(gloo), train_sparse(gloo, hooks.allreduce_hook(comm=comm), gloo),
+                 atol=1e-6)
 
 
 def test_failed_allreduce_raises_from_backward(gloo, comm):

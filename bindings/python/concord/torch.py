@@ -16,6 +16,7 @@ import weakref
 
 import torch
 
+from ._sparse import SparseSum
 from .comm import _reduce_op
 from .compression import _check_compression
 from .errors import InvalidArgumentError, UnavailableError
@@ -155,30 +156,26 @@ class _DistributedMixin:
             copy and (lambda: copy(target)))
 
     def _concord_allgather_sparse(self, p, grad):
-        """Horovod's sparse path: every rank's (index, value) pairs of p's gradient allgathered,
-        their values scaled (1/ranks for an average, 1/passes), then one sparse gradient of them
-        all (uncoalesced: torch's sparse optimizers and addition take it as it is). Returns the
-        (waitable, finish) pair _concord_handles keeps."""
+        """Horovod's sparse path: every rank's (index, value) pairs of p's gradient allgathered
+        (_sparse.SparseSum), their values scaled (1/ranks for an average, 1/passes), as one
+        sparse gradient (uncoalesced: torch's sparse optimizers and addition take it as it is).
+        Returns the (waitable, finish) pair _concord_handles keeps."""
         op = _reduce_op(self._concord_op)
+        name = self._concord_names[id(p)]
         if op not in (_SUM, _AVERAGE):
             raise InvalidArgumentError(
                 1, "the gradient %s is sparse: sparse gradients are allgathered, so they are "
                 "summed or averaged only, not reduced by op %r (pass sparse_as_dense=True)"
-                % (self._concord_names[id(p)], self._concord_op))
-        grad = grad.coalesce()
-        name = self._concord_names[id(p)]
-        # Indices as rows (nnz x sparse dims) and values (nnz x dense dims): allgathered along
-        # their first dimension, which may differ between ranks.
-        indices = self._concord.allgather_async(grad.indices().t().contiguous(),
-                                                name=name + ".indices")
-        values = self._concord.allgather_async(grad.values().contiguous(), name=name + ".values")
+                % (name, self._concord_op))
+        part = SparseSum(grad, "the sparse gradient " + name)
+        indices = self._concord.allgather_async(part.index_rows, name=name + ".indices")
+        values = self._concord.allgather_async(part.value_rows, name=name + ".values")
         scale = 1.0 / self._concord_passes
         if op == _AVERAGE:
             scale /= self._concord.size
 
         def finish():
-            p.grad = torch.sparse_coo_tensor(indices.wait().t(), values.wait() * scale,
-                                             grad.shape)
+            p.grad = part.sum(indices.wait(), values.wait()) * scale
 
         return _Both(indices, values), finish
 

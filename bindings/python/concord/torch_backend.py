@@ -57,7 +57,6 @@ serves Concord's store on a free port of its address (MASTER_ADDR, else CONCORD_
 """
 import inspect
 import json
-import math
 import os
 import queue
 import socket
@@ -71,6 +70,7 @@ import torch.distributed as dist
 from torch.distributed.constants import default_pg_timeout
 
 from . import comm as _comm
+from ._sparse import SparseSum
 from .errors import (InvalidArgumentError, Status, UnavailableError, WaitTimeoutError,
                      make_error)
 
@@ -460,42 +460,29 @@ class ProcessGroupConcord(dist.ProcessGroup):
 
     def _sparse_sum(self, t, opts):
         """all_reduce of a sparse COO tensor, as gloo's (DDP's gradients of an Embedding with
-        sparse=True): the sum over ranks, coalesced, copied into t, which takes its entries (t
-        itself: a detached alias of a sparse tensor would take them alone).
-        Every rank's coalesced (index, value) rows, packed as bytes, go in one allgather (their
-        counts may differ). ReduceOp.SUM only, as gloo. Returns _run's submit, finish and
-        verify."""
+        sparse=True): the sum over ranks (_sparse.SparseSum: two allgathers), coalesced, copied
+        into t, which takes its entries (t itself: a detached alias of a sparse tensor would take
+        them alone). ReduceOp.SUM only, as gloo. Returns _run's submit, finish and verify: the
+        values' allgather is the work's operation, and finish waits for the indices' too."""
         if _op_name(_op_of(opts)) != "SUM":
             raise UnavailableError(
                 Status.ERR_UNAVAILABLE, "all_reduce of a sparse tensor: the concord backend "
                 "sums sparse tensors only (ReduceOp.SUM), as gloo; got ReduceOp.%s" %
                 _op_name(_op_of(opts)))
-        if t.is_cuda:
-            raise UnavailableError(Status.ERR_UNAVAILABLE, "all_reduce of a sparse CUDA tensor: "
-                                   "the concord backend sums sparse CPU tensors only")
-        c = t.coalesce()
-        sparse_dim, count = c.sparse_dim(), c._nnz()
-        cut = sparse_dim * 8  # each row's index bytes, then its value's
-        value_bytes = c.element_size() * math.prod(c.shape[sparse_dim:])
-
-        def as_rows(x, width):  # x's bytes as `count` rows (reshape(-1) copies where needed)
-            return x.reshape(-1).view(torch.uint8).reshape(count, width)
-
-        rows = torch.cat([as_rows(c.indices().t(), cut), as_rows(c.values(), value_bytes)], 1)
+        name = self._name("allreduce")
+        part = SparseSum(t, "all_reduce of a sparse tensor (%s)" % name)
+        indices = self.comm.allgather_async(part.index_rows, name=name + ".indices")
         gathered = {}
 
-        def verify(value):
-            gathered["rows"] = value
+        def verify(values):
+            gathered["values"] = values
 
         def finish():
-            packed = gathered.pop("rows")
-            indices = packed[:, :cut].contiguous().view(torch.int64).t()
-            values = packed[:, cut:].contiguous().view(c.dtype).reshape(
-                (packed.shape[0],) + tuple(c.shape[sparse_dim:]))
+            summed = part.sum(indices.wait(), gathered.pop("values")).coalesce()
             with torch.no_grad():
-                t.copy_(torch.sparse_coo_tensor(indices, values, c.shape).coalesce())
+                t.copy_(summed)
 
-        return (lambda cb: self.comm.allgather_async(rows, name=self._name("allreduce"),
+        return (lambda cb: self.comm.allgather_async(part.value_rows, name=name + ".values",
                                                      callback=cb)), finish, verify
 
     def reduce(self, tensors, opts=None):

@@ -18,7 +18,9 @@ the first step), so a residual never meets a different layout. A CUDA bucket goe
 backend (NCCL) in place, after the work queued on torch's current stream (the division
 included); its future is for the bucket's device and completes when the allreduce has finished
 on the GPU. A CUDA bucket on a communicator without a GPU backend raises UnavailableError from the
-hook, naming the bucket and what is missing.
+hook, naming the bucket and what is missing. A bucket of a sparse gradient (an Embedding with
+sparse=True) is summed as torch's default hook sums it: every rank's entries allgathered
+(uncompressed), averaged, as one sparse tensor.
 """
 import itertools
 import threading
@@ -27,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from . import comm as _comm
+from ._sparse import SparseSum
 from .compression import check_compression
 from .errors import ConcordError, InvalidArgumentError, Status, make_error
 
@@ -87,6 +90,8 @@ class _AllreduceHook:
         comm = self.communicator(state)
         buffer = bucket.buffer()
         name = self.name(bucket)
+        if buffer.layout == torch.sparse_coo:
+            return self.sparse(comm, bucket, buffer, name)
         future = (torch.futures.Future(devices=[buffer.device]) if buffer.is_cuda else
                   torch.futures.Future())
         holder = {}
@@ -120,6 +125,30 @@ class _AllreduceHook:
         # torch's Python set_exception stores the error as the value, which DDP's C++ side would
         # try to read as a tensor: value() in a then() raises it, and the chained future fails
         # with it as torch's own errors do (DDP raises it from backward()).
+        return future.then(lambda done: done.value())
+
+
+    def sparse(self, comm, bucket, buffer, name):
+        """A bucket of one sparse gradient (an Embedding with sparse=True): every rank's entries
+        allgathered (_sparse.SparseSum, uncompressed), averaged; the future gets the sum as one
+        sparse tensor, as torch's default hook (all_reduce) gives it."""
+        try:
+            part = SparseSum(buffer, "concord allreduce_hook, bucket %d (%s)" %
+                             (bucket.index(), name))
+            indices = comm.allgather_async(part.index_rows, name=name + ".indices")
+            values = comm.allgather_async(part.value_rows, name=name + ".values")
+        except ConcordError as e:
+            raise make_error(e.status, "concord allreduce_hook, bucket %d (%s): %s" %
+                             (bucket.index(), name, e.message)) from e
+        future = torch.futures.Future()
+
+        def complete():  # waits: on a thread of its own
+            try:
+                future.set_result(part.sum(indices.wait(), values.wait()) / comm.size)
+            except Exception as e:  # the ConcordError with the library's message
+                future.set_exception(e)
+
+        threading.Thread(target=complete, daemon=True).start()
         return future.then(lambda done: done.value())
 
 
