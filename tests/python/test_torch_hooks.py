@@ -21,6 +21,7 @@ import concord  # noqa: E402
 import concord.torch  # noqa: E402,F401  (registers the backend)
 from concord.torch import hooks  # noqa: E402
 from fake_cuda import FakeBucket  # noqa: E402
+from sparse_ddp import train_sparse_ddp  # noqa: E402
 
 RANK = int(os.environ["CONCORD_RANK"])
 SIZE = int(os.environ["CONCORD_SIZE"])
@@ -199,34 +200,9 @@ def _seeded_net():
     return Net()
 
 
-class SparseNet(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.emb = torch.nn.Embedding(20, 3, sparse=True)
-        self.fc = torch.nn.Linear(3, 2)
-
-    def forward(self, tokens):
-        return self.fc(self.emb(tokens).mean(1))
-
-
-def train_sparse(process_group, hook=None, state=None):
-    torch.manual_seed(0)
-    model = torch.nn.parallel.DistributedDataParallel(SparseNet(), process_group=process_group)
-    if hook is not None:
-        model.register_comm_hook(state, hook)
-    opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    for step in range(3):
-        g = torch.Generator().manual_seed(10 * step + RANK)
-        x, y = torch.randint(0, 20, (4, 5), generator=g), torch.randint(0, 2, (4,), generator=g)
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
-    return model.module
-
-
 def test_sparse_gradients_equal_torchs_default_hook(gloo, comm):
-    assert_close(train_sparse(gloo), train_sparse(gloo, hooks.allreduce_hook(comm=comm), gloo),
-                 atol=1e-6)
+    assert_close(train_sparse_ddp(gloo, RANK),
+                 train_sparse_ddp(gloo, RANK, hooks.allreduce_hook(comm=comm), gloo), atol=1e-6)
 
 
 def test_failed_allreduce_raises_from_backward(gloo, comm):
