@@ -1,10 +1,11 @@
 """PyTorch integration: data-parallel training over N ranks ends with the same parameters, to float
-tolerance, as one process training on the union of the ranks' batches (plain steps, and gradient
-accumulation over backward_passes_per_step); broadcast_parameters and broadcast_optimizer_state
-make every rank equal to the root; broadcast_object and allgather_object carry tensors; sparse
-gradients (an Embedding's), allgathered or made dense, equal the single process too. Also: a
-channels_last model, step() after synchronize() (reduced once) and skip_synchronize(),
-zero_grad() between accumulated passes, and a new wrapper over the same parameters."""
+tolerance, as one process training on the union of the ranks' batches (plain steps, gradient
+accumulation over backward_passes_per_step, gradient_predivide_factor); broadcast_parameters and
+broadcast_optimizer_state make every rank equal to the root; broadcast_object and
+allgather_object carry tensors; sparse gradients (an Embedding's), allgathered or made dense,
+equal the single process too. Also: a channels_last model, step() after synchronize() (reduced
+once) and skip_synchronize(), zero_grad() between accumulated passes, and a new wrapper over the
+same parameters."""
 
 import pytest
 
@@ -45,10 +46,11 @@ def train_reference(model, size, passes):
     return model
 
 
-def train_distributed(comm, model, passes):
+def train_distributed(comm, model, passes, predivide=1.0):
     opt = ctorch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
                                       named_parameters=model.named_parameters(),
-                                      backward_passes_per_step=passes, comm=comm)
+                                      backward_passes_per_step=passes, comm=comm,
+                                      gradient_predivide_factor=predivide)
     assert isinstance(opt, torch.optim.SGD)
     for step in range(STEPS):
         opt.zero_grad()
@@ -67,15 +69,15 @@ def train_distributed(comm, model, passes):
     return model
 
 
-@pytest.mark.parametrize("passes", [1, 2])
-def test_data_parallel_equals_single_process_on_union(comm, passes):
+@pytest.mark.parametrize("passes,predivide", [(1, 1.0), (2, 1.0), (2, 4.0)])
+def test_data_parallel_equals_single_process_on_union(comm, passes, predivide):
     model = make_model(seed=1 + comm.rank)  # different on every rank until broadcast
     ctorch.broadcast_parameters(model.state_dict(), root_rank=0, comm=comm)
     reference = make_model(seed=1)  # rank 0's initial parameters
     for p, q in zip(model.parameters(), reference.parameters()):
         assert torch.equal(p, q)
     train_reference(reference, comm.size, passes)
-    train_distributed(comm, model, passes)
+    train_distributed(comm, model, passes, predivide)
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
     # Replicas are identical bit for bit: compare with rank 0's copy.
@@ -183,6 +185,17 @@ def test_broadcast_and_allgather_objects_carry_tensors(comm):
     assert got["epoch"] == 3 and torch.equal(got["weights"], sent["weights"])
     gathered = ctorch.allgather_object(torch.full((comm.rank + 1,), float(comm.rank)), comm=comm)
     assert [t.tolist() for t in gathered] == [[float(r)] * (r + 1) for r in range(comm.size)]
+
+
+def test_gradient_predivide_factor_is_checked(comm):
+    model = make_model(seed=2)
+    for factor in (0, -1, float("nan"), float("inf")):
+        with pytest.raises(concord.InvalidArgumentError, match="positive finite"):
+            ctorch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), comm=comm,
+                                        gradient_predivide_factor=factor)
+    with pytest.raises(concord.InvalidArgumentError, match="op \"average\" only.*'sum'"):
+        ctorch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), comm=comm,
+                                    op="sum", gradient_predivide_factor=2.0)
 
 
 def test_optimizer_misuse_is_refused(comm):

@@ -54,9 +54,19 @@ class _DistributedMixin:
     newer one takes them over) reduces nothing more and is freed."""
 
     def _concord_setup(self, comm, named_parameters, compression, backward_passes_per_step, op,
-                       sparse_as_dense):
+                       sparse_as_dense, gradient_predivide_factor):
         if backward_passes_per_step < 1:
             raise InvalidArgumentError(1, "backward_passes_per_step must be >= 1")
+        factor = float(gradient_predivide_factor)
+        if not (0 < factor < float("inf")):
+            raise InvalidArgumentError(
+                1, "gradient_predivide_factor must be a positive finite number, not %r" %
+                (gradient_predivide_factor,))
+        if factor != 1.0 and _reduce_op(op) != _AVERAGE:
+            raise InvalidArgumentError(
+                1, "gradient_predivide_factor applies to op \"average\" only (it splits the "
+                "average's division), not to op %r" % (op,))
+        self._concord_predivide = factor
         self._concord = comm
         self._concord_compression = compression
         self._concord_op = op
@@ -150,9 +160,14 @@ class _DistributedMixin:
             # contiguous copy, copied back once done.
             target = grad.contiguous()
             copy = grad.copy_
+        op, prescale, postscale = self._concord_op, 1.0 / self._concord_passes, 1.0
+        if self._concord_predivide != 1.0:  # an average, split around the sum (Horovod's)
+            op = "sum"
+            prescale /= self._concord_predivide
+            postscale = self._concord_predivide / self._concord.size
         self._concord_handles[id(p)] = (self._concord.allreduce_async(
-            target, out=target, name=self._concord_names[id(p)], op=self._concord_op,
-            prescale=1.0 / self._concord_passes, compression=self._concord_compression),
+            target, out=target, name=self._concord_names[id(p)], op=op, prescale=prescale,
+            postscale=postscale, compression=self._concord_compression),
             copy and (lambda: copy(target)))
 
     def _concord_allgather_sparse(self, p, grad):
@@ -291,7 +306,7 @@ def _reduce_hook(optimizer, p):
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                          backward_passes_per_step=1, op="average", comm=None, process_set=None,
-                         sparse_as_dense=False):
+                         sparse_as_dense=False, gradient_predivide_factor=1.0):
     """Wraps a torch optimizer for data-parallel training over Concord.
 
     named_parameters: model.named_parameters(), to name each gradient (the names must be the same
@@ -307,14 +322,16 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     are averaged over its ranks only (the same as comm=). Sparse gradients (an Embedding with
     sparse=True) are allgathered, as Horovod's: every rank's (index, value) pairs, scaled, make
     one sparse gradient (op "average" or "sum" only; no compression); sparse_as_dense=True turns
-    them dense and allreduces them instead."""
+    them dense and allreduces them instead. gradient_predivide_factor f (op "average" only, as
+    Horovod's): each gradient is divided by f before the sum and the sum by ranks / f after it,
+    to keep half-precision sums in range (dense gradients; the result is the same average)."""
     comm = _communicator(comm, process_set)
     _check_compression(compression)  # an old library: fail at construction, not in backward
     cls = type(optimizer.__class__.__name__, (_DistributedMixin, optimizer.__class__), {})
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)  # the same param_groups, state and defaults
     wrapped._concord_setup(comm, named_parameters, compression, backward_passes_per_step, op,
-                           sparse_as_dense)
+                           sparse_as_dense, gradient_predivide_factor)
     return wrapped
 
 
