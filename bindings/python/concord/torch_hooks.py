@@ -127,14 +127,12 @@ class _AllreduceHook:
         # with it as torch's own errors do (DDP raises it from backward()).
         return future.then(lambda done: done.value())
 
-
     def sparse(self, comm, bucket, buffer, name):
         """A bucket of one sparse gradient (an Embedding with sparse=True): every rank's entries
         allgathered (_sparse.SparseSum, uncompressed), averaged; the future gets the sum as one
         sparse tensor, as torch's default hook (all_reduce) gives it."""
+        part = SparseSum(buffer, "concord allreduce_hook, bucket %d (%s)" % (bucket.index(), name))
         try:
-            part = SparseSum(buffer, "concord allreduce_hook, bucket %d (%s)" %
-                             (bucket.index(), name))
             indices = comm.allgather_async(part.index_rows, name=name + ".indices")
             values = comm.allgather_async(part.value_rows, name=name + ".values")
         except ConcordError as e:
