@@ -32,7 +32,8 @@
 // - Finish() is Close() for a communicator that finalizes, where the transport can tell its peers:
 //   each peer then fails its operations with this rank at once, with kPeerFailure saying that the
 //   rank finalized, and PeerFinalized() says so there (such a failure is the cause itself: core
-//   holds nothing for another). Messages this rank sent before still arrive.
+//   holds nothing for another). Messages this rank sent before still arrive. It may wait a
+//   bounded time for the peers to take the goodbye (TCP: until each ends its side, 2 s at most).
 #pragma once
 
 #include <chrono>

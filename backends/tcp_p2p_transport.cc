@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <deque>
@@ -62,6 +63,10 @@ constexpr uint64_t kMaxSendBuffer = 32 << 20;  // SO_SNDBUF grows up to this (as
 // buffers: reading it ahead into an unexpected buffer and copying it costs about what reading it
 // once its recv is posted does.
 constexpr uint64_t kHoldBytes = 4 << 20;
+// How long Finish() waits at most for the peers to end the links it said goodbye on (Linger): a
+// peer whose progress thread runs takes a goodbye within milliseconds (HoldFor, then what was
+// still in the sockets).
+constexpr std::chrono::seconds kLinger{2};
 
 // How long a payload of `bytes` without its recv stays in the socket (Place): about the time
 // copying it out of an unexpected buffer would take (4 GB/s), from 1 to 20 ms.
@@ -151,8 +156,9 @@ using Completions = std::vector<std::pair<P2pTransport::Done, Status>>;
 // recvs, unexpected messages, the failure, the parsing state); a link's send_mu its send side
 // (queue, socket writes), taken after mu_ when both are needed. Neither is held while `done`
 // runs, nor across poll() or read(). The progress thread alone reads (read() itself runs without
-// mu_) and closes sockets; a submitting thread writes its send itself when nothing is queued
-// before it on that link, and leaves the rest to the progress thread.
+// mu_) and closes sockets until Close() or Finish() has stopped it; a submitting thread writes its
+// send itself when nothing is queued before it on that link, and leaves the rest to the progress
+// thread.
 class TcpP2pTransport : public P2pTransport {
  public:
   // `direct_min_bytes`: the smallest payload a peer that reads this rank's memory (Link::
@@ -224,26 +230,11 @@ class TcpP2pTransport : public P2pTransport {
   }
 
   bool Finish(const Status& status) override EXCLUDES(mu_) {
-    SayGoodbye(status);
-    Close(status);
+    CloseWith(status, /*goodbye=*/true);
     return true;
   }
 
-  void Close(const Status& status) override EXCLUDES(mu_) {
-    {
-      MutexLock lock(mu_);
-      if (stop_) return;
-      stop_ = true;
-      Signal(wake_.get());
-    }
-    if (thread_.joinable()) thread_.join();
-    Completions out;
-    {
-      MutexLock lock(mu_);
-      for (Link& l : links_) FailLink(l, status, out);
-    }
-    Run(out);
-  }
+  void Close(const Status& status) override EXCLUDES(mu_) { CloseWith(status, /*goodbye=*/false); }
 
  private:
   static void Run(Completions& out) {
@@ -253,17 +244,65 @@ class TcpP2pTransport : public P2pTransport {
 
   std::string Who(int peer) const { return "rank " + std::to_string(peer); }
 
-  // Ends each link on which nothing is queued (so no message is half written) with a goodbye, if
-  // the socket takes it at once, and refuses later sends there with `status`. A link with a
-  // message still queued gets none: its peer sees the connection close, as after a failure.
-  void SayGoodbye(const Status& status) EXCLUDES(mu_) {
+  // Close() and Finish(): stops the progress thread, then (`goodbye`) says goodbye on each link
+  // that takes one, fails every link with `status`, and lingers on those that took one.
+  void CloseWith(const Status& status, bool goodbye) EXCLUDES(mu_) {
+    {
+      MutexLock lock(mu_);
+      if (stop_) return;
+      stop_ = true;
+      Signal(wake_.get());
+    }
+    if (thread_.joinable()) thread_.join();
+    Completions out;
+    std::vector<net::Fd> lingering;
+    {
+      MutexLock lock(mu_);
+      for (Link& l : links_) {
+        if (goodbye && SayGoodbye(l)) lingering.push_back(std::move(l.fd));
+        FailLink(l, status, out);
+      }
+    }
+    Run(out);
+    Linger(lingering);
+  }
+
+  // Ends the link with a goodbye and shuts its sending side down, when nothing is queued on it (so
+  // no message is half written) and the socket takes the goodbye at once; returns whether it did.
+  // A link with a message still queued gets none: its peer sees the connection close, as after a
+  // failure. After the progress thread has stopped (what the peer sends now stays unread).
+  bool SayGoodbye(Link& l) REQUIRES(mu_) {
+    MutexLock send_lock(*l.send_mu);
+    if (!l.fd.valid() || !l.send_failure.ok() || !l.broken.ok() || !l.sends.empty()) return false;
     const std::string goodbye = tcp_p2p::EncodeGoodbye();
-    for (Link& l : links_) {
-      MutexLock send_lock(*l.send_mu);
-      if (!l.fd.valid() || !l.send_failure.ok() || !l.broken.ok() || !l.sends.empty()) continue;
-      [[maybe_unused]] const ssize_t n =
-          ::send(l.fd.get(), goodbye.data(), goodbye.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-      l.send_failure = status;
+    const ssize_t n =
+        ::send(l.fd.get(), goodbye.data(), goodbye.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    return n == static_cast<ssize_t>(goodbye.size()) && ::shutdown(l.fd.get(), SHUT_WR) == 0;
+  }
+
+  // Keeps the links said goodbye to open, reading and dropping what their peers still send, until
+  // each peer has ended its side (it closes the link once it took the goodbye, or shuts it down in
+  // its own Finish) or kLinger passes. A socket closed with bytes still to read resets its
+  // connection, and the reset drops what this side had not transmitted yet: the end of a message
+  // whose send completed (written to the socket), and the goodbye.
+  static void Linger(std::vector<net::Fd>& fds) {
+    const Deadline until = Deadline::After(kLinger);
+    std::vector<char> sink(kStaging);
+    std::vector<pollfd> polled;
+    while (!fds.empty() && !until.passed()) {
+      polled.clear();
+      for (const net::Fd& fd : fds) polled.push_back(pollfd{fd.get(), POLLIN, 0});
+      const int rc = ::poll(polled.data(), polled.size(), until.PollTimeoutMs());
+      if (rc < 0 && errno == EINTR) continue;
+      if (rc <= 0) return;  // the time passed (or poll failed): closed as they are
+      for (size_t i = polled.size(); i-- > 0;) {
+        if (polled[i].revents == 0) continue;
+        const ssize_t r = ::read(polled[i].fd, sink.data(), sink.size());
+        if (r > 0 || (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))) {
+          continue;
+        }
+        fds.erase(fds.begin() + static_cast<std::ptrdiff_t>(i));  // the peer's end (or an error)
+      }
     }
   }
 

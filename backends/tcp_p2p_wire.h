@@ -19,7 +19,10 @@
 // which completes the send (receipts come back in the order of their messages). A rank whose
 // communicator finalizes ends each link on which no message is half written with a goodbye,
 //   u32 magic 'CP2B' | 28 zero bytes
-// after everything it sent, and closes it: the peer fails the link with kPeerFailure saying that
+// after everything it sent, shuts its sending side down, and closes the link once the peer has
+// ended its side (reading and dropping what still comes, for 2 s at most: a socket closed with
+// bytes unread resets the connection, which drops what was not yet transmitted, the goodbye
+// included): the peer fails the link with kPeerFailure saying that
 // the rank finalized (what arrived whole before it stays for the recvs that come for it), and
 // holds nothing for a cause (P2pTransport::PeerFinalized). A receiver that finds anything else (a
 // bad magic, dtype or flag, a negative tag, a size that is not the shape's, a receipt or goodbye

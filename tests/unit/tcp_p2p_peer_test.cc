@@ -5,9 +5,11 @@
 // completed send, no recv left waiting for its timeout, no crash); a payload rank 0 reads from
 // rank 1's memory counts only while rank 1's state word holds the open value the header gave. A
 // goodbye (rank 1 finalized) fails what waits for rank 1 at once and keeps what arrived before it;
-// rank 0's Finish() sends one behind what it sent.
+// rank 0's Finish() sends one behind what it sent, which arrives whole even while rank 1 is still
+// sending to rank 0 (no connection reset).
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -15,6 +17,7 @@
 #include <future>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backends/backend.h"
@@ -221,7 +224,8 @@ TEST(TcpP2pPeerTest, AGoodbyeFailsWhatWaitsForThePeerAndKeepsWhatItSentBefore) {
 }
 
 // Rank 0 sends a message, then finishes: rank 1 reads the message whole, then a goodbye, then the
-// end of the stream; a send after it is refused with Finish's status.
+// end of the stream; Finish() returns once rank 1 closes its end (not at kLinger, 2 s); a send
+// after it is refused with Finish's status.
 TEST(TcpP2pPeerTest, FinishSendsAGoodbyeBehindWhatWasSent) {
   FakePeer peer = Connect(/*direct=*/false);
   ASSERT_TRUE(peer.rank0 && peer.fd.valid());
@@ -233,7 +237,8 @@ TEST(TcpP2pPeerTest, FinishSendsAGoodbyeBehindWhatWasSent) {
   peer.rank0->Send(1, 2, meta, payload, Deadline::After(milliseconds(10000)), sent.Done());
   ASSERT_TRUE(sent.Get().ok());
   const Status finalized(Code::kNotInitialized, "the communicator was finalized");
-  EXPECT_TRUE(peer.rank0->Finish(finalized));
+  auto finished =
+      std::async(std::launch::async, [&peer, &finalized] { return peer.rank0->Finish(finalized); });
   const std::string head = tcp_p2p::EncodeHead(2, meta);
   const std::string want = head + "wxyz" + tcp_p2p::EncodeGoodbye();
   std::string got(want.size(), '\0');
@@ -245,9 +250,67 @@ TEST(TcpP2pPeerTest, FinishSendsAGoodbyeBehindWhatWasSent) {
   ASSERT_EQ(::poll(&end, 1, 5000), 1);
   char more = 0;
   EXPECT_EQ(::read(peer.fd.get(), &more, 1), 0) << "the end of the stream";
+  const auto closed = std::chrono::steady_clock::now();
+  peer.fd.Reset();
+  ASSERT_EQ(finished.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_TRUE(finished.get());
+  EXPECT_LT(std::chrono::steady_clock::now() - closed, milliseconds(1000)) << "lingered on";
   Outcome after;
   peer.rank0->Send(1, 2, meta, payload, Deadline::After(milliseconds(10000)), after.Done());
   EXPECT_EQ(after.Get().code(), Code::kNotInitialized);
+}
+
+// Rank 1 is sending rank 0 a large message, and has not yet read what rank 0 sent it, when rank 0
+// finishes: the message rank 0 sent (its send completed) and the goodbye behind it still reach
+// rank 1 whole, then the end of the stream. (A socket closed with bytes still to read resets the
+// connection, and the reset throws away what the closing side had not yet transmitted: rank 1 then
+// lost the end of a message whose send had completed, and read "connection reset" instead of the
+// goodbye.)
+TEST(TcpP2pPeerTest, FinishWhileThePeerIsSendingStillDeliversWhatWasSentAndTheGoodbye) {
+  FakePeer peer = Connect(/*direct=*/false);
+  ASSERT_TRUE(peer.rank0 && peer.fd.valid());
+  // 256 MiB on tag 9, which rank 0 has no recv for: it keeps arriving until rank 0 closes.
+  P2pMeta big;
+  big.shape = {int64_t{256} << 20};
+  big.bytes = uint64_t{256} << 20;
+  std::thread writer([fd = peer.fd.get(), big] {
+    const std::string head = tcp_p2p::EncodeHead(9, big);
+    if (!Write(fd, head).ok()) return;
+    const std::vector<char> chunk(1 << 20, 'b');
+    for (uint64_t at = 0; at < big.bytes; at += chunk.size()) {
+      if (!Write(fd, std::string(chunk.begin(), chunk.end())).ok()) return;
+    }
+  });
+  // 2 MiB: more than rank 1's receive buffer takes before it reads, less than rank 0's send
+  // buffer takes, so the send completes with most of it not yet transmitted.
+  std::vector<char> payload(2 << 20);
+  for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<char>(i * 13);
+  P2pMeta meta;
+  meta.shape = {static_cast<int64_t>(payload.size())};
+  meta.bytes = payload.size();
+  Outcome sent;
+  peer.rank0->Send(1, 2, meta, payload.data(), Deadline::After(milliseconds(10000)), sent.Done());
+  ASSERT_TRUE(sent.Get().ok());
+  auto finished = std::async(std::launch::async, [&peer] {
+    return peer.rank0->Finish(Status(Code::kNotInitialized, "the communicator was finalized"));
+  });
+  std::this_thread::sleep_for(milliseconds(300));  // rank 0 has closed (or waits for rank 1)
+  const std::string want = tcp_p2p::EncodeHead(2, meta) +
+                           std::string(payload.begin(), payload.end()) + tcp_p2p::EncodeGoodbye();
+  std::string got(want.size(), '\0');
+  const Status read = net::ReadFull(peer.fd.get(), got.data(), got.size(),
+                                    Deadline::After(milliseconds(5000)), "rank 0");
+  EXPECT_TRUE(read.ok()) << read.ToString();
+  EXPECT_TRUE(got == want) << "the message or the goodbye arrived changed";
+  pollfd end{peer.fd.get(), POLLIN, 0};
+  EXPECT_EQ(::poll(&end, 1, 5000), 1);
+  char more = 0;
+  EXPECT_EQ(::read(peer.fd.get(), &more, 1), 0) << "the end of the stream";
+  ::shutdown(peer.fd.get(), SHUT_WR);
+  writer.join();
+  peer.fd.Reset();
+  ASSERT_EQ(finished.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_TRUE(finished.get());
 }
 
 TEST(TcpP2pPeerTest, AMessageWithANegativeTagFailsTheLink) {
