@@ -545,7 +545,10 @@ class TcpP2pTransport : public P2pTransport {
   // Reads the placed direct payload from the sender's memory (into its destination; a refused
   // one is not read), then the sender's state word, and answers with a receipt. Progress thread,
   // without mu_ while it reads (the destination stays put: see ReadLink); false when the link
-  // failed (the sender is gone, or withdrew the message while it was read).
+  // failed (the sender is gone). A message the sender withdrew while it was read (its state word
+  // no longer holds the open value: the sender failed or closed the link, finalizing perhaps)
+  // fails alone, without a receipt: it had no bytes on the socket, so the stream stays in sync,
+  // and what the sender wrote behind it (a goodbye) is still read.
   bool ReadDirect(Link& l, Completions& out) EXCLUDES(mu_) {
     char* dest = nullptr;
     uint64_t at = 0, n = 0;
@@ -563,17 +566,22 @@ class TcpP2pTransport : public P2pTransport {
     using shm_internal::RemoteSpan;
     Status s = Status::Ok();
     if (dest != nullptr) s = ReadRemote(l.peer, pid, {RemoteSpan{source.data + at, n}}, 0, n, dest);
+    // Read after the payload (a payload read while the word held the open value is intact), and
+    // after a payload that could not be read too (a withdrawn buffer may be gone).
     uint64_t state = 0;
-    if (s.ok()) {
-      s = ReadRemote(l.peer, pid, {RemoteSpan{source.state, sizeof(state)}}, 0, sizeof(state),
-                     &state);
-    }
-    if (s.ok() && state != source.open) {
-      s = Status(Code::kPeerFailure, Who(l.peer) +
-                                         " withdrew a point-to-point message while it "
-                                         "was read: the rank failed or finalized");
-    }
+    const Status word = ReadRemote(l.peer, pid, {RemoteSpan{source.state, sizeof(state)}}, 0,
+                                   sizeof(state), &state);
+    const bool withdrawn = word.ok() && state != source.open;
+    if (s.ok()) s = word;
     MutexLock lock(mu_);
+    if (withdrawn) {
+      DropWithdrawn(
+          l,
+          Status(Code::kPeerFailure, Who(l.peer) + " withdrew a point-to-point message while "
+                                                   "it was read: the rank failed or finalized"),
+          out);
+      return true;
+    }
     if (!s.ok()) {
       FailLink(l, s.WithContext("reading a message from " + Who(l.peer)), out);
       return false;
@@ -586,6 +594,21 @@ class TcpP2pTransport : public P2pTransport {
     Queue(l, SendOp{EncodeReceipt(), nullptr, 0, 0, Deadline::Infinite(), [](const Status&) {}},
           out);
     return true;
+  }
+
+  // Ends the direct message being read, which its sender withdrew: its recv fails with `status`
+  // (or the unexpected message it was filling goes).
+  void DropWithdrawn(Link& l, const Status& status, Completions& out) REQUIRES(mu_) {
+    l.in_payload = false;
+    l.left = 0;
+    if (l.matched) out.emplace_back(std::move(l.matched->done), status);
+    l.matched.reset();
+    if (l.stash != nullptr) {
+      auto u = l.unexpected.find(l.tag);
+      u->second.pop_back();
+      if (u->second.empty()) l.unexpected.erase(u);
+    }
+    l.stash = nullptr;
   }
 
   // Parses what the staging buffer holds; false when the link failed (a malformed header or

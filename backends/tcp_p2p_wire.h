@@ -16,7 +16,9 @@
 // passes for it). The receiver reads the payload from there (process_vm_readv), then the state
 // word, and answers with a receipt, 32 bytes:
 //   u32 magic 'CP2R' | 28 zero bytes
-// which completes the send (receipts come back in the order of their messages). A rank whose
+// which completes the send (receipts come back in the order of their messages). A state word that
+// no longer holds the open value (the sender withdrew the message: its link failed or closed)
+// fails that message alone, without a receipt, and the receiver reads on. A rank whose
 // communicator finalizes ends each link on which no message is half written with a goodbye,
 //   u32 magic 'CP2B' | 28 zero bytes
 // after everything it sent, shuts its sending side down, and closes the link once the peer has

@@ -6,7 +6,8 @@
 // rank 1's memory counts only while rank 1's state word holds the open value the header gave. A
 // goodbye (rank 1 finalized) fails what waits for rank 1 at once and keeps what arrived before it;
 // rank 0's Finish() sends one behind what it sent, which arrives whole even while rank 1 is still
-// sending to rank 0 (no connection reset).
+// sending to rank 0 (no connection reset); one behind a message rank 1 withdrew while rank 0 read
+// it from its memory is still read.
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -179,6 +180,51 @@ TEST(TcpP2pPeerTest, ADirectReadCountsOnlyWhileTheStateWordHoldsTheLinksOpenValu
       EXPECT_EQ(s.code(), Code::kProtocolError) << s.ToString();
       EXPECT_NE(s.message().find("without its link's open value"), std::string::npos)
           << s.ToString();
+    }
+  }
+}
+
+// Rank 1 finalizes while rank 0 reads one of its payloads from its memory: its Finish withdraws
+// the message (the state word changes) and says goodbye behind its header. The recv of that
+// message fails saying it was withdrawn (or, posted after, finds no message kept), but the goodbye
+// is still read: PeerFinalized(1), and a recv on another tag fails saying that rank 1 finalized
+// (not that it withdrew a message, which core would hold for a cause among three ranks, as a
+// failure's).
+TEST(TcpP2pPeerTest, AMessageWithdrawnByAFinalizingPeerFailsAloneAndItsGoodbyeIsRead) {
+  for (const bool posted : {true, false}) {
+    FakePeer peer = Connect(/*direct=*/true);
+    ASSERT_TRUE(peer.rank0 && peer.fd.valid());
+    const uint64_t word = 0;  // the link's state word once rank 1 closed it
+    std::vector<char> payload(4096, 3);
+    P2pMeta meta;
+    meta.shape = {4096};
+    meta.bytes = 4096;
+    const tcp_p2p::DirectSource source{reinterpret_cast<uint64_t>(payload.data()),
+                                       reinterpret_cast<uint64_t>(&word), 0x5eed};
+    std::vector<char> dest(4096, 0);
+    Outcome withdrawn, waiting;
+    auto recv_withdrawn = [&] {
+      peer.rank0->Recv(
+          1, 9, Deadline::After(milliseconds(10000)),
+          [&dest](const P2pMeta&) -> void* { return dest.data(); }, withdrawn.Done());
+    };
+    if (posted) recv_withdrawn();
+    PostRecv(*peer.rank0, 1, Deadline::After(milliseconds(10000)), waiting);
+    ASSERT_TRUE(
+        Write(peer.fd.get(), tcp_p2p::EncodeHead(9, meta, &source) + tcp_p2p::EncodeGoodbye())
+            .ok());
+    const Status s = waiting.Get();
+    EXPECT_EQ(s.code(), Code::kPeerFailure) << s.ToString();
+    EXPECT_EQ(s.message().find("rank 1 finalized its communicator (concord_finalize)"), 0u)
+        << s.ToString();
+    EXPECT_TRUE(peer.rank0->PeerFinalized(1));
+    if (!posted) recv_withdrawn();
+    const Status w = withdrawn.Get();
+    EXPECT_EQ(w.code(), Code::kPeerFailure) << w.ToString();
+    const char* says = posted ? "rank 1 withdrew a point-to-point message" : "rank 1 finalized";
+    EXPECT_NE(w.message().find(says), std::string::npos) << w.ToString();
+    if (!posted) {
+      EXPECT_EQ(dest, std::vector<char>(4096, 0)) << "nothing was kept for it";
     }
   }
 }
