@@ -29,11 +29,13 @@
 // - Close() completes every operation in flight with `status`, refuses later ones with it, and
 //   stops the progress thread; the destructor closes with kNotInitialized if Close() was not
 //   called. Close() must not be called from `done` or `place`.
-// - Finish() is Close() for a communicator that finalizes, where the transport can tell its peers:
-//   each peer then fails its operations with this rank at once, with kPeerFailure saying that the
-//   rank finalized, and PeerFinalized() says so there (such a failure is the cause itself: core
-//   holds nothing for another). Messages this rank sent before still arrive. It may wait a
-//   bounded time for the peers to take the goodbye (TCP: until each ends its side, 2 s at most).
+// - Finish() tells every peer that this rank's communicator finalizes: each peer then fails its
+//   operations with this rank at once, with kPeerFailure saying that the rank finalized, and
+//   PeerFinalized() says so there (such a failure is the cause itself: core holds nothing for
+//   another). Messages this rank sent before still arrive. Where the transport can end at once it
+//   is Close() too (TCP, which may wait a bounded time for the peers to take the goodbye: until
+//   each ends its side, 2 s at most); MPI instead refuses later operations and stays open until
+//   Close(), as a message MPI started cannot be withdrawn and a peer may still take it.
 #pragma once
 
 #include <chrono>
@@ -74,9 +76,10 @@ class P2pTransport {
                     Done done) = 0;
   virtual void Recv(int peer, int64_t tag, Deadline deadline, Place place, Done done) = 0;
   virtual void Close(const Status& status) = 0;
-  // Close(status) after telling every peer, behind what this rank sent, that it finalized; returns
-  // true. A transport that cannot tell them returns false and does nothing (MPI: it stays open for
-  // Close(), since a message MPI started cannot be withdrawn and a peer may still take it).
+  // Tells every peer, behind what this rank sent, that it finalized. Returns true when that closed
+  // the transport with `status` too (TCP); false when Close() is still to come (MPI: later sends
+  // and recvs are refused with `status` meanwhile; a transport that cannot tell its peers: nothing
+  // is done).
   virtual bool Finish(const Status& status) {
     (void)status;
     return false;

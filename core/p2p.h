@@ -101,8 +101,9 @@ class PointToPoint {
 
   Status Submit(P2pEntry entry) EXCLUDES(mu_);
   void Close(const Status& status) EXCLUDES(mu_);
-  // The communicator finalizes: Close(status), having told the peers (P2pTransport::Finish), where
-  // the transport can; elsewhere nothing (Close() comes later).
+  // The communicator finalizes: tells the peers (P2pTransport::Finish), then Close(status) where
+  // that closed the transport; elsewhere Close() comes later (MPI: the transport refuses later
+  // operations meanwhile, which complete with `status`).
   void Finish(const Status& status) EXCLUDES(mu_);
   // Close(cause), completing the held peer failures with the cause (the communicator failed).
   void Fail(const Status& cause) EXCLUDES(mu_);
