@@ -44,9 +44,9 @@ constexpr uint64_t kEagerBytes = 4096 - kHeadBytes;
 // allocate). A piece this large takes milliseconds to move; its MPI message costs microseconds.
 constexpr uint64_t kPieceBytes = uint64_t{16} << 20;
 static_assert(kPieceBytes <= kMpiMaxMessageBytes, "a piece is one MPI message");
-// How often a round looks for goodbyes, and how long after one a recv from its sender that no
-// message matched waits before it fails (a margin: what the sender sent before is matched or
-// queued by MPI before its goodbye).
+// How often a round (or a send) looks for goodbyes, and how long after one a recv from its sender
+// that no message matched waits before it fails (a margin: what the sender sent before is matched
+// or queued by MPI before its goodbye).
 constexpr std::chrono::milliseconds kGoodbyeCheck{1};
 constexpr std::chrono::milliseconds kGoodbyeGrace{10};
 // How long the progress thread leaves new work to a waiter that may come to drive it.
@@ -114,7 +114,8 @@ using Completions = std::vector<std::pair<P2pTransport::Done, Status>>;
 // flight will take, so that a peer's send that started before that peer saw the goodbye
 // completes. A peer's goodbye fails
 // this rank's recvs from it that no message matched within kGoodbyeGrace, and later sends to it at
-// once, with kPeerFailure saying it finalized.
+// once, with kPeerFailure saying it finalized (a send looks for goodbyes itself when no round has
+// for kGoodbyeCheck: an idle rank's rounds do not run).
 class MpiP2pTransport : public P2pTransport {
  public:
   MpiP2pTransport(std::shared_ptr<MpiEnvironment> env, MPI_Comm comm, int rank, int size,
@@ -151,6 +152,20 @@ class MpiP2pTransport : public P2pTransport {
       lock.unlock();
       done(refused);
       return;
+    }
+    // The rounds look for goodbyes only while there is work: one that came while this rank was
+    // idle is taken here, or this send would complete for a message the peer drops.
+    const auto now = Clock::now();
+    if (now - goodbyes_checked_ >= kGoodbyeCheck) {
+      goodbyes_checked_ = now;
+      Status s = TakeGoodbyes(now);
+      if (!s.ok()) {
+        FailAllLocked(s);
+        WakeIfNeeded();
+        lock.unlock();
+        done(s);
+        return;
+      }
     }
     if (peer_finalized_[peer].load()) {
       lock.unlock();

@@ -709,7 +709,10 @@ int KillElsewhere() {
 // The last rank sends rank 0 one message and finalizes while every other rank waits in a recv
 // from it that no message will match: each such recv fails within seconds (the timeout is 20 s)
 // with PEER_FAILURE saying that the last rank finalized, and rank 0 still receives the message it
-// sent before. Then every rank finalizes (the last rank's barrier completes with theirs).
+// sent before. With 4 ranks or more, rank 1 waits in nothing: idle while the goodbye comes, it
+// sends to the last rank a second later, and that send fails saying so too (not completed for a
+// message the finalized rank drops). Then every rank finalizes (the last rank's barrier completes
+// with theirs).
 int FinalizeEarly() {
   concord_comm_t comm = mp::InitOrExit(&g_rank, &g_size);
   if (g_size < 3) {
@@ -723,7 +726,8 @@ int FinalizeEarly() {
   const int64_t s16[1] = {16};
   concord_tensor_t waiting_t = CpuTensor(small.data(), CONCORD_FLOAT32, 1, s16);
   concord_request_t waiting = nullptr;
-  if (g_rank != leaver) {
+  const bool idle = g_size >= 4 && g_rank == 1;
+  if (g_rank != leaver && !idle) {
     CHECKF(concord_recv_async(comm, &waiting_t, leaver, 7, nullptr, nullptr, &waiting) ==
                CONCORD_SUCCESS,
            "recv");
@@ -735,6 +739,18 @@ int FinalizeEarly() {
            concord_comm_last_error(comm));
     const concord_status_t f = concord_finalize(comm);
     CHECKF(f == CONCORD_SUCCESS, "finalize: %s: %s", concord_status_string(f),
+           concord_comm_last_error(nullptr));
+  } else if (idle) {
+    std::this_thread::sleep_for(std::chrono::seconds(1));  // the goodbye came meanwhile
+    concord_tensor_t t = CpuTensor(sent.data(), CONCORD_FLOAT32, 1, s16);
+    const concord_status_t s = concord_send(comm, &t, leaver, 9);
+    const std::string err = concord_comm_last_error(comm);
+    CHECKF(s == CONCORD_ERR_PEER_FAILURE &&
+               err.find("rank " + std::to_string(leaver) + " finalized its communicator") !=
+                   std::string::npos,
+           "a send to rank %d, which finalized a second before: %s: %s", leaver,
+           concord_status_string(s), err.c_str());
+    CHECKF(concord_finalize(comm) == CONCORD_SUCCESS, "finalize: %s",
            concord_comm_last_error(nullptr));
   } else {
     const double t0 = mp::Now();
