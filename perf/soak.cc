@@ -26,6 +26,7 @@
 // them did; 2 for a usage error or a run too short to have samples after warm-up; 3 for a wrong
 // sum or a Concord error.
 #include <dirent.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -139,6 +140,31 @@ Sample SampleSelf(double t, long step) {
   return s;
 }
 
+// Each open descriptor and what it is ("3 socket:[1234]"), for a report of which one came or went.
+std::string FdListing() {
+  std::string listing;
+  if (DIR* dir = opendir("/proc/self/fd")) {
+    const int own = dirfd(dir);
+    while (const dirent* e = readdir(dir)) {
+      if (e->d_name[0] == '.' || std::atoi(e->d_name) == own) continue;
+      char target[256] = {0};
+      const std::string path = std::string("/proc/self/fd/") + e->d_name;
+      const ssize_t n = readlink(path.c_str(), target, sizeof(target) - 1);
+      listing += std::string(listing.empty() ? "" : ", ") + e->d_name + " " +
+                 (n > 0 ? std::string(target, static_cast<size_t>(n)) : "?");
+    }
+    closedir(dir);
+  }
+  return listing;
+}
+
+// The descriptors at the first sample after the warm-up, and at the first later sample that
+// counted another number of them: what a failed soak says changed.
+struct FdChange {
+  std::string at_warmup, changed;
+  double changed_t = 0;
+};
+
 std::string OutPath(const std::string& pattern, int rank) {
   const size_t at = pattern.find("{rank}");
   if (at != std::string::npos) {
@@ -176,7 +202,7 @@ Range RangeOf(const std::vector<Sample>& s, long Sample::*field) {
 
 // Prints this rank's summary; returns the exit status (0 pass, 1 growth, 2 no samples).
 int Summarize(const Options& o, int rank, const std::vector<Sample>& all, long steps,
-              double seconds, double comm_seconds) {
+              double seconds, double comm_seconds, const FdChange& fd_change) {
   const char* mode = o.fresh ? "fresh" : "static";
   std::printf(
       "soak: rank %d: %s names, %ld steps in %.1f s: %.2f steps/s, %.1f ms a step in "
@@ -218,6 +244,11 @@ int Summarize(const Options& o, int rank, const std::vector<Sample>& all, long s
   if (fds.min != fds.max) why += " open fds changed;";
   if (threads.min != threads.max) why += " threads changed;";
   std::printf("soak: rank %d: %s%s\n", rank, why.empty() ? "PASS" : "FAIL:", why.c_str());
+  if (fds.min != fds.max) {
+    std::printf("soak: rank %d: descriptors at %.1f s: %s\nsoak: rank %d: at %.1f s: %s\n", rank,
+                after.front().t, fd_change.at_warmup.c_str(), rank, fd_change.changed_t,
+                fd_change.changed.c_str());
+  }
   return why.empty() ? 0 : 1;
 }
 
@@ -261,8 +292,17 @@ int RunSteps(const Options& o, const concord::Workload& w, concord_comm_t comm) 
     out << "t_s,step,rss_kb,fds,threads\n";
   }
   std::vector<Sample> samples;
+  FdChange fd_change;
+  long warmup_fds = -1;
   auto record = [&](const Sample& s) {
     samples.push_back(s);
+    if (s.t >= o.warmup_s && warmup_fds < 0) {
+      warmup_fds = s.fds;
+      fd_change.at_warmup = FdListing();
+    } else if (warmup_fds >= 0 && s.fds != warmup_fds && fd_change.changed.empty()) {
+      fd_change.changed = FdListing();
+      fd_change.changed_t = s.t;
+    }
     if (out.is_open()) {
       out << s.t << ',' << s.step << ',' << s.rss_kb << ',' << s.fds << ',' << s.threads
           << std::endl;
@@ -340,7 +380,7 @@ int RunSteps(const Options& o, const concord::Workload& w, concord_comm_t comm) 
   }
   const double seconds = elapsed();
   std::printf("soak: rank %d: %ld sums checked, all exact\n", rank, checked);
-  return Summarize(o, rank, samples, step, seconds, comm_seconds);
+  return Summarize(o, rank, samples, step, seconds, comm_seconds, fd_change);
 }
 
 int Run(const Options& o) {
