@@ -105,8 +105,8 @@ def token_batch(step, size):
             torch.randint(0, 3, (size * PER_RANK,), generator=g))
 
 
-@pytest.mark.parametrize("sparse_as_dense", [False, True])
-def test_sparse_gradients_equal_single_process_on_union(comm, sparse_as_dense):
+@pytest.mark.parametrize("sparse_as_dense,passes", [(False, 1), (True, 1), (False, 2)])
+def test_sparse_gradients_equal_single_process_on_union(comm, sparse_as_dense, passes):
     torch.manual_seed(5)
     reference = SparseNet()
     torch.manual_seed(5)
@@ -114,8 +114,10 @@ def test_sparse_gradients_equal_single_process_on_union(comm, sparse_as_dense):
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.5)
     opt = ctorch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.5),
                                       named_parameters=model.named_parameters(), comm=comm,
-                                      sparse_as_dense=sparse_as_dense)
+                                      sparse_as_dense=sparse_as_dense,
+                                      backward_passes_per_step=passes)
     mine = slice(comm.rank * PER_RANK, (comm.rank + 1) * PER_RANK)
+    micro = PER_RANK // passes
     for step in range(STEPS + 1):
         # In the last step rank 0 leaves the embedding out: it has no gradient there, and sends
         # an empty sparse one (its gradients of it came sparse before).
@@ -129,7 +131,11 @@ def test_sparse_gradients_equal_single_process_on_union(comm, sparse_as_dense):
         ref_opt.step()
         opt.zero_grad()
         use = not (skip and comm.rank == 0)
-        torch.nn.functional.cross_entropy(model(x[mine], use_embedding=use), y[mine]).backward()
+        xs, ys = x[mine], y[mine]
+        for k in range(passes):  # sparse gradients accumulate over the micro-batches
+            part = slice(k * micro, (k + 1) * micro)
+            torch.nn.functional.cross_entropy(model(xs[part], use_embedding=use),
+                                              ys[part]).backward()
         opt.step()
         layout = model.emb.weight.grad.layout
         assert layout == (torch.strided if sparse_as_dense else torch.sparse_coo), layout
