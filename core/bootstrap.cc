@@ -36,11 +36,16 @@ namespace {
 
 // A failure elsewhere as a communicator's start sees it: `failure`'s error, explained by `what`,
 // until Stop() (the start is over: what `failure` looks at may go before the communicator, which
-// keeps copies of this watch in its store and options). Thread-safe.
+// keeps copies of this watch in its store and options). With a `failure_key`, `failure` fails
+// only once that key exists in the store that the watched waits use (where a rank publishes that
+// its start failed): those waits then wait for it in the store beside their own keys, and never
+// look in between (WatchedStore). Thread-safe.
 class StartWatch {
  public:
-  StartWatch(std::function<Status()> failure, std::string what)
-      : failure_(std::move(failure)), what_(std::move(what)) {}
+  StartWatch(std::function<Status()> failure, std::string what, std::string failure_key = "")
+      : failure_(std::move(failure)),
+        what_(std::move(what)),
+        failure_key_(std::move(failure_key)) {}
   Status Failed() EXCLUDES(mu_) {
     MutexLock lock(mu_);
     if (!failure_) return Status::Ok();
@@ -56,11 +61,13 @@ class StartWatch {
     MutexLock lock(mu_);
     return static_cast<bool>(failure_);
   }
+  const std::string& failure_key() const { return failure_key_; }
 
  private:
   Mutex mu_;
   std::function<Status()> failure_ GUARDED_BY(mu_);
   const std::string what_;
+  const std::string failure_key_;
 };
 
 // How long a rank whose start ended on a peer's closed connection waits for a published failure
@@ -138,12 +145,14 @@ class StopAtExit {
   const std::shared_ptr<StartWatch> watch_;
 };
 
-// A starting communicator's view of a store (its parent's, or its own rendezvous): Get and Wait
-// wait in slices of kParentCheck and, after each one that times out (the caller's own short
-// deadline too), fail with the watch's failure while it runs (a member that died, or whose start
-// failed, will never write its keys). Set and Add pass through, and so do Get and Wait once the
-// watch has stopped (the start is over); GiveUp() is the wrapped store's, then the watch's
-// failure. Thread-safe as the store it wraps.
+// A starting communicator's view of a store (its parent's, or its own rendezvous): its waits
+// (GetFirst, and Get and Wait through it) fail with the watch's failure while it runs (a member
+// that died, or whose start failed, will never write its keys). A watch with a failure key waits
+// for that key in the store beside the caller's, in one request for the whole wait; any other
+// watch is looked at after each kParentCheck of waiting (and when the caller's own deadline
+// passes). Set and Add pass through, and so do the waits once the watch has stopped (the start is
+// over); GiveUp() is the wrapped store's, then the watch's failure. Thread-safe as the store it
+// wraps.
 class WatchedStore : public Store {
  public:
   WatchedStore(std::shared_ptr<Rendezvous> parent, std::shared_ptr<StartWatch> watch)
@@ -153,24 +162,30 @@ class WatchedStore : public Store {
     return parent_->store->Set(key, value);
   }
   StatusOr<std::string> Get(const std::string& key, Deadline deadline) override {
-    if (!watch_->Watching()) return parent_->store->Get(key, deadline);
-    for (;;) {
-      StatusOr<std::string> value =
-          parent_->store->Get(key, deadline.Earlier(Deadline::After(kParentCheck)));
-      if (value.ok() || value.status().code() != Code::kTimeout) return value;
-      // Also when the caller's own deadline has passed: a caller that waits in short slices
-      // itself (the shared-memory set-up) would otherwise never see the failure.
-      CONCORD_RETURN_IF_ERROR(watch_->Failed());
-      if (deadline.passed()) return value;
-    }
+    CONCORD_ASSIGN_OR_RETURN(FoundKey found, GetFirst({key}, deadline));
+    return std::move(found.value);
   }
   Status Wait(const std::vector<std::string>& keys, Deadline deadline) override {
     if (!watch_->Watching()) return parent_->store->Wait(keys, deadline);
+    for (const std::string& key : keys) CONCORD_RETURN_IF_ERROR(GetFirst({key}, deadline).status());
+    return Status::Ok();
+  }
+  StatusOr<FoundKey> GetFirst(const std::vector<std::string>& keys, Deadline deadline) override {
+    if (!watch_->Watching()) return parent_->store->GetFirst(keys, deadline);
+    std::vector<std::string> awaited = keys;
+    const bool on_key = !watch_->failure_key().empty();
+    if (on_key) awaited.push_back(watch_->failure_key());
     for (;;) {
-      Status s = parent_->store->Wait(keys, deadline.Earlier(Deadline::After(kParentCheck)));
-      if (s.ok() || s.code() != Code::kTimeout) return s;
-      CONCORD_RETURN_IF_ERROR(watch_->Failed());  // as in Get
-      if (deadline.passed()) return s;
+      StatusOr<FoundKey> found = parent_->store->GetFirst(
+          awaited, on_key ? deadline : deadline.Earlier(Deadline::After(kParentCheck)));
+      if (found.ok() && found->index < keys.size()) return found;
+      if (!found.ok() && found.status().code() != Code::kTimeout) return found;
+      // The failure key appeared, or a slice passed. Also when the caller's own deadline has
+      // passed: a caller that waits in short slices itself (the shared-memory set-up) would
+      // otherwise never see the failure.
+      CONCORD_RETURN_IF_ERROR(watch_->Failed());
+      if (found.ok()) return parent_->store->GetFirst(keys, deadline);  // stopped meanwhile
+      if (deadline.passed()) return TimeoutError(NoKeyAppearedMessage(keys));
     }
   }
   StatusOr<int64_t> Add(const std::string& key, int64_t delta) override {
@@ -207,6 +222,9 @@ class StartFailures {
  public:
   StartFailures(std::shared_ptr<Rendezvous> rv, const std::string& prefix, int rank)
       : rv_(std::move(rv)), key_(prefix + "/failed"), rank_(rank) {}
+
+  // Where a failure is published.
+  const std::string& key() const { return key_; }
 
   // OK while no rank has published a failure; else kPeerFailure, "rank R failed to start: CODE:
   // its error". Looks once, without waiting. A store that fails is that error.
@@ -695,8 +713,8 @@ StatusOr<Communicator> CreateCommunicator(Config config) {
   // Until this rank's control plane is up, its waits (for rank 0's settings and address; rank 0's
   // for the others' connections) end once a rank has published its failure; then the control
   // plane's own watch (StartOnStore) takes over.
-  const auto others_failed =
-      std::make_shared<StartWatch>([failures] { return failures->Published(); }, "");
+  const auto others_failed = std::make_shared<StartWatch>(
+      [failures] { return failures->Published(); }, "", failures->key());
   const StopAtExit stop_watch(others_failed);
   auto watched = std::make_shared<Rendezvous>();
   watched->store = std::make_unique<WatchedStore>(rv, others_failed);
@@ -755,8 +773,8 @@ StatusOr<Communicator> StartSubCommunicator(const Config& config, const CommOrig
     // world's start: a member whose control plane cannot bind, or whose settings differ).
     const auto failures = std::make_shared<StartFailures>(parent.rendezvous, prefix, config.rank);
     const auto parent_failed = std::make_shared<StartWatch>(parent_failure, kParentFailed);
-    const auto others_failed =
-        std::make_shared<StartWatch>([failures] { return failures->Published(); }, "");
+    const auto others_failed = std::make_shared<StartWatch>(
+        [failures] { return failures->Published(); }, "", failures->key());
     const StopAtExit stop_parent_watch(parent_failed);
     const StopAtExit stop_others_watch(others_failed);
     auto on_parent = std::make_shared<Rendezvous>();

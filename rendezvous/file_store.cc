@@ -163,15 +163,25 @@ Status FileStore::Set(const std::string& key, const std::string& value) {
 }
 
 StatusOr<std::string> FileStore::Get(const std::string& key, Deadline deadline) {
-  CONCORD_ASSIGN_OR_RETURN(const std::string path, PathFor(key, 'k', /*create_dirs=*/false));
+  CONCORD_ASSIGN_OR_RETURN(FoundKey found, GetFirst({key}, deadline));
+  return std::move(found.value);
+}
+
+StatusOr<FoundKey> FileStore::GetFirst(const std::vector<std::string>& keys, Deadline deadline) {
+  if (keys.empty()) return InvalidArgument("store: GetFirst of no keys");
+  std::vector<std::string> paths;
+  for (const std::string& key : keys) {
+    CONCORD_ASSIGN_OR_RETURN(std::string path, PathFor(key, 'k', /*create_dirs=*/false));
+    paths.push_back(std::move(path));
+  }
   std::chrono::milliseconds delay(1);
   for (;;) {
-    std::string value;
-    CONCORD_ASSIGN_OR_RETURN(const bool found, TryRead(path, &value));
-    if (found) return value;
-    if (deadline.passed()) {
-      return TimeoutError("store: key '" + key + "' did not appear before the deadline");
+    for (size_t i = 0; i < paths.size(); ++i) {
+      std::string value;
+      CONCORD_ASSIGN_OR_RETURN(const bool found, TryRead(paths[i], &value));
+      if (found) return FoundKey{i, std::move(value)};
     }
+    if (deadline.passed()) return TimeoutError(NoKeyAppearedMessage(keys));
     Backoff(&delay, deadline);
   }
 }

@@ -13,10 +13,10 @@ namespace concord {
 // Contract: each key is one file in the directory (the directory is not owned: files stay after
 // destruction, so use a fresh directory per job). Key bytes are encoded into safe file names (long
 // keys become nested directories), so any key works. Set writes a temporary file and renames it,
-// so readers see a value whole or not at all. Get and Wait poll with a short backoff sleep until
-// the deadline. Add serialises writers with flock() on a per-key lock file, waiting at most
-// lock_timeout, and keeps the counter as decimal text. Thread- and process-safe; no state in memory
-// beyond the path.
+// so readers see a value whole or not at all. Get, Wait and GetFirst poll with a short backoff
+// sleep until the deadline. Add serialises writers with flock() on a per-key lock file, waiting at
+// most lock_timeout, and keeps the counter as decimal text. Thread- and process-safe; no state in
+// memory beyond the path.
 class FileStore : public Store {
  public:
   // What Create requires of the directory. Whoever can write to it can forge any rank's keys.
@@ -40,6 +40,7 @@ class FileStore : public Store {
   Status Set(const std::string& key, const std::string& value) override;
   StatusOr<std::string> Get(const std::string& key, Deadline deadline) override;
   Status Wait(const std::vector<std::string>& keys, Deadline deadline) override;
+  StatusOr<FoundKey> GetFirst(const std::vector<std::string>& keys, Deadline deadline) override;
   StatusOr<int64_t> Add(const std::string& key, int64_t delta) override;
 
   const std::string& dir() const { return dir_; }

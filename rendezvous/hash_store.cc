@@ -35,6 +35,19 @@ Status HashStore::Wait(const std::vector<std::string>& keys, Deadline deadline) 
   return WaitLocked(keys, deadline);
 }
 
+StatusOr<FoundKey> HashStore::GetFirst(const std::vector<std::string>& keys, Deadline deadline) {
+  if (keys.empty()) return InvalidArgument("store: GetFirst of no keys");
+  MutexLock lock(mu_);
+  for (;;) {
+    for (size_t i = 0; i < keys.size(); ++i) {
+      auto it = values_.find(keys[i]);
+      if (it != values_.end()) return FoundKey{i, it->second};
+    }
+    if (deadline.passed()) return TimeoutError(NoKeyAppearedMessage(keys));
+    changed_.WaitUntil(mu_, deadline);
+  }
+}
+
 StatusOr<int64_t> HashStore::Add(const std::string& key, int64_t delta) {
   int64_t value = 0;
   {

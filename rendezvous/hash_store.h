@@ -10,10 +10,10 @@
 
 namespace concord {
 
-// Contract: owns its key-value map. Thread-safe (one mutex); Get and Wait block on a condition
-// variable until the keys appear or the deadline passes (kTimeout naming the missing key). Add
-// keeps counters as decimal text, so Get of a counter returns e.g. "3"; Add on a key holding
-// anything else is kInvalidArgument. Must outlive every call in progress.
+// Contract: owns its key-value map. Thread-safe (one mutex); Get, Wait and GetFirst block on a
+// condition variable until the keys appear or the deadline passes (kTimeout naming the missing
+// key). Add keeps counters as decimal text, so Get of a counter returns e.g. "3"; Add on a key
+// holding anything else is kInvalidArgument. Must outlive every call in progress.
 class HashStore : public Store {
  public:
   HashStore() = default;
@@ -23,6 +23,8 @@ class HashStore : public Store {
   Status Set(const std::string& key, const std::string& value) override EXCLUDES(mu_);
   StatusOr<std::string> Get(const std::string& key, Deadline deadline) override EXCLUDES(mu_);
   Status Wait(const std::vector<std::string>& keys, Deadline deadline) override EXCLUDES(mu_);
+  StatusOr<FoundKey> GetFirst(const std::vector<std::string>& keys, Deadline deadline) override
+      EXCLUDES(mu_);
   StatusOr<int64_t> Add(const std::string& key, int64_t delta) override EXCLUDES(mu_);
 
  private:

@@ -15,6 +15,7 @@ namespace {
 
 using store_wire::kAdd;
 using store_wire::kGet;
+using store_wire::kGetFirst;
 using store_wire::kHeaderSize;
 using store_wire::kHello;
 using store_wire::kNoTimeout;
@@ -65,7 +66,7 @@ struct TcpStoreServer::Client {
   bool closing = false;  // drop once `out` is flushed
   bool dead = false;     // drop now
   Clock::time_point accepted_at;
-  bool parked = false;  // a GET or WAIT waits for keys
+  bool parked = false;  // a GET, WAIT or GET_FIRST waits for keys
   uint8_t parked_type = 0;
   std::vector<std::string> parked_keys;
   Deadline parked_deadline = Deadline::Infinite();
@@ -261,6 +262,7 @@ void TcpStoreServer::HandleRequest(Client* c, uint8_t type, const char* body, si
     }
     return;
   }
+  requests_.fetch_add(1, std::memory_order_relaxed);
   store_wire::Request request;
   const Status parsed = store_wire::ParseRequest(type, body, size, &request);
   if (!parsed.ok()) return Fail(c, parsed.code(), parsed.message());
@@ -286,7 +288,10 @@ void TcpStoreServer::HandleRequest(Client* c, uint8_t type, const char* body, si
       Reply(c, Code::kOk, payload);
       break;
     }
-    default: {  // GET or WAIT
+    default: {  // GET, WAIT or GET_FIRST
+      if (type == kGetFirst && request.keys.empty()) {
+        return Reply(c, Code::kInvalidArgument, "store: GET_FIRST of no keys");
+      }
       c->parked = true;
       c->parked_type = type;
       c->parked_keys = type == kGet ? std::vector<std::string>{key} : std::move(request.keys);
@@ -304,6 +309,21 @@ void TcpStoreServer::HandleRequest(Client* c, uint8_t type, const char* body, si
 }
 
 bool TcpStoreServer::TryAnswerParked(Client* c, bool expired) {
+  if (c->parked_type == kGetFirst) {
+    for (size_t i = 0; i < c->parked_keys.size(); ++i) {
+      auto it = values_.find(c->parked_keys[i]);
+      if (it == values_.end()) continue;
+      c->parked = false;
+      Reply(c, Code::kOk, store_wire::EncodeFirstPayload(static_cast<uint32_t>(i), it->second));
+      c->parked_keys.clear();
+      return true;
+    }
+    if (!expired) return false;
+    c->parked = false;
+    Reply(c, Code::kTimeout, NoKeyAppearedMessage(c->parked_keys));
+    c->parked_keys.clear();
+    return true;
+  }
   for (const std::string& key : c->parked_keys) {
     if (values_.count(key) == 0) {
       if (!expired) return false;
@@ -479,6 +499,30 @@ Status TcpStore::Wait(const std::vector<std::string>& keys, Deadline deadline) {
   return Call(kWait, store_wire::EncodeRequest(r), Deadline::After(op_timeout_),
               ReplyDeadline(deadline))
       .status();
+}
+
+StatusOr<FoundKey> TcpStore::GetFirst(const std::vector<std::string>& keys, Deadline deadline) {
+  if (keys.empty()) return InvalidArgument("store: GetFirst of no keys");
+  store_wire::Request r;
+  r.type = kGetFirst;
+  r.timeout_ms = TimeoutMs(deadline);
+  r.keys = keys;
+  StatusOr<std::string> payload = Call(kGetFirst, store_wire::EncodeRequest(r),
+                                       Deadline::After(op_timeout_), ReplyDeadline(deadline));
+  if (!payload.ok()) {
+    if (payload.status().code() == Code::kProtocolError &&
+        payload.status().message().find("unknown request type") != std::string::npos) {
+      return payload.status().WithContext(
+          where_ +
+          " (its server is from an older Concord, without GET_FIRST: start the job with "
+          "the concordrun of the same Concord as the ranks)");
+    }
+    return payload.status();
+  }
+  FoundKey found;
+  const Status s = store_wire::ParseFirstPayload(*payload, keys.size(), &found);
+  if (!s.ok()) return s.WithContext(where_);
+  return found;
 }
 
 StatusOr<int64_t> TcpStore::Add(const std::string& key, int64_t delta) {

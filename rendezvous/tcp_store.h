@@ -12,13 +12,15 @@
 //   GET   (3): u64 timeout_ms (all ones: none), bytes key
 //   WAIT  (4): u64 timeout_ms, u32 count, count x bytes key
 //   ADD   (5): bytes key, u64 delta (two's complement)
+//   GET_FIRST (6): u64 timeout_ms, u32 count (at least 1), count x bytes key
 // Reply (server -> client), one per request, in order:
 //   REPLY (0x80): u8 status code (concord::Code), then for OK: GET's value, ADD's u64 new value,
-//                 nothing otherwise; for errors: the message text.
-// GET and WAIT on missing keys are parked in the server and answered when the keys appear or with
-// TIMEOUT when timeout_ms passes, so clients never poll. Bytes that do not parse (bad magic,
-// version, type, length or body) get a PROTOCOL_ERROR reply and the connection is closed; the
-// server keeps serving everyone else.
+//                 GET_FIRST's u32 index (of the first key in its list that exists) and that
+//                 key's value, nothing otherwise; for errors: the message text.
+// GET, WAIT and GET_FIRST on missing keys are parked in the server and answered when the keys
+// appear (GET_FIRST: any of them) or with TIMEOUT when timeout_ms passes, so clients never poll.
+// Bytes that do not parse (bad magic, version, type, length or body) get a PROTOCOL_ERROR reply and
+// the connection is closed; the server keeps serving everyone else.
 #pragma once
 
 #include <atomic>
@@ -40,7 +42,7 @@ namespace concord {
 // Contract: owns the listening socket, every client connection, the key-value map and one thread
 // that serves them all with poll(); the map lives only in that thread, so no locks. Start returns
 // once the socket listens. The destructor stops the thread and closes every connection (blocked
-// clients then see kPeerFailure). port() and address() are thread-safe.
+// clients then see kPeerFailure). port(), address() and requests() are thread-safe.
 //
 // Unauthenticated clients (anyone who can reach the port) cost little: one buffers at most a
 // HELLO frame; one that has not authenticated within 10 s is dropped; at most
@@ -66,6 +68,9 @@ class TcpStoreServer {
   int port() const { return port_; }
   // "bind_host:port" as bound.
   const std::string& address() const { return address_; }
+  // Requests received from authenticated clients so far (HELLOs not counted): what a job's
+  // waiting ranks cost the server (tests).
+  uint64_t requests() const { return requests_.load(std::memory_order_relaxed); }
 
  private:
   struct Client;
@@ -93,6 +98,7 @@ class TcpStoreServer {
   const std::string address_;
   const std::string token_;
   std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> requests_{0};
   // Owned by the server thread only.
   std::vector<std::unique_ptr<Client>> clients_;  // in the order they were accepted
   Clock::time_point accept_paused_until_;         // the listener is not polled before this
@@ -101,13 +107,13 @@ class TcpStoreServer {
 };
 
 // Contract: a client of a TcpStoreServer, thread-safe. Each call runs on a connection of its own
-// (requests and replies share a connection, and a Get or Wait may wait in the server): one left
-// idle by an earlier call, or a new one, connected and authenticated like the first. So a Get
-// that waits for a key never delays another thread's calls (two threads that each wait for a key
-// the other's peer sets, as when sub-communicators start at once, would deadlock otherwise). Set
-// and Add wait at most op_timeout; Get and Wait use the caller's deadline (the server answers
-// kTimeout then). A connection that failed (an I/O error, a lost reply) is closed; the next call
-// opens another, or says why it cannot (the server is gone).
+// (requests and replies share a connection, and a Get, Wait or GetFirst may wait in the server):
+// one left idle by an earlier call, or a new one, connected and authenticated like the first. So
+// a call that waits for a key never delays another thread's calls (two threads that each wait
+// for a key the other's peer sets, as when sub-communicators start at once, would deadlock
+// otherwise). Set and Add wait at most op_timeout; Get, Wait and GetFirst use the caller's
+// deadline (the server answers kTimeout then). A connection that failed (an I/O error, a lost
+// reply) is closed; the next call opens another, or says why it cannot (the server is gone).
 class TcpStore : public Store {
  public:
   // Connects and authenticates. A wrong token gives kAuthFailed; no server gives kSystemError; a
@@ -119,6 +125,8 @@ class TcpStore : public Store {
   Status Set(const std::string& key, const std::string& value) override;
   StatusOr<std::string> Get(const std::string& key, Deadline deadline) override;
   Status Wait(const std::vector<std::string>& keys, Deadline deadline) override;
+  // A server from before GET_FIRST answers it with kProtocolError, which says so.
+  StatusOr<FoundKey> GetFirst(const std::vector<std::string>& keys, Deadline deadline) override;
   StatusOr<int64_t> Add(const std::string& key, int64_t delta) override;
 
   // Connections open now (for tests): the idle ones and those a call is using.

@@ -62,6 +62,7 @@ std::string EncodeRequest(const Request& r) {
       net::PutBytes(&body, r.key);
       break;
     case kWait:
+    case kGetFirst:
       net::PutU64(&body, r.timeout_ms);
       net::PutU32(&body, static_cast<uint32_t>(r.keys.size()));
       for (const std::string& key : r.keys) net::PutBytes(&body, key);
@@ -88,7 +89,8 @@ Status ParseRequest(uint8_t type, const char* body, size_t size, Request* out) {
     case kGet:
       ok = r.U64(&out->timeout_ms) && r.Bytes(&out->key, kTcpStoreMaxFrame);
       break;
-    case kWait: {
+    case kWait:
+    case kGetFirst: {
       uint32_t count = 0;
       ok = r.U64(&out->timeout_ms) && r.U32(&count);
       for (uint32_t i = 0; ok && i < count; ++i) {
@@ -105,7 +107,7 @@ Status ParseRequest(uint8_t type, const char* body, size_t size, Request* out) {
       return ProtocolError("unknown request type " + std::to_string(type));
   }
   if (!ok || !r.done()) {
-    static const char* const kNames[] = {"", "HELLO", "SET", "GET", "WAIT", "ADD"};
+    static const char* const kNames[] = {"", "HELLO", "SET", "GET", "WAIT", "ADD", "GET_FIRST"};
     return ProtocolError(std::string("malformed ") + kNames[type] + " request");
   }
   return Status::Ok();
@@ -139,6 +141,26 @@ Status ParseAddPayload(const std::string& payload, int64_t* value) {
   uint64_t v = 0;
   if (!r.U64(&v) || !r.done()) return ProtocolError("malformed ADD reply");
   *value = static_cast<int64_t>(v);
+  return Status::Ok();
+}
+
+std::string EncodeFirstPayload(uint32_t index, const std::string& value) {
+  std::string payload;
+  payload.reserve(4 + value.size());
+  net::PutU32(&payload, index);
+  payload.append(value);
+  return payload;
+}
+
+Status ParseFirstPayload(const std::string& payload, size_t key_count, FoundKey* found) {
+  net::Reader r(payload.data(), payload.size());
+  uint32_t index = 0;
+  if (!r.U32(&index) || index >= key_count) {
+    return ProtocolError("malformed GET_FIRST reply (" + std::to_string(payload.size()) +
+                         " bytes, for " + std::to_string(key_count) + " keys)");
+  }
+  found->index = index;
+  found->value = payload.substr(4);
   return Status::Ok();
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "rendezvous/store.h"
 
 namespace concord {
 
@@ -26,6 +27,7 @@ constexpr uint8_t kSet = 2;
 constexpr uint8_t kGet = 3;
 constexpr uint8_t kWait = 4;
 constexpr uint8_t kAdd = 5;
+constexpr uint8_t kGetFirst = 6;
 constexpr uint8_t kReply = 0x80;
 constexpr uint64_t kNoTimeout = ~uint64_t{0};
 
@@ -41,13 +43,13 @@ Status ParseHeader(const unsigned char* h, uint8_t* type, uint32_t* length);
 Status NextFrame(const char* data, size_t size, uint8_t* type, const char** body, uint32_t* length,
                  size_t* consumed);
 
-// A SET, GET, WAIT or ADD request (HELLO's body is the token itself).
+// A SET, GET, WAIT, ADD or GET_FIRST request (HELLO's body is the token itself).
 struct Request {
   uint8_t type = 0;
   std::string key;                // SET, GET, ADD
   std::string value;              // SET
-  uint64_t timeout_ms = 0;        // GET, WAIT: kNoTimeout for none
-  std::vector<std::string> keys;  // WAIT
+  uint64_t timeout_ms = 0;        // GET, WAIT, GET_FIRST: kNoTimeout for none
+  std::vector<std::string> keys;  // WAIT, GET_FIRST
   uint64_t delta = 0;             // ADD: an int64 in two's complement
 };
 // The body of r (not the frame).
@@ -62,6 +64,10 @@ std::string EncodeReply(Code code, const std::string& payload);
 Status ParseReply(const char* body, size_t size, Status* carried, std::string* payload);
 // An ADD reply's payload: the new value; kProtocolError when it is not exactly a u64.
 Status ParseAddPayload(const std::string& payload, int64_t* value);
+// A GET_FIRST reply's payload: u32 index of the key found (in the request's list), then its
+// value. Parsing checks the index against the request's `key_count` (kProtocolError).
+std::string EncodeFirstPayload(uint32_t index, const std::string& value);
+Status ParseFirstPayload(const std::string& payload, size_t key_count, FoundKey* found);
 
 }  // namespace store_wire
 }  // namespace concord

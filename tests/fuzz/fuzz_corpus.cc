@@ -177,6 +177,13 @@ void TcpStore(const std::string& dir) {
             Frame(kReply, EncodeReply(Code::kTimeout, "store: key 'k' missing")) +
             Frame(kReply, EncodeReply(Code::kOk, std::string(8, '\x7f'))));
   Write(dir, "reply-auth", Frame(kReply, EncodeReply(Code::kAuthFailed, "wrong token")));
+  Request first{kGetFirst, "", "", 250, {"job/comm1/settings", "job/comm1/failed"}, 0};
+  Write(dir, "get-first", hello + Frame(kGetFirst, EncodeRequest(first)));
+  Write(dir, "get-first-replies",
+        Frame(kReply, EncodeReply(Code::kOk, EncodeFirstPayload(1, "rank 2 failed to start"))) +
+            Frame(kReply, EncodeReply(Code::kTimeout,
+                                      "store: none of the keys 'a', 'b' "
+                                      "appeared before the deadline")));
 }
 
 // spec '\n' | u8 dtype | u8 flags | u32 count | payload (fuzz_compressed.cc).

@@ -4,8 +4,9 @@
 //   (HELLO's body is the token, compared as bytes); a request that parses must encode back to the
 //   very same body (one encoding per request), one that does not is a kProtocolError; a SET's
 //   value goes through ParseInt64, as the server's ADD reads stored values;
-//   as the client reads replies: header, type, ParseReply, and ParseAddPayload on an OK payload; a
-//   reply that parses must encode back to the same body.
+//   as the client reads replies: header, type, ParseReply, and ParseAddPayload and
+//   ParseFirstPayload (a GET_FIRST of 3 keys) on an OK payload; a reply or GET_FIRST payload that
+//   parses must encode back to the same bytes.
 // A bad header ends the stream, as it ends the connection. The commands are in
 // tests/fuzz/README.md.
 #include <cstdint>
@@ -75,8 +76,16 @@ void AsClient(const char* data, size_t size) {
                                   ? store_wire::EncodeReply(Code::kOk, payload)
                                   : store_wire::EncodeReply(carried.code(), carried.message());
     Check(again == std::string(body, length));
+    if (!carried.ok()) continue;
     int64_t value = 0;
-    if (carried.ok()) (void)store_wire::ParseAddPayload(payload, &value);
+    (void)store_wire::ParseAddPayload(payload, &value);
+    // As a GET_FIRST reply, for a request of 3 keys: an index that parses encodes back the same.
+    FoundKey found;
+    if (store_wire::ParseFirstPayload(payload, 3, &found).ok()) {
+      Check(found.index < 3);
+      Check(store_wire::EncodeFirstPayload(static_cast<uint32_t>(found.index), found.value) ==
+            payload);
+    }
   }
 }
 

@@ -47,6 +47,9 @@ class HashFixture : public StoreFixture {
     Status Set(const std::string& k, const std::string& v) override { return s_->Set(k, v); }
     StatusOr<std::string> Get(const std::string& k, Deadline d) override { return s_->Get(k, d); }
     Status Wait(const std::vector<std::string>& k, Deadline d) override { return s_->Wait(k, d); }
+    StatusOr<FoundKey> GetFirst(const std::vector<std::string>& k, Deadline d) override {
+      return s_->GetFirst(k, d);
+    }
     StatusOr<int64_t> Add(const std::string& k, int64_t d) override { return s_->Add(k, d); }
 
    private:
@@ -196,6 +199,46 @@ TEST_P(StoreTest, WaitForSeveralKeys) {
   EXPECT_EQ(s.code(), Code::kTimeout);
   EXPECT_NE(s.message().find("nope"), std::string::npos);
   EXPECT_TRUE(store_->Wait({}, Deadline::After(milliseconds(0))).ok());
+}
+
+// GetFirst returns the first key of its list that exists, whichever was set first, with its
+// value; it waits for any of them to appear (another client's Set ends it); it times out naming
+// every key, and refuses an empty list.
+TEST_P(StoreTest, GetFirstReturnsTheFirstListedKeyThatExists) {
+  ASSERT_TRUE(store_->Set("f2", "two").ok());
+  ASSERT_TRUE(store_->Set("f1", "one").ok());
+  auto found = store_->GetFirst({"f0", "f1", "f2"}, Deadline::After(milliseconds(1000)));
+  ASSERT_TRUE(found.ok()) << found.status().ToString();
+  EXPECT_EQ(found->index, 1u);
+  EXPECT_EQ(found->value, "one");
+  found = store_->GetFirst({"f2"}, Deadline::After(milliseconds(0)));
+  ASSERT_TRUE(found.ok()) << found.status().ToString();
+  EXPECT_EQ(found->index, 0u);
+  EXPECT_EQ(found->value, "two");
+
+  auto writer = fixture_->Open();
+  std::thread t([&] {
+    std::this_thread::sleep_for(milliseconds(100));  // lets the GetFirst wait first (as above)
+    EXPECT_TRUE(writer->Set("g1", std::string("\0v", 2)).ok());
+  });
+  found = store_->GetFirst({"g0", "g1"}, Deadline::After(milliseconds(5000)));
+  t.join();
+  ASSERT_TRUE(found.ok()) << found.status().ToString();
+  EXPECT_EQ(found->index, 1u);
+  EXPECT_EQ(found->value, std::string("\0v", 2));
+
+  const auto start = std::chrono::steady_clock::now();
+  found = store_->GetFirst({"h0", "h1"}, Deadline::After(milliseconds(150)));
+  EXPECT_GE(std::chrono::steady_clock::now() - start, milliseconds(140));
+  EXPECT_EQ(found.status().code(), Code::kTimeout);
+  EXPECT_EQ(found.status().message(),
+            "store: none of the keys 'h0', 'h1' appeared before the deadline");
+  EXPECT_EQ(store_->GetFirst({}, Deadline::After(milliseconds(0))).status().code(),
+            Code::kInvalidArgument);
+  // The store still works after both.
+  found = store_->GetFirst({"h1", "f1"}, Deadline::After(milliseconds(1000)));
+  ASSERT_TRUE(found.ok()) << found.status().ToString();
+  EXPECT_EQ(found->index, 1u);
 }
 
 TEST_P(StoreTest, AddCounts) {

@@ -201,6 +201,95 @@ TEST_F(TcpStoreTest, ParkedGetsAreAnsweredWithoutPolling) {
   for (auto& t : threads) t.join();
 }
 
+// GetFirst waiters park in the server, one request each for the whole wait (requests() counts
+// them), and a Set of any of their keys answers them with its index and value. A GET_FIRST of no
+// keys is refused, and the connection still serves.
+TEST_F(TcpStoreTest, ParkedGetFirstIsAnsweredByAnyOfItsKeysInOneRequest) {
+  constexpr int kWaiters = 4;
+  std::vector<std::unique_ptr<TcpStore>> clients;
+  for (int i = 0; i < kWaiters; ++i) clients.push_back(Client());
+  const uint64_t before = server_->requests();
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kWaiters; ++i) {
+    threads.emplace_back([&, i] {
+      auto found = clients[i]->GetFirst({"first-a", "first-b"}, Soon());
+      ASSERT_TRUE(found.ok()) << found.status().ToString();
+      EXPECT_EQ(found->index, 1u);
+      EXPECT_EQ(found->value, "b");
+    });
+  }
+  // Lets the requests park first (as ParkedGetsAreAnsweredWithoutPolling: either order passes).
+  std::this_thread::sleep_for(milliseconds(300));
+  auto setter = Client();
+  ASSERT_TRUE(setter->Set("first-b", "b").ok());
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(server_->requests() - before, kWaiters + 1u);  // one per waiter, and the Set
+
+  net::Fd fd = Raw();
+  std::string body;
+  net::PutU64(&body, 0);
+  net::PutU32(&body, 0);
+  const std::string frames =
+      Header(kMagic, 1, 1, 9) + "the-token" + Header(kMagic, 1, 6, body.size()) + body;
+  ASSERT_TRUE(net::WriteAll(fd.get(), frames.data(), frames.size(), Soon(), "server").ok());
+  for (const Code expected : {Code::kOk, Code::kInvalidArgument}) {
+    unsigned char header[store_wire::kHeaderSize];
+    ASSERT_TRUE(net::ReadFull(fd.get(), header, sizeof(header), Soon(), "server").ok());
+    uint8_t type = 0;
+    uint32_t length = 0;
+    ASSERT_TRUE(store_wire::ParseHeader(header, &type, &length).ok());
+    std::string reply(length, '\0');
+    ASSERT_TRUE(net::ReadFull(fd.get(), &reply[0], length, Soon(), "server").ok());
+    Status carried;
+    std::string payload;
+    ASSERT_TRUE(store_wire::ParseReply(reply.data(), reply.size(), &carried, &payload).ok());
+    EXPECT_EQ(carried.code(), expected) << carried.ToString();
+  }
+  ExpectServing();
+}
+
+// A server from before GET_FIRST refuses it as an unknown request type (and closes the
+// connection): the client's error says that the server is older than the ranks, and how to fix it.
+TEST(TcpStoreClientTest, GetFirstAgainstAServerWithoutItSaysSo) {
+  int port = 0;
+  auto listener = net::Listen("127.0.0.1", 0, &port);
+  ASSERT_TRUE(listener.ok()) << listener.status().ToString();
+  std::thread old_server([&] {
+    // Answers the HELLO, then the next request as a server of protocol version 1 without
+    // GET_FIRST answers a type it does not know.
+    net::Fd fd;
+    for (const Deadline d = Soon(); !fd.valid() && !d.passed();) {
+      auto accepted = net::Accept(listener->get());
+      ASSERT_TRUE(accepted.ok()) << accepted.status().ToString();
+      if (!accepted->valid()) std::this_thread::sleep_for(milliseconds(5));
+      fd = std::move(*accepted);
+    }
+    ASSERT_TRUE(fd.valid());
+    for (const char* answer : {"", "unknown request type 6"}) {
+      unsigned char header[store_wire::kHeaderSize];
+      ASSERT_TRUE(net::ReadFull(fd.get(), header, sizeof(header), Soon(), "client").ok());
+      uint8_t type = 0;
+      uint32_t length = 0;
+      ASSERT_TRUE(store_wire::ParseHeader(header, &type, &length).ok());
+      std::string body(length, '\0');
+      ASSERT_TRUE(net::ReadFull(fd.get(), &body[0], length, Soon(), "client").ok());
+      const Code code = *answer == '\0' ? Code::kOk : Code::kProtocolError;
+      const std::string reply =
+          store_wire::Frame(store_wire::kReply, store_wire::EncodeReply(code, answer));
+      ASSERT_TRUE(net::WriteAll(fd.get(), reply.data(), reply.size(), Soon(), "client").ok());
+    }
+  });
+  auto client = TcpStore::Connect("127.0.0.1", port, "the-token", Soon());
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  auto found = (*client)->GetFirst({"a", "b"}, Soon());
+  old_server.join();
+  EXPECT_EQ(found.status().code(), Code::kProtocolError);
+  EXPECT_NE(found.status().message().find("unknown request type 6"), std::string::npos)
+      << found.status().ToString();
+  EXPECT_NE(found.status().message().find("older Concord, without GET_FIRST"), std::string::npos)
+      << found.status().ToString();
+}
+
 // One client, two threads: a Get that waits in the server for a key does not hold up the other
 // thread's calls (each call has a connection of its own; an idle one is reused).
 TEST_F(TcpStoreTest, AWaitingGetDoesNotDelayOtherThreads) {

@@ -526,6 +526,10 @@ class DiesAtTheNameStore : public Store {
   Status Wait(const std::vector<std::string>& keys, Deadline deadline) override {
     return inner_->Wait(keys, deadline);
   }
+  StatusOr<FoundKey> GetFirst(const std::vector<std::string>& keys, Deadline deadline) override {
+    if (at_ == At::kGet && std::any_of(keys.begin(), keys.end(), IsTheName)) ::_exit(3);
+    return inner_->GetFirst(keys, deadline);
+  }
   StatusOr<int64_t> Add(const std::string& key, int64_t delta) override {
     return inner_->Add(key, delta);
   }
