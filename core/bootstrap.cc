@@ -783,6 +783,19 @@ StatusOr<Communicator> StartSubCommunicator(const Config& config, const CommOrig
     watched->store = std::make_unique<WatchedStore>(on_parent, others_failed);
     Status checked = CheckJobSettings(config, watched->store.get(), prefix,
                                       Deadline::After(MillisFromSeconds(config.timeout_s)));
+    // A start that failed as a member's death makes it fail (a connection reset, a timeout)
+    // waits up to kParentGrace for the parent to learn of a death (within moments, through its
+    // own connections) and then fails with that, naming the rank: every member's parent learns
+    // of it. Any other failure, or when no death comes, is this member's own.
+    const auto parent_explains = [&parent_failed](const Status& failed) -> std::optional<Status> {
+      const Deadline grace = Deadline::After(kParentGrace);
+      while (MayBeAMembersDeath(failed.code())) {
+        if (Status parent_error = parent_failed->Failed(); !parent_error.ok()) return parent_error;
+        if (grace.passed()) break;
+        std::this_thread::sleep_for(kParentCheck);
+      }
+      return std::nullopt;
+    };
     bool control_plane_up = false;
     auto started = checked.ok() ? StartOnStore(
                                       config, watched, prefix, parent.host,
@@ -793,26 +806,28 @@ StatusOr<Communicator> StartSubCommunicator(const Config& config, const CommOrig
                                       [&control_plane_up, others_failed] {
                                         control_plane_up = true;
                                         others_failed->Stop();
+                                      },
+                                      // After the control plane is up, while this member's
+                                      // connections are open: its own failure is published
+                                      // before the others see them close.
+                                      [&](const Status& own) -> Status {
+                                        if (auto parents = parent_explains(own)) return *parents;
+                                        return failures->Tell(own);
                                       })
                                 : StatusOr<std::unique_ptr<Engine>>(checked);
     if (!started.ok()) {
+      // Published (or explained by the parent) already, through StartOnStore's publish_own.
+      if (control_plane_up && started.status().code() != Code::kPeerFailure) {
+        return NameWorldRanks(started.status(), world_ranks);
+      }
       // Another member's published failure ended this start, or caused its error: it comes first.
       if (std::optional<Status> explained = failures->Explain(started.status())) {
         return NameWorldRanks(*explained, world_ranks);
       }
-      // A start that failed as a member's death makes it fail (a connection reset, a timeout)
-      // waits up to kParentGrace for the parent to learn of a death (within moments, through its
-      // own connections) and then fails with that, naming the rank: every member's parent learns
-      // of it. Any other failure returns at once, and, before this member's control plane is up,
-      // is published for the others.
-      const Deadline grace = Deadline::After(kParentGrace);
-      while (MayBeAMembersDeath(started.status().code())) {
-        if (Status parent_error = parent_failed->Failed(); !parent_error.ok()) {
-          return NameWorldRanks(parent_error, world_ranks);
-        }
-        if (grace.passed()) break;
-        std::this_thread::sleep_for(kParentCheck);
+      if (auto parents = parent_explains(started.status())) {
+        return NameWorldRanks(*parents, world_ranks);
       }
+      // Before this member's control plane is up, its failure is published for the others.
       return NameWorldRanks(control_plane_up ? started.status() : failures->Tell(started.status()),
                             world_ranks);
     }

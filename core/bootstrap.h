@@ -63,9 +63,11 @@ StatusOr<std::unique_ptr<Engine>> CreateEngine(Config config);
 // naming the rank, instead of waiting out the timeout; a start that failed as a member's death
 // would make it fail (a lost connection, a timeout) waits up to kParentGrace for the parent to
 // learn of one, and any other failure (a setting refused) returns at once. A member whose start
-// fails before its control plane is up (its control plane cannot bind) publishes its failure under
-// `prefix`, as CreateCommunicator's ranks do: the other members' waits end within kParentCheck,
-// and their errors lead with it (kPeerFailure, "rank R (world rank W) failed to start: ...").
+// fails on its own publishes its failure under `prefix`, as CreateCommunicator's ranks do: before
+// its control plane is up (its control plane cannot bind), the other members' waits end within
+// kParentCheck; after it (a lane that cannot listen), before its connections close, after the
+// wait for the parent where its error looks like a death's. The others' errors lead with it
+// (kPeerFailure, "rank R (world rank W) failed to start: ...").
 // Where its own error names one of its ranks, it names the world rank too ("rank 1 (world rank
 // 3)").
 StatusOr<Communicator> StartSubCommunicator(const Config& config, const CommOrigin& parent,

@@ -168,6 +168,28 @@ TEST(SubCommunicatorStartTest, RankZeroThatCannotListenFailsTheOthersAtOnce) {
   });
 }
 
+// The group {1, 0, 3, 2}: its rank 1, world rank 0, connects its control plane to rank 0 (which
+// needs no listener of its own), then cannot listen for its lane's connections (on the address its
+// world communicator advertises, made one this host does not have). The other members fail well
+// within the timeout naming it by its world rank and why (they named it, as closing its
+// connection, but not why: a failure after the control plane is up was not published).
+TEST(SubCommunicatorStartTest, MemberThatCannotListenAfterConnectingFailsTheOthersWithItsError) {
+  harness::Latch start(kSize);
+  OnWorld("sub_start_unbindable_member", [&](int r, Communicator& world) {
+    if (r == 0) world.origin->host = kUnbindableHost;
+    milliseconds took{0};
+    StatusOr<Communicator> sub = TimedGroup(world, {1, 0, 3, 2}, start, &took);
+    if (r == 0) {
+      ASSERT_FALSE(sub.ok());
+      EXPECT_NE(sub.status().message().find(kUnbindableHost), std::string::npos)
+          << sub.status().ToString();
+      EXPECT_NE(sub.status().code(), Code::kPeerFailure) << sub.status().ToString();
+      return;
+    }
+    ExpectFailedWith(r, sub, took, 1, 0, kUnbindableHost);
+  });
+}
+
 // A member other than rank 0 whose start fails before it connects its control plane: its settings
 // differ from its rank 0's (StartSubCommunicator called directly: a split gives every member the
 // parent's settings). Rank 0, waiting for its connection, fails well within the timeout naming it
