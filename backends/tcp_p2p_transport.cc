@@ -63,9 +63,10 @@ constexpr uint64_t kMaxSendBuffer = 32 << 20;  // SO_SNDBUF grows up to this (as
 // buffers: reading it ahead into an unexpected buffer and copying it costs about what reading it
 // once its recv is posted does.
 constexpr uint64_t kHoldBytes = 4 << 20;
-// How long Finish() waits at most for the peers to end the links it said goodbye on (Linger): a
-// peer whose progress thread runs takes a goodbye within milliseconds (HoldFor, then what was
-// still in the sockets).
+// How long Finish() waits at most, in all, for its sockets to take the goodbyes and for the peers
+// to end the links it said goodbye on (Leave): a peer whose progress thread runs reads what fills
+// the socket and takes a goodbye within milliseconds (HoldFor, then what was still in the
+// sockets).
 constexpr std::chrono::seconds kLinger{2};
 
 // How long a payload of `bytes` without its recv stays in the socket (Place): about the time
@@ -230,11 +231,11 @@ class TcpP2pTransport : public P2pTransport {
   }
 
   bool Finish(const Status& status) override EXCLUDES(mu_) {
-    CloseWith(status, /*goodbye=*/true);
+    CloseWith(status, Deadline::After(kLinger));
     return true;
   }
 
-  void Close(const Status& status) override EXCLUDES(mu_) { CloseWith(status, /*goodbye=*/false); }
+  void Close(const Status& status) override EXCLUDES(mu_) { CloseWith(status, std::nullopt); }
 
  private:
   static void Run(Completions& out) {
@@ -244,9 +245,10 @@ class TcpP2pTransport : public P2pTransport {
 
   std::string Who(int peer) const { return "rank " + std::to_string(peer); }
 
-  // Close() and Finish(): stops the progress thread, then (`goodbye`) says goodbye on each link
-  // that takes one, fails every link with `status`, and lingers on those that took one.
-  void CloseWith(const Status& status, bool goodbye) EXCLUDES(mu_) {
+  // Close() and Finish(): stops the progress thread, then fails every link with `status`.
+  // `goodbye` (Finish: by when): the links that take one (TakesGoodbye) first hand their sockets
+  // to Leave(), which ends them with a goodbye by then.
+  void CloseWith(const Status& status, std::optional<Deadline> goodbye) EXCLUDES(mu_) {
     {
       MutexLock lock(mu_);
       if (stop_) return;
@@ -255,53 +257,72 @@ class TcpP2pTransport : public P2pTransport {
     }
     if (thread_.joinable()) thread_.join();
     Completions out;
-    std::vector<net::Fd> lingering;
+    std::vector<net::Fd> leaving;
     {
       MutexLock lock(mu_);
       for (Link& l : links_) {
-        if (goodbye && SayGoodbye(l)) lingering.push_back(std::move(l.fd));
+        if (goodbye && TakesGoodbye(l)) leaving.push_back(std::move(l.fd));
         FailLink(l, status, out);
       }
     }
     Run(out);
-    Linger(lingering);
+    if (goodbye) Leave(leaving, *goodbye);
   }
 
-  // Ends the link with a goodbye and shuts its sending side down, when nothing is queued on it (so
-  // no message is half written) and the socket takes the goodbye at once; returns whether it did.
-  // A link with a message still queued gets none: its peer sees the connection close, as after a
-  // failure. After the progress thread has stopped (what the peer sends now stays unread).
-  bool SayGoodbye(Link& l) REQUIRES(mu_) {
+  // Whether the link ends with a goodbye: it is open and nothing is queued on it, so no message is
+  // half written. A link with a message still queued gets none: its peer sees the connection
+  // close, as after a failure. After the progress thread has stopped.
+  bool TakesGoodbye(Link& l) REQUIRES(mu_) {
     MutexLock send_lock(*l.send_mu);
-    if (!l.fd.valid() || !l.send_failure.ok() || !l.broken.ok() || !l.sends.empty()) return false;
-    const std::string goodbye = tcp_p2p::EncodeGoodbye();
-    const ssize_t n =
-        ::send(l.fd.get(), goodbye.data(), goodbye.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-    return n == static_cast<ssize_t>(goodbye.size()) && ::shutdown(l.fd.get(), SHUT_WR) == 0;
+    return l.fd.valid() && l.send_failure.ok() && l.broken.ok() && l.sends.empty();
   }
 
-  // Keeps the links said goodbye to open, reading and dropping what their peers still send, until
-  // each peer has ended its side (it closes the link once it took the goodbye, or shuts it down in
-  // its own Finish) or kLinger passes. A socket closed with bytes still to read resets its
-  // connection, and the reset drops what this side had not transmitted yet: the end of a message
-  // whose send completed (written to the socket), and the goodbye.
-  static void Linger(std::vector<net::Fd>& fds) {
-    const Deadline until = Deadline::After(kLinger);
+  // Ends each connection in `fds` (links failed already: nothing else writes to them) with a
+  // goodbye, by `until`: writes the goodbye frame as the socket takes it (a socket full of
+  // messages whose sends completed takes it once the peer reads them), shuts the sending side
+  // down, and keeps the connection open until the peer has ended its side (it closes the link once
+  // it took the goodbye, or shuts it down in its own Finish). Meanwhile, the goodbye written or
+  // not, it reads and drops what the peer still sends: a peer finalizing too writes its own
+  // goodbye only as this side reads, and a socket closed with bytes still to read resets its
+  // connection, which drops what this side had not transmitted yet (the end of a message whose
+  // send completed, and the goodbye). A peer that ends its side before its goodbye is written
+  // (it finalized, or failed) gets none. At `until` the rest close as they are: a goodbye not
+  // written whole by then stays unwritten (or half written, which the peer reads as a closed
+  // connection, as none).
+  static void Leave(std::vector<net::Fd>& fds, Deadline until) {
+    const std::string goodbye = tcp_p2p::EncodeGoodbye();
+    std::vector<size_t> written(fds.size(), 0);  // of the goodbye, per socket
     std::vector<char> sink(kStaging);
     std::vector<pollfd> polled;
     while (!fds.empty() && !until.passed()) {
       polled.clear();
-      for (const net::Fd& fd : fds) polled.push_back(pollfd{fd.get(), POLLIN, 0});
+      for (size_t i = 0; i < fds.size(); ++i) {
+        const bool writing = written[i] < goodbye.size();
+        polled.push_back(
+            pollfd{fds[i].get(), static_cast<short>(POLLIN | (writing ? POLLOUT : 0)), 0});
+      }
       const int rc = ::poll(polled.data(), polled.size(), until.PollTimeoutMs());
       if (rc < 0 && errno == EINTR) continue;
       if (rc <= 0) return;  // the time passed (or poll failed): closed as they are
       for (size_t i = polled.size(); i-- > 0;) {
-        if (polled[i].revents == 0) continue;
-        const ssize_t r = ::read(polled[i].fd, sink.data(), sink.size());
-        if (r > 0 || (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))) {
-          continue;
+        const short revents = polled[i].revents;
+        if (revents == 0) continue;
+        const int fd = polled[i].fd;
+        bool ended = false;  // the peer ended its side (or the connection failed)
+        if (revents & (POLLIN | POLLHUP | POLLERR)) {
+          const ssize_t r = ::read(fd, sink.data(), sink.size());
+          ended = r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
         }
-        fds.erase(fds.begin() + static_cast<std::ptrdiff_t>(i));  // the peer's end (or an error)
+        if (!ended && written[i] < goodbye.size() && (revents & POLLOUT)) {
+          const ssize_t w = ::send(fd, goodbye.data() + written[i], goodbye.size() - written[i],
+                                   MSG_NOSIGNAL | MSG_DONTWAIT);
+          if (w > 0) written[i] += static_cast<size_t>(w);
+          ended = w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+          if (written[i] == goodbye.size()) ended = ::shutdown(fd, SHUT_WR) != 0;
+        }
+        if (!ended) continue;
+        fds.erase(fds.begin() + static_cast<std::ptrdiff_t>(i));
+        written.erase(written.begin() + static_cast<std::ptrdiff_t>(i));
       }
     }
   }

@@ -6,8 +6,9 @@
 // rank 1's memory counts only while rank 1's state word holds the open value the header gave. A
 // goodbye (rank 1 finalized) fails what waits for rank 1 at once and keeps what arrived before it;
 // rank 0's Finish() sends one behind what it sent, which arrives whole even while rank 1 is still
-// sending to rank 0 (no connection reset); one behind a message rank 1 withdrew while rank 0 read
-// it from its memory is still read.
+// sending to rank 0 (no connection reset), and even when rank 0's socket is full of messages rank 1
+// has not read yet (Finish() waits for room, up to kLinger, reading what rank 1 sends meanwhile);
+// one behind a message rank 1 withdrew while rank 0 read it from its memory is still read.
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -357,6 +358,141 @@ TEST(TcpP2pPeerTest, FinishWhileThePeerIsSendingStillDeliversWhatWasSentAndTheGo
   peer.fd.Reset();
   ASSERT_EQ(finished.wait_for(std::chrono::seconds(10)), std::future_status::ready);
   EXPECT_TRUE(finished.get());
+}
+
+// Rank 0's sends fill its socket while rank 1 reads nothing (its receive buffer shrunk to 32 KiB,
+// so that the kernel stops taking bytes at a message's end: larger, the last message was half
+// written): rank 0 sends messages of 4096 bytes (a header and 4056 bytes of payload; its send
+// buffer is sized for one) until one is never written, and times out (100 ms), leaving nothing
+// queued on the link. `sent`: how many completed (most at once, some once the progress thread
+// wrote them); 0 when the socket took part of the last one instead (the link fails at that send's
+// deadline).
+struct Filled {
+  P2pMeta meta;
+  std::vector<char> payload;
+  int sent = 0;
+};
+
+Filled FillRank0sSocket(FakePeer& peer) {
+  const int small = 32 << 10;
+  ::setsockopt(peer.fd.get(), SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+  Filled f;
+  f.payload.assign(4056, 0);
+  for (size_t i = 0; i < f.payload.size(); ++i) f.payload[i] = static_cast<char>(i * 5);
+  f.meta.shape = {static_cast<int64_t>(f.payload.size())};
+  f.meta.bytes = f.payload.size();
+  for (int i = 0; i < 10000; ++i) {
+    Outcome sent;
+    peer.rank0->Send(1, 2, f.meta, f.payload.data(), Deadline::After(milliseconds(100)),
+                     sent.Done());
+    const Status s = sent.Get();
+    if (s.ok()) {
+      ++f.sent;
+      continue;
+    }
+    if (s.code() != Code::kTimeout || s.message().find("not sent within") == std::string::npos) {
+      f.sent = 0;  // half written
+    }
+    return f;
+  }
+  ADD_FAILURE() << "rank 0's socket took 10000 messages that rank 1 did not read";
+  f.sent = 0;
+  return f;
+}
+
+// What rank 1 reads once rank 0's Finish() said goodbye behind `f`'s messages (without it when
+// !goodbye).
+std::string FilledAndGoodbye(const Filled& f, bool goodbye) {
+  std::string want;
+  for (int i = 0; i < f.sent; ++i) {
+    want += tcp_p2p::EncodeHead(2, f.meta) + std::string(f.payload.begin(), f.payload.end());
+  }
+  return goodbye ? want + tcp_p2p::EncodeGoodbye() : want;
+}
+
+// Rank 0 finishes while its socket is full of messages whose sends completed, which rank 1 has
+// not read: Finish() waits for room for the goodbye (it does not drop it for a plain close, which
+// among three ranks core holds as a failure until the timeout), so rank 1 reads the messages, the
+// goodbye and the end of the stream once it reads again. Meanwhile rank 0 reads and drops what
+// rank 1 sends it: in the second case rank 1 first sends 64 MiB, more than both sockets hold,
+// before it reads (a peer finalizing too, which reads nothing until its goodbye is written,
+// waits so).
+TEST(TcpP2pPeerTest, FinishWaitsForRoomForTheGoodbyeBehindCompletedSends) {
+  for (const bool peer_sends : {false, true}) {
+    SCOPED_TRACE(peer_sends ? "rank 1 sends 64 MiB first" : "rank 1 only reads");
+    FakePeer peer;
+    Filled filled;
+    for (int attempt = 0; attempt < 5 && filled.sent == 0; ++attempt) {
+      peer = Connect(/*direct=*/false);
+      ASSERT_TRUE(peer.rank0 && peer.fd.valid());
+      filled = FillRank0sSocket(peer);
+    }
+    ASSERT_GT(filled.sent, 0) << "every try left a message half written";
+    auto finished = std::async(std::launch::async, [&peer] {
+      return peer.rank0->Finish(Status(Code::kNotInitialized, "the communicator was finalized"));
+    });
+    EXPECT_EQ(finished.wait_for(milliseconds(300)), std::future_status::timeout)
+        << "Finish() returned without waiting for room for the goodbye";
+    if (peer_sends) {
+      P2pMeta big;
+      big.shape = {int64_t{64} << 20};
+      big.bytes = uint64_t{64} << 20;
+      Status wrote = Write(peer.fd.get(), tcp_p2p::EncodeHead(9, big));
+      const std::string chunk(1 << 20, 'b');
+      for (uint64_t at = 0; at < big.bytes && wrote.ok(); at += chunk.size()) {
+        wrote = Write(peer.fd.get(), chunk);
+      }
+      EXPECT_TRUE(wrote.ok()) << wrote.ToString();
+    }
+    const std::string want = FilledAndGoodbye(filled, /*goodbye=*/true);
+    std::string got(want.size(), '\0');
+    const Status read = net::ReadFull(peer.fd.get(), got.data(), got.size(),
+                                      Deadline::After(milliseconds(5000)), "rank 0");
+    EXPECT_TRUE(read.ok()) << read.ToString();
+    EXPECT_TRUE(got == want) << "the messages or the goodbye arrived changed";
+    pollfd end{peer.fd.get(), POLLIN, 0};
+    EXPECT_EQ(::poll(&end, 1, 5000), 1);
+    char more = 0;
+    EXPECT_EQ(::read(peer.fd.get(), &more, 1), 0) << "the end of the stream";
+    const auto closed = std::chrono::steady_clock::now();
+    peer.fd.Reset();
+    ASSERT_EQ(finished.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+    EXPECT_TRUE(finished.get());
+    EXPECT_LT(std::chrono::steady_clock::now() - closed, milliseconds(1000)) << "lingered on";
+  }
+}
+
+// As above, but rank 1 reads nothing until Finish() returns: Finish() gives up on the goodbye at
+// kLinger (2 s) and closes the link without writing any of it (never half a goodbye): rank 1 then
+// reads the messages and the end of the stream.
+TEST(TcpP2pPeerTest, FinishGivesUpOnTheGoodbyeAtTheLinger) {
+  FakePeer peer;
+  Filled filled;
+  for (int attempt = 0; attempt < 5 && filled.sent == 0; ++attempt) {
+    peer = Connect(/*direct=*/false);
+    ASSERT_TRUE(peer.rank0 && peer.fd.valid());
+    filled = FillRank0sSocket(peer);
+  }
+  ASSERT_GT(filled.sent, 0) << "every try left a message half written";
+  const auto start = std::chrono::steady_clock::now();
+  auto finished = std::async(std::launch::async, [&peer] {
+    return peer.rank0->Finish(Status(Code::kNotInitialized, "the communicator was finalized"));
+  });
+  ASSERT_EQ(finished.wait_for(std::chrono::seconds(5)), std::future_status::ready);
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_TRUE(finished.get());
+  EXPECT_GE(took, milliseconds(1900)) << "gave up before kLinger";
+  EXPECT_LT(took, milliseconds(3000)) << "waited well past kLinger";
+  const std::string want = FilledAndGoodbye(filled, /*goodbye=*/false);
+  std::string got(want.size(), '\0');
+  const Status read = net::ReadFull(peer.fd.get(), got.data(), got.size(),
+                                    Deadline::After(milliseconds(5000)), "rank 0");
+  EXPECT_TRUE(read.ok()) << read.ToString();
+  EXPECT_TRUE(got == want) << "the messages arrived changed";
+  pollfd end{peer.fd.get(), POLLIN, 0};
+  EXPECT_EQ(::poll(&end, 1, 5000), 1);
+  char more = 0;
+  EXPECT_EQ(::read(peer.fd.get(), &more, 1), 0) << "the end of the stream, not half a goodbye";
 }
 
 TEST(TcpP2pPeerTest, AMessageWithANegativeTagFailsTheLink) {
