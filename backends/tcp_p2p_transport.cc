@@ -63,10 +63,10 @@ constexpr uint64_t kMaxSendBuffer = 32 << 20;  // SO_SNDBUF grows up to this (as
 // buffers: reading it ahead into an unexpected buffer and copying it costs about what reading it
 // once its recv is posted does.
 constexpr uint64_t kHoldBytes = 4 << 20;
-// How long Finish() waits at most, in all, for its sockets to take the goodbyes and for the peers
-// to end the links it said goodbye on (Leave): a peer whose progress thread runs reads what fills
-// the socket and takes a goodbye within milliseconds (HoldFor, then what was still in the
-// sockets).
+// How long Finish() waits at most, in all: for the receipts of direct sends (half of it at most:
+// AwaitReceipts), for its sockets to take the goodbyes and for the peers to end the links it said
+// goodbye on (Leave). A peer whose progress thread runs reads what fills the socket and takes a
+// goodbye within milliseconds (HoldFor, then what was still in the sockets).
 constexpr std::chrono::seconds kLinger{2};
 
 // How long a payload of `bytes` without its recv stays in the socket (Place): about the time
@@ -230,8 +230,12 @@ class TcpP2pTransport : public P2pTransport {
     Run(out);
   }
 
+  // Waits for the receipts of direct sends (AwaitReceipts), then closes, saying goodbye: kLinger
+  // in all at most.
   bool Finish(const Status& status) override EXCLUDES(mu_) {
-    CloseWith(status, Deadline::After(kLinger));
+    const Deadline until = Deadline::After(kLinger);
+    AwaitReceipts(Deadline::After(kLinger / 2));
+    CloseWith(status, until);
     return true;
   }
 
@@ -244,6 +248,26 @@ class TcpP2pTransport : public P2pTransport {
   }
 
   std::string Who(int peer) const { return "rank " + std::to_string(peer); }
+
+  // Finish(): waits, the progress thread still running, until no direct send waits for its receipt
+  // (each completed, or failed with its link) or `until` passes. A peer may have read such a
+  // message already, its receipt on the way: failing the send (its message withdrawn, see
+  // Link::state) would then report a message that arrived as failed. A peer reads a message
+  // within milliseconds of its header (HoldFor, then the payload at memory speed), and one that
+  // finalizes too sends its receipts before its goodbye; `until` (half of kLinger) leaves the
+  // goodbyes time when a peer sends none.
+  void AwaitReceipts(Deadline until) EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    for (;;) {
+      bool awaiting = false;
+      for (Link& l : links_) {
+        MutexLock send_lock(*l.send_mu);
+        awaiting = awaiting || !l.awaiting_receipt.empty();
+      }
+      if (!awaiting || stop_ || until.passed()) return;
+      receipts_.WaitUntil(mu_, until);
+    }
+  }
 
   // Close() and Finish(): stops the progress thread, then fails every link with `status`.
   // `goodbye` (Finish: by when): the links that take one (TakesGoodbye) first hand their sockets
@@ -424,6 +448,7 @@ class TcpP2pTransport : public P2pTransport {
       for (SendOp& s : l.awaiting_receipt) out.emplace_back(std::move(s.done), status);
       l.awaiting_receipt.clear();
     }
+    receipts_.NotifyAll();
     if (l.matched) out.emplace_back(std::move(l.matched->done), status);
     l.matched.reset();
     if (l.stash != nullptr) l.unexpected[l.tag].pop_back();
@@ -556,6 +581,7 @@ class TcpP2pTransport : public P2pTransport {
       if (!l.awaiting_receipt.empty()) {
         out.emplace_back(std::move(l.awaiting_receipt.front().done), Status::Ok());
         l.awaiting_receipt.pop_front();
+        if (l.awaiting_receipt.empty()) receipts_.NotifyAll();
         return true;
       }
     }
@@ -895,6 +921,8 @@ class TcpP2pTransport : public P2pTransport {
   // guarded by mu_ except its send side (Link::send_mu) and its read side (the progress thread's).
   std::vector<Link> links_;
   bool stop_ GUARDED_BY(mu_) = false;
+  // With mu_: a link's last direct send awaiting its receipt completed or failed (AwaitReceipts).
+  CondVar receipts_;
   // Until when the progress thread sleeps in poll(): a recv due earlier wakes it.
   Deadline sleep_until_ GUARDED_BY(mu_) = Deadline::Infinite();
   net::Fd wake_;

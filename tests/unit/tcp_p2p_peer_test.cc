@@ -8,14 +8,18 @@
 // rank 0's Finish() sends one behind what it sent, which arrives whole even while rank 1 is still
 // sending to rank 0 (no connection reset), and even when rank 0's socket is full of messages rank 1
 // has not read yet (Finish() waits for room, up to kLinger, reading what rank 1 sends meanwhile);
-// one behind a message rank 1 withdrew while rank 0 read it from its memory is still read.
+// Finish() waits for the receipt of a message rank 1 read from its memory, which then completes
+// as sent; one behind a message rank 1 withdrew while rank 0 read it from its memory is still
+// read.
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <future>
 #include <memory>
 #include <string>
@@ -493,6 +497,73 @@ TEST(TcpP2pPeerTest, FinishGivesUpOnTheGoodbyeAtTheLinger) {
   EXPECT_EQ(::poll(&end, 1, 5000), 1);
   char more = 0;
   EXPECT_EQ(::read(peer.fd.get(), &more, 1), 0) << "the end of the stream, not half a goodbye";
+}
+
+// Rank 1 reads a message that rank 0 sends it directly, from rank 0's memory (the payload, then
+// the state word, which still holds the open value: the message arrived intact), and rank 0
+// finishes before rank 1's receipt is back. Finish() waits for the receipt, its progress thread
+// still reading, so the send completes, as the message arrived, and the goodbye follows. (Before,
+// the send failed with Finish's status though rank 1 had its message.) In the second case rank 1
+// sends no receipt: after half of kLinger (1 s) rank 0 withdraws the message (its state word no
+// longer holds the open value: a rank 1 still reading it would refuse it) and fails the send with
+// Finish's status, and the goodbye still follows.
+TEST(TcpP2pPeerTest, FinishWaitsForTheReceiptOfADirectSendThePeerRead) {
+  for (const bool receipt : {true, false}) {
+    SCOPED_TRACE(receipt ? "rank 1 sends the receipt" : "rank 1 sends no receipt");
+    FakePeer peer = Connect(/*direct=*/true);
+    ASSERT_TRUE(peer.rank0 && peer.fd.valid());
+    std::vector<char> payload(4096);
+    for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<char>(i * 11);
+    P2pMeta meta;
+    meta.shape = {4096};
+    meta.bytes = 4096;
+    Outcome sent;
+    peer.rank0->Send(1, 4, meta, payload.data(), Deadline::After(milliseconds(10000)), sent.Done());
+    unsigned char head[tcp_p2p::kFixedHead + 8 + 24];
+    ASSERT_TRUE(net::ReadFull(peer.fd.get(), head, sizeof(head),
+                              Deadline::After(milliseconds(5000)), "rank 0")
+                    .ok());
+    ASSERT_EQ(net::LoadU32(head + 20), tcp_p2p::kDirectRead) << "not a direct read";
+    const tcp_p2p::DirectSource source = tcp_p2p::DecodeDirect(head, 1);
+    // What rank 1 reads with process_vm_readv: this process's memory.
+    const auto* state = reinterpret_cast<const std::atomic<uint64_t>*>(source.state);
+    std::vector<char> got(payload.size());
+    std::memcpy(got.data(), reinterpret_cast<const char*>(source.data), got.size());
+    ASSERT_EQ(state->load(), source.open);
+    EXPECT_EQ(got, payload);
+    const auto start = std::chrono::steady_clock::now();
+    auto finished = std::async(std::launch::async, [&peer] {
+      return peer.rank0->Finish(Status(Code::kNotInitialized, "the communicator was finalized"));
+    });
+    pollfd early{peer.fd.get(), POLLIN, 0};
+    EXPECT_EQ(::poll(&early, 1, 300), 0) << "the goodbye came before the receipt";
+    if (receipt) {
+      ASSERT_TRUE(Write(peer.fd.get(), tcp_p2p::EncodeReceipt()).ok());
+    }
+    std::string goodbye(tcp_p2p::kFixedHead, '\0');
+    const Status read = net::ReadFull(peer.fd.get(), goodbye.data(), goodbye.size(),
+                                      Deadline::After(milliseconds(5000)), "rank 0");
+    EXPECT_TRUE(read.ok()) << read.ToString();
+    EXPECT_EQ(goodbye, tcp_p2p::EncodeGoodbye());
+    pollfd end{peer.fd.get(), POLLIN, 0};
+    EXPECT_EQ(::poll(&end, 1, 5000), 1);
+    char more = 0;
+    EXPECT_EQ(::read(peer.fd.get(), &more, 1), 0) << "the end of the stream";
+    peer.fd.Reset();
+    ASSERT_EQ(finished.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+    EXPECT_TRUE(finished.get());
+    const Status s = sent.Get();
+    const auto took = std::chrono::steady_clock::now() - start;
+    if (receipt) {
+      EXPECT_TRUE(s.ok()) << s.ToString();
+      EXPECT_LT(took, milliseconds(1000)) << "waited on after the receipt";
+      continue;
+    }
+    EXPECT_EQ(s.code(), Code::kNotInitialized) << s.ToString();
+    EXPECT_NE(state->load(), source.open) << "the message was not withdrawn";
+    EXPECT_GE(took, milliseconds(900)) << "gave up on the receipt early";
+    EXPECT_LT(took, milliseconds(2000)) << "waited for the receipt past half of kLinger";
+  }
 }
 
 TEST(TcpP2pPeerTest, AMessageWithANegativeTagFailsTheLink) {
