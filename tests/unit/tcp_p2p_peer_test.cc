@@ -365,20 +365,20 @@ TEST(TcpP2pPeerTest, FinishWhileThePeerIsSendingStillDeliversWhatWasSentAndTheGo
 }
 
 // Rank 0's sends fill its socket while rank 1 reads nothing (its receive buffer shrunk to 32 KiB,
-// so that the kernel stops taking bytes at a message's end: larger, the last message was half
-// written): rank 0 sends messages of 4096 bytes (a header and 4056 bytes of payload; its send
-// buffer is sized for one) until one is never written, and times out (100 ms), leaving nothing
-// queued on the link. `sent`: how many completed (most at once, some once the progress thread
-// wrote them); 0 when the socket took part of the last one instead (the link fails at that send's
-// deadline).
+// 16 KiB on odd tries, so that the kernel stops taking bytes at a message's end: larger, the last
+// message was half written; smaller, rank 1 then read slowly): rank 0 sends messages of 4096 bytes
+// (a header and 4056 bytes of payload; its send buffer is sized for one) until one is never
+// written, and times out (100 ms), leaving nothing queued on the link. `sent`: how many completed
+// (most at once, some once the progress thread wrote them); 0 when the socket took part of the last
+// one instead (the link fails at that send's deadline).
 struct Filled {
   P2pMeta meta;
   std::vector<char> payload;
   int sent = 0;
 };
 
-Filled FillRank0sSocket(FakePeer& peer) {
-  const int small = 32 << 10;
+Filled FillRank0sSocket(FakePeer& peer, int attempt) {
+  const int small = (32 << 10) >> (attempt % 2);
   ::setsockopt(peer.fd.get(), SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
   Filled f;
   f.payload.assign(4056, 0);
@@ -429,7 +429,7 @@ TEST(TcpP2pPeerTest, FinishWaitsForRoomForTheGoodbyeBehindCompletedSends) {
     for (int attempt = 0; attempt < 5 && filled.sent == 0; ++attempt) {
       peer = Connect(/*direct=*/false);
       ASSERT_TRUE(peer.rank0 && peer.fd.valid());
-      filled = FillRank0sSocket(peer);
+      filled = FillRank0sSocket(peer, attempt);
     }
     ASSERT_GT(filled.sent, 0) << "every try left a message half written";
     auto finished = std::async(std::launch::async, [&peer] {
@@ -475,7 +475,7 @@ TEST(TcpP2pPeerTest, FinishGivesUpOnTheGoodbyeAtTheLinger) {
   for (int attempt = 0; attempt < 5 && filled.sent == 0; ++attempt) {
     peer = Connect(/*direct=*/false);
     ASSERT_TRUE(peer.rank0 && peer.fd.valid());
-    filled = FillRank0sSocket(peer);
+    filled = FillRank0sSocket(peer, attempt);
   }
   ASSERT_GT(filled.sent, 0) << "every try left a message half written";
   const auto start = std::chrono::steady_clock::now();
