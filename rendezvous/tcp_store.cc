@@ -1,7 +1,7 @@
 #include "rendezvous/tcp_store.h"
 
 #include <errno.h>
-#include <poll.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -64,18 +64,44 @@ struct TcpStoreServer::Client {
   size_t out_done = 0;
   bool authed = false;
   bool closing = false;  // drop once `out` is flushed
-  bool dead = false;     // drop now
+  bool dead = false;     // dropped: reaped at the end of this round of events
+  uint32_t watched = 0;  // the epoll events registered for it
   Clock::time_point accepted_at;
   bool parked = false;  // a GET, WAIT or GET_FIRST waits for keys
   uint8_t parked_type = 0;
   std::vector<std::string> parked_keys;
   Deadline parked_deadline = Deadline::Infinite();
+  bool filed = false;  // in waiting_ (and, with a deadline, in expiries_ at `expiry`)
+  std::multimap<Clock::time_point, Client*>::iterator expiry;
 };
 
-TcpStoreServer::TcpStoreServer(net::Fd listen_fd, net::Fd wake_fd, int port, std::string address,
-                               std::string token)
+namespace {
+
+// What an epoll event's data holds for the two descriptors that are not clients (a client's is
+// its Client*, never these).
+constexpr uint64_t kWakeEvent = 0;
+constexpr uint64_t kListenerEvent = 1;
+
+// Milliseconds until `at`, rounded up, at least 0.
+int MsUntil(Clock::time_point at) {
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(at - Clock::now()).count();
+  return left <= 0 ? 0 : static_cast<int>(std::min<int64_t>(left, 24 * 3600 * 1000));
+}
+
+// The earlier of two epoll timeouts (-1: none).
+int EarlierTimeout(int a, int b) {
+  if (a < 0) return b;
+  if (b < 0) return a;
+  return std::min(a, b);
+}
+
+}  // namespace
+
+TcpStoreServer::TcpStoreServer(net::Fd listen_fd, net::Fd wake_fd, net::Fd epoll_fd, int port,
+                               std::string address, std::string token)
     : listen_fd_(std::move(listen_fd)),
       wake_fd_(std::move(wake_fd)),
+      epoll_fd_(std::move(epoll_fd)),
       port_(port),
       address_(std::move(address)),
       token_(std::move(token)) {}
@@ -93,9 +119,21 @@ StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(const std::strin
   CONCORD_ASSIGN_OR_RETURN(net::Fd listen_fd, net::Listen(bind_host, port, &bound));
   net::Fd wake(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (!wake.valid()) return ErrnoError("store server: eventfd", errno);
+  net::Fd epoll(::epoll_create1(EPOLL_CLOEXEC));
+  if (!epoll.valid()) return ErrnoError("store server: epoll_create1", errno);
+  // data.u64: kWakeEvent, kListenerEvent, or (data.ptr) a client.
+  for (const int fd : {wake.get(), listen_fd.get()}) {
+    epoll_event e{};
+    e.events = EPOLLIN;
+    e.data.u64 = fd == wake.get() ? kWakeEvent : kListenerEvent;
+    if (::epoll_ctl(epoll.get(), EPOLL_CTL_ADD, fd, &e) != 0) {
+      return ErrnoError("store server: epoll_ctl", errno);
+    }
+  }
   const std::string host = bind_host.empty() ? "127.0.0.1" : bind_host;
-  std::unique_ptr<TcpStoreServer> server(new TcpStoreServer(
-      std::move(listen_fd), std::move(wake), bound, net::JoinHostPort(host, bound), token));
+  std::unique_ptr<TcpStoreServer> server(new TcpStoreServer(std::move(listen_fd), std::move(wake),
+                                                            std::move(epoll), bound,
+                                                            net::JoinHostPort(host, bound), token));
   server->thread_ = std::thread([s = server.get()] { s->Loop(); });
   return server;
 }
@@ -109,95 +147,114 @@ TcpStoreServer::~TcpStoreServer() {
 }
 
 void TcpStoreServer::Loop() {
-  std::vector<pollfd> fds;
+  constexpr int kEvents = 256;
+  epoll_event events[kEvents];
   while (!stop_.load()) {
-    fds.clear();
-    fds.push_back({wake_fd_.get(), POLLIN, 0});
-    // poll() skips a negative descriptor: so the listener is left out while accepting pauses.
-    const auto paused_for =
-        std::chrono::ceil<std::chrono::milliseconds>(accept_paused_until_ - Clock::now());
-    const bool accepting = paused_for.count() <= 0;
-    fds.push_back({accepting ? listen_fd_.get() : -1, POLLIN, 0});
-    int timeout = accepting ? -1 : static_cast<int>(paused_for.count());  // -1: poll's "forever"
-    bool any_unauthed = false;
-    for (const auto& c : clients_) {
-      short events = c->closing ? 0 : POLLIN;
-      if (c->out.size() > c->out_done) events |= POLLOUT;
-      fds.push_back({c->fd.get(), events, 0});
-      if (c->parked) {
-        const int t = c->parked_deadline.PollTimeoutMs();
-        if (t >= 0 && (timeout < 0 || t < timeout)) timeout = t;
-      }
-      any_unauthed |= !c->authed;
-    }
-    // Unauthenticated clients are checked every 100 ms rather than at their exact deadlines.
-    if (any_unauthed && (timeout < 0 || timeout > 100)) timeout = 100;
-    const int rc = ::poll(fds.data(), fds.size(), timeout);
-    if (rc < 0 && errno != EINTR) {
-      // Nothing sensible is left to do for a poll failure on valid descriptors; back off briefly.
+    const int timeout =
+        EarlierTimeout(EarlierTimeout(ResumeAccepting(), ExpireParked()), DropSilentClients());
+    Reap();
+    const int n = ::epoll_wait(epoll_fd_.get(), events, kEvents, timeout);
+    if (n < 0 && errno != EINTR) {
+      // Nothing sensible is left to do for a failure on valid descriptors; back off briefly.
       ::usleep(10000);
       continue;
     }
     if (stop_.load()) break;
-    if (rc > 0 && (fds[1].revents & POLLIN)) AcceptAll();
-    // clients_ may have grown in AcceptAll; only the first fds.size() - 2 were polled.
-    const size_t polled = fds.size() - 2;
-    for (size_t i = 0; i < polled; ++i) {
-      Client* c = clients_[i].get();
-      const short revents = rc > 0 ? fds[i + 2].revents : 0;
-      if (revents & POLLOUT) Flush(c);
-      if (!c->dead && (revents & (POLLIN | POLLHUP | POLLERR))) {
-        if (c->closing) {
-          c->dead = true;  // it hung up or errored while we only wanted to finish writing
-        } else if (ReadFrom(c)) {
-          HandleFrames(c);
-        } else {
-          c->dead = true;
-        }
+    for (int i = 0; i < n; ++i) {
+      const epoll_event& e = events[i];
+      if (e.data.u64 == kListenerEvent) {
+        AcceptAll();
+        continue;
+      }
+      if (e.data.u64 == kWakeEvent) continue;
+      Client* c = static_cast<Client*>(e.data.ptr);
+      if (c->dead) continue;  // dropped earlier in this round (as another's wake-up, say)
+      if (e.events & EPOLLOUT) Flush(c);
+      if (c->dead || !(e.events & (EPOLLIN | EPOLLHUP | EPOLLERR))) continue;
+      if (c->closing) {
+        Drop(c);  // it hung up or errored while we only wanted to finish writing
+      } else if (ReadFrom(c)) {
+        HandleFrames(c);
+      } else {
+        Drop(c);
       }
     }
-    const auto now = Clock::now();
-    for (auto& c : clients_) {
-      if (c->dead) continue;
-      if (!c->authed && !c->closing && now - c->accepted_at >= kAuthTimeout) c->dead = true;
-      if (c->parked && c->parked_deadline.passed() && TryAnswerParked(c.get(), /*expired=*/true)) {
-        HandleFrames(c.get());
-      }
-    }
-    clients_.erase(std::remove_if(clients_.begin(), clients_.end(),
-                                  [](const std::unique_ptr<Client>& c) { return c->dead; }),
-                   clients_.end());
   }
   clients_.clear();
 }
-
 void TcpStoreServer::AcceptAll() {
-  size_t unauthenticated =
-      std::count_if(clients_.begin(), clients_.end(),
-                    [](const std::unique_ptr<Client>& c) { return !c->authed && !c->dead; });
-  size_t oldest = 0;  // clients_ is in accept order: no unauthenticated client comes before this
   for (;;) {
     const auto now = Clock::now();
-    if (unauthenticated >= kMaxUnauthenticated) {
-      while (clients_[oldest]->authed || clients_[oldest]->dead) ++oldest;
-      if (now - clients_[oldest]->accepted_at < kUnauthenticatedGrace) return PauseAccepting();
-      clients_[oldest]->dead = true;
-      --unauthenticated;
+    if (unauthenticated_count_ >= kMaxUnauthenticated) {
+      while (unauthenticated_.front()->authed || unauthenticated_.front()->dead) {
+        unauthenticated_.pop_front();
+      }
+      Client* oldest = unauthenticated_.front();
+      if (now - oldest->accepted_at < kUnauthenticatedGrace) return PauseAccepting();
+      Drop(oldest);
     }
     StatusOr<net::Fd> fd = net::Accept(listen_fd_.get());
     // An error here is the listener's (EMFILE, ENFILE, ENOBUFS): the connection stays queued.
     if (!fd.ok()) return PauseAccepting();
     if (!fd->valid()) return;
-    auto c = std::make_unique<Client>();
+    auto owned = std::make_unique<Client>();
+    Client* c = owned.get();
     c->fd = std::move(*fd);
     c->accepted_at = now;
-    clients_.push_back(std::move(c));
-    ++unauthenticated;
+    epoll_event e{};
+    e.events = EPOLLIN;
+    e.data.ptr = c;
+    if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, c->fd.get(), &e) != 0) {
+      return PauseAccepting();  // out of memory for epoll: the connection closes, unserved
+    }
+    c->watched = EPOLLIN;
+    clients_.emplace(c, std::move(owned));
+    unauthenticated_.push_back(c);
+    ++unauthenticated_count_;
   }
 }
 
 void TcpStoreServer::PauseAccepting() {
   accept_paused_until_ = Clock::now() + kAcceptPause;
+  if (!accepting_) return;
+  epoll_event e{};
+  e.events = 0;  // stays registered, reports nothing
+  e.data.u64 = kListenerEvent;
+  accepting_ = ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_MOD, listen_fd_.get(), &e) != 0;
+}
+
+int TcpStoreServer::ResumeAccepting() {
+  if (accepting_) return -1;
+  if (Clock::now() < accept_paused_until_) return MsUntil(accept_paused_until_);
+  epoll_event e{};
+  e.events = EPOLLIN;
+  e.data.u64 = kListenerEvent;
+  accepting_ = ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_MOD, listen_fd_.get(), &e) == 0;
+  return accepting_ ? -1 : static_cast<int>(kAcceptPause.count());
+}
+
+int TcpStoreServer::DropSilentClients() {
+  // In accept order: the first still unauthenticated is the oldest.
+  while (!unauthenticated_.empty()) {
+    Client* c = unauthenticated_.front();
+    if (c->authed || c->dead) {
+      unauthenticated_.pop_front();
+      continue;
+    }
+    // Refused ones too, whose refusal it has not read in all that time.
+    if (Clock::now() - c->accepted_at < kAuthTimeout) return MsUntil(c->accepted_at + kAuthTimeout);
+    Drop(c);
+  }
+  return -1;
+}
+
+int TcpStoreServer::ExpireParked() {
+  while (!expiries_.empty() && expiries_.begin()->first <= Clock::now()) {
+    Client* c = expiries_.begin()->second;
+    TryAnswerParked(c, /*expired=*/true);  // unparks it, so takes it out of expiries_
+    HandleFrames(c);
+  }
+  return expiries_.empty() ? -1 : MsUntil(expiries_.begin()->first);
 }
 
 bool TcpStoreServer::ReadFrom(Client* c) {
@@ -258,6 +315,7 @@ void TcpStoreServer::HandleRequest(Client* c, uint8_t type, const char* body, si
       Fail(c, Code::kAuthFailed, "wrong token (this store belongs to another job)");
     } else {
       c->authed = true;
+      --unauthenticated_count_;
       Reply(c, Code::kOk, "");
     }
     return;
@@ -296,16 +354,47 @@ void TcpStoreServer::HandleRequest(Client* c, uint8_t type, const char* body, si
       c->parked_type = type;
       c->parked_keys = type == kGet ? std::vector<std::string>{key} : std::move(request.keys);
       c->parked_deadline = DeadlineFromMs(request.timeout_ms);
-      TryAnswerParked(c, /*expired=*/false);
-      return;  // parked requests are answered when their keys appear, from the SET/ADD below
+      // Answered now, or when its keys appear (WakeWaitersOf) or its deadline passes.
+      if (!TryAnswerParked(c, /*expired=*/false)) Park(c);
+      return;
     }
   }
-  // A SET or ADD changed the map: wake whoever waits for it.
-  for (auto& other : clients_) {
-    if (other.get() != c && other->parked && !other->dead && TryAnswerParked(other.get(), false)) {
-      HandleFrames(other.get());
+  WakeWaitersOf(key);  // a SET or ADD changed the map
+}
+
+void TcpStoreServer::WakeWaitersOf(const std::string& key) {
+  auto it = waiting_.find(key);
+  if (it == waiting_.end()) return;
+  // Answering one takes it out of waiting_ (and may handle its next requests, which may park or
+  // wake others): work on a copy.
+  const std::vector<Client*> waiters(it->second.begin(), it->second.end());
+  for (Client* other : waiters) {
+    if (other->parked && !other->dead && TryAnswerParked(other, /*expired=*/false)) {
+      HandleFrames(other);
     }
   }
+}
+
+void TcpStoreServer::Park(Client* c) {
+  for (const std::string& key : c->parked_keys) waiting_[key].insert(c);
+  c->expiry = c->parked_deadline.infinite() ? expiries_.end()
+                                            : expiries_.emplace(c->parked_deadline.at(), c);
+  c->filed = true;
+}
+
+void TcpStoreServer::Unpark(Client* c) {
+  if (c->filed) {
+    for (const std::string& key : c->parked_keys) {
+      auto it = waiting_.find(key);
+      if (it == waiting_.end()) continue;
+      it->second.erase(c);
+      if (it->second.empty()) waiting_.erase(it);
+    }
+    if (c->expiry != expiries_.end()) expiries_.erase(c->expiry);
+    c->filed = false;
+  }
+  c->parked = false;
+  c->parked_keys.clear();
 }
 
 bool TcpStoreServer::TryAnswerParked(Client* c, bool expired) {
@@ -313,28 +402,30 @@ bool TcpStoreServer::TryAnswerParked(Client* c, bool expired) {
     for (size_t i = 0; i < c->parked_keys.size(); ++i) {
       auto it = values_.find(c->parked_keys[i]);
       if (it == values_.end()) continue;
-      c->parked = false;
-      Reply(c, Code::kOk, store_wire::EncodeFirstPayload(static_cast<uint32_t>(i), it->second));
-      c->parked_keys.clear();
+      const std::string payload =
+          store_wire::EncodeFirstPayload(static_cast<uint32_t>(i), it->second);
+      Unpark(c);
+      Reply(c, Code::kOk, payload);
       return true;
     }
     if (!expired) return false;
-    c->parked = false;
-    Reply(c, Code::kTimeout, NoKeyAppearedMessage(c->parked_keys));
-    c->parked_keys.clear();
+    const std::string message = NoKeyAppearedMessage(c->parked_keys);
+    Unpark(c);
+    Reply(c, Code::kTimeout, message);
     return true;
   }
   for (const std::string& key : c->parked_keys) {
     if (values_.count(key) == 0) {
       if (!expired) return false;
-      c->parked = false;
-      Reply(c, Code::kTimeout, MissingKeyMessage(key));
+      const std::string message = MissingKeyMessage(key);
+      Unpark(c);
+      Reply(c, Code::kTimeout, message);
       return true;
     }
   }
-  c->parked = false;
-  Reply(c, Code::kOk, c->parked_type == kGet ? values_[c->parked_keys[0]] : "");
-  c->parked_keys.clear();
+  const std::string payload = c->parked_type == kGet ? values_[c->parked_keys[0]] : "";
+  Unpark(c);
+  Reply(c, Code::kOk, payload);
   return true;
 }
 
@@ -345,7 +436,7 @@ void TcpStoreServer::Reply(Client* c, Code code, const std::string& payload) {
 
 void TcpStoreServer::Fail(Client* c, Code code, const std::string& message) {
   c->closing = true;
-  c->parked = false;
+  if (c->parked) Unpark(c);
   Reply(c, code, message);
 }
 
@@ -358,14 +449,41 @@ void TcpStoreServer::Flush(Client* c) {
     } else if (n < 0 && errno == EINTR) {
       continue;
     } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      return;
+      return Watch(c);
     } else {
-      c->dead = true;
+      return Drop(c);
     }
   }
+  if (c->dead) return;
   c->out.clear();
   c->out_done = 0;
-  if (c->closing) c->dead = true;
+  if (c->closing) return Drop(c);
+  Watch(c);
+}
+
+void TcpStoreServer::Watch(Client* c) {
+  const uint32_t want =
+      (c->closing ? 0u : uint32_t{EPOLLIN}) | (c->out_done < c->out.size() ? EPOLLOUT : 0u);
+  if (want == c->watched) return;
+  epoll_event e{};
+  e.events = want;
+  e.data.ptr = c;
+  if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_MOD, c->fd.get(), &e) != 0) return Drop(c);
+  c->watched = want;
+}
+
+void TcpStoreServer::Drop(Client* c) {
+  if (c->dead) return;
+  c->dead = true;
+  if (!c->authed) --unauthenticated_count_;
+  if (c->parked) Unpark(c);
+  dropped_.push_back(c);
+}
+
+void TcpStoreServer::Reap() {
+  // Closing a descriptor takes it out of the epoll set.
+  for (Client* c : dropped_) clients_.erase(c);
+  dropped_.clear();
 }
 
 // ---- client ----

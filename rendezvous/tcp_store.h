@@ -26,10 +26,13 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
 #include <thread>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "base/mutex.h"
@@ -40,9 +43,15 @@
 namespace concord {
 
 // Contract: owns the listening socket, every client connection, the key-value map and one thread
-// that serves them all with poll(); the map lives only in that thread, so no locks. Start returns
+// that serves them all with epoll; the map lives only in that thread, so no locks. Start returns
 // once the socket listens. The destructor stops the thread and closes every connection (blocked
 // clients then see kPeerFailure). port(), address() and requests() are thread-safe.
+//
+// A request costs the server what it touches, not what it holds: epoll reports only the
+// connections with something to do, a SET or ADD answers the parked requests that wait for its key
+// (found by key), and parked deadlines wait in order of expiry. So thousands of connections, most
+// of them parked while a job starts, cost no more per request than a few (with poll() over every
+// connection, a GET took 9 us beside no idle connection and 1.3 ms beside 4000).
 //
 // Unauthenticated clients (anyone who can reach the port) cost little: one buffers at most a
 // HELLO frame; one that has not authenticated within 10 s is dropped; at most
@@ -74,34 +83,60 @@ class TcpStoreServer {
 
  private:
   struct Client;
-  TcpStoreServer(net::Fd listen_fd, net::Fd wake_fd, int port, std::string address,
-                 std::string token);
+  TcpStoreServer(net::Fd listen_fd, net::Fd wake_fd, net::Fd epoll_fd, int port,
+                 std::string address, std::string token);
   void Loop();
   // Accepts pending connections, within the unauthenticated cap; may pause accepting.
   void AcceptAll();
-  // Stops polling the listener for 100 ms (pending connections wait in its queue).
+  // Stops watching the listener for 100 ms (pending connections wait in its queue).
   void PauseAccepting();
+  // Watches the listener again once the pause is over; returns how many ms it has left (-1: none).
+  int ResumeAccepting();
+  // Drops unauthenticated clients older than their limit; returns when the next one is due
+  // (ms, -1 when none is held).
+  int DropSilentClients();
+  // Answers the parked requests whose deadline has passed; returns the ms to the next (-1: none).
+  int ExpireParked();
   // Reads what is available; false when the client must be dropped now.
   bool ReadFrom(Client* c);
   // Handles complete frames in c's buffer until it parks, closes or runs out of bytes.
   void HandleFrames(Client* c);
   void HandleRequest(Client* c, uint8_t type, const char* body, size_t size);
-  // Answers c's parked request if all its keys exist (or its deadline passed); true if answered.
+  // Answers c's parked request if all its keys exist (GET_FIRST: any), or with kTimeout when
+  // `expired`; true if answered (then no longer parked).
   bool TryAnswerParked(Client* c, bool expired);
+  // Files c's parked request under its keys and deadline, and takes it out again.
+  void Park(Client* c);
+  void Unpark(Client* c);
+  // Answers the requests parked on `key`, which a SET or ADD just wrote.
+  void WakeWaitersOf(const std::string& key);
   void Reply(Client* c, Code code, const std::string& payload);
   void Fail(Client* c, Code code, const std::string& message);
   void Flush(Client* c);
+  // What epoll watches on c follows what it may do: read unless closing, write while output waits.
+  void Watch(Client* c);
+  // Marks c to be dropped at the end of this round of events (its pointer stays valid until then).
+  void Drop(Client* c);
+  void Reap();
 
   const net::Fd listen_fd_;
-  const net::Fd wake_fd_;  // eventfd: the destructor writes it to stop Loop()
+  const net::Fd wake_fd_;   // eventfd: the destructor writes it to stop Loop()
+  const net::Fd epoll_fd_;  // the listener, wake_fd_ and every client
   const int port_;
   const std::string address_;
   const std::string token_;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> requests_{0};
   // Owned by the server thread only.
-  std::vector<std::unique_ptr<Client>> clients_;  // in the order they were accepted
-  Clock::time_point accept_paused_until_;         // the listener is not polled before this
+  std::unordered_map<Client*, std::unique_ptr<Client>> clients_;
+  std::deque<Client*> unauthenticated_;  // in accept order; authenticated or dropped ones linger
+  size_t unauthenticated_count_ = 0;     // those of them still unauthenticated and not dropped
+  std::vector<Client*> dropped_;         // this round's, reaped at its end
+  // Parked requests by key, and those with a deadline by its time.
+  std::unordered_map<std::string, std::unordered_set<Client*>> waiting_;
+  std::multimap<Clock::time_point, Client*> expiries_;
+  bool accepting_ = true;                  // whether epoll watches the listener
+  Clock::time_point accept_paused_until_;  // the listener is not watched before this
   std::map<std::string, std::string> values_;
   std::thread thread_;
 };

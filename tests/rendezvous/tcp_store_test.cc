@@ -290,6 +290,60 @@ TEST(TcpStoreClientTest, GetFirstAgainstAServerWithoutItSaysSo) {
       << found.status().ToString();
 }
 
+// The server's books of parked requests (by key, by deadline): 300 connections parked on one key
+// are all answered by its SET; a parked connection that leaves is forgotten (the SET of its key
+// later finds nobody to answer, and the server still serves); parked deadlines expire in their
+// order, whatever the order they came in, while a request without a deadline stays parked.
+TEST_F(TcpStoreTest, ParkedRequestsAreAnsweredByKeyAndExpireByDeadline) {
+  const auto park = [&](const std::string& key, uint64_t timeout_ms) {
+    net::Fd fd = Raw();
+    store_wire::Request get;
+    get.type = store_wire::kGet;
+    get.key = key;
+    get.timeout_ms = timeout_ms;
+    const std::string frames = store_wire::Frame(store_wire::kHello, "the-token") +
+                               store_wire::Frame(store_wire::kGet, store_wire::EncodeRequest(get));
+    EXPECT_TRUE(net::WriteAll(fd.get(), frames.data(), frames.size(), Soon(), "server").ok());
+    return fd;
+  };
+  // The code of the next reply on fd, read by `deadline`; kInternal when none came.
+  const auto reply_code = [](int fd, Deadline deadline) {
+    unsigned char header[store_wire::kHeaderSize];
+    if (!net::ReadFull(fd, header, sizeof(header), deadline, "server").ok()) return Code::kInternal;
+    uint8_t type = 0;
+    uint32_t length = 0;
+    if (!store_wire::ParseHeader(header, &type, &length).ok()) return Code::kInternal;
+    std::string body(length, '\0');
+    if (!net::ReadFull(fd, &body[0], length, deadline, "server").ok()) return Code::kInternal;
+    Status carried;
+    std::string payload;
+    if (!store_wire::ParseReply(body.data(), body.size(), &carried, &payload).ok()) {
+      return Code::kInternal;
+    }
+    return carried.code();
+  };
+  std::vector<net::Fd> many;
+  for (int i = 0; i < 300; ++i) many.push_back(park("many", 60000));
+  { net::Fd leaving = park("left", 60000); }
+  net::Fd late = park("never-late", 600);
+  net::Fd early = park("never-early", 200);
+  net::Fd forever = park("never", store_wire::kNoTimeout);
+  for (net::Fd& fd : many) ASSERT_EQ(reply_code(fd.get(), Soon()), Code::kOk);  // the HELLOs
+  for (net::Fd* fd : {&late, &early, &forever}) ASSERT_EQ(reply_code(fd->get(), Soon()), Code::kOk);
+  std::this_thread::sleep_for(milliseconds(50));  // lets them park (either order passes)
+  auto setter = Client();
+  ASSERT_TRUE(setter->Set("many", "v").ok());
+  ASSERT_TRUE(setter->Set("left", "v").ok());
+  for (net::Fd& fd : many) EXPECT_EQ(reply_code(fd.get(), Soon()), Code::kOk);
+  EXPECT_EQ(reply_code(early.get(), Soon()), Code::kTimeout);
+  // The later deadline (400 ms after) has not passed yet: its reply is not there.
+  EXPECT_EQ(reply_code(late.get(), Deadline::After(milliseconds(0))), Code::kInternal);
+  EXPECT_EQ(reply_code(late.get(), Soon()), Code::kTimeout);
+  EXPECT_EQ(reply_code(forever.get(), Deadline::After(milliseconds(200))), Code::kInternal)
+      << "a request without a deadline was answered";
+  ExpectServing();
+}
+
 // One client, two threads: a Get that waits in the server for a key does not hold up the other
 // thread's calls (each call has a connection of its own; an idle one is reused).
 TEST_F(TcpStoreTest, AWaitingGetDoesNotDelayOtherThreads) {
