@@ -21,7 +21,6 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
-#include <iterator>
 #include <list>
 #include <map>
 #include <new>
