@@ -481,6 +481,11 @@ void TcpStoreServer::Drop(Client* c) {
 }
 
 void TcpStoreServer::Reap() {
+  if (dropped_.empty()) return;
+  // unauthenticated_ keeps no pointer to a client it frees (it is read from its front only).
+  unauthenticated_.erase(std::remove_if(unauthenticated_.begin(), unauthenticated_.end(),
+                                        [](const Client* c) { return c->dead; }),
+                         unauthenticated_.end());
   // Closing a descriptor takes it out of the epoll set.
   for (Client* c : dropped_) clients_.erase(c);
   dropped_.clear();

@@ -129,9 +129,11 @@ class TcpStoreServer {
   std::atomic<uint64_t> requests_{0};
   // Owned by the server thread only.
   std::unordered_map<Client*, std::unique_ptr<Client>> clients_;
-  std::deque<Client*> unauthenticated_;  // in accept order; authenticated or dropped ones linger
-  size_t unauthenticated_count_ = 0;     // those of them still unauthenticated and not dropped
-  std::vector<Client*> dropped_;         // this round's, reaped at its end
+  // In accept order; authenticated ones linger until they reach the front, dropped ones until
+  // Reap() (which frees them).
+  std::deque<Client*> unauthenticated_;
+  size_t unauthenticated_count_ = 0;  // those of them still unauthenticated and not dropped
+  std::vector<Client*> dropped_;      // this round's, reaped at its end
   // Parked requests by key, and those with a deadline by its time.
   std::unordered_map<std::string, std::unordered_set<Client*>> waiting_;
   std::multimap<Clock::time_point, Client*> expiries_;
