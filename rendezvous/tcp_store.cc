@@ -50,10 +50,6 @@ Deadline ReplyDeadline(Deadline deadline) {
   return Deadline::After(std::max(left, std::chrono::milliseconds(0)) + kReplyGrace);
 }
 
-std::string MissingKeyMessage(const std::string& key) {
-  return "store: key '" + key + "' did not appear before the deadline";
-}
-
 }  // namespace
 
 // One connection, as the server thread sees it.
@@ -417,7 +413,7 @@ bool TcpStoreServer::TryAnswerParked(Client* c, bool expired) {
   for (const std::string& key : c->parked_keys) {
     if (values_.count(key) == 0) {
       if (!expired) return false;
-      const std::string message = MissingKeyMessage(key);
+      const std::string message = NoKeyAppearedMessage({key});
       Unpark(c);
       Reply(c, Code::kTimeout, message);
       return true;
