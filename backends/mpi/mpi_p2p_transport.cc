@@ -110,12 +110,12 @@ using Completions = std::vector<std::pair<P2pTransport::Done, Status>>;
 // one, usually) completes there. mu_ guards the operations; it is taken before the environment's
 // lock and never held while `done` runs. Finish() sends the goodbyes and refuses later sends and
 // recvs, but leaves the transport open (a peer may still take a message MPI started) until
-// Close(); until then the progress thread receives and drops each message that no recv in
-// flight will take, so that a peer's send that started before that peer saw the goodbye
-// completes. A peer's goodbye fails
-// this rank's recvs from it that no message matched within kGoodbyeGrace, and later sends to it at
-// once, with kPeerFailure saying it finalized (a send looks for goodbyes itself when no round has
-// for kGoodbyeCheck: an idle rank's rounds do not run).
+// Close(); until then (or a failure, after which MPI is left alone) the progress thread receives
+// and drops each message that no recv in flight will take, so that a peer's send that started
+// before that peer saw the goodbye completes. A peer's goodbye fails this rank's recvs from it that
+// no message matched within kGoodbyeGrace, and later sends to it at once, with kPeerFailure saying
+// it finalized (a send looks for goodbyes itself when no round has for kGoodbyeCheck: an idle
+// rank's rounds do not run).
 class MpiP2pTransport : public P2pTransport {
  public:
   MpiP2pTransport(std::shared_ptr<MpiEnvironment> env, MPI_Comm comm, int rank, int size,
@@ -502,7 +502,8 @@ class MpiP2pTransport : public P2pTransport {
   // completed.
   bool Round(Completions& out, Clock::time_point now) {
     bool progressed = false;
-    const bool look = now - goodbyes_checked_ >= kGoodbyeCheck;
+    // A failed transport leaves MPI alone: no goodbye receive re-posted, nothing drained.
+    const bool look = closed_.ok() && now - goodbyes_checked_ >= kGoodbyeCheck;
     if (look) {
       goodbyes_checked_ = now;
       Status s = TakeGoodbyes(now);
@@ -703,9 +704,9 @@ class MpiP2pTransport : public P2pTransport {
     std::unique_lock<std::mutex> lock(mu_);
     auto active_at = Clock::now();  // when work or a driver was last seen
     while (!stop_) {
-      // After Finish(), messages to drop may come at any time until Close(): a round each
-      // kGoodbyeCheck.
-      const bool draining = !finished_.ok();
+      // After Finish(), messages to drop may come at any time until Close() or a failure: a
+      // round each kGoodbyeCheck.
+      const bool draining = !finished_.ok() && closed_.ok();
       const bool work = !sends_.empty() || !recvs_.empty() || !pending_out_.empty() || draining;
       if (drivers_ > 0 || !work) {
         // Once waiters drive, stand by with timed waits that Send() and Recv() do not cut short,

@@ -474,25 +474,67 @@ TEST(MpiControlPlaneTest, FrozenPeerIsAPeerFailure) {
   EXPECT_TRUE(sync->Barrier().ok());
 }
 
-// A communicator of MPI_COMM_WORLD's ranks 0 and 1 (MPI_COMM_NULL on the others), for the
+// A communicator of MPI_COMM_WORLD's ranks 0 .. n - 1 (MPI_COMM_NULL on the others), for the
 // point-to-point tests' transports. Collective over MPI_COMM_WORLD.
-MPI_Comm PairComm() {
+MPI_Comm FirstRanks(int n) {
   auto lock = (*g_env)->Lock();
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm pair = MPI_COMM_NULL;
-  MPI_Comm_split(MPI_COMM_WORLD, rank < 2 ? 0 : MPI_UNDEFINED, rank, &pair);
-  return pair;
+  MPI_Comm comm = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, rank < n ? 0 : MPI_UNDEFINED, rank, &comm);
+  return comm;
+}
+MPI_Comm PairComm() {
+  return FirstRanks(2);
 }
 
-// Frees a communicator from PairComm() when it has a second rank; false (freed) when it does not.
-bool HasPeer(MPI_Comm* pair) {
-  if (*pair == MPI_COMM_NULL) return false;
+// Frees a communicator from FirstRanks(n) when it has fewer than n ranks (the job is smaller);
+// false (freed) then.
+bool HasRanks(MPI_Comm* comm, int n) {
+  if (*comm == MPI_COMM_NULL) return false;
   auto lock = (*g_env)->Lock();
   int size = 0;
-  MPI_Comm_size(*pair, &size);
-  if (size < 2) MPI_Comm_free(pair);
-  return size >= 2;
+  MPI_Comm_size(*comm, &size);
+  if (size < n) MPI_Comm_free(comm);
+  return size >= n;
+}
+bool HasPeer(MPI_Comm* pair) {
+  return HasRanks(pair, 2);
+}
+
+// MPI_Barrier under the environment's lock (the transports' progress threads wait meanwhile).
+void Barrier(MPI_Comm comm) {
+  auto lock = (*g_env)->Lock();
+  MPI_Barrier(comm);
+}
+
+// The tests that speak the transport's wire with raw MPI, on a duplicate of its base
+// communicator (Duplicate, matching the transport's): a message with tag t has its header on MPI
+// tag 2t, its large payload on 2t + 1, and a finalizing rank's goodbye is an empty message on
+// tag 2 max_tag + 2 (max_tag: (MPI_TAG_UB - 2) / 2).
+constexpr size_t kRawHeadWords = 3 + kP2pMaxDims;  // dtype | ndim | bytes | shape
+
+// A uint8 message's header, shape {bytes}, followed by `eager` bytes of payload (zeros).
+std::vector<uint64_t> RawHeader(uint64_t bytes, uint64_t eager) {
+  std::vector<uint64_t> wire(kRawHeadWords + (eager + 7) / 8, 0);
+  wire[0] = static_cast<uint64_t>(DType::kUint8);
+  wire[1] = 1;  // ndim
+  wire[2] = wire[3] = bytes;
+  return wire;
+}
+
+void RawSend(MPI_Comm comm, const void* data, size_t bytes, int dest, int tag) {
+  auto lock = (*g_env)->Lock();
+  EXPECT_EQ(MPI_Send(data, static_cast<int>(bytes), MPI_BYTE, dest, tag, comm), MPI_SUCCESS);
+}
+
+int RawGoodbyeTag(MPI_Comm comm) {
+  auto lock = (*g_env)->Lock();
+  int* tag_ub = nullptr;
+  int flag = 0;
+  MPI_Comm_get_attr(comm, MPI_TAG_UB, &tag_ub, &flag);
+  const int64_t max_tag = flag && tag_ub != nullptr ? (int64_t{*tag_ub} - 2) / 2 : 16382;
+  return static_cast<int>(2 * max_tag + 2);
 }
 
 // Waits until `count` reaches n (30 s at most); false when it did not.
@@ -598,7 +640,6 @@ TEST(MpiP2pTransportTest, RefusedLargeMessageIsDroppedInBoundedMemory) {
 // was taken).
 TEST(MpiP2pTransportTest, MalformedHeadersAreProtocolErrors) {
   constexpr int64_t kTag = 7;
-  constexpr size_t kHeadWords = 3 + kP2pMaxDims;
   MPI_Comm pair = PairComm();
   if (!HasPeer(&pair)) return;
   int rank = 0;
@@ -610,19 +651,16 @@ TEST(MpiP2pTransportTest, MalformedHeadersAreProtocolErrors) {
     if (rank == 1) {
       auto comm = Duplicate(**g_env, pair, Deadline::After(std::chrono::seconds(30)));
       ASSERT_TRUE(comm.ok()) << comm.status().ToString();
-      std::vector<uint64_t> wire(kHeadWords + 2, 0);  // the header, then 16 bytes
-      wire[0] = static_cast<uint64_t>(DType::kUint8);
-      wire[1] = 1;  // ndim
+      // The header, then 16 bytes.
+      std::vector<uint64_t> wire;
       if (which == "large with payload bytes") {
-        wire[2] = wire[3] = 8192;  // bytes, shape[0]: too large for an eager payload
+        wire = RawHeader(8192, 16);  // too large for an eager payload
       } else {
-        wire[2] = wire[3] = 16;
+        wire = RawHeader(16, 16);
         wire[5] = 3;  // shape[2] of a shape of rank 1
       }
+      RawSend(*comm, wire.data(), wire.size() * sizeof(uint64_t), 0, static_cast<int>(2 * kTag));
       auto lock = (*g_env)->Lock();
-      EXPECT_EQ(MPI_Send(wire.data(), static_cast<int>(wire.size() * sizeof(uint64_t)), MPI_BYTE, 0,
-                         static_cast<int>(2 * kTag), *comm),
-                MPI_SUCCESS);
       MPI_Comm_free(&*comm);
     } else {
       auto t = CreateMpiP2pTransport(*g_env, std::chrono::seconds(30), pair);
@@ -643,6 +681,68 @@ TEST(MpiP2pTransportTest, MalformedHeadersAreProtocolErrors) {
                 std::string::npos)
           << status.ToString();
     }
+  }
+  auto lock = (*g_env)->Lock();
+  MPI_Comm_free(&pair);
+}
+
+// A transport that finished (Finish: its goodbyes sent, later operations refused) and then failed
+// leaves MPI alone: its rounds no longer look for goodbyes nor drain what peers send. Rank 0
+// finishes with a recv from rank 1 in flight; rank 1, with raw MPI, sends a malformed header for
+// it (the recv fails with kProtocolError, which closes the transport), then goodbyes: rank 0
+// must not take them (PeerFinalized(1) stays false). Before, the progress thread went on
+// draining after the failure, re-posting each millisecond the goodbye receive that the failure
+// had freed, and took the second goodbye (the freed receive, still posted in MPI, takes the
+// first).
+TEST(MpiP2pTransportTest, FailureAfterFinishLeavesMpiAlone) {
+  constexpr int64_t kTag = 5;
+  MPI_Comm pair = PairComm();
+  if (!HasPeer(&pair)) return;
+  int rank = 0;
+  {
+    auto lock = (*g_env)->Lock();
+    MPI_Comm_rank(pair, &rank);
+  }
+  if (rank == 1) {
+    auto comm = Duplicate(**g_env, pair, Deadline::After(std::chrono::seconds(30)));
+    ASSERT_TRUE(comm.ok()) << comm.status().ToString();
+    Barrier(pair);  // rank 0 has finished
+    std::vector<uint64_t> wire = RawHeader(16, 16);
+    wire[5] = 3;  // shape[2] of a shape of rank 1
+    RawSend(*comm, wire.data(), wire.size() * sizeof(uint64_t), 0, static_cast<int>(2 * kTag));
+    Barrier(pair);  // rank 0's transport has failed
+    const int goodbye = RawGoodbyeTag(*comm);
+    // Two: the goodbye receive that the failure freed stays posted in MPI and takes the first.
+    RawSend(*comm, nullptr, 0, 0, goodbye);
+    RawSend(*comm, nullptr, 0, 0, goodbye);
+    Barrier(pair);  // rank 0 has looked
+    auto lock = (*g_env)->Lock();
+    // Rank 0's own goodbye, so that no message is left on the communicator freed here.
+    EXPECT_EQ(MPI_Recv(nullptr, 0, MPI_BYTE, 0, goodbye, *comm, MPI_STATUS_IGNORE), MPI_SUCCESS);
+    MPI_Comm_free(&*comm);
+  } else {
+    auto t = CreateMpiP2pTransport(*g_env, std::chrono::seconds(30), pair);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    P2pTransport& transport = **t;
+    std::vector<char> sink(16);
+    std::atomic<int> done{0};
+    Status status;
+    transport.Recv(
+        1, kTag, Deadline::After(std::chrono::seconds(30)),
+        [&sink](const P2pMeta&) { return sink.data(); },
+        [&](const Status& s) {
+          status = s;
+          done.fetch_add(1);
+        });
+    EXPECT_FALSE(transport.Finish(Status(Code::kNotInitialized, "the communicator was finalized")));
+    Barrier(pair);
+    ASSERT_TRUE(WaitFor(done, 1));
+    EXPECT_EQ(status.code(), Code::kProtocolError) << status.ToString();
+    Barrier(pair);
+    // Rank 1's goodbye has been sent: a round that still looked would take it within 1 ms.
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_FALSE(transport.PeerFinalized(1));
+    Barrier(pair);
   }
   auto lock = (*g_env)->Lock();
   MPI_Comm_free(&pair);
