@@ -327,31 +327,38 @@ class MpiP2pTransport : public P2pTransport {
     }
   }
 
-  // After Finish(): receives and drops, in the order they came, the messages that no recv of
-  // this rank will take (this rank posts no new ones), so that a peer's send that started before
-  // it saw the goodbye completes instead of waiting out its deadline. Stops at the first message
-  // a recv in flight may still take (a header or a payload of its (peer, tag), whose receive the
-  // next round posts) and at a goodbye (the next look takes it).
+  // After Finish(): receives and drops the messages that no recv of this rank will take (this
+  // rank posts no new ones), so that a peer's send that started before it saw the goodbye
+  // completes instead of waiting out its deadline. Peer by peer, each peer's in the order they
+  // came: they wait behind the first that a recv in flight may still take (a header or a payload
+  // of its (peer, tag), whose receive a later round posts) or a goodbye (the next look takes it),
+  // and the other peers' do not (a probe of any source stopped at the first such message, and the
+  // others' waited until its recv completed). One probe of any source finds most often that
+  // nothing is there; one per peer follows only when something is.
   Status DropUnexpected(bool* progressed) {
     CONCORD_MPI_LOCK_OR_RETURN(lock, *env_);
-    for (;;) {
-      int flag = 0;
-      MPI_Status st;
-      CONCORD_MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &flag, &st));
-      if (flag == 0 || st.MPI_TAG == GoodbyeTag() ||
-          recvs_.count({st.MPI_SOURCE, st.MPI_TAG / 2}) != 0) {
-        return Status::Ok();
+    int any = 0;
+    MPI_Status st;
+    CONCORD_MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &any, &st));
+    for (int source = 0; any != 0 && source < size_; ++source) {
+      for (int flag = 0; source != rank_;) {
+        CONCORD_MPI_CHECK(MPI_Iprobe(source, MPI_ANY_TAG, comm_, &flag, &st));
+        if (flag == 0 || st.MPI_TAG == GoodbyeTag() ||
+            recvs_.count({source, st.MPI_TAG / 2}) != 0) {
+          break;
+        }
+        // The first message from that source with that tag is the one just probed.
+        MPI_Message message = MPI_MESSAGE_NULL;
+        CONCORD_MPI_CHECK(MPI_Improbe(source, st.MPI_TAG, comm_, &flag, &message, &st));
+        if (flag == 0) break;
+        int bytes = 0;
+        CONCORD_MPI_CHECK(MPI_Get_count(&st, MPI_BYTE, &bytes));
+        if (dropped_.size() < static_cast<size_t>(bytes)) dropped_.resize(bytes);
+        CONCORD_MPI_CHECK(MPI_Mrecv(dropped_.data(), bytes, MPI_BYTE, &message, MPI_STATUS_IGNORE));
+        *progressed = true;
       }
-      // The first message from that source with that tag is the one just probed.
-      MPI_Message message = MPI_MESSAGE_NULL;
-      CONCORD_MPI_CHECK(MPI_Improbe(st.MPI_SOURCE, st.MPI_TAG, comm_, &flag, &message, &st));
-      if (flag == 0) return Status::Ok();
-      int bytes = 0;
-      CONCORD_MPI_CHECK(MPI_Get_count(&st, MPI_BYTE, &bytes));
-      if (dropped_.size() < static_cast<size_t>(bytes)) dropped_.resize(bytes);
-      CONCORD_MPI_CHECK(MPI_Mrecv(dropped_.data(), bytes, MPI_BYTE, &message, MPI_STATUS_IGNORE));
-      *progressed = true;
     }
+    return Status::Ok();
   }
 
   // Whether `peer`'s goodbye came at least kGoodbyeGrace before `now`.

@@ -502,10 +502,21 @@ bool HasPeer(MPI_Comm* pair) {
   return HasRanks(pair, 2);
 }
 
-// MPI_Barrier under the environment's lock (the transports' progress threads wait meanwhile).
+// A barrier that holds the environment's lock only for each call (a transport's progress thread
+// may need MPI meanwhile).
 void Barrier(MPI_Comm comm) {
-  auto lock = (*g_env)->Lock();
-  MPI_Barrier(comm);
+  MPI_Request request = MPI_REQUEST_NULL;
+  {
+    auto lock = (*g_env)->Lock();
+    ASSERT_EQ(MPI_Ibarrier(comm, &request), MPI_SUCCESS);
+  }
+  for (int done = 0; done == 0;) {
+    {
+      auto lock = (*g_env)->Lock();
+      ASSERT_EQ(MPI_Test(&request, &done, MPI_STATUS_IGNORE), MPI_SUCCESS);
+    }
+    if (done == 0) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
 }
 
 // The tests that speak the transport's wire with raw MPI, on a duplicate of its base
@@ -746,6 +757,92 @@ TEST(MpiP2pTransportTest, FailureAfterFinishLeavesMpiAlone) {
   }
   auto lock = (*g_env)->Lock();
   MPI_Comm_free(&pair);
+}
+
+// After Finish, the drain takes what no recv in flight will take from every peer, even while one
+// peer's next message waits for a recv: ranks 0 and 1 have transports, rank 2 speaks raw MPI.
+// Rank 0 posts two recvs from rank 2, which sends the header of a large message (its payload held
+// back) and a second message: the first recv waits for the payload, the second message waits for
+// the second recv. Rank 1 has many large sends to rank 0 in flight, which no recv takes; rank 0
+// finishes: its drain must take them all at once (each needs rank 0 to receive it, so each waits
+// for the drain), not one per look (1 ms) as when the drain stopped at rank 2's message: 1.0 s
+// for these 1000 messages, where they now take milliseconds (Open MPI's wildcard probe turns to
+// the next source after each find; another MPI's would stall until the payload came). Then rank
+// 2 sends the payload, and both recvs complete.
+TEST(MpiP2pTransportTest, DrainDoesNotWaitBehindOnePeer) {
+  constexpr int64_t kTag = 3, kOtherTag = 4;
+  constexpr int kSends = 500;
+  constexpr uint64_t kLarge = 8192, kSendBytes = 64 << 10;  // both past the eager sizes
+  MPI_Comm trio = FirstRanks(3);
+  if (!HasRanks(&trio, 3)) return;
+  int rank = 0;
+  {
+    auto lock = (*g_env)->Lock();
+    MPI_Comm_rank(trio, &rank);
+  }
+  const Deadline deadline = Deadline::After(std::chrono::seconds(30));
+  if (rank == 2) {
+    auto comm = Duplicate(**g_env, trio, deadline);
+    ASSERT_TRUE(comm.ok()) << comm.status().ToString();
+    const std::vector<uint64_t> first = RawHeader(kLarge, 0), second = RawHeader(0, 0);
+    RawSend(*comm, first.data(), first.size() * sizeof(uint64_t), 0, static_cast<int>(2 * kTag));
+    RawSend(*comm, second.data(), second.size() * sizeof(uint64_t), 0, static_cast<int>(2 * kTag));
+    Barrier(trio);  // rank 1's sends are in flight; rank 0 finishes
+    Barrier(trio);  // rank 1's sends have completed
+    const std::vector<char> payload(kLarge, 7);
+    RawSend(*comm, payload.data(), payload.size(), 0, static_cast<int>(2 * kTag + 1));
+    const int goodbye = RawGoodbyeTag(*comm);
+    auto lock = (*g_env)->Lock();
+    // Rank 0's goodbye, so that no message is left on the communicator freed here.
+    EXPECT_EQ(MPI_Recv(nullptr, 0, MPI_BYTE, 0, goodbye, *comm, MPI_STATUS_IGNORE), MPI_SUCCESS);
+    MPI_Comm_free(&*comm);
+  } else {
+    auto t = CreateMpiP2pTransport(*g_env, std::chrono::seconds(30), trio);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    P2pTransport& transport = **t;
+    std::atomic<int> done{0};
+    std::vector<Status> statuses(rank == 0 ? 2 : kSends);
+    if (rank == 0) {
+      std::vector<char> sink(kLarge);
+      for (size_t i = 0; i < statuses.size(); ++i) {
+        transport.Recv(
+            2, kTag, deadline, [&sink](const P2pMeta&) { return sink.data(); },
+            [&, i](const Status& s) {
+              statuses[i] = s;
+              done.fetch_add(1);
+            });
+      }
+      Barrier(trio);
+      EXPECT_FALSE(
+          transport.Finish(Status(Code::kNotInitialized, "the communicator was finalized")));
+      Barrier(trio);
+      ASSERT_TRUE(WaitFor(done, 2));
+      EXPECT_EQ(sink, std::vector<char>(kLarge, 7));
+    } else {
+      const std::vector<char> data(kSendBytes, 1);
+      P2pMeta meta;
+      meta.shape = {static_cast<int64_t>(kSendBytes)};
+      meta.bytes = kSendBytes;
+      for (int i = 0; i < kSends; ++i) {
+        transport.Send(0, kOtherTag, meta, data.data(), deadline, [&, i](const Status& s) {
+          statuses[i] = s;
+          done.fetch_add(1);
+        });
+      }
+      Barrier(trio);
+      const auto t0 = std::chrono::steady_clock::now();
+      ASSERT_TRUE(WaitFor(done, kSends));
+      const double took =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::printf("rank 1: %d sends to the finished rank 0 completed within %.3f s\n", kSends,
+                  took);
+      EXPECT_LT(took, 0.25) << "the drain waited behind rank 2's message";
+      Barrier(trio);
+    }
+    for (const Status& s : statuses) EXPECT_TRUE(s.ok()) << s.ToString();
+  }
+  auto lock = (*g_env)->Lock();
+  MPI_Comm_free(&trio);
 }
 
 int TimeoutCase() {
