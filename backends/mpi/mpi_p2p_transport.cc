@@ -1,16 +1,21 @@
 // The point-to-point transport of MPI jobs (CreateMpiP2pTransport): a duplicate of
 // MPI_COMM_WORLD of its own, so its messages never match the backend's or the control plane's.
 // A message starts with its header on MPI tag 2t (u64 dtype | u64 ndim | u64 bytes | kP2pMaxDims
-// x i64 shape). A payload of at most kEagerBytes follows the header in the same MPI message
-// (eager: one message, and the receiver copies it out of its header buffer); a larger one goes on
-// tag 2t + 1 in pieces of at most kPieceBytes. MPI's non-overtaking rule per (source, tag,
-// communicator) keeps them in order. A recv posts its header's MPI_Irecv (room for an eager
-// payload) only when it is the first of its (peer, tag), and its payload's once the header said
-// where it goes; a refused payload is received one piece at a time into a buffer of one piece
-// and dropped (an MPI receive takes a whole message, so the pieces bound what a drop needs).
-// A rank whose communicator finalizes sends every peer an empty goodbye on tag 2 max_tag + 2
-// (Finish): Open MPI matches one peer's messages on a communicator in the order they were sent,
-// so a goodbye is seen after everything that rank sent before it.
+// x i64 shape | u64 id: the sender's number for a large message, 0 for an eager one). A payload of
+// at most kEagerBytes follows the header in the same MPI message (eager: one message, and the
+// receiver copies it out of its header buffer); a larger one goes on tag 2t + 1 in pieces of at
+// most kPieceBytes. MPI's non-overtaking rule per (source, tag, communicator) keeps them in order.
+// A recv posts its header's MPI_Irecv (room for an eager payload) only when it is the first of its
+// (peer, tag), and its payload's once the header said where it goes; a refused payload is received
+// one piece at a time into a buffer of one piece and dropped (an MPI receive takes a whole message,
+// so the pieces bound what a drop needs). A rank whose communicator finalizes sends every peer an
+// empty goodbye on tag 2 max_tag + 2 (Finish): Open MPI matches one peer's messages on a
+// communicator in the order they were sent, so a goodbye is seen after everything that rank sent
+// before it. Then, for each large message its drain drops, it sends the message's sender a drop
+// notice on that tag (8 bytes: the message's id) before it receives the payload, so that the notice
+// is there when the sender's MPI completes the send (which the payload's receipt does; Open MPI
+// delivers one rank's messages to another in the order sent): the send then fails saying that the
+// rank finalized, instead of completing as if the message had been received.
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -29,8 +34,9 @@
 namespace concord {
 namespace {
 
-constexpr size_t kHeadWords = 3 + kP2pMaxDims;
+constexpr size_t kHeadWords = 4 + kP2pMaxDims;
 constexpr size_t kHeadBytes = kHeadWords * sizeof(uint64_t);
+constexpr size_t kIdWord = kHeadWords - 1;  // a large message's id (drop notices name it)
 // Payloads up to this size travel inside their header's message: with the header, 4 KiB, Open
 // MPI's default eager limit over shared memory (btl_vader_eager_limit; a larger message waits for
 // the receiver's handshake, which made a 4 KiB send/recv twice as slow as two eager messages).
@@ -46,7 +52,9 @@ constexpr uint64_t kPieceBytes = uint64_t{16} << 20;
 static_assert(kPieceBytes <= kMpiMaxMessageBytes, "a piece is one MPI message");
 // How often a round (or a send) looks for goodbyes, and how long after one a recv from its sender
 // that no message matched waits before it fails (a margin: what the sender sent before is matched
-// or queued by MPI before its goodbye).
+// or queued by MPI before its goodbye). A finalizing rank's drain starts kGoodbyeGrace after its
+// goodbyes too: a peer with a send to it in flight runs rounds, so it has taken the goodbye before
+// the drain drops that send's message, and looks for the drop notice when the send completes.
 constexpr std::chrono::milliseconds kGoodbyeCheck{1};
 constexpr std::chrono::milliseconds kGoodbyeGrace{10};
 // How long the progress thread leaves new work to a waiter that may come to drive it.
@@ -70,6 +78,15 @@ struct SendOp {
   P2pTransport::Done done;
   int peer = -1;
   int64_t tag = 0;
+  uint64_t id = 0;       // a large message's (its payload goes apart), else 0
+  bool dropped = false;  // its receiver finalized and dropped it (a drop notice said so)
+};
+
+// A drop notice on its way (its request is MPI's until it completes): the dropped message's id.
+struct DropNotice {
+  uint64_t id = 0;
+  int peer = -1;
+  MPI_Request request = MPI_REQUEST_NULL;
 };
 
 // Why a timed-out message closes the transport (every operation fails with that error): MPI
@@ -111,11 +128,15 @@ using Completions = std::vector<std::pair<P2pTransport::Done, Status>>;
 // lock and never held while `done` runs. Finish() sends the goodbyes and refuses later sends and
 // recvs, but leaves the transport open (a peer may still take a message MPI started) until
 // Close(); until then (or a failure, after which MPI is left alone) the progress thread receives
-// and drops each message that no recv in flight will take, so that a peer's send that started
-// before that peer saw the goodbye completes. A peer's goodbye fails this rank's recvs from it that
-// no message matched within kGoodbyeGrace, and later sends to it at once, with kPeerFailure saying
-// it finalized (a send looks for goodbyes itself when no round has for kGoodbyeCheck: an idle
-// rank's rounds do not run).
+// and drops, from kGoodbyeGrace on, each message that no recv in flight will take, so that a
+// peer's send that started before that peer saw the goodbye completes (telling the sender of each
+// large one first: a drop notice). A peer's goodbye fails, with kPeerFailure saying it finalized,
+// this rank's recvs from it that no message matched within kGoodbyeGrace, and later sends to it
+// at once (a send looks for goodbyes itself when no round has for kGoodbyeCheck: an idle rank's
+// rounds do not run); a send to it in flight fails when MPI completes it if a drop notice for it
+// came first (else the peer's recv took it, or MPI sent it eagerly: it completes), or at its
+// deadline alone if the peer never takes it (it closed first): MPI keeps such a send, as it
+// cannot withdraw it (orphans_), and the rest of the transport goes on.
 class MpiP2pTransport : public P2pTransport {
  public:
   MpiP2pTransport(std::shared_ptr<MpiEnvironment> env, MPI_Comm comm, int rank, int size,
@@ -158,7 +179,7 @@ class MpiP2pTransport : public P2pTransport {
     const auto now = Clock::now();
     if (now - goodbyes_checked_ >= kGoodbyeCheck) {
       goodbyes_checked_ = now;
-      Status s = TakeGoodbyes(now);
+      Status s = TakeGoodbyes(MPI_ANY_SOURCE, now);
       if (!s.ok()) {
         FailAllLocked(s);
         WakeIfNeeded();
@@ -179,6 +200,8 @@ class MpiP2pTransport : public P2pTransport {
     op.tag = tag;
     op.deadline = deadline;
     op.done = std::move(done);
+    op.id = eager ? 0 : ++last_id_;
+    op.dropped = false;
     // Only the header is zeroed: an eager payload is copied over the rest.
     op.wire.resize(kHeadWords + (eager ? (meta.bytes + 7) / 8 : 0));
     std::fill(op.wire.begin(), op.wire.begin() + kHeadWords, 0);
@@ -186,6 +209,7 @@ class MpiP2pTransport : public P2pTransport {
     op.wire[1] = meta.shape.size();
     op.wire[2] = meta.bytes;
     std::copy(meta.shape.begin(), meta.shape.end(), op.wire.begin() + 3);
+    op.wire[kIdWord] = op.id;
     if (eager && meta.bytes > 0) std::memcpy(op.wire.data() + kHeadWords, data, meta.bytes);
     Status s = Post(op, peer, tag, eager ? nullptr : data, meta.bytes);
     bool sent = false;
@@ -261,6 +285,7 @@ class MpiP2pTransport : public P2pTransport {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_ || !closed_.ok() || !finished_.ok()) return false;
     finished_ = status;
+    finished_at_ = Clock::now();
     Status s = SendGoodbyes();
     if (!s.ok()) FailAllLocked(s);
     WakeIfNeeded();
@@ -307,24 +332,48 @@ class MpiP2pTransport : public P2pTransport {
     return Status::Ok();
   }
 
-  // Takes the goodbyes that arrived (the receive for the next one stays posted): their senders
-  // finalized at `now`.
-  Status TakeGoodbyes(Clock::time_point now) {
+  // Takes what came on the goodbye tag from `source` (MPI_ANY_SOURCE: from every peer): a goodbye
+  // says that its sender finalized at `now`, a drop notice that the finalized sender dropped one
+  // of this rank's large messages (the send fails once MPI completes it). Probed, not received by
+  // a posted receive: after a failure nothing is left posted for MPI to fill. A probe that finds
+  // nothing makes MPI progress, which may bring in more (after a stall, the goodbye with a drop
+  // notice and the payload's receipt): it ends at the second such probe in a row.
+  Status TakeGoodbyes(int source, Clock::time_point now) {
     CONCORD_MPI_LOCK_OR_RETURN(lock, *env_);
-    for (;;) {
-      if (goodbye_request_ == MPI_REQUEST_NULL) {
-        CONCORD_MPI_CHECK(MPI_Irecv(nullptr, 0, MPI_BYTE, MPI_ANY_SOURCE, GoodbyeTag(), comm_,
-                                    &goodbye_request_));
-      }
+    for (int misses = 0; misses < 2;) {
       int flag = 0;
+      MPI_Message message = MPI_MESSAGE_NULL;
       MPI_Status st;
-      CONCORD_MPI_CHECK(MPI_Test(&goodbye_request_, &flag, &st));
-      if (flag == 0) return Status::Ok();
-      if (st.MPI_SOURCE >= 0 && st.MPI_SOURCE < size_ && st.MPI_SOURCE != rank_) {
-        finalized_at_[st.MPI_SOURCE] = now;
-        peer_finalized_[st.MPI_SOURCE].store(true);
+      CONCORD_MPI_CHECK(MPI_Improbe(source, GoodbyeTag(), comm_, &flag, &message, &st));
+      if (flag == 0) {
+        ++misses;
+        continue;
+      }
+      misses = 0;
+      int bytes = 0;
+      CONCORD_MPI_CHECK(MPI_Get_count(&st, MPI_BYTE, &bytes));
+      const int peer = st.MPI_SOURCE;
+      uint64_t id = 0;
+      if (bytes != 0 && bytes != static_cast<int>(sizeof(id))) {
+        return ProtocolError("a " + std::to_string(bytes) +
+                             "-byte message on the point-to-point goodbye tag from rank " +
+                             std::to_string(peer) + " (a goodbye is empty, a drop notice 8 bytes)");
+      }
+      CONCORD_MPI_CHECK(MPI_Mrecv(&id, bytes, MPI_BYTE, &message, MPI_STATUS_IGNORE));
+      if (peer < 0 || peer >= size_ || peer == rank_) continue;
+      if (bytes == 0) {
+        finalized_at_[peer] = now;
+        peer_finalized_[peer].store(true);
+        continue;
+      }
+      for (SendOp& op : sends_) {
+        if (op.peer == peer && op.id == id) {
+          op.dropped = true;
+          break;
+        }
       }
     }
+    return Status::Ok();
   }
 
   // After Finish(): receives and drops the messages that no recv of this rank will take (this
@@ -334,14 +383,18 @@ class MpiP2pTransport : public P2pTransport {
   // of its (peer, tag), whose receive a later round posts) or a goodbye (the next look takes it),
   // and the other peers' do not (a probe of any source stopped at the first such message, and the
   // others' waited until its recv completed). One probe of any source finds most often that
-  // nothing is there; one per peer follows only when something is.
+  // nothing is there; one per peer follows only when something is. A dropped large message's
+  // sender gets a drop notice before the payload is received (a peer's next messages wait until
+  // the notice has left: they may be that payload).
   Status DropUnexpected(bool* progressed) {
     CONCORD_MPI_LOCK_OR_RETURN(lock, *env_);
     int any = 0;
     MPI_Status st;
     CONCORD_MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &any, &st));
     for (int source = 0; any != 0 && source < size_; ++source) {
-      for (int flag = 0; source != rank_;) {
+      const bool noticing = std::any_of(notices_.begin(), notices_.end(),
+                                        [source](const DropNotice& n) { return n.peer == source; });
+      for (int flag = 0; source != rank_ && !noticing;) {
         CONCORD_MPI_CHECK(MPI_Iprobe(source, MPI_ANY_TAG, comm_, &flag, &st));
         if (flag == 0 || st.MPI_TAG == GoodbyeTag() ||
             recvs_.count({source, st.MPI_TAG / 2}) != 0) {
@@ -356,7 +409,37 @@ class MpiP2pTransport : public P2pTransport {
         if (dropped_.size() < static_cast<size_t>(bytes)) dropped_.resize(bytes);
         CONCORD_MPI_CHECK(MPI_Mrecv(dropped_.data(), bytes, MPI_BYTE, &message, MPI_STATUS_IGNORE));
         *progressed = true;
+        // A large message's header: its payload follows on tag 2t + 1.
+        uint64_t head[kHeadWords];
+        if (st.MPI_TAG % 2 != 0 || bytes != static_cast<int>(kHeadBytes)) continue;
+        std::memcpy(head, dropped_.data(), kHeadBytes);
+        if (head[2] <= kEagerBytes || head[kIdWord] == 0) continue;
+        DropNotice& notice = notices_.emplace_back();
+        notice.id = head[kIdWord];
+        notice.peer = source;
+        CONCORD_MPI_CHECK(MPI_Isend(&notice.id, sizeof(notice.id), MPI_BYTE, source, GoodbyeTag(),
+                                    comm_, &notice.request));
+        CONCORD_MPI_CHECK(MPI_Test(&notice.request, &flag, MPI_STATUS_IGNORE));
+        if (flag == 0) break;
+        notices_.pop_back();
       }
+    }
+    return Status::Ok();
+  }
+
+  // Tests what was left to MPI while this rank runs: the sends answered before MPI completed
+  // them, and the drop notices not sent at once; forgets what completed.
+  Status TestLeftToMpi() {
+    for (auto it = orphans_.begin(); it != orphans_.end();) {
+      bool done = false;
+      CONCORD_RETURN_IF_ERROR(TestAll(it->requests, &done));
+      it = done ? orphans_.erase(it) : std::next(it);
+    }
+    CONCORD_MPI_LOCK_OR_RETURN(lock, *env_);
+    for (auto it = notices_.begin(); it != notices_.end();) {
+      int done = 0;
+      CONCORD_MPI_CHECK(MPI_Test(&it->request, &done, MPI_STATUS_IGNORE));
+      it = done != 0 ? notices_.erase(it) : std::next(it);
     }
     return Status::Ok();
   }
@@ -509,11 +592,12 @@ class MpiP2pTransport : public P2pTransport {
   // completed.
   bool Round(Completions& out, Clock::time_point now) {
     bool progressed = false;
-    // A failed transport leaves MPI alone: no goodbye receive re-posted, nothing drained.
+    // A failed transport leaves MPI alone: no goodbye taken, nothing drained.
     const bool look = closed_.ok() && now - goodbyes_checked_ >= kGoodbyeCheck;
     if (look) {
       goodbyes_checked_ = now;
-      Status s = TakeGoodbyes(now);
+      Status s = TakeGoodbyes(MPI_ANY_SOURCE, now);
+      if (s.ok()) s = TestLeftToMpi();
       if (!s.ok()) {
         FailAllLocked(s);
         return true;
@@ -522,13 +606,31 @@ class MpiP2pTransport : public P2pTransport {
     for (auto it = sends_.begin(); it != sends_.end();) {
       bool done = false;
       Status s = TestAll(it->requests, &done);
+      // A large message's drop notice comes before its payload's receipt, which completes it: for
+      // a peer known to have finalized (the drain drops nothing before its peers have taken its
+      // goodbye), taken before the send says how it went.
+      if (s.ok() && done && it->id != 0 && peer_finalized_[it->peer].load()) {
+        s = TakeGoodbyes(it->peer, now);
+      }
       if (!s.ok()) {
         FailAllLocked(s);
         return true;
       }
       if (done) {
-        out.emplace_back(std::move(it->done), Status::Ok());
+        out.emplace_back(std::move(it->done),
+                         it->dropped ? Status(Code::kPeerFailure,
+                                              Finalized(it->peer) + " (it dropped this message)")
+                                     : Status::Ok());
         RetireSend(it++);
+        progressed = true;
+      } else if (now >= it->deadline.at() && peer_finalized_[it->peer].load()) {
+        // The peer finalized and has not taken it: it takes messages until it closes, so it
+        // never will. The send fails alone; MPI keeps it, as MPI cannot withdraw it.
+        out.emplace_back(
+            std::move(it->done),
+            Status(Code::kPeerFailure,
+                   Finalized(it->peer) + " (it did not take this message within the timeout)"));
+        orphans_.splice(orphans_.end(), sends_, it++);
         progressed = true;
       } else if (now >= it->deadline.at()) {
         FailAllLocked(TimeoutError("send to rank " + std::to_string(it->peer) + " with tag " +
@@ -613,7 +715,7 @@ class MpiP2pTransport : public P2pTransport {
       }
     }
     // Last: the recvs above have posted what they will take.
-    if (look && !finished_.ok()) {
+    if (look && !finished_.ok() && now - finished_at_ >= kGoodbyeGrace) {
       Status s = DropUnexpected(&progressed);
       if (!s.ok()) {
         FailAllLocked(s);
@@ -694,11 +796,11 @@ class MpiP2pTransport : public P2pTransport {
       for (RecvOp& op : q.ops) out.emplace_back(std::move(op.done), status);
     }
     recvs_.clear();
-    if (goodbye_request_ != MPI_REQUEST_NULL) {
-      // Freed without waiting (a wait could stall inside MPI after a peer's failure): it has no
-      // buffer for MPI to write, and a goodbye it takes later changes nothing.
-      auto lock = env_->Lock();
-      if (lock.owns_lock()) MPI_Request_free(&goodbye_request_);
+    // What MPI still holds of what was left to it (TestLeftToMpi) stays MPI's.
+    if (!orphans_.empty() || !notices_.empty()) {
+      leaked = leaked || !TestLeftToMpi().ok() || !orphans_.empty() || !notices_.empty();
+      orphans_.clear();
+      notices_.clear();
     }
     if (leaked) env_->MarkAbandoned();
   }
@@ -786,13 +888,18 @@ class MpiP2pTransport : public P2pTransport {
   std::vector<std::map<std::pair<int, int64_t>, RecvQueue>::node_type> spare_recvs_;  // kSpares
   Completions pending_out_;  // what a failure on a calling thread completed
   Status finished_;          // Finish() ran: later sends and recvs are refused with it
-  // Goodbyes: the receive for the next one (posted at the first round), when the last look was,
-  // and per peer whether its goodbye came (read by anyone: PeerFinalized) and when (under mu_).
-  MPI_Request goodbye_request_ = MPI_REQUEST_NULL;
+  Clock::time_point finished_at_{};
+  // Goodbyes: when the last look was, and per peer whether its goodbye came (read by anyone:
+  // PeerFinalized) and when (under mu_).
   Clock::time_point goodbyes_checked_{};
   std::vector<std::atomic<bool>> peer_finalized_;
   std::vector<Clock::time_point> finalized_at_;
   std::vector<char> dropped_;  // after Finish(): where unexpected messages land (DropUnexpected)
+  uint64_t last_id_ = 0;       // the last large message's id
+  // Left to MPI (TestLeftToMpi): sends answered before MPI completed them (their peer finalized
+  // without taking them) and drop notices on their way.
+  std::list<SendOp> orphans_;
+  std::list<DropNotice> notices_;
   std::atomic<std::thread::id> thread_id_{};
   std::thread thread_;
 };

@@ -709,10 +709,12 @@ int KillElsewhere() {
 // The last rank sends rank 0 one message and finalizes while every other rank waits in a recv
 // from it that no message will match: each such recv fails within seconds (the timeout is 20 s)
 // with PEER_FAILURE saying that the last rank finalized, and rank 0 still receives the message it
-// sent before. With 4 ranks or more, rank 1 waits in nothing: idle while the goodbye comes, it
-// sends to the last rank a second later, and that send fails saying so too (not completed for a
-// message the finalized rank drops). Then every rank finalizes (the last rank's barrier completes
-// with theirs).
+// sent before. The rank before the last also has a large send to the last rank in flight, which
+// nothing receives: it fails in seconds with PEER_FAILURE saying that the last rank finalized
+// (on MPI it completed as if received once the finalized rank's drain dropped it). With 4 ranks
+// or more, rank 1 waits in nothing: idle while the goodbye comes, it sends to the last rank a
+// second later, and that send fails saying so too (not completed for a message the finalized rank
+// drops). Then every rank finalizes (the last rank's barrier completes with theirs).
 int FinalizeEarly() {
   concord_comm_t comm = mp::InitOrExit(&g_rank, &g_size);
   if (g_size < 3) {
@@ -731,6 +733,16 @@ int FinalizeEarly() {
     CHECKF(concord_recv_async(comm, &waiting_t, leaver, 7, nullptr, nullptr, &waiting) ==
                CONCORD_SUCCESS,
            "recv");
+  }
+  // 8 MiB: past MPI's eager sizes and a socket's buffers, so that it waits for the last rank.
+  const int64_t large_n = int64_t{2} << 20;
+  std::vector<float> large(g_rank == leaver - 1 ? large_n : 0, 1.0f);
+  concord_tensor_t large_t = CpuTensor(large.data(), CONCORD_FLOAT32, 1, &large_n);
+  concord_request_t unreceived = nullptr;
+  if (g_rank == leaver - 1) {
+    CHECKF(concord_send_async(comm, &large_t, leaver, 10, nullptr, nullptr, &unreceived) ==
+               CONCORD_SUCCESS,
+           "send: %s", concord_comm_last_error(comm));
   }
   CHECKF(concord_barrier(comm) == CONCORD_SUCCESS, "barrier: %s", concord_comm_last_error(comm));
   if (g_rank == leaver) {
@@ -762,6 +774,15 @@ int FinalizeEarly() {
            err.c_str());
     CHECKF(mp::Now() - t0 < 5.0, "the failure took %.2f s to surface", mp::Now() - t0);
     concord_request_free(waiting);
+    if (unreceived != nullptr) {
+      const concord_status_t u = concord_wait(unreceived, 60);
+      const std::string why = concord_request_error(unreceived);
+      CHECKF(u == CONCORD_ERR_PEER_FAILURE && why.find(says) != std::string::npos,
+             "a large send to rank %d, which finalized without receiving it: %s: %s", leaver,
+             concord_status_string(u), why.c_str());
+      CHECKF(mp::Now() - t0 < 5.0, "the send's failure took %.2f s to surface", mp::Now() - t0);
+      concord_request_free(unreceived);
+    }
     if (g_rank == 0) {
       std::vector<float> got(16, 0.0f);
       concord_tensor_t t = CpuTensor(got.data(), CONCORD_FLOAT32, 1, s16);

@@ -523,9 +523,9 @@ void Barrier(MPI_Comm comm) {
 // communicator (Duplicate, matching the transport's): a message with tag t has its header on MPI
 // tag 2t, its large payload on 2t + 1, and a finalizing rank's goodbye is an empty message on
 // tag 2 max_tag + 2 (max_tag: (MPI_TAG_UB - 2) / 2).
-constexpr size_t kRawHeadWords = 3 + kP2pMaxDims;  // dtype | ndim | bytes | shape
+constexpr size_t kRawHeadWords = 4 + kP2pMaxDims;  // dtype | ndim | bytes | shape | id
 
-// A uint8 message's header, shape {bytes}, followed by `eager` bytes of payload (zeros).
+// A uint8 message's header, shape {bytes}, id 0, followed by `eager` bytes of payload (zeros).
 std::vector<uint64_t> RawHeader(uint64_t bytes, uint64_t eager) {
   std::vector<uint64_t> wire(kRawHeadWords + (eager + 7) / 8, 0);
   wire[0] = static_cast<uint64_t>(DType::kUint8);
@@ -700,11 +700,11 @@ TEST(MpiP2pTransportTest, MalformedHeadersAreProtocolErrors) {
 // A transport that finished (Finish: its goodbyes sent, later operations refused) and then failed
 // leaves MPI alone: its rounds no longer look for goodbyes nor drain what peers send. Rank 0
 // finishes with a recv from rank 1 in flight; rank 1, with raw MPI, sends a malformed header for
-// it (the recv fails with kProtocolError, which closes the transport), then goodbyes: rank 0
-// must not take them (PeerFinalized(1) stays false). Before, the progress thread went on
-// draining after the failure, re-posting each millisecond the goodbye receive that the failure
-// had freed, and took the second goodbye (the freed receive, still posted in MPI, takes the
-// first).
+// it (the recv fails with kProtocolError, which closes the transport), then a goodbye: rank 0
+// must not take it (PeerFinalized(1) stays false). Before, the progress thread went on draining
+// after the failure, re-posting each millisecond the goodbye receive that the failure had freed,
+// and took the goodbye (rank 1 sent two then: the freed receive, still posted in MPI, took the
+// first; goodbyes are probed now, and nothing stays posted).
 TEST(MpiP2pTransportTest, FailureAfterFinishLeavesMpiAlone) {
   constexpr int64_t kTag = 5;
   MPI_Comm pair = PairComm();
@@ -723,8 +723,6 @@ TEST(MpiP2pTransportTest, FailureAfterFinishLeavesMpiAlone) {
     RawSend(*comm, wire.data(), wire.size() * sizeof(uint64_t), 0, static_cast<int>(2 * kTag));
     Barrier(pair);  // rank 0's transport has failed
     const int goodbye = RawGoodbyeTag(*comm);
-    // Two: the goodbye receive that the failure freed stays posted in MPI and takes the first.
-    RawSend(*comm, nullptr, 0, 0, goodbye);
     RawSend(*comm, nullptr, 0, 0, goodbye);
     Barrier(pair);  // rank 0 has looked
     auto lock = (*g_env)->Lock();
@@ -765,7 +763,8 @@ TEST(MpiP2pTransportTest, FailureAfterFinishLeavesMpiAlone) {
 // back) and a second message: the first recv waits for the payload, the second message waits for
 // the second recv. Rank 1 has many large sends to rank 0 in flight, which no recv takes; rank 0
 // finishes: its drain must take them all at once (each needs rank 0 to receive it, so each waits
-// for the drain), not one per look (1 ms) as when the drain stopped at rank 2's message: 1.0 s
+// for the drain; each then fails with kPeerFailure saying that rank 0 finalized, as its drop
+// notice came first), not one per look (1 ms) as when the drain stopped at rank 2's message: 1.0 s
 // for these 1000 messages, where they now take milliseconds (Open MPI's wildcard probe turns to
 // the next source after each find; another MPI's would stall until the payload came). Then rank
 // 2 sends the payload, and both recvs complete.
@@ -837,9 +836,111 @@ TEST(MpiP2pTransportTest, DrainDoesNotWaitBehindOnePeer) {
       std::printf("rank 1: %d sends to the finished rank 0 completed within %.3f s\n", kSends,
                   took);
       EXPECT_LT(took, 0.25) << "the drain waited behind rank 2's message";
+      for (const Status& s : statuses) {
+        EXPECT_EQ(s.code(), Code::kPeerFailure) << s.ToString();
+        EXPECT_NE(s.message().find("rank 0 finalized its communicator"), std::string::npos)
+            << s.ToString();
+      }
       Barrier(trio);
     }
-    for (const Status& s : statuses) EXPECT_TRUE(s.ok()) << s.ToString();
+    if (rank == 0) {
+      for (const Status& s : statuses) EXPECT_TRUE(s.ok()) << s.ToString();
+    }
+  }
+  auto lock = (*g_env)->Lock();
+  MPI_Comm_free(&trio);
+}
+
+// A send to a rank that finalized and never takes it (its drain is over: it closed) fails at its
+// deadline alone, with kPeerFailure saying that the rank finalized, and the transport stays open:
+// rank 1 speaks raw MPI, sends rank 0 a goodbye and receives nothing; rank 0's large send to it
+// fails so at its 1 s deadline, and rank 0's recv from rank 2, posted before, still gets the
+// message rank 2 sends after. Before, the deadline failed the whole transport (kTimeout, as for a
+// message in transit), that recv too. Then rank 1 receives the message: MPI completes the send,
+// which rank 0's transport kept until then, so nothing is left to MPI at MPI_Finalize.
+TEST(MpiP2pTransportTest, SendThatAFinalizedRankNeverTakesFailsAlone) {
+  constexpr int64_t kTag = 6;
+  constexpr uint64_t kBytes = 64 << 10;  // past the eager sizes: MPI needs rank 1 to receive it
+  MPI_Comm trio = FirstRanks(3);
+  if (!HasRanks(&trio, 3)) return;
+  int rank = 0;
+  {
+    auto lock = (*g_env)->Lock();
+    MPI_Comm_rank(trio, &rank);
+  }
+  const Deadline deadline = Deadline::After(std::chrono::seconds(30));
+  if (rank == 1) {
+    auto comm = Duplicate(**g_env, trio, deadline);
+    ASSERT_TRUE(comm.ok()) << comm.status().ToString();
+    Barrier(trio);  // rank 0's send is in flight
+    RawSend(*comm, nullptr, 0, 0, RawGoodbyeTag(*comm));
+    Barrier(trio);  // rank 0's send has failed
+    std::vector<char> message(kBytes);
+    {
+      auto lock = (*g_env)->Lock();
+      EXPECT_EQ(MPI_Recv(message.data(), static_cast<int>(kBytes), MPI_BYTE, 0,
+                         static_cast<int>(2 * kTag), *comm, MPI_STATUS_IGNORE),
+                MPI_SUCCESS);  // the header
+      EXPECT_EQ(MPI_Recv(message.data(), static_cast<int>(kBytes), MPI_BYTE, 0,
+                         static_cast<int>(2 * kTag + 1), *comm, MPI_STATUS_IGNORE),
+                MPI_SUCCESS);  // the payload
+    }
+    Barrier(trio);
+    auto lock = (*g_env)->Lock();
+    MPI_Comm_free(&*comm);
+  } else {
+    auto t = CreateMpiP2pTransport(*g_env, std::chrono::seconds(30), trio);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    P2pTransport& transport = **t;
+    std::atomic<int> sent{0}, received{0};
+    Status send_status, recv_status;
+    std::vector<char> data(kBytes, 1);
+    float in[4] = {0, 0, 0, 0};
+    const float out[4] = {1, 2, 3, 4};
+    P2pMeta small;
+    small.dtype = DType::kFloat32;
+    small.shape = {4};
+    small.bytes = sizeof(out);
+    if (rank == 0) {
+      transport.Recv(
+          2, kTag, deadline, [&in](const P2pMeta&) { return static_cast<void*>(in); },
+          [&](const Status& s) {
+            recv_status = s;
+            received.fetch_add(1);
+          });
+      P2pMeta meta;
+      meta.shape = {static_cast<int64_t>(kBytes)};
+      meta.bytes = kBytes;
+      const auto t0 = std::chrono::steady_clock::now();
+      transport.Send(1, kTag, meta, data.data(), Deadline::After(std::chrono::seconds(1)),
+                     [&](const Status& s) {
+                       send_status = s;
+                       sent.fetch_add(1);
+                     });
+      Barrier(trio);
+      ASSERT_TRUE(WaitFor(sent, 1));
+      const double took =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      EXPECT_EQ(send_status.code(), Code::kPeerFailure) << send_status.ToString();
+      EXPECT_NE(send_status.message().find("rank 1 finalized its communicator"), std::string::npos)
+          << send_status.ToString();
+      EXPECT_GE(took, 0.9);
+      EXPECT_LT(took, 5.0);
+      Barrier(trio);
+      ASSERT_TRUE(WaitFor(received, 1));
+      EXPECT_TRUE(recv_status.ok()) << recv_status.ToString();
+      EXPECT_EQ(std::vector<float>(in, in + 4), std::vector<float>(out, out + 4));
+    } else {
+      Barrier(trio);
+      Barrier(trio);
+      transport.Send(0, kTag, small, out, deadline, [&](const Status& s) {
+        send_status = s;
+        sent.fetch_add(1);
+      });
+      ASSERT_TRUE(WaitFor(sent, 1));
+      EXPECT_TRUE(send_status.ok()) << send_status.ToString();
+    }
+    Barrier(trio);
   }
   auto lock = (*g_env)->Lock();
   MPI_Comm_free(&trio);
