@@ -30,6 +30,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -710,8 +711,10 @@ int KillElsewhere() {
 // from it that no message will match: each such recv fails within seconds (the timeout is 20 s)
 // with PEER_FAILURE saying that the last rank finalized, and rank 0 still receives the message it
 // sent before. The rank before the last also has a large send to the last rank in flight, which
-// nothing receives: it fails in seconds with PEER_FAILURE saying that the last rank finalized
-// (on MPI it completed as if received once the finalized rank's drain dropped it). With 4 ranks
+// nothing receives: on MPI it fails in seconds with PEER_FAILURE saying that the last rank
+// finalized (it completed as if received once the finalized rank's drain dropped it); on Gloo
+// too, or it completes once written (the finalized rank reads and drops what still comes before
+// it closes the link: a TCP send completes once written; 1 of 20 runs here). With 4 ranks
 // or more, rank 1 waits in nothing: idle while the goodbye comes, it sends to the last rank a
 // second later, and that send fails saying so too (not completed for a message the finalized rank
 // drops). Then every rank finalizes (the last rank's barrier completes with theirs).
@@ -777,10 +780,13 @@ int FinalizeEarly() {
     if (unreceived != nullptr) {
       const concord_status_t u = concord_wait(unreceived, 60);
       const std::string why = concord_request_error(unreceived);
-      CHECKF(u == CONCORD_ERR_PEER_FAILURE && why.find(says) != std::string::npos,
+      const char* backend = std::getenv("CONCORD_BACKEND");
+      const bool mpi = backend != nullptr && std::string(backend) == "mpi";
+      CHECKF((u == CONCORD_ERR_PEER_FAILURE && why.find(says) != std::string::npos) ||
+                 (u == CONCORD_SUCCESS && !mpi),
              "a large send to rank %d, which finalized without receiving it: %s: %s", leaver,
              concord_status_string(u), why.c_str());
-      CHECKF(mp::Now() - t0 < 5.0, "the send's failure took %.2f s to surface", mp::Now() - t0);
+      CHECKF(mp::Now() - t0 < 5.0, "the send took %.2f s to end", mp::Now() - t0);
       concord_request_free(unreceived);
     }
     if (g_rank == 0) {
