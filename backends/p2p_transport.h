@@ -28,7 +28,9 @@
 //   naming the peer; later operations with it fail at once.
 // - Close() completes every operation in flight with `status`, refuses later ones with it, and
 //   stops the progress thread; the destructor closes with kNotInitialized if Close() was not
-//   called. Close() must not be called from `done` or `place`.
+//   called. Close() must not be called from `done` or `place`. It returns within a bound even
+//   when a thread is stuck inside the transport's library (MPI: 1 s, then the transport is
+//   abandoned and that thread left to itself).
 // - Finish() tells every peer that this rank's communicator finalizes: each peer then fails its
 //   operations with this rank at once, with kPeerFailure saying that the rank finalized, and
 //   PeerFinalized() says so there (such a failure is the cause itself: core holds nothing for

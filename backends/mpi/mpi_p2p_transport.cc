@@ -16,14 +16,20 @@
 // is there when the sender's MPI completes the send (which the payload's receipt does; Open MPI
 // delivers one rank's messages to another in the order sent): the send then fails saying that the
 // rank finalized, instead of completing as if the message had been received.
+#include <pthread.h>
+#include <time.h>
+
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <iterator>
 #include <list>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <new>
 #include <string>
 #include <thread>
@@ -72,11 +78,82 @@ constexpr size_t kWireWords = kHeadWords + (kEagerBytes + 7) / sizeof(uint64_t);
 // allocates nothing here (a recv queue's header buffer alone is 4 KiB).
 constexpr size_t kSpares = 16;
 
+// An operation's completion (its Done), linked in its transport's Tickets from the call that
+// starts the operation until whoever completes it claims it, exactly once: a round, a driver or a
+// failure (under mu_), or Abandon() (without mu_, which a thread stuck inside MPI may hold for
+// good). Moved only while unlinked.
+struct Ticket {
+  Ticket() = default;
+  Ticket(Ticket&& other) noexcept : done(std::move(other.done)) {}
+  Ticket& operator=(Ticket&&) = delete;
+  P2pTransport::Done done;
+  Ticket* prev = nullptr;  // null: not linked (not yet, or claimed)
+  Ticket* next = nullptr;
+};
+
+// The tickets of the operations in flight. Thread-safe, under a spin lock of its own (held for a
+// few pointer writes; no Done runs under it): Link() and Claim() run for every operation, where a
+// std::mutex cost 2-3% of a small send/recv over MPI.
+class Tickets {
+ public:
+  Tickets() { head_.prev = head_.next = &head_; }
+  Tickets(const Tickets&) = delete;
+  Tickets& operator=(const Tickets&) = delete;
+
+  void Link(Ticket& t, P2pTransport::Done done) {
+    SpinLock lock(busy_);
+    t.done = std::move(done);
+    t.prev = head_.prev;
+    t.next = &head_;
+    head_.prev->next = &t;
+    head_.prev = &t;
+  }
+  // The ticket's Done; an empty one when Abandon() claimed it already.
+  P2pTransport::Done Claim(Ticket& t) {
+    SpinLock lock(busy_);
+    if (t.next == nullptr) return nullptr;
+    Unlink(t);
+    return std::move(t.done);
+  }
+  std::vector<P2pTransport::Done> ClaimAll() {
+    SpinLock lock(busy_);
+    std::vector<P2pTransport::Done> all;
+    while (head_.next != &head_) {
+      Ticket& t = *head_.next;
+      Unlink(t);
+      all.push_back(std::move(t.done));
+    }
+    return all;
+  }
+
+ private:
+  static void Unlink(Ticket& t) {
+    t.prev->next = t.next;
+    t.next->prev = t.prev;
+    t.prev = t.next = nullptr;
+  }
+  // Taken for the length of one call.
+  class SpinLock {
+   public:
+    explicit SpinLock(std::atomic_flag& busy) : busy_(busy) {
+      while (busy_.test_and_set(std::memory_order_acquire)) std::this_thread::yield();
+    }
+    ~SpinLock() { busy_.clear(std::memory_order_release); }
+    SpinLock(const SpinLock&) = delete;
+    SpinLock& operator=(const SpinLock&) = delete;
+
+   private:
+    std::atomic_flag& busy_;
+  };
+  std::atomic_flag busy_ = ATOMIC_FLAG_INIT;
+  Ticket head_;
+};
+
 struct SendOp {
   std::vector<uint64_t> wire;  // the header, then an eager payload
   std::vector<MPI_Request> requests;
   Deadline deadline = Deadline::Infinite();
-  P2pTransport::Done done;
+  Ticket ticket;
   int peer = -1;
   int64_t tag = 0;
   uint64_t id = 0;       // a large message's (its payload goes apart), else 0
@@ -98,9 +175,9 @@ constexpr const char* kClosedByTimeout =
     "closed: every pending and later send and recv fails with this error)";
 
 struct RecvOp {
-  Deadline deadline;
+  Deadline deadline = Deadline::Infinite();
   P2pTransport::Place place;
-  P2pTransport::Done done;
+  Ticket ticket;
 };
 
 // The recvs of one (peer, tag), in order; only the first has MPI requests.
@@ -114,7 +191,16 @@ struct RecvQueue {
   uint64_t drop_left = 0;            // bytes of a refused payload whose receive is not posted yet
 };
 
+// Claimed Dones with their status, run once mu_ is released (an empty one, claimed by Abandon()
+// meanwhile, is skipped).
 using Completions = std::vector<std::pair<P2pTransport::Done, Status>>;
+
+void RunCompletions(Completions& out) {
+  for (auto& [done, s] : out) {
+    if (done) done(s);
+  }
+  out.clear();
+}
 
 // Contract: see P2pTransport. Owns its communicator and its progress thread, which tests every
 // pending MPI request (each call under the MpiEnvironment's lock, so SERIALIZED suffices) and
@@ -138,18 +224,26 @@ using Completions = std::vector<std::pair<P2pTransport::Done, Status>>;
 // came first (else the peer's recv took it, or MPI sent it eagerly: it completes), or at its
 // deadline alone if the peer never takes it (it closed first): MPI keeps such a send, as it
 // cannot withdraw it (orphans_), and the rest of the transport goes on.
+//
+// A thread stuck for good inside MPI (Open MPI 4 over TCP, after a peer's link went down, kept the
+// thread that met the error waiting for its help message to be shown: seconds, or for ever) may
+// hold mu_. Close() waits for mu_ and for the progress thread at most kStuckWait in all, then
+// abandons the transport (Abandon): it completes every operation through its ticket (Tickets),
+// which needs no mu_; later calls are refused without waiting for mu_. The progress thread holds
+// this object (created by Create(), shared with the handle CreateMpiP2pTransport returns), so an
+// abandoned one may outlive the handle.
 class MpiP2pTransport : public P2pTransport {
  public:
-  MpiP2pTransport(std::shared_ptr<MpiEnvironment> env, MPI_Comm comm, int rank, int size,
-                  int64_t max_tag)
-      : env_(std::move(env)),
-        comm_(comm),
-        rank_(rank),
-        size_(size),
-        max_tag_(max_tag),
-        peer_finalized_(static_cast<size_t>(size)),
-        finalized_at_(static_cast<size_t>(size)) {
-    thread_ = std::thread([this] { Loop(); });
+  // How long Close() waits for a thread that holds mu_ or for the progress thread to end before
+  // it takes them for stuck inside MPI. A round holds mu_ for microseconds.
+  static constexpr std::chrono::seconds kStuckWait{1};
+
+  static std::shared_ptr<MpiP2pTransport> Create(std::shared_ptr<MpiEnvironment> env, MPI_Comm comm,
+                                                 int rank, int size, int64_t max_tag) {
+    std::shared_ptr<MpiP2pTransport> t(
+        new MpiP2pTransport(std::move(env), comm, rank, size, max_tag));
+    t->thread_ = std::thread([self = t] { self->Loop(); });
+    return t;
   }
   // The communicator is never freed: a peer's send this rank never received would be kept by Open
   // MPI for the next communicator that takes its context id, and lose that one's message (as the
@@ -168,10 +262,10 @@ class MpiP2pTransport : public P2pTransport {
 
   void Send(int peer, int64_t tag, const P2pMeta& meta, const void* data, Deadline deadline,
             Done done) override {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!closed_.ok() || !finished_.ok()) {
-      const Status refused = closed_.ok() ? finished_ : closed_;
-      lock.unlock();
+    std::unique_lock<std::mutex> lock(mu_, std::defer_lock);
+    if (!LockUnlessAbandoned(lock) || RefusedLocked()) {
+      const Status refused = lock.owns_lock() ? RefusalLocked() : Abandoned();
+      if (lock.owns_lock()) lock.unlock();
       done(refused);
       return;
     }
@@ -200,7 +294,7 @@ class MpiP2pTransport : public P2pTransport {
     op.peer = peer;
     op.tag = tag;
     op.deadline = deadline;
-    op.done = std::move(done);
+    tickets_.Link(op.ticket, std::move(done));
     op.id = eager ? 0 : ++last_id_;
     op.dropped = false;
     // Only the header is zeroed: an eager payload is copied over the rest.
@@ -218,25 +312,28 @@ class MpiP2pTransport : public P2pTransport {
     if (!s.ok()) {
       FailAllLocked(s);
     } else if (sent) {
-      Done finished = std::move(op.done);
+      Done finished = tickets_.Claim(op.ticket);
       RetireSend(it);
       lock.unlock();
-      finished(Status::Ok());
+      if (finished) finished(Status::Ok());
       return;
     }
     WakeIfNeeded();
   }
 
   void Recv(int peer, int64_t tag, Deadline deadline, Place place, Done done) override {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!closed_.ok() || !finished_.ok()) {
-      const Status refused = closed_.ok() ? finished_ : closed_;
-      lock.unlock();
+    std::unique_lock<std::mutex> lock(mu_, std::defer_lock);
+    if (!LockUnlessAbandoned(lock) || RefusedLocked()) {
+      const Status refused = lock.owns_lock() ? RefusalLocked() : Abandoned();
+      if (lock.owns_lock()) lock.unlock();
       done(refused);
       return;
     }
     RecvQueue& q = RecvQueueOf(peer, tag);
-    q.ops.push_back(RecvOp{deadline, std::move(place), std::move(done)});
+    RecvOp& op = q.ops.emplace_back();
+    op.deadline = deadline;
+    op.place = std::move(place);
+    tickets_.Link(op.ticket, std::move(done));
     if (!q.head_posted) {
       Status s = PostHead(q, peer, tag);
       if (!s.ok()) FailAllLocked(s);
@@ -246,8 +343,8 @@ class MpiP2pTransport : public P2pTransport {
 
   void Drive(const std::function<bool()>& finished, Deadline deadline,
              std::chrono::microseconds busy_poll) override {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (stop_) return;
+    std::unique_lock<std::mutex> lock(mu_, std::defer_lock);
+    if (!LockUnlessAbandoned(lock) || stop_) return;
     ++drivers_;
     driven_ = true;
     Completions out;
@@ -260,10 +357,9 @@ class MpiP2pTransport : public P2pTransport {
       pending_out_.clear();
       const bool idle = sends_.empty() && recvs_.empty();
       lock.unlock();
-      for (auto& [done, s] : out) done(s);
-      out.clear();
+      RunCompletions(out);
       if (finished() || idle) {
-        lock.lock();
+        if (!LockUnlessAbandoned(lock)) return;
         break;
       }
       const auto quiet = now - idle_since;
@@ -276,15 +372,15 @@ class MpiP2pTransport : public P2pTransport {
       } else {
         std::this_thread::sleep_for(std::chrono::microseconds(50));
       }
-      lock.lock();
+      if (!LockUnlessAbandoned(lock)) return;
     }
     --drivers_;
     WakeIfNeeded();
   }
 
   bool Finish(const Status& status) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stop_ || !closed_.ok() || !finished_.ok()) return false;
+    std::unique_lock<std::mutex> lock(mu_, std::defer_lock);
+    if (!LockUnlessAbandoned(lock) || stop_ || RefusedLocked()) return false;
     finished_ = status;
     finished_at_ = Clock::now();
     Status s = SendGoodbyes();
@@ -294,25 +390,115 @@ class MpiP2pTransport : public P2pTransport {
   }
 
   void Close(const Status& status) override {
+    if (abandoned_.load()) return;
+    const Deadline stuck_by = Deadline::After(kStuckWait);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      std::unique_lock<std::mutex> lock(mu_, std::defer_lock);
+      if (!LockBy(lock, stuck_by)) return Abandon(status, "a thread held the transport's lock");
       if (stop_) return;
       stop_ = true;
       cv_.notify_one();
     }
-    if (thread_.joinable()) thread_.join();
+    if (thread_.joinable()) {
+      std::unique_lock<std::mutex> lock(exit_mu_);
+      if (!exit_cv_.wait_until(lock, stuck_by.at(), [this] { return exited_; })) {
+        lock.unlock();
+        return Abandon(status, "its progress thread did not return");
+      }
+      lock.unlock();
+      thread_.join();
+    }
     Completions out;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      // A driving waiter may have entered MPI meanwhile.
+      std::unique_lock<std::mutex> lock(mu_, std::defer_lock);
+      if (!LockBy(lock, stuck_by)) return Abandon(status, "a thread held the transport's lock");
       if (closed_.ok()) closed_ = status;
       Fail(status, out);
       for (auto& c : pending_out_) out.push_back(std::move(c));
       pending_out_.clear();
     }
-    for (auto& [done, s] : out) done(s);
+    RunCompletions(out);
   }
 
  private:
+  // How often a call waiting for mu_ looks whether the transport was abandoned meanwhile.
+  static constexpr std::chrono::milliseconds kAbandonedCheck{20};
+
+  MpiP2pTransport(std::shared_ptr<MpiEnvironment> env, MPI_Comm comm, int rank, int size,
+                  int64_t max_tag)
+      : env_(std::move(env)),
+        comm_(comm),
+        rank_(rank),
+        size_(size),
+        max_tag_(max_tag),
+        peer_finalized_(static_cast<size_t>(size)),
+        finalized_at_(static_cast<size_t>(size)) {}
+
+  // Takes mu_ (`lock` is deferred on it), however long that takes, unless the transport is
+  // abandoned meanwhile (its holder is stuck inside MPI): then returns false, without it.
+  bool LockUnlessAbandoned(std::unique_lock<std::mutex>& lock) {
+    if (lock.try_lock()) return true;
+    while (!abandoned_.load()) {
+      if (LockBy(lock, Deadline::After(kAbandonedCheck))) return true;
+    }
+    return false;
+  }
+
+  // Takes mu_ by the deadline (a finite one), or returns false without it.
+  bool LockBy(std::unique_lock<std::mutex>& lock, Deadline deadline) {
+    if (lock.try_lock()) return true;
+    // pthread_mutex_timedlock reads CLOCK_REALTIME: the time left, from now on that clock.
+    const auto left = std::max(deadline.at() - Clock::now(), Clock::duration::zero());
+    timespec at{};
+    ::clock_gettime(CLOCK_REALTIME, &at);
+    const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count() +
+                       static_cast<int64_t>(at.tv_nsec);
+    at.tv_sec += static_cast<time_t>(ns / 1000000000);
+    at.tv_nsec = static_cast<long>(ns % 1000000000);
+    if (::pthread_mutex_timedlock(mu_.native_handle(), &at) != 0) return false;
+    lock = std::unique_lock<std::mutex>(mu_, std::adopt_lock);
+    return true;
+  }
+
+  // Whether a new operation is refused (under mu_): the transport was abandoned, closed or
+  // finished; and why.
+  bool RefusedLocked() const { return abandoned_.load() || !closed_.ok() || !finished_.ok(); }
+  Status RefusalLocked() {
+    if (abandoned_.load()) return Abandoned();
+    if (!closed_.ok()) return closed_;
+    return finished_;
+  }
+
+  Status Abandoned() {
+    std::lock_guard<std::mutex> lock(abandon_mu_);
+    return abandoned_status_;
+  }
+
+  // Close() when a thread held mu_, or the progress thread did not end, for kStuckWait: they are
+  // taken for stuck inside MPI. Completes every operation in flight through its ticket, and
+  // refuses later ones, with `status` (saying so); leaves MPI to that thread (the environment is
+  // marked abandoned: MPI keeps the buffers of what it started, and is not finalized) and the
+  // progress thread to itself (detached: it holds this object, and ends at its next look at
+  // stop_ if MPI ever returns).
+  void Abandon(const Status& status, const std::string& why) {
+    {
+      std::lock_guard<std::mutex> lock(abandon_mu_);
+      if (abandoned_.load()) return;
+      abandoned_status_ =
+          Status(status.code(), status.message() + " (point-to-point gave up on MPI: " + why +
+                                    " for " + std::to_string(kStuckWait.count()) +
+                                    " s, stuck inside MPI; MPI keeps what it started)");
+      abandoned_.store(true);
+    }
+    stop_.store(true);
+    cv_.notify_all();
+    env_->MarkAbandoned();
+    if (thread_.joinable()) thread_.detach();
+    const Status abandoned = Abandoned();
+    for (Done& done : tickets_.ClaimAll()) done(abandoned);
+  }
+
   std::string Finalized(int peer) const {
     return "rank " + std::to_string(peer) +
            " finalized its communicator (concord_finalize): it sends and receives nothing more";
@@ -618,7 +804,7 @@ class MpiP2pTransport : public P2pTransport {
         return true;
       }
       if (done) {
-        out.emplace_back(std::move(it->done),
+        out.emplace_back(tickets_.Claim(it->ticket),
                          it->dropped ? Status(Code::kPeerFailure,
                                               Finalized(it->peer) + " (it dropped this message)")
                                      : Status::Ok());
@@ -628,7 +814,7 @@ class MpiP2pTransport : public P2pTransport {
         // The peer finalized and has not taken it: it takes messages until it closes, so it
         // never will. The send fails alone; MPI keeps it, as MPI cannot withdraw it.
         out.emplace_back(
-            std::move(it->done),
+            tickets_.Claim(it->ticket),
             Status(Code::kPeerFailure,
                    Finalized(it->peer) + " (it did not take this message within the timeout)"));
         orphans_.splice(orphans_.end(), sends_, it++);
@@ -659,7 +845,8 @@ class MpiP2pTransport : public P2pTransport {
           s = CancelHead(q, &cancelled, &received);
           if (s.ok() && cancelled) {
             for (RecvOp& op : q.ops) {
-              out.emplace_back(std::move(op.done), Status(Code::kPeerFailure, Finalized(peer)));
+              out.emplace_back(tickets_.Claim(op.ticket),
+                               Status(Code::kPeerFailure, Finalized(peer)));
             }
             q.ops.clear();
             q.head_posted = false;
@@ -672,7 +859,7 @@ class MpiP2pTransport : public P2pTransport {
           s = CancelHead(q, &cancelled, &received);
           if (s.ok() && cancelled) {
             out.emplace_back(
-                std::move(q.ops.front().done),
+                tickets_.Claim(q.ops.front().ticket),
                 TimeoutError("recv from rank " + std::to_string(peer) + " with tag " +
                              std::to_string(tag) + ": no message arrived within the timeout"));
             q.ops.pop_front();
@@ -692,7 +879,7 @@ class MpiP2pTransport : public P2pTransport {
           progressed = true;
         }
         if (s.ok() && done) {
-          out.emplace_back(std::move(q.ops.front().done), Status::Ok());
+          out.emplace_back(tickets_.Claim(q.ops.front().ticket), Status::Ok());
           q.ops.pop_front();
           q.payload.clear();
           q.drop.clear();
@@ -784,7 +971,7 @@ class MpiP2pTransport : public P2pTransport {
   // environment is marked abandoned (MPI could still write into their buffers).
   void Fail(const Status& status, Completions& out) {
     bool leaked = !sends_.empty();
-    for (SendOp& op : sends_) out.emplace_back(std::move(op.done), status);
+    for (SendOp& op : sends_) out.emplace_back(tickets_.Claim(op.ticket), status);
     sends_.clear();
     for (auto& [key, q] : recvs_) {
       if (q.head_request != MPI_REQUEST_NULL && q.payload.empty()) {
@@ -794,7 +981,7 @@ class MpiP2pTransport : public P2pTransport {
       } else if (!q.payload.empty()) {
         leaked = true;
       }
-      for (RecvOp& op : q.ops) out.emplace_back(std::move(op.done), status);
+      for (RecvOp& op : q.ops) out.emplace_back(tickets_.Claim(op.ticket), status);
     }
     recvs_.clear();
     // What MPI still holds of what was left to it (TestLeftToMpi) stays MPI's.
@@ -848,8 +1035,7 @@ class MpiP2pTransport : public P2pTransport {
       pending_out_.clear();
       if (!out.empty()) {
         lock.unlock();
-        for (auto& [done, s] : out) done(s);
-        out.clear();
+        RunCompletions(out);
         lock.lock();
       }
       const bool only_draining = sends_.empty() && recvs_.empty() && pending_out_.empty();
@@ -869,6 +1055,10 @@ class MpiP2pTransport : public P2pTransport {
         sleeping_ = false;
       }
     }
+    lock.unlock();
+    std::lock_guard<std::mutex> exit_lock(exit_mu_);
+    exited_ = true;
+    exit_cv_.notify_all();
   }
 
   std::shared_ptr<MpiEnvironment> env_;
@@ -878,9 +1068,9 @@ class MpiP2pTransport : public P2pTransport {
   const int64_t max_tag_;
   std::mutex mu_;
   std::condition_variable cv_;
-  bool stop_ = false;
-  int drivers_ = 0;        // threads inside Drive()
-  bool driven_ = false;    // whether a waiter has ever driven
+  std::atomic<bool> stop_{false};  // set under mu_, except by Abandon()
+  int drivers_ = 0;                // threads inside Drive()
+  bool driven_ = false;            // whether a waiter has ever driven
   bool sleeping_ = false;  // the progress thread waits for a wake-up (it is not standing by)
   Status closed_;
   std::list<SendOp> sends_;        // stable addresses: MPI holds their headers
@@ -902,7 +1092,60 @@ class MpiP2pTransport : public P2pTransport {
   std::list<SendOp> orphans_;
   std::list<DropNotice> notices_;
   std::atomic<std::thread::id> thread_id_{};
-  std::thread thread_;
+  std::thread thread_;  // detached by Abandon()
+  // The progress thread's end, which Close() waits for at most kStuckWait.
+  std::mutex exit_mu_;
+  std::condition_variable exit_cv_;
+  bool exited_ = false;  // under exit_mu_
+  Tickets tickets_;
+  // Abandon() ran: the transport is closed with abandoned_status_ (under abandon_mu_).
+  std::atomic<bool> abandoned_{false};
+  std::mutex abandon_mu_;
+  Status abandoned_status_;
+};
+
+// What CreateMpiP2pTransport returns: a handle on the transport, which its progress thread holds
+// too (an abandoned transport's thread may outlive the handle: MpiP2pTransport::Abandon). Drive(),
+// Finish() and Close() hold the transport for their own length, so that a waiter stuck inside MPI
+// never finds it gone (Send() and Recv() run within the communicator's calls, which its owner
+// does not end meanwhile).
+class MpiP2pTransportHandle final : public P2pTransport {
+ public:
+  explicit MpiP2pTransportHandle(std::shared_ptr<MpiP2pTransport> t) : t_(std::move(t)) {}
+  ~MpiP2pTransportHandle() override {
+    t_->Close(Status(Code::kNotInitialized, "the communicator was finalized"));
+  }
+  MpiP2pTransportHandle(const MpiP2pTransportHandle&) = delete;
+  MpiP2pTransportHandle& operator=(const MpiP2pTransportHandle&) = delete;
+
+  int rank() const override { return t_->rank(); }
+  int size() const override { return t_->size(); }
+  int64_t max_tag() const override { return t_->max_tag(); }
+  bool OnProgressThread() const override { return t_->OnProgressThread(); }
+  bool PeerFinalized(int peer) const override { return t_->PeerFinalized(peer); }
+  void Send(int peer, int64_t tag, const P2pMeta& meta, const void* data, Deadline deadline,
+            Done done) override {
+    t_->Send(peer, tag, meta, data, deadline, std::move(done));
+  }
+  void Recv(int peer, int64_t tag, Deadline deadline, Place place, Done done) override {
+    t_->Recv(peer, tag, deadline, std::move(place), std::move(done));
+  }
+  void Drive(const std::function<bool()>& finished, Deadline deadline,
+             std::chrono::microseconds busy_poll) override {
+    std::shared_ptr<MpiP2pTransport> t = t_;
+    t->Drive(finished, deadline, busy_poll);
+  }
+  bool Finish(const Status& status) override {
+    std::shared_ptr<MpiP2pTransport> t = t_;
+    return t->Finish(status);
+  }
+  void Close(const Status& status) override {
+    std::shared_ptr<MpiP2pTransport> t = t_;
+    t->Close(status);
+  }
+
+ private:
+  const std::shared_ptr<MpiP2pTransport> t_;
 };
 
 }  // namespace
@@ -921,8 +1164,8 @@ StatusOr<std::unique_ptr<P2pTransport>> CreateMpiP2pTransport(std::shared_ptr<Mp
   }
   // Tags 2t and 2t + 1 carry a message; 2 max_tag + 2, at most MPI_TAG_UB, the goodbyes.
   const int64_t max_tag = flag && tag_ub != nullptr ? (int64_t{*tag_ub} - 2) / 2 : 16382;
-  return std::unique_ptr<P2pTransport>(
-      std::make_unique<MpiP2pTransport>(std::move(env), comm, rank, size, max_tag));
+  return std::unique_ptr<P2pTransport>(std::make_unique<MpiP2pTransportHandle>(
+      MpiP2pTransport::Create(std::move(env), comm, rank, size, max_tag)));
 }
 
 }  // namespace concord

@@ -17,6 +17,11 @@
 //                                     Open MPI can stall) holds the environment's lock; rank 0's
 //                                     collective and point-to-point transport give up on it
 //                                     instead of waiting forever; prints "STALLED_OK".
+//   mpi_backend_test --stuck-case     np 2: rank 0's point-to-point progress thread is stuck
+//   holding
+//                                     the transport's lock; Close() gives up on it after about
+//                                     1 s and completes everything once; prints "STUCK_OK" (MPI
+//                                     unfinalized, as above).
 //   mpi_backend_test --drop-no-memory-case  np 2: a refused message whose drop buffer cannot be
 //                                     allocated fails its recv with kSystemError; prints
 //                                     "DROP_NO_MEMORY_OK" (MPI unfinalized, as above).
@@ -27,6 +32,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -1128,6 +1134,100 @@ int StalledCase() {
   return ok ? 0 : 1;
 }
 
+// np 2: rank 0's progress thread is stuck while it holds the transport's lock (as inside MPI when
+// Open MPI blocks a call for good; here in a recv's `place`, which runs under that lock), with a
+// send and another recv in flight. Close() must give up on it within about kStuckWait (1 s)
+// instead of waiting for ever, complete each of the three operations once with its status, and
+// refuse later calls at once; the thread, released after the handle is gone, completes nothing
+// again. Prints "STUCK_OK". The environment is left abandoned (MPI unfinalized), so mpirun ends
+// the job non-zero. Rank 1 sends the message once rank 0 says go, and lingers.
+int StuckCase() {
+  auto env = MpiEnvironment::Acquire();
+  if (!env.ok()) return 3;
+  auto t = CreateMpiP2pTransport(*env, std::chrono::seconds(30));
+  if (!t.ok()) return 3;
+  std::unique_ptr<P2pTransport> transport = std::move(*t);
+  float message[4] = {1, 2, 3, 4};
+  P2pMeta small;
+  small.dtype = DType::kFloat32;
+  small.shape = {4};
+  small.bytes = sizeof(message);
+  const auto deadline = Deadline::After(std::chrono::seconds(30));
+  if (transport->rank() == 1) {
+    // Once rank 0 has started its operations (its message on tag 4 says so).
+    std::atomic<int> done{0};
+    float go[4];
+    transport->Recv(
+        0, 4, deadline, [&](const P2pMeta&) -> void* { return go; },
+        [&](const Status&) { done.fetch_add(1); });
+    WaitFor(done, 1);
+    transport->Send(0, 5, small, message, deadline, [&](const Status&) { done.fetch_add(1); });
+    WaitFor(done, 2);
+    std::this_thread::sleep_for(std::chrono::seconds(4));
+    return 0;
+  }
+  std::atomic<bool> holding{false}, release{false};
+  float landed[4] = {};
+  struct Op {
+    std::atomic<int> calls{0};
+    Status status;
+  };
+  auto ops = std::make_shared<std::array<Op, 4>>();  // the stuck recv, a recv, a send, a late send
+  auto done_of = [ops](int i) {
+    return [ops, i](const Status& s) {
+      (*ops)[i].status = s;
+      (*ops)[i].calls.fetch_add(1);
+    };
+  };
+  transport->Recv(
+      1, 5, deadline,
+      [&](const P2pMeta&) -> void* {
+        holding = true;
+        while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        return landed;
+      },
+      done_of(0));
+  transport->Recv(
+      1, 6, deadline, [&](const P2pMeta&) -> void* { return landed; }, done_of(1));
+  std::vector<char> large(1 << 20, 1);
+  P2pMeta big;
+  big.shape = {static_cast<int64_t>(large.size())};
+  big.bytes = large.size();
+  transport->Send(1, 7, big, large.data(), deadline, done_of(2));
+  transport->Send(1, 4, small, message, deadline, [](const Status&) {});
+  for (int i = 0; i < 10000 && !holding; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  auto seconds_since = [](std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  auto t0 = std::chrono::steady_clock::now();
+  transport->Close(Status(Code::kPeerFailure, "rank 1 failed"));
+  const double close_took = seconds_since(t0);
+  t0 = std::chrono::steady_clock::now();
+  transport->Send(1, 8, small, message, deadline, done_of(3));
+  const bool finished = transport->Finish(Status(Code::kNotInitialized, "finalized"));
+  const double later_took = seconds_since(t0);
+  transport.reset();
+  release = true;
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the thread ends, if it would
+  bool each_once = true;
+  for (const Op& op : *ops) {
+    each_once = each_once && op.calls.load() == 1 && op.status.code() == Code::kPeerFailure &&
+                op.status.message().find("rank 1 failed (point-to-point gave up on MPI") == 0;
+  }
+  const bool ok =
+      holding && close_took > 0.9 && close_took < 2.0 && later_took < 0.1 && !finished && each_once;
+  std::printf("%s rank 0: Close() took %.3f s, a later send and Finish() %.3f s; completions:",
+              ok ? "STUCK_OK" : "STUCK_FAIL", close_took, later_took);
+  for (const Op& op : *ops) {
+    std::printf(" [%d: %s]", op.calls.load(), op.status.ToString().c_str());
+  }
+  std::printf("\n");
+  std::fflush(stdout);
+  return ok ? 0 : 1;
+}
+
 // np 2: rank 0 refuses rank 1's 64 MiB message while its data may grow by 4 MiB only
 // (RLIMIT_DATA), less than the one piece its drop needs: the recv fails with kSystemError saying
 // so, instead of std::bad_alloc ending the process, and the transport is closed (MPI cannot skip
@@ -1186,6 +1286,7 @@ int main(int argc, char** argv) {
   if (argc == 2 && std::strcmp(argv[1], "--interrupt-case") == 0) return concord::InterruptCase();
   if (argc == 2 && std::strcmp(argv[1], "--closing-case") == 0) return concord::ClosingCase();
   if (argc == 2 && std::strcmp(argv[1], "--stalled-case") == 0) return concord::StalledCase();
+  if (argc == 2 && std::strcmp(argv[1], "--stuck-case") == 0) return concord::StuckCase();
   if (argc == 2 && std::strcmp(argv[1], "--drop-no-memory-case") == 0) {
     return concord::DropNoMemoryCase();
   }
