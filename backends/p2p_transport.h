@@ -85,9 +85,10 @@ class P2pTransport {
   virtual void Recv(int peer, int64_t tag, Deadline deadline, Place place, Done done) = 0;
   virtual void Close(const Status& status) = 0;
   // Tells every peer, behind what this rank sent, that it finalized. Returns true when that closed
-  // the transport with `status` too (TCP); false when Close() is still to come (MPI: later sends
-  // and recvs are refused with `status` meanwhile; a transport that cannot tell its peers: nothing
-  // is done).
+  // the transport with `status` too (TCP; MPI when a thread stuck inside MPI kept it from telling:
+  // then abandoned, as by Close()); false when Close() is still to come (MPI: later sends and
+  // recvs are refused with `status` meanwhile; a transport that cannot tell its peers: nothing is
+  // done).
   virtual bool Finish(const Status& status) {
     (void)status;
     return false;

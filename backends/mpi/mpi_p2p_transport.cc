@@ -343,8 +343,10 @@ class MpiP2pTransport : public P2pTransport {
 
   void Drive(const std::function<bool()>& finished, Deadline deadline,
              std::chrono::microseconds busy_poll) override {
+    // Bounded by the deadline too: a thread stuck inside MPI may hold mu_ (the waiter then waits
+    // for its request plainly, which Close() completes).
     std::unique_lock<std::mutex> lock(mu_, std::defer_lock);
-    if (!LockUnlessAbandoned(lock) || stop_) return;
+    if (!LockUnlessAbandoned(lock, deadline) || stop_) return;
     ++drivers_;
     driven_ = true;
     Completions out;
@@ -358,29 +360,43 @@ class MpiP2pTransport : public P2pTransport {
       const bool idle = sends_.empty() && recvs_.empty();
       lock.unlock();
       RunCompletions(out);
-      if (finished() || idle) {
-        if (!LockUnlessAbandoned(lock)) return;
-        break;
-      }
+      const bool leave = finished() || idle;
       const auto quiet = now - idle_since;
-      if (progressed) {
+      if (!leave && progressed) {
         idle_since = now;
-      } else if (quiet < busy_poll) {
-        // Polls on: a thread that yields here waits a time slice for the core on a busy host.
-      } else if (quiet < std::chrono::milliseconds(2)) {
-        std::this_thread::yield();
-      } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      } else if (!leave && quiet >= busy_poll) {
+        // Below busy_poll it polls on: a thread that yields waits a time slice for the core on a
+        // busy host.
+        if (quiet < std::chrono::milliseconds(2)) {
+          std::this_thread::yield();
+        } else {
+          std::this_thread::sleep_for(std::chrono::microseconds(50));
+        }
       }
-      if (!LockUnlessAbandoned(lock)) return;
+      if (leave || !LockUnlessAbandoned(lock, deadline)) {
+        // drivers_ is atomic: this waiter leaves even when mu_ stays held.
+        --drivers_;
+        if (lock.owns_lock() || lock.try_lock() ||
+            LockUnlessAbandoned(lock, Deadline::After(kAbandonedCheck))) {
+          WakeIfNeeded();
+        }
+        return;
+      }
     }
     --drivers_;
     WakeIfNeeded();
   }
 
   bool Finish(const Status& status) override {
+    if (abandoned_.load()) return true;
+    // A thread stuck inside MPI may hold mu_: then nothing can be told, and the transport is
+    // abandoned (closed) as Close() would.
     std::unique_lock<std::mutex> lock(mu_, std::defer_lock);
-    if (!LockUnlessAbandoned(lock) || stop_ || RefusedLocked()) return false;
+    if (!LockBy(lock, Deadline::After(kStuckWait))) {
+      Abandon(status, "a thread held the transport's lock");
+      return true;
+    }
+    if (stop_ || RefusedLocked()) return false;
     finished_ = status;
     finished_at_ = Clock::now();
     Status s = SendGoodbyes();
@@ -435,12 +451,14 @@ class MpiP2pTransport : public P2pTransport {
         peer_finalized_(static_cast<size_t>(size)),
         finalized_at_(static_cast<size_t>(size)) {}
 
-  // Takes mu_ (`lock` is deferred on it), however long that takes, unless the transport is
-  // abandoned meanwhile (its holder is stuck inside MPI): then returns false, without it.
-  bool LockUnlessAbandoned(std::unique_lock<std::mutex>& lock) {
+  // Takes mu_ (`lock` is deferred on it) by the deadline, unless the transport is abandoned
+  // meanwhile (its holder is stuck inside MPI): then returns false, without it.
+  bool LockUnlessAbandoned(std::unique_lock<std::mutex>& lock,
+                           Deadline deadline = Deadline::Infinite()) {
     if (lock.try_lock()) return true;
     while (!abandoned_.load()) {
-      if (LockBy(lock, Deadline::After(kAbandonedCheck))) return true;
+      if (LockBy(lock, deadline.Earlier(Deadline::After(kAbandonedCheck)))) return true;
+      if (deadline.passed()) return false;
     }
     return false;
   }
@@ -1069,7 +1087,7 @@ class MpiP2pTransport : public P2pTransport {
   std::mutex mu_;
   std::condition_variable cv_;
   std::atomic<bool> stop_{false};  // set under mu_, except by Abandon()
-  int drivers_ = 0;                // threads inside Drive()
+  std::atomic<int> drivers_{0};    // threads inside Drive()
   bool driven_ = false;            // whether a waiter has ever driven
   bool sleeping_ = false;  // the progress thread waits for a wake-up (it is not standing by)
   Status closed_;
