@@ -508,6 +508,14 @@ bool HasPeer(MPI_Comm* pair) {
   return HasRanks(pair, 2);
 }
 
+// This rank in `comm`.
+int RankIn(MPI_Comm comm) {
+  auto lock = (*g_env)->Lock();
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  return rank;
+}
+
 // A barrier that holds the environment's lock only for each call (a transport's progress thread
 // may need MPI meanwhile).
 void Barrier(MPI_Comm comm) {
@@ -659,11 +667,7 @@ TEST(MpiP2pTransportTest, MalformedHeadersAreProtocolErrors) {
   constexpr int64_t kTag = 7;
   MPI_Comm pair = PairComm();
   if (!HasPeer(&pair)) return;
-  int rank = 0;
-  {
-    auto lock = (*g_env)->Lock();
-    MPI_Comm_rank(pair, &rank);
-  }
+  const int rank = RankIn(pair);
   for (const std::string which : {"large with payload bytes", "a dimension past its rank"}) {
     if (rank == 1) {
       auto comm = Duplicate(**g_env, pair, Deadline::After(std::chrono::seconds(30)));
@@ -715,11 +719,7 @@ TEST(MpiP2pTransportTest, FailureAfterFinishLeavesMpiAlone) {
   constexpr int64_t kTag = 5;
   MPI_Comm pair = PairComm();
   if (!HasPeer(&pair)) return;
-  int rank = 0;
-  {
-    auto lock = (*g_env)->Lock();
-    MPI_Comm_rank(pair, &rank);
-  }
+  const int rank = RankIn(pair);
   if (rank == 1) {
     auto comm = Duplicate(**g_env, pair, Deadline::After(std::chrono::seconds(30)));
     ASSERT_TRUE(comm.ok()) << comm.status().ToString();
@@ -780,11 +780,7 @@ TEST(MpiP2pTransportTest, DrainDoesNotWaitBehindOnePeer) {
   constexpr uint64_t kLarge = 8192, kSendBytes = 64 << 10;  // both past the eager sizes
   MPI_Comm trio = FirstRanks(3);
   if (!HasRanks(&trio, 3)) return;
-  int rank = 0;
-  {
-    auto lock = (*g_env)->Lock();
-    MPI_Comm_rank(trio, &rank);
-  }
+  const int rank = RankIn(trio);
   const Deadline deadline = Deadline::After(std::chrono::seconds(30));
   if (rank == 2) {
     auto comm = Duplicate(**g_env, trio, deadline);
@@ -869,11 +865,7 @@ TEST(MpiP2pTransportTest, SendThatAFinalizedRankNeverTakesFailsAlone) {
   constexpr uint64_t kBytes = 64 << 10;  // past the eager sizes: MPI needs rank 1 to receive it
   MPI_Comm trio = FirstRanks(3);
   if (!HasRanks(&trio, 3)) return;
-  int rank = 0;
-  {
-    auto lock = (*g_env)->Lock();
-    MPI_Comm_rank(trio, &rank);
-  }
+  const int rank = RankIn(trio);
   const Deadline deadline = Deadline::After(std::chrono::seconds(30));
   if (rank == 1) {
     auto comm = Duplicate(**g_env, trio, deadline);
