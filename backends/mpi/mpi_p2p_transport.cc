@@ -376,6 +376,7 @@ class MpiP2pTransport : public P2pTransport {
       if (leave || !LockUnlessAbandoned(lock, deadline)) {
         // drivers_ is atomic: this waiter leaves even when mu_ stays held.
         --drivers_;
+        // try_lock first: the usual case, without the clock read of a deadline.
         if (lock.owns_lock() || lock.try_lock() ||
             LockUnlessAbandoned(lock, Deadline::After(kAbandonedCheck))) {
           WakeIfNeeded();
@@ -1123,10 +1124,9 @@ class MpiP2pTransport : public P2pTransport {
 };
 
 // What CreateMpiP2pTransport returns: a handle on the transport, which its progress thread holds
-// too (an abandoned transport's thread may outlive the handle: MpiP2pTransport::Abandon). Drive(),
-// Finish() and Close() hold the transport for their own length, so that a waiter stuck inside MPI
-// never finds it gone (Send() and Recv() run within the communicator's calls, which its owner
-// does not end meanwhile).
+// too (an abandoned transport's thread may outlive the handle: MpiP2pTransport::Abandon). Drive()
+// holds the transport for its own length, so that a waiter stuck inside MPI never finds it gone
+// (the other calls run within the communicator's, which its owner does not end meanwhile).
 class MpiP2pTransportHandle final : public P2pTransport {
  public:
   explicit MpiP2pTransportHandle(std::shared_ptr<MpiP2pTransport> t) : t_(std::move(t)) {}
@@ -1153,14 +1153,8 @@ class MpiP2pTransportHandle final : public P2pTransport {
     std::shared_ptr<MpiP2pTransport> t = t_;
     t->Drive(finished, deadline, busy_poll);
   }
-  bool Finish(const Status& status) override {
-    std::shared_ptr<MpiP2pTransport> t = t_;
-    return t->Finish(status);
-  }
-  void Close(const Status& status) override {
-    std::shared_ptr<MpiP2pTransport> t = t_;
-    t->Close(status);
-  }
+  bool Finish(const Status& status) override { return t_->Finish(status); }
+  void Close(const Status& status) override { t_->Close(status); }
 
  private:
   const std::shared_ptr<MpiP2pTransport> t_;
