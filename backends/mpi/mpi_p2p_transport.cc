@@ -91,9 +91,24 @@ struct Ticket {
   Ticket* next = nullptr;
 };
 
-// The tickets of the operations in flight. Thread-safe, under a spin lock of its own (held for a
-// few pointer writes; no Done runs under it): Link() and Claim() run for every operation, where a
-// std::mutex cost 2-3% of a small send/recv over MPI.
+// Claimed Dones with their status, run once mu_ is released (an empty one, claimed by Abandon()
+// meanwhile, is skipped).
+using Completions = std::vector<std::pair<P2pTransport::Done, Status>>;
+
+void RunCompletions(Completions& out) {
+  for (auto& [done, s] : out) {
+    if (done) done(s);
+  }
+  out.clear();
+}
+
+// The completions of the operations in flight: each operation's ticket, and the completions that
+// a round or a failure decided (Complete) but no thread has run yet (TakeCompleted). Both stay
+// here, reachable without mu_, until a thread runs them: a thread that decided a completion and
+// then stuck inside MPI (later in the same round) would otherwise keep it for good. Thread-safe,
+// under a spin lock of its own (held for a few pointer writes; no Done runs under it): Link() and
+// Claim() or Complete() run for every operation, where a std::mutex cost 2-3% of a small send/recv
+// over MPI.
 class Tickets {
  public:
   Tickets() { head_.prev = head_.next = &head_; }
@@ -108,20 +123,41 @@ class Tickets {
     head_.prev->next = &t;
     head_.prev = &t;
   }
-  // The ticket's Done; an empty one when Abandon() claimed it already.
+  // The ticket's Done, for a completion its caller runs itself before it calls into MPI again; an
+  // empty one when Abandon() claimed it already.
   P2pTransport::Done Claim(Ticket& t) {
     SpinLock lock(busy_);
     if (t.next == nullptr) return nullptr;
     Unlink(t);
     return std::move(t.done);
   }
-  std::vector<P2pTransport::Done> ClaimAll() {
+  // The ticket's operation completes with `status`: kept with it until TakeCompleted() (nothing,
+  // when Abandon() claimed it already).
+  void Complete(Ticket& t, Status status) {
     SpinLock lock(busy_);
-    std::vector<P2pTransport::Done> all;
+    if (t.next == nullptr) return;
+    Unlink(t);
+    completed_.emplace_back(std::move(t.done), std::move(status));
+    has_completed_.store(true, std::memory_order_release);
+  }
+  bool HasCompleted() const { return has_completed_.load(std::memory_order_acquire); }
+  // The completions decided so far, into `out` (empty), for the caller to run, in order.
+  void TakeCompleted(Completions& out) {
+    if (!HasCompleted()) return;
+    SpinLock lock(busy_);
+    out.swap(completed_);  // completed_ keeps out's memory for the next ones
+    has_completed_.store(false, std::memory_order_release);
+  }
+  // Abandon(): the completions decided so far, then every operation in flight with `status`.
+  Completions ClaimAll(const Status& status) {
+    SpinLock lock(busy_);
+    Completions all;
+    all.swap(completed_);
+    has_completed_.store(false, std::memory_order_release);
     while (head_.next != &head_) {
       Ticket& t = *head_.next;
       Unlink(t);
-      all.push_back(std::move(t.done));
+      all.emplace_back(std::move(t.done), status);
     }
     return all;
   }
@@ -147,6 +183,8 @@ class Tickets {
   };
   std::atomic_flag busy_ = ATOMIC_FLAG_INIT;
   Ticket head_;
+  Completions completed_;
+  std::atomic<bool> has_completed_{false};
 };
 
 struct SendOp {
@@ -190,17 +228,6 @@ struct RecvQueue {
   std::vector<char> drop;            // a refused payload's pieces land here, one at a time
   uint64_t drop_left = 0;            // bytes of a refused payload whose receive is not posted yet
 };
-
-// Claimed Dones with their status, run once mu_ is released (an empty one, claimed by Abandon()
-// meanwhile, is skipped).
-using Completions = std::vector<std::pair<P2pTransport::Done, Status>>;
-
-void RunCompletions(Completions& out) {
-  for (auto& [done, s] : out) {
-    if (done) done(s);
-  }
-  out.clear();
-}
 
 // Contract: see P2pTransport. Owns its communicator and its progress thread, which tests every
 // pending MPI request (each call under the MpiEnvironment's lock, so SERIALIZED suffices) and
@@ -354,11 +381,10 @@ class MpiP2pTransport : public P2pTransport {
     // One clock read per round serves the deadlines and the polling: at 4 KiB, reading it for
     // each check took 13% of a send/recv.
     for (auto now = idle_since; !stop_ && now < deadline.at(); now = Clock::now()) {
-      const bool progressed = Round(out, now);
-      for (auto& c : pending_out_) out.push_back(std::move(c));
-      pending_out_.clear();
+      const bool progressed = Round(now);
       const bool idle = sends_.empty() && recvs_.empty();
       lock.unlock();
+      tickets_.TakeCompleted(out);
       RunCompletions(out);
       const bool leave = finished() || idle;
       const auto quiet = now - idle_since;
@@ -431,10 +457,9 @@ class MpiP2pTransport : public P2pTransport {
       std::unique_lock<std::mutex> lock(mu_, std::defer_lock);
       if (!LockBy(lock, stuck_by)) return Abandon(status, "a thread held the transport's lock");
       if (closed_.ok()) closed_ = status;
-      Fail(status, out);
-      for (auto& c : pending_out_) out.push_back(std::move(c));
-      pending_out_.clear();
+      Fail(status);
     }
+    tickets_.TakeCompleted(out);
     RunCompletions(out);
   }
 
@@ -514,8 +539,8 @@ class MpiP2pTransport : public P2pTransport {
     cv_.notify_all();
     env_->MarkAbandoned();
     if (thread_.joinable()) thread_.detach();
-    const Status abandoned = Abandoned();
-    for (Done& done : tickets_.ClaimAll()) done(abandoned);
+    Completions all = tickets_.ClaimAll(Abandoned());
+    RunCompletions(all);
   }
 
   std::string Finalized(int peer) const {
@@ -795,8 +820,8 @@ class MpiP2pTransport : public P2pTransport {
   }
 
   // One pass over everything pending, its deadlines read against `now`; returns whether anything
-  // completed.
-  bool Round(Completions& out, Clock::time_point now) {
+  // completed (in tickets_, for the caller to run once it released mu_).
+  bool Round(Clock::time_point now) {
     bool progressed = false;
     // A failed transport leaves MPI alone: no goodbye taken, nothing drained.
     const bool look = closed_.ok() && now - goodbyes_checked_ >= kGoodbyeCheck;
@@ -823,17 +848,17 @@ class MpiP2pTransport : public P2pTransport {
         return true;
       }
       if (done) {
-        out.emplace_back(tickets_.Claim(it->ticket),
-                         it->dropped ? Status(Code::kPeerFailure,
-                                              Finalized(it->peer) + " (it dropped this message)")
-                                     : Status::Ok());
+        tickets_.Complete(it->ticket,
+                          it->dropped ? Status(Code::kPeerFailure,
+                                               Finalized(it->peer) + " (it dropped this message)")
+                                      : Status::Ok());
         RetireSend(it++);
         progressed = true;
       } else if (now >= it->deadline.at() && peer_finalized_[it->peer].load()) {
         // The peer finalized and has not taken it: it takes messages until it closes, so it
         // never will. The send fails alone; MPI keeps it, as MPI cannot withdraw it.
-        out.emplace_back(
-            tickets_.Claim(it->ticket),
+        tickets_.Complete(
+            it->ticket,
             Status(Code::kPeerFailure,
                    Finalized(it->peer) + " (it did not take this message within the timeout)"));
         orphans_.splice(orphans_.end(), sends_, it++);
@@ -864,8 +889,7 @@ class MpiP2pTransport : public P2pTransport {
           s = CancelHead(q, &cancelled, &received);
           if (s.ok() && cancelled) {
             for (RecvOp& op : q.ops) {
-              out.emplace_back(tickets_.Claim(op.ticket),
-                               Status(Code::kPeerFailure, Finalized(peer)));
+              tickets_.Complete(op.ticket, Status(Code::kPeerFailure, Finalized(peer)));
             }
             q.ops.clear();
             q.head_posted = false;
@@ -877,8 +901,8 @@ class MpiP2pTransport : public P2pTransport {
           bool cancelled = false;
           s = CancelHead(q, &cancelled, &received);
           if (s.ok() && cancelled) {
-            out.emplace_back(
-                tickets_.Claim(q.ops.front().ticket),
+            tickets_.Complete(
+                q.ops.front().ticket,
                 TimeoutError("recv from rank " + std::to_string(peer) + " with tag " +
                              std::to_string(tag) + ": no message arrived within the timeout"));
             q.ops.pop_front();
@@ -898,7 +922,7 @@ class MpiP2pTransport : public P2pTransport {
           progressed = true;
         }
         if (s.ok() && done) {
-          out.emplace_back(tickets_.Claim(q.ops.front().ticket), Status::Ok());
+          tickets_.Complete(q.ops.front().ticket, Status::Ok());
           q.ops.pop_front();
           q.payload.clear();
           q.drop.clear();
@@ -978,19 +1002,19 @@ class MpiP2pTransport : public P2pTransport {
   // switches on a rank bound to one core, and a progress thread woken to compete with the waiter
   // for mu_ made one 1 KiB send/recv in ten take 30-45 us instead of 3-4 us.
   void WakeIfNeeded() {
-    if (sleeping_ || !pending_out_.empty()) cv_.notify_one();
+    if (sleeping_ || tickets_.HasCompleted()) cv_.notify_one();
   }
 
   void FailAllLocked(const Status& status) {
     if (closed_.ok()) closed_ = status;
-    Fail(status, pending_out_);
+    Fail(status);
   }
 
   // Completes everything with status. MPI requests still pending are left to MPI: the
   // environment is marked abandoned (MPI could still write into their buffers).
-  void Fail(const Status& status, Completions& out) {
+  void Fail(const Status& status) {
     bool leaked = !sends_.empty();
-    for (SendOp& op : sends_) out.emplace_back(tickets_.Claim(op.ticket), status);
+    for (SendOp& op : sends_) tickets_.Complete(op.ticket, status);
     sends_.clear();
     for (auto& [key, q] : recvs_) {
       if (q.head_request != MPI_REQUEST_NULL && q.payload.empty()) {
@@ -1000,7 +1024,7 @@ class MpiP2pTransport : public P2pTransport {
       } else if (!q.payload.empty()) {
         leaked = true;
       }
-      for (RecvOp& op : q.ops) out.emplace_back(tickets_.Claim(op.ticket), status);
+      for (RecvOp& op : q.ops) tickets_.Complete(op.ticket, status);
     }
     recvs_.clear();
     // What MPI still holds of what was left to it (TestLeftToMpi) stays MPI's.
@@ -1023,7 +1047,7 @@ class MpiP2pTransport : public P2pTransport {
       // After Finish(), messages to drop may come at any time until Close() or a failure: a
       // round each kGoodbyeCheck.
       const bool draining = !finished_.ok() && closed_.ok();
-      const bool work = !sends_.empty() || !recvs_.empty() || !pending_out_.empty() || draining;
+      const bool work = !sends_.empty() || !recvs_.empty() || tickets_.HasCompleted() || draining;
       if (drivers_ > 0 || !work) {
         // Once waiters drive, stand by with timed waits that Send() and Recv() do not cut short,
         // until nothing happened for kParkAfter; then sleep until woken.
@@ -1049,15 +1073,14 @@ class MpiP2pTransport : public P2pTransport {
         continue;
       }
       fresh = false;
-      const bool progressed = Round(out, Clock::now());
-      for (auto& c : pending_out_) out.push_back(std::move(c));
-      pending_out_.clear();
-      if (!out.empty()) {
+      const bool progressed = Round(Clock::now());
+      if (tickets_.HasCompleted()) {
         lock.unlock();
+        tickets_.TakeCompleted(out);
         RunCompletions(out);
         lock.lock();
       }
-      const bool only_draining = sends_.empty() && recvs_.empty() && pending_out_.empty();
+      const bool only_draining = sends_.empty() && recvs_.empty() && !tickets_.HasCompleted();
       if (progressed) {
         idle_since = Clock::now();
       } else if (only_draining) {
@@ -1096,8 +1119,7 @@ class MpiP2pTransport : public P2pTransport {
   std::list<SendOp> spare_sends_;  // at most kSpares, no request pending
   std::map<std::pair<int, int64_t>, RecvQueue> recvs_;
   std::vector<std::map<std::pair<int, int64_t>, RecvQueue>::node_type> spare_recvs_;  // kSpares
-  Completions pending_out_;  // what a failure on a calling thread completed
-  Status finished_;          // Finish() ran: later sends and recvs are refused with it
+  Status finished_;  // Finish() ran: later sends and recvs are refused with it
   Clock::time_point finished_at_{};
   // Goodbyes: when the last look was, and per peer whether its goodbye came (read by anyone:
   // PeerFinalized) and when (under mu_).

@@ -1128,12 +1128,14 @@ int StalledCase() {
 
 // np 2: rank 0's progress thread is stuck while it holds the transport's lock (as inside MPI when
 // Open MPI blocks a call for good; here in a recv's `place`, which runs under that lock), with a
-// send and another recv in flight. A driving waiter must leave at its deadline; Close() (or
-// Finish(), with `finish_first`: it closes then) must give up on the thread within about
-// kStuckWait (1 s) instead of waiting for ever, complete each of the three operations once with
-// its status, and refuse later calls at once; the thread, released after the handle is gone,
-// completes nothing again. Prints "STUCK_OK". The environment is left abandoned (MPI unfinalized),
-// so mpirun ends the job non-zero. Rank 1 sends the message once rank 0 says go, and lingers.
+// send and another recv in flight, and a recv that it completed earlier in the same round (its
+// callback not run yet). A driving waiter must leave at its deadline; Close() (or Finish(), with
+// `finish_first`: it closes then) must give up on the thread within about kStuckWait (1 s) instead
+// of waiting for ever, complete each operation once (the one completed in that round with its own
+// status, by then; the others with its status), and refuse later calls at once; the thread,
+// released after the handle is gone, completes nothing again. Prints "STUCK_OK". The environment
+// is left abandoned (MPI unfinalized), so mpirun ends the job non-zero. Rank 1 sends the two
+// messages once rank 0 says go, 100 ms apart, and lingers.
 int StuckCase(bool finish_first) {
   auto env = MpiEnvironment::Acquire();
   if (!env.ok()) return 3;
@@ -1154,18 +1156,21 @@ int StuckCase(bool finish_first) {
         0, 4, deadline, [&](const P2pMeta&) -> void* { return go; },
         [&](const Status&) { done.fetch_add(1); });
     WaitFor(done, 1);
+    transport->Send(0, 3, small, message, deadline, [&](const Status&) { done.fetch_add(1); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
     transport->Send(0, 5, small, message, deadline, [&](const Status&) { done.fetch_add(1); });
-    WaitFor(done, 2);
+    WaitFor(done, 3);
     std::this_thread::sleep_for(std::chrono::seconds(4));
     return 0;
   }
-  std::atomic<bool> holding{false}, release{false};
-  float landed[4] = {};
+  std::atomic<bool> holding{false}, release{false}, placed_first{false}, first_ran_first{false};
+  float landed[4] = {}, first[4] = {};
   struct Op {
     std::atomic<int> calls{0};
     Status status;
   };
-  auto ops = std::make_shared<std::array<Op, 4>>();  // the stuck recv, a recv, a send, a late send
+  // The stuck recv, the recv completed in its round, a recv, a send, a late send.
+  auto ops = std::make_shared<std::array<Op, 5>>();
   auto done_of = [ops](int i) {
     return [ops, i](const Status& s) {
       (*ops)[i].status = s;
@@ -1174,19 +1179,30 @@ int StuckCase(bool finish_first) {
   };
   transport->Recv(
       1, 5, deadline,
-      [&](const P2pMeta&) -> void* {
+      [&, ops](const P2pMeta&) -> void* {
+        first_ran_first = (*ops)[1].calls.load() != 0;  // then this run proves nothing
         holding = true;
         while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(5));
         return landed;
       },
       done_of(0));
+  // Tag 3 comes first, and sorts first in a round: the round that places it holds the lock here
+  // until tag 5 has come too, completes it, and sticks in tag 5's place.
   transport->Recv(
-      1, 6, deadline, [&](const P2pMeta&) -> void* { return landed; }, done_of(1));
+      1, 3, deadline,
+      [&](const P2pMeta&) -> void* {
+        placed_first = true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(600));
+        return first;
+      },
+      done_of(1));
+  transport->Recv(
+      1, 6, deadline, [&](const P2pMeta&) -> void* { return landed; }, done_of(2));
   std::vector<char> large(1 << 20, 1);
   P2pMeta big;
   big.shape = {static_cast<int64_t>(large.size())};
   big.bytes = large.size();
-  transport->Send(1, 7, big, large.data(), deadline, done_of(2));
+  transport->Send(1, 7, big, large.data(), deadline, done_of(3));
   transport->Send(1, 4, small, message, deadline, [](const Status&) {});
   for (int i = 0; i < 10000 && !holding; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -1209,26 +1225,33 @@ int StuckCase(bool finish_first) {
     transport->Close(cause);
   }
   const double close_took = seconds_since(t0);
+  // Completed in the stuck round, its callback still on the stuck thread's side: run by now.
+  const bool first_by_close = (*ops)[1].calls.load() == 1 && (*ops)[1].status.ok() &&
+                              std::memcmp(first, message, sizeof(message)) == 0;
   t0 = std::chrono::steady_clock::now();
-  transport->Send(1, 8, small, message, deadline, done_of(3));
+  transport->Send(1, 8, small, message, deadline, done_of(4));
   closed = closed && transport->Finish(Status(Code::kNotInitialized, "finalized"));
   transport->Close(Status(Code::kNotInitialized, "closed"));
   const double later_took = seconds_since(t0);
   transport.reset();
   release = true;
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the thread ends, if it would
-  bool each_once = true;
-  for (const Op& op : *ops) {
-    each_once = each_once && op.calls.load() == 1 && op.status.code() == Code::kPeerFailure &&
-                op.status.message().find("rank 1 failed (point-to-point gave up on MPI") == 0;
+  bool each_once = (*ops)[1].calls.load() == 1 && (*ops)[1].status.ok();
+  for (size_t i = 0; i < ops->size(); ++i) {
+    const Op& op = (*ops)[i];
+    each_once =
+        each_once && op.calls.load() == 1 &&
+        (i == 1 || (op.status.code() == Code::kPeerFailure &&
+                    op.status.message().find("rank 1 failed (point-to-point gave up on MPI") == 0));
   }
-  const bool ok = holding && drive_took > 0.15 && drive_took < 0.5 && close_took > 0.9 &&
-                  close_took < 2.0 && later_took < 0.1 && closed && each_once;
+  const bool ok = holding && placed_first && !first_ran_first && drive_took > 0.15 &&
+                  drive_took < 0.5 && close_took > 0.9 && close_took < 2.0 && first_by_close &&
+                  later_took < 0.1 && closed && each_once;
   std::printf(
-      "%s rank 0: Drive() took %.3f s, %s %.3f s, a later send, Finish() and Close() %.3f s; "
-      "completions:",
+      "%s rank 0: Drive() took %.3f s, %s %.3f s (the recv completed in the stuck round: %s by "
+      "then), a later send, Finish() and Close() %.3f s; completions:",
       ok ? "STUCK_OK" : "STUCK_FAIL", drive_took, finish_first ? "Finish()" : "Close()", close_took,
-      later_took);
+      first_by_close ? "run" : "NOT run", later_took);
   for (const Op& op : *ops) {
     std::printf(" [%d: %s]", op.calls.load(), op.status.ToString().c_str());
   }
