@@ -30,7 +30,8 @@
 //   stops the progress thread; the destructor closes with kNotInitialized if Close() was not
 //   called. Close() must not be called from `done` or `place`. It returns within a bound even
 //   when a thread is stuck inside the transport's library (MPI: 1 s, then the transport is
-//   abandoned and that thread left to itself).
+//   abandoned and that thread left to itself: should it come back, it completes nothing and
+//   calls no `place`; what MPI started still writes into its buffers).
 // - Finish() tells every peer that this rank's communicator finalizes: each peer then fails its
 //   operations with this rank at once, with kPeerFailure saying that the rank finalized, and
 //   PeerFinalized() says so there (such a failure is the cause itself: core holds nothing for

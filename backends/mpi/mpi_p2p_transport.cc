@@ -256,7 +256,8 @@ struct RecvQueue {
 // thread that met the error waiting for its help message to be shown: seconds, or for ever) may
 // hold mu_. Close() waits for mu_ and for the progress thread at most kStuckWait in all, then
 // abandons the transport (Abandon): it completes every operation through its ticket (Tickets),
-// which needs no mu_; later calls are refused without waiting for mu_. The progress thread holds
+// which needs no mu_; later calls are refused without waiting for mu_, and the stuck thread, if
+// it comes back, places no message (StartPayload) and leaves MPI alone. The progress thread holds
 // this object (created by Create(), shared with the handle CreateMpiP2pTransport returns), so an
 // abandoned one may outlive the handle.
 class MpiP2pTransport : public P2pTransport {
@@ -466,6 +467,21 @@ class MpiP2pTransport : public P2pTransport {
  private:
   // How often a call waiting for mu_ looks whether the transport was abandoned meanwhile.
   static constexpr std::chrono::milliseconds kAbandonedCheck{20};
+  // How long Abandon() waits at most for a thread that is placing a message (StartPayload).
+  static constexpr std::chrono::milliseconds kPlacingWait{100};
+
+  // placing_ set for the length of a scope (under mu_: one thread at a time). Sequentially
+  // consistent, as abandoned_: a placing thread sees abandoned_ set, or Abandon() sees placing_.
+  class PlacingGuard {
+   public:
+    explicit PlacingGuard(std::atomic<bool>& placing) : placing_(placing) { placing_.store(true); }
+    ~PlacingGuard() { placing_.store(false); }
+    PlacingGuard(const PlacingGuard&) = delete;
+    PlacingGuard& operator=(const PlacingGuard&) = delete;
+
+   private:
+    std::atomic<bool>& placing_;
+  };
 
   MpiP2pTransport(std::shared_ptr<MpiEnvironment> env, MPI_Comm comm, int rank, int size,
                   int64_t max_tag)
@@ -534,6 +550,13 @@ class MpiP2pTransport : public P2pTransport {
                                     " for " + std::to_string(kStuckWait.count()) +
                                     " s, stuck inside MPI; MPI keeps what it started)");
       abandoned_.store(true);
+    }
+    // A thread placing a message (StartPayload) saw abandoned_ false: it writes that operation's
+    // memory only until it returns, microseconds; a place that does not return (as a stuck one in
+    // the tests) is given up on too.
+    const Deadline placed_by = Deadline::After(kPlacingWait);
+    while (placing_.load() && !placed_by.passed()) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
     stop_.store(true);
     cv_.notify_all();
@@ -760,6 +783,11 @@ class MpiP2pTransport : public P2pTransport {
         elements != meta.bytes || eager != (meta.bytes <= kEagerBytes ? meta.bytes : 0)) {
       return malformed(": its size does not match its shape or its message");
     }
+    // From here until its payload's receives are posted the operation's memory is written (its
+    // place, its destination): not once Abandon() completed it (this thread may come back from a
+    // call that kept it inside MPI past that). Abandon() waits for a thread past this check.
+    PlacingGuard placing(placing_);
+    if (abandoned_.load()) return Abandoned();
     char* dest = static_cast<char*>(q.ops.front().place(meta));
     if (meta.bytes <= kEagerBytes) {
       if (dest != nullptr && meta.bytes > 0)
@@ -1013,6 +1041,9 @@ class MpiP2pTransport : public P2pTransport {
   // Completes everything with status. MPI requests still pending are left to MPI: the
   // environment is marked abandoned (MPI could still write into their buffers).
   void Fail(const Status& status) {
+    // A thread back from MPI after the abandonment: everything is completed already, and MPI is
+    // left alone (no cancel).
+    if (abandoned_.load()) return;
     bool leaked = !sends_.empty();
     for (SendOp& op : sends_) tickets_.Complete(op.ticket, status);
     sends_.clear();
@@ -1141,6 +1172,7 @@ class MpiP2pTransport : public P2pTransport {
   Tickets tickets_;
   // Abandon() ran: the transport is closed with abandoned_status_ (under abandon_mu_).
   std::atomic<bool> abandoned_{false};
+  std::atomic<bool> placing_{false};  // a thread writes an operation's memory (StartPayload)
   std::mutex abandon_mu_;
   Status abandoned_status_;
 };

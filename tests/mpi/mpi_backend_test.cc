@@ -1133,9 +1133,10 @@ int StalledCase() {
 // `finish_first`: it closes then) must give up on the thread within about kStuckWait (1 s) instead
 // of waiting for ever, complete each operation once (the one completed in that round with its own
 // status, by then; the others with its status), and refuse later calls at once; the thread,
-// released after the handle is gone, completes nothing again. Prints "STUCK_OK". The environment
-// is left abandoned (MPI unfinalized), so mpirun ends the job non-zero. Rank 1 sends the two
-// messages once rank 0 says go, 100 ms apart, and lingers.
+// released after the handle is gone, completes nothing again, nor places the message that came
+// for the other recv meanwhile. Prints "STUCK_OK". The environment is left abandoned (MPI
+// unfinalized), so mpirun ends the job non-zero. Rank 1 sends its messages once rank 0 says go
+// (tag 3, then 100 ms later tags 5 and 6), and lingers.
 int StuckCase(bool finish_first) {
   auto env = MpiEnvironment::Acquire();
   if (!env.ok()) return 3;
@@ -1159,12 +1160,14 @@ int StuckCase(bool finish_first) {
     transport->Send(0, 3, small, message, deadline, [&](const Status&) { done.fetch_add(1); });
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     transport->Send(0, 5, small, message, deadline, [&](const Status&) { done.fetch_add(1); });
-    WaitFor(done, 3);
+    transport->Send(0, 6, small, message, deadline, [&](const Status&) { done.fetch_add(1); });
+    WaitFor(done, 4);
     std::this_thread::sleep_for(std::chrono::seconds(4));
     return 0;
   }
   std::atomic<bool> holding{false}, release{false}, placed_first{false}, first_ran_first{false};
-  float landed[4] = {}, first[4] = {};
+  std::atomic<bool> placed_late{false};
+  float landed[4] = {}, first[4] = {}, late[4] = {};
   struct Op {
     std::atomic<int> calls{0};
     Status status;
@@ -1196,8 +1199,15 @@ int StuckCase(bool finish_first) {
         return first;
       },
       done_of(1));
+  // Tag 6's message comes while the thread is stuck: it must not be placed once the transport gave
+  // up (its recv completed then), when the released thread goes on with its round.
   transport->Recv(
-      1, 6, deadline, [&](const P2pMeta&) -> void* { return landed; }, done_of(2));
+      1, 6, deadline,
+      [&](const P2pMeta&) -> void* {
+        placed_late = true;
+        return late;
+      },
+      done_of(2));
   std::vector<char> large(1 << 20, 1);
   P2pMeta big;
   big.shape = {static_cast<int64_t>(large.size())};
@@ -1246,12 +1256,14 @@ int StuckCase(bool finish_first) {
   }
   const bool ok = holding && placed_first && !first_ran_first && drive_took > 0.15 &&
                   drive_took < 0.5 && close_took > 0.9 && close_took < 2.0 && first_by_close &&
-                  later_took < 0.1 && closed && each_once;
+                  later_took < 0.1 && closed && each_once && !placed_late;
   std::printf(
       "%s rank 0: Drive() took %.3f s, %s %.3f s (the recv completed in the stuck round: %s by "
-      "then), a later send, Finish() and Close() %.3f s; completions:",
+      "then), a later send, Finish() and Close() %.3f s; the message that came meanwhile %s; "
+      "completions:",
       ok ? "STUCK_OK" : "STUCK_FAIL", drive_took, finish_first ? "Finish()" : "Close()", close_took,
-      first_by_close ? "run" : "NOT run", later_took);
+      first_by_close ? "run" : "NOT run", later_took,
+      placed_late ? "PLACED after its recv completed" : "not placed");
   for (const Op& op : *ops) {
     std::printf(" [%d: %s]", op.calls.load(), op.status.ToString().c_str());
   }
