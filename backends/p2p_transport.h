@@ -39,10 +39,11 @@
 //   cannot be withdrawn: it fails when MPI completes it, once this rank dropped its message, or at
 //   its deadline, alone, if this rank never takes it (it closed first); one that a recv of this
 //   rank took, or that MPI sent eagerly (as a TCP send completes once written), completes. Where
-//   the transport can end at once it is Close() too (TCP, which may wait a bounded time, 2 s at
-//   most in all: for the receipts of messages that same-host peers read from its memory, so that
-//   a send whose message arrived completes as sent, 1 s at most; for room for the goodbye in a
-//   socket full of what was sent; then until each peer ends its side); MPI instead refuses later
+//   the transport can end at once it is Close() too (TCP, which refuses later operations with
+//   `status` from its start and may wait a bounded time, 2 s at most in all, driving what is in
+//   flight meanwhile: for the receipts of messages that same-host peers read from its memory, so
+//   that a send whose message arrived completes as sent, 1 s at most; for room for the goodbye in
+//   a socket full of what was sent; then until each peer ends its side); MPI instead refuses later
 //   operations and stays open until Close(), as a message MPI started cannot be withdrawn and a
 //   peer may still take it.
 #pragma once

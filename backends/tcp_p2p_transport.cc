@@ -114,6 +114,7 @@ struct Link {
   std::unique_ptr<Mutex> send_mu = std::make_unique<Mutex>();
   Status send_failure;  // = failure, for senders
   Status broken;        // a write failed on a calling thread: the progress thread fails the link
+  Status finished;      // Finish() began: later sends are refused with it
   int send_buffer = 0;  // SO_SNDBUF asked for so far (GrowSendBuffer)
   std::deque<SendOp> sends;
   std::deque<SendOp> awaiting_receipt;  // direct sends written, in order, until their receipts
@@ -159,7 +160,8 @@ using Completions = std::vector<std::pair<P2pTransport::Done, Status>>;
 // runs, nor across poll() or read(). The progress thread alone reads (read() itself runs without
 // mu_) and closes sockets until Close() or Finish() has stopped it; a submitting thread writes its
 // send itself when nothing is queued before it on that link, and leaves the rest to the progress
-// thread.
+// thread. From the start of Finish() new sends and recvs are refused with its status, while the
+// progress thread still drives what is in flight.
 class TcpP2pTransport : public P2pTransport {
  public:
   // `direct_min_bytes`: the smallest payload a peer that reads this rank's memory (Link::
@@ -195,7 +197,9 @@ class TcpP2pTransport : public P2pTransport {
     {
       Link& l = links_[peer];
       MutexLock lock(*l.send_mu);
-      if (!l.send_failure.ok()) {
+      if (!l.finished.ok()) {
+        out.emplace_back(std::move(done), l.finished);
+      } else if (!l.send_failure.ok()) {
         out.emplace_back(std::move(done), l.send_failure);
       } else if (l.peer_reads && meta.bytes >= direct_min_bytes_) {
         const DirectSource source{reinterpret_cast<uint64_t>(data),
@@ -221,19 +225,25 @@ class TcpP2pTransport : public P2pTransport {
     {
       MutexLock lock(mu_);
       Link& l = links_[peer];
-      l.posted[tag].push_back(RecvOp{deadline, std::move(place), std::move(done)});
-      MatchUnexpected(l, tag, out);
-      if (!l.failure.ok()) FailPosted(l, out);
-      const bool held = l.in_payload && !l.placed && l.tag == tag;  // Place takes it now
-      if (held || deadline.at() < sleep_until_.at()) Signal(wake_.get());
+      if (!finished_.ok()) {
+        out.emplace_back(std::move(done), finished_);
+      } else {
+        l.posted[tag].push_back(RecvOp{deadline, std::move(place), std::move(done)});
+        MatchUnexpected(l, tag, out);
+        if (!l.failure.ok()) FailPosted(l, out);
+        const bool held = l.in_payload && !l.placed && l.tag == tag;  // Place takes it now
+        if (held || deadline.at() < sleep_until_.at()) Signal(wake_.get());
+      }
     }
     Run(out);
   }
 
-  // Waits for the receipts of direct sends (AwaitReceipts), then closes, saying goodbye: kLinger
-  // in all at most.
+  // Refuses new sends and recvs with `status` from here on (Refuse), waits for the receipts of
+  // direct sends (AwaitReceipts), then closes, saying goodbye: kLinger in all at most. Blocks the
+  // caller meanwhile; not from `done` or `place`.
   bool Finish(const Status& status) override EXCLUDES(mu_) {
     const Deadline until = Deadline::After(kLinger);
+    Refuse(status);
     AwaitReceipts(Deadline::After(kLinger / 2));
     CloseWith(status, until);
     return true;
@@ -248,6 +258,19 @@ class TcpP2pTransport : public P2pTransport {
   }
 
   std::string Who(int peer) const { return "rank " + std::to_string(peer); }
+
+  // Finish(): from here on Send() and Recv() complete at once with `status` (each link's
+  // `finished`, and finished_), on the calling thread; what is in flight goes on. Nothing after
+  // Close().
+  void Refuse(const Status& status) EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    if (stop_ || !finished_.ok()) return;
+    finished_ = status;
+    for (Link& l : links_) {
+      MutexLock send_lock(*l.send_mu);
+      l.finished = status;
+    }
+  }
 
   // Finish(): waits, the progress thread still running, until no direct send waits for its receipt
   // (each completed, or failed with its link) or `until` passes. A peer may have read such a
@@ -921,6 +944,8 @@ class TcpP2pTransport : public P2pTransport {
   // guarded by mu_ except its send side (Link::send_mu) and its read side (the progress thread's).
   std::vector<Link> links_;
   bool stop_ GUARDED_BY(mu_) = false;
+  // Finish() began: later recvs are refused with it (sends: each link's `finished`).
+  Status finished_ GUARDED_BY(mu_);
   // With mu_: a link's last direct send awaiting its receipt completed or failed (AwaitReceipts).
   CondVar receipts_;
   // Until when the progress thread sleeps in poll(): a recv due earlier wakes it.

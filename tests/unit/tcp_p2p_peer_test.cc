@@ -10,7 +10,7 @@
 // has not read yet (Finish() waits for room, up to kLinger, reading what rank 1 sends meanwhile);
 // Finish() waits for the receipt of a message rank 1 read from its memory, which then completes
 // as sent; one behind a message rank 1 withdrew while rank 0 read it from its memory is still
-// read.
+// read. From its start Finish() refuses new sends and recvs at once, while those in flight go on.
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -564,6 +564,73 @@ TEST(TcpP2pPeerTest, FinishWaitsForTheReceiptOfADirectSendThePeerRead) {
     EXPECT_GE(took, milliseconds(900)) << "gave up on the receipt early";
     EXPECT_LT(took, milliseconds(2000)) << "waited for the receipt past half of kLinger";
   }
+}
+
+// Rank 0 finishes while a message rank 1 read from its memory waits for its receipt (Finish()
+// waits up to 1 s for it) and a recv from rank 1 is posted. Meanwhile a send and a recv are
+// refused at once with Finish's status (the send is not written: the goodbye is the next thing
+// rank 1 reads), while what was in flight goes on: the posted recv takes the message rank 1 sends
+// during the wait, and the receipt completes the direct send. (Before, the send was written and
+// completed, and the recv waited until Finish() closed the transport, then failed.)
+TEST(TcpP2pPeerTest, FinishRefusesNewOperationsAtOnce) {
+  FakePeer peer = Connect(/*direct=*/true);
+  ASSERT_TRUE(peer.rank0 && peer.fd.valid());
+  std::vector<char> payload(4096);
+  for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<char>(i * 11);
+  P2pMeta meta;
+  meta.shape = {4096};
+  meta.bytes = 4096;
+  Outcome sent;
+  peer.rank0->Send(1, 4, meta, payload.data(), Deadline::After(milliseconds(10000)), sent.Done());
+  unsigned char head[tcp_p2p::kFixedHead + 8 + 24];
+  ASSERT_TRUE(net::ReadFull(peer.fd.get(), head, sizeof(head), Deadline::After(milliseconds(5000)),
+                            "rank 0")
+                  .ok());
+  ASSERT_EQ(net::LoadU32(head + 20), tcp_p2p::kDirectRead) << "not a direct read";
+  char got[4] = {};
+  Outcome posted;
+  peer.rank0->Recv(
+      1, 5, Deadline::After(milliseconds(10000)),
+      [&got](const P2pMeta& m) -> void* { return m.bytes == 4 ? got : nullptr; }, posted.Done());
+  const Status finalized(Code::kNotInitialized, "the communicator was finalized");
+  auto finished =
+      std::async(std::launch::async, [&peer, &finalized] { return peer.rank0->Finish(finalized); });
+  ASSERT_EQ(finished.wait_for(milliseconds(100)), std::future_status::timeout)
+      << "Finish() did not wait for the receipt";
+  P2pMeta small;
+  small.shape = {4};
+  small.bytes = 4;
+  const char late[4] = {'l', 'a', 't', 'e'};
+  Outcome late_send, late_recv;
+  peer.rank0->Send(1, 6, small, late, Deadline::After(milliseconds(10000)), late_send.Done());
+  PostRecv(*peer.rank0, 7, Deadline::After(milliseconds(10000)), late_recv);
+  for (Outcome* late_op : {&late_send, &late_recv}) {
+    const char* what = late_op == &late_send ? "the send" : "the recv";
+    ASSERT_EQ(late_op->future.wait_for(milliseconds(100)), std::future_status::ready)
+        << what << " was not refused at once";
+    const Status s = late_op->future.get();
+    EXPECT_EQ(s.code(), Code::kNotInitialized) << what << ": " << s.ToString();
+    EXPECT_EQ(s.message(), finalized.message()) << what;
+  }
+  ASSERT_TRUE(
+      Write(peer.fd.get(), tcp_p2p::EncodeHead(5, small) + "abcd" + tcp_p2p::EncodeReceipt()).ok());
+  const Status p = posted.Get();
+  EXPECT_TRUE(p.ok()) << p.ToString();
+  EXPECT_EQ(std::string(got, 4), "abcd");
+  const Status s = sent.Get();
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  std::string goodbye(tcp_p2p::kFixedHead, '\0');
+  const Status read = net::ReadFull(peer.fd.get(), goodbye.data(), goodbye.size(),
+                                    Deadline::After(milliseconds(5000)), "rank 0");
+  EXPECT_TRUE(read.ok()) << read.ToString();
+  EXPECT_EQ(goodbye, tcp_p2p::EncodeGoodbye()) << "the refused send was written before it";
+  pollfd end{peer.fd.get(), POLLIN, 0};
+  EXPECT_EQ(::poll(&end, 1, 5000), 1);
+  char more = 0;
+  EXPECT_EQ(::read(peer.fd.get(), &more, 1), 0) << "the end of the stream";
+  peer.fd.Reset();
+  ASSERT_EQ(finished.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_TRUE(finished.get());
 }
 
 TEST(TcpP2pPeerTest, AMessageWithANegativeTagFailsTheLink) {
