@@ -41,11 +41,14 @@
 //   rank took, or that MPI sent eagerly (as a TCP send completes once written), completes. Where
 //   the transport can end at once it is Close() too (TCP, which refuses later operations with
 //   `status` from its start and may wait a bounded time, 2 s at most in all, driving what is in
-//   flight meanwhile: for the receipts of messages that same-host peers read from its memory, so
-//   that a send whose message arrived completes as sent, 1 s at most; for room for the goodbye in
-//   a socket full of what was sent; then until each peer ends its side); MPI instead refuses later
-//   operations and stays open until Close(), as a message MPI started cannot be withdrawn and a
-//   peer may still take it.
+//   flight meanwhile: for what it still has to write (the receipts it owes same-host peers whose
+//   messages it read from their memory, so that their sends complete; messages queued behind a
+//   full socket, whose sends then complete as sent) and for the receipts of messages that
+//   same-host peers read from its memory, so that a send whose message arrived completes as sent,
+//   1 s at most for both; for room for the goodbye in a socket full of what was sent; then until
+//   each peer ends its side; a link with something still unwritten gets no goodbye, its peer
+//   seeing the connection close); MPI instead refuses later operations and stays open until
+//   Close(), as a message MPI started cannot be withdrawn and a peer may still take it.
 #pragma once
 
 #include <chrono>

@@ -63,10 +63,11 @@ constexpr uint64_t kMaxSendBuffer = 32 << 20;  // SO_SNDBUF grows up to this (as
 // buffers: reading it ahead into an unexpected buffer and copying it costs about what reading it
 // once its recv is posted does.
 constexpr uint64_t kHoldBytes = 4 << 20;
-// How long Finish() waits at most, in all: for the receipts of direct sends (half of it at most:
-// AwaitReceipts), for its sockets to take the goodbyes and for the peers to end the links it said
-// goodbye on (Leave). A peer whose progress thread runs reads what fills the socket and takes a
-// goodbye within milliseconds (HoldFor, then what was still in the sockets).
+// How long Finish() waits at most, in all: for what is still queued to be written and for the
+// receipts of direct sends (half of it at most: Drain), for its sockets to take the goodbyes and
+// for the peers to end the links it said goodbye on (Leave). A peer whose progress thread runs
+// reads what fills the socket and takes a goodbye within milliseconds (HoldFor, then what was
+// still in the sockets).
 constexpr std::chrono::seconds kLinger{2};
 
 // How long a payload of `bytes` without its recv stays in the socket (Place): about the time
@@ -114,7 +115,7 @@ struct Link {
   std::unique_ptr<Mutex> send_mu = std::make_unique<Mutex>();
   Status send_failure;  // = failure, for senders
   Status broken;        // a write failed on a calling thread: the progress thread fails the link
-  Status finished;      // Finish() began: later sends are refused with it
+  Status finished;      // Finish() began: later sends are refused with it (the queue still drains)
   int send_buffer = 0;  // SO_SNDBUF asked for so far (GrowSendBuffer)
   std::deque<SendOp> sends;
   std::deque<SendOp> awaiting_receipt;  // direct sends written, in order, until their receipts
@@ -161,7 +162,7 @@ using Completions = std::vector<std::pair<P2pTransport::Done, Status>>;
 // mu_) and closes sockets until Close() or Finish() has stopped it; a submitting thread writes its
 // send itself when nothing is queued before it on that link, and leaves the rest to the progress
 // thread. From the start of Finish() new sends and recvs are refused with its status, while the
-// progress thread still drives what is in flight.
+// progress thread still drives what is in flight and writes what is queued (Drain).
 class TcpP2pTransport : public P2pTransport {
  public:
   // `direct_min_bytes`: the smallest payload a peer that reads this rank's memory (Link::
@@ -238,13 +239,14 @@ class TcpP2pTransport : public P2pTransport {
     Run(out);
   }
 
-  // Refuses new sends and recvs with `status` from here on (Refuse), waits for the receipts of
-  // direct sends (AwaitReceipts), then closes, saying goodbye: kLinger in all at most. Blocks the
-  // caller meanwhile; not from `done` or `place`.
+  // Refuses new sends and recvs with `status` from here on (Refuse), lets the progress thread
+  // write what is queued and waits for the receipts of direct sends (Drain), then closes, saying
+  // goodbye on each link that has nothing left queued: kLinger in all at most. Blocks the caller
+  // meanwhile; not from `done` or `place`.
   bool Finish(const Status& status) override EXCLUDES(mu_) {
     const Deadline until = Deadline::After(kLinger);
     Refuse(status);
-    AwaitReceipts(Deadline::After(kLinger / 2));
+    Drain(Deadline::After(kLinger / 2));
     CloseWith(status, until);
     return true;
   }
@@ -272,23 +274,27 @@ class TcpP2pTransport : public P2pTransport {
     }
   }
 
-  // Finish(): waits, the progress thread still running, until no direct send waits for its receipt
-  // (each completed, or failed with its link) or `until` passes. A peer may have read such a
-  // message already, its receipt on the way: failing the send (its message withdrawn, see
-  // Link::state) would then report a message that arrived as failed. A peer reads a message
-  // within milliseconds of its header (HoldFor, then the payload at memory speed), and one that
-  // finalizes too sends its receipts before its goodbye; `until` (half of kLinger) leaves the
-  // goodbyes time when a peer sends none.
-  void AwaitReceipts(Deadline until) EXCLUDES(mu_) {
+  // Finish(): waits, the progress thread still running (it reads, completes recvs in flight, and
+  // writes what the sockets take), until no link has anything queued to write and no direct send
+  // waits for its receipt (each written or completed, or failed with its link), or `until` passes.
+  // What is queued is what a goodbye may not overtake: the receipts this rank owes for messages
+  // it read from its peers' memory (a peer's send completes only with its receipt: without it,
+  // that send failed though this rank's recv completed) and messages behind a full socket. A
+  // peer may have read a direct send's message already, its receipt on the way: failing the send
+  // (its message withdrawn, see Link::state) would then report a message that arrived as failed.
+  // A peer reads what reaches it within milliseconds (HoldFor, then the payload at memory speed),
+  // and one that finalizes too reads on and sends its receipts before its goodbye; `until` (half
+  // of kLinger) leaves the goodbyes time when a peer reads nothing or sends no receipt.
+  void Drain(Deadline until) EXCLUDES(mu_) {
     MutexLock lock(mu_);
     for (;;) {
-      bool awaiting = false;
+      bool draining = false;
       for (Link& l : links_) {
         MutexLock send_lock(*l.send_mu);
-        awaiting = awaiting || !l.awaiting_receipt.empty();
+        draining = draining || !l.sends.empty() || !l.awaiting_receipt.empty();
       }
-      if (!awaiting || stop_ || until.passed()) return;
-      receipts_.WaitUntil(mu_, until);
+      if (!draining || stop_ || until.passed()) return;
+      drained_.WaitUntil(mu_, until);
     }
   }
 
@@ -308,7 +314,7 @@ class TcpP2pTransport : public P2pTransport {
     {
       MutexLock lock(mu_);
       for (Link& l : links_) {
-        if (goodbye && TakesGoodbye(l)) leaving.push_back(std::move(l.fd));
+        if (goodbye && TakesGoodbye(l, out)) leaving.push_back(std::move(l.fd));
         FailLink(l, status, out);
       }
     }
@@ -317,10 +323,13 @@ class TcpP2pTransport : public P2pTransport {
   }
 
   // Whether the link ends with a goodbye: it is open and nothing is queued on it, so no message is
-  // half written. A link with a message still queued gets none: its peer sees the connection
-  // close, as after a failure. After the progress thread has stopped.
-  bool TakesGoodbye(Link& l) REQUIRES(mu_) {
+  // half written. What Drain() left queued (a receipt the progress thread queued since) is written
+  // first as far as the socket takes it at once (sends written whole complete). A link with
+  // something still queued gets none: its peer sees the connection close, as after a failure.
+  // After the progress thread has stopped.
+  bool TakesGoodbye(Link& l, Completions& out) REQUIRES(mu_) {
     MutexLock send_lock(*l.send_mu);
+    if (l.fd.valid()) Flush(l, out);
     return l.fd.valid() && l.send_failure.ok() && l.broken.ok() && l.sends.empty();
   }
 
@@ -471,7 +480,7 @@ class TcpP2pTransport : public P2pTransport {
       for (SendOp& s : l.awaiting_receipt) out.emplace_back(std::move(s.done), status);
       l.awaiting_receipt.clear();
     }
-    receipts_.NotifyAll();
+    drained_.NotifyAll();
     if (l.matched) out.emplace_back(std::move(l.matched->done), status);
     l.matched.reset();
     if (l.stash != nullptr) l.unexpected[l.tag].pop_back();
@@ -604,7 +613,7 @@ class TcpP2pTransport : public P2pTransport {
       if (!l.awaiting_receipt.empty()) {
         out.emplace_back(std::move(l.awaiting_receipt.front().done), Status::Ok());
         l.awaiting_receipt.pop_front();
-        if (l.awaiting_receipt.empty()) receipts_.NotifyAll();
+        if (l.awaiting_receipt.empty()) drained_.NotifyAll();
         return true;
       }
     }
@@ -878,6 +887,8 @@ class TcpP2pTransport : public P2pTransport {
       {
         MutexLock lock(mu_);
         if (stop_) return;
+        // Finish() drains: a queue may have emptied since (Flush runs without mu_).
+        if (!finished_.ok()) drained_.NotifyAll();
         for (size_t i = 0; i < links_.size(); ++i) {
           Link& l = links_[i];
           Status broken;
@@ -946,8 +957,9 @@ class TcpP2pTransport : public P2pTransport {
   bool stop_ GUARDED_BY(mu_) = false;
   // Finish() began: later recvs are refused with it (sends: each link's `finished`).
   Status finished_ GUARDED_BY(mu_);
-  // With mu_: a link's last direct send awaiting its receipt completed or failed (AwaitReceipts).
-  CondVar receipts_;
+  // With mu_: a link's last direct send awaiting its receipt completed, a link failed, or the
+  // progress thread went round while Finish() drains (Drain).
+  CondVar drained_;
   // Until when the progress thread sleeps in poll(): a recv due earlier wakes it.
   Deadline sleep_until_ GUARDED_BY(mu_) = Deadline::Infinite();
   net::Fd wake_;

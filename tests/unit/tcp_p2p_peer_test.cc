@@ -10,7 +10,10 @@
 // has not read yet (Finish() waits for room, up to kLinger, reading what rank 1 sends meanwhile);
 // Finish() waits for the receipt of a message rank 1 read from its memory, which then completes
 // as sent; one behind a message rank 1 withdrew while rank 0 read it from its memory is still
-// read. From its start Finish() refuses new sends and recvs at once, while those in flight go on.
+// read. Before its goodbye, Finish() writes what it still has queued: a receipt rank 0 owes for a
+// message it read from rank 1's memory, and a message behind a full socket, whose send then
+// completes (within 1 s: after that the link closes without a goodbye); from its start it refuses
+// new sends and recvs at once, while those in flight go on.
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -51,8 +54,9 @@ struct FakePeer {
 };
 
 // `direct`: rank 1 claims to read rank 0's memory, so rank 0 sends payloads of 1000 bytes or more
-// as direct reads (a header, then a receipt from rank 1).
-FakePeer Connect(bool direct) {
+// as direct reads (a header, then a receipt from rank 1), unless `rank1_reads` is false; either
+// way rank 0 reads the payloads rank 1 sends it directly from this process's memory.
+FakePeer Connect(bool direct, bool rank1_reads = true) {
   HashStore store;
   BackendOptions o;
   o.rank = 0;
@@ -75,7 +79,7 @@ FakePeer Connect(bool direct) {
                          "test-host\n" + std::to_string(::getpid()) + " " +
                              std::to_string(reinterpret_cast<uint64_t>(kWord)) + " " + kWord)
                     .ok());
-    EXPECT_TRUE(store.Set("test/p2p/readable/1", "11").ok());
+    EXPECT_TRUE(store.Set("test/p2p/readable/1", rank1_reads ? "11" : "01").ok());
   }
   auto t = made.get();
   EXPECT_TRUE(t.ok()) << t.status().ToString();
@@ -563,6 +567,146 @@ TEST(TcpP2pPeerTest, FinishWaitsForTheReceiptOfADirectSendThePeerRead) {
     EXPECT_NE(state->load(), source.open) << "the message was not withdrawn";
     EXPECT_GE(took, milliseconds(900)) << "gave up on the receipt early";
     EXPECT_LT(took, milliseconds(2000)) << "waited for the receipt past half of kLinger";
+  }
+}
+
+// Rank 1 sends rank 0 a message to read from its memory while rank 0's socket is full of messages
+// rank 1 has not read (FillRank0sSocket; rank 1 reads none of rank 0's memory here, so they travel
+// the socket), and rank 0 finishes once its recv completed: the receipt rank 0 owes waits behind
+// them. Finish() lets its progress thread write the receipt once rank 1 reads, then says goodbye:
+// rank 1 reads the messages, the receipt (its send completes), the goodbye and the end of the
+// stream. (Before, the link with the receipt queued got no goodbye: rank 1 read the messages, then
+// the connection close, as after a failure, and its send failed though rank 0's recv had
+// completed.)
+TEST(TcpP2pPeerTest, FinishWritesAReceiptItOwesBeforeItsGoodbye) {
+  FakePeer peer;
+  Filled filled;
+  for (int attempt = 0; attempt < 5 && filled.sent == 0; ++attempt) {
+    peer = Connect(/*direct=*/true, /*rank1_reads=*/false);
+    ASSERT_TRUE(peer.rank0 && peer.fd.valid());
+    filled = FillRank0sSocket(peer, attempt);
+  }
+  ASSERT_GT(filled.sent, 0) << "every try left a message half written";
+  ASSERT_TRUE(peer.rank0->ReadsDirectly(1));
+  const uint64_t word = 0x5eed'0000'0000'0001ull;  // rank 1's state word: the link is open
+  std::vector<char> payload(4096);
+  for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<char>(i * 3);
+  P2pMeta meta;
+  meta.shape = {4096};
+  meta.bytes = 4096;
+  const tcp_p2p::DirectSource source{reinterpret_cast<uint64_t>(payload.data()),
+                                     reinterpret_cast<uint64_t>(&word), word};
+  std::vector<char> dest(4096, 0);
+  Outcome received;
+  peer.rank0->Recv(
+      1, 9, Deadline::After(milliseconds(10000)),
+      [&dest](const P2pMeta&) -> void* { return dest.data(); }, received.Done());
+  ASSERT_TRUE(Write(peer.fd.get(), tcp_p2p::EncodeHead(9, meta, &source)).ok());
+  const Status r = received.Get();
+  ASSERT_TRUE(r.ok()) << r.ToString();
+  EXPECT_EQ(dest, payload);
+  auto finished = std::async(std::launch::async, [&peer] {
+    return peer.rank0->Finish(Status(Code::kNotInitialized, "the communicator was finalized"));
+  });
+  EXPECT_EQ(finished.wait_for(milliseconds(300)), std::future_status::timeout)
+      << "Finish() returned without writing the receipt";
+  const std::string want = FilledAndGoodbye(filled, /*goodbye=*/false) + tcp_p2p::EncodeReceipt() +
+                           tcp_p2p::EncodeGoodbye();
+  std::string got(want.size(), '\0');
+  const Status read = net::ReadFull(peer.fd.get(), got.data(), got.size(),
+                                    Deadline::After(milliseconds(5000)), "rank 0");
+  EXPECT_TRUE(read.ok()) << read.ToString();
+  EXPECT_TRUE(got == want) << "the messages, the receipt or the goodbye arrived changed";
+  pollfd end{peer.fd.get(), POLLIN, 0};
+  EXPECT_EQ(::poll(&end, 1, 5000), 1);
+  char more = 0;
+  EXPECT_EQ(::read(peer.fd.get(), &more, 1), 0) << "the end of the stream";
+  peer.fd.Reset();
+  ASSERT_EQ(finished.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_TRUE(finished.get());
+}
+
+// What rank 1 reads until the end of the stream (or 5 s).
+std::string ReadToTheEnd(int fd) {
+  std::string got;
+  const Deadline until = Deadline::After(milliseconds(5000));
+  char chunk[4096];
+  for (;;) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, until.PollTimeoutMs()) != 1) return got;
+    const ssize_t r = ::read(fd, chunk, sizeof(chunk));
+    if (r <= 0) return got;
+    got.append(chunk, static_cast<size_t>(r));
+  }
+}
+
+// Rank 0's socket is full of messages rank 1 has not read, and one more send (its deadline 10 s)
+// waits in rank 0's queue behind them when rank 0 finishes. Finish() lets its progress thread
+// write it as rank 1 reads: the send completes as sent, and rank 1 reads the messages, that one,
+// the goodbye and the end of the stream. (Before, the link got no goodbye: the send failed with
+// Finish's status, and rank 1 read the connection close, as after a failure, the message missing
+// or cut.) In the second case rank 1 reads nothing until Finish() returns: Finish() gives up on
+// the queue at half of kLinger (1 s), fails the send with its status and closes the link without
+// a goodbye: rank 1 reads the messages, at most a part of the last one, and the end of the stream.
+TEST(TcpP2pPeerTest, FinishWritesAQueuedMessageBeforeItsGoodbye) {
+  for (const bool reads : {true, false}) {
+    SCOPED_TRACE(reads ? "rank 1 reads" : "rank 1 reads nothing until Finish() returns");
+    FakePeer peer;
+    Filled filled;
+    for (int attempt = 0; attempt < 5 && filled.sent == 0; ++attempt) {
+      peer = Connect(/*direct=*/false);
+      ASSERT_TRUE(peer.rank0 && peer.fd.valid());
+      filled = FillRank0sSocket(peer, attempt);
+    }
+    ASSERT_GT(filled.sent, 0) << "every try left a message half written";
+    std::vector<char> last(filled.payload.size());
+    for (size_t i = 0; i < last.size(); ++i) last[i] = static_cast<char>(i * 7 + 1);
+    Outcome queued;
+    peer.rank0->Send(1, 2, filled.meta, last.data(), Deadline::After(milliseconds(10000)),
+                     queued.Done());
+    ASSERT_EQ(queued.future.wait_for(milliseconds(50)), std::future_status::timeout)
+        << "the full socket took the message at once";
+    const std::string message =
+        tcp_p2p::EncodeHead(2, filled.meta) + std::string(last.begin(), last.end());
+    const auto start = std::chrono::steady_clock::now();
+    auto finished = std::async(std::launch::async, [&peer] {
+      return peer.rank0->Finish(Status(Code::kNotInitialized, "the communicator was finalized"));
+    });
+    if (!reads) {
+      ASSERT_EQ(finished.wait_for(std::chrono::seconds(5)), std::future_status::ready);
+      const auto took = std::chrono::steady_clock::now() - start;
+      EXPECT_TRUE(finished.get());
+      EXPECT_GE(took, milliseconds(900)) << "gave up on the queue early";
+      EXPECT_LT(took, milliseconds(2000)) << "waited past kLinger";
+      const Status s = queued.Get();
+      EXPECT_EQ(s.code(), Code::kNotInitialized) << s.ToString();
+      const std::string want = FilledAndGoodbye(filled, /*goodbye=*/false);
+      const std::string got = ReadToTheEnd(peer.fd.get());
+      ASSERT_GE(got.size(), want.size());
+      EXPECT_TRUE(got.compare(0, want.size(), want) == 0) << "the messages arrived changed";
+      const std::string rest = got.substr(want.size());
+      EXPECT_LT(rest.size(), message.size()) << "the message whose send failed arrived whole";
+      EXPECT_TRUE(message.compare(0, rest.size(), rest) == 0) << "more than part of the message";
+      continue;
+    }
+    EXPECT_EQ(finished.wait_for(milliseconds(300)), std::future_status::timeout)
+        << "Finish() returned without writing the queued message";
+    const std::string want =
+        FilledAndGoodbye(filled, /*goodbye=*/false) + message + tcp_p2p::EncodeGoodbye();
+    std::string got(want.size(), '\0');
+    const Status read = net::ReadFull(peer.fd.get(), got.data(), got.size(),
+                                      Deadline::After(milliseconds(5000)), "rank 0");
+    EXPECT_TRUE(read.ok()) << read.ToString();
+    EXPECT_TRUE(got == want) << "the messages or the goodbye arrived changed";
+    pollfd end{peer.fd.get(), POLLIN, 0};
+    EXPECT_EQ(::poll(&end, 1, 5000), 1);
+    char more = 0;
+    EXPECT_EQ(::read(peer.fd.get(), &more, 1), 0) << "the end of the stream";
+    peer.fd.Reset();
+    ASSERT_EQ(finished.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+    EXPECT_TRUE(finished.get());
+    const Status s = queued.Get();
+    EXPECT_TRUE(s.ok()) << s.ToString();
   }
 }
 
