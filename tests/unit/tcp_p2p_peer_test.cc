@@ -115,6 +115,47 @@ void PostRecv(P2pTransport& t, int64_t tag, Deadline deadline, Outcome& outcome)
       1, tag, deadline, [](const P2pMeta&) -> void* { return nullptr; }, outcome.Done());
 }
 
+// A 4096-byte message of rank 1's (this process's) for rank 0 to read from its memory: the
+// payload (byte i is i * step), and its header on tag 9, which names the payload and rank 1's
+// state word at `word`, to hold `open` while rank 0 reads. Keep it while rank 0 may read it.
+struct DirectMessage {
+  std::vector<char> payload;
+  std::string head;
+};
+DirectMessage MakeDirectMessage(const uint64_t& word, uint64_t open, int step) {
+  DirectMessage m;
+  m.payload.resize(4096);
+  for (size_t i = 0; i < m.payload.size(); ++i) m.payload[i] = static_cast<char>(i * step);
+  P2pMeta meta;
+  meta.shape = {4096};
+  meta.bytes = 4096;
+  const tcp_p2p::DirectSource source{reinterpret_cast<uint64_t>(m.payload.data()),
+                                     reinterpret_cast<uint64_t>(&word), open};
+  m.head = tcp_p2p::EncodeHead(9, meta, &source);
+  return m;
+}
+
+// Rank 1 reads exactly `want` from rank 0 (`what` names it in a failure), then the end of the
+// stream.
+void ExpectToReadThenTheEnd(int fd, const std::string& want, const char* what) {
+  std::string got(want.size(), '\0');
+  const Status read =
+      net::ReadFull(fd, got.data(), got.size(), Deadline::After(milliseconds(5000)), "rank 0");
+  EXPECT_TRUE(read.ok()) << read.ToString();
+  EXPECT_TRUE(got == want) << what << " arrived changed";
+  pollfd end{fd, POLLIN, 0};
+  EXPECT_EQ(::poll(&end, 1, 5000), 1);
+  char more = 0;
+  EXPECT_EQ(::read(fd, &more, 1), 0) << "the end of the stream, after " << what;
+}
+
+// A recv on tag 9 whose message lands in `dest`.
+void PostRecvInto(P2pTransport& t, std::vector<char>& dest, Outcome& outcome) {
+  t.Recv(
+      1, 9, Deadline::After(milliseconds(10000)),
+      [&dest](const P2pMeta&) -> void* { return dest.data(); }, outcome.Done());
+}
+
 TEST(TcpP2pPeerTest, AReceiptWithNonZeroPaddingFailsTheLinkAndItsSend) {
   for (const bool good : {true, false}) {
     FakePeer peer = Connect(/*direct=*/true);
@@ -159,23 +200,15 @@ TEST(TcpP2pPeerTest, ADirectReadCountsOnlyWhileTheStateWordHoldsTheLinksOpenValu
   for (const uint64_t open : {word, word + 1, uint64_t{0}}) {
     FakePeer peer = Connect(/*direct=*/true);
     ASSERT_TRUE(peer.rank0 && peer.fd.valid());
-    std::vector<char> payload(4096);
-    for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<char>(i * 7);
-    P2pMeta meta;
-    meta.shape = {4096};
-    meta.bytes = 4096;
-    const tcp_p2p::DirectSource source{reinterpret_cast<uint64_t>(payload.data()),
-                                       reinterpret_cast<uint64_t>(&word), open};
+    const DirectMessage message = MakeDirectMessage(word, open, 7);
     std::vector<char> dest(4096, 0);
     Outcome received;
-    peer.rank0->Recv(
-        1, 9, Deadline::After(milliseconds(10000)),
-        [&dest](const P2pMeta&) -> void* { return dest.data(); }, received.Done());
-    ASSERT_TRUE(Write(peer.fd.get(), tcp_p2p::EncodeHead(9, meta, &source)).ok());
+    PostRecvInto(*peer.rank0, dest, received);
+    ASSERT_TRUE(Write(peer.fd.get(), message.head).ok());
     const Status s = received.Get();
     if (open == word) {
       EXPECT_TRUE(s.ok()) << s.ToString();
-      EXPECT_EQ(dest, payload);
+      EXPECT_EQ(dest, message.payload);
       unsigned char receipt[tcp_p2p::kFixedHead];
       ASSERT_TRUE(net::ReadFull(peer.fd.get(), receipt, sizeof(receipt),
                                 Deadline::After(milliseconds(5000)), "rank 0")
@@ -204,24 +237,13 @@ TEST(TcpP2pPeerTest, AMessageWithdrawnByAFinalizingPeerFailsAloneAndItsGoodbyeIs
     FakePeer peer = Connect(/*direct=*/true);
     ASSERT_TRUE(peer.rank0 && peer.fd.valid());
     const uint64_t word = 0;  // the link's state word once rank 1 closed it
-    std::vector<char> payload(4096, 3);
-    P2pMeta meta;
-    meta.shape = {4096};
-    meta.bytes = 4096;
-    const tcp_p2p::DirectSource source{reinterpret_cast<uint64_t>(payload.data()),
-                                       reinterpret_cast<uint64_t>(&word), 0x5eed};
+    const DirectMessage message = MakeDirectMessage(word, 0x5eed, 3);
     std::vector<char> dest(4096, 0);
     Outcome withdrawn, waiting;
-    auto recv_withdrawn = [&] {
-      peer.rank0->Recv(
-          1, 9, Deadline::After(milliseconds(10000)),
-          [&dest](const P2pMeta&) -> void* { return dest.data(); }, withdrawn.Done());
-    };
+    auto recv_withdrawn = [&] { PostRecvInto(*peer.rank0, dest, withdrawn); };
     if (posted) recv_withdrawn();
     PostRecv(*peer.rank0, 1, Deadline::After(milliseconds(10000)), waiting);
-    ASSERT_TRUE(
-        Write(peer.fd.get(), tcp_p2p::EncodeHead(9, meta, &source) + tcp_p2p::EncodeGoodbye())
-            .ok());
+    ASSERT_TRUE(Write(peer.fd.get(), message.head + tcp_p2p::EncodeGoodbye()).ok());
     const Status s = waiting.Get();
     EXPECT_EQ(s.code(), Code::kPeerFailure) << s.ToString();
     EXPECT_EQ(s.message().find("rank 1 finalized its communicator (concord_finalize)"), 0u)
@@ -350,17 +372,10 @@ TEST(TcpP2pPeerTest, FinishWhileThePeerIsSendingStillDeliversWhatWasSentAndTheGo
     return peer.rank0->Finish(Status(Code::kNotInitialized, "the communicator was finalized"));
   });
   std::this_thread::sleep_for(milliseconds(300));  // rank 0 has closed (or waits for rank 1)
-  const std::string want = tcp_p2p::EncodeHead(2, meta) +
-                           std::string(payload.begin(), payload.end()) + tcp_p2p::EncodeGoodbye();
-  std::string got(want.size(), '\0');
-  const Status read = net::ReadFull(peer.fd.get(), got.data(), got.size(),
-                                    Deadline::After(milliseconds(5000)), "rank 0");
-  EXPECT_TRUE(read.ok()) << read.ToString();
-  EXPECT_TRUE(got == want) << "the message or the goodbye arrived changed";
-  pollfd end{peer.fd.get(), POLLIN, 0};
-  EXPECT_EQ(::poll(&end, 1, 5000), 1);
-  char more = 0;
-  EXPECT_EQ(::read(peer.fd.get(), &more, 1), 0) << "the end of the stream";
+  ExpectToReadThenTheEnd(peer.fd.get(),
+                         tcp_p2p::EncodeHead(2, meta) +
+                             std::string(payload.begin(), payload.end()) + tcp_p2p::EncodeGoodbye(),
+                         "the message or the goodbye");
   ::shutdown(peer.fd.get(), SHUT_WR);
   writer.join();
   peer.fd.Reset();
@@ -452,16 +467,8 @@ TEST(TcpP2pPeerTest, FinishWaitsForRoomForTheGoodbyeBehindCompletedSends) {
       }
       EXPECT_TRUE(wrote.ok()) << wrote.ToString();
     }
-    const std::string want = FilledAndGoodbye(filled, /*goodbye=*/true);
-    std::string got(want.size(), '\0');
-    const Status read = net::ReadFull(peer.fd.get(), got.data(), got.size(),
-                                      Deadline::After(milliseconds(5000)), "rank 0");
-    EXPECT_TRUE(read.ok()) << read.ToString();
-    EXPECT_TRUE(got == want) << "the messages or the goodbye arrived changed";
-    pollfd end{peer.fd.get(), POLLIN, 0};
-    EXPECT_EQ(::poll(&end, 1, 5000), 1);
-    char more = 0;
-    EXPECT_EQ(::read(peer.fd.get(), &more, 1), 0) << "the end of the stream";
+    ExpectToReadThenTheEnd(peer.fd.get(), FilledAndGoodbye(filled, /*goodbye=*/true),
+                           "the messages or the goodbye");
     const auto closed = std::chrono::steady_clock::now();
     peer.fd.Reset();
     ASSERT_EQ(finished.wait_for(std::chrono::seconds(10)), std::future_status::ready);
@@ -491,16 +498,8 @@ TEST(TcpP2pPeerTest, FinishGivesUpOnTheGoodbyeAtTheLinger) {
   EXPECT_TRUE(finished.get());
   EXPECT_GE(took, milliseconds(1900)) << "gave up before kLinger";
   EXPECT_LT(took, milliseconds(3000)) << "waited well past kLinger";
-  const std::string want = FilledAndGoodbye(filled, /*goodbye=*/false);
-  std::string got(want.size(), '\0');
-  const Status read = net::ReadFull(peer.fd.get(), got.data(), got.size(),
-                                    Deadline::After(milliseconds(5000)), "rank 0");
-  EXPECT_TRUE(read.ok()) << read.ToString();
-  EXPECT_TRUE(got == want) << "the messages arrived changed";
-  pollfd end{peer.fd.get(), POLLIN, 0};
-  EXPECT_EQ(::poll(&end, 1, 5000), 1);
-  char more = 0;
-  EXPECT_EQ(::read(peer.fd.get(), &more, 1), 0) << "the end of the stream, not half a goodbye";
+  ExpectToReadThenTheEnd(peer.fd.get(), FilledAndGoodbye(filled, /*goodbye=*/false),
+                         "the messages");
 }
 
 // Rank 1 reads a message that rank 0 sends it directly, from rank 0's memory (the payload, then
@@ -589,38 +588,23 @@ TEST(TcpP2pPeerTest, FinishWritesAReceiptItOwesBeforeItsGoodbye) {
   ASSERT_GT(filled.sent, 0) << "every try left a message half written";
   ASSERT_TRUE(peer.rank0->ReadsDirectly(1));
   const uint64_t word = 0x5eed'0000'0000'0001ull;  // rank 1's state word: the link is open
-  std::vector<char> payload(4096);
-  for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<char>(i * 3);
-  P2pMeta meta;
-  meta.shape = {4096};
-  meta.bytes = 4096;
-  const tcp_p2p::DirectSource source{reinterpret_cast<uint64_t>(payload.data()),
-                                     reinterpret_cast<uint64_t>(&word), word};
+  const DirectMessage message = MakeDirectMessage(word, word, 3);
   std::vector<char> dest(4096, 0);
   Outcome received;
-  peer.rank0->Recv(
-      1, 9, Deadline::After(milliseconds(10000)),
-      [&dest](const P2pMeta&) -> void* { return dest.data(); }, received.Done());
-  ASSERT_TRUE(Write(peer.fd.get(), tcp_p2p::EncodeHead(9, meta, &source)).ok());
+  PostRecvInto(*peer.rank0, dest, received);
+  ASSERT_TRUE(Write(peer.fd.get(), message.head).ok());
   const Status r = received.Get();
   ASSERT_TRUE(r.ok()) << r.ToString();
-  EXPECT_EQ(dest, payload);
+  EXPECT_EQ(dest, message.payload);
   auto finished = std::async(std::launch::async, [&peer] {
     return peer.rank0->Finish(Status(Code::kNotInitialized, "the communicator was finalized"));
   });
   EXPECT_EQ(finished.wait_for(milliseconds(300)), std::future_status::timeout)
       << "Finish() returned without writing the receipt";
-  const std::string want = FilledAndGoodbye(filled, /*goodbye=*/false) + tcp_p2p::EncodeReceipt() +
-                           tcp_p2p::EncodeGoodbye();
-  std::string got(want.size(), '\0');
-  const Status read = net::ReadFull(peer.fd.get(), got.data(), got.size(),
-                                    Deadline::After(milliseconds(5000)), "rank 0");
-  EXPECT_TRUE(read.ok()) << read.ToString();
-  EXPECT_TRUE(got == want) << "the messages, the receipt or the goodbye arrived changed";
-  pollfd end{peer.fd.get(), POLLIN, 0};
-  EXPECT_EQ(::poll(&end, 1, 5000), 1);
-  char more = 0;
-  EXPECT_EQ(::read(peer.fd.get(), &more, 1), 0) << "the end of the stream";
+  ExpectToReadThenTheEnd(peer.fd.get(),
+                         FilledAndGoodbye(filled, /*goodbye=*/false) + tcp_p2p::EncodeReceipt() +
+                             tcp_p2p::EncodeGoodbye(),
+                         "the messages, the receipt or the goodbye");
   peer.fd.Reset();
   ASSERT_EQ(finished.wait_for(std::chrono::seconds(10)), std::future_status::ready);
   EXPECT_TRUE(finished.get());
@@ -691,17 +675,10 @@ TEST(TcpP2pPeerTest, FinishWritesAQueuedMessageBeforeItsGoodbye) {
     }
     EXPECT_EQ(finished.wait_for(milliseconds(300)), std::future_status::timeout)
         << "Finish() returned without writing the queued message";
-    const std::string want =
-        FilledAndGoodbye(filled, /*goodbye=*/false) + message + tcp_p2p::EncodeGoodbye();
-    std::string got(want.size(), '\0');
-    const Status read = net::ReadFull(peer.fd.get(), got.data(), got.size(),
-                                      Deadline::After(milliseconds(5000)), "rank 0");
-    EXPECT_TRUE(read.ok()) << read.ToString();
-    EXPECT_TRUE(got == want) << "the messages or the goodbye arrived changed";
-    pollfd end{peer.fd.get(), POLLIN, 0};
-    EXPECT_EQ(::poll(&end, 1, 5000), 1);
-    char more = 0;
-    EXPECT_EQ(::read(peer.fd.get(), &more, 1), 0) << "the end of the stream";
+    ExpectToReadThenTheEnd(
+        peer.fd.get(),
+        FilledAndGoodbye(filled, /*goodbye=*/false) + message + tcp_p2p::EncodeGoodbye(),
+        "the messages or the goodbye");
     peer.fd.Reset();
     ASSERT_EQ(finished.wait_for(std::chrono::seconds(10)), std::future_status::ready);
     EXPECT_TRUE(finished.get());
