@@ -156,23 +156,34 @@ void PostRecvInto(P2pTransport& t, std::vector<char>& dest, Outcome& outcome) {
       [&dest](const P2pMeta&) -> void* { return dest.data(); }, outcome.Done());
 }
 
+// Rank 0 sends `payload` (4096 bytes) to rank 1 on `tag`, completing `sent`, as a direct read (a
+// connection made with direct reads), and rank 1 reads its header: the fixed part, one dimension,
+// the payload's and the state word's addresses and the word's open value, which `source` (when
+// given) gets. Fails when no such header comes.
+::testing::AssertionResult SendDirect(FakePeer& peer, int64_t tag, const std::vector<char>& payload,
+                                      Outcome& sent, tcp_p2p::DirectSource* source = nullptr) {
+  P2pMeta meta;
+  meta.shape = {static_cast<int64_t>(payload.size())};
+  meta.bytes = payload.size();
+  peer.rank0->Send(1, tag, meta, payload.data(), Deadline::After(milliseconds(10000)), sent.Done());
+  unsigned char head[tcp_p2p::kFixedHead + 8 + 24];
+  const Status read = net::ReadFull(peer.fd.get(), head, sizeof(head),
+                                    Deadline::After(milliseconds(5000)), "rank 0");
+  if (!read.ok()) return ::testing::AssertionFailure() << read.ToString();
+  if (net::LoadU32(head + 20) != tcp_p2p::kDirectRead) {
+    return ::testing::AssertionFailure() << "not a direct read";
+  }
+  if (source != nullptr) *source = tcp_p2p::DecodeDirect(head, 1);
+  return ::testing::AssertionSuccess();
+}
+
 TEST(TcpP2pPeerTest, AReceiptWithNonZeroPaddingFailsTheLinkAndItsSend) {
   for (const bool good : {true, false}) {
     FakePeer peer = Connect(/*direct=*/true);
     ASSERT_TRUE(peer.rank0 && peer.fd.valid());
-    std::vector<char> payload(4096, 7);
-    P2pMeta meta;
-    meta.shape = {4096};
-    meta.bytes = 4096;
+    const std::vector<char> payload(4096, 7);
     Outcome sent;
-    peer.rank0->Send(1, 3, meta, payload.data(), Deadline::After(milliseconds(10000)), sent.Done());
-    // Its header: the fixed part, one dimension, the payload's and the state word's addresses and
-    // the word's open value.
-    unsigned char head[tcp_p2p::kFixedHead + 8 + 24];
-    ASSERT_TRUE(net::ReadFull(peer.fd.get(), head, sizeof(head),
-                              Deadline::After(milliseconds(5000)), "rank 0")
-                    .ok());
-    ASSERT_EQ(net::LoadU32(head + 20), tcp_p2p::kDirectRead) << "not a direct read";
+    ASSERT_TRUE(SendDirect(peer, 3, payload, sent));
     std::string receipt = tcp_p2p::EncodeReceipt();
     if (!good) receipt[tcp_p2p::kFixedHead - 1] = 1;
     ASSERT_TRUE(Write(peer.fd.get(), receipt).ok());
@@ -184,6 +195,9 @@ TEST(TcpP2pPeerTest, AReceiptWithNonZeroPaddingFailsTheLinkAndItsSend) {
     EXPECT_EQ(s.code(), Code::kProtocolError) << s.ToString();
     EXPECT_NE(s.message().find("rank 1"), std::string::npos) << s.ToString();
     Outcome later;
+    P2pMeta meta;
+    meta.shape = {4096};
+    meta.bytes = 4096;
     peer.rank0->Send(1, 3, meta, payload.data(), Deadline::After(milliseconds(10000)),
                      later.Done());
     EXPECT_EQ(later.Get().code(), Code::kProtocolError);
@@ -423,6 +437,19 @@ Filled FillRank0sSocket(FakePeer& peer, int attempt) {
   return f;
 }
 
+// A fresh connection (Connect(direct, rank1_reads)) whose rank 0 socket FillRank0sSocket filled,
+// up to 5 tries (each a new connection): the fill, whose `sent` is 0 when every try left a
+// message half written (or a connection failed).
+Filled ConnectFilled(FakePeer& peer, bool direct, bool rank1_reads = true) {
+  Filled filled;
+  for (int attempt = 0; attempt < 5 && filled.sent == 0; ++attempt) {
+    peer = Connect(direct, rank1_reads);
+    if (!peer.rank0 || !peer.fd.valid()) return Filled();
+    filled = FillRank0sSocket(peer, attempt);
+  }
+  return filled;
+}
+
 // What rank 1 reads once rank 0's Finish() said goodbye behind `f`'s messages (without it when
 // !goodbye).
 std::string FilledAndGoodbye(const Filled& f, bool goodbye) {
@@ -444,12 +471,7 @@ TEST(TcpP2pPeerTest, FinishWaitsForRoomForTheGoodbyeBehindCompletedSends) {
   for (const bool peer_sends : {false, true}) {
     SCOPED_TRACE(peer_sends ? "rank 1 sends 64 MiB first" : "rank 1 only reads");
     FakePeer peer;
-    Filled filled;
-    for (int attempt = 0; attempt < 5 && filled.sent == 0; ++attempt) {
-      peer = Connect(/*direct=*/false);
-      ASSERT_TRUE(peer.rank0 && peer.fd.valid());
-      filled = FillRank0sSocket(peer, attempt);
-    }
+    const Filled filled = ConnectFilled(peer, /*direct=*/false);
     ASSERT_GT(filled.sent, 0) << "every try left a message half written";
     auto finished = std::async(std::launch::async, [&peer] {
       return peer.rank0->Finish(Status(Code::kNotInitialized, "the communicator was finalized"));
@@ -482,12 +504,7 @@ TEST(TcpP2pPeerTest, FinishWaitsForRoomForTheGoodbyeBehindCompletedSends) {
 // reads the messages and the end of the stream.
 TEST(TcpP2pPeerTest, FinishGivesUpOnTheGoodbyeAtTheLinger) {
   FakePeer peer;
-  Filled filled;
-  for (int attempt = 0; attempt < 5 && filled.sent == 0; ++attempt) {
-    peer = Connect(/*direct=*/false);
-    ASSERT_TRUE(peer.rank0 && peer.fd.valid());
-    filled = FillRank0sSocket(peer, attempt);
-  }
+  const Filled filled = ConnectFilled(peer, /*direct=*/false);
   ASSERT_GT(filled.sent, 0) << "every try left a message half written";
   const auto start = std::chrono::steady_clock::now();
   auto finished = std::async(std::launch::async, [&peer] {
@@ -517,17 +534,9 @@ TEST(TcpP2pPeerTest, FinishWaitsForTheReceiptOfADirectSendThePeerRead) {
     ASSERT_TRUE(peer.rank0 && peer.fd.valid());
     std::vector<char> payload(4096);
     for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<char>(i * 11);
-    P2pMeta meta;
-    meta.shape = {4096};
-    meta.bytes = 4096;
     Outcome sent;
-    peer.rank0->Send(1, 4, meta, payload.data(), Deadline::After(milliseconds(10000)), sent.Done());
-    unsigned char head[tcp_p2p::kFixedHead + 8 + 24];
-    ASSERT_TRUE(net::ReadFull(peer.fd.get(), head, sizeof(head),
-                              Deadline::After(milliseconds(5000)), "rank 0")
-                    .ok());
-    ASSERT_EQ(net::LoadU32(head + 20), tcp_p2p::kDirectRead) << "not a direct read";
-    const tcp_p2p::DirectSource source = tcp_p2p::DecodeDirect(head, 1);
+    tcp_p2p::DirectSource source;
+    ASSERT_TRUE(SendDirect(peer, 4, payload, sent, &source));
     // What rank 1 reads with process_vm_readv: this process's memory.
     const auto* state = reinterpret_cast<const std::atomic<uint64_t>*>(source.state);
     std::vector<char> got(payload.size());
@@ -543,15 +552,7 @@ TEST(TcpP2pPeerTest, FinishWaitsForTheReceiptOfADirectSendThePeerRead) {
     if (receipt) {
       ASSERT_TRUE(Write(peer.fd.get(), tcp_p2p::EncodeReceipt()).ok());
     }
-    std::string goodbye(tcp_p2p::kFixedHead, '\0');
-    const Status read = net::ReadFull(peer.fd.get(), goodbye.data(), goodbye.size(),
-                                      Deadline::After(milliseconds(5000)), "rank 0");
-    EXPECT_TRUE(read.ok()) << read.ToString();
-    EXPECT_EQ(goodbye, tcp_p2p::EncodeGoodbye());
-    pollfd end{peer.fd.get(), POLLIN, 0};
-    EXPECT_EQ(::poll(&end, 1, 5000), 1);
-    char more = 0;
-    EXPECT_EQ(::read(peer.fd.get(), &more, 1), 0) << "the end of the stream";
+    ExpectToReadThenTheEnd(peer.fd.get(), tcp_p2p::EncodeGoodbye(), "the goodbye");
     peer.fd.Reset();
     ASSERT_EQ(finished.wait_for(std::chrono::seconds(10)), std::future_status::ready);
     EXPECT_TRUE(finished.get());
@@ -579,12 +580,7 @@ TEST(TcpP2pPeerTest, FinishWaitsForTheReceiptOfADirectSendThePeerRead) {
 // completed.)
 TEST(TcpP2pPeerTest, FinishWritesAReceiptItOwesBeforeItsGoodbye) {
   FakePeer peer;
-  Filled filled;
-  for (int attempt = 0; attempt < 5 && filled.sent == 0; ++attempt) {
-    peer = Connect(/*direct=*/true, /*rank1_reads=*/false);
-    ASSERT_TRUE(peer.rank0 && peer.fd.valid());
-    filled = FillRank0sSocket(peer, attempt);
-  }
+  const Filled filled = ConnectFilled(peer, /*direct=*/true, /*rank1_reads=*/false);
   ASSERT_GT(filled.sent, 0) << "every try left a message half written";
   ASSERT_TRUE(peer.rank0->ReadsDirectly(1));
   const uint64_t word = 0x5eed'0000'0000'0001ull;  // rank 1's state word: the link is open
@@ -636,12 +632,7 @@ TEST(TcpP2pPeerTest, FinishWritesAQueuedMessageBeforeItsGoodbye) {
   for (const bool reads : {true, false}) {
     SCOPED_TRACE(reads ? "rank 1 reads" : "rank 1 reads nothing until Finish() returns");
     FakePeer peer;
-    Filled filled;
-    for (int attempt = 0; attempt < 5 && filled.sent == 0; ++attempt) {
-      peer = Connect(/*direct=*/false);
-      ASSERT_TRUE(peer.rank0 && peer.fd.valid());
-      filled = FillRank0sSocket(peer, attempt);
-    }
+    const Filled filled = ConnectFilled(peer, /*direct=*/false);
     ASSERT_GT(filled.sent, 0) << "every try left a message half written";
     std::vector<char> last(filled.payload.size());
     for (size_t i = 0; i < last.size(); ++i) last[i] = static_cast<char>(i * 7 + 1);
@@ -698,16 +689,8 @@ TEST(TcpP2pPeerTest, FinishRefusesNewOperationsAtOnce) {
   ASSERT_TRUE(peer.rank0 && peer.fd.valid());
   std::vector<char> payload(4096);
   for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<char>(i * 11);
-  P2pMeta meta;
-  meta.shape = {4096};
-  meta.bytes = 4096;
   Outcome sent;
-  peer.rank0->Send(1, 4, meta, payload.data(), Deadline::After(milliseconds(10000)), sent.Done());
-  unsigned char head[tcp_p2p::kFixedHead + 8 + 24];
-  ASSERT_TRUE(net::ReadFull(peer.fd.get(), head, sizeof(head), Deadline::After(milliseconds(5000)),
-                            "rank 0")
-                  .ok());
-  ASSERT_EQ(net::LoadU32(head + 20), tcp_p2p::kDirectRead) << "not a direct read";
+  ASSERT_TRUE(SendDirect(peer, 4, payload, sent));
   char got[4] = {};
   Outcome posted;
   peer.rank0->Recv(
@@ -740,15 +723,8 @@ TEST(TcpP2pPeerTest, FinishRefusesNewOperationsAtOnce) {
   EXPECT_EQ(std::string(got, 4), "abcd");
   const Status s = sent.Get();
   EXPECT_TRUE(s.ok()) << s.ToString();
-  std::string goodbye(tcp_p2p::kFixedHead, '\0');
-  const Status read = net::ReadFull(peer.fd.get(), goodbye.data(), goodbye.size(),
-                                    Deadline::After(milliseconds(5000)), "rank 0");
-  EXPECT_TRUE(read.ok()) << read.ToString();
-  EXPECT_EQ(goodbye, tcp_p2p::EncodeGoodbye()) << "the refused send was written before it";
-  pollfd end{peer.fd.get(), POLLIN, 0};
-  EXPECT_EQ(::poll(&end, 1, 5000), 1);
-  char more = 0;
-  EXPECT_EQ(::read(peer.fd.get(), &more, 1), 0) << "the end of the stream";
+  ExpectToReadThenTheEnd(peer.fd.get(), tcp_p2p::EncodeGoodbye(),
+                         "the goodbye (or the refused send written before it)");
   peer.fd.Reset();
   ASSERT_EQ(finished.wait_for(std::chrono::seconds(10)), std::future_status::ready);
   EXPECT_TRUE(finished.get());
