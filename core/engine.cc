@@ -151,7 +151,7 @@ Status Engine::Enqueue(QueueEntry entry, bool then_wait) {
     // tests/fuzz/fuzz_c_api: concord_barrier between group_start and group_end hung). Refused
     // before anything else is looked at.
     MutexLock lock(group_mu_);
-    if (group_open_ && group_owner_ == std::this_thread::get_id()) {
+    if (open_groups_.count(std::this_thread::get_id()) != 0) {
       return InvalidArgument(
           (barrier && entry.request.name.empty() ? std::string("a barrier")
                                                  : "'" + entry.request.name + "'") +
@@ -175,13 +175,14 @@ Status Engine::Enqueue(QueueEntry entry, bool then_wait) {
   {
     MutexLock lock(group_mu_);
     // then_wait was refused above if this thread has a group open (only it can close it).
-    if (group_open_ && group_owner_ == std::this_thread::get_id()) {
-      for (const auto& e : group_entries_) {
+    const auto group = open_groups_.find(std::this_thread::get_id());
+    if (group != open_groups_.end()) {
+      for (const auto& e : group->second) {
         if (!entry.request.name.empty() && e.request.name == entry.request.name) {
           return InvalidArgument("tensor '" + entry.request.name + "' appears twice in one group");
         }
       }
-      group_entries_.push_back(std::move(entry));
+      group->second.push_back(std::move(entry));
       return Status::Ok();
     }
   }
@@ -194,13 +195,9 @@ Status Engine::Enqueue(QueueEntry entry, bool then_wait) {
 
 Status Engine::GroupStart() {
   MutexLock lock(group_mu_);
-  if (group_open_) {
-    return InvalidArgument(group_owner_ == std::this_thread::get_id()
-                               ? "a group is already open on this thread (groups do not nest)"
-                               : "another thread has a group open on this communicator");
+  if (!open_groups_.emplace(std::this_thread::get_id(), std::vector<QueueEntry>()).second) {
+    return InvalidArgument("a group is already open on this thread (groups do not nest)");
   }
-  group_open_ = true;
-  group_owner_ = std::this_thread::get_id();
   return Status::Ok();
 }
 
@@ -208,12 +205,12 @@ Status Engine::GroupEnd() {
   std::vector<QueueEntry> entries;
   {
     MutexLock lock(group_mu_);
-    if (!group_open_ || group_owner_ != std::this_thread::get_id()) {
+    const auto group = open_groups_.find(std::this_thread::get_id());
+    if (group == open_groups_.end()) {
       return InvalidArgument("group_end without group_start on this thread");
     }
-    group_open_ = false;
-    entries = std::move(group_entries_);
-    group_entries_.clear();
+    entries = std::move(group->second);
+    open_groups_.erase(group);
   }
   if (entries.empty()) return Status::Ok();
   // Ranks agree on a group by its first member's name and its size (the queue names it, once an
@@ -355,8 +352,11 @@ Status Engine::Shutdown() {
   std::vector<QueueEntry> left = queue_.Close(closed);
   {
     MutexLock lock(group_mu_);
-    for (auto& e : group_entries_) left.push_back(std::move(e));
-    group_entries_.clear();
+    // The groups stay open (their threads' group_end still closes them), without members.
+    for (auto& [thread, members] : open_groups_) {
+      for (auto& e : members) left.push_back(std::move(e));
+      members.clear();
+    }
   }
   p2p_->Close(closed);
   for (auto& e : left) e.state->Complete(closed);
@@ -392,8 +392,9 @@ void Engine::InterruptReceive() {
 
 Status Engine::CheckWait(const RequestState& state) {
   MutexLock lock(group_mu_);
-  if (!group_open_ || group_owner_ != std::this_thread::get_id()) return Status::Ok();
-  for (const auto& e : group_entries_) {
+  const auto group = open_groups_.find(std::this_thread::get_id());
+  if (group == open_groups_.end()) return Status::Ok();
+  for (const auto& e : group->second) {
     if (e.state.get() != &state) continue;
     return InvalidArgument("'" + e.request.name +
                            "' is in the group this thread has open: the group is submitted by "

@@ -42,6 +42,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "backends/backend.h"
@@ -134,9 +135,9 @@ class Engine {
   // name is numbered by the queue when it accepts it (TensorQueue::Push), so a refusal here or
   // of its group takes no number.
   Status Enqueue(QueueEntry entry, bool then_wait = false) EXCLUDES(group_mu_);
-  // Opens a group for the calling thread; GroupEnd() queues its entries atomically. When the queue
-  // refuses them (a name already in flight, the engine failed), every member completes with the
-  // error GroupEnd() returns.
+  // Opens a group for the calling thread (other threads may have theirs open at the same time);
+  // GroupEnd() queues its entries atomically. When the queue refuses them (a name already in
+  // flight, the engine failed), every member completes with the error GroupEnd() returns.
   Status GroupStart() EXCLUDES(group_mu_);
   Status GroupEnd() EXCLUDES(group_mu_);
 
@@ -477,9 +478,9 @@ class Engine {
   bool residual_reset_logged_ GUARDED_BY(compression_mu_) = false;
 
   Mutex group_mu_;
-  std::thread::id group_owner_ GUARDED_BY(group_mu_);
-  bool group_open_ GUARDED_BY(group_mu_) = false;
-  std::vector<QueueEntry> group_entries_ GUARDED_BY(group_mu_);
+  // Each thread's open group (concord_group_start to concord_group_end): its members so far.
+  // Groups are per thread, as NCCL's: threads open and end theirs independently.
+  std::unordered_map<std::thread::id, std::vector<QueueEntry>> open_groups_ GUARDED_BY(group_mu_);
   std::atomic<uint64_t> join_seq_{0};
   std::atomic<size_t> inline_message_budget_{kInlineMessageBudgetBytes};
   // This rank read rank 0's abort (stepping thread): Fail() sends rank 0 no report then.

@@ -69,7 +69,7 @@ StatusOr<int> Engine::Join() {
   }
   {
     MutexLock lock(group_mu_);
-    if (group_open_ && group_owner_ == std::this_thread::get_id()) {
+    if (open_groups_.count(std::this_thread::get_id()) != 0) {
       return InvalidArgument(
           "concord_join inside a group would wait for itself; call it after "
           "concord_group_end");

@@ -443,6 +443,37 @@ def test_group_fuses_operations(comm):
         np.testing.assert_array_equal(x, comm.size * (comm.size + 1) / 2)
 
 
+def test_threads_hold_their_own_groups_at_once(comm):
+    """Groups are per thread: two threads hold groups open at the same time, each knows only its
+    own (waiting for the other's member is not refused), and each group's end submits its own
+    members. Before, the second thread's group was refused ("another thread has a group open")."""
+    both_open = threading.Barrier(2, timeout=30)
+    xs = [np.full(5, comm.rank + 1.0 + k) for k in range(4)]
+    handles, errors = {}, []
+
+    def grouped(first):
+        try:
+            with comm.group():
+                both_open.wait()
+                for k in (first, first + 1):
+                    handles[k] = comm.allreduce_async(xs[k], out=xs[k], name="thread_group.%d" % k)
+                both_open.wait()  # the other thread's members are in its own group
+                assert handles[2 - first]._group is not comm._own_open_group()
+        except Exception as e:  # noqa: BLE001 (reported below, from the main thread)
+            errors.append(e)
+            both_open.abort()
+
+    threads = [threading.Thread(target=grouped, args=(first,)) for first in (0, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    for k in range(4):
+        assert handles[k].wait(30) is xs[k]
+        np.testing.assert_array_equal(xs[k], comm.size * (comm.size + 1) / 2 + comm.size * k)
+
+
 def test_module_level_api_and_unnamed_ops(comm):
     assert concord.default() is comm
     assert (concord.rank(), concord.size()) == (comm.rank, comm.size)

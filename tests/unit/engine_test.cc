@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -324,6 +325,54 @@ TEST_P(EngineRanksTest, GroupIsFusedIntoOneBatch) {
     }
     EXPECT_EQ(e.stats().batches.load() - batches, 1u);
     EXPECT_EQ(e.stats().fused_tensors.load() - fused, 3u);
+  });
+}
+
+// Groups are per thread: two threads of every rank hold groups open at the same time (each
+// waits, inside its group, until the other has opened its own), and each group_end submits its
+// own members only. Before, the second thread's GroupStart was refused ("another thread has a
+// group open on this communicator"). A third thread's ungrouped allreduce is not held by them.
+TEST_P(EngineRanksTest, ThreadsHoldTheirOwnGroupsAtOnce) {
+  const int size = GetParam();
+  Job job(size);
+  RunRanks(size, [&](int rank) {
+    Engine& e = job[rank];
+    std::atomic<int> opened{0};
+    std::vector<std::vector<float>> data(5, std::vector<float>(7, static_cast<float>(rank)));
+    std::vector<std::shared_ptr<RequestState>> states(5);
+    auto submit = [&](int k) {
+      TensorRequest r =
+          Request("thread_group." + std::to_string(k), OpType::kAllreduce, DType::kFloat32, {7});
+      states[k] = Submit(e, Entry(r, data[k].data(), data[k].data()));
+    };
+    auto grouped = [&](int first) {
+      const Status started = e.GroupStart();
+      opened.fetch_add(1);  // also when refused: the other thread must not wait for ever
+      ASSERT_TRUE(started.ok()) << started.ToString();
+      while (opened.load() < 2) std::this_thread::yield();
+      submit(first);
+      submit(first + 1);
+      // The other thread's group is open too, and this one is not closed by it.
+      EXPECT_EQ(e.GroupStart().code(), Code::kInvalidArgument);  // groups do not nest
+      ASSERT_TRUE(e.GroupEnd().ok());
+      EXPECT_EQ(e.GroupEnd().code(), Code::kInvalidArgument);
+    };
+    std::thread a(grouped, 0);
+    std::thread b(grouped, 2);
+    std::thread c([&] {
+      while (opened.load() < 2) std::this_thread::yield();
+      submit(4);
+      EXPECT_TRUE(Await(states[4]).ok());  // not held by the open groups
+    });
+    a.join();
+    b.join();
+    c.join();
+    for (int k = 0; k < 5; ++k) {
+      ASSERT_NE(states[k], nullptr);
+      Status s = Await(states[k]);
+      ASSERT_TRUE(s.ok()) << "tensor " << k << ": " << s.ToString();
+      for (float v : data[k]) EXPECT_EQ(v, static_cast<float>(size * (size - 1) / 2));
+    }
   });
 }
 

@@ -123,7 +123,7 @@ class Communicator:
         self._opts_cache = {}  # (op, prescale, postscale, compression) -> AllreduceOptsStruct
         self._counters = {}
         self._counter_lock = threading.Lock()
-        self._open_group = None  # (a token of the open group, the thread that opened it)
+        self._open_groups = {}  # thread ident -> a token of the group that thread has open
         _LIVE[self] = None
 
         def query(fn):
@@ -769,16 +769,13 @@ class Communicator:
 
     def group(self):
         """`with comm.group():` operations this thread enqueues inside are negotiated and fused as
-        one unit when the block ends. Groups do not nest."""
+        one unit when the block ends. Groups do not nest; each thread has its own."""
         return _Group(self)
 
     def _own_open_group(self):
         """A token of the group this thread has open on this communicator (a new one each time a
         group opens), else None."""
-        opened = self._open_group
-        if opened is not None and opened[1] == threading.get_ident():
-            return opened[0]
-        return None
+        return self._open_groups.get(threading.get_ident())
 
     # ---- lifetime ----
     def finalize(self):
@@ -813,11 +810,12 @@ class _Group:
 
     def __enter__(self):
         self._comm._check(lib().concord_group_start(self._comm._live()))
-        self._comm._open_group = (object(), threading.get_ident())
+        self._comm._open_groups[threading.get_ident()] = object()
         return self
 
     def __exit__(self, *exc):
-        self._comm._open_group = None  # closed by group_end, which fails or submits it
+        # Closed by group_end, which fails or submits it.
+        self._comm._open_groups.pop(threading.get_ident(), None)
         self._comm._check(lib().concord_group_end(self._comm._live()))
 
 
