@@ -1,0 +1,792 @@
+// Random mixes of every collective and point to point, submitted asynchronously from two threads
+// per rank in a different order on every rank, and checked exactly: negotiation, fusion, the
+// response cache, lanes and groups under interleavings no hand-written case chooses. C API only.
+//
+//   concordrun -np N ./mp_random_mix [--seed S] [--rounds R] [--ops K] [--max-rows M]
+//                                    [--hosts-interleaved H]
+//
+// Every rank draws the same program from the seed. Each round has K operations in three parts:
+// - static: the same K/2 operations every round (names, dtypes and shapes; the values change), so
+//   the response cache serves them;
+// - varying: 4 names that get a new random operation each round, so the cache must replace them;
+// - fresh: the rest, under names used once.
+// Operations: allreduce (every op; in place or not; prescale and postscale on floating tensors;
+// fp16 and bf16 compression of float32 and float64 sums and averages), allgather and gather
+// (rows differing by rank, into a buffer or owned by the request), broadcast, reduce (the other
+// ranks' outputs checked untouched), reducescatter (even or given splits, in place or not),
+// alltoall (per-rank splits or even, owned or not), a send/recv between two ranks (the shape
+// expected or the sender's), barrier; every dtype; 0 to M rows of 1 to 8 columns; some in groups
+// that every rank enqueues alike. Each rank submits the round's operations (a group as one unit)
+// in its own random order from two threads, some with a callback, some after a short sleep,
+// waits for them in another order (concord_wait, or polling concord_test), and checks every
+// result against a value computed here. Inputs are small integers, so results are exact except
+// where an average divides (the dtype's tolerance). A failure names the seed, round and
+// operation: rerun with that seed to see it again. Prints one summary line per rank.
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "mp_common.h"
+#include "tests/common/check.h"
+#include "tests/common/tensors.h"
+
+namespace {
+
+using concord::harness::ExpectedAllreduce;
+using concord::harness::IsFloat;
+using concord::harness::LoadElement;
+using concord::harness::StoreElement;
+
+const concord_dtype_t kDTypes[] = {CONCORD_UINT8,   CONCORD_INT8,    CONCORD_INT32,
+                                   CONCORD_INT64,   CONCORD_FLOAT16, CONCORD_BFLOAT16,
+                                   CONCORD_FLOAT32, CONCORD_FLOAT64};
+const concord_reduce_op_t kOps[] = {CONCORD_SUM, CONCORD_AVERAGE, CONCORD_MIN, CONCORD_MAX,
+                                    CONCORD_PRODUCT};
+const double kScales[] = {1.0, 1.0, 0.5, 2.0};
+
+enum class Kind {
+  kAllreduce,
+  kAllgather,
+  kGather,
+  kBroadcast,
+  kReduce,
+  kReducescatter,
+  kAlltoall,
+  kSendRecv,
+  kBarrier
+};
+const char* KindName(Kind k) {
+  static const char* const kNames[] = {"allreduce", "allgather", "gather",
+                                       "broadcast", "reduce",    "reducescatter",
+                                       "alltoall",  "send/recv", "barrier"};
+  return kNames[static_cast<int>(k)];
+}
+
+// One operation of the program, the same on every rank.
+struct Spec {
+  Kind kind = Kind::kBarrier;
+  std::string name;
+  int id = 0;  // unique in the round: the values' seed and the send/recv tag
+  concord_dtype_t dtype = CONCORD_FLOAT32;
+  concord_reduce_op_t op = CONCORD_SUM;
+  int64_t rows = 0;                // the input's first dimension (per-rank kinds: rank_rows)
+  std::vector<int64_t> rank_rows;  // allgather, gather: each rank's rows
+  int64_t cols = 1;                // the other dimension (1: a 1-d tensor)
+  int root = 0;
+  bool in_place = false;
+  bool owned = false;  // allgather, gather, alltoall: output owned by the request
+  double prescale = 1, postscale = 1;
+  const char* compression = nullptr;      // allreduce: "fp16" or "bf16"
+  std::vector<int64_t> splits;            // reducescatter: rows each rank receives (empty: even)
+  std::vector<std::vector<int64_t>> a2a;  // alltoall: a2a[s][d] rows s sends d (empty: even)
+  int src = 0, dst = 0;                   // send/recv
+  bool recv_expected = true;              // the recv names the shape
+  int group = -1;                         // members of one group are consecutive
+};
+
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : gen_(seed) {}
+  int64_t Below(int64_t n) { return static_cast<int64_t>(gen_() % static_cast<uint64_t>(n)); }
+  bool Chance(double p) { return std::uniform_real_distribution<double>(0, 1)(gen_) < p; }
+  std::mt19937_64& gen() { return gen_; }
+
+ private:
+  std::mt19937_64 gen_;
+};
+
+int64_t DrawRows(Rng& rng, int64_t max_rows) {
+  const int64_t roll = rng.Below(100);
+  if (roll < 10) return 0;
+  if (roll < 25) return 1;
+  if (roll < 65) return 2 + rng.Below(30);
+  if (roll < 90) return 32 + rng.Below(1000);
+  return std::max<int64_t>(1, rng.Below(max_rows + 1));
+}
+
+// `total` rows split among `parts` at random (some parts 0).
+std::vector<int64_t> RandomSplits(Rng& rng, int64_t total, int parts) {
+  std::vector<int64_t> cuts{0, total};
+  for (int i = 1; i < parts; ++i) cuts.push_back(rng.Below(total + 1));
+  std::sort(cuts.begin(), cuts.end());
+  std::vector<int64_t> splits;
+  for (int i = 0; i < parts; ++i) splits.push_back(cuts[i + 1] - cuts[i]);
+  return splits;
+}
+
+Spec DrawSpec(Rng& rng, int size, int64_t max_rows) {
+  Spec s;
+  const int64_t roll = rng.Below(100);
+  s.kind = roll < 30   ? Kind::kAllreduce
+           : roll < 40 ? Kind::kAllgather
+           : roll < 46 ? Kind::kGather
+           : roll < 55 ? Kind::kBroadcast
+           : roll < 63 ? Kind::kReduce
+           : roll < 75 ? Kind::kReducescatter
+           : roll < 86 ? Kind::kAlltoall
+           : roll < 97 ? Kind::kSendRecv
+                       : Kind::kBarrier;
+  if (s.kind == Kind::kSendRecv && size < 2) s.kind = Kind::kAllreduce;
+  s.dtype = kDTypes[rng.Below(8)];
+  s.op = kOps[rng.Below(5)];
+  s.cols = std::vector<int64_t>{1, 1, 3, 8}[static_cast<size_t>(rng.Below(4))];
+  s.rows = DrawRows(rng, max_rows / s.cols);
+  s.root = static_cast<int>(rng.Below(size));
+  s.in_place = rng.Chance(0.4);
+  s.owned = rng.Chance(0.4);
+  if (IsFloat(s.dtype)) {
+    s.prescale = kScales[rng.Below(4)];
+    s.postscale = kScales[rng.Below(4)];
+  }
+  switch (s.kind) {
+    case Kind::kAllreduce:
+      if ((s.dtype == CONCORD_FLOAT32 || s.dtype == CONCORD_FLOAT64) &&
+          (s.op == CONCORD_SUM || s.op == CONCORD_AVERAGE) && rng.Chance(0.3)) {
+        s.compression = rng.Chance(0.5) ? "fp16" : "bf16";
+      }
+      break;
+    case Kind::kAllgather:
+    case Kind::kGather:
+      for (int r = 0; r < size; ++r) {
+        s.rank_rows.push_back(rng.Chance(0.2) ? 0 : DrawRows(rng, max_rows / s.cols / size));
+      }
+      break;
+    case Kind::kReducescatter:
+      if (rng.Chance(0.5)) s.splits = RandomSplits(rng, s.rows, size);
+      break;
+    case Kind::kAlltoall:
+      if (rng.Chance(0.3)) {
+        s.rows = size * DrawRows(rng, max_rows / s.cols / size);
+      } else {
+        for (int r = 0; r < size; ++r) {
+          s.a2a.push_back(RandomSplits(rng, DrawRows(rng, max_rows / s.cols / size), size));
+        }
+      }
+      break;
+    case Kind::kSendRecv:
+      s.src = static_cast<int>(rng.Below(size));
+      s.dst = static_cast<int>((s.src + 1 + rng.Below(size - 1)) % size);
+      s.recv_expected = rng.Chance(0.7);
+      break;
+    default:
+      break;
+  }
+  return s;
+}
+
+// The operations of round `round`; every rank draws the same.
+std::vector<Spec> DrawRound(uint64_t seed, int round, int ops, int size, int64_t max_rows) {
+  std::vector<Spec> specs;
+  Rng statics(seed * 7919 + 1);  // the same every round
+  Rng rng(seed * 7919 + 2 + static_cast<uint64_t>(round));
+  const int n_static = ops / 2, n_varying = std::min(4, ops - n_static);
+  for (int i = 0; i < ops; ++i) {
+    const bool is_static = i < n_static;
+    Rng& from = is_static ? statics : rng;
+    Spec s = DrawSpec(from, size, max_rows);
+    s.name = is_static ? "static." + std::to_string(i)
+             : i < n_static + n_varying
+                 ? "varying." + std::to_string(i - n_static)
+                 : "r" + std::to_string(round) + ".fresh." + std::to_string(i);
+    s.id = round * ops + i;
+    specs.push_back(std::move(s));
+  }
+  // Groups: runs of 2 to 4 collectives, drawn within each part alike on every rank.
+  for (size_t i = 0; i + 1 < specs.size();) {
+    const bool same_part = specs[i].name.substr(0, 3) == specs[i + 1].name.substr(0, 3);
+    Rng& from = i < static_cast<size_t>(n_static) ? statics : rng;
+    if (!same_part || !from.Chance(0.15)) {
+      ++i;
+      continue;
+    }
+    const size_t want = 2 + static_cast<size_t>(from.Below(3));
+    size_t end = i;
+    while (end < specs.size() && end - i < want && specs[end].kind != Kind::kSendRecv &&
+           specs[end].kind != Kind::kBarrier &&
+           specs[end].name.substr(0, 3) == specs[i].name.substr(0, 3)) {
+      ++end;
+    }
+    if (end - i >= 2) {
+      for (size_t k = i; k < end; ++k) specs[k].group = static_cast<int>(i);
+    }
+    i = std::max(end, i + 1);
+  }
+  return specs;
+}
+
+// Element j of rank r's input of operation s: small enough that every reduction is exact.
+double InputValue(const Spec& s, int r, int64_t j) {
+  const int64_t mix = (static_cast<int64_t>(s.id) * 131 + r * 29 + j * 7) & 0x7fffffff;
+  const bool reduction =
+      s.kind == Kind::kAllreduce || s.kind == Kind::kReduce || s.kind == Kind::kReducescatter;
+  const bool is_signed = s.dtype != CONCORD_UINT8;
+  if (reduction && (s.op == CONCORD_SUM || s.op == CONCORD_AVERAGE)) {
+    return is_signed ? static_cast<double>(mix % 8 - 4) : static_cast<double>(mix % 8);
+  }
+  if (reduction && s.op == CONCORD_PRODUCT) {
+    const double v = static_cast<double>(1 + mix % 2);
+    return is_signed && (mix / 2) % 3 == 0 ? -v : v;
+  }
+  switch (s.dtype) {  // min, max and the data movers: wider, so a misplaced row shows
+    case CONCORD_UINT8:
+      return static_cast<double>(mix % 251);
+    case CONCORD_INT8:
+    case CONCORD_BFLOAT16:
+      return static_cast<double>(mix % 251 - 125);
+    case CONCORD_FLOAT16:
+      return static_cast<double>(mix % 2039 - 1019);
+    default:
+      return static_cast<double>(mix % 100003 - 50001);
+  }
+}
+
+// A tensor's bytes and shape.
+struct Buffer {
+  std::vector<unsigned char> bytes;
+  int64_t shape[2] = {0, 1};
+  int ndim = 1;
+  concord_dtype_t dtype = CONCORD_FLOAT32;
+  concord_tensor_t Tensor() {
+    return concord_tensor_t{bytes.empty() ? nullptr : bytes.data(), dtype, ndim, shape,
+                            CONCORD_DEVICE_CPU};
+  }
+  int64_t Elements() const { return shape[0] * (ndim == 2 ? shape[1] : 1); }
+};
+
+Buffer MakeBuffer(const Spec& s, int64_t rows, unsigned char fill = 0xA5) {
+  Buffer b;
+  b.dtype = s.dtype;
+  b.ndim = s.cols == 1 ? 1 : 2;
+  b.shape[0] = rows;
+  b.shape[1] = s.cols;
+  b.bytes.assign(static_cast<size_t>(rows * s.cols) * ElementSize(s.dtype), fill);
+  return b;
+}
+
+void FillInput(const Spec& s, int rank, Buffer* b) {
+  for (int64_t j = 0; j < b->Elements(); ++j) {
+    StoreElement(s.dtype, b->bytes.data(), static_cast<size_t>(j), InputValue(s, rank, j));
+  }
+}
+
+// What one rank holds of one operation while it runs.
+struct Slot {
+  const Spec* spec = nullptr;
+  bool takes_part = true;  // false: a send/recv between two other ranks
+  Buffer input, output;
+  concord_allreduce_opts_t ar_opts;
+  concord_reducescatter_opts_t rs_opts;
+  concord_alltoall_opts_t a2a_opts;
+  concord_reduce_opts_t rd_opts;
+  concord_request_t request = nullptr;
+  concord_status_t submitted = CONCORD_SUCCESS;
+  std::string submit_error;
+  bool with_callback = false;
+  std::atomic<int> callbacks{0};
+  std::atomic<int> callback_status{-1};
+};
+
+void OnComplete(concord_request_t, concord_status_t status, void* user_data) {
+  auto* slot = static_cast<Slot*>(user_data);
+  slot->callback_status.store(static_cast<int>(status));
+  slot->callbacks.fetch_add(1);
+}
+
+class Round {
+ public:
+  Round(concord_comm_t comm, int rank, int size, uint64_t seed, int round)
+      : comm_(comm), rank_(rank), size_(size), seed_(seed), round_(round) {}
+
+  void Prepare(const std::vector<Spec>& specs) {
+    slots_ = std::vector<Slot>(specs.size());
+    Rng rng((seed_ * 31 + static_cast<uint64_t>(round_)) * 131 + static_cast<uint64_t>(rank_));
+    for (size_t i = 0; i < specs.size(); ++i) {
+      Prepare(specs[i], &slots_[i]);
+      slots_[i].with_callback = rng.Chance(0.3);
+    }
+    // Units: a group or one operation; this rank's own order.
+    for (size_t i = 0; i < specs.size();) {
+      size_t end = i + 1;
+      while (specs[i].group >= 0 && end < specs.size() && specs[end].group == specs[i].group) ++end;
+      units_.push_back({i, end});
+      i = end;
+    }
+    std::shuffle(units_.begin(), units_.end(), rng.gen());
+    for (size_t i = 0; i < specs.size(); ++i) wait_order_.push_back(i);
+    std::shuffle(wait_order_.begin(), wait_order_.end(), rng.gen());
+    for (size_t i = 0; i < units_.size(); ++i) sleeps_.push_back(rng.Chance(0.05));
+    for (size_t i = 0; i < specs.size(); ++i) polls_.push_back(rng.Chance(0.3));
+  }
+
+  // Two threads take the units in this rank's order.
+  void Submit() {
+    std::atomic<size_t> next{0};
+    auto work = [&] {
+      for (size_t u; (u = next.fetch_add(1)) < units_.size();) {
+        if (sleeps_[u]) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        const auto [begin, end] = units_[u];
+        const bool grouped = end - begin > 1;
+        if (grouped && concord_group_start(comm_) != CONCORD_SUCCESS) {
+          slots_[begin].submitted = CONCORD_ERR_INTERNAL;
+          slots_[begin].submit_error =
+              std::string("group_start: ") + concord_comm_last_error(comm_);
+        }
+        for (size_t i = begin; i < end; ++i) SubmitOne(&slots_[i]);
+        if (grouped) {
+          const concord_status_t s = concord_group_end(comm_);
+          if (s != CONCORD_SUCCESS) {
+            slots_[begin].submitted = s;
+            slots_[begin].submit_error =
+                std::string("group_end: ") + concord_comm_last_error(comm_);
+          }
+        }
+      }
+    };
+    std::thread other(work);
+    work();
+    other.join();
+  }
+
+  // Waits for every operation in this rank's order and checks it. Returns the checks made.
+  long WaitAndCheck() {
+    long checks = 0;
+    for (size_t i : wait_order_) checks += WaitAndCheck(&slots_[i], polls_[i]);
+    return checks;
+  }
+
+ private:
+  void Prepare(const Spec& s, Slot* slot) {
+    slot->spec = &s;
+    switch (s.kind) {
+      case Kind::kAllreduce:
+      case Kind::kBroadcast:
+      case Kind::kReduce:
+        slot->input = MakeBuffer(s, s.rows);
+        FillInput(s, rank_, &slot->input);
+        if (!s.in_place) slot->output = MakeBuffer(s, s.rows, 0x5A);
+        break;
+      case Kind::kAllgather:
+      case Kind::kGather: {
+        slot->input = MakeBuffer(s, s.rank_rows[static_cast<size_t>(rank_)]);
+        FillInput(s, rank_, &slot->input);
+        int64_t total = 0;
+        for (int64_t r : s.rank_rows) total += r;
+        if (!s.owned) slot->output = MakeBuffer(s, total, 0x5A);
+        break;
+      }
+      case Kind::kReducescatter:
+        slot->input = MakeBuffer(s, s.rows);
+        FillInput(s, rank_, &slot->input);
+        if (!s.in_place) slot->output = MakeBuffer(s, RecvRows(s), 0x5A);
+        break;
+      case Kind::kAlltoall: {
+        int64_t sent = s.rows;
+        if (!s.a2a.empty()) {
+          sent = 0;
+          for (int64_t r : s.a2a[static_cast<size_t>(rank_)]) sent += r;
+        }
+        slot->input = MakeBuffer(s, sent);
+        FillInput(s, rank_, &slot->input);
+        if (!s.owned) slot->output = MakeBuffer(s, AlltoallRecvTotal(s), 0x5A);
+        break;
+      }
+      case Kind::kSendRecv:
+        slot->takes_part = rank_ == s.src || rank_ == s.dst;
+        if (rank_ == s.src) {
+          slot->input = MakeBuffer(s, s.rows);
+          FillInput(s, rank_, &slot->input);
+        } else if (rank_ == s.dst && s.recv_expected) {
+          slot->output = MakeBuffer(s, s.rows, 0x5A);
+        }
+        break;
+      case Kind::kBarrier:
+        break;
+    }
+  }
+
+  // Reducescatter: the rows this rank receives, and the first of them in the full result.
+  int64_t RecvRows(const Spec& s) const { return RecvRange(s).second; }
+  std::pair<int64_t, int64_t> RecvRange(const Spec& s) const {
+    int64_t first = 0;
+    for (int r = 0; r < size_; ++r) {
+      const int64_t n = s.splits.empty() ? s.rows / size_ + (r < s.rows % size_ ? 1 : 0)
+                                         : s.splits[static_cast<size_t>(r)];
+      if (r == rank_) return {first, n};
+      first += n;
+    }
+    return {first, 0};
+  }
+  // Alltoall: rows rank `from` sends rank `to`, and the first of them in `from`'s input.
+  std::pair<int64_t, int64_t> AlltoallPart(const Spec& s, int from, int to) const {
+    if (s.a2a.empty()) return {to * (s.rows / size_), s.rows / size_};
+    const auto& row = s.a2a[static_cast<size_t>(from)];
+    int64_t first = 0;
+    for (int d = 0; d < to; ++d) first += row[static_cast<size_t>(d)];
+    return {first, row[static_cast<size_t>(to)]};
+  }
+  int64_t AlltoallRecvTotal(const Spec& s) const {
+    int64_t total = 0;
+    for (int r = 0; r < size_; ++r) total += AlltoallPart(s, r, rank_).second;
+    return total;
+  }
+
+  void SubmitOne(Slot* slot) {
+    const Spec& s = *slot->spec;
+    if (!slot->takes_part) return;
+    const char* name = s.name.c_str();
+    concord_callback_t cb = slot->with_callback ? OnComplete : nullptr;
+    void* ud = slot->with_callback ? slot : nullptr;
+    concord_tensor_t in = slot->input.Tensor();
+    concord_tensor_t out = slot->output.Tensor();
+    const concord_tensor_t* out_or_null = s.in_place ? nullptr : &out;
+    concord_status_t st = CONCORD_SUCCESS;
+    switch (s.kind) {
+      case Kind::kAllreduce:
+        concord_allreduce_opts_init(&slot->ar_opts);
+        slot->ar_opts.op = s.op;
+        slot->ar_opts.prescale = s.prescale;
+        slot->ar_opts.postscale = s.postscale;
+        slot->ar_opts.compression = s.compression;
+        st = concord_allreduce_async(comm_, name, &in, out_or_null, &slot->ar_opts, cb, ud,
+                                     &slot->request);
+        break;
+      case Kind::kBroadcast:
+        st = concord_broadcast_async(comm_, name, &in, out_or_null, s.root, cb, ud, &slot->request);
+        break;
+      case Kind::kReduce:
+        concord_reduce_opts_init(&slot->rd_opts);
+        slot->rd_opts.op = s.op;
+        slot->rd_opts.prescale = s.prescale;
+        slot->rd_opts.postscale = s.postscale;
+        st = concord_reduce_async(comm_, name, &in, out_or_null, s.root, &slot->rd_opts, cb, ud,
+                                  &slot->request);
+        break;
+      case Kind::kAllgather:
+        st = concord_allgather_async(comm_, name, &in, s.owned ? nullptr : out.data,
+                                     slot->output.bytes.size(), cb, ud, &slot->request);
+        break;
+      case Kind::kGather:
+        st = concord_gather_async(comm_, name, &in, s.owned ? nullptr : out.data,
+                                  slot->output.bytes.size(), s.root, cb, ud, &slot->request);
+        break;
+      case Kind::kReducescatter: {
+        concord_reducescatter_opts_init(&slot->rs_opts);
+        slot->rs_opts.op = s.op;
+        slot->rs_opts.prescale = s.prescale;
+        slot->rs_opts.postscale = s.postscale;
+        if (!s.splits.empty()) {
+          slot->rs_opts.recv_splits = s.splits.data();
+          slot->rs_opts.nsplits = size_;
+        }
+        concord_tensor_t rs_out = out;
+        if (s.in_place) {
+          slot->output = MakeBuffer(s, RecvRows(s));  // only for its shape
+          rs_out = slot->output.Tensor();
+          rs_out.data = in.data;
+        }
+        st = concord_reducescatter_async(comm_, name, &in, &rs_out, &slot->rs_opts, cb, ud,
+                                         &slot->request);
+        break;
+      }
+      case Kind::kAlltoall:
+        concord_alltoall_opts_init(&slot->a2a_opts);
+        if (!s.a2a.empty()) {
+          slot->a2a_opts.splits = s.a2a[static_cast<size_t>(rank_)].data();
+          slot->a2a_opts.nsplits = size_;
+        }
+        st = concord_alltoall_async(comm_, name, &in, s.owned ? nullptr : out.data,
+                                    slot->output.bytes.size(), &slot->a2a_opts, cb, ud,
+                                    &slot->request);
+        break;
+      case Kind::kSendRecv:
+        if (rank_ == s.src) {
+          st = concord_send_async(comm_, &in, s.dst, s.id, cb, ud, &slot->request);
+        } else {
+          st = concord_recv_async(comm_, s.recv_expected ? &out : nullptr, s.src, s.id, cb, ud,
+                                  &slot->request);
+        }
+        break;
+      case Kind::kBarrier:
+        st = concord_barrier_async(comm_, cb, ud, &slot->request);
+        break;
+    }
+    slot->submitted = st;
+    if (st != CONCORD_SUCCESS) slot->submit_error = concord_comm_last_error(comm_);
+  }
+
+  // Describes the operation in a failure line.
+  std::string What(const Slot& slot) const {
+    const Spec& s = *slot.spec;
+    return "seed " + std::to_string(seed_) + " round " + std::to_string(round_) + " " +
+           KindName(s.kind) + " '" + s.name + "' (" + mp::DTypeName(s.dtype) + ", " +
+           std::to_string(s.rows) + "x" + std::to_string(s.cols) + ", root " +
+           std::to_string(s.root) + (s.in_place ? ", in place" : "") + (s.owned ? ", owned" : "") +
+           (s.group >= 0 ? ", grouped" : "") + ")";
+  }
+
+  long WaitAndCheck(Slot* slot, bool poll) {
+    if (!slot->takes_part) return 0;
+    if (slot->submitted != CONCORD_SUCCESS) {
+      FAILF("%s: submit: %s: %s", What(*slot).c_str(), concord_status_string(slot->submitted),
+            slot->submit_error.c_str());
+      if (slot->request != nullptr) concord_request_free(slot->request);
+      return 0;
+    }
+    concord_status_t st;
+    if (poll) {
+      const double deadline = mp::Now() + 60;
+      while ((st = concord_test(slot->request)) == CONCORD_IN_PROGRESS && mp::Now() < deadline) {
+        std::this_thread::yield();
+      }
+    } else {
+      st = concord_wait(slot->request, 60);
+    }
+    long checks = 0;
+    if (st != CONCORD_SUCCESS) {
+      FAILF("%s: %s: %s", What(*slot).c_str(), concord_status_string(st),
+            concord_request_error(slot->request));
+    } else {
+      checks = CheckResult(slot);
+    }
+    if (slot->with_callback) {
+      // The callback runs before the request completes for its waiters.
+      CHECKF(slot->callbacks.load() == 1 && slot->callback_status.load() == static_cast<int>(st),
+             "%s: %d callbacks, the last with status %d, for a request that ended with %d",
+             What(*slot).c_str(), slot->callbacks.load(), slot->callback_status.load(),
+             static_cast<int>(st));
+    }
+    concord_request_free(slot->request);
+    slot->request = nullptr;
+    return checks;
+  }
+
+  // Compares `count` elements of `data` from `first` on against want(j); one failure line per
+  // operation at most.
+  long Compare(const Slot& slot, const void* data, int64_t count, const char* what,
+               concord_dtype_t tolerance_of, const std::function<double(int64_t)>& want) {
+    const Spec& s = *slot.spec;
+    for (int64_t j = 0; j < count; ++j) {
+      const double got = LoadElement(s.dtype, data, static_cast<size_t>(j));
+      const double w = want(j);
+      if (!mp::Close(got, w, tolerance_of)) {
+        FAILF("%s: %s element %lld of %lld is %g, want %g", What(slot).c_str(), what,
+              static_cast<long long>(j), static_cast<long long>(count), got, w);
+        return j;
+      }
+    }
+    return count;
+  }
+
+  // The owned or given output of an allgather, gather or alltoall: its data, checked for size.
+  const void* Output(Slot* slot, int64_t rows, bool* ok) {
+    const Spec& s = *slot->spec;
+    void* data = nullptr;
+    size_t bytes = 0;
+    int64_t first = -1;
+    const concord_status_t st = concord_request_output(slot->request, &data, &bytes, &first);
+    const size_t want_bytes = static_cast<size_t>(rows * s.cols) * ElementSize(s.dtype);
+    *ok = st == CONCORD_SUCCESS && bytes == want_bytes && first == rows &&
+          (s.owned || data == slot->output.bytes.data() || rows == 0);
+    CHECKF(*ok, "%s: output: %s, %zu bytes (want %zu), first dimension %lld (want %lld)",
+           What(*slot).c_str(), concord_status_string(st), bytes, want_bytes,
+           static_cast<long long>(first), static_cast<long long>(rows));
+    return data;
+  }
+
+  long CheckResult(Slot* slot) {
+    const Spec& s = *slot->spec;
+    const int64_t row_elems = s.cols;
+    const concord_dtype_t tol = s.compression == nullptr                  ? s.dtype
+                                : std::strcmp(s.compression, "fp16") == 0 ? CONCORD_FLOAT16
+                                                                          : CONCORD_BFLOAT16;
+    auto reduced = [&](int64_t j) {
+      return ExpectedAllreduce(
+          s.op, s.dtype, size_, [&](int r) { return InputValue(s, r, j); }, s.prescale,
+          s.postscale);
+    };
+    switch (s.kind) {
+      case Kind::kAllreduce: {
+        const Buffer& b = s.in_place ? slot->input : slot->output;
+        return Compare(*slot, b.bytes.data(), b.Elements(), "result", tol, reduced);
+      }
+      case Kind::kBroadcast: {
+        const Buffer& b = s.in_place ? slot->input : slot->output;
+        return Compare(*slot, b.bytes.data(), b.Elements(), "result", s.dtype,
+                       [&](int64_t j) { return InputValue(s, s.root, j); });
+      }
+      case Kind::kReduce: {
+        if (rank_ == s.root) {
+          const Buffer& b = s.in_place ? slot->input : slot->output;
+          return Compare(*slot, b.bytes.data(), b.Elements(), "result", s.dtype, reduced);
+        }
+        long n =
+            Compare(*slot, slot->input.bytes.data(), slot->input.Elements(), "non-root's input",
+                    s.dtype, [&](int64_t j) { return InputValue(s, rank_, j); });
+        const bool untouched = std::all_of(slot->output.bytes.begin(), slot->output.bytes.end(),
+                                           [](unsigned char c) { return c == 0x5A; });
+        CHECKF(untouched, "%s: a non-root's output was written", What(*slot).c_str());
+        return n + 1;
+      }
+      case Kind::kAllgather:
+      case Kind::kGather: {
+        if (s.kind == Kind::kGather && rank_ != s.root) {
+          void* data = nullptr;
+          size_t bytes = 1;
+          int64_t first = 1;
+          concord_request_output(slot->request, &data, &bytes, &first);
+          CHECKF(data == nullptr && bytes == 0 && first == 0,
+                 "%s: a non-root's gather output: %p, %zu bytes, first dimension %lld",
+                 What(*slot).c_str(), data, bytes, static_cast<long long>(first));
+          return 1;
+        }
+        int64_t total = 0;
+        for (int64_t r : s.rank_rows) total += r;
+        bool ok = false;
+        const void* data = Output(slot, total, &ok);
+        if (!ok) return 0;
+        std::vector<std::pair<int, int64_t>> origin;  // output row -> (rank, its row)
+        for (int r = 0; r < size_; ++r) {
+          for (int64_t k = 0; k < s.rank_rows[static_cast<size_t>(r)]; ++k)
+            origin.push_back({r, k});
+        }
+        return Compare(*slot, data, total * row_elems, "result", s.dtype, [&](int64_t j) {
+          const auto& [r, k] = origin[static_cast<size_t>(j / row_elems)];
+          return InputValue(s, r, k * row_elems + j % row_elems);
+        });
+      }
+      case Kind::kReducescatter: {
+        const std::pair<int64_t, int64_t> range = RecvRange(s);
+        const int64_t first = range.first, rows = range.second;
+        const void* data = s.in_place ? slot->input.bytes.data() : slot->output.bytes.data();
+        return Compare(*slot, data, rows * row_elems, "result", tol,
+                       [&](int64_t j) { return reduced(first * row_elems + j); });
+      }
+      case Kind::kAlltoall: {
+        const int64_t total = AlltoallRecvTotal(s);
+        bool ok = false;
+        const void* data = Output(slot, total, &ok);
+        std::vector<int64_t> received(static_cast<size_t>(size_), -1);
+        const concord_status_t st =
+            concord_request_received_splits(slot->request, received.data(), size_);
+        for (int r = 0; r < size_; ++r) {
+          CHECKF(st == CONCORD_SUCCESS &&
+                     received[static_cast<size_t>(r)] == AlltoallPart(s, r, rank_).second,
+                 "%s: received splits: %s, from rank %d: %lld rows, want %lld", What(*slot).c_str(),
+                 concord_status_string(st), r,
+                 static_cast<long long>(received[static_cast<size_t>(r)]),
+                 static_cast<long long>(AlltoallPart(s, r, rank_).second));
+        }
+        if (!ok) return 0;
+        std::vector<std::pair<int, int64_t>> origin;  // output row -> (rank, its input row)
+        for (int r = 0; r < size_; ++r) {
+          const auto [from, n] = AlltoallPart(s, r, rank_);
+          for (int64_t k = 0; k < n; ++k) origin.push_back({r, from + k});
+        }
+        return Compare(*slot, data, total * row_elems, "result", s.dtype, [&](int64_t j) {
+          const auto& [r, k] = origin[static_cast<size_t>(j / row_elems)];
+          return InputValue(s, r, k * row_elems + j % row_elems);
+        });
+      }
+      case Kind::kSendRecv: {
+        if (rank_ == s.src) return 0;
+        const void* data = slot->output.bytes.data();
+        if (!s.recv_expected) {
+          void* owned = nullptr;
+          size_t bytes = 0;
+          int64_t first = -1;
+          concord_dtype_t dtype = CONCORD_UINT8;
+          int ndim = -1;
+          int64_t shape[CONCORD_MAX_DIMS] = {};
+          concord_request_output(slot->request, &owned, &bytes, &first);
+          concord_request_output_shape(slot->request, &dtype, &ndim, shape);
+          const int want_ndim = s.cols == 1 ? 1 : 2;
+          const bool ok = dtype == s.dtype && ndim == want_ndim && shape[0] == s.rows &&
+                          (ndim == 1 || shape[1] == s.cols) &&
+                          bytes == static_cast<size_t>(s.rows * s.cols) * ElementSize(s.dtype);
+          CHECKF(ok, "%s: received %s, %d dims, first %lld, %zu bytes", What(*slot).c_str(),
+                 mp::DTypeName(dtype), ndim, static_cast<long long>(shape[0]), bytes);
+          if (!ok) return 0;
+          data = owned;
+        }
+        return Compare(*slot, data, s.rows * s.cols, "received", s.dtype,
+                       [&](int64_t j) { return InputValue(s, s.src, j); });
+      }
+      case Kind::kBarrier:
+        return 1;
+    }
+    return 0;
+  }
+
+  concord_comm_t comm_;
+  const int rank_, size_;
+  const uint64_t seed_;
+  const int round_;
+  std::vector<Slot> slots_;
+  std::vector<std::pair<size_t, size_t>> units_;  // [begin, end) of slots
+  std::vector<size_t> wait_order_;
+  std::vector<bool> sleeps_, polls_;
+};
+
+int64_t Arg(int argc, char** argv, const char* flag, int64_t fallback) {
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::strcmp(argv[i], flag) == 0) return std::atoll(argv[i + 1]);
+  }
+  return fallback;
+}
+
+int Run(int argc, char** argv) {
+  const uint64_t seed = static_cast<uint64_t>(Arg(argc, argv, "--seed", 1));
+  const int rounds = static_cast<int>(Arg(argc, argv, "--rounds", 12));
+  const int ops = static_cast<int>(Arg(argc, argv, "--ops", 48));
+  const int64_t max_rows = Arg(argc, argv, "--max-rows", 40000);
+  // Pretend the ranks run on K hosts, rank r on host r % K (CONCORD_HOST_ID), so that with
+  // CONCORD_HIERARCHICAL=on the hierarchical backend runs.
+  if (const int64_t hosts = Arg(argc, argv, "--hosts-interleaved", 0); hosts > 0) {
+    const char* r = std::getenv("CONCORD_RANK");
+    if (r == nullptr) {
+      std::fprintf(stderr, "--hosts-interleaved needs CONCORD_RANK (run under concordrun)\n");
+      return 2;
+    }
+    setenv("CONCORD_HOST_ID", ("random-mix-host-" + std::to_string(std::atoi(r) % hosts)).c_str(),
+           1);
+  }
+  int rank = 0, size = 1;
+  concord_comm_t comm = mp::InitOrExit(&rank, &size);
+  const double t0 = mp::Now();
+  long checks = 0, operations = 0;
+  for (int round = 0; round < rounds; ++round) {
+    const std::vector<Spec> specs = DrawRound(seed, round, ops, size, max_rows);
+    Round r(comm, rank, size, seed, round);
+    r.Prepare(specs);
+    r.Submit();
+    checks += r.WaitAndCheck();
+    operations += static_cast<long>(specs.size());
+  }
+  concord_stats_t stats;
+  std::memset(&stats, 0, sizeof(stats));
+  stats.struct_size = sizeof(stats);
+  concord_comm_stats(comm, &stats);
+  const concord_status_t s = concord_finalize(comm);
+  CHECKF(s == CONCORD_SUCCESS, "finalize: %s", concord_status_string(s));
+  const int failures = CheckFailures();
+  std::printf(
+      "random_mix: rank %d of %d: seed %llu, %d rounds, %ld operations, %ld checks, %llu cached "
+      "and %llu full negotiations, %llu fused tensors, %d failures, %.2f s: %s\n",
+      rank, size, static_cast<unsigned long long>(seed), rounds, operations, checks,
+      static_cast<unsigned long long>(stats.responses_cached),
+      static_cast<unsigned long long>(stats.responses_full),
+      static_cast<unsigned long long>(stats.fused_tensors), failures, mp::Now() - t0,
+      failures == 0 ? "PASS" : "FAIL");
+  return failures == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return Run(argc, argv);
+}
