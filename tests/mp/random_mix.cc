@@ -3,7 +3,7 @@
 // response cache, lanes and groups under interleavings no hand-written case chooses. C API only.
 //
 //   concordrun -np N ./mp_random_mix [--seed S] [--rounds R] [--ops K] [--max-rows M]
-//                                    [--hosts-interleaved H]
+//                                    [--hosts-interleaved H] [--split]
 //
 // Every rank draws the same program from the seed. Each round has K operations in three parts:
 // - static: the same K/2 operations every round (names, dtypes and shapes; the values change), so
@@ -20,12 +20,16 @@
 // in its own random order from two threads, some with a callback, some after a short sleep,
 // waits for them in another order (concord_wait, or polling concord_test), and checks every
 // result against a value computed here. Inputs are small integers, so results are exact except
-// where an average divides (the dtype's tolerance). A failure names the seed, round and
-// operation: rerun with that seed to see it again. Prints one summary line per rank.
+// where an average divides (the dtype's tolerance). Every round ends with concord_end_step.
+// --split runs a second mix on a sub-communicator (the ranks of this rank's parity, in reverse
+// order) at the same time, submitted from two more threads. A failure names the communicator,
+// seed, round and operation: rerun with that seed to see it again. Prints one summary line per
+// rank.
 #include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -299,8 +303,8 @@ void OnComplete(concord_request_t, concord_status_t status, void* user_data) {
 
 class Round {
  public:
-  Round(concord_comm_t comm, int rank, int size, uint64_t seed, int round)
-      : comm_(comm), rank_(rank), size_(size), seed_(seed), round_(round) {}
+  Round(concord_comm_t comm, const char* comm_name, int rank, int size, uint64_t seed, int round)
+      : comm_(comm), comm_name_(comm_name), rank_(rank), size_(size), seed_(seed), round_(round) {}
 
   void Prepare(const std::vector<Spec>& specs) {
     slots_ = std::vector<Slot>(specs.size());
@@ -522,11 +526,11 @@ class Round {
   // Describes the operation in a failure line.
   std::string What(const Slot& slot) const {
     const Spec& s = *slot.spec;
-    return "seed " + std::to_string(seed_) + " round " + std::to_string(round_) + " " +
-           KindName(s.kind) + " '" + s.name + "' (" + mp::DTypeName(s.dtype) + ", " +
-           std::to_string(s.rows) + "x" + std::to_string(s.cols) + ", root " +
-           std::to_string(s.root) + (s.in_place ? ", in place" : "") + (s.owned ? ", owned" : "") +
-           (s.group >= 0 ? ", grouped" : "") + ")";
+    return std::string(comm_name_) + " seed " + std::to_string(seed_) + " round " +
+           std::to_string(round_) + " " + KindName(s.kind) + " '" + s.name + "' (" +
+           mp::DTypeName(s.dtype) + ", " + std::to_string(s.rows) + "x" + std::to_string(s.cols) +
+           ", root " + std::to_string(s.root) + (s.in_place ? ", in place" : "") +
+           (s.owned ? ", owned" : "") + (s.group >= 0 ? ", grouped" : "") + ")";
   }
 
   long WaitAndCheck(Slot* slot, bool poll) {
@@ -723,6 +727,7 @@ class Round {
   }
 
   concord_comm_t comm_;
+  const char* const comm_name_;  // "world" or "split"
   const int rank_, size_;
   const uint64_t seed_;
   const int round_;
@@ -731,6 +736,13 @@ class Round {
   std::vector<size_t> wait_order_;
   std::vector<bool> sleeps_, polls_;
 };
+
+bool HasFlag(int argc, char** argv, const char* flag) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], flag) == 0) return true;
+  }
+  return false;
+}
 
 int64_t Arg(int argc, char** argv, const char* flag, int64_t fallback) {
   for (int i = 1; i + 1 < argc; ++i) {
@@ -757,15 +769,50 @@ int Run(int argc, char** argv) {
   }
   int rank = 0, size = 1;
   concord_comm_t comm = mp::InitOrExit(&rank, &size);
+  // --split: a sub-communicator of this rank's parity, in reverse rank order, runs its own mix
+  // beside the world's: both rounds are submitted at once (four threads), then checked here.
+  concord_comm_t sub = nullptr;
+  int sub_rank = 0, sub_size = 0;
+  if (HasFlag(argc, argv, "--split")) {
+    const concord_status_t s = concord_comm_split(comm, rank % 2, size - rank, &sub);
+    if (s != CONCORD_SUCCESS || sub == nullptr) {
+      FAILF("concord_comm_split: %s: %s", concord_status_string(s), concord_comm_last_error(comm));
+      return 1;
+    }
+    concord_comm_rank(sub, &sub_rank);
+    concord_comm_size(sub, &sub_size);
+  }
   const double t0 = mp::Now();
   long checks = 0, operations = 0;
   for (int round = 0; round < rounds; ++round) {
     const std::vector<Spec> specs = DrawRound(seed, round, ops, size, max_rows);
-    Round r(comm, rank, size, seed, round);
+    Round r(comm, "world", rank, size, seed, round);
     r.Prepare(specs);
+    std::vector<Spec> sub_specs;
+    std::optional<Round> on_sub;
+    if (sub != nullptr) {
+      sub_specs =
+          DrawRound(seed * 2 + 1 + static_cast<uint64_t>(rank % 2), round, ops, sub_size, max_rows);
+      on_sub.emplace(sub, "split", sub_rank, sub_size, seed, round);
+      on_sub->Prepare(sub_specs);
+    }
+    std::thread sub_submitter([&] {
+      if (on_sub) on_sub->Submit();
+    });
     r.Submit();
+    sub_submitter.join();
     checks += r.WaitAndCheck();
     operations += static_cast<long>(specs.size());
+    CHECK_STATUS(concord_end_step(comm), CONCORD_SUCCESS);
+    if (on_sub) {
+      checks += on_sub->WaitAndCheck();
+      operations += static_cast<long>(sub_specs.size());
+      CHECK_STATUS(concord_end_step(sub), CONCORD_SUCCESS);
+    }
+  }
+  if (sub != nullptr) {
+    const concord_status_t s = concord_finalize(sub);
+    CHECKF(s == CONCORD_SUCCESS, "finalize the split: %s", concord_status_string(s));
   }
   concord_stats_t stats;
   std::memset(&stats, 0, sizeof(stats));
