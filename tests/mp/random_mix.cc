@@ -3,7 +3,7 @@
 // response cache, lanes and groups under interleavings no hand-written case chooses. C API only.
 //
 //   concordrun -np N ./mp_random_mix [--seed S] [--rounds R] [--ops K] [--max-rows M]
-//                                    [--hosts-interleaved H] [--split]
+//                                    [--hosts-interleaved H] [--split] [--mismatch-percent P]
 //
 // Every rank draws the same program from the seed. Each round has K operations in three parts:
 // - static: the same K/2 operations every round (names, dtypes and shapes; the values change), so
@@ -20,7 +20,12 @@
 // in its own random order from two threads, some with a callback, some after a short sleep,
 // waits for them in another order (concord_wait, or polling concord_test), and checks every
 // result against a value computed here. Inputs are small integers, so results are exact except
-// where an average divides (the dtype's tolerance). Every round ends with concord_end_step.
+// where an average divides (the dtype's tolerance). With --mismatch-percent P, P% of the
+// ungrouped operations have one rank give a field differently (dtype, rows, reduction or root,
+// each still valid on its own): each must fail with MISMATCH naming it on every rank (a
+// send/recv: on the receiver), and every other operation of the round must still come out right,
+// the response cache serving the same names again next round. Every round ends with
+// concord_end_step.
 // --split runs a second mix on a sub-communicator (the ranks of this rank's parity, in reverse
 // order) at the same time, submitted from two more threads. A failure names the communicator,
 // seed, round and operation: rerun with that seed to see it again. Prints one summary line per
@@ -71,6 +76,13 @@ const char* KindName(Kind k) {
   return kNames[static_cast<int>(k)];
 }
 
+enum class Perturb { kNone, kDType, kRows, kOp, kRoot };
+const char* PerturbName(Perturb p) {
+  static const char* const kNames[] = {"nothing", "the dtype", "the rows", "the reduction",
+                                       "the root"};
+  return kNames[static_cast<int>(p)];
+}
+
 // One operation of the program, the same on every rank.
 struct Spec {
   Kind kind = Kind::kBarrier;
@@ -91,6 +103,10 @@ struct Spec {
   int src = 0, dst = 0;                   // send/recv
   bool recv_expected = true;              // the recv names the shape
   int group = -1;                         // members of one group are consecutive
+  // A mismatch: rank `odd_rank` gives this field differently (its enqueue is still valid), so
+  // every rank's request fails with MISMATCH (a send/recv: the receiver's only).
+  Perturb perturb = Perturb::kNone;
+  int odd_rank = -1;
 };
 
 class Rng {
@@ -183,8 +199,64 @@ Spec DrawSpec(Rng& rng, int size, int64_t max_rows) {
   return s;
 }
 
+// A field one rank gives differently, such that its own enqueue stays valid: a dtype of the same
+// kind (an integer for an integer, a floating type for a floating one: scales apply to floating
+// types only; float32 or float64 under compression), one more row where no split depends on the
+// rows, another reduction, another root.
+void DrawMismatch(Rng& rng, int size, Spec* s) {
+  std::vector<Perturb> can{Perturb::kDType};
+  if (s->kind == Kind::kAllreduce || s->kind == Kind::kBroadcast || s->kind == Kind::kReduce) {
+    can.push_back(Perturb::kRows);
+  }
+  if ((s->kind == Kind::kAllreduce && s->compression == nullptr) || s->kind == Kind::kReduce) {
+    can.push_back(Perturb::kOp);
+  }
+  if (s->kind == Kind::kBroadcast || s->kind == Kind::kReduce || s->kind == Kind::kGather) {
+    can.push_back(Perturb::kRoot);
+  }
+  if (s->kind == Kind::kSendRecv && !s->recv_expected) return;  // the recv takes any shape
+  s->perturb = can[static_cast<size_t>(rng.Below(static_cast<int64_t>(can.size())))];
+  s->odd_rank = s->kind == Kind::kSendRecv ? s->dst : static_cast<int>(rng.Below(size));
+}
+
+// Rank `rank`'s view of `s`: the odd rank's field changed.
+Spec Mine(const Spec& s, int rank, int size) {
+  Spec mine = s;
+  if (rank != s.odd_rank) return mine;
+  static const concord_dtype_t kInts[] = {CONCORD_UINT8, CONCORD_INT8, CONCORD_INT32,
+                                          CONCORD_INT64};
+  static const concord_dtype_t kFloats[] = {CONCORD_FLOAT16, CONCORD_BFLOAT16, CONCORD_FLOAT32,
+                                            CONCORD_FLOAT64};
+  switch (s.perturb) {
+    case Perturb::kDType: {
+      const concord_dtype_t* kind = IsFloat(s.dtype) ? kFloats : kInts;
+      const int from = s.compression != nullptr ? 2 : 0;  // compression: float32, float64
+      for (int i = from; i < 4; ++i) {
+        if (kind[i] != s.dtype) {
+          mine.dtype = kind[i];
+          break;
+        }
+      }
+      break;
+    }
+    case Perturb::kRows:
+      mine.rows = s.rows + 1;
+      break;
+    case Perturb::kOp:
+      mine.op = s.op == CONCORD_SUM ? CONCORD_MAX : CONCORD_SUM;
+      break;
+    case Perturb::kRoot:
+      mine.root = (s.root + 1) % size;
+      break;
+    case Perturb::kNone:
+      break;
+  }
+  return mine;
+}
+
 // The operations of round `round`; every rank draws the same.
-std::vector<Spec> DrawRound(uint64_t seed, int round, int ops, int size, int64_t max_rows) {
+std::vector<Spec> DrawRound(uint64_t seed, int round, int ops, int size, int64_t max_rows,
+                            double mismatch_rate) {
   std::vector<Spec> specs;
   Rng statics(seed * 7919 + 1);  // the same every round
   Rng rng(seed * 7919 + 2 + static_cast<uint64_t>(round));
@@ -219,6 +291,12 @@ std::vector<Spec> DrawRound(uint64_t seed, int round, int ops, int size, int64_t
       for (size_t k = i; k < end; ++k) specs[k].group = static_cast<int>(i);
     }
     i = std::max(end, i + 1);
+  }
+  Rng odd(seed * 7919 + 100003 + static_cast<uint64_t>(round));
+  for (Spec& s : specs) {
+    if (size > 1 && s.group < 0 && s.kind != Kind::kBarrier && odd.Chance(mismatch_rate)) {
+      DrawMismatch(odd, size, &s);
+    }
   }
   return specs;
 }
@@ -280,8 +358,9 @@ void FillInput(const Spec& s, int rank, Buffer* b) {
 
 // What one rank holds of one operation while it runs.
 struct Slot {
-  const Spec* spec = nullptr;
+  Spec spec;               // this rank's view (Mine)
   bool takes_part = true;  // false: a send/recv between two other ranks
+  bool expect_mismatch = false;
   Buffer input, output;
   concord_allreduce_opts_t ar_opts;
   concord_reducescatter_opts_t rs_opts;
@@ -356,6 +435,8 @@ class Round {
     other.join();
   }
 
+  long mismatches() const { return mismatches_; }
+
   // Waits for every operation in this rank's order and checks it. Returns the checks made.
   long WaitAndCheck() {
     long checks = 0;
@@ -364,8 +445,11 @@ class Round {
   }
 
  private:
-  void Prepare(const Spec& s, Slot* slot) {
-    slot->spec = &s;
+  void Prepare(const Spec& common, Slot* slot) {
+    slot->spec = Mine(common, rank_, size_);
+    const Spec& s = slot->spec;
+    slot->expect_mismatch =
+        common.perturb != Perturb::kNone && (common.kind != Kind::kSendRecv || rank_ == common.dst);
     switch (s.kind) {
       case Kind::kAllreduce:
       case Kind::kBroadcast:
@@ -440,7 +524,7 @@ class Round {
   }
 
   void SubmitOne(Slot* slot) {
-    const Spec& s = *slot->spec;
+    const Spec& s = slot->spec;
     if (!slot->takes_part) return;
     const char* name = s.name.c_str();
     concord_callback_t cb = slot->with_callback ? OnComplete : nullptr;
@@ -525,7 +609,7 @@ class Round {
 
   // Describes the operation in a failure line.
   std::string What(const Slot& slot) const {
-    const Spec& s = *slot.spec;
+    const Spec& s = slot.spec;
     return std::string(comm_name_) + " seed " + std::to_string(seed_) + " round " +
            std::to_string(round_) + " " + KindName(s.kind) + " '" + s.name + "' (" +
            mp::DTypeName(s.dtype) + ", " + std::to_string(s.rows) + "x" + std::to_string(s.cols) +
@@ -551,7 +635,20 @@ class Round {
       st = concord_wait(slot->request, 60);
     }
     long checks = 0;
-    if (st != CONCORD_SUCCESS) {
+    if (slot->expect_mismatch) {
+      // Every rank fails, naming the tensor (a recv: its tag); the other operations are not
+      // disturbed.
+      const std::string error = concord_request_error(slot->request);
+      const std::string named = slot->spec.kind == Kind::kSendRecv
+                                    ? "with tag " + std::to_string(slot->spec.id) + ":"
+                                    : "'" + slot->spec.name + "'";
+      CHECKF(st == CONCORD_ERR_MISMATCH && mp::Contains(error, named),
+             "%s: %s given differently by rank %d: %s: %s", What(*slot).c_str(),
+             PerturbName(slot->spec.perturb), slot->spec.odd_rank, concord_status_string(st),
+             error.c_str());
+      ++mismatches_;
+      checks = 1;
+    } else if (st != CONCORD_SUCCESS) {
       FAILF("%s: %s: %s", What(*slot).c_str(), concord_status_string(st),
             concord_request_error(slot->request));
     } else {
@@ -573,7 +670,7 @@ class Round {
   // operation at most.
   long Compare(const Slot& slot, const void* data, int64_t count, const char* what,
                concord_dtype_t tolerance_of, const std::function<double(int64_t)>& want) {
-    const Spec& s = *slot.spec;
+    const Spec& s = slot.spec;
     for (int64_t j = 0; j < count; ++j) {
       const double got = LoadElement(s.dtype, data, static_cast<size_t>(j));
       const double w = want(j);
@@ -588,7 +685,7 @@ class Round {
 
   // The owned or given output of an allgather, gather or alltoall: its data, checked for size.
   const void* Output(Slot* slot, int64_t rows, bool* ok) {
-    const Spec& s = *slot->spec;
+    const Spec& s = slot->spec;
     void* data = nullptr;
     size_t bytes = 0;
     int64_t first = -1;
@@ -603,7 +700,7 @@ class Round {
   }
 
   long CheckResult(Slot* slot) {
-    const Spec& s = *slot->spec;
+    const Spec& s = slot->spec;
     const int64_t row_elems = s.cols;
     const concord_dtype_t tol = s.compression == nullptr                  ? s.dtype
                                 : std::strcmp(s.compression, "fp16") == 0 ? CONCORD_FLOAT16
@@ -735,6 +832,7 @@ class Round {
   std::vector<std::pair<size_t, size_t>> units_;  // [begin, end) of slots
   std::vector<size_t> wait_order_;
   std::vector<bool> sleeps_, polls_;
+  long mismatches_ = 0;
 };
 
 bool HasFlag(int argc, char** argv, const char* flag) {
@@ -756,6 +854,7 @@ int Run(int argc, char** argv) {
   const int rounds = static_cast<int>(Arg(argc, argv, "--rounds", 12));
   const int ops = static_cast<int>(Arg(argc, argv, "--ops", 48));
   const int64_t max_rows = Arg(argc, argv, "--max-rows", 40000);
+  const double mismatch_rate = static_cast<double>(Arg(argc, argv, "--mismatch-percent", 0)) / 100;
   // Pretend the ranks run on K hosts, rank r on host r % K (CONCORD_HOST_ID), so that with
   // CONCORD_HIERARCHICAL=on the hierarchical backend runs.
   if (const int64_t hosts = Arg(argc, argv, "--hosts-interleaved", 0); hosts > 0) {
@@ -783,16 +882,16 @@ int Run(int argc, char** argv) {
     concord_comm_size(sub, &sub_size);
   }
   const double t0 = mp::Now();
-  long checks = 0, operations = 0;
+  long checks = 0, operations = 0, mismatches = 0;
   for (int round = 0; round < rounds; ++round) {
-    const std::vector<Spec> specs = DrawRound(seed, round, ops, size, max_rows);
+    const std::vector<Spec> specs = DrawRound(seed, round, ops, size, max_rows, mismatch_rate);
     Round r(comm, "world", rank, size, seed, round);
     r.Prepare(specs);
     std::vector<Spec> sub_specs;
     std::optional<Round> on_sub;
     if (sub != nullptr) {
-      sub_specs =
-          DrawRound(seed * 2 + 1 + static_cast<uint64_t>(rank % 2), round, ops, sub_size, max_rows);
+      sub_specs = DrawRound(seed * 2 + 1 + static_cast<uint64_t>(rank % 2), round, ops, sub_size,
+                            max_rows, mismatch_rate);
       on_sub.emplace(sub, "split", sub_rank, sub_size, seed, round);
       on_sub->Prepare(sub_specs);
     }
@@ -802,10 +901,12 @@ int Run(int argc, char** argv) {
     r.Submit();
     sub_submitter.join();
     checks += r.WaitAndCheck();
+    mismatches += r.mismatches();
     operations += static_cast<long>(specs.size());
     CHECK_STATUS(concord_end_step(comm), CONCORD_SUCCESS);
     if (on_sub) {
       checks += on_sub->WaitAndCheck();
+      mismatches += on_sub->mismatches();
       operations += static_cast<long>(sub_specs.size());
       CHECK_STATUS(concord_end_step(sub), CONCORD_SUCCESS);
     }
@@ -822,9 +923,10 @@ int Run(int argc, char** argv) {
   CHECKF(s == CONCORD_SUCCESS, "finalize: %s", concord_status_string(s));
   const int failures = CheckFailures();
   std::printf(
-      "random_mix: rank %d of %d: seed %llu, %d rounds, %ld operations, %ld checks, %llu cached "
-      "and %llu full negotiations, %llu fused tensors, %d failures, %.2f s: %s\n",
-      rank, size, static_cast<unsigned long long>(seed), rounds, operations, checks,
+      "random_mix: rank %d of %d: seed %llu, %d rounds, %ld operations (%ld mismatched), %ld "
+      "checks, %llu cached and %llu full negotiations, %llu fused tensors, %d failures, %.2f s: "
+      "%s\n",
+      rank, size, static_cast<unsigned long long>(seed), rounds, operations, mismatches, checks,
       static_cast<unsigned long long>(stats.responses_cached),
       static_cast<unsigned long long>(stats.responses_full),
       static_cast<unsigned long long>(stats.fused_tensors), failures, mp::Now() - t0,
