@@ -3,7 +3,8 @@
 // response cache, lanes and groups under interleavings no hand-written case chooses. C API only.
 //
 //   concordrun -np N ./mp_random_mix [--seed S] [--rounds R] [--ops K] [--max-rows M]
-//                                    [--hosts-interleaved H] [--split] [--mismatch-percent P]
+//                                    [--hosts-interleaved H] [--split | --join]
+//                                    [--mismatch-percent P]
 //
 // Every rank draws the same program from the seed. Each round has K operations in three parts:
 // - static: the same K/2 operations every round (names, dtypes and shapes; the values change), so
@@ -24,8 +25,13 @@
 // ungrouped operations have one rank give a field differently (dtype, rows, reduction or root,
 // each still valid on its own): each must fail with MISMATCH naming it on every rank (a
 // send/recv: on the receiver), and every other operation of the round must still come out right,
-// the response cache serving the same names again next round. Every round ends with
-// concord_end_step.
+// the response cache serving the same names again next round. With --join every rank runs out
+// of data after its own number of rounds (one runs them all) and calls concord_join: later
+// rounds are drawn for the ranks left (no reduce-scatter or all-to-all, which joined ranks
+// refuse; roots and send/recv ends among them), and their reductions must come out as the left
+// ranks' alone (the joined ones add the identity; an average divides by the ranks left), their
+// allgathers without rows from joined ranks; concord_join must return a rank that ran every
+// round. Every round ends with concord_end_step.
 // --split runs a second mix on a sub-communicator (the ranks of this rank's parity, in reverse
 // order) at the same time, submitted from two more threads. A failure names the communicator,
 // seed, round and operation: rerun with that seed to see it again. Prints one summary line per
@@ -46,7 +52,7 @@
 
 namespace {
 
-using concord::harness::ExpectedAllreduce;
+using concord::harness::CombineValues;
 using concord::harness::IsFloat;
 using concord::harness::LoadElement;
 using concord::harness::StoreElement;
@@ -254,9 +260,57 @@ Spec Mine(const Spec& s, int rank, int size) {
   return mine;
 }
 
+// What every rank draws the rounds of one communicator from.
+struct Plan {
+  uint64_t seed = 1;
+  int size = 1;
+  int ops = 48;
+  int64_t max_rows = 40000;
+  double mismatch_rate = 0;
+  // --join: rank r takes part in rounds [0, last_round[r]) and then joins; empty: every round.
+  std::vector<int> last_round;
+  bool Active(int rank, int round) const {
+    return last_round.empty() || round < last_round[static_cast<size_t>(rank)];
+  }
+  std::vector<int> ActiveRanks(int round) const {
+    std::vector<int> active;
+    for (int r = 0; r < size; ++r) {
+      if (Active(r, round)) active.push_back(r);
+    }
+    return active;
+  }
+};
+
+// Fits `s` to a round in which only `active` ranks submit, the others having joined: a
+// reduce-scatter or all-to-all (refused then) becomes an allreduce, roots and send/recv ends are
+// active ranks, and joined ranks contribute no rows to an allgather or gather.
+void FitToJoined(const std::vector<int>& active, int size, Spec* s) {
+  if (static_cast<int>(active.size()) == size) return;
+  const int n = static_cast<int>(active.size());
+  if (s->kind == Kind::kReducescatter || s->kind == Kind::kAlltoall ||
+      (s->kind == Kind::kSendRecv && n < 2)) {
+    s->kind = Kind::kAllreduce;
+    s->compression = nullptr;
+  }
+  s->root = active[static_cast<size_t>(s->root % n)];
+  if (s->kind == Kind::kSendRecv) {
+    const int from = s->src % n;
+    s->src = active[static_cast<size_t>(from)];
+    s->dst = active[static_cast<size_t>((from + 1 + s->dst % (n - 1)) % n)];
+  }
+  for (int r = 0; r < static_cast<int>(s->rank_rows.size()); ++r) {
+    if (std::find(active.begin(), active.end(), r) == active.end()) {
+      s->rank_rows[static_cast<size_t>(r)] = 0;
+    }
+  }
+}
+
 // The operations of round `round`; every rank draws the same.
-std::vector<Spec> DrawRound(uint64_t seed, int round, int ops, int size, int64_t max_rows,
-                            double mismatch_rate) {
+std::vector<Spec> DrawRound(const Plan& plan, int round) {
+  const uint64_t seed = plan.seed;
+  const int ops = plan.ops, size = plan.size;
+  const int64_t max_rows = plan.max_rows;
+  const std::vector<int> active = plan.ActiveRanks(round);
   std::vector<Spec> specs;
   Rng statics(seed * 7919 + 1);  // the same every round
   Rng rng(seed * 7919 + 2 + static_cast<uint64_t>(round));
@@ -270,6 +324,7 @@ std::vector<Spec> DrawRound(uint64_t seed, int round, int ops, int size, int64_t
                  ? "varying." + std::to_string(i - n_static)
                  : "r" + std::to_string(round) + ".fresh." + std::to_string(i);
     s.id = round * ops + i;
+    FitToJoined(active, size, &s);
     specs.push_back(std::move(s));
   }
   // Groups: runs of 2 to 4 collectives, drawn within each part alike on every rank.
@@ -294,7 +349,8 @@ std::vector<Spec> DrawRound(uint64_t seed, int round, int ops, int size, int64_t
   }
   Rng odd(seed * 7919 + 100003 + static_cast<uint64_t>(round));
   for (Spec& s : specs) {
-    if (size > 1 && s.group < 0 && s.kind != Kind::kBarrier && odd.Chance(mismatch_rate)) {
+    if (size > 1 && static_cast<int>(active.size()) == size && s.group < 0 &&
+        s.kind != Kind::kBarrier && odd.Chance(plan.mismatch_rate)) {
       DrawMismatch(odd, size, &s);
     }
   }
@@ -382,8 +438,14 @@ void OnComplete(concord_request_t, concord_status_t status, void* user_data) {
 
 class Round {
  public:
-  Round(concord_comm_t comm, const char* comm_name, int rank, int size, uint64_t seed, int round)
-      : comm_(comm), comm_name_(comm_name), rank_(rank), size_(size), seed_(seed), round_(round) {}
+  Round(concord_comm_t comm, const char* comm_name, int rank, const Plan& plan, int round)
+      : comm_(comm),
+        comm_name_(comm_name),
+        rank_(rank),
+        size_(plan.size),
+        seed_(plan.seed),
+        round_(round),
+        active_(plan.ActiveRanks(round)) {}
 
   void Prepare(const std::vector<Spec>& specs) {
     slots_ = std::vector<Slot>(specs.size());
@@ -705,10 +767,15 @@ class Round {
     const concord_dtype_t tol = s.compression == nullptr                  ? s.dtype
                                 : std::strcmp(s.compression, "fp16") == 0 ? CONCORD_FLOAT16
                                                                           : CONCORD_BFLOAT16;
-    auto reduced = [&](int64_t j) {
-      return ExpectedAllreduce(
-          s.op, s.dtype, size_, [&](int r) { return InputValue(s, r, j); }, s.prescale,
-          s.postscale);
+    auto reduced = [&](int64_t j) {  // the active ranks' inputs: joined ones add the identity
+      double acc = 0;
+      int n = 0;
+      for (int r : active_) {
+        const double v = s.prescale * InputValue(s, r, j);
+        acc = n++ == 0 ? v : CombineValues(s.op, acc, v);
+      }
+      if (s.op == CONCORD_AVERAGE) acc = IsFloat(s.dtype) ? acc / n : std::trunc(acc / n);
+      return acc * s.postscale;
     };
     switch (s.kind) {
       case Kind::kAllreduce: {
@@ -828,6 +895,7 @@ class Round {
   const int rank_, size_;
   const uint64_t seed_;
   const int round_;
+  const std::vector<int> active_;  // the ranks that submit this round (the others joined)
   std::vector<Slot> slots_;
   std::vector<std::pair<size_t, size_t>> units_;  // [begin, end) of slots
   std::vector<size_t> wait_order_;
@@ -852,9 +920,16 @@ int64_t Arg(int argc, char** argv, const char* flag, int64_t fallback) {
 int Run(int argc, char** argv) {
   const uint64_t seed = static_cast<uint64_t>(Arg(argc, argv, "--seed", 1));
   const int rounds = static_cast<int>(Arg(argc, argv, "--rounds", 12));
-  const int ops = static_cast<int>(Arg(argc, argv, "--ops", 48));
-  const int64_t max_rows = Arg(argc, argv, "--max-rows", 40000);
-  const double mismatch_rate = static_cast<double>(Arg(argc, argv, "--mismatch-percent", 0)) / 100;
+  Plan plan;
+  plan.seed = seed;
+  plan.ops = static_cast<int>(Arg(argc, argv, "--ops", 48));
+  plan.max_rows = Arg(argc, argv, "--max-rows", 40000);
+  plan.mismatch_rate = static_cast<double>(Arg(argc, argv, "--mismatch-percent", 0)) / 100;
+  const bool join = HasFlag(argc, argv, "--join");
+  if (join && HasFlag(argc, argv, "--split")) {
+    std::fprintf(stderr, "--join and --split do not go together\n");
+    return 2;
+  }
   // Pretend the ranks run on K hosts, rank r on host r % K (CONCORD_HOST_ID), so that with
   // CONCORD_HIERARCHICAL=on the hierarchical backend runs.
   if (const int64_t hosts = Arg(argc, argv, "--hosts-interleaved", 0); hosts > 0) {
@@ -868,6 +943,19 @@ int Run(int argc, char** argv) {
   }
   int rank = 0, size = 1;
   concord_comm_t comm = mp::InitOrExit(&rank, &size);
+  plan.size = size;
+  // --join: every rank runs out of data after its own number of rounds (one at least runs them
+  // all) and calls concord_join, which returns the last of those that ran the most.
+  int last_rounds = rounds;
+  if (join) {
+    Rng rng(seed * 7919 + 5);
+    for (int r = 0; r < size; ++r) {
+      plan.last_round.push_back(r == static_cast<int>(seed % static_cast<uint64_t>(size))
+                                    ? rounds
+                                    : rounds - static_cast<int>(rng.Below(rounds / 2 + 1)));
+    }
+    last_rounds = plan.last_round[static_cast<size_t>(rank)];
+  }
   // --split: a sub-communicator of this rank's parity, in reverse rank order, runs its own mix
   // beside the world's: both rounds are submitted at once (four threads), then checked here.
   concord_comm_t sub = nullptr;
@@ -883,16 +971,18 @@ int Run(int argc, char** argv) {
   }
   const double t0 = mp::Now();
   long checks = 0, operations = 0, mismatches = 0;
-  for (int round = 0; round < rounds; ++round) {
-    const std::vector<Spec> specs = DrawRound(seed, round, ops, size, max_rows, mismatch_rate);
-    Round r(comm, "world", rank, size, seed, round);
+  for (int round = 0; round < last_rounds; ++round) {
+    const std::vector<Spec> specs = DrawRound(plan, round);
+    Round r(comm, "world", rank, plan, round);
     r.Prepare(specs);
     std::vector<Spec> sub_specs;
     std::optional<Round> on_sub;
     if (sub != nullptr) {
-      sub_specs = DrawRound(seed * 2 + 1 + static_cast<uint64_t>(rank % 2), round, ops, sub_size,
-                            max_rows, mismatch_rate);
-      on_sub.emplace(sub, "split", sub_rank, sub_size, seed, round);
+      Plan sub_plan = plan;
+      sub_plan.seed = seed * 2 + 1 + static_cast<uint64_t>(rank % 2);
+      sub_plan.size = sub_size;
+      sub_specs = DrawRound(sub_plan, round);
+      on_sub.emplace(sub, "split", sub_rank, sub_plan, round);
       on_sub->Prepare(sub_specs);
     }
     std::thread sub_submitter([&] {
@@ -911,6 +1001,15 @@ int Run(int argc, char** argv) {
       CHECK_STATUS(concord_end_step(sub), CONCORD_SUCCESS);
     }
   }
+  if (join) {
+    int last = -1;
+    const concord_status_t s = concord_join(comm, &last);
+    const int most = *std::max_element(plan.last_round.begin(), plan.last_round.end());
+    CHECKF(s == CONCORD_SUCCESS && last >= 0 && last < size &&
+               plan.last_round[static_cast<size_t>(last)] == most,
+           "concord_join after %d of %d rounds: %s (%s), last rank %d", last_rounds, rounds,
+           concord_status_string(s), concord_comm_last_error(comm), last);
+  }
   if (sub != nullptr) {
     const concord_status_t s = concord_finalize(sub);
     CHECKF(s == CONCORD_SUCCESS, "finalize the split: %s", concord_status_string(s));
@@ -923,11 +1022,11 @@ int Run(int argc, char** argv) {
   CHECKF(s == CONCORD_SUCCESS, "finalize: %s", concord_status_string(s));
   const int failures = CheckFailures();
   std::printf(
-      "random_mix: rank %d of %d: seed %llu, %d rounds, %ld operations (%ld mismatched), %ld "
+      "random_mix: rank %d of %d: seed %llu, %d of %d rounds, %ld operations (%ld mismatched), %ld "
       "checks, %llu cached and %llu full negotiations, %llu fused tensors, %d failures, %.2f s: "
       "%s\n",
-      rank, size, static_cast<unsigned long long>(seed), rounds, operations, mismatches, checks,
-      static_cast<unsigned long long>(stats.responses_cached),
+      rank, size, static_cast<unsigned long long>(seed), last_rounds, rounds, operations,
+      mismatches, checks, static_cast<unsigned long long>(stats.responses_cached),
       static_cast<unsigned long long>(stats.responses_full),
       static_cast<unsigned long long>(stats.fused_tensors), failures, mp::Now() - t0,
       failures == 0 ? "PASS" : "FAIL");
