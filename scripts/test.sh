@@ -119,7 +119,7 @@ build_tsan() {
   ci_flags -O2
   TARGETS="threaded_tests c_api_test concordrun mp_conformance mp_failure_modes
            mp_launcher_lifecycle mp_lifecycle_faults mp_cache_eviction mp_comm_split mp_join
-           mp_p2p mp_determinism mp_straggler" \
+           mp_p2p mp_determinism mp_straggler mp_random_mix" \
     BUILD_DIR="$tsan_dir" "$root/scripts/build.sh" -DCMAKE_C_COMPILER=clang \
     -DCMAKE_CXX_COMPILER=clang++ -DCONCORD_SANITIZE=thread -DCONCORD_THREAD_SAFETY_ANALYSIS=ON \
     -DCONCORD_WERROR=ON -DCONCORD_BUILD_PERF=OFF -DCONCORD_CUDA=OFF "${ci_cmake_flags[@]}"
