@@ -3,8 +3,8 @@
 // response cache, lanes and groups under interleavings no hand-written case chooses. C API only.
 //
 //   concordrun -np N ./mp_random_mix [--seed S] [--rounds R] [--ops K] [--max-rows M]
-//                                    [--hosts-interleaved H] [--split | --join]
-//                                    [--mismatch-percent P]
+//                                    [--hosts-interleaved H] [--mismatch-percent P]
+//                                    [--split | --join | --kill V [--kill-round K]]
 //
 // Every rank draws the same program from the seed. Each round has K operations in three parts:
 // - static: the same K/2 operations every round (names, dtypes and shapes; the values change), so
@@ -31,13 +31,20 @@
 // refuse; roots and send/recv ends among them), and their reductions must come out as the left
 // ranks' alone (the joined ones add the identity; an average divides by the ranks left), their
 // allgathers without rows from joined ranks; concord_join must return a rank that ran every
-// round. Every round ends with concord_end_step.
+// round. With --kill V rank V SIGKILLs itself in round K (default: half the rounds) after a
+// random number of its submissions: every survivor's operation of that round must come out right
+// or fail naming rank V (at enqueue or within CONCORD_TIMEOUT_S + 5 s), a later allreduce must
+// fail at once naming it, and finalize must return within 5 s; each survivor then prints
+// "random_mix: rank R survived rank V's death ...". Every round ends with concord_end_step.
 // --split runs a second mix on a sub-communicator (the ranks of this rank's parity, in reverse
 // order) at the same time, submitted from two more threads. A failure names the communicator,
 // seed, round and operation: rerun with that seed to see it again. Prints one summary line per
 // rank.
+#include <signal.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cstring>
 #include <functional>
 #include <optional>
@@ -473,6 +480,7 @@ class Round {
     std::atomic<size_t> next{0};
     auto work = [&] {
       for (size_t u; (u = next.fetch_add(1)) < units_.size();) {
+        if (rank_ == dead_ && u == kill_after_) Die();
         if (sleeps_[u]) std::this_thread::sleep_for(std::chrono::milliseconds(1));
         const auto [begin, end] = units_[u];
         const bool grouped = end - begin > 1;
@@ -495,9 +503,20 @@ class Round {
     std::thread other(work);
     work();
     other.join();
+    if (rank_ == dead_) Die();
   }
 
   long mismatches() const { return mismatches_; }
+
+  // This round rank `victim` SIGKILLs itself partway through its submissions (after a random
+  // number of units, from either submitting thread); the others expect each operation to come
+  // out right or fail naming it.
+  void SetDeath(int victim) {
+    dead_ = victim;
+    Rng rng(seed_ * 977 + static_cast<uint64_t>(round_));
+    kill_after_ = static_cast<size_t>(rng.Below(static_cast<int64_t>(units_.size()) + 1));
+  }
+  long survived_failures() const { return survived_failures_; }
 
   // Waits for every operation in this rank's order and checks it. Returns the checks made.
   long WaitAndCheck() {
@@ -669,6 +688,35 @@ class Round {
     if (st != CONCORD_SUCCESS) slot->submit_error = concord_comm_last_error(comm_);
   }
 
+  // A survivor's operation of the round rank dead_ died in: refused at enqueue or failed, naming
+  // it, within the deadline; or done and right.
+  long WaitAfterDeath(Slot* slot) {
+    concord_status_t st = slot->submitted;
+    std::string error = slot->submit_error;
+    if (st == CONCORD_SUCCESS) {
+      const char* timeout = std::getenv("CONCORD_TIMEOUT_S");
+      st = concord_wait(slot->request, (timeout != nullptr ? std::atof(timeout) : 30) + 5);
+      error = concord_request_error(slot->request);
+    }
+    long checks = 1;
+    if (slot->with_callback && slot->submitted == CONCORD_SUCCESS && st != CONCORD_IN_PROGRESS) {
+      CHECKF(slot->callbacks.load() == 1, "%s: %d callbacks after rank %d died",
+             What(*slot).c_str(), slot->callbacks.load(), dead_);
+    }
+    if (st == CONCORD_SUCCESS && !slot->expect_mismatch) {
+      checks = CheckResult(slot);
+    } else if (st == CONCORD_IN_PROGRESS) {
+      FAILF("%s: still running after rank %d died, past the deadline", What(*slot).c_str(), dead_);
+    } else if (!(slot->expect_mismatch && st == CONCORD_ERR_MISMATCH)) {
+      CHECKF(NamesTheDead(error), "%s: after rank %d died: %s: %s", What(*slot).c_str(), dead_,
+             concord_status_string(st), error.c_str());
+      ++survived_failures_;
+    }
+    if (slot->request != nullptr) concord_request_free(slot->request);
+    slot->request = nullptr;
+    return checks;
+  }
+
   // Describes the operation in a failure line.
   std::string What(const Slot& slot) const {
     const Spec& s = slot.spec;
@@ -679,8 +727,27 @@ class Round {
            (s.owned ? ", owned" : "") + (s.group >= 0 ? ", grouped" : "") + ")";
   }
 
+  // SIGKILL, with what this rank submitted still in flight.
+  static void Die() {
+    std::fflush(nullptr);
+    raise(SIGKILL);
+  }
+
+  // Whether `error` names rank dead_ ("rank 2", not "rank 21").
+  bool NamesTheDead(const std::string& error) const {
+    const std::string rank = "rank " + std::to_string(dead_);
+    for (size_t at = error.find(rank); at != std::string::npos; at = error.find(rank, at + 1)) {
+      const size_t after = at + rank.size();
+      if (after == error.size() || !std::isdigit(static_cast<unsigned char>(error[after]))) {
+        return true;
+      }
+    }
+    return false;
+  }
+
   long WaitAndCheck(Slot* slot, bool poll) {
     if (!slot->takes_part) return 0;
+    if (dead_ >= 0) return WaitAfterDeath(slot);
     if (slot->submitted != CONCORD_SUCCESS) {
       FAILF("%s: submit: %s: %s", What(*slot).c_str(), concord_status_string(slot->submitted),
             slot->submit_error.c_str());
@@ -901,6 +968,9 @@ class Round {
   std::vector<size_t> wait_order_;
   std::vector<bool> sleeps_, polls_;
   long mismatches_ = 0;
+  int dead_ = -1;  // the rank that dies this round (SetDeath), or -1
+  size_t kill_after_ = 0;
+  long survived_failures_ = 0;
 };
 
 bool HasFlag(int argc, char** argv, const char* flag) {
@@ -926,8 +996,10 @@ int Run(int argc, char** argv) {
   plan.max_rows = Arg(argc, argv, "--max-rows", 40000);
   plan.mismatch_rate = static_cast<double>(Arg(argc, argv, "--mismatch-percent", 0)) / 100;
   const bool join = HasFlag(argc, argv, "--join");
-  if (join && HasFlag(argc, argv, "--split")) {
-    std::fprintf(stderr, "--join and --split do not go together\n");
+  const int victim = static_cast<int>(Arg(argc, argv, "--kill", -1));
+  const int kill_round = static_cast<int>(Arg(argc, argv, "--kill-round", rounds / 2));
+  if ((join ? 1 : 0) + (HasFlag(argc, argv, "--split") ? 1 : 0) + (victim >= 0 ? 1 : 0) > 1) {
+    std::fprintf(stderr, "--join, --split and --kill do not go together\n");
     return 2;
   }
   // Pretend the ranks run on K hosts, rank r on host r % K (CONCORD_HOST_ID), so that with
@@ -970,11 +1042,12 @@ int Run(int argc, char** argv) {
     concord_comm_size(sub, &sub_size);
   }
   const double t0 = mp::Now();
-  long checks = 0, operations = 0, mismatches = 0;
+  long checks = 0, operations = 0, mismatches = 0, survived_failures = -1;
   for (int round = 0; round < last_rounds; ++round) {
     const std::vector<Spec> specs = DrawRound(plan, round);
     Round r(comm, "world", rank, plan, round);
     r.Prepare(specs);
+    if (victim >= 0 && round == kill_round) r.SetDeath(victim);
     std::vector<Spec> sub_specs;
     std::optional<Round> on_sub;
     if (sub != nullptr) {
@@ -993,6 +1066,11 @@ int Run(int argc, char** argv) {
     checks += r.WaitAndCheck();
     mismatches += r.mismatches();
     operations += static_cast<long>(specs.size());
+    if (victim >= 0 && round == kill_round) {
+      survived_failures = r.survived_failures();
+      last_rounds = round + 1;
+      break;
+    }
     CHECK_STATUS(concord_end_step(comm), CONCORD_SUCCESS);
     if (on_sub) {
       checks += on_sub->WaitAndCheck();
@@ -1000,6 +1078,26 @@ int Run(int argc, char** argv) {
       operations += static_cast<long>(sub_specs.size());
       CHECK_STATUS(concord_end_step(sub), CONCORD_SUCCESS);
     }
+  }
+  if (survived_failures >= 0) {
+    // Later operations fail at once (at enqueue or their first wait), naming the dead rank.
+    std::vector<float> x(5, 1.0f);
+    int64_t shape[1] = {5};
+    concord_tensor_t t{x.data(), CONCORD_FLOAT32, 1, shape, CONCORD_DEVICE_CPU};
+    concord_request_t request = nullptr;
+    const double t_later = mp::Now();
+    concord_status_t st = concord_allreduce_async(comm, "after.death", &t, nullptr, nullptr,
+                                                  nullptr, nullptr, &request);
+    std::string error = concord_comm_last_error(comm);
+    if (st == CONCORD_SUCCESS) {
+      st = concord_wait(request, 2.0);
+      error = concord_request_error(request);
+      concord_request_free(request);
+    }
+    CHECKF(st != CONCORD_SUCCESS && st != CONCORD_IN_PROGRESS &&
+               mp::Contains(error, "rank " + std::to_string(victim)),
+           "an allreduce after rank %d died: %s after %.3f s: %s", victim,
+           concord_status_string(st), mp::Now() - t_later, error.c_str());
   }
   if (join) {
     int last = -1;
@@ -1018,8 +1116,11 @@ int Run(int argc, char** argv) {
   std::memset(&stats, 0, sizeof(stats));
   stats.struct_size = sizeof(stats);
   concord_comm_stats(comm, &stats);
+  const double t_finalize = mp::Now();
   const concord_status_t s = concord_finalize(comm);
-  CHECKF(s == CONCORD_SUCCESS, "finalize: %s", concord_status_string(s));
+  // After a death finalize reports it, promptly.
+  CHECKF(survived_failures >= 0 ? mp::Now() - t_finalize < 5 : s == CONCORD_SUCCESS,
+         "finalize: %s after %.3f s", concord_status_string(s), mp::Now() - t_finalize);
   const int failures = CheckFailures();
   std::printf(
       "random_mix: rank %d of %d: seed %llu, %d of %d rounds, %ld operations (%ld mismatched), %ld "
@@ -1030,6 +1131,12 @@ int Run(int argc, char** argv) {
       static_cast<unsigned long long>(stats.responses_full),
       static_cast<unsigned long long>(stats.fused_tensors), failures, mp::Now() - t0,
       failures == 0 ? "PASS" : "FAIL");
+  if (survived_failures >= 0) {
+    std::printf(
+        "random_mix: rank %d survived rank %d's death in round %d: %ld operations failed "
+        "naming it, the others came out right: %s\n",
+        rank, victim, kill_round, survived_failures, failures == 0 ? "PASS" : "FAIL");
+  }
   return failures == 0 ? 0 : 1;
 }
 
