@@ -18,7 +18,8 @@
 // alltoall (per-rank splits or even, owned or not), a send/recv between two ranks (the shape
 // expected or the sender's), barrier; every dtype; 0 to M rows of 1 to 8 columns; some in groups
 // that every rank enqueues alike. Each rank submits the round's operations (a group as one unit)
-// in its own random order from two threads, some with a callback, some after a short sleep,
+// in its own random order from two threads, some with a callback (one in ten, alike on every
+// rank, enqueues an allreduce from its callback, as a framework's hook may), some after a sleep,
 // waits for them in another order (concord_wait, or polling concord_test), and checks every
 // result against a value computed here. Inputs are small integers, so results are exact except
 // where an average divides (the dtype's tolerance). With --mismatch-percent P, P% of the
@@ -115,7 +116,8 @@ struct Spec {
   std::vector<std::vector<int64_t>> a2a;  // alltoall: a2a[s][d] rows s sends d (empty: even)
   int src = 0, dst = 0;                   // send/recv
   bool recv_expected = true;              // the recv names the shape
-  int group = -1;                         // members of one group are consecutive
+  bool then = false;  // its callback enqueues an allreduce "<name>.then" (on every rank)
+  int group = -1;     // members of one group are consecutive
   // A mismatch: rank `odd_rank` gives this field differently (its enqueue is still valid), so
   // every rank's request fails with MISMATCH (a send/recv: the receiver's only).
   Perturb perturb = Perturb::kNone;
@@ -354,11 +356,14 @@ std::vector<Spec> DrawRound(const Plan& plan, int round) {
     }
     i = std::max(end, i + 1);
   }
+  Rng then(seed * 7919 + 200003 + static_cast<uint64_t>(round));
+  for (Spec& s : specs) s.then = s.kind != Kind::kSendRecv && then.Chance(0.1);
   Rng odd(seed * 7919 + 100003 + static_cast<uint64_t>(round));
   for (Spec& s : specs) {
     if (size > 1 && static_cast<int>(active.size()) == size && s.group < 0 &&
         s.kind != Kind::kBarrier && odd.Chance(plan.mismatch_rate)) {
       DrawMismatch(odd, size, &s);
+      s.then = false;  // a mismatch has no callback of success to follow
     }
   }
   return specs;
@@ -435,12 +440,28 @@ struct Slot {
   bool with_callback = false;
   std::atomic<int> callbacks{0};
   std::atomic<int> callback_status{-1};
+  // spec.then: the allreduce its callback enqueued (on the thread that completed it).
+  concord_comm_t comm = nullptr;
+  int rank = 0;
+  std::vector<float> then_data;
+  concord_request_t then_request = nullptr;
+  concord_status_t then_submitted = CONCORD_SUCCESS;
 };
 
 void OnComplete(concord_request_t, concord_status_t status, void* user_data) {
   auto* slot = static_cast<Slot*>(user_data);
   slot->callback_status.store(static_cast<int>(status));
-  slot->callbacks.fetch_add(1);
+  if (slot->spec.then && status == CONCORD_SUCCESS) {
+    // An operation enqueued from a completion callback, as a framework's hook may.
+    slot->then_data.assign(7, static_cast<float>(slot->rank + 1));
+    static const int64_t kShape[1] = {7};
+    const concord_tensor_t t{slot->then_data.data(), CONCORD_FLOAT32, 1, kShape,
+                             CONCORD_DEVICE_CPU};
+    slot->then_submitted =
+        concord_allreduce_async(slot->comm, (slot->spec.name + ".then").c_str(), &t, nullptr,
+                                nullptr, nullptr, nullptr, &slot->then_request);
+  }
+  slot->callbacks.fetch_add(1);  // last: the waiter reads what the callback wrote after it
 }
 
 class Round {
@@ -459,7 +480,9 @@ class Round {
     Rng rng((seed_ * 31 + static_cast<uint64_t>(round_)) * 131 + static_cast<uint64_t>(rank_));
     for (size_t i = 0; i < specs.size(); ++i) {
       Prepare(specs[i], &slots_[i]);
-      slots_[i].with_callback = rng.Chance(0.3);
+      slots_[i].with_callback = specs[i].then || rng.Chance(0.3);
+      slots_[i].comm = comm_;
+      slots_[i].rank = rank_;
     }
     // Units: a group or one operation; this rank's own order.
     for (size_t i = 0; i < specs.size();) {
@@ -714,6 +737,8 @@ class Round {
     }
     if (slot->request != nullptr) concord_request_free(slot->request);
     slot->request = nullptr;
+    if (slot->then_request != nullptr) concord_request_free(slot->then_request);
+    slot->then_request = nullptr;
     return checks;
   }
 
@@ -790,9 +815,31 @@ class Round {
              What(*slot).c_str(), slot->callbacks.load(), slot->callback_status.load(),
              static_cast<int>(st));
     }
+    if (slot->spec.then && st == CONCORD_SUCCESS) checks += CheckThen(slot);
     concord_request_free(slot->request);
     slot->request = nullptr;
     return checks;
+  }
+
+  // The allreduce the callback enqueued: every submitting rank's (rank + 1), summed.
+  long CheckThen(Slot* slot) {
+    if (slot->then_submitted != CONCORD_SUCCESS || slot->then_request == nullptr) {
+      FAILF("%s: the allreduce its callback enqueued: %s", What(*slot).c_str(),
+            concord_status_string(slot->then_submitted));
+      return 0;
+    }
+    const concord_status_t st = concord_wait(slot->then_request, 60);
+    float want = 0;
+    for (int r : active_) want += static_cast<float>(r + 1);
+    const bool ok =
+        st == CONCORD_SUCCESS && std::all_of(slot->then_data.begin(), slot->then_data.end(),
+                                             [want](float v) { return v == want; });
+    CHECKF(ok, "%s: the allreduce its callback enqueued: %s: %s, first element %g, want %g",
+           What(*slot).c_str(), concord_status_string(st),
+           concord_request_error(slot->then_request), slot->then_data.at(0), want);
+    concord_request_free(slot->then_request);
+    slot->then_request = nullptr;
+    return 1;
   }
 
   // Compares `count` elements of `data` from `first` on against want(j); one failure line per
