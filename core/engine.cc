@@ -172,10 +172,15 @@ Status Engine::Enqueue(QueueEntry entry, bool then_wait) {
                                       ? std::string(kReservedPrefix) + ".barrier"
                                       : entry.request.name);
   }
+  // A completion callback's enqueue is not the thread's own: a thread that waits runs the steps,
+  // and with them the callbacks of whatever completes, which must not join a group it has open
+  // (the other ranks run the callback elsewhere, or later).
+  const bool from_callback = OnEngineThread();
   {
     MutexLock lock(group_mu_);
     // then_wait was refused above if this thread has a group open (only it can close it).
-    const auto group = open_groups_.find(std::this_thread::get_id());
+    const auto group =
+        from_callback ? open_groups_.end() : open_groups_.find(std::this_thread::get_id());
     if (group != open_groups_.end()) {
       for (const auto& e : group->second) {
         if (!entry.request.name.empty() && e.request.name == entry.request.name) {

@@ -129,11 +129,11 @@ class Engine {
 
   // Checks the entry (kInvalidArgument naming what is wrong; kUnavailable for a CUDA tensor without
   // a usable device backend; nothing is queued) and queues it, or holds it when this thread has a
-  // group open. A CUDA tensor's request is negotiated with device kDeviceTensor. `then_wait`
-  // promises that this thread calls Wait() on it next (a blocking call): with waiter progress the
-  // engine thread is then left alone, since the waiter runs the step itself. A barrier without a
-  // name is numbered by the queue when it accepts it (TensorQueue::Push), so a refusal here or
-  // of its group takes no number.
+  // group open (not from a completion callback, which runs on the engine's threads). A CUDA
+  // tensor's request is negotiated with device kDeviceTensor. `then_wait` promises that this thread
+  // calls Wait() on it next (a blocking call): with waiter progress the engine thread is then left
+  // alone, since the waiter runs the step itself. A barrier without a name is numbered by the queue
+  // when it accepts it (TensorQueue::Push), so a refusal here or of its group takes no number.
   Status Enqueue(QueueEntry entry, bool then_wait = false) EXCLUDES(group_mu_);
   // Opens a group for the calling thread (other threads may have theirs open at the same time);
   // GroupEnd() queues its entries atomically. When the queue refuses them (a name already in

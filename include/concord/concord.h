@@ -621,15 +621,17 @@ CONCORD_API concord_status_t concord_join(concord_comm_t comm, int* last_rank);
  * Grouped submission: operations enqueued by this thread between group_start and group_end are held
  * and enqueued atomically at group_end, negotiated as one unit and fused together where their dtype
  * and op allow. Groups do not nest; each thread has its own, so several threads may have groups
- * open on one communicator at once (as with NCCL). Every rank must enqueue the same members in the
- * same order: ranks recognise a group by its first member's name and its size, so a different order
- * fails every member with MISMATCH, and different members fail with MISMATCH or never complete (the
- * stall warning names them; CONCORD_STALL_SHUTDOWN_S fails the job with TIMEOUT). When group_end
- * fails (a name already in flight, a failed communicator), every member completes with that error.
- * A blocking call (concord_allreduce, concord_barrier, ...) inside a group is refused with
- * INVALID_ARGUMENT, since it would wait for a member that runs only at group_end; so is a
- * concord_wait or concord_request_wait_stream without a limit, from the thread that opened the
- * group, for a member before group_end (the request is untouched: wait for it after group_end).
+ * open on one communicator at once (as with NCCL); what a completion callback enqueues never joins
+ * a group, even one open on the thread that runs the callback. Every rank must enqueue the same
+ * members in the same order: ranks recognise a group by its first member's name and its size, so a
+ * different order fails every member with MISMATCH, and different members fail with MISMATCH or
+ * never complete (the stall warning names them; CONCORD_STALL_SHUTDOWN_S fails the job with
+ * TIMEOUT). When group_end fails (a name already in flight, a failed communicator), every member
+ * completes with that error. A blocking call (concord_allreduce, concord_barrier, ...) inside a
+ * group is refused with INVALID_ARGUMENT, since it would wait for a member that runs only at
+ * group_end; so is a concord_wait or concord_request_wait_stream without a limit, from the thread
+ * that opened the group, for a member before group_end (the request is untouched: wait for it after
+ * group_end).
  */
 CONCORD_API concord_status_t concord_group_start(concord_comm_t comm);
 CONCORD_API concord_status_t concord_group_end(concord_comm_t comm);

@@ -376,6 +376,50 @@ TEST_P(EngineRanksTest, ThreadsHoldTheirOwnGroupsAtOnce) {
   });
 }
 
+// What a completion callback enqueues is not held by a group that the thread running the callback
+// has open. A thread that waits runs the engine's steps, so it runs the callbacks of whatever
+// completes meanwhile: rank 0's thread opens a group, then waits for 'cb.first' (enqueued by
+// another thread), whose callback enqueues 'cb.then'. Before, 'cb.then' was held in that thread's
+// group until its group_end, while rank 1 ran it at once.
+TEST(EngineGroupTest, ACallbackEnqueuesOutsideTheGroupOfTheThreadRunningIt) {
+  Job job(2);
+  RunRanks(2, [&](int rank) {
+    Engine& e = job[rank];
+    std::vector<float> first(3, 1.0f), then(3, 1.0f), member(3, 1.0f);
+    std::shared_ptr<RequestState> then_state;
+    std::thread::id callback_thread;
+    QueueEntry first_entry = Entry(Request("cb.first", OpType::kAllreduce, DType::kFloat32, {3}),
+                                   first.data(), first.data());
+    first_entry.state = std::make_shared<RequestState>([&](const Status& s) {
+      callback_thread = std::this_thread::get_id();
+      if (!s.ok()) return;
+      then_state = Submit(e, Entry(Request("cb.then", OpType::kAllreduce, DType::kFloat32, {3}),
+                                   then.data(), then.data()));
+    });
+    std::shared_ptr<RequestState> first_state = first_entry.state;
+    ASSERT_TRUE(e.GroupStart().ok());
+    std::shared_ptr<RequestState> member_state =
+        Submit(e, Entry(Request("cb.member", OpType::kAllreduce, DType::kFloat32, {3}),
+                        member.data(), member.data()));
+    if (rank == 1) std::this_thread::sleep_for(milliseconds(200));  // rank 0 is waiting by then
+    std::thread([&] { Submit(e, std::move(first_entry)); }).join();
+    // The callback runs before Wait() returns; on rank 0 on this thread, which ran the steps.
+    ASSERT_TRUE(e.Wait(*first_state, Deadline::After(milliseconds(20000))));
+    ASSERT_TRUE(first_state->status().ok()) << first_state->status().ToString();
+    if (rank == 0) {
+      ASSERT_EQ(callback_thread, std::this_thread::get_id())
+          << "the callback ran on another thread: this test no longer shows the case";
+    }
+    ASSERT_NE(then_state, nullptr);
+    EXPECT_TRUE(e.Wait(*then_state, Deadline::After(milliseconds(5000))))
+        << "'cb.then' was held by this thread's group";
+    ASSERT_TRUE(e.GroupEnd().ok());
+    EXPECT_TRUE(Await(member_state).ok());
+    EXPECT_TRUE(Await(then_state).ok()) << then_state->status().ToString();
+    EXPECT_EQ(then[0], 2.0f);
+  });
+}
+
 // Small reduces to different roots fuse into one batch (one allreduce of the fusion buffer), and
 // a large one runs alone (Backend::Reduce): only each root's output is written.
 TEST_P(EngineRanksTest, ReducesToDifferentRootsFuseAndOnlyRootsGetResults) {
