@@ -51,11 +51,8 @@ long g_async_submitted = 0;
 bool g_trace = std::getenv("CONFORMANCE_TRACE") != nullptr;  // print every submission
 int g_device = CONCORD_DEVICE_CPU;  // where the tensors live (--device cuda: this rank's GPU)
 
-const concord_dtype_t kDTypes[] = {CONCORD_UINT8,   CONCORD_INT8,    CONCORD_INT32,
-                                   CONCORD_INT64,   CONCORD_FLOAT16, CONCORD_BFLOAT16,
-                                   CONCORD_FLOAT32, CONCORD_FLOAT64};
-const concord_reduce_op_t kOps[] = {CONCORD_SUM, CONCORD_AVERAGE, CONCORD_MIN, CONCORD_MAX,
-                                    CONCORD_PRODUCT};
+using mp::kDTypes;
+using mp::kOps;
 const char* OpName(concord_reduce_op_t op) {
   switch (op) {
     case CONCORD_SUM:

@@ -18,11 +18,8 @@ using concord::harness::IsFloat;
 using concord::harness::LoadElement;
 using concord::harness::StoreElement;
 
-const concord_dtype_t kDTypes[] = {CONCORD_UINT8,   CONCORD_INT8,    CONCORD_INT32,
-                                   CONCORD_INT64,   CONCORD_FLOAT16, CONCORD_BFLOAT16,
-                                   CONCORD_FLOAT32, CONCORD_FLOAT64};
-const concord_reduce_op_t kOps[] = {CONCORD_SUM, CONCORD_AVERAGE, CONCORD_MIN, CONCORD_MAX,
-                                    CONCORD_PRODUCT};
+using mp::kDTypes;
+using mp::kOps;
 
 // Rank r's input at element i: a small integer, exact in every dtype, whose reduction over four
 // ranks is exact too (the values conformance.cc uses for the same ops).

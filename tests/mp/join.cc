@@ -43,11 +43,8 @@ double Value(int r, int s, int i) {
   return 1 + (r + s + i) % 3;
 }
 
-const concord_dtype_t kDTypes[] = {CONCORD_UINT8,   CONCORD_INT8,    CONCORD_INT32,
-                                   CONCORD_INT64,   CONCORD_FLOAT16, CONCORD_BFLOAT16,
-                                   CONCORD_FLOAT32, CONCORD_FLOAT64};
-const concord_reduce_op_t kOps[] = {CONCORD_SUM, CONCORD_AVERAGE, CONCORD_MIN, CONCORD_MAX,
-                                    CONCORD_PRODUCT};
+using mp::kDTypes;
+using mp::kOps;
 
 bool IsFloat(concord_dtype_t t) {
   return t == CONCORD_FLOAT16 || t == CONCORD_BFLOAT16 || t == CONCORD_FLOAT32 ||

@@ -15,6 +15,13 @@
 
 namespace mp {
 
+// Every dtype and every reduction of the C API.
+inline constexpr concord_dtype_t kDTypes[] = {CONCORD_UINT8,   CONCORD_INT8,    CONCORD_INT32,
+                                              CONCORD_INT64,   CONCORD_FLOAT16, CONCORD_BFLOAT16,
+                                              CONCORD_FLOAT32, CONCORD_FLOAT64};
+inline constexpr concord_reduce_op_t kOps[] = {CONCORD_SUM, CONCORD_AVERAGE, CONCORD_MIN,
+                                               CONCORD_MAX, CONCORD_PRODUCT};
+
 inline const char* DTypeName(concord_dtype_t t) {
   switch (t) {
     case CONCORD_UINT8:

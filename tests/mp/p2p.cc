@@ -49,9 +49,7 @@ using concord::harness::StoreElement;
 int g_rank = 0, g_size = 1;
 int g_device = CONCORD_DEVICE_CPU;  // --device cuda: this rank's GPU
 
-const concord_dtype_t kDTypes[] = {CONCORD_UINT8,   CONCORD_INT8,    CONCORD_INT32,
-                                   CONCORD_INT64,   CONCORD_FLOAT16, CONCORD_BFLOAT16,
-                                   CONCORD_FLOAT32, CONCORD_FLOAT64};
+using mp::kDTypes;
 
 // A value exact in every dtype, different per sender, index and salt.
 double Val(concord_dtype_t t, int src, int64_t i, int salt) {

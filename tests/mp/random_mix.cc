@@ -65,11 +65,8 @@ using concord::harness::IsFloat;
 using concord::harness::LoadElement;
 using concord::harness::StoreElement;
 
-const concord_dtype_t kDTypes[] = {CONCORD_UINT8,   CONCORD_INT8,    CONCORD_INT32,
-                                   CONCORD_INT64,   CONCORD_FLOAT16, CONCORD_BFLOAT16,
-                                   CONCORD_FLOAT32, CONCORD_FLOAT64};
-const concord_reduce_op_t kOps[] = {CONCORD_SUM, CONCORD_AVERAGE, CONCORD_MIN, CONCORD_MAX,
-                                    CONCORD_PRODUCT};
+using mp::kDTypes;
+using mp::kOps;
 const double kScales[] = {1.0, 1.0, 0.5, 2.0};
 
 enum class Kind {
