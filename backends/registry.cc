@@ -42,7 +42,8 @@ StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& name,
 }
 
 StatusOr<MpiTransports> CreateMpiTransports(std::chrono::milliseconds timeout,
-                                            const std::vector<int>& world_ranks, int tag) {
+                                            const std::vector<int>& world_ranks, int tag,
+                                            uint64_t identity) {
 #ifdef CONCORD_HAVE_MPI
   CONCORD_ASSIGN_OR_RETURN(std::shared_ptr<MpiEnvironment> env, MpiEnvironment::Acquire());
   MPI_Comm base = MPI_COMM_WORLD;
@@ -51,6 +52,9 @@ StatusOr<MpiTransports> CreateMpiTransports(std::chrono::milliseconds timeout,
   }
   // The group's communicator only seeds the duplicates; it goes whatever happens.
   auto made = [&]() -> StatusOr<MpiTransports> {
+    if (base != MPI_COMM_WORLD) {
+      CONCORD_RETURN_IF_ERROR(CheckSameIdentity(*env, base, identity, Deadline::After(timeout)));
+    }
     MpiTransports t;
     CONCORD_ASSIGN_OR_RETURN(t.control, CreateMpiControlPlane(env, timeout, base));
     CONCORD_ASSIGN_OR_RETURN(t.backend, CreateMpiBackend(env, timeout, kMpiMaxMessageBytes, base));
@@ -71,6 +75,7 @@ StatusOr<MpiTransports> CreateMpiTransports(std::chrono::milliseconds timeout,
   (void)timeout;
   (void)world_ranks;
   (void)tag;
+  (void)identity;
   return NotBuilt("mpi");
 #endif
 }

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "backends/tcp_control_plane.h"
+#include "base/digest.h"
 #include "base/mutex.h"
 #include "core/device_setup.h"
 #include "core/lane_backends.h"
@@ -833,8 +834,8 @@ StatusOr<Communicator> StartSubCommunicator(const Config& config, const CommOrig
     }
     comm.engine = std::move(*started);
   } else {
-    auto transports =
-        CreateMpiTransports(MillisFromSeconds(config.timeout_s), world_ranks, mpi_tag);
+    auto transports = CreateMpiTransports(MillisFromSeconds(config.timeout_s), world_ranks, mpi_tag,
+                                          Fnv1a(prefix));
     if (!transports.ok()) {
       return NameWorldRanks(transports.status().WithContext("starting the mpi backend"),
                             world_ranks);

@@ -6,23 +6,16 @@
 #include <cstring>
 #include <string>
 
+#include "base/digest.h"
 #include "core/device_setup.h"
 
 namespace concord {
 namespace {
 
-// FNV-1a: a digest every rank computes alike (std::hash may differ between builds).
-uint64_t Digest(const void* data, size_t bytes) {
-  uint64_t h = 1469598103934665603ull;
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
-}
-
 uint64_t HostDigest() {
   char name[256] = {0};
   if (gethostname(name, sizeof(name) - 1) != 0) return 0;
-  return Digest(name, std::strlen(name));
+  return Fnv1a(name, std::strlen(name));
 }
 
 // One rank's part of the exchange (step 1 of the protocol).
@@ -162,7 +155,7 @@ StatusOr<Communicator> CreateGroupCommunicator(Engine& parent, CommOrigin& origi
   if (!local.ok()) {
     mine.valid = 0;
   } else {
-    mine.list_digest = Digest(ranks.data(), ranks.size() * sizeof(int));
+    mine.list_digest = Fnv1a(ranks.data(), ranks.size() * sizeof(int));
     const auto at = std::find(ranks.begin(), ranks.end(), rank);
     if (at != ranks.end()) {
       mine.color = 0;

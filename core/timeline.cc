@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "base/c_locale.h"
+#include "base/digest.h"
 #include "base/json.h"
 
 namespace concord {
@@ -53,8 +54,7 @@ std::string TrackName(int track) {
 std::string TimelineFileName(const std::string& path, int rank, const std::string& membership) {
   std::string name = path;
   if (!membership.empty()) {
-    uint64_t h = 1469598103934665603ull;  // FNV-1a: alike in every build and process
-    for (const char c : membership) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+    const uint64_t h = Fnv1a(membership);
     char digest[9];
     std::snprintf(digest, sizeof(digest), "%08" PRIx32, static_cast<uint32_t>(h ^ (h >> 32)));
     name += ".comm" + std::string(digest);

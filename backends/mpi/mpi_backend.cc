@@ -610,6 +610,34 @@ StatusOr<MPI_Comm> CreateGroupComm(MpiEnvironment& env, const std::vector<int>& 
   return comm;
 }
 
+Status CheckSameIdentity(MpiEnvironment& env, MPI_Comm comm, uint64_t identity, Deadline deadline) {
+  // The least identity and the least complement: every member gave the same one iff the first is
+  // the complement of the second. On the heap: a request abandoned at the deadline may still be
+  // written by MPI, so its buffers are then left to it.
+  auto buffers = std::make_unique<std::array<uint64_t, 4>>();
+  (*buffers)[0] = identity;
+  (*buffers)[1] = ~identity;
+  MPI_Request request;
+  {
+    CONCORD_MPI_LOCK_OR_RETURN(lock, env);
+    CONCORD_MPI_CHECK(MPI_Iallreduce(buffers->data(), buffers->data() + 2, 2, MPI_UINT64_T, MPI_MIN,
+                                     comm, &request));
+  }
+  const Status waited = WaitForRequest(
+      env, &request, deadline, "checking that a sub-communicator's members agree (MPI_Iallreduce)");
+  if (!waited.ok()) {
+    (void)buffers.release();  // MPI may still write them
+    return waited;
+  }
+  if ((*buffers)[2] != ~(*buffers)[3]) {
+    return Status(Code::kMismatch,
+                  "MPI matched this sub-communicator's start with another one on another rank: "
+                  "two sub-communicators of the same ranks were started at the same time from two "
+                  "threads; on the MPI backend, start sub-communicators from one thread at a time");
+  }
+  return Status::Ok();
+}
+
 StatusOr<std::unique_ptr<Backend>> CreateMpiBackend(std::shared_ptr<MpiEnvironment> env,
                                                     std::chrono::milliseconds timeout,
                                                     size_t max_message_bytes, MPI_Comm base) {

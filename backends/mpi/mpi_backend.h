@@ -37,6 +37,15 @@ StatusOr<MPI_Comm> Duplicate(MpiEnvironment& env, MPI_Comm base, Deadline deadli
 StatusOr<MPI_Comm> CreateGroupComm(MpiEnvironment& env, const std::vector<int>& world_ranks,
                                    int tag);
 
+// Checks that every member of `comm`, a communicator CreateGroupComm just made, started it as the
+// same sub-communicator (`identity`: a digest of its name). MPI matches MPI_Comm_create_group
+// calls by group and tag only, so when two sub-communicators of the same ranks are started at once
+// from two threads, against the rule in mpi_environment.h, their tags can coincide and MPI can
+// match this rank's one with another rank's other one. kMismatch then, on every member, saying
+// so, instead of two cross-wired communicators. Collective over comm, waited for until the
+// deadline.
+Status CheckSameIdentity(MpiEnvironment& env, MPI_Comm comm, uint64_t identity, Deadline deadline);
+
 // A Backend over its own duplicate of MPI_COMM_WORLD: allreduce is MPI_Iallreduce (half types,
 // 8-bit sums and products and floating min and max through user-defined MPI_Ops over Concord's
 // kernels, so that results are ReduceElements' bits), allgatherv MPI_Iallgatherv (one MPI_Ibcast

@@ -54,7 +54,8 @@ Status MpiError(int mpi_code, const char* call, const char* file, int line);
 // waited for by polling MPI_Test), so a thread never waits long for it; the one blocking call,
 // MPI_Comm_create_group (a sub-communicator's start), holds it too, so sub-communicators of one
 // process must be started from one thread at a time (two at once, in different orders on
-// different ranks, would each hold a rank's lock waiting for the other). Under SERIALIZED the
+// different ranks, would each hold a rank's lock waiting for the other; two of the same ranks can
+// be paired across, which CheckSameIdentity refuses). Under SERIALIZED the
 // application must not call MPI itself while a Concord communicator exists (with MULTIPLE it
 // may).
 class MpiEnvironment {

@@ -91,6 +91,28 @@ TEST(MpiEnvironmentTest, OneSharedEnvironmentWithAUsableThreadLevel) {
   EXPECT_TRUE((*g_env)->initialised_by_concord());
 }
 
+// Two sub-communicators of world ranks 0 and 1, with the same tag, started in opposite orders on
+// the two ranks (as two threads may start them): MPI matches rank 0's first start with rank 1's
+// first, which is the other sub-communicator. Both starts fail with kMismatch on both ranks,
+// saying why, instead of leaving two cross-wired communicators (before: both started). The same
+// sub-communicator started alike on both then works.
+TEST(MpiTransportsTest, CrossedSubCommunicatorStartsAreRefused) {
+  auto b = MakeBackend();
+  if (b->rank() > 1) return;  // collective over ranks 0 and 1 only
+  if (b->size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  const uint64_t mine[2] = {b->rank() == 0 ? 11u : 22u, b->rank() == 0 ? 22u : 11u};
+  for (uint64_t identity : mine) {
+    StatusOr<MpiTransports> t = CreateMpiTransports(std::chrono::seconds(20), {0, 1}, 9, identity);
+    ASSERT_FALSE(t.ok()) << "sub-communicator " << identity << " started, cross-wired";
+    EXPECT_EQ(t.status().code(), Code::kMismatch) << t.status().ToString();
+    EXPECT_NE(t.status().message().find("from one thread at a time"), std::string::npos)
+        << t.status().ToString();
+  }
+  StatusOr<MpiTransports> t = CreateMpiTransports(std::chrono::seconds(20), {0, 1}, 9, 33);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(t->size, 2);
+}
+
 TEST(MpiBackendTest, AllreduceEveryDtypeOpAndSize) {
   auto b = MakeBackend();
   ASSERT_NE(b, nullptr);
