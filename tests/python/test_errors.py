@@ -178,6 +178,35 @@ def test_python_side_refusals(comm):
         comm.allreduce_(frozen, name="frozen")
 
 
+class _Rows(np.ndarray):
+    """An ndarray subclass, as libraries make them (numpy.ma, astropy)."""
+
+
+def test_tensor_kinds_are_learned_per_type(comm):
+    """describe() learns once per Python type what a tensor is (tensors._kind): subclasses of
+    ndarray and torch.Tensor are taken, other types refused on every call, bool dtypes moved as
+    bytes after a refusal and float dtypes reduced after a bool one."""
+    torch = import_torch()
+    for _ in range(2):  # the second time from what the first one learned
+        with pytest.raises(concord.InvalidArgumentError, match="is a tuple; Concord takes"):
+            comm.allreduce((1.0, 2.0), name="tuple")
+        rows = np.ones((2, 3), np.float32).view(_Rows)
+        np.testing.assert_array_equal(comm.allreduce(rows, name="subclass"),
+                                      np.full((2, 3), comm.size, np.float32))
+        param = torch.nn.Parameter(torch.ones(3))
+        got = comm.allreduce(param, name="parameter")  # read only, so a leaf is fine as input
+        assert torch.equal(got, torch.full((3,), float(comm.size)))
+        with pytest.raises(concord.InvalidArgumentError, match="requires grad"):
+            comm.allreduce_(param, name="parameter.out")
+        for flags in (np.ones(3, bool), torch.ones(3, dtype=torch.bool)):
+            with pytest.raises(concord.InvalidArgumentError, match="bool: Concord moves"):
+                comm.allreduce(flags, name="flags")
+            moved = comm.broadcast(flags, root=0, name="flags.broadcast")
+            assert str(moved.dtype) in ("bool", "torch.bool") and bool(moved.all())
+        np.testing.assert_array_equal(comm.allreduce(np.ones(2, np.float64), name="float"),
+                                      np.full(2, comm.size, np.float64))
+
+
 def test_names_sparse_tensors_and_negative_splits_refused_on_every_rank(comm):
     """A name that is not text, a sparse tensor and a negative split of this rank's own rows are
     refused with InvalidArgumentError on every rank, before anything is made or enqueued."""

@@ -323,8 +323,10 @@ class Communicator:
     @staticmethod
     def _on_device(*described):
         """The first CUDA tensor among the descriptors (None entries skipped), else None."""
-        return next((d for d in described if d is not None and d.device != _lib.DEVICE_CPU),
-                    None)
+        for d in described:
+            if d is not None and d.device != _lib.DEVICE_CPU:
+                return d
+        return None
 
     # ---- operations ----
     def allreduce_async(self, tensor, name=None, op="sum", prescale=1.0, postscale=1.0, out=None,
