@@ -474,6 +474,31 @@ def test_threads_hold_their_own_groups_at_once(comm):
         np.testing.assert_array_equal(xs[k], comm.size * (comm.size + 1) / 2 + comm.size * k)
 
 
+def test_a_callback_enqueues_outside_the_group_of_the_thread_running_it(comm):
+    """A thread that waits runs the engine's steps, and with them the callbacks of what completes,
+    while it may have a group open. What such a callback enqueues is not held by that group (the
+    C side enqueues it outside), so its Handle takes no group token: its wait() goes in slices,
+    as any other, instead of one unlimited wait kept for the group's own members."""
+    ran_here, made = [], []
+    x, y = np.ones(3), np.ones(2)
+
+    def then(status):
+        ran_here.append(threading.get_ident() == waiter)
+        made.append(comm.allreduce_async(y, out=y, name="callback.then"))
+
+    waiter = threading.get_ident()
+    for _ in range(20):  # the callback runs here in most rounds, on the engine's thread in others
+        first = comm.allreduce_async(x, name="callback.first", callback=then)
+        with comm.group():
+            inner = comm.allreduce_async(x, name="callback.grouped")
+            first.wait(30)  # runs the engine's steps here, so the callback too, mostly
+            assert made[-1]._group is None, "the callback's handle took this thread's group"
+        made[-1].wait(30)
+        inner.wait(30)
+    np.testing.assert_array_equal(y, np.full(2, comm.size ** 20))
+    assert len(ran_here) == 20
+
+
 def test_module_level_api_and_unnamed_ops(comm):
     assert concord.default() is comm
     assert (concord.rank(), concord.size()) == (comm.rank, comm.size)

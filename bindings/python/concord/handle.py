@@ -51,6 +51,11 @@ _PENDING = {}
 _PENDING_LOCK = threading.Lock()
 _KEYS = itertools.count(1)
 
+# Whether this thread runs a completion callback (depth > 0). What a callback enqueues never joins
+# a group the thread running it has open (the engine's threads enqueue outside groups), so its
+# Handle does not take that group's token.
+_IN_CALLBACK = threading.local()
+
 
 def _on_complete(request, status, user_data):
     with _PENDING_LOCK:
@@ -58,11 +63,14 @@ def _on_complete(request, status, user_data):
     if entry is None:
         return
     fn, _keepalive = entry
+    _IN_CALLBACK.depth = getattr(_IN_CALLBACK, "depth", 0) + 1
     try:
         fn(Status(status) if status in Status._value2member_map_ else status)
     except Exception:  # an exception cannot cross into C: report it as Python would
         import traceback
         traceback.print_exc()
+    finally:
+        _IN_CALLBACK.depth -= 1
 
 
 class _RequestMemory:
@@ -160,7 +168,8 @@ class Handle:
         self._done = False
         self._lock = threading.Lock()  # one thread completes and frees the request
         self._pid = _PID  # the process that enqueued it
-        self._group = comm._own_open_group()  # the token of the group open here at its enqueue
+        # The token of the group open here at its enqueue, which holds the operation
+        self._group = None if getattr(_IN_CALLBACK, "depth", 0) else comm._own_open_group()
 
     def _check_process(self):
         # A handle left unfinished by the parent of a forked child: nothing runs it here.
