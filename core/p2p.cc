@@ -233,23 +233,39 @@ void PointToPoint::Complete(const std::shared_ptr<RequestState>& state, const St
                             int peer, int64_t tag) {
   // A peer that said it finalized is the cause itself.
   if (s.code() == Code::kPeerFailure && size_ > 2 && !transport_->PeerFinalized(peer)) {
-    MutexLock lock(mu_);
-    if (closed_.ok() && !hold_timer_.joinable()) {
-      try {
-        hold_timer_ = std::thread([this] { ReleaseHeldInTime(); });
-      } catch (const std::system_error&) {
-        // No thread to keep the hold's time: the failure completes as it is, now.
+    const std::string what = std::string(send ? "send to" : "recv from") + " rank " +
+                             std::to_string(peer) + " with tag " + std::to_string(tag);
+    std::optional<Status> cause;
+    {
+      MutexLock lock(mu_);
+      if (closed_.ok() && !hold_timer_.joinable()) {
+        try {
+          hold_timer_ = std::thread([this] { ReleaseHeldInTime(); });
+        } catch (const std::system_error&) {
+          // No thread to keep the hold's time: the failure completes as it is, now.
+        }
       }
+      if (closed_.ok() && hold_timer_.joinable()) {
+        held_.push_back(HeldFailure{state, s, what, peer, Deadline::After(timeout_ + kHoldExtra)});
+        held_changed_.NotifyAll();
+        return;
+      }
+      // Fail() is closing the transport, whose progress thread read this failure meanwhile
+      // (the peer left because the job failed, before its cause reached this rank's engine).
+      cause = cause_;
     }
-    if (closed_.ok() && hold_timer_.joinable()) {
-      const std::string what = std::string(send ? "send to" : "recv from") + " rank " +
-                               std::to_string(peer) + " with tag " + std::to_string(tag);
-      held_.push_back(HeldFailure{state, s, what, peer, Deadline::After(timeout_ + kHoldExtra)});
-      held_changed_.NotifyAll();
+    if (cause) {
+      CompleteFor(this, *state, BecauseOf(*cause, what, s));
       return;
     }
   }
   CompleteFor(this, *state, s);
+}
+
+Status PointToPoint::BecauseOf(const Status& cause, const std::string& what,
+                               const Status& failure) const {
+  return Status(cause.code(), cause.message() + " (rank " + std::to_string(rank_) + "'s " + what +
+                                  " failed meanwhile: " + failure.message() + ")");
 }
 
 void PointToPoint::ReleaseHeldInTime() {
@@ -304,6 +320,7 @@ void PointToPoint::CloseWith(const Status& status, const Status* cause) {
     MutexLock lock(mu_);
     if (!closed_.ok()) return;
     closed_ = status;
+    if (cause != nullptr) cause_ = *cause;
     held.swap(held_);
     timer = std::move(hold_timer_);
     held_changed_.NotifyAll();
@@ -312,11 +329,7 @@ void PointToPoint::CloseWith(const Status& status, const Status* cause) {
   if (transport_) transport_->Close(status);
   for (HeldFailure& h : held) {
     CompleteFor(this, *h.state,
-                cause == nullptr
-                    ? h.failure
-                    : Status(cause->code(), cause->message() + " (rank " + std::to_string(rank_) +
-                                                "'s " + h.what +
-                                                " failed meanwhile: " + h.failure.message() + ")"));
+                cause == nullptr ? h.failure : BecauseOf(*cause, h.what, h.failure));
   }
   // After the transport: a waiter inside Drive() returns once it is closed.
   gate_->Close();

@@ -30,12 +30,14 @@
 //   its connections too. So with more than two ranks an operation the transport fails with
 //   kPeerFailure is held (no thread waits for it) until Fail() gives the cause (the engine's
 //   failure: rank 0's abort names the rank that caused it), which completes it with the cause,
-//   its own failure as context; or until the communicator's timeout and a second more pass (the
-//   time the engine gives a failed collective to learn its cause), or Close(): then with its own
-//   failure. The first hold starts a thread that keeps that time, until Close(). With two ranks
-//   the peer is the only other rank, and its failure completes the operation at once; so does a
-//   failure because the peer finalized (P2pTransport::PeerFinalized: its Finish() told this rank),
-//   and one held already is completed within kFinalizedCheck once its peer says so.
+//   its own failure as context (as it does one that the transport reports while Fail() closes
+//   it: the peer left because the job failed, before the cause reached this rank); or until the
+//   communicator's timeout and a second more pass (the time the engine gives a failed collective to
+//   learn its cause), or Close(): then with its own failure. The first hold starts a thread that
+//   keeps that time, until Close(). With two ranks the peer is the only other rank, and its failure
+//   completes the operation at once; so does a failure because the peer finalized
+//   (P2pTransport::PeerFinalized: its Finish() told this rank), and one held already is completed
+//   within kFinalizedCheck once its peer says so.
 // - Close() (the engine's Shutdown) and Fail() complete everything in flight with their status,
 //   on the calling thread, and refuse later operations. Callbacks run on the transport's progress
 //   thread, a waiter driving it, the submitting thread itself (an operation that completes at
@@ -50,6 +52,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -140,6 +143,9 @@ class PointToPoint {
   void ReleaseHeldInTime() EXCLUDES(mu_);
   // Close() and Fail(): `cause` null completes the held failures with their own status.
   void CloseWith(const Status& status, const Status* cause) EXCLUDES(mu_);
+  // A peer failure of `what` ("send to rank 2 with tag 7") reported as the communicator's
+  // failure `cause`, which explains it.
+  Status BecauseOf(const Status& cause, const std::string& what, const Status& failure) const;
 
   const int rank_;
   const int size_;
@@ -151,6 +157,8 @@ class PointToPoint {
   const Status device_unavailable_;
   Mutex mu_;
   Status closed_ GUARDED_BY(mu_);
+  // Fail()'s cause: a peer failure the transport reports after it (while it closes) is that.
+  std::optional<Status> cause_ GUARDED_BY(mu_);
   std::vector<HeldFailure> held_ GUARDED_BY(mu_);
   CondVar held_changed_;                    // a failure held, or closed
   std::thread hold_timer_ GUARDED_BY(mu_);  // ReleaseHeldInTime, from the first hold

@@ -16,6 +16,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "backends/backend.h"
@@ -434,6 +435,51 @@ TEST(P2pHoldTest, AHeldFailureEndsOnceItsPeerSaysItFinalized) {
   EXPECT_EQ(s.message(),
             "rank 1 withdrew a point-to-point message (rank 1 finalized its communicator "
             "meanwhile)");
+  EXPECT_EQ(recv.state->complete_calls(), 1);
+}
+
+// A transport of three ranks whose progress thread reads a peer's end of stream while Fail()
+// closes it: Close() fails the waiting recv with that link's own failure, not Close's status (the
+// race of a rank that exits after the job failed, seen in mp_random_mix's kill runs).
+class LinkFailsWhileClosingTransport : public P2pTransport {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 3; }
+  int64_t max_tag() const override { return INT64_MAX; }
+  bool OnProgressThread() const override { return false; }
+  void Send(int, int64_t, const P2pMeta&, const void*, Deadline, Done done) override {
+    done(Status::Ok());
+  }
+  void Recv(int, int64_t, Deadline, Place, Done done) override { recv_ = std::move(done); }
+  void Close(const Status&) override {
+    if (recv_) {
+      std::exchange(recv_, nullptr)(Status(
+          Code::kPeerFailure, "rank 1 closed its point-to-point connection (end of stream)"));
+    }
+  }
+
+ private:
+  Done recv_;
+};
+
+// A peer failure that the transport reports while Fail() closes it is completed with the cause,
+// as a held one is, not as the peer's own fault: rank 1 only left because the job failed. Before,
+// it completed naming rank 1 alone.
+TEST(P2pHoldTest, APeerFailureReadWhileTheCommunicatorFailsCompletesWithTheCause) {
+  PointToPoint p2p(0, 3, milliseconds(10000), std::chrono::microseconds(0),
+                   std::make_unique<LinkFailsWhileClosingTransport>(),
+                   std::make_shared<ResultBuffers>(), Status(Code::kUnavailable, "none"));
+  Op recv;
+  recv.n = 4;
+  recv.data.assign(4, 0);
+  ASSERT_TRUE(p2p.Submit(Entry(false, 1, 3, recv)).ok());
+  p2p.Fail(Status(Code::kPeerFailure, "rank 2 aborted the job: rank 2 exited"));
+  ASSERT_TRUE(recv.state->Wait(Deadline::After(milliseconds(5000))));
+  const Status s = recv.state->status();
+  EXPECT_EQ(s.code(), Code::kPeerFailure) << s.ToString();
+  EXPECT_EQ(s.message(),
+            "rank 2 aborted the job: rank 2 exited (rank 0's recv from rank 1 with tag 3 failed "
+            "meanwhile: rank 1 closed its point-to-point connection (end of stream))");
   EXPECT_EQ(recv.state->complete_calls(), 1);
 }
 
