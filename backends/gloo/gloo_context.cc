@@ -135,6 +135,11 @@ class GiveUpWatch {
   std::thread thread_;
 };
 
+// The store key of `from`'s end of its pair with `to` (GlooContext::ConnectFullMesh).
+std::string PairKey(int from, int to) {
+  return std::to_string(from) + "/" + std::to_string(to);
+}
+
 }  // namespace
 
 void GlooContext::ConnectFullMesh(gloo::rendezvous::Store& store,
@@ -142,30 +147,18 @@ void GlooContext::ConnectFullMesh(gloo::rendezvous::Store& store,
                                   const std::function<Status()>& give_up, Status* gave_up) {
   std::shared_ptr<gloo::transport::Context> pairs = device->createContext(rank, size);
   pairs->setTimeout(getTimeout());
-  // Each rank's addresses, one per peer in peer order (itself left out), all of one length.
-  std::vector<char> mine;
-  size_t length = 0;
+  // Each pair's address under a key of its own ("3/5": rank 3's end of its pair with rank 5), so a
+  // rank fetches only the size - 1 addresses meant for it. Gloo's connectFullMesh publishes one
+  // key per rank holding all its addresses, which every peer fetches whole: size^3 addresses
+  // through the store (at 512 ranks about 18 GB, through the one server).
   for (int peer = 0; peer < size; ++peer) {
     if (peer == rank) continue;
-    const std::vector<char> address = pairs->createPair(peer)->address().bytes();
-    length = address.size();
-    mine.insert(mine.end(), address.begin(), address.end());
+    store.set(PairKey(rank, peer), pairs->createPair(peer)->address().bytes());
   }
-  store.set(std::to_string(rank), mine);
   GiveUpWatch watch(give_up, pairs.get());
   for (int peer = 0; peer < size; ++peer) {
     if (peer == rank) continue;
-    const std::string key = std::to_string(peer);
-    store.wait({key}, getTimeout());
-    const std::vector<char> theirs = store.get(key);
-    const size_t at = static_cast<size_t>(rank < peer ? rank : rank - 1) * length;
-    if (theirs.size() != mine.size() || at + length > theirs.size()) {
-      throw gloo::IoException("rank " + std::to_string(peer) + "'s addresses are " +
-                              std::to_string(theirs.size()) + " bytes, not " +
-                              std::to_string(mine.size()));
-    }
-    const std::vector<char> address(theirs.begin() + static_cast<long>(at),
-                                    theirs.begin() + static_cast<long>(at + length));
+    const std::vector<char> address = store.get(PairKey(peer, rank));  // waits for it
     if (!watch.Connecting(peer)) break;
     pairs->getPair(peer)->connect(address);
   }

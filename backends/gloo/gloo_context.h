@@ -26,12 +26,14 @@ class GlooContext : public gloo::rendezvous::Context {
   GlooContext(int rank, int size) : gloo::rendezvous::Context(rank, size) {}
   int next_slot() const { return slot_; }
   void set_next_slot(int slot) { slot_ = slot; }
-  // Gloo's connectFullMesh (a pair to every other rank, addresses through `store` under the key
-  // of each rank's number), except that while the pairs connect `give_up` is called every
-  // kGiveUpCheck from a thread of its own: once it fails, the pair being connected is closed, no
-  // other is started, *gave_up is set to its failure and this throws. Otherwise it throws what
-  // Gloo throws (a peer that never connects: after 5 times the context's timeout, Gloo's wait for
-  // an initial connect). Collective, like connectFullMesh.
+  // Gloo's connectFullMesh (a pair to every other rank), except that each pair's address goes
+  // through `store` under a key of its own ("r/p": rank r's end of its pair with rank p; a rank
+  // sets size - 1 keys and gets size - 1, so the store serves size^2 addresses in all, where
+  // Gloo's one key per rank makes it serve size^3), and that while the pairs connect `give_up`
+  // is called every kGiveUpCheck from a thread of its own: once it fails, the pair being
+  // connected is closed, no other is started, *gave_up is set to its failure and this throws.
+  // Otherwise it throws what Gloo throws (a peer that never connects: after 5 times the
+  // context's timeout, Gloo's wait for an initial connect). Collective, like connectFullMesh.
   void ConnectFullMesh(gloo::rendezvous::Store& store,
                        const std::shared_ptr<gloo::transport::Device>& device,
                        const std::function<Status()>& give_up, Status* gave_up);

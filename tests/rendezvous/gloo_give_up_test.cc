@@ -48,7 +48,7 @@ std::string DeadPeerAddress() {
 
 TEST(GlooGiveUpTest, PairConnectionsEndWhenTheStoreGivesUp) {
   GivingUpStore store;
-  ASSERT_TRUE(store.Set("job/gloo/1", DeadPeerAddress()).ok());
+  ASSERT_TRUE(store.Set("job/gloo/1/0", DeadPeerAddress()).ok());
   gloo_internal::GlooConnectOptions options;
   options.rank = 0;
   options.size = 2;
