@@ -390,9 +390,9 @@ TEST_P(P2pTest, APeerThatFinalizesFailsWhatWaitsForItAtOnceAndItsMessagesStillAr
   EXPECT_EQ(waiting.state->complete_calls(), 1);
 }
 
-// A transport of three ranks whose recvs wait until the test fails them, and which says that a
-// peer finalized when the test tells it to (a failure read before the peer's goodbye).
-class FinalizingPeerTransport : public P2pTransport {
+// Rank 0's transport among three ranks, in the test's hands: sends complete at once, and the last
+// recv waits until the test (or a subclass) fails it (FailRecv).
+class HeldRecvTransport : public P2pTransport {
  public:
   int rank() const override { return 0; }
   int size() const override { return 3; }
@@ -403,12 +403,21 @@ class FinalizingPeerTransport : public P2pTransport {
   }
   void Recv(int, int64_t, Deadline, Place, Done done) override { recv_ = std::move(done); }
   void Close(const Status&) override {}
-  bool PeerFinalized(int peer) const override { return peer == 1 && finalized_.load(); }
-  void FailRecv(const Status& s) { recv_(s); }
-  void Finalize() { finalized_.store(true); }
+  void FailRecv(const Status& s) {
+    if (recv_) std::exchange(recv_, nullptr)(s);
+  }
 
  private:
   Done recv_;
+};
+
+// Says that peer 1 finalized when the test tells it to (a failure read before the peer's goodbye).
+class FinalizingPeerTransport : public HeldRecvTransport {
+ public:
+  bool PeerFinalized(int peer) const override { return peer == 1 && finalized_.load(); }
+  void Finalize() { finalized_.store(true); }
+
+ private:
   std::atomic<bool> finalized_{false};
 };
 
@@ -438,28 +447,15 @@ TEST(P2pHoldTest, AHeldFailureEndsOnceItsPeerSaysItFinalized) {
   EXPECT_EQ(recv.state->complete_calls(), 1);
 }
 
-// A transport of three ranks whose progress thread reads a peer's end of stream while Fail()
-// closes it: Close() fails the waiting recv with that link's own failure, not Close's status (the
-// race of a rank that exits after the job failed, seen in mp_random_mix's kill runs).
-class LinkFailsWhileClosingTransport : public P2pTransport {
+// Its progress thread reads peer 1's end of stream while Fail() closes it: Close() fails the
+// waiting recv with that link's own failure, not Close's status (the race of a rank that exits
+// after the job failed, seen in mp_random_mix's kill runs).
+class LinkFailsWhileClosingTransport : public HeldRecvTransport {
  public:
-  int rank() const override { return 0; }
-  int size() const override { return 3; }
-  int64_t max_tag() const override { return INT64_MAX; }
-  bool OnProgressThread() const override { return false; }
-  void Send(int, int64_t, const P2pMeta&, const void*, Deadline, Done done) override {
-    done(Status::Ok());
-  }
-  void Recv(int, int64_t, Deadline, Place, Done done) override { recv_ = std::move(done); }
   void Close(const Status&) override {
-    if (recv_) {
-      std::exchange(recv_, nullptr)(Status(
-          Code::kPeerFailure, "rank 1 closed its point-to-point connection (end of stream)"));
-    }
+    FailRecv(
+        Status(Code::kPeerFailure, "rank 1 closed its point-to-point connection (end of stream)"));
   }
-
- private:
-  Done recv_;
 };
 
 // A peer failure that the transport reports while Fail() closes it is completed with the cause,
