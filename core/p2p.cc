@@ -252,7 +252,8 @@ void PointToPoint::Complete(const std::shared_ptr<RequestState>& state, const St
       }
       // Fail() is closing the transport, whose progress thread read this failure meanwhile
       // (the peer left because the job failed, before its cause reached this rank's engine).
-      cause = cause_;
+      // What the transport's Close() fails with the cause itself needs no explaining.
+      if (cause_ && s.message().find(cause_->message()) == std::string::npos) cause = cause_;
     }
     if (cause) {
       CompleteFor(this, *state, BecauseOf(*cause, what, s));

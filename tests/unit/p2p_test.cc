@@ -458,6 +458,29 @@ class LinkFailsWhileClosingTransport : public HeldRecvTransport {
   }
 };
 
+// Its Close() fails the waiting recv with Close's status, as the TCP and MPI transports do.
+class ClosingTransport : public HeldRecvTransport {
+ public:
+  void Close(const Status& status) override { FailRecv(status); }
+};
+
+// What the transport's Close() fails with Fail()'s cause completes with the cause as it is: it
+// needs no explaining by itself.
+TEST(P2pHoldTest, WhatCloseFailsWithTheCauseCompletesWithTheCauseAlone) {
+  PointToPoint p2p(0, 3, milliseconds(10000), std::chrono::microseconds(0),
+                   std::make_unique<ClosingTransport>(), std::make_shared<ResultBuffers>(),
+                   Status(Code::kUnavailable, "none"));
+  Op recv;
+  recv.n = 4;
+  recv.data.assign(4, 0);
+  ASSERT_TRUE(p2p.Submit(Entry(false, 1, 3, recv)).ok());
+  const Status cause(Code::kPeerFailure, "rank 2 aborted the job: rank 2 exited");
+  p2p.Fail(cause);
+  ASSERT_TRUE(recv.state->Wait(Deadline::After(milliseconds(5000))));
+  EXPECT_EQ(recv.state->status().ToString(), cause.ToString());
+  EXPECT_EQ(recv.state->complete_calls(), 1);
+}
+
 // A peer failure that the transport reports while Fail() closes it is completed with the cause,
 // as a held one is, not as the peer's own fault: rank 1 only left because the job failed. Before,
 // it completed naming rank 1 alone.
