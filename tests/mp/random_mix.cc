@@ -430,8 +430,11 @@ class Round {
     return std::string(comm_name_) + " seed " + std::to_string(seed_) + " round " +
            std::to_string(round_) + " " + KindName(s.kind) + " '" + s.name + "' (" +
            mp::DTypeName(s.dtype) + ", " + std::to_string(s.rows) + "x" + std::to_string(s.cols) +
-           ", root " + std::to_string(s.root) + (s.in_place ? ", in place" : "") +
-           (s.owned ? ", owned" : "") + (s.group >= 0 ? ", grouped" : "") + ")";
+           (s.kind == Kind::kSendRecv
+                ? ", rank " + std::to_string(s.src) + " to rank " + std::to_string(s.dst)
+                : ", root " + std::to_string(s.root)) +
+           (s.in_place ? ", in place" : "") + (s.owned ? ", owned" : "") +
+           (s.group >= 0 ? ", grouped" : "") + ")";
   }
 
   // SIGKILL, with what this rank submitted still in flight.
