@@ -287,8 +287,15 @@ Status Engine::Shutdown() {
   const Status closed(Code::kNotInitialized, "the communicator was finalized");
   // Point to point ends first, where its transport can tell the peers: their sends and recvs
   // with this rank fail at once instead of at their timeout while the barrier below waits for
-  // them to finalize too.
-  p2p_->Finish(closed);
+  // them to finalize too. Not after a failure (Fail() may still wait for the control plane's
+  // teardown, its p2p_->Fail() to come): then this rank leaves as a failed one does, without a
+  // goodbye, and its peers' operations with it wait for their own engine's cause (rank 0's
+  // abort) instead of failing as if this rank had finalized alone.
+  if (const Status failed = failure(); !failed.ok()) {
+    p2p_->Fail(failed);
+  } else {
+    p2p_->Finish(closed);
+  }
   Status barrier = Status::Ok();
   if (config_.size > 1 && failure().ok()) {
     // A last barrier, negotiated like any operation, so no rank closes its connections while a
