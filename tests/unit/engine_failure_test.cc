@@ -227,6 +227,19 @@ class StallingControlPlane : public ControlPlane {
     bool released = false;
     bool stalled = false;    // a send is (or was) stalled
     bool destroyed = false;  // the plane is gone (its teardown ended)
+    // Whether a send stalled within 5 s.
+    bool AwaitStalled() {
+      std::unique_lock<std::mutex> lock(mu);
+      return cv.wait_for(lock, std::chrono::seconds(5), [this] { return stalled; });
+    }
+    // Releases the stalled send; whether the teardown then ended (it sends, drains for at most a
+    // second and destroys the plane) within 5 s.
+    bool ReleaseAndAwaitDestroyed() {
+      std::unique_lock<std::mutex> lock(mu);
+      released = true;
+      cv.notify_all();
+      return cv.wait_for(lock, std::chrono::seconds(5), [this] { return destroyed; });
+    }
   };
   StallingControlPlane(std::unique_ptr<ControlPlane> inner, std::shared_ptr<Gate> gate)
       : inner_(std::move(inner)), gate_(std::move(gate)) {}
@@ -310,11 +323,7 @@ TEST(EngineFailureTeardownTest, AStalledTeardownDelaysNoRequestAndBoundsShutdown
   EXPECT_EQ(s.code(), Code::kPeerFailure) << s.ToString();
   EXPECT_LT(completed, Engine::kTeardownWait + milliseconds(1500))
       << "the request waited for the stalled teardown";
-  {
-    std::unique_lock<std::mutex> lock(gate->mu);
-    ASSERT_TRUE(gate->cv.wait_for(lock, std::chrono::seconds(5), [&] { return gate->stalled; }))
-        << "the teardown never sent rank 0's abort";
-  }
+  ASSERT_TRUE(gate->AwaitStalled()) << "the teardown never sent rank 0's abort";
   EXPECT_EQ(abandoned.load(), 2) << "rank 0's two lanes were not each abandoned once";
   EXPECT_EQ(abandoned_after_the_last_words.load(), 0)
       << "a lane was abandoned only after the control plane's last words";
@@ -323,17 +332,7 @@ TEST(EngineFailureTeardownTest, AStalledTeardownDelaysNoRequestAndBoundsShutdown
   const auto shutdown_took = Clock::now() - shutdown_start;
   EXPECT_GE(shutdown_took, Engine::kTeardownWait - milliseconds(50));
   EXPECT_LT(shutdown_took, Engine::kTeardownWait + milliseconds(1500));
-  {
-    std::lock_guard<std::mutex> lock(gate->mu);
-    gate->released = true;
-  }
-  gate->cv.notify_all();
-  {
-    // Released, the teardown sends, drains (at most a second) and destroys the plane.
-    std::unique_lock<std::mutex> lock(gate->mu);
-    EXPECT_TRUE(gate->cv.wait_for(lock, std::chrono::seconds(5), [&] { return gate->destroyed; }))
-        << "the released teardown did not end";
-  }
+  EXPECT_TRUE(gate->ReleaseAndAwaitDestroyed()) << "the released teardown did not end";
   engines.clear();
 }
 
@@ -389,26 +388,13 @@ TEST(EngineFailureTeardownTest, AFailedRankFinalizesPointToPointWithoutAGoodbye)
                                                DevicePlane(), std::move(p2p)));
   }
   world->Kill(1);
-  {
-    std::unique_lock<std::mutex> lock(gate->mu);
-    ASSERT_TRUE(gate->cv.wait_for(lock, std::chrono::seconds(5), [&] { return gate->stalled; }))
-        << "rank 0 never failed (its teardown never sent the abort)";
-  }
+  ASSERT_TRUE(gate->AwaitStalled()) << "rank 0 never failed (its teardown never sent the abort)";
   EXPECT_FALSE(engines[0]->failure().ok());
   EXPECT_EQ(log->closed.load(), 0) << "Fail() reached point to point before its teardown ended";
   (void)engines[0]->Shutdown();
   EXPECT_EQ(log->finished.load(), 0) << "a failed rank said goodbye on point to point";
   EXPECT_GE(log->closed.load(), 1);
-  {
-    std::lock_guard<std::mutex> lock(gate->mu);
-    gate->released = true;
-  }
-  gate->cv.notify_all();
-  {
-    std::unique_lock<std::mutex> lock(gate->mu);
-    EXPECT_TRUE(gate->cv.wait_for(lock, std::chrono::seconds(5), [&] { return gate->destroyed; }))
-        << "the released teardown did not end";
-  }
+  EXPECT_TRUE(gate->ReleaseAndAwaitDestroyed()) << "the released teardown did not end";
   engines.clear();
 }
 
