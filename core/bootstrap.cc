@@ -19,6 +19,7 @@
 #include "base/digest.h"
 #include "base/mutex.h"
 #include "core/device_setup.h"
+#include "core/job_settings.h"
 #include "core/lane_backends.h"
 #include "rendezvous/file_store.h"
 #include "rendezvous/hash_store.h"
@@ -425,68 +426,6 @@ StatusOr<std::unique_ptr<Rendezvous>> OpenRendezvous(const Config& c, Deadline d
       "no rendezvous for " + std::to_string(c.size) +
       " ranks: start the job with concordrun, set CONCORD_STORE (tcp://host:port or file:///dir), "
       "or set MASTER_ADDR and MASTER_PORT as torchrun does");
-}
-
-// Settings every rank must share, or the ranks would plan different collectives (fusion
-// threshold, cache capacity) or build different algorithms (backend, Gloo algorithm): each rank
-// compares its own with rank 0's and refuses to start on a difference, naming it.
-std::vector<std::pair<std::string, std::string>> JobSettings(const Config& c) {
-  return {{"CONCORD_BACKEND", c.backend},
-          {"CONCORD_GLOO_ALGORITHM", c.gloo_algorithm},
-          {"CONCORD_FUSION_THRESHOLD", std::to_string(c.fusion_threshold_bytes)},
-          {"CONCORD_DIRECT_THRESHOLD", std::to_string(c.direct_threshold_bytes)},
-          {"CONCORD_CACHE_CAPACITY", std::to_string(c.cache_capacity)},
-          {"CONCORD_LANES", std::to_string(c.lanes)},
-          {"CONCORD_SHM", c.shm},
-          {"CONCORD_SHM_BYTES", std::to_string(c.shm_buffer_bytes)},
-          {"CONCORD_SHM_DIRECT_THRESHOLD", std::to_string(c.shm_direct_threshold_bytes)},
-          {"CONCORD_HIERARCHICAL", c.hierarchical},
-          {"CONCORD_HIERARCHICAL_THRESHOLD", std::to_string(c.hierarchical_threshold_bytes)},
-          {"CONCORD_DETERMINISTIC", c.deterministic ? "1" : "0"},
-          // Set, every rank measures its clock offset from rank 0's at init (core/clock_sync.h).
-          {"CONCORD_TIMELINE (set or not)", c.timeline.empty() ? "not set" : "set"}};
-}
-
-std::string JobSettingsBlob(const Config& c) {
-  std::string blob;
-  for (const auto& [name, value] : JobSettings(c)) blob += name + "=" + value + "\n";
-  return blob;
-}
-
-// Compares this rank's settings with rank 0's blob.
-Status CompareJobSettings(const Config& c, const std::string& theirs) {
-  if (theirs == JobSettingsBlob(c)) return Status::Ok();
-  for (const auto& [name, value] : JobSettings(c)) {
-    const size_t at = theirs.find(name + "=");
-    const size_t end = at == std::string::npos ? at : theirs.find('\n', at);
-    const std::string rank0 = at == std::string::npos
-                                  ? "?"
-                                  : theirs.substr(at + name.size() + 1, end - at - name.size() - 1);
-    if (rank0 != value) {
-      return InvalidArgument(name + " must be the same on every rank: rank 0 has '" + rank0 +
-                             "', rank " + std::to_string(c.rank) + " has '" + value + "'");
-    }
-  }
-  return InvalidArgument("job settings differ from rank 0's");
-}
-
-// Through the store: rank 0 publishes its settings, the others compare.
-Status CheckJobSettings(const Config& c, Store* store, const std::string& prefix,
-                        Deadline deadline) {
-  const std::string key = prefix + "/settings";
-  if (c.rank == 0) return store->Set(key, JobSettingsBlob(c));
-  CONCORD_ASSIGN_OR_RETURN(std::string theirs, store->Get(key, deadline));
-  return CompareJobSettings(c, theirs);
-}
-
-// Through a backend's broadcast (no store): rank 0's settings reach every rank.
-Status CheckJobSettings(const Config& c, Backend* backend) {
-  std::string blob = JobSettingsBlob(c);
-  uint64_t length = blob.size();
-  CONCORD_RETURN_IF_ERROR(backend->Broadcast(&length, sizeof(length), 0));
-  blob.resize(length);
-  CONCORD_RETURN_IF_ERROR(backend->Broadcast(blob.data(), blob.size(), 0));
-  return CompareJobSettings(c, blob);
 }
 
 // CONCORD_BACKEND=mpi (or auto under mpirun): rank and size are MPI_COMM_WORLD's, negotiation and
