@@ -217,12 +217,13 @@ struct MpiTransports {
 // Initialises MPI if needed (see backends/mpi/mpi_environment.h for the thread level rules).
 // kUnavailable when this Concord was built without MPI. With `world_ranks`, the transports of a
 // sub-communicator of those MPI_COMM_WORLD ranks, in that order (rank i here is world_ranks[i]):
-// collective over them only, each calling with the same ranks, the same `identity` (a digest of
-// the sub-communicator's name) and a `tag` no other sub-communicator being created among them at
-// the same time uses. When MPI matched this call with another sub-communicator's (their tags
-// coincided): kMismatch on every member, naming the cause.
+// collective over them only, each calling with the same ranks and the same `identity` (a digest
+// of the sub-communicator's name, which no other communicator of the job has: MPI tells
+// sub-communicators started at once apart by it, backends/mpi/mpi_backend.h). When MPI matched
+// this call with another sub-communicator's (their tags coincided): kMismatch on every member,
+// naming the cause.
 StatusOr<MpiTransports> CreateMpiTransports(std::chrono::milliseconds timeout,
-                                            const std::vector<int>& world_ranks = {}, int tag = 0,
+                                            const std::vector<int>& world_ranks = {},
                                             uint64_t identity = 0);
 
 }  // namespace concord

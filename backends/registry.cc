@@ -42,13 +42,13 @@ StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& name,
 }
 
 StatusOr<MpiTransports> CreateMpiTransports(std::chrono::milliseconds timeout,
-                                            const std::vector<int>& world_ranks, int tag,
+                                            const std::vector<int>& world_ranks,
                                             uint64_t identity) {
 #ifdef CONCORD_HAVE_MPI
   CONCORD_ASSIGN_OR_RETURN(std::shared_ptr<MpiEnvironment> env, MpiEnvironment::Acquire());
   MPI_Comm base = MPI_COMM_WORLD;
   if (!world_ranks.empty()) {
-    CONCORD_ASSIGN_OR_RETURN(base, CreateGroupComm(*env, world_ranks, tag));
+    CONCORD_ASSIGN_OR_RETURN(base, CreateGroupComm(*env, world_ranks, identity));
   }
   // The group's communicator only seeds the duplicates; it goes whatever happens.
   auto made = [&]() -> StatusOr<MpiTransports> {
@@ -74,7 +74,6 @@ StatusOr<MpiTransports> CreateMpiTransports(std::chrono::milliseconds timeout,
 #else
   (void)timeout;
   (void)world_ranks;
-  (void)tag;
   (void)identity;
   return NotBuilt("mpi");
 #endif

@@ -11,7 +11,8 @@ namespace concord {
 // segment layouts, and the algorithms' schedules (which rank sends which part when). What the
 // comparison itself rests on never changes: the store's protocol, the communicator number's key
 // and the settings key (`<prefix>/settings`, "NAME=value" lines).
-//   1: the first numbered layout (a Gloo mesh's addresses under one key per pair, "r/p").
+//   1: the first numbered layout (a Gloo mesh's addresses under one key per pair, "r/p"; an MPI
+//      communicator's name broadcast from rank 0 after the settings).
 inline constexpr int kWireVersion = 1;
 
 }  // namespace concord

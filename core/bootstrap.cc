@@ -11,6 +11,7 @@
 #include <cmath>
 #include <functional>
 #include <optional>
+#include <random>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -457,12 +458,22 @@ StatusOr<Communicator> CreateMpiCommunicator(Config config, std::chrono::millise
   config.lanes = 1;
   CONCORD_RETURN_IF_ERROR(config.Finalize());
   CONCORD_RETURN_IF_ERROR(CheckJobSettings(config, t.backend.get()));
+  // The communicator's name, rank 0's draw: its sub-communicators' names extend it, and MPI tells
+  // those started at once apart by their names' digests (CreateMpiTransports), also those of
+  // another communicator started over MPI_COMM_WORLD in this job.
+  uint64_t name = 0;
+  if (config.rank == 0) {
+    std::random_device random;
+    name = (static_cast<uint64_t>(random()) << 32) ^ random();
+  }
+  CONCORD_RETURN_IF_ERROR(t.backend->Broadcast(&name, sizeof(name), 0));
   CONCORD_ASSIGN_OR_RETURN(MetricsEndpoint metrics, OpenMetricsEndpoint(config));
   CONCORD_ASSIGN_OR_RETURN(std::optional<TimelineFile> timeline, OpenConfiguredTimeline(config));
   std::vector<std::unique_ptr<Backend>> lanes;
   lanes.push_back(std::move(t.backend));
   Communicator comm;
   comm.origin = std::make_shared<CommOrigin>();
+  comm.origin->prefix = "mpi/" + std::to_string(name);
   for (int r = 0; r < t.size; ++r) comm.origin->world_ranks.push_back(r);
   comm.engine =
       std::make_unique<Engine>(config, std::move(t.control), std::move(lanes),
@@ -698,7 +709,6 @@ StatusOr<std::unique_ptr<Engine>> CreateEngine(Config config) {
 
 StatusOr<Communicator> StartSubCommunicator(const Config& config, const CommOrigin& parent,
                                             const std::string& prefix, std::vector<int> world_ranks,
-                                            int mpi_tag,
                                             const std::function<Status()>& parent_failure) {
   auto origin = std::make_shared<CommOrigin>();
   origin->prefix = prefix;
@@ -773,8 +783,8 @@ StatusOr<Communicator> StartSubCommunicator(const Config& config, const CommOrig
     }
     comm.engine = std::move(*started);
   } else {
-    auto transports = CreateMpiTransports(MillisFromSeconds(config.timeout_s), world_ranks, mpi_tag,
-                                          Fnv1a(prefix));
+    auto transports =
+        CreateMpiTransports(MillisFromSeconds(config.timeout_s), world_ranks, Fnv1a(prefix));
     if (!transports.ok()) {
       return NameWorldRanks(transports.status().WithContext("starting the mpi backend"),
                             world_ranks);

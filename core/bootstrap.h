@@ -26,8 +26,10 @@ struct Rendezvous;  // the store (and its server, under torchrun): bootstrap.cc
 // the store outlives every communicator that uses it.
 struct CommOrigin {
   std::shared_ptr<Rendezvous> rendezvous;  // null on MPI
-  std::string prefix;                      // this communicator's store keys
-  std::string host;                        // the address its control plane advertises
+  // This communicator's store keys; on MPI (no store) its name, "mpi/<rank 0's draw>" for one
+  // that init started: unique in the job either way, as its sub-communicators' names extend it.
+  std::string prefix;
+  std::string host;  // the address its control plane advertises
   // Rank here -> rank in the communicator that init started (on MPI, MPI_COMM_WORLD's).
   std::vector<int> world_ranks;
   // Splits of this communicator so far: the Nth split on every rank is the same split.
@@ -57,7 +59,8 @@ StatusOr<std::unique_ptr<Engine>> CreateEngine(Config config);
 // Starts the communicator of a split (core/comm_split.h): `config` is the parent's, with this
 // rank's rank, size and local rank among the members, whose world ranks are `world_ranks`. On the
 // parent's store under `prefix`, or, on MPI, over those MPI_COMM_WORLD ranks
-// (MPI_Comm_create_group with `mpi_tag`). Collective over the members only. On the store, its
+// (MPI_Comm_create_group, told apart from other sub-communicators started at once by `prefix`'s
+// digest). Collective over the members only. On the store, its
 // waits for the other members' keys look at `parent_failure` (called only during this call) every
 // kParentCheck: once the parent has failed (a member died), the start fails with that error,
 // naming the rank, instead of waiting out the timeout; a start that failed as a member's death
@@ -72,7 +75,6 @@ StatusOr<std::unique_ptr<Engine>> CreateEngine(Config config);
 // 3)").
 StatusOr<Communicator> StartSubCommunicator(const Config& config, const CommOrigin& parent,
                                             const std::string& prefix, std::vector<int> world_ranks,
-                                            int mpi_tag,
                                             const std::function<Status()>& parent_failure);
 inline constexpr std::chrono::milliseconds kParentCheck{100};
 inline constexpr std::chrono::milliseconds kParentGrace{500};

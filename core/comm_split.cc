@@ -104,9 +104,8 @@ StatusOr<Communicator> Split(Engine& engine, CommOrigin& origin, SplitArgs mine,
   for (int r : members) world_ranks.push_back(origin.world_ranks.at(static_cast<size_t>(r)));
   const std::string prefix =
       origin.prefix + "/split" + std::to_string(seq) + "/" + std::to_string(mine.color);
-  auto sub =
-      StartSubCommunicator(config, origin, prefix, std::move(world_ranks),
-                           static_cast<int>(seq % 32768), [&engine] { return engine.failure(); });
+  auto sub = StartSubCommunicator(config, origin, prefix, std::move(world_ranks),
+                                  [&engine] { return engine.failure(); });
   if (!sub.ok()) return sub.status().WithContext(std::string(what) + " (" + name + ")");
   return sub;
 }

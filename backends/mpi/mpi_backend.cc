@@ -595,16 +595,36 @@ StatusOr<MPI_Comm> Duplicate(MpiEnvironment& env, MPI_Comm base, Deadline deadli
 }
 
 StatusOr<MPI_Comm> CreateGroupComm(MpiEnvironment& env, const std::vector<int>& world_ranks,
-                                   int tag) {
-  CONCORD_MPI_LOCK_OR_RETURN(lock, env);
-  MPI_Group world = MPI_GROUP_NULL, members = MPI_GROUP_NULL;
-  CONCORD_MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &world));
-  const int rc =
-      MPI_Group_incl(world, static_cast<int>(world_ranks.size()), world_ranks.data(), &members);
-  MPI_Group_free(&world);
-  CONCORD_MPI_CHECK(rc);
+                                   uint64_t identity) {
+  MPI_Group members = MPI_GROUP_NULL;
+  int tag = 0;
+  {
+    CONCORD_MPI_LOCK_OR_RETURN(lock, env);
+    MPI_Group world = MPI_GROUP_NULL;
+    CONCORD_MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &world));
+    const int rc =
+        MPI_Group_incl(world, static_cast<int>(world_ranks.size()), world_ranks.data(), &members);
+    MPI_Group_free(&world);
+    CONCORD_MPI_CHECK(rc);
+    int* tag_ub = nullptr;
+    int found = 0;
+    CONCORD_MPI_CHECK(MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &found));
+    const uint64_t tags = found != 0 && tag_ub != nullptr && *tag_ub > 0
+                              ? static_cast<uint64_t>(*tag_ub) + 1
+                              : 32768;  // the least MPI_TAG_UB MPI allows
+    tag = static_cast<int>(identity % tags);
+  }
   MPI_Comm comm = MPI_COMM_NULL;
-  const int created = MPI_Comm_create_group(MPI_COMM_WORLD, members, tag, &comm);
+  int created = MPI_SUCCESS;
+  if (env.thread_level() == MPI_THREAD_MULTIPLE) {
+    // Blocks until every member calls it: without the lock, so that this process's other threads
+    // go on calling MPI meanwhile, starting other sub-communicators among them.
+    created = MPI_Comm_create_group(MPI_COMM_WORLD, members, tag, &comm);
+  } else {
+    CONCORD_MPI_LOCK_OR_RETURN(lock, env);
+    created = MPI_Comm_create_group(MPI_COMM_WORLD, members, tag, &comm);
+  }
+  CONCORD_MPI_LOCK_OR_RETURN(lock, env);
   MPI_Group_free(&members);
   CONCORD_MPI_CHECK(created);
   return comm;
@@ -632,8 +652,9 @@ Status CheckSameIdentity(MpiEnvironment& env, MPI_Comm comm, uint64_t identity, 
   if ((*buffers)[2] != ~(*buffers)[3]) {
     return Status(Code::kMismatch,
                   "MPI matched this sub-communicator's start with another one on another rank: "
-                  "two sub-communicators of the same ranks were started at the same time from two "
-                  "threads; on the MPI backend, start sub-communicators from one thread at a time");
+                  "two sub-communicators of the same ranks, started at the same time, got the "
+                  "same MPI tag (their names' digests modulo MPI_TAG_UB + 1 coincide); start "
+                  "them one after the other");
   }
   return Status::Ok();
 }

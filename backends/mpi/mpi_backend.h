@@ -31,19 +31,24 @@ Status WaitForRequest(MpiEnvironment& env, MPI_Request* request, Deadline deadli
 // MPI_ERRORS_RETURN. Collective over base.
 StatusOr<MPI_Comm> Duplicate(MpiEnvironment& env, MPI_Comm base, Deadline deadline);
 
-// A communicator of the MPI_COMM_WORLD ranks `world_ranks`, in that order (MPI_Comm_create_group
-// with `tag`), for a sub-communicator's transports to duplicate; the caller frees it. Collective
-// over those ranks only. MPI gives it no deadline: every member has just agreed to create it.
+// A communicator of the MPI_COMM_WORLD ranks `world_ranks`, in that order, for a
+// sub-communicator's transports to duplicate; the caller frees it. MPI_Comm_create_group, with
+// `identity` (a digest of the sub-communicator's name, which no other communicator of the job
+// has) modulo MPI_TAG_UB + 1 as its tag: sub-communicators started at once, from several threads,
+// in different orders on different ranks, are told apart by their tags. Under
+// MPI_THREAD_MULTIPLE the call runs without the environment's lock, so that they can all go on at
+// once (under SERIALIZED it holds it: start sub-communicators from one thread at a time there).
+// Collective over those ranks only. MPI gives it no deadline: every member has just agreed to
+// create it.
 StatusOr<MPI_Comm> CreateGroupComm(MpiEnvironment& env, const std::vector<int>& world_ranks,
-                                   int tag);
+                                   uint64_t identity);
 
 // Checks that every member of `comm`, a communicator CreateGroupComm just made, started it as the
-// same sub-communicator (`identity`: a digest of its name). MPI matches MPI_Comm_create_group
-// calls by group and tag only, so when two sub-communicators of the same ranks are started at once
-// from two threads, against the rule in mpi_environment.h, their tags can coincide and MPI can
-// match this rank's one with another rank's other one. kMismatch then, on every member, saying
-// so, instead of two cross-wired communicators. Collective over comm, waited for until the
-// deadline.
+// same sub-communicator (`identity`). MPI matches MPI_Comm_create_group calls by group and tag
+// only, so two sub-communicators of the same ranks started at once whose tags coincide (their
+// identities are equal modulo MPI_TAG_UB + 1) can be matched across: this rank's one with another
+// rank's other one. kMismatch then, on every member, saying so, instead of two cross-wired
+// communicators. Collective over comm, waited for until the deadline.
 Status CheckSameIdentity(MpiEnvironment& env, MPI_Comm comm, uint64_t identity, Deadline deadline);
 
 // A Backend over its own duplicate of MPI_COMM_WORLD: allreduce is MPI_Iallreduce (half types,

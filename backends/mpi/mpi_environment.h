@@ -51,13 +51,14 @@ Status MpiError(int mpi_code, const char* call, const char* file, int line);
 // keeps the calls of Concord's threads ordered (ThreadSanitizer cannot see the shared-memory
 // hand-offs between Open MPI's processes, and reports two unlocked threads reusing a transport
 // fragment as a race). Concord holds it for one non-blocking call at a time (a collective is
-// waited for by polling MPI_Test), so a thread never waits long for it; the one blocking call,
-// MPI_Comm_create_group (a sub-communicator's start), holds it too, so sub-communicators of one
-// process must be started from one thread at a time (two at once, in different orders on
-// different ranks, would each hold a rank's lock waiting for the other; two of the same ranks can
-// be paired across, which CheckSameIdentity refuses). Under SERIALIZED the
-// application must not call MPI itself while a Concord communicator exists (with MULTIPLE it
-// may).
+// waited for by polling MPI_Test), so a thread never waits long for it. The one blocking call,
+// MPI_Comm_create_group (a sub-communicator's start, CreateGroupComm), runs without it under
+// MULTIPLE: sub-communicators started at once from several threads, in different orders on
+// different ranks, would otherwise each hold a rank's lock waiting for the other, for good
+// (scripts/tsan-suppressions.txt then hides what TSan reports inside Open MPI). Under SERIALIZED
+// it holds the lock, so there sub-communicators of one process must be started from one thread
+// at a time. Under SERIALIZED the application must not call MPI itself while a Concord
+// communicator exists (with MULTIPLE it may).
 class MpiEnvironment {
  public:
   static StatusOr<std::shared_ptr<MpiEnvironment>> Acquire();

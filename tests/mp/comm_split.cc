@@ -1,6 +1,7 @@
 // Sub-communicators (concord_comm_split, concord_comm_create_group), run by a launcher:
 //   mp_comm_split --mode semantics   order by key, overlapping sets used from threads at once,
-//                                    two communicators split at once from two threads (Gloo),
+//                                    two communicators split at once from two threads (also
+//                                    two that init started, first splits in opposite orders),
 //                                    nesting, CONCORD_UNDEFINED, bad arguments on one rank
 //                                    failing every rank, finalize in any order; prints what a
 //                                    sub-communicator costs (time, threads, fds, memory)
@@ -15,6 +16,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -182,16 +184,14 @@ int Semantics() {
   }
 
   // Two communicators split at once, each from its own thread: the world (keys reversed) and a
-  // copy of it. Each split's start waits in the store for its peers' keys, which must not hold up
-  // the other's.
+  // copy of it. Each split's start waits for its peers (in the store; on MPI inside
+  // MPI_Comm_create_group), which must not hold up the other's, whichever starts first on each
+  // rank. (On MPI before: the first held the MPI lock while it waited, and two ranks whose first
+  // starts differed hung there, in about one run in six.)
   concord_comm_t copy = nullptr;
   CHECKF(concord_comm_split(world, 0, 0, &copy) == CONCORD_SUCCESS, "copy: %s",
          concord_comm_last_error(world));
-  // Not on MPI: there MPI_Comm_create_group blocks holding the MPI lock, so sub-communicators
-  // start from one thread at a time (backends/mpi/mpi_environment.h).
-  const char* backend = std::getenv("CONCORD_BACKEND");
-  const bool mpi = backend != nullptr && std::string(backend) == "mpi";
-  for (int round = 0; round < 3 && copy != nullptr && !mpi; ++round) {
+  for (int round = 0; round < 6 && copy != nullptr; ++round) {
     concord_comm_t from_world = nullptr, from_copy = nullptr;
     concord_status_t sw = CONCORD_SUCCESS, sc = CONCORD_SUCCESS;
     std::thread other([&] { sc = concord_comm_split(copy, 0, g_rank, &from_copy); });
@@ -209,6 +209,41 @@ int Semantics() {
     if (from_copy != nullptr) concord_finalize(from_copy);
   }
   if (copy != nullptr) concord_finalize(copy);
+
+  // Two more communicators from init (on MPI, both over MPI_COMM_WORLD), each split for the first
+  // time at once from two threads, one first on even ranks, the other on odd ones: each split
+  // meets its own on every rank. (On MPI before, both first splits had the same name, so MPI
+  // paired one rank's with another rank's other one and neither start saw it.)
+  concord_comm_t inits[2] = {nullptr, nullptr};
+  for (concord_comm_t& c : inits) {
+    CHECKF(concord_init(&c) == CONCORD_SUCCESS, "another init: %s",
+           concord_comm_last_error(nullptr));
+  }
+  if (inits[0] != nullptr && inits[1] != nullptr) {
+    concord_comm_t subs[2] = {nullptr, nullptr};
+    std::string errors[2];  // last errors are per thread
+    auto split_one = [&](int i) {
+      if (i != g_rank % 2) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      if (concord_comm_split(inits[i], 0, 0, &subs[i]) != CONCORD_SUCCESS) {
+        errors[i] = concord_comm_last_error(inits[i]);
+      }
+    };
+    std::thread other(split_one, 1);
+    split_one(0);
+    other.join();
+    for (int i = 0; i < 2; ++i) {
+      CHECKF(errors[i].empty(), "init %d's split at once: %s", i, errors[i].c_str());
+    }
+    std::thread check([&] { ExpectMembers(subs[1], everyone, "first.split.1"); });
+    ExpectMembers(subs[0], everyone, "first.split.0");
+    check.join();
+    for (concord_comm_t c : subs) {
+      if (c != nullptr) concord_finalize(c);
+    }
+  }
+  for (concord_comm_t c : inits) {
+    if (c != nullptr) concord_finalize(c);
+  }
 
   // Nested: the parity communicator split again (one color, same order).
   concord_comm_t nested = nullptr;

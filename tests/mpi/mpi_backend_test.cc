@@ -91,26 +91,73 @@ TEST(MpiEnvironmentTest, OneSharedEnvironmentWithAUsableThreadLevel) {
   EXPECT_TRUE((*g_env)->initialised_by_concord());
 }
 
-// Two sub-communicators of world ranks 0 and 1, with the same tag, started in opposite orders on
-// the two ranks (as two threads may start them): MPI matches rank 0's first start with rank 1's
-// first, which is the other sub-communicator. Both starts fail with kMismatch on both ranks,
-// saying why, instead of leaving two cross-wired communicators (before: both started). The same
+// MPI_TAG_UB + 1: how many tags MPI_Comm_create_group can tell apart (CreateGroupComm).
+uint64_t TagCount() {
+  int* tag_ub = nullptr;
+  int found = 0;
+  MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &found);
+  return found != 0 && tag_ub != nullptr ? static_cast<uint64_t>(*tag_ub) + 1 : 32768;
+}
+
+// Two sub-communicators of world ranks 0 and 1 whose identities coincide modulo MPI_TAG_UB + 1
+// (so their tags do), started in opposite orders on the two ranks (as two threads may start
+// them): MPI matches rank 0's first start with rank 1's first, which is the other
+// sub-communicator. Both starts fail with kMismatch on both ranks, saying why, instead of leaving
+// two cross-wired communicators (before the identity check: both started). The same
 // sub-communicator started alike on both then works.
 TEST(MpiTransportsTest, CrossedSubCommunicatorStartsAreRefused) {
   auto b = MakeBackend();
   if (b->rank() > 1) return;  // collective over ranks 0 and 1 only
   if (b->size() < 2) GTEST_SKIP() << "needs 2 ranks";
-  const uint64_t mine[2] = {b->rank() == 0 ? 11u : 22u, b->rank() == 0 ? 22u : 11u};
+  const uint64_t first = 11, second = 11 + TagCount();
+  const uint64_t mine[2] = {b->rank() == 0 ? first : second, b->rank() == 0 ? second : first};
   for (uint64_t identity : mine) {
-    StatusOr<MpiTransports> t = CreateMpiTransports(std::chrono::seconds(20), {0, 1}, 9, identity);
+    StatusOr<MpiTransports> t = CreateMpiTransports(std::chrono::seconds(20), {0, 1}, identity);
     ASSERT_FALSE(t.ok()) << "sub-communicator " << identity << " started, cross-wired";
     EXPECT_EQ(t.status().code(), Code::kMismatch) << t.status().ToString();
-    EXPECT_NE(t.status().message().find("from one thread at a time"), std::string::npos)
+    EXPECT_NE(t.status().message().find("got the same MPI tag"), std::string::npos)
         << t.status().ToString();
   }
-  StatusOr<MpiTransports> t = CreateMpiTransports(std::chrono::seconds(20), {0, 1}, 9, 33);
+  StatusOr<MpiTransports> t = CreateMpiTransports(std::chrono::seconds(20), {0, 1}, 33);
   ASSERT_TRUE(t.ok()) << t.status().ToString();
   EXPECT_EQ(t->size, 2);
+}
+
+// Two sub-communicators of world ranks 0 and 1 started at once from two threads, in opposite
+// orders on the two ranks: rank 0's first thread starts A at once and its second B 300 ms later,
+// rank 1 the other way round. Each rank's first start waits inside MPI_Comm_create_group for the
+// other rank's, which comes from its second thread. Both start, and work (before: the first start
+// held the MPI lock while it waited, the second waited for the lock, and both ranks hung there
+// for good).
+TEST(MpiTransportsTest, SubCommunicatorsStartedAtOnceFromTwoThreadsInOppositeOrders) {
+  auto b = MakeBackend();
+  if (b->rank() > 1) return;  // collective over ranks 0 and 1 only
+  if (b->size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  if (g_env->get()->thread_level() != MPI_THREAD_MULTIPLE) {
+    GTEST_SKIP() << "MPI gave " << MpiThreadLevelName(g_env->get()->thread_level())
+                 << ": sub-communicators start from one thread at a time there";
+  }
+  const uint64_t a = 101, c = 202;
+  // A's, then C's, on both ranks.
+  StatusOr<MpiTransports> started[2] = {Status(Code::kInternal, "not run"),
+                                        Status(Code::kInternal, "not run")};
+  auto start = [&](uint64_t identity, int delay_ms) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    started[identity == a ? 0 : 1] =
+        CreateMpiTransports(std::chrono::seconds(20), {0, 1}, identity);
+  };
+  std::thread first(start, b->rank() == 0 ? a : c, 0);
+  std::thread second(start, b->rank() == 0 ? c : a, 300);
+  first.join();
+  second.join();
+  for (auto& t : started) {
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    EXPECT_EQ(t->size, 2);
+    // Each is its own communicator: a broadcast from rank 1 reaches rank 0.
+    int value = t->rank == 1 ? 7 : 0;
+    ASSERT_TRUE(t->backend->Broadcast(&value, sizeof(value), 1).ok());
+    EXPECT_EQ(value, 7);
+  }
 }
 
 TEST(MpiBackendTest, AllreduceEveryDtypeOpAndSize) {

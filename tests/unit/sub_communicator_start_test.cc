@@ -208,7 +208,7 @@ TEST(SubCommunicatorStartTest, MemberThatFailsBeforeConnectingFailsTheOthersAtOn
     const auto t0 = steady_clock::now();
     StatusOr<Communicator> sub =
         StartSubCommunicator(config, *world.origin, world.origin->prefix + "/settings_differ",
-                             members, 0, [&world] { return world.engine->failure(); });
+                             members, [&world] { return world.engine->failure(); });
     const auto took = std::chrono::duration_cast<milliseconds>(steady_clock::now() - t0);
     if (config.rank == kBad) {
       ASSERT_FALSE(sub.ok());
